@@ -1,0 +1,77 @@
+"""Transformer building blocks in OpenAI CLIP's parameter layout.
+
+Parameter names match CLIP's (``attn.in_proj_weight``, ``mlp.c_fc`` ...) so
+that checkpoints load without renaming. Attention is written with plain matrix
+products so that it traces into a small, static ONNX graph.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+
+class LayerNorm(nn.LayerNorm):
+    """CLIP's LayerNorm: computed in fp32 whatever the input dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float()).to(x.dtype)
+
+
+class QuickGELU(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with ``nn.MultiheadAttention``'s parameter names."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * width, width))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * width))
+        self.out_proj = nn.Linear(width, width)
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        n, length, width = x.shape  # [N, L, D]
+        head_dim = width // self.heads
+        qkv = nn.functional.linear(x, self.in_proj_weight, self.in_proj_bias)
+        qkv = qkv.reshape(n, length, 3, self.heads, head_dim).permute(2, 0, 3, 1, 4)  # [3, N, H, L, hd]
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scores = (q * head_dim**-0.5) @ k.transpose(-2, -1)  # [N, H, L, L]
+        if mask is not None:
+            scores = scores + mask
+        out = scores.softmax(dim=-1) @ v  # [N, H, L, hd]
+        return self.out_proj(out.transpose(1, 2).reshape(n, length, width))
+
+
+def clip_mlp(width: int) -> nn.Sequential:
+    return nn.Sequential(OrderedDict([
+        ("c_fc", nn.Linear(width, width * 4)),
+        ("gelu", QuickGELU()),
+        ("c_proj", nn.Linear(width * 4, width)),
+    ]))
+
+
+class ResidualAttentionBlock(nn.Module):
+    """A plain CLIP block (the text tower uses these)."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.attn = Attention(width, heads)
+        self.ln_1 = LayerNorm(width)
+        self.mlp = clip_mlp(width)
+        self.ln_2 = LayerNorm(width)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask)
+        return x + self.mlp(self.ln_2(x))

@@ -1,0 +1,162 @@
+"""CLIP's byte-pair-encoding tokenizer, exactly as CLIP tokenizes (torch-free).
+
+Text is cleaned with ftfy and HTML unescaping, whitespace is collapsed, the
+text is lower-cased, split with CLIP's pattern, mapped to byte-level unicode and
+merged with CLIP's 48,894 BPE merges. A query becomes
+``[49406, ...tokens..., 49407]`` zero-padded to the context length (77).
+
+A query that does not fit is never cut silently: ``on_overflow="error"`` (the
+default) raises a ``UserError``; ``"truncate"`` keeps the first tokens, ends
+with the end token, and warns.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import html
+import warnings
+from importlib import resources
+from typing import Iterable, Sequence
+
+import ftfy
+import numpy as np
+import regex
+
+from .errors import UserError
+
+VOCAB_FILE = "bpe_simple_vocab_16e6.txt.gz"
+START_TOKEN = "<|startoftext|>"
+END_TOKEN = "<|endoftext|>"
+CONTEXT_LENGTH = 77
+OVERFLOW_POLICIES = ("error", "truncate")
+
+# CLIP's split pattern (case-insensitive): special tokens, English contractions,
+# runs of letters, single digits, runs of other non-space characters.
+_SPLIT_PATTERN = regex.compile(
+    r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""",
+    regex.IGNORECASE,
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2/CLIP's reversible map from bytes to printable unicode characters."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    codes = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, (chr(c) for c in codes)))
+
+
+def _clean(text: str) -> str:
+    text = ftfy.fix_text(text)
+    text = html.unescape(html.unescape(text)).strip()
+    return regex.sub(r"\s+", " ", text).strip().lower()
+
+
+class TooLongQueryError(UserError):
+    pass
+
+
+class ClipTokenizer:
+    """CLIP BPE tokenizer. ``tokenize(["a photo of a cat"])`` gives ids of shape [N, 77]."""
+
+    def __init__(self, vocab_path: str | None = None, context_length: int = CONTEXT_LENGTH):
+        if vocab_path is None:
+            data = resources.files("sdqes_edge").joinpath("data", VOCAB_FILE).read_bytes()
+        else:
+            with open(vocab_path, "rb") as fh:
+                data = fh.read()
+        # First line is a header; CLIP uses the next 49152 - 256 - 2 merges.
+        merges = gzip.decompress(data).decode("utf-8").split("\n")[1 : 49152 - 256 - 2 + 1]
+        merge_pairs = [tuple(m.split()) for m in merges]
+        byte_chars = list(_bytes_to_unicode().values())
+        vocab = byte_chars + [c + "</w>" for c in byte_chars] + ["".join(p) for p in merge_pairs]
+        vocab += [START_TOKEN, END_TOKEN]
+        self.encoder = {token: i for i, token in enumerate(vocab)}
+        self.decoder = {i: token for token, i in self.encoder.items()}
+        self.merge_ranks = {pair: i for i, pair in enumerate(merge_pairs)}
+        self.byte_encoder = _bytes_to_unicode()
+        self.byte_decoder = {c: b for b, c in self.byte_encoder.items()}
+        self.context_length = context_length
+        self.start_id = self.encoder[START_TOKEN]
+        self.end_id = self.encoder[END_TOKEN]
+        self._cache = {START_TOKEN: START_TOKEN, END_TOKEN: END_TOKEN}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.encoder)
+
+    def _bpe(self, token: str) -> str:
+        if token in self._cache:
+            return self._cache[token]
+        word = tuple(token[:-1]) + (token[-1] + "</w>",)
+        while len(word) > 1:
+            pairs = {(word[i], word[i + 1]) for i in range(len(word) - 1)}
+            best = min(pairs, key=lambda p: self.merge_ranks.get(p, float("inf")))
+            if best not in self.merge_ranks:
+                break
+            first, second = best
+            merged, i = [], 0
+            while i < len(word):
+                if i < len(word) - 1 and word[i] == first and word[i + 1] == second:
+                    merged.append(first + second)
+                    i += 2
+                else:
+                    merged.append(word[i])
+                    i += 1
+            word = tuple(merged)
+        result = " ".join(word)
+        self._cache[token] = result
+        return result
+
+    def encode(self, text: str) -> list[int]:
+        """BPE ids of the cleaned text, without start/end tokens."""
+        ids: list[int] = []
+        for piece in _SPLIT_PATTERN.findall(_clean(text)):
+            piece = "".join(self.byte_encoder[b] for b in piece.encode("utf-8"))
+            ids.extend(self.encoder[t] for t in self._bpe(piece).split(" "))
+        return ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        text = "".join(self.decoder[int(i)] for i in ids if int(i) not in (0, self.start_id, self.end_id))
+        return bytearray(self.byte_decoder[c] for c in text).decode("utf-8", errors="replace").replace("</w>", " ").strip()
+
+    def count(self, text: str) -> int:
+        """Positions the query takes, start and end tokens included."""
+        return len(self.encode(text)) + 2
+
+    def tokenize(self, texts: str | Sequence[str], on_overflow: str = "error") -> np.ndarray:
+        """Token ids ``[N, context_length]`` (int64), zero-padded after the end token."""
+        if on_overflow not in OVERFLOW_POLICIES:
+            raise UserError(f"on_overflow must be one of {OVERFLOW_POLICIES}, not {on_overflow!r}")
+        if isinstance(texts, str):
+            texts = [texts]
+        out = np.zeros((len(texts), self.context_length), dtype=np.int64)
+        for row, text in enumerate(texts):
+            ids = [self.start_id] + self.encode(text) + [self.end_id]
+            if len(ids) > self.context_length:
+                if on_overflow == "error":
+                    raise TooLongQueryError(
+                        f"query is {len(ids)} tokens, over the model's limit of {self.context_length}: "
+                        f"{text[:60]!r}...; shorten it, or allow truncation (on_overflow='truncate', "
+                        "--truncate-queries on the command line)"
+                    )
+                warnings.warn(
+                    f"query truncated from {len(ids)} to {self.context_length} tokens: {text[:60]!r}...",
+                    stacklevel=2,
+                )
+                ids = ids[: self.context_length - 1] + [self.end_id]
+            out[row, : len(ids)] = ids
+        return out
+
+
+@functools.lru_cache(maxsize=1)
+def default_tokenizer() -> ClipTokenizer:
+    """The tokenizer with the vocabulary shipped in the package (loaded once)."""
+    return ClipTokenizer()
