@@ -1,0 +1,305 @@
+"""Checkpoint loaders: OpenAI CLIP, open_clip, and the SDQES authors' training code.
+
+Formats read:
+- OpenAI CLIP: a TorchScript archive (``ViT-B-16.pt``) or a plain state dict.
+- open_clip: a state dict, or a training checkpoint ``{"state_dict": {"module.visual...": ...}}``.
+- sdqes_baselines (PyTorch Lightning): ``{"state_dict": {"backbone.visual...": ...}, ...}``.
+
+All reach the same CLIP key layout (``visual.*`` plus the text tower at the
+top level), from which ``infer_config`` reads every dimension and the adapter
+kind, count, ratio and lookback. Nothing is unpickled beyond tensors and plain
+containers: ``torch.load(weights_only=True)``, with any other class the file
+names (a Lightning ``AttributeDict``, an ``argparse.Namespace``) replaced by an
+inert placeholder whose code never runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import AdapterConfig, ModelConfig, TextConfig, VisionConfig, validate
+from .errors import UserError
+from .model.sdqes_model import SDQESModel
+
+# Keys a CLIP-layout checkpoint may carry that the model does not use.
+IGNORED_KEYS = ("logit_scale", "input_resolution", "context_length", "vocab_size")
+IGNORED_SUFFIXES = ("attn_mask",)
+# Prefixes under which a training checkpoint nests the model.
+LIGHTNING_PREFIX = "backbone."  # the SDQES authors' LightningModule
+DDP_PREFIX = "module."  # open_clip training checkpoints
+VISION_BLOCK = "visual.transformer.resblocks."
+HEAD_WIDTH = 64  # CLIP's convention: heads = width // 64 (head count is not stored in a checkpoint)
+
+
+@dataclass
+class LoadedCheckpoint:
+    state_dict: dict[str, torch.Tensor]  # CLIP layout
+    source_format: str  # "openai-torchscript" | "state-dict" | "open_clip-training" | "sdqes-lightning"
+    sha256: str
+    dropped_keys: list[str]  # training-only keys outside the model (Lightning heads, logit_scale...)
+
+
+class _Opaque(dict):
+    """Stand-in for a class a checkpoint names but we will not import: it records, never runs code."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__()
+        self.args, self.kwargs, self.items_appended = args, kwargs, []
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def append(self, item: Any) -> None:
+        self.items_appended.append(item)
+
+    def extend(self, items: Any) -> None:
+        self.items_appended.extend(items)
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _is_torchscript(path: str) -> bool:
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(name.endswith("constants.pkl") or "/code/" in name for name in archive.namelist())
+
+
+def _safe_load(path: str) -> Any:
+    try:
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # an old (non-zip) pickle: the loader below reports what it meets
+        unsafe = []
+    placeholders = [(type(name.rsplit(".", 1)[-1], (_Opaque,), {}), name) for name in unsafe]
+    try:
+        with torch.serialization.safe_globals(placeholders):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UserError(
+            f"cannot read checkpoint {path}: {_essential_line(exc)}; expected a file written by torch.save "
+            "(a state dict or a Lightning/open_clip checkpoint) or an OpenAI CLIP TorchScript archive"
+        ) from None
+
+
+def _essential_line(exc: Exception) -> str:
+    """The line of torch's long multi-paragraph load error that says what was wrong."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if "GLOBAL" in line or "blocked" in line:
+            return line.replace("Trying to load unsupported", "it refers to the code").rstrip(".") + \
+                " (loading it could run arbitrary code, so it is refused)"
+    # Skip torch's generic advice about weights_only; what remains names the actual fault.
+    specific = [line for line in lines if "weights_only" not in line and "documentation" not in line]
+    detail = f" ({specific[0]})" if specific else ""
+    return f"not a readable torch checkpoint{detail}; is the file truncated or corrupt?"
+
+
+def read_checkpoint(path: str) -> LoadedCheckpoint:
+    """Read any supported checkpoint into CLIP key layout (tensors only)."""
+    if not os.path.isfile(path):
+        raise UserError(f"checkpoint not found: {path}; pass the path of a .pt/.ckpt file")
+    sha = file_sha256(path)
+    if _is_torchscript(path):
+        try:
+            state = dict(torch.jit.load(path, map_location="cpu").state_dict())
+        except Exception as exc:
+            raise UserError(f"cannot read TorchScript archive {path}: {exc}; is the file complete?") from None
+        return _normalize(state, "openai-torchscript", sha)
+    obj = _safe_load(path)
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        state = obj["state_dict"]
+        if any(k.startswith(LIGHTNING_PREFIX) for k in state):
+            return _normalize(state, "sdqes-lightning", sha, prefix=LIGHTNING_PREFIX)
+        if all(k.startswith(DDP_PREFIX) for k in state):
+            return _normalize(state, "open_clip-training", sha, prefix=DDP_PREFIX)
+        return _normalize(state, "open_clip-training", sha)
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return _normalize(obj, "state-dict", sha)
+    raise UserError(
+        f"{path} holds no model weights (found {type(obj).__name__}); expected a state dict, "
+        "a checkpoint with a 'state_dict' entry, or an OpenAI CLIP TorchScript archive"
+    )
+
+
+def _normalize(state: dict, fmt: str, sha: str, prefix: str = "") -> LoadedCheckpoint:
+    kept, dropped = {}, []
+    for key, value in state.items():
+        if prefix and not key.startswith(prefix):
+            dropped.append(key)  # e.g. a Lightning module's heads beside the backbone
+            continue
+        key = key[len(prefix):]
+        if key in IGNORED_KEYS or key.endswith(IGNORED_SUFFIXES) or not isinstance(value, torch.Tensor):
+            dropped.append(key)
+            continue
+        kept[key] = value.float()  # OpenAI ships fp16 weights; the model is defined in fp32
+    return LoadedCheckpoint(kept, fmt, sha, dropped)
+
+
+# --- config inference ---------------------------------------------------------
+
+def _count_blocks(state: dict, prefix: str) -> int:
+    return len({k[len(prefix):].split(".")[0] for k in state if k.startswith(prefix)})
+
+
+def _ratio_for(dim: int, width: int) -> float:
+    """A ratio r with int(width * r) == dim, preferring a short decimal (the reference stores widths as ratios)."""
+    for digits in (2, 3, 4, 6):
+        r = round(dim / width, digits)
+        if int(width * r) == dim:
+            return r
+    return (dim + 0.5) / width
+
+
+def detect_adapter_kind(keys: list[str], slot: str = "adapter1") -> str:
+    """The adapter kind a checkpoint's first block carries, from its parameter names."""
+    prefix = f"{VISION_BLOCK}0.{slot}."
+    names = {k[len(prefix):] for k in keys if k.startswith(prefix)}
+    if not names:
+        return "none"
+    if any(n.startswith("retention.") for n in names):
+        return "retnet"
+    if any(n.startswith("qrnn.") for n in names):
+        return "qrnn"
+    if "conv.weight" in names:
+        return "st"
+    if "D_fc1.weight" in names:
+        return "mlp"
+    return "unknown"
+
+
+def _infer_adapter(state: dict, width: int, overrides: dict[str, Any]) -> AdapterConfig:
+    keys = list(state)
+    kind = detect_adapter_kind(keys)
+    if kind == "unknown":
+        sample = sorted(k for k in keys if ".adapter1." in k)[:4]
+        raise UserError(f"unrecognised adapter parameters {sample}; supported kinds: mlp, st, qrnn, retnet")
+    if any(".tokent1d_" in k for k in keys):
+        raise UserError("the checkpoint uses TokenT1D temporal shifts, which sdqes-edge does not support")
+    if kind == "none":
+        return dataclasses.replace(AdapterConfig(kind="none"), **overrides)
+    per_block = 2 if detect_adapter_kind(keys, "adapter2") != "none" else 1
+    a = f"{VISION_BLOCK}0.adapter1."
+    fields: dict[str, Any] = dict(kind=kind, per_block=per_block)
+    if kind in ("mlp", "st", "retnet"):
+        fields["ratio"] = _ratio_for(state[a + "D_fc1.weight"].shape[0], width)
+    if kind == "st":
+        fields["lookback"] = state[a + "conv.weight"].shape[2] - 1
+    if kind == "qrnn":
+        conv = state[a + "qrnn.layers.0.conv1d_z.weight"]  # [hidden, in, lookback + 1]
+        fields["lookback"] = conv.shape[2] - 1  # streaming needs lookahead 0: the whole kernel looks back
+        fields["qrnn_layers"] = _count_blocks(state, a + "qrnn.layers.")
+        if a + "qrnn_down.weight" in state:
+            fields["qrnn_downsample"] = True
+            fields["ratio"] = _ratio_for(state[a + "qrnn_down.weight"].shape[0], width)
+            fields["qrnn_hidden_ratio"] = _ratio_for(conv.shape[0], width)
+        else:
+            fields["ratio"] = _ratio_for(conv.shape[0], width)
+    fields.update(overrides)
+    return AdapterConfig(**fields)
+
+
+REQUIRED_CLIP_KEYS = ("visual.conv1.weight", "visual.positional_embedding", "visual.proj",
+                      "token_embedding.weight", "positional_embedding", "ln_final.weight", "text_projection")
+
+
+def infer_config(state: dict[str, torch.Tensor], name: str = "checkpoint", vision_heads: int | None = None,
+                 text_heads: int | None = None, **adapter_overrides: Any) -> ModelConfig:
+    """Every dimension of the model, read off a CLIP-layout state dict.
+
+    What a checkpoint cannot tell is taken from CLIP's conventions and can be
+    overridden: head counts (width // 64) and the RetNet decay (``retnet_gamma``).
+    """
+    missing = [k for k in REQUIRED_CLIP_KEYS if k not in state]
+    if missing:
+        raise UserError(
+            f"not a CLIP ViT checkpoint: missing {', '.join(missing)}; sdqes-edge reads OpenAI CLIP / open_clip "
+            "ViT checkpoints and checkpoints saved by the SDQES authors' training code"
+        )
+    conv1 = state["visual.conv1.weight"]  # [width, 3, patch, patch]
+    width, patch = conv1.shape[0], conv1.shape[-1]
+    grid = round((state["visual.positional_embedding"].shape[0] - 1) ** 0.5)
+    text_width = state["ln_final.weight"].shape[0]
+    vision = VisionConfig(
+        image_size=patch * grid, patch_size=patch, width=width,
+        layers=_count_blocks(state, VISION_BLOCK), heads=vision_heads or max(1, width // HEAD_WIDTH),
+    )
+    text = TextConfig(
+        context_length=state["positional_embedding"].shape[0], vocab_size=state["token_embedding.weight"].shape[0],
+        width=text_width, layers=_count_blocks(state, "transformer.resblocks."),
+        heads=text_heads or max(1, text_width // HEAD_WIDTH),
+    )
+    cfg = ModelConfig(name=name, embed_dim=state["text_projection"].shape[1], vision=vision, text=text,
+                      adapter=_infer_adapter(state, width, adapter_overrides))
+    validate(cfg)
+    return cfg
+
+
+# --- loading into a model --------------------------------------------------------
+
+def _likely_cause(missing: list[str], unexpected: list[str], wrong_shape: list[str], cfg: ModelConfig,
+                  checkpoint_keys: list[str]) -> str:
+    found_kind = detect_adapter_kind(checkpoint_keys)
+    if found_kind != cfg.adapter.kind:
+        return (f"wrong adapter kind: the checkpoint has '{found_kind}' adapters, the config expects "
+                f"'{cfg.adapter.kind}' (drop the config to infer it from the checkpoint)")
+    has_second = detect_adapter_kind(checkpoint_keys, "adapter2") != "none"
+    if has_second != (cfg.adapter.per_block == 2):
+        return (f"wrong adapter count: the checkpoint has {2 if has_second else 1} adapter(s) per block, "
+                f"the config {cfg.adapter.per_block}")
+    if wrong_shape and all(".adapter" in k for k in wrong_shape):
+        return "wrong adapter ratio or lookback: adapter shapes differ from the config's bottleneck widths"
+    if any(k.startswith("visual.transformer.resblocks.") for k in missing + unexpected):
+        return "different number of layers: the checkpoint is another model size than the config"
+    if wrong_shape:
+        return "different model size: tensor shapes differ from the config's widths"
+    return "the checkpoint's layout differs from the model (was it saved by another architecture?)"
+
+
+def _listing(keys: list[str], limit: int = 6) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def load_state_dict_strict(model: SDQESModel, clip_state: dict[str, torch.Tensor]) -> None:
+    """Load CLIP-layout weights; any missing, unexpected or mis-shaped key is an error naming the cause."""
+    own = model.state_dict()
+    given = SDQESModel.from_clip_keys(clip_state)
+    missing = sorted(k for k in own if k not in given)
+    unexpected = sorted(k for k in given if k not in own)
+    wrong_shape = sorted(k for k in own if k in given and tuple(given[k].shape) != tuple(own[k].shape))
+    if missing or unexpected or wrong_shape:
+        cause = _likely_cause(missing, unexpected, wrong_shape, model.cfg, list(clip_state))
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} key(s): {_listing(missing)}")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} key(s): {_listing(unexpected)}")
+        if wrong_shape:
+            shapes = [f"{k} {tuple(given[k].shape)} vs {tuple(own[k].shape)}" for k in wrong_shape]
+            parts.append(f"{len(wrong_shape)} shape mismatch(es): {_listing(shapes, 3)}")
+        raise UserError(f"checkpoint does not fit the model ({cause}); " + "; ".join(parts))
+    model.load_state_dict(given, strict=True)
+
+
+def load_model(path: str, config: ModelConfig | None = None, **infer_overrides: Any) -> tuple[SDQESModel, LoadedCheckpoint]:
+    """Build the model a checkpoint describes (or ``config``, checked against it) and load its weights."""
+    ckpt = read_checkpoint(path)
+    if config is None:
+        name = os.path.splitext(os.path.basename(path))[0]
+        config = infer_config(ckpt.state_dict, name=name, **infer_overrides)
+    model = SDQESModel(config)
+    load_state_dict_strict(model, ckpt.state_dict)
+    return model.eval(), ckpt

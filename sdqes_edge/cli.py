@@ -1,0 +1,219 @@
+"""The ``sdqes-edge`` command line: one entry point, one subcommand per job.
+
+Every subcommand checks its arguments up front, reports a user's mistake as
+one line with a non-zero exit (no traceback), and ends by printing the next
+command worth running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Callable, Sequence
+
+from . import __version__
+from .config import ADAPTER_KINDS, PRESETS, ModelConfig, preset, with_authors_adapter
+from .errors import UserError
+
+PROG = "sdqes-edge"
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _model_from_args(args: argparse.Namespace):
+    """(model, description) from --checkpoint or --preset/--adapter."""
+    from .model import SDQESModel
+
+    if getattr(args, "checkpoint", None):
+        from .checkpoints import load_model
+
+        model, ckpt = load_model(args.checkpoint)
+        return model, f"{args.checkpoint} ({ckpt.source_format}, sha256 {ckpt.sha256[:12]})"
+    cfg = preset(args.preset)
+    if args.adapter and args.adapter != cfg.adapter.kind:
+        cfg = with_authors_adapter(cfg, args.adapter)
+    return SDQESModel(cfg).eval(), f"preset {cfg.name} (random weights)"
+
+
+# --- info -----------------------------------------------------------------------
+
+def cmd_info(args: argparse.Namespace) -> int:
+    if args.list_presets:
+        for name, cfg in PRESETS.items():
+            v = cfg.vision
+            print(f"{name:22s} {v.image_size}px/{v.patch_size} width {v.width} x{v.layers} layers, "
+                  f"embed {cfg.embed_dim}, adapter {cfg.adapter.kind}")
+        print(f"\nnext: {PROG} info --preset clip-vit-b16 --adapter qrnn")
+        return 0
+    model, source = _model_from_args(args)
+    cfg: ModelConfig = model.cfg
+    visual_params = sum(p.numel() for p in model.visual.parameters())
+    adapter_params = sum(p.numel() for n, p in model.visual.named_parameters() if ".adapter" in n)
+    text_params = sum(p.numel() for p in model.text.parameters())
+    spec = model.state_spec(1)
+    if args.json:
+        print(json.dumps({"source": source, "config": cfg.to_dict(), "params": {
+            "image_tower": visual_params, "adapters": adapter_params, "text_tower": text_params},
+            "state_spec": spec.to_list(), "state_bytes_per_stream": spec.nbytes}, indent=2))
+        return 0
+    print(f"model      {cfg.name}  from {source}")
+    print(f"image      {cfg.vision.image_size}px, patch {cfg.vision.patch_size}, width {cfg.vision.width}, "
+          f"{cfg.vision.layers} layers, {cfg.vision.heads} heads, {cfg.vision.num_tokens} tokens/frame")
+    print(f"text       width {cfg.text.width}, {cfg.text.layers} layers, {cfg.text.heads} heads, "
+          f"context {cfg.text.context_length}")
+    a = cfg.adapter
+    detail = "" if a.kind == "none" else (f", {a.per_block} per block, ratio {a.ratio}, lookback {a.lookback}"
+                                          + (f", QRNN down-projecting to hidden ratio {a.qrnn_hidden_ratio}"
+                                             if a.kind == "qrnn" and a.qrnn_downsample else ""))
+    print(f"adapter    {a.kind}{detail}")
+    print(f"params     image tower {visual_params / 1e6:.2f}M (adapters {adapter_params / 1e6:.2f}M), "
+          f"text tower {text_params / 1e6:.2f}M")
+    print(f"state      {len(spec)} tensors, {_fmt_bytes(spec.nbytes)} per stream")
+    for t in list(spec)[: args.show_state]:
+        print(f"  {t.input_name:44s} {list(t.shape)}")
+    if len(spec) > args.show_state:
+        print(f"  ... {len(spec) - args.show_state} more (--show-state N, or --json for all)")
+    print(f"\nnext: {PROG} check   (step form against window form for every adapter kind)")
+    return 0
+
+
+# --- check ----------------------------------------------------------------------
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Step form against window form, for every adapter kind, with the state carried over many frames."""
+    import torch
+
+    from .model import SDQESModel
+    from .model.init import randomize_adapters
+    from .tolerances import FP32_EMBEDDING_ATOL
+
+    base = preset(args.preset)
+    if base.adapter.kind != "none":
+        raise UserError(f"--preset {args.preset} already has an adapter; give a base preset such as 'tiny'")
+    if args.frames < 2 or args.batch < 1:
+        raise UserError("--frames must be >= 2 and --batch >= 1")
+    torch.manual_seed(args.seed)
+    print(f"step form vs window form: preset {base.name}, batch {args.batch}, {args.frames} frames, "
+          f"random adapter weights (seed {args.seed}); tolerance {FP32_EMBEDDING_ATOL:g}")
+    print(f"{'adapter':8s} {'per block':>9s} {'max |step - window|':>20s} {'state/stream':>13s} "
+          f"{'history matters':>15s} {'time':>7s}  result")
+    failures = 0
+    for kind in args.adapters:
+        for per_block in (1, 2):
+            if kind == "none" and per_block == 2:
+                continue
+            cfg = base if kind == "none" else with_authors_adapter(base, kind, per_block=per_block)
+            model = randomize_adapters(SDQESModel(cfg).eval(), seed=args.seed)
+            frames = torch.randn(args.batch, args.frames, 3, cfg.vision.image_size, cfg.vision.image_size)
+            start = time.perf_counter()
+            with torch.no_grad():
+                window = model.forward_clip(frames)
+                state = model.init_state(args.batch)
+                steps = []
+                for t in range(args.frames):
+                    emb, state = model.step(frames[:, t], state)
+                    steps.append(emb)
+                # Does the last embedding depend on an earlier frame? It must for temporal adapters.
+                altered = frames.clone()
+                altered[:, -2] += 1.0
+                moved = (model.forward_clip(altered)[:, -1] - window[:, -1]).abs().max().item()
+            err = (torch.stack(steps, 1) - window).abs().max().item()
+            ok = err <= FP32_EMBEDDING_ATOL
+            failures += not ok
+            print(f"{kind:8s} {per_block if kind != 'none' else '-':>9} {err:20.2e} "
+                  f"{_fmt_bytes(model.state_spec(1).nbytes):>13s} {('yes' if moved > 1e-6 else 'no'):>15s} "
+                  f"{time.perf_counter() - start:6.2f}s  {'ok' if ok else 'FAIL'}")
+    if failures:
+        print(f"\n{failures} configuration(s) outside tolerance")
+        return 1
+    print(f"\nall forms agree. next: {PROG} info --preset clip-vit-b16 --adapter qrnn")
+    return 0
+
+
+# --- tokenize -------------------------------------------------------------------
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from .tokenizer import default_tokenizer
+
+    tok = default_tokenizer()
+    ids = tok.tokenize(args.text, on_overflow="truncate" if args.truncate_queries else "error")
+    for text, row in zip(args.text, ids):
+        used = [int(i) for i in row if i != 0]
+        print(f"{len(used):3d} tokens  {used}  {text!r}")
+    return 0
+
+
+# --- parser -----------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Streaming Detection of Queried Event Start on edge devices: load CLIP-style models with "
+                    "streaming temporal adapters, check them, and (in later subcommands) export and run them.",
+        epilog=f"Start with: {PROG} check   |   {PROG} info --list-presets",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    info = sub.add_parser("info", help="describe a model: shapes, parameters, streaming state",
+                          description="Describe a preset or a checkpoint: dimensions, parameter counts and the "
+                                      "streaming state it carries per stream.")
+    src = info.add_mutually_exclusive_group()
+    src.add_argument("--preset", default="clip-vit-b16", help="preset name (default: %(default)s)")
+    src.add_argument("--checkpoint", help="OpenAI CLIP / open_clip / SDQES Lightning checkpoint; config inferred")
+    info.add_argument("--adapter", choices=ADAPTER_KINDS, help="swap the preset's adapter kind (authors' settings)")
+    info.add_argument("--list-presets", action="store_true", help="list the presets and exit")
+    info.add_argument("--show-state", type=int, default=6, metavar="N", help="state tensors to list (default 6)")
+    info.add_argument("--json", action="store_true", help="print everything as JSON")
+    info.set_defaults(func=cmd_info)
+
+    check = sub.add_parser("check", help="verify step form == window form for every adapter kind",
+                           description="Run the step form frame by frame with the state carried over, and the "
+                                       "window form over the same frames, for each adapter kind with 1 and 2 "
+                                       "adapters per block; print the largest difference.")
+    check.add_argument("--preset", default="tiny", help="base preset without adapter (default: %(default)s)")
+    check.add_argument("--adapters", nargs="+", choices=ADAPTER_KINDS, default=list(ADAPTER_KINDS))
+    check.add_argument("--frames", type=int, default=16, help="frames per stream (default: %(default)s)")
+    check.add_argument("--batch", type=int, default=2, help="streams in a batch (default: %(default)s)")
+    check.add_argument("--seed", type=int, default=0)
+    check.set_defaults(func=cmd_check)
+
+    tok = sub.add_parser("tokenize", help="show CLIP token ids of queries",
+                         description="Tokenize queries exactly as CLIP does (77 positions, start/end tokens).")
+    tok.add_argument("text", nargs="+", help="one or more queries")
+    tok.add_argument("--truncate-queries", action="store_true",
+                     help="cut queries over 77 tokens (with a warning) instead of refusing them")
+    tok.set_defaults(func=cmd_tokenize)
+    return parser
+
+
+def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.ArgumentParser] = build_parser) -> int:
+    parser = parser_factory()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

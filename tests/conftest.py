@@ -1,0 +1,52 @@
+"""Shared fixtures: small models with random (non-identity) adapters, and the shared data folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("SDQES_SHARED", REPO_ROOT.parent / "shared"))
+EGOSDQES_CSV = SHARED / "data" / "egosdqes_all.csv"
+
+# Every adapter configuration the model supports, named for test ids.
+ADAPTER_CASES = [
+    ("none", {}),
+    ("mlp", {"per_block": 1}), ("mlp", {"per_block": 2}),
+    ("st", {"per_block": 1}), ("st", {"per_block": 2}), ("st", {"per_block": 1, "lookback": 3}),
+    ("qrnn", {"per_block": 1}), ("qrnn", {"per_block": 2}),
+    ("qrnn", {"per_block": 1, "qrnn_downsample": False, "ratio": 0.25, "lookback": 2, "qrnn_layers": 2}),
+    ("retnet", {"per_block": 1}), ("retnet", {"per_block": 2}),
+]
+
+
+def case_id(case) -> str:
+    kind, fields = case
+    return kind + "".join(f"-{k}={v}" for k, v in fields.items())
+
+
+def tiny_config(kind: str, **fields):
+    from sdqes_edge.config import preset, with_authors_adapter
+
+    base = preset("tiny")
+    return base if kind == "none" else with_authors_adapter(base, kind, **fields)
+
+
+def random_model(kind: str, seed: int = 0, **fields):
+    """A tiny model whose adapters have random weights, so every temporal path contributes."""
+    import torch
+
+    from sdqes_edge.model import SDQESModel
+    from sdqes_edge.model.init import randomize_adapters
+
+    torch.manual_seed(seed)
+    return randomize_adapters(SDQESModel(tiny_config(kind, **fields)).eval(), seed=seed)
+
+
+@pytest.fixture(scope="session")
+def egosdqes_csv() -> Path:
+    if not EGOSDQES_CSV.is_file():
+        pytest.skip(f"EgoSDQES annotations not found at {EGOSDQES_CSV} (set SDQES_SHARED to the shared folder)")
+    return EGOSDQES_CSV
