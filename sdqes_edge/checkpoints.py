@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import warnings
 import zipfile
 from dataclasses import dataclass
 from typing import Any
@@ -114,7 +115,9 @@ def read_checkpoint(path: str) -> LoadedCheckpoint:
     sha = file_sha256(path)
     if _is_torchscript(path):
         try:
-            state = dict(torch.jit.load(path, map_location="cpu").state_dict())
+            with warnings.catch_warnings():  # torch.jit.load is deprecated, but OpenAI ships TorchScript archives
+                warnings.simplefilter("ignore", DeprecationWarning)
+                state = dict(torch.jit.load(path, map_location="cpu").state_dict())
         except Exception as exc:
             raise UserError(f"cannot read TorchScript archive {path}: {exc}; is the file complete?") from None
         return _normalize(state, "openai-torchscript", sha)

@@ -1,0 +1,179 @@
+"""Every checkpoint layout round-trips into the same model; a wrong one is refused with a reason."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from sdqes_edge.checkpoints import infer_config, load_model, read_checkpoint
+from sdqes_edge.config import preset
+from sdqes_edge.errors import UserError
+from sdqes_edge.model import SDQESModel
+
+from conftest import ADAPTER_CASES, case_id, random_model, tiny_config
+
+FRAMES = torch.randn(1, 4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+
+def adapter_shape(cfg) -> tuple:
+    """What a checkpoint determines about the adapters (a ratio is only known up to the width it gives)."""
+    a, width = cfg.adapter, cfg.vision.width
+    return (a.kind, a.per_block, a.lookback, a.qrnn_layers, a.qrnn_downsample,
+            a.bottleneck(width), a.qrnn_hidden(width))
+
+
+def same_outputs(a: SDQESModel, b: SDQESModel) -> bool:
+    with torch.no_grad():
+        images = torch.equal(a.forward_clip(FRAMES), b.forward_clip(FRAMES))
+        texts = torch.equal(a.encode_text(["when I start cooking"]), b.encode_text(["when I start cooking"]))
+    return images and texts
+
+
+class ClipLayoutModule(torch.nn.Module):
+    """OpenAI CLIP's module layout: ``visual`` plus the text tower's parts at the top level."""
+
+    def __init__(self, model: SDQESModel):
+        super().__init__()
+        self.visual = model.visual
+        self.token_embedding = model.text.token_embedding
+        self.positional_embedding = model.text.positional_embedding
+        self.transformer = model.text.transformer
+        self.ln_final = model.text.ln_final
+        self.text_projection = model.text.text_projection
+        self.logit_scale = torch.nn.Parameter(torch.tensor(4.6052))
+
+    def forward(self, image):
+        return self.visual.forward_clip(image[:, None])
+
+
+def test_openai_torchscript_archive_loads_into_the_plain_model(tmp_path):
+    original = random_model("none")
+    archive = torch.jit.trace(ClipLayoutModule(original), torch.randn(1, 3, 32, 32), check_trace=False)
+    path = str(tmp_path / "ViT-tiny.pt")
+    torch.jit.save(archive, path)
+    loaded, info = load_model(path)
+    assert info.source_format == "openai-torchscript"
+    assert "logit_scale" in info.dropped_keys
+    assert loaded.cfg.vision == original.cfg.vision and loaded.cfg.text == original.cfg.text
+    assert loaded.cfg.adapter.kind == "none"
+    assert same_outputs(loaded, original)
+
+
+def test_openai_fp16_state_dict_loads_as_fp32(tmp_path):
+    original = random_model("none")
+    state = {k: v.half() for k, v in original.clip_state_dict().items()}
+    state.update(input_resolution=torch.tensor(32), context_length=torch.tensor(77), vocab_size=torch.tensor(49408))
+    path = str(tmp_path / "clip_fp16.pt")
+    torch.save(state, path)
+    loaded, info = load_model(path)
+    assert info.source_format == "state-dict"
+    assert all(p.dtype == torch.float32 for p in loaded.parameters())
+
+
+def test_open_clip_training_checkpoint_with_ddp_prefix(tmp_path):
+    original = random_model("none")
+    state = {"module." + k: v for k, v in original.clip_state_dict().items()}
+    state["module.logit_scale"] = torch.tensor(4.6)
+    path = str(tmp_path / "epoch_3.pt")
+    torch.save({"epoch": 3, "name": "ViT-tiny", "state_dict": state}, path)
+    loaded, info = load_model(path)
+    assert info.source_format == "open_clip-training"
+    assert same_outputs(loaded, original)
+
+
+def lightning_checkpoint(model: SDQESModel, path: str) -> str:
+    """The SDQES authors' layout: a LightningModule with the model under ``backbone.``."""
+    state = OrderedDict(("backbone." + k, v) for k, v in model.clip_state_dict().items())
+    state["classifier.temperature"] = torch.ones(1)  # a head outside the backbone
+    torch.save({
+        "epoch": 7, "global_step": 1234, "pytorch-lightning_version": "2.1.3",
+        "state_dict": state,
+        "hyper_parameters": argparse.Namespace(lr=1e-4, backbone="qrnn_adapter_clip"),
+    }, path)
+    return path
+
+
+@pytest.mark.parametrize("case", ADAPTER_CASES, ids=case_id)
+def test_sdqes_lightning_checkpoint_round_trips_with_inferred_adapters(case, tmp_path):
+    kind, fields = case
+    original = random_model(kind, **fields)
+    loaded, info = load_model(lightning_checkpoint(original, str(tmp_path / "last.ckpt")))
+    assert info.source_format == "sdqes-lightning"
+    assert info.dropped_keys == ["classifier.temperature"]
+    assert adapter_shape(loaded.cfg) == adapter_shape(original.cfg)
+    assert same_outputs(loaded, original)
+
+
+def test_authors_b16_shapes_are_inferred_from_keys():
+    # Building four B/16 models is slow; infer from a state dict of meta tensors instead.
+    for kind in ("mlp", "st", "qrnn", "retnet"):
+        cfg = preset(f"clip-vit-b16+{kind}")
+        with torch.device("meta"):
+            state = SDQESModel(cfg).clip_state_dict()
+        inferred = infer_config(state, name=cfg.name)
+        assert inferred.adapter == cfg.adapter, kind
+        assert inferred.vision == cfg.vision and inferred.text == cfg.text
+
+
+def test_wrong_adapter_kind_is_refused_naming_the_cause(tmp_path):
+    path = lightning_checkpoint(random_model("retnet"), str(tmp_path / "r.ckpt"))
+    with pytest.raises(UserError, match=r"wrong adapter kind: the checkpoint has 'retnet'.*expects 'qrnn'"):
+        load_model(path, config=tiny_config("qrnn"))
+
+
+def test_wrong_ratio_is_refused_naming_the_cause(tmp_path):
+    path = lightning_checkpoint(random_model("mlp"), str(tmp_path / "m.ckpt"))
+    with pytest.raises(UserError, match="wrong adapter ratio.*shape mismatch"):
+        load_model(path, config=tiny_config("mlp", ratio=0.25))
+
+
+def test_missing_keys_are_listed(tmp_path):
+    state = random_model("none").clip_state_dict()
+    del state["visual.ln_post.weight"]
+    path = str(tmp_path / "broken.pt")
+    torch.save(state, path)
+    with pytest.raises(UserError, match=r"missing 1 key\(s\): visual.ln_post.weight"):
+        load_model(path)
+
+
+def test_a_checkpoint_that_is_not_clip_is_refused(tmp_path):
+    path = str(tmp_path / "resnet.pt")
+    torch.save({"conv1.weight": torch.zeros(3, 3, 7, 7), "fc.weight": torch.zeros(10, 5)}, path)
+    with pytest.raises(UserError, match="not a CLIP ViT checkpoint: missing visual.conv1.weight"):
+        load_model(path)
+
+
+def test_a_corrupt_file_and_a_missing_file_are_refused(tmp_path):
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(b"\x80\x04garbage" * 100)
+    with pytest.raises(UserError, match="truncated or corrupt"):
+        read_checkpoint(str(corrupt))
+    with pytest.raises(UserError, match="checkpoint not found"):
+        read_checkpoint(str(tmp_path / "nope.ckpt"))
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch should-never-exist",))
+
+
+def test_a_pickle_that_would_run_code_is_refused_without_running_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    state = random_model("none").clip_state_dict()
+    path = str(tmp_path / "evil.ckpt")
+    torch.save({"state_dict": state, "payload": RunsCode()}, path)
+    with pytest.raises(UserError, match="posix.system.*refused"):
+        read_checkpoint(path)
+    assert not (tmp_path / "should-never-exist").exists()
+
+
+def test_unknown_classes_become_inert_placeholders(tmp_path):
+    """A Lightning checkpoint's hyper-parameter objects are read as data, never imported or executed."""
+    path = lightning_checkpoint(random_model("mlp"), str(tmp_path / "h.ckpt"))
+    info = read_checkpoint(path)
+    assert info.source_format == "sdqes-lightning"
+    assert "visual.conv1.weight" in info.state_dict

@@ -1,0 +1,75 @@
+"""The package layout, the torch-free runtime import, and the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sdqes_edge.cli import run
+
+BLOCK_TORCH = "import sys; sys.modules['torch'] = None\n"
+
+
+def python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_runtime_imports_where_importing_torch_fails():
+    result = python(BLOCK_TORCH + "import sdqes_edge.runtime as r\n"
+                    "assert r.default_tokenizer().tokenize('a photo of a cat')[0, 1] == 320\n"
+                    "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+                    "print('ok')")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_blocking_torch_really_blocks_it():
+    """The check above means something only if a torch import fails under the same block."""
+    result = python(BLOCK_TORCH + "import sdqes_edge.model")
+    assert result.returncode != 0 and "torch" in result.stderr
+
+
+def test_the_layers_import_under_one_namespace():
+    import sdqes_edge.export
+    import sdqes_edge.runtime
+
+    assert sdqes_edge.export.__name__ == "sdqes_edge.export"
+    assert sdqes_edge.runtime.__file__.replace("\\", "/").endswith("runtime/__init__.py")
+
+
+def test_help_explains_the_subcommands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("check", "info", "tokenize"):
+        assert command in out
+
+
+def test_check_runs_and_reports_every_adapter(capsys):
+    assert run(["check", "--frames", "4", "--batch", "1"]) == 0
+    out = capsys.readouterr().out
+    for kind in ("none", "mlp", "st", "qrnn", "retnet"):
+        assert f"\n{kind} " in out
+    assert "FAIL" not in out and "next:" in out
+
+
+def test_info_reports_parameters_and_state(capsys):
+    assert run(["info", "--preset", "tiny+qrnn"]) == 0
+    out = capsys.readouterr().out
+    assert "state_in.block00.adapter1.qrnn0_h" in out and "per stream" in out
+
+
+def test_a_user_mistake_is_one_line_and_a_non_zero_exit():
+    result = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "info", "--checkpoint", "/no/such.ckpt"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "checkpoint not found: /no/such.ckpt" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_over_long_query_is_refused_on_the_command_line(capsys):
+    assert run(["tokenize", " ".join(["cooking"] * 100)]) == 2
+    assert "--truncate-queries" in capsys.readouterr().err
