@@ -14,7 +14,7 @@ import time
 from typing import Callable, Sequence
 
 from . import __version__
-from .config import ADAPTER_KINDS, PRESETS, ModelConfig, preset, with_authors_adapter
+from .config import ADAPTER_KINDS, PRESETS, TEMPORAL_ADAPTER_KINDS, ModelConfig, preset, with_authors_adapter
 from .errors import UserError
 
 PROG = "sdqes-edge"
@@ -134,8 +134,31 @@ def cmd_check(args: argparse.Namespace) -> int:
     if failures:
         print(f"\n{failures} configuration(s) outside tolerance")
         return 1
+    if args.soak:
+        failures += _soak_table(base, args)
+    if failures:
+        return 1
     print(f"\nall forms agree. next: {PROG} info --preset clip-vit-b16 --adapter qrnn")
     return 0
+
+
+def _soak_table(base: ModelConfig, args: argparse.Namespace) -> int:
+    """Stream --soak frames through each temporal adapter and report how large the state gets."""
+    from .model import SDQESModel
+    from .model.checks import soak
+    from .model.init import randomize_adapters
+
+    print(f"\nlong stream: {args.soak} random frames, 2 adapters per block, random adapter weights")
+    print(f"{'adapter':8s} {'finite':>6s} {'max |state|':>12s} {'1st half':>10s} {'2nd half':>10s}  largest in")
+    failures = 0
+    for kind in [k for k in args.adapters if k in TEMPORAL_ADAPTER_KINDS]:
+        model = randomize_adapters(SDQESModel(with_authors_adapter(base, kind, per_block=2)).eval(), args.seed)
+        report = soak(model, args.soak, seed=args.seed)
+        failures += not report.finite
+        print(f"{kind:8s} {('yes' if report.finite else 'NO'):>6s} {report.max_state_abs:12.4g} "
+              f"{report.max_state_abs_first_half:10.4g} {report.max_state_abs_second_half:10.4g}  "
+              f"{report.max_state_name}")
+    return failures
 
 
 # --- tokenize -------------------------------------------------------------------
@@ -184,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--frames", type=int, default=16, help="frames per stream (default: %(default)s)")
     check.add_argument("--batch", type=int, default=2, help="streams in a batch (default: %(default)s)")
     check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--soak", type=int, default=0, metavar="N",
+                       help="also stream N frames through each temporal adapter and report the largest state "
+                            "magnitude (e.g. 20000)")
     check.set_defaults(func=cmd_check)
 
     tok = sub.add_parser("tokenize", help="show CLIP token ids of queries",

@@ -32,6 +32,9 @@ class AdaptedBlock(nn.Module):
         self.ln_2 = LayerNorm(width)
         self.adapter1 = build_adapter(width, cfg.adapter)
         self.adapter2 = build_adapter(width, cfg.adapter) if cfg.adapter.per_block == 2 else None
+        # How many of this block's state tensors belong to adapter1 (the rest are adapter2's).
+        tokens = cfg.vision.num_tokens
+        self._adapter1_state_count = len(self.adapter1.state_shapes(tokens)) if self.adapter1 is not None else 0
 
     def adapters(self) -> list[tuple[str, StreamingAdapter]]:
         return [(name, a) for name, a in (("adapter1", self.adapter1), ("adapter2", self.adapter2)) if a is not None]
@@ -60,7 +63,7 @@ class AdaptedBlock(nn.Module):
     def step(self, x: torch.Tensor, state: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """x [B, L, D]; ``state`` holds adapter1's tensors then adapter2's."""
         new_state: list[torch.Tensor] = []
-        split = len(self.adapter1.state_shapes(1)) if self.adapter1 is not None else 0
+        split = self._adapter1_state_count
 
         def run(adapter: StreamingAdapter, own_state: list[torch.Tensor]):
             def apply(tokens: torch.Tensor) -> torch.Tensor:
