@@ -25,6 +25,11 @@ def test_runtime_imports_where_importing_torch_fails():
     assert result.stdout.strip() == "ok"
 
 
+def test_metrics_and_annotations_are_numpy_only():
+    result = python(BLOCK_TORCH + "import sdqes_edge.metrics, sdqes_edge.annotations\nprint('ok')")
+    assert result.returncode == 0, result.stderr
+
+
 def test_blocking_torch_really_blocks_it():
     """The check above means something only if a torch import fails under the same block."""
     result = python(BLOCK_TORCH + "import sdqes_edge.model")

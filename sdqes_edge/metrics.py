@@ -1,0 +1,145 @@
+"""Streaming Recall (SR@k) and Streaming Minimum Distance (SMD@k), numpy only.
+
+Conventions of the paper and the reference code (DESIGN.md section 4):
+- a prediction is a rising edge of ``p > threshold`` (strictly greater); a run
+  already above threshold on the first frame is a start at frame 0;
+- the ground-truth start frame is the first sampled frame at or after the
+  annotated start time;
+- SR@k[a, l]: recalled if any of the first k predictions lies in the tolerance
+  window, the sampled frames whose time is in ``[t_s - a, t_s + l]`` (inclusive,
+  and always holding the ground-truth start frame);
+- SMD@k: the smallest ``|t_gt - t|`` over the first k predictions, in sampled
+  frames; a query with no prediction counts the full trace length.
+
+A query may be asked during the stream (``asked_time``): frames before it have
+no predictions, and a query asked after its event started is reported, not scored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+RECALL_KS = (1, 2, 3)
+# (seconds before, seconds after) the ground-truth start: the paper's two tolerance windows.
+TOLERANCE_WINDOWS = ((5.0, 10.0), (2.0, 5.0))
+THRESHOLD_CANDIDATES = 20  # the paper's sweep: evenly spaced between the lowest and highest probability
+_TIME_EPS = 1e-9  # float slack when a time falls exactly on a sampled frame
+
+
+@dataclass
+class ScoreTrace:
+    """One query's probabilities over one stream, sampled at ``fps`` from time 0."""
+
+    probs: np.ndarray  # [T] probabilities (sigmoid of the cosine)
+    start_time: float  # annotated event start, seconds from the trace's first frame
+    fps: float = 1.0
+    asked_time: float = 0.0  # when the query was issued, seconds from the first frame
+    query_id: str = ""
+
+    @property
+    def length(self) -> int:
+        return int(len(self.probs))
+
+
+def rising_edges(probs: np.ndarray, threshold: float) -> np.ndarray:
+    """Frame indices where ``probs > threshold`` starts a run (frame 0 counts if already above)."""
+    above = np.asarray(probs) > threshold
+    previous = np.concatenate(([False], above[:-1]))
+    return np.flatnonzero(above & ~previous)
+
+
+def frame_at_or_after(time_s: float, fps: float) -> int:
+    """The first sampled frame whose time is at or after ``time_s``."""
+    return max(0, math.ceil(time_s * fps - _TIME_EPS))
+
+
+def tolerance_mask(length: int, start_time: float, fps: float, before_s: float, after_s: float) -> np.ndarray:
+    """Frames whose time lies in [start - before, start + after], plus the ground-truth start frame."""
+    times = np.arange(length) / fps
+    mask = (times >= start_time - before_s - _TIME_EPS) & (times <= start_time + after_s + _TIME_EPS)
+    gt = frame_at_or_after(start_time, fps)
+    if gt < length:
+        mask[gt] = True
+    return mask
+
+
+def predictions(trace: ScoreTrace, threshold: float) -> np.ndarray:
+    """Rising edges from the moment the query was asked (a query cannot fire before it exists)."""
+    asked = frame_at_or_after(trace.asked_time, trace.fps)
+    return asked + rising_edges(trace.probs[asked:], threshold)
+
+
+def is_scorable(trace: ScoreTrace) -> bool:
+    """False for a query asked after its event had started: there is nothing left to detect."""
+    return frame_at_or_after(trace.asked_time, trace.fps) <= frame_at_or_after(trace.start_time, trace.fps)
+
+
+def recalled_at(preds: np.ndarray, mask: np.ndarray, k: int) -> bool:
+    first = preds[:k]
+    return bool(mask[first].any()) if len(first) else False
+
+
+def min_distance_at(preds: np.ndarray, gt_frame: int, k: int, length: int) -> int:
+    first = preds[:k]
+    return int(np.abs(first - gt_frame).min()) if len(first) else length
+
+
+def window_name(window: tuple[float, float]) -> str:
+    return f"[-{window[0]:g},+{window[1]:g}]"
+
+
+@dataclass
+class EvalResult:
+    threshold: float
+    queries: int  # scored
+    without_prediction: int
+    not_scorable: list[str] = field(default_factory=list)  # asked after their event started
+    recall: dict[str, dict[int, float]] = field(default_factory=dict)  # window -> k -> SR@k in percent
+    min_distance: dict[int, float] = field(default_factory=dict)  # k -> SMD@k in frames
+
+    def to_dict(self) -> dict:
+        return {"threshold": self.threshold, "queries": self.queries, "without_prediction": self.without_prediction,
+                "not_scorable": self.not_scorable,
+                "recall": {w: {str(k): v for k, v in by_k.items()} for w, by_k in self.recall.items()},
+                "min_distance": {str(k): v for k, v in self.min_distance.items()}}
+
+
+def evaluate(traces: list[ScoreTrace], threshold: float, ks=RECALL_KS, windows=TOLERANCE_WINDOWS) -> EvalResult:
+    scored = [t for t in traces if is_scorable(t)]
+    result = EvalResult(threshold=float(threshold), queries=len(scored), without_prediction=0,
+                        not_scorable=[t.query_id for t in traces if not is_scorable(t)])
+    hits = {window_name(w): {k: 0 for k in ks} for w in windows}
+    distances = {k: 0 for k in ks}
+    for trace in scored:
+        preds = predictions(trace, threshold)
+        result.without_prediction += len(preds) == 0
+        gt = frame_at_or_after(trace.start_time, trace.fps)
+        for w in windows:
+            mask = tolerance_mask(trace.length, trace.start_time, trace.fps, *w)
+            for k in ks:
+                hits[window_name(w)][k] += recalled_at(preds, mask, k)
+        for k in ks:
+            distances[k] += min_distance_at(preds, gt, k, trace.length)
+    n = max(len(scored), 1)
+    result.recall = {w: {k: 100.0 * v / n for k, v in by_k.items()} for w, by_k in hits.items()}
+    result.min_distance = {k: v / n for k, v in distances.items()}
+    return result
+
+
+def threshold_candidates(traces: list[ScoreTrace], count: int = THRESHOLD_CANDIDATES) -> np.ndarray:
+    values = np.concatenate([np.asarray(t.probs, dtype=np.float64) for t in traces]) if traces else np.zeros(1)
+    return np.linspace(values.min(), values.max(), count)
+
+
+def calibrate(traces: list[ScoreTrace], count: int = THRESHOLD_CANDIDATES,
+              window: tuple[float, float] = TOLERANCE_WINDOWS[0]) -> tuple[float, list[tuple[float, float]]]:
+    """The candidate threshold with the best SR@1 (ties: the lowest), and the whole sweep (threshold, SR@1)."""
+    sweep = []
+    for threshold in threshold_candidates(traces, count):
+        sr1 = evaluate(traces, float(threshold), ks=(1,), windows=(window,)).recall[window_name(window)][1]
+        sweep.append((float(threshold), sr1))
+    best = max(sweep, key=lambda item: (item[1], -item[0]))
+    return best[0], sweep
