@@ -20,13 +20,16 @@ class LayerNorm(nn.LayerNorm):
         return super().forward(x.float()).to(x.dtype)
 
 
-class QuickGELU(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.sigmoid(1.702 * x)
-
-
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """CLIP's GELU approximation (the reference adapters use it too)."""
     return x * torch.sigmoid(1.702 * x)
+
+
+class QuickGELU(nn.Module):
+    """Module form, so ``mlp.gelu`` sits in CLIP's Sequential layout."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return quick_gelu(x)
 
 
 class Attention(nn.Module):
