@@ -15,12 +15,7 @@ BATCH, FRAMES = 2, 12
 
 
 def run_steps(model, frames):
-    state = model.init_state(frames.shape[0])
-    outputs = []
-    for t in range(frames.shape[1]):
-        emb, state = model.step(frames[:, t], state)
-        outputs.append(emb)
-    return torch.stack(outputs, dim=1), state
+    return model.step_frames(frames)
 
 
 @pytest.mark.parametrize("case", ADAPTER_CASES, ids=case_id)

@@ -158,3 +158,15 @@ class ImageTower(nn.Module):
         if offset != len(state):
             raise ValueError(f"step() got {len(state)} state tensors, the state spec has {offset}")
         return self._embed(x), new_state
+
+    def step_frames(self, frames: torch.Tensor, state: list[torch.Tensor] | None = None):
+        """Step form over a window: frames [B, T, 3, R, R] one at a time, state carried.
+
+        Returns (embeddings [B, T, E], final state); the counterpart of ``forward_clip`` for comparisons.
+        """
+        state = self.init_state(frames.shape[0]) if state is None else state
+        outputs = []
+        for t in range(frames.shape[1]):
+            emb, state = self.step(frames[:, t], state)
+            outputs.append(emb)
+        return torch.stack(outputs, dim=1), state

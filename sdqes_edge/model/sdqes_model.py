@@ -44,6 +44,9 @@ class SDQESModel(nn.Module):
     def step(self, frame, state):
         return self.visual.step(frame, state)
 
+    def step_frames(self, frames, state=None):
+        return self.visual.step_frames(frames, state)
+
     def init_state(self, batch: int = 1):
         return self.visual.init_state(batch)
 
