@@ -3,4 +3,20 @@
 The exporter traces ``ImageTower.step`` (the same definition the window form
 uses) into the single-step ONNX graph described in DESIGN.md section 3; its
 state inputs and outputs come from ``ImageTower.state_spec``.
+
+The names below are loaded on first use, so the command line can describe
+its export options without importing torch.
 """
+
+from importlib import import_module
+
+_LAZY = {"ExportOptions": "exporter", "ExportResult": "exporter", "Query": "exporter", "export_bundle": "exporter",
+         "build_engine": "tensorrt_engine"}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,6 @@ inert placeholder whose code never runs.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import warnings
 import zipfile
@@ -27,6 +26,7 @@ import torch
 
 from .config import AdapterConfig, ModelConfig, TextConfig, VisionConfig, validate
 from .errors import UserError
+from .files import file_sha256
 from .model.sdqes_model import SDQESModel
 
 # Keys a CLIP-layout checkpoint may carry that the model does not use.
@@ -62,14 +62,6 @@ class _Opaque(dict):
 
     def extend(self, items: Any) -> None:
         self.items_appended.extend(items)
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _is_torchscript(path: str) -> bool:

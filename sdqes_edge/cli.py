@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Streaming Detection of Queried Event Start on edge devices: load CLIP-style models with "
-                    "streaming temporal adapters, check them, and (in later subcommands) export and run them.",
+                    "streaming temporal adapters, check them, and export them to verified deployment bundles.",
         epilog=f"Start with: {PROG} check   |   {PROG} info --list-presets",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -214,6 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--truncate-queries", action="store_true",
                      help="cut queries over 77 tokens (with a warning) instead of refusing them")
     tok.set_defaults(func=cmd_tokenize)
+
+    from .export.commands import add_parsers as add_export_parsers
+
+    add_export_parsers(sub)
     return parser
 
 

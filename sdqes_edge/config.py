@@ -21,6 +21,12 @@ TEMPORAL_ADAPTER_KINDS = ("st", "qrnn", "retnet")
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
+# Sampling rate of the stream (DESIGN.md section 1: the benchmark samples 1 frame per second).
+DEFAULT_FPS = 1.0
+# Alert threshold on p = sigmoid(cos) when none was calibrated: sigmoid(0.28), about the cosine
+# CLIP gives an image and a caption that matches it. Calibrate with `sdqes-edge eval --calibrate`.
+DEFAULT_THRESHOLD = 0.57
+
 
 @dataclass(frozen=True)
 class VisionConfig:
@@ -137,6 +143,20 @@ class ModelConfig:
         adapter = dataclasses.replace(self.adapter, kind=kind, **changes)
         base = self.name.split("+")[0]
         return dataclasses.replace(self, adapter=adapter, name=base if kind == "none" else f"{base}+{kind}")
+
+
+def receptive_field(cfg: ModelConfig) -> dict[str, Any]:
+    """How many past frames can influence the current embedding.
+
+    Stacked causal convolutions (``st``) see ``lookback`` more frames per
+    adapter; recurrences (``qrnn``, ``retnet``) see the whole past, decayed.
+    """
+    a = cfg.adapter
+    if a.kind in ("none", "mlp"):
+        return {"frames": 1, "bounded": True}
+    if a.kind == "st":
+        return {"frames": 1 + cfg.vision.layers * a.per_block * a.lookback, "bounded": True}
+    return {"frames": None, "bounded": False}
 
 
 def validate(cfg: ModelConfig) -> None:

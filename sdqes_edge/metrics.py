@@ -44,11 +44,17 @@ class ScoreTrace:
         return int(len(self.probs))
 
 
+def rising_edge_mask(probs: np.ndarray, threshold: float) -> np.ndarray:
+    """probs [T, ...] -> bool [T, ...]: True where ``probs > threshold`` starts a run along axis 0
+    (frame 0 counts if already above)."""
+    above = np.asarray(probs) > threshold
+    previous = np.concatenate([np.zeros_like(above[:1]), above[:-1]], axis=0)
+    return above & ~previous
+
+
 def rising_edges(probs: np.ndarray, threshold: float) -> np.ndarray:
     """Frame indices where ``probs > threshold`` starts a run (frame 0 counts if already above)."""
-    above = np.asarray(probs) > threshold
-    previous = np.concatenate(([False], above[:-1]))
-    return np.flatnonzero(above & ~previous)
+    return np.flatnonzero(rising_edge_mask(probs, threshold))
 
 
 def frame_at_or_after(time_s: float, fps: float) -> int:

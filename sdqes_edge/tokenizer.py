@@ -17,6 +17,7 @@ import gzip
 import html
 import warnings
 from importlib import resources
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import ftfy
@@ -154,6 +155,11 @@ class ClipTokenizer:
                 ids = ids[: self.context_length - 1] + [self.end_id]
             out[row, : len(ids)] = ids
         return out
+
+
+def vocab_path() -> Path:
+    """The BPE vocabulary shipped in the package (bundles carry a copy)."""
+    return Path(str(resources.files("sdqes_edge").joinpath("data", VOCAB_FILE)))
 
 
 @functools.lru_cache(maxsize=1)

@@ -53,7 +53,8 @@ class Attention(nn.Module):
         scores = (q * head_dim**-0.5) @ k.transpose(-2, -1)  # [N, H, L, L]
         if mask is not None:
             scores = scores + mask
-        out = scores.softmax(dim=-1) @ v  # [N, H, L, hd]
+        # Softmax in fp32 whatever the compute dtype: fp16 exp overflows on large scores (a no-op in fp32).
+        out = scores.float().softmax(dim=-1).to(v.dtype) @ v  # [N, H, L, hd]
         return self.out_proj(out.transpose(1, 2).reshape(n, length, width))
 
 

@@ -1,0 +1,222 @@
+"""The export-side subcommands: ``export``, ``inspect`` and ``build-engine``.
+
+Parsers are built without importing torch; the handlers import what they need.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+from ..config import ADAPTER_KINDS, DEFAULT_FPS, DEFAULT_THRESHOLD
+from ..errors import UserError
+from ..runtime.bundle import PRECISIONS
+
+PROG = "sdqes-edge"
+
+
+def _fmt_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def read_queries_file(path: str) -> list[tuple[str, str]]:
+    """Queries with their alert messages from .txt (one query a line), .json or .csv (query[,response])."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"queries file {p} does not exist")
+    if p.suffix == ".json":
+        try:
+            items = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{p} is not valid JSON ({exc}); give a list of strings or of "
+                            '{"text": ..., "response": ...}') from None
+        out = []
+        for item in items:
+            if isinstance(item, str):
+                out.append((item, item))
+            elif isinstance(item, dict) and "text" in item:
+                out.append((item["text"], item.get("response", item["text"])))
+            else:
+                raise UserError(f'{p}: each entry must be a string or {{"text": ..., "response": ...}}, got {item!r}')
+        return out
+    if p.suffix == ".csv":
+        with p.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            if not reader.fieldnames or "query" not in reader.fieldnames:
+                raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)")
+            return [(row["query"], row.get("response") or row["query"]) for row in reader]
+    return [(line.strip(), line.strip()) for line in p.read_text().splitlines() if line.strip()]
+
+
+# --- export ---------------------------------------------------------------------------
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..cli import _model_from_args
+    from .exporter import ExportOptions, Query, export_bundle
+
+    queries = [(q, q) for q in args.query or []]
+    if args.queries_file:
+        queries += read_queries_file(args.queries_file)
+    if args.checkpoint and args.adapter:
+        print("warning: --adapter is ignored with --checkpoint (the checkpoint determines its adapters)")
+        args.adapter = None
+    options = ExportOptions(
+        batch=args.batch, opset=args.opset, precisions=tuple(args.precision), fuse_queries=args.fuse_queries,
+        queries=tuple(Query(t, r) for t, r in queries), fps=args.fps, threshold=args.threshold,
+        verify_frames=args.verify_frames, drift_frames=args.drift_frames,
+        calibration_video=Path(args.calibration_video) if args.calibration_video else None,
+        calibration_frames=args.calibration_frames, truncate_queries=args.truncate_queries,
+        show_progress=not args.quiet)
+    # Check the options before the (possibly slow) checkpoint load.
+    from .exporter import check_options
+
+    check_options(options, lambda message: None)
+    checkpoint = None
+    if args.checkpoint:
+        from ..checkpoints import load_model
+
+        model, loaded = load_model(args.checkpoint)
+        source = f"{args.checkpoint} ({loaded.source_format})"
+        checkpoint = {"file": Path(args.checkpoint).name, "sha256": loaded.sha256,
+                      "source_format": loaded.source_format}
+    else:
+        from ..model.init import randomize_adapters
+
+        model, source = _model_from_args(args)
+        randomize_adapters(model, seed=args.seed)  # so the state paths carry signal through verification
+    print(f"exporting {model.cfg.name} from {source} to {args.out}")
+    result = export_bundle(model, args.out, options, checkpoint=checkpoint,
+                           log=(lambda m: None) if args.quiet else print)
+    print(f"\nwrote {result.out} in {result.seconds:.1f} s:")
+    for name, entry in sorted(result.manifest["files"].items()):
+        print(f"  {name:40s} {_fmt_size(entry['bytes']):>10s}")
+    complexity = result.manifest["complexity"]["per_frame"]
+    tower, adapters = complexity["image_tower"], complexity["adapters"]
+    print(f"per frame: image tower {tower['parameters'] / 1e6:.2f}M params, {tower['macs'] / 1e9:.3g} GMACs; "
+          f"adapters {adapters['parameters'] / 1e6:.2f}M params, {adapters['macs'] / 1e9:.3g} GMACs; "
+          f"state {_fmt_size(result.manifest['state_bytes'])}")
+    print(f"verified: {result.verification.summary()}")
+    for report in result.variants:
+        print(f"          {report.summary()}")
+    print(f"\nnext: {PROG} inspect {args.out}      (or on an NVIDIA device: {PROG} build-engine {args.out})")
+    return 0
+
+
+# --- inspect --------------------------------------------------------------------------
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..runtime.bundle import load_bundle
+    from ..runtime.onnxruntime_backend import OnnxRuntimeStep
+    from ..runtime.preprocess import Preprocessor
+    from ..sample import sample_frames
+
+    bundle = load_bundle(args.bundle)
+    m = bundle.manifest
+    print(f"bundle     {bundle.root}  (format {m['format_version']}, made by sdqes-edge "
+          f"{m['tool_versions'].get('sdqes_edge')}, all {len(m['files'])} files match their sha256)")
+    print(f"model      {m['model']['name']}, adapter {m['model']['adapter']['kind']}, "
+          f"{m['image_size']}px, embed {m['embed_dim']}, batch {m['batch']}, opset {m.get('opset')}")
+    print(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']}, "
+          f"state {len(m['state'])} tensors ({_fmt_size(m['state_bytes'])})")
+    print(f"graphs     step: {', '.join(bundle.precisions)}; text encoder: {m['graphs']['text']['file']}")
+    queries = bundle.queries()
+    if queries:
+        print(f"queries    {len(queries[0])} pre-encoded" + (f" (fused into the graph)" if m.get("query_count") else ""))
+    runner = OnnxRuntimeStep(bundle.step_graph(args.precision))
+    pre = Preprocessor.from_description(bundle.image_size, m["preprocess"])
+    frames = pre.batch(sample_frames(args.frames))
+    state = runner.initial_state()
+    q = queries[1] if (queries and runner.fused_queries) else None
+    import time
+
+    started = time.perf_counter()
+    for frame in frames:
+        result = runner.step(np.repeat(frame[None], m["batch"], axis=0), state, q)
+        state = result.state
+    ms = (time.perf_counter() - started) / len(frames) * 1e3
+    print(f"ran        {args.frames} sample frames through the {args.precision} graph with ONNX Runtime (CPU): "
+          f"{ms:.1f} ms/frame, embedding norm {float(np.linalg.norm(result.embedding[0])):.4f}")
+    print(f"\nnext: {PROG} build-engine {args.bundle}   (on an NVIDIA device)")
+    return 0
+
+
+# --- build-engine ---------------------------------------------------------------------
+
+def cmd_build_engine(args: argparse.Namespace) -> int:
+    from .tensorrt_engine import build_engine
+
+    path = build_engine(args.bundle, precision=args.precision, workspace_mib=args.workspace_mib)
+    print(f"\nnext: run the bundle with the TensorRT backend; the engine is {path}")
+    return 0
+
+
+# --- parsers --------------------------------------------------------------------------
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    export = sub.add_parser(
+        "export", help="export a model to a verified deployment bundle (ONNX graphs + manifest)",
+        description="Trace the model's single-step form into a stateful ONNX graph (state_in.* -> state_out.*), "
+                    "export the text encoder, verify both with ONNX Runtime against PyTorch over a stream with "
+                    "the state carried, optionally add fp16/int8 variants measured against fp32, and write a "
+                    "bundle directory. Nothing is written unless verification passes; an existing bundle at "
+                    "--out is replaced only then.",
+        epilog=f"examples:\n  {PROG} export --checkpoint epoch=9.ckpt --out bundles/qrnn\n"
+               f"  {PROG} export --preset tiny --adapter qrnn --precision fp16 int8 --out /tmp/tiny\n"
+               f"  {PROG} export --preset clip-vit-b16 --adapter qrnn --query 'When I start cooking, remind me "
+               "to wash my hands.' --out bundles/b16",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = export.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoint from the authors' training code, OpenAI CLIP or open_clip; "
+                                          "dimensions and adapters are inferred from it")
+    src.add_argument("--preset", help="a preset with random weights (for benchmarking); see `info --list-presets`")
+    export.add_argument("--adapter", choices=ADAPTER_KINDS, help="with --preset: swap in this adapter kind")
+    export.add_argument("--out", required=True, help="bundle directory to write (replaced only after verification)")
+    export.add_argument("--batch", type=int, default=1, help="streams per step, fixed in the graph (default 1)")
+    export.add_argument("--opset", type=int, default=17, help="ONNX opset: 17 (default) or 16 for TensorRT < 8.6")
+    export.add_argument("--precision", nargs="+", default=["fp32"], choices=PRECISIONS,
+                        help="graphs to write; fp32 is always written and is the reference (default: fp32)")
+    export.add_argument("--query", action="append", metavar="TEXT", help="a query to pre-encode (repeatable)")
+    export.add_argument("--queries-file", help=".txt (one query a line), .json or .csv (query,response columns)")
+    export.add_argument("--fuse-queries", action="store_true",
+                        help="score the given queries inside the step graph (query_embeddings in, logits out)")
+    export.add_argument("--fps", type=float, default=DEFAULT_FPS, help="sampling rate of the stream (default 1)")
+    export.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help=f"default alert threshold on sigmoid(cos) (default {DEFAULT_THRESHOLD})")
+    export.add_argument("--verify-frames", type=int, default=32, help="frames of the fp32 check (default 32)")
+    export.add_argument("--drift-frames", type=int, default=500,
+                        help="frames over which fp16/int8 are compared to fp32 (default 500)")
+    export.add_argument("--calibration-video", help="int8: calibrate on frames of this video (default: the "
+                                                    "built-in sample clip)")
+    export.add_argument("--calibration-frames", type=int, default=64, help="int8 calibration frames (default 64)")
+    export.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens instead of "
+                                                                        "refusing them")
+    export.add_argument("--seed", type=int, default=0, help="with --preset: seed of the random adapter weights")
+    export.add_argument("--quiet", action="store_true", help="no progress output")
+    export.set_defaults(func=cmd_export)
+
+    inspect = sub.add_parser("inspect", help="check a bundle (manifest, sha256 of every file) and run it",
+                             description="Load a bundle as the runtime does (schema, hashes, state wiring) and "
+                                         "stream a few sample frames through its step graph with ONNX Runtime.")
+    inspect.add_argument("bundle")
+    inspect.add_argument("--precision", default="fp32", choices=PRECISIONS)
+    inspect.add_argument("--frames", type=int, default=8)
+    inspect.set_defaults(func=cmd_inspect)
+
+    engine = sub.add_parser("build-engine", help="build a TensorRT engine for this NVIDIA device",
+                            description="Build a TensorRT engine from a bundle's step graph on this device and "
+                                        "store it under BUNDLE/engines/<gpu>-sm<cc>-trt<version>/ with a JSON "
+                                        "sidecar and a timing cache. Needs an NVIDIA GPU, TensorRT >= 8.5 and "
+                                        "pycuda.")
+    engine.add_argument("bundle")
+    engine.add_argument("--precision", default="fp16", choices=PRECISIONS,
+                        help="fp16 (default), fp32, or int8 from the bundle's QDQ graph")
+    engine.add_argument("--workspace-mib", type=int, default=2048, help="builder workspace limit (default 2048)")
+    engine.set_defaults(func=cmd_build_engine)

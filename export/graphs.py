@@ -1,0 +1,199 @@
+"""Trace the model into ONNX graphs: the stateful single-step graph and the text encoder.
+
+The step graph follows DESIGN.md section 3's contract: inputs ``frame``
+[B,3,R,R], ``state_in.<name>`` in state-spec order, optionally
+``query_embeddings`` [Q,E]; outputs ``embedding`` [B,E], optionally ``logits``
+[B,Q], then ``state_out.<name>`` in the same order. Shapes are static. The
+graph describes itself in ``metadata_props`` under one key, so a bare .onnx
+is enough to build the initial state.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import platform
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import __version__
+from ..config import ModelConfig, receptive_field
+from ..model import SDQESModel
+from ..model.layers import LayerNorm
+from ..state import StateSpec
+
+METADATA_KEY = "sdqes_edge"
+GRAPH_FORMAT_VERSION = 1
+DEFAULT_OPSET = 17  # LayerNormalization is one node from opset 17
+SUPPORTED_OPSETS = (16, 17)
+PRECISION_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+FRAME_INPUT = "frame"
+QUERY_INPUT = "query_embeddings"
+EMBEDDING_OUTPUT = "embedding"
+LOGITS_OUTPUT = "logits"
+TOKEN_INPUT = "token_ids"
+QUERY_EMBEDDING_OUTPUT = "query_embedding"
+
+
+def step_io_names(spec: StateSpec, fused_queries: bool) -> tuple[list[str], list[str]]:
+    """(input names, output names) of the step graph, in the contract's order."""
+    inputs = [FRAME_INPUT] + [t.input_name for t in spec] + ([QUERY_INPUT] if fused_queries else [])
+    outputs = [EMBEDDING_OUTPUT] + ([LOGITS_OUTPUT] if fused_queries else []) + [t.output_name for t in spec]
+    return inputs, outputs
+
+
+def tool_versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+
+    return {"sdqes_edge": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__, "python": platform.python_version()}
+
+
+def compute_copy(model: SDQESModel, precision: str) -> SDQESModel:
+    """A copy of ``model`` whose weights and compute are in ``precision``.
+
+    LayerNorm keeps fp32 parameters (and computes in fp32, as CLIP's does), so
+    the fp16 graph only drops precision where it is safe.
+    """
+    dtype = PRECISION_DTYPES[precision]
+    twin = copy.deepcopy(model).to(dtype)
+    for module in twin.modules():
+        if isinstance(module, LayerNorm):
+            module.float()
+    return twin.eval()
+
+
+class StepGraph(nn.Module):
+    """``ImageTower.step`` with flat tensor arguments, fp32 at its edges whatever runs inside."""
+
+    def __init__(self, model: SDQESModel, fused_queries: bool, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.visual = model.visual
+        self.fused_queries = fused_queries
+        self.dtype = dtype
+
+    def forward(self, frame: torch.Tensor, *rest: torch.Tensor):
+        state = list(rest[:-1] if self.fused_queries else rest)
+        embedding, next_state = self.visual.step(frame.to(self.dtype), [s.to(self.dtype) for s in state])
+        embedding = embedding.float()
+        outputs = [embedding]
+        if self.fused_queries:
+            outputs.append(embedding @ rest[-1].transpose(0, 1))  # cosine logits [B, Q]
+        return tuple(outputs + [s.float() for s in next_state])
+
+
+class TextGraph(nn.Module):
+    def __init__(self, model: SDQESModel):
+        super().__init__()
+        self.text = model.text
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.text(token_ids)
+
+
+def describe_step_graph(model: SDQESModel, *, batch: int, opset: int, precision: str, fps: float,
+                        query_count: int | None, checkpoint_sha256: str | None) -> dict[str, Any]:
+    """The JSON a step graph carries in its metadata (and the manifest repeats)."""
+    cfg: ModelConfig = model.cfg
+    spec = model.state_spec(batch)
+    inputs, outputs = step_io_names(spec, query_count is not None)
+    return {
+        "format_version": GRAPH_FORMAT_VERSION,
+        "kind": "step",
+        "precision": precision,
+        "model": cfg.to_dict(),
+        "preprocess": cfg.to_dict()["preprocess"],
+        "image_size": cfg.vision.image_size,
+        "embed_dim": cfg.embed_dim,
+        "batch": batch,
+        "fps": fps,
+        "opset": opset,
+        "query_count": query_count,
+        "state": spec.to_list(),
+        "state_bytes": spec.nbytes,
+        "inputs": inputs,
+        "outputs": outputs,
+        "receptive_field": receptive_field(cfg),
+        "tool_versions": tool_versions(),
+        "checkpoint_sha256": checkpoint_sha256,
+    }
+
+
+def attach_metadata(path: Path, description: dict[str, Any]) -> None:
+    import onnx
+
+    graph = onnx.load(str(path))
+    del graph.metadata_props[:]
+    entry = graph.metadata_props.add()
+    entry.key, entry.value = METADATA_KEY, json.dumps(description, sort_keys=True)
+    graph.producer_name, graph.producer_version = "sdqes-edge", __version__
+    onnx.save(graph, str(path))
+
+
+def read_metadata(path: Path) -> dict[str, Any]:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False)
+    for entry in graph.metadata_props:
+        if entry.key == METADATA_KEY:
+            return json.loads(entry.value)
+    raise KeyError(f"{path} carries no {METADATA_KEY!r} metadata")
+
+
+def _torch_export(module: nn.Module, args: tuple, path: Path, opset: int, inputs: list[str], outputs: list[str],
+                  dynamic_axes: dict | None = None) -> None:
+    # The TorchScript-based exporter gives static, fully folded graphs without onnxscript;
+    # its deprecation and tracer warnings are about dynamic control flow, which these graphs have none of.
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, str(path), dynamo=False, opset_version=opset, input_names=inputs,
+                          output_names=outputs, dynamic_axes=dynamic_axes, do_constant_folding=True)
+
+
+def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: int = DEFAULT_OPSET,
+                      precision: str = "fp32", query_count: int | None = None, fps: float = 1.0,
+                      checkpoint_sha256: str | None = None) -> dict[str, Any]:
+    """Trace the single-step graph to ``path``; returns its description (also stored in the graph)."""
+    if precision not in PRECISION_DTYPES:
+        raise ValueError(f"traced precisions are {sorted(PRECISION_DTYPES)}; int8 is made by quantizing fp32")
+    cfg = model.cfg
+    traced = compute_copy(model, precision) if precision != "fp32" else model.eval()
+    spec = model.state_spec(batch)
+    inputs, outputs = step_io_names(spec, query_count is not None)
+    r = cfg.vision.image_size
+    args: list[torch.Tensor] = [torch.zeros(batch, 3, r, r)] + [s.float() for s in model.init_state(batch)]
+    if query_count is not None:
+        args.append(torch.zeros(query_count, cfg.embed_dim))
+    _torch_export(StepGraph(traced, query_count is not None, PRECISION_DTYPES[precision]), tuple(args), path,
+                  opset, inputs, outputs)
+    description = describe_step_graph(model, batch=batch, opset=opset, precision=precision, fps=fps,
+                                      query_count=query_count, checkpoint_sha256=checkpoint_sha256)
+    attach_metadata(path, description)
+    return description
+
+
+def export_text_graph(model: SDQESModel, path: Path, *, opset: int = DEFAULT_OPSET) -> dict[str, Any]:
+    """Trace the text encoder: token_ids [Q, context] int64 -> query_embedding [Q, E] (Q dynamic)."""
+    cfg = model.cfg
+    tokens = torch.zeros(2, cfg.text.context_length, dtype=torch.int64)
+    tokens[:, 0], tokens[:, 1] = 49406, 49407  # start and end tokens, so argmax finds a real end
+    _torch_export(TextGraph(model.eval()), (tokens,), path, opset, [TOKEN_INPUT], [QUERY_EMBEDDING_OUTPUT],
+                  dynamic_axes={TOKEN_INPUT: {0: "queries"}, QUERY_EMBEDDING_OUTPUT: {0: "queries"}})
+    description = {"format_version": GRAPH_FORMAT_VERSION, "kind": "text", "opset": opset,
+                   "context_length": cfg.text.context_length, "embed_dim": cfg.embed_dim,
+                   "inputs": [TOKEN_INPUT], "outputs": [QUERY_EMBEDDING_OUTPUT], "tool_versions": tool_versions()}
+    attach_metadata(path, description)
+    return description
+
+
+def check_graph(path: Path) -> None:
+    """onnx.checker's full check (shape inference included)."""
+    import onnx
+
+    onnx.checker.check_model(str(path), full_check=True)

@@ -1,0 +1,152 @@
+"""``sdqes-edge build-engine``: a TensorRT engine from a bundle's step graph, built on the device.
+
+Engines are specific to the GPU architecture and the TensorRT version, so they
+live under ``engines/<gpu-name>-sm<major><minor>-trt<version>/`` with a JSON
+sidecar recording both (and the sha256 of the graph they came from); a timing
+cache beside them makes rebuilding fast. Uses the named-tensor API of
+TensorRT 8.5 and newer. int8 engines come from the bundle's QDQ graph
+(explicit quantization), never from TensorRT's implicit calibration, which
+TensorRT 10 deprecated and 11 removed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import UserError
+from ..files import file_sha256
+from ..runtime.bundle import Bundle, load_bundle
+
+ENGINE_PRECISIONS = ("fp32", "fp16", "int8")
+DEFAULT_WORKSPACE_MIB = 2048
+INSTALL_HINT = ("install TensorRT 8.5 or newer with `pip install 'sdqes-edge[tensorrt]'` (on Jetson it comes "
+                "with JetPack)")
+
+
+def nvidia_gpu_present() -> bool:
+    """True where an NVIDIA driver is loaded (checked without importing CUDA libraries)."""
+    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists() or \
+        Path("/dev/nvhost-ctrl-gpu").exists()  # Jetson
+
+
+def require_tensorrt():
+    """Import tensorrt and pycuda, or raise a one-line UserError naming what is missing."""
+    if not nvidia_gpu_present():
+        raise UserError("no NVIDIA GPU found on this machine (no NVIDIA driver loaded): TensorRT engines must be "
+                        f"built on the device that runs them; copy the bundle there and run build-engine, after "
+                        f"you {INSTALL_HINT}")
+    try:
+        import tensorrt as trt  # noqa: F401
+    except ImportError:
+        raise UserError(f"TensorRT is not installed: {INSTALL_HINT}") from None
+    try:
+        import pycuda.driver  # noqa: F401
+    except ImportError:
+        raise UserError("pycuda is not installed: `pip install 'sdqes-edge[tensorrt]'`") from None
+    return trt
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    compute_capability: tuple[int, int]
+    tensorrt_version: str
+
+    @property
+    def folder(self) -> str:
+        slug = re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        major, minor = self.compute_capability
+        return f"{slug}-sm{major}{minor}-trt{self.tensorrt_version}"
+
+
+def current_device() -> DeviceInfo:
+    trt = require_tensorrt()
+    import pycuda.driver as cuda
+
+    cuda.init()
+    if cuda.Device.count() == 0:
+        raise UserError("the NVIDIA driver reports no CUDA device; check `nvidia-smi`")
+    device = cuda.Device(0)
+    return DeviceInfo(device.name(), tuple(device.compute_capability()), trt.__version__)
+
+
+def engine_dir(bundle: Bundle, device: DeviceInfo) -> Path:
+    return bundle.root / "engines" / device.folder
+
+
+def build_engine(bundle_path: str | Path, precision: str = "fp16", workspace_mib: int = DEFAULT_WORKSPACE_MIB,
+                 log: Callable[[str], None] = print) -> Path:
+    """Build (or rebuild) the engine for this device; returns its path."""
+    if precision not in ENGINE_PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(ENGINE_PRECISIONS)}, not {precision}")
+    if workspace_mib < 64:
+        raise UserError(f"--workspace-mib {workspace_mib} is too small; give at least 64 (default "
+                        f"{DEFAULT_WORKSPACE_MIB})")
+    bundle = load_bundle(bundle_path)
+    trt = require_tensorrt()
+    device = current_device()
+    # int8 uses the QDQ graph; fp16 and fp32 build from the fp32 graph (TensorRT picks fp16 kernels itself).
+    graph_precision = "int8" if precision == "int8" else "fp32"
+    if graph_precision not in bundle.precisions:
+        raise UserError(f"{bundle.root} has no int8 graph; re-export with --precision int8 first")
+    graph = bundle.step_graph(graph_precision)
+    out_dir = engine_dir(bundle, device)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache_path = out_dir / "timing.cache"
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH") and int(trt.__version__.split(".")[0]) < 10:
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)  # implicit in TensorRT 10
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    log(f"parsing {graph.name} ...")
+    if not parser.parse_from_file(str(graph)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise UserError(f"TensorRT {trt.__version__} cannot parse {graph.name}: {errors}. If it names "
+                        "LayerNormalization, re-export with --opset 16")
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib << 20)
+    if precision in ("fp16", "int8"):
+        config.set_flag(trt.BuilderFlag.FP16)
+    if precision == "int8":
+        config.set_flag(trt.BuilderFlag.INT8)  # with QDQ nodes in the graph this is explicit quantization
+    cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.exists() else b"")
+    config.set_timing_cache(cache, ignore_mismatch=False)
+
+    log(f"building a {precision} engine for {device.name} (sm{device.compute_capability[0]}"
+        f"{device.compute_capability[1]}, TensorRT {device.tensorrt_version}); this takes minutes ...")
+    started = time.perf_counter()
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise UserError(f"TensorRT could not build an engine from {graph.name} (see its messages above); try "
+                        f"a larger --workspace-mib than {workspace_mib}")
+    seconds = time.perf_counter() - started
+    engine_path = out_dir / f"step.{precision}.engine"
+    tmp = engine_path.with_suffix(".engine.tmp")
+    tmp.write_bytes(bytes(serialized))
+    tmp.replace(engine_path)
+    cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    sidecar = {
+        "engine": engine_path.name,
+        "precision": precision,
+        "tensorrt_version": device.tensorrt_version,
+        "gpu": device.name,
+        "compute_capability": list(device.compute_capability),
+        "source_graph": graph.name,
+        "source_graph_sha256": file_sha256(graph),
+        "engine_sha256": file_sha256(engine_path),
+        "workspace_mib": workspace_mib,
+        "build_seconds": round(seconds, 1),
+        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "state": bundle.manifest["state"],
+    }
+    engine_path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2))
+    log(f"wrote {engine_path} ({engine_path.stat().st_size / 2**20:.1f} MiB) in {seconds:.0f} s")
+    return engine_path

@@ -1,0 +1,38 @@
+"""ONNX operators TensorRT's ONNX parser accepts, with the first TensorRT release that does.
+
+Our own table, covering the operators these graphs can contain, read from
+onnx-tensorrt's operator support matrix (docs/operators.md): everything here
+is supported from TensorRT 8.5 (opset 17) except LayerNormalization, which the
+parser maps to a native layer from 8.6. Export with ``--opset 16`` for older
+TensorRT (Xavier tops out at 8.5): LayerNorm is then decomposed.
+
+QuantizeLinear/DequantizeLinear need zero points of 0 (the int8 graphs are
+symmetric for this reason); Conv needs its weights as an initializer.
+"""
+
+from __future__ import annotations
+
+MIN_TENSORRT = (8, 5)
+
+TENSORRT_ONNX_OPS: dict[str, tuple[int, int]] = {op: MIN_TENSORRT for op in (
+    "Abs", "Add", "And", "ArgMax", "ArgMin", "Cast", "Ceil", "Clip", "Concat", "Constant", "ConstantOfShape",
+    "Conv", "Cos", "CumSum", "DequantizeLinear", "Div", "Einsum", "Equal", "Erf", "Exp", "Expand", "Flatten",
+    "Floor", "Gather", "GatherElements", "GatherND", "Gemm", "Greater", "GreaterOrEqual", "Identity", "Less",
+    "LessOrEqual", "Log", "MatMul", "Max", "Min", "Mul", "Neg", "Not", "Or", "Pad", "Pow", "QuantizeLinear",
+    "Range", "ReduceL2", "ReduceMax", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid", "Sin",
+    "Size", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Tile", "Transpose", "Trilu",
+    "Unsqueeze", "Where",
+)}
+TENSORRT_ONNX_OPS["LayerNormalization"] = (8, 6)
+
+
+def unsupported_ops(op_types: set[str], tensorrt_version: tuple[int, int] = MIN_TENSORRT) -> dict[str, str]:
+    """Operators of a graph that TensorRT ``tensorrt_version`` would refuse, with the reason."""
+    problems = {}
+    for op in sorted(op_types):
+        if op not in TENSORRT_ONNX_OPS:
+            problems[op] = "not supported by TensorRT's ONNX parser"
+        elif TENSORRT_ONNX_OPS[op] > tensorrt_version:
+            needed = ".".join(map(str, TENSORRT_ONNX_OPS[op]))
+            problems[op] = f"needs TensorRT {needed} (export with --opset 16 for older TensorRT)"
+    return problems

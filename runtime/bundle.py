@@ -1,0 +1,202 @@
+"""Reading a deployment bundle: manifest checked against its schema, every file against its sha256.
+
+A bundle is a directory (DESIGN.md section 3, "The bundle")::
+
+    manifest.json            what everything else is; written last by the exporter
+    step.fp32.onnx           the single-step graph (and step.fp16.onnx, step.int8.onnx)
+    text.onnx                the text encoder
+    tokenizer/...            CLIP's BPE vocabulary
+    queries.json             optional pre-encoded queries (texts, alert messages)
+    query_embeddings.npy     their embeddings [Q, E]
+    engines/<gpu>-sm<cc>-trt<version>/   TensorRT engines, built on the device
+
+Torch-free: numpy and jsonschema only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+
+from ..errors import UserError
+from ..files import file_sha256
+from ..state import StateSpec
+
+MANIFEST_NAME = "manifest.json"
+BUNDLE_FORMAT = "sdqes-edge-bundle"
+BUNDLE_FORMAT_VERSION = 1
+PRECISIONS = ("fp32", "fp16", "int8")
+
+_GRAPH_ENTRY = {
+    "type": "object",
+    "required": ["file", "inputs", "outputs"],
+    "properties": {
+        "file": {"type": "string"},
+        "inputs": {"type": "array", "items": {"type": "string"}},
+        "outputs": {"type": "array", "items": {"type": "string"}},
+        "verification": {"type": "object"},
+    },
+}
+
+MANIFEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["format", "format_version", "model", "preprocess", "image_size", "embed_dim", "batch", "fps",
+                 "state", "graphs", "tokenizer", "thresholds", "files", "tool_versions"],
+    "properties": {
+        "format": {"const": BUNDLE_FORMAT},
+        "format_version": {"type": "integer"},
+        "model": {"type": "object"},
+        "preprocess": {"type": "object", "required": ["mean", "std"]},
+        "image_size": {"type": "integer", "minimum": 1},
+        "embed_dim": {"type": "integer", "minimum": 1},
+        "batch": {"type": "integer", "minimum": 1},
+        "fps": {"type": "number", "exclusiveMinimum": 0},
+        "query_count": {"type": ["integer", "null"]},
+        "state": {"type": "array", "items": {
+            "type": "object", "required": ["name", "shape", "dtype", "initial_value"],
+            "properties": {"name": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer"}},
+                           "dtype": {"type": "string"}, "initial_value": {"type": "number"}}}},
+        "graphs": {
+            "type": "object", "required": ["step", "text"],
+            "properties": {
+                "step": {"type": "object", "required": ["fp32"],
+                         "propertyNames": {"enum": list(PRECISIONS)},
+                         "additionalProperties": _GRAPH_ENTRY},
+                "text": _GRAPH_ENTRY,
+            }},
+        "tokenizer": {"type": "object", "required": ["file", "context_length"]},
+        "queries": {"type": ["object", "null"], "required": ["file", "embeddings"]},
+        "thresholds": {"type": "object", "required": ["default"],
+                       "properties": {"default": {"type": "number", "minimum": 0, "maximum": 1}}},
+        "files": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["sha256", "bytes"],
+            "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "bytes": {"type": "integer"}}}},
+        "tool_versions": {"type": "object"},
+    },
+}
+
+
+class BundleError(UserError):
+    """A bundle that cannot be used as it is; the message names the file and the fix."""
+
+
+def _reexport_hint(root: Path) -> str:
+    return f"re-export it (sdqes-edge export ... --out {root})"
+
+
+@dataclass(frozen=True)
+class Bundle:
+    root: Path
+    manifest: dict[str, Any]
+
+    @property
+    def state_spec(self) -> StateSpec:
+        return StateSpec.from_list(self.manifest["state"])
+
+    @property
+    def fps(self) -> float:
+        return float(self.manifest["fps"])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.manifest["image_size"])
+
+    @property
+    def default_threshold(self) -> float:
+        return float(self.manifest["thresholds"]["default"])
+
+    @property
+    def precisions(self) -> list[str]:
+        return [p for p in PRECISIONS if p in self.manifest["graphs"]["step"]]
+
+    def step_graph(self, precision: str = "fp32") -> Path:
+        graphs = self.manifest["graphs"]["step"]
+        if precision not in graphs:
+            raise BundleError(f"{self.root} has no {precision} step graph (it has {', '.join(self.precisions)}); "
+                              f"re-export with --precision {precision}")
+        return self.root / graphs[precision]["file"]
+
+    def step_io(self, precision: str = "fp32") -> tuple[list[str], list[str]]:
+        entry = self.manifest["graphs"]["step"][precision]
+        return list(entry["inputs"]), list(entry["outputs"])
+
+    @property
+    def text_graph(self) -> Path:
+        return self.root / self.manifest["graphs"]["text"]["file"]
+
+    @property
+    def tokenizer_vocab(self) -> Path:
+        return self.root / self.manifest["tokenizer"]["file"]
+
+    def queries(self) -> tuple[list[dict[str, Any]], np.ndarray] | None:
+        """Pre-encoded queries: ([{"text", "response"}...], embeddings [Q, E]) or None."""
+        entry = self.manifest.get("queries")
+        if not entry:
+            return None
+        items = json.loads((self.root / entry["file"]).read_text())
+        return items, np.load(self.root / entry["embeddings"], allow_pickle=False)
+
+
+def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
+    """Open a bundle directory, refusing one whose manifest or files are not what the exporter wrote."""
+    root = Path(path)
+    manifest_path = root / MANIFEST_NAME
+    if not root.is_dir():
+        raise BundleError(f"bundle {root} does not exist; make one with `sdqes-edge export --out {root}`")
+    if not manifest_path.is_file():
+        raise BundleError(f"{root} has no {MANIFEST_NAME}, so it is not a finished bundle; {_reexport_hint(root)}")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{manifest_path} is not valid JSON ({exc}); {_reexport_hint(root)}") from None
+    try:
+        jsonschema.validate(manifest, MANIFEST_SCHEMA)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
+        raise BundleError(f"{manifest_path} is malformed at {where}: {exc.message}; {_reexport_hint(root)}") from None
+    if manifest["format_version"] > BUNDLE_FORMAT_VERSION:
+        raise BundleError(f"{root} uses bundle format {manifest['format_version']}, newer than this runtime reads "
+                          f"({BUNDLE_FORMAT_VERSION}); upgrade sdqes-edge")
+    bundle = Bundle(root, manifest)
+    _check_listed_files(bundle)
+    if verify_hashes:
+        for name, entry in manifest["files"].items():
+            if file_sha256(root / name) != entry["sha256"]:
+                raise BundleError(f"{root / name} does not match the sha256 in {MANIFEST_NAME} (corrupted or "
+                                  f"changed after export); {_reexport_hint(root)}")
+    _check_state_io(bundle)
+    return bundle
+
+
+def _check_listed_files(bundle: Bundle) -> None:
+    m = bundle.manifest
+    referenced = [e["file"] for e in m["graphs"]["step"].values()] + [m["graphs"]["text"]["file"],
+                                                                      m["tokenizer"]["file"]]
+    if m.get("queries"):
+        referenced += [m["queries"]["file"], m["queries"]["embeddings"]]
+    for name in referenced:
+        if name not in m["files"]:
+            raise BundleError(f"{MANIFEST_NAME} of {bundle.root} uses {name} but lists no sha256 for it; "
+                              f"{_reexport_hint(bundle.root)}")
+    for name in m["files"]:
+        if not (bundle.root / name).is_file():
+            raise BundleError(f"{bundle.root / name} is missing from the bundle; {_reexport_hint(bundle.root)}")
+
+
+def _check_state_io(bundle: Bundle) -> None:
+    """Every step graph must take and give exactly the state the spec describes, in its order."""
+    spec = bundle.state_spec
+    want_in = [t.input_name for t in spec]
+    want_out = [t.output_name for t in spec]
+    for precision in bundle.precisions:
+        inputs, outputs = bundle.step_io(precision)
+        got_in = [n for n in inputs if n.startswith("state_in.")]
+        got_out = [n for n in outputs if n.startswith("state_out.")]
+        if got_in != want_in or got_out != want_out:
+            raise BundleError(f"the {precision} step graph's state inputs/outputs disagree with the state spec in "
+                              f"{MANIFEST_NAME}; {_reexport_hint(bundle.root)}")

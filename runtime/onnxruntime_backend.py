@@ -1,0 +1,83 @@
+"""Stepping a single-step graph with ONNX Runtime, the state carried by name.
+
+The graph's own metadata (``metadata_props["sdqes_edge"]``) says what its
+state is, so a bare .onnx is enough: the initial state comes from the spec
+the graph carries, never from guesses about its inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import UserError
+from ..state import StateSpec
+
+METADATA_KEY = "sdqes_edge"  # the one key a graph's description lives under (export/graphs.py writes it)
+
+State = dict[str, np.ndarray]  # state tensor name (as in the spec, no prefix) -> array
+
+
+@dataclass
+class StepResult:
+    embedding: np.ndarray  # [B, E], L2-normalized
+    state: State  # the next state, by name
+    logits: np.ndarray | None = None  # [B, Q] when query scoring is fused into the graph
+
+
+class OnnxRuntimeStep:
+    """One step graph in an ``onnxruntime.InferenceSession``."""
+
+    def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None):
+        import onnxruntime as ort
+
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"step graph {path} does not exist; export a bundle with `sdqes-edge export`")
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        options.log_severity_level = 3  # ORT's warnings are about graph rewrites, not the user's input
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=providers or ["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
+            raise UserError(f"ONNX Runtime cannot load {path} ({str(exc).splitlines()[0]}); "
+                            "the file is damaged or not a step graph: re-export it") from None
+        meta = self.session.get_modelmeta().custom_metadata_map
+        if METADATA_KEY not in meta:
+            raise UserError(f"{path} carries no {METADATA_KEY!r} description, so it was not made by "
+                            "`sdqes-edge export`; re-export it")
+        self.description: dict[str, Any] = json.loads(meta[METADATA_KEY])
+        self.spec = StateSpec.from_list(self.description["state"])
+        self.path = path
+        self._output_names = [o.name for o in self.session.get_outputs()]
+        self._input_names = {i.name for i in self.session.get_inputs()}
+        missing = [t.input_name for t in self.spec if t.input_name not in self._input_names]
+        missing += [t.output_name for t in self.spec if t.output_name not in self._output_names]
+        if missing:
+            raise UserError(f"{path} lacks state tensors its description lists ({', '.join(missing[:3])}); re-export it")
+
+    @property
+    def fused_queries(self) -> bool:
+        return "query_embeddings" in self._input_names
+
+    def initial_state(self) -> State:
+        return dict(zip(self.spec.names, self.spec.initial_numpy()))
+
+    def step(self, frame: np.ndarray, state: State, query_embeddings: np.ndarray | None = None) -> StepResult:
+        """frame [B, 3, R, R] float32 (normalized) -> embedding, next state (and logits if fused)."""
+        feeds = {"frame": np.ascontiguousarray(frame, dtype=np.float32)}
+        for t in self.spec:
+            feeds[t.input_name] = state[t.name]
+        if self.fused_queries:
+            if query_embeddings is None:
+                raise UserError(f"{self.path.name} scores queries inside the graph: pass query_embeddings "
+                                f"[{self.description['query_count']}, {self.description['embed_dim']}]")
+            feeds["query_embeddings"] = np.ascontiguousarray(query_embeddings, dtype=np.float32)
+        outputs = dict(zip(self._output_names, self.session.run(self._output_names, feeds)))
+        next_state = {t.name: outputs[t.output_name] for t in self.spec}
+        return StepResult(outputs["embedding"], next_state, outputs.get("logits"))

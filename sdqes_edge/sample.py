@@ -1,0 +1,56 @@
+"""The built-in sample: a small synthetic clip and a few real queries, with no download.
+
+Used where the SDK needs realistic input without the user's data: export
+verification frames, int8 calibration when no video is given, and `check`.
+The clip is procedural (numpy only) and deterministic: a drifting background,
+a disk that moves across the scene, and a square that appears half way through
+(an "event starts"), so temporal adapters see frames that change over time.
+
+The example queries and alert messages are EgoSDQES annotations (MIT licence,
+../shared/data/egosdqes_all.csv), copied here because the runtime must not
+need the dataset.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EXAMPLE_QUERIES: tuple[tuple[str, str], ...] = (
+    ("When I start to clean or wipe the table, remind me to sanitize my hands.",
+     "Remember to sanitize your hands."),
+    ("As I start to drink my beverage, remind me to check the shopping list.",
+     "Remember to check the shopping list."),
+    ("When I start moving or arranging small tools, please remind me to wear gloves for safety.",
+     "Remember to wear gloves before handling tools."),
+    ("Next time I place a tissue roll in a shelf, remind me to check if I have enough tissue paper.",
+     "Remember to check if you have enough tissue paper."),
+)
+
+SAMPLE_HEIGHT = 240
+SAMPLE_WIDTH = 320
+
+
+def sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_WIDTH, seed: int = 0) -> np.ndarray:
+    """``count`` frames [count, H, W, 3] uint8 in BGR order (what OpenCV delivers)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    base_colour = rng.uniform(40, 200, size=3).astype(np.float32)
+    frames = np.empty((count, height, width, 3), dtype=np.uint8)
+    for t in range(count):
+        phase = 2 * np.pi * t / max(count, 8)
+        frame = np.empty((height, width, 3), dtype=np.float32)
+        for c in range(3):
+            frame[..., c] = base_colour[c] + 40 * np.sin(xx / width * 3 + phase + c) + 30 * np.cos(yy / height * 2 - phase)
+        # A disk crossing the scene.
+        cx = (0.1 + 0.8 * ((t * 0.07) % 1.0)) * width
+        cy = height * (0.5 + 0.25 * np.sin(phase))
+        disk = (xx - cx) ** 2 + (yy - cy) ** 2 < (0.12 * min(height, width)) ** 2
+        frame[disk] = (30, 160, 230)
+        # The "event": a square appears in the second half of the clip.
+        if t >= count // 2:
+            side = int(0.25 * min(height, width))
+            top, left = height // 5, width // 2
+            frame[top : top + side, left : left + side] = (200, 60, 40)
+        frame += rng.normal(0, 6, size=frame.shape).astype(np.float32)  # sensor noise
+        frames[t] = np.clip(frame, 0, 255).astype(np.uint8)
+    return frames

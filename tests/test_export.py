@@ -1,0 +1,259 @@
+"""The export contract: a bundle's step graph computes what the model computes, with the state carried.
+
+Every check streams frames through ONNX Runtime with the state fed back by
+name and compares embeddings and every next-state tensor to PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from sdqes_edge.config import ModelConfig
+from sdqes_edge.errors import UserError
+from sdqes_edge.export import ExportOptions, Query, export_bundle
+from sdqes_edge.export.graphs import METADATA_KEY
+from sdqes_edge.export.verify import VerificationError, verify_step_graph
+from sdqes_edge.runtime.bundle import BundleError, load_bundle
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.preprocess import Preprocessor
+from sdqes_edge.sample import sample_frames
+from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL, FP32_STATE_ATOL
+
+from conftest import random_model
+
+KINDS = ["none", "mlp", "st", "qrnn", "retnet"]
+STREAM_FRAMES = 32
+QUIET = dict(show_progress=False)
+
+
+def quiet_export(model, out, **options):
+    return export_bundle(model, out, ExportOptions(**QUIET, **options), log=lambda m: None)
+
+
+def stream_frames(model, count: int, batch: int = 1) -> np.ndarray:
+    """[count, batch, 3, R, R] preprocessed frames of the sample clip."""
+    cfg = model.cfg
+    pre = Preprocessor.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
+    frames = pre.batch(sample_frames(count + batch))
+    return np.stack([frames[b : b + count] for b in range(batch)], axis=1)
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """One exported bundle per adapter kind (tiny preset, random adapters, 2 per block)."""
+    root = tmp_path_factory.mktemp("bundles")
+    made = {}
+    for kind in KINDS:
+        model = random_model(kind)
+        made[kind] = (model, quiet_export(model, root / kind).out)
+    return made
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_onnx_step_matches_pytorch_over_32_frames_with_every_state_tensor(kind, bundles):
+    model, out = bundles[kind]
+    bundle = load_bundle(out)
+    runner = OnnxRuntimeStep(bundle.step_graph("fp32"))
+    frames = torch.from_numpy(stream_frames(model, STREAM_FRAMES))
+    torch_state, onnx_state = model.init_state(1), runner.initial_state()
+    for t in range(STREAM_FRAMES):
+        with torch.no_grad():
+            expected, torch_state = model.step(frames[t], torch_state)
+        result = runner.step(frames[t].numpy(), onnx_state)
+        assert np.abs(result.embedding - expected.numpy()).max() <= FP32_EMBEDDING_ATOL
+        for name, tensor in zip(runner.spec.names, torch_state):
+            assert np.abs(result.state[name] - tensor.numpy()).max() <= FP32_STATE_ATOL, (t, name)
+        onnx_state = result.state
+    if kind in ("st", "qrnn", "retnet"):
+        assert any(np.abs(s).max() > 0 for s in onnx_state.values()), "the state never left its initial value"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_step_graph_follows_the_contract(kind, bundles):
+    model, out = bundles[kind]
+    graph = onnx.load(str(out / "step.fp32.onnx"))
+    onnx.checker.check_model(graph, full_check=True)
+    spec = model.state_spec(1)
+    inputs = [i.name for i in graph.graph.input]
+    outputs = [o.name for o in graph.graph.output]
+    assert inputs == ["frame"] + [t.input_name for t in spec]
+    assert outputs == ["embedding"] + [t.output_name for t in spec]
+    for value in list(graph.graph.input) + list(graph.graph.output):  # static shapes, batch on axis 0
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        assert all(d > 0 for d in dims) and dims[0] == 1, value.name
+    assert "LayerNormalization" in {n.op_type for n in graph.graph.node}
+    assert not {"If", "Loop", "Scan"} & {n.op_type for n in graph.graph.node}
+    description = json.loads({p.key: p.value for p in graph.metadata_props}[METADATA_KEY])
+    assert description["state"] == spec.to_list()
+    assert ModelConfig.from_dict(description["model"]) == model.cfg
+
+
+def test_a_bare_graph_describes_its_own_initial_state(bundles):
+    model, out = bundles["qrnn"]
+    lone = out.parent / "lone.onnx"
+    shutil.copy(out / "step.fp32.onnx", lone)
+    runner = OnnxRuntimeStep(lone)
+    assert [s.shape for s in runner.initial_state().values()] == [t.shape for t in model.state_spec(1)]
+
+
+def test_swapping_two_state_outputs_when_feeding_back_is_caught(bundles):
+    model, out = bundles["qrnn"]
+    runner = OnnxRuntimeStep(out / "step.fp32.onnx")
+    same_shape = [n for n in runner.spec.names if n.endswith("qrnn0_h")][:2]
+
+    def swapped(state):
+        state = dict(state)
+        state[same_shape[0]], state[same_shape[1]] = state[same_shape[1]], state[same_shape[0]]
+        return state
+
+    frames = stream_frames(model, 16)
+    assert verify_step_graph(model, runner, frames).passed
+    report = verify_step_graph(model, runner, frames, feedback=swapped)
+    assert not report.passed
+    assert report.max_state_error > FP32_STATE_ATOL
+
+
+def test_batched_streams_and_fused_query_scoring(tmp_path):
+    model = random_model("qrnn")
+    queries = (Query("When I start cooking, remind me to wash my hands.", "Wash your hands."),
+               Query("As I start to drink my beverage, remind me to check the shopping list.", "Check the list."))
+    result = quiet_export(model, tmp_path / "b", batch=2, fuse_queries=True, queries=queries)
+    bundle = load_bundle(result.out)
+    names, embeddings = bundle.queries()
+    assert [n["response"] for n in names] == ["Wash your hands.", "Check the list."]
+    with torch.no_grad():
+        np.testing.assert_allclose(embeddings, model.encode_text([q.text for q in queries]).numpy(), atol=1e-4)
+    runner = OnnxRuntimeStep(bundle.step_graph())
+    frames = stream_frames(model, 20, batch=2)
+    state = runner.initial_state()
+    for frame in frames:
+        step = runner.step(frame, state, embeddings)
+        np.testing.assert_allclose(step.logits, step.embedding @ embeddings.T, atol=1e-5)
+        state = step.state
+    assert step.logits.shape == (2, 2)
+    assert result.verification.passed and result.verification.batch == 2
+
+
+def test_fp16_and_int8_variants_are_measured_against_fp32_over_a_long_stream(tmp_path):
+    model = random_model("qrnn")
+    result = quiet_export(model, tmp_path / "v", precisions=("fp16", "int8"), drift_frames=500)
+    reports = {r.precision: r for r in result.variants}
+    assert set(reports) == {"fp16", "int8"}
+    for precision, report in reports.items():
+        assert report.frames == 500 and report.passed
+        entry = result.manifest["graphs"]["step"][precision]["verification"]
+        assert entry["min_cosine"] == report.min_cosine and entry["passed"]
+    assert reports["fp16"].min_cosine > reports["int8"].min_cosine  # int8 loses more than fp16
+    graph = onnx.load(str(tmp_path / "v" / "step.int8.onnx"))
+    ops = {n.op_type for n in graph.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    zero_points = [onnx.numpy_helper.to_array(i) for i in graph.graph.initializer if i.name.endswith("zero_point")]
+    assert zero_points and all((z == 0).all() for z in zero_points)  # symmetric: what TensorRT requires
+    fp16 = onnx.load(str(tmp_path / "v" / "step.fp16.onnx"))
+    assert {i.type.tensor_type.elem_type for i in fp16.graph.input} == {onnx.TensorProto.FLOAT}  # fp32 I/O
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in fp16.graph.initializer)
+
+
+def test_a_failed_verification_leaves_the_existing_bundle_byte_for_byte(tmp_path):
+    out = tmp_path / "bundle"
+    quiet_export(random_model("qrnn"), out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    broken = random_model("qrnn", seed=1)
+    with torch.no_grad():
+        next(p for n, p in broken.named_parameters() if ".adapter1." in n).fill_(float("nan"))
+    with pytest.raises(VerificationError, match="does not match the model"):
+        quiet_export(broken, out)
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle"]  # no staging directory left behind
+
+
+def test_export_refuses_to_overwrite_a_directory_that_is_not_a_bundle(tmp_path):
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(UserError, match="not a bundle"):
+        quiet_export(random_model("none"), tmp_path / "photos")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: (b / "step.fp32.onnx").write_bytes(b"\x08garbage"), "step.fp32.onnx does not match the sha256"),
+    (lambda b: (b / "text.onnx").unlink(), "text.onnx is missing"),
+    (lambda b: (b / "manifest.json").write_text("{"), "not valid JSON"),
+])
+def test_the_loader_refuses_a_damaged_bundle_naming_the_file(damage, message, bundles, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(bundles["st"][1], copy)
+    damage(copy)
+    with pytest.raises(BundleError, match=message):
+        load_bundle(copy)
+
+
+def test_the_loader_refuses_a_manifest_whose_sha256_no_longer_matches(bundles, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(bundles["st"][1], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"]["text.onnx"]["sha256"] = "0" * 64
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="text.onnx does not match the sha256"):
+        load_bundle(copy)
+
+
+def test_the_loader_refuses_state_wiring_that_disagrees_with_the_spec(bundles, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(bundles["qrnn"][1], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["state"] = manifest["state"][::-1]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="disagree with the state spec"):
+        load_bundle(copy)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sdqes_edge.cli", *args], capture_output=True, text=True)
+
+
+def test_export_a_lightning_checkpoint_from_the_command_line_infers_everything(tmp_path):
+    from test_checkpoints import lightning_checkpoint
+
+    model = random_model("st")
+    ckpt = lightning_checkpoint(model, str(tmp_path / "last.ckpt"))
+    done = run_cli("export", "--checkpoint", ckpt, "--out", str(tmp_path / "b"), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert "next: sdqes-edge inspect" in done.stdout
+    manifest = load_bundle(tmp_path / "b").manifest
+    assert ModelConfig.from_dict(manifest["model"]).adapter == model.cfg.adapter
+    assert manifest["checkpoint"]["source_format"] == "sdqes-lightning"
+    inspected = run_cli("inspect", str(tmp_path / "b"))
+    assert inspected.returncode == 0 and "match their sha256" in inspected.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "tiny", "--fuse-queries"], "--fuse-queries fixes the number of queries"),
+    (["--preset", "tiny", "--opset", "13"], "--opset must be one of"),
+    (["--preset", "tiny", "--verify-frames", "4"], "--verify-frames must be >= 16"),
+    (["--checkpoint", "/nonexistent.ckpt"], "nonexistent.ckpt"),
+])
+def test_export_arguments_are_checked_up_front(args, message, tmp_path):
+    done = run_cli("export", *args, "--out", str(tmp_path / "b"))
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_corrupted_bundle_is_refused_by_the_command_line_in_one_line(bundles, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(bundles["mlp"][1], copy)
+    with open(copy / "step.fp32.onnx", "ab") as fh:
+        fh.write(b"\0")
+    done = run_cli("inspect", str(copy))
+    assert done.returncode == 2 and "step.fp32.onnx" in done.stderr and "Traceback" not in done.stderr
