@@ -12,17 +12,10 @@ from pathlib import Path
 
 from ..config import ADAPTER_KINDS, DEFAULT_FPS, DEFAULT_THRESHOLD
 from ..errors import UserError
+from ..files import format_bytes
 from ..runtime.bundle import PRECISIONS
 
 PROG = "sdqes-edge"
-
-
-def _fmt_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def read_queries_file(path: str) -> list[tuple[str, str]]:
@@ -95,12 +88,12 @@ def cmd_export(args: argparse.Namespace) -> int:
                            log=(lambda m: None) if args.quiet else print)
     print(f"\nwrote {result.out} in {result.seconds:.1f} s:")
     for name, entry in sorted(result.manifest["files"].items()):
-        print(f"  {name:40s} {_fmt_size(entry['bytes']):>10s}")
+        print(f"  {name:40s} {format_bytes(entry['bytes']):>10s}")
     complexity = result.manifest["complexity"]["per_frame"]
     tower, adapters = complexity["image_tower"], complexity["adapters"]
     print(f"per frame: image tower {tower['parameters'] / 1e6:.2f}M params, {tower['macs'] / 1e9:.3g} GMACs; "
           f"adapters {adapters['parameters'] / 1e6:.2f}M params, {adapters['macs'] / 1e9:.3g} GMACs; "
-          f"state {_fmt_size(result.manifest['state_bytes'])}")
+          f"state {format_bytes(result.manifest['state_bytes'])}")
     print(f"verified: {result.verification.summary()}")
     for report in result.variants:
         print(f"          {report.summary()}")
@@ -125,7 +118,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"model      {m['model']['name']}, adapter {m['model']['adapter']['kind']}, "
           f"{m['image_size']}px, embed {m['embed_dim']}, batch {m['batch']}, opset {m.get('opset')}")
     print(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']}, "
-          f"state {len(m['state'])} tensors ({_fmt_size(m['state_bytes'])})")
+          f"state {len(m['state'])} tensors ({format_bytes(m['state_bytes'])})")
     print(f"graphs     step: {', '.join(bundle.precisions)}; text encoder: {m['graphs']['text']['file']}")
     queries = bundle.queries()
     if queries:

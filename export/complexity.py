@@ -61,8 +61,7 @@ def count_graph(path: str | Path) -> GraphComplexity:
     weights = {init.name for init in model.graph.initializer}
     constants = {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
     weights |= constants
-    parameters = sum(int(np.prod(init.dims, dtype=np.int64)) for init in model.graph.initializer
-                     if init.data_type in _FLOAT_TYPES)
+    parameters = _parameters(model)
     producers = {out: node for node in model.graph.node for out in node.output}
     by_category: dict[str, int] = {}
 
@@ -84,6 +83,18 @@ def count_graph(path: str | Path) -> GraphComplexity:
             kernel = shapes[node.input[1]]  # [C_out, C_in / groups, k...]
             add("conv", np.prod(out, dtype=np.int64) * np.prod(kernel[1:], dtype=np.int64))
     return GraphComplexity(parameters, sum(by_category.values()), by_category)
+
+
+def _parameters(model) -> int:
+    """Elements of floating-point weights, counted once per operator that reads them.
+
+    Per use, because the exporter merges identical initializers (the all-ones
+    LayerNorm scales of a freshly built model become one tensor); scalars
+    (activation constants such as QuickGELU's 1.702) are not parameters.
+    """
+    sizes = {init.name: int(np.prod(init.dims, dtype=np.int64)) for init in model.graph.initializer
+             if init.data_type in _FLOAT_TYPES}
+    return sum(sizes.get(name, 0) for node in model.graph.node for name in node.input if sizes.get(name, 0) > 1)
 
 
 def _is_weight(name: str, weights: set[str], producers: dict) -> bool:

@@ -16,16 +16,9 @@ from typing import Callable, Sequence
 from . import __version__
 from .config import ADAPTER_KINDS, PRESETS, TEMPORAL_ADAPTER_KINDS, ModelConfig, preset, with_authors_adapter
 from .errors import UserError
+from .files import format_bytes
 
 PROG = "sdqes-edge"
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _model_from_args(args: argparse.Namespace):
@@ -76,7 +69,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"adapter    {a.kind}{detail}")
     print(f"params     image tower {visual_params / 1e6:.2f}M (adapters {adapter_params / 1e6:.2f}M), "
           f"text tower {text_params / 1e6:.2f}M")
-    print(f"state      {len(spec)} tensors, {_fmt_bytes(spec.nbytes)} per stream")
+    print(f"state      {len(spec)} tensors, {format_bytes(spec.nbytes)} per stream")
     for t in list(spec)[: args.show_state]:
         print(f"  {t.input_name:44s} {list(t.shape)}")
     if len(spec) > args.show_state:
@@ -125,7 +118,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             ok = err <= FP32_EMBEDDING_ATOL
             failures += not ok
             print(f"{kind:8s} {per_block if kind != 'none' else '-':>9} {err:20.2e} "
-                  f"{_fmt_bytes(model.state_spec(1).nbytes):>13s} {('yes' if moved > 1e-6 else 'no'):>15s} "
+                  f"{format_bytes(model.state_spec(1).nbytes):>13s} {('yes' if moved > 1e-6 else 'no'):>15s} "
                   f"{time.perf_counter() - start:6.2f}s  {'ok' if ok else 'FAIL'}")
     if failures:
         print(f"\n{failures} configuration(s) outside tolerance")

@@ -257,3 +257,23 @@ def test_a_corrupted_bundle_is_refused_by_the_command_line_in_one_line(bundles, 
         fh.write(b"\0")
     done = run_cli("inspect", str(copy))
     assert done.returncode == 2 and "step.fp32.onnx" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_device_without_torch_loads_and_steps_a_bundle(bundles):
+    """What runs on the headset: the bundle loader, ONNX Runtime step and `inspect`, with torch unimportable."""
+    _, out = bundles["retnet"]
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from sdqes_edge.runtime.bundle import load_bundle\n"
+            "from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep\n"
+            "from sdqes_edge.runtime.preprocess import Preprocessor\n"
+            "from sdqes_edge.sample import sample_frames\n"
+            f"b = load_bundle({str(out)!r})\n"
+            "r = OnnxRuntimeStep(b.step_graph())\n"
+            "pre = Preprocessor.from_description(b.image_size, b.manifest['preprocess'])\n"
+            "s = r.initial_state()\n"
+            "for f in pre.batch(sample_frames(4)): s = r.step(f[None], s).state\n"
+            "from sdqes_edge.cli import run\n"
+            f"sys.exit(run(['inspect', {str(out)!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "ran        8 sample frames" in done.stdout

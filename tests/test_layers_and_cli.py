@@ -49,7 +49,7 @@ def test_help_explains_the_subcommands(capsys):
         run(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("check", "info", "tokenize"):
+    for command in ("check", "info", "tokenize", "export", "inspect", "build-engine"):
         assert command in out
 
 
