@@ -200,3 +200,22 @@ def _check_state_io(bundle: Bundle) -> None:
         if got_in != want_in or got_out != want_out:
             raise BundleError(f"the {precision} step graph's state inputs/outputs disagree with the state spec in "
                               f"{MANIFEST_NAME}; {_reexport_hint(bundle.root)}")
+
+
+def write_thresholds(path: str | Path, default: float, per_label: dict[str, float] | None = None,
+                     provenance: dict[str, Any] | None = None) -> Bundle:
+    """Set a bundle's default alert threshold (and per-label ones), e.g. from ``sdqes-edge eval --calibrate``.
+
+    The manifest is rewritten atomically; the graphs are untouched, so their hashes still hold.
+    """
+    bundle = load_bundle(path)
+    if not 0.0 < default < 1.0:
+        raise BundleError(f"a threshold is a probability in (0, 1), not {default}")
+    manifest = dict(bundle.manifest)
+    manifest["thresholds"] = {"default": float(default), "per_label": dict(per_label or {}),
+                              "calibration": provenance or {}}
+    target = bundle.root / MANIFEST_NAME
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    tmp.replace(target)
+    return Bundle(bundle.root, manifest)

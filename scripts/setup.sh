@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Set up (or refresh) .venv with sdqes-edge installed in editable mode.
-#   scripts/setup.sh         the export + runtime extras (what the main job needs)
+#   scripts/setup.sh         the export, runtime and eval extras (what the main job needs)
 #   scripts/setup.sh --dev   the same plus the test tools
 # torch is pinned to 2.13.0: on these machines that is the CPU build kept on disk;
 # a looser requirement would download a multi-gigabyte CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin=${PYTHON:-python3.11}
-extras="export,runtime"
+extras="export,runtime,eval"
 if [ "${1:-}" = "--dev" ]; then extras="$extras,dev"; fi
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $python_bin" >&2

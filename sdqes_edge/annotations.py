@@ -26,6 +26,7 @@ class Annotation:
     start_time: float  # seconds from the start of the video
     video_seconds: float
     row: int
+    asked_time: float = 0.0  # when the query was issued (optional `asked_time` column); 0 = before the stream
 
     def start_frame(self, fps: float) -> int:
         return frame_at_or_after(self.start_time, fps)
@@ -50,7 +51,8 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
         if (split and r["split"] != split) or (source and r["source"] != source):
             continue
         out.append(Annotation(r["split"], r["source"], r["video_uid"], r["query"], r["response"], r["label"],
-                              float(r["video_start_time"]), float(r["video_length"]) / float(r["video_fps"]), i))
+                              float(r["video_start_time"]), float(r["video_length"]) / float(r["video_fps"]), i,
+                              float(r.get("asked_time") or 0.0)))
     return out
 
 
@@ -67,11 +69,12 @@ def oracle_traces(annotations: list[Annotation], fps: float = 1.0) -> list[Score
     for a in annotations:
         probs = np.zeros(a.stream_frames(fps))
         probs[a.start_frame(fps)] = 1.0
-        traces.append(ScoreTrace(probs, a.start_time, fps, query_id=str(a.row)))
+        traces.append(ScoreTrace(probs, a.start_time, fps, a.asked_time, query_id=str(a.row)))
     return traces
 
 
 def random_traces(annotations: list[Annotation], fps: float = 1.0, seed: int = 0) -> list[ScoreTrace]:
     """Uniform random scores (seeded): the chance baseline."""
     rng = np.random.default_rng(seed)
-    return [ScoreTrace(rng.random(a.stream_frames(fps)), a.start_time, fps, query_id=str(a.row)) for a in annotations]
+    return [ScoreTrace(rng.random(a.stream_frames(fps)), a.start_time, fps, a.asked_time, query_id=str(a.row))
+            for a in annotations]

@@ -14,7 +14,8 @@ import time
 from typing import Callable, Sequence
 
 from . import __version__
-from .config import ADAPTER_KINDS, PRESETS, TEMPORAL_ADAPTER_KINDS, ModelConfig, preset, with_authors_adapter
+from .config import (ADAPTER_KINDS, DEFAULT_THRESHOLD, PRESETS, TEMPORAL_ADAPTER_KINDS, ModelConfig, preset,
+                     with_authors_adapter)
 from .errors import UserError
 from .files import format_bytes
 
@@ -163,6 +164,92 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- eval -----------------------------------------------------------------------------
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """SR@k / SMD@k of score traces (or baselines) against EgoSDQES-style annotations."""
+    from pathlib import Path
+
+    from .annotations import load_annotations, oracle_traces, random_traces
+    from .evaluation import (calibrate_thresholds, evaluate_with, match_traces, per_query_distance, text_table,
+                             write_reports)
+
+    if args.fps <= 0:
+        raise UserError(f"--fps must be positive, not {args.fps}")
+    if args.threshold is not None and not 0.0 < args.threshold < 1.0:
+        raise UserError(f"--threshold is a probability sigmoid(cos) in (0, 1), not {args.threshold}")
+    if args.write_threshold and not args.calibrate:
+        raise UserError("--write-threshold writes the calibrated threshold: add --calibrate")
+    if args.write_threshold:
+        from .runtime.bundle import load_bundle
+
+        load_bundle(args.write_threshold)  # refuse a bad bundle before the work
+    started = time.perf_counter()
+    annotations = load_annotations(args.annotations, split=args.split, source=args.source)
+    if not annotations:
+        raise UserError(f"{args.annotations} has no annotations for split {args.split!r}"
+                        + (f" and source {args.source!r}" if args.source else ""))
+    methods = {}
+    if args.scores:
+        from .traces import load_score_dir
+
+        matched = match_traces(annotations, load_score_dir(args.scores))
+        if not matched.traces:
+            raise UserError(f"none of the {len(annotations)} annotations has a trace in {args.scores}: traces are "
+                            "matched by stream name (the video_uid) and query text")
+        if matched.missing:
+            print(f"note: {len(matched.missing)} of {len(annotations)} annotations have no score trace and are "
+                  "not scored")
+        methods[f"scores ({Path(args.scores).name})"] = (matched.annotations, matched.traces)
+    for baseline in args.baseline or []:
+        traces = oracle_traces(annotations, args.fps) if baseline == "oracle" else \
+            random_traces(annotations, args.fps, seed=args.seed)
+        methods[baseline if baseline == "oracle" else f"random (seed {args.seed})"] = (annotations, traces)
+    if not methods:
+        raise UserError("give --scores DIR (traces from `sdqes-edge run`) or --baseline oracle/random")
+
+    threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLD
+    rows, extra, calibrations = {}, {"annotations": args.annotations, "split": args.split, "fps": args.fps}, {}
+    for name, (anns, traces) in methods.items():
+        labels = [a.label for a in anns]
+        rows[f"{name}"] = evaluate_with(traces, labels, threshold)
+        if args.calibrate:
+            cal = calibrate_thresholds(traces, labels, args.per_label)
+            calibrations[name] = cal
+            rows[f"{name}, calibrated"] = evaluate_with(traces, labels, cal.threshold)
+            if args.per_label:
+                rows[f"{name}, per-label ({len(cal.per_label)} labels)"] = evaluate_with(
+                    traces, labels, cal.threshold, cal.per_label)
+    print(f"{len(annotations)} annotations ({args.split or 'all splits'}) at {args.fps:g} fps\n")
+    print(text_table(rows))
+    out = Path(args.out)
+    extra["calibration"] = {n: c.to_dict() for n, c in calibrations.items()}
+    json_path, md_path = write_reports(out, rows, extra)
+    plots = []
+    if args.plots:
+        from .eval_plots import plot_extremes
+
+        for name, (anns, traces) in methods.items():
+            cal = calibrations.get(name)
+            per_trace = [cal.per_label.get(a.label, cal.threshold) if cal else threshold for a in anns]
+            distances = [per_query_distance(t, thr) for t, thr in zip(traces, per_trace)]
+            folder = out / "plots" / "".join(c if c.isalnum() else "-" for c in name).strip("-")
+            plots += plot_extremes(folder, traces, anns, per_trace, distances, args.plots)
+    print(f"\nwrote {json_path}, {md_path}" + (f" and {len(plots)} plots under {out / 'plots'}" if plots else "")
+          + f" in {time.perf_counter() - started:.1f} s")
+    if args.write_threshold:
+        from .runtime.bundle import write_thresholds
+
+        name, cal = next(iter(calibrations.items()))
+        write_thresholds(args.write_threshold, cal.threshold, cal.per_label,
+                         {"method": name, "annotations": args.annotations, "split": args.split,
+                          "queries": rows[name].queries})
+        print(f"set the default threshold of {args.write_threshold} to {cal.threshold:.4f}"
+              + (f" ({len(cal.per_label)} per-label thresholds)" if cal.per_label else ""))
+    print(f"\nnext: open {md_path}" + (f" and {plots[0]}" if plots else ""))
+    return 0
+
+
 # --- parser -----------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,6 +294,33 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--truncate-queries", action="store_true",
                      help="cut queries over 77 tokens (with a warning) instead of refusing them")
     tok.set_defaults(func=cmd_tokenize)
+
+    ev = sub.add_parser(
+        "eval", help="Streaming Recall / Minimum Distance of score traces against annotations",
+        description="Score the runtime's per-frame traces (or the oracle / random baselines) against "
+                    "EgoSDQES-style annotations: SR@1/2/3 in the [-5,+10] s and [-2,+5] s windows and SMD@1/2/3, "
+                    "as the paper and its reference code define them. Writes eval.json, eval.md and PNG plots of "
+                    "the best and worst queries.",
+        epilog=f"examples:\n  {PROG} eval --annotations egosdqes_all.csv --split val --baseline oracle random\n"
+               f"  {PROG} eval --annotations egosdqes_all.csv --scores traces/ --calibrate --write-threshold bundle/",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ev.add_argument("--annotations", required=True, help="EgoSDQES CSV (egosdqes_all.csv) or one with its columns")
+    ev.add_argument("--split", default="val", help="annotation split to score (default: %(default)s; '' for all)")
+    ev.add_argument("--source", choices=["moments", "nlq"], help="only annotations from this source")
+    ev.add_argument("--scores", help="folder of *.npz score traces written by the runtime")
+    ev.add_argument("--baseline", nargs="+", choices=["oracle", "random"],
+                    help="baselines that need no video: oracle (must give 100 / 0) and seeded random scores")
+    ev.add_argument("--fps", type=float, default=1.0, help="sampling rate of the baselines (default 1)")
+    ev.add_argument("--threshold", type=float, help=f"alert threshold (default {DEFAULT_THRESHOLD})")
+    ev.add_argument("--calibrate", action="store_true",
+                    help="also pick the threshold with the best SR@1 among 20 evenly spaced candidates")
+    ev.add_argument("--per-label", action="store_true",
+                    help="with --calibrate: a threshold per query label (labels with >= 5 queries)")
+    ev.add_argument("--write-threshold", metavar="BUNDLE", help="write the calibrated threshold into BUNDLE")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
+    ev.add_argument("--plots", type=int, default=3, metavar="N", help="plot the N best and N worst queries")
+    ev.add_argument("--out", default="sdqes-eval", help="folder for eval.json, eval.md, plots/ (default %(default)s)")
+    ev.set_defaults(func=cmd_eval)
 
     from .export.commands import add_parsers as add_export_parsers
 

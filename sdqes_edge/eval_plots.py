@@ -1,0 +1,68 @@
+"""Per-query plots for ``sdqes-edge eval``: score curve, threshold, event start, tolerance window, alerts."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .annotations import Annotation
+from .errors import UserError
+from .metrics import TOLERANCE_WINDOWS, RECALL_KS, ScoreTrace, predictions
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("plots need matplotlib: `pip install 'sdqes-edge[eval]'` (or pass --plots 0)") from None
+    matplotlib.use("Agg")  # files only; no display on a server or a robot
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_query(path: Path, trace: ScoreTrace, annotation: Annotation, threshold: float, title: str) -> Path:
+    plt = _pyplot()
+    times = np.arange(trace.length) / trace.fps
+    before, after = TOLERANCE_WINDOWS[0]
+    preds = predictions(trace, threshold)[: max(RECALL_KS)]
+    fig, ax = plt.subplots(figsize=(11, 3.2), dpi=100)
+    ax.axvspan(annotation.start_time - before, annotation.start_time + after, color="tab:green", alpha=0.15,
+               label=f"tolerance [-{before:g}, +{after:g}] s")
+    ax.plot(times, trace.probs, color="tab:blue", lw=1.2, label="p = sigmoid(cos)")
+    ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"threshold {threshold:.3f}")
+    ax.axvline(annotation.start_time, color="tab:green", lw=2, label="event start")
+    if trace.asked_time > 0:
+        ax.axvline(trace.asked_time, color="gray", ls=":", lw=1.5, label="query asked")
+    if len(preds):
+        ax.scatter(preds / trace.fps, trace.probs[preds], marker="v", s=70, color="tab:red", zorder=5,
+                   label=f"first {len(preds)} alert(s)")
+    ax.set_xlabel("stream time (s)")
+    ax.set_ylabel("probability")
+    ax.set_xlim(0, max(times[-1] if len(times) else 1, annotation.start_time + after))
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)  # outside, never over the curve
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_extremes(out_dir: Path, traces: list[ScoreTrace], annotations: list[Annotation], thresholds: list[float],
+                  distances: list[int], count: int) -> list[Path]:
+    """The ``count`` best (closest first alert) and worst queries, one PNG each."""
+    if count <= 0 or not traces:
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    order = np.argsort(distances, kind="stable")
+    picks = [("best", i) for i in order[:count]] + [("worst", i) for i in order[::-1][:count]]
+    written = []
+    for rank, (kind, i) in enumerate(picks):
+        a = annotations[i]
+        slug = re.sub(r"[^a-z0-9]+", "-", a.query.lower())[:40].strip("-")
+        title = f"{kind}: {a.query}  (video {a.video_uid[:8]}, first alert {distances[i]} frames from the start)"
+        written.append(plot_query(out_dir / f"{kind}-{rank % count + 1:02d}-{slug}.png", traces[i], a, thresholds[i],
+                                  title))
+    return written

@@ -1,0 +1,152 @@
+"""Evaluating score traces against annotations: matching, calibration, per-label thresholds, reports.
+
+numpy only (plots live in ``eval_plots``). The metrics are ``metrics.py``'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .annotations import Annotation
+from .metrics import (RECALL_KS, TOLERANCE_WINDOWS, EvalResult, ScoreTrace, calibrate, evaluate, frame_at_or_after,
+                      min_distance_at, predictions, window_name)
+from .traces import StreamScores
+
+# A label needs this many calibration queries for a threshold of its own; fewer fall back to the global one.
+MIN_QUERIES_PER_LABEL = 5
+
+
+def _query_key(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+@dataclass
+class Matched:
+    annotations: list[Annotation]
+    traces: list[ScoreTrace]  # one per annotation, same order
+    missing: list[Annotation] = field(default_factory=list)  # annotations no trace scored
+    unused_queries: int = 0  # trace columns no annotation asked for
+
+
+def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> Matched:
+    """Pair each annotation with the trace column of its video (stream name) and query text."""
+    columns: dict[tuple[str, str], tuple[StreamScores, int]] = {}
+    for s in streams:
+        for q, text in enumerate(s.query_texts):
+            columns[(s.stream, _query_key(text))] = (s, q)
+    matched = Matched([], [])
+    used = set()
+    for a in annotations:
+        key = (a.video_uid, _query_key(a.query))
+        if key not in columns:
+            matched.missing.append(a)
+            continue
+        used.add(key)
+        s, q = columns[key]
+        probs = np.nan_to_num(s.probs[:, q], nan=0.0)  # NaN: the query did not exist yet
+        asked = max(a.asked_time, float(s.asked_time[q]))
+        matched.annotations.append(a)
+        matched.traces.append(ScoreTrace(probs, a.start_time, s.fps, asked, query_id=str(a.row)))
+    matched.unused_queries = len(columns) - len(used)
+    return matched
+
+
+def combine(results: list[EvalResult], threshold: float) -> EvalResult:
+    """Pool results computed on disjoint query sets (per-label thresholds) into one, weighted by queries."""
+    total = sum(r.queries for r in results)
+    out = EvalResult(threshold=threshold, queries=total, without_prediction=sum(r.without_prediction for r in results),
+                     not_scorable=[q for r in results for q in r.not_scorable])
+    weight = [r.queries / max(total, 1) for r in results]
+    windows = results[0].recall.keys() if results else []
+    out.recall = {w: {k: sum(wt * r.recall[w][k] for wt, r in zip(weight, results)) for k in results[0].recall[w]}
+                  for w in windows}
+    out.min_distance = {k: sum(wt * r.min_distance[k] for wt, r in zip(weight, results))
+                        for k in (results[0].min_distance if results else [])}
+    return out
+
+
+@dataclass
+class Calibration:
+    threshold: float
+    sweep: list[tuple[float, float]]  # (threshold, SR@1) over the candidates
+    per_label: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"threshold": self.threshold, "sweep": [[t, sr] for t, sr in self.sweep], "per_label": self.per_label}
+
+
+def calibrate_thresholds(traces: list[ScoreTrace], labels: list[str], per_label: bool) -> Calibration:
+    threshold, sweep = calibrate(traces)
+    result = Calibration(threshold, sweep)
+    if per_label:
+        groups: dict[str, list[ScoreTrace]] = defaultdict(list)
+        for trace, label in zip(traces, labels):
+            groups[label].append(trace)
+        result.per_label = {label: calibrate(group)[0] for label, group in sorted(groups.items())
+                            if len(group) >= MIN_QUERIES_PER_LABEL}
+    return result
+
+
+def evaluate_with(traces: list[ScoreTrace], labels: list[str], threshold: float,
+                  per_label: dict[str, float] | None = None) -> EvalResult:
+    """SR/SMD at one global threshold, or with a label's own threshold where it has one."""
+    if not per_label:
+        return evaluate(traces, threshold)
+    groups: dict[float, list[ScoreTrace]] = defaultdict(list)
+    for trace, label in zip(traces, labels):
+        groups[per_label.get(label, threshold)].append(trace)
+    return combine([evaluate(group, t) for t, group in groups.items()], threshold)
+
+
+def per_query_distance(trace: ScoreTrace, threshold: float) -> int:
+    """SMD@1 of one query: how far its first alert is from the event start (the trace length if none)."""
+    return min_distance_at(predictions(trace, threshold), frame_at_or_after(trace.start_time, trace.fps), 1,
+                           trace.length)
+
+
+# --- reports ----------------------------------------------------------------------------
+
+def _columns() -> list[str]:
+    cols = [f"SR@{k} {window_name(w)}" for w in TOLERANCE_WINDOWS for k in RECALL_KS]
+    return cols + [f"SMD@{k}" for k in RECALL_KS]
+
+
+def _row(result: EvalResult) -> list[str]:
+    values = [f"{result.recall[window_name(w)][k]:.1f}" for w in TOLERANCE_WINDOWS for k in RECALL_KS]
+    return values + [f"{result.min_distance[k]:.1f}" for k in RECALL_KS]
+
+
+def text_table(rows: dict[str, EvalResult]) -> str:
+    head = ["method", "threshold", "queries", "no alert"] + _columns()
+    body = [[name, f"{r.threshold:.4f}", str(r.queries), str(r.without_prediction)] + _row(r)
+            for name, r in rows.items()]
+    widths = [max(len(head[i]), *(len(b[i]) for b in body)) for i in range(len(head))]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths)))]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(b, widths)))
+              for b in body]
+    return "\n".join(lines)
+
+
+def markdown_table(rows: dict[str, EvalResult]) -> str:
+    head = ["method", "threshold", "queries", "no alert"] + _columns()
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, r in rows.items():
+        lines.append("| " + " | ".join([name, f"{r.threshold:.4f}", str(r.queries), str(r.without_prediction)]
+                                        + _row(r)) + " |")
+    return "\n".join(lines)
+
+
+def write_reports(out_dir: Path, rows: dict[str, EvalResult], extra: dict) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / "eval.json", out_dir / "eval.md"
+    json_path.write_text(json.dumps({"results": {n: r.to_dict() for n, r in rows.items()}, **extra}, indent=2))
+    notes = [f"- {k}: {v}" for k, v in extra.items() if not isinstance(v, (dict, list))]
+    md_path.write_text("# SDQES evaluation\n\n" + markdown_table(rows) + "\n\n"
+                       "SR@k in percent of queries (tolerance windows in seconds around the event start); "
+                       "SMD@k in sampled frames.\n\n" + "\n".join(notes) + "\n")
+    return json_path, md_path

@@ -1,0 +1,141 @@
+"""`sdqes-edge eval`: score traces matched to annotations, calibration (global and per label), reports, plots."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sdqes_edge.annotations import load_annotations
+from sdqes_edge.errors import UserError
+from sdqes_edge.evaluation import calibrate_thresholds, evaluate_with, match_traces
+from sdqes_edge.metrics import ScoreTrace, evaluate
+from sdqes_edge.traces import StreamScores, load_score_dir, load_scores, save_scores
+
+COLUMNS = "split,source,video_uid,clip_uid,annotator_uid,ann_idx,query,response,label,video_start_time," \
+          "video_end_time,video_fps,video_length"
+
+
+def write_annotations(path: Path, rows: list[tuple[str, str, str, float]], seconds: float = 60.0) -> Path:
+    """rows: (video_uid, query, label, start_time); every video is `seconds` long at 30 fps."""
+    lines = [COLUMNS] + [f'val,moments,{v},c,a,0,"{q}",Alert.,{label},{start},{start + 5},30.0,{int(seconds * 30)}'
+                         for v, q, label, start in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def step_trace(length: int, rises_at: list[int], high: float = 0.9, low: float = 0.1) -> np.ndarray:
+    probs = np.full(length, low)
+    for t in rises_at:
+        probs[t : t + 2] = high
+    return probs
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sdqes_edge.cli", *args], capture_output=True, text=True)
+
+
+def test_a_score_trace_round_trips_and_a_damaged_one_is_refused(tmp_path):
+    scores = StreamScores("vid", 1.0, ["q one", "q two"], ["0", "1"], np.array([0.0, 4.0]), np.random.rand(30, 2))
+    loaded = load_scores(save_scores(tmp_path / "vid.npz", scores))
+    assert loaded.query_texts == ["q one", "q two"] and loaded.fps == 1.0
+    np.testing.assert_allclose(loaded.probs, scores.probs.astype(np.float32))
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(UserError, match="bad.npz is not a score trace"):
+        load_score_dir(tmp_path)
+
+
+def test_traces_are_matched_by_video_and_query_text_and_scored(tmp_path):
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 20.0),
+                                                 ("v1", "When I read, remind me.", "read", 40.0),
+                                                 ("v2", "When I run, remind me.", "run", 10.0)])
+    annotations = load_annotations(str(csv), split="val")
+    # v1: the cooking query rises 2 s late (recalled), the reading one never rises; v2 has no trace at all.
+    probs = np.stack([step_trace(60, [22]), step_trace(60, [])], axis=1)
+    streams = [StreamScores("v1", 1.0, ["when I cook,  remind me.", "When I read, remind me."], ["a", "b"],
+                            np.zeros(2), probs)]
+    matched = match_traces(annotations, streams)
+    assert [a.query for a in matched.missing] == ["When I run, remind me."]
+    result = evaluate(matched.traces, 0.5)
+    assert result.queries == 2 and result.without_prediction == 1
+    assert result.recall["[-5,+10]"][1] == 50.0 and result.recall["[-2,+5]"][1] == 50.0
+    assert result.min_distance[1] == (2 + 60) / 2
+
+
+def test_per_label_thresholds_pick_each_labels_own_best(tmp_path):
+    # Label "a" rises to 0.6 at its events, label "b" to 0.9 with false alarms at 0.7 elsewhere:
+    # the best global threshold cannot serve both; per-label ones can.
+    traces, labels = [], []
+    for i in range(6):
+        p = np.full(60, 0.1)
+        p[30] = 0.6
+        traces.append(ScoreTrace(p, 30.0, 1.0, query_id=f"a{i}"))
+        labels.append("a")
+        q = np.full(60, 0.1)
+        q[5] = 0.7
+        q[40] = 0.9
+        traces.append(ScoreTrace(q, 40.0, 1.0, query_id=f"b{i}"))
+        labels.append("b")
+    calibration = calibrate_thresholds(traces, labels, per_label=True)
+    assert calibration.per_label["a"] < 0.6 and 0.7 <= calibration.per_label["b"] < 0.9
+    pooled = evaluate_with(traces, labels, calibration.threshold, calibration.per_label)
+    assert pooled.recall["[-5,+10]"][1] == 100.0
+    assert evaluate_with(traces, labels, calibration.threshold).recall["[-5,+10]"][1] < 100.0
+
+
+def test_eval_command_writes_tables_plots_and_the_calibrated_threshold_into_a_bundle(tmp_path):
+    from sdqes_edge.export import ExportOptions, export_bundle
+    from sdqes_edge.runtime.bundle import load_bundle
+
+    from conftest import random_model
+
+    bundle = tmp_path / "bundle"
+    export_bundle(random_model("mlp"), bundle, ExportOptions(show_progress=False), log=lambda m: None)
+    rows = [(f"v{i}", f"When I start task {i}, remind me.", "task", 20.0 + i) for i in range(6)]
+    csv = write_annotations(tmp_path / "a.csv", rows)
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for i, (video, query, _, start) in enumerate(rows):
+        probs = step_trace(60, [int(start) + 1], high=0.8)[:, None]
+        save_scores(traces / f"{video}.npz", StreamScores(video, 1.0, [query], ["0"], np.zeros(1), probs))
+    done = run_cli("eval", "--annotations", str(csv), "--scores", str(traces), "--calibrate",
+                   "--write-threshold", str(bundle), "--out", str(tmp_path / "out"), "--plots", "1")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "out" / "eval.json").read_text())
+    calibrated = report["results"]["scores (traces), calibrated"]
+    assert calibrated["recall"]["[-5,+10]"]["1"] == 100.0 and calibrated["min_distance"]["1"] == 1.0
+    assert "| scores (traces), calibrated |" in (tmp_path / "out" / "eval.md").read_text()
+    plots = sorted((tmp_path / "out" / "plots").rglob("*.png"))
+    assert len(plots) == 2 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
+    thresholds = load_bundle(bundle).manifest["thresholds"]  # hashes still verify after the rewrite
+    assert 0.1 <= thresholds["default"] < 0.8
+    assert thresholds["default"] == pytest.approx(report["calibration"]["scores (traces)"]["threshold"])
+
+
+def test_eval_of_the_real_validation_split_with_both_baselines(egosdqes_csv, tmp_path):
+    done = run_cli("eval", "--annotations", str(egosdqes_csv), "--baseline", "oracle", "random", "--plots", "0",
+                   "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "eval.json").read_text())["results"]
+    oracle = results["oracle"]
+    assert oracle["queries"] == 3029
+    assert all(v == 100.0 for by_k in oracle["recall"].values() for v in by_k.values())
+    assert all(v == 0.0 for v in oracle["min_distance"].values())
+    assert results["random (seed 0)"]["recall"]["[-5,+10]"]["1"] < 10.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--baseline", "oracle", "--threshold", "1.5"], "--threshold is a probability"),
+    (["--baseline", "oracle", "--write-threshold", "x"], "add --calibrate"),
+    ([], "give --scores DIR"),
+    (["--scores", "/nonexistent"], "is not a directory"),
+])
+def test_eval_refuses_bad_arguments_in_one_line(args, message, tmp_path):
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "q", "l", 3.0)])
+    done = run_cli("eval", "--annotations", str(csv), "--out", str(tmp_path / "o"), *args)
+    assert done.returncode == 2 and message in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
