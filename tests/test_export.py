@@ -277,3 +277,31 @@ def test_a_device_without_torch_loads_and_steps_a_bundle(bundles):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "ran        8 sample frames" in done.stdout
+
+
+def write_video(path: Path, frames: np.ndarray, fps: float = 5.0) -> Path:
+    """A real video file made with OpenCV (MJPG in AVI: decodable wherever OpenCV is)."""
+    import cv2
+
+    height, width = frames.shape[1:3]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (width, height))
+    assert writer.isOpened()
+    for frame in frames:
+        writer.write(frame)
+    writer.release()
+    return path
+
+
+def test_int8_is_calibrated_on_frames_of_the_users_video(tmp_path):
+    video = write_video(tmp_path / "kitchen.avi", sample_frames(40, seed=3))
+    result = quiet_export(random_model("st"), tmp_path / "b", precisions=("int8",), drift_frames=64,
+                          calibration_video=video, calibration_frames=24)
+    assert [r.precision for r in result.variants] == ["int8"] and result.variants[0].passed
+
+
+def test_an_unreadable_calibration_video_is_refused_before_anything_is_written(tmp_path):
+    video = tmp_path / "broken.mp4"
+    video.write_bytes(b"\x00" * 64)
+    with pytest.raises(UserError, match="broken.mp4"):
+        quiet_export(random_model("st"), tmp_path / "b", precisions=("int8",), calibration_video=video)
+    assert not (tmp_path / "b").exists()
