@@ -97,7 +97,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"verified: {result.verification.summary()}")
     for report in result.variants:
         print(f"          {report.summary()}")
-    print(f"\nnext: {PROG} inspect {args.out}      (or on an NVIDIA device: {PROG} build-engine {args.out})")
+    print(f"\nnext: {PROG} inspect {args.out}      then: {PROG} run {args.out} --source VIDEO --query TEXT")
     return 0
 
 
@@ -147,7 +147,7 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     from .tensorrt_engine import build_engine
 
     path = build_engine(args.bundle, precision=args.precision, workspace_mib=args.workspace_mib)
-    print(f"\nnext: run the bundle with the TensorRT backend; the engine is {path}")
+    print(f"\nnext: {PROG} run {args.bundle} --backend trt --precision {args.precision} --source 0 --query TEXT")
     return 0
 
 

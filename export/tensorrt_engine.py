@@ -12,7 +12,6 @@ TensorRT 10 deprecated and 11 removed.
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,60 +20,12 @@ from typing import Callable
 from ..errors import UserError
 from ..files import file_sha256
 from ..runtime.bundle import Bundle, load_bundle
+from ..runtime.tensorrt_backend import DeviceInfo, current_device, nvidia_gpu_present, require_tensorrt
+
+__all__ = ["build_engine", "engine_dir", "nvidia_gpu_present", "require_tensorrt"]
 
 ENGINE_PRECISIONS = ("fp32", "fp16", "int8")
 DEFAULT_WORKSPACE_MIB = 2048
-INSTALL_HINT = ("install TensorRT 8.5 or newer with `pip install 'sdqes-edge[tensorrt]'` (on Jetson it comes "
-                "with JetPack)")
-
-
-def nvidia_gpu_present() -> bool:
-    """True where an NVIDIA driver is loaded (checked without importing CUDA libraries)."""
-    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists() or \
-        Path("/dev/nvhost-ctrl-gpu").exists()  # Jetson
-
-
-def require_tensorrt():
-    """Import tensorrt and pycuda, or raise a one-line UserError naming what is missing."""
-    if not nvidia_gpu_present():
-        raise UserError("no NVIDIA GPU found on this machine (no NVIDIA driver loaded): TensorRT engines must be "
-                        f"built on the device that runs them; copy the bundle there and run build-engine, after "
-                        f"you {INSTALL_HINT}")
-    try:
-        import tensorrt as trt  # noqa: F401
-    except ImportError:
-        raise UserError(f"TensorRT is not installed: {INSTALL_HINT}") from None
-    try:
-        import pycuda.driver  # noqa: F401
-    except ImportError:
-        raise UserError("pycuda is not installed: `pip install 'sdqes-edge[tensorrt]'`") from None
-    return trt
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    name: str
-    compute_capability: tuple[int, int]
-    tensorrt_version: str
-
-    @property
-    def folder(self) -> str:
-        slug = re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
-        major, minor = self.compute_capability
-        return f"{slug}-sm{major}{minor}-trt{self.tensorrt_version}"
-
-
-def current_device() -> DeviceInfo:
-    trt = require_tensorrt()
-    import pycuda.driver as cuda
-
-    cuda.init()
-    if cuda.Device.count() == 0:
-        raise UserError("the NVIDIA driver reports no CUDA device; check `nvidia-smi`")
-    device = cuda.Device(0)
-    return DeviceInfo(device.name(), tuple(device.compute_capability()), trt.__version__)
-
-
 def engine_dir(bundle: Bundle, device: DeviceInfo) -> Path:
     return bundle.root / "engines" / device.folder
 

@@ -68,6 +68,26 @@ class OnnxRuntimeStep:
     def initial_state(self) -> State:
         return dict(zip(self.spec.names, self.spec.initial_numpy()))
 
+    # State operations every backend provides, so the detector never reaches into a backend's state
+    # (the TensorRT backend keeps its state on the GPU).
+    def state_to_numpy(self, state: State) -> State:
+        return {name: np.array(value, copy=True) for name, value in state.items()}
+
+    def state_from_numpy(self, arrays: State) -> State:
+        return {t.name: np.ascontiguousarray(arrays[t.name], dtype=t.dtype) for t in self.spec}
+
+    def keep_streams(self, new: State, old: State, streams: list[int]) -> State:
+        """``new`` with the rows (streams) in ``streams`` taken from ``old``: an idle stream keeps its state."""
+        for name in new:
+            new[name][streams] = old[name][streams]
+        return new
+
+    def reset_streams(self, state: State, streams: list[int] | None = None) -> State:
+        initial = self.initial_state()
+        if streams is None:
+            return initial
+        return self.keep_streams({k: v.copy() for k, v in state.items()}, initial, streams)
+
     def step(self, frame: np.ndarray, state: State, query_embeddings: np.ndarray | None = None) -> StepResult:
         """frame [B, 3, R, R] float32 (normalized) -> embedding, next state (and logits if fused)."""
         feeds = {"frame": np.ascontiguousarray(frame, dtype=np.float32)}

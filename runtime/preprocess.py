@@ -3,8 +3,10 @@
 Reproduces CLIP's transform (``Resize(R, bicubic)`` of the shorter side,
 ``CenterCrop(R)``, ``ToTensor``, ``Normalize(mean, std)``) from the
 preprocessing description a bundle carries. OpenCV's bicubic does not
-antialias when shrinking as PIL's does, so shrinking uses INTER_AREA, which is
-closer to PIL's result; enlarging uses INTER_CUBIC.
+antialias when shrinking as PIL's does, so shrinking by more than 2x uses
+INTER_AREA, which is closer to PIL's result there; milder changes use INTER_CUBIC.
+Measured against PIL's bicubic on the sample clip: a mean difference of 0.4 to
+0.6 grey levels (of 255) per pixel (tests/test_runtime.py prints the figures).
 """
 
 from __future__ import annotations
@@ -49,9 +51,9 @@ class Preprocessor:
         else:
             new_h, new_w = size, size
         if (new_h, new_w) != (h, w):
-            shrinking = new_h * new_w < h * w
+            strong_shrink = new_h * 2 < h
             frame_bgr = cv2.resize(frame_bgr, (new_w, new_h),
-                                   interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_CUBIC)
+                                   interpolation=cv2.INTER_AREA if strong_shrink else cv2.INTER_CUBIC)
         if self.center_crop:
             top = int(round((new_h - size) / 2.0))
             left = int(round((new_w - size) / 2.0))

@@ -325,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .export.commands import add_parsers as add_export_parsers
 
     add_export_parsers(sub)
+    from .runtime.commands import add_parsers as add_runtime_parsers
+
+    add_runtime_parsers(sub)
     return parser
 
 

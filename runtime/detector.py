@@ -1,0 +1,226 @@
+"""The streaming detector: source -> preprocess -> step (state carried) -> scores -> alerts -> sinks.
+
+Everything is built from the bundle's manifest: preprocessing, fps, state spec,
+default threshold, pre-encoded queries. State outputs go back to state inputs
+by name (never by position), and can be reset, saved and restored per stream.
+With a bundle exported for batch B, one step serves B streams.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from ..errors import UserError
+from .alerts import AlertPolicy
+from .bundle import Bundle, load_bundle
+from .preprocess import Preprocessor
+from .queries import Query, QueryBank, TextEncoder
+from .sinks import AlertEvent, Sink
+from .sources import Frame, FrameSource
+
+BACKENDS = ("ort", "trt")
+
+
+class NonFiniteScoreError(UserError):
+    """The model produced NaN or Inf for a stream; the stream is stopped (its state would stay poisoned)."""
+
+
+@dataclass
+class RunStats:
+    frames: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+    events: int = 0
+
+    @property
+    def fps(self) -> float:
+        return self.frames / max(time.perf_counter() - self.started, 1e-9)
+
+    def latency(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else 0.0
+
+
+def make_backend(bundle: Bundle, backend: str = "ort", precision: str = "fp32", threads: int | None = None,
+                 providers: list[str] | None = None):
+    if backend == "ort":
+        from .onnxruntime_backend import OnnxRuntimeStep
+
+        return OnnxRuntimeStep(bundle.step_graph(precision), providers=providers, threads=threads)
+    if backend == "trt":
+        from .tensorrt_backend import TensorRTStep
+
+        return TensorRTStep.from_bundle(bundle, precision)
+    raise UserError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+
+
+class StreamingDetector:
+    def __init__(self, bundle: str | Path | Bundle, backend: str = "ort", precision: str = "fp32",
+                 threads: int | None = None, providers: list[str] | None = None, truncate_queries: bool = False,
+                 backend_instance=None):
+        self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
+        m = self.bundle.manifest
+        self.batch = int(m["batch"])
+        self.fps = self.bundle.fps
+        self.preprocess = Preprocessor.from_description(self.bundle.image_size, m["preprocess"])
+        self.backend = backend_instance or make_backend(self.bundle, backend, precision, threads, providers)
+        if getattr(self.backend, "fused_queries", False):
+            raise UserError("this bundle scores a fixed query set inside its graph (--fuse-queries); the streaming "
+                            "detector adds and removes queries, so export it without --fuse-queries")
+        encoder = TextEncoder(self.bundle.text_graph, self.bundle.tokenizer_vocab, m["tokenizer"]["context_length"],
+                              on_overflow="truncate" if truncate_queries else "error")
+        pre = self.bundle.queries()
+        if pre:
+            encoder.seed([q["text"] for q in pre[0]], pre[1])
+        self.queries = QueryBank(encoder, self.batch)
+        self.sinks: list[Sink] = []
+        self.state = self.backend.initial_state()
+        self.frame_counts = [0] * self.batch
+        self.stream_names = [f"stream{i}" for i in range(self.batch)]
+        self.stream_time = [0.0] * self.batch
+        self.last_embeddings: np.ndarray | None = None
+
+    def add_sink(self, sink: Sink) -> Sink:
+        self.sinks.append(sink)
+        if hasattr(sink, "register"):
+            for query in self.queries.queries.values():
+                sink.register(query.id, query.text, query.added_at)
+        return sink
+
+    # --- queries -------------------------------------------------------------------
+    def default_policy(self, threshold: float | None = None, **options) -> AlertPolicy:
+        return AlertPolicy(self.bundle.default_threshold if threshold is None else threshold, **options)
+
+    def add_query(self, text: str, message: str | None = None, threshold: float | None = None,
+                  query_id: str | None = None, **policy_options) -> Query:
+        query = self.queries.add(text, self.default_policy(threshold, **policy_options), message, query_id,
+                                 stream_time=self.stream_time[0])
+        for sink in self.sinks:
+            if hasattr(sink, "register"):
+                sink.register(query.id, query.text, query.added_at)
+        return query
+
+    def remove_query(self, query_id: str) -> None:
+        self.queries.remove(query_id)
+
+    def add_bundle_queries(self, threshold: float | None = None, **policy_options) -> list[Query]:
+        pre = self.bundle.queries()
+        return [self.add_query(q["text"], q.get("response"), threshold, **policy_options) for q in (pre[0] if pre else [])]
+
+    # --- state -----------------------------------------------------------------------
+    def reset(self, stream: int | None = None) -> None:
+        """Forget the past (a new scene): the state of one stream (or all) back to its initial value."""
+        self.state = self.backend.reset_streams(self.state, None if stream is None else [stream])
+        self.queries.reset_alerts(stream)
+
+    def save_state(self, path: str | Path) -> Path:
+        """Snapshot the streaming state (and frame counters) to an .npz, to resume after a restart."""
+        path = Path(path)
+        arrays = {f"state/{k}": v for k, v in self.backend.state_to_numpy(self.state).items()}
+        np.savez(path, frame_counts=np.array(self.frame_counts), **arrays)
+        return path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")
+
+    def load_state(self, path: str | Path) -> None:
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                loaded = {k[len("state/"):]: data[k] for k in data.files if k.startswith("state/")}
+                counts = data["frame_counts"].tolist()
+        except (OSError, ValueError, KeyError) as exc:
+            raise UserError(f"{path} is not a state snapshot written by save_state ({exc})") from None
+        for spec in self.backend.spec:
+            if spec.name not in loaded or tuple(loaded[spec.name].shape) != tuple(spec.shape):
+                raise UserError(f"{path} does not fit this bundle's state ({spec.name} {list(spec.shape)}); it was "
+                                "saved from another model or batch size")
+        self.state = self.backend.state_from_numpy(loaded)
+        self.frame_counts = counts
+
+    # --- one step --------------------------------------------------------------------
+    def step(self, frames: list[Frame | None], received: list[float] | None = None) -> list[list[AlertEvent]]:
+        """One frame per stream (None for an idle slot) -> the alerts each stream raised."""
+        if len(frames) != self.batch:
+            raise UserError(f"this bundle steps {self.batch} stream(s) at once; got {len(frames)} frames")
+        size = self.bundle.image_size
+        batch = np.zeros((self.batch, 3, size, size), np.float32)
+        for i, frame in enumerate(frames):
+            if frame is not None:
+                batch[i] = self.preprocess(frame.image)
+        start = time.perf_counter()
+        result = self.backend.step(batch, self.state)
+        self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
+        idle = [i for i, f in enumerate(frames) if f is None]
+        self.state = self.backend.keep_streams(result.state, self.state, idle) if idle else result.state
+        ids = self.queries.ids
+        cosines = result.embedding @ self.queries.matrix.T if ids else np.zeros((self.batch, 0), np.float32)
+        probs = 1.0 / (1.0 + np.exp(-cosines))  # [B, Q]
+        events_per_stream: list[list[AlertEvent]] = []
+        for i, frame in enumerate(frames):
+            events: list[AlertEvent] = []
+            if frame is None:
+                events_per_stream.append(events)
+                continue
+            if not np.isfinite(result.embedding[i]).all():
+                raise NonFiniteScoreError(f"{self.stream_names[i]}: the model produced a non-finite score at frame "
+                                          f"{frame.index} ({frame.time:.1f} s); stopping this stream. Check the "
+                                          "bundle with `sdqes-edge inspect` (fp16 overflow?)")
+            self.stream_time[i] = frame.time
+            self.frame_counts[i] += 1
+            latency = (time.perf_counter() - (received[i] if received else start)) * 1e3
+            for q, qid in enumerate(ids):
+                query = self.queries.queries[qid]
+                if self.queries.alert_state(qid, i).update(float(probs[i, q]), frame.time):
+                    events.append(AlertEvent(qid, query.text, query.message, self.stream_names[i], frame.time,
+                                             frame.index, float(probs[i, q]), float(cosines[i, q]), latency))
+            by_id = {qid: float(probs[i, q]) for q, qid in enumerate(ids)}
+            for sink in self.sinks:
+                sink.on_frame(i, frame.image, frame.time, by_id, events)
+                for event in events:
+                    sink.on_event(event)
+            events_per_stream.append(events)
+        return events_per_stream
+
+    # --- whole streams ------------------------------------------------------------------
+    def run(self, sources: FrameSource | list[FrameSource], stats: RunStats | None = None,
+            max_frames: int | None = None) -> Iterator[list[AlertEvent]]:
+        """Step every source until all end (or ``max_frames``); yields each step's alerts. Sinks closed at the end."""
+        sources = sources if isinstance(sources, list) else [sources]
+        if len(sources) > self.batch:
+            raise UserError(f"{len(sources)} sources but the bundle steps {self.batch} stream(s) at once; "
+                            f"re-export with --batch {len(sources)}")
+        for i, source in enumerate(sources):
+            self.stream_names[i] = source.name
+        stats = stats or RunStats()
+        iterators: list[Iterator[Frame] | None] = [s.threaded() for s in sources]
+        iterators += [None] * (self.batch - len(sources))
+        try:
+            while any(it is not None for it in iterators):
+                frames: list[Frame | None] = []
+                for k, it in enumerate(iterators):
+                    frame = next(it, None) if it is not None else None
+                    if frame is None:
+                        iterators[k] = None
+                    frames.append(frame)
+                if all(f is None for f in frames):
+                    break
+                received = time.perf_counter()
+                events = self.step(frames, [received] * self.batch)
+                stats.frames += 1
+                stats.latencies_ms.append((time.perf_counter() - received) * 1e3)
+                flat = [e for per_stream in events for e in per_stream]
+                stats.events += len(flat)
+                yield flat
+                if max_frames is not None and stats.frames >= max_frames:
+                    break
+        finally:
+            for it in iterators:
+                if it is not None:
+                    it.close()
+            self.close()
+
+    def close(self) -> None:
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close()

@@ -1,0 +1,104 @@
+"""The active queries of a stream: encoded once with the bundle's text graph, scored in one product.
+
+Texts are tokenized with the bundle's own CLIP vocabulary and encoded by its
+text-encoder graph under ONNX Runtime (no torch); embeddings are cached by text,
+so re-adding a query costs nothing. Queries can be added and removed between frames.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from ..tokenizer import ClipTokenizer
+from .alerts import AlertPolicy, AlertState
+
+
+@dataclass
+class Query:
+    id: str
+    text: str
+    message: str  # the alert shown to the user
+    policy: AlertPolicy
+    added_at: float  # stream time when it was added
+
+
+class TextEncoder:
+    """Query text -> L2-normalized embedding [E], with the bundle's tokenizer and text graph."""
+
+    def __init__(self, text_graph: Path, vocab: Path, context_length: int, on_overflow: str = "error"):
+        import onnxruntime as ort
+
+        self.tokenizer = ClipTokenizer(str(vocab), context_length=context_length)
+        self.session = ort.InferenceSession(str(text_graph), providers=["CPUExecutionProvider"])
+        self.on_overflow = on_overflow
+        self._cache: dict[str, np.ndarray] = {}
+
+    def seed(self, texts: list[str], embeddings: np.ndarray) -> None:
+        """Pre-encoded queries from the bundle."""
+        for text, emb in zip(texts, embeddings):
+            self._cache[text] = np.asarray(emb, np.float32)
+
+    def encode(self, text: str) -> np.ndarray:
+        if not text.strip():
+            raise UserError("a query is empty; give the event to wait for, e.g. 'when I start cooking'")
+        if text not in self._cache:
+            ids = self.tokenizer.tokenize([text], on_overflow=self.on_overflow)
+            self._cache[text] = self.session.run(None, {"token_ids": ids})[0][0]
+        return self._cache[text]
+
+
+class QueryBank:
+    """Queries with their embeddings [Q, E] (rebuilt only when the set changes) and alert states."""
+
+    def __init__(self, encoder: TextEncoder, streams: int):
+        self.encoder = encoder
+        self.streams = streams
+        self.queries: dict[str, Query] = {}
+        self._states: dict[str, list[AlertState]] = {}
+        self._matrix: np.ndarray | None = None
+        self._ids = (f"q{i}" for i in itertools.count(1))
+
+    def add(self, text: str, policy: AlertPolicy, message: str | None = None, query_id: str | None = None,
+            stream_time: float = 0.0) -> Query:
+        self.encoder.encode(text)  # refuses an empty or too long query before anything changes (and caches it)
+        query_id = query_id or next(self._ids)
+        if query_id in self.queries:
+            raise UserError(f"query id {query_id!r} is already in use; remove it first or pick another id")
+        query = Query(query_id, text, message or text, policy, stream_time)
+        self.queries[query_id] = query
+        self._states[query_id] = [AlertState(policy) for _ in range(self.streams)]
+        self._matrix = None
+        return query
+
+    def remove(self, query_id: str) -> None:
+        if query_id not in self.queries:
+            raise UserError(f"no query with id {query_id!r}; active ids: {', '.join(self.queries) or 'none'}")
+        del self.queries[query_id]
+        del self._states[query_id]
+        self._matrix = None
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self.queries)
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """[Q, E] in ``ids`` order."""
+        if self._matrix is None:
+            rows = [self.encoder.encode(q.text) for q in self.queries.values()]
+            self._matrix = np.stack(rows).astype(np.float32) if rows else np.zeros((0, 1), np.float32)
+        return self._matrix
+
+    def alert_state(self, query_id: str, stream: int) -> AlertState:
+        return self._states[query_id][stream]
+
+    def reset_alerts(self, stream: int | None = None) -> None:
+        for states in self._states.values():
+            for i, state in enumerate(states):
+                if stream is None or i == stream:
+                    state.reset()

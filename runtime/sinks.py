@@ -1,0 +1,152 @@
+"""Where alerts go: a Python callback, a JSONL file, the console, an annotated video; plus the score trace.
+
+Every sink is closed in a ``finally`` by the detector, so an interrupted stream
+still leaves a complete JSONL log (flushed per event) and a score trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import cv2
+import numpy as np
+
+from ..traces import StreamScores, save_scores
+
+
+@dataclass
+class AlertEvent:
+    query_id: str
+    query: str
+    message: str
+    stream: str
+    stream_time: float  # seconds
+    frame_index: int
+    score: float  # p = sigmoid(cos)
+    cosine: float
+    latency_ms: float  # from the frame leaving the source to the alert
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Sink:
+    def on_frame(self, stream: int, frame_bgr: np.ndarray, time_s: float, probs: dict[str, float],
+                 events: list[AlertEvent]) -> None:
+        """Called for every processed frame (most sinks only care about events)."""
+
+    def on_event(self, event: AlertEvent) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class CallbackSink(Sink):
+    def __init__(self, callback: Callable[[AlertEvent], None]):
+        self.callback = callback
+
+    def on_event(self, event: AlertEvent) -> None:
+        self.callback(event)
+
+
+class JsonlSink(Sink):
+    """One JSON object per line, flushed and fsynced per event: a crash loses nothing already alerted."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = self.path.open("a", encoding="utf-8")
+
+    def on_event(self, event: AlertEvent) -> None:
+        self._fh.write(json.dumps(event.to_dict()) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class ConsoleSink(Sink):
+    def __init__(self, write: Callable[[str], None] = print):
+        self.write = write
+
+    def on_event(self, event: AlertEvent) -> None:
+        minutes, seconds = divmod(event.stream_time, 60)
+        self.write(f"[{event.stream} {int(minutes):02d}:{seconds:04.1f}] {event.message}   "
+                   f"(query {event.query_id}: p={event.score:.3f}, frame {event.frame_index}, "
+                   f"{event.latency_ms:.0f} ms)")
+
+
+class AnnotatedVideoSink(Sink):
+    """The stream as a video with a score bar per query and a banner while an alert is fresh."""
+
+    BANNER_SECONDS = 2.0
+
+    def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]]):
+        self.path = Path(path)
+        self.fps = fps
+        self.thresholds = thresholds
+        self._writer = None
+        self._banner: tuple[str, float] | None = None
+
+    def on_frame(self, stream, frame_bgr, time_s, probs, events):
+        if stream != 0:
+            return  # one video: the first stream
+        image = frame_bgr.copy()
+        h, w = image.shape[:2]
+        if self._writer is None:
+            fourcc = cv2.VideoWriter_fourcc(*("MJPG" if self.path.suffix.lower() == ".avi" else "mp4v"))
+            self._writer = cv2.VideoWriter(str(self.path), fourcc, self.fps, (w, h))
+        thresholds = self.thresholds()
+        for row, (qid, p) in enumerate(probs.items()):
+            y = h - 12 - 18 * row
+            bar = int((w // 3) * p)
+            cv2.rectangle(image, (8, y - 10), (8 + w // 3, y), (60, 60, 60), -1)
+            above = p > thresholds.get(qid, 1.0)
+            cv2.rectangle(image, (8, y - 10), (8 + bar, y), (0, 0, 255) if above else (0, 200, 0), -1)
+            cv2.putText(image, f"{qid} {p:.3f}", (14 + w // 3, y), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (255, 255, 255), 1)
+        if events:
+            self._banner = (events[-1].message, time_s)
+        if self._banner and time_s - self._banner[1] <= self.BANNER_SECONDS:
+            cv2.rectangle(image, (0, 0), (w, 28), (0, 0, 200), -1)
+            cv2.putText(image, self._banner[0][:80], (8, 19), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (255, 255, 255), 1)
+        self._writer.write(image)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
+
+
+class ScoreTraceRecorder(Sink):
+    """Per-frame probabilities of every query (NaN before a query existed), saved in the eval format."""
+
+    def __init__(self, path: str | Path, stream_name: str, fps: float, stream: int = 0):
+        self.path = Path(path)
+        self.stream_name, self.fps, self.stream = stream_name, fps, stream
+        self._rows: list[dict[str, float]] = []
+        self._texts: dict[str, str] = {}
+        self._asked: dict[str, float] = {}
+
+    def register(self, query_id: str, text: str, asked_time: float) -> None:
+        self._texts.setdefault(query_id, text)
+        self._asked.setdefault(query_id, asked_time)
+
+    def on_frame(self, stream, frame_bgr, time_s, probs, events):
+        if stream == self.stream:
+            self._rows.append(dict(probs))
+
+    def close(self) -> None:
+        ids = list(self._texts)
+        probs = np.full((len(self._rows), len(ids)), np.nan, dtype=np.float32)
+        for t, row in enumerate(self._rows):
+            for q, qid in enumerate(ids):
+                if qid in row:
+                    probs[t, q] = row[qid]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        save_scores(self.path, StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], ids,
+                                            np.array([self._asked[i] for i in ids]), probs))

@@ -1,0 +1,263 @@
+"""Frame sources with OpenCV: a video file, a camera index, a URL (RTSP/HTTP/GStreamer), an image folder.
+
+Frames are sampled at the bundle's fps by timestamp, not by frame count (a
+29.97 fps file and a camera that stutters give the same stream times). A
+reader thread fills a bounded queue: a file blocks when the queue is full, so
+every sampled frame is processed; a live source keeps only the newest frame and
+counts the ones it dropped, so a slow model never falls behind the world. A
+live source that disconnects is reopened with back-off.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+# FFmpeg inside OpenCV prints its own complaints about a damaged file ("moov atom not found"); this
+# runtime reports the problem itself in one line. Read when OpenCV first opens a file, so set it here.
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+
+import cv2  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ..errors import UserError  # noqa: E402
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
+RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; then the source gives up
+
+
+# OpenCV logs its own warnings about a camera or file it cannot open; this runtime reports those
+# itself in one line, so OpenCV's log is kept quiet.
+cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+
+
+@dataclass
+class Frame:
+    image: np.ndarray  # BGR uint8 [H, W, 3]
+    time: float  # stream time in seconds
+    index: int  # sampled frame index (time * fps for files)
+
+
+@dataclass
+class SourceStats:
+    read: int = 0  # frames decoded
+    sampled: int = 0  # frames kept by the fps sampler
+    dropped: int = 0  # sampled frames a live source discarded because the model was busy
+    reconnects: int = 0
+
+
+class FrameSource:
+    """Base: subclasses yield (image, timestamp seconds) in ``_frames``; this samples and threads them."""
+
+    live = False
+
+    def __init__(self, name: str, fps: float):
+        self.name = name
+        self.fps = fps
+        self.stats = SourceStats()
+        self.log: Callable[[str], None] = lambda message: None
+
+    def _frames(self) -> Iterator[tuple[np.ndarray, float]]:
+        raise NotImplementedError
+
+    def sampled(self) -> Iterator[Frame]:
+        """Frames at ``fps`` by timestamp: the first frame at or after each sample time k / fps."""
+        next_time, index = 0.0, 0
+        period = 1.0 / self.fps
+        for image, stamp in self._frames():
+            self.stats.read += 1
+            if stamp + 1e-6 < next_time:
+                continue
+            self.stats.sampled += 1
+            yield Frame(image, stamp if self.live else index * period, index)
+            index += 1
+            next_time = max(next_time + period, stamp + period) if self.live else index * period
+
+    def threaded(self, capacity: int = 8) -> Iterator[Frame]:
+        """The sampled frames through a reader thread (live: a queue of one, newest wins)."""
+        q: queue.Queue = queue.Queue(maxsize=1 if self.live else capacity)
+        done = object()
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def reader() -> None:
+            try:
+                for frame in self.sampled():
+                    if stop.is_set():
+                        return
+                    if self.live:
+                        try:
+                            q.put_nowait(frame)
+                        except queue.Full:
+                            try:
+                                q.get_nowait()
+                                self.stats.dropped += 1
+                            except queue.Empty:
+                                pass
+                            q.put_nowait(frame)
+                    else:
+                        while not stop.is_set():
+                            try:
+                                q.put(frame, timeout=0.1)
+                                break
+                            except queue.Full:
+                                continue
+            except BaseException as exc:  # delivered to the consumer, which raises it
+                errors.append(exc)
+            finally:
+                while True:
+                    try:
+                        q.put(done, timeout=0.1)
+                        return
+                    except queue.Full:
+                        if stop.is_set():
+                            return
+
+        thread = threading.Thread(target=reader, name=f"source-{self.name}", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = q.get()
+                if item is done:
+                    break
+                yield item
+            if errors:
+                raise errors[0]
+        finally:
+            stop.set()
+            thread.join(timeout=2.0)
+
+
+class VideoFileSource(FrameSource):
+    def __init__(self, path: str | Path, fps: float):
+        super().__init__(Path(path).stem, fps)
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise UserError(f"video {self.path} does not exist")
+        capture = cv2.VideoCapture(str(self.path))
+        ok = capture.isOpened() and capture.read()[0]
+        self.frame_count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) if ok else 0
+        self.native_fps = capture.get(cv2.CAP_PROP_FPS) if ok else 0.0
+        capture.release()
+        if not ok:
+            raise UserError(f"OpenCV cannot decode a frame of {self.path} (unreadable or empty video); check it "
+                            "plays, or re-encode it to H.264 mp4 or MJPG avi")
+
+    @property
+    def duration_frames(self) -> int | None:
+        """Sampled frames the file will give (for a progress bar), if the container says."""
+        if self.frame_count > 0 and self.native_fps > 0:
+            return int(self.frame_count / self.native_fps * self.fps) + 1
+        return None
+
+    def _frames(self):
+        capture = cv2.VideoCapture(str(self.path))
+        native = self.native_fps if self.native_fps > 0 else 30.0
+        try:
+            index = 0
+            while True:
+                ok, image = capture.read()
+                if not ok:
+                    return
+                stamp = capture.get(cv2.CAP_PROP_POS_MSEC) / 1000.0
+                # Some backends report 0 for every frame; fall back to the frame index over the native rate.
+                yield image, (stamp if stamp > 0 or index == 0 else index / native)
+                index += 1
+        finally:
+            capture.release()
+
+
+class ImageFolderSource(FrameSource):
+    """Images in name order, one per sampled frame (the folder is taken to be sampled at ``fps`` already)."""
+
+    def __init__(self, folder: str | Path, fps: float):
+        super().__init__(Path(folder).name, fps)
+        self.files = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not self.files:
+            raise UserError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+
+    @property
+    def duration_frames(self) -> int:
+        return len(self.files)
+
+    def _frames(self):
+        for i, path in enumerate(self.files):
+            image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+            if image is None:
+                raise UserError(f"OpenCV cannot read the image {path}; remove or re-save it")
+            yield image, i / self.fps
+
+
+class LiveSource(FrameSource):
+    """A camera index or a stream URL: stamped by the wall clock, reopened with back-off when it drops."""
+
+    live = True
+
+    def __init__(self, target: int | str, fps: float, reconnect_delays: tuple[float, ...] = RECONNECT_DELAYS_S):
+        super().__init__(f"camera{target}" if isinstance(target, int) else str(target), fps)
+        self.target = target
+        self.reconnect_delays = reconnect_delays
+        capture = self._open()
+        if capture is None:
+            what = f"camera index {target}" if isinstance(target, int) else f"stream {target}"
+            raise UserError(f"OpenCV cannot open {what}; check it is connected (ls /dev/video*) or the URL plays "
+                            "(e.g. in ffplay), and that no other program holds it")
+        self._capture = capture
+
+    def _open(self):
+        capture = cv2.VideoCapture(self.target)
+        if capture.isOpened():
+            return capture
+        capture.release()
+        return None
+
+    @property
+    def duration_frames(self) -> None:
+        return None
+
+    def _frames(self):
+        capture, start = self._capture, time.monotonic()
+        try:
+            while True:
+                ok, image = capture.read() if capture is not None else (False, None)
+                if ok:
+                    yield image, time.monotonic() - start
+                    continue
+                if capture is not None:
+                    capture.release()
+                capture = None
+                for attempt, delay in enumerate(self.reconnect_delays, 1):
+                    self.log(f"{self.name}: no frame; reconnecting in {delay:g} s (attempt {attempt} of "
+                             f"{len(self.reconnect_delays)})")
+                    time.sleep(delay)
+                    capture = self._open()
+                    if capture is not None:
+                        self.stats.reconnects += 1
+                        self.log(f"{self.name}: reconnected")
+                        break
+                if capture is None:
+                    self.log(f"{self.name}: gave up after {len(self.reconnect_delays)} attempts")
+                    return
+        finally:
+            if capture is not None:
+                capture.release()
+
+
+def open_source(spec: str, fps: float) -> FrameSource:
+    """A camera index ("0"), a URL or GStreamer pipeline, an image folder, or a video file."""
+    if spec.isdigit():
+        return LiveSource(int(spec), fps)
+    if spec.startswith(URL_PREFIXES) or "!" in spec:  # "!" joins GStreamer pipeline elements
+        return LiveSource(spec, fps)
+    path = Path(spec)
+    if path.is_dir():
+        return ImageFolderSource(path, fps)
+    if not path.exists():
+        raise UserError(f"source {spec} is neither a file, a folder, a camera index nor a URL")
+    return VideoFileSource(path, fps)

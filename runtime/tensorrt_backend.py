@@ -1,0 +1,185 @@
+"""Stepping a TensorRT engine (tensorrt + pycuda), the state kept on the GPU between frames.
+
+Two sets of state buffers live on the device; each frame reads one set and
+writes the other, then they swap, so a state input and its output are never
+the same buffer (TensorRT does not allow in-place I/O). Only the frame goes in
+and the embedding comes out per frame. Engines are specific to a GPU
+architecture and a TensorRT version: the sidecar written by ``build-engine``
+records both, and a mismatch is refused with the command that rebuilds it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from .bundle import Bundle
+from .onnxruntime_backend import StepResult
+
+INSTALL_HINT = ("install TensorRT 8.5 or newer with `pip install 'sdqes-edge[tensorrt]'` (on Jetson it comes "
+                "with JetPack)")
+
+
+def nvidia_gpu_present() -> bool:
+    """True where an NVIDIA driver is loaded (checked without importing CUDA libraries)."""
+    return any(Path(p).exists() for p in ("/proc/driver/nvidia/version", "/dev/nvidia0", "/dev/nvhost-ctrl-gpu"))
+
+
+def require_tensorrt():
+    """Import tensorrt and pycuda, or raise a one-line UserError naming what is missing."""
+    if not nvidia_gpu_present():
+        raise UserError("no NVIDIA GPU found on this machine (no NVIDIA driver loaded): TensorRT runs on the "
+                        f"device; copy the bundle there, {INSTALL_HINT}, and build the engine there")
+    try:
+        import tensorrt as trt
+    except ImportError:
+        raise UserError(f"TensorRT is not installed: {INSTALL_HINT}") from None
+    try:
+        import pycuda.driver  # noqa: F401
+    except ImportError:
+        raise UserError("pycuda is not installed: `pip install 'sdqes-edge[tensorrt]'`") from None
+    return trt
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    compute_capability: tuple[int, int]
+    tensorrt_version: str
+
+    @property
+    def folder(self) -> str:
+        """engines/<gpu-name>-sm<major><minor>-trt<version>"""
+        slug = re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        major, minor = self.compute_capability
+        return f"{slug}-sm{major}{minor}-trt{self.tensorrt_version}"
+
+
+def current_device() -> DeviceInfo:
+    trt = require_tensorrt()
+    import pycuda.driver as cuda
+
+    cuda.init()
+    if cuda.Device.count() == 0:
+        raise UserError("the NVIDIA driver reports no CUDA device; check `nvidia-smi`")
+    device = cuda.Device(0)
+    return DeviceInfo(device.name(), tuple(device.compute_capability()), trt.__version__)
+
+
+def check_engine_matches(sidecar: dict, device: DeviceInfo, bundle_root: Path, precision: str) -> None:
+    """Refuse an engine built for another GPU architecture or TensorRT version, saying how to rebuild."""
+    rebuild = f"rebuild it here: sdqes-edge build-engine {bundle_root} --precision {precision}"
+    built_cc = tuple(sidecar.get("compute_capability", ()))
+    if built_cc != tuple(device.compute_capability):
+        raise UserError(f"the {precision} engine was built for compute capability sm{''.join(map(str, built_cc))} "
+                        f"({sidecar.get('gpu')}), this GPU is sm{''.join(map(str, device.compute_capability))} "
+                        f"({device.name}); {rebuild}")
+    if sidecar.get("tensorrt_version") != device.tensorrt_version:
+        raise UserError(f"the {precision} engine was built with TensorRT {sidecar.get('tensorrt_version')}, this "
+                        f"machine has {device.tensorrt_version}; {rebuild}")
+
+
+def find_engine(bundle: Bundle, precision: str, device: DeviceInfo) -> tuple[Path, dict]:
+    folder = bundle.root / "engines" / device.folder
+    engine = folder / f"step.{precision}.engine"
+    if not engine.is_file():
+        others = sorted(p.name for p in (bundle.root / "engines").glob("*") if p.is_dir())
+        where = f" (it has engines for: {', '.join(others)})" if others else ""
+        raise UserError(f"{bundle.root} has no {precision} engine for {device.folder}{where}; build one here: "
+                        f"sdqes-edge build-engine {bundle.root} --precision {precision}")
+    sidecar = json.loads(engine.with_suffix(".json").read_text())
+    check_engine_matches(sidecar, device, bundle.root, precision)
+    return engine, sidecar
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """Which of the backend's two device buffer sets holds the current state."""
+
+    buffer_set: int
+
+
+class TensorRTStep:
+    def __init__(self, engine_path: Path, spec, embed_dim: int, image_size: int, batch: int):
+        trt = require_tensorrt()
+        import pycuda.autoinit  # noqa: F401  (creates the CUDA context)
+        import pycuda.driver as cuda
+
+        self.cuda, self.spec = cuda, spec
+        self.logger = trt.Logger(trt.Logger.WARNING)
+        self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(Path(engine_path).read_bytes())
+        if self.engine is None:
+            raise UserError(f"TensorRT cannot load {engine_path}; rebuild it with sdqes-edge build-engine")
+        self.context = self.engine.create_execution_context()
+        self.stream = cuda.Stream()
+        self.frame_host = cuda.pagelocked_empty((batch, 3, image_size, image_size), np.float32)
+        self.embedding_host = cuda.pagelocked_empty((batch, embed_dim), np.float32)
+        self.frame_device = cuda.mem_alloc(self.frame_host.nbytes)
+        self.embedding_device = cuda.mem_alloc(self.embedding_host.nbytes)
+        self.initial = spec.initial_numpy()
+        self.sets = [[cuda.mem_alloc(max(a.nbytes, 1)) for a in self.initial] for _ in range(2)]
+        self.initial_device = [cuda.mem_alloc(max(a.nbytes, 1)) for a in self.initial]
+        for buffer, array in zip(self.initial_device, self.initial):
+            cuda.memcpy_htod(buffer, array)
+        self.fused_queries = False
+
+    @classmethod
+    def from_bundle(cls, bundle: Bundle, precision: str = "fp16") -> "TensorRTStep":
+        engine, _ = find_engine(bundle, precision, current_device())
+        return cls(engine, bundle.state_spec, int(bundle.manifest["embed_dim"]), bundle.image_size,
+                   int(bundle.manifest["batch"]))
+
+    def _copy_rows(self, dst_set: list, src_set: list, rows: list[int] | None) -> None:
+        for t, (dst, src, array) in enumerate(zip(dst_set, src_set, self.initial)):
+            if rows is None:
+                self.cuda.memcpy_dtod_async(dst, src, array.nbytes, self.stream)
+                continue
+            row = array.nbytes // array.shape[0]  # batch on axis 0, contiguous
+            for r in rows:
+                self.cuda.memcpy_dtod_async(int(dst) + r * row, int(src) + r * row, row, self.stream)
+        self.stream.synchronize()
+
+    def initial_state(self) -> DeviceState:
+        self._copy_rows(self.sets[0], self.initial_device, None)
+        return DeviceState(0)
+
+    def step(self, frame: np.ndarray, state: DeviceState, query_embeddings=None) -> StepResult:
+        src, dst = self.sets[state.buffer_set], self.sets[1 - state.buffer_set]
+        np.copyto(self.frame_host, frame)
+        self.cuda.memcpy_htod_async(self.frame_device, self.frame_host, self.stream)
+        self.context.set_tensor_address("frame", int(self.frame_device))
+        self.context.set_tensor_address("embedding", int(self.embedding_device))
+        for spec, buffer_in, buffer_out in zip(self.spec, src, dst):
+            self.context.set_tensor_address(spec.input_name, int(buffer_in))
+            self.context.set_tensor_address(spec.output_name, int(buffer_out))
+        if not self.context.execute_async_v3(self.stream.handle):
+            raise UserError("TensorRT failed to run the engine; rebuild it with sdqes-edge build-engine")
+        self.cuda.memcpy_dtoh_async(self.embedding_host, self.embedding_device, self.stream)
+        self.stream.synchronize()
+        return StepResult(self.embedding_host.copy(), DeviceState(1 - state.buffer_set))
+
+    def state_to_numpy(self, state: DeviceState) -> dict[str, np.ndarray]:
+        out = {}
+        for spec, buffer, array in zip(self.spec, self.sets[state.buffer_set], self.initial):
+            host = np.empty_like(array)
+            self.cuda.memcpy_dtoh(host, buffer)
+            out[spec.name] = host
+        return out
+
+    def state_from_numpy(self, arrays: dict[str, np.ndarray]) -> DeviceState:
+        for spec, buffer in zip(self.spec, self.sets[0]):
+            self.cuda.memcpy_htod(buffer, np.ascontiguousarray(arrays[spec.name], dtype=spec.dtype))
+        return DeviceState(0)
+
+    def keep_streams(self, new: DeviceState, old: DeviceState, streams: list[int]) -> DeviceState:
+        self._copy_rows(self.sets[new.buffer_set], self.sets[old.buffer_set], streams)
+        return new
+
+    def reset_streams(self, state: DeviceState, streams: list[int] | None = None) -> DeviceState:
+        self._copy_rows(self.sets[state.buffer_set], self.initial_device, streams)
+        return state

@@ -1,0 +1,363 @@
+"""The torch-free runtime: a video through a bundle gives the PyTorch model's scores; alerts follow the policy."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from sdqes_edge.errors import UserError
+from sdqes_edge.export import ExportOptions, export_bundle
+from sdqes_edge.metrics import rising_edges
+from sdqes_edge.runtime.alerts import AlertPolicy, AlertState
+from sdqes_edge.runtime.detector import NonFiniteScoreError, StreamingDetector
+from sdqes_edge.runtime.onnxruntime_backend import StepResult
+from sdqes_edge.runtime.preprocess import Preprocessor
+from sdqes_edge.runtime.sinks import CallbackSink, JsonlSink, ScoreTraceRecorder
+from sdqes_edge.runtime.sources import FrameSource, VideoFileSource, open_source
+from sdqes_edge.runtime.tensorrt_backend import DeviceInfo, check_engine_matches
+from sdqes_edge.sample import sample_frames
+from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL
+from sdqes_edge.traces import load_scores
+
+from conftest import random_model
+
+QUERY = "When I start to clean or wipe the table, remind me to sanitize my hands."
+FPS = 5.0
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny QRNN model and its bundle, sampled at 5 fps."""
+    model = random_model("qrnn")
+    out = tmp_path_factory.mktemp("rt") / "bundle"
+    export_bundle(model, out, ExportOptions(fps=FPS, show_progress=False), log=lambda m: None)
+    return model, out
+
+
+def write_video(path: Path, frames: np.ndarray, fps: float = 10.0) -> Path:
+    fourcc = cv2.VideoWriter_fourcc(*("MJPG" if path.suffix == ".avi" else "mp4v"))
+    writer = cv2.VideoWriter(str(path), fourcc, fps, (frames.shape[2], frames.shape[1]))
+    assert writer.isOpened(), f"OpenCV cannot write {path.suffix}"
+    for frame in frames:
+        writer.write(frame)
+    writer.release()
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".avi"])
+def test_a_video_through_the_runtime_scores_what_the_pytorch_model_scores(suffix, exported, tmp_path):
+    model, bundle = exported
+    video = write_video(tmp_path / f"clip{suffix}", sample_frames(60, 120, 160))  # 6 s at 10 fps
+    detector = StreamingDetector(bundle)
+    detector.add_query(QUERY)
+    trace_path = tmp_path / "trace.npz"
+    detector.add_sink(ScoreTraceRecorder(trace_path, "clip", FPS))
+    list(detector.run(open_source(str(video), FPS)))
+    runtime_probs = load_scores(trace_path).probs[:, 0]
+    assert len(runtime_probs) == 30  # 6 s sampled at 5 fps, by timestamp
+
+    # The same sampled frames, preprocessed the same way, through the PyTorch step form.
+    decoded = [f.image for f in VideoFileSource(video, FPS).sampled()]
+    cfg = model.cfg
+    pre = Preprocessor.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
+    with torch.no_grad():
+        frames = torch.from_numpy(pre.batch(decoded))[None]  # [1, T, 3, R, R]
+        embeddings, _ = model.step_frames(frames)
+        query = model.encode_text([QUERY])
+        torch_probs = torch.sigmoid(embeddings[0] @ query[0]).numpy()
+    assert np.abs(runtime_probs - torch_probs).max() <= FP32_EMBEDDING_ATOL
+
+
+def test_preprocessing_is_close_to_the_pil_transform_used_in_training():
+    """CLIP trains on PIL bicubic resize + center crop; OpenCV's resize differs slightly. Measure how much."""
+    from PIL import Image
+
+    from sdqes_edge.config import CLIP_MEAN, CLIP_STD
+
+    def pil_clip(bgr: np.ndarray, size: int) -> np.ndarray:
+        image = Image.fromarray(bgr[..., ::-1])
+        w, h = image.size
+        nh, nw = (size, int(size * w / h)) if h <= w else (int(size * h / w), size)
+        image = image.resize((nw, nh), Image.BICUBIC)
+        top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
+        x = np.asarray(image.crop((left, top, left + size, top + size)), np.float32) / 255.0
+        return ((x - CLIP_MEAN) / CLIP_STD).transpose(2, 0, 1)
+
+    pre = Preprocessor(224, CLIP_MEAN, CLIP_STD)
+    std = np.asarray(CLIP_STD, np.float32)[:, None, None]
+    for shape in ((240, 320), (720, 1280), (100, 150)):
+        diffs = np.stack([np.abs(pre(f) - pil_clip(f, 224)) * std * 255 for f in sample_frames(3, *shape)])
+        print(f"{shape}: mean {diffs.mean():.2f}, max {diffs.max():.0f} grey levels")
+        assert diffs.mean() < 1.0  # under one grey level per pixel on average
+
+
+def test_alerts_fall_exactly_on_the_rising_edges_of_the_score_trace(exported, tmp_path):
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(80, 120, 160))
+    # A query whose embedding is one of the stream's own frame embeddings: its scores vary a lot over time.
+    probe = StreamingDetector(bundle)
+    embeddings = []
+    probe.add_sink(CallbackSink(lambda e: None))
+    for _ in probe.run(open_source(str(video), FPS)):
+        embeddings.append(probe.last_embeddings[0].copy())
+    query = embeddings[10] / np.linalg.norm(embeddings[10])
+    probs = 1 / (1 + np.exp(-(np.stack(embeddings) @ query)))
+    threshold = float(np.median(probs))
+    expected = rising_edges(probs, threshold)
+    assert len(expected) >= 3
+
+    detector = StreamingDetector(bundle)
+    detector.queries.encoder.seed(["frame ten"], query[None])
+    detector.add_query("frame ten", "It is frame ten again", threshold=threshold)
+    events = []
+    detector.add_sink(CallbackSink(events.append))
+    list(detector.run(open_source(str(video), FPS)))
+    assert [e.frame_index for e in events] == expected.tolist()
+    assert all(e.message == "It is frame ten again" and e.score > threshold for e in events)
+
+
+def feed(policy: AlertPolicy, probs: list[float], fps: float = 1.0) -> list[int]:
+    state = AlertState(policy)
+    return [t for t, p in enumerate(probs) if state.update(p, t / fps)]
+
+
+def test_the_alert_policy_rising_edges_hysteresis_cooldown_and_max_alerts():
+    probs = [0.2, 0.7, 0.8, 0.55, 0.62, 0.3, 0.7, 0.2, 0.9, 0.1, 0.9]
+    assert feed(AlertPolicy(0.6), probs) == [1, 4, 6, 8, 10] == rising_edges(np.array(probs), 0.6).tolist()
+    assert feed(AlertPolicy(0.6, exit_threshold=0.5), probs) == [1, 6, 8, 10]  # 0.55 does not end the run
+    assert feed(AlertPolicy(0.6, cooldown_s=4.0), probs) == [1, 6, 10]
+    assert feed(AlertPolicy(0.6, max_alerts=2), probs) == [1, 4]
+    assert feed(AlertPolicy(0.6, cooldown_s=2.0), probs, fps=2.0) == [1, 6, 10]  # cooldown is in stream seconds
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(threshold=1.2), r"outside \(0, 1\)"),
+    (dict(threshold=0.0), r"outside \(0, 1\)"),
+    (dict(threshold=0.6, exit_threshold=0.7), "exit threshold"),
+    (dict(threshold=0.6, max_alerts=0), "max alerts"),
+])
+def test_a_bad_policy_is_refused(options, message):
+    with pytest.raises(UserError, match=message):
+        AlertPolicy(**options)
+
+
+def test_queries_are_added_and_removed_while_the_stream_runs(exported, tmp_path):
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(40, 120, 160))
+    detector = StreamingDetector(bundle)
+    detector.add_query(QUERY, threshold=0.01)  # every frame is above: one alert, at the first frame
+    trace = tmp_path / "t.npz"
+    detector.add_sink(ScoreTraceRecorder(trace, "clip", FPS))
+    events = []
+    detector.add_sink(CallbackSink(events.append))
+    for step, _ in enumerate(detector.run(open_source(str(video), FPS))):
+        if step == 5:
+            late = detector.add_query("when I open the fridge", threshold=0.01)
+        if step == 10:
+            detector.remove_query("q1")
+    assert [(e.query_id, e.frame_index) for e in events] == [("q1", 0), (late.id, 6)]
+    scores = load_scores(trace)
+    assert scores.asked_time.tolist() == [0.0, 1.0]  # the second query was asked 1 s (5 frames) in
+    assert np.isnan(scores.probs[:6, 1]).all() and not np.isnan(scores.probs[6:, 1]).any()
+    assert np.isnan(scores.probs[11:, 0]).all()
+
+
+def test_state_reset_save_and_restore(exported, tmp_path):
+    _, bundle = exported
+    frames = list(VideoFileSource(write_video(tmp_path / "c.avi", sample_frames(40, 120, 160)), FPS).sampled())
+    detector = StreamingDetector(bundle)
+    for frame in frames[:10]:
+        detector.step([frame])
+    snapshot = detector.save_state(tmp_path / "state.npz")
+    detector.step([frames[10]])
+    continued = detector.last_embeddings.copy()
+
+    resumed = StreamingDetector(bundle)
+    resumed.load_state(snapshot)
+    resumed.step([frames[10]])
+    np.testing.assert_array_equal(resumed.last_embeddings, continued)
+
+    resumed.reset()
+    resumed.step([frames[10]])
+    fresh = StreamingDetector(bundle)
+    fresh.step([frames[10]])
+    np.testing.assert_array_equal(resumed.last_embeddings, fresh.last_embeddings)
+    assert not np.allclose(fresh.last_embeddings, continued)  # the history mattered
+
+    (tmp_path / "other.npz").write_bytes(b"nonsense")
+    with pytest.raises(UserError, match="not a state snapshot"):
+        resumed.load_state(tmp_path / "other.npz")
+
+
+class SimulatedCamera(FrameSource):
+    """A live source that produces a new frame every 1/rate seconds of wall-clock time, for `seconds`."""
+
+    live = True
+
+    def __init__(self, rate: float, seconds: float):
+        super().__init__("simcam", fps=rate)
+        self.rate, self.seconds = rate, seconds
+        self.image = sample_frames(1, 120, 160)[0]
+
+    def _frames(self):
+        start = time.monotonic()
+        while (now := time.monotonic() - start) < self.seconds:
+            yield self.image, now
+            time.sleep(1.0 / self.rate)
+
+
+class SlowBackend:
+    """The bundle's real backend, made slower than the camera."""
+
+    def __init__(self, inner, delay_s: float):
+        self.inner, self.delay_s = inner, delay_s
+
+    def step(self, frames, state, query_embeddings=None):
+        time.sleep(self.delay_s)
+        return self.inner.step(frames, state)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_slow_model_on_a_live_source_drops_frames_instead_of_falling_behind(exported):
+    _, bundle = exported
+    detector = StreamingDetector(bundle)
+    detector.backend = SlowBackend(detector.backend, delay_s=0.05)  # 20 steps/s against a 50 frames/s camera
+    camera = SimulatedCamera(rate=50, seconds=1.5)
+    started = time.monotonic()
+    processed = sum(1 for _ in detector.run(camera))
+    elapsed = time.monotonic() - started
+    assert camera.stats.dropped > 0
+    assert processed + camera.stats.dropped == camera.stats.sampled
+    assert elapsed < 1.5 + 0.5  # it finished with the camera, not 75 frames x 50 ms later
+
+
+def test_a_non_finite_score_stops_the_stream_with_a_reason(exported, tmp_path):
+    _, bundle = exported
+    detector = StreamingDetector(bundle)
+    inner = detector.backend
+
+    class Poisoned(SlowBackend):
+        calls = 0
+
+        def step(self, frames, state, query_embeddings=None):
+            Poisoned.calls += 1
+            result = inner.step(frames, state)
+            return StepResult(result.embedding * (np.nan if Poisoned.calls == 3 else 1.0), result.state)
+
+    detector.backend = Poisoned(inner, 0.0)
+    detector.add_query(QUERY)
+    video = write_video(tmp_path / "c.avi", sample_frames(40, 120, 160))
+    with pytest.raises(NonFiniteScoreError, match="non-finite score at frame 2"):
+        list(detector.run(open_source(str(video), FPS)))
+
+
+def test_an_engine_built_for_another_gpu_or_tensorrt_is_refused_with_the_rebuild_command(tmp_path):
+    here = DeviceInfo("NVIDIA Jetson AGX Orin", (8, 7), "10.3.0")
+    sidecar = {"gpu": "Tesla V100-SXM2-16GB", "compute_capability": [7, 0], "tensorrt_version": "10.3.0"}
+    with pytest.raises(UserError, match="sm70.*this GPU is sm87.*build-engine"):
+        check_engine_matches(sidecar, here, tmp_path, "fp16")
+    with pytest.raises(UserError, match="TensorRT 8.6.1, this machine has 10.3.0"):
+        check_engine_matches(dict(sidecar, compute_capability=[8, 7], tensorrt_version="8.6.1"), here, tmp_path,
+                             "fp16")
+    check_engine_matches(dict(sidecar, compute_capability=[8, 7]), here, tmp_path, "fp16")  # a match passes
+    assert here.folder == "nvidia-jetson-agx-orin-sm87-trt10.3.0"
+
+
+def run_cli(*args: str, block_torch: bool = False, **popen) -> subprocess.CompletedProcess:
+    prefix = "import sys; sys.modules['torch'] = None\n" if block_torch else "import sys\n"
+    code = prefix + "from sdqes_edge.cli import run\nsys.exit(run(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, **popen)
+
+
+def test_the_run_command_streams_a_video_where_torch_cannot_be_imported(exported, tmp_path):
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.mp4", sample_frames(40, 120, 160))
+    done = run_cli("run", str(bundle), "--source", str(video), "--query", QUERY, "--message", "Sanitize!",
+                   "--threshold", "0.01", "--events", str(tmp_path / "e.jsonl"), "--scores", str(tmp_path / "s"),
+                   "--annotate", str(tmp_path / "annotated.avi"), block_torch=True)
+    assert done.returncode == 0, done.stderr
+    assert "Sanitize!" in done.stdout and "next: sdqes-edge eval" in done.stderr
+    events = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert [e["frame_index"] for e in events] == [0] and events[0]["message"] == "Sanitize!"
+    assert load_scores(tmp_path / "s" / "clip.npz").probs.shape == (20, 1)
+    annotated = cv2.VideoCapture(str(tmp_path / "annotated.avi"))
+    assert annotated.isOpened() and int(annotated.get(cv2.CAP_PROP_FRAME_COUNT)) == 20
+
+
+def test_ctrl_c_mid_stream_leaves_a_complete_alert_log(exported, tmp_path):
+    _, bundle = exported
+    video = write_video(tmp_path / "long.avi", sample_frames(900, 60, 80), fps=30.0)  # 30 s: 150 steps at 5 fps
+    # The full run, to know every alert the interrupted one should have logged up to its end.
+    reference = StreamingDetector(bundle)
+    query = reference.add_query(QUERY, threshold=0.5)
+    trace = tmp_path / "full.npz"
+    reference.add_sink(ScoreTraceRecorder(trace, "long", FPS))
+    list(reference.run(open_source(str(video), FPS)))
+    probs = load_scores(trace).probs[:, 0]
+    threshold = float(np.median(probs))
+    all_alerts = rising_edges(probs, threshold).tolist()
+    assert len(all_alerts) > 10, query
+
+    events = tmp_path / "events.jsonl"
+    process = subprocess.Popen([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
+                                "--query", QUERY, "--threshold", str(threshold), "--events", str(events), "--quiet",
+                                "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not events.exists() or len(events.read_text().splitlines()) < 3):
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    lines = events.read_text().splitlines()
+    logged = [json.loads(line)["frame_index"] for line in lines]  # every line parses
+    print(f"stopped with exit code {process.returncode} after {len(logged)} of {len(all_alerts)} alerts")
+    assert logged == all_alerts[: len(logged)] and len(logged) >= 3
+    if process.returncode == 130:  # stopped mid-stream (a fast machine may finish first: then 0, all logged)
+        assert "interrupted after" in stderr and "Traceback" not in stderr
+    else:
+        assert process.returncode == 0 and logged == all_alerts
+
+
+@pytest.mark.parametrize("make_args, message", [
+    (lambda b, t: ["run", str(t / "nope"), "--source", "x.mp4", "--query", "q"], "does not exist"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "missing.mp4"), "--query", "q"], "missing.mp4"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", "q"], "cannot decode"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "empty.avi"), "--query", "q"], "cannot decode"),
+    (lambda b, t: ["run", str(b), "--source", "7", "--query", "q"], "cannot open camera index 7"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", " "], "query is empty"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", "word " * 80], "77"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", "q", "--threshold", "1.5"],
+     "outside (0, 1)"),
+])
+def test_bad_input_to_run_is_one_line_and_a_non_zero_exit(make_args, message, exported, tmp_path):
+    _, bundle = exported
+    (tmp_path / "garbage.mp4").write_bytes(b"\x00\x01" * 100)
+    writer = cv2.VideoWriter(str(tmp_path / "empty.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 10, (64, 48))
+    writer.release()
+    done = run_cli(*make_args(bundle, tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_bundle_of_a_newer_format_is_refused(exported, tmp_path):
+    import shutil
+
+    _, bundle = exported
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    done = run_cli("run", str(copy), "--source", "x.mp4", "--query", "q")
+    assert done.returncode == 2 and "newer than this runtime reads" in done.stderr
