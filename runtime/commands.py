@@ -36,7 +36,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
     detector = StreamingDetector(args.bundle, backend=args.backend, precision=args.precision, threads=args.threads,
-                                 truncate_queries=args.truncate_queries)
+                                 ort_device=args.ort_device, truncate_queries=args.truncate_queries)
     policy = dict(exit_threshold=args.exit_threshold, cooldown_s=args.cooldown, max_alerts=args.max_alerts)
     for i, text in enumerate(queries):
         detector.add_query(text, messages[i] if i < len(messages) else None, args.threshold, **policy)
@@ -128,6 +128,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--backend", choices=["ort", "trt"], default="ort", help="ONNX Runtime (default) or TensorRT")
     run.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")
     run.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores)")
+    run.add_argument("--ort-device", choices=["cpu", "cuda", "tensorrt"], default="cpu",
+                     help="ONNX Runtime execution provider (cuda/tensorrt need onnxruntime-gpu; the state then "
+                          "stays on the GPU between frames)")
     run.add_argument("--events", help="append alerts to this JSONL file (flushed per alert)")
     run.add_argument("--scores", help="per-frame score trace: FILE.npz, or a folder (one file per stream)")
     run.add_argument("--annotate", help="write the stream with score bars and alert banners to this video")

@@ -46,11 +46,11 @@ class RunStats:
 
 
 def make_backend(bundle: Bundle, backend: str = "ort", precision: str = "fp32", threads: int | None = None,
-                 providers: list[str] | None = None):
+                 ort_device: str = "cpu"):
     if backend == "ort":
         from .onnxruntime_backend import OnnxRuntimeStep
 
-        return OnnxRuntimeStep(bundle.step_graph(precision), providers=providers, threads=threads)
+        return OnnxRuntimeStep(bundle.step_graph(precision), device=ort_device, threads=threads)
     if backend == "trt":
         from .tensorrt_backend import TensorRTStep
 
@@ -60,14 +60,14 @@ def make_backend(bundle: Bundle, backend: str = "ort", precision: str = "fp32", 
 
 class StreamingDetector:
     def __init__(self, bundle: str | Path | Bundle, backend: str = "ort", precision: str = "fp32",
-                 threads: int | None = None, providers: list[str] | None = None, truncate_queries: bool = False,
+                 threads: int | None = None, ort_device: str = "cpu", truncate_queries: bool = False,
                  backend_instance=None):
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
         m = self.bundle.manifest
         self.batch = int(m["batch"])
         self.fps = self.bundle.fps
         self.preprocess = Preprocessor.from_description(self.bundle.image_size, m["preprocess"])
-        self.backend = backend_instance or make_backend(self.bundle, backend, precision, threads, providers)
+        self.backend = backend_instance or make_backend(self.bundle, backend, precision, threads, ort_device)
         if getattr(self.backend, "fused_queries", False):
             raise UserError("this bundle scores a fixed query set inside its graph (--fuse-queries); the streaming "
                             "detector adds and removes queries, so export it without --fuse-queries")

@@ -29,12 +29,35 @@ class StepResult:
     logits: np.ndarray | None = None  # [B, Q] when query scoring is fused into the graph
 
 
-class OnnxRuntimeStep:
-    """One step graph in an ``onnxruntime.InferenceSession``."""
+# Execution providers per device, best first; ONNX Runtime falls back along the list.
+DEVICE_PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
 
-    def __init__(self, path: str | Path, providers: list[str] | None = None, threads: int | None = None):
+
+class OnnxRuntimeStep:
+    """One step graph in an ``onnxruntime.InferenceSession``.
+
+    On a GPU (``device`` "cuda" or "tensorrt") the state stays on the device between frames through
+    I/O binding: only the frame goes in and the embedding comes out. ``io_binding`` forces that path
+    on or off (it also runs on the CPU, which is how it is tested without a GPU).
+    """
+
+    def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
+                 io_binding: bool | None = None):
         import onnxruntime as ort
 
+        if device not in DEVICE_PROVIDERS:
+            raise UserError(f"ONNX Runtime device {device!r} is not one of {', '.join(DEVICE_PROVIDERS)}")
+        wanted = DEVICE_PROVIDERS[device][0]
+        if wanted not in ort.get_available_providers():
+            raise UserError(f"this onnxruntime has no {wanted} (it has {', '.join(ort.get_available_providers())}); "
+                            "install onnxruntime-gpu on an NVIDIA machine, or use --ort-device cpu")
+        self.io_binding = device != "cpu" if io_binding is None else io_binding
+        self._ort_device = "cpu" if device == "cpu" else "cuda"
+        self._ort = ort
         path = Path(path)
         if not path.is_file():
             raise UserError(f"step graph {path} does not exist; export a bundle with `sdqes-edge export`")
@@ -43,7 +66,7 @@ class OnnxRuntimeStep:
             options.intra_op_num_threads = threads
         options.log_severity_level = 3  # ORT's warnings are about graph rewrites, not the user's input
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=providers or ["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(str(path), options, providers=DEVICE_PROVIDERS[device])
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
             raise UserError(f"ONNX Runtime cannot load {path} ({str(exc).splitlines()[0]}); "
                             "the file is damaged or not a step graph: re-export it") from None
@@ -65,28 +88,34 @@ class OnnxRuntimeStep:
     def fused_queries(self) -> bool:
         return "query_embeddings" in self._input_names
 
-    def initial_state(self) -> State:
-        return dict(zip(self.spec.names, self.spec.initial_numpy()))
+    def initial_state(self):
+        return self.state_from_numpy(dict(zip(self.spec.names, self.spec.initial_numpy())))
 
     # State operations every backend provides, so the detector never reaches into a backend's state
-    # (the TensorRT backend keeps its state on the GPU).
-    def state_to_numpy(self, state: State) -> State:
-        return {name: np.array(value, copy=True) for name, value in state.items()}
+    # (with I/O binding it is a dict of OrtValues on the device; the TensorRT backend has its own).
+    def state_to_numpy(self, state) -> State:
+        return {name: (value.numpy() if self.io_binding else np.array(value, copy=True))
+                for name, value in state.items()}
 
-    def state_from_numpy(self, arrays: State) -> State:
-        return {t.name: np.ascontiguousarray(arrays[t.name], dtype=t.dtype) for t in self.spec}
+    def state_from_numpy(self, arrays: State):
+        host = {t.name: np.ascontiguousarray(arrays[t.name], dtype=t.dtype) for t in self.spec}
+        if not self.io_binding:
+            return host
+        return {name: self._ort.OrtValue.ortvalue_from_numpy(value, self._ort_device, 0)
+                for name, value in host.items()}
 
-    def keep_streams(self, new: State, old: State, streams: list[int]) -> State:
+    def keep_streams(self, new, old, streams: list[int]):
         """``new`` with the rows (streams) in ``streams`` taken from ``old``: an idle stream keeps its state."""
-        for name in new:
-            new[name][streams] = old[name][streams]
-        return new
+        new_host, old_host = self.state_to_numpy(new), self.state_to_numpy(old)
+        for name in new_host:
+            new_host[name][streams] = old_host[name][streams]
+        return self.state_from_numpy(new_host)
 
-    def reset_streams(self, state: State, streams: list[int] | None = None) -> State:
+    def reset_streams(self, state, streams: list[int] | None = None):
         initial = self.initial_state()
         if streams is None:
             return initial
-        return self.keep_streams({k: v.copy() for k, v in state.items()}, initial, streams)
+        return self.keep_streams(state, initial, streams)
 
     def step(self, frame: np.ndarray, state: State, query_embeddings: np.ndarray | None = None) -> StepResult:
         """frame [B, 3, R, R] float32 (normalized) -> embedding, next state (and logits if fused)."""
@@ -98,6 +127,24 @@ class OnnxRuntimeStep:
                 raise UserError(f"{self.path.name} scores queries inside the graph: pass query_embeddings "
                                 f"[{self.description['query_count']}, {self.description['embed_dim']}]")
             feeds["query_embeddings"] = np.ascontiguousarray(query_embeddings, dtype=np.float32)
+        if self.io_binding:
+            return self._step_bound(feeds, state)
         outputs = dict(zip(self._output_names, self.session.run(self._output_names, feeds)))
         next_state = {t.name: outputs[t.output_name] for t in self.spec}
         return StepResult(outputs["embedding"], next_state, outputs.get("logits"))
+
+    def _step_bound(self, feeds: dict, state) -> StepResult:
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            if name.startswith("state_in."):
+                binding.bind_ortvalue_input(name, value)  # already where the last frame left it
+            else:
+                binding.bind_cpu_input(name, value)
+        state_outputs = {t.output_name: t.name for t in self.spec}
+        for name in self._output_names:
+            binding.bind_output(name, self._ort_device if name in state_outputs else "cpu")
+        self.session.run_with_iobinding(binding)
+        outputs = dict(zip(self._output_names, binding.get_outputs()))
+        next_state = {t.name: outputs[t.output_name] for t in self.spec}
+        logits = outputs["logits"].numpy() if "logits" in outputs else None
+        return StepResult(outputs["embedding"].numpy(), next_state, logits)

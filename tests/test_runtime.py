@@ -361,3 +361,80 @@ def test_a_bundle_of_a_newer_format_is_refused(exported, tmp_path):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     done = run_cli("run", str(copy), "--source", "x.mp4", "--query", "q")
     assert done.returncode == 2 and "newer than this runtime reads" in done.stderr
+
+
+def test_io_binding_keeps_the_state_in_ort_values_and_gives_the_same_stream(exported):
+    """The GPU path (state bound as OrtValues between frames), run on the CPU where no GPU exists."""
+    from sdqes_edge.runtime.bundle import load_bundle
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+
+    model, bundle = exported
+    graph = load_bundle(bundle).step_graph()
+    plain, bound = OnnxRuntimeStep(graph), OnnxRuntimeStep(graph, io_binding=True)
+    cfg = model.cfg
+    pre = Preprocessor.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
+    frames = pre.batch(sample_frames(20, 120, 160))
+    state_a, state_b = plain.initial_state(), bound.initial_state()
+    for frame in frames:
+        a, b = plain.step(frame[None], state_a), bound.step(frame[None], state_b)
+        np.testing.assert_array_equal(a.embedding, b.embedding)
+        state_a, state_b = a.state, b.state
+    assert type(next(iter(state_b.values()))).__name__ == "OrtValue"
+    final = bound.state_to_numpy(state_b)
+    for name, value in state_a.items():
+        np.testing.assert_array_equal(final[name], value)
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():  # asking for it says what to install
+        with pytest.raises(UserError, match="no CUDAExecutionProvider.*onnxruntime-gpu"):
+            OnnxRuntimeStep(graph, device="cuda")
+
+
+def test_one_step_serves_two_streams_as_two_single_stream_runs_would(tmp_path):
+    model = random_model("st")
+    single, double = tmp_path / "b1", tmp_path / "b2"
+    export_bundle(model, single, ExportOptions(fps=FPS, show_progress=False), log=lambda m: None)
+    export_bundle(model, double, ExportOptions(fps=FPS, batch=2, show_progress=False), log=lambda m: None)
+    videos = [write_video(tmp_path / "a.avi", sample_frames(40, 120, 160, seed=1)),
+              write_video(tmp_path / "b.avi", sample_frames(60, 120, 160, seed=2))]  # different lengths
+
+    def scores(bundle, sources, stream=0):
+        detector = StreamingDetector(bundle)
+        detector.add_query(QUERY)
+        detector.add_sink(ScoreTraceRecorder(tmp_path / f"{bundle.name}-{stream}.npz", "s", FPS, stream=stream))
+        list(detector.run(sources))
+        return load_scores(tmp_path / f"{bundle.name}-{stream}.npz").probs[:, 0]
+
+    together = [scores(double, [open_source(str(v), FPS) for v in videos], stream=i) for i in range(2)]
+    alone = [scores(single, [open_source(str(v), FPS)]) for v in videos]
+    for a, b in zip(together, alone):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert together[0].shape == (20,) and together[1].shape == (30,)  # the shorter stream idles, keeping state
+
+
+def test_an_image_folder_is_a_source(exported, tmp_path):
+    _, bundle = exported
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for i, frame in enumerate(sample_frames(7, 120, 160)):
+        cv2.imwrite(str(folder / f"{i:04d}.png"), frame)
+    source = open_source(str(folder), FPS)
+    frames = list(source.sampled())
+    assert [f.index for f in frames] == list(range(7)) and frames[3].time == pytest.approx(3 / FPS)
+
+
+def test_a_live_source_that_drops_is_reopened_with_back_off(tmp_path):
+    from sdqes_edge.runtime.sources import LiveSource
+
+    video = write_video(tmp_path / "clip.avi", sample_frames(5, 60, 80))
+    messages = []
+    source = LiveSource(str(video), fps=1000.0, reconnect_delays=(0.01, 0.01))  # a stream that ends every 5 frames
+    source.log = messages.append
+    frames = []
+    for frame in source.sampled():
+        frames.append(frame)
+        if len(frames) == 12:
+            break
+    assert source.stats.reconnects >= 2
+    assert any("reconnecting" in m for m in messages)
