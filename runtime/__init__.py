@@ -1,12 +1,30 @@
 """sdqes_edge.runtime: the torch-free side that runs on the robot or headset.
 
-Imports only numpy-level code: the state spec a bundle describes and the CLIP
-tokenizer for encoding new queries on the device. Never imports torch (a test
-runs this import in an interpreter where torch cannot be imported).
+numpy, OpenCV and ONNX Runtime (or TensorRT + pycuda) only; a test runs it in an
+interpreter where torch cannot be imported. The pieces, in the order a frame
+meets them: ``sources`` (OpenCV capture sampled at the bundle's fps) ->
+``preprocess`` -> a backend (``onnxruntime_backend``, ``tensorrt_backend``)
+stepping the graph with the state carried by name -> ``queries`` (one product
+for all queries) -> ``alerts`` (policy per query) -> ``sinks``. ``detector``
+ties them together; ``bundle`` reads what the exporter wrote.
+
+    from sdqes_edge.runtime import StreamingDetector, open_source
+    detector = StreamingDetector("bundles/qrnn")
+    detector.add_query("When I start cooking, remind me to wash my hands.", "Wash your hands!")
+    for alerts in detector.run(open_source("kitchen.mp4", detector.fps)):
+        for alert in alerts:
+            print(alert.stream_time, alert.message)
 """
 
 from ..state import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX, StateSpec, StateTensorSpec
 from ..tokenizer import ClipTokenizer, default_tokenizer
+from .alerts import AlertPolicy
+from .bundle import Bundle, BundleError, load_bundle
+from .detector import StreamingDetector
+from .sinks import AlertEvent, AnnotatedVideoSink, CallbackSink, ConsoleSink, JsonlSink, ScoreTraceRecorder
+from .sources import open_source
 
 __all__ = ["STATE_INPUT_PREFIX", "STATE_OUTPUT_PREFIX", "StateSpec", "StateTensorSpec", "ClipTokenizer",
-           "default_tokenizer"]
+           "default_tokenizer", "AlertPolicy", "Bundle", "BundleError", "load_bundle", "StreamingDetector",
+           "AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder",
+           "open_source"]

@@ -438,3 +438,41 @@ def test_a_live_source_that_drops_is_reopened_with_back_off(tmp_path):
             break
     assert source.stats.reconnects >= 2
     assert any("reconnecting" in m for m in messages)
+
+
+def tensorrt_ready() -> bool:
+    from sdqes_edge.runtime.tensorrt_backend import nvidia_gpu_present
+
+    try:
+        import pycuda  # noqa: F401
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return False
+    return nvidia_gpu_present()
+
+
+@pytest.mark.skipif(not tensorrt_ready(), reason="needs an NVIDIA GPU with TensorRT and pycuda installed")
+def test_the_tensorrt_backend_streams_what_onnx_runtime_streams(exported, tmp_path):
+    import shutil
+
+    from sdqes_edge.export.tensorrt_engine import build_engine
+    from sdqes_edge.runtime.bundle import load_bundle
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+    from sdqes_edge.runtime.tensorrt_backend import TensorRTStep
+
+    model, bundle = exported
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)
+    build_engine(copy, precision="fp32")
+    loaded = load_bundle(copy)
+    trt_step, ort_step = TensorRTStep.from_bundle(loaded, "fp32"), OnnxRuntimeStep(loaded.step_graph())
+    cfg = model.cfg
+    pre = Preprocessor.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
+    trt_state, ort_state = trt_step.initial_state(), ort_step.initial_state()
+    for frame in pre.batch(sample_frames(32, 120, 160)):
+        a, b = trt_step.step(frame[None], trt_state), ort_step.step(frame[None], ort_state)
+        assert np.abs(a.embedding - b.embedding).max() <= 1e-3  # TensorRT may pick TF32 kernels
+        trt_state, ort_state = a.state, b.state
+    final = trt_step.state_to_numpy(trt_state)
+    for name, value in ort_state.items():
+        assert np.abs(final[name] - value).max() <= 1e-2 * max(1.0, np.abs(value).max())
