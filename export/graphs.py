@@ -88,6 +88,17 @@ class StepGraph(nn.Module):
         return tuple(outputs + [s.float() for s in next_state])
 
 
+class WindowGraph(nn.Module):
+    """The sliding-window baseline: the window form over the last W frames, keeping the newest embedding."""
+
+    def __init__(self, model: SDQESModel):
+        super().__init__()
+        self.visual = model.visual
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return self.visual.forward_clip(frames)[:, -1]  # [B, W, 3, R, R] -> [B, E]
+
+
 class TextGraph(nn.Module):
     def __init__(self, model: SDQESModel):
         super().__init__()
@@ -176,6 +187,14 @@ def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: i
                                       query_count=query_count, checkpoint_sha256=checkpoint_sha256)
     attach_metadata(path, description)
     return description
+
+
+def export_window_graph(model: SDQESModel, path: Path, *, window: int, batch: int = 1,
+                        opset: int = DEFAULT_OPSET) -> None:
+    """frames [B, W, 3, R, R] -> embedding of the last frame [B, E]: what a stateless deployment recomputes."""
+    r = model.cfg.vision.image_size
+    _torch_export(WindowGraph(model.eval()), (torch.zeros(batch, window, 3, r, r),), path, opset, ["frames"],
+                  [EMBEDDING_OUTPUT])
 
 
 def export_text_graph(model: SDQESModel, path: Path, *, opset: int = DEFAULT_OPSET) -> dict[str, Any]:

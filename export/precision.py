@@ -23,40 +23,43 @@ INT8_OPS = ["MatMul", "Gemm", "Conv"]
 
 
 def calibration_feeds(fp32_graph: Path, frames: np.ndarray,
-                      query_embeddings: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
+                      query_embeddings: np.ndarray | None = None) -> Iterator[dict[str, np.ndarray]]:
     """The inputs the step graph sees on a real stream: each frame with the state carried to it.
 
     Calibrating on zero state would set the state's ranges from a stream that never started.
+    Generated lazily: a ViT-B/16 RetNet state is 1.1 GiB per stream, too much to hold per frame.
     """
     runner = OnnxRuntimeStep(fp32_graph)
     state = runner.initial_state()
-    feeds = []
     for frame in frames:
         feed = {"frame": frame, **{t.input_name: state[t.name] for t in runner.spec}}
         if runner.fused_queries:
             feed["query_embeddings"] = query_embeddings
-        feeds.append(feed)
+        yield feed
         state = runner.step(frame, state, query_embeddings).state
-    return feeds
 
 
 class _FeedReader:
-    """onnxruntime.quantization's CalibrationDataReader protocol over a list of feeds."""
+    """onnxruntime.quantization's CalibrationDataReader protocol over an iterator of feeds."""
 
-    def __init__(self, feeds: list[dict[str, np.ndarray]]):
-        self._feeds: Iterator[dict[str, np.ndarray]] = iter(feeds)
+    def __init__(self, feeds: Iterator[dict[str, np.ndarray]]):
+        self._feeds = feeds
 
     def get_next(self):
         return next(self._feeds, None)
 
 
 def quantize_int8(fp32_graph: Path, out_path: Path, calibration_frames: np.ndarray,
-                  query_embeddings: np.ndarray | None = None) -> None:
-    """fp32 step graph -> QDQ int8 graph calibrated on ``calibration_frames`` [N, B, 3, R, R]."""
+                  query_embeddings: np.ndarray | None = None, feeds: Iterator[dict] | None = None) -> None:
+    """fp32 step graph -> QDQ int8 graph calibrated on ``calibration_frames`` [N, B, 3, R, R].
+
+    ``feeds`` replaces the stream-with-state feeds for a graph with other inputs (the window graph).
+    """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    feeds = calibration_feeds(fp32_graph, calibration_frames, query_embeddings)
+    if feeds is None:
+        feeds = calibration_feeds(fp32_graph, calibration_frames, query_embeddings)
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(fp32_graph), str(prepared), skip_symbolic_shape=True)

@@ -30,26 +30,10 @@ def engine_dir(bundle: Bundle, device: DeviceInfo) -> Path:
     return bundle.root / "engines" / device.folder
 
 
-def build_engine(bundle_path: str | Path, precision: str = "fp16", workspace_mib: int = DEFAULT_WORKSPACE_MIB,
-                 log: Callable[[str], None] = print) -> Path:
-    """Build (or rebuild) the engine for this device; returns its path."""
-    if precision not in ENGINE_PRECISIONS:
-        raise UserError(f"--precision must be one of {', '.join(ENGINE_PRECISIONS)}, not {precision}")
-    if workspace_mib < 64:
-        raise UserError(f"--workspace-mib {workspace_mib} is too small; give at least 64 (default "
-                        f"{DEFAULT_WORKSPACE_MIB})")
-    bundle = load_bundle(bundle_path)
+def build_serialized_engine(graph: Path, precision: str, workspace_mib: int, cache_path: Path,
+                            log: Callable[[str], None] = print) -> tuple[bytes, float]:
+    """Parse an ONNX graph and build a serialized engine with the timing cache at ``cache_path`` (updated)."""
     trt = require_tensorrt()
-    device = current_device()
-    # int8 uses the QDQ graph; fp16 and fp32 build from the fp32 graph (TensorRT picks fp16 kernels itself).
-    graph_precision = "int8" if precision == "int8" else "fp32"
-    if graph_precision not in bundle.precisions:
-        raise UserError(f"{bundle.root} has no int8 graph; re-export with --precision int8 first")
-    graph = bundle.step_graph(graph_precision)
-    out_dir = engine_dir(bundle, device)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cache_path = out_dir / "timing.cache"
-
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     flags = 0
@@ -70,20 +54,42 @@ def build_engine(bundle_path: str | Path, precision: str = "fp16", workspace_mib
         config.set_flag(trt.BuilderFlag.INT8)  # with QDQ nodes in the graph this is explicit quantization
     cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.exists() else b"")
     config.set_timing_cache(cache, ignore_mismatch=False)
-
-    log(f"building a {precision} engine for {device.name} (sm{device.compute_capability[0]}"
-        f"{device.compute_capability[1]}, TensorRT {device.tensorrt_version}); this takes minutes ...")
     started = time.perf_counter()
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise UserError(f"TensorRT could not build an engine from {graph.name} (see its messages above); try "
                         f"a larger --workspace-mib than {workspace_mib}")
-    seconds = time.perf_counter() - started
+    cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
+    return bytes(serialized), time.perf_counter() - started
+
+
+def build_engine(bundle_path: str | Path, precision: str = "fp16", workspace_mib: int = DEFAULT_WORKSPACE_MIB,
+                 log: Callable[[str], None] = print) -> Path:
+    """Build (or rebuild) the engine for this device; returns its path."""
+    if precision not in ENGINE_PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(ENGINE_PRECISIONS)}, not {precision}")
+    if workspace_mib < 64:
+        raise UserError(f"--workspace-mib {workspace_mib} is too small; give at least 64 (default "
+                        f"{DEFAULT_WORKSPACE_MIB})")
+    bundle = load_bundle(bundle_path)
+    trt = require_tensorrt()
+    device = current_device()
+    # int8 uses the QDQ graph; fp16 and fp32 build from the fp32 graph (TensorRT picks fp16 kernels itself).
+    graph_precision = "int8" if precision == "int8" else "fp32"
+    if graph_precision not in bundle.precisions:
+        raise UserError(f"{bundle.root} has no int8 graph; re-export with --precision int8 first")
+    graph = bundle.step_graph(graph_precision)
+    out_dir = engine_dir(bundle, device)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache_path = out_dir / "timing.cache"
+
+    log(f"building a {precision} engine for {device.name} (sm{device.compute_capability[0]}"
+        f"{device.compute_capability[1]}, TensorRT {device.tensorrt_version}); this takes minutes ...")
+    serialized, seconds = build_serialized_engine(graph, precision, workspace_mib, cache_path, log)
     engine_path = out_dir / f"step.{precision}.engine"
     tmp = engine_path.with_suffix(".engine.tmp")
-    tmp.write_bytes(bytes(serialized))
+    tmp.write_bytes(serialized)
     tmp.replace(engine_path)
-    cache_path.write_bytes(bytes(config.get_timing_cache().serialize()))
     sidecar = {
         "engine": engine_path.name,
         "precision": precision,

@@ -63,17 +63,22 @@ class FrameSource:
         self.stats = SourceStats()
         self.log: Callable[[str], None] = lambda message: None
 
-    def _frames(self) -> Iterator[tuple[np.ndarray, float]]:
+    def _frames(self) -> Iterator[tuple[Callable[[], np.ndarray], float]]:
+        """(image getter, timestamp seconds): the getter runs only for frames the sampler keeps, so a file
+        source can skip colour conversion of the frames between samples."""
         raise NotImplementedError
 
     def sampled(self) -> Iterator[Frame]:
         """Frames at ``fps`` by timestamp: the first frame at or after each sample time k / fps."""
         next_time, index = 0.0, 0
         period = 1.0 / self.fps
-        for image, stamp in self._frames():
+        for get_image, stamp in self._frames():
             self.stats.read += 1
             if stamp + 1e-6 < next_time:
                 continue
+            image = get_image()
+            if image is None:  # the decoder failed on this frame: the stream ends here
+                return
             self.stats.sampled += 1
             yield Frame(image, stamp if self.live else index * period, index)
             index += 1
@@ -161,13 +166,10 @@ class VideoFileSource(FrameSource):
         native = self.native_fps if self.native_fps > 0 else 30.0
         try:
             index = 0
-            while True:
-                ok, image = capture.read()
-                if not ok:
-                    return
+            while capture.grab():  # decode only; the BGR image is made for sampled frames alone
                 stamp = capture.get(cv2.CAP_PROP_POS_MSEC) / 1000.0
                 # Some backends report 0 for every frame; fall back to the frame index over the native rate.
-                yield image, (stamp if stamp > 0 or index == 0 else index / native)
+                yield (lambda: capture.retrieve()[1]), (stamp if stamp > 0 or index == 0 else index / native)
                 index += 1
         finally:
             capture.release()
@@ -191,7 +193,7 @@ class ImageFolderSource(FrameSource):
             image = cv2.imread(str(path), cv2.IMREAD_COLOR)
             if image is None:
                 raise UserError(f"OpenCV cannot read the image {path}; remove or re-save it")
-            yield image, i / self.fps
+            yield (lambda image=image: image), i / self.fps
 
 
 class LiveSource(FrameSource):
@@ -227,7 +229,7 @@ class LiveSource(FrameSource):
             while True:
                 ok, image = capture.read() if capture is not None else (False, None)
                 if ok:
-                    yield image, time.monotonic() - start
+                    yield (lambda image=image: image), time.monotonic() - start
                     continue
                 if capture is not None:
                     capture.release()

@@ -250,6 +250,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- bench ----------------------------------------------------------------------------
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Parameters, MACs, state, latency per backend, streaming vs sliding window, scaling, batches, end to end."""
+    import dataclasses
+    from pathlib import Path
+
+    from .benchmarks.suite import QUICK, BenchConfig, run as run_bench
+
+    cfg = BenchConfig(**QUICK) if args.quick else BenchConfig()
+    changes = {k: v for k, v in (("preset", args.preset), ("window", args.window), ("repetitions", args.repetitions),
+                                 ("threads", args.threads), ("out", args.out)) if v is not None}
+    if args.no_int8:
+        changes["int8"] = False
+    cfg = dataclasses.replace(cfg, **changes)
+    if preset(cfg.preset).adapter.kind != "none":  # refuse before minutes of work
+        raise UserError(f"--preset {cfg.preset} already has an adapter; give a base preset (tiny, clip-vit-b16)")
+    print(f"benchmarking {cfg.preset} ({'quick' if args.quick else 'full'}: {cfg.repetitions} repetitions); "
+          f"results go to {cfg.out}/")
+    results, files = run_bench(cfg, log=print)
+    print()
+    print((Path(cfg.out) / "bench.md").read_text())
+    print(f"wrote {', '.join(str(f) for f in files)} in {results['seconds']:.0f} s")
+    print(f"\nnext: {PROG} export --preset {cfg.preset} --adapter qrnn --out bundles/{cfg.preset}")
+    return 0
+
+
 # --- parser -----------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -321,6 +348,23 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--plots", type=int, default=3, metavar="N", help="plot the N best and N worst queries")
     ev.add_argument("--out", default="sdqes-eval", help="folder for eval.json, eval.md, plots/ (default %(default)s)")
     ev.set_defaults(func=cmd_eval)
+
+    bench = sub.add_parser(
+        "bench", help="measure parameters, MACs, state and per-frame latency of every model form",
+        description="One table for a preset (default clip-vit-b16, random weights): backbone, each adapter and the "
+                    "sliding-window baseline, with parameters, MACs/FLOPs from the exported graph, state bytes, and "
+                    "per-frame latency p50/p90/p99 for PyTorch eager, ONNX Runtime fp32 and int8 (TensorRT fp16 "
+                    "where an NVIDIA GPU is), timed interleaved; ratios; scaling with stream length; several "
+                    "streams per step; the runtime loop against the bare step. Writes bench.json (with the "
+                    "machine), bench.md and PNG plots.")
+    bench.add_argument("--quick", action="store_true", help="tiny preset, few repetitions (what CI runs)")
+    bench.add_argument("--preset", help="base preset without adapter (default clip-vit-b16; --quick: tiny)")
+    bench.add_argument("--window", type=int, help="frames of the sliding-window baseline (default 4)")
+    bench.add_argument("--repetitions", type=int, help="timed repetitions per candidate (default 20)")
+    bench.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores)")
+    bench.add_argument("--no-int8", action="store_true", help="skip the int8 column (saves the quantization)")
+    bench.add_argument("--out", help="results folder (default bench-results)")
+    bench.set_defaults(func=cmd_bench)
 
     from .export.commands import add_parsers as add_export_parsers
 

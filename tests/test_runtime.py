@@ -211,7 +211,7 @@ class SimulatedCamera(FrameSource):
     def _frames(self):
         start = time.monotonic()
         while (now := time.monotonic() - start) < self.seconds:
-            yield self.image, now
+            yield (lambda: self.image), now
             time.sleep(1.0 / self.rate)
 
 

@@ -1,0 +1,426 @@
+"""``sdqes-edge bench``: the cost of each model form, measured side by side in one run.
+
+Sections (each a function, each adding to one JSON):
+- table: per adapter kind and for the sliding-window baseline, parameters, MACs/FLOPs (from the exported
+  graph), state bytes, per-frame latency per backend (PyTorch eager, ONNX Runtime fp32 and int8;
+  TensorRT fp16 where an NVIDIA GPU is), all timed interleaved;
+- scaling: per-frame latency and memory at the start and the end of a long stream, streaming step against a
+  window that grows with the stream;
+- batches: frames per second for several streams per step;
+- end to end: the runtime loop on a video file against the bare step.
+Random weights throughout: cost does not depend on weight values.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..config import ModelConfig, preset, with_authors_adapter
+from ..errors import UserError
+from ..export import graphs
+from ..export.complexity import count_graph
+from ..export.precision import quantize_int8
+from ..files import format_bytes
+from ..model import SDQESModel
+from ..model.init import randomize_adapters
+from ..runtime.onnxruntime_backend import OnnxRuntimeStep
+from ..runtime.preprocess import Preprocessor
+from ..sample import sample_frames
+from .timing import interleaved, machine, rss_bytes
+
+BACKENDS = ("torch", "ort_fp32", "ort_int8")
+BACKEND_TITLES = {"torch": "PyTorch eager", "ort_fp32": "ORT fp32", "ort_int8": "ORT int8", "trt_fp16": "TensorRT fp16"}
+
+
+@dataclass
+class BenchConfig:
+    preset: str = "clip-vit-b16"
+    adapters: tuple[str, ...] = ("none", "mlp", "st", "qrnn", "retnet")
+    window: int = 4
+    window_adapter: str = "qrnn"
+    repetitions: int = 20
+    warmup: int = 2
+    int8: bool = True
+    calibration_frames: int = 4  # cost does not depend on calibration quality
+    scaling_preset: str = "tiny"
+    scaling_frames: int = 2000
+    scaling_probe: int = 100  # frames timed at the start and at the end of the long stream
+    growing_window_samples: int = 10  # window recomputations timed in each probe (a window of 2000 frames is slow)
+    batches: tuple[int, ...] = (1, 2, 4, 8)
+    e2e_frames: int = 30
+    threads: int | None = None
+    out: str = "bench-results"
+
+
+QUICK = dict(preset="tiny", repetitions=5, scaling_frames=300, scaling_probe=50, growing_window_samples=5,
+             batches=(1, 2), e2e_frames=10)
+
+
+def _model(cfg: ModelConfig, seed: int = 0) -> SDQESModel:
+    return randomize_adapters(SDQESModel(cfg).eval(), seed=seed)
+
+
+def _config(base: ModelConfig, kind: str) -> ModelConfig:
+    return base if kind == "none" else with_authors_adapter(base, kind)
+
+
+def _frame(cfg: ModelConfig, batch: int = 1) -> np.ndarray:
+    pre = Preprocessor.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
+    return np.repeat(pre(sample_frames(1)[0])[None], batch, axis=0)
+
+
+def _torch_step(model: SDQESModel, frame: np.ndarray) -> Callable[[], object]:
+    state = [model.init_state(frame.shape[0])]
+    x = torch.from_numpy(frame)
+
+    def step():
+        with torch.no_grad():
+            _, state[0] = model.step(x, state[0])
+    return step
+
+
+def _ort_step(path: Path, frame: np.ndarray, threads: int | None) -> Callable[[], object]:
+    runner = OnnxRuntimeStep(path, threads=threads)
+    state = [runner.initial_state()]
+
+    def step():
+        state[0] = runner.step(frame, state[0]).state
+    return step
+
+
+def tensorrt_ready() -> bool:
+    from ..runtime.tensorrt_backend import nvidia_gpu_present
+
+    try:
+        import pycuda  # noqa: F401
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return False
+    return nvidia_gpu_present()
+
+
+def _trt_step(path: Path, model: SDQESModel, frame: np.ndarray, work: Path, log) -> Callable[[], object]:
+    from ..export.tensorrt_engine import build_serialized_engine
+    from ..runtime.tensorrt_backend import TensorRTStep
+
+    serialized, _ = build_serialized_engine(path, "fp16", 4096, work / "timing.cache", log)
+    engine = path.with_suffix(".fp16.engine")
+    engine.write_bytes(serialized)
+    runner = TensorRTStep(engine, model.state_spec(frame.shape[0]), model.cfg.embed_dim, frame.shape[-1],
+                          frame.shape[0])
+    state = [runner.initial_state()]
+
+    def step():
+        state[0] = runner.step(frame, state[0]).state
+    return step
+
+
+# --- the main table --------------------------------------------------------------------
+
+def bench_table(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
+    base = preset(cfg.preset)
+    frame = _frame(base)
+    candidates: dict[str, Callable[[], object]] = {}
+    rows: dict[str, dict] = {}
+    for kind in cfg.adapters:
+        mcfg = _config(base, kind)
+        model = _model(mcfg)
+        log(f"exporting {mcfg.name} ...")
+        path = work / f"{kind}.onnx"
+        graphs.export_step_graph(model, path)
+        counted = count_graph(path)
+        tower = sum(p.numel() for n, p in model.visual.named_parameters() if ".adapter" not in n)
+        rows[kind] = {"form": "streaming step", "parameters": counted.parameters,
+                      "adapter_parameters": counted.parameters - tower, "macs": counted.macs, "flops": counted.flops,
+                      "state_bytes": model.state_spec(1).nbytes}
+        candidates[f"{kind}/torch"] = _torch_step(model, frame)
+        candidates[f"{kind}/ort_fp32"] = _ort_step(path, frame, cfg.threads)
+        if tensorrt_ready():
+            candidates[f"{kind}/trt_fp16"] = _trt_step(path, model, frame, work, log)
+        if cfg.int8:
+            log(f"quantizing {mcfg.name} to int8 ...")
+            quantize_int8(path, work / f"{kind}.int8.onnx", np.repeat(frame[None], cfg.calibration_frames, 0))
+            candidates[f"{kind}/ort_int8"] = _ort_step(work / f"{kind}.int8.onnx", frame, cfg.threads)
+
+    # The sliding-window baseline: the window form over the last W frames, recomputed every frame.
+    name = f"window{cfg.window}"
+    mcfg = _config(base, cfg.window_adapter)
+    model = _model(mcfg)
+    log(f"exporting the {cfg.window}-frame sliding window ({mcfg.name}) ...")
+    path = work / f"{name}.onnx"
+    graphs.export_window_graph(model, path, window=cfg.window)
+    counted = count_graph(path)
+    window_frames = np.repeat(frame[:, None], cfg.window, axis=1)  # [1, W, 3, R, R]
+    tower = sum(p.numel() for n, p in model.visual.named_parameters() if ".adapter" not in n)
+    rows[name] = {"form": f"{cfg.window}-frame sliding window ({cfg.window_adapter})", "parameters": counted.parameters,
+                  "adapter_parameters": counted.parameters - tower, "macs": counted.macs, "flops": counted.flops,
+                  "state_bytes": int(window_frames.nbytes)}  # it keeps the last W frames instead of a state
+    x = torch.from_numpy(window_frames)
+
+    def torch_window():
+        with torch.no_grad():
+            model.forward_clip(x)
+    candidates[f"{name}/torch"] = torch_window
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if cfg.threads:
+        options.intra_op_num_threads = cfg.threads
+    window_session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    candidates[f"{name}/ort_fp32"] = lambda: window_session.run(None, {"frames": window_frames})
+    if cfg.int8:
+        log("quantizing the sliding window to int8 ...")
+        feeds = iter([{"frames": window_frames}] * cfg.calibration_frames)
+        quantize_int8(path, work / f"{name}.int8.onnx", window_frames, feeds=feeds)
+        window_int8 = ort.InferenceSession(str(work / f"{name}.int8.onnx"), options, providers=["CPUExecutionProvider"])
+        candidates[f"{name}/ort_int8"] = lambda: window_int8.run(None, {"frames": window_frames})
+
+    log(f"timing {len(candidates)} candidates x {cfg.repetitions} repetitions, interleaved ...")
+    timings = interleaved(candidates, cfg.repetitions, cfg.warmup, progress=log)
+    for key, timing in timings.items():
+        row, backend = key.split("/")
+        rows[row].setdefault("latency", {})[backend] = timing.to_dict()
+
+    def p50(row: str, backend: str) -> float | None:
+        return rows.get(row, {}).get("latency", {}).get(backend, {}).get("p50_ms")
+
+    ratios = {}
+    stream_row = cfg.window_adapter if cfg.window_adapter in rows else None
+    for backend in BACKENDS:
+        if stream_row and p50(name, backend) and p50(stream_row, backend):
+            ratios[f"window{cfg.window} / streaming {stream_row} ({backend})"] = p50(name, backend) / p50(stream_row, backend)
+    for kind in cfg.adapters:
+        if kind != "none" and "none" in rows:
+            ratios[f"{kind} / backbone (ort_fp32)"] = p50(kind, "ort_fp32") / p50("none", "ort_fp32")
+    for row in rows:
+        ratios[f"{row}: torch / ort_fp32"] = p50(row, "torch") / p50(row, "ort_fp32")
+        if p50(row, "ort_int8"):
+            ratios[f"{row}: ort_fp32 / ort_int8"] = p50(row, "ort_fp32") / p50(row, "ort_int8")
+    return {"rows": rows, "ratios": ratios}
+
+
+# --- scaling with stream length ---------------------------------------------------------
+
+def bench_scaling(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
+    """Streaming step over a long stream against recomputing a window that holds the whole stream so far."""
+    mcfg = _config(preset(cfg.scaling_preset), cfg.window_adapter)
+    model = _model(mcfg)
+    n, probe = cfg.scaling_frames, cfg.scaling_probe
+    frames = torch.from_numpy(_frame(mcfg))  # [1, 3, R, R]
+    log(f"streaming {n} frames through {mcfg.name} ...")
+    state = model.init_state(1)
+    step_ms, step_rss = [], []
+    with torch.no_grad():
+        for t in range(n):
+            start = time.perf_counter()
+            _, state = model.step(frames, state)
+            step_ms.append((time.perf_counter() - start) * 1e3)
+            step_rss.append(rss_bytes())
+    early, late = np.median(step_ms[:probe]), np.median(step_ms[n - probe:])
+    rss_early, rss_late = np.median(step_rss[:probe]), np.median(step_rss[n - probe:])
+
+    log(f"recomputing a growing window at frames 1-{probe} and {n - probe + 1}-{n} (sampled) ...")
+    window_points = []
+    sample_ts = sorted(set(np.linspace(1, probe, cfg.growing_window_samples, dtype=int).tolist()
+                           + np.linspace(n - probe + 1, n, cfg.growing_window_samples, dtype=int).tolist()))
+    with torch.no_grad():
+        for t in sample_ts:
+            window = frames[:, None].expand(1, t, *frames.shape[1:]).contiguous()
+            before = rss_bytes()
+            start = time.perf_counter()
+            model.forward_clip(window)
+            window_points.append((t, (time.perf_counter() - start) * 1e3, max(rss_bytes(), before)))
+            del window
+    w_early = np.median([ms for t, ms, _ in window_points if t <= probe])
+    w_late = np.median([ms for t, ms, _ in window_points if t > n - probe])
+    return {"preset": mcfg.name, "frames": n, "probe": probe,
+            "streaming": {"early_ms": float(early), "late_ms": float(late), "late_over_early": float(late / early),
+                          "rss_early": int(rss_early), "rss_late": int(rss_late),
+                          "per_frame_ms": [float(x) for x in step_ms]},
+            "growing_window": {"early_ms": float(w_early), "late_ms": float(w_late),
+                               "late_over_early": float(w_late / w_early),
+                               "points": [{"frames": t, "ms": ms, "rss": r} for t, ms, r in window_points]}}
+
+
+# --- several streams per step ---------------------------------------------------------------
+
+def bench_batches(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
+    mcfg = _config(preset(cfg.preset), cfg.window_adapter)
+    model = _model(mcfg)
+    candidates = {}
+    for b in cfg.batches:
+        log(f"exporting {mcfg.name} at batch {b} ...")
+        path = work / f"batch{b}.onnx"
+        graphs.export_step_graph(model, path, batch=b)
+        candidates[str(b)] = _ort_step(path, _frame(mcfg, b), cfg.threads)
+    timings = interleaved(candidates, max(3, cfg.repetitions // 2), cfg.warmup)
+    return {"preset": mcfg.name, "backend": "ort_fp32",
+            "batches": {b: {"step_ms": t.median, "streams_fps": int(b) * 1000.0 / t.median}
+                        for b, t in timings.items()}}
+
+
+# --- the runtime loop against the bare step ----------------------------------------------------
+
+def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
+    import cv2
+
+    from ..export import ExportOptions, export_bundle
+    from ..runtime.detector import StreamingDetector
+    from ..runtime.sources import open_source
+
+    mcfg = _config(preset(cfg.preset), cfg.window_adapter)
+    bundle = work / "bundle"
+    log(f"exporting a {mcfg.name} bundle for the end-to-end loop ...")
+    export_bundle(_model(mcfg), bundle, ExportOptions(verify_frames=16, show_progress=False), log=lambda m: None)
+    video = work / "stream.mp4"
+    frames = sample_frames(cfg.e2e_frames * 10, 360, 640)  # 10 fps video, sampled at the bundle's 1 fps
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (640, 360))
+    for f in frames:
+        writer.write(f)
+    writer.release()
+
+    def loop() -> float:
+        detector = StreamingDetector(bundle, threads=cfg.threads)
+        detector.add_query("When I start to clean or wipe the table, remind me to sanitize my hands.")
+        start = time.perf_counter()
+        steps = sum(1 for _ in detector.run(open_source(str(video), detector.fps)))
+        return (time.perf_counter() - start) * 1e3 / steps
+
+    pre = Preprocessor.from_description(mcfg.vision.image_size, mcfg.to_dict()["preprocess"])
+    inputs = pre.batch(frames[::10])[:, None]  # the same sampled frames, preprocessed beforehand
+
+    def bare() -> float:
+        runner = OnnxRuntimeStep(bundle / "step.fp32.onnx", threads=cfg.threads)
+        state = runner.initial_state()
+        start = time.perf_counter()
+        for x in inputs:
+            state = runner.step(x, state).state
+        return (time.perf_counter() - start) * 1e3 / len(inputs)
+
+    log("timing the runtime loop against the bare step (alternating) ...")
+    loop_ms, bare_ms = [], []
+    for _ in range(3):
+        loop_ms.append(loop())
+        bare_ms.append(bare())
+    lm, bm = float(np.median(loop_ms)), float(np.median(bare_ms))
+    return {"preset": mcfg.name, "video": "640x360 mp4 at 10 fps, sampled at 1 fps", "frames": len(inputs),
+            "loop_ms_per_frame": lm, "bare_step_ms_per_frame": bm, "overhead": lm / bm - 1.0}
+
+
+# --- reports -----------------------------------------------------------------------------------
+
+def markdown(results: dict) -> str:
+    table = results["table"]
+    backends = [b for b in (*BACKENDS, "trt_fp16") if any(b in r.get("latency", {}) for r in table["rows"].values())]
+    head = ["model", "form", "params", "adapter params", "GMACs/frame", "GFLOPs/frame", "state/stream"]
+    head += [f"{BACKEND_TITLES[b]} p50/p90/p99 ms" for b in backends] + ["fps (ORT fp32)"]
+    lines = [f"# sdqes-edge bench: {results['config']['preset']}", "",
+             f"{results['machine']['cpu']}, {results['machine']['cores']} cores; torch "
+             f"{results['machine']['torch']}, onnxruntime {results['machine']['onnxruntime']}. "
+             f"{results['config']['repetitions']} interleaved repetitions per candidate, warm-up discarded, batch 1.",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, row in table["rows"].items():
+        cells = [name, row["form"], f"{row['parameters'] / 1e6:.2f}M", f"{row['adapter_parameters'] / 1e6:.2f}M",
+                 f"{row['macs'] / 1e9:.3g}", f"{row['flops'] / 1e9:.3g}", format_bytes(row["state_bytes"])]
+        for b in backends:
+            lat = row.get("latency", {}).get(b)
+            cells.append(f"{lat['p50_ms']:.1f} / {lat['p90_ms']:.1f} / {lat['p99_ms']:.1f}" if lat else "-")
+        fps = row.get("latency", {}).get("ort_fp32", {}).get("fps")
+        cells.append(f"{fps:.1f}" if fps else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    if "trt_fp16" not in backends:
+        lines += ["", "TensorRT rows: not measured (no NVIDIA GPU with TensorRT on this machine)."]
+    lines += ["", "## Ratios (medians of the same interleaved run)", ""]
+    lines += [f"- {k}: **{v:.2f}x**" for k, v in table["ratios"].items()]
+    sc = results["scaling"]
+    lines += ["", f"## Scaling with stream length ({sc['preset']}, PyTorch eager)", "",
+              f"- streaming step: frames 1-{sc['probe']} {sc['streaming']['early_ms']:.2f} ms, frames "
+              f"{sc['frames'] - sc['probe'] + 1}-{sc['frames']} {sc['streaming']['late_ms']:.2f} ms "
+              f"(**{sc['streaming']['late_over_early']:.3f}x**); memory {format_bytes(sc['streaming']['rss_early'])} -> "
+              f"{format_bytes(sc['streaming']['rss_late'])}",
+              f"- window over the whole stream so far: {sc['growing_window']['early_ms']:.1f} ms -> "
+              f"{sc['growing_window']['late_ms']:.1f} ms (**{sc['growing_window']['late_over_early']:.1f}x**)"]
+    ba = results["batches"]
+    lines += ["", f"## Several streams per step ({ba['preset']}, ORT fp32)", "",
+              "| streams | step ms | streams x frames/s |", "|---|---|---|"]
+    lines += [f"| {b} | {v['step_ms']:.1f} | {v['streams_fps']:.1f} |" for b, v in ba["batches"].items()]
+    e2e = results["end_to_end"]
+    lines += ["", f"## End to end ({e2e['preset']}, {e2e['video']})", "",
+              f"- runtime loop (decode, preprocess, step, score, alert): {e2e['loop_ms_per_frame']:.1f} ms/frame; "
+              f"bare step: {e2e['bare_step_ms_per_frame']:.1f} ms/frame; overhead **{100 * e2e['overhead']:.1f}%**"]
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict, out: Path) -> list[Path]:
+    from ..eval_plots import _pyplot
+
+    plt = _pyplot()
+    written = []
+    sc = results["scaling"]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.5), dpi=100)
+    ax[0].plot(np.arange(1, sc["frames"] + 1), sc["streaming"]["per_frame_ms"], lw=0.6, label="streaming step")
+    pts = sc["growing_window"]["points"]
+    ax[0].plot([p["frames"] for p in pts], [p["ms"] for p in pts], "o-", label="window over the stream so far")
+    ax[0].set_xlabel("frame index")
+    ax[0].set_ylabel("ms per frame")
+    ax[0].set_yscale("log")
+    ax[0].legend(fontsize=8)
+    ax[0].set_title(f"latency ({sc['preset']})", fontsize=9)
+    ax[1].plot([p["frames"] for p in pts], [p["rss"] / 2**20 for p in pts], "o-", label="window")
+    ax[1].axhline(sc["streaming"]["rss_late"] / 2**20, color="tab:blue", ls="--", label="streaming (end)")
+    ax[1].set_xlabel("frame index")
+    ax[1].set_ylabel("process memory (MiB)")
+    ax[1].legend(fontsize=8)
+    ax[1].set_title("memory", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "scaling.png")
+    plt.close(fig)
+    written.append(out / "scaling.png")
+
+    rows = results["table"]["rows"]
+    fig, ax = plt.subplots(figsize=(9, 3.5), dpi=100)
+    names = list(rows)
+    width = 0.25
+    for i, backend in enumerate(BACKENDS):
+        values = [rows[n].get("latency", {}).get(backend, {}).get("p50_ms", np.nan) for n in names]
+        ax.bar(np.arange(len(names)) + (i - 1) * width, values, width, label=BACKEND_TITLES[backend])
+    ax.set_xticks(np.arange(len(names)), names)
+    ax.set_ylabel("p50 ms per frame")
+    ax.set_title(f"per-frame latency, {results['config']['preset']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "latency.png")
+    plt.close(fig)
+    written.append(out / "latency.png")
+    return written
+
+
+def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, list[Path]]:
+    if cfg.window < 2:
+        raise UserError(f"--window must be at least 2 frames, not {cfg.window}")
+    if cfg.repetitions < 3:
+        raise UserError(f"--repetitions must be at least 3 for percentiles, not {cfg.repetitions}")
+    if cfg.scaling_probe * 2 > cfg.scaling_frames:
+        raise UserError("the scaling stream must hold two probes: --scaling-frames >= 2 x probe")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results: dict = {"config": asdict(cfg), "machine": machine()}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        results["table"] = bench_table(cfg, work, log)
+        results["scaling"] = bench_scaling(cfg, log)
+        results["batches"] = bench_batches(cfg, work, log)
+        results["end_to_end"] = bench_end_to_end(cfg, work, log)
+    results["seconds"] = time.perf_counter() - started
+    (out / "bench.json").write_text(json.dumps(results, indent=2))
+    (out / "bench.md").write_text(markdown(results))
+    return results, [out / "bench.json", out / "bench.md", *plots(results, out)]

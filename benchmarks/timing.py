@@ -1,0 +1,75 @@
+"""Side-by-side timing: candidates interleaved repetition by repetition, warm-up discarded, medians.
+
+Interleaving puts every candidate under the same machine conditions (thermal
+state, other processes), so their ratios mean something even on a noisy machine.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class Timing:
+    samples_ms: np.ndarray
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.samples_ms, q))
+
+    @property
+    def median(self) -> float:
+        return self.percentile(50)
+
+    def to_dict(self) -> dict:
+        return {"p50_ms": self.percentile(50), "p90_ms": self.percentile(90), "p99_ms": self.percentile(99),
+                "fps": 1000.0 / self.median if self.median > 0 else None, "repetitions": len(self.samples_ms)}
+
+
+def interleaved(candidates: dict[str, Callable[[], object]], repetitions: int, warmup: int = 2,
+                progress: Callable[[str], None] | None = None) -> dict[str, Timing]:
+    """Time each candidate ``repetitions`` times, rotating the order each round."""
+    names = list(candidates)
+    for _ in range(warmup):
+        for name in names:
+            candidates[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(repetitions):
+        order = names[rep % len(names):] + names[: rep % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            candidates[name]()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+        if progress and (rep + 1) % max(1, repetitions // 5) == 0:
+            progress(f"  repetition {rep + 1}/{repetitions}")
+    return {name: Timing(np.asarray(v)) for name, v in samples.items()}
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def machine() -> dict:
+    import cv2
+    import onnxruntime
+    import torch
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "onnxruntime": onnxruntime.__version__,
+            "opencv": cv2.__version__, "numpy": np.__version__, "platform": platform.platform()}
