@@ -8,7 +8,27 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin=${PYTHON:-python3.11}
 extras="export,runtime,eval"
-if [ "${1:-}" = "--dev" ]; then extras="$extras,dev"; fi
+dev=0
+if [ "${1:-}" = "--dev" ]; then extras="$extras,dev"; dev=1; fi
+
+# The native (C++) runtime's build and tests need these from the system's packages; where they cannot be
+# installed (not root, no apt) the native tests are skipped with the reason.
+if [ "$dev" = 1 ]; then
+  need=()
+  for pkg in cmake g++ pkg-config libopencv-dev nlohmann-json3-dev libssl-dev libgtest-dev; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "setup: installing native build dependencies: ${need[*]}" >&2
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+          "${need[@]}"; } >/dev/null 2>&1 \
+        || echo "setup: warning: could not install ${need[*]}; the native tests will be skipped" >&2
+    else
+      echo "setup: note: the native tests need ${need[*]} (apt-get as root); they will be skipped" >&2
+    fi
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv with $python_bin" >&2
   "$python_bin" -m venv .venv

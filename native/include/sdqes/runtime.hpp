@@ -1,0 +1,131 @@
+// sdqes native runtime: the C++ side of the bundle contract (DESIGN.md section 3).
+//
+// Reads the bundle the Python exporter writes, validates it exactly as runtime/bundle.py does, and
+// reproduces the Python runtime's preprocessing, scoring and alert policy, so a robot without
+// Python behaves like `sdqes-edge run`. Shared test vectors (tests/vectors/) keep the two in step.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <opencv2/core.hpp>
+
+namespace sdqes {
+
+// A problem with the user's input: printed as one line, never a crash.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+constexpr int kBundleFormatVersion = 1;
+constexpr const char* kBundleFormat = "sdqes-edge-bundle";
+constexpr const char* kStateInputPrefix = "state_in.";
+constexpr const char* kStateOutputPrefix = "state_out.";
+
+struct StateTensor {
+  std::string name;               // where it lives, e.g. "block03.adapter1.qrnn0_h"
+  std::vector<int64_t> shape;     // batch first
+  std::string dtype = "float32";
+  float initial_value = 0.0f;
+
+  int64_t elements() const;
+  size_t bytes() const { return static_cast<size_t>(elements()) * sizeof(float); }
+  std::string input_name() const { return kStateInputPrefix + name; }
+  std::string output_name() const { return kStateOutputPrefix + name; }
+};
+
+struct Preprocess {
+  std::array<double, 3> mean{};  // double, as the Python runtime normalizes in float64
+  std::array<double, 3> std{};
+  bool resize_shorter_side = true;
+  bool center_crop = true;
+};
+
+struct Bundle {
+  std::filesystem::path root;
+  nlohmann::json manifest;
+  int image_size = 0;
+  int embed_dim = 0;
+  int batch = 1;
+  double fps = 1.0;
+  double default_threshold = 0.5;
+  Preprocess preprocess;
+  std::vector<StateTensor> state;
+
+  std::vector<std::string> precisions() const;
+  std::filesystem::path step_graph(const std::string& precision) const;
+};
+
+// Opens and validates a bundle directory (schema, format version, listed files, sha256, state wiring).
+Bundle load_bundle(const std::filesystem::path& root, bool verify_hashes = true);
+std::string sha256_file(const std::filesystem::path& path);
+std::vector<StateTensor> parse_state_spec(const nlohmann::json& items);
+
+// Pre-encoded queries shipped in the bundle: texts, alert messages and embeddings [Q, E].
+struct QueryTable {
+  std::vector<std::string> texts, messages;
+  std::vector<float> embeddings;  // row-major [Q, E]
+  int dim = 0;
+};
+QueryTable load_queries(const Bundle& bundle);
+
+// One BGR uint8 frame -> normalized float32 [3, R, R] (CHW), as runtime/preprocess.py does.
+std::vector<float> preprocess(const cv::Mat& bgr, int image_size, const Preprocess& p);
+
+// p = sigmoid(cos) for embedding [E] against queries [Q, E].
+std::vector<float> probabilities(const float* embedding, const QueryTable& queries);
+
+struct AlertPolicy {
+  double threshold = 0.5;
+  std::optional<double> exit_threshold;  // hysteresis
+  double cooldown_s = 0.0;
+  std::optional<int> max_alerts;
+  void validate() const;
+};
+
+// The rising-edge rule with hysteresis, cooldown and max-k, frame by frame (runtime/alerts.py).
+class AlertState {
+ public:
+  explicit AlertState(AlertPolicy policy);
+  bool update(double p, double stream_time);
+  void reset();
+
+ private:
+  AlertPolicy policy_;
+  bool active_ = false;
+  int alerts_ = 0;
+  double last_alert_time_;
+};
+
+struct AlertEvent {
+  std::string query_id, query, message, stream;
+  double stream_time = 0.0;
+  int64_t frame_index = 0;
+  double score = 0.0, cosine = 0.0, latency_ms = 0.0;
+  nlohmann::json to_json() const;
+};
+
+// Appends one JSON object per line, flushed and synced per event (a crash loses nothing alerted).
+class JsonlSink {
+ public:
+  explicit JsonlSink(const std::filesystem::path& path);
+  ~JsonlSink();
+  JsonlSink(const JsonlSink&) = delete;
+  JsonlSink& operator=(const JsonlSink&) = delete;
+  void write(const AlertEvent& event);
+
+ private:
+  std::FILE* file_;
+};
+
+// The engine for `precision` under engines/<device>/ (any device when `device_folder` is empty).
+std::filesystem::path find_engine(const Bundle& bundle, const std::string& precision,
+                                  const std::string& device_folder = "");
+
+}  // namespace sdqes

@@ -1,0 +1,29 @@
+// TensorRT backend (compiled only where CMake finds TensorRT and CUDA): two device state buffer sets,
+// swapped every frame, so a state input and its output are never the same buffer.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "sdqes/runtime.hpp"
+
+namespace sdqes {
+
+class TensorRTStep {
+ public:
+  TensorRTStep(const std::filesystem::path& engine, const Bundle& bundle);
+  ~TensorRTStep();
+  TensorRTStep(const TensorRTStep&) = delete;
+  TensorRTStep& operator=(const TensorRTStep&) = delete;
+
+  // frame: [B, 3, R, R] floats; returns the embeddings [B, E]; the state stays on the device.
+  const std::vector<float>& step(const std::vector<float>& frame);
+  void reset();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sdqes

@@ -1,0 +1,187 @@
+// Bundle reading and validation: the C++ twin of runtime/bundle.py.
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include <openssl/evp.h>
+
+#include "sdqes/runtime.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace sdqes {
+namespace {
+
+std::string reexport_hint(const fs::path& root) {
+  return "re-export it (sdqes-edge export ... --out " + root.string() + ")";
+}
+
+const json& require(const json& object, const char* key, const fs::path& manifest) {
+  if (!object.is_object() || !object.contains(key)) {
+    throw Error(manifest.string() + " is malformed: missing '" + key + "'; " +
+                reexport_hint(manifest.parent_path()));
+  }
+  return object.at(key);
+}
+
+}  // namespace
+
+int64_t StateTensor::elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string sha256_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read " + path.string());
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  std::vector<char> buffer(1 << 20);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    EVP_DigestUpdate(ctx, buffer.data(), static_cast<size_t>(in.gcount()));
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_DigestFinal_ex(ctx, digest, &length);
+  EVP_MD_CTX_free(ctx);
+  std::ostringstream hex;
+  for (unsigned int i = 0; i < length; ++i) hex << std::hex << std::setw(2) << std::setfill('0') << int(digest[i]);
+  return hex.str();
+}
+
+std::vector<StateTensor> parse_state_spec(const json& items) {
+  std::vector<StateTensor> out;
+  for (const json& item : items) {
+    StateTensor t;
+    t.name = item.at("name").get<std::string>();
+    t.shape = item.at("shape").get<std::vector<int64_t>>();
+    t.dtype = item.value("dtype", std::string("float32"));
+    t.initial_value = item.value("initial_value", 0.0f);
+    if (t.dtype != "float32") throw Error("state tensor " + t.name + " has dtype " + t.dtype + "; expected float32");
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::vector<std::string> Bundle::precisions() const {
+  std::vector<std::string> out;
+  for (const char* p : {"fp32", "fp16", "int8"}) {
+    if (manifest["graphs"]["step"].contains(p)) out.emplace_back(p);
+  }
+  return out;
+}
+
+fs::path Bundle::step_graph(const std::string& precision) const {
+  const json& step = manifest["graphs"]["step"];
+  if (!step.contains(precision)) {
+    throw Error(root.string() + " has no " + precision + " step graph; re-export with --precision " + precision);
+  }
+  return root / step[precision]["file"].get<std::string>();
+}
+
+Bundle load_bundle(const fs::path& root, bool verify_hashes) {
+  const fs::path manifest_path = root / "manifest.json";
+  if (!fs::is_directory(root)) {
+    throw Error("bundle " + root.string() + " does not exist; make one with `sdqes-edge export --out " +
+                root.string() + "`");
+  }
+  if (!fs::is_regular_file(manifest_path)) {
+    throw Error(root.string() + " has no manifest.json, so it is not a finished bundle; " + reexport_hint(root));
+  }
+  Bundle b;
+  b.root = root;
+  try {
+    std::ifstream in(manifest_path);
+    b.manifest = json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(manifest_path.string() + " is not valid JSON (" + std::string(e.what()) + "); " + reexport_hint(root));
+  }
+  const json& m = b.manifest;
+  try {
+    if (require(m, "format", manifest_path).get<std::string>() != kBundleFormat) {
+      throw Error(manifest_path.string() + " is not an sdqes-edge bundle manifest; " + reexport_hint(root));
+    }
+    const int version = require(m, "format_version", manifest_path).get<int>();
+    if (version > kBundleFormatVersion) {
+      throw Error(root.string() + " uses bundle format " + std::to_string(version) +
+                  ", newer than this runtime reads (" + std::to_string(kBundleFormatVersion) +
+                  "); upgrade sdqes-edge");
+    }
+    b.image_size = require(m, "image_size", manifest_path).get<int>();
+    b.embed_dim = require(m, "embed_dim", manifest_path).get<int>();
+    b.batch = require(m, "batch", manifest_path).get<int>();
+    b.fps = require(m, "fps", manifest_path).get<double>();
+    b.default_threshold = require(require(m, "thresholds", manifest_path), "default", manifest_path).get<double>();
+    const json& pre = require(m, "preprocess", manifest_path);
+    for (int c = 0; c < 3; ++c) {
+      b.preprocess.mean[c] = pre.at("mean").at(c).get<double>();
+      b.preprocess.std[c] = pre.at("std").at(c).get<double>();
+    }
+    b.preprocess.resize_shorter_side = pre.value("resize_shorter_side", true);
+    b.preprocess.center_crop = pre.value("center_crop", true);
+    b.state = parse_state_spec(require(m, "state", manifest_path));
+    require(require(m, "graphs", manifest_path), "step", manifest_path);
+    require(m, "files", manifest_path);
+  } catch (const json::exception& e) {
+    throw Error(manifest_path.string() + " is malformed (" + std::string(e.what()) + "); " + reexport_hint(root));
+  }
+  // Every file the manifest uses is listed with a hash, and every listed file exists (and matches).
+  for (auto& [precision, entry] : m["graphs"]["step"].items()) {
+    const std::string file = entry.at("file").get<std::string>();
+    if (!m["files"].contains(file)) {
+      throw Error("manifest.json of " + root.string() + " uses " + file + " but lists no sha256 for it; " +
+                  reexport_hint(root));
+    }
+  }
+  for (auto& [name, entry] : m["files"].items()) {
+    const fs::path path = root / name;
+    if (!fs::is_regular_file(path)) throw Error(path.string() + " is missing from the bundle; " + reexport_hint(root));
+    if (verify_hashes && sha256_file(path) != entry.at("sha256").get<std::string>()) {
+      throw Error(path.string() + " does not match the sha256 in manifest.json (corrupted or changed after export); " +
+                  reexport_hint(root));
+    }
+  }
+  // State wiring: every step graph takes and gives exactly the spec's tensors, in its order.
+  for (auto& [precision, entry] : m["graphs"]["step"].items()) {
+    std::vector<std::string> ins, outs;
+    for (const json& n : entry.at("inputs")) {
+      const auto s = n.get<std::string>();
+      if (s.rfind(kStateInputPrefix, 0) == 0) ins.push_back(s);
+    }
+    for (const json& n : entry.at("outputs")) {
+      const auto s = n.get<std::string>();
+      if (s.rfind(kStateOutputPrefix, 0) == 0) outs.push_back(s);
+    }
+    bool same = ins.size() == b.state.size() && outs.size() == b.state.size();
+    for (size_t i = 0; same && i < b.state.size(); ++i) {
+      same = ins[i] == b.state[i].input_name() && outs[i] == b.state[i].output_name();
+    }
+    if (!same) {
+      throw Error("the " + precision + " step graph's state inputs/outputs disagree with the state spec in "
+                  "manifest.json; " + reexport_hint(root));
+    }
+  }
+  return b;
+}
+
+fs::path find_engine(const Bundle& bundle, const std::string& precision, const std::string& device_folder) {
+  const fs::path engines = bundle.root / "engines";
+  const std::string file = "step." + precision + ".engine";
+  if (!device_folder.empty()) {
+    const fs::path path = engines / device_folder / file;
+    if (fs::is_regular_file(path)) return path;
+  } else if (fs::is_directory(engines)) {
+    for (const auto& dir : fs::directory_iterator(engines)) {
+      if (fs::is_regular_file(dir.path() / file)) return dir.path() / file;
+    }
+  }
+  throw Error(bundle.root.string() + " has no " + precision + " TensorRT engine" +
+              (device_folder.empty() ? "" : " for " + device_folder) +
+              "; build one on the device: sdqes-edge build-engine " + bundle.root.string() + " --precision " +
+              precision);
+}
+
+}  // namespace sdqes

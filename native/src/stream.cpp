@@ -1,0 +1,223 @@
+// Preprocessing, scoring, alert policy and the JSONL sink: twins of runtime/preprocess.py, alerts.py, sinks.py.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+
+#include <unistd.h>
+
+#include "sdqes/runtime.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace sdqes {
+
+namespace {
+
+// PIL's bicubic kernel (a = -0.5), as runtime/preprocess.py.
+double bicubic(double x) {
+  constexpr double a = -0.5;
+  x = std::fabs(x);
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+  if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+  return 0.0;
+}
+
+// Output o = sum_k input[start[o] + k] * weights[o * taps + k] (runtime/preprocess.py resize_coefficients).
+struct Coefficients {
+  int taps = 0;
+  std::vector<int> start;
+  std::vector<double> weights;
+};
+
+Coefficients coefficients(int in_size, int out_size) {
+  const double scale = static_cast<double>(in_size) / out_size;
+  const double filter_scale = std::max(scale, 1.0);
+  const double support = 2.0 * filter_scale;
+  Coefficients c;
+  c.taps = std::min(static_cast<int>(std::ceil(support)) * 2 + 1, in_size);
+  c.start.resize(out_size);
+  c.weights.assign(static_cast<size_t>(out_size) * c.taps, 0.0);
+  for (int o = 0; o < out_size; ++o) {
+    const double center = (o + 0.5) * scale;
+    const int first = std::max(static_cast<int>(center - support + 0.5), 0);
+    const int last = std::min(static_cast<int>(center + support + 0.5), in_size);
+    std::vector<double> w(static_cast<size_t>(last - first));
+    double total = 0.0;
+    for (int i = 0; i < last - first; ++i) total += (w[i] = bicubic((i + first - center + 0.5) / filter_scale));
+    const int start = std::min(first, in_size - c.taps);
+    c.start[o] = start;
+    for (int i = 0; i < last - first; ++i) c.weights[static_cast<size_t>(o) * c.taps + (first - start) + i] = w[i] / total;
+  }
+  return c;
+}
+
+}  // namespace
+
+std::vector<float> preprocess(const cv::Mat& bgr, int size, const Preprocess& p) {
+  if (bgr.empty() || bgr.channels() != 3 || bgr.depth() != CV_8U) {
+    throw Error("expected a colour uint8 frame [H, W, 3]");
+  }
+  const int h = bgr.rows, w = bgr.cols;
+  int new_h = size, new_w = size;
+  if (p.resize_shorter_side) {
+    // torchvision: the shorter side becomes `size`, the longer one int(size * long / short).
+    if (h <= w) {
+      new_w = static_cast<int>(static_cast<double>(size) * w / h);
+    } else {
+      new_h = static_cast<int>(static_cast<double>(size) * h / w);
+    }
+  }
+  int top = 0, left = 0, out_h = new_h, out_w = new_w;
+  if (p.center_crop) {
+    // Python's round() rounds halves to even, as nearbyint does in the default rounding mode.
+    top = static_cast<int>(std::nearbyint((new_h - size) / 2.0));
+    left = static_cast<int>(std::nearbyint((new_w - size) / 2.0));
+    out_h = out_w = size;
+  }
+  // [rows, cols, 3] in double: horizontal pass on the kept columns, then vertical on the kept rows.
+  std::vector<double> out(static_cast<size_t>(out_h) * out_w * 3);
+  if (new_h == h && new_w == w) {
+    for (int y = 0; y < out_h; ++y)
+      for (int x = 0; x < out_w; ++x)
+        for (int c = 0; c < 3; ++c)
+          out[(static_cast<size_t>(y) * out_w + x) * 3 + c] = bgr.ptr<cv::Vec3b>(top + y)[left + x][c];
+  } else {
+    const Coefficients cx = coefficients(w, new_w), cy = coefficients(h, new_h);
+    std::vector<double> horizontal(static_cast<size_t>(h) * out_w * 3);
+    for (int y = 0; y < h; ++y) {
+      const cv::Vec3b* row = bgr.ptr<cv::Vec3b>(y);
+      for (int x = 0; x < out_w; ++x) {
+        const int o = left + x;
+        const double* wk = &cx.weights[static_cast<size_t>(o) * cx.taps];
+        for (int c = 0; c < 3; ++c) {
+          double acc = 0.0;
+          for (int k = 0; k < cx.taps; ++k) acc += row[cx.start[o] + k][c] * wk[k];
+          horizontal[(static_cast<size_t>(y) * out_w + x) * 3 + c] = std::clamp(acc, 0.0, 255.0);
+        }
+      }
+    }
+    for (int y = 0; y < out_h; ++y) {
+      const int o = top + y;
+      const double* wk = &cy.weights[static_cast<size_t>(o) * cy.taps];
+      for (int x = 0; x < out_w; ++x) {
+        for (int c = 0; c < 3; ++c) {
+          double acc = 0.0;
+          for (int k = 0; k < cy.taps; ++k) acc += horizontal[((static_cast<size_t>(cy.start[o]) + k) * out_w + x) * 3 + c] * wk[k];
+          out[(static_cast<size_t>(y) * out_w + x) * 3 + c] = std::clamp(acc, 0.0, 255.0);
+        }
+      }
+    }
+  }
+  std::vector<float> chw(static_cast<size_t>(3) * out_h * out_w);
+  for (int y = 0; y < out_h; ++y)
+    for (int x = 0; x < out_w; ++x)
+      for (int c = 0; c < 3; ++c) {  // BGR -> RGB, then (x / 255 - mean) / std in double, as numpy does
+        const double value = out[(static_cast<size_t>(y) * out_w + x) * 3 + (2 - c)] / 255.0;
+        chw[(static_cast<size_t>(c) * out_h + y) * out_w + x] = static_cast<float>((value - p.mean[c]) / p.std[c]);
+      }
+  return chw;
+}
+
+std::vector<float> probabilities(const float* embedding, const QueryTable& q) {
+  const size_t count = q.texts.size();
+  std::vector<float> out(count);
+  for (size_t i = 0; i < count; ++i) {
+    double cosine = 0.0;
+    for (int e = 0; e < q.dim; ++e) cosine += double(embedding[e]) * q.embeddings[i * q.dim + e];
+    out[i] = static_cast<float>(1.0 / (1.0 + std::exp(-cosine)));
+  }
+  return out;
+}
+
+void AlertPolicy::validate() const {
+  if (!(threshold > 0.0 && threshold < 1.0)) {
+    throw Error("threshold " + std::to_string(threshold) + " is outside (0, 1): it is a probability sigmoid(cos)");
+  }
+  if (exit_threshold && !(*exit_threshold >= 0.0 && *exit_threshold <= threshold)) {
+    throw Error("exit threshold must lie in [0, threshold]");
+  }
+  if (cooldown_s < 0.0) throw Error("cooldown must not be negative");
+  if (max_alerts && *max_alerts < 1) throw Error("max alerts must be at least 1 (or unset for no limit)");
+}
+
+AlertState::AlertState(AlertPolicy policy) : policy_(std::move(policy)) {
+  policy_.validate();
+  reset();
+}
+
+void AlertState::reset() {
+  active_ = false;
+  alerts_ = 0;
+  last_alert_time_ = -std::numeric_limits<double>::infinity();
+}
+
+bool AlertState::update(double p, double stream_time) {
+  if (active_) {
+    const double exit_level = policy_.exit_threshold ? *policy_.exit_threshold : policy_.threshold;
+    if (p <= exit_level) active_ = false;
+    return false;
+  }
+  if (p <= policy_.threshold) return false;
+  active_ = true;  // a rising edge; whether it alerts depends on the quiet rules
+  if (policy_.max_alerts && alerts_ >= *policy_.max_alerts) return false;
+  if (stream_time - last_alert_time_ < policy_.cooldown_s) return false;
+  ++alerts_;
+  last_alert_time_ = stream_time;
+  return true;
+}
+
+json AlertEvent::to_json() const {
+  return {{"query_id", query_id}, {"query", query}, {"message", message}, {"stream", stream},
+          {"stream_time", stream_time}, {"frame_index", frame_index}, {"score", score}, {"cosine", cosine},
+          {"latency_ms", latency_ms}};
+}
+
+JsonlSink::JsonlSink(const fs::path& path) : file_(std::fopen(path.string().c_str(), "a")) {
+  if (!file_) throw Error("cannot open " + path.string() + " for writing");
+}
+
+JsonlSink::~JsonlSink() {
+  if (file_) std::fclose(file_);
+}
+
+void JsonlSink::write(const AlertEvent& event) {
+  const std::string line = event.to_json().dump() + "\n";
+  std::fwrite(line.data(), 1, line.size(), file_);
+  std::fflush(file_);
+  fsync(fileno(file_));
+}
+
+QueryTable load_queries(const Bundle& bundle) {
+  const json& entry = bundle.manifest.value("queries", json());
+  if (entry.is_null()) {
+    throw Error(bundle.root.string() + " carries no pre-encoded queries; export it with --query TEXT "
+                "(the native runtime has no text encoder)");
+  }
+  QueryTable q;
+  std::ifstream texts(bundle.root / entry.at("file").get<std::string>());
+  for (const json& item : json::parse(texts)) {
+    q.texts.push_back(item.at("text").get<std::string>());
+    q.messages.push_back(item.value("response", q.texts.back()));
+  }
+  // query_embeddings.npy: a little-endian float32 C-order array [Q, E] (numpy's format 1.0 header).
+  std::ifstream npy(bundle.root / entry.at("embeddings").get<std::string>(), std::ios::binary);
+  char magic[8];
+  npy.read(magic, 8);
+  uint16_t header_length = 0;
+  npy.read(reinterpret_cast<char*>(&header_length), 2);
+  std::string header(header_length, ' ');
+  npy.read(header.data(), header_length);
+  if (std::string(magic + 1, 5) != "NUMPY" || header.find("'<f4'") == std::string::npos ||
+      header.find("'fortran_order': False") == std::string::npos) {
+    throw Error("query_embeddings.npy of " + bundle.root.string() + " is not a float32 C-order array; re-export it");
+  }
+  q.dim = bundle.embed_dim;
+  q.embeddings.resize(q.texts.size() * static_cast<size_t>(q.dim));
+  npy.read(reinterpret_cast<char*>(q.embeddings.data()), static_cast<std::streamsize>(q.embeddings.size() * 4));
+  if (!npy) throw Error("query_embeddings.npy of " + bundle.root.string() + " is truncated; re-export it");
+  return q;
+}
+
+}  // namespace sdqes

@@ -1,0 +1,99 @@
+#include "sdqes/tensorrt_backend.hpp"
+
+#include <fstream>
+
+#include <NvInfer.h>
+#include <cuda_runtime_api.h>
+
+namespace sdqes {
+namespace {
+
+struct Logger : nvinfer1::ILogger {
+  void log(Severity severity, const char* message) noexcept override {
+    if (severity <= Severity::kWARNING) std::fprintf(stderr, "TensorRT: %s\n", message);
+  }
+};
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(status));
+}
+
+}  // namespace
+
+struct TensorRTStep::Impl {
+  Logger logger;
+  std::unique_ptr<nvinfer1::IRuntime> runtime;
+  std::unique_ptr<nvinfer1::ICudaEngine> engine;
+  std::unique_ptr<nvinfer1::IExecutionContext> context;
+  cudaStream_t stream = nullptr;
+  void* frame = nullptr;
+  void* embedding = nullptr;
+  std::vector<void*> sets[2];
+  std::vector<std::vector<float>> initial;
+  std::vector<StateTensor> state;
+  std::vector<float> host_embedding;
+  size_t frame_bytes = 0;
+  int current = 0;
+};
+
+TensorRTStep::TensorRTStep(const std::filesystem::path& engine_path, const Bundle& bundle) : impl_(new Impl) {
+  auto& m = *impl_;
+  std::ifstream in(engine_path, std::ios::binary);
+  const std::vector<char> blob((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  m.runtime.reset(nvinfer1::createInferRuntime(m.logger));
+  m.engine.reset(m.runtime->deserializeCudaEngine(blob.data(), blob.size()));
+  if (!m.engine) throw Error("TensorRT cannot load " + engine_path.string() + "; rebuild it with sdqes-edge build-engine");
+  m.context.reset(m.engine->createExecutionContext());
+  check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
+  m.state = bundle.state;
+  m.frame_bytes = sizeof(float) * bundle.batch * 3 * bundle.image_size * bundle.image_size;
+  m.host_embedding.resize(static_cast<size_t>(bundle.batch) * bundle.embed_dim);
+  check(cudaMalloc(&m.frame, m.frame_bytes), "cudaMalloc");
+  check(cudaMalloc(&m.embedding, m.host_embedding.size() * sizeof(float)), "cudaMalloc");
+  for (const auto& t : m.state) {
+    m.initial.emplace_back(static_cast<size_t>(t.elements()), t.initial_value);
+    for (auto& set : m.sets) {
+      void* buffer = nullptr;
+      check(cudaMalloc(&buffer, t.bytes()), "cudaMalloc");
+      set.push_back(buffer);
+    }
+  }
+  reset();
+}
+
+TensorRTStep::~TensorRTStep() {
+  auto& m = *impl_;
+  for (auto& set : m.sets)
+    for (void* buffer : set) cudaFree(buffer);
+  cudaFree(m.frame);
+  cudaFree(m.embedding);
+  if (m.stream) cudaStreamDestroy(m.stream);
+}
+
+void TensorRTStep::reset() {
+  auto& m = *impl_;
+  for (size_t i = 0; i < m.state.size(); ++i) {
+    check(cudaMemcpy(m.sets[0][i], m.initial[i].data(), m.state[i].bytes(), cudaMemcpyHostToDevice), "reset");
+  }
+  m.current = 0;
+}
+
+const std::vector<float>& TensorRTStep::step(const std::vector<float>& frame) {
+  auto& m = *impl_;
+  const int in = m.current, out = 1 - m.current;
+  check(cudaMemcpyAsync(m.frame, frame.data(), m.frame_bytes, cudaMemcpyHostToDevice, m.stream), "frame in");
+  m.context->setTensorAddress("frame", m.frame);
+  m.context->setTensorAddress("embedding", m.embedding);
+  for (size_t i = 0; i < m.state.size(); ++i) {
+    m.context->setTensorAddress(m.state[i].input_name().c_str(), m.sets[in][i]);
+    m.context->setTensorAddress(m.state[i].output_name().c_str(), m.sets[out][i]);
+  }
+  if (!m.context->enqueueV3(m.stream)) throw Error("TensorRT failed to run the engine; rebuild it");
+  check(cudaMemcpyAsync(m.host_embedding.data(), m.embedding, m.host_embedding.size() * sizeof(float),
+                        cudaMemcpyDeviceToHost, m.stream), "embedding out");
+  check(cudaStreamSynchronize(m.stream), "synchronize");
+  m.current = out;
+  return m.host_embedding;
+}
+
+}  // namespace sdqes

@@ -1,0 +1,165 @@
+// The native runtime reproduces the Python runtime on vectors the Python side wrote (tests/vectors/).
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <opencv2/imgcodecs.hpp>
+
+#include "sdqes/runtime.hpp"
+#include "sdqes/sdqes.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const fs::path kVectors = SDQES_VECTORS_DIR;
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+std::vector<float> read_f32(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> out(bytes.size() / 4);
+  std::memcpy(out.data(), bytes.data(), out.size() * 4);
+  return out;
+}
+
+fs::path copy_bundle(const std::string& name) {
+  const fs::path target = fs::temp_directory_path() / ("sdqes-native-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(target);
+  fs::copy(kVectors / "bundle", target, fs::copy_options::recursive);
+  return target;
+}
+
+std::string error_of(const fs::path& bundle) {
+  try {
+    sdqes::load_bundle(bundle);
+  } catch (const sdqes::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Preprocess, MatchesThePythonRuntimeWithin1e6) {
+  for (const json& c : read_json(kVectors / "preprocess.json")) {
+    const cv::Mat image = cv::imread((kVectors / c["image"].get<std::string>()).string(), cv::IMREAD_COLOR);
+    ASSERT_FALSE(image.empty()) << c["image"];
+    sdqes::Preprocess p;
+    for (int i = 0; i < 3; ++i) {
+      p.mean[i] = c["mean"][i].get<double>();
+      p.std[i] = c["std"][i].get<double>();
+    }
+    const auto got = sdqes::preprocess(image, c["image_size"].get<int>(), p);
+    const auto expected = read_f32(kVectors / c["expected"].get<std::string>());
+    ASSERT_EQ(got.size(), expected.size()) << c["image"];
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, double(std::fabs(got[i] - expected[i])));
+    EXPECT_LE(worst, 1e-6) << c["image"] << " at " << c["image_size"];
+  }
+}
+
+TEST(Alerts, FireOnTheFramesThePythonPolicyFiresOn) {
+  for (const json& c : read_json(kVectors / "alerts.json")) {
+    sdqes::AlertPolicy policy;
+    const json& p = c["policy"];
+    policy.threshold = p["threshold"].get<double>();
+    if (p.contains("exit_threshold")) policy.exit_threshold = p["exit_threshold"].get<double>();
+    policy.cooldown_s = p.value("cooldown_s", 0.0);
+    if (p.contains("max_alerts")) policy.max_alerts = p["max_alerts"].get<int>();
+    sdqes::AlertState state(policy);
+    std::vector<int> frames;
+    const auto probs = c["probs"].get<std::vector<double>>();
+    const double fps = c["fps"].get<double>();
+    for (size_t t = 0; t < probs.size(); ++t) {
+      if (state.update(probs[t], t / fps)) frames.push_back(static_cast<int>(t));
+    }
+    EXPECT_EQ(frames, c["expected"].get<std::vector<int>>()) << c["name"];
+  }
+}
+
+TEST(Alerts, ABadPolicyIsRefused) {
+  sdqes::AlertPolicy policy;
+  policy.threshold = 1.5;
+  EXPECT_THROW(sdqes::AlertState{policy}, sdqes::Error);
+}
+
+TEST(Bundle, ParsesTheManifestAsThePythonLoaderDoes) {
+  const json expected = read_json(kVectors / "bundle_expected.json");
+  const sdqes::Bundle b = sdqes::load_bundle(kVectors / "bundle");
+  EXPECT_EQ(b.image_size, expected["image_size"].get<int>());
+  EXPECT_DOUBLE_EQ(b.fps, expected["fps"].get<double>());
+  EXPECT_DOUBLE_EQ(b.default_threshold, expected["default_threshold"].get<double>());
+  ASSERT_EQ(b.state.size(), expected["state"].size());
+  for (size_t i = 0; i < b.state.size(); ++i) {
+    EXPECT_EQ(b.state[i].name, expected["state"][i]["name"].get<std::string>());
+    EXPECT_EQ(b.state[i].shape, expected["state"][i]["shape"].get<std::vector<int64_t>>());
+    EXPECT_EQ(b.state[i].input_name(), "state_in." + b.state[i].name);
+  }
+  const sdqes::QueryTable q = sdqes::load_queries(b);
+  EXPECT_EQ(q.texts, expected["queries"].get<std::vector<std::string>>());
+  const auto rows = expected["query_embeddings"].get<std::vector<std::vector<float>>>();
+  for (size_t e = 0; e < rows[0].size(); ++e) EXPECT_FLOAT_EQ(q.embeddings[e], rows[0][e]);
+}
+
+TEST(Bundle, RefusesDamageNamingTheFile) {
+  const fs::path corrupted = copy_bundle("hash");
+  std::ofstream(corrupted / "step.fp32.onnx", std::ios::app) << "x";
+  EXPECT_NE(error_of(corrupted).find("step.fp32.onnx does not match the sha256"), std::string::npos);
+
+  const fs::path garbled = copy_bundle("json");
+  std::ofstream(garbled / "manifest.json", std::ios::trunc) << "{";
+  EXPECT_NE(error_of(garbled).find("not valid JSON"), std::string::npos);
+
+  const fs::path newer = copy_bundle("version");
+  json m = read_json(newer / "manifest.json");
+  m["format_version"] = 99;
+  std::ofstream(newer / "manifest.json", std::ios::trunc) << m.dump();
+  EXPECT_NE(error_of(newer).find("newer than this runtime reads"), std::string::npos);
+
+  const fs::path rewired = copy_bundle("wiring");
+  m = read_json(rewired / "manifest.json");
+  std::reverse(m["state"].begin(), m["state"].end());
+  std::ofstream(rewired / "manifest.json", std::ios::trunc) << m.dump();
+  EXPECT_NE(error_of(rewired).find("disagree with the state spec"), std::string::npos);
+
+  for (const auto& p : {corrupted, garbled, newer, rewired}) fs::remove_all(p);
+}
+
+TEST(Bundle, AMissingEngineSaysHowToBuildOne) {
+  const sdqes::Bundle b = sdqes::load_bundle(kVectors / "bundle");
+  try {
+    sdqes::find_engine(b, "fp16");
+    FAIL() << "no engine should be found";
+  } catch (const sdqes::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sdqes-edge build-engine"), std::string::npos);
+  }
+}
+
+TEST(CApi, OpensABundleAndReportsErrorsAsText) {
+  char error[512] = {0};
+  sdqes_bundle* b = sdqes_bundle_open((kVectors / "bundle").c_str(), error, sizeof error);
+  ASSERT_NE(b, nullptr) << error;
+  EXPECT_GT(sdqes_bundle_fps(b), 0);
+  const int size = sdqes_bundle_image_size(b);
+  std::vector<uint8_t> frame(48 * 64 * 3, 128);
+  std::vector<float> out(3 * size * size);
+  EXPECT_EQ(sdqes_preprocess(b, frame.data(), 48, 64, out.data(), error, sizeof error), 0) << error;
+  sdqes_bundle_close(b);
+  EXPECT_EQ(sdqes_bundle_open("/nonexistent", error, sizeof error), nullptr);
+  EXPECT_NE(std::string(error).find("does not exist"), std::string::npos);
+  sdqes_alert* a = sdqes_alert_new(0.6, -1, 0, 0, error, sizeof error);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(sdqes_alert_update(a, 0.7, 0.0), 1);
+  EXPECT_EQ(sdqes_alert_update(a, 0.8, 1.0), 0);
+  sdqes_alert_free(a);
+}

@@ -1,0 +1,138 @@
+// sdqes-run: `sdqes-edge run` for C++ robots, on a bundle's TensorRT engine.
+//   sdqes-run BUNDLE --source VIDEO|CAMERA_INDEX [--precision fp16] [--threshold X] [--exit-threshold X]
+//             [--cooldown S] [--max-alerts K] [--events FILE] [--max-frames N]
+// Queries come pre-encoded in the bundle (sdqes-edge export --query ...). A user's mistake is one line on
+// stderr and exit code 2.
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include <opencv2/videoio.hpp>
+
+#include "sdqes/runtime.hpp"
+#ifdef SDQES_WITH_TENSORRT
+#include "sdqes/tensorrt_backend.hpp"
+#endif
+
+namespace {
+
+const char* kUsage =
+    "usage: sdqes-run BUNDLE --source VIDEO|CAMERA_INDEX [--precision fp16|fp32|int8] [--threshold X]\n"
+    "                 [--exit-threshold X] [--cooldown S] [--max-alerts K] [--events FILE] [--max-frames N]\n";
+
+std::map<std::string, std::string> parse(int argc, char** argv, std::string& bundle) {
+  std::map<std::string, std::string> options{{"--precision", "fp16"}};
+  const std::map<std::string, bool> known{{"--source", true}, {"--precision", true}, {"--threshold", true},
+                                          {"--exit-threshold", true}, {"--cooldown", true}, {"--max-alerts", true},
+                                          {"--events", true}, {"--max-frames", true}};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    if (arg.rfind("--", 0) == 0) {
+      if (!known.count(arg)) throw sdqes::Error("unknown option " + arg + " (see sdqes-run --help)");
+      if (i + 1 >= argc) throw sdqes::Error(arg + " needs a value");
+      options[arg] = argv[++i];
+    } else if (bundle.empty()) {
+      bundle = arg;
+    } else {
+      throw sdqes::Error("unexpected argument " + arg + " (see sdqes-run --help)");
+    }
+  }
+  if (bundle.empty()) throw sdqes::Error("give the bundle directory (see sdqes-run --help)");
+  if (!options.count("--source")) throw sdqes::Error("give --source VIDEO or a camera index");
+  return options;
+}
+
+double number(const std::map<std::string, std::string>& o, const std::string& key, double fallback) {
+  auto it = o.find(key);
+  if (it == o.end()) return fallback;
+  try {
+    return std::stod(it->second);
+  } catch (const std::exception&) {
+    throw sdqes::Error(key + " needs a number, not '" + it->second + "'");
+  }
+}
+
+int run(int argc, char** argv) {
+  std::string bundle_path;
+  const auto o = parse(argc, argv, bundle_path);
+  const sdqes::Bundle bundle = sdqes::load_bundle(bundle_path);
+  const sdqes::QueryTable queries = sdqes::load_queries(bundle);
+  sdqes::AlertPolicy policy;
+  policy.threshold = number(o, "--threshold", bundle.default_threshold);
+  if (o.count("--exit-threshold")) policy.exit_threshold = number(o, "--exit-threshold", 0);
+  policy.cooldown_s = number(o, "--cooldown", 0.0);
+  if (o.count("--max-alerts")) policy.max_alerts = static_cast<int>(number(o, "--max-alerts", 1));
+  policy.validate();
+  const std::string precision = o.at("--precision");
+  const auto engine = sdqes::find_engine(bundle, precision);
+#ifndef SDQES_WITH_TENSORRT
+  (void)engine;
+  throw sdqes::Error("this sdqes-run was built without the TensorRT backend (CMake found no TensorRT/CUDA); "
+                     "build it on the NVIDIA device with TensorRT installed");
+#else
+  const std::string source = o.at("--source");
+  cv::VideoCapture capture;
+  const bool camera = !source.empty() && source.find_first_not_of("0123456789") == std::string::npos;
+  camera ? capture.open(std::stoi(source)) : capture.open(source);
+  if (!capture.isOpened()) throw sdqes::Error("OpenCV cannot open " + source + "; check the file plays or the camera");
+  sdqes::TensorRTStep step(engine, bundle);
+  std::vector<sdqes::AlertState> states(queries.texts.size(), sdqes::AlertState(policy));
+  std::unique_ptr<sdqes::JsonlSink> sink;
+  if (o.count("--events")) sink = std::make_unique<sdqes::JsonlSink>(o.at("--events"));
+  const double period = 1.0 / bundle.fps;
+  const auto max_frames = static_cast<int64_t>(number(o, "--max-frames", -1));
+  double next_time = 0.0;
+  int64_t index = 0;
+  const auto start = std::chrono::steady_clock::now();
+  cv::Mat image;
+  while (capture.grab()) {
+    const double stamp = camera ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                                : capture.get(cv::CAP_PROP_POS_MSEC) / 1000.0;
+    if (stamp + 1e-6 < next_time) continue;
+    capture.retrieve(image);
+    const double time = camera ? stamp : index * period;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> batch = sdqes::preprocess(image, bundle.image_size, bundle.preprocess);
+    batch.resize(batch.size() * bundle.batch, 0.0f);  // extra stream slots idle
+    const auto& embedding = step.step(batch);
+    const auto probs = sdqes::probabilities(embedding.data(), queries);
+    const double latency = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    for (size_t q = 0; q < probs.size(); ++q) {
+      if (!std::isfinite(probs[q])) throw sdqes::Error("the model produced a non-finite score; stopping the stream");
+      if (states[q].update(probs[q], time)) {
+        sdqes::AlertEvent e{"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], source, time, index,
+                            probs[q], std::log(probs[q] / (1 - probs[q])), latency};
+        std::cout << "[" << time << " s] " << e.message << "  (p=" << e.score << ")" << std::endl;
+        if (sink) sink->write(e);
+      }
+    }
+    ++index;
+    next_time = camera ? stamp + period : index * period;
+    if (max_frames > 0 && index >= max_frames) break;
+  }
+  std::cerr << "done: " << index << " frames" << std::endl;
+  return 0;
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const sdqes::Error& e) {
+    std::cerr << "sdqes-run: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "sdqes-run: error: " << e.what() << std::endl;
+    return 2;
+  }
+}

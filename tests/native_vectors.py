@@ -1,0 +1,109 @@
+"""Shared test vectors for the native (C++) runtime, written by the Python runtime.
+
+    .venv/bin/python tests/native_vectors.py      # rewrites tests/vectors/
+
+The C++ tests (native/tests/test_runtime.cpp) must reproduce these exactly (preprocessing within 1e-6),
+and tests/test_native.py checks that the Python runtime still produces them, so the two runtimes cannot
+drift apart without a test failing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+VECTORS = Path(__file__).resolve().parent / "vectors"
+
+# (file, height, width, seed, image_size): a mild shrink, a tall frame shrunk more than 2x, an enlargement.
+PREPROCESS_CASES = [("frame_240x320.png", 240, 320, 7, 224), ("frame_600x400.png", 600, 400, 8, 64),
+                    ("frame_100x150.png", 100, 150, 9, 224)]
+
+ALERT_CASES = [
+    {"name": "rising edges", "policy": {"threshold": 0.6}, "fps": 1.0},
+    {"name": "hysteresis", "policy": {"threshold": 0.6, "exit_threshold": 0.5}, "fps": 1.0},
+    {"name": "cooldown", "policy": {"threshold": 0.6, "cooldown_s": 4.0}, "fps": 1.0},
+    {"name": "max alerts", "policy": {"threshold": 0.6, "max_alerts": 2}, "fps": 1.0},
+    {"name": "cooldown at 2 fps", "policy": {"threshold": 0.55, "cooldown_s": 2.0}, "fps": 2.0},
+]
+
+
+def alert_frames(policy: dict, probs: list[float], fps: float) -> list[int]:
+    from sdqes_edge.runtime.alerts import AlertPolicy, AlertState
+
+    state = AlertState(AlertPolicy(**policy))
+    return [t for t, p in enumerate(probs) if state.update(p, t / fps)]
+
+
+def preprocess_expected(image: np.ndarray, size: int) -> np.ndarray:
+    from sdqes_edge.config import CLIP_MEAN, CLIP_STD
+    from sdqes_edge.runtime.preprocess import Preprocessor
+
+    return Preprocessor(size, CLIP_MEAN, CLIP_STD)(image)
+
+
+def write(out: Path = VECTORS) -> None:
+    from sdqes_edge.config import CLIP_MEAN, CLIP_STD
+    from sdqes_edge.files import file_sha256
+    from sdqes_edge.sample import sample_frames
+
+    out.mkdir(parents=True, exist_ok=True)
+    cases = []
+    for name, h, w, seed, size in PREPROCESS_CASES:
+        image = sample_frames(1, h, w, seed=seed)[0]
+        cv2.imwrite(str(out / name), image)  # PNG: lossless, so both sides read the same pixels
+        expected = preprocess_expected(cv2.imread(str(out / name)), size)
+        expected.astype("<f4").tofile(out / (name[:-4] + f".{size}.f32"))
+        cases.append({"image": name, "image_size": size, "expected": name[:-4] + f".{size}.f32",
+                      "shape": list(expected.shape), "mean": list(CLIP_MEAN), "std": list(CLIP_STD)})
+    (out / "preprocess.json").write_text(json.dumps(cases, indent=2) + "\n")
+
+    rng = np.random.default_rng(3)
+    alerts = []
+    for case in ALERT_CASES:
+        probs = np.round(np.clip(0.6 + 0.15 * np.sin(np.arange(60) / 3.0) + rng.normal(0, 0.05, 60), 0, 1), 4)
+        alerts.append(dict(case, probs=probs.tolist(), expected=alert_frames(case["policy"], probs.tolist(),
+                                                                             case["fps"])))
+    (out / "alerts.json").write_text(json.dumps(alerts, indent=2) + "\n")
+
+    # A small bundle: a real tiny export's manifest and queries, with the large graphs replaced by stubs
+    # (hashes recomputed), so the manifest logic is shared without committing megabytes.
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from conftest import random_model
+    from sdqes_edge.export import ExportOptions, Query, export_bundle
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "b"
+        export_bundle(random_model("qrnn"), source,
+                      ExportOptions(show_progress=False, verify_frames=16,
+                                    queries=(Query("When I start to clean the table, remind me to wash my hands.",
+                                                   "Wash your hands."),)), log=lambda m: None)
+        bundle = out / "bundle"
+        shutil.rmtree(bundle, ignore_errors=True)
+        bundle.mkdir()
+        manifest = json.loads((source / "manifest.json").read_text())
+        for name in manifest["files"]:
+            target = bundle / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if name.endswith((".onnx", ".gz")):
+                target.write_bytes(f"stub of {name} for the native manifest tests\n".encode())
+            else:
+                shutil.copy(source / name, target)
+            manifest["files"][name] = {"sha256": file_sha256(target), "bytes": target.stat().st_size}
+        manifest["created"] = "2026-01-01T00:00:00Z"
+        (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        expected = {"state": manifest["state"], "image_size": manifest["image_size"], "fps": manifest["fps"],
+                    "default_threshold": manifest["thresholds"]["default"], "embed_dim": manifest["embed_dim"],
+                    "queries": [q["text"] for q in json.loads((bundle / "queries.json").read_text())],
+                    "query_embeddings": np.load(bundle / "query_embeddings.npy").tolist()}
+        (out / "bundle_expected.json").write_text(json.dumps(expected, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    write()
+    print(f"wrote {VECTORS}")

@@ -1,0 +1,76 @@
+"""The native (C++) runtime: built with CMake, its ctest suite run, and `sdqes-run` refusing bad bundles.
+
+The shared vectors in tests/vectors/ are written by tests/native_vectors.py from the Python runtime; the
+first test proves the Python runtime still produces them, the C++ tests prove the native one does.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from native_vectors import VECTORS, alert_frames, preprocess_expected
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_python_runtime_still_produces_the_shared_vectors():
+    from sdqes_edge.runtime.bundle import load_bundle
+
+    for case in json.loads((VECTORS / "preprocess.json").read_text()):
+        expected = np.fromfile(VECTORS / case["expected"], dtype="<f4").reshape(case["shape"])
+        got = preprocess_expected(cv2.imread(str(VECTORS / case["image"])), case["image_size"])
+        np.testing.assert_array_equal(got, expected)
+    for case in json.loads((VECTORS / "alerts.json").read_text()):
+        assert alert_frames(case["policy"], case["probs"], case["fps"]) == case["expected"], case["name"]
+    expected = json.loads((VECTORS / "bundle_expected.json").read_text())
+    bundle = load_bundle(VECTORS / "bundle")
+    assert bundle.state_spec.to_list() == expected["state"]
+    items, embeddings = bundle.queries()
+    assert [q["text"] for q in items] == expected["queries"]
+    np.testing.assert_array_equal(embeddings, np.asarray(expected["query_embeddings"], dtype=np.float32))
+
+
+@pytest.fixture(scope="module")
+def native_build(tmp_path_factory):
+    """cmake -B build && cmake --build build: skipped, with CMake's reason, where a dependency is missing."""
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed (scripts/setup.sh --dev installs it as root)")
+    build = tmp_path_factory.mktemp("native-build")
+    configure = subprocess.run(["cmake", "-B", str(build), "-S", str(REPO)], capture_output=True, text=True)
+    if configure.returncode != 0:
+        missing = [line.strip() for line in (configure.stdout + configure.stderr).splitlines()
+                   if "Could NOT find" in line or "Could not find" in line]
+        pytest.skip("native dependencies missing: " + ("; ".join(missing) or configure.stderr.strip()[-300:]))
+    print([line for line in configure.stdout.splitlines() if "sdqes:" in line])
+    built = subprocess.run(["cmake", "--build", str(build), "-j", "2"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return build
+
+
+def test_the_ctest_suite_passes(native_build):
+    done = subprocess.run(["ctest", "--test-dir", str(native_build), "--output-on-failure"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "tests passed" in done.stdout
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: (b / "manifest.json").write_text("{"), "not valid JSON"),
+    (lambda b: (b / "text.onnx").write_bytes(b"changed"), "text.onnx does not match the sha256"),
+    (lambda b: None, "no fp16 TensorRT engine"),
+])
+def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_build, tmp_path):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(VECTORS / "bundle", bundle)
+    damage(bundle)
+    done = subprocess.run([str(native_build / "sdqes-run"), str(bundle), "--source", "clip.mp4"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
