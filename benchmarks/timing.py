@@ -59,6 +59,13 @@ def rss_bytes() -> int:
         return 0
 
 
+def peak_rss_bytes() -> int:
+    """The most resident memory this process has held so far (Linux reports KiB)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
 def machine() -> dict:
     import cv2
     import onnxruntime
