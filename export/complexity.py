@@ -97,6 +97,15 @@ def _parameters(model) -> int:
     return sum(sizes.get(name, 0) for node in model.graph.node for name in node.input if sizes.get(name, 0) > 1)
 
 
+def activation_matmuls(model) -> list[str]:
+    """Names of the MatMul nodes whose inputs are both activations (attention's q.k^T and p.v, retention)."""
+    weights = {init.name for init in model.graph.initializer}
+    weights |= {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    return [n.name for n in model.graph.node
+            if n.op_type == "MatMul" and not any(_is_weight(i, weights, producers) for i in n.input[:2])]
+
+
 def _is_weight(name: str, weights: set[str], producers: dict) -> bool:
     if name in weights:
         return True

@@ -5,8 +5,11 @@ weights and compute are fp16 while inputs, outputs and state stay fp32 and
 LayerNorm and softmax run in fp32. int8 is ONNX Runtime's static
 quantization in QDQ form (explicit QuantizeLinear/DequantizeLinear pairs),
 symmetric with zero points at 0 and per-channel weights, which is the form
-TensorRT's explicit-quantization path accepts; only the matrix products and
-convolutions are quantized, so LayerNorm and the recurrent state stay float.
+TensorRT's explicit-quantization path accepts; only the matrix products with a
+weight and the convolutions are quantized, so LayerNorm, the recurrent state and
+the products of two activations (attention, retention) stay float: quantizing
+those too made the B/16 QRNN step 1.54x faster than fp32 instead of 1.76x, the
+activations being re-quantized every frame.
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ def quantize_int8(fp32_graph: Path, out_path: Path, calibration_frames: np.ndarr
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(fp32_graph), str(prepared), skip_symbolic_shape=True)
+        import onnx
+
+        from .complexity import activation_matmuls
+
+        keep_float = activation_matmuls(onnx.load(str(prepared), load_external_data=False))
         quantize_static(
             str(prepared), str(out_path), _FeedReader(feeds),
             quant_format=QuantFormat.QDQ,
@@ -72,4 +80,5 @@ def quantize_int8(fp32_graph: Path, out_path: Path, calibration_frames: np.ndarr
             weight_type=QuantType.QInt8,
             calibrate_method=CalibrationMethod.MinMax,
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+            nodes_to_exclude=keep_float,
         )
