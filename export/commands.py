@@ -122,7 +122,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"graphs     step: {', '.join(bundle.precisions)}; text encoder: {m['graphs']['text']['file']}")
     queries = bundle.queries()
     if queries:
-        print(f"queries    {len(queries[0])} pre-encoded" + (f" (fused into the graph)" if m.get("query_count") else ""))
+        print(f"queries    {len(queries[0])} pre-encoded" + (" (fused into the graph)" if m.get("query_count") else ""))
     runner = OnnxRuntimeStep(bundle.step_graph(args.precision))
     pre = Preprocessor.from_description(bundle.image_size, m["preprocess"])
     frames = pre.batch(sample_frames(args.frames))
@@ -146,7 +146,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_build_engine(args: argparse.Namespace) -> int:
     from .tensorrt_engine import build_engine
 
-    path = build_engine(args.bundle, precision=args.precision, workspace_mib=args.workspace_mib)
+    build_engine(args.bundle, precision=args.precision, workspace_mib=args.workspace_mib)
     print(f"\nnext: {PROG} run {args.bundle} --backend trt --precision {args.precision} --source 0 --query TEXT")
     return 0
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -72,8 +71,7 @@ def build_engine(bundle_path: str | Path, precision: str = "fp16", workspace_mib
         raise UserError(f"--workspace-mib {workspace_mib} is too small; give at least 64 (default "
                         f"{DEFAULT_WORKSPACE_MIB})")
     bundle = load_bundle(bundle_path)
-    trt = require_tensorrt()
-    device = current_device()
+    device = current_device()  # refuses a machine without an NVIDIA GPU, TensorRT or pycuda
     # int8 uses the QDQ graph; fp16 and fp32 build from the fp32 graph (TensorRT picks fp16 kernels itself).
     graph_precision = "int8" if precision == "int8" else "fp32"
     if graph_precision not in bundle.precisions:

@@ -21,7 +21,7 @@ from sdqes_edge.runtime.alerts import AlertPolicy, AlertState
 from sdqes_edge.runtime.detector import NonFiniteScoreError, StreamingDetector
 from sdqes_edge.runtime.onnxruntime_backend import StepResult
 from sdqes_edge.runtime.preprocess import Preprocessor
-from sdqes_edge.runtime.sinks import CallbackSink, JsonlSink, ScoreTraceRecorder
+from sdqes_edge.runtime.sinks import CallbackSink, ScoreTraceRecorder
 from sdqes_edge.runtime.sources import FrameSource, VideoFileSource, open_source
 from sdqes_edge.runtime.tensorrt_backend import DeviceInfo, check_engine_matches
 from sdqes_edge.sample import sample_frames
