@@ -147,7 +147,7 @@ class StreamingDetector:
         batch = np.zeros((self.batch, 3, size, size), np.float32)
         for i, frame in enumerate(frames):
             if frame is not None:
-                batch[i] = self.preprocess(frame.image)
+                batch[i] = frame.tensor if frame.tensor is not None else self.preprocess(frame.image)
         start = time.perf_counter()
         result = self.backend.step(batch, self.state)
         self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
@@ -193,7 +193,7 @@ class StreamingDetector:
         for i, source in enumerate(sources):
             self.stream_names[i] = source.name
         stats = stats or RunStats()
-        iterators: list[Iterator[Frame] | None] = [s.threaded() for s in sources]
+        iterators: list[Iterator[Frame] | None] = [s.threaded(prepare=self.preprocess) for s in sources]
         iterators += [None] * (self.batch - len(sources))
         try:
             while any(it is not None for it in iterators):

@@ -42,6 +42,7 @@ class Frame:
     image: np.ndarray  # BGR uint8 [H, W, 3]
     time: float  # stream time in seconds
     index: int  # sampled frame index (time * fps for files)
+    tensor: np.ndarray | None = None  # the preprocessed frame, when the reader thread prepared it
 
 
 @dataclass
@@ -84,8 +85,12 @@ class FrameSource:
             index += 1
             next_time = max(next_time + period, stamp + period) if self.live else index * period
 
-    def threaded(self, capacity: int = 8) -> Iterator[Frame]:
-        """The sampled frames through a reader thread (live: a queue of one, newest wins)."""
+    def threaded(self, capacity: int = 8, prepare: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[Frame]:
+        """The sampled frames through a reader thread (live: a queue of one, newest wins).
+
+        ``prepare`` (the preprocessing) runs in the reader thread too, so decoding and preprocessing
+        the next frame overlap with the model stepping on this one.
+        """
         q: queue.Queue = queue.Queue(maxsize=1 if self.live else capacity)
         done = object()
         stop = threading.Event()
@@ -96,6 +101,8 @@ class FrameSource:
                 for frame in self.sampled():
                     if stop.is_set():
                         return
+                    if prepare is not None and not self.live:  # a live frame may yet be dropped
+                        frame.tensor = prepare(frame.image)
                     if self.live:
                         try:
                             q.put_nowait(frame)
