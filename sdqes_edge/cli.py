@@ -283,8 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Streaming Detection of Queried Event Start on edge devices: load CLIP-style models with "
-                    "streaming temporal adapters, check them, and export them to verified deployment bundles.",
-        epilog=f"Start with: {PROG} check   |   {PROG} info --list-presets",
+                    "streaming temporal adapters, check them, export them to verified deployment bundles, run "
+                    "them on a video or camera with alerts, measure their cost and score their accuracy.",
+        epilog=f"Start with: {PROG} check   |   {PROG} export --preset tiny --adapter qrnn --out /tmp/b   |   "
+               f"{PROG} run /tmp/b --source VIDEO --query TEXT",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
