@@ -1,0 +1,198 @@
+"""Synthetic event streams in the shape of EgoSDQES: videos where queried events start at known times.
+
+No real egocentric video can be downloaded here, so the SDK makes its own: a
+small scene (a door, a lamp, balls and squares of named colours) drawn with
+OpenCV from a seed, in which events start at known times, and annotations in
+the EgoSDQES CSV columns (query, response, label, start/end seconds, fps,
+length) so that ``annotations.load_annotations`` and ``sdqes-edge eval`` read
+them unchanged. Some events can be seen in one frame (a square appears); the
+others need the stream's past, which is what temporal adapters are for:
+
+- ``square_appears``  a square of a colour appears                       (single frame)
+- ``starts_moving``   the ball, still until then, starts rolling          (temporal: needs motion)
+- ``stops``           the rolling ball comes to rest                      (temporal)
+- ``lamp_after_door`` the lamp turns on after the door was opened; it may
+                      also flicker on earlier, before the door opens      (temporal: needs order)
+- ``second_ball``     the second time the small ball comes into view      (temporal: needs counting)
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+COLOURS = {"red": (40, 40, 220), "blue": (220, 80, 30), "green": (60, 180, 60), "yellow": (40, 210, 230),
+           "purple": (170, 60, 150)}  # BGR
+SINGLE_FRAME_EVENTS = ("square_appears",)
+TEMPORAL_EVENTS = ("starts_moving", "stops", "lamp_after_door", "second_ball")
+EVENT_KINDS = SINGLE_FRAME_EVENTS + TEMPORAL_EVENTS
+
+# Several phrasings per event: (query, alert message). {colour} is filled in.
+PHRASINGS = {
+    "square_appears": [("Tell me when a {colour} square appears.", "A {colour} square is here."),
+                       ("Remind me when I see the {colour} square.", "There is the {colour} square.")],
+    "starts_moving": [("Tell me when the {colour} ball starts rolling.", "The ball is moving."),
+                      ("Let me know as soon as the {colour} ball begins to move.", "The {colour} ball started moving.")],
+    "stops": [("Tell me when the rolling {colour} ball stops.", "The ball has stopped."),
+              ("Remind me when the {colour} ball comes to rest.", "The {colour} ball is still now.")],
+    "lamp_after_door": [("When the lamp turns on after the door opened, remind me to close the door.",
+                         "Close the door."),
+                        ("Once the door is open and the light comes on, tell me.", "The light is on and the door is open.")],
+    "second_ball": [("Tell me the second time the small {colour} ball shows up.", "The small ball is back."),
+                    ("Remind me when the {colour} ball appears again.", "The {colour} ball appeared again.")],
+}
+
+CSV_COLUMNS = ("split", "source", "video_uid", "clip_uid", "annotator_uid", "ann_idx", "query", "response", "label",
+               "video_start_time", "video_end_time", "video_fps", "video_length")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    start_time: float  # seconds
+    end_time: float
+    query: str
+    response: str
+    colour: str
+
+    @property
+    def temporal(self) -> bool:
+        return self.kind in TEMPORAL_EVENTS
+
+
+@dataclass
+class Stream:
+    uid: str
+    frames: np.ndarray  # [T, H, W, 3] uint8 BGR
+    fps: float
+    events: list[Event]
+
+    @property
+    def seconds(self) -> float:
+        return len(self.frames) / self.fps
+
+
+def _timeline(rng: np.random.Generator, seconds: float) -> dict:
+    """When everything happens, in seconds; every event leaves at least a few seconds before it."""
+    t = {}
+    t["square"] = rng.uniform(0.2, 0.9) * seconds
+    t["move"] = rng.uniform(0.15, 0.45) * seconds
+    t["stop"] = t["move"] + rng.uniform(0.2, 0.35) * seconds
+    t["door"] = rng.uniform(0.2, 0.6) * seconds
+    t["lamp"] = t["door"] + rng.uniform(0.1, 0.3) * seconds
+    # The lamp on for 2 s before the door opens (a distractor for "after the door opened"), ending 0.5 s before it.
+    latest = t["door"] - 2.5
+    flicker = rng.uniform(0.02 * seconds, latest) if latest > 0.02 * seconds else None
+    t["flicker"] = flicker if rng.random() < 0.7 else None
+    t["ball_in"] = rng.uniform(0.05, 0.3) * seconds
+    t["ball_out"] = t["ball_in"] + rng.uniform(0.1, 0.2) * seconds
+    t["ball_again"] = t["ball_out"] + rng.uniform(0.1, 0.3) * seconds
+    return t
+
+
+def generate_stream(seed: int, seconds: float = 60.0, fps: float = 2.0, height: int = 96, width: int = 128,
+                    uid: str | None = None, noise: float = 3.0) -> Stream:
+    """One scene, drawn at ``fps``; the events' start times are exact to the frame."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    t = _timeline(rng, seconds)
+    square_colour, ball_colour, small_colour = rng.choice(list(COLOURS), size=3, replace=False)
+    frames = np.empty((int(round(seconds * fps)), height, width, 3), dtype=np.uint8)
+    background = np.array(rng.uniform(90, 160, size=3), dtype=np.float32)
+    floor_y = int(height * 0.8)
+    ball_r = max(3, height // 12)
+    x0 = rng.uniform(0.3, 0.4) * width
+    speed = rng.uniform(0.04, 0.08) * width  # pixels per second
+    for i in range(len(frames)):
+        now = i / fps
+        frame = np.empty((height, width, 3), dtype=np.float32)
+        frame[:] = background
+        frame[floor_y:] = background * 0.7
+        if noise:
+            frame += rng.normal(0, noise, size=frame.shape).astype(np.float32)  # sensor noise
+        img = np.clip(frame, 0, 255).astype(np.uint8)
+        # The door on the left: closed (brown panel) until t["door"], then open (dark gap, panel swung aside).
+        dx0, dx1, dy0 = int(width * 0.04), int(width * 0.2), int(height * 0.3)
+        if now < t["door"]:
+            cv2.rectangle(img, (dx0, dy0), (dx1, floor_y), (40, 70, 120), -1)
+        else:
+            cv2.rectangle(img, (dx0, dy0), (dx1, floor_y), (20, 20, 20), -1)
+            cv2.rectangle(img, (dx0, dy0), (dx0 + (dx1 - dx0) // 4, floor_y), (40, 70, 120), -1)
+        # The lamp, top right: yellow when on.
+        lamp_on = now >= t["lamp"] or (t["flicker"] is not None and t["flicker"] <= now < t["flicker"] + 2.0)
+        cv2.circle(img, (int(width * 0.85), int(height * 0.15)), max(3, height // 14),
+                   (80, 230, 250) if lamp_on else (90, 90, 90), -1)
+        # The big ball on the floor: still, then rolling right (wrapping), then still again.
+        if now < t["move"]:
+            x = x0
+        elif now < t["stop"]:
+            x = x0 + speed * (now - t["move"])
+        else:
+            x = x0 + speed * (t["stop"] - t["move"])
+        x = 0.25 * width + (x - 0.25 * width) % (0.6 * width)
+        cv2.circle(img, (int(x), floor_y - ball_r), ball_r, COLOURS[ball_colour], -1)
+        # The small ball: in view twice.
+        if t["ball_in"] <= now < t["ball_out"] or now >= t["ball_again"]:
+            cv2.circle(img, (int(width * 0.6), int(height * 0.45)), max(2, ball_r // 2), COLOURS[small_colour], -1)
+        # The square appears and stays.
+        if now >= t["square"]:
+            side = max(4, height // 6)
+            sx, sy = int(width * 0.45), int(height * 0.12)
+            cv2.rectangle(img, (sx, sy), (sx + side, sy + side), COLOURS[square_colour], -1)
+        frames[i] = img
+
+    def frame_time(seconds_: float) -> float:
+        """The time of the first frame at or after ``seconds_`` (what a viewer of the video sees)."""
+        return float(np.ceil(seconds_ * fps - 1e-9) / fps)
+
+    starts = {"square_appears": (t["square"], square_colour), "starts_moving": (t["move"], ball_colour),
+              "stops": (t["stop"], ball_colour), "lamp_after_door": (t["lamp"], ""),
+              "second_ball": (t["ball_again"], small_colour)}
+    events = []
+    for kind, (start, colour) in starts.items():
+        query, response = PHRASINGS[kind][int(rng.integers(len(PHRASINGS[kind])))]
+        start = frame_time(start)
+        events.append(Event(kind, start, min(start + 5.0, seconds), query.format(colour=colour),
+                            response.format(colour=colour), colour))
+    return Stream(uid or f"synthetic-{seed:06d}", frames, fps, events)
+
+
+def write_video(path: Path, stream: Stream) -> Path:
+    import cv2
+
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), stream.fps,
+                             (stream.frames.shape[2], stream.frames.shape[1]))
+    for frame in stream.frames:
+        writer.write(frame)
+    writer.release()
+    return path
+
+
+def write_dataset(out: str | Path, seeds: dict[str, list[int]], seconds: float = 60.0, fps: float = 2.0) -> Path:
+    """Videos (MJPG .avi) and ``annotations.csv`` for each split; a stream belongs to one split only."""
+    out = Path(out)
+    (out / "videos").mkdir(parents=True, exist_ok=True)
+    rows = []
+    seen: set[int] = set()
+    for split, split_seeds in seeds.items():
+        if seen & set(split_seeds):
+            raise ValueError(f"split {split} shares streams with another split: {sorted(seen & set(split_seeds))}")
+        seen |= set(split_seeds)
+        for seed in split_seeds:
+            stream = generate_stream(seed, seconds, fps)
+            write_video(out / "videos" / f"{stream.uid}.avi", stream)
+            for i, e in enumerate(stream.events):
+                rows.append({"split": split, "source": "temporal" if e.temporal else "single_frame",
+                             "video_uid": stream.uid, "clip_uid": stream.uid, "annotator_uid": "generator",
+                             "ann_idx": i, "query": e.query, "response": e.response, "label": e.kind,
+                             "video_start_time": e.start_time, "video_end_time": e.end_time, "video_fps": fps,
+                             "video_length": len(stream.frames)})
+    with open(out / "annotations.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return out / "annotations.csv"

@@ -1,0 +1,85 @@
+"""Synthetic event streams: each event starts on the annotated frame, and the annotations are EgoSDQES-shaped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sdqes_edge.annotations import load_annotations, oracle_traces
+from sdqes_edge.metrics import evaluate
+from sdqes_edge.synthetic import COLOURS, EVENT_KINDS, TEMPORAL_EVENTS, generate_stream, write_dataset
+
+FPS = 2.0
+
+
+def colour_mask(frames: np.ndarray, colour: str) -> np.ndarray:
+    """[T, H, W]: where each frame shows exactly this colour (frames drawn without sensor noise)."""
+    return np.all(frames == np.array(COLOURS[colour], dtype=np.uint8), axis=-1)
+
+
+def centre_x(mask: np.ndarray) -> np.ndarray:
+    """Mean column of the masked pixels per frame (NaN where none)."""
+    cols = np.arange(mask.shape[2])
+    counts = mask.sum(axis=(1, 2))
+    return np.where(counts > 0, (mask.sum(axis=1) * cols).sum(axis=1) / np.maximum(counts, 1), np.nan)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_event_starts_exactly_on_its_annotated_frame(seed):
+    stream = generate_stream(seed, fps=FPS, noise=0.0)  # no sensor noise, so colours can be matched exactly
+    frames = stream.frames
+    start = {e.kind: int(round(e.start_time * FPS)) for e in stream.events}
+    colour = {e.kind: e.colour for e in stream.events}
+    assert set(start) == set(EVENT_KINDS)
+    assert all(2 <= t < len(frames) - 2 for t in start.values())
+
+    square = colour_mask(frames, colour["square_appears"]).any(axis=(1, 2))
+    t = start["square_appears"]
+    assert square[t] and not square[:t].any()
+
+    floor = frames[:, int(frames.shape[1] * 0.6):]  # the big ball rolls on the floor band
+    x = centre_x(colour_mask(floor, colour["starts_moving"]))
+    t = start["starts_moving"]
+    assert np.all(x[:t] == x[0]) and x[t + 1] != x[t - 1]  # still until the start, rolling after it
+    t = start["stops"]
+    assert x[t - 1] != x[t - 2] and np.all(x[t:] == x[-1])  # rolling until the stop, still from it on
+
+    lamp = np.all(frames[:, int(96 * 0.15), int(128 * 0.85)] == (80, 230, 250), axis=-1)
+    door_open = np.all(frames[:, int(96 * 0.5), int(128 * 0.15)] == (20, 20, 20), axis=-1)
+    t = start["lamp_after_door"]
+    assert lamp[t] and not lamp[t - 1] and door_open[t - 1] and not door_open[0]
+
+    small = colour_mask(frames, colour["second_ball"]).any(axis=(1, 2))
+    t = start["second_ball"]
+    assert small[t] and not small[t - 1] and small[: t - 1].any()  # seen before, gone, back
+
+
+def test_streams_are_reproducible_from_their_seed():
+    a, b, c = generate_stream(5), generate_stream(5), generate_stream(6)
+    np.testing.assert_array_equal(a.frames, b.frames)
+    assert [e.start_time for e in a.events] == [e.start_time for e in b.events]
+    assert not np.array_equal(a.frames, c.frames)
+
+
+def test_a_dataset_loads_as_egosdqes_annotations_and_the_oracle_scores_100(tmp_path):
+    csv = write_dataset(tmp_path, {"train": [1, 2], "val": [3], "test": [4]}, seconds=30.0, fps=FPS)
+    test = load_annotations(str(csv), split="test")
+    assert len(test) == len(EVENT_KINDS)
+    assert {a.source for a in test} == {"temporal", "single_frame"}
+    assert sum(a.source == "temporal" for a in test) == len(TEMPORAL_EVENTS)
+    assert all(a.video_seconds == 30.0 for a in test)
+    assert (tmp_path / "videos" / f"{test[0].video_uid}.avi").stat().st_size > 0
+    result = evaluate(oracle_traces(load_annotations(str(csv)), fps=FPS), 0.5)
+    assert result.recall["[-5,+10]"][1] == 100.0 and result.min_distance[1] == 0.0
+    with pytest.raises(ValueError, match="shares streams"):
+        write_dataset(tmp_path / "x", {"train": [1], "test": [1]})
+
+
+def test_the_lamp_also_lights_before_the_door_opens_so_one_frame_cannot_tell_the_event():
+    flickers = 0
+    for seed in range(12):
+        frames = generate_stream(seed, fps=FPS, noise=0.0).frames
+        lamp = np.all(frames[:, int(96 * 0.15), int(128 * 0.85)] == (80, 230, 250), axis=-1)
+        door_open = np.all(frames[:, int(96 * 0.5), int(128 * 0.15)] == (20, 20, 20), axis=-1)
+        flickers += bool(np.any(lamp & ~door_open))
+    assert flickers >= 4
