@@ -220,7 +220,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if args.per_label:
                 rows[f"{name}, per-label ({len(cal.per_label)} labels)"] = evaluate_with(
                     traces, labels, cal.threshold, cal.per_label)
-    print(f"{len(annotations)} annotations ({args.split or 'all splits'}) at {args.fps:g} fps\n")
+    rate = "traces at their own fps" if args.scores and not args.baseline else f"{args.fps:g} fps"
+    print(f"{len(annotations)} annotations ({args.split or 'all splits'}), {rate}\n")
     print(text_table(rows))
     out = Path(args.out)
     extra["calibration"] = {n: c.to_dict() for n, c in calibrations.items()}
@@ -274,6 +275,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print((Path(cfg.out) / "bench.md").read_text())
     print(f"wrote {', '.join(str(f) for f in files)} in {results['seconds']:.0f} s")
     print(f"\nnext: {PROG} export --preset {cfg.preset} --adapter qrnn --out bundles/{cfg.preset}")
+    return 0
+
+
+# --- synth ----------------------------------------------------------------------------
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    """Write a synthetic EgoSDQES-shaped dataset: videos plus annotations.csv, split by stream."""
+    from pathlib import Path
+
+    from .synthetic import write_dataset
+
+    counts = {"train": args.train, "val": args.val, "test": args.test}
+    if any(n < 0 for n in counts.values()) or sum(counts.values()) == 0:
+        raise UserError("--train/--val/--test must be >= 0 and not all 0")
+    if args.seconds < 10 or args.fps <= 0:
+        raise UserError("--seconds must be >= 10 and --fps positive")
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {out} is not empty; give a new folder")
+    seeds, next_seed = {}, args.seed
+    for split, n in counts.items():
+        seeds[split] = list(range(next_seed, next_seed + n))
+        next_seed += n
+    started = time.perf_counter()
+    csv_path = write_dataset(out, seeds, seconds=args.seconds, fps=args.fps)
+    total = sum(counts.values())
+    print(f"wrote {total} streams of {args.seconds:g} s at {args.fps:g} fps ({args.train} train, {args.val} val, "
+          f"{args.test} test) and {csv_path} in {time.perf_counter() - started:.1f} s")
+    print(f"\nnext: {PROG} eval --annotations {csv_path} --split test --fps {args.fps:g} --baseline oracle random")
     return 0
 
 
@@ -367,6 +397,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-int8", action="store_true", help="skip the int8 column (saves the quantization)")
     bench.add_argument("--out", help="results folder (default bench-results)")
     bench.set_defaults(func=cmd_bench)
+
+    synth = sub.add_parser(
+        "synth", help="write a synthetic dataset: scenes where queried events start at known times",
+        description="Seeded OpenCV scenes (a door, a lamp, balls and squares of named colours) in which events "
+                    "start at known times: some visible in one frame (a square appears), others only over time "
+                    "(a ball starts or stops rolling, the lamp turns on after the door opened, a ball shows up a "
+                    "second time). Writes videos/*.avi and annotations.csv in the EgoSDQES columns, each stream "
+                    "in one split.")
+    synth.add_argument("--out", required=True, help="new folder for videos/ and annotations.csv")
+    synth.add_argument("--train", type=int, default=20, help="training streams (default %(default)s)")
+    synth.add_argument("--val", type=int, default=5, help="validation streams (default %(default)s)")
+    synth.add_argument("--test", type=int, default=5, help="test streams (default %(default)s)")
+    synth.add_argument("--seconds", type=float, default=60.0, help="length of each stream (default %(default)s)")
+    synth.add_argument("--fps", type=float, default=2.0, help="frames per second drawn (default %(default)s)")
+    synth.add_argument("--seed", type=int, default=0, help="first stream's seed; streams use consecutive seeds")
+    synth.set_defaults(func=cmd_synth)
 
     from .export.commands import add_parsers as add_export_parsers
 

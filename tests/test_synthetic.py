@@ -83,3 +83,25 @@ def test_the_lamp_also_lights_before_the_door_opens_so_one_frame_cannot_tell_the
         door_open = np.all(frames[:, int(96 * 0.5), int(128 * 0.15)] == (20, 20, 20), axis=-1)
         flickers += bool(np.any(lamp & ~door_open))
     assert flickers >= 4
+
+
+def test_the_synth_command_writes_a_dataset_that_eval_reads(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "data"
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "synth", "--out", str(out), "--train", "1",
+                           "--val", "1", "--test", "2", "--seconds", "20"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "next: sdqes-edge eval" in done.stdout
+    assert len(list((out / "videos").glob("*.avi"))) == 4
+    evaluated = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "eval", "--annotations",
+                                str(out / "annotations.csv"), "--split", "test", "--fps", "2", "--baseline", "oracle",
+                                "--plots", "0", "--out", str(tmp_path / "eval")], capture_output=True, text=True)
+    assert evaluated.returncode == 0, evaluated.stderr
+    oracle = json.loads((tmp_path / "eval" / "eval.json").read_text())["results"]["oracle"]
+    assert oracle["queries"] == 2 * len(EVENT_KINDS) and oracle["recall"]["[-5,+10]"]["1"] == 100.0
+    again = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "synth", "--out", str(out)], capture_output=True,
+                           text=True)
+    assert again.returncode == 2 and "not empty" in again.stderr
