@@ -33,6 +33,7 @@ from ..model import SDQESModel
 from ..model.init import randomize_adapters
 from ..runtime.onnxruntime_backend import OnnxRuntimeStep
 from ..runtime.preprocess import Preprocessor
+from ..runtime.tensorrt_backend import tensorrt_ready
 from ..sample import sample_frames
 from .timing import interleaved, machine, peak_rss_bytes, rss_bytes
 
@@ -73,7 +74,7 @@ def _config(base: ModelConfig, kind: str) -> ModelConfig:
 
 
 def _frame(cfg: ModelConfig, batch: int = 1) -> np.ndarray:
-    pre = Preprocessor.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
+    pre = Preprocessor.from_config(cfg)
     return np.repeat(pre(sample_frames(1)[0])[None], batch, axis=0)
 
 
@@ -94,17 +95,6 @@ def _ort_step(path: Path, frame: np.ndarray, threads: int | None) -> Callable[[]
     def step():
         state[0] = runner.step(frame, state[0]).state
     return step
-
-
-def tensorrt_ready() -> bool:
-    from ..runtime.tensorrt_backend import nvidia_gpu_present
-
-    try:
-        import pycuda  # noqa: F401
-        import tensorrt  # noqa: F401
-    except ImportError:
-        return False
-    return nvidia_gpu_present()
 
 
 def _trt_step(path: Path, model: SDQESModel, frame: np.ndarray, work: Path, log) -> Callable[[], object]:
@@ -298,7 +288,7 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -
         steps = sum(1 for _ in detector.run(open_source(str(video), detector.fps)))
         return (time.perf_counter() - start) * 1e3 / steps
 
-    pre = Preprocessor.from_description(mcfg.vision.image_size, mcfg.to_dict()["preprocess"])
+    pre = Preprocessor.from_config(mcfg)
     inputs = pre.batch(frames[::10])[:, None]  # the same sampled frames, preprocessed beforehand
 
     def bare() -> float:

@@ -32,7 +32,7 @@ from ..tolerances import DRIFT_FRAMES, VERIFY_FRAMES
 from . import graphs
 from .complexity import GraphComplexity, count_graph
 from .precision import quantize_int8
-from .verify import (StepVerification, VariantReport, VerificationError, compare_variant, run_stream,
+from .verify import (StepVerification, VariantReport, VerificationError, compare_variant, max_abs_error, run_stream,
                      verify_step_graph)
 
 MIN_VERIFY_FRAMES = 16
@@ -111,11 +111,11 @@ class ExportResult:
 
 def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None = None) -> np.ndarray:
     """[count, batch, 3, R, R]: stream b starts 3 frames after stream b-1, so the streams differ."""
-    pre = Preprocessor.from_description(model_cfg.vision.image_size, model_cfg.to_dict()["preprocess"])
+    pre = Preprocessor.from_config(model_cfg)
     if video is not None:
-        from ..runtime.video import read_frames
+        from ..runtime.sources import frames_spread_over
 
-        raw = read_frames(video, count + 3 * (batch - 1))
+        raw = frames_spread_over(video, count + 3 * (batch - 1))
         raw = [raw[i % len(raw)] for i in range(count + 3 * (batch - 1))]
     else:
         raw = sample_frames(count + 3 * (batch - 1))
@@ -135,12 +135,13 @@ def _backbone_complexity(model: SDQESModel, batch: int, opset: int) -> GraphComp
         return count_graph(path)
 
 
-def _encode_queries(runner_text_graph: Path, texts: Sequence[str], truncate: bool) -> np.ndarray:
+def _encode_queries(text_graph: Path, texts: Sequence[str], truncate: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids [Q, 77], embeddings [Q, E] from the exported text graph)."""
     import onnxruntime as ort
 
     ids = default_tokenizer().tokenize(list(texts), on_overflow="truncate" if truncate else "error")
-    session = ort.InferenceSession(str(runner_text_graph), providers=["CPUExecutionProvider"])
-    return session.run(None, {graphs.TOKEN_INPUT: ids})[0]
+    session = ort.InferenceSession(str(text_graph), providers=["CPUExecutionProvider"])
+    return ids, session.run(None, {graphs.TOKEN_INPUT: ids})[0]
 
 
 def _check_target(out: Path) -> None:
@@ -193,7 +194,7 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
 
     # Queries: the user's (pre-encoded into the bundle), else the built-in examples (only to count alert changes).
     queries = options.queries or tuple(Query(t, r) for t, r in EXAMPLE_QUERIES)
-    query_embeddings = _encode_queries(text_path, [q.text for q in queries], options.truncate_queries)
+    token_ids, query_embeddings = _encode_queries(text_path, [q.text for q in queries], options.truncate_queries)
     fused = query_embeddings if options.fuse_queries else None
 
     log(f"verifying fp32 against PyTorch over {options.verify_frames} frames ...")
@@ -201,9 +202,8 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
     frames = _frames(cfg, options.verify_frames, options.batch)
     verification = verify_step_graph(model, fp32, frames, query_embeddings=fused, show_progress=options.show_progress)
     with torch.no_grad():
-        ids = torch.from_numpy(default_tokenizer().tokenize([q.text for q in queries], on_overflow="truncate"))
-        verification.text_max_error = float(np.abs(model.encode_text(ids).numpy() -
-                                                   _encode_queries(text_path, [q.text for q in queries], True)).max())
+        reference = model.encode_text(torch.from_numpy(token_ids)).numpy()
+    verification.text_max_error = max_abs_error(query_embeddings, reference)
     if not verification.passed:
         raise VerificationError(f"the exported graph does not match the model: {verification.summary()}; "
                                 "nothing was written (please report this with the command you ran)")

@@ -86,9 +86,8 @@ class StreamingDetector:
 
     def add_sink(self, sink: Sink) -> Sink:
         self.sinks.append(sink)
-        if hasattr(sink, "register"):
-            for query in self.queries.queries.values():
-                sink.register(query.id, query.text, query.added_at)
+        for query in self.queries.queries.values():
+            sink.on_query_added(query.id, query.text, query.added_at)
         return sink
 
     # --- queries -------------------------------------------------------------------
@@ -100,8 +99,7 @@ class StreamingDetector:
         query = self.queries.add(text, self.default_policy(threshold, **policy_options), message, query_id,
                                  stream_time=self.stream_time[0])
         for sink in self.sinks:
-            if hasattr(sink, "register"):
-                sink.register(query.id, query.text, query.added_at)
+            sink.on_query_added(query.id, query.text, query.added_at)
         return query
 
     def remove_query(self, query_id: str) -> None:
@@ -139,8 +137,13 @@ class StreamingDetector:
         self.frame_counts = counts
 
     # --- one step --------------------------------------------------------------------
-    def step(self, frames: list[Frame | None], received: list[float] | None = None) -> list[list[AlertEvent]]:
-        """One frame per stream (None for an idle slot) -> the alerts each stream raised."""
+    def step(self, frames: list[Frame | None]) -> list[list[AlertEvent]]:
+        """One frame per stream (None for an idle slot) -> the alerts each stream raised.
+
+        An alert's latency runs from this call to the alert: preprocessing (unless the reader thread did
+        it), the model step and the scoring.
+        """
+        start = time.perf_counter()
         if len(frames) != self.batch:
             raise UserError(f"this bundle steps {self.batch} stream(s) at once; got {len(frames)} frames")
         size = self.bundle.image_size
@@ -148,7 +151,6 @@ class StreamingDetector:
         for i, frame in enumerate(frames):
             if frame is not None:
                 batch[i] = frame.tensor if frame.tensor is not None else self.preprocess(frame.image)
-        start = time.perf_counter()
         result = self.backend.step(batch, self.state)
         self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
         idle = [i for i, f in enumerate(frames) if f is None]
@@ -168,7 +170,7 @@ class StreamingDetector:
                                           "bundle with `sdqes-edge inspect` (fp16 overflow?)")
             self.stream_time[i] = frame.time
             self.frame_counts[i] += 1
-            latency = (time.perf_counter() - (received[i] if received else start)) * 1e3
+            latency = (time.perf_counter() - start) * 1e3
             for q, qid in enumerate(ids):
                 query = self.queries.queries[qid]
                 if self.queries.alert_state(qid, i).update(float(probs[i, q]), frame.time):
@@ -205,10 +207,10 @@ class StreamingDetector:
                     frames.append(frame)
                 if all(f is None for f in frames):
                     break
-                received = time.perf_counter()
-                events = self.step(frames, [received] * self.batch)
+                started = time.perf_counter()
+                events = self.step(frames)
                 stats.frames += 1
-                stats.latencies_ms.append((time.perf_counter() - received) * 1e3)
+                stats.latencies_ms.append((time.perf_counter() - started) * 1e3)
                 flat = [e for per_stream in events for e in per_stream]
                 stats.events += len(flat)
                 yield flat

@@ -106,6 +106,10 @@ class OnnxRuntimeStep:
 
     def keep_streams(self, new, old, streams: list[int]):
         """``new`` with the rows (streams) in ``streams`` taken from ``old``: an idle stream keeps its state."""
+        if not self.io_binding:  # host arrays this backend owns: copy the rows in place
+            for name in new:
+                new[name][streams] = old[name][streams]
+            return new
         new_host, old_host = self.state_to_numpy(new), self.state_to_numpy(old)
         for name in new_host:
             new_host[name][streams] = old_host[name][streams]

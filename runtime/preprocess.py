@@ -86,6 +86,11 @@ class Preprocessor:
                    resize_shorter_side=bool(preprocess.get("resize_shorter_side", True)),
                    center_crop=bool(preprocess.get("center_crop", True)))
 
+    @classmethod
+    def from_config(cls, cfg) -> "Preprocessor":
+        """From a ``ModelConfig`` (what the exporter and the benchmarks hold)."""
+        return cls.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
+
     def __call__(self, frame_bgr: np.ndarray) -> np.ndarray:
         """One BGR uint8 frame [H, W, 3] -> normalized float32 [3, R, R]."""
         if frame_bgr is None or frame_bgr.ndim != 3 or frame_bgr.shape[2] != 3:

@@ -7,6 +7,7 @@ so re-adding a query costs nothing. Queries can be added and removed between fra
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +32,20 @@ class TextEncoder:
     """Query text -> L2-normalized embedding [E], with the bundle's tokenizer and text graph."""
 
     def __init__(self, text_graph: Path, vocab: Path, context_length: int, on_overflow: str = "error"):
-        import onnxruntime as ort
-
-        self.tokenizer = ClipTokenizer(str(vocab), context_length=context_length)
-        self.session = ort.InferenceSession(str(text_graph), providers=["CPUExecutionProvider"])
+        self.text_graph, self.vocab, self.context_length = text_graph, vocab, context_length
         self.on_overflow = on_overflow
         self._cache: dict[str, np.ndarray] = {}
+
+    # Loaded on the first query that is not pre-encoded: a ViT-B/16 text graph is 240 MB.
+    @functools.cached_property
+    def tokenizer(self) -> ClipTokenizer:
+        return ClipTokenizer(str(self.vocab), context_length=self.context_length)
+
+    @functools.cached_property
+    def session(self):
+        import onnxruntime as ort
+
+        return ort.InferenceSession(str(self.text_graph), providers=["CPUExecutionProvider"])
 
     def seed(self, texts: list[str], embeddings: np.ndarray) -> None:
         """Pre-encoded queries from the bundle."""

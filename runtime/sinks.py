@@ -35,6 +35,9 @@ class AlertEvent:
 
 
 class Sink:
+    def on_query_added(self, query_id: str, text: str, asked_time: float) -> None:
+        """Called for every query, those active when the sink was attached included."""
+
     def on_frame(self, stream: int, frame_bgr: np.ndarray, time_s: float, probs: dict[str, float],
                  events: list[AlertEvent]) -> None:
         """Called for every processed frame (most sinks only care about events)."""
@@ -132,7 +135,7 @@ class ScoreTraceRecorder(Sink):
         self._texts: dict[str, str] = {}
         self._asked: dict[str, float] = {}
 
-    def register(self, query_id: str, text: str, asked_time: float) -> None:
+    def on_query_added(self, query_id: str, text: str, asked_time: float) -> None:
         self._texts.setdefault(query_id, text)
         self._asked.setdefault(query_id, asked_time)
 

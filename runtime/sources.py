@@ -10,6 +10,8 @@ live source that disconnects is reopened with back-off.
 
 from __future__ import annotations
 
+import abc
+import itertools
 import os
 import queue
 import threading
@@ -53,7 +55,7 @@ class SourceStats:
     reconnects: int = 0
 
 
-class FrameSource:
+class FrameSource(abc.ABC):
     """Base: subclasses yield (image, timestamp seconds) in ``_frames``; this samples and threads them."""
 
     live = False
@@ -64,10 +66,10 @@ class FrameSource:
         self.stats = SourceStats()
         self.log: Callable[[str], None] = lambda message: None
 
+    @abc.abstractmethod
     def _frames(self) -> Iterator[tuple[Callable[[], np.ndarray], float]]:
         """(image getter, timestamp seconds): the getter runs only for frames the sampler keeps, so a file
         source can skip colour conversion of the frames between samples."""
-        raise NotImplementedError
 
     def sampled(self) -> Iterator[Frame]:
         """Frames at ``fps`` by timestamp: the first frame at or after each sample time k / fps."""
@@ -256,6 +258,16 @@ class LiveSource(FrameSource):
         finally:
             if capture is not None:
                 capture.release()
+
+
+def frames_spread_over(path: str | Path, count: int) -> list[np.ndarray]:
+    """Up to ``count`` BGR frames spread evenly over a video file (int8 calibration), by the same sampler."""
+    source = VideoFileSource(path, fps=1.0)
+    if source.frame_count > 0 and source.native_fps > 0:
+        source.fps = count / (source.frame_count / source.native_fps)
+    else:  # the container does not say how long it is: take the first `count` frames
+        source.fps = source.native_fps if source.native_fps > 0 else 30.0
+    return [frame.image for frame in itertools.islice(source.sampled(), count)]
 
 
 def open_source(spec: str, fps: float) -> FrameSource:

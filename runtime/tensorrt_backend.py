@@ -30,6 +30,16 @@ def nvidia_gpu_present() -> bool:
     return any(Path(p).exists() for p in ("/proc/driver/nvidia/version", "/dev/nvidia0", "/dev/nvhost-ctrl-gpu"))
 
 
+def tensorrt_ready() -> bool:
+    """True where this backend can run: an NVIDIA driver, tensorrt and pycuda (checked without a CUDA context)."""
+    try:
+        import pycuda  # noqa: F401
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return False
+    return nvidia_gpu_present()
+
+
 def require_tensorrt():
     """Import tensorrt and pycuda, or raise a one-line UserError naming what is missing."""
     if not nvidia_gpu_present():

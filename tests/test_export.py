@@ -42,7 +42,7 @@ def quiet_export(model, out, **options):
 def stream_frames(model, count: int, batch: int = 1) -> np.ndarray:
     """[count, batch, 3, R, R] preprocessed frames of the sample clip."""
     cfg = model.cfg
-    pre = Preprocessor.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
+    pre = Preprocessor.from_config(cfg)
     frames = pre.batch(sample_frames(count + batch))
     return np.stack([frames[b : b + count] for b in range(batch)], axis=1)
 

@@ -23,7 +23,7 @@ from sdqes_edge.runtime.onnxruntime_backend import StepResult
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.runtime.sinks import CallbackSink, ScoreTraceRecorder
 from sdqes_edge.runtime.sources import FrameSource, VideoFileSource, open_source
-from sdqes_edge.runtime.tensorrt_backend import DeviceInfo, check_engine_matches
+from sdqes_edge.runtime.tensorrt_backend import DeviceInfo, check_engine_matches, tensorrt_ready
 from sdqes_edge.sample import sample_frames
 from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL
 from sdqes_edge.traces import load_scores
@@ -68,7 +68,7 @@ def test_a_video_through_the_runtime_scores_what_the_pytorch_model_scores(suffix
     # The same sampled frames, preprocessed the same way, through the PyTorch step form.
     decoded = [f.image for f in VideoFileSource(video, FPS).sampled()]
     cfg = model.cfg
-    pre = Preprocessor.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
+    pre = Preprocessor.from_config(cfg)
     with torch.no_grad():
         frames = torch.from_numpy(pre.batch(decoded))[None]  # [1, T, 3, R, R]
         embeddings, _ = model.step_frames(frames)
@@ -372,7 +372,7 @@ def test_io_binding_keeps_the_state_in_ort_values_and_gives_the_same_stream(expo
     graph = load_bundle(bundle).step_graph()
     plain, bound = OnnxRuntimeStep(graph), OnnxRuntimeStep(graph, io_binding=True)
     cfg = model.cfg
-    pre = Preprocessor.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
+    pre = Preprocessor.from_config(cfg)
     frames = pre.batch(sample_frames(20, 120, 160))
     state_a, state_b = plain.initial_state(), bound.initial_state()
     for frame in frames:
@@ -440,17 +440,6 @@ def test_a_live_source_that_drops_is_reopened_with_back_off(tmp_path):
     assert any("reconnecting" in m for m in messages)
 
 
-def tensorrt_ready() -> bool:
-    from sdqes_edge.runtime.tensorrt_backend import nvidia_gpu_present
-
-    try:
-        import pycuda  # noqa: F401
-        import tensorrt  # noqa: F401
-    except ImportError:
-        return False
-    return nvidia_gpu_present()
-
-
 @pytest.mark.skipif(not tensorrt_ready(), reason="needs an NVIDIA GPU with TensorRT and pycuda installed")
 def test_the_tensorrt_backend_streams_what_onnx_runtime_streams(exported, tmp_path):
     import shutil
@@ -467,7 +456,7 @@ def test_the_tensorrt_backend_streams_what_onnx_runtime_streams(exported, tmp_pa
     loaded = load_bundle(copy)
     trt_step, ort_step = TensorRTStep.from_bundle(loaded, "fp32"), OnnxRuntimeStep(loaded.step_graph())
     cfg = model.cfg
-    pre = Preprocessor.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
+    pre = Preprocessor.from_config(cfg)
     trt_state, ort_state = trt_step.initial_state(), ort_step.initial_state()
     for frame in pre.batch(sample_frames(32, 120, 160)):
         a, b = trt_step.step(frame[None], trt_state), ort_step.step(frame[None], ort_state)
