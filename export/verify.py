@@ -19,6 +19,7 @@ from ..errors import UserError
 from ..metrics import rising_edge_mask
 from ..model import SDQESModel
 from ..runtime.onnxruntime_backend import OnnxRuntimeStep, State
+from ..runtime.queries import score
 from ..tolerances import FP32_EMBEDDING_ATOL, FP32_STATE_ATOL, VARIANT_TOLERANCES
 
 # How a client hands the state outputs of one frame to the next; the right one is "as they are, by name".
@@ -182,8 +183,8 @@ def compare_variant(precision: str, reference: StreamRecord, variant: StreamReco
     state_error = max((max_abs_error(variant.final_state[n], s) for n, s in reference.final_state.items()),
                       default=0.0)
     state_scale = max((float(np.abs(s).max()) for s in reference.final_state.values()), default=0.0)
-    p_ref = 1 / (1 + np.exp(-(ref @ query_embeddings.T)))  # [T, B, Q]
-    p_var = 1 / (1 + np.exp(-(var @ query_embeddings.T)))
+    p_ref = score(ref, query_embeddings)[1]  # [T, B, Q]
+    p_var = score(var, query_embeddings)[1]
 
     def alerts(threshold_: float) -> tuple[int, int]:
         a_ref, a_var = rising_edge_mask(p_ref, threshold_), rising_edge_mask(p_var, threshold_)

@@ -19,7 +19,7 @@ from ..errors import UserError
 from .alerts import AlertPolicy
 from .bundle import Bundle, load_bundle
 from .preprocess import Preprocessor
-from .queries import Query, QueryBank, TextEncoder
+from .queries import Query, QueryBank, TextEncoder, score
 from .sinks import AlertEvent, Sink
 from .sources import Frame, FrameSource
 
@@ -156,8 +156,7 @@ class StreamingDetector:
         idle = [i for i, f in enumerate(frames) if f is None]
         self.state = self.backend.keep_streams(result.state, self.state, idle) if idle else result.state
         ids = self.queries.ids
-        cosines = result.embedding @ self.queries.matrix.T if ids else np.zeros((self.batch, 0), np.float32)
-        probs = 1.0 / (1.0 + np.exp(-cosines))  # [B, Q]
+        cosines, probs = score(result.embedding, self.queries.matrix) if ids else (np.zeros((self.batch, 0)),) * 2
         events_per_stream: list[list[AlertEvent]] = []
         for i, frame in enumerate(frames):
             events: list[AlertEvent] = []

@@ -28,6 +28,15 @@ class Query:
     added_at: float  # stream time when it was added
 
 
+def score(embeddings: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings [..., E] against queries [Q, E] (both L2-normalized) -> (cosines, p = sigmoid(cos)), [..., Q].
+
+    DESIGN.md section 1: no temperature; the threshold applies to p.
+    """
+    cosines = embeddings @ queries.T
+    return cosines, 1.0 / (1.0 + np.exp(-cosines))
+
+
 class TextEncoder:
     """Query text -> L2-normalized embedding [E], with the bundle's tokenizer and text graph."""
 
