@@ -204,6 +204,15 @@ _TINY = ModelConfig(
     vision=VisionConfig(image_size=32, patch_size=8, width=128, layers=2, heads=2),
     text=TextConfig(context_length=77, vocab_size=49408, width=64, layers=1, heads=1),
 )
+# The model `sdqes-edge train` fits to synthetic event streams and `sdqes-edge demo` ships: big enough to
+# see a 3-pixel ball at 64 px, small enough to train in minutes on two CPU cores and ship in a few MB
+# (the text tower's 49408-token embedding table dominates its size).
+_SYNTHETIC = ModelConfig(
+    name="synthetic",
+    embed_dim=64,
+    vision=VisionConfig(image_size=64, patch_size=16, width=64, layers=4, heads=1),
+    text=TextConfig(context_length=77, vocab_size=49408, width=32, layers=2, heads=1),
+)
 
 # The authors' adapter configurations (DESIGN.md section 2): two adapters per block.
 AUTHORS_ADAPTERS = {
@@ -227,8 +236,8 @@ def with_authors_adapter(base: ModelConfig, kind: str, **changes: Any) -> ModelC
 
 
 def _build_presets() -> dict[str, ModelConfig]:
-    presets = {"clip-vit-b16": _CLIP_B16, "tiny": _TINY}
-    for base in (_CLIP_B16, _TINY):
+    presets = {"clip-vit-b16": _CLIP_B16, "tiny": _TINY, "synthetic": _SYNTHETIC}
+    for base in (_CLIP_B16, _TINY, _SYNTHETIC):
         for kind in AUTHORS_ADAPTERS:
             presets[f"{base.name}+{kind}"] = with_authors_adapter(base, kind)
     return presets

@@ -11,8 +11,9 @@ others need the stream's past, which is what temporal adapters are for:
 - ``square_appears``  a square of a colour appears                       (single frame)
 - ``starts_moving``   the ball, still until then, starts rolling          (temporal: needs motion)
 - ``stops``           the rolling ball comes to rest                      (temporal)
-- ``lamp_after_door`` the lamp turns on after the door was opened; it may
-                      also flicker on earlier, before the door opens      (temporal: needs order)
+- ``lamp_after_door`` the lamp turns on after the door was opened (and shut
+                      again); it may also flicker on before the door opens,
+                      which looks the same in a single frame              (temporal: needs memory)
 - ``second_ball``     the second time the small ball comes into view      (temporal: needs counting)
 """
 
@@ -26,6 +27,13 @@ import numpy as np
 
 COLOURS = {"red": (40, 40, 220), "blue": (220, 80, 30), "green": (60, 180, 60), "yellow": (40, 210, 230),
            "purple": (170, 60, 150)}  # BGR
+# Where things are drawn, as fractions of the frame. Everything lies inside the centre square, because
+# CLIP's preprocessing crops a 4:3 frame to its middle square (x from 12.5% to 87.5%).
+DOOR_X = (0.15, 0.28)
+LAMP_CENTRE = (0.78, 0.15)  # (x, y)
+BALL_TRACK_X = (0.32, 0.85)  # the big ball rolls along the floor and wraps around in this band
+SMALL_BALL_CENTRE = (0.6, 0.45)
+SQUARE_CORNER = (0.45, 0.12)
 SINGLE_FRAME_EVENTS = ("square_appears",)
 TEMPORAL_EVENTS = ("starts_moving", "stops", "lamp_after_door", "second_ball")
 EVENT_KINDS = SINGLE_FRAME_EVENTS + TEMPORAL_EVENTS
@@ -82,7 +90,8 @@ def _timeline(rng: np.random.Generator, seconds: float) -> dict:
     t["move"] = rng.uniform(0.15, 0.45) * seconds
     t["stop"] = t["move"] + rng.uniform(0.2, 0.35) * seconds
     t["door"] = rng.uniform(0.2, 0.6) * seconds
-    t["lamp"] = t["door"] + rng.uniform(0.1, 0.3) * seconds
+    t["door_shut"] = t["door"] + rng.uniform(3.0, 5.0)  # shut again before the lamp comes on
+    t["lamp"] = t["door"] + max(6.0, rng.uniform(0.1, 0.3) * seconds)
     # The lamp on for 2 s before the door opens (a distractor for "after the door opened"), ending 0.5 s before it.
     latest = t["door"] - 2.5
     flicker = rng.uniform(0.02 * seconds, latest) if latest > 0.02 * seconds else None
@@ -105,7 +114,8 @@ def generate_stream(seed: int, seconds: float = 60.0, fps: float = 2.0, height: 
     background = np.array(rng.uniform(90, 160, size=3), dtype=np.float32)
     floor_y = int(height * 0.8)
     ball_r = max(3, height // 12)
-    x0 = rng.uniform(0.3, 0.4) * width
+    track0, track1 = BALL_TRACK_X[0] * width, BALL_TRACK_X[1] * width
+    x0 = rng.uniform(track0, track1)  # anywhere on the track: where a still ball sits says nothing
     speed = rng.uniform(0.04, 0.08) * width  # pixels per second
     for i in range(len(frames)):
         now = i / fps
@@ -115,16 +125,16 @@ def generate_stream(seed: int, seconds: float = 60.0, fps: float = 2.0, height: 
         if noise:
             frame += rng.normal(0, noise, size=frame.shape).astype(np.float32)  # sensor noise
         img = np.clip(frame, 0, 255).astype(np.uint8)
-        # The door on the left: closed (brown panel) until t["door"], then open (dark gap, panel swung aside).
-        dx0, dx1, dy0 = int(width * 0.04), int(width * 0.2), int(height * 0.3)
-        if now < t["door"]:
+        # The door on the left: closed (brown panel), open (dark gap, panel swung aside) for a few seconds.
+        dx0, dx1, dy0 = int(width * DOOR_X[0]), int(width * DOOR_X[1]), int(height * 0.3)
+        if not t["door"] <= now < t["door_shut"]:
             cv2.rectangle(img, (dx0, dy0), (dx1, floor_y), (40, 70, 120), -1)
         else:
             cv2.rectangle(img, (dx0, dy0), (dx1, floor_y), (20, 20, 20), -1)
             cv2.rectangle(img, (dx0, dy0), (dx0 + (dx1 - dx0) // 4, floor_y), (40, 70, 120), -1)
         # The lamp, top right: yellow when on.
         lamp_on = now >= t["lamp"] or (t["flicker"] is not None and t["flicker"] <= now < t["flicker"] + 2.0)
-        cv2.circle(img, (int(width * 0.85), int(height * 0.15)), max(3, height // 14),
+        cv2.circle(img, (int(width * LAMP_CENTRE[0]), int(height * LAMP_CENTRE[1])), max(3, height // 14),
                    (80, 230, 250) if lamp_on else (90, 90, 90), -1)
         # The big ball on the floor: still, then rolling right (wrapping), then still again.
         if now < t["move"]:
@@ -133,15 +143,16 @@ def generate_stream(seed: int, seconds: float = 60.0, fps: float = 2.0, height: 
             x = x0 + speed * (now - t["move"])
         else:
             x = x0 + speed * (t["stop"] - t["move"])
-        x = 0.25 * width + (x - 0.25 * width) % (0.6 * width)
+        x = track0 + (x - track0) % (track1 - track0)
         cv2.circle(img, (int(x), floor_y - ball_r), ball_r, COLOURS[ball_colour], -1)
         # The small ball: in view twice.
         if t["ball_in"] <= now < t["ball_out"] or now >= t["ball_again"]:
-            cv2.circle(img, (int(width * 0.6), int(height * 0.45)), max(2, ball_r // 2), COLOURS[small_colour], -1)
+            cv2.circle(img, (int(width * SMALL_BALL_CENTRE[0]), int(height * SMALL_BALL_CENTRE[1])), max(2, ball_r // 2),
+                       COLOURS[small_colour], -1)
         # The square appears and stays.
         if now >= t["square"]:
             side = max(4, height // 6)
-            sx, sy = int(width * 0.45), int(height * 0.12)
+            sx, sy = int(width * SQUARE_CORNER[0]), int(height * SQUARE_CORNER[1])
             cv2.rectangle(img, (sx, sy), (sx + side, sy + side), COLOURS[square_colour], -1)
         frames[i] = img
 

@@ -1,0 +1,162 @@
+"""Accuracy on held-out synthetic test streams: per adapter kind (over seeds) and per deployment format.
+
+Two tables, both from ``sdqes-edge accuracy``:
+
+- adapters: one model per adapter kind and training seed (``training.train``),
+  SR@1 / SR@3 / SMD@1 at [-5, +10] s on single-frame and temporal event types
+  separately, each seed reported and the spread (max - min) across seeds;
+- formats: one trained checkpoint scored by PyTorch, and exported to a bundle
+  and scored by ONNX Runtime fp32, fp16 and int8 with the state carried over
+  every test stream, all at the threshold calibrated on validation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from sdqes_edge.training import (SplitMetrics, StreamSet, TrainOptions, make_split, make_splits, query_catalogue,
+                                 score_split, split_metrics, torch_scorers, train)
+
+GROUPS = ("single_frame", "temporal")
+METRICS = ("SR@1", "SR@3", "SMD@1")
+
+
+def adapter_runs(base: TrainOptions, kinds: list[str], seeds: list[int], out: Path, log: Callable[[str], None],
+                 progress: Callable | None = None) -> dict:
+    """Train every (kind, seed) on the same splits; returns {kind: {seed: record}}."""
+    data = make_splits(base, base.model_config(), query_catalogue(), progress)
+    runs: dict[str, dict[int, dict]] = {}
+    for kind in kinds:
+        for seed in seeds:
+            result = train(replace(base, adapter=kind, seed=seed), out / f"{kind}-seed{seed}", log=log,
+                           progress=progress, data=data)
+            runs.setdefault(kind, {})[seed] = result.record
+    return runs
+
+
+def adapter_table(runs: dict[str, dict[int, dict]]) -> str:
+    """Markdown: per kind and event group, every seed's SR@1, the mean and the spread; SR@3 and SMD@1 means."""
+    lines = ["| adapter | events | SR@1 per seed | SR@1 mean | SR@1 spread | SR@3 mean | SMD@1 mean |",
+             "|---|---|---|---|---|---|---|"]
+    for kind, by_seed in runs.items():
+        for group in GROUPS:
+            values = {m: [r["test"][group][m] for r in by_seed.values()] for m in METRICS}
+            per_seed = " / ".join(f"{v:.1f}" for v in values["SR@1"])
+            lines.append(f"| {kind} | {group.replace('_', '-')} | {per_seed} | {np.mean(values['SR@1']):.1f} | "
+                         f"{np.ptp(values['SR@1']):.1f} | {np.mean(values['SR@3']):.1f} | "
+                         f"{np.mean(values['SMD@1']):.1f} |")
+    return "\n".join(lines)
+
+
+def temporal_verdict(runs: dict[str, dict[int, dict]]) -> str:
+    """Acceptance 1 of the issue: does the best temporal adapter beat mlp and none on temporal SR@1 by more than
+    the spread across seeds?"""
+    def sr(kind: str) -> list[float]:
+        return [r["test"]["temporal"]["SR@1"] for r in runs[kind].values()]
+
+    temporal = [k for k in runs if k in ("st", "qrnn", "retnet")]
+    baselines = [k for k in runs if k in ("none", "mlp")]
+    if not temporal or not baselines:
+        return "needs a temporal adapter and a baseline (none or mlp) to compare"
+    best = max(temporal, key=lambda k: np.mean(sr(k)))
+    spread = max(np.ptp(sr(k)) for k in [best, *baselines])
+    parts = []
+    for b in baselines:
+        margin = np.mean(sr(best)) - np.mean(sr(b))
+        parts.append(f"{best} - {b} = {margin:+.1f} points ({'beats' if margin > spread else 'does NOT beat'} "
+                     f"the largest seed spread {spread:.1f})")
+    return "temporal events, SR@1 means: " + "; ".join(parts)
+
+
+# --- per deployment format -----------------------------------------------------------------
+
+def ort_scorers(bundle_dir: Path, precision: str) -> tuple[Callable, Callable]:
+    """ONNX Runtime embedders for ``score_split``: the bundle's step graph with its state fed back each frame."""
+    from sdqes_edge.runtime.bundle import load_bundle
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+    from sdqes_edge.runtime.queries import TextEncoder
+
+    bundle = load_bundle(bundle_dir)
+    step = OnnxRuntimeStep(bundle.step_graph(precision))
+    text = TextEncoder(bundle.text_graph, bundle.tokenizer_vocab, bundle.manifest["model"]["text"]["context_length"])
+
+    def embed_stream(frames: np.ndarray) -> np.ndarray:
+        state, out = step.initial_state(), []
+        for frame in frames:
+            result = step.step(frame[None], state)
+            out.append(result.embedding[0])
+            state = result.state
+        return np.stack(out)
+
+    def encode_queries(texts: list[str]) -> np.ndarray:
+        return np.stack([text.encode(t) for t in texts])
+
+    return embed_stream, encode_queries
+
+
+def format_rows(checkpoint: Path, test: StreamSet, threshold: float, bundle_dir: Path,
+                log: Callable[[str], None]) -> dict[str, SplitMetrics]:
+    """PyTorch, then ORT fp32 / fp16 / int8 from one exported bundle, all at ``threshold``."""
+    from sdqes_edge.checkpoints import load_model
+    from sdqes_edge.export.exporter import ExportOptions, export_bundle
+
+    model, _ = load_model(str(checkpoint))
+    rows = {"PyTorch (fp32)": split_metrics(score_split(test, *torch_scorers(model)), threshold)}
+    if not (bundle_dir / "manifest.json").is_file():
+        log(f"exporting {checkpoint} (fp32, fp16, int8) to {bundle_dir}")
+        export_bundle(model, bundle_dir, ExportOptions(precisions=("fp32", "fp16", "int8"), threshold=threshold,
+                                                       show_progress=False))
+    for precision in ("fp32", "fp16", "int8"):
+        rows[f"ONNX Runtime {precision}"] = split_metrics(score_split(test, *ort_scorers(bundle_dir, precision)),
+                                                          threshold)
+    return rows
+
+
+def format_table(rows: dict[str, SplitMetrics]) -> str:
+    lines = ["| format | SR@1 all | SR@1 single-frame | SR@1 temporal | SR@3 all | SMD@1 all | SR@1 vs PyTorch |",
+             "|---|---|---|---|---|---|---|"]
+    reference = next(iter(rows.values())).to_dict()["all"]["SR@1"]
+    for name, metrics in rows.items():
+        d = metrics.to_dict()
+        lines.append(f"| {name} | {d['all']['SR@1']:.1f} | {d['single_frame']['SR@1']:.1f} | "
+                     f"{d['temporal']['SR@1']:.1f} | {d['all']['SR@3']:.1f} | {d['all']['SMD@1']:.1f} | "
+                     f"{d['all']['SR@1'] - reference:+.1f} |")
+    return "\n".join(lines)
+
+
+def run(base: TrainOptions, kinds: list[str], seeds: list[int], format_kind: str | None, out: Path,
+        log: Callable[[str], None] = print, progress: Callable | None = None) -> Path:
+    """Both tables; writes accuracy.md and accuracy.json under ``out``. Returns the Markdown path."""
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    runs = adapter_runs(base, kinds, seeds, out / "runs", log, progress) if kinds else {}
+    report = {"options": asdict(base), "kinds": kinds, "seeds": seeds,
+              "adapters": {k: {str(s): r["test"] for s, r in v.items()} for k, v in runs.items()}}
+    md = ["# Accuracy on held-out synthetic test streams", "",
+          f"Training: `{runs[kinds[0]][seeds[0]]['command'] if runs else ''}`, with --adapter and --seed varied; "
+          f"SR@k in percent at [-5, +10] s, SMD@1 in frames (1 fps); threshold calibrated on validation streams.", ""]
+    if runs:
+        md += ["## Per adapter kind (each training seed)", "", adapter_table(runs), "", temporal_verdict(runs), ""]
+        report["temporal_verdict"] = temporal_verdict(runs)
+    if format_kind:
+        seed = seeds[0]
+        run_dir = out / "runs" / f"{format_kind}-seed{seed}"
+        checkpoint = run_dir / f"{replace(base, adapter=format_kind).model_config().name}.pt"
+        if not checkpoint.is_file():
+            train(replace(base, adapter=format_kind, seed=seed), run_dir, log=log, progress=progress)
+        record = json.loads((run_dir / f"{checkpoint.stem}.record.json").read_text())
+        test = make_split("test", base.test_streams, base, base.model_config(), query_catalogue())
+        rows = format_rows(checkpoint, test, record["threshold"], run_dir / "bundle", log)
+        md += [f"## Per deployment format ({format_kind}, seed {seed})", "", format_table(rows), ""]
+        report["formats"] = {name: m.to_dict() for name, m in rows.items()}
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    (out / "accuracy.json").write_text(json.dumps(report, indent=2))
+    path = out / "accuracy.md"
+    path.write_text("\n".join(md) + "\n")
+    return path

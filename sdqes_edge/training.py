@@ -1,0 +1,383 @@
+"""Training a small SDQES model on synthetic event streams: the paper's recipe at small scale, on a CPU.
+
+The recipe (DESIGN.md section 1): a dual encoder scores every frame against a
+query with ``cos(frame, query)`` and is trained with binary cross-entropy on
+that cosine (no temperature) against dense per-frame labels, over windows of
+``w`` frames sampled at 1 fps, with a positive-class weight because a query is
+true on few frames. No pretrained CLIP can be downloaded here, so the whole
+dual encoder (the ``synthetic`` preset) is trained from scratch together with
+its adapters, from one seed.
+
+Data: streams from ``synthetic.generate_stream``, split by stream (train,
+validation, test draw seeds from disjoint ranges). Each window is scored
+against every query the generator can phrase (every event kind, colour and
+phrasing); a query is true on a frame when the window's stream has that event,
+of that colour, and the frame lies in the event's interval. The threshold is
+calibrated on validation streams only; test streams are scored once, at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .config import DEFAULT_FPS, ModelConfig, preset, with_authors_adapter
+from .errors import UserError
+from .evaluation import calibrate_thresholds
+from .metrics import EvalResult, ScoreTrace, evaluate
+from .synthetic import COLOURS, PHRASINGS, Event, generate_stream
+from .tokenizer import default_tokenizer
+
+# Data seeds of each split live in disjoint ranges, so no stream is in two splits whatever the sizes.
+SPLIT_SEED_BASE = {"train": 100_000, "val": 200_000, "test": 300_000}
+SPLIT_SEED_SPAN = 100_000
+CHECKPOINT_RECORD_KEY = "sdqes_edge_training"
+
+
+def split_seeds(split: str, count: int) -> list[int]:
+    if count > SPLIT_SEED_SPAN:
+        raise UserError(f"at most {SPLIT_SEED_SPAN} streams per split, not {count}")
+    return list(range(SPLIT_SEED_BASE[split], SPLIT_SEED_BASE[split] + count))
+
+
+def is_training_seed(seed: int) -> bool:
+    """Whether a stream seed belongs to a split some training run may have used."""
+    return any(base <= seed < base + SPLIT_SEED_SPAN for base in SPLIT_SEED_BASE.values())
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    adapter: str = "qrnn"
+    seed: int = 0  # initialisation and batch order; the data does not depend on it
+    preset: str = "synthetic"
+    train_streams: int = 120
+    val_streams: int = 40
+    test_streams: int = 60
+    stream_seconds: float = 60.0
+    fps: float = DEFAULT_FPS
+    window: int = 32  # frames per training window
+    batch: int = 8  # windows per step
+    steps: int = 1200
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    warmup_steps: int = 40
+    # BCE weight of a true (frame, query) pair; None: negatives per positive in the training labels (about 41).
+    # Balance matters with an unscaled cosine: below it the best constant score is cos = -1, where the gradient
+    # through the L2 normalisation vanishes and training stalls.
+    pos_weight: float | None = None
+    grad_clip: float = 1.0
+    threads: int | None = None
+
+    def model_config(self) -> ModelConfig:
+        return with_authors_adapter(preset(self.preset), self.adapter)
+
+    def check(self) -> "TrainOptions":
+        problems = []
+        if self.window < 2:
+            problems.append(f"--window must be at least 2 frames, not {self.window}")
+        if self.window > int(self.stream_seconds * self.fps):
+            problems.append(f"--window {self.window} is longer than a stream ({int(self.stream_seconds * self.fps)} "
+                            "frames); lower it or raise --stream-seconds")
+        for name in ("train_streams", "val_streams", "test_streams", "steps", "batch"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be at least 1")
+        if self.lr <= 0 or (self.pos_weight is not None and self.pos_weight <= 0):
+            problems.append("--lr and --pos-weight must be positive")
+        if problems:
+            raise UserError("; ".join(problems))
+        self.model_config()  # an unknown preset or adapter fails here, before any data is made
+        return self
+
+
+# --- queries ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CatalogueQuery:
+    kind: str
+    colour: str  # "" for events without a colour (the lamp)
+    text: str
+
+
+def query_catalogue() -> list[CatalogueQuery]:
+    """Every query the generator can phrase: each event kind x colour x phrasing."""
+    out = []
+    for kind, phrasings in PHRASINGS.items():
+        colours = list(COLOURS) if any("{colour}" in q for q, _ in phrasings) else [""]
+        for colour in colours:
+            for query, _ in phrasings:
+                out.append(CatalogueQuery(kind, colour, query.format(colour=colour)))
+    return out
+
+
+def frame_labels(events: list[Event], catalogue: list[CatalogueQuery], frames: int, fps: float) -> np.ndarray:
+    """[T, Q] float32: 1 where the stream has the query's event (kind and colour) and the frame is inside it."""
+    times = np.arange(frames) / fps
+    labels = np.zeros((frames, len(catalogue)), dtype=np.float32)
+    for q, query in enumerate(catalogue):
+        for e in events:
+            if e.kind == query.kind and e.colour == query.colour:
+                labels[(times >= e.start_time - 1e-9) & (times <= e.end_time + 1e-9), q] = 1.0
+    return labels
+
+
+# --- data -----------------------------------------------------------------------------------
+
+@dataclass
+class StreamSet:
+    """One split's streams, preprocessed as the runtime preprocesses camera frames."""
+
+    uids: list[str]
+    frames: torch.Tensor  # [N, T, 3, R, R] float32, normalized
+    events: list[list[Event]]
+    labels: torch.Tensor  # [N, T, Q] against the query catalogue
+    fps: float
+
+    @property
+    def size(self) -> int:
+        return len(self.uids)
+
+
+def make_split(split: str, count: int, options: TrainOptions, cfg: ModelConfig,
+               catalogue: list[CatalogueQuery], progress: Callable | None = None) -> StreamSet:
+    from sdqes_edge.runtime.preprocess import Preprocessor  # numpy only: the runtime's own preprocessing
+
+    prep = Preprocessor.from_config(cfg)
+    uids, frames, events, labels = [], [], [], []
+    seeds = split_seeds(split, count)
+    for seed in (progress(seeds, desc=f"{split} streams") if progress else seeds):
+        stream = generate_stream(seed, options.stream_seconds, options.fps)
+        uids.append(stream.uid)
+        frames.append(prep.batch(stream.frames))
+        events.append(stream.events)
+        labels.append(frame_labels(stream.events, catalogue, len(stream.frames), options.fps))
+    return StreamSet(uids, torch.from_numpy(np.stack(frames)), events, torch.from_numpy(np.stack(labels)),
+                     options.fps)
+
+
+# --- scoring and metrics --------------------------------------------------------------------
+
+@dataclass
+class SplitScores:
+    traces: list[ScoreTrace]  # one per annotated event, with the stream's own phrasing of the query
+    kinds: list[str]
+    temporal: list[bool]
+
+
+def score_split(streams: StreamSet, embed_stream: Callable[[np.ndarray], np.ndarray],
+                encode_queries: Callable[[list[str]], np.ndarray]) -> SplitScores:
+    """Score every annotated event of every stream. ``embed_stream``: frames [T,3,R,R] -> [T,E], state carried."""
+    out = SplitScores([], [], [])
+    for i, uid in enumerate(streams.uids):
+        events = streams.events[i]
+        emb = embed_stream(streams.frames[i].numpy())
+        queries = encode_queries([e.query for e in events])
+        probs = 1.0 / (1.0 + np.exp(-(emb.astype(np.float64) @ queries.astype(np.float64).T)))  # [T, events]
+        for j, e in enumerate(events):
+            out.traces.append(ScoreTrace(probs[:, j], e.start_time, streams.fps, 0.0, f"{uid}/{e.kind}"))
+            out.kinds.append(e.kind)
+            out.temporal.append(e.temporal)
+    return out
+
+
+def torch_scorers(model) -> tuple[Callable, Callable]:
+    """PyTorch embedders for ``score_split``: the window form over the whole stream (equal to the step form)."""
+
+    @torch.no_grad()
+    def embed_stream(frames: np.ndarray) -> np.ndarray:
+        return model.visual.forward_clip(torch.from_numpy(frames)[None])[0].numpy()
+
+    @torch.no_grad()
+    def encode_queries(texts: list[str]) -> np.ndarray:
+        return model.encode_text(texts).numpy()
+
+    return embed_stream, encode_queries
+
+
+@dataclass
+class SplitMetrics:
+    """SR/SMD on one split at one threshold: all events, single-frame events, temporal events."""
+
+    threshold: float
+    all: EvalResult
+    single_frame: EvalResult
+    temporal: EvalResult
+    per_kind: dict[str, EvalResult] = field(default_factory=dict)
+
+    def headline(self, result: EvalResult) -> dict[str, float]:
+        return {"SR@1": result.recall["[-5,+10]"][1], "SR@3": result.recall["[-5,+10]"][3],
+                "SMD@1": result.min_distance[1], "queries": result.queries}
+
+    def to_dict(self) -> dict:
+        return {"threshold": self.threshold, "all": self.headline(self.all),
+                "single_frame": self.headline(self.single_frame), "temporal": self.headline(self.temporal),
+                "per_kind": {k: self.headline(r) for k, r in self.per_kind.items()}}
+
+
+def split_metrics(scores: SplitScores, threshold: float) -> SplitMetrics:
+    def subset(keep) -> list[ScoreTrace]:
+        return [t for t, k in zip(scores.traces, keep) if k]
+
+    return SplitMetrics(
+        threshold,
+        evaluate(scores.traces, threshold),
+        evaluate(subset([not t for t in scores.temporal]), threshold),
+        evaluate(subset(scores.temporal), threshold),
+        {kind: evaluate(subset([k == kind for k in scores.kinds]), threshold) for kind in sorted(set(scores.kinds))},
+    )
+
+
+def calibrated_threshold(val_scores: SplitScores) -> float:
+    """The paper's rule on validation streams only: the candidate with the best SR@1."""
+    return calibrate_thresholds(val_scores.traces, val_scores.kinds, per_label=False).threshold
+
+
+# --- training -------------------------------------------------------------------------------
+
+def balanced_pos_weight(labels: torch.Tensor) -> float:
+    positives = float(labels.sum())
+    return (labels.numel() - positives) / max(positives, 1.0)
+
+
+def _learning_rate(step: int, options: TrainOptions) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < options.warmup_steps:
+        return options.lr * (step + 1) / options.warmup_steps
+    progress = (step - options.warmup_steps) / max(1, options.steps - options.warmup_steps)
+    return options.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class TrainResult:
+    checkpoint: Path
+    record: dict
+    model: torch.nn.Module
+
+
+def build_model(options: TrainOptions):
+    from .model.sdqes_model import SDQESModel
+
+    torch.manual_seed(options.seed)
+    return SDQESModel(options.model_config())
+
+
+def train(options: TrainOptions, out_dir: str | Path, log: Callable[[str], None] = print,
+          progress: Callable | None = None, data: dict[str, StreamSet] | None = None) -> TrainResult:
+    """Train one model, calibrate on validation, score the test split; write ``<name>.pt`` and ``record.json``.
+
+    ``data`` lets several runs (adapters, seeds) share the splits they would each generate identically.
+    """
+    options.check()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    catalogue = query_catalogue()
+    cfg = options.model_config()
+    data = data or make_splits(options, cfg, catalogue, progress)
+    data_seconds = time.perf_counter() - started
+
+    model = build_model(options)
+    token_ids = torch.from_numpy(default_tokenizer().tokenize([q.text for q in catalogue]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=options.weight_decay)
+    pos_weight = torch.tensor(options.pos_weight or balanced_pos_weight(data["train"].labels))
+    rng = np.random.default_rng(options.seed)
+    train_set = data["train"]
+    frames_per_stream = train_set.frames.shape[1]
+    losses = []
+    steps = range(options.steps)
+    bar = progress(steps, desc=f"training {cfg.name} seed {options.seed}") if progress else steps
+    model.train()
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(step, options)
+        streams = rng.choice(train_set.size, size=min(options.batch, train_set.size), replace=False)
+        offsets = rng.integers(0, frames_per_stream - options.window + 1, size=len(streams))
+        index = torch.as_tensor(offsets)[:, None] + torch.arange(options.window)[None]  # [B, w]
+        rows = torch.as_tensor(streams)[:, None]
+        frames = train_set.frames[rows, index]  # [B, w, 3, R, R]
+        labels = train_set.labels[rows, index]  # [B, w, Q]
+        frame_emb = model.visual.forward_clip(frames)  # [B, w, E]
+        query_emb = model.text(token_ids)  # [Q, E]
+        cosine = frame_emb @ query_emb.T  # [B, w, Q]: the logits, no temperature
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(cosine, labels, pos_weight=pos_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), options.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        if hasattr(bar, "set_postfix") and step % 10 == 0:
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+    model.eval()
+    train_seconds = time.perf_counter() - started - data_seconds
+
+    embed_stream, encode_queries = torch_scorers(model)
+    val_scores = score_split(data["val"], embed_stream, encode_queries)
+    threshold = calibrated_threshold(val_scores)
+    val = split_metrics(val_scores, threshold)
+    test = split_metrics(score_split(data["test"], embed_stream, encode_queries), threshold)
+
+    record = {
+        "command": training_command(options),
+        "options": asdict(options),
+        "model": json.loads(cfg.to_json()),
+        "data": {split: {"streams": s.size, "frames": int(s.frames.shape[0] * s.frames.shape[1]),
+                         "events": sum(len(e) for e in s.events), "seeds": [split_seeds(split, s.size)[0],
+                                                                            split_seeds(split, s.size)[-1]]}
+                 for split, s in data.items()},
+        "catalogue_queries": len(catalogue),
+        "pos_weight": float(pos_weight),
+        "loss": {"first_20": float(np.mean(losses[:20])), "last_20": float(np.mean(losses[-20:]))},
+        "threshold": threshold,
+        "val": val.to_dict(),
+        "test": test.to_dict(),
+        "seconds": {"data": round(data_seconds, 1), "training": round(train_seconds, 1),
+                    "total": round(time.perf_counter() - started, 1)},
+        "versions": {"torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version()},
+        "machine": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
+    checkpoint = out_dir / f"{cfg.name}.pt"
+    tmp = checkpoint.with_name(checkpoint.name + ".tmp")
+    torch.save({"state_dict": model.clip_state_dict(), CHECKPOINT_RECORD_KEY: record}, tmp)
+    tmp.replace(checkpoint)
+    (out_dir / f"{cfg.name}.record.json").write_text(json.dumps(record, indent=2))
+    log(f"{cfg.name} seed {options.seed}: loss {record['loss']['first_20']:.4f} -> {record['loss']['last_20']:.4f}, "
+        f"threshold {threshold:.4f} (validation), test SR@1 all {test.headline(test.all)['SR@1']:.1f} / "
+        f"single-frame {test.headline(test.single_frame)['SR@1']:.1f} / temporal "
+        f"{test.headline(test.temporal)['SR@1']:.1f}, {record['seconds']['total']:.0f} s")
+    return TrainResult(checkpoint, record, model)
+
+
+def make_splits(options: TrainOptions, cfg: ModelConfig, catalogue: list[CatalogueQuery],
+                progress: Callable | None = None) -> dict[str, StreamSet]:
+    sizes = {"train": options.train_streams, "val": options.val_streams, "test": options.test_streams}
+    return {split: make_split(split, n, options, cfg, catalogue, progress) for split, n in sizes.items()}
+
+
+def training_command(options: TrainOptions) -> str:
+    """The command line that reproduces ``options`` (defaults left out)."""
+    defaults = TrainOptions()
+    parts = ["sdqes-edge train"]
+    for key, value in asdict(options).items():
+        if value != getattr(defaults, key) or key in ("adapter", "seed"):
+            parts.append(f"--{key.replace('_', '-')} {value}")
+    return " ".join(parts)
+
+
+def same_data(a: TrainOptions, b: TrainOptions) -> bool:
+    """Whether two runs would generate the same splits (so they can share them)."""
+    keys = ("preset", "train_streams", "val_streams", "test_streams", "stream_seconds", "fps")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+__all__ = ["TrainOptions", "train", "make_splits", "query_catalogue", "frame_labels", "score_split", "split_metrics",
+           "calibrated_threshold", "torch_scorers", "is_training_seed", "split_seeds", "same_data"]

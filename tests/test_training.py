@@ -1,0 +1,122 @@
+"""Training on synthetic streams: labels, splits, reproducibility, and a checkpoint the exporter reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from sdqes_edge.checkpoints import load_model
+from sdqes_edge.errors import UserError
+from sdqes_edge.synthetic import EVENT_KINDS, PHRASINGS, Event, generate_stream
+from sdqes_edge.training import (TrainOptions, frame_labels, is_training_seed, query_catalogue, split_seeds,
+                                 torch_scorers, train)
+
+# A run of seconds: enough to exercise every path, far too short to learn anything.
+SMALL = TrainOptions(adapter="qrnn", train_streams=3, val_streams=2, test_streams=2, stream_seconds=20.0, window=8,
+                     batch=2, steps=3, warmup_steps=1)
+
+
+def test_the_catalogue_phrases_every_event_in_every_phrasing():
+    catalogue = query_catalogue()
+    assert {q.kind for q in catalogue} == set(EVENT_KINDS)
+    texts = {q.text for q in catalogue}
+    assert len(texts) == len(catalogue)  # no two catalogue queries read the same
+    stream = generate_stream(3, seconds=30.0, fps=1.0)
+    assert all(e.query in texts for e in stream.events)  # a stream's own queries are in the catalogue
+    assert len(catalogue) == sum(len(p) * (1 if "lamp" in k else 5) for k, p in PHRASINGS.items())
+
+
+def test_a_query_is_true_on_the_frames_of_its_event_with_the_same_colour_only():
+    catalogue = query_catalogue()
+    events = [Event("square_appears", 3.0, 5.0, "q", "r", "red"), Event("lamp_after_door", 8.0, 9.0, "q", "r", "")]
+    labels = frame_labels(events, catalogue, frames=12, fps=1.0)
+    red = [i for i, q in enumerate(catalogue) if q.kind == "square_appears" and q.colour == "red"]
+    blue = [i for i, q in enumerate(catalogue) if q.kind == "square_appears" and q.colour == "blue"]
+    lamp = [i for i, q in enumerate(catalogue) if q.kind == "lamp_after_door"]
+    for i in red:
+        assert labels[:, i].nonzero()[0].tolist() == [3, 4, 5]  # inclusive at both ends
+    for i in lamp:
+        assert labels[:, i].nonzero()[0].tolist() == [8, 9]
+    assert labels[:, blue].sum() == 0  # a square of another colour is not the queried one
+    assert labels.sum() == len(red) * 3 + len(lamp) * 2
+
+
+def test_splits_draw_from_disjoint_seed_ranges_that_the_demo_avoids():
+    train_, val, test = split_seeds("train", 500), split_seeds("val", 500), split_seeds("test", 500)
+    assert not (set(train_) & set(val)) and not (set(train_) & set(test)) and not (set(val) & set(test))
+    assert all(is_training_seed(s) for s in train_ + val + test)
+    from sdqes_edge.runtime.demo import DEMO_SEED
+
+    assert not is_training_seed(DEMO_SEED)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(window=1), "--window must be at least 2"),
+    (dict(window=100), "longer than a stream"),
+    (dict(steps=0), "--steps must be at least 1"),
+    (dict(pos_weight=-1.0), "must be positive"),
+    (dict(adapter="lstm"), "adapter.kind 'lstm'"),
+])
+def test_bad_training_options_are_refused_before_any_data_is_made(change, message):
+    with pytest.raises(UserError, match=message):
+        dataclasses.replace(SMALL, **change).check()
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("train")
+    return train(SMALL, out, log=lambda _: None), out
+
+
+def test_a_run_writes_a_checkpoint_the_exporter_reads_and_a_record(small_run):
+    result, out = small_run
+    model, ckpt = load_model(str(result.checkpoint))
+    trained = SMALL.model_config()
+    assert model.cfg.vision == trained.vision and model.cfg.text == trained.text
+    # The checkpoint stores widths, not ratios: the inferred adapter has the same widths.
+    a, b, width = model.cfg.adapter, trained.adapter, trained.vision.width
+    assert (a.kind, a.per_block, a.lookback, a.bottleneck(width), a.qrnn_hidden(width)) == \
+        (b.kind, b.per_block, b.lookback, b.bottleneck(width), b.qrnn_hidden(width))
+    for key, value in result.model.clip_state_dict().items():
+        torch.testing.assert_close(ckpt.state_dict[key], value, rtol=0, atol=0)
+    record = json.loads((out / f"{result.checkpoint.stem}.record.json").read_text())
+    assert record["command"].startswith("sdqes-edge train --adapter qrnn --seed 0")
+    assert record["data"]["train"]["streams"] == 3 and record["data"]["test"]["events"] == 2 * len(EVENT_KINDS)
+    assert 0.0 < record["threshold"] < 1.0 and record["pos_weight"] > 1.0
+    assert set(record["test"]) >= {"all", "single_frame", "temporal", "per_kind"}
+
+
+def test_the_same_seed_trains_the_same_weights_and_another_seed_does_not(small_run, tmp_path):
+    first, _ = small_run
+    again = train(SMALL, tmp_path / "again", log=lambda _: None)
+    other = train(dataclasses.replace(SMALL, seed=1), tmp_path / "other", log=lambda _: None)
+    for (key, a), b, c in zip(first.model.state_dict().items(), again.model.state_dict().values(),
+                              other.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=key)
+    assert any(not torch.equal(a, c) for a, c in zip(first.model.state_dict().values(),
+                                                     other.model.state_dict().values()))
+    assert first.record["test"] == again.record["test"]
+
+
+def test_the_window_form_used_for_scoring_equals_the_step_form_the_runtime_runs(small_run):
+    result, _ = small_run
+    model = result.model
+    frames = torch.randn(12, 3, 64, 64)
+    embed_stream, _ = torch_scorers(model)
+    with torch.no_grad():
+        stepped, _ = model.step_frames(frames[None])
+    np.testing.assert_allclose(embed_stream(frames.numpy()), stepped[0].numpy(), atol=1e-5)
+
+
+def test_the_train_command_refuses_bad_options_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "train", "--window", "500", "--out",
+                           str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "longer than a stream" in done.stderr
+    assert not any(tmp_path.iterdir())
