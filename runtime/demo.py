@@ -21,10 +21,11 @@ import numpy as np
 
 from ..errors import UserError
 from ..metrics import TOLERANCE_WINDOWS
+from ..train_options import is_training_seed
 
 PROG = "sdqes-edge"
 DEMO_BUNDLE = Path(__file__).resolve().parent / "demo_bundle"
-DEMO_SEED = 7  # no training split uses seeds below 100,000 (training.SPLIT_SEED_BASE)
+DEMO_SEED = 7  # no split uses seeds below 100,000 (train_options.SPLIT_SEED_BASE)
 DEMO_SECONDS = 60.0
 DEMO_VIDEO_FPS = 2.0  # the video is drawn at 2 fps; the runtime samples it at the bundle's 1 fps
 
@@ -52,7 +53,7 @@ def _verdict(outcome: QueryOutcome) -> str:
     if first is None:
         return "missed (no alert)"
     delta = first - outcome.start_time
-    return f"{'correct' if outcome.hit() else 'wrong'} ({delta:+.0f} s)"
+    return f"{'correct' if outcome.hit() else 'wrong'} ({delta:+.1f} s)"
 
 
 def plot_scores(path: Path, trace, outcomes: list[QueryOutcome], threshold: float) -> Path | None:
@@ -77,6 +78,7 @@ def plot_scores(path: Path, trace, outcomes: list[QueryOutcome], threshold: floa
             ax.axvline(t, color="tab:red", lw=1.2, ls=":")
         ax.set_title(f"{outcome.query}  ->  {_verdict(outcome)}", fontsize=8, loc="left")
         ax.set_ylabel("p", fontsize=8)
+        ax.set_ylim(0.25, 0.75)  # sigmoid of a cosine lies in [0.27, 0.73]
         ax.tick_params(labelsize=7)
     axes[0, 0].legend(fontsize=6, loc="upper left", ncol=4)
     axes[-1, 0].set_xlabel("stream time (s); red dotted: alerts")
@@ -98,9 +100,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not (bundle / "manifest.json").is_file():
         raise UserError(f"the demo bundle is missing at {bundle}; reinstall sdqes-edge, or make one with "
                         f"`{PROG} train` and `{PROG} export --checkpoint ... --out DIR` and pass --bundle DIR")
-    if 100_000 <= args.seed:
-        print(f"{PROG}: warning: seed {args.seed} may belong to a training split; the demo is honest only on "
-              "seeds below 100000", file=sys.stderr)
+    if is_training_seed(args.seed):
+        print(f"{PROG}: warning: seed {args.seed} is in a training, validation or test split's range; pick a seed "
+              "below 100000 to see a stream no model was trained or calibrated on", file=sys.stderr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -127,7 +129,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         outcome = outcomes[event.query_id]
         outcome.alerts.append(event.stream_time)
         print(f"  t={event.stream_time:5.1f} s  ALERT  {event.message!r:42s} p={event.score:.3f}   "
-              f"true start {outcome.start_time:5.1f} s ({event.stream_time - outcome.start_time:+.0f} s)")
+              f"true start {outcome.start_time:5.1f} s ({event.stream_time - outcome.start_time:+.1f} s)")
 
     thresholds = lambda: {q.id: q.policy.threshold for q in detector.queries.queries.values()}  # noqa: E731
     detector.add_sink(CallbackSink(on_alert))

@@ -334,7 +334,7 @@ TRAIN_HELP = {
 def train_options_from_args(args: argparse.Namespace):
     import dataclasses
 
-    from .training import TrainOptions
+    from .train_options import TrainOptions
 
     return TrainOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainOptions)}).check()
 
@@ -365,7 +365,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _add_train_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     import dataclasses
 
-    from .training import TrainOptions
+    from .train_options import TrainOptions
 
     for f in dataclasses.fields(TrainOptions):
         flag = "--" + f.name.replace("_", "-")

@@ -1,0 +1,69 @@
+"""What a training run is: its options and the stream seeds of each split. Torch-free, so the command line
+and the demo can read them on a device without torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import DEFAULT_FPS, ModelConfig, preset, with_authors_adapter
+from .errors import UserError
+
+# Data seeds of each split live in disjoint ranges, so no stream is in two splits whatever the sizes.
+SPLIT_SEED_BASE = {"train": 100_000, "val": 200_000, "test": 300_000}
+SPLIT_SEED_SPAN = 100_000
+CHECKPOINT_RECORD_KEY = "sdqes_edge_training"
+
+
+def split_seeds(split: str, count: int) -> list[int]:
+    if count > SPLIT_SEED_SPAN:
+        raise UserError(f"at most {SPLIT_SEED_SPAN} streams per split, not {count}")
+    return list(range(SPLIT_SEED_BASE[split], SPLIT_SEED_BASE[split] + count))
+
+
+def is_training_seed(seed: int) -> bool:
+    """Whether a stream seed belongs to a split some training run may have used."""
+    return any(base <= seed < base + SPLIT_SEED_SPAN for base in SPLIT_SEED_BASE.values())
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    adapter: str = "qrnn"
+    seed: int = 0  # initialisation and batch order; the data does not depend on it
+    preset: str = "synthetic"
+    train_streams: int = 120
+    val_streams: int = 40
+    test_streams: int = 60
+    stream_seconds: float = 60.0
+    fps: float = DEFAULT_FPS
+    window: int = 32  # frames per training window
+    batch: int = 8  # windows per step
+    steps: int = 1200
+    lr: float = 2e-3
+    weight_decay: float = 0.05
+    warmup_steps: int = 40
+    # BCE weight of a true (frame, query) pair; None: negatives per positive in the training labels (about 41).
+    # Balance matters with an unscaled cosine: below it the best constant score is cos = -1, where the gradient
+    # through the L2 normalisation vanishes and training stalls.
+    pos_weight: float | None = None
+    grad_clip: float = 1.0
+    threads: int | None = None
+
+    def model_config(self) -> ModelConfig:
+        return with_authors_adapter(preset(self.preset), self.adapter)
+
+    def check(self) -> "TrainOptions":
+        problems = []
+        if self.window < 2:
+            problems.append(f"--window must be at least 2 frames, not {self.window}")
+        if self.window > int(self.stream_seconds * self.fps):
+            problems.append(f"--window {self.window} is longer than a stream ({int(self.stream_seconds * self.fps)} "
+                            "frames); lower it or raise --stream-seconds")
+        for name in ("train_streams", "val_streams", "test_streams", "steps", "batch"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be at least 1")
+        if self.lr <= 0 or (self.pos_weight is not None and self.pos_weight <= 0):
+            problems.append("--lr and --pos-weight must be positive")
+        if problems:
+            raise UserError("; ".join(problems))
+        self.model_config()  # an unknown preset or adapter fails here, before any data is made
+        return self

@@ -1,0 +1,63 @@
+"""The shipped demo: a verified bundle with its training record, and `sdqes-edge demo` on a device without torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import cv2
+
+from sdqes_edge.runtime.bundle import load_bundle
+from sdqes_edge.runtime.demo import DEMO_BUNDLE, DEMO_SEED
+from sdqes_edge.synthetic import EVENT_KINDS
+from sdqes_edge.train_options import TrainOptions, is_training_seed
+
+
+def run_cli(*args: str, block_torch: bool = True) -> subprocess.CompletedProcess:
+    prefix = "import sys; sys.modules['torch'] = None\n" if block_torch else "import sys\n"
+    code = prefix + "from sdqes_edge.cli import run\nsys.exit(run(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+
+
+def test_the_shipped_bundle_loads_verified_with_the_record_of_how_it_was_trained():
+    bundle = load_bundle(DEMO_BUNDLE)  # checks every listed file against its sha256
+    assert bundle.manifest["model"]["vision"]["image_size"] == 64
+    assert bundle.precisions == ["fp32"]
+    record = json.loads((DEMO_BUNDLE / "training_record.json").read_text())
+    assert record["command"].startswith("sdqes-edge train --adapter qrnn --seed 0")
+    assert abs(bundle.default_threshold - record["threshold"]) < 1e-6  # calibrated on validation, then shipped
+    options = TrainOptions(**record["options"])
+    assert options.model_config().adapter.kind == "qrnn"
+    size = sum(f.stat().st_size for f in DEMO_BUNDLE.rglob("*") if f.is_file())
+    assert size < 12 * 2**20  # a few MB in the package
+
+
+def test_the_demo_alerts_on_a_fresh_stream_without_torch_and_writes_what_it_says(tmp_path):
+    assert not is_training_seed(DEMO_SEED)
+    done = run_cli("demo", "--out", str(tmp_path / "demo"))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert summary["queries"] == len(EVENT_KINDS) and summary["seed"] == DEMO_SEED
+    assert f"{summary['hits']} of {len(EVENT_KINDS)} queries alerted" in done.stdout
+    for outcome in summary["outcomes"]:
+        assert f"{outcome['start_time']:.1f} s" in done.stdout  # every ground-truth start is printed
+    assert summary["hits"] >= 3  # the shipped model finds most event starts of the demo stream
+    for name in ("stream.avi", "annotated.avi", "alerts.jsonl", "scores.npz", "scores.png"):
+        assert (tmp_path / "demo" / name).stat().st_size > 0
+    annotated = cv2.VideoCapture(str(tmp_path / "demo" / "annotated.avi"))
+    assert int(annotated.get(cv2.CAP_PROP_FRAME_COUNT)) == 60  # one annotated frame per sampled second
+    alerts = [json.loads(line) for line in (tmp_path / "demo" / "alerts.jsonl").read_text().splitlines()]
+    assert len(alerts) == sum(len(o["alerts"]) for o in summary["outcomes"])
+
+
+def test_a_missing_demo_bundle_is_one_line_and_exit_2(tmp_path):
+    done = run_cli("demo", "--bundle", str(tmp_path / "nowhere"), "--out", str(tmp_path / "demo"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "demo bundle is missing" in done.stderr and "sdqes-edge train" in done.stderr
+
+
+def test_a_seed_from_a_training_split_is_run_with_a_warning(tmp_path):
+    done = run_cli("demo", "--seed", "100003", "--out", str(tmp_path / "demo"))
+    assert done.returncode == 0, done.stderr
+    assert "warning: seed 100003 is in a training" in done.stderr
