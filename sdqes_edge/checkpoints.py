@@ -28,6 +28,7 @@ from .config import AdapterConfig, ModelConfig, TextConfig, VisionConfig, valida
 from .errors import UserError
 from .files import file_sha256
 from .model.sdqes_model import SDQESModel
+from .train_options import CHECKPOINT_RECORD_KEY
 
 # Keys a CLIP-layout checkpoint may carry that the model does not use.
 IGNORED_KEYS = ("logit_scale", "input_resolution", "context_length", "vocab_size")
@@ -43,6 +44,7 @@ HEAD_WIDTH = 64  # CLIP's convention: heads = width // 64 (head count is not sto
 class LoadedCheckpoint:
     state_dict: dict[str, torch.Tensor]  # CLIP layout
     source_format: str  # "openai-torchscript" | "state-dict" | "open_clip-training" | "sdqes-lightning"
+    #                     | "sdqes-edge-training"
     sha256: str
     dropped_keys: list[str]  # training-only keys outside the model (Lightning heads, logit_scale...)
 
@@ -116,6 +118,8 @@ def read_checkpoint(path: str) -> LoadedCheckpoint:
     obj = _safe_load(path)
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         state = obj["state_dict"]
+        if CHECKPOINT_RECORD_KEY in obj:  # written by `sdqes-edge train`, in CLIP layout
+            return _normalize(state, "sdqes-edge-training", sha)
         if any(k.startswith(LIGHTNING_PREFIX) for k in state):
             return _normalize(state, "sdqes-lightning", sha, prefix=LIGHTNING_PREFIX)
         if all(k.startswith(DDP_PREFIX) for k in state):

@@ -114,12 +114,13 @@ class SplitScores:
 def score_split(streams: StreamSet, embed_stream: Callable[[np.ndarray], np.ndarray],
                 encode_queries: Callable[[list[str]], np.ndarray]) -> SplitScores:
     """Score every annotated event of every stream. ``embed_stream``: frames [T,3,R,R] -> [T,E], state carried."""
+    from sdqes_edge.runtime.queries import score  # numpy only
     out = SplitScores([], [], [])
     for i, uid in enumerate(streams.uids):
         events = streams.events[i]
         emb = embed_stream(streams.frames[i].numpy())
         queries = encode_queries([e.query for e in events])
-        probs = 1.0 / (1.0 + np.exp(-(emb.astype(np.float64) @ queries.astype(np.float64).T)))  # [T, events]
+        _, probs = score(emb, queries)  # [T, events]: the runtime's own p = sigmoid(cos)
         for j, e in enumerate(events):
             out.traces.append(ScoreTrace(probs[:, j], e.start_time, streams.fps, 0.0, f"{uid}/{e.kind}"))
             out.kinds.append(e.kind)
