@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from sdqes_edge.training import (SplitMetrics, StreamSet, TrainOptions, make_split, make_splits, query_catalogue,
-                                 score_split, split_metrics, torch_scorers, train)
+                                 score_split, split_metrics, torch_scorers, train, training_command)
 
 GROUPS = ("single_frame", "temporal")
 METRICS = ("SR@1", "SR@3", "SMD@1")
@@ -34,10 +34,25 @@ def adapter_runs(base: TrainOptions, kinds: list[str], seeds: list[int], out: Pa
     runs: dict[str, dict[int, dict]] = {}
     for kind in kinds:
         for seed in seeds:
-            result = train(replace(base, adapter=kind, seed=seed), out / f"{kind}-seed{seed}", log=log,
-                           progress=progress, data=data)
-            runs.setdefault(kind, {})[seed] = result.record
+            options = replace(base, adapter=kind, seed=seed)
+            run_dir = out / f"{kind}-seed{seed}"
+            record = _finished_record(run_dir, options)
+            if record is None:
+                record = train(options, run_dir, log=log, progress=progress, data=data).record
+            else:
+                log(f"{kind} seed {seed}: reusing the finished run in {run_dir}")
+            runs.setdefault(kind, {})[seed] = record
     return runs
+
+
+def _finished_record(run_dir: Path, options: TrainOptions) -> dict | None:
+    """The record of a run already trained with exactly these options (an interrupted table resumes)."""
+    path = run_dir / f"{options.model_config().name}.record.json"
+    checkpoint = run_dir / f"{options.model_config().name}.pt"
+    if not (path.is_file() and checkpoint.is_file()):
+        return None
+    record = json.loads(path.read_text())
+    return record if record.get("options") == json.loads(json.dumps(asdict(options))) else None
 
 
 def adapter_table(runs: dict[str, dict[int, dict]]) -> str:
@@ -76,14 +91,15 @@ def temporal_verdict(runs: dict[str, dict[int, dict]]) -> str:
 
 # --- per deployment format -----------------------------------------------------------------
 
-def ort_scorers(bundle_dir: Path, precision: str) -> tuple[Callable, Callable]:
-    """ONNX Runtime embedders for ``score_split``: the bundle's step graph with its state fed back each frame."""
+def ort_scorers(bundle_dir: Path, precision: str, step_graph: Path | None = None) -> tuple[Callable, Callable]:
+    """ONNX Runtime embedders for ``score_split``: the bundle's step graph (or ``step_graph``) with its state fed
+    back each frame, and the bundle's text graph."""
     from sdqes_edge.runtime.bundle import load_bundle
     from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
     from sdqes_edge.runtime.queries import TextEncoder
 
     bundle = load_bundle(bundle_dir)
-    step = OnnxRuntimeStep(bundle.step_graph(precision))
+    step = OnnxRuntimeStep(step_graph or bundle.step_graph(precision))
     text = TextEncoder(bundle.text_graph, bundle.tokenizer_vocab, bundle.manifest["model"]["text"]["context_length"])
 
     def embed_stream(frames: np.ndarray) -> np.ndarray:
@@ -100,22 +116,81 @@ def ort_scorers(bundle_dir: Path, precision: str) -> tuple[Callable, Callable]:
     return embed_stream, encode_queries
 
 
-def format_rows(checkpoint: Path, test: StreamSet, threshold: float, bundle_dir: Path,
-                log: Callable[[str], None]) -> dict[str, SplitMetrics]:
+def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions,
+                   log: Callable[[str], None]) -> tuple[list[str], str | None]:
+    """Export fp32 + fp16 + int8, int8 calibrated on a training stream (the deployment's domain, never a test
+    stream). If the exporter refuses int8 for drifting beyond its tolerance, export without it and say why."""
+    from sdqes_edge.errors import UserError
+    from sdqes_edge.export.exporter import ExportOptions, export_bundle
+
+    refusal = bundle_dir.parent / "int8_refused.txt"
+    if (bundle_dir / "manifest.json").is_file():
+        manifest = json.loads((bundle_dir / "manifest.json").read_text())
+        return sorted(manifest["graphs"]["step"]), refusal.read_text() if refusal.is_file() else None
+    bundle_dir.parent.mkdir(parents=True, exist_ok=True)
+    calibration = write_calibration_video(bundle_dir.parent / "calibration.avi", base)
+    options = ExportOptions(precisions=("fp32", "fp16", "int8"), threshold=threshold, fps=base.fps,
+                            calibration_video=calibration, show_progress=False)
+    log(f"exporting to {bundle_dir} (fp32, fp16, int8 calibrated and checked for drift on training streams)")
+    try:
+        export_bundle(model, bundle_dir, options)
+        return ["fp16", "fp32", "int8"], None
+    except UserError as exc:
+        if "int8" not in str(exc):
+            raise
+        log(f"int8 refused: {exc}")
+        refusal.write_text(str(exc))
+        export_bundle(model, bundle_dir, replace(options, precisions=("fp32", "fp16")))
+        return ["fp16", "fp32"], str(exc)
+
+
+def write_calibration_video(path: Path, base: TrainOptions) -> Path:
+    """Training streams back to back, long enough for the exporter's drift check: the deployment's domain,
+    never a test stream."""
+    from sdqes_edge.synthetic import Stream, generate_stream, write_video
+    from sdqes_edge.tolerances import DRIFT_FRAMES
+    from sdqes_edge.train_options import split_seeds
+
+    per_stream = int(base.stream_seconds * base.fps)
+    streams = [generate_stream(seed, base.stream_seconds, base.fps)
+               for seed in split_seeds("train", -(-DRIFT_FRAMES // per_stream))]
+    return write_video(path, Stream("calibration", np.concatenate([s.frames for s in streams]), base.fps, []))
+
+
+def unshipped_int8(bundle_dir: Path, model_cfg, base: TrainOptions) -> Path:
+    """The int8 graph the exporter refused to ship, quantized the same way (for measuring its accuracy only)."""
+    from sdqes_edge.export.precision import quantize_int8
+    from sdqes_edge.runtime.preprocess import Preprocessor
+
+    path = bundle_dir.parent / "step.int8.refused.onnx"
+    if not path.is_file():
+        from sdqes_edge.export.exporter import DEFAULT_CALIBRATION_FRAMES
+        from sdqes_edge.runtime.sources import frames_spread_over
+
+        video = write_calibration_video(bundle_dir.parent / "calibration.avi", base)
+        raw = frames_spread_over(video, DEFAULT_CALIBRATION_FRAMES)
+        frames = Preprocessor.from_config(model_cfg).batch(raw)[:, None]  # [N, 1, 3, R, R]
+        quantize_int8(bundle_dir / "step.fp32.onnx", path, frames)
+    return path
+
+
+def format_rows(checkpoint: Path, test: StreamSet, threshold: float, bundle_dir: Path, base: TrainOptions,
+                log: Callable[[str], None]) -> tuple[dict[str, SplitMetrics], str | None]:
     """PyTorch, then ORT fp32 / fp16 / int8 from one exported bundle, all at ``threshold``."""
     from sdqes_edge.checkpoints import load_model
-    from sdqes_edge.export.exporter import ExportOptions, export_bundle
 
     model, _ = load_model(str(checkpoint))
     rows = {"PyTorch (fp32)": split_metrics(score_split(test, *torch_scorers(model)), threshold)}
-    if not (bundle_dir / "manifest.json").is_file():
-        log(f"exporting {checkpoint} (fp32, fp16, int8) to {bundle_dir}")
-        export_bundle(model, bundle_dir, ExportOptions(precisions=("fp32", "fp16", "int8"), threshold=threshold,
-                                                       show_progress=False))
+    precisions, int8_refused = export_formats(model, bundle_dir, threshold, base, log)
     for precision in ("fp32", "fp16", "int8"):
-        rows[f"ONNX Runtime {precision}"] = split_metrics(score_split(test, *ort_scorers(bundle_dir, precision)),
-                                                          threshold)
-    return rows
+        if precision in precisions:
+            rows[f"ONNX Runtime {precision}"] = split_metrics(score_split(test, *ort_scorers(bundle_dir, precision)),
+                                                              threshold)
+    if int8_refused:
+        graph = unshipped_int8(bundle_dir, model.cfg, base)
+        rows["ONNX Runtime int8 (refused by export)"] = split_metrics(
+            score_split(test, *ort_scorers(bundle_dir, "fp32", step_graph=graph)), threshold)
+    return rows, int8_refused
 
 
 def format_table(rows: dict[str, SplitMetrics]) -> str:
@@ -139,11 +214,12 @@ def run(base: TrainOptions, kinds: list[str], seeds: list[int], format_kind: str
     report = {"options": asdict(base), "kinds": kinds, "seeds": seeds,
               "adapters": {k: {str(s): r["test"] for s, r in v.items()} for k, v in runs.items()}}
     md = ["# Accuracy on held-out synthetic test streams", "",
-          f"Training: `{runs[kinds[0]][seeds[0]]['command'] if runs else ''}`, with --adapter and --seed varied; "
-          f"SR@k in percent at [-5, +10] s, SMD@1 in frames (1 fps); threshold calibrated on validation streams.", ""]
+          f"Training: `{training_command(base)}`, with --adapter and --seed varied; SR@k in percent at [-5, +10] s, "
+          "SMD@1 in frames (1 fps); threshold calibrated on validation streams.", ""]
     if runs:
         md += ["## Per adapter kind (each training seed)", "", adapter_table(runs), "", temporal_verdict(runs), ""]
         report["temporal_verdict"] = temporal_verdict(runs)
+        _write(out, md, report)  # the adapter table stands even if the format part fails
     if format_kind:
         seed = seeds[0]
         run_dir = out / "runs" / f"{format_kind}-seed{seed}"
@@ -152,10 +228,18 @@ def run(base: TrainOptions, kinds: list[str], seeds: list[int], format_kind: str
             train(replace(base, adapter=format_kind, seed=seed), run_dir, log=log, progress=progress)
         record = json.loads((run_dir / f"{checkpoint.stem}.record.json").read_text())
         test = make_split("test", base.test_streams, base, base.model_config(), query_catalogue())
-        rows = format_rows(checkpoint, test, record["threshold"], run_dir / "bundle", log)
+        rows, int8_refused = format_rows(checkpoint, test, record["threshold"], run_dir / "bundle", base, log)
         md += [f"## Per deployment format ({format_kind}, seed {seed})", "", format_table(rows), ""]
+        if int8_refused:
+            md += [f"int8: the exporter refused to ship this graph ({int8_refused}); its row scores the same "
+                   "quantization made outside the bundle, to show what the refusal protects against.", ""]
         report["formats"] = {name: m.to_dict() for name, m in rows.items()}
+        report["int8_refused"] = int8_refused
     report["seconds"] = round(time.perf_counter() - started, 1)
+    return _write(out, md, report)
+
+
+def _write(out: Path, md: list[str], report: dict) -> Path:
     (out / "accuracy.json").write_text(json.dumps(report, indent=2))
     path = out / "accuracy.md"
     path.write_text("\n".join(md) + "\n")

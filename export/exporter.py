@@ -214,7 +214,9 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
     variants: list[VariantReport] = []
     reduced = [p for p in options.precisions if p != "fp32"]
     if reduced:
-        drift_frames = _frames(cfg, options.drift_frames, options.batch)
+        # Drift is measured on the deployment's own frames when the user gives them: a reduced precision is
+        # judged on the stream it will see (a recurrent state can leave its calibrated range on other footage).
+        drift_frames = _frames(cfg, options.drift_frames, options.batch, options.calibration_video)
         reference = run_stream(fp32, drift_frames, "fp32 stream", options.show_progress, fused)
         for precision in reduced:
             path = staging / f"step.{precision}.onnx"
@@ -238,8 +240,10 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
                                         f"(export without --precision {precision})")
             log("  " + report.summary())
             variants.append(report)
+            drift_source = "built-in sample" if options.calibration_video is None else options.calibration_video.name
             step_entries[precision] = {"file": path.name, "inputs": description["inputs"],
-                                       "outputs": description["outputs"], "verification": report.to_dict()}
+                                       "outputs": description["outputs"],
+                                       "verification": dict(report.to_dict(), frames_from=drift_source)}
 
     tokenizer_dir = staging / "tokenizer"
     tokenizer_dir.mkdir()

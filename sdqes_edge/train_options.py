@@ -37,7 +37,7 @@ class TrainOptions:
     fps: float = DEFAULT_FPS
     window: int = 32  # frames per training window
     batch: int = 8  # windows per step
-    steps: int = 1200
+    steps: int = 2400
     lr: float = 2e-3
     weight_decay: float = 0.05
     warmup_steps: int = 40

@@ -297,6 +297,9 @@ def test_int8_is_calibrated_on_frames_of_the_users_video(tmp_path):
     result = quiet_export(random_model("st"), tmp_path / "b", precisions=("int8",), drift_frames=64,
                           calibration_video=video, calibration_frames=24)
     assert [r.precision for r in result.variants] == ["int8"] and result.variants[0].passed
+    # The drift check streamed the user's footage too, and the manifest says so.
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["graphs"]["step"]["int8"]["verification"]["frames_from"] == "kitchen.avi"
 
 
 def test_an_unreadable_calibration_video_is_refused_before_anything_is_written(tmp_path):
