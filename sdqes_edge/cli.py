@@ -352,10 +352,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"training {options.model_config().name} (seed {options.seed}) for {options.steps} steps on "
           f"{options.train_streams} synthetic streams; validation {options.val_streams}, test {options.test_streams}")
     result = train(options, out, progress=lambda it, desc: tqdm(it, desc=desc, mininterval=2, leave=False))
-    test = result.record["test"]
-    print(f"test SR@1 [-5,+10]: all {test['all']['SR@1']:.1f}, single-frame events "
-          f"{test['single_frame']['SR@1']:.1f}, temporal events {test['temporal']['SR@1']:.1f} "
-          f"(threshold {result.record['threshold']:.4f} from validation)")
     print(f"wrote {result.checkpoint} and {out / (result.checkpoint.stem + '.record.json')}")
     print(f"\nnext: {PROG} export --checkpoint {result.checkpoint} --threshold {result.record['threshold']:.4f} "
           f"--out bundles/{result.checkpoint.stem}")

@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from . import __version__
 from .config import ModelConfig
 from .evaluation import calibrate_thresholds
 from .metrics import EvalResult, ScoreTrace, evaluate
@@ -282,7 +283,7 @@ def train(options: TrainOptions, out_dir: str | Path, log: Callable[[str], None]
         "test": test.to_dict(),
         "seconds": {"data": round(data_seconds, 1), "training": round(train_seconds, 1),
                     "total": round(time.perf_counter() - started, 1)},
-        "versions": {"torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version()},
+        "versions": {"sdqes_edge": __version__, "torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version()},
         "machine": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
     }
@@ -305,11 +306,11 @@ def make_splits(options: TrainOptions, cfg: ModelConfig, catalogue: list[Catalog
 
 
 def training_command(options: TrainOptions) -> str:
-    """The command line that reproduces ``options`` (defaults left out)."""
-    defaults = TrainOptions()
+    """The complete command line that reproduces ``options``: every option spelled out, so that it still
+    reproduces the run after a default changes."""
     parts = ["sdqes-edge train"]
     for key, value in asdict(options).items():
-        if value != getattr(defaults, key) or key in ("adapter", "seed"):
+        if value is not None:
             parts.append(f"--{key.replace('_', '-')} {value}")
     return " ".join(parts)
 
