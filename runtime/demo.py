@@ -103,7 +103,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if is_training_seed(args.seed):
         print(f"{PROG}: warning: seed {args.seed} is in a training, validation or test split's range; pick a seed "
               "below 100000 to see a stream no model was trained or calibrated on", file=sys.stderr)
+    if args.seed < 0:
+        raise UserError(f"--seed must be >= 0, not {args.seed}")
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a folder for the demo's video, plot and logs")
     out.mkdir(parents=True, exist_ok=True)
 
     stream = generate_stream(args.seed, DEMO_SECONDS, DEMO_VIDEO_FPS, uid=f"demo-seed{args.seed}")

@@ -57,6 +57,14 @@ def test_a_missing_demo_bundle_is_one_line_and_exit_2(tmp_path):
     assert "demo bundle is missing" in done.stderr and "sdqes-edge train" in done.stderr
 
 
+def test_bad_demo_arguments_are_one_line_and_exit_2(tmp_path):
+    (tmp_path / "file").write_text("mine")
+    for args, message in ((["--seed", "-1"], "--seed must be >= 0"), (["--out", str(tmp_path / "file")], "is a file")):
+        done = run_cli("demo", *args)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr
+    assert (tmp_path / "file").read_text() == "mine"
+
+
 def test_a_seed_from_a_training_split_is_run_with_a_warning(tmp_path):
     done = run_cli("demo", "--seed", "100003", "--out", str(tmp_path / "demo"))
     assert done.returncode == 0, done.stderr
