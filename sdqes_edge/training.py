@@ -283,7 +283,8 @@ def train(options: TrainOptions, out_dir: str | Path, log: Callable[[str], None]
         "test": test.to_dict(),
         "seconds": {"data": round(data_seconds, 1), "training": round(train_seconds, 1),
                     "total": round(time.perf_counter() - started, 1)},
-        "versions": {"sdqes_edge": __version__, "torch": torch.__version__, "numpy": np.__version__, "python": platform.python_version()},
+        "versions": {"sdqes_edge": __version__, "torch": str(torch.__version__), "numpy": np.__version__,
+                     "python": platform.python_version()},
         "machine": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
     }

@@ -77,6 +77,7 @@ def small_run(tmp_path_factory):
 def test_a_run_writes_a_checkpoint_the_exporter_reads_and_a_record(small_run):
     result, out = small_run
     model, ckpt = load_model(str(result.checkpoint))
+    torch.load(result.checkpoint, weights_only=True)  # plain tensors and containers: any safe loader reads it
     trained = SMALL.model_config()
     assert model.cfg.vision == trained.vision and model.cfg.text == trained.text
     # The checkpoint stores widths, not ratios: the inferred adapter has the same widths.
