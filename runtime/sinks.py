@@ -89,6 +89,7 @@ class AnnotatedVideoSink(Sink):
     """The stream as a video with a score bar per query and a banner while an alert is fresh."""
 
     BANNER_SECONDS = 2.0
+    MIN_HEIGHT = 360  # smaller frames are enlarged (whole pixels) so that the bars and text stay readable
 
     def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]]):
         self.path = Path(path)
@@ -100,7 +101,9 @@ class AnnotatedVideoSink(Sink):
     def on_frame(self, stream, frame_bgr, time_s, probs, events):
         if stream != 0:
             return  # one video: the first stream
-        image = frame_bgr.copy()
+        scale = -(-self.MIN_HEIGHT // frame_bgr.shape[0])  # ceil: 96-px frames become 384 px
+        image = frame_bgr.copy() if scale == 1 else cv2.resize(frame_bgr, None, fx=scale, fy=scale,
+                                                                interpolation=cv2.INTER_NEAREST)
         h, w = image.shape[:2]
         if self._writer is None:
             fourcc = cv2.VideoWriter_fourcc(*("MJPG" if self.path.suffix.lower() == ".avi" else "mp4v"))
