@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from sdqes_edge.training import (SplitMetrics, StreamSet, TrainOptions, make_split, make_splits, query_catalogue,
+from sdqes_edge.training import (SplitMetrics, StreamSet, TrainOptions, make_splits, query_catalogue,
                                  score_split, split_metrics, torch_scorers, train, training_command)
 
 GROUPS = ("single_frame", "temporal")
@@ -28,9 +28,9 @@ METRICS = ("SR@1", "SR@3", "SMD@1")
 
 
 def adapter_runs(base: TrainOptions, kinds: list[str], seeds: list[int], out: Path, log: Callable[[str], None],
-                 progress: Callable | None = None) -> dict:
-    """Train every (kind, seed) on the same splits; returns {kind: {seed: record}}."""
-    data = make_splits(base, base.model_config(), query_catalogue(), progress)
+                 splits: Callable[[], dict[str, StreamSet]], progress: Callable | None = None) -> dict:
+    """Train every (kind, seed) on the same splits (made by ``splits()`` once, when a run needs them);
+    returns {kind: {seed: record}}."""
     runs: dict[str, dict[int, dict]] = {}
     for kind in kinds:
         for seed in seeds:
@@ -38,7 +38,7 @@ def adapter_runs(base: TrainOptions, kinds: list[str], seeds: list[int], out: Pa
             run_dir = out / f"{kind}-seed{seed}"
             record = _finished_record(run_dir, options)
             if record is None:
-                record = train(options, run_dir, log=log, progress=progress, data=data).record
+                record = train(options, run_dir, log=log, progress=progress, data=splits()).record
             else:
                 log(f"{kind} seed {seed}: reusing the finished run in {run_dir}")
             runs.setdefault(kind, {})[seed] = record
@@ -167,7 +167,9 @@ def unshipped_int8(bundle_dir: Path, model_cfg, base: TrainOptions) -> Path:
         from sdqes_edge.export.exporter import DEFAULT_CALIBRATION_FRAMES
         from sdqes_edge.runtime.sources import frames_spread_over
 
-        video = write_calibration_video(bundle_dir.parent / "calibration.avi", base)
+        video = bundle_dir.parent / "calibration.avi"  # written by export_formats, which runs first
+        if not video.is_file():
+            write_calibration_video(video, base)
         raw = frames_spread_over(video, DEFAULT_CALIBRATION_FRAMES)
         frames = Preprocessor.from_config(model_cfg).batch(raw)[:, None]  # [N, 1, 3, R, R]
         quantize_int8(bundle_dir / "step.fp32.onnx", path, frames)
@@ -210,7 +212,15 @@ def run(base: TrainOptions, kinds: list[str], seeds: list[int], format_kind: str
     """Both tables; writes accuracy.md and accuracy.json under ``out``. Returns the Markdown path."""
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    runs = adapter_runs(base, kinds, seeds, out / "runs", log, progress) if kinds else {}
+    made: dict[str, StreamSet] = {}
+
+    def splits() -> dict[str, StreamSet]:
+        """Every run and the format rows share one generation of the splits (a resumed table may need none)."""
+        if not made:
+            made.update(make_splits(base, base.model_config(), query_catalogue(), progress))
+        return made
+
+    runs = adapter_runs(base, kinds, seeds, out / "runs", log, splits, progress) if kinds else {}
     report = {"options": asdict(base), "kinds": kinds, "seeds": seeds,
               "adapters": {k: {str(s): r["test"] for s, r in v.items()} for k, v in runs.items()}}
     md = ["# Accuracy on held-out synthetic test streams", "",
@@ -225,10 +235,10 @@ def run(base: TrainOptions, kinds: list[str], seeds: list[int], format_kind: str
         run_dir = out / "runs" / f"{format_kind}-seed{seed}"
         checkpoint = run_dir / f"{replace(base, adapter=format_kind).model_config().name}.pt"
         if not checkpoint.is_file():
-            train(replace(base, adapter=format_kind, seed=seed), run_dir, log=log, progress=progress)
+            train(replace(base, adapter=format_kind, seed=seed), run_dir, log=log, progress=progress, data=splits())
         record = json.loads((run_dir / f"{checkpoint.stem}.record.json").read_text())
-        test = make_split("test", base.test_streams, base, base.model_config(), query_catalogue())
-        rows, int8_refused = format_rows(checkpoint, test, record["threshold"], run_dir / "bundle", base, log)
+        rows, int8_refused = format_rows(checkpoint, splits()["test"], record["threshold"], run_dir / "bundle", base,
+                                         log)
         md += [f"## Per deployment format ({format_kind}, seed {seed})", "", format_table(rows), ""]
         if int8_refused:
             md += [f"int8: the exporter refused to ship this graph ({int8_refused}); its row scores the same "

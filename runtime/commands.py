@@ -54,8 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.events:
         detector.add_sink(JsonlSink(args.events))
     if args.annotate:
-        thresholds = lambda: {q.id: q.policy.threshold for q in detector.queries.queries.values()}  # noqa: E731
-        detector.add_sink(AnnotatedVideoSink(args.annotate, detector.fps, thresholds))
+        detector.add_sink(AnnotatedVideoSink(args.annotate, detector.fps, detector.thresholds))
     trace_paths = []
     if args.scores:
         target = Path(args.scores)

@@ -58,12 +58,12 @@ def _verdict(outcome: QueryOutcome) -> str:
 
 def plot_scores(path: Path, trace, outcomes: list[QueryOutcome], threshold: float) -> Path | None:
     """One panel per query: p over time, the threshold, the true start, the alerts."""
+    from ..eval_plots import _pyplot
+
     try:
-        import matplotlib
-    except ImportError:
+        plt = _pyplot()
+    except UserError:  # no matplotlib: the demo still runs, and says the plot is missing
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     times = np.arange(len(trace.probs)) / trace.fps
     fig, axes = plt.subplots(len(outcomes), 1, figsize=(9, 1.7 * len(outcomes)), sharex=True, squeeze=False)
@@ -135,10 +135,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"  t={event.stream_time:5.1f} s  ALERT  {event.message!r:42s} p={event.score:.3f}   "
               f"true start {outcome.start_time:5.1f} s ({event.stream_time - outcome.start_time:+.1f} s)")
 
-    thresholds = lambda: {q.id: q.policy.threshold for q in detector.queries.queries.values()}  # noqa: E731
     detector.add_sink(CallbackSink(on_alert))
     detector.add_sink(JsonlSink(out / "alerts.jsonl"))
-    detector.add_sink(AnnotatedVideoSink(out / "annotated.avi", detector.fps, thresholds))
+    detector.add_sink(AnnotatedVideoSink(out / "annotated.avi", detector.fps, detector.thresholds))
     detector.add_sink(ScoreTraceRecorder(out / "scores.npz", stream.uid, detector.fps))
     stats = RunStats()
     try:

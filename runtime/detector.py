@@ -91,6 +91,10 @@ class StreamingDetector:
         return sink
 
     # --- queries -------------------------------------------------------------------
+    def thresholds(self) -> dict[str, float]:
+        """Each query's alert threshold by id (what an annotated video marks on its score bars)."""
+        return {q.id: q.policy.threshold for q in self.queries.queries.values()}
+
     def default_policy(self, threshold: float | None = None, **options) -> AlertPolicy:
         return AlertPolicy(self.bundle.default_threshold if threshold is None else threshold, **options)
 

@@ -35,7 +35,7 @@ from .evaluation import calibrate_thresholds
 from .metrics import EvalResult, ScoreTrace, evaluate
 from .synthetic import COLOURS, PHRASINGS, Event, generate_stream
 from .tokenizer import default_tokenizer
-from .train_options import CHECKPOINT_RECORD_KEY, TrainOptions, is_training_seed, split_seeds
+from .train_options import CHECKPOINT_RECORD_KEY, TrainOptions, split_seeds
 
 
 # --- queries ------------------------------------------------------------------------------
@@ -316,11 +316,5 @@ def training_command(options: TrainOptions) -> str:
     return " ".join(parts)
 
 
-def same_data(a: TrainOptions, b: TrainOptions) -> bool:
-    """Whether two runs would generate the same splits (so they can share them)."""
-    keys = ("preset", "train_streams", "val_streams", "test_streams", "stream_seconds", "fps")
-    return all(getattr(a, k) == getattr(b, k) for k in keys)
-
-
 __all__ = ["TrainOptions", "train", "make_splits", "query_catalogue", "frame_labels", "score_split", "split_metrics",
-           "calibrated_threshold", "torch_scorers", "is_training_seed", "split_seeds", "same_data"]
+           "calibrated_threshold", "torch_scorers"]

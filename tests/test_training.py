@@ -14,8 +14,8 @@ import torch
 from sdqes_edge.checkpoints import load_model
 from sdqes_edge.errors import UserError
 from sdqes_edge.synthetic import EVENT_KINDS, PHRASINGS, Event, generate_stream
-from sdqes_edge.training import (TrainOptions, frame_labels, is_training_seed, query_catalogue, split_seeds,
-                                 torch_scorers, train)
+from sdqes_edge.train_options import TrainOptions, is_training_seed, split_seeds
+from sdqes_edge.training import frame_labels, query_catalogue, torch_scorers, train
 
 # A run of seconds: enough to exercise every path, far too short to learn anything.
 SMALL = TrainOptions(adapter="qrnn", train_streams=3, val_streams=2, test_streams=2, stream_seconds=20.0, window=8,
