@@ -80,12 +80,17 @@ class StepGraph(nn.Module):
 
     def forward(self, frame: torch.Tensor, *rest: torch.Tensor):
         state = list(rest[:-1] if self.fused_queries else rest)
-        embedding, next_state = self.visual.step(frame.to(self.dtype), [s.to(self.dtype) for s in state])
-        embedding = embedding.float()
+        embedding, next_state = self.visual.step(_cast(frame, self.dtype), [_cast(s, self.dtype) for s in state])
+        embedding = _cast(embedding, torch.float32)
         outputs = [embedding]
         if self.fused_queries:
             outputs.append(embedding @ rest[-1].transpose(0, 1))  # cosine logits [B, Q]
-        return tuple(outputs + [s.float() for s in next_state])
+        return tuple(outputs + [_cast(s, torch.float32) for s in next_state])
+
+
+def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in ``dtype``; no node at all where it already is (a traced fp32->fp32 Cast is still a kernel)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 class WindowGraph(nn.Module):

@@ -1,10 +1,20 @@
 """Streaming temporal adapters, each with a window form and a step form.
 
 Every adapter treats each token position as its own sequence over time (a
-"tubelet"). Tokens arrive as ``[B, T, L, D]`` in window form and ``[B, L, D]``
-in step form (L = tokens per frame, class token first). Both forms share the
-code that does the arithmetic, so they cannot drift apart; only the source of
-the past frames differs (zero padding inside the window, or the carried state).
+"tubelet"). Tokens arrive as ``[B, T, L, D]`` in window form. In step form they
+arrive as token rows ``[B*L, D]`` (stream-major, class token first in each
+stream's block of L rows): every linear layer is then one 2-D matrix product
+(one Gemm kernel in the exported graph, no reshapes around it), which is what
+makes the step cheap on a GPU, where a step costs per kernel, not per FLOP.
+State tensors are kept tokens-major, ``[B, L, k]``, so viewing them as rows
+``[B*L, k]`` moves no data.
+
+Both forms share the code that does the arithmetic, so they cannot drift apart;
+only the source of the past frames differs (zero padding inside the window, or
+the carried state). Where a step needs several of the checkpoint's parameters
+as one matrix (a convolution over time as one product over the concatenated
+frames), the matrix is assembled from the parameters on every call, so
+checkpoints are unchanged and the exporter folds it into a constant.
 
 Parameter names follow the reference implementation (DESIGN.md section 2).
 Conventions kept from it:
@@ -23,6 +33,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..config import AdapterConfig
 from .layers import LayerNorm, quick_gelu
@@ -32,26 +43,47 @@ QRNN_FORGET_BIAS = 5.0  # the reference's init: sigmoid(5) ~ 0.993, the gate pas
 
 
 def causal_windows(x: torch.Tensor, lookback: int) -> torch.Tensor:
-    """x [B, T, ...] -> [B, T, lookback + 1, ...]: each frame with its ``lookback`` predecessors (zeros before t=0)."""
+    """x [B, T, L, d] -> [B, T, L, (lookback + 1) * d]: each frame's token with its ``lookback`` predecessors,
+    oldest first, concatenated along the channels (zeros before t=0): the layout a step's rows have."""
     pad = x.new_zeros((x.shape[0], lookback) + tuple(x.shape[2:]))
     padded = torch.cat((pad, x), dim=1)
     frames = x.shape[1]
-    return torch.stack([padded[:, i : i + frames] for i in range(lookback + 1)], dim=2)
+    return torch.cat([padded[:, i : i + frames] for i in range(lookback + 1)], dim=-1)
 
 
-def step_window(history: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """history [B, lookback, ...] and current x [B, ...] -> [B, 1, lookback + 1, ...] (the window-form layout)."""
-    return torch.cat((history, x.unsqueeze(1)), dim=1).unsqueeze(1)
+def as_rows(state: torch.Tensor) -> torch.Tensor:
+    """A tokens-major state tensor [B, L, k] as rows [B*L, k] (a view: no data moves)."""
+    return state.reshape(-1, state.shape[-1])
+
+
+def as_state(rows: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Rows [B*L, k] back to the state layout [B, L, k] (a view)."""
+    return rows.reshape(-1, tokens, rows.shape[-1])
+
+
+def step_windows(history: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """history [B, L, lookback*d] and the current rows x [B*L, d] -> (windows [B*L, (lookback+1)*d] in
+    ``causal_windows``' layout, the next history as rows [B*L, lookback*d])."""
+    windows = torch.cat((as_rows(history), x), dim=-1)
+    width = x.shape[-1]
+    # With one remembered frame the next history is the current input itself: no kernel at all.
+    return windows, (x if history.shape[-1] == width else windows[:, width:])
 
 
 class StreamingAdapter(nn.Module):
     """Every adapter has ``window(x [B,T,L,D]) -> [B,T,L,D]`` and
-    ``step(x [B,L,D], state: list) -> (y [B,L,D], new_state: list)``; the state
-    tensors are the ones ``state_shapes`` declares, in that order."""
+    ``step(x [B*L,D], state: list, tokens) -> (y [B*L,D], new_state: list)``; the state
+    tensors are the ones ``state_shapes`` declares (tokens-major, batch first), in that order."""
 
     def state_shapes(self, tokens: int) -> list[tuple[str, tuple[int, ...]]]:
         """(name, shape without the batch axis) of each state tensor, in the order ``step`` takes them."""
         return []
+
+    def window(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def step(self, x: torch.Tensor, state: list[torch.Tensor], tokens: int):
+        raise NotImplementedError
 
 
 class MLPAdapter(StreamingAdapter):
@@ -68,12 +100,18 @@ class MLPAdapter(StreamingAdapter):
     def window(self, x):
         return self._residual(x)
 
-    def step(self, x, state):
+    def step(self, x, state, tokens):
         return self._residual(x), []
 
 
 class STAdapter(StreamingAdapter):
-    def __init__(self, width: int, bottleneck: int, lookback: int):
+    """Down-projection, a depthwise causal convolution over time, up-projection added to the patch tokens.
+
+    Both forms project every token, the class token too, and zero the class token's update with a mask:
+    the class token's row then costs 1/L more arithmetic but the step needs no gather of patch rows.
+    """
+
+    def __init__(self, width: int, bottleneck: int, lookback: int, tokens: int):
         super().__init__()
         self.lookback = lookback
         self.D_fc1 = nn.Linear(width, bottleneck)
@@ -82,25 +120,32 @@ class STAdapter(StreamingAdapter):
         self.D_fc2 = nn.Linear(bottleneck, width)
         for p in (self.conv.weight, self.conv.bias, self.D_fc1.bias, self.D_fc2.weight, self.D_fc2.bias):
             nn.init.zeros_(p)
+        patch_mask = torch.ones(tokens, 1)
+        patch_mask[0] = 0.0  # the class token gets no update (the reference adds to x[1:] only)
+        self.register_buffer("patch_mask", patch_mask, persistent=False)
 
     def state_shapes(self, tokens):
-        return [("st_history", (self.lookback, tokens - 1, self.D_fc1.out_features))]
+        return [("st_history", (tokens, self.lookback * self.D_fc1.out_features))]
 
-    def _mix(self, x: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
-        """x [B,T,L,D], windows [B,T,k,P,d'] of down-projected patch tokens -> x with patch tokens updated."""
-        kernel = self.conv.weight.reshape(self.conv.out_channels, -1).transpose(0, 1)  # [k, d']
-        mixed = (windows * kernel[:, None, :]).sum(dim=2) + self.conv.bias  # [B,T,P,d']
-        return torch.cat((x[:, :, :1], x[:, :, 1:] + self.D_fc2(mixed)), dim=2)
+    def _conv_matrix(self) -> torch.Tensor:
+        """The depthwise conv over k frames as one [d', k*d'] matrix on concatenated frames (block diagonal)."""
+        channels = self.conv.out_channels
+        kernel = self.conv.weight.reshape(channels, -1)  # [d', k], oldest frame first
+        eye = torch.eye(channels, dtype=kernel.dtype, device=kernel.device)
+        return (kernel.t()[:, :, None] * eye[None]).permute(1, 0, 2).reshape(channels, -1)  # [d', k*d']
+
+    def _update(self, windows: torch.Tensor) -> torch.Tensor:
+        """windows [..., k*d'] -> the update for every token, [..., D] (before the class-token mask)."""
+        return self.D_fc2(F.linear(windows, self._conv_matrix(), self.conv.bias))
 
     def window(self, x):
-        return self._mix(x, causal_windows(self.D_fc1(x[:, :, 1:]), self.lookback))
+        update = self._update(causal_windows(self.D_fc1(x), self.lookback))  # [B, T, L, D]
+        return x + update * self.patch_mask
 
-    def step(self, x, state):
-        (history,) = state  # [B, lookback, P, d']
-        down = self.D_fc1(x[:, 1:])
-        windows = step_window(history, down)
-        y = self._mix(x.unsqueeze(1), windows).squeeze(1)
-        return y, [windows[:, 0, 1:]]
+    def step(self, x, state, tokens):
+        windows, history = step_windows(state[0], self.D_fc1(x))
+        update = as_state(self._update(windows), tokens) * self.patch_mask  # [B, L, D]
+        return x + as_rows(update), [as_state(history, tokens)]
 
 
 class QRNNLayer(nn.Module):
@@ -114,21 +159,25 @@ class QRNNLayer(nn.Module):
         nn.init.zeros_(self.conv1d_f.weight)
         nn.init.constant_(self.conv1d_f.bias, QRNN_FORGET_BIAS)
 
+    @staticmethod
+    def _over_frames(conv: nn.Conv1d) -> torch.Tensor:
+        """Conv1d weight [hidden, d_in, k] -> a linear layer's weight [hidden, k*d_in] on concatenated frames."""
+        return conv.weight.permute(0, 2, 1).reshape(conv.out_channels, -1)
+
     def gates(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """windows [B,T,k,L,d_in] -> candidate Z and forget gate F, each [B,T,L,hidden]."""
-        b, t, k, length, d_in = windows.shape
-        flat = windows.permute(0, 1, 3, 2, 4).reshape(b, t, length, k * d_in)  # [B,T,L,k*d_in]
-        # Conv1d weight [hidden, d_in, k] -> one matrix [k*d_in, 2*hidden] for both gates.
-        weight = torch.cat((self.conv1d_z.weight, self.conv1d_f.weight), dim=0)
-        weight = weight.permute(2, 1, 0).reshape(k * d_in, -1)
-        bias = torch.cat((self.conv1d_z.bias, self.conv1d_f.bias))
-        z, f = (flat @ weight + bias).chunk(2, dim=-1)
+        """windows [..., k*d_in] (frames concatenated, oldest first) -> candidate Z and forget gate F [..., hidden].
+
+        Two products rather than one split: on the CPU the forget gate's sigmoid then fuses into its product.
+        """
+        z = F.linear(windows, self._over_frames(self.conv1d_z), self.conv1d_z.bias)
+        f = F.linear(windows, self._over_frames(self.conv1d_f), self.conv1d_f.bias)
         return quick_gelu(z), torch.sigmoid(f)
 
     @staticmethod
     def pool(z: torch.Tensor, f: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        # The reference's convention: F gates the new candidate.
-        return f * z + (1 - f) * h
+        # The reference's convention: F gates the new candidate, h_t = F Z + (1 - F) h_{t-1},
+        # written as h + F (Z - h): the same value in three kernels instead of four.
+        return h + f * (z - h)
 
     def window(self, x: torch.Tensor) -> torch.Tensor:
         z, f = self.gates(causal_windows(x, self.lookback))
@@ -139,11 +188,12 @@ class QRNNLayer(nn.Module):
             outputs.append(h)
         return torch.stack(outputs, dim=1)
 
-    def step(self, x: torch.Tensor, history: torch.Tensor, h: torch.Tensor):
-        windows = step_window(history, x)
+    def step(self, x: torch.Tensor, history: torch.Tensor, h: torch.Tensor, tokens: int):
+        """x rows [B*L, d_in]; history [B, L, lookback*d_in], h [B, L, hidden] -> (h rows, history, h)."""
+        windows, next_history = step_windows(history, x)
         z, f = self.gates(windows)
-        h = self.pool(z[:, 0], f[:, 0], h)
-        return h, windows[:, 0, 1:], h
+        h = self.pool(z, f, as_rows(h))
+        return h, as_state(next_history, tokens), as_state(h, tokens)
 
 
 class QRNN(nn.Module):
@@ -172,7 +222,7 @@ class QRNNAdapter(StreamingAdapter):
     def state_shapes(self, tokens):
         shapes = []
         for i, layer in enumerate(self.qrnn.layers):
-            shapes.append((f"qrnn{i}_x_history", (layer.lookback, tokens, layer.conv1d_z.in_channels)))
+            shapes.append((f"qrnn{i}_x_history", (tokens, layer.lookback * layer.conv1d_z.in_channels)))
             shapes.append((f"qrnn{i}_h", (tokens, layer.conv1d_z.out_channels)))
         return shapes
 
@@ -185,11 +235,11 @@ class QRNNAdapter(StreamingAdapter):
             h = layer.window(h)
         return x + self.qrnn_up(h)
 
-    def step(self, x, state):
+    def step(self, x, state, tokens):
         h = self._down(x)
         new_state = []
         for i, layer in enumerate(self.qrnn.layers):
-            h, history, hidden = layer.step(h, state[2 * i], state[2 * i + 1])
+            h, history, hidden = layer.step(h, state[2 * i], state[2 * i + 1], tokens)
             new_state += [history, hidden]
         return x + self.qrnn_up(h), new_state
 
@@ -212,18 +262,20 @@ class RetNetAdapter(StreamingAdapter):
         h = self.lnorm(self.D_fc1(x)).transpose(1, 2)  # [B, L, T, d']: one sequence per token
         return x + self.D_fc2(self.retention.window(h).transpose(1, 2))
 
-    def step(self, x, state):
-        out, s = self.retention.step(self.lnorm(self.D_fc1(x)), state[0])
-        return x + self.D_fc2(out), [s]
+    def step(self, x, state, tokens):
+        d = self.D_fc1.out_features
+        retained = state[0].reshape(-1, d, d)  # [B*L, d', d'], a view
+        out, s = self.retention.step(self.lnorm(self.D_fc1(x)), retained)
+        return x + self.D_fc2(out), [s.reshape(-1, tokens, d, d)]
 
 
-def build_adapter(width: int, cfg: AdapterConfig) -> StreamingAdapter | None:
+def build_adapter(width: int, cfg: AdapterConfig, tokens: int) -> StreamingAdapter | None:
     if cfg.kind == "none":
         return None
     if cfg.kind == "mlp":
         return MLPAdapter(width, cfg.bottleneck(width))
     if cfg.kind == "st":
-        return STAdapter(width, cfg.bottleneck(width), cfg.lookback)
+        return STAdapter(width, cfg.bottleneck(width), cfg.lookback, tokens)
     if cfg.kind == "qrnn":
         return QRNNAdapter(width, cfg)
     if cfg.kind == "retnet":

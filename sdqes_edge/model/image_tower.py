@@ -6,6 +6,11 @@ state) -> ([B,E], state)`` runs one frame with the state carried explicitly:
 an ordered list of tensors described by ``state_spec(batch)``. The export
 traces ``step``; nothing is re-implemented for it.
 
+The step carries the tokens as rows ``[B*L, D]`` from the patch embedding to
+the class token's read-out, so that each linear layer of every block and
+adapter is one 2-D product: the exported step graph then runs few kernels,
+which is what a step costs on a GPU (DESIGN.md, "The step on a GPU").
+
 Block order with adapters (the reference's)::
 
     x = adapter1(x);  a = MHSA(ln_1(x));  x = x + (adapter2(a) if two adapters else a)
@@ -30,10 +35,11 @@ class AdaptedBlock(nn.Module):
         self.ln_1 = LayerNorm(width)
         self.mlp = clip_mlp(width)
         self.ln_2 = LayerNorm(width)
-        self.adapter1 = build_adapter(width, cfg.adapter)
-        self.adapter2 = build_adapter(width, cfg.adapter) if cfg.adapter.per_block == 2 else None
+        self.tokens = cfg.vision.num_tokens
+        self.adapter1 = build_adapter(width, cfg.adapter, self.tokens)
+        self.adapter2 = build_adapter(width, cfg.adapter, self.tokens) if cfg.adapter.per_block == 2 else None
         # How many of this block's state tensors belong to adapter1 (the rest are adapter2's).
-        tokens = cfg.vision.num_tokens
+        tokens = self.tokens
         self._adapter1_state_count = len(self.adapter1.state_shapes(tokens)) if self.adapter1 is not None else 0
 
     def adapters(self) -> list[tuple[str, StreamingAdapter]]:
@@ -47,10 +53,11 @@ class AdaptedBlock(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
     def _attend(self, x: torch.Tensor) -> torch.Tensor:
-        """Spatial attention within each frame: x [..., L, D] with any leading axes."""
-        lead = x.shape[:-2]
-        flat = x.reshape((-1,) + tuple(x.shape[-2:]))
-        return self.attn(self.ln_1(flat)).reshape(lead + tuple(x.shape[-2:]))
+        """Spatial attention within each frame: x [..., L, D] with any leading axes, or rows [B*L, D]."""
+        if x.dim() == 2:
+            return self.attn.rows(self.ln_1(x), self.tokens)
+        rows = self.attn.rows(self.ln_1(x).reshape(-1, x.shape[-1]), self.tokens)
+        return rows.reshape(x.shape)
 
     def window(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, L, D]."""
@@ -61,13 +68,13 @@ class AdaptedBlock(nn.Module):
         )
 
     def step(self, x: torch.Tensor, state: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """x [B, L, D]; ``state`` holds adapter1's tensors then adapter2's."""
+        """x rows [B*L, D]; ``state`` holds adapter1's tensors then adapter2's."""
         new_state: list[torch.Tensor] = []
         split = self._adapter1_state_count
 
         def run(adapter: StreamingAdapter, own_state: list[torch.Tensor]):
             def apply(tokens: torch.Tensor) -> torch.Tensor:
-                y, s = adapter.step(tokens, own_state)
+                y, s = adapter.step(tokens, own_state, self.tokens)
                 new_state.extend(s)
                 return y
             return apply
@@ -114,9 +121,9 @@ class ImageTower(nn.Module):
         x = torch.cat((cls, x), dim=1) + self.positional_embedding.to(x.dtype)
         return self.ln_pre(x)
 
-    def _embed(self, x: torch.Tensor) -> torch.Tensor:
-        """tokens [..., L, D] -> L2-normalized embedding [..., E] from the class token."""
-        e = self.ln_post(x[..., 0, :]) @ self.proj
+    def _embed(self, cls: torch.Tensor) -> torch.Tensor:
+        """class tokens [..., D] -> L2-normalized embeddings [..., E]."""
+        e = self.ln_post(cls) @ self.proj
         return e / e.norm(dim=-1, keepdim=True)
 
     # --- window form ------------------------------------------------------
@@ -127,7 +134,7 @@ class ImageTower(nn.Module):
         x = x.reshape(b, t, x.shape[1], x.shape[2])  # [B, T, L, D]
         for block in self.transformer.resblocks:
             x = block.window(x)
-        return self._embed(x)
+        return self._embed(x[..., 0, :])
 
     forward = forward_clip
 
@@ -148,7 +155,9 @@ class ImageTower(nn.Module):
 
     def step(self, frame: torch.Tensor, state: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """frame [B, 3, R, R] (normalized), state in spec order -> (embedding [B, E], next state)."""
-        x = self._tokens(frame)  # [B, L, D]
+        tokens = self.cfg.vision.num_tokens
+        x = self._tokens(frame)
+        x = x.reshape(-1, x.shape[-1])  # rows [B*L, D]
         new_state: list[torch.Tensor] = []
         offset = 0
         for block, count in zip(self.transformer.resblocks, self._state_counts):
@@ -157,7 +166,7 @@ class ImageTower(nn.Module):
             offset += count
         if offset != len(state):
             raise ValueError(f"step() got {len(state)} state tensors, the state spec has {offset}")
-        return self._embed(x), new_state
+        return self._embed(x[::tokens]), new_state  # every stream's first row is its class token
 
     def step_frames(self, frames: torch.Tensor, state: list[torch.Tensor] | None = None):
         """Step form over a window: frames [B, T, 3, R, R] one at a time, state carried.

@@ -17,6 +17,8 @@ class LayerNorm(nn.LayerNorm):
     """CLIP's LayerNorm: computed in fp32 whatever the input dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return super().forward(x)
         return super().forward(x.float()).to(x.dtype)
 
 
@@ -45,17 +47,30 @@ class Attention(nn.Module):
         nn.init.zeros_(self.out_proj.bias)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        n, length, width = x.shape  # [N, L, D]
+        """x [N, L, D] -> [N, L, D]."""
+        return self.rows(x.reshape(-1, x.shape[-1]), x.shape[-2], mask).reshape(x.shape)
+
+    def rows(self, x: torch.Tensor, tokens: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention within each sequence of ``tokens`` rows: x [N*L, D] -> [N*L, D].
+
+        Rows in and out, so both projections are plain 2-D products (one Gemm each in an exported graph).
+        """
+        width = x.shape[-1]
         head_dim = width // self.heads
-        qkv = nn.functional.linear(x, self.in_proj_weight, self.in_proj_bias)
-        qkv = qkv.reshape(n, length, 3, self.heads, head_dim).permute(2, 0, 3, 1, 4)  # [3, N, H, L, hd]
-        q, k, v = qkv[0], qkv[1], qkv[2]
+        qkv = nn.functional.linear(x, self.in_proj_weight, self.in_proj_bias)  # [N*L, 3D]
+        qkv = qkv.reshape(-1, tokens, 3 * self.heads, head_dim).transpose(1, 2)  # [N, 3H, L, hd]
+        q, k, v = qkv.split(self.heads, dim=1)  # [N, H, L, hd] each (one Split kernel)
         scores = (q * head_dim**-0.5) @ k.transpose(-2, -1)  # [N, H, L, L]
         if mask is not None:
             scores = scores + mask
         # Softmax in fp32 whatever the compute dtype: fp16 exp overflows on large scores (a no-op in fp32).
-        out = scores.float().softmax(dim=-1).to(v.dtype) @ v  # [N, H, L, hd]
-        return self.out_proj(out.transpose(1, 2).reshape(n, length, width))
+        out = _as_float(scores).softmax(dim=-1).to(v.dtype) @ v  # [N, H, L, hd]
+        return self.out_proj(out.transpose(1, 2).reshape(-1, width))
+
+
+def _as_float(x: torch.Tensor) -> torch.Tensor:
+    """x in fp32; no Cast node in a traced graph when it already is."""
+    return x if x.dtype == torch.float32 else x.float()
 
 
 def clip_mlp(width: int) -> nn.Sequential:
