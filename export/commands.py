@@ -137,8 +137,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     ms = (time.perf_counter() - started) / len(frames) * 1e3
     print(f"ran        {args.frames} sample frames through the {args.precision} graph with ONNX Runtime (CPU): "
           f"{ms:.1f} ms/frame, embedding norm {float(np.linalg.norm(result.embedding[0])):.4f}")
+    _print_kernels(bundle, args.precision)
     print(f"\nnext: {PROG} build-engine {args.bundle}   (on an NVIDIA device)")
     return 0
+
+
+def _print_kernels(bundle, precision: str) -> None:
+    """Kernels one step executes (ONNX Runtime's profiler, CPU), and per adapter where the manifest says."""
+    from ..runtime.kernels import count_kernels
+
+    live = count_kernels(bundle.step_graph(precision))
+    top = ", ".join(f"{op} {n}" for op, n in sorted(live.by_op.items(), key=lambda kv: -kv[1])[:6])
+    print(f"kernels    {live.per_step} per step on ONNX Runtime CPU ({live.views} of them views), {precision} graph: "
+          f"{top}, ...")
+    recorded = bundle.manifest.get("complexity", {}).get("kernels")
+    if recorded and recorded.get("per_adapter"):
+        per = recorded["per_adapter"]
+        tower = recorded["image_tower"]
+        print(f"           fp32 at export: image tower alone {tower['per_step']} kernels ({tower['onnx_nodes']} ONNX "
+              f"nodes); per adapter {per['kernels']:.1f} kernels ({per['computing']:.1f} computing), "
+              f"{per['onnx_nodes']:.1f} ONNX nodes, {recorded['adapters']} adapters")
 
 
 # --- build-engine ---------------------------------------------------------------------

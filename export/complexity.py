@@ -114,3 +114,32 @@ def _is_weight(name: str, weights: set[str], producers: dict) -> bool:
     if node is not None and node.op_type in ("DequantizeLinear", "Cast", "Transpose"):
         return _is_weight(node.input[0], weights, producers)
     return False
+
+
+# --- kernels a step executes ---------------------------------------------------------
+
+def adapter_count(cfg) -> int:
+    """Adapters in the image tower (0 without adapters)."""
+    return 0 if cfg.adapter.kind == "none" else cfg.vision.layers * cfg.adapter.per_block
+
+
+def graph_kernels(path: str | Path) -> dict:
+    """ONNX nodes in the file and kernels ONNX Runtime (CPU) executes per step, by operator."""
+    import onnx
+
+    from ..runtime.kernels import count_kernels
+
+    nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
+    return {"onnx_nodes": nodes, **count_kernels(path).to_dict()}
+
+
+def kernel_summary(step: dict, image_tower: dict, adapters: int) -> dict:
+    """Kernels per step of the step graph and of the same tower without adapters, and per adapter."""
+    summary = {"step_graph": step, "image_tower": image_tower, "adapters": adapters}
+    if adapters:
+        summary["per_adapter"] = {
+            "kernels": (step["per_step"] - image_tower["per_step"]) / adapters,
+            "computing": (step["computing"] - image_tower["computing"]) / adapters,
+            "onnx_nodes": (step["onnx_nodes"] - image_tower["onnx_nodes"]) / adapters,
+        }
+    return summary

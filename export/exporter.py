@@ -30,7 +30,7 @@ from ..sample import EXAMPLE_QUERIES, sample_frames
 from ..tokenizer import default_tokenizer, vocab_path
 from ..tolerances import DRIFT_FRAMES, VERIFY_FRAMES
 from . import graphs
-from .complexity import GraphComplexity, count_graph
+from .complexity import GraphComplexity, adapter_count, count_graph, graph_kernels, kernel_summary
 from .precision import quantize_int8
 from .verify import (StepVerification, VariantReport, VerificationError, compare_variant, max_abs_error, run_stream,
                      verify_step_graph)
@@ -123,8 +123,9 @@ def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None =
     return np.stack([processed[3 * b : 3 * b + count] for b in range(batch)], axis=1)
 
 
-def _backbone_complexity(model: SDQESModel, batch: int, opset: int) -> GraphComplexity:
-    """The same image tower without adapters, counted the same way (adapters = total - this)."""
+def _backbone_counts(model: SDQESModel, batch: int, opset: int) -> tuple[GraphComplexity, dict]:
+    """The same image tower without adapters, counted the same way (adapters = total - this):
+    its complexity and the kernels its step executes."""
     cfg = model.cfg.with_adapter("none")
     backbone = SDQESModel(cfg).eval()
     weights = {k: v for k, v in model.state_dict().items() if ".adapter" not in k}
@@ -132,7 +133,7 @@ def _backbone_complexity(model: SDQESModel, batch: int, opset: int) -> GraphComp
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "backbone.onnx"
         graphs.export_step_graph(backbone, path, batch=batch, opset=opset)
-        return count_graph(path)
+        return count_graph(path), graph_kernels(path)
 
 
 def _encode_queries(text_graph: Path, texts: Sequence[str], truncate: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -261,7 +262,9 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
 
     log("counting parameters and MACs ...")
     step_count = count_graph(fp32_path)
-    backbone = _backbone_complexity(model, options.batch, options.opset) if cfg.adapter.kind != "none" else step_count
+    step_kernels = graph_kernels(fp32_path)
+    backbone, backbone_kernels = (_backbone_counts(model, options.batch, options.opset) if cfg.adapter.kind != "none"
+                                  else (step_count, step_kernels))
     text_count = count_graph(text_path)
     complexity = {
         "per_frame": {"batch": options.batch, "image_tower": backbone.to_dict(), "step_graph": step_count.to_dict(),
@@ -269,6 +272,7 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
                                    "macs": step_count.macs - backbone.macs,
                                    "flops": step_count.flops - backbone.flops}},
         "per_query": {"text_graph": text_count.to_dict()},
+        "kernels": kernel_summary(step_kernels, backbone_kernels, adapter_count(cfg)),
     }
 
     files = {}
