@@ -24,6 +24,17 @@ def _progress(total: int | None, enabled: bool):
     return tqdm(total=total, unit="frame", desc="streaming", leave=False, file=sys.stderr)
 
 
+def _backend_words(backend, args: argparse.Namespace) -> str:
+    """What actually steps: the backend, precision and, for ONNX Runtime, the provider it assigned."""
+    words = f"{args.backend}, {args.precision}"
+    providers = getattr(backend, "providers", None)
+    if providers:
+        words += f", {providers[0]}"
+        if getattr(backend, "buffers", None) is not None:
+            words += ", state bound on the device" + (" with CUDA graphs" if backend.cuda_graph else "")
+    return words
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .detector import RunStats, StreamingDetector
     from .sinks import AnnotatedVideoSink, ConsoleSink, JsonlSink, ScoreTraceRecorder
@@ -67,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     names = ", ".join(s.name for s in sources)
     print(f"streaming {names} at {detector.fps:g} fps with {len(detector.queries.ids)} quer"
           f"{'y' if len(detector.queries.ids) == 1 else 'ies'}, threshold "
-          f"{next(iter(detector.queries.queries.values())).policy.threshold:.3f} ({args.backend}, {args.precision})"
+          f"{next(iter(detector.queries.queries.values())).policy.threshold:.3f} ({_backend_words(detector.backend, args)})"
           + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
     stats = RunStats()
     bar = _progress(getattr(sources[0], "duration_frames", None), not args.quiet and not live)

@@ -3,11 +3,23 @@
 The graph's own metadata (``metadata_props["sdqes_edge"]``) says what its
 state is, so a bare .onnx is enough: the initial state comes from the spec
 the graph carries, never from guesses about its inputs.
+
+Two ways to step. On the CPU, plain ``session.run`` with numpy state. On a GPU
+(and on the CPU when asked, which is how it is tested without a GPU) the state
+never leaves the device: ``DeviceBuffers`` allocates the frame, the outputs and
+two complete state sets once, binds them in two IOBindings made once (A reads
+set 0 and writes set 1, B the reverse) and alternates them; optionally each
+binding is replayed as a CUDA graph. Nothing is allocated or copied per frame
+but the frame going in and the embedding coming out.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
+import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,13 +52,14 @@ DEVICE_PROVIDERS = {
 class OnnxRuntimeStep:
     """One step graph in an ``onnxruntime.InferenceSession``.
 
-    On a GPU (``device`` "cuda" or "tensorrt") the state stays on the device between frames through
-    I/O binding: only the frame goes in and the embedding comes out. ``io_binding`` forces that path
-    on or off (it also runs on the CPU, which is how it is tested without a GPU).
+    ``device`` "cpu", "cuda" or "tensorrt" (execution providers, checked after the session is made: a
+    provider ONNX Runtime could not create is named, never silently replaced). ``io_binding`` (default: on
+    for a GPU) keeps the state in device buffers bound once; ``cuda_graph`` (default: on for "cuda")
+    replays each binding as a CUDA graph.
     """
 
     def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
-                 io_binding: bool | None = None):
+                 io_binding: bool | None = None, cuda_graph: bool | None = None):
         import onnxruntime as ort
 
         if device not in DEVICE_PROVIDERS:
@@ -55,34 +68,56 @@ class OnnxRuntimeStep:
         if wanted not in ort.get_available_providers():
             raise UserError(f"this onnxruntime has no {wanted} (it has {', '.join(ort.get_available_providers())}); "
                             "install onnxruntime-gpu on an NVIDIA machine, or use --ort-device cpu")
+        self.device = device
         self.io_binding = device != "cpu" if io_binding is None else io_binding
+        self.cuda_graph = (device == "cuda") if cuda_graph is None else cuda_graph
+        if self.cuda_graph and device != "cuda":
+            raise UserError("CUDA graphs are replayed by the CUDA execution provider: use --ort-device cuda")
+        if self.cuda_graph and not self.io_binding:
+            raise UserError("a CUDA graph replays fixed device buffers: it needs io_binding")
         self._ort_device = "cpu" if device == "cpu" else "cuda"
         self._ort = ort
         path = Path(path)
         if not path.is_file():
             raise UserError(f"step graph {path} does not exist; export a bundle with `sdqes-edge export`")
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
-        options.log_severity_level = 3  # ORT's warnings are about graph rewrites, not the user's input
-        try:
-            self.session = ort.InferenceSession(str(path), options, providers=DEVICE_PROVIDERS[device])
-        except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
-            raise UserError(f"ONNX Runtime cannot load {path} ({str(exc).splitlines()[0]}); "
-                            "the file is damaged or not a step graph: re-export it") from None
+        self.path = path
+        self.session = self._make_session(path, device, threads)
+        self.providers = self.session.get_providers()
+        _check_providers(device, self.providers)
         meta = self.session.get_modelmeta().custom_metadata_map
         if METADATA_KEY not in meta:
             raise UserError(f"{path} carries no {METADATA_KEY!r} description, so it was not made by "
                             "`sdqes-edge export`; re-export it")
         self.description: dict[str, Any] = json.loads(meta[METADATA_KEY])
         self.spec = StateSpec.from_list(self.description["state"])
-        self.path = path
         self._output_names = [o.name for o in self.session.get_outputs()]
         self._input_names = {i.name for i in self.session.get_inputs()}
         missing = [t.input_name for t in self.spec if t.input_name not in self._input_names]
         missing += [t.output_name for t in self.spec if t.output_name not in self._output_names]
         if missing:
             raise UserError(f"{path} lacks state tensors its description lists ({', '.join(missing[:3])}); re-export it")
+        self.buffers = DeviceBuffers(self) if self.io_binding else None
+
+    def _make_session(self, path: Path, device: str, threads: int | None):
+        ort = self._ort
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        options.log_severity_level = 3  # ORT's warnings are about graph rewrites, not the user's input
+        providers: list = list(DEVICE_PROVIDERS[device])
+        if self.cuda_graph:
+            providers[0] = ("CUDAExecutionProvider", {"enable_cuda_graph": "1"})
+        try:
+            return ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if self.cuda_graph and "graph" in first.lower():
+                print(f"warning: CUDA graph capture refused for {path.name} ({first}); stepping without it",
+                      file=sys.stderr)
+                self.cuda_graph = False
+                return self._make_session(path, device, threads)
+            raise UserError(f"ONNX Runtime cannot load {path} ({first}); "
+                            "the file is damaged or not a step graph: re-export it") from None
 
     @property
     def fused_queries(self) -> bool:
@@ -92,63 +127,195 @@ class OnnxRuntimeStep:
         return self.state_from_numpy(dict(zip(self.spec.names, self.spec.initial_numpy())))
 
     # State operations every backend provides, so the detector never reaches into a backend's state
-    # (with I/O binding it is a dict of OrtValues on the device; the TensorRT backend has its own).
+    # (with I/O binding it is a handle on one of the two device buffer sets; the TensorRT backend has its own).
     def state_to_numpy(self, state) -> State:
-        return {name: (value.numpy() if self.io_binding else np.array(value, copy=True))
-                for name, value in state.items()}
+        if self.buffers is not None:
+            return self.buffers.read(state)
+        return {name: np.array(value, copy=True) for name, value in state.items()}
 
     def state_from_numpy(self, arrays: State):
         host = {t.name: np.ascontiguousarray(arrays[t.name], dtype=t.dtype) for t in self.spec}
-        if not self.io_binding:
-            return host
-        return {name: self._ort.OrtValue.ortvalue_from_numpy(value, self._ort_device, 0)
-                for name, value in host.items()}
+        if self.buffers is not None:
+            return self.buffers.write(host)
+        return host
 
     def keep_streams(self, new, old, streams: list[int]):
         """``new`` with the rows (streams) in ``streams`` taken from ``old``: an idle stream keeps its state."""
-        if not self.io_binding:  # host arrays this backend owns: copy the rows in place
-            for name in new:
-                new[name][streams] = old[name][streams]
-            return new
-        new_host, old_host = self.state_to_numpy(new), self.state_to_numpy(old)
-        for name in new_host:
-            new_host[name][streams] = old_host[name][streams]
-        return self.state_from_numpy(new_host)
+        if self.buffers is not None:
+            return self.buffers.keep_rows(new, old, streams)
+        for name in new:  # host arrays this backend owns: copy the rows in place
+            new[name][streams] = old[name][streams]
+        return new
 
     def reset_streams(self, state, streams: list[int] | None = None):
-        initial = self.initial_state()
         if streams is None:
-            return initial
-        return self.keep_streams(state, initial, streams)
+            return self.initial_state()
+        initial = dict(zip(self.spec.names, self.spec.initial_numpy()))
+        if self.buffers is not None:
+            return self.buffers.set_rows(state, initial, streams)
+        for name in state:
+            state[name][streams] = initial[name][streams]
+        return state
 
-    def step(self, frame: np.ndarray, state: State, query_embeddings: np.ndarray | None = None) -> StepResult:
+    def step(self, frame: np.ndarray, state, query_embeddings: np.ndarray | None = None) -> StepResult:
         """frame [B, 3, R, R] float32 (normalized) -> embedding, next state (and logits if fused)."""
+        if self.fused_queries and query_embeddings is None:
+            raise UserError(f"{self.path.name} scores queries inside the graph: pass query_embeddings "
+                            f"[{self.description['query_count']}, {self.description['embed_dim']}]")
+        if self.buffers is not None:
+            return self.buffers.step(frame, state, query_embeddings)
         feeds = {"frame": np.ascontiguousarray(frame, dtype=np.float32)}
         for t in self.spec:
             feeds[t.input_name] = state[t.name]
         if self.fused_queries:
-            if query_embeddings is None:
-                raise UserError(f"{self.path.name} scores queries inside the graph: pass query_embeddings "
-                                f"[{self.description['query_count']}, {self.description['embed_dim']}]")
             feeds["query_embeddings"] = np.ascontiguousarray(query_embeddings, dtype=np.float32)
-        if self.io_binding:
-            return self._step_bound(feeds, state)
         outputs = dict(zip(self._output_names, self.session.run(self._output_names, feeds)))
         next_state = {t.name: outputs[t.output_name] for t in self.spec}
         return StepResult(outputs["embedding"], next_state, outputs.get("logits"))
 
-    def _step_bound(self, feeds: dict, state) -> StepResult:
-        binding = self.session.io_binding()
-        for name, value in feeds.items():
-            if name.startswith("state_in."):
-                binding.bind_ortvalue_input(name, value)  # already where the last frame left it
-            else:
-                binding.bind_cpu_input(name, value)
-        state_outputs = {t.output_name: t.name for t in self.spec}
-        for name in self._output_names:
-            binding.bind_output(name, self._ort_device if name in state_outputs else "cpu")
-        self.session.run_with_iobinding(binding)
-        outputs = dict(zip(self._output_names, binding.get_outputs()))
-        next_state = {t.name: outputs[t.output_name] for t in self.spec}
-        logits = outputs["logits"].numpy() if "logits" in outputs else None
-        return StepResult(outputs["embedding"].numpy(), next_state, logits)
+
+def _check_providers(device: str, assigned: list[str]) -> None:
+    """Say what runs: ONNX Runtime silently drops a provider it cannot create (TensorRT without libnvinfer,
+    CUDA without its libraries) and runs the next one on the list."""
+    wanted = DEVICE_PROVIDERS[device][0]
+    if assigned and assigned[0] == wanted:
+        return
+    missing = PROVIDER_NEEDS.get(wanted, wanted)
+    if device == "tensorrt" and "CUDAExecutionProvider" in assigned:
+        print(f"warning: ONNX Runtime could not create the TensorRT execution provider ({missing}); "
+              "running on the CUDA execution provider instead", file=sys.stderr)
+        return
+    raise UserError(f"ONNX Runtime could not create the {wanted} ({missing}) and would run on "
+                    f"{', '.join(assigned) or 'nothing'}; fix the installation or use --ort-device cpu")
+
+
+PROVIDER_NEEDS = {
+    "TensorrtExecutionProvider": "TensorRT's libraries, libnvinfer, are not loadable: install TensorRT",
+    "CUDAExecutionProvider": "the CUDA and cuDNN libraries onnxruntime-gpu was built for are not loadable",
+}
+
+
+@dataclass(frozen=True)
+class BoundState:
+    """The current state of a bound step: which of the two buffer sets holds it, and since which step."""
+    buffer_set: int
+    generation: int
+
+
+class DeviceBuffers:
+    """Everything a bound step touches, allocated once: the frame, the outputs, two state sets.
+
+    Binding ``k`` reads state set ``k`` and writes set ``1 - k`` (a state input and its output are never
+    the same buffer); steps alternate the bindings. With ``cuda_graph`` each binding is captured as its own
+    CUDA graph (run option ``gpu_graph_id``) on its first run and replayed after.
+    """
+
+    def __init__(self, runner: OnnxRuntimeStep):
+        ort = runner._ort
+        self.runner = runner
+        self.spec = runner.spec
+        device = runner._ort_device
+        inputs = {i.name: i for i in runner.session.get_inputs()}
+        outputs = {o.name: o for o in runner.session.get_outputs()}
+
+        def allocate(shape, dtype="float32"):
+            return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), np.dtype(dtype).type, device, 0)
+
+        # The host side of the frame: page-locked where the CUDA runtime can be reached, so the upload is a DMA.
+        self.host_frame = np.zeros(inputs["frame"].shape, np.float32)
+        self.pinned = device == "cuda" and pin_host_memory(self, self.host_frame)
+        self.frame = allocate(inputs["frame"].shape)
+        self.queries = allocate(inputs["query_embeddings"].shape) if "query_embeddings" in inputs else None
+        self.outputs = {name: allocate(outputs[name].shape) for name in ("embedding", "logits") if name in outputs}
+        initial = self.spec.initial_numpy()
+        self.sets = [{t.name: allocate(t.shape, t.dtype) for t in self.spec} for _ in range(2)]
+        for buffers in self.sets:
+            for t, value in zip(self.spec, initial):
+                buffers[t.name].update_inplace(value)
+        self.bindings = [self._bind(k) for k in range(2)]
+        self.run_options = []
+        for k in range(2):
+            options = ort.RunOptions()
+            if runner.cuda_graph:
+                options.add_run_config_entry("gpu_graph_id", str(k + 1))  # one captured graph per binding
+            self.run_options.append(options)
+        self.generation = [0, -1]  # the step whose state each set holds (-1: nothing valid yet)
+
+    def _bind(self, k: int):
+        binding = self.runner.session.io_binding()
+        binding.bind_ortvalue_input("frame", self.frame)
+        if self.queries is not None:
+            binding.bind_ortvalue_input("query_embeddings", self.queries)
+        for name, value in self.outputs.items():
+            binding.bind_ortvalue_output(name, value)
+        for t in self.spec:
+            binding.bind_ortvalue_input(t.input_name, self.sets[k][t.name])
+            binding.bind_ortvalue_output(t.output_name, self.sets[1 - k][t.name])
+        return binding
+
+    # --- the handle the detector carries --------------------------------------------------
+    def _current(self, state: BoundState) -> int:
+        if not isinstance(state, BoundState) or self.generation[state.buffer_set] != state.generation:
+            raise UserError("this state handle is stale: a bound step keeps only the latest state (and the one "
+                            "before it); step from the state the last step returned, or save it with "
+                            "state_to_numpy first")
+        return state.buffer_set
+
+    def read(self, state: BoundState) -> State:
+        k = self._current(state)
+        return {name: value.numpy() for name, value in self.sets[k].items()}
+
+    def write(self, host: State) -> BoundState:
+        """Load host arrays as the current state (into set 0, which binding A reads)."""
+        for name, value in host.items():
+            self.sets[0][name].update_inplace(value)
+        self.generation = [max(self.generation) + 1, -1]
+        return BoundState(0, self.generation[0])
+
+    def keep_rows(self, new: BoundState, old: BoundState, streams: list[int]) -> BoundState:
+        return self.set_rows(new, self.read(old), streams)
+
+    def set_rows(self, state: BoundState, source: State, streams: list[int]) -> BoundState:
+        """Rows ``streams`` of the current state replaced by those of ``source`` (host arrays), in place."""
+        k = self._current(state)
+        for name, value in self.sets[k].items():
+            rows = value.numpy()
+            rows[streams] = source[name][streams]
+            value.update_inplace(np.ascontiguousarray(rows))
+        return state
+
+    def step(self, frame: np.ndarray, state: BoundState, query_embeddings: np.ndarray | None) -> StepResult:
+        k = self._current(state)
+        np.copyto(self.host_frame, frame, casting="same_kind")
+        self.frame.update_inplace(self.host_frame)
+        if self.queries is not None:
+            self.queries.update_inplace(np.ascontiguousarray(query_embeddings, dtype=np.float32))
+        self.runner.session.run_with_iobinding(self.bindings[k], self.run_options[k])
+        self.generation[1 - k] = self.generation[k] + 1
+        embedding = self.outputs["embedding"].numpy()
+        logits = self.outputs["logits"].numpy() if "logits" in self.outputs else None
+        return StepResult(embedding, BoundState(1 - k, self.generation[1 - k]), logits)
+
+
+CUDA_RUNTIME_LIBRARIES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so")
+
+
+def pin_host_memory(owner: object, array: np.ndarray) -> bool:
+    """Page-lock ``array`` with the CUDA runtime (cudaHostRegister) for as long as ``owner`` lives, so copies
+    from it are DMA transfers.
+
+    ONNX Runtime's Python API has no pinned host allocator; the CUDA runtime it loads has one. Returns False
+    (the upload then goes through pageable memory: correct, slower) where no CUDA runtime can be loaded.
+    """
+    names = [n for n in (ctypes.util.find_library("cudart"),) if n] + list(CUDA_RUNTIME_LIBRARIES)
+    for name in names:
+        try:
+            cudart = ctypes.CDLL(name)
+        except OSError:
+            continue
+        pointer = ctypes.c_void_p(array.ctypes.data)
+        if cudart.cudaHostRegister(pointer, ctypes.c_size_t(array.nbytes), 0) != 0:
+            return False
+        weakref.finalize(owner, cudart.cudaHostUnregister, pointer)
+        return True
+    return False

@@ -363,33 +363,6 @@ def test_a_bundle_of_a_newer_format_is_refused(exported, tmp_path):
     assert done.returncode == 2 and "newer than this runtime reads" in done.stderr
 
 
-def test_io_binding_keeps_the_state_in_ort_values_and_gives_the_same_stream(exported):
-    """The GPU path (state bound as OrtValues between frames), run on the CPU where no GPU exists."""
-    from sdqes_edge.runtime.bundle import load_bundle
-    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
-
-    model, bundle = exported
-    graph = load_bundle(bundle).step_graph()
-    plain, bound = OnnxRuntimeStep(graph), OnnxRuntimeStep(graph, io_binding=True)
-    cfg = model.cfg
-    pre = Preprocessor.from_config(cfg)
-    frames = pre.batch(sample_frames(20, 120, 160))
-    state_a, state_b = plain.initial_state(), bound.initial_state()
-    for frame in frames:
-        a, b = plain.step(frame[None], state_a), bound.step(frame[None], state_b)
-        np.testing.assert_array_equal(a.embedding, b.embedding)
-        state_a, state_b = a.state, b.state
-    assert type(next(iter(state_b.values()))).__name__ == "OrtValue"
-    final = bound.state_to_numpy(state_b)
-    for name, value in state_a.items():
-        np.testing.assert_array_equal(final[name], value)
-    import onnxruntime
-
-    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():  # asking for it says what to install
-        with pytest.raises(UserError, match="no CUDAExecutionProvider.*onnxruntime-gpu"):
-            OnnxRuntimeStep(graph, device="cuda")
-
-
 def test_one_step_serves_two_streams_as_two_single_stream_runs_would(tmp_path):
     model = random_model("st")
     single, double = tmp_path / "b1", tmp_path / "b2"

@@ -1,0 +1,176 @@
+"""The bound step: state in two device buffer sets allocated once and alternated, never leaving the device.
+
+The binding logic runs on the CPU too (ONNX Runtime binds CPU buffers the same way), so it is specified
+here for every machine; the tests that need the CUDA execution provider (device == CPU, CUDA-graph replay ==
+plain replay) are skipped where it is missing, with the reason.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime
+import pytest
+
+from sdqes_edge.errors import UserError
+from sdqes_edge.export import ExportOptions, export_bundle
+from sdqes_edge.runtime.bundle import load_bundle
+from sdqes_edge.runtime.onnxruntime_backend import BoundState, OnnxRuntimeStep, _check_providers
+from sdqes_edge.runtime.preprocess import Preprocessor
+from sdqes_edge.sample import sample_frames
+
+from conftest import random_model
+
+HAS_CUDA = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu with the CUDA execution provider "
+                                                     "(an NVIDIA GPU); the binding logic is tested on the CPU")
+FRAMES = 40
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    """Step graphs of one tiny QRNN model (lookback 2, so the history shifts), for 1 and for 4 streams."""
+    model = random_model("qrnn", lookback=2)
+    out = {}
+    for batch in (1, 4):
+        path = tmp_path_factory.mktemp(f"b{batch}") / "bundle"
+        export_bundle(model, path, ExportOptions(batch=batch, show_progress=False), log=lambda m: None)
+        out[batch] = load_bundle(path).step_graph()
+    frames = Preprocessor.from_config(model.cfg).batch(sample_frames(FRAMES, 120, 160))
+    return out, frames
+
+
+def stream(runner: OnnxRuntimeStep, frames: np.ndarray, batch: int = 1):
+    """Step every frame (repeated over the batch), the state carried; embeddings and the final state."""
+    state, embeddings = runner.initial_state(), []
+    for frame in frames:
+        result = runner.step(np.repeat(frame[None], batch, axis=0), state)
+        embeddings.append(result.embedding.copy())
+        state = result.state
+    return np.stack(embeddings), runner.state_to_numpy(state)
+
+
+def test_bound_step_gives_the_plain_steps_stream_and_next_state(graphs):
+    paths, frames = graphs
+    plain_emb, plain_state = stream(OnnxRuntimeStep(paths[1]), frames)
+    bound_emb, bound_state = stream(OnnxRuntimeStep(paths[1], io_binding=True), frames)
+    np.testing.assert_array_equal(bound_emb, plain_emb)
+    for name, value in plain_state.items():
+        np.testing.assert_array_equal(bound_state[name], value)
+
+
+def test_the_two_buffer_sets_are_allocated_once_and_alternate(graphs):
+    paths, frames = graphs
+    runner = OnnxRuntimeStep(paths[1], io_binding=True)
+    buffers = runner.buffers
+    addresses = [{n: v.data_ptr() for n, v in s.items()} for s in buffers.sets]
+    assert not set(addresses[0].values()) & set(addresses[1].values())  # an input is never its own output
+    state, sets_used = runner.initial_state(), []
+    for frame in frames[:6]:
+        state = runner.step(frame[None], state).state
+        sets_used.append(state.buffer_set)
+    assert sets_used == [1, 0, 1, 0, 1, 0]
+    assert [{n: v.data_ptr() for n, v in s.items()} for s in buffers.sets] == addresses
+    assert len(buffers.bindings) == 2
+
+
+def test_a_stale_state_handle_is_refused_not_read(graphs):
+    paths, frames = graphs
+    runner = OnnxRuntimeStep(paths[1], io_binding=True)
+    first = runner.initial_state()
+    second = runner.step(frames[0][None], first).state
+    third = runner.step(frames[1][None], second).state
+    with pytest.raises(UserError, match="stale"):
+        runner.step(frames[2][None], first)  # set 0 now holds a later state
+    assert isinstance(third, BoundState)
+
+
+def test_reset_save_and_load_mid_stream_on_the_bound_path(graphs):
+    paths, frames = graphs
+    plain, bound = OnnxRuntimeStep(paths[1]), OnnxRuntimeStep(paths[1], io_binding=True)
+    state_p, state_b = plain.initial_state(), bound.initial_state()
+    for t, frame in enumerate(frames[:20]):
+        if t == 10:  # a new scene: both forget the past
+            state_p, state_b = plain.reset_streams(state_p), bound.reset_streams(state_b)
+        if t == 15:  # a restart: the bound state saved to the host and loaded back
+            state_b = bound.state_from_numpy(bound.state_to_numpy(state_b))
+        a, b = plain.step(frame[None], state_p), bound.step(frame[None], state_b)
+        np.testing.assert_array_equal(a.embedding, b.embedding)
+        state_p, state_b = a.state, b.state
+
+
+def test_four_streams_with_an_idle_one_keep_its_state_on_the_bound_path(graphs):
+    paths, frames = graphs
+    plain, bound = OnnxRuntimeStep(paths[4]), OnnxRuntimeStep(paths[4], io_binding=True)
+    state_p, state_b = plain.initial_state(), bound.initial_state()
+    for t, frame in enumerate(frames[:12]):
+        batch = np.repeat(frame[None], 4, axis=0)
+        a, b = plain.step(batch, state_p), bound.step(batch, state_b)
+        np.testing.assert_array_equal(a.embedding, b.embedding)
+        idle = [2] if t % 3 == 0 else []  # stream 2 sees no frame every third step
+        state_p = plain.keep_streams(a.state, state_p, idle) if idle else a.state
+        state_b = bound.keep_streams(b.state, state_b, idle) if idle else b.state
+    final_p, final_b = plain.state_to_numpy(state_p), bound.state_to_numpy(state_b)
+    for name in final_p:
+        np.testing.assert_array_equal(final_b[name], final_p[name])
+        if name.endswith("_h"):  # the recurrence remembers the frames the idle stream did not see
+            assert not np.array_equal(final_p[name][2], final_p[name][0])
+
+
+def test_a_provider_onnx_runtime_could_not_create_is_named_never_silently_replaced(capsys):
+    cpu_only = ["CPUExecutionProvider"]
+    with pytest.raises(UserError, match="could not create the CUDAExecutionProvider.*--ort-device cpu"):
+        _check_providers("cuda", cpu_only)
+    _check_providers("tensorrt", ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    warning = capsys.readouterr().err
+    assert "TensorRT execution provider" in warning and "libnvinfer" in warning and "CUDA" in warning
+    assert warning.count("\n") == 1
+    with pytest.raises(UserError, match="TensorRT"):
+        _check_providers("tensorrt", cpu_only)
+    _check_providers("cpu", cpu_only)  # what was asked is what runs: silent
+
+
+def test_cuda_graphs_need_the_cuda_device_and_bound_buffers(graphs):
+    paths, _ = graphs
+    with pytest.raises(UserError, match="--ort-device cuda"):
+        OnnxRuntimeStep(paths[1], cuda_graph=True)
+
+
+@needs_cuda
+def test_cuda_bound_step_equals_the_cpu_step_over_100_frames_with_state_carried(graphs):
+    paths, frames = graphs
+    frames = np.concatenate([frames] * 3)[:100]
+    cpu_emb, cpu_state = stream(OnnxRuntimeStep(paths[1]), frames)
+    gpu = OnnxRuntimeStep(paths[1], device="cuda", cuda_graph=False)
+    gpu_emb, gpu_state = stream(gpu, frames)
+    assert gpu.providers[0] == "CUDAExecutionProvider"
+    np.testing.assert_allclose(gpu_emb, cpu_emb, atol=1e-4)
+    for name, value in cpu_state.items():
+        np.testing.assert_allclose(gpu_state[name], value, atol=1e-4, rtol=1e-4)
+
+
+@needs_cuda
+def test_cuda_graph_replay_equals_the_uncaptured_bound_step(graphs):
+    paths, frames = graphs
+    plain_emb, plain_state = stream(OnnxRuntimeStep(paths[1], device="cuda", cuda_graph=False), frames)
+    captured = OnnxRuntimeStep(paths[1], device="cuda", cuda_graph=True)
+    assert captured.cuda_graph, "the CUDA graph capture was refused for the lean step graph"
+    graph_emb, graph_state = stream(captured, frames)
+    np.testing.assert_allclose(graph_emb, plain_emb, atol=1e-5)
+    for name, value in plain_state.items():
+        np.testing.assert_allclose(graph_state[name], value, atol=1e-5, rtol=1e-5)
+
+
+@needs_cuda
+def test_cuda_batch_of_four_with_an_idle_stream_and_a_reset(graphs):
+    paths, frames = graphs
+    cpu, gpu = OnnxRuntimeStep(paths[4]), OnnxRuntimeStep(paths[4], device="cuda")
+    state_c, state_g = cpu.initial_state(), gpu.initial_state()
+    for t, frame in enumerate(frames):
+        batch = np.repeat(frame[None], 4, axis=0)
+        if t == 20:
+            state_c, state_g = cpu.reset_streams(state_c, [1]), gpu.reset_streams(state_g, [1])
+        a, b = cpu.step(batch, state_c), gpu.step(batch, state_g)
+        np.testing.assert_allclose(b.embedding, a.embedding, atol=1e-4)
+        idle = [3] if t % 4 == 0 else []
+        state_c = cpu.keep_streams(a.state, state_c, idle) if idle else a.state
+        state_g = gpu.keep_streams(b.state, state_g, idle) if idle else b.state
