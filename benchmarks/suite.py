@@ -31,10 +31,13 @@ from ..export.precision import quantize_int8
 from ..files import format_bytes
 from ..model import SDQESModel
 from ..model.init import randomize_adapters
+from ..runtime.kernels import count_kernels
 from ..runtime.onnxruntime_backend import OnnxRuntimeStep
 from ..runtime.preprocess import Preprocessor
 from ..runtime.tensorrt_backend import tensorrt_ready
 from ..sample import sample_frames
+from .device import bench_device, check_device
+from .device import markdown as device_markdown
 from .timing import interleaved, machine, peak_rss_bytes, rss_bytes
 
 BACKENDS = ("torch", "ort_fp32", "ort_int8")
@@ -59,6 +62,9 @@ class BenchConfig:
     e2e_frames: int = 30
     threads: int | None = None
     out: str = "bench-results"
+    device: str | None = None  # "cuda": add the rows measured on the GPU (benchmarks/device.py)
+    device_batches: tuple[int, ...] = (1, 8, 32)
+    device_scaling_frames: int = 3000
 
 
 QUICK = dict(preset="tiny", repetitions=5, scaling_frames=300, scaling_probe=50, growing_window_samples=5,
@@ -130,7 +136,7 @@ def bench_table(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dic
         tower = sum(p.numel() for n, p in model.visual.named_parameters() if ".adapter" not in n)
         rows[kind] = {"form": "streaming step", "parameters": counted.parameters,
                       "adapter_parameters": counted.parameters - tower, "macs": counted.macs, "flops": counted.flops,
-                      "state_bytes": model.state_spec(1).nbytes}
+                      "state_bytes": model.state_spec(1).nbytes, "kernels": count_kernels(path).per_step}
         candidates[f"{kind}/torch"] = _torch_step(model, frame)
         candidates[f"{kind}/ort_fp32"] = _ort_step(path, frame, cfg.threads)
         if tensorrt_ready():
@@ -152,7 +158,8 @@ def bench_table(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dic
     tower = sum(p.numel() for n, p in model.visual.named_parameters() if ".adapter" not in n)
     rows[name] = {"form": f"{cfg.window}-frame sliding window ({cfg.window_adapter})", "parameters": counted.parameters,
                   "adapter_parameters": counted.parameters - tower, "macs": counted.macs, "flops": counted.flops,
-                  "state_bytes": int(window_frames.nbytes)}  # it keeps the last W frames instead of a state
+                  "state_bytes": int(window_frames.nbytes),  # it keeps the last W frames instead of a state
+                  "kernels": count_kernels(path).per_step}
     x = torch.from_numpy(window_frames)
 
     def torch_window():
@@ -263,7 +270,7 @@ def bench_batches(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> d
 
 # --- the runtime loop against the bare step ----------------------------------------------------
 
-def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
+def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], ort_device: str = "cpu") -> dict:
     import cv2
 
     from ..export import ExportOptions, export_bundle
@@ -272,17 +279,18 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -
 
     mcfg = _config(preset(cfg.preset), cfg.window_adapter)
     bundle = work / "bundle"
-    log(f"exporting a {mcfg.name} bundle for the end-to-end loop ...")
-    export_bundle(_model(mcfg), bundle, ExportOptions(verify_frames=16, show_progress=False), log=lambda m: None)
     video = work / "stream.mp4"
     frames = sample_frames(cfg.e2e_frames * 10, 360, 640)  # 10 fps video, sampled at the bundle's 1 fps
-    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (640, 360))
-    for f in frames:
-        writer.write(f)
-    writer.release()
+    if not bundle.exists():  # the CPU and the device loops share one bundle and one video
+        log(f"exporting a {mcfg.name} bundle for the end-to-end loop ...")
+        export_bundle(_model(mcfg), bundle, ExportOptions(verify_frames=16, show_progress=False), log=lambda m: None)
+        writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (640, 360))
+        for f in frames:
+            writer.write(f)
+        writer.release()
 
     def loop() -> float:
-        detector = StreamingDetector(bundle, threads=cfg.threads)
+        detector = StreamingDetector(bundle, threads=cfg.threads, ort_device=ort_device)
         detector.add_query("When I start to clean or wipe the table, remind me to sanitize my hands.")
         start = time.perf_counter()
         steps = sum(1 for _ in detector.run(open_source(str(video), detector.fps)))
@@ -292,7 +300,7 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -
     inputs = pre.batch(frames[::10])[:, None]  # the same sampled frames, preprocessed beforehand
 
     def bare() -> float:
-        runner = OnnxRuntimeStep(bundle / "step.fp32.onnx", threads=cfg.threads)
+        runner = OnnxRuntimeStep(bundle / "step.fp32.onnx", threads=cfg.threads, device=ort_device)
         state = runner.initial_state()
         start = time.perf_counter()
         for x in inputs:
@@ -306,6 +314,7 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -
         bare_ms.append(bare())
     lm, bm = float(np.median(loop_ms)), float(np.median(bare_ms))
     return {"preset": mcfg.name, "video": "640x360 mp4 at 10 fps, sampled at 1 fps", "frames": len(inputs),
+            "ort_device": ort_device,
             "loop_ms_per_frame": lm, "bare_step_ms_per_frame": bm, "overhead": lm / bm - 1.0}
 
 
@@ -314,7 +323,7 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -
 def markdown(results: dict) -> str:
     table = results["table"]
     backends = [b for b in (*BACKENDS, "trt_fp16") if any(b in r.get("latency", {}) for r in table["rows"].values())]
-    head = ["model", "form", "params", "adapter params", "GMACs/frame", "GFLOPs/frame", "state/stream"]
+    head = ["model", "form", "params", "adapter params", "GMACs/frame", "GFLOPs/frame", "state/stream", "kernels/step"]
     head += [f"{BACKEND_TITLES[b]} p50/p90/p99 ms" for b in backends] + ["fps (ORT fp32)"]
     lines = [f"# sdqes-edge bench: {results['config']['preset']}", "",
              f"{results['machine']['cpu']}, {results['machine']['cores']} cores; torch "
@@ -323,7 +332,8 @@ def markdown(results: dict) -> str:
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, row in table["rows"].items():
         cells = [name, row["form"], f"{row['parameters'] / 1e6:.2f}M", f"{row['adapter_parameters'] / 1e6:.2f}M",
-                 f"{row['macs'] / 1e9:.3g}", f"{row['flops'] / 1e9:.3g}", format_bytes(row["state_bytes"])]
+                 f"{row['macs'] / 1e9:.3g}", f"{row['flops'] / 1e9:.3g}", format_bytes(row["state_bytes"]),
+                 str(row.get("kernels", "-"))]
         for b in backends:
             lat = row.get("latency", {}).get(b)
             cells.append(f"{lat['p50_ms']:.1f} / {lat['p90_ms']:.1f} / {lat['p99_ms']:.1f}" if lat else "-")
@@ -352,6 +362,12 @@ def markdown(results: dict) -> str:
     lines += ["", f"## End to end ({e2e['preset']}, {e2e['video']})", "",
               f"- runtime loop (decode, preprocess, step, score, alert): {e2e['loop_ms_per_frame']:.1f} ms/frame; "
               f"bare step: {e2e['bare_step_ms_per_frame']:.1f} ms/frame; overhead **{100 * e2e['overhead']:.1f}%**"]
+    if "device" in results:
+        section = results["device"]
+        lines += device_markdown(section)
+        e2e = section["end_to_end"]
+        lines += [f"- runtime loop on {e2e['ort_device']}: {e2e['loop_ms_per_frame']:.2f} ms/frame; bare step "
+                  f"{e2e['bare_step_ms_per_frame']:.2f} ms/frame; loop / step **{1 + e2e['overhead']:.2f}x**"]
     return "\n".join(lines) + "\n"
 
 
@@ -400,6 +416,15 @@ def plots(results: dict, out: Path) -> list[Path]:
     return written
 
 
+def run_device_section(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
+    """The rows measured on ``cfg.device``: backbone and the window adapter's model, same random weights."""
+    base = preset(cfg.preset)
+    models = {"none": _model(base), cfg.window_adapter: _model(_config(base, cfg.window_adapter))}
+    section = bench_device(cfg, models, lambda batch: _frame(base, batch), work, log)
+    section["end_to_end"] = bench_end_to_end(cfg, work, log, ort_device=cfg.device)
+    return section
+
+
 def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, list[Path]]:
     if cfg.window < 2:
         raise UserError(f"--window must be at least 2 frames, not {cfg.window}")
@@ -407,6 +432,8 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, lis
         raise UserError(f"--repetitions must be at least 3 for percentiles, not {cfg.repetitions}")
     if cfg.scaling_probe * 2 > cfg.scaling_frames:
         raise UserError("the scaling stream must hold two probes: --scaling-frames >= 2 x probe")
+    if cfg.device:
+        check_device(cfg.device)  # before minutes of CPU work
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -417,6 +444,8 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, lis
         results["table"] = bench_table(cfg, work, log)
         results["batches"] = bench_batches(cfg, work, log)
         results["end_to_end"] = bench_end_to_end(cfg, work, log)
+        if cfg.device:
+            results["device"] = run_device_section(cfg, work, log)
     results["seconds"] = time.perf_counter() - started
     (out / "bench.json").write_text(json.dumps(results, indent=2))
     (out / "bench.md").write_text(markdown(results))

@@ -262,7 +262,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     cfg = BenchConfig(**QUICK) if args.quick else BenchConfig()
     changes = {k: v for k, v in (("preset", args.preset), ("window", args.window), ("repetitions", args.repetitions),
-                                 ("threads", args.threads), ("out", args.out)) if v is not None}
+                                 ("threads", args.threads), ("out", args.out), ("device", args.device))
+               if v is not None}
     if args.no_int8:
         changes["int8"] = False
     cfg = dataclasses.replace(cfg, **changes)
@@ -521,6 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores)")
     bench.add_argument("--no-int8", action="store_true", help="skip the int8 column (saves the quantization)")
     bench.add_argument("--out", help="results folder (default bench-results)")
+    bench.add_argument("--device", choices=("cuda",),
+                       help="also measure on this device, side by side: PyTorch eager fp32/fp16, the ONNX Runtime "
+                            "step fp32/fp16 (state bound on the device, CUDA graphs), the sliding window with the "
+                            "same treatment, 1/8/32 streams per step, a 3000-frame stream and the runtime loop")
     bench.set_defaults(func=cmd_bench)
 
     synth = sub.add_parser(

@@ -27,3 +27,38 @@ def test_bench_quick_writes_every_section_with_the_machine_description(tmp_path)
     for png in ("scaling.png", "latency.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     assert "| window4 |" in (tmp_path / "bench.md").read_text()
+    assert rows["qrnn"]["kernels"] > rows["none"]["kernels"] > 0  # kernels per step, from ORT's profiler
+
+
+def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
+    """The rows `--device cuda` adds are device-generic code: here they run on the CPU (no CUDA graphs)."""
+    import dataclasses
+
+    from sdqes_edge.benchmarks.device import markdown
+    from sdqes_edge.benchmarks.suite import QUICK, BenchConfig, run_device_section
+
+    cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, device="cpu", device_batches=(1, 2),
+                              device_scaling_frames=20, scaling_probe=5, e2e_frames=4)
+    section = run_device_section(cfg, tmp_path, log=lambda m: None)
+    for name in ("none", "qrnn"):
+        for backend in ("torch_fp32", "torch_fp16", "ort_fp32", "ort_fp16"):
+            assert section["latency"][f"{name}/{backend}"]["p50_ms"] > 0
+    assert "window4 / streaming qrnn (ort_fp32, same treatment)" in section["ratios"]
+    assert set(section["batches"]["rows"]) == {f"{n}/{p}/{b}" for n in ("none", "qrnn") for p in ("fp32", "fp16")
+                                              for b in (1, 2)}
+    assert section["scaling"]["frames"] == 20 and section["end_to_end"]["ort_device"] == "cpu"
+    assert section["kernels_cpu_profile"]["qrnn"]["per_step"] > section["kernels_cpu_profile"]["none"]["per_step"]
+    assert "## On the device: cpu" in "\n".join(markdown(section))
+
+
+def test_bench_device_cuda_is_refused_up_front_where_this_onnxruntime_has_no_cuda(tmp_path):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        import pytest
+
+        pytest.skip("this machine has the CUDA execution provider: the refusal cannot be shown here")
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "bench", "--quick", "--device", "cuda",
+                           "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2 and "onnxruntime-gpu" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "bench.json").exists()

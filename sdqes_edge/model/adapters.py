@@ -127,16 +127,19 @@ class STAdapter(StreamingAdapter):
     def state_shapes(self, tokens):
         return [("st_history", (tokens, self.lookback * self.D_fc1.out_features))]
 
-    def _conv_matrix(self) -> torch.Tensor:
-        """The depthwise conv over k frames as one [d', k*d'] matrix on concatenated frames (block diagonal)."""
-        channels = self.conv.out_channels
-        kernel = self.conv.weight.reshape(channels, -1)  # [d', k], oldest frame first
-        eye = torch.eye(channels, dtype=kernel.dtype, device=kernel.device)
-        return (kernel.t()[:, :, None] * eye[None]).permute(1, 0, 2).reshape(channels, -1)  # [d', k*d']
-
     def _update(self, windows: torch.Tensor) -> torch.Tensor:
-        """windows [..., k*d'] -> the update for every token, [..., D] (before the class-token mask)."""
-        return self.D_fc2(F.linear(windows, self._conv_matrix(), self.conv.bias))
+        """windows [..., k*d'] -> the update for every token, [..., D] (before the class-token mask).
+
+        The depthwise conv over time is one Einsum of the frames with the [k, d'] kernel: one kernel in the
+        step graph, and exactly the checkpoint's parameters (no block-diagonal matrix full of zeros).
+        """
+        channels = self.conv.out_channels
+        kernel = self.conv.weight.reshape(channels, -1).t()  # [k, d'], oldest frame first
+        frames = windows.reshape(-1, kernel.shape[0], channels)  # [N, k, d'] (a view)
+        mixed = torch.einsum("nkc,kc->nc", frames, kernel)  # [N, d']
+        if windows.dim() > 2:  # window form: back to [B, T, L, d'] (the step's rows need no reshape)
+            mixed = mixed.reshape(windows.shape[:-1] + (channels,))
+        return self.D_fc2(mixed + self.conv.bias)
 
     def window(self, x):
         update = self._update(causal_windows(self.D_fc1(x), self.lookback))  # [B, T, L, D]

@@ -1,0 +1,206 @@
+"""``sdqes-edge bench --device cuda``: the step on a GPU, side by side with what a user would wire by hand.
+
+Rows, all timed interleaved in one run (batch 1 unless said):
+- PyTorch eager on the device, fp32 and fp16 (the peer a user wires by hand);
+- the project's ONNX Runtime step, fp32 and fp16, state bound on the device (two buffer sets), CUDA graphs;
+- the W-frame sliding window on the same backend with the same treatment (frames and output bound once,
+  CUDA graph replay): a fair baseline;
+- several streams per step (frames per second), backbone and adapters, fp32 and fp16;
+- a long stream (first and last frames' latency);
+- the runtime loop on an mp4 against the bare step on the same device.
+
+The section is written for any ONNX Runtime device: ``--device cpu`` runs the same code (without CUDA
+graphs), which is how it is tested on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+from ..export import graphs
+from ..export.graphs import compute_copy
+from ..runtime.onnxruntime_backend import OnnxRuntimeStep
+from .timing import interleaved
+
+PRECISIONS = ("fp32", "fp16")
+
+
+def check_device(device: str) -> None:
+    """Refuse up front, before any work, what this machine cannot run."""
+    import onnxruntime as ort
+
+    if device == "cpu":
+        return
+    if device != "cuda":
+        raise UserError(f"--device {device!r} is not one of cpu, cuda")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise UserError("--device cuda needs onnxruntime-gpu (this onnxruntime has "
+                        f"{', '.join(ort.get_available_providers())}); `pip install onnxruntime-gpu` on an NVIDIA "
+                        "machine")
+    if not torch.cuda.is_available():
+        raise UserError("--device cuda needs a CUDA build of torch for the PyTorch rows; install one, or "
+                        "compare on --device cpu")
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def torch_step(model, frame: np.ndarray, device: str, precision: str) -> Callable[[], object]:
+    """PyTorch eager step on ``device``, the state kept there, timed to completion."""
+    twin = (compute_copy(model, precision) if precision != "fp32" else model).to(device)
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    x = torch.from_numpy(frame).to(device, dtype)
+    state = [[s.to(dtype) for s in twin.init_state(frame.shape[0])]]
+
+    def step():
+        with torch.no_grad():
+            _, state[0] = twin.step(x, state[0])
+        _sync(device)
+    return step
+
+
+def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None) -> Callable[[], object]:
+    """The project's ONNX Runtime step as the runtime uses it (bound state; CUDA graphs on a GPU)."""
+    runner = OnnxRuntimeStep(path, device=device, threads=threads, io_binding=True)
+    state = [runner.initial_state()]
+
+    def step():
+        state[0] = runner.step(frame, state[0]).state  # the embedding comes back to the host: a full sync
+    return step
+
+
+def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | None) -> Callable[[], object]:
+    """The sliding-window graph with the step's treatment: input and output bound once, CUDA graph replay."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    providers: list = ["CPUExecutionProvider"]
+    if device == "cuda":
+        providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+    session = ort.InferenceSession(str(path), options, providers=providers)
+    ort_device = "cuda" if device == "cuda" else "cpu"
+    host = np.ascontiguousarray(frames, dtype=np.float32)
+    frames_value = ort.OrtValue.ortvalue_from_numpy(host, ort_device, 0)
+    shape = session.get_outputs()[0].shape
+    embedding = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, ort_device, 0)
+    binding = session.io_binding()
+    binding.bind_ortvalue_input("frames", frames_value)
+    binding.bind_ortvalue_output(session.get_outputs()[0].name, embedding)
+    run_options = ort.RunOptions()
+    if device == "cuda":
+        run_options.add_run_config_entry("gpu_graph_id", "1")
+
+    def window():
+        frames_value.update_inplace(host)  # a new frame enters the window: all W frames go up again
+        session.run_with_iobinding(binding, run_options)
+        embedding.numpy()
+    return window
+
+
+def _export(model, path: Path, batch: int, precision: str) -> Path:
+    if not path.exists():
+        graphs.export_step_graph(model, path, batch=batch, precision=precision)
+    return path
+
+
+def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work: Path,
+                 log: Callable[[str], None]) -> dict:
+    """``models``: {"none": backbone, kind: adapted model} of one preset; ``frame_of(batch)`` a frame batch."""
+    device, kind = cfg.device, cfg.window_adapter
+    frame = frame_of(1)
+    candidates: dict[str, Callable[[], object]] = {}
+    for name, model in models.items():
+        for precision in PRECISIONS:
+            log(f"[{device}] exporting {name} {precision} ...")
+            path = _export(model, work / f"{device}-{name}-b1.{precision}.onnx", 1, precision)
+            candidates[f"{name}/torch_{precision}"] = torch_step(model, frame, device, precision)
+            candidates[f"{name}/ort_{precision}"] = ort_step(path, frame, device, cfg.threads)
+    window_path = work / f"{device}-window{cfg.window}.onnx"
+    graphs.export_window_graph(models[kind], window_path, window=cfg.window)
+    candidates[f"window{cfg.window}/ort_fp32"] = bound_window(
+        window_path, np.repeat(frame[:, None], cfg.window, axis=1), device, cfg.threads)
+    log(f"[{device}] timing {len(candidates)} candidates x {cfg.repetitions} repetitions, interleaved ...")
+    timings = {k: t.to_dict() for k, t in interleaved(candidates, cfg.repetitions, cfg.warmup, log).items()}
+
+    def p50(key: str) -> float:
+        return timings[key]["p50_ms"]
+
+    ratios = {
+        f"window{cfg.window} / streaming {kind} (ort_fp32, same treatment)": p50(f"window{cfg.window}/ort_fp32")
+        / p50(f"{kind}/ort_fp32"),
+        f"{kind} / backbone (ort_fp16)": p50(f"{kind}/ort_fp16") / p50("none/ort_fp16"),
+        f"{kind}: torch_fp16 / ort_fp16": p50(f"{kind}/torch_fp16") / p50(f"{kind}/ort_fp16"),
+        f"{kind}: ort_fp32 / ort_fp16": p50(f"{kind}/ort_fp32") / p50(f"{kind}/ort_fp16"),
+    }
+    kernels = {}
+    from ..runtime.kernels import count_kernels
+
+    for name in models:
+        counted = count_kernels(work / f"{device}-{name}-b1.fp32.onnx")
+        kernels[name] = {"per_step": counted.per_step, "views": counted.views}
+    return {"device": device, "latency": timings, "ratios": ratios, "kernels_cpu_profile": kernels,
+            "batches": _batches(cfg, models, frame_of, work, log), "scaling": _scaling(cfg, models[kind], work, log)}
+
+
+def _batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
+    candidates = {}
+    for batch in cfg.device_batches:
+        for name, model in models.items():
+            for precision in PRECISIONS:
+                log(f"[{cfg.device}] exporting {name} {precision} at batch {batch} ...")
+                path = _export(model, work / f"{cfg.device}-{name}-b{batch}.{precision}.onnx", batch, precision)
+                candidates[f"{name}/{precision}/{batch}"] = ort_step(path, frame_of(batch), cfg.device, cfg.threads)
+    timings = interleaved(candidates, max(3, cfg.repetitions // 2), cfg.warmup)
+    rows = {key: {"step_ms": t.median, "frames_per_s": int(key.split("/")[2]) * 1000.0 / t.median}
+            for key, t in timings.items()}
+    top = max(cfg.device_batches)
+    kind = cfg.window_adapter
+    ratios = {f"{kind} / backbone at {top} streams (fp16)": rows[f"{kind}/fp16/{top}"]["step_ms"]
+              / rows[f"none/fp16/{top}"]["step_ms"],
+              f"{kind} fp32 / fp16 at {top} streams": rows[f"{kind}/fp32/{top}"]["step_ms"]
+              / rows[f"{kind}/fp16/{top}"]["step_ms"]}
+    return {"rows": rows, "ratios": ratios}
+
+
+def _scaling(cfg, model, work: Path, log) -> dict:
+    """Per-frame latency at the start and at the end of a long stream (fp16, bound, CUDA graphs on a GPU)."""
+    path = work / f"{cfg.device}-{cfg.window_adapter}-b1.fp16.onnx"
+    runner = OnnxRuntimeStep(path, device=cfg.device, threads=cfg.threads, io_binding=True)
+    frame = np.zeros(runner.buffers.host_frame.shape, np.float32)
+    state, times = runner.initial_state(), []
+    log(f"[{cfg.device}] streaming {cfg.device_scaling_frames} frames ...")
+    for _ in range(cfg.device_scaling_frames):
+        start = time.perf_counter()
+        state = runner.step(frame, state).state
+        times.append((time.perf_counter() - start) * 1e3)
+    probe = max(1, min(cfg.scaling_probe, len(times) // 2))
+    early, late = float(np.median(times[:probe])), float(np.median(times[-probe:]))
+    return {"frames": len(times), "early_ms": early, "late_ms": late, "late_over_early": late / early}
+
+
+def markdown(section: dict) -> list[str]:
+    lines = ["", f"## On the device: {section['device']} (ONNX Runtime state bound on the device"
+             + (", CUDA graphs" if section["device"] == "cuda" else "") + ")", "",
+             "| candidate | p50 ms | p90 ms | fps |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['p50_ms']:.2f} | {v['p90_ms']:.2f} | {v['fps']:.0f} |" for k, v in section["latency"].items()]
+    lines += [""] + [f"- {k}: **{v:.2f}x**" for k, v in section["ratios"].items()]
+    lines += [f"- kernels per step (ONNX Runtime CPU profile, fp32): "
+              + ", ".join(f"{k} {v['per_step']} ({v['views']} views)" for k, v in section["kernels_cpu_profile"].items())]
+    lines += ["", "| model / precision / streams | step ms | frames/s |", "|---|---|---|"]
+    lines += [f"| {k} | {v['step_ms']:.2f} | {v['frames_per_s']:.0f} |" for k, v in section["batches"]["rows"].items()]
+    lines += [""] + [f"- {k}: **{v:.2f}x**" for k, v in section["batches"]["ratios"].items()]
+    sc = section["scaling"]
+    lines += [f"- {sc['frames']}-frame stream: first frames {sc['early_ms']:.2f} ms, last {sc['late_ms']:.2f} ms "
+              f"(**{sc['late_over_early']:.3f}x**)"]
+    return lines
