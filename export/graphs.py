@@ -23,7 +23,7 @@ from torch import nn
 from .. import __version__
 from ..config import ModelConfig, receptive_field
 from ..model import SDQESModel
-from ..model.layers import LayerNorm
+from ..model.layers import LayerNorm, cast
 from ..state import StateSpec
 
 METADATA_KEY = "sdqes_edge"
@@ -80,17 +80,13 @@ class StepGraph(nn.Module):
 
     def forward(self, frame: torch.Tensor, *rest: torch.Tensor):
         state = list(rest[:-1] if self.fused_queries else rest)
-        embedding, next_state = self.visual.step(_cast(frame, self.dtype), [_cast(s, self.dtype) for s in state])
-        embedding = _cast(embedding, torch.float32)
+        embedding, next_state = self.visual.step(cast(frame, self.dtype), [cast(s, self.dtype) for s in state])
+        embedding = cast(embedding, torch.float32)
         outputs = [embedding]
         if self.fused_queries:
             outputs.append(embedding @ rest[-1].transpose(0, 1))  # cosine logits [B, Q]
-        return tuple(outputs + [_cast(s, torch.float32) for s in next_state])
+        return tuple(outputs + [cast(s, torch.float32) for s in next_state])
 
-
-def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in ``dtype``; no node at all where it already is (a traced fp32->fp32 Cast is still a kernel)."""
-    return x if x.dtype == dtype else x.to(dtype)
 
 
 class WindowGraph(nn.Module):

@@ -77,8 +77,7 @@ def count_kernels(path: str | Path, providers: list[str] | None = None, steps: i
         events = json.loads(Path(session.end_profiling()).read_text())
     kernels = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
     ops = Counter(e["args"]["op_name"] for e in kernels)
-    runs = steps
     total = len(kernels)
-    if total % runs:
-        raise RuntimeError(f"the profile of {path} lists {total} kernels over {runs} runs: not the same every run")
-    return KernelCount(total // runs, {op: n // runs for op, n in ops.items()}, session.get_providers()[0])
+    if total % steps:
+        raise RuntimeError(f"the profile of {path} lists {total} kernels over {steps} runs: not the same every run")
+    return KernelCount(total // steps, {op: n // steps for op, n in ops.items()}, session.get_providers()[0])

@@ -111,7 +111,7 @@ class OnnxRuntimeStep:
             return ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if self.cuda_graph and "graph" in first.lower():
+            if self.cuda_graph and "cuda graph" in first.lower():  # not "InvalidGraph": a damaged file
                 print(f"warning: CUDA graph capture refused for {path.name} ({first}); stepping without it",
                       file=sys.stderr)
                 self.cuda_graph = False
@@ -123,8 +123,11 @@ class OnnxRuntimeStep:
     def fused_queries(self) -> bool:
         return "query_embeddings" in self._input_names
 
+    def _initial_host(self) -> State:
+        return dict(zip(self.spec.names, self.spec.initial_numpy()))
+
     def initial_state(self):
-        return self.state_from_numpy(dict(zip(self.spec.names, self.spec.initial_numpy())))
+        return self.state_from_numpy(self._initial_host())
 
     # State operations every backend provides, so the detector never reaches into a backend's state
     # (with I/O binding it is a handle on one of the two device buffer sets; the TensorRT backend has its own).
@@ -150,7 +153,7 @@ class OnnxRuntimeStep:
     def reset_streams(self, state, streams: list[int] | None = None):
         if streams is None:
             return self.initial_state()
-        initial = dict(zip(self.spec.names, self.spec.initial_numpy()))
+        initial = self._initial_host()
         if self.buffers is not None:
             return self.buffers.set_rows(state, initial, streams)
         for name in state:
@@ -227,11 +230,9 @@ class DeviceBuffers:
         self.frame = allocate(inputs["frame"].shape)
         self.queries = allocate(inputs["query_embeddings"].shape) if "query_embeddings" in inputs else None
         self.outputs = {name: allocate(outputs[name].shape) for name in ("embedding", "logits") if name in outputs}
-        initial = self.spec.initial_numpy()
+        # Filled by ``write`` (initial_state, load) and by the steps; a set is read only while its generation
+        # says it holds a state.
         self.sets = [{t.name: allocate(t.shape, t.dtype) for t in self.spec} for _ in range(2)]
-        for buffers in self.sets:
-            for t, value in zip(self.spec, initial):
-                buffers[t.name].update_inplace(value)
         self.bindings = [self._bind(k) for k in range(2)]
         self.run_options = []
         for k in range(2):

@@ -135,29 +135,30 @@ def test_cuda_graphs_need_the_cuda_device_and_bound_buffers(graphs):
         OnnxRuntimeStep(paths[1], cuda_graph=True)
 
 
+def assert_same_stream(expected, got, tolerance: float) -> None:
+    """Embeddings at every frame and every final state tensor agree within ``tolerance``."""
+    (expected_emb, expected_state), (got_emb, got_state) = expected, got
+    np.testing.assert_allclose(got_emb, expected_emb, atol=tolerance)
+    for name, value in expected_state.items():
+        np.testing.assert_allclose(got_state[name], value, atol=tolerance, rtol=tolerance)
+
+
 @needs_cuda
 def test_cuda_bound_step_equals_the_cpu_step_over_100_frames_with_state_carried(graphs):
     paths, frames = graphs
     frames = np.concatenate([frames] * 3)[:100]
-    cpu_emb, cpu_state = stream(OnnxRuntimeStep(paths[1]), frames)
     gpu = OnnxRuntimeStep(paths[1], device="cuda", cuda_graph=False)
-    gpu_emb, gpu_state = stream(gpu, frames)
     assert gpu.providers[0] == "CUDAExecutionProvider"
-    np.testing.assert_allclose(gpu_emb, cpu_emb, atol=1e-4)
-    for name, value in cpu_state.items():
-        np.testing.assert_allclose(gpu_state[name], value, atol=1e-4, rtol=1e-4)
+    assert_same_stream(stream(OnnxRuntimeStep(paths[1]), frames), stream(gpu, frames), 1e-4)
 
 
 @needs_cuda
 def test_cuda_graph_replay_equals_the_uncaptured_bound_step(graphs):
     paths, frames = graphs
-    plain_emb, plain_state = stream(OnnxRuntimeStep(paths[1], device="cuda", cuda_graph=False), frames)
     captured = OnnxRuntimeStep(paths[1], device="cuda", cuda_graph=True)
     assert captured.cuda_graph, "the CUDA graph capture was refused for the lean step graph"
-    graph_emb, graph_state = stream(captured, frames)
-    np.testing.assert_allclose(graph_emb, plain_emb, atol=1e-5)
-    for name, value in plain_state.items():
-        np.testing.assert_allclose(graph_state[name], value, atol=1e-5, rtol=1e-5)
+    plain = stream(OnnxRuntimeStep(paths[1], device="cuda", cuda_graph=False), frames)
+    assert_same_stream(plain, stream(captured, frames), 1e-5)
 
 
 @needs_cuda

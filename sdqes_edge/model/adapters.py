@@ -31,6 +31,8 @@ identity), QRNN forget gates weight 0 and bias +5.
 
 from __future__ import annotations
 
+import abc
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -70,7 +72,7 @@ def step_windows(history: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, 
     return windows, (x if history.shape[-1] == width else windows[:, width:])
 
 
-class StreamingAdapter(nn.Module):
+class StreamingAdapter(nn.Module, abc.ABC):
     """Every adapter has ``window(x [B,T,L,D]) -> [B,T,L,D]`` and
     ``step(x [B*L,D], state: list, tokens) -> (y [B*L,D], new_state: list)``; the state
     tensors are the ones ``state_shapes`` declares (tokens-major, batch first), in that order."""
@@ -79,11 +81,11 @@ class StreamingAdapter(nn.Module):
         """(name, shape without the batch axis) of each state tensor, in the order ``step`` takes them."""
         return []
 
-    def window(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def window(self, x: torch.Tensor) -> torch.Tensor: ...
 
-    def step(self, x: torch.Tensor, state: list[torch.Tensor], tokens: int):
-        raise NotImplementedError
+    @abc.abstractmethod
+    def step(self, x: torch.Tensor, state: list[torch.Tensor], tokens: int): ...
 
 
 class MLPAdapter(StreamingAdapter):

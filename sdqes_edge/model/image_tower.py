@@ -39,8 +39,7 @@ class AdaptedBlock(nn.Module):
         self.adapter1 = build_adapter(width, cfg.adapter, self.tokens)
         self.adapter2 = build_adapter(width, cfg.adapter, self.tokens) if cfg.adapter.per_block == 2 else None
         # How many of this block's state tensors belong to adapter1 (the rest are adapter2's).
-        tokens = self.tokens
-        self._adapter1_state_count = len(self.adapter1.state_shapes(tokens)) if self.adapter1 is not None else 0
+        self._adapter1_state_count = len(self.adapter1.state_shapes(self.tokens)) if self.adapter1 is not None else 0
 
     def adapters(self) -> list[tuple[str, StreamingAdapter]]:
         return [(name, a) for name, a in (("adapter1", self.adapter1), ("adapter2", self.adapter2)) if a is not None]

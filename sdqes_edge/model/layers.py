@@ -13,13 +13,17 @@ import torch
 from torch import nn
 
 
+def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in ``dtype``; no node at all in a traced graph where it already is (a traced fp32->fp32 Cast is still
+    a kernel every step runs)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 class LayerNorm(nn.LayerNorm):
     """CLIP's LayerNorm: computed in fp32 whatever the input dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return super().forward(x)
-        return super().forward(x.float()).to(x.dtype)
+        return cast(super().forward(cast(x, torch.float32)), x.dtype)
 
 
 def quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -64,13 +68,8 @@ class Attention(nn.Module):
         if mask is not None:
             scores = scores + mask
         # Softmax in fp32 whatever the compute dtype: fp16 exp overflows on large scores (a no-op in fp32).
-        out = _as_float(scores).softmax(dim=-1).to(v.dtype) @ v  # [N, H, L, hd]
+        out = cast(cast(scores, torch.float32).softmax(dim=-1), v.dtype) @ v  # [N, H, L, hd]
         return self.out_proj(out.transpose(1, 2).reshape(-1, width))
-
-
-def _as_float(x: torch.Tensor) -> torch.Tensor:
-    """x in fp32; no Cast node in a traced graph when it already is."""
-    return x if x.dtype == torch.float32 else x.float()
 
 
 def clip_mlp(width: int) -> nn.Sequential:
