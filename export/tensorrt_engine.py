@@ -18,7 +18,7 @@ from typing import Callable
 
 from ..errors import UserError
 from ..files import file_sha256
-from ..runtime.bundle import Bundle, load_bundle
+from ..runtime.bundle import Bundle, inside_bundle, load_bundle
 from ..runtime.tensorrt_backend import DeviceInfo, current_device, nvidia_gpu_present, require_tensorrt
 
 __all__ = ["build_engine", "engine_dir", "nvidia_gpu_present", "require_tensorrt"]
@@ -26,7 +26,7 @@ __all__ = ["build_engine", "engine_dir", "nvidia_gpu_present", "require_tensorrt
 ENGINE_PRECISIONS = ("fp32", "fp16", "int8")
 DEFAULT_WORKSPACE_MIB = 2048
 def engine_dir(bundle: Bundle, device: DeviceInfo) -> Path:
-    return bundle.root / "engines" / device.folder
+    return inside_bundle(bundle.root, f"engines/{device.folder}")
 
 
 def build_serialized_engine(graph: Path, precision: str, workspace_mib: int, cache_path: Path,

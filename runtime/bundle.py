@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import jsonschema
@@ -119,7 +119,7 @@ class Bundle:
         if precision not in graphs:
             raise BundleError(f"{self.root} has no {precision} step graph (it has {', '.join(self.precisions)}); "
                               f"re-export with --precision {precision}")
-        return self.root / graphs[precision]["file"]
+        return inside_bundle(self.root, graphs[precision]["file"])
 
     def step_io(self, precision: str = "fp32") -> tuple[list[str], list[str]]:
         entry = self.manifest["graphs"]["step"][precision]
@@ -127,19 +127,19 @@ class Bundle:
 
     @property
     def text_graph(self) -> Path:
-        return self.root / self.manifest["graphs"]["text"]["file"]
+        return inside_bundle(self.root, self.manifest["graphs"]["text"]["file"])
 
     @property
     def tokenizer_vocab(self) -> Path:
-        return self.root / self.manifest["tokenizer"]["file"]
+        return inside_bundle(self.root, self.manifest["tokenizer"]["file"])
 
     def queries(self) -> tuple[list[dict[str, Any]], np.ndarray] | None:
         """Pre-encoded queries: ([{"text", "response"}...], embeddings [Q, E]) or None."""
         entry = self.manifest.get("queries")
         if not entry:
             return None
-        items = json.loads((self.root / entry["file"]).read_text())
-        return items, np.load(self.root / entry["embeddings"], allow_pickle=False)
+        items = json.loads(inside_bundle(self.root, entry["file"]).read_text())
+        return items, np.load(inside_bundle(self.root, entry["embeddings"]), allow_pickle=False)
 
 
 def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
@@ -166,11 +166,29 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     _check_listed_files(bundle)
     if verify_hashes:
         for name, entry in manifest["files"].items():
-            if file_sha256(root / name) != entry["sha256"]:
+            if file_sha256(inside_bundle(root, name)) != entry["sha256"]:
                 raise BundleError(f"{root / name} does not match the sha256 in {MANIFEST_NAME} (corrupted or "
                                   f"changed after export); {_reexport_hint(root)}")
     _check_state_io(bundle)
     return bundle
+
+
+def inside_bundle(root: Path, name: str) -> Path:
+    """``root / name``, refused unless it stays inside the bundle: a bundle is someone else's data.
+
+    Absolute names and any ``..`` are refused as written, before the file system is touched; what remains
+    is resolved (symlinks followed) and must still lie under the resolved bundle directory.
+    """
+    pure = PurePosixPath(name)
+    outside = pure.is_absolute() or PureWindowsPath(name).is_absolute() or ".." in pure.parts or "\\" in name
+    if not outside:
+        resolved = (root / name).resolve()
+        outside = not resolved.is_relative_to(root.resolve())
+    if outside:
+        raise BundleError(f"{MANIFEST_NAME} of {root} names {name!r}, which lies outside the bundle (absolute, "
+                          "'..' or a symlink leading out); nothing outside a bundle is read: get the bundle again "
+                          "from a source you trust or re-export it")
+    return root / name
 
 
 def _check_listed_files(bundle: Bundle) -> None:
@@ -179,6 +197,8 @@ def _check_listed_files(bundle: Bundle) -> None:
                                                                       m["tokenizer"]["file"]]
     if m.get("queries"):
         referenced += [m["queries"]["file"], m["queries"]["embeddings"]]
+    for name in [*referenced, *m["files"]]:
+        inside_bundle(bundle.root, name)
     for name in referenced:
         if name not in m["files"]:
             raise BundleError(f"{MANIFEST_NAME} of {bundle.root} uses {name} but lists no sha256 for it; "

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from .bundle import Bundle
+from .bundle import Bundle, inside_bundle
 from .onnxruntime_backend import StepResult
 
 INSTALL_HINT = ("install TensorRT 8.5 or newer with `pip install 'sdqes-edge[tensorrt]'` (on Jetson it comes "
@@ -95,8 +95,7 @@ def check_engine_matches(sidecar: dict, device: DeviceInfo, bundle_root: Path, p
 
 
 def find_engine(bundle: Bundle, precision: str, device: DeviceInfo) -> tuple[Path, dict]:
-    folder = bundle.root / "engines" / device.folder
-    engine = folder / f"step.{precision}.engine"
+    engine = inside_bundle(bundle.root, f"engines/{device.folder}/step.{precision}.engine")
     if not engine.is_file():
         others = sorted(p.name for p in (bundle.root / "engines").glob("*") if p.is_dir())
         where = f" (it has engines for: {', '.join(others)})" if others else ""

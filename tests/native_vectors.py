@@ -41,6 +41,33 @@ def alert_frames(policy: dict, probs: list[float], fps: float) -> list[int]:
     return [t for t, p in enumerate(probs) if state.update(p, t / fps)]
 
 
+def plant_confinement_case(case: dict, work: Path) -> Path:
+    """Lay out one case of confinement.json under ``work``; the loaders must refuse the bundle it returns.
+
+    work/bundle is a copy of the shared bundle, work/outside/evil.onnx a real graph (the bundle's own
+    step graph) beside it. ``{outside}`` in the entry stands for work/outside made absolute; ``symlink``
+    names a link inside the bundle pointing at work/outside. The entry is listed in ``files`` with the
+    planted file's true sha256 and, for ``use_as: step graph``, becomes the fp32 step graph: only the
+    path gives it away. The C++ test (native/tests/test_runtime.cpp) lays the cases out the same way.
+    """
+    from sdqes_edge.files import file_sha256
+
+    bundle, outside = work / "bundle", work / "outside"
+    shutil.copytree(VECTORS / "bundle", bundle)
+    outside.mkdir()
+    evil = outside / "evil.onnx"
+    shutil.copy(bundle / "step.fp32.onnx", evil)
+    if "symlink" in case:
+        (bundle / case["symlink"]).symlink_to(outside, target_is_directory=True)
+    entry = case["entry"].replace("{outside}", str(outside.resolve()))
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"][entry] = {"sha256": file_sha256(evil), "bytes": evil.stat().st_size}
+    if case["use_as"] == "step graph":
+        manifest["graphs"]["step"]["fp32"]["file"] = entry
+    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return bundle
+
+
 def preprocess_expected(image: np.ndarray, size: int) -> np.ndarray:
     from sdqes_edge.config import CLIP_MEAN, CLIP_STD
     from sdqes_edge.runtime.preprocess import Preprocessor

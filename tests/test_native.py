@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import pytest
 
-from native_vectors import VECTORS, alert_frames, preprocess_expected
+from native_vectors import VECTORS, alert_frames, plant_confinement_case, preprocess_expected
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,6 +35,22 @@ def test_the_python_runtime_still_produces_the_shared_vectors():
     items, embeddings = bundle.queries()
     assert [q["text"] for q in items] == expected["queries"]
     np.testing.assert_array_equal(embeddings, np.asarray(expected["query_embeddings"], dtype=np.float32))
+
+
+CONFINEMENT_CASES = json.loads((VECTORS / "confinement.json").read_text())
+
+
+@pytest.mark.parametrize("case", CONFINEMENT_CASES, ids=[c["name"] for c in CONFINEMENT_CASES])
+def test_a_manifest_entry_outside_the_bundle_is_refused_before_it_is_read(case, tmp_path, monkeypatch):
+    from sdqes_edge.runtime import bundle as bundle_module
+
+    bundle = plant_confinement_case(case, tmp_path)
+    hashed = []
+    monkeypatch.setattr(bundle_module, "file_sha256", lambda path: hashed.append(Path(path)) or "0" * 64)
+    with pytest.raises(bundle_module.BundleError, match="outside the bundle") as refused:
+        bundle_module.load_bundle(bundle)
+    assert "\n" not in str(refused.value)
+    assert not [p for p in hashed if "outside" in p.resolve().parts], "a file outside the bundle was read"
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +75,15 @@ def test_the_ctest_suite_passes(native_build):
                           text=True)
     assert done.returncode == 0, done.stdout[-4000:]
     assert "tests passed" in done.stdout
+
+
+@pytest.mark.parametrize("case", CONFINEMENT_CASES, ids=[c["name"] for c in CONFINEMENT_CASES])
+def test_sdqes_run_refuses_a_manifest_entry_outside_the_bundle(case, native_build, tmp_path):
+    bundle = plant_confinement_case(case, tmp_path)
+    done = subprocess.run([str(native_build / "sdqes-run"), str(bundle), "--source", "clip.mp4"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "outside the bundle" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -52,6 +52,25 @@ std::string sha256_file(const fs::path& path) {
   return hex.str();
 }
 
+fs::path inside_bundle(const fs::path& root, const std::string& name) {
+  // Refused as written (absolute, any "..", a backslash), before the file system is touched; what remains is
+  // resolved with symlinks followed and must still lie under the resolved bundle directory.
+  const fs::path pure(name);
+  bool outside = name.empty() || pure.is_absolute() || pure.has_root_name() || name.find('\\') != std::string::npos;
+  for (const auto& part : pure) outside = outside || part == "..";
+  if (!outside) {
+    const fs::path base = fs::weakly_canonical(root);
+    const fs::path relative = fs::weakly_canonical(root / pure).lexically_relative(base);
+    outside = relative.empty() || *relative.begin() == "..";
+  }
+  if (outside) {
+    throw Error("manifest.json of " + root.string() + " names '" + name +
+                "', which lies outside the bundle (absolute, '..' or a symlink leading out); nothing outside a "
+                "bundle is read: get the bundle again from a source you trust or re-export it");
+  }
+  return root / pure;
+}
+
 std::vector<StateTensor> parse_state_spec(const json& items) {
   std::vector<StateTensor> out;
   for (const json& item : items) {
@@ -79,7 +98,7 @@ fs::path Bundle::step_graph(const std::string& precision) const {
   if (!step.contains(precision)) {
     throw Error(root.string() + " has no " + precision + " step graph; re-export with --precision " + precision);
   }
-  return root / step[precision]["file"].get<std::string>();
+  return inside_bundle(root, step[precision]["file"].get<std::string>());
 }
 
 Bundle load_bundle(const fs::path& root, bool verify_hashes) {
@@ -128,16 +147,19 @@ Bundle load_bundle(const fs::path& root, bool verify_hashes) {
   } catch (const json::exception& e) {
     throw Error(manifest_path.string() + " is malformed (" + std::string(e.what()) + "); " + reexport_hint(root));
   }
-  // Every file the manifest uses is listed with a hash, and every listed file exists (and matches).
+  // Nothing outside the bundle is named; every file the manifest uses is listed with a hash, and every listed
+  // file exists (and matches).
+  for (auto& [name, entry] : m["files"].items()) inside_bundle(root, name);
   for (auto& [precision, entry] : m["graphs"]["step"].items()) {
     const std::string file = entry.at("file").get<std::string>();
+    inside_bundle(root, file);
     if (!m["files"].contains(file)) {
       throw Error("manifest.json of " + root.string() + " uses " + file + " but lists no sha256 for it; " +
                   reexport_hint(root));
     }
   }
   for (auto& [name, entry] : m["files"].items()) {
-    const fs::path path = root / name;
+    const fs::path path = inside_bundle(root, name);
     if (!fs::is_regular_file(path)) throw Error(path.string() + " is missing from the bundle; " + reexport_hint(root));
     if (verify_hashes && sha256_file(path) != entry.at("sha256").get<std::string>()) {
       throw Error(path.string() + " does not match the sha256 in manifest.json (corrupted or changed after export); " +
@@ -168,14 +190,15 @@ Bundle load_bundle(const fs::path& root, bool verify_hashes) {
 }
 
 fs::path find_engine(const Bundle& bundle, const std::string& precision, const std::string& device_folder) {
-  const fs::path engines = bundle.root / "engines";
+  const fs::path engines = inside_bundle(bundle.root, "engines");
   const std::string file = "step." + precision + ".engine";
   if (!device_folder.empty()) {
-    const fs::path path = engines / device_folder / file;
+    const fs::path path = inside_bundle(bundle.root, "engines/" + device_folder + "/" + file);
     if (fs::is_regular_file(path)) return path;
   } else if (fs::is_directory(engines)) {
     for (const auto& dir : fs::directory_iterator(engines)) {
-      if (fs::is_regular_file(dir.path() / file)) return dir.path() / file;
+      const fs::path path = inside_bundle(bundle.root, "engines/" + dir.path().filename().string() + "/" + file);
+      if (fs::is_regular_file(path)) return path;
     }
   }
   throw Error(bundle.root.string() + " has no " + precision + " TensorRT engine" +

@@ -196,13 +196,13 @@ QueryTable load_queries(const Bundle& bundle) {
                 "(the native runtime has no text encoder)");
   }
   QueryTable q;
-  std::ifstream texts(bundle.root / entry.at("file").get<std::string>());
+  std::ifstream texts(inside_bundle(bundle.root, entry.at("file").get<std::string>()));
   for (const json& item : json::parse(texts)) {
     q.texts.push_back(item.at("text").get<std::string>());
     q.messages.push_back(item.value("response", q.texts.back()));
   }
   // query_embeddings.npy: a little-endian float32 C-order array [Q, E] (numpy's format 1.0 header).
-  std::ifstream npy(bundle.root / entry.at("embeddings").get<std::string>(), std::ios::binary);
+  std::ifstream npy(inside_bundle(bundle.root, entry.at("embeddings").get<std::string>()), std::ios::binary);
   char magic[8];
   npy.read(magic, 8);
   uint16_t header_length = 0;

@@ -135,6 +135,32 @@ TEST(Bundle, RefusesDamageNamingTheFile) {
   for (const auto& p : {corrupted, garbled, newer, rewired}) fs::remove_all(p);
 }
 
+// Laid out as tests/native_vectors.py plant_confinement_case does: the bundle's own step graph copied to
+// work/outside/evil.onnx, listed with its true sha256, so only the path gives it away.
+TEST(Bundle, RefusesEveryManifestEntryOutsideTheBundle) {
+  for (const json& c : read_json(kVectors / "confinement.json")) {
+    const std::string name = c["name"].get<std::string>();
+    const fs::path work = fs::temp_directory_path() / ("sdqes-native-confine-" + std::to_string(::getpid()));
+    fs::remove_all(work);
+    fs::create_directories(work / "outside");
+    fs::copy(kVectors / "bundle", work / "bundle", fs::copy_options::recursive);
+    fs::copy_file(work / "bundle" / "step.fp32.onnx", work / "outside" / "evil.onnx");
+    if (c.contains("symlink")) fs::create_directory_symlink(work / "outside", work / "bundle" / c["symlink"].get<std::string>());
+    std::string entry = c["entry"].get<std::string>();
+    const std::string marker = "{outside}";
+    if (const auto at = entry.find(marker); at != std::string::npos) {
+      entry.replace(at, marker.size(), fs::canonical(work / "outside").string());
+    }
+    json m = read_json(work / "bundle" / "manifest.json");
+    m["files"][entry] = {{"sha256", sdqes::sha256_file(work / "outside" / "evil.onnx")},
+                         {"bytes", fs::file_size(work / "outside" / "evil.onnx")}};
+    if (c["use_as"] == "step graph") m["graphs"]["step"]["fp32"]["file"] = entry;
+    std::ofstream(work / "bundle" / "manifest.json", std::ios::trunc) << m.dump();
+    EXPECT_NE(error_of(work / "bundle").find("outside the bundle"), std::string::npos) << name;
+    fs::remove_all(work);
+  }
+}
+
 TEST(Bundle, AMissingEngineSaysHowToBuildOne) {
   const sdqes::Bundle b = sdqes::load_bundle(kVectors / "bundle");
   try {

@@ -65,6 +65,8 @@ struct Bundle {
 // Opens and validates a bundle directory (schema, format version, listed files, sha256, state wiring).
 Bundle load_bundle(const std::filesystem::path& root, bool verify_hashes = true);
 std::string sha256_file(const std::filesystem::path& path);
+// root / name, or an Error when name is absolute, contains "..", or resolves (symlinks followed) outside root.
+std::filesystem::path inside_bundle(const std::filesystem::path& root, const std::string& name);
 std::vector<StateTensor> parse_state_spec(const nlohmann::json& items);
 
 // Pre-encoded queries shipped in the bundle: texts, alert messages and embeddings [Q, E].
