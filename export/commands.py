@@ -211,7 +211,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                                                         "refusing them")
     export.add_argument("--seed", type=int, default=0, help="with --preset: seed of the random adapter weights")
     export.add_argument("--quiet", action="store_true", help="no progress output")
-    export.set_defaults(func=cmd_export)
+    export.set_defaults(func=cmd_export, output_dirs=("out",))
 
     inspect = sub.add_parser("inspect", help="check a bundle (manifest, sha256 of every file) and run it",
                              description="Load a bundle as the runtime does (schema, hashes, state wiring) and "

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..files import check_output_dir, check_output_file
+from .sinks import check_annotation_path
 
 PROG = "sdqes-edge"
 LIVE_REPORT_SECONDS = 5.0
@@ -46,6 +48,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"{len(messages)} --message but {len(queries)} --query; each message follows its query")
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
+    if args.max_frames is not None and args.max_frames < 1:
+        raise UserError(f"--max-frames {args.max_frames}: give a positive number of steps (or leave it out to "
+                        "stream to the end)")
+    if args.annotate:
+        check_annotation_path(args.annotate)
+    if args.scores:
+        if Path(args.scores).suffix == ".npz" and len(args.source) == 1:
+            check_output_file(args.scores, "--scores")
+        else:
+            check_output_dir(args.scores, "--scores")
     detector = StreamingDetector(args.bundle, backend=args.backend, precision=args.precision, threads=args.threads,
                                  ort_device=args.ort_device, truncate_queries=args.truncate_queries)
     policy = dict(exit_threshold=args.exit_threshold, cooldown_s=args.cooldown, max_alerts=args.max_alerts)
@@ -149,4 +161,4 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--max-frames", type=int, help="stop after this many steps")
     run.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens")
     run.add_argument("--quiet", action="store_true", help="no console alerts or progress")
-    run.set_defaults(func=cmd_run)
+    run.set_defaults(func=cmd_run, output_files=("events", "annotate", "save_state"))

@@ -183,4 +183,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--out", default="sdqes-demo", help="output folder (default %(default)s)")
     demo.add_argument("--bundle", help="another bundle to run instead of the shipped one")
     demo.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores)")
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=cmd_demo, output_dirs=("out",))

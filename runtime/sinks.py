@@ -15,6 +15,8 @@ from typing import Callable
 import cv2
 import numpy as np
 
+from ..errors import UserError
+from ..files import check_output_file
 from ..traces import StreamScores, save_scores
 
 
@@ -85,6 +87,20 @@ class ConsoleSink(Sink):
                    f"{event.latency_ms:.0f} ms)")
 
 
+# The containers OpenCV's FFmpeg writer opens, and the codec each is written with (checked up front:
+# VideoWriter silently writes nothing for any other name).
+ANNOTATION_CODECS = {".avi": "MJPG", ".mp4": "mp4v", ".m4v": "mp4v", ".mov": "mp4v", ".mkv": "mp4v"}
+
+
+def check_annotation_path(path: str | Path) -> Path:
+    path = Path(path)
+    if path.suffix.lower() not in ANNOTATION_CODECS:
+        kinds = ", ".join(ANNOTATION_CODECS)
+        raise UserError(f"--annotate {path}: OpenCV writes videos as {kinds}; give a file name ending in one of "
+                        f"them (e.g. {path.with_suffix('.mp4') if path.suffix else str(path) + '.mp4'})")
+    return check_output_file(path, "--annotate")
+
+
 class AnnotatedVideoSink(Sink):
     """The stream as a video with a score bar per query and a banner while an alert is fresh."""
 
@@ -106,8 +122,12 @@ class AnnotatedVideoSink(Sink):
                                                                 interpolation=cv2.INTER_NEAREST)
         h, w = image.shape[:2]
         if self._writer is None:
-            fourcc = cv2.VideoWriter_fourcc(*("MJPG" if self.path.suffix.lower() == ".avi" else "mp4v"))
-            self._writer = cv2.VideoWriter(str(self.path), fourcc, self.fps, (w, h))
+            codec = ANNOTATION_CODECS.get(self.path.suffix.lower())
+            writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*codec), self.fps, (w, h)) if codec else None
+            if writer is None or not writer.isOpened():
+                raise UserError(f"OpenCV could not open {self.path} for writing a {w}x{h} video; give a path ending "
+                                f"in {', '.join(ANNOTATION_CODECS)} in a folder you can write to")
+            self._writer = writer
         thresholds = self.thresholds()
         for row, (qid, p) in enumerate(probs.items()):
             y = h - 12 - 18 * row

@@ -17,7 +17,7 @@ from . import __version__
 from .config import (ADAPTER_KINDS, DEFAULT_THRESHOLD, PRESETS, TEMPORAL_ADAPTER_KINDS, ModelConfig, preset,
                      with_authors_adapter)
 from .errors import UserError
-from .files import format_bytes
+from .files import check_output_dir, check_output_file, format_bytes
 
 PROG = "sdqes-edge"
 
@@ -390,7 +390,7 @@ def add_accuracy_parser(sub) -> None:
                      help="kind whose first-seed model is scored per deployment format (default %(default)s)")
     acc.add_argument("--out", default="accuracy-results", help="results folder (default %(default)s)")
     _add_train_options(acc, skip=("adapter", "seed"))
-    acc.set_defaults(func=cmd_accuracy)
+    acc.set_defaults(func=cmd_accuracy, output_dirs=("out",))
 
 
 def add_train_parser(sub) -> None:
@@ -404,7 +404,7 @@ def add_train_parser(sub) -> None:
     _add_train_options(train)
     train.add_argument("--out", default="runs/synthetic", help="folder for the checkpoint and record "
                                                                "(default %(default)s)")
-    train.set_defaults(func=cmd_train)
+    train.set_defaults(func=cmd_train, output_dirs=("out",))
 
 
 def cmd_accuracy(args: argparse.Namespace) -> int:
@@ -505,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
     ev.add_argument("--plots", type=int, default=3, metavar="N", help="plot the N best and N worst queries")
     ev.add_argument("--out", default="sdqes-eval", help="folder for eval.json, eval.md, plots/ (default %(default)s)")
-    ev.set_defaults(func=cmd_eval)
+    ev.set_defaults(func=cmd_eval, output_dirs=("out",))
 
     bench = sub.add_parser(
         "bench", help="measure parameters, MACs, state and per-frame latency of every model form",
@@ -526,7 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also measure on this device, side by side: PyTorch eager fp32/fp16, the ONNX Runtime "
                             "step fp32/fp16 (state bound on the device, CUDA graphs), the sliding window with the "
                             "same treatment, 1/8/32 streams per step, a 3000-frame stream and the runtime loop")
-    bench.set_defaults(func=cmd_bench)
+    bench.set_defaults(func=cmd_bench, output_dirs=("out",))
 
     synth = sub.add_parser(
         "synth", help="write a synthetic dataset: scenes where queried events start at known times",
@@ -542,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--seconds", type=float, default=60.0, help="length of each stream (default %(default)s)")
     synth.add_argument("--fps", type=float, default=2.0, help="frames per second drawn (default %(default)s)")
     synth.add_argument("--seed", type=int, default=0, help="first stream's seed; streams use consecutive seeds")
-    synth.set_defaults(func=cmd_synth)
+    synth.set_defaults(func=cmd_synth, output_dirs=("out",))
 
     add_train_parser(sub)
     add_accuracy_parser(sub)
@@ -558,6 +558,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Every output a subcommand declares (``output_files``, ``output_dirs``) checked before any work starts."""
+    for attr in getattr(args, "output_files", ()):
+        if getattr(args, attr, None):
+            check_output_file(getattr(args, attr), "--" + attr.replace("_", "-"))
+    for attr in getattr(args, "output_dirs", ()):
+        if getattr(args, attr, None):
+            check_output_dir(getattr(args, attr), "--" + attr.replace("_", "-"))
+
+
 def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.ArgumentParser] = build_parser) -> int:
     parser = parser_factory()
     args = parser.parse_args(argv)
@@ -565,6 +575,7 @@ def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argume
         parser.print_help()
         return 2
     try:
+        check_output_paths(args)
         return args.func(args)
     except UserError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
+
+from .errors import UserError
 
 
 def format_bytes(n: float) -> str:
@@ -55,3 +58,50 @@ def replace_directory(staging: Path, target: Path) -> None:
         raise
     if retired is not None:
         shutil.rmtree(retired, ignore_errors=True)
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _probe_folder(folder: Path, flag: str, path: Path) -> None:
+    """Create and delete a file in ``folder``: permissions, read-only mounts and /proc all answer the same way."""
+    if not folder.is_dir():
+        raise UserError(f"{flag} {path}: {folder} is a file, not a folder; choose another path")
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise UserError(f"{flag} {path} cannot be written: {folder} refuses new files ({exc.strerror}); choose a "
+                        "folder you can write to") from None
+
+
+def check_output_file(path: str | os.PathLike, flag: str) -> Path:
+    """Refuse, before any work, an output file that cannot be written: a folder, a read-only place, /proc.
+
+    Nothing is created or changed: an existing file is opened for appending and closed; for a new one, the
+    nearest existing folder must accept a new file (missing folders below it are made when writing).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{flag} {path} is a folder; give a file path (e.g. {path / 'out'}{path.suffix or ''})")
+    if path.exists():
+        try:
+            open(path, "ab").close()
+        except OSError as exc:
+            raise UserError(f"{flag} {path} cannot be written ({exc.strerror}); choose a path you can "
+                            "write to") from None
+        return path
+    _probe_folder(_nearest_existing(path.parent), flag, path)
+    return path
+
+
+def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
+    """Refuse, before any work, an output folder that is a file or lies where nothing can be written."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path} is a file; give a folder (it is created if missing)")
+    _probe_folder(_nearest_existing(path), flag, path)
+    return path

@@ -78,3 +78,17 @@ def test_a_user_mistake_is_one_line_and_a_non_zero_exit():
 def test_an_over_long_query_is_refused_on_the_command_line(capsys):
     assert run(["tokenize", " ".join(["cooking"] * 100)]) == 2
     assert "--truncate-queries" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["export", "--preset", "tiny", "--adapter", "qrnn"], ["bench", "--quick"], ["demo"], ["synth"],
+    ["train"], ["accuracy"], ["eval", "--annotations", "a.csv", "--baseline", "oracle"],
+], ids=lambda argv: argv[0])
+def test_every_output_folder_is_checked_before_any_work(argv, tmp_path, capsys):
+    a_file = tmp_path / "taken"
+    a_file.write_text("not a folder")
+    assert run([*argv, "--out", str(a_file)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {a_file} is a file; give a folder" in err and len(err.strip().splitlines()) == 1
+    assert run([*argv, "--out", "/proc/sdqes-out"]) == 2
+    assert "refuses new files" in capsys.readouterr().err

@@ -338,10 +338,29 @@ def test_ctrl_c_mid_stream_leaves_a_complete_alert_log(exported, tmp_path):
     (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", "word " * 80], "77"),
     (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", "q", "--threshold", "1.5"],
      "outside (0, 1)"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--max-frames", "0"], "positive number"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--max-frames", "-1"], "positive number"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--annotate", str(t / "out.gif")],
+     "OpenCV writes videos as .avi, .mp4"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--annotate", str(t / "outvideo")],
+     "outvideo.mp4"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--annotate", str(t / "dir.mp4")],
+     "is a folder"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--events", str(t / "dir.mp4")],
+     "--events"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--events", "/proc/version"],
+     "/proc/version cannot be written"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--save-state", str(t / "dir.mp4")],
+     "--save-state"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--scores", str(t / "garbage.mp4" / "s")],
+     "garbage.mp4 is a file, not a folder"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--scores", "/proc/sdqes-scores"],
+     "refuses new files"),
 ])
 def test_bad_input_to_run_is_one_line_and_a_non_zero_exit(make_args, message, exported, tmp_path):
     _, bundle = exported
     (tmp_path / "garbage.mp4").write_bytes(b"\x00\x01" * 100)
+    (tmp_path / "dir.mp4").mkdir()
     writer = cv2.VideoWriter(str(tmp_path / "empty.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 10, (64, 48))
     writer.release()
     done = run_cli(*make_args(bundle, tmp_path))
