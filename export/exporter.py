@@ -88,6 +88,9 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
         problems.append(f"calibration video {options.calibration_video} does not exist")
     if problems:
         raise UserError("; ".join(problems))
+    # The queries as the runtime will take them (one function: empty or too long is refused the same way).
+    default_tokenizer().tokenize([q.text for q in options.queries],
+                                 on_overflow="truncate" if options.truncate_queries else "error")
     precisions = tuple(p for p in PRECISIONS if p in options.precisions)
     if "fp32" not in precisions:
         warn("fp32 is always exported: it is the reference the other precisions are verified against")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 from ..errors import UserError
 from ..files import check_output_dir, check_output_file
+from ..stopping import FinishFrameThenStop, exit_code_of
 from .sinks import check_annotation_path
 
 PROG = "sdqes-edge"
@@ -95,23 +97,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     stats = RunStats()
     bar = _progress(getattr(sources[0], "duration_frames", None), not args.quiet and not live)
     last_report = time.perf_counter()
-    interrupted = False
+    stop = FinishFrameThenStop()  # Ctrl-C, SIGTERM (docker stop, systemd) or SIGHUP: finish the frame, close sinks
+    exit_code = 0
     try:
-        for _ in detector.run(sources, stats, max_frames=args.max_frames):
-            if bar is not None:
-                bar.update(1)
-            if live and not args.quiet and time.perf_counter() - last_report >= LIVE_REPORT_SECONDS:
-                last_report = time.perf_counter()
-                print(f"{PROG}: {stats.fps:.1f} frames/s, latency p50 {stats.latency(50):.0f} ms, p99 "
-                      f"{stats.latency(99):.0f} ms, dropped {sum(s.stats.dropped for s in sources)}", file=sys.stderr)
-    except KeyboardInterrupt:
-        interrupted = True
+        with stop, closing(detector.run(sources, stats, max_frames=args.max_frames)) as steps:
+            for _ in steps:
+                if bar is not None:
+                    bar.update(1)
+                if live and not args.quiet and time.perf_counter() - last_report >= LIVE_REPORT_SECONDS:
+                    last_report = time.perf_counter()
+                    print(f"{PROG}: {stats.fps:.1f} frames/s, latency p50 {stats.latency(50):.0f} ms, p99 "
+                          f"{stats.latency(99):.0f} ms, dropped {sum(s.stats.dropped for s in sources)}",
+                          file=sys.stderr)
+                if stop.requested:
+                    break
+        exit_code = stop.exit_code
+    except KeyboardInterrupt as interrupt:  # a second signal, or one outside the loop
+        exit_code = exit_code_of(interrupt)
     finally:
         if bar is not None:
             bar.close()
         detector.close()
         if args.save_state:
             detector.save_state(args.save_state)
+    interrupted = exit_code != 0
     dropped = sum(s.stats.dropped for s in sources)
     print(f"{'interrupted after' if interrupted else 'done:'} {stats.frames} frames, {stats.events} alerts, "
           f"{stats.fps:.1f} frames/s, latency p50 {stats.latency(50):.1f} ms p99 {stats.latency(99):.1f} ms"
@@ -122,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if trace_paths:
         folder = trace_paths[0].parent
         print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {folder}", file=sys.stderr)
-    return 130 if interrupted else 0
+    return exit_code
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

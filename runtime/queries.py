@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from ..tokenizer import ClipTokenizer
+from ..tokenizer import ClipTokenizer, check_query_text
 from .alerts import AlertPolicy, AlertState
 
 
@@ -62,8 +62,7 @@ class TextEncoder:
             self._cache[text] = np.asarray(emb, np.float32)
 
     def encode(self, text: str) -> np.ndarray:
-        if not text.strip():
-            raise UserError("a query is empty; give the event to wait for, e.g. 'when I start cooking'")
+        check_query_text(text)
         if text not in self._cache:
             ids = self.tokenizer.tokenize([text], on_overflow=self.on_overflow)
             self._cache[text] = self.session.run(None, {"token_ids": ids})[0][0]

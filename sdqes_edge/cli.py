@@ -17,6 +17,7 @@ from . import __version__
 from .config import (ADAPTER_KINDS, DEFAULT_THRESHOLD, PRESETS, TEMPORAL_ADAPTER_KINDS, ModelConfig, preset,
                      with_authors_adapter)
 from .errors import UserError
+from .stopping import exit_code_of, raise_on_termination
 from .files import check_output_dir, check_output_file, format_bytes
 
 PROG = "sdqes-edge"
@@ -574,15 +575,16 @@ def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argume
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    raise_on_termination()  # SIGTERM/SIGHUP unwind like Ctrl-C: staging folders removed, outputs closed
     try:
         check_output_paths(args)
         return args.func(args)
     except UserError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        print(f"{PROG}: interrupted ({interrupt.args[0] if interrupt.args else 'SIGINT'})", file=sys.stderr)
+        return exit_code_of(interrupt)
 
 
 def main() -> None:

@@ -28,9 +28,39 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def _process_is_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
+def remove_dead_staging(target: Path) -> list[Path]:
+    """Remove the ``.NAME.staging-PID`` / ``.NAME.retired-PID`` folders of exports whose process is gone.
+
+    A process killed outright (SIGKILL, power loss) cannot clean up after itself. Only folders whose PID no
+    longer runs are removed: one of a concurrent export to the same target is left alone.
+    """
+    removed = []
+    for kind in ("staging", "retired"):
+        for folder in target.parent.glob(f".{target.name}.{kind}-*"):
+            pid = folder.name.rsplit("-", 1)[1]
+            if folder.is_dir() and pid.isdigit() and int(pid) != os.getpid() and _process_is_gone(int(pid)):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+    return removed
+
+
 def staging_directory(target: Path) -> Path:
-    """A fresh directory beside ``target`` (same file system, so the final rename is atomic)."""
+    """A fresh directory beside ``target`` (same file system, so the final rename is atomic).
+
+    Stale staging folders of dead exports to the same target are removed first.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_staging(target)
     staging = target.parent / f".{target.name}.staging-{os.getpid()}"
     if staging.exists():
         shutil.rmtree(staging)

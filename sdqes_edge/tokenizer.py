@@ -140,6 +140,7 @@ class ClipTokenizer:
             texts = [texts]
         out = np.zeros((len(texts), self.context_length), dtype=np.int64)
         for row, text in enumerate(texts):
+            check_query_text(text)
             ids = [self.start_id] + self.encode(text) + [self.end_id]
             if len(ids) > self.context_length:
                 if on_overflow == "error":
@@ -155,6 +156,13 @@ class ClipTokenizer:
                 ids = ids[: self.context_length - 1] + [self.end_id]
             out[row, : len(ids)] = ids
         return out
+
+
+def check_query_text(text: str) -> str:
+    """What makes a text a query at all; the exporter and the runtime both refuse through here."""
+    if not isinstance(text, str) or not text.strip():
+        raise UserError("a query is empty; give the event to wait for, e.g. 'when I start cooking'")
+    return text
 
 
 def vocab_path() -> Path:

@@ -7,9 +7,12 @@ name and compares embeddings and every next-state tensor to PyTorch.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -241,6 +244,9 @@ def test_export_a_lightning_checkpoint_from_the_command_line_infers_everything(t
     (["--preset", "tiny", "--opset", "13"], "--opset must be one of"),
     (["--preset", "tiny", "--verify-frames", "4"], "--verify-frames must be >= 16"),
     (["--checkpoint", "/nonexistent.ckpt"], "nonexistent.ckpt"),
+    (["--preset", "tiny", "--query", ""], "a query is empty"),
+    (["--preset", "tiny", "--query", "   "], "a query is empty"),
+    (["--preset", "tiny", "--query", "wash " * 80], "over the model's limit of 77"),
 ])
 def test_export_arguments_are_checked_up_front(args, message, tmp_path):
     done = run_cli("export", *args, "--out", str(tmp_path / "b"))
@@ -248,6 +254,36 @@ def test_export_arguments_are_checked_up_front(args, message, tmp_path):
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "b").exists()
+
+
+def test_a_sigterm_during_export_removes_the_staging_and_keeps_the_old_bundle(tmp_path):
+    out = tmp_path / "bundle"
+    quiet_export(random_model("qrnn"), out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    process = subprocess.Popen([sys.executable, "-m", "sdqes_edge.cli", "export", "--preset", "tiny", "--adapter",
+                                "qrnn", "--out", str(out), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    staging = tmp_path / f".bundle.staging-{process.pid}"
+    deadline = time.monotonic() + 120
+    while not staging.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr and "interrupted (SIGTERM)" in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_the_next_export_removes_staging_folders_of_exports_that_died(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".bundle.staging-{int(dead.stdout)}"
+    (stale / "tokenizer").mkdir(parents=True)
+    (stale / "step.fp32.onnx").write_bytes(b"half a graph")
+    running = tmp_path / f".bundle.staging-{os.getppid()}"  # a live process: maybe a concurrent export
+    running.mkdir()
+    quiet_export(random_model("none"), tmp_path / "bundle")
+    assert not stale.exists() and running.exists()
 
 
 def test_a_corrupted_bundle_is_refused_by_the_command_line_in_one_line(bundles, tmp_path):

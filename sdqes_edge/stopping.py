@@ -1,0 +1,90 @@
+"""Stopping on a signal the way a user expects, whoever sends it.
+
+Ctrl-C sends SIGINT; ``docker stop``, systemd and ``timeout`` send SIGTERM; a closed terminal sends SIGHUP.
+Python turns only the first into an exception: by default the other two end the process at once, with no
+``finally`` run, so a half-written bundle staging folder stays behind and an mp4 being written has no index.
+
+- ``raise_on_termination()`` (the command line calls it first) turns SIGTERM and SIGHUP into ``Stopped``, a
+  ``KeyboardInterrupt``, so every cleanup that already handles Ctrl-C handles them too.
+- ``FinishFrameThenStop`` (a stream's loop) goes further: a signal only asks the loop to stop after the frame
+  in hand, so sinks are never interrupted mid-write; a second signal stops at once.
+
+The exit status is 128 + the signal's number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), as shells report it.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+STOP_SIGNALS = (signal.SIGINT, *TERMINATION_SIGNALS)
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop asked for by a signal; ``exit_code`` is what the process should exit with."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signum)
+
+
+def exit_code_of(interrupt: KeyboardInterrupt) -> int:
+    return interrupt.exit_code if isinstance(interrupt, Stopped) else 128 + int(signal.SIGINT)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def raise_on_termination() -> None:
+    """SIGTERM and SIGHUP raise ``Stopped`` like Ctrl-C raises KeyboardInterrupt (main thread only)."""
+    if not _in_main_thread():
+        return
+
+    def handler(signum, _frame):
+        raise Stopped(signum)
+
+    for signum in TERMINATION_SIGNALS:
+        signal.signal(signum, handler)
+
+
+class FinishFrameThenStop:
+    """Within the block, SIGINT/SIGTERM/SIGHUP set ``requested``; the loop checks it between frames.
+
+    A second signal while the first is pending raises ``Stopped`` at once (a loop stuck on a dead camera
+    must still be stoppable). Previous handlers are restored on exit. Outside the main thread (a library
+    caller's worker) signals cannot be caught, and the block does nothing.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.signum is None else 128 + int(self.signum)
+
+    def _handle(self, signum, _frame) -> None:
+        if self.signum is not None:
+            raise Stopped(signum)
+        self.signum = signum
+
+    def __enter__(self) -> "FinishFrameThenStop":
+        if _in_main_thread():
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
