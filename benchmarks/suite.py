@@ -25,6 +25,7 @@ import torch
 
 from ..config import ModelConfig, preset, with_authors_adapter
 from ..errors import UserError
+from ..eval_plots import PLOTS_NEED, _pyplot, plotting_available
 from ..export import graphs
 from ..export.complexity import count_graph
 from ..export.precision import quantize_int8
@@ -372,7 +373,6 @@ def markdown(results: dict) -> str:
 
 
 def plots(results: dict, out: Path) -> list[Path]:
-    from ..eval_plots import _pyplot
 
     plt = _pyplot()
     written = []
@@ -434,6 +434,9 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, lis
         raise UserError("the scaling stream must hold two probes: --scaling-frames >= 2 x probe")
     if cfg.device:
         check_device(cfg.device)  # before minutes of CPU work
+    can_plot = plotting_available()
+    if not can_plot:
+        log(f"note: no plots: {PLOTS_NEED}; bench.json and bench.md are written as usual")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -449,4 +452,4 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, lis
     results["seconds"] = time.perf_counter() - started
     (out / "bench.json").write_text(json.dumps(results, indent=2))
     (out / "bench.md").write_text(markdown(results))
-    return results, [out / "bench.json", out / "bench.md", *plots(results, out)]
+    return results, [out / "bench.json", out / "bench.md", *(plots(results, out) if can_plot else [])]

@@ -174,7 +174,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .annotations import load_annotations, oracle_traces, random_traces
     from .evaluation import (calibrate_thresholds, evaluate_with, match_traces, per_query_distance, text_table,
                              write_reports)
+    from .eval_plots import PLOTS_NEED, plotting_available
 
+    if args.plots and not plotting_available():
+        print(f"note: no plots: {PLOTS_NEED}; eval.json and eval.md are written as usual", file=sys.stderr)
+        args.plots = 0
     if args.fps <= 0:
         raise UserError(f"--fps must be positive, not {args.fps}")
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:

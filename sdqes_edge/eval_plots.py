@@ -12,6 +12,19 @@ from .errors import UserError
 from .metrics import TOLERANCE_WINDOWS, RECALL_KS, ScoreTrace, predictions
 
 
+PLOTS_NEED = "matplotlib is not installed (pip install 'sdqes-edge[eval]')"
+
+
+def plotting_available() -> bool:
+    """Checked before long work starts, so a missing optional extra skips the plots instead of failing at the end."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except ValueError:  # a module set to None in sys.modules (how tests hide it)
+        return False
+
+
 def _pyplot():
     try:
         import matplotlib

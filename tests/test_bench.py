@@ -62,3 +62,14 @@ def test_bench_device_cuda_is_refused_up_front_where_this_onnxruntime_has_no_cud
                            "--out", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 2 and "onnxruntime-gpu" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_bench_without_matplotlib_says_so_up_front_and_still_writes_its_tables(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None\nfrom sdqes_edge.cli import run\n"
+            "sys.exit(run(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code, "bench", "--quick", "--repetitions", "3", "--no-int8",
+                           "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1].startswith("note: no plots: matplotlib is not installed"), done.stdout[:500]
+    assert (tmp_path / "bench.json").is_file() and (tmp_path / "bench.md").is_file()
+    assert not list(tmp_path.glob("*.png"))

@@ -128,6 +128,15 @@ def test_eval_of_the_real_validation_split_with_both_baselines(egosdqes_csv, tmp
     assert results["random (seed 0)"]["recall"]["[-5,+10]"]["1"] < 10.0
 
 
+def test_eval_without_matplotlib_notes_it_first_and_writes_its_reports(egosdqes_csv, tmp_path):
+    code = "import sys; sys.modules['matplotlib'] = None\nfrom sdqes_edge.cli import run\nsys.exit(run(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, "eval", "--annotations", str(egosdqes_csv), "--baseline",
+                           "oracle", "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("note: no plots: matplotlib is not installed")
+    assert (tmp_path / "eval.json").is_file() and not (tmp_path / "plots").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--baseline", "oracle", "--threshold", "1.5"], "--threshold is a probability"),
     (["--baseline", "oracle", "--write-threshold", "x"], "add --calibrate"),
