@@ -125,6 +125,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{'interrupted after' if interrupted else 'done:'} {stats.frames} frames, {stats.events} alerts, "
           f"{stats.fps:.1f} frames/s, latency p50 {stats.latency(50):.1f} ms p99 {stats.latency(99):.1f} ms"
           + (f", {dropped} frames dropped (the model is slower than the source)" if dropped else ""), file=sys.stderr)
+    for source in sources:
+        shortfall = source.stats.shortfall_words(source.name)
+        if shortfall:
+            print(f"{PROG}: incomplete: {shortfall}", file=sys.stderr)
     written = [str(p) for p in [args.events, args.annotate, args.save_state, *trace_paths] if p]
     if written:
         print(f"wrote {', '.join(written)}", file=sys.stderr)

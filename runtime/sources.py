@@ -32,6 +32,7 @@ from ..errors import UserError  # noqa: E402
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
 RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; then the source gives up
+TRUNCATION_SLACK_FRAMES = 2  # a file may decode this many frames (or 1%) fewer than its container lists
 
 
 # OpenCV logs its own warnings about a camera or file it cannot open; this runtime reports those
@@ -53,6 +54,14 @@ class SourceStats:
     sampled: int = 0  # frames kept by the fps sampler
     dropped: int = 0  # sampled frames a live source discarded because the model was busy
     reconnects: int = 0
+    expected: int | None = None  # frames the file's container lists, where it says
+    truncated: bool = False  # the file stopped decoding well short of ``expected``
+
+    def shortfall_words(self, name: str) -> str | None:
+        if not self.truncated:
+            return None
+        return (f"{name} ended after {self.read} of the {self.expected} frames its container lists: the file is "
+                "truncated or damaged, and the stream stopped there")
 
 
 class FrameSource(abc.ABC):
@@ -173,6 +182,7 @@ class VideoFileSource(FrameSource):
     def _frames(self):
         capture = cv2.VideoCapture(str(self.path))
         native = self.native_fps if self.native_fps > 0 else 30.0
+        self.stats.expected = self.frame_count if self.frame_count > 0 else None
         try:
             index = 0
             while capture.grab():  # decode only; the BGR image is made for sampled frames alone
@@ -180,8 +190,16 @@ class VideoFileSource(FrameSource):
                 # Some backends report 0 for every frame; fall back to the frame index over the native rate.
                 yield (lambda: capture.retrieve()[1]), (stamp if stamp > 0 or index == 0 else index / native)
                 index += 1
+            self._check_length(index)
         finally:
             capture.release()
+
+    def _check_length(self, decoded: int) -> None:
+        """Containers' frame counts are often off by a frame or two; a file cut short misses far more."""
+        expected = self.stats.expected
+        if expected is not None and expected - decoded > max(TRUNCATION_SLACK_FRAMES, 0.01 * expected):
+            self.stats.truncated = True
+            self.log(f"warning: {self.stats.shortfall_words(str(self.path))}")
 
 
 class ImageFolderSource(FrameSource):

@@ -358,6 +358,22 @@ def test_sigterm_or_sighup_mid_stream_finishes_the_frame_and_leaves_every_output
     assert [json.loads(line)["frame_index"] for line in events.read_text().splitlines()] == [0]
 
 
+@pytest.mark.parametrize("suffix", [".avi", ".mkv"])
+def test_a_truncated_video_is_reported_in_a_warning_and_the_summary(suffix, exported, tmp_path):
+    _, bundle = exported
+    whole = write_video(tmp_path / f"whole{suffix}", sample_frames(140, 48, 64), fps=10.0)
+    cut = tmp_path / f"cut{suffix}"
+    data = whole.read_bytes()
+    cut.write_bytes(data[: int(len(data) * 0.3)])  # what a copy stopped part-way leaves
+    done = run_cli("run", str(bundle), "--source", str(cut), "--query", QUERY, "--quiet")
+    assert done.returncode == 0, done.stderr
+    warning = [line for line in done.stderr.splitlines() if line.startswith("sdqes-edge: warning:")]
+    assert len(warning) == 1 and "of the 140 frames its container lists" in warning[0], done.stderr
+    assert "sdqes-edge: incomplete: cut ended after" in done.stderr
+    complete = run_cli("run", str(bundle), "--source", str(whole), "--query", QUERY, "--quiet")
+    assert complete.returncode == 0 and "container lists" not in complete.stderr, complete.stderr
+
+
 @pytest.mark.parametrize("make_args, message", [
     (lambda b, t: ["run", str(t / "nope"), "--source", "x.mp4", "--query", "q"], "does not exist"),
     (lambda b, t: ["run", str(b), "--source", str(t / "missing.mp4"), "--query", "q"], "missing.mp4"),
