@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -17,7 +18,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..files import check_output_file
-from ..traces import StreamScores, save_scores
+from ..traces import StreamScores, chunk_path, chunks_of, merge_chunks, save_scores
 
 
 @dataclass
@@ -149,7 +150,15 @@ class AnnotatedVideoSink(Sink):
 
 
 class ScoreTraceRecorder(Sink):
-    """Per-frame probabilities of every query (NaN before a query existed), saved in the eval format."""
+    """Per-frame probabilities of every query (NaN before a query existed), saved in the eval format.
+
+    Memory stays constant on an endless stream: rows are flushed to a chunk file every ``CHUNK_ROWS``
+    frames or ``CHUNK_SECONDS`` of wall time (a killed run loses at most that much), and ``close`` merges
+    the chunks into the trace at ``path`` a chunk at a time (sdqes_edge/traces.py).
+    """
+
+    CHUNK_ROWS = 1024
+    CHUNK_SECONDS = 30.0
 
     def __init__(self, path: str | Path, stream_name: str, fps: float, stream: int = 0):
         self.path = Path(path)
@@ -157,6 +166,11 @@ class ScoreTraceRecorder(Sink):
         self._rows: list[dict[str, float]] = []
         self._texts: dict[str, str] = {}
         self._asked: dict[str, float] = {}
+        self._chunks: list[Path] = []
+        self._flushed_rows = 0
+        self._last_flush = time.monotonic()
+        for stale in chunks_of(self.path):  # a killed earlier run's: this run replaces its trace
+            stale.unlink()
 
     def on_query_added(self, query_id: str, text: str, asked_time: float) -> None:
         self._texts.setdefault(query_id, text)
@@ -165,8 +179,14 @@ class ScoreTraceRecorder(Sink):
     def on_frame(self, stream, frame_bgr, time_s, probs, events):
         if stream == self.stream:
             self._rows.append(dict(probs))
+            if len(self._rows) >= self.CHUNK_ROWS or time.monotonic() - self._last_flush >= self.CHUNK_SECONDS:
+                self.flush()
 
-    def close(self) -> None:
+    def flush(self) -> None:
+        """Write the rows held so far as the next chunk."""
+        self._last_flush = time.monotonic()
+        if not self._rows:
+            return
         ids = list(self._texts)
         probs = np.full((len(self._rows), len(ids)), np.nan, dtype=np.float32)
         for t, row in enumerate(self._rows):
@@ -174,5 +194,20 @@ class ScoreTraceRecorder(Sink):
                 if qid in row:
                     probs[t, q] = row[qid]
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        save_scores(self.path, StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], ids,
-                                            np.array([self._asked[i] for i in ids]), probs))
+        chunk = chunk_path(self.path, len(self._chunks) + 1)
+        save_scores(chunk, StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], ids,
+                                        np.array([self._asked[i] for i in ids]), probs, self._flushed_rows))
+        self._chunks.append(chunk)
+        self._flushed_rows += len(self._rows)
+        self._rows = []
+
+    def close(self) -> None:
+        self.flush()
+        if self._chunks:
+            merge_chunks(self._chunks, self.path)
+        else:  # no frame at all: an empty trace still says which queries were asked
+            ids = list(self._texts)
+            save_scores(self.path, StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], ids,
+                                                np.array([self._asked[i] for i in ids]),
+                                                np.zeros((0, len(ids)), np.float32)))
+        self._chunks = []

@@ -9,20 +9,31 @@ One ``.npz`` file per stream (a video, a camera session)::
     query_ids       str [Q]
     asked_time      float [Q]      seconds into the stream when each query was added (0: from the start)
     probs           float32 [T, Q] p = sigmoid(cos) per sampled frame and query; NaN before a query existed
+    first_frame     int            (version 2) the stream frame of probs' first row; 0 for a whole stream
+
+A stream that runs for days is written as it goes, in chunks ``NAME.part-000001.npz``, ... (each a complete
+trace of its frames, written atomically), so the runtime holds at most one chunk in memory and a killed run
+keeps all but its last chunk. When the stream ends the chunks are merged, a chunk at a time, into
+``NAME.npz`` and removed. ``load_score_dir`` reads either form: a killed run's chunks are merged on reading.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
 from .errors import UserError
 
-TRACE_FORMAT_VERSION = 1
+TRACE_FORMAT_VERSION = 2
 TRACE_SUFFIX = ".npz"
+CHUNK_PATTERN = re.compile(r"^(?P<base>.+)\.part-(?P<number>\d{6})\.npz$")
 
 
 @dataclass
@@ -33,6 +44,7 @@ class StreamScores:
     query_ids: list[str]
     asked_time: np.ndarray  # [Q]
     probs: np.ndarray  # [T, Q]
+    first_frame: int = 0
 
     def __post_init__(self) -> None:
         q = len(self.query_texts)
@@ -43,19 +55,85 @@ class StreamScores:
             raise UserError(f"score trace of stream {self.stream!r} has fps {self.fps}; it must be positive")
 
 
-def save_scores(path: str | Path, scores: StreamScores) -> Path:
-    """Write atomically (a temporary file renamed into place), so a reader never sees half a trace."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, format_version=TRACE_FORMAT_VERSION, stream=scores.stream, fps=float(scores.fps),
-             query_texts=np.asarray(scores.query_texts, dtype=str), query_ids=np.asarray(scores.query_ids, dtype=str),
-             asked_time=np.asarray(scores.asked_time, dtype=np.float64),
-             probs=np.asarray(scores.probs, dtype=np.float32))
-    tmp.replace(path)
+def _header_arrays(scores: StreamScores) -> dict[str, np.ndarray]:
+    return {"format_version": np.asarray(TRACE_FORMAT_VERSION), "stream": np.asarray(scores.stream),
+            "fps": np.asarray(float(scores.fps)), "query_texts": np.asarray(scores.query_texts, dtype=str),
+            "query_ids": np.asarray(scores.query_ids, dtype=str),
+            "asked_time": np.asarray(scores.asked_time, dtype=np.float64),
+            "first_frame": np.asarray(int(scores.first_frame))}
+
+
+def _write_trace(path: Path, header: StreamScores, rows: int, blocks: Iterable[np.ndarray]) -> Path:
+    """An .npz whose ``probs`` [rows, Q] is streamed from ``blocks``, written to a temporary name and renamed
+    into place: a reader never sees half a trace, and the writer never holds all the rows at once."""
+    tmp = path.with_name(path.name + ".writing")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in _header_arrays(header).items():
+            with archive.open(f"{name}.npy", "w") as fh:
+                np.lib.format.write_array(fh, array, allow_pickle=False)
+        with archive.open("probs.npy", "w", force_zip64=True) as fh:
+            np.lib.format.write_array_header_1_0(fh, {"descr": np.dtype("<f4").str, "fortran_order": False,
+                                                      "shape": (rows, len(header.query_ids))})
+            for block in blocks:
+                fh.write(np.ascontiguousarray(block, dtype="<f4").tobytes())
+    os.replace(tmp, path)
     return path
 
 
+def save_scores(path: str | Path, scores: StreamScores) -> Path:
+    """Write one trace atomically."""
+    return _write_trace(Path(path), scores, len(scores.probs), [scores.probs])
+
+
+def chunk_path(path: str | Path, number: int) -> Path:
+    """``scores/clip.npz`` -> ``scores/clip.part-000003.npz``."""
+    path = Path(path)
+    return path.with_name(f"{path.name[:-len(TRACE_SUFFIX)] if path.name.endswith(TRACE_SUFFIX) else path.name}"
+                          f".part-{number:06d}{TRACE_SUFFIX}")
+
+
+def chunks_of(path: str | Path) -> list[Path]:
+    """The chunk files of the trace at ``path``, in order."""
+    path = Path(path)
+    return sorted(path.parent.glob(chunk_path(path, 0).name.replace("000000", "[0-9]" * 6)))
+
+
+def _columns(traces: list[StreamScores]) -> tuple[list[str], list[str], list[float]]:
+    """Every query of the chunks, in the order they first appear, with its text and when it was asked."""
+    ids, texts, asked = [], [], []
+    for trace in traces:
+        for qid, text, when in zip(trace.query_ids, trace.query_texts, trace.asked_time):
+            if qid not in ids:
+                ids.append(qid), texts.append(text), asked.append(float(when))
+    return ids, texts, asked
+
+
+def _aligned(trace: StreamScores, ids: list[str]) -> np.ndarray:
+    """A chunk's rows with its columns placed among ``ids`` (NaN where a query did not exist yet)."""
+    block = np.full((len(trace.probs), len(ids)), np.nan, np.float32)
+    for column, qid in enumerate(trace.query_ids):
+        block[:, ids.index(qid)] = trace.probs[:, column]
+    return block
+
+
+def merge_chunks(chunks: list[Path], path: str | Path) -> Path:
+    """Merge a stream's chunks into one trace at ``path``, holding one chunk at a time; then remove them."""
+    headers, rows = [], 0
+    for chunk in chunks:  # first pass: the columns and the row count, keeping no rows
+        trace = load_scores(chunk)
+        rows += len(trace.probs)
+        headers.append(dataclasses.replace(trace, probs=np.zeros((0, len(trace.query_ids)))))
+    ids, texts, asked = _columns(headers)
+    header = StreamScores(headers[0].stream, headers[0].fps, texts, ids, np.asarray(asked),
+                          np.zeros((0, len(ids))))
+    _write_trace(Path(path), header, rows, (_aligned(load_scores(c), ids) for c in chunks))
+    for chunk in chunks:
+        chunk.unlink()
+    return Path(path)
+
+
 def load_scores(path: str | Path) -> StreamScores:
+    """One trace file: a whole stream, or one chunk of it."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -65,12 +143,28 @@ def load_scores(path: str | Path) -> StreamScores:
                                 f"{TRACE_FORMAT_VERSION}: upgrade it")
             return StreamScores(str(data["stream"]), float(data["fps"]), [str(t) for t in data["query_texts"]],
                                 [str(i) for i in data["query_ids"]], np.asarray(data["asked_time"], np.float64),
-                                np.asarray(data["probs"], np.float64))
+                                np.asarray(data["probs"], np.float64),
+                                int(data["first_frame"]) if "first_frame" in data.files else 0)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
         raise UserError(f"{path} is not a score trace written by `sdqes-edge run --scores` ({exc})") from None
 
 
+def _read_chunks(chunks: list[Path]) -> StreamScores:
+    """A killed run's chunks as one trace (in memory: eval needs the whole stream anyway)."""
+    traces = [load_scores(c) for c in chunks]
+    expected = 0
+    for chunk, trace in zip(chunks, traces):
+        if trace.first_frame != expected:
+            raise UserError(f"{chunk} starts at frame {trace.first_frame}, but the chunks before it end at "
+                            f"{expected}: a chunk of this trace is missing")
+        expected += len(trace.probs)
+    ids, texts, asked = _columns(traces)
+    probs = np.concatenate([_aligned(t, ids) for t in traces]).astype(np.float64)
+    return StreamScores(traces[0].stream, traces[0].fps, texts, ids, np.asarray(asked), probs)
+
+
 def load_score_dir(directory: str | Path) -> list[StreamScores]:
+    """Every trace in a folder: whole ones, and the chunks of runs that were killed before merging them."""
     directory = Path(directory)
     if not directory.is_dir():
         raise UserError(f"--scores {directory} is not a directory; give the folder the runtime wrote its "
@@ -79,4 +173,10 @@ def load_score_dir(directory: str | Path) -> list[StreamScores]:
     if not files:
         raise UserError(f"{directory} holds no *{TRACE_SUFFIX} score traces; write them with "
                         "`sdqes-edge run ... --scores DIR`")
-    return [load_scores(f) for f in files]
+    whole = [f for f in files if not CHUNK_PATTERN.match(f.name)]
+    pending: dict[str, list[Path]] = {}
+    for f in files:
+        match = CHUNK_PATTERN.match(f.name)
+        if match and not (directory / f"{match['base']}{TRACE_SUFFIX}").exists():  # merged already: whole wins
+            pending.setdefault(match["base"], []).append(f)
+    return [load_scores(f) for f in whole] + [_read_chunks(chunks) for _, chunks in sorted(pending.items())]
