@@ -14,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..runtime.soak import rss_bytes  # noqa: F401  (one reading of resident memory, shared)
+
 
 @dataclass
 class Timing:
@@ -48,15 +50,6 @@ def interleaved(candidates: dict[str, Callable[[], object]], repetitions: int, w
         if progress and (rep + 1) % max(1, repetitions // 5) == 0:
             progress(f"  repetition {rep + 1}/{repetitions}")
     return {name: Timing(np.asarray(v)) for name, v in samples.items()}
-
-
-def rss_bytes() -> int:
-    """This process's resident memory now (Linux /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return 0
 
 
 def peak_rss_bytes() -> int:

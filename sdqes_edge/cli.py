@@ -17,6 +17,7 @@ from . import __version__
 from .config import (ADAPTER_KINDS, DEFAULT_THRESHOLD, PRESETS, TEMPORAL_ADAPTER_KINDS, ModelConfig, preset,
                      with_authors_adapter)
 from .errors import UserError
+from .tolerances import SOAK_BLOCK_FRAMES
 from .stopping import exit_code_of, raise_on_termination
 from .files import check_output_dir, check_output_file, format_bytes
 
@@ -95,6 +96,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UserError(f"--preset {args.preset} already has an adapter; give a base preset such as 'tiny'")
     if args.frames < 2 or args.batch < 1:
         raise UserError("--frames must be >= 2 and --batch >= 1")
+    if args.soak and (args.soak < 2 * args.soak_block or args.soak_block < 1):
+        raise UserError(f"--soak {args.soak} needs at least two blocks of --soak-block {args.soak_block} frames "
+                        "(the first is the warm-up)")
     torch.manual_seed(args.seed)
     print(f"step form vs window form: preset {base.name}, batch {args.batch}, {args.frames} frames, "
           f"random adapter weights (seed {args.seed}); tolerance {FP32_EMBEDDING_ATOL:g}")
@@ -134,21 +138,33 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _soak_table(base: ModelConfig, args: argparse.Namespace) -> int:
-    """Stream --soak frames through each temporal adapter and report how large the state gets."""
-    from .model import SDQESModel
-    from .model.checks import soak
-    from .model.init import randomize_adapters
+    """Export each adapter kind and stream --soak frames through the whole runtime loop: state and memory."""
+    import tempfile
+    from pathlib import Path
 
-    print(f"\nlong stream: {args.soak} random frames, 2 adapters per block, random adapter weights")
-    print(f"{'adapter':8s} {'finite':>6s} {'max |state|':>12s} {'1st half':>10s} {'2nd half':>10s}  largest in")
+    from .export import ExportOptions, export_bundle
+    from .model import SDQESModel
+    from .model.init import randomize_adapters
+    from .runtime.soak import soak_bundle
+    from .tolerances import SOAK_RSS_GROWTH_BYTES
+
+    print(f"\nlong stream through the runtime: {args.soak} frames per adapter kind (exported, 2 adapters per "
+          f"block, random adapter weights), max |state| per {args.soak_block} frames; memory must stay within "
+          f"{SOAK_RSS_GROWTH_BYTES / 2**20:.0f} MiB of its level after the first block")
     failures = 0
-    for kind in [k for k in args.adapters if k in TEMPORAL_ADAPTER_KINDS]:
-        model = randomize_adapters(SDQESModel(with_authors_adapter(base, kind, per_block=2)).eval(), args.seed)
-        report = soak(model, args.soak, seed=args.seed)
-        failures += not report.finite
-        print(f"{kind:8s} {('yes' if report.finite else 'NO'):>6s} {report.max_state_abs:12.4g} "
-              f"{report.max_state_abs_first_half:10.4g} {report.max_state_abs_second_half:10.4g}  "
-              f"{report.max_state_name}")
+    for kind in args.adapters:
+        cfg = base if kind == "none" else with_authors_adapter(base, kind, per_block=2)
+        model = randomize_adapters(SDQESModel(cfg).eval(), args.seed)
+        with tempfile.TemporaryDirectory(prefix="sdqes-soak-bundle-") as tmp:
+            bundle = Path(tmp) / kind
+            export_bundle(model, bundle, ExportOptions(show_progress=False), log=lambda message: None)
+            print(f"{kind}:")
+            report = soak_bundle(bundle, args.soak, block=args.soak_block, seed=args.seed, log=print)
+        failures += not report.ok
+        print(f"{kind}: state {'finite' if report.finite else 'NOT FINITE'}, largest "
+              f"{max(b.max_state_abs for b in report.blocks):.4g}; memory after warm-up "
+              f"{report.rss_growth_bytes / 2**20:+.1f} MiB ({'flat' if report.flat else 'GROWING'}); "
+              f"{report.frames / report.seconds:.0f} frames/s  {'ok' if report.ok else 'FAIL'}")
     return failures
 
 
@@ -474,8 +490,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--batch", type=int, default=2, help="streams in a batch (default: %(default)s)")
     check.add_argument("--seed", type=int, default=0)
     check.add_argument("--soak", type=int, default=0, metavar="N",
-                       help="also stream N frames through each temporal adapter and report the largest state "
-                            "magnitude (e.g. 20000)")
+                       help="also export each adapter kind and stream N frames through the whole runtime loop "
+                            "(sinks included), reporting the state's magnitude and the process memory per block "
+                            "(e.g. 100000; about a minute per kind per 100000 frames)")
+    check.add_argument("--soak-block", type=int, default=SOAK_BLOCK_FRAMES, metavar="N",
+                       help="frames per reported block of the soak; the first is the warm-up (default %(default)s)")
     check.set_defaults(func=cmd_check)
 
     tok = sub.add_parser("tokenize", help="show CLIP token ids of queries",

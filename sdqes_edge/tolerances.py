@@ -16,3 +16,8 @@ VARIANT_TOLERANCES = {
 DRIFT_FRAMES = 500
 # Frames over which the fp32 graph is checked against PyTorch (step and window forms).
 VERIFY_FRAMES = 32
+
+# Long-stream soak (sdqes-edge check --soak): memory is read at the end of each block of frames; the first
+# block is the warm-up, after which a stream's resident memory may wander this much but not grow.
+SOAK_BLOCK_FRAMES = 10_000
+SOAK_RSS_GROWTH_BYTES = 5 * 2**20
