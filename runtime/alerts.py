@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import UserError
+from ..metrics import above_threshold
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,10 @@ class AlertState:
         policy = self.policy
         if self.active:
             exit_level = policy.threshold if policy.exit_threshold is None else policy.exit_threshold
-            if p <= exit_level:
+            if not above_threshold(p, exit_level):
                 self.active = False
             return False
-        if p <= policy.threshold:
+        if not above_threshold(p, policy.threshold):
             return False
         self.active = True  # a rising edge; whether it alerts depends on the quiet rules below
         if policy.max_alerts is not None and self.alerts >= policy.max_alerts:

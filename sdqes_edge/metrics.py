@@ -44,10 +44,16 @@ class ScoreTrace:
         return int(len(self.probs))
 
 
+def above_threshold(probs, threshold: float):
+    """``probs > threshold`` compared in float32, as the reference does (torch casts the threshold to the
+    scores' float32): a probability of exactly float32(threshold) is not above it."""
+    return np.asarray(probs, dtype=np.float32) > np.float32(threshold)
+
+
 def rising_edge_mask(probs: np.ndarray, threshold: float) -> np.ndarray:
     """probs [T, ...] -> bool [T, ...]: True where ``probs > threshold`` starts a run along axis 0
     (frame 0 counts if already above)."""
-    above = np.asarray(probs) > threshold
+    above = above_threshold(probs, threshold)
     previous = np.concatenate([np.zeros_like(above[:1]), above[:-1]], axis=0)
     return above & ~previous
 

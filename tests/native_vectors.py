@@ -31,6 +31,9 @@ ALERT_CASES = [
     {"name": "cooldown", "policy": {"threshold": 0.6, "cooldown_s": 4.0}, "fps": 1.0},
     {"name": "max alerts", "policy": {"threshold": 0.6, "max_alerts": 2}, "fps": 1.0},
     {"name": "cooldown at 2 fps", "policy": {"threshold": 0.55, "cooldown_s": 2.0}, "fps": 2.0},
+    # Exactly float32(threshold) is not above it: compared in float32, as the reference does.
+    {"name": "at float32(threshold)", "policy": {"threshold": 0.3}, "fps": 1.0,
+     "probs": [0.1, 0.1, float(np.float32(0.3)), 0.1, 0.9, 0.1]},
 ]
 
 
@@ -94,9 +97,9 @@ def write(out: Path = VECTORS) -> None:
     rng = np.random.default_rng(3)
     alerts = []
     for case in ALERT_CASES:
-        probs = np.round(np.clip(0.6 + 0.15 * np.sin(np.arange(60) / 3.0) + rng.normal(0, 0.05, 60), 0, 1), 4)
-        alerts.append(dict(case, probs=probs.tolist(), expected=alert_frames(case["policy"], probs.tolist(),
-                                                                             case["fps"])))
+        noise = np.clip(0.6 + 0.15 * np.sin(np.arange(60) / 3.0) + rng.normal(0, 0.05, 60), 0, 1)
+        probs = case.get("probs", np.round(noise, 4).tolist())
+        alerts.append(dict(case, probs=probs, expected=alert_frames(case["policy"], probs, case["fps"])))
     (out / "alerts.json").write_text(json.dumps(alerts, indent=2) + "\n")
 
     # A small bundle: a real tiny export's manifest and queries, with the large graphs replaced by stubs

@@ -25,6 +25,13 @@ def test_equal_to_threshold_is_not_above_it():
     assert rising_edges(np.array([0.5, 0.5, 0.6]), 0.5).tolist() == [2]
 
 
+def test_the_threshold_is_compared_in_float32_as_the_reference_does():
+    """torch casts the threshold to the scores' float32: p == float32(0.3) is not above a 0.3 threshold."""
+    probs = [0.1, 0.1, float(np.float32(0.3)), 0.1, 0.9, 0.1]
+    assert rising_edges(np.array(probs), 0.3).tolist() == [4]
+    assert evaluate([trace(probs, start=4.0)], threshold=0.3).min_distance[1] == 0.0  # the reference's SMD@1
+
+
 def test_no_prediction_counts_the_full_length_and_no_recall():
     r = evaluate([trace([0.1] * 30, start=12.0)], threshold=0.5)
     assert r.recall[W] == {1: 0.0, 2: 0.0, 3: 0.0}

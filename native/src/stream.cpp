@@ -153,13 +153,17 @@ void AlertState::reset() {
   last_alert_time_ = -std::numeric_limits<double>::infinity();
 }
 
+// p > threshold compared in float32, as the reference and the Python runtime do: the scores are float32, and
+// a probability of exactly float32(threshold) is not above it.
+static bool above(double p, double threshold) { return static_cast<float>(p) > static_cast<float>(threshold); }
+
 bool AlertState::update(double p, double stream_time) {
   if (active_) {
     const double exit_level = policy_.exit_threshold ? *policy_.exit_threshold : policy_.threshold;
-    if (p <= exit_level) active_ = false;
+    if (!above(p, exit_level)) active_ = false;
     return false;
   }
-  if (p <= policy_.threshold) return false;
+  if (!above(p, policy_.threshold)) return false;
   active_ = true;  // a rising edge; whether it alerts depends on the quiet rules
   if (policy_.max_alerts && alerts_ >= *policy_.max_alerts) return false;
   if (stream_time - last_alert_time_ < policy_.cooldown_s) return false;
