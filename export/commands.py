@@ -59,6 +59,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.checkpoint and args.adapter:
         print("warning: --adapter is ignored with --checkpoint (the checkpoint determines its adapters)")
         args.adapter = None
+    head_flags = [f for f, v in (("--vision-heads", args.vision_heads), ("--text-heads", args.text_heads),
+                                 ("--model-config", args.model_config)) if v is not None]
+    if args.preset and head_flags:
+        print(f"warning: {', '.join(head_flags)} ignored with --preset (the preset fixes its head counts)")
     options = ExportOptions(
         batch=args.batch, opset=args.opset, precisions=tuple(args.precision), fuse_queries=args.fuse_queries,
         queries=tuple(Query(t, r) for t, r in queries), fps=args.fps, threshold=args.threshold,
@@ -72,12 +76,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_options(options, lambda message: None)
     checkpoint = None
     if args.checkpoint:
-        from ..checkpoints import load_model
+        from ..checkpoints import load_model, resolve_head_counts
 
-        model, loaded = load_model(args.checkpoint)
+        heads = resolve_head_counts(args.checkpoint, args.vision_heads, args.text_heads, args.model_config)
+        print(heads.rule)
+        model, loaded = load_model(args.checkpoint, **heads.overrides())
         source = f"{args.checkpoint} ({loaded.source_format})"
         checkpoint = {"file": Path(args.checkpoint).name, "sha256": loaded.sha256,
-                      "source_format": loaded.source_format}
+                      "source_format": loaded.source_format,
+                      "heads": {"vision": model.cfg.vision.heads, "text": model.cfg.text.heads, "rule": heads.rule}}
     else:
         from ..model.init import randomize_adapters
 
@@ -189,6 +196,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                           "dimensions and adapters are inferred from it")
     src.add_argument("--preset", help="a preset with random weights (for benchmarking); see `info --list-presets`")
     export.add_argument("--adapter", choices=ADAPTER_KINDS, help="with --preset: swap in this adapter kind")
+    export.add_argument("--vision-heads", type=int, help="with --checkpoint: image tower attention heads (a "
+                                                         "checkpoint does not store them; default: from a model "
+                                                         "config beside it, else width // 64)")
+    export.add_argument("--text-heads", type=int, help="with --checkpoint: text tower attention heads (as above)")
+    export.add_argument("--model-config", help="with --checkpoint: open_clip's model JSON for it (default: "
+                                               "open_clip_config.json or CHECKPOINT_STEM.json beside it)")
     export.add_argument("--out", required=True, help="bundle directory to write (replaced only after verification)")
     export.add_argument("--batch", type=int, default=1, help="streams per step, fixed in the graph (default 1)")
     export.add_argument("--opset", type=int, default=17, help="ONNX opset: 17 (default) or 16 for TensorRT < 8.6")

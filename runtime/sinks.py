@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..files import check_output_file
+from ..metrics import above_threshold
 from ..traces import StreamScores, chunk_path, chunks_of, merge_chunks, save_scores
 
 
@@ -134,7 +135,7 @@ class AnnotatedVideoSink(Sink):
             y = h - 12 - 18 * row
             bar = int((w // 3) * p)
             cv2.rectangle(image, (8, y - 10), (8 + w // 3, y), (60, 60, 60), -1)
-            above = p > thresholds.get(qid, 1.0)
+            above = above_threshold(p, thresholds.get(qid, 1.0))
             cv2.rectangle(image, (8, y - 10), (8 + bar, y), (0, 0, 255) if above else (0, 200, 0), -1)
             cv2.putText(image, f"{qid} {p:.3f}", (14 + w // 3, y), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (255, 255, 255), 1)
         if events:

@@ -16,10 +16,12 @@ inert placeholder whose code never runs.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import warnings
 import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -291,6 +293,71 @@ def load_state_dict_strict(model: SDQESModel, clip_state: dict[str, torch.Tensor
             parts.append(f"{len(wrong_shape)} shape mismatch(es): {_listing(shapes, 3)}")
         raise UserError(f"checkpoint does not fit the model ({cause}); " + "; ".join(parts))
     model.load_state_dict(given, strict=True)
+
+
+# --- head counts ------------------------------------------------------------------
+# A checkpoint stores no head count. open_clip describes a model in a JSON config: "vision_cfg" with
+# "head_width" (default 64) and "text_cfg" with "heads" (default 8); Hugging Face repositories ship it as
+# open_clip_config.json under "model_cfg", open_clip's own configs as <model name>.json.
+OPEN_CLIP_CONFIG_NAMES = ("open_clip_config.json",)
+OPEN_CLIP_HEAD_WIDTH, OPEN_CLIP_TEXT_HEADS = 64, 8
+
+
+@dataclass
+class HeadCounts:
+    vision: int | None  # None: CLIP's rule, width // 64
+    text: int | None
+    rule: str  # one line: where the counts came from
+
+    def overrides(self) -> dict[str, int]:
+        return {k: v for k, v in (("vision_heads", self.vision), ("text_heads", self.text)) if v is not None}
+
+
+def model_config_beside(checkpoint: str) -> Path | None:
+    """open_clip_config.json, or <checkpoint stem>.json, in the checkpoint's folder."""
+    folder, stem = Path(checkpoint).parent, Path(checkpoint).stem
+    for candidate in [*(folder / n for n in OPEN_CLIP_CONFIG_NAMES), folder / f"{stem}.json"]:
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_head_counts(config_path: str | Path) -> tuple[int, int]:
+    """(vision heads, text heads) from an open_clip model config JSON."""
+    try:
+        config = json.loads(Path(config_path).read_text())
+        config = config.get("model_cfg", config)
+        vision, text = config["vision_cfg"], config["text_cfg"]
+        vision_heads = int(vision["width"]) // int(vision.get("head_width", OPEN_CLIP_HEAD_WIDTH))
+        text_heads = int(text.get("heads", OPEN_CLIP_TEXT_HEADS))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"{config_path} is not an open_clip model config (needs vision_cfg.width and text_cfg; "
+                        f"{type(exc).__name__}: {exc}); fix it or give --vision-heads/--text-heads") from None
+    return vision_heads, text_heads
+
+
+def resolve_head_counts(checkpoint: str, vision_heads: int | None = None, text_heads: int | None = None,
+                        model_config: str | None = None) -> HeadCounts:
+    """Flags first, then a model config (given, or found beside the checkpoint), then CLIP's width // 64."""
+    for flag, value in (("--vision-heads", vision_heads), ("--text-heads", text_heads)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag} {value}: a head count is a positive integer")
+    config_path = Path(model_config) if model_config else model_config_beside(checkpoint)
+    if model_config and not config_path.is_file():
+        raise UserError(f"--model-config {model_config} does not exist; give open_clip's JSON for this model")
+    from_config = read_head_counts(config_path) if config_path else (None, None)
+    words = []
+    counts = []
+    for tower, flag_value, config_value in (("vision", vision_heads, from_config[0]),
+                                            ("text", text_heads, from_config[1])):
+        if flag_value is not None:
+            counts.append(flag_value), words.append(f"{tower} {flag_value} (--{tower}-heads)")
+        elif config_value is not None:
+            counts.append(config_value), words.append(f"{tower} {config_value} (from {config_path.name})")
+        else:
+            counts.append(None), words.append(f"{tower}: width // {HEAD_WIDTH} (CLIP's rule; no model config "
+                                              "beside the checkpoint)")
+    return HeadCounts(counts[0], counts[1], "attention heads: " + ", ".join(words))
 
 
 def load_model(path: str, config: ModelConfig | None = None, **infer_overrides: Any) -> tuple[SDQESModel, LoadedCheckpoint]:

@@ -29,10 +29,11 @@ def _model_from_args(args: argparse.Namespace):
     from .model import SDQESModel
 
     if getattr(args, "checkpoint", None):
-        from .checkpoints import load_model
+        from .checkpoints import load_model, resolve_head_counts
 
-        model, ckpt = load_model(args.checkpoint)
-        return model, f"{args.checkpoint} ({ckpt.source_format}, sha256 {ckpt.sha256[:12]})"
+        heads = resolve_head_counts(args.checkpoint)
+        model, ckpt = load_model(args.checkpoint, **heads.overrides())
+        return model, f"{args.checkpoint} ({ckpt.source_format}, sha256 {ckpt.sha256[:12]}; {heads.rule})"
     cfg = preset(args.preset)
     if args.adapter and args.adapter != cfg.adapter.kind:
         cfg = with_authors_adapter(cfg, args.adapter)

@@ -177,3 +177,74 @@ def test_unknown_classes_become_inert_placeholders(tmp_path):
     info = read_checkpoint(path)
     assert info.source_format == "sdqes-lightning"
     assert "visual.conv1.weight" in info.state_dict
+
+
+def heads_not_64_wide(kind: str = "qrnn") -> SDQESModel:
+    """Like open_clip's ViT-H/14 (16 heads of 80): heads that CLIP's width // 64 rule gets wrong."""
+    import dataclasses
+
+    cfg = tiny_config(kind)
+    cfg = dataclasses.replace(cfg, vision=dataclasses.replace(cfg.vision, heads=4),  # 128 wide: 4 x 32, not 2
+                              text=dataclasses.replace(cfg.text, heads=2))  # 64 wide: 2 x 32, not 1
+    torch.manual_seed(3)
+    return SDQESModel(cfg).eval()
+
+
+OPEN_CLIP_CONFIG = {"embed_dim": 32, "vision_cfg": {"image_size": 32, "layers": 2, "width": 128, "head_width": 32,
+                                                    "patch_size": 8},
+                    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1}}
+
+
+@pytest.mark.parametrize("where", ["open_clip_config.json", "STEM.json", "flags"])
+def test_head_counts_come_from_flags_or_the_model_config_beside_the_checkpoint(where, tmp_path):
+    import json
+
+    from sdqes_edge.checkpoints import resolve_head_counts
+
+    original = heads_not_64_wide()
+    path = str(tmp_path / "vit-odd.pt")
+    torch.save(original.clip_state_dict(), path)
+    flags = {}
+    if where == "flags":
+        flags = {"vision_heads": 4, "text_heads": 2}
+    else:
+        config = {"model_cfg": OPEN_CLIP_CONFIG} if where == "open_clip_config.json" else OPEN_CLIP_CONFIG
+        (tmp_path / where.replace("STEM", "vit-odd")).write_text(json.dumps(config))
+    heads = resolve_head_counts(path, **flags)
+    assert heads.overrides() == {"vision_heads": 4, "text_heads": 2}
+    assert ("--vision-heads" if where == "flags" else where.replace("STEM", "vit-odd")) in heads.rule
+    loaded, _ = load_model(path, **heads.overrides())
+    assert (loaded.cfg.vision.heads, loaded.cfg.text.heads) == (4, 2)
+    assert same_outputs(loaded, original)
+
+
+def test_without_a_model_config_the_width_rule_is_used_and_said(tmp_path):
+    from sdqes_edge.checkpoints import resolve_head_counts
+
+    original = heads_not_64_wide()
+    path = str(tmp_path / "vit-odd.pt")
+    torch.save(original.clip_state_dict(), path)
+    heads = resolve_head_counts(path)
+    assert heads.overrides() == {} and "width // 64 (CLIP's rule" in heads.rule
+    loaded, _ = load_model(path, **heads.overrides())
+    assert loaded.cfg.vision.heads == 2 and not same_outputs(loaded, original)  # why the rule must be said
+
+
+def test_export_records_the_head_counts_and_their_rule_in_the_manifest(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "vit-odd.pt"
+    torch.save(heads_not_64_wide("none").clip_state_dict(), path)
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": OPEN_CLIP_CONFIG}))
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "export", "--checkpoint", str(path), "--out",
+                           str(tmp_path / "b"), "--quiet"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "attention heads: vision 4 (from open_clip_config.json), text 2 (from open_clip_config.json)" in done.stdout
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert (manifest["model"]["vision"]["heads"], manifest["model"]["text"]["heads"]) == (4, 2)
+    assert manifest["checkpoint"]["heads"]["vision"] == 4 and "open_clip_config.json" in manifest["checkpoint"]["heads"]["rule"]
+    bad = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "export", "--checkpoint", str(path), "--out",
+                          str(tmp_path / "c"), "--vision-heads", "3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "not divisible by vision.heads 3" in bad.stderr, bad.stderr
