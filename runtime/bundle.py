@@ -26,8 +26,10 @@ import numpy as np
 from ..errors import UserError
 from ..files import file_sha256
 from ..state import StateSpec
+from ..train_options import SYNTHETIC_TRAINING_DATA
 
 MANIFEST_NAME = "manifest.json"
+TRAINING_RECORD_NAME = "training_record.json"  # written by `sdqes-edge train`, copied into bundles it made
 BUNDLE_FORMAT = "sdqes-edge-bundle"
 BUNDLE_FORMAT_VERSION = 1
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -72,7 +74,10 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "tokenizer": {"type": "object", "required": ["file", "context_length"]},
         "queries": {"type": ["object", "null"], "required": ["file", "embeddings"]},
         "thresholds": {"type": "object", "required": ["default"],
-                       "properties": {"default": {"type": "number", "minimum": 0, "maximum": 1}}},
+                       "properties": {"default": {"type": "number", "minimum": 0, "maximum": 1},
+                                      "policy": {"type": "object", "required": ["exit_margin", "cooldown_s"],
+                                                 "properties": {"exit_margin": {"type": "number", "minimum": 0},
+                                                                "cooldown_s": {"type": "number", "minimum": 0}}}}},
         "files": {"type": "object", "additionalProperties": {
             "type": "object", "required": ["sha256", "bytes"],
             "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "bytes": {"type": "integer"}}}},
@@ -109,6 +114,31 @@ class Bundle:
     @property
     def default_threshold(self) -> float:
         return float(self.manifest["thresholds"]["default"])
+
+    @property
+    def training_data(self) -> str | None:
+        """What the model was trained on, where the bundle carries a training record saying so (the demo)."""
+        record = self.root / TRAINING_RECORD_NAME
+        if not record.is_file():
+            return None
+        try:
+            train = json.loads(record.read_text())["data"]["train"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        # `sdqes-edge train` fits only synthetic streams, drawn from seeds it records.
+        return f"{SYNTHETIC_TRAINING_DATA}, {train['streams']} training streams" if "seeds" in train else None
+
+    @property
+    def alert_policy(self) -> dict[str, float]:
+        """The recorded alert policy as AlertPolicy options for a threshold: {} where none was chosen.
+
+        Stored as a margin below the threshold, so it stays valid when the threshold is re-calibrated.
+        """
+        policy = self.manifest["thresholds"].get("policy")
+        if not policy:
+            return {}
+        margin = float(policy["exit_margin"])
+        return {"exit_margin": margin, "cooldown_s": float(policy["cooldown_s"])}
 
     @property
     def precisions(self) -> list[str]:
@@ -223,8 +253,10 @@ def _check_state_io(bundle: Bundle) -> None:
 
 
 def write_thresholds(path: str | Path, default: float, per_label: dict[str, float] | None = None,
-                     provenance: dict[str, Any] | None = None) -> Bundle:
-    """Set a bundle's default alert threshold (and per-label ones), e.g. from ``sdqes-edge eval --calibrate``.
+                     provenance: dict[str, Any] | None = None, policy: dict[str, Any] | None = None) -> Bundle:
+    """Set a bundle's default alert threshold (and per-label ones), e.g. from ``sdqes-edge eval --calibrate``,
+    and its alert policy ({"exit_margin", "cooldown_s", ...} from ``eval --calibrate-policy``); a policy
+    already recorded is kept when none is given.
 
     The manifest is rewritten atomically; the graphs are untouched, so their hashes still hold.
     """
@@ -232,8 +264,11 @@ def write_thresholds(path: str | Path, default: float, per_label: dict[str, floa
     if not 0.0 < default < 1.0:
         raise BundleError(f"a threshold is a probability in (0, 1), not {default}")
     manifest = dict(bundle.manifest)
-    manifest["thresholds"] = {"default": float(default), "per_label": dict(per_label or {}),
-                              "calibration": provenance or {}}
+    kept = {k: v for k, v in bundle.manifest["thresholds"].items() if k not in ("default", "per_label", "calibration")}
+    manifest["thresholds"] = {**kept, "default": float(default), "per_label": dict(per_label or {}),
+                              "calibration": provenance or bundle.manifest["thresholds"].get("calibration", {})}
+    if policy is not None:
+        manifest["thresholds"]["policy"] = policy
     target = bundle.root / MANIFEST_NAME
     tmp = target.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))

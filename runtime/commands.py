@@ -90,10 +90,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     live = any(s.live for s in sources)
     names = ", ".join(s.name for s in sources)
+    policy = next(iter(detector.queries.queries.values())).policy
     print(f"streaming {names} at {detector.fps:g} fps with {len(detector.queries.ids)} quer"
-          f"{'y' if len(detector.queries.ids) == 1 else 'ies'}, threshold "
-          f"{next(iter(detector.queries.queries.values())).policy.threshold:.3f} ({_backend_words(detector.backend, args)})"
-          + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
+          f"{'y' if len(detector.queries.ids) == 1 else 'ies'}, threshold {policy.threshold:.3f}"
+          + (f", on until p <= {policy.exit_threshold:.3f}" if policy.exit_threshold is not None else "")
+          + (f", {policy.cooldown_s:g} s cooldown" if policy.cooldown_s else "")
+          + f" ({_backend_words(detector.backend, args)})" + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
+    trained_on = detector.bundle.training_data
+    if trained_on:
+        print(f"{PROG}: note: this model was trained on {trained_on} only; on other footage its alerts mean "
+              "little", file=sys.stderr)
     stats = RunStats()
     bar = _progress(getattr(sources[0], "duration_frames", None), not args.quiet and not live)
     last_report = time.perf_counter()
@@ -157,8 +163,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--query", action="append", help="event to wait for (repeatable); default: the bundle's")
     run.add_argument("--message", action="append", help="alert message for the query of the same position")
     run.add_argument("--threshold", type=float, help="alert threshold on sigmoid(cos); default: the bundle's")
-    run.add_argument("--exit-threshold", type=float, help="hysteresis: stay 'on' until p falls to this")
-    run.add_argument("--cooldown", type=float, default=0.0, help="seconds without a new alert after one")
+    run.add_argument("--exit-threshold", type=float, help="hysteresis: stay 'on' until p falls to this "
+                                                           "(default: the bundle's policy, else the threshold)")
+    run.add_argument("--cooldown", type=float, help="seconds without a new alert after one (default: the "
+                                                    "bundle's policy, else 0)")
     run.add_argument("--max-alerts", type=int, help="alerts per query after which it goes quiet")
     run.add_argument("--backend", choices=["ort", "trt"], default="ort", help="ONNX Runtime (default) or TensorRT")
     run.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")

@@ -41,11 +41,18 @@ class QueryOutcome:
     def first_alert(self) -> float | None:
         return self.alerts[0] if self.alerts else None
 
-    def hit(self, window: tuple[float, float] = TOLERANCE_WINDOWS[0]) -> bool:
-        """The paper's SR@1: the first alert lies within [start - a, start + l]."""
+    def inside(self, time_s: float, window: tuple[float, float] = TOLERANCE_WINDOWS[0]) -> bool:
         before, after = window
-        first = self.first_alert
-        return first is not None and -before <= first - self.start_time <= after
+        return -before <= time_s - self.start_time <= after
+
+    def hit(self) -> bool:
+        """The paper's SR@1: the first alert lies within [start - a, start + l]."""
+        return self.first_alert is not None and self.inside(self.first_alert)
+
+    @property
+    def false_alerts(self) -> int:
+        """Every alert but the first inside the window (sdqes_edge.alert_tuning counts the same way)."""
+        return len(self.alerts) - any(self.inside(t) for t in self.alerts)
 
 
 def _verdict(outcome: QueryOutcome) -> str:
@@ -115,9 +122,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     detector = StreamingDetector(bundle, threads=args.threads)
     record = json.loads((bundle / "training_record.json").read_text()) if (bundle / "training_record.json").is_file() \
         else {}
+    policy = detector.default_policy()
+    policy_words = (f"threshold {policy.threshold:.4f}"
+                    + (f", on until p <= {policy.exit_threshold:.4f}" if policy.exit_threshold is not None else "")
+                    + (f", {policy.cooldown_s:g} s cooldown" if policy.cooldown_s else "")
+                    + (" (policy chosen on the validation streams)" if detector.bundle.alert_policy else ""))
     print(f"model: {detector.bundle.manifest['model']['name']} "
           + (f"(trained by `{record['command']}`, test SR@1 {record['test']['all']['SR@1']:.1f}), "
-             if record else "") + f"threshold {detector.bundle.default_threshold:.4f}")
+             if record else "") + policy_words)
     print(f"stream: {video} ({DEMO_SECONDS:g} s, seed {args.seed}, never seen in training)\n")
 
     outcomes: dict[str, QueryOutcome] = {}
@@ -152,15 +164,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for o in results:
         first = "-" if o.first_alert is None else f"{o.first_alert:.1f} s"
         print(f"{o.kind:16s} {o.start_time:8.1f} s {first:>11s}  {_verdict(o)}")
-    print(f"\n{hits} of {len(results)} queries alerted within [-5, +10] s of the true start on their first alert "
-          f"({stats.frames} frames, {stats.fps:.0f} frames/s, step p50 {stats.latency(50):.1f} ms)")
+    false_alerts = sum(o.false_alerts for o in results)
+    false_per_minute = false_alerts / (DEMO_SECONDS / 60.0)
+    print(f"\nfirst-alert accuracy: {hits} of {len(results)} queries alerted within [-5, +10] s of the true start "
+          f"on their first alert; false alerts: {false_alerts} of {sum(len(o.alerts) for o in results)} "
+          f"({false_per_minute:.1f} per minute of stream, all queries together)")
+    print(f"({stats.frames} frames, {stats.fps:.0f} frames/s, step p50 {stats.latency(50):.1f} ms)")
     trace = load_scores(out / "scores.npz")
     plot = plot_scores(out / "scores.png", trace, results,
                        float(detector.bundle.default_threshold))
     (out / "summary.json").write_text(json.dumps({
         "seed": args.seed, "bundle": str(bundle), "hits": hits, "queries": len(results),
+        "first_alert_accuracy": 100.0 * hits / len(results), "false_alerts": false_alerts,
+        "false_alerts_per_minute": false_per_minute, "alert_policy": policy_words,
         "outcomes": [{"kind": o.kind, "query": o.query, "start_time": o.start_time, "alerts": o.alerts,
-                      "hit": o.hit()} for o in results]}, indent=2))
+                      "hit": o.hit(), "false_alerts": o.false_alerts} for o in results]}, indent=2))
     files = [video, out / "annotated.avi", out / "alerts.jsonl", out / "scores.npz", out / "summary.json"]
     files += [plot] if plot else []
     print("wrote " + ", ".join(str(f) for f in files) + (" (no scores.png: pip install matplotlib)" if not plot

@@ -137,8 +137,17 @@ class StreamingDetector:
         """Each query's alert threshold by id (what an annotated video marks on its score bars)."""
         return {q.id: q.policy.threshold for q in self.queries.queries.values()}
 
-    def default_policy(self, threshold: float | None = None, **options) -> AlertPolicy:
-        return AlertPolicy(self.bundle.default_threshold if threshold is None else threshold, **options)
+    def default_policy(self, threshold: float | None = None, exit_threshold: float | None = None,
+                       cooldown_s: float | None = None, max_alerts: int | None = None) -> AlertPolicy:
+        """The policy for a new query: what is given, else what the bundle recorded (hysteresis and cooldown
+        chosen on validation streams by ``eval --calibrate-policy``), else plain rising edges."""
+        threshold = self.bundle.default_threshold if threshold is None else threshold
+        recorded = self.bundle.alert_policy
+        if exit_threshold is None and recorded.get("exit_margin"):
+            exit_threshold = max(0.0, threshold - recorded["exit_margin"])
+        if cooldown_s is None:
+            cooldown_s = recorded.get("cooldown_s", 0.0)
+        return AlertPolicy(threshold, exit_threshold, cooldown_s, max_alerts)
 
     def add_query(self, text: str, message: str | None = None, threshold: float | None = None,
                   query_id: str | None = None, **policy_options) -> Query:

@@ -20,4 +20,6 @@ rm -rf runtime/demo_bundle.old
 [ -d runtime/demo_bundle ] && mv runtime/demo_bundle runtime/demo_bundle.old
 cp -r "$run_dir/bundle" runtime/demo_bundle
 rm -rf runtime/demo_bundle.old
+# Hysteresis and cooldown chosen on the validation streams, recorded in the manifest.
+scripts/calibrate_demo_policy.sh "$run_dir/policy" runtime/demo_bundle
 echo "runtime/demo_bundle rebuilt; next: .venv/bin/sdqes-edge demo"

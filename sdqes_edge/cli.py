@@ -200,12 +200,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError(f"--fps must be positive, not {args.fps}")
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold is a probability sigmoid(cos) in (0, 1), not {args.threshold}")
-    if args.write_threshold and not args.calibrate:
-        raise UserError("--write-threshold writes the calibrated threshold: add --calibrate")
+    if args.write_threshold and not (args.calibrate or args.calibrate_policy):
+        raise UserError("--write-threshold writes what was calibrated: add --calibrate and/or --calibrate-policy")
     if args.write_threshold:
         from .runtime.bundle import load_bundle
 
-        load_bundle(args.write_threshold)  # refuse a bad bundle before the work
+        target_bundle = load_bundle(args.write_threshold)  # refuse a bad bundle before the work
+        if args.threshold is None and not args.calibrate:  # the policy is chosen at the bundle's own threshold
+            args.threshold = target_bundle.default_threshold
     started = time.perf_counter()
     annotations = load_annotations(args.annotations, split=args.split, source=args.source)
     if not annotations:
@@ -245,8 +247,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     rate = "traces at their own fps" if args.scores and not args.baseline else f"{args.fps:g} fps"
     print(f"{len(annotations)} annotations ({args.split or 'all splits'}), {rate}\n")
     print(text_table(rows))
+    policies = {}
+    if args.calibrate_policy:
+        from .alert_tuning import choose_policy, score_policy
+        from .runtime.alerts import AlertPolicy
+
+        print()
+        for name, (anns, traces) in methods.items():
+            at = calibrations[name].threshold if name in calibrations else threshold
+            best, sweep = choose_policy(traces, at)
+            plain = score_policy(traces, AlertPolicy(at))
+            policies[name] = {"threshold": at, "chosen": best.to_dict(), "plain": plain.to_dict(),
+                              "sweep": [s.to_dict() for s in sweep]}
+            margin = at - (best.exit_threshold if best.exit_threshold is not None else at)
+            print(f"alert policy for {name} at threshold {at:.4f}: on until p <= {at - margin:.4f} (margin "
+                  f"{margin:g}), {best.cooldown_s:g} s cooldown; false alerts {plain.false_alerts_per_minute:.3f} -> "
+                  f"{best.false_alerts_per_minute:.3f} per query-minute, events alerted in their window "
+                  f"{plain.events_alerted:.1f}% -> {best.events_alerted:.1f}%, first-alert accuracy "
+                  f"{best.first_alert_accuracy:.1f}% (the same under any policy)")
     out = Path(args.out)
     extra["calibration"] = {n: c.to_dict() for n, c in calibrations.items()}
+    extra["alert_policy"] = policies
     json_path, md_path = write_reports(out, rows, extra)
     plots = []
     if args.plots:
@@ -263,12 +284,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.write_threshold:
         from .runtime.bundle import write_thresholds
 
-        name, cal = next(iter(calibrations.items()))
-        write_thresholds(args.write_threshold, cal.threshold, cal.per_label,
-                         {"method": name, "annotations": args.annotations, "split": args.split,
-                          "queries": rows[name].queries})
-        print(f"set the default threshold of {args.write_threshold} to {cal.threshold:.4f}"
-              + (f" ({len(cal.per_label)} per-label thresholds)" if cal.per_label else ""))
+        name = next(iter(methods))
+        cal = calibrations.get(name)
+        provenance = {"method": name, "annotations": args.annotations, "split": args.split,
+                      "queries": rows[name].queries}
+        policy = None
+        if name in policies:
+            chosen = policies[name]["chosen"]
+            at = policies[name]["threshold"]
+            policy = {"exit_margin": at - (chosen["exit_threshold"] if chosen["exit_threshold"] is not None else at),
+                      "cooldown_s": chosen["cooldown_s"], "chosen_on": provenance,
+                      "false_alerts_per_query_minute": chosen["false_alerts_per_minute"],
+                      "first_alert_accuracy": chosen["first_alert_accuracy"]}
+        if cal is not None:
+            write_thresholds(args.write_threshold, cal.threshold, cal.per_label, provenance, policy=policy)
+            print(f"set the default threshold of {args.write_threshold} to {cal.threshold:.4f}"
+                  + (f" ({len(cal.per_label)} per-label thresholds)" if cal.per_label else ""))
+        else:
+            write_thresholds(args.write_threshold, threshold, target_bundle.manifest["thresholds"].get("per_label"),
+                             None, policy=policy)
+        if policy:
+            print(f"recorded the alert policy in {args.write_threshold}: margin {policy['exit_margin']:g}, "
+                  f"{policy['cooldown_s']:g} s cooldown")
     print(f"\nnext: open {md_path}" + (f" and {plots[0]}" if plots else ""))
     return 0
 
@@ -526,7 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also pick the threshold with the best SR@1 among 20 evenly spaced candidates")
     ev.add_argument("--per-label", action="store_true",
                     help="with --calibrate: a threshold per query label (labels with >= 5 queries)")
-    ev.add_argument("--write-threshold", metavar="BUNDLE", help="write the calibrated threshold into BUNDLE")
+    ev.add_argument("--calibrate-policy", action="store_true",
+                    help="also choose the alert policy (hysteresis margin, cooldown) with the fewest false alerts "
+                         "per minute at the (calibrated or given) threshold")
+    ev.add_argument("--write-threshold", metavar="BUNDLE",
+                    help="write the calibrated threshold and/or policy into BUNDLE (the runtime's defaults)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
     ev.add_argument("--plots", type=int, default=3, metavar="N", help="plot the N best and N worst queries")
     ev.add_argument("--out", default="sdqes-eval", help="folder for eval.json, eval.md, plots/ (default %(default)s)")

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from .config import DEFAULT_FPS, ModelConfig, preset, with_authors_adapter
 from .errors import UserError
 
+# What `sdqes-edge train` fits a model to (the runtime says so when it runs a model trained here).
+SYNTHETIC_TRAINING_DATA = "synthetic scenes (coloured squares, rolling balls, a door and a lamp drawn by `sdqes-edge synth`)"
+
 # Data seeds of each split live in disjoint ranges, so no stream is in two splits whatever the sizes.
 SPLIT_SEED_BASE = {"train": 100_000, "val": 200_000, "test": 300_000}
 SPLIT_SEED_SPAN = 100_000

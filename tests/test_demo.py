@@ -51,6 +51,22 @@ def test_the_demo_alerts_on_a_fresh_stream_without_torch_and_writes_what_it_says
     assert len(alerts) == sum(len(o["alerts"]) for o in summary["outcomes"])
 
 
+def test_the_demo_uses_the_alert_policy_chosen_on_validation_streams_and_reports_false_alerts(tmp_path):
+    """The shipped bundle records a policy from scripts/calibrate_demo_policy.sh (validation seeds only)."""
+    from sdqes_edge.runtime.bundle import load_bundle
+    from sdqes_edge.runtime.demo import DEMO_BUNDLE
+
+    policy = load_bundle(DEMO_BUNDLE).manifest["thresholds"]["policy"]
+    assert policy["chosen_on"]["split"] == "val" and policy["cooldown_s"] > 0
+    done = run_cli("demo", "--out", str(tmp_path / "demo"))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert f"{policy['cooldown_s']:g} s cooldown (policy chosen on the validation streams)" in done.stdout
+    assert "false alerts:" in done.stdout and "per minute of stream" in done.stdout
+    assert summary["false_alerts"] == sum(o["false_alerts"] for o in summary["outcomes"])
+    assert sum(len(o["alerts"]) for o in summary["outcomes"]) <= 2 * summary["queries"]  # repeats held back
+
+
 def test_a_missing_demo_bundle_is_one_line_and_exit_2(tmp_path):
     done = run_cli("demo", "--bundle", str(tmp_path / "nowhere"), "--out", str(tmp_path / "demo"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1
@@ -69,3 +85,20 @@ def test_a_seed_from_a_training_split_is_run_with_a_warning(tmp_path):
     done = run_cli("demo", "--seed", "100003", "--out", str(tmp_path / "demo"))
     assert done.returncode == 0, done.stderr
     assert "warning: seed 100003 is in a training" in done.stderr
+
+
+def test_run_says_when_a_bundle_was_trained_on_synthetic_scenes_only(tmp_path):
+    import cv2
+
+    from sdqes_edge.runtime.demo import DEMO_BUNDLE
+    from sdqes_edge.sample import sample_frames
+
+    video = tmp_path / "kitchen.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 2.0, (96, 72))
+    for frame in sample_frames(6, 72, 96):
+        writer.write(frame)
+    writer.release()
+    done = run_cli("run", str(DEMO_BUNDLE), "--source", str(video), "--query", "when I start cooking", "--quiet")
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stderr.splitlines() if "was trained on" in line]
+    assert len(notes) == 1 and "synthetic scenes" in notes[0] and "alerts mean little" in notes[0]

@@ -288,6 +288,7 @@ def test_the_run_command_streams_a_video_where_torch_cannot_be_imported(exported
                    "--annotate", str(tmp_path / "annotated.avi"), block_torch=True)
     assert done.returncode == 0, done.stderr
     assert "Sanitize!" in done.stdout and "next: sdqes-edge eval" in done.stderr
+    assert "was trained on" not in done.stderr  # a bundle without a training record gets no note
     events = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert [e["frame_index"] for e in events] == [0] and events[0]["message"] == "Sanitize!"
     assert load_scores(tmp_path / "s" / "clip.npz").probs.shape == (20, 1)
