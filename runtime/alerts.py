@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import UserError
-from ..metrics import above_threshold
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,27 @@ class AlertPolicy:
         if self.max_alerts is not None and self.max_alerts < 1:
             raise UserError(f"max alerts {self.max_alerts} must be at least 1 (or unset for no limit)")
 
+    @property
+    def exit_level(self) -> float:
+        return self.threshold if self.exit_threshold is None else self.exit_threshold
+
+    def describe(self) -> str:
+        """'threshold 0.658, on until p <= 0.640, 20 s cooldown, at most 3 alerts' (what is set)."""
+        return (f"threshold {self.threshold:.4f}"
+                + (f", on until p <= {self.exit_threshold:.4f}" if self.exit_threshold is not None else "")
+                + (f", {self.cooldown_s:g} s cooldown" if self.cooldown_s else "")
+                + (f", at most {self.max_alerts} alerts" if self.max_alerts is not None else ""))
+
 
 class AlertState:
     """One query's policy applied frame by frame."""
 
     def __init__(self, policy: AlertPolicy):
         self.policy = policy
+        # Both levels rounded to float32 once: comparing float32(p) with them as Python floats is exactly the
+        # reference's float32 comparison (metrics.above_threshold), without numpy per frame and query.
+        self._enter = float(np.float32(policy.threshold))
+        self._exit = float(np.float32(policy.exit_level))
         self.reset()
 
     def reset(self) -> None:
@@ -50,12 +66,12 @@ class AlertState:
     def update(self, p: float, stream_time: float) -> bool:
         """Feed one frame's probability; True when this frame raises an alert."""
         policy = self.policy
+        p = float(np.float32(p))
         if self.active:
-            exit_level = policy.threshold if policy.exit_threshold is None else policy.exit_threshold
-            if not above_threshold(p, exit_level):
+            if p <= self._exit:
                 self.active = False
             return False
-        if not above_threshold(p, policy.threshold):
+        if p <= self._enter:
             return False
         self.active = True  # a rising edge; whether it alerts depends on the quiet rules below
         if policy.max_alerts is not None and self.alerts >= policy.max_alerts:

@@ -196,7 +196,7 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     _check_listed_files(bundle)
     if verify_hashes:
         for name, entry in manifest["files"].items():
-            if file_sha256(inside_bundle(root, name)) != entry["sha256"]:
+            if file_sha256(root / name) != entry["sha256"]:  # confined by _check_listed_files
                 raise BundleError(f"{root / name} does not match the sha256 in {MANIFEST_NAME} (corrupted or "
                                   f"changed after export); {_reexport_hint(root)}")
     _check_state_io(bundle)

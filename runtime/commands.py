@@ -92,10 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     names = ", ".join(s.name for s in sources)
     policy = next(iter(detector.queries.queries.values())).policy
     print(f"streaming {names} at {detector.fps:g} fps with {len(detector.queries.ids)} quer"
-          f"{'y' if len(detector.queries.ids) == 1 else 'ies'}, threshold {policy.threshold:.3f}"
-          + (f", on until p <= {policy.exit_threshold:.3f}" if policy.exit_threshold is not None else "")
-          + (f", {policy.cooldown_s:g} s cooldown" if policy.cooldown_s else "")
-          + f" ({_backend_words(detector.backend, args)})" + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
+          f"{'y' if len(detector.queries.ids) == 1 else 'ies'}, {policy.describe()}"
+          f" ({_backend_words(detector.backend, args)})" + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
     trained_on = detector.bundle.training_data
     if trained_on:
         print(f"{PROG}: note: this model was trained on {trained_on} only; on other footage its alerts mean "
@@ -182,4 +180,4 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--max-frames", type=int, help="stop after this many steps")
     run.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens")
     run.add_argument("--quiet", action="store_true", help="no console alerts or progress")
-    run.set_defaults(func=cmd_run, output_files=("events", "annotate", "save_state"))
+    run.set_defaults(func=cmd_run, output_files=("events", "save_state"))  # --annotate, --scores: in cmd_run

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..alert_tuning import false_alerts, in_window
 from ..errors import UserError
 from ..metrics import TOLERANCE_WINDOWS
 from ..train_options import is_training_seed
@@ -41,18 +42,13 @@ class QueryOutcome:
     def first_alert(self) -> float | None:
         return self.alerts[0] if self.alerts else None
 
-    def inside(self, time_s: float, window: tuple[float, float] = TOLERANCE_WINDOWS[0]) -> bool:
-        before, after = window
-        return -before <= time_s - self.start_time <= after
-
     def hit(self) -> bool:
         """The paper's SR@1: the first alert lies within [start - a, start + l]."""
-        return self.first_alert is not None and self.inside(self.first_alert)
+        return self.first_alert is not None and in_window(self.first_alert, self.start_time)
 
     @property
     def false_alerts(self) -> int:
-        """Every alert but the first inside the window (sdqes_edge.alert_tuning counts the same way)."""
-        return len(self.alerts) - any(self.inside(t) for t in self.alerts)
+        return false_alerts(self.alerts, self.start_time)
 
 
 def _verdict(outcome: QueryOutcome) -> str:
@@ -123,10 +119,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     record = json.loads((bundle / "training_record.json").read_text()) if (bundle / "training_record.json").is_file() \
         else {}
     policy = detector.default_policy()
-    policy_words = (f"threshold {policy.threshold:.4f}"
-                    + (f", on until p <= {policy.exit_threshold:.4f}" if policy.exit_threshold is not None else "")
-                    + (f", {policy.cooldown_s:g} s cooldown" if policy.cooldown_s else "")
-                    + (" (policy chosen on the validation streams)" if detector.bundle.alert_policy else ""))
+    policy_words = policy.describe() + (" (policy chosen on the validation streams)"
+                                        if detector.bundle.alert_policy else "")
     print(f"model: {detector.bundle.manifest['model']['name']} "
           + (f"(trained by `{record['command']}`, test SR@1 {record['test']['all']['SR@1']:.1f}), "
              if record else "") + policy_words)

@@ -183,6 +183,12 @@ class ScoreTraceRecorder(Sink):
             if len(self._rows) >= self.CHUNK_ROWS or time.monotonic() - self._last_flush >= self.CHUNK_SECONDS:
                 self.flush()
 
+    def _trace(self, probs: np.ndarray, first_frame: int = 0) -> StreamScores:
+        """The queries seen so far, in the order they were added, with these rows."""
+        ids = list(self._texts)
+        return StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], ids,
+                            np.array([self._asked[i] for i in ids]), probs, first_frame)
+
     def flush(self) -> None:
         """Write the rows held so far as the next chunk."""
         self._last_flush = time.monotonic()
@@ -196,19 +202,16 @@ class ScoreTraceRecorder(Sink):
                     probs[t, q] = row[qid]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         chunk = chunk_path(self.path, len(self._chunks) + 1)
-        save_scores(chunk, StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], ids,
-                                        np.array([self._asked[i] for i in ids]), probs, self._flushed_rows))
+        save_scores(chunk, self._trace(probs, self._flushed_rows))
         self._chunks.append(chunk)
         self._flushed_rows += len(self._rows)
         self._rows = []
 
     def close(self) -> None:
         self.flush()
+        empty = self._trace(np.zeros((0, len(self._texts)), np.float32))
         if self._chunks:
-            merge_chunks(self._chunks, self.path)
+            merge_chunks(self._chunks, self.path, empty, self._flushed_rows)
         else:  # no frame at all: an empty trace still says which queries were asked
-            ids = list(self._texts)
-            save_scores(self.path, StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], ids,
-                                                np.array([self._asked[i] for i in ids]),
-                                                np.zeros((0, len(ids)), np.float32)))
+            save_scores(self.path, empty)
         self._chunks = []

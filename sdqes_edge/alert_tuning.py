@@ -22,6 +22,17 @@ EXIT_MARGINS = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1)
 COOLDOWNS_S = (0.0, 5.0, 10.0, 20.0, 30.0, 60.0)
 
 
+def in_window(time_s: float, start_time: float, window: tuple[float, float] = TOLERANCE_WINDOWS[0]) -> bool:
+    """Whether an alert at ``time_s`` lies in [start - before, start + after] of its event."""
+    before, after = window
+    return -before <= time_s - start_time <= after
+
+
+def false_alerts(times: list[float], start_time: float, window: tuple[float, float] = TOLERANCE_WINDOWS[0]) -> int:
+    """Every alert but the first one inside the event's window (an in-window repeat is false too)."""
+    return len(times) - any(in_window(t, start_time, window) for t in times)
+
+
 def alert_frames(trace: ScoreTrace, policy: AlertPolicy) -> list[int]:
     """The frames where ``policy`` alerts on a trace, from the moment its query was asked."""
     state = AlertState(policy)
@@ -32,6 +43,7 @@ def alert_frames(trace: ScoreTrace, policy: AlertPolicy) -> list[int]:
 @dataclass
 class PolicyScore:
     exit_threshold: float | None
+    exit_margin: float  # threshold - exit_threshold (0: no hysteresis); what a bundle records
     cooldown_s: float
     first_alert_accuracy: float  # % of queries whose first alert lies in [start - 5 s, start + 10 s]
     events_alerted: float  # % of queries with an alert in that window (recall)
@@ -60,21 +72,19 @@ class PolicyScore:
 
 def score_policy(traces: list[ScoreTrace], policy: AlertPolicy,
                  window: tuple[float, float] = TOLERANCE_WINDOWS[0]) -> PolicyScore:
-    before, after = window
     hits = alerted = false = total = 0
     minutes = 0.0
     for trace in traces:
-        frames = alert_frames(trace, policy)
-        times = [t / trace.fps for t in frames]
-        inside = [trace.start_time - before <= s <= trace.start_time + after for s in times]
+        times = [t / trace.fps for t in alert_frames(trace, policy)]
+        inside = [in_window(t, trace.start_time, window) for t in times]
         hits += bool(inside) and inside[0]
         alerted += any(inside)
-        false += len(frames) - any(inside)
-        total += len(frames)
+        false += false_alerts(times, trace.start_time, window)
+        total += len(times)
         minutes += (trace.length / trace.fps - trace.asked_time) / 60.0
     n = max(len(traces), 1)
-    return PolicyScore(policy.exit_threshold, policy.cooldown_s, 100.0 * hits / n, 100.0 * alerted / n, false,
-                       minutes, total)
+    return PolicyScore(policy.exit_threshold, policy.threshold - policy.exit_level, policy.cooldown_s,
+                       100.0 * hits / n, 100.0 * alerted / n, false, minutes, total)
 
 
 def choose_policy(traces: list[ScoreTrace], threshold: float) -> tuple[PolicyScore, list[PolicyScore]]:
@@ -84,5 +94,5 @@ def choose_policy(traces: list[ScoreTrace], threshold: float) -> tuple[PolicySco
         for margin in EXIT_MARGINS:
             exit_threshold = None if margin == 0 else max(0.0, threshold - margin)
             sweep.append(score_policy(traces, AlertPolicy(threshold, exit_threshold, cooldown)))
-    best = min(sweep, key=lambda s: (-round(s.f1, 9), s.cooldown_s, threshold - (s.exit_threshold or threshold)))
+    best = min(sweep, key=lambda s: (-round(s.f1, 9), s.cooldown_s, s.exit_margin))
     return best, sweep

@@ -14,8 +14,7 @@ import time
 from typing import Callable, Sequence
 
 from . import __version__
-from .config import (ADAPTER_KINDS, DEFAULT_THRESHOLD, PRESETS, TEMPORAL_ADAPTER_KINDS, ModelConfig, preset,
-                     with_authors_adapter)
+from .config import ADAPTER_KINDS, DEFAULT_THRESHOLD, PRESETS, ModelConfig, preset, with_authors_adapter
 from .errors import UserError
 from .tolerances import SOAK_BLOCK_FRAMES
 from .stopping import exit_code_of, raise_on_termination
@@ -259,9 +258,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             plain = score_policy(traces, AlertPolicy(at))
             policies[name] = {"threshold": at, "chosen": best.to_dict(), "plain": plain.to_dict(),
                               "sweep": [s.to_dict() for s in sweep]}
-            margin = at - (best.exit_threshold if best.exit_threshold is not None else at)
-            print(f"alert policy for {name} at threshold {at:.4f}: on until p <= {at - margin:.4f} (margin "
-                  f"{margin:g}), {best.cooldown_s:g} s cooldown; false alerts {plain.false_alerts_per_minute:.3f} -> "
+            print(f"alert policy for {name} at threshold {at:.4f}: on until p <= {at - best.exit_margin:.4f} (margin "
+                  f"{best.exit_margin:g}), {best.cooldown_s:g} s cooldown; false alerts {plain.false_alerts_per_minute:.3f} -> "
                   f"{best.false_alerts_per_minute:.3f} per query-minute, events alerted in their window "
                   f"{plain.events_alerted:.1f}% -> {best.events_alerted:.1f}%, first-alert accuracy "
                   f"{best.first_alert_accuracy:.1f}% (the same under any policy)")
@@ -291,9 +289,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         policy = None
         if name in policies:
             chosen = policies[name]["chosen"]
-            at = policies[name]["threshold"]
-            policy = {"exit_margin": at - (chosen["exit_threshold"] if chosen["exit_threshold"] is not None else at),
-                      "cooldown_s": chosen["cooldown_s"], "chosen_on": provenance,
+            policy = {"exit_margin": chosen["exit_margin"], "cooldown_s": chosen["cooldown_s"], "chosen_on": provenance,
                       "false_alerts_per_query_minute": chosen["false_alerts_per_minute"],
                       "first_alert_accuracy": chosen["first_alert_accuracy"]}
         if cal is not None:
@@ -564,8 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--per-label", action="store_true",
                     help="with --calibrate: a threshold per query label (labels with >= 5 queries)")
     ev.add_argument("--calibrate-policy", action="store_true",
-                    help="also choose the alert policy (hysteresis margin, cooldown) with the fewest false alerts "
-                         "per minute at the (calibrated or given) threshold")
+                    help="also choose the alert policy (hysteresis margin, cooldown) with the best F1 of useful "
+                         "alerts (the first in an event's window) at the (calibrated or given) threshold")
     ev.add_argument("--write-threshold", metavar="BUNDLE",
                     help="write the calibrated threshold and/or policy into BUNDLE (the runtime's defaults)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the random baseline")

@@ -19,7 +19,6 @@ keeps all but its last chunk. When the stream ends the chunks are merged, a chun
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import zipfile
@@ -116,17 +115,13 @@ def _aligned(trace: StreamScores, ids: list[str]) -> np.ndarray:
     return block
 
 
-def merge_chunks(chunks: list[Path], path: str | Path) -> Path:
-    """Merge a stream's chunks into one trace at ``path``, holding one chunk at a time; then remove them."""
-    headers, rows = [], 0
-    for chunk in chunks:  # first pass: the columns and the row count, keeping no rows
-        trace = load_scores(chunk)
-        rows += len(trace.probs)
-        headers.append(dataclasses.replace(trace, probs=np.zeros((0, len(trace.query_ids)))))
-    ids, texts, asked = _columns(headers)
-    header = StreamScores(headers[0].stream, headers[0].fps, texts, ids, np.asarray(asked),
-                          np.zeros((0, len(ids))))
-    _write_trace(Path(path), header, rows, (_aligned(load_scores(c), ids) for c in chunks))
+def merge_chunks(chunks: list[Path], path: str | Path, header: StreamScores, rows: int) -> Path:
+    """Merge a stream's chunks into one trace at ``path``, reading one chunk at a time; then remove them.
+
+    ``header`` holds every query of the stream (its ``probs`` is not read) and ``rows`` the chunks' total:
+    the writer of the chunks knows both, so no chunk is read twice.
+    """
+    _write_trace(Path(path), header, rows, (_aligned(load_scores(c), header.query_ids) for c in chunks))
     for chunk in chunks:
         chunk.unlink()
     return Path(path)

@@ -159,7 +159,7 @@ Bundle load_bundle(const fs::path& root, bool verify_hashes) {
     }
   }
   for (auto& [name, entry] : m["files"].items()) {
-    const fs::path path = inside_bundle(root, name);
+    const fs::path path = root / name;  // confined above
     if (!fs::is_regular_file(path)) throw Error(path.string() + " is missing from the bundle; " + reexport_hint(root));
     if (verify_hashes && sha256_file(path) != entry.at("sha256").get<std::string>()) {
       throw Error(path.string() + " does not match the sha256 in manifest.json (corrupted or changed after export); " +
