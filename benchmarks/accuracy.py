@@ -164,7 +164,7 @@ def unshipped_int8(bundle_dir: Path, model_cfg, base: TrainOptions) -> Path:
 
     path = bundle_dir.parent / "step.int8.refused.onnx"
     if not path.is_file():
-        from sdqes_edge.export.exporter import DEFAULT_CALIBRATION_FRAMES
+        from sdqes_edge.export.precision import DEFAULT_CALIBRATION_FRAMES
         from sdqes_edge.runtime.sources import frames_spread_over
 
         video = bundle_dir.parent / "calibration.avi"  # written by export_formats, which runs first

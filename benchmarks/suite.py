@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..eval_plots import PLOTS_NEED, _pyplot, plotting_available
 from ..export import graphs
 from ..export.complexity import count_graph
-from ..export.precision import quantize_int8
+from ..export.precision import TowerShape, quantize_int8
 from ..files import format_bytes
 from ..model import SDQESModel
 from ..model.init import randomize_adapters
@@ -177,7 +177,8 @@ def bench_table(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dic
     if cfg.int8:
         log("quantizing the sliding window to int8 ...")
         feeds = iter([{"frames": window_frames}] * cfg.calibration_frames)
-        quantize_int8(path, work / f"{name}.int8.onnx", window_frames, feeds=feeds)
+        quantize_int8(path, work / f"{name}.int8.onnx", window_frames, feeds=feeds,
+                      tower=TowerShape(mcfg.vision.width, mcfg.vision.layers))
         window_int8 = ort.InferenceSession(str(work / f"{name}.int8.onnx"), options, providers=["CPUExecutionProvider"])
         candidates[f"{name}/ort_int8"] = lambda: window_int8.run(None, {"frames": window_frames})
 

@@ -14,6 +14,9 @@ from ..config import ADAPTER_KINDS, DEFAULT_FPS, DEFAULT_THRESHOLD
 from ..errors import UserError
 from ..files import format_bytes
 from ..runtime.bundle import PRECISIONS
+from ..tolerances import DRIFT_FRAMES
+from .precision import (CALIBRATION_METHODS, DEFAULT_CALIBRATION_FRAMES, DEFAULT_CALIBRATION_METHOD, DEFAULT_INT8_POLICY,
+                        INT8_POLICIES)
 
 PROG = "sdqes-edge"
 
@@ -68,7 +71,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         queries=tuple(Query(t, r) for t, r in queries), fps=args.fps, threshold=args.threshold,
         verify_frames=args.verify_frames, drift_frames=args.drift_frames,
         calibration_video=Path(args.calibration_video) if args.calibration_video else None,
-        calibration_frames=args.calibration_frames, truncate_queries=args.truncate_queries,
+        calibration_frames=args.calibration_frames, int8_policy=args.int8_policy,
+        calibration_method=args.calibration_method, truncate_queries=args.truncate_queries,
         show_progress=not args.quiet)
     # Check the options before the (possibly slow) checkpoint load.
     from .exporter import check_options
@@ -215,11 +219,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help=f"default alert threshold on sigmoid(cos) (default {DEFAULT_THRESHOLD})")
     export.add_argument("--verify-frames", type=int, default=32, help="frames of the fp32 check (default 32)")
-    export.add_argument("--drift-frames", type=int, default=500,
-                        help="frames over which fp16/int8 are compared to fp32 (default 500)")
-    export.add_argument("--calibration-video", help="int8: calibrate on frames of this video (default: the "
-                                                    "built-in sample clip)")
-    export.add_argument("--calibration-frames", type=int, default=64, help="int8 calibration frames (default 64)")
+    export.add_argument("--drift-frames", type=int, default=DRIFT_FRAMES,
+                        help="frames over which fp16/int8 are streamed beside fp32 with the state carried and "
+                             f"refused if they drift (default {DRIFT_FRAMES})")
+    export.add_argument("--calibration-video", help="int8: calibrate and measure drift on frames of this video, "
+                                                    "ideally footage like the deployment's (default: the built-in "
+                                                    "sample clip)")
+    export.add_argument("--calibration-frames", type=int, default=DEFAULT_CALIBRATION_FRAMES,
+                        help=f"int8 calibration frames, streamed with the state carried (default "
+                             f"{DEFAULT_CALIBRATION_FRAMES})")
+    export.add_argument("--int8-policy", choices=list(INT8_POLICIES), default=DEFAULT_INT8_POLICY,
+                        help="int8: which products are quantized; " + "; ".join(
+                            f"{name}: {text}" for name, text in INT8_POLICIES.items()) +
+                        f" (default {DEFAULT_INT8_POLICY})")
+    export.add_argument("--calibration-method", choices=list(CALIBRATION_METHODS), default=DEFAULT_CALIBRATION_METHOD,
+                        help=f"int8: how activation ranges are set from the calibration frames (default "
+                             f"{DEFAULT_CALIBRATION_METHOD}, the least drift measured on the demo model)")
     export.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens instead of "
                                                                         "refusing them")
     export.add_argument("--seed", type=int, default=0, help="with --preset: seed of the random adapter weights")

@@ -31,12 +31,12 @@ from ..tokenizer import default_tokenizer, vocab_path
 from ..tolerances import DRIFT_FRAMES, VERIFY_FRAMES
 from . import graphs
 from .complexity import GraphComplexity, adapter_count, count_graph, graph_kernels, kernel_summary
-from .precision import quantize_int8
+from .precision import (CALIBRATION_METHODS, DEFAULT_CALIBRATION_FRAMES, DEFAULT_CALIBRATION_METHOD, DEFAULT_INT8_POLICY,
+                        INT8_POLICIES, QuantizationPolicyError, quantize_int8)
 from .verify import (StepVerification, VariantReport, VerificationError, compare_variant, max_abs_error, run_stream,
                      verify_step_graph)
 
 MIN_VERIFY_FRAMES = 16
-DEFAULT_CALIBRATION_FRAMES = 64
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ class ExportOptions:
     drift_frames: int = DRIFT_FRAMES
     calibration_video: Path | None = None
     calibration_frames: int = DEFAULT_CALIBRATION_FRAMES
+    int8_policy: str = DEFAULT_INT8_POLICY
+    calibration_method: str = DEFAULT_CALIBRATION_METHOD
     truncate_queries: bool = False
     show_progress: bool = True
 
@@ -84,6 +86,15 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
         problems.append(f"--threshold is a probability sigmoid(cos) in (0, 1), not {options.threshold}")
     if options.fps <= 0:
         problems.append(f"--fps must be positive, not {options.fps}")
+    if options.int8_policy not in INT8_POLICIES:
+        problems.append(f"unknown --int8-policy {options.int8_policy}; choose from {', '.join(INT8_POLICIES)}")
+    if options.calibration_method not in CALIBRATION_METHODS:
+        problems.append(f"unknown --calibration-method {options.calibration_method}; choose from "
+                        f"{', '.join(CALIBRATION_METHODS)}")
+    if options.calibration_frames < 1:
+        problems.append(f"--calibration-frames must be >= 1, not {options.calibration_frames}")
+    if options.drift_frames < MIN_VERIFY_FRAMES:
+        problems.append(f"--drift-frames must be >= {MIN_VERIFY_FRAMES}, not {options.drift_frames}")
     if options.calibration_video is not None and not Path(options.calibration_video).is_file():
         problems.append(f"calibration video {options.calibration_video} does not exist")
     if problems:
@@ -97,9 +108,12 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
         precisions = ("fp32",) + precisions
     if options.calibration_video is not None and "int8" not in precisions:
         warn("--calibration-video is only used for int8; ignoring it")
-    if "fp16" in precisions and options.drift_frames < DRIFT_FRAMES:
-        warn(f"fp16 drift is measured over {options.drift_frames} frames; long streams need {DRIFT_FRAMES} "
-             "or more to show LayerNorm overflow")
+    if len(precisions) > 1 and options.drift_frames < DRIFT_FRAMES:
+        warn(f"drift is measured over {options.drift_frames} frames; a recurrent state needs {DRIFT_FRAMES} or "
+             "more to show drift (and fp16 LayerNorm overflow)")
+    int8_flags = (options.int8_policy != DEFAULT_INT8_POLICY or options.calibration_method != DEFAULT_CALIBRATION_METHOD)
+    if int8_flags and "int8" not in precisions:
+        warn("--int8-policy and --calibration-method are only used for int8; ignoring them")
     return dataclasses.replace(options, precisions=precisions)
 
 
@@ -230,10 +244,17 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
                                          query_count=query_count, fps=options.fps, checkpoint_sha256=sha)
             else:
                 source = "the built-in sample" if options.calibration_video is None else options.calibration_video
-                log(f"quantizing to int8 (QDQ), calibrated on {options.calibration_frames} frames of {source} ...")
+                log(f"quantizing to int8 (QDQ, {options.int8_policy} policy), calibrated on "
+                    f"{options.calibration_frames} frames of {source} ...")
                 calibration = _frames(cfg, options.calibration_frames, options.batch, options.calibration_video)
-                quantize_int8(fp32_path, path, calibration, fused)
-                graphs.attach_metadata(path, dict(description, precision="int8"))
+                try:
+                    quantization = quantize_int8(fp32_path, path, calibration, fused, policy=options.int8_policy,
+                                                 method=options.calibration_method)
+                except QuantizationPolicyError as exc:
+                    raise UserError(f"int8: {exc} (--int8-policy all-weights)") from exc
+                log("  " + quantization.summary())
+                graphs.attach_metadata(path, dict(description, precision="int8",
+                                                  quantization=quantization.to_dict()))
             graphs.check_graph(path)
             stream = run_stream(OnnxRuntimeStep(path), drift_frames, f"{precision} stream", options.show_progress,
                                 fused)
@@ -248,6 +269,8 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
             step_entries[precision] = {"file": path.name, "inputs": description["inputs"],
                                        "outputs": description["outputs"],
                                        "verification": dict(report.to_dict(), frames_from=drift_source)}
+            if precision == "int8":
+                step_entries[precision]["quantization"] = quantization.to_dict()
 
     tokenizer_dir = staging / "tokenizer"
     tokenizer_dir.mkdir()

@@ -2,19 +2,39 @@
 
 fp16 is traced from an fp16 copy of the model (``graphs.compute_copy``), so
 weights and compute are fp16 while inputs, outputs and state stay fp32 and
-LayerNorm and softmax run in fp32. int8 is ONNX Runtime's static
-quantization in QDQ form (explicit QuantizeLinear/DequantizeLinear pairs),
-symmetric with zero points at 0 and per-channel weights, which is the form
-TensorRT's explicit-quantization path accepts; only the matrix products with a
-weight and the convolutions are quantized, so LayerNorm, the recurrent state and
-the products of two activations (attention, retention) stay float: quantizing
-those too made the B/16 QRNN step 1.54x faster than fp32 instead of 1.76x, the
-activations being re-quantized every frame.
+LayerNorm and softmax run in fp32.
+
+int8 is ONNX Runtime's static quantization in QDQ form (explicit
+QuantizeLinear/DequantizeLinear pairs), symmetric with zero points at 0 and
+per-channel weights, which is the form TensorRT's explicit-quantization path
+accepts. Which products are quantized is a named policy (``INT8_POLICIES``):
+
+- ``backbone`` (the default): only the frozen image tower's block products,
+  each block's attention in/out projections and MLP (99% of a ViT-B/16 step's
+  MACs), are quantized. Every adapter op, everything that reads or writes the
+  recurrent state, LayerNorm, the patch embedding, the embedding projection
+  and the products of two activations stay float. A recurrent state carries
+  whatever error is put into it from frame to frame; quantizing the adapters'
+  gates let the QRNN state of the shipped model drift to a cosine of -0.85
+  against fp32 in 500 frames. The patch embedding stays float because
+  quantizing it rounds the frame itself (alone it took the demo model's
+  minimum cosine to 0.84) and ONNX Runtime runs a Conv with a float output in
+  float anyway, dequantizing its weight every frame.
+- ``all-weights``: every product with a weight (adapters included), the
+  policy before ``backbone``; kept for models without recurrent state and for
+  comparison.
+
+Under both, a product's float output is never re-quantized
+(``OpTypesToExcludeOutputQuantization``): a quantized output is one more
+rounding per frame, and ONNX Runtime's CPU provider cannot fuse a Gemm whose
+output is re-quantized, so it ran such Gemms in float after dequantizing their
+weights on every frame (the ViT-B/16 QRNN step was 0.79x fp32's speed).
 """
 
 from __future__ import annotations
 
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -22,7 +42,62 @@ import numpy as np
 
 from ..runtime.onnxruntime_backend import OnnxRuntimeStep
 
-INT8_OPS = ["MatMul", "Gemm", "Conv"]
+WEIGHT_PRODUCT_OPS = ("MatMul", "Gemm", "Conv")
+INT8_POLICIES = {
+    "backbone": "the frozen image tower's block products (attention in/out projections, MLP); adapters, state, "
+                "LayerNorm, patch embedding and activation products stay float",
+    "all-weights": "every product with a weight, adapters included (drifts on recurrent adapters)",
+}
+DEFAULT_INT8_POLICY = "backbone"
+# onnxruntime.quantization.CalibrationMethod member for each name the command line takes.
+CALIBRATION_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
+DEFAULT_CALIBRATION_METHOD = "minmax"
+# Measured on the demo model's QRNN with MinMax: 512 frames of training streams drift less than 64.
+DEFAULT_CALIBRATION_FRAMES = 256
+# Weight products per block of the frozen tower (attention in-projection, out-projection, MLP c_fc, c_proj).
+BACKBONE_PRODUCTS_PER_BLOCK = 4
+
+
+class QuantizationPolicyError(ValueError):
+    """The graph's weight products are not the ones the policy expects (a graph not traced by this exporter)."""
+
+
+@dataclass(frozen=True)
+class TowerShape:
+    """What the backbone policy needs to know of the image tower: its width and depth."""
+
+    width: int
+    layers: int
+
+    @classmethod
+    def from_description(cls, description: dict) -> "TowerShape":
+        vision = description["model"]["vision"]
+        return cls(int(vision["width"]), int(vision["layers"]))
+
+    def is_block_weight(self, dims: list[int]) -> bool:
+        """A weight shaped like one of a tower block's products: [w, 3w], [w, w], [w, 4w] or transposed."""
+        w = self.width
+        return len(dims) == 2 and sorted(dims) in ([w, 3 * w], [w, w], [w, 4 * w])
+
+
+@dataclass(frozen=True)
+class Int8Quantization:
+    """How an int8 graph was made, recorded in the manifest."""
+
+    policy: str
+    calibration_method: str
+    calibration_frames: int
+    quantized_products: int
+    float_products: int  # weight products the policy kept float
+    activation_products: int  # products of two activations (always float)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        return (f"policy {self.policy}: {self.quantized_products} weight products int8, {self.float_products} kept "
+                f"float, {self.activation_products} activation products float; {self.calibration_method} "
+                f"calibration over {self.calibration_frames} frames")
 
 
 def calibration_feeds(fp32_graph: Path, frames: np.ndarray,
@@ -52,33 +127,135 @@ class _FeedReader:
         return next(self._feeds, None)
 
 
+def _weight_dims(graph, node) -> list[int] | None:
+    """The shape of ``node``'s weight operand (an initializer, possibly behind a Transpose), or None."""
+    initializers = {init.name: list(init.dims) for init in graph.initializer}
+    producers = {out: n for n in graph.node for out in n.output}
+    for name in node.input[:2]:
+        source = producers.get(name)
+        if source is not None and source.op_type == "Transpose":
+            name = source.input[0]
+        if name in initializers:
+            return initializers[name]
+    return None
+
+
+def _embedding_projection(graph, products: list) -> str | None:
+    """The weight product nearest the ``embedding`` output (the tower's final projection), walking back from it."""
+    from .graphs import EMBEDDING_OUTPUT  # (graphs imports torch; the command line imports this module)
+
+    names = {n.name for n in products}
+    producers = {out: n for n in graph.node for out in n.output}
+    frontier, seen = [EMBEDDING_OUTPUT], set()
+    while frontier:
+        node = producers.get(frontier.pop())
+        if node is None or node.name in seen:
+            continue
+        if node.name in names:
+            return node.name
+        seen.add(node.name)
+        frontier.extend(node.input)
+    return None
+
+
+def select_products(graph, policy: str, tower: TowerShape | None) -> tuple[list[str], list[str], list[str]]:
+    """(products to quantize, weight products kept float, activation products) of an ONNX graph under ``policy``.
+
+    The blocks' products are recognised by their weights' shapes, not by node names (which depend on the
+    tracer and change under ONNX Runtime's pre-processing); there must be exactly 4 per block, or the graph
+    is not this exporter's tower.
+    """
+    from .complexity import activation_matmuls
+
+    if policy not in INT8_POLICIES:
+        raise ValueError(f"unknown int8 policy {policy!r}; choose from {', '.join(INT8_POLICIES)}")
+    activations = set(activation_matmuls(graph))
+    products = [n for n in graph.graph.node if n.op_type in WEIGHT_PRODUCT_OPS and n.name not in activations]
+    if policy == "all-weights":
+        return [n.name for n in products], [], sorted(activations)
+    if tower is None:
+        raise QuantizationPolicyError("the backbone int8 policy needs the image tower's width and depth "
+                                      "(the step graph's metadata carries them)")
+    # The embedding projection [w, E] is no block's product, but has a block's shape where E == w.
+    projection = _embedding_projection(graph.graph, products)
+    quantize = [n.name for n in products if n.name != projection and (dims := _weight_dims(graph.graph, n))
+                and tower.is_block_weight(dims)]
+    expected = BACKBONE_PRODUCTS_PER_BLOCK * tower.layers
+    if len(quantize) != expected:
+        raise QuantizationPolicyError(
+            f"found {len(quantize)} weight products shaped like the image tower's blocks', expected {expected} "
+            f"({BACKBONE_PRODUCTS_PER_BLOCK} per block x {tower.layers}); an adapter may share a block's weight "
+            "shape: quantize with the 'all-weights' policy instead")
+    kept = [n.name for n in products if n.name not in set(quantize)]
+    return quantize, kept, sorted(activations)
+
+
+def _unshare_initializers(graph, chosen: set[str]) -> int:
+    """Give each quantized product its own copy of any initializer another node also reads.
+
+    The tracer stores equal constants once (every zero bias of a width, say), so a LayerNorm can read the very
+    tensor a quantized Gemm takes as its bias; quantizing that bias would hand the LayerNorm a dequantized copy,
+    computed every frame. Returns the number of copies made.
+    """
+    initializers = {init.name: init for init in graph.graph.initializer}
+    readers: dict[str, set[str]] = {}
+    for node in graph.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.name)
+    copies = 0
+    for node in graph.graph.node:
+        if node.name not in chosen:
+            continue
+        for i, name in enumerate(node.input):
+            if name in initializers and len(readers[name]) > 1:
+                copy = graph.graph.initializer.add()
+                copy.CopyFrom(initializers[name])
+                copy.name = f"{name}.for.{node.name}"
+                node.input[i] = copy.name
+                readers[name].discard(node.name)
+                copies += 1
+    return copies
+
+
 def quantize_int8(fp32_graph: Path, out_path: Path, calibration_frames: np.ndarray,
-                  query_embeddings: np.ndarray | None = None, feeds: Iterator[dict] | None = None) -> None:
+                  query_embeddings: np.ndarray | None = None, feeds: Iterator[dict] | None = None, *,
+                  policy: str = DEFAULT_INT8_POLICY, method: str = DEFAULT_CALIBRATION_METHOD,
+                  tower: TowerShape | None = None) -> Int8Quantization:
     """fp32 step graph -> QDQ int8 graph calibrated on ``calibration_frames`` [N, B, 3, R, R].
 
-    ``feeds`` replaces the stream-with-state feeds for a graph with other inputs (the window graph).
+    ``feeds`` replaces the stream-with-state feeds for a graph with other inputs (the window graph), which
+    then needs ``tower`` for the backbone policy (a step graph's metadata gives it).
     """
+    import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    if method not in CALIBRATION_METHODS:
+        raise ValueError(f"unknown calibration method {method!r}; choose from {', '.join(CALIBRATION_METHODS)}")
+    if tower is None and policy == "backbone" and feeds is None:
+        from .graphs import read_metadata
+
+        tower = TowerShape.from_description(read_metadata(fp32_graph))
     if feeds is None:
         feeds = calibration_feeds(fp32_graph, calibration_frames, query_embeddings)
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(fp32_graph), str(prepared), skip_symbolic_shape=True)
-        import onnx
-
-        from .complexity import activation_matmuls
-
-        keep_float = activation_matmuls(onnx.load(str(prepared), load_external_data=False))
+        graph = onnx.load(str(prepared), load_external_data=False)
+        quantize, kept, activations = select_products(graph, policy, tower)
+        chosen = set(quantize)
+        if _unshare_initializers(graph, chosen):
+            onnx.save(graph, str(prepared))
         quantize_static(
             str(prepared), str(out_path), _FeedReader(feeds),
             quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=INT8_OPS,
+            op_types_to_quantize=list(WEIGHT_PRODUCT_OPS),
             per_channel=True,
             activation_type=QuantType.QInt8,
             weight_type=QuantType.QInt8,
-            calibrate_method=CalibrationMethod.MinMax,
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
-            nodes_to_exclude=keep_float,
+            calibrate_method=getattr(CalibrationMethod, CALIBRATION_METHODS[method]),
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
+                           "OpTypesToExcludeOutputQuantization": list(WEIGHT_PRODUCT_OPS)},
+            nodes_to_exclude=[n.name for n in graph.graph.node if n.name not in chosen],
         )
+    return Int8Quantization(policy, method, len(calibration_frames), len(quantize), len(kept), len(activations))

@@ -12,8 +12,9 @@ VARIANT_TOLERANCES = {
     "fp16": {"min_cosine": 0.999, "max_abs_embedding": 2e-2},
     "int8": {"min_cosine": 0.95, "max_abs_embedding": 1e-1},
 }
-# Frames over which fp16/int8 drift is measured (DESIGN.md: fp16 LayerNorm can overflow on long streams).
-DRIFT_FRAMES = 500
+# Frames over which fp16/int8 drift is measured with the state carried (DESIGN.md: fp16 LayerNorm can overflow on
+# long streams; a recurrent state integrates quantization error, which 500 frames did not always show).
+DRIFT_FRAMES = 2000
 # Frames over which the fp32 graph is checked against PyTorch (step and window forms).
 VERIFY_FRAMES = 32
 

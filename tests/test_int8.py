@@ -1,0 +1,143 @@
+"""int8 that ships for recurrent models: the backbone policy keeps every recurrence in float.
+
+The policy is checked on the graph itself (which products carry QDQ, whether any quantization lies on an
+adapter's loop from its state input to its state output), on what ONNX Runtime runs (every quantized product
+fused, no weight dequantized per frame), and by equivalence with fp32 over a long stream with the state carried.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from sdqes_edge.export import ExportOptions, export_bundle, graphs
+from sdqes_edge.export.precision import (BACKBONE_PRODUCTS_PER_BLOCK, QuantizationPolicyError, TowerShape,
+                                         quantize_int8)
+from sdqes_edge.export.verify import compare_variant, run_stream
+from sdqes_edge.runtime.kernels import count_kernels
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.preprocess import Preprocessor
+from sdqes_edge.sample import sample_frames
+
+from conftest import random_model
+
+RECURRENT_KINDS = ("st", "qrnn", "retnet")
+
+
+def frames_for(model, count: int) -> np.ndarray:
+    return Preprocessor.from_config(model.cfg).batch(sample_frames(count))[:, None]  # [N, 1, 3, R, R]
+
+
+@pytest.fixture(scope="module")
+def fp32_graphs(tmp_path_factory):
+    """kind -> (model, fp32 step graph) for every adapter kind."""
+    out = {}
+    for kind in ("none", "mlp") + RECURRENT_KINDS:
+        model = random_model(kind)
+        path = tmp_path_factory.mktemp(kind) / "step.fp32.onnx"
+        graphs.export_step_graph(model, path)
+        out[kind] = (model, path)
+    return out
+
+
+def quantized_nodes(graph) -> set[str]:
+    """Nodes that consume a DequantizeLinear output: the products the int8 graph computes from int8 values."""
+    dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    return {n.name for n in graph.node if n.op_type != "QuantizeLinear" and any(i in dequantized for i in n.input)}
+
+
+def ops_on_state_loops(graph, state_names: list[str]) -> set[str]:
+    """Op types on any path from ``state_in.X`` to ``state_out.X``: each adapter's own recurrence."""
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    producers = {out: node for node in graph.node for out in node.output}
+    ops = set()
+    for name in state_names:
+        forward, frontier = set(), [f"state_in.{name}"]
+        while frontier:
+            for node in consumers.get(frontier.pop(), []):
+                if node.name not in forward:
+                    forward.add(node.name)
+                    frontier.extend(node.output)
+        backward, frontier = set(), [f"state_out.{name}"]
+        while frontier:
+            node = producers.get(frontier.pop())
+            if node is not None and node.name not in backward:
+                backward.add(node.name)
+                frontier.extend(node.input)
+        ops |= {n.op_type for n in graph.node if n.name in forward & backward}
+    return ops
+
+
+@pytest.mark.parametrize("kind", RECURRENT_KINDS)
+def test_the_backbone_policy_keeps_every_adapter_recurrence_float(fp32_graphs, tmp_path, kind):
+    model, fp32 = fp32_graphs[kind]
+    state_names = [t.name for t in model.state_spec(1)]
+    frames = frames_for(model, 8)
+    quantize_int8(fp32, tmp_path / "backbone.onnx", frames, policy="backbone")
+    quantize_int8(fp32, tmp_path / "all.onnx", frames, policy="all-weights")
+    backbone = onnx.load(str(tmp_path / "backbone.onnx")).graph
+    everything = onnx.load(str(tmp_path / "all.onnx")).graph
+    assert not {"QuantizeLinear", "DequantizeLinear"} & ops_on_state_loops(backbone, state_names)
+    if kind == "qrnn":  # its gates are weight products on the loop (ST shifts a history, RetNet's are activations')
+        assert {"QuantizeLinear", "DequantizeLinear"} <= ops_on_state_loops(everything, state_names)
+    assert len(quantized_nodes(backbone)) == BACKBONE_PRODUCTS_PER_BLOCK * model.cfg.vision.layers
+    assert len(quantized_nodes(everything)) > len(quantized_nodes(backbone))
+
+
+@pytest.mark.parametrize("kind", ("none", "mlp") + RECURRENT_KINDS)
+def test_onnx_runtime_runs_every_quantized_product_fused(fp32_graphs, tmp_path, kind):
+    """No product runs in float from weights dequantized every frame (what made int8 slower than fp32)."""
+    model, fp32 = fp32_graphs[kind]
+    result = quantize_int8(fp32, tmp_path / "int8.onnx", frames_for(model, 8))
+    executed = count_kernels(tmp_path / "int8.onnx").by_op
+    assert executed.get("QGemm", 0) + executed.get("MatMulIntegerToFloat", 0) == result.quantized_products
+    # What is still dequantized per step: LayerNorm biases that the tracer shares with a quantized Gemm bias
+    # (zeros of a random init), never a weight matrix.
+    optimized = onnx.load(str(tmp_path / "int8.onnx"))
+    matrices = {i.name for i in optimized.graph.initializer if len(i.dims) >= 2}
+    dequantized_matrices = [n for n in optimized.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in matrices]
+    assert executed.get("DequantizeLinear", 0) <= executed.get("LayerNormalization", 0)
+    assert dequantized_matrices  # they exist in the file; ONNX Runtime folds them into QGemm
+
+
+def test_a_graph_that_is_not_the_towers_is_refused_by_the_backbone_policy(fp32_graphs, tmp_path):
+    model, fp32 = fp32_graphs["qrnn"]
+    wrong = TowerShape(width=model.cfg.vision.width, layers=model.cfg.vision.layers + 1)
+    with pytest.raises(QuantizationPolicyError, match="all-weights"):
+        quantize_int8(fp32, tmp_path / "int8.onnx", frames_for(model, 4), tower=wrong)
+
+
+@pytest.mark.parametrize("kind", RECURRENT_KINDS)
+def test_int8_follows_fp32_over_2000_frames_with_the_state_carried(fp32_graphs, tmp_path, kind):
+    model, fp32 = fp32_graphs[kind]
+    quantize_int8(fp32, tmp_path / "int8.onnx", frames_for(model, 64))
+    stream = frames_for(model, 2000)
+    reference = run_stream(OnnxRuntimeStep(fp32), stream, "fp32")
+    variant = run_stream(OnnxRuntimeStep(tmp_path / "int8.onnx"), stream, "int8")
+    queries = np.random.default_rng(0).standard_normal((4, model.cfg.embed_dim)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    report = compare_variant("int8", reference, variant, queries, threshold=0.5)
+    assert report.min_cosine >= 0.99, report.summary()
+    # Every next-state tensor after 2000 frames, against its own scale.
+    for name, expected in reference.final_state.items():
+        scale = max(1.0, float(np.abs(expected).max()))
+        assert np.abs(variant.final_state[name] - expected).max() / scale < 0.05, name
+
+
+def test_the_manifest_records_the_policy_and_what_it_kept_float(tmp_path):
+    model = random_model("qrnn")
+    result = export_bundle(model, tmp_path / "b", ExportOptions(precisions=("int8",), drift_frames=64,
+                                                                calibration_frames=16, show_progress=False),
+                           log=lambda m: None)
+    entry = result.manifest["graphs"]["step"]["int8"]
+    assert entry["quantization"]["policy"] == "backbone"
+    assert entry["quantization"]["quantized_products"] == BACKBONE_PRODUCTS_PER_BLOCK * model.cfg.vision.layers
+    assert entry["quantization"]["float_products"] > 0 and entry["quantization"]["calibration_frames"] == 16
+    metadata = json.loads(next(p.value for p in onnx.load(str(tmp_path / "b" / "step.int8.onnx")).metadata_props))
+    assert metadata["quantization"] == entry["quantization"]
