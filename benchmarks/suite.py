@@ -272,34 +272,62 @@ def bench_batches(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> d
 
 # --- the runtime loop against the bare step ----------------------------------------------------
 
-def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], ort_device: str = "cpu") -> dict:
+def _end_to_end_bundle(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> tuple[Path, Path, np.ndarray]:
+    """(bundle with fp32/fp16/int8 step graphs, a 640x360 mp4 at 10 fps, its 1-fps frames preprocessed)."""
     import cv2
 
     from ..export import ExportOptions, export_bundle
-    from ..runtime.detector import StreamingDetector
-    from ..runtime.sources import open_source
 
     mcfg = _config(preset(cfg.preset), cfg.window_adapter)
     bundle = work / "bundle"
     video = work / "stream.mp4"
     frames = sample_frames(cfg.e2e_frames * 10, 360, 640)  # 10 fps video, sampled at the bundle's 1 fps
     if not bundle.exists():  # the CPU and the device loops share one bundle and one video
-        log(f"exporting a {mcfg.name} bundle for the end-to-end loop ...")
-        export_bundle(_model(mcfg), bundle, ExportOptions(verify_frames=16, show_progress=False), log=lambda m: None)
+        precisions = ("fp32", "fp16", "int8") if cfg.int8 else ("fp32", "fp16")
+        log(f"exporting a {mcfg.name} bundle ({', '.join(precisions)}) for the precision and end-to-end rows ...")
+        # Random weights and a speed measurement: calibration and drift frames change no timing, so few.
+        options = ExportOptions(precisions=precisions, verify_frames=16, drift_frames=16,
+                                calibration_frames=cfg.calibration_frames, show_progress=False)
+        export_bundle(_model(mcfg), bundle, options, log=lambda m: None)
         writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (640, 360))
         for f in frames:
             writer.write(f)
         writer.release()
+    return bundle, video, Preprocessor.from_config(mcfg).batch(frames[::10])[:, None]
 
-    def loop() -> float:
-        detector = StreamingDetector(bundle, threads=cfg.threads, ort_device=ort_device)
+
+def bench_precisions(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
+    """fp32, fp16 and int8 step graphs of one bundle on the CPU: interleaved, then each alone."""
+    bundle, _, inputs = _end_to_end_bundle(cfg, work, log)
+    precisions = [p for p in ("fp32", "fp16", "int8") if (bundle / f"step.{p}.onnx").is_file()]
+    candidates = {p: _ort_step(bundle / f"step.{p}.onnx", inputs[0], cfg.threads) for p in precisions}
+    log(f"timing the {'/'.join(precisions)} steps interleaved, then each alone ...")
+    together = interleaved(candidates, cfg.repetitions, cfg.warmup)
+    alone = {p: interleaved({p: step}, cfg.repetitions, cfg.warmup)[p] for p, step in candidates.items()}
+    rows = {p: {"interleaved": together[p].to_dict(), "alone": alone[p].to_dict()} for p in precisions}
+    for p in precisions:
+        rows[p]["speedup_interleaved"] = together["fp32"].median / together[p].median
+        rows[p]["speedup_alone"] = alone["fp32"].median / alone[p].median
+    return {"preset": _config(preset(cfg.preset), cfg.window_adapter).name, "threads": cfg.threads,
+            "rows": rows}
+
+
+def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], ort_device: str = "cpu",
+                     precisions: tuple[str, ...] = ("fp32", "fp16", "int8")) -> dict:
+    """The whole runtime loop on an mp4 (decode, preprocess, step, score, alert) at each precision, against the
+    bare fp32 step on the same frames preprocessed beforehand."""
+    from ..runtime.detector import StreamingDetector
+    from ..runtime.sources import open_source
+
+    bundle, video, inputs = _end_to_end_bundle(cfg, work, log)
+    precisions = tuple(p for p in precisions if (bundle / f"step.{p}.onnx").is_file())
+
+    def loop(precision: str) -> float:
+        detector = StreamingDetector(bundle, precision=precision, threads=cfg.threads, ort_device=ort_device)
         detector.add_query("When I start to clean or wipe the table, remind me to sanitize my hands.")
         start = time.perf_counter()
         steps = sum(1 for _ in detector.run(open_source(str(video), detector.fps)))
         return (time.perf_counter() - start) * 1e3 / steps
-
-    pre = Preprocessor.from_config(mcfg)
-    inputs = pre.batch(frames[::10])[:, None]  # the same sampled frames, preprocessed beforehand
 
     def bare() -> float:
         runner = OnnxRuntimeStep(bundle / "step.fp32.onnx", threads=cfg.threads, device=ort_device)
@@ -309,15 +337,19 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
             state = runner.step(x, state).state
         return (time.perf_counter() - start) * 1e3 / len(inputs)
 
-    log("timing the runtime loop against the bare step (alternating) ...")
-    loop_ms, bare_ms = [], []
+    log(f"timing the runtime loop ({', '.join(precisions)}) against the bare step (alternating) ...")
+    loop_ms: dict[str, list[float]] = {p: [] for p in precisions}
+    bare_ms = []
     for _ in range(3):
-        loop_ms.append(loop())
+        for precision in precisions:
+            loop_ms[precision].append(loop(precision))
         bare_ms.append(bare())
-    lm, bm = float(np.median(loop_ms)), float(np.median(bare_ms))
-    return {"preset": mcfg.name, "video": "640x360 mp4 at 10 fps, sampled at 1 fps", "frames": len(inputs),
-            "ort_device": ort_device,
-            "loop_ms_per_frame": lm, "bare_step_ms_per_frame": bm, "overhead": lm / bm - 1.0}
+    loops = {p: float(np.median(v)) for p, v in loop_ms.items()}
+    lm, bm = loops["fp32"], float(np.median(bare_ms))
+    return {"preset": _config(preset(cfg.preset), cfg.window_adapter).name,
+            "video": "640x360 mp4 at 10 fps, sampled at 1 fps", "frames": len(inputs), "ort_device": ort_device,
+            "loop_ms_per_frame": lm, "bare_step_ms_per_frame": bm, "overhead": lm / bm - 1.0,
+            "loop_fps": {p: 1e3 / ms for p, ms in loops.items()}}
 
 
 # --- reports -----------------------------------------------------------------------------------
@@ -363,7 +395,16 @@ def markdown(results: dict) -> str:
     e2e = results["end_to_end"]
     lines += ["", f"## End to end ({e2e['preset']}, {e2e['video']})", "",
               f"- runtime loop (decode, preprocess, step, score, alert): {e2e['loop_ms_per_frame']:.1f} ms/frame; "
-              f"bare step: {e2e['bare_step_ms_per_frame']:.1f} ms/frame; overhead **{100 * e2e['overhead']:.1f}%**"]
+              f"bare step: {e2e['bare_step_ms_per_frame']:.1f} ms/frame; overhead **{100 * e2e['overhead']:.1f}%**",
+              "- runtime loop, frames per second: " + ", ".join(
+                  f"{p} **{fps:.2f}**" for p, fps in e2e["loop_fps"].items())]
+    pr = results["precisions"]
+    threads = pr["threads"] or f"{results['machine']['cores']} (all cores)"
+    lines += ["", f"## Precisions on the CPU ({pr['preset']}, ONNX Runtime, {threads} threads)", "",
+              "| step | p50 ms interleaved | p50 ms alone | over fp32 interleaved | over fp32 alone |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {p} | {r['interleaved']['p50_ms']:.1f} | {r['alone']['p50_ms']:.1f} | "
+              f"**{r['speedup_interleaved']:.2f}x** | **{r['speedup_alone']:.2f}x** |" for p, r in pr["rows"].items()]
     if "device" in results:
         section = results["device"]
         lines += device_markdown(section)
@@ -422,7 +463,7 @@ def run_device_section(cfg: BenchConfig, work: Path, log: Callable[[str], None])
     base = preset(cfg.preset)
     models = {"none": _model(base), cfg.window_adapter: _model(_config(base, cfg.window_adapter))}
     section = bench_device(cfg, models, lambda batch: _frame(base, batch), work, log)
-    section["end_to_end"] = bench_end_to_end(cfg, work, log, ort_device=cfg.device)
+    section["end_to_end"] = bench_end_to_end(cfg, work, log, ort_device=cfg.device, precisions=("fp32",))
     return section
 
 
@@ -447,6 +488,7 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, lis
         results["scaling"] = bench_scaling(cfg, log)  # first: its peak-memory reading needs a small process
         results["table"] = bench_table(cfg, work, log)
         results["batches"] = bench_batches(cfg, work, log)
+        results["precisions"] = bench_precisions(cfg, work, log)
         results["end_to_end"] = bench_end_to_end(cfg, work, log)
         if cfg.device:
             results["device"] = run_device_section(cfg, work, log)

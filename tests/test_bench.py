@@ -24,6 +24,11 @@ def test_bench_quick_writes_every_section_with_the_machine_description(tmp_path)
     assert len(results["scaling"]["streaming"]["per_frame_ms"]) == 300
     assert set(results["batches"]["batches"]) == {"1", "2"}
     assert results["end_to_end"]["frames"] == 10
+    # Every precision of one bundle: its step interleaved and alone, and the whole runtime loop.
+    assert set(results["precisions"]["rows"]) == {"fp32", "fp16", "int8"}
+    assert results["precisions"]["rows"]["fp32"]["speedup_alone"] == 1.0
+    assert set(results["end_to_end"]["loop_fps"]) == {"fp32", "fp16", "int8"}
+    assert "## Precisions on the CPU" in (tmp_path / "bench.md").read_text()
     for png in ("scaling.png", "latency.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
     assert "| window4 |" in (tmp_path / "bench.md").read_text()
