@@ -127,10 +127,8 @@ class _FeedReader:
         return next(self._feeds, None)
 
 
-def _weight_dims(graph, node) -> list[int] | None:
+def _weight_dims(node, initializers: dict[str, list[int]], producers: dict) -> list[int] | None:
     """The shape of ``node``'s weight operand (an initializer, possibly behind a Transpose), or None."""
-    initializers = {init.name: list(init.dims) for init in graph.initializer}
-    producers = {out: n for n in graph.node for out in n.output}
     for name in node.input[:2]:
         source = producers.get(name)
         if source is not None and source.op_type == "Transpose":
@@ -140,12 +138,11 @@ def _weight_dims(graph, node) -> list[int] | None:
     return None
 
 
-def _embedding_projection(graph, products: list) -> str | None:
+def _embedding_projection(products: list, producers: dict) -> str | None:
     """The weight product nearest the ``embedding`` output (the tower's final projection), walking back from it."""
     from .graphs import EMBEDDING_OUTPUT  # (graphs imports torch; the command line imports this module)
 
     names = {n.name for n in products}
-    producers = {out: n for n in graph.node for out in n.output}
     frontier, seen = [EMBEDDING_OUTPUT], set()
     while frontier:
         node = producers.get(frontier.pop())
@@ -177,16 +174,19 @@ def select_products(graph, policy: str, tower: TowerShape | None) -> tuple[list[
         raise QuantizationPolicyError("the backbone int8 policy needs the image tower's width and depth "
                                       "(the step graph's metadata carries them)")
     # The embedding projection [w, E] is no block's product, but has a block's shape where E == w.
-    projection = _embedding_projection(graph.graph, products)
-    quantize = [n.name for n in products if n.name != projection and (dims := _weight_dims(graph.graph, n))
-                and tower.is_block_weight(dims)]
+    producers = {out: n for n in graph.graph.node for out in n.output}
+    projection = _embedding_projection(products, producers)
+    initializers = {init.name: list(init.dims) for init in graph.graph.initializer}
+    quantize = [n.name for n in products if n.name != projection
+                and (dims := _weight_dims(n, initializers, producers)) and tower.is_block_weight(dims)]
     expected = BACKBONE_PRODUCTS_PER_BLOCK * tower.layers
     if len(quantize) != expected:
         raise QuantizationPolicyError(
             f"found {len(quantize)} weight products shaped like the image tower's blocks', expected {expected} "
             f"({BACKBONE_PRODUCTS_PER_BLOCK} per block x {tower.layers}); an adapter may share a block's weight "
             "shape: quantize with the 'all-weights' policy instead")
-    kept = [n.name for n in products if n.name not in set(quantize)]
+    chosen = set(quantize)
+    kept = [n.name for n in products if n.name not in chosen]
     return quantize, kept, sorted(activations)
 
 

@@ -141,3 +141,16 @@ def test_the_manifest_records_the_policy_and_what_it_kept_float(tmp_path):
     assert entry["quantization"]["float_products"] > 0 and entry["quantization"]["calibration_frames"] == 16
     metadata = json.loads(next(p.value for p in onnx.load(str(tmp_path / "b" / "step.int8.onnx")).metadata_props))
     assert metadata["quantization"] == entry["quantization"]
+
+
+def test_int8_options_are_checked_up_front_and_ignored_with_a_warning_without_int8():
+    from sdqes_edge.errors import UserError
+    from sdqes_edge.export.exporter import check_options
+
+    warnings: list[str] = []
+    check_options(ExportOptions(int8_policy="all-weights"), warnings.append)
+    assert any("--int8-policy" in w and "ignoring" in w for w in warnings)
+    with pytest.raises(UserError, match="--calibration-method"):
+        check_options(ExportOptions(precisions=("int8",), calibration_method="kl"), warnings.append)
+    with pytest.raises(UserError, match="--calibration-frames"):
+        check_options(ExportOptions(precisions=("int8",), calibration_frames=0), warnings.append)
