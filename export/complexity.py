@@ -106,14 +106,19 @@ def activation_matmuls(model) -> list[str]:
             if n.op_type == "MatMul" and not any(_is_weight(i, weights, producers) for i in n.input[:2])]
 
 
-def _is_weight(name: str, weights: set[str], producers: dict) -> bool:
+def weight_source(name: str, weights: set[str], producers: dict) -> str | None:
+    """The weight (initializer or Constant output) that tensor ``name`` is, or None for an activation."""
     if name in weights:
-        return True
+        return name
     # A weight behind a DequantizeLinear (int8 QDQ graphs), a Cast (fp16) or a Transpose is still a weight.
     node = producers.get(name)
     if node is not None and node.op_type in ("DequantizeLinear", "Cast", "Transpose"):
-        return _is_weight(node.input[0], weights, producers)
-    return False
+        return weight_source(node.input[0], weights, producers)
+    return None
+
+
+def _is_weight(name: str, weights: set[str], producers: dict) -> bool:
+    return weight_source(name, weights, producers) is not None
 
 
 # --- kernels a step executes ---------------------------------------------------------

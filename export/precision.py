@@ -127,17 +127,6 @@ class _FeedReader:
         return next(self._feeds, None)
 
 
-def _weight_dims(node, initializers: dict[str, list[int]], producers: dict) -> list[int] | None:
-    """The shape of ``node``'s weight operand (an initializer, possibly behind a Transpose), or None."""
-    for name in node.input[:2]:
-        source = producers.get(name)
-        if source is not None and source.op_type == "Transpose":
-            name = source.input[0]
-        if name in initializers:
-            return initializers[name]
-    return None
-
-
 def _embedding_projection(products: list, producers: dict) -> str | None:
     """The weight product nearest the ``embedding`` output (the tower's final projection), walking back from it."""
     from .graphs import EMBEDDING_OUTPUT  # (graphs imports torch; the command line imports this module)
@@ -162,7 +151,7 @@ def select_products(graph, policy: str, tower: TowerShape | None) -> tuple[list[
     tracer and change under ONNX Runtime's pre-processing); there must be exactly 4 per block, or the graph
     is not this exporter's tower.
     """
-    from .complexity import activation_matmuls
+    from .complexity import activation_matmuls, weight_source
 
     if policy not in INT8_POLICIES:
         raise ValueError(f"unknown int8 policy {policy!r}; choose from {', '.join(INT8_POLICIES)}")
@@ -177,8 +166,13 @@ def select_products(graph, policy: str, tower: TowerShape | None) -> tuple[list[
     producers = {out: n for n in graph.graph.node for out in n.output}
     projection = _embedding_projection(products, producers)
     initializers = {init.name: list(init.dims) for init in graph.graph.initializer}
-    quantize = [n.name for n in products if n.name != projection
-                and (dims := _weight_dims(n, initializers, producers)) and tower.is_block_weight(dims)]
+    weights = set(initializers)
+
+    def weight_dims(node) -> list[int]:
+        sources = (weight_source(name, weights, producers) for name in node.input[:2])
+        return next((initializers[s] for s in sources if s is not None), [])
+
+    quantize = [n.name for n in products if n.name != projection and tower.is_block_weight(weight_dims(n))]
     expected = BACKBONE_PRODUCTS_PER_BLOCK * tower.layers
     if len(quantize) != expected:
         raise QuantizationPolicyError(
