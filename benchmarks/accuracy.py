@@ -20,8 +20,19 @@ from typing import Callable
 
 import numpy as np
 
-from sdqes_edge.training import (SplitMetrics, StreamSet, TrainOptions, make_splits, query_catalogue,
-                                 score_split, split_metrics, torch_scorers, train, training_command)
+from sdqes_edge.contract import FP16, FP32, INT8, MANIFEST_NAME, PRECISIONS, step_graph_name
+from sdqes_edge.training import (
+    SplitMetrics,
+    StreamSet,
+    TrainOptions,
+    make_splits,
+    query_catalogue,
+    score_split,
+    split_metrics,
+    torch_scorers,
+    train,
+    training_command,
+)
 
 GROUPS = ("single_frame", "temporal")
 METRICS = ("SR@1", "SR@3", "SMD@1")
@@ -124,24 +135,24 @@ def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions
     from sdqes_edge.export.exporter import ExportOptions, export_bundle
 
     refusal = bundle_dir.parent / "int8_refused.txt"
-    if (bundle_dir / "manifest.json").is_file():
-        manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    if (bundle_dir / MANIFEST_NAME).is_file():
+        manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text())
         return sorted(manifest["graphs"]["step"]), refusal.read_text() if refusal.is_file() else None
     bundle_dir.parent.mkdir(parents=True, exist_ok=True)
     calibration = write_calibration_video(bundle_dir.parent / "calibration.avi", base)
-    options = ExportOptions(precisions=("fp32", "fp16", "int8"), threshold=threshold, fps=base.fps,
+    options = ExportOptions(precisions=PRECISIONS, threshold=threshold, fps=base.fps,
                             calibration_video=calibration, show_progress=False)
     log(f"exporting to {bundle_dir} (fp32, fp16, int8 calibrated and checked for drift on training streams)")
     try:
         export_bundle(model, bundle_dir, options)
-        return ["fp16", "fp32", "int8"], None
+        return sorted(PRECISIONS), None
     except UserError as exc:
-        if "int8" not in str(exc):
+        if INT8 not in str(exc):
             raise
         log(f"int8 refused: {exc}")
         refusal.write_text(str(exc))
-        export_bundle(model, bundle_dir, replace(options, precisions=("fp32", "fp16")))
-        return ["fp16", "fp32"], str(exc)
+        export_bundle(model, bundle_dir, replace(options, precisions=(FP32, FP16)))
+        return sorted((FP32, FP16)), str(exc)
 
 
 def write_calibration_video(path: Path, base: TrainOptions) -> Path:
@@ -172,7 +183,7 @@ def unshipped_int8(bundle_dir: Path, model_cfg, base: TrainOptions) -> Path:
             write_calibration_video(video, base)
         raw = frames_spread_over(video, DEFAULT_CALIBRATION_FRAMES)
         frames = Preprocessor.from_config(model_cfg).batch(raw)[:, None]  # [N, 1, 3, R, R]
-        quantize_int8(bundle_dir / "step.fp32.onnx", path, frames)
+        quantize_int8(bundle_dir / step_graph_name(FP32), path, frames)
     return path
 
 
@@ -184,14 +195,14 @@ def format_rows(checkpoint: Path, test: StreamSet, threshold: float, bundle_dir:
     model, _ = load_model(str(checkpoint))
     rows = {"PyTorch (fp32)": split_metrics(score_split(test, *torch_scorers(model)), threshold)}
     precisions, int8_refused = export_formats(model, bundle_dir, threshold, base, log)
-    for precision in ("fp32", "fp16", "int8"):
+    for precision in PRECISIONS:
         if precision in precisions:
             rows[f"ONNX Runtime {precision}"] = split_metrics(score_split(test, *ort_scorers(bundle_dir, precision)),
                                                               threshold)
     if int8_refused:
         graph = unshipped_int8(bundle_dir, model.cfg, base)
         rows["ONNX Runtime int8 (refused by export)"] = split_metrics(
-            score_split(test, *ort_scorers(bundle_dir, "fp32", step_graph=graph)), threshold)
+            score_split(test, *ort_scorers(bundle_dir, FP32, step_graph=graph)), threshold)
     return rows, int8_refused
 
 

@@ -22,13 +22,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..errors import UserError
-from ..export import graphs
-from ..export.graphs import compute_copy
-from ..runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.contract import FP16, FP32
+from sdqes_edge.errors import UserError
+from sdqes_edge.export import graphs
+from sdqes_edge.export.graphs import compute_copy
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+
 from .timing import interleaved
 
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = (FP32, FP16)  # int8 QDQ graphs are a CPU (and TensorRT) format
 
 
 def check_device(device: str) -> None:
@@ -55,8 +57,8 @@ def _sync(device: str) -> None:
 
 def torch_step(model, frame: np.ndarray, device: str, precision: str) -> Callable[[], object]:
     """PyTorch eager step on ``device``, the state kept there, timed to completion."""
-    twin = (compute_copy(model, precision) if precision != "fp32" else model).to(device)
-    dtype = torch.float16 if precision == "fp16" else torch.float32
+    twin = (compute_copy(model, precision) if precision != FP32 else model).to(device)
+    dtype = torch.float16 if precision == FP16 else torch.float32
     x = torch.from_numpy(frame).to(device, dtype)
     state = [[s.to(dtype) for s in twin.init_state(frame.shape[0])]]
 
@@ -144,7 +146,7 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
         f"{kind}: ort_fp32 / ort_fp16": p50(f"{kind}/ort_fp32") / p50(f"{kind}/ort_fp16"),
     }
     kernels = {}
-    from ..runtime.kernels import count_kernels
+    from sdqes_edge.runtime.kernels import count_kernels
 
     for name in models:
         counted = count_kernels(work / f"{device}-{name}-b1.fp32.onnx")
@@ -193,10 +195,12 @@ def markdown(section: dict) -> list[str]:
     lines = ["", f"## On the device: {section['device']} (ONNX Runtime state bound on the device"
              + (", CUDA graphs" if section["device"] == "cuda" else "") + ")", "",
              "| candidate | p50 ms | p90 ms | fps |", "|---|---|---|---|"]
-    lines += [f"| {k} | {v['p50_ms']:.2f} | {v['p90_ms']:.2f} | {v['fps']:.0f} |" for k, v in section["latency"].items()]
+    lines += [f"| {k} | {v['p50_ms']:.2f} | {v['p90_ms']:.2f} | {v['fps']:.0f} |"
+              for k, v in section["latency"].items()]
     lines += [""] + [f"- {k}: **{v:.2f}x**" for k, v in section["ratios"].items()]
-    lines += [f"- kernels per step (ONNX Runtime CPU profile, fp32): "
-              + ", ".join(f"{k} {v['per_step']} ({v['views']} views)" for k, v in section["kernels_cpu_profile"].items())]
+    lines += ["- kernels per step (ONNX Runtime CPU profile, fp32): "
+              + ", ".join(f"{k} {v['per_step']} ({v['views']} views)"
+                          for k, v in section["kernels_cpu_profile"].items())]
     lines += ["", "| model / precision / streams | step ms | frames/s |", "|---|---|---|"]
     lines += [f"| {k} | {v['step_ms']:.2f} | {v['frames_per_s']:.0f} |" for k, v in section["batches"]["rows"].items()]
     lines += [""] + [f"- {k}: **{v:.2f}x**" for k, v in section["batches"]["ratios"].items()]

@@ -16,60 +16,31 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-from ..config import ModelConfig, preset, with_authors_adapter
-from ..errors import UserError
-from ..eval_plots import PLOTS_NEED, _pyplot, plotting_available
-from ..export import graphs
-from ..export.complexity import count_graph
-from ..export.precision import TowerShape, quantize_int8
-from ..files import format_bytes
-from ..model import SDQESModel
-from ..model.init import randomize_adapters
-from ..runtime.kernels import count_kernels
-from ..runtime.onnxruntime_backend import OnnxRuntimeStep
-from ..runtime.preprocess import Preprocessor
-from ..runtime.tensorrt_backend import tensorrt_ready
-from ..sample import sample_frames
-from .device import bench_device, check_device
-from .device import markdown as device_markdown
-from .timing import interleaved, machine, peak_rss_bytes, rss_bytes
-
-BACKENDS = ("torch", "ort_fp32", "ort_int8")
-BACKEND_TITLES = {"torch": "PyTorch eager", "ort_fp32": "ORT fp32", "ort_int8": "ORT int8", "trt_fp16": "TensorRT fp16"}
-
-
-@dataclass
-class BenchConfig:
-    preset: str = "clip-vit-b16"
-    adapters: tuple[str, ...] = ("none", "mlp", "st", "qrnn", "retnet")
-    window: int = 4
-    window_adapter: str = "qrnn"
-    repetitions: int = 20
-    warmup: int = 2
-    int8: bool = True
-    calibration_frames: int = 4  # cost does not depend on calibration quality
-    scaling_preset: str = "tiny"
-    scaling_frames: int = 2000
-    scaling_probe: int = 100  # frames timed at the start and at the end of the long stream
-    growing_window_samples: int = 10  # window recomputations timed in each probe (a window of 2000 frames is slow)
-    batches: tuple[int, ...] = (1, 2, 4, 8)
-    e2e_frames: int = 30
-    threads: int | None = None
-    out: str = "bench-results"
-    device: str | None = None  # "cuda": add the rows measured on the GPU (benchmarks/device.py)
-    device_batches: tuple[int, ...] = (1, 8, 32)
-    device_scaling_frames: int = 3000
-
-
-QUICK = dict(preset="tiny", repetitions=5, scaling_frames=300, scaling_probe=50, growing_window_samples=5,
-             batches=(1, 2), e2e_frames=10)
+from sdqes_edge.benchmarks.config import BACKENDS, BenchConfig
+from sdqes_edge.benchmarks.device import bench_device, check_device
+from sdqes_edge.benchmarks.report import markdown, plots
+from sdqes_edge.benchmarks.timing import interleaved, machine, peak_rss_bytes, rss_bytes
+from sdqes_edge.config import ModelConfig, preset, with_authors_adapter
+from sdqes_edge.contract import FP16, FP32, PRECISIONS, step_graph_name
+from sdqes_edge.errors import UserError
+from sdqes_edge.eval_plots import PLOTS_NEED, plotting_available
+from sdqes_edge.export import graphs
+from sdqes_edge.export.complexity import count_graph
+from sdqes_edge.export.precision import TowerShape, quantize_int8
+from sdqes_edge.model import SDQESModel
+from sdqes_edge.model.init import randomize_adapters
+from sdqes_edge.runtime.kernels import count_kernels
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.preprocess import Preprocessor
+from sdqes_edge.runtime.tensorrt_backend import tensorrt_ready
+from sdqes_edge.sample import sample_frames
 
 
 def _model(cfg: ModelConfig, seed: int = 0) -> SDQESModel:
@@ -105,10 +76,10 @@ def _ort_step(path: Path, frame: np.ndarray, threads: int | None) -> Callable[[]
 
 
 def _trt_step(path: Path, model: SDQESModel, frame: np.ndarray, work: Path, log) -> Callable[[], object]:
-    from ..export.tensorrt_engine import build_serialized_engine
-    from ..runtime.tensorrt_backend import TensorRTStep
+    from sdqes_edge.export.tensorrt_engine import build_serialized_engine
+    from sdqes_edge.runtime.tensorrt_backend import TensorRTStep
 
-    serialized, _ = build_serialized_engine(path, "fp16", 4096, work / "timing.cache", log)
+    serialized, _ = build_serialized_engine(path, FP16, 4096, work / "timing.cache", log)
     engine = path.with_suffix(".fp16.engine")
     engine.write_bytes(serialized)
     runner = TensorRTStep(engine, model.state_spec(frame.shape[0]), model.cfg.embed_dim, frame.shape[-1],
@@ -128,47 +99,58 @@ def bench_table(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dic
     candidates: dict[str, Callable[[], object]] = {}
     rows: dict[str, dict] = {}
     for kind in cfg.adapters:
-        mcfg = _config(base, kind)
-        model = _model(mcfg)
-        log(f"exporting {mcfg.name} ...")
-        path = work / f"{kind}.onnx"
-        graphs.export_step_graph(model, path)
-        counted = count_graph(path)
-        tower = sum(p.numel() for n, p in model.visual.named_parameters() if ".adapter" not in n)
-        rows[kind] = {"form": "streaming step", "parameters": counted.parameters,
-                      "adapter_parameters": counted.parameters - tower, "macs": counted.macs, "flops": counted.flops,
-                      "state_bytes": model.state_spec(1).nbytes, "kernels": count_kernels(path).per_step}
-        candidates[f"{kind}/torch"] = _torch_step(model, frame)
-        candidates[f"{kind}/ort_fp32"] = _ort_step(path, frame, cfg.threads)
-        if tensorrt_ready():
-            candidates[f"{kind}/trt_fp16"] = _trt_step(path, model, frame, work, log)
-        if cfg.int8:
-            log(f"quantizing {mcfg.name} to int8 ...")
-            quantize_int8(path, work / f"{kind}.int8.onnx", np.repeat(frame[None], cfg.calibration_frames, 0))
-            candidates[f"{kind}/ort_int8"] = _ort_step(work / f"{kind}.int8.onnx", frame, cfg.threads)
+        rows[kind] = _streaming_row(cfg, _model(_config(base, kind)), kind, frame, work, log, candidates)
+    window = f"window{cfg.window}"
+    rows[window] = _window_row(cfg, _model(_config(base, cfg.window_adapter)), window, frame, work, log, candidates)
+    log(f"timing {len(candidates)} candidates x {cfg.repetitions} repetitions, interleaved ...")
+    timings = interleaved(candidates, cfg.repetitions, cfg.warmup, progress=log)
+    for key, timing in timings.items():
+        row, backend = key.split("/")
+        rows[row].setdefault("latency", {})[backend] = timing.to_dict()
+    return {"rows": rows, "ratios": _ratios(cfg, rows, window)}
 
-    # The sliding-window baseline: the window form over the last W frames, recomputed every frame.
-    name = f"window{cfg.window}"
-    mcfg = _config(base, cfg.window_adapter)
-    model = _model(mcfg)
-    log(f"exporting the {cfg.window}-frame sliding window ({mcfg.name}) ...")
+
+def _counted_row(model: SDQESModel, path: Path, form: str, state_bytes: int) -> dict:
+    """Parameters, MACs and FLOPs counted on the exported graph, state bytes and kernels per step."""
+    counted = count_graph(path)
+    tower = sum(p.numel() for n, p in model.visual.named_parameters() if ".adapter" not in n)
+    return {"form": form, "parameters": counted.parameters, "adapter_parameters": counted.parameters - tower,
+            "macs": counted.macs, "flops": counted.flops, "state_bytes": state_bytes,
+            "kernels": count_kernels(path).per_step}
+
+
+def _streaming_row(cfg: BenchConfig, model: SDQESModel, kind: str, frame: np.ndarray, work: Path,
+                   log: Callable[[str], None], candidates: dict) -> dict:
+    """One adapter kind's step graph: its row, and its step on every backend added to ``candidates``."""
+    log(f"exporting {model.cfg.name} ...")
+    path = work / f"{kind}.onnx"
+    graphs.export_step_graph(model, path)
+    candidates[f"{kind}/torch"] = _torch_step(model, frame)
+    candidates[f"{kind}/ort_fp32"] = _ort_step(path, frame, cfg.threads)
+    if tensorrt_ready():
+        candidates[f"{kind}/trt_fp16"] = _trt_step(path, model, frame, work, log)
+    if cfg.int8:
+        log(f"quantizing {model.cfg.name} to int8 ...")
+        quantize_int8(path, work / f"{kind}.int8.onnx", np.repeat(frame[None], cfg.calibration_frames, 0))
+        candidates[f"{kind}/ort_int8"] = _ort_step(work / f"{kind}.int8.onnx", frame, cfg.threads)
+    return _counted_row(model, path, "streaming step", model.state_spec(1).nbytes)
+
+
+def _window_row(cfg: BenchConfig, model: SDQESModel, name: str, frame: np.ndarray, work: Path,
+                log: Callable[[str], None], candidates: dict) -> dict:
+    """The sliding-window baseline: the window form over the last W frames, recomputed every frame."""
+    import onnxruntime as ort
+
+    log(f"exporting the {cfg.window}-frame sliding window ({model.cfg.name}) ...")
     path = work / f"{name}.onnx"
     graphs.export_window_graph(model, path, window=cfg.window)
-    counted = count_graph(path)
     window_frames = np.repeat(frame[:, None], cfg.window, axis=1)  # [1, W, 3, R, R]
-    tower = sum(p.numel() for n, p in model.visual.named_parameters() if ".adapter" not in n)
-    rows[name] = {"form": f"{cfg.window}-frame sliding window ({cfg.window_adapter})", "parameters": counted.parameters,
-                  "adapter_parameters": counted.parameters - tower, "macs": counted.macs, "flops": counted.flops,
-                  "state_bytes": int(window_frames.nbytes),  # it keeps the last W frames instead of a state
-                  "kernels": count_kernels(path).per_step}
     x = torch.from_numpy(window_frames)
 
     def torch_window():
         with torch.no_grad():
             model.forward_clip(x)
     candidates[f"{name}/torch"] = torch_window
-    import onnxruntime as ort
-
     options = ort.SessionOptions()
     if cfg.threads:
         options.intra_op_num_threads = cfg.threads
@@ -177,25 +159,25 @@ def bench_table(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dic
     if cfg.int8:
         log("quantizing the sliding window to int8 ...")
         feeds = iter([{"frames": window_frames}] * cfg.calibration_frames)
+        vision = model.cfg.vision
         quantize_int8(path, work / f"{name}.int8.onnx", window_frames, feeds=feeds,
-                      tower=TowerShape(mcfg.vision.width, mcfg.vision.layers))
+                      tower=TowerShape(vision.width, vision.layers))
         window_int8 = ort.InferenceSession(str(work / f"{name}.int8.onnx"), options, providers=["CPUExecutionProvider"])
         candidates[f"{name}/ort_int8"] = lambda: window_int8.run(None, {"frames": window_frames})
+    # It keeps the last W frames instead of a state.
+    return _counted_row(model, path, f"{cfg.window}-frame sliding window ({cfg.window_adapter})",
+                        int(window_frames.nbytes))
 
-    log(f"timing {len(candidates)} candidates x {cfg.repetitions} repetitions, interleaved ...")
-    timings = interleaved(candidates, cfg.repetitions, cfg.warmup, progress=log)
-    for key, timing in timings.items():
-        row, backend = key.split("/")
-        rows[row].setdefault("latency", {})[backend] = timing.to_dict()
 
+def _ratios(cfg: BenchConfig, rows: dict, window: str) -> dict[str, float]:
     def p50(row: str, backend: str) -> float | None:
         return rows.get(row, {}).get("latency", {}).get(backend, {}).get("p50_ms")
 
     ratios = {}
     stream_row = cfg.window_adapter if cfg.window_adapter in rows else None
     for backend in BACKENDS:
-        if stream_row and p50(name, backend) and p50(stream_row, backend):
-            ratios[f"window{cfg.window} / streaming {stream_row} ({backend})"] = p50(name, backend) / p50(stream_row, backend)
+        if stream_row and p50(window, backend) and p50(stream_row, backend):
+            ratios[f"{window} / streaming {stream_row} ({backend})"] = p50(window, backend) / p50(stream_row, backend)
     for kind in cfg.adapters:
         if kind != "none" and "none" in rows:
             ratios[f"{kind} / backbone (ort_fp32)"] = p50(kind, "ort_fp32") / p50("none", "ort_fp32")
@@ -203,7 +185,7 @@ def bench_table(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dic
         ratios[f"{row}: torch / ort_fp32"] = p50(row, "torch") / p50(row, "ort_fp32")
         if p50(row, "ort_int8"):
             ratios[f"{row}: ort_fp32 / ort_int8"] = p50(row, "ort_fp32") / p50(row, "ort_int8")
-    return {"rows": rows, "ratios": ratios}
+    return ratios
 
 
 # --- scaling with stream length ---------------------------------------------------------
@@ -276,14 +258,14 @@ def _end_to_end_bundle(cfg: BenchConfig, work: Path, log: Callable[[str], None])
     """(bundle with fp32/fp16/int8 step graphs, a 640x360 mp4 at 10 fps, its 1-fps frames preprocessed)."""
     import cv2
 
-    from ..export import ExportOptions, export_bundle
+    from sdqes_edge.export import ExportOptions, export_bundle
 
     mcfg = _config(preset(cfg.preset), cfg.window_adapter)
     bundle = work / "bundle"
     video = work / "stream.mp4"
     frames = sample_frames(cfg.e2e_frames * 10, 360, 640)  # 10 fps video, sampled at the bundle's 1 fps
     if not bundle.exists():  # the CPU and the device loops share one bundle and one video
-        precisions = ("fp32", "fp16", "int8") if cfg.int8 else ("fp32", "fp16")
+        precisions = PRECISIONS if cfg.int8 else (FP32, FP16)
         log(f"exporting a {mcfg.name} bundle ({', '.join(precisions)}) for the precision and end-to-end rows ...")
         # Random weights and a speed measurement: calibration and drift frames change no timing, so few.
         options = ExportOptions(precisions=precisions, verify_frames=16, drift_frames=16,
@@ -299,28 +281,28 @@ def _end_to_end_bundle(cfg: BenchConfig, work: Path, log: Callable[[str], None])
 def bench_precisions(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
     """fp32, fp16 and int8 step graphs of one bundle on the CPU: interleaved, then each alone."""
     bundle, _, inputs = _end_to_end_bundle(cfg, work, log)
-    precisions = [p for p in ("fp32", "fp16", "int8") if (bundle / f"step.{p}.onnx").is_file()]
-    candidates = {p: _ort_step(bundle / f"step.{p}.onnx", inputs[0], cfg.threads) for p in precisions}
+    precisions = [p for p in PRECISIONS if (bundle / step_graph_name(p)).is_file()]
+    candidates = {p: _ort_step(bundle / step_graph_name(p), inputs[0], cfg.threads) for p in precisions}
     log(f"timing the {'/'.join(precisions)} steps interleaved, then each alone ...")
     together = interleaved(candidates, cfg.repetitions, cfg.warmup)
     alone = {p: interleaved({p: step}, cfg.repetitions, cfg.warmup)[p] for p, step in candidates.items()}
     rows = {p: {"interleaved": together[p].to_dict(), "alone": alone[p].to_dict()} for p in precisions}
     for p in precisions:
-        rows[p]["speedup_interleaved"] = together["fp32"].median / together[p].median
-        rows[p]["speedup_alone"] = alone["fp32"].median / alone[p].median
+        rows[p]["speedup_interleaved"] = together[FP32].median / together[p].median
+        rows[p]["speedup_alone"] = alone[FP32].median / alone[p].median
     return {"preset": _config(preset(cfg.preset), cfg.window_adapter).name, "threads": cfg.threads,
             "rows": rows}
 
 
 def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], ort_device: str = "cpu",
-                     precisions: tuple[str, ...] = ("fp32", "fp16", "int8")) -> dict:
+                     precisions: tuple[str, ...] = PRECISIONS) -> dict:
     """The whole runtime loop on an mp4 (decode, preprocess, step, score, alert) at each precision, against the
     bare fp32 step on the same frames preprocessed beforehand."""
-    from ..runtime.detector import StreamingDetector
-    from ..runtime.sources import open_source
+    from sdqes_edge.runtime.detector import StreamingDetector
+    from sdqes_edge.runtime.sources import open_source
 
     bundle, video, inputs = _end_to_end_bundle(cfg, work, log)
-    precisions = tuple(p for p in precisions if (bundle / f"step.{p}.onnx").is_file())
+    precisions = tuple(p for p in precisions if (bundle / step_graph_name(p)).is_file())
 
     def loop(precision: str) -> float:
         detector = StreamingDetector(bundle, precision=precision, threads=cfg.threads, ort_device=ort_device)
@@ -330,7 +312,7 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
         return (time.perf_counter() - start) * 1e3 / steps
 
     def bare() -> float:
-        runner = OnnxRuntimeStep(bundle / "step.fp32.onnx", threads=cfg.threads, device=ort_device)
+        runner = OnnxRuntimeStep(bundle / step_graph_name(FP32), threads=cfg.threads, device=ort_device)
         state = runner.initial_state()
         start = time.perf_counter()
         for x in inputs:
@@ -345,7 +327,7 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
             loop_ms[precision].append(loop(precision))
         bare_ms.append(bare())
     loops = {p: float(np.median(v)) for p, v in loop_ms.items()}
-    lm, bm = loops["fp32"], float(np.median(bare_ms))
+    lm, bm = loops[FP32], float(np.median(bare_ms))
     return {"preset": _config(preset(cfg.preset), cfg.window_adapter).name,
             "video": "640x360 mp4 at 10 fps, sampled at 1 fps", "frames": len(inputs), "ort_device": ort_device,
             "loop_ms_per_frame": lm, "bare_step_ms_per_frame": bm, "overhead": lm / bm - 1.0,
@@ -354,116 +336,12 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
 
 # --- reports -----------------------------------------------------------------------------------
 
-def markdown(results: dict) -> str:
-    table = results["table"]
-    backends = [b for b in (*BACKENDS, "trt_fp16") if any(b in r.get("latency", {}) for r in table["rows"].values())]
-    head = ["model", "form", "params", "adapter params", "GMACs/frame", "GFLOPs/frame", "state/stream", "kernels/step"]
-    head += [f"{BACKEND_TITLES[b]} p50/p90/p99 ms" for b in backends] + ["fps (ORT fp32)"]
-    lines = [f"# sdqes-edge bench: {results['config']['preset']}", "",
-             f"{results['machine']['cpu']}, {results['machine']['cores']} cores; torch "
-             f"{results['machine']['torch']}, onnxruntime {results['machine']['onnxruntime']}. "
-             f"{results['config']['repetitions']} interleaved repetitions per candidate, warm-up discarded, batch 1.",
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, row in table["rows"].items():
-        cells = [name, row["form"], f"{row['parameters'] / 1e6:.2f}M", f"{row['adapter_parameters'] / 1e6:.2f}M",
-                 f"{row['macs'] / 1e9:.3g}", f"{row['flops'] / 1e9:.3g}", format_bytes(row["state_bytes"]),
-                 str(row.get("kernels", "-"))]
-        for b in backends:
-            lat = row.get("latency", {}).get(b)
-            cells.append(f"{lat['p50_ms']:.1f} / {lat['p90_ms']:.1f} / {lat['p99_ms']:.1f}" if lat else "-")
-        fps = row.get("latency", {}).get("ort_fp32", {}).get("fps")
-        cells.append(f"{fps:.1f}" if fps else "-")
-        lines.append("| " + " | ".join(cells) + " |")
-    if "trt_fp16" not in backends:
-        lines += ["", "TensorRT rows: not measured (no NVIDIA GPU with TensorRT on this machine)."]
-    lines += ["", "## Ratios (medians of the same interleaved run)", ""]
-    lines += [f"- {k}: **{v:.2f}x**" for k, v in table["ratios"].items()]
-    sc = results["scaling"]
-    lines += ["", f"## Scaling with stream length ({sc['preset']}, PyTorch eager)", "",
-              f"- streaming step: frames 1-{sc['probe']} {sc['streaming']['early_ms']:.2f} ms, frames "
-              f"{sc['frames'] - sc['probe'] + 1}-{sc['frames']} {sc['streaming']['late_ms']:.2f} ms "
-              f"(**{sc['streaming']['late_over_early']:.3f}x**); memory {format_bytes(sc['streaming']['rss_early'])} -> "
-              f"{format_bytes(sc['streaming']['rss_late'])}",
-              f"- window over the whole stream so far: {sc['growing_window']['early_ms']:.1f} ms -> "
-              f"{sc['growing_window']['late_ms']:.1f} ms (**{sc['growing_window']['late_over_early']:.1f}x**); "
-              f"peak memory {format_bytes(sc['growing_window']['points'][0]['rss'])} -> "
-              f"{format_bytes(sc['growing_window']['points'][-1]['rss'])}"]
-    ba = results["batches"]
-    lines += ["", f"## Several streams per step ({ba['preset']}, ORT fp32)", "",
-              "| streams | step ms | streams x frames/s |", "|---|---|---|"]
-    lines += [f"| {b} | {v['step_ms']:.1f} | {v['streams_fps']:.1f} |" for b, v in ba["batches"].items()]
-    e2e = results["end_to_end"]
-    lines += ["", f"## End to end ({e2e['preset']}, {e2e['video']})", "",
-              f"- runtime loop (decode, preprocess, step, score, alert): {e2e['loop_ms_per_frame']:.1f} ms/frame; "
-              f"bare step: {e2e['bare_step_ms_per_frame']:.1f} ms/frame; overhead **{100 * e2e['overhead']:.1f}%**",
-              "- runtime loop, frames per second: " + ", ".join(
-                  f"{p} **{fps:.2f}**" for p, fps in e2e["loop_fps"].items())]
-    pr = results["precisions"]
-    threads = pr["threads"] or f"{results['machine']['cores']} (all cores)"
-    lines += ["", f"## Precisions on the CPU ({pr['preset']}, ONNX Runtime, {threads} threads)", "",
-              "| step | p50 ms interleaved | p50 ms alone | over fp32 interleaved | over fp32 alone |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {p} | {r['interleaved']['p50_ms']:.1f} | {r['alone']['p50_ms']:.1f} | "
-              f"**{r['speedup_interleaved']:.2f}x** | **{r['speedup_alone']:.2f}x** |" for p, r in pr["rows"].items()]
-    if "device" in results:
-        section = results["device"]
-        lines += device_markdown(section)
-        e2e = section["end_to_end"]
-        lines += [f"- runtime loop on {e2e['ort_device']}: {e2e['loop_ms_per_frame']:.2f} ms/frame; bare step "
-                  f"{e2e['bare_step_ms_per_frame']:.2f} ms/frame; loop / step **{1 + e2e['overhead']:.2f}x**"]
-    return "\n".join(lines) + "\n"
-
-
-def plots(results: dict, out: Path) -> list[Path]:
-
-    plt = _pyplot()
-    written = []
-    sc = results["scaling"]
-    fig, ax = plt.subplots(1, 2, figsize=(11, 3.5), dpi=100)
-    ax[0].plot(np.arange(1, sc["frames"] + 1), sc["streaming"]["per_frame_ms"], lw=0.6, label="streaming step")
-    pts = sc["growing_window"]["points"]
-    ax[0].plot([p["frames"] for p in pts], [p["ms"] for p in pts], "o-", label="window over the stream so far")
-    ax[0].set_xlabel("frame index")
-    ax[0].set_ylabel("ms per frame")
-    ax[0].set_yscale("log")
-    ax[0].legend(fontsize=8)
-    ax[0].set_title(f"latency ({sc['preset']})", fontsize=9)
-    ax[1].plot([p["frames"] for p in pts], [p["rss"] / 2**20 for p in pts], "o-", color="tab:orange",
-               label="window (peak)")
-    ax[1].axhline(sc["streaming"]["rss_late"] / 2**20, color="tab:blue", ls="--", label="streaming (end)")
-    ax[1].set_xlabel("frame index")
-    ax[1].set_ylabel("process memory (MiB)")
-    ax[1].legend(fontsize=8)
-    ax[1].set_title("memory", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out / "scaling.png")
-    plt.close(fig)
-    written.append(out / "scaling.png")
-
-    rows = results["table"]["rows"]
-    fig, ax = plt.subplots(figsize=(9, 3.5), dpi=100)
-    names = list(rows)
-    width = 0.25
-    for i, backend in enumerate(BACKENDS):
-        values = [rows[n].get("latency", {}).get(backend, {}).get("p50_ms", np.nan) for n in names]
-        ax.bar(np.arange(len(names)) + (i - 1) * width, values, width, label=BACKEND_TITLES[backend])
-    ax.set_xticks(np.arange(len(names)), names)
-    ax.set_ylabel("p50 ms per frame")
-    ax.set_title(f"per-frame latency, {results['config']['preset']}", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "latency.png")
-    plt.close(fig)
-    written.append(out / "latency.png")
-    return written
-
-
 def run_device_section(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
     """The rows measured on ``cfg.device``: backbone and the window adapter's model, same random weights."""
     base = preset(cfg.preset)
     models = {"none": _model(base), cfg.window_adapter: _model(_config(base, cfg.window_adapter))}
     section = bench_device(cfg, models, lambda batch: _frame(base, batch), work, log)
-    section["end_to_end"] = bench_end_to_end(cfg, work, log, ort_device=cfg.device, precisions=("fp32",))
+    section["end_to_end"] = bench_end_to_end(cfg, work, log, ort_device=cfg.device, precisions=(FP32,))
     return section
 
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..runtime.soak import rss_bytes  # noqa: F401  (one reading of resident memory, shared)
+from sdqes_edge.runtime.soak import rss_bytes  # noqa: F401  (one reading of resident memory, shared)
 
 
 @dataclass

@@ -132,7 +132,7 @@ def graph_kernels(path: str | Path) -> dict:
     """ONNX nodes in the file and kernels ONNX Runtime (CPU) executes per step, by operator."""
     import onnx
 
-    from ..runtime.kernels import count_kernels
+    from sdqes_edge.runtime.kernels import count_kernels
 
     nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
     return {"onnx_nodes": nodes, **count_kernels(path).to_dict()}

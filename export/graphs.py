@@ -20,38 +20,30 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import __version__
-from ..config import ModelConfig, receptive_field
-from ..model import SDQESModel
-from ..model.layers import LayerNorm, cast
-from ..state import StateSpec
+import sdqes_edge
+from sdqes_edge.config import ModelConfig, receptive_field
+from sdqes_edge.contract import (
+    DEFAULT_OPSET,
+    EMBEDDING_OUTPUT,
+    FP16,
+    FP32,
+    GRAPH_FORMAT_VERSION,
+    METADATA_KEY,
+    QUERY_EMBEDDING_OUTPUT,
+    TOKEN_INPUT,
+    step_io_names,
+)
+from sdqes_edge.model import SDQESModel
+from sdqes_edge.model.layers import LayerNorm, cast
 
-METADATA_KEY = "sdqes_edge"
-GRAPH_FORMAT_VERSION = 1
-DEFAULT_OPSET = 17  # LayerNormalization is one node from opset 17
-SUPPORTED_OPSETS = (16, 17)
-PRECISION_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
-
-FRAME_INPUT = "frame"
-QUERY_INPUT = "query_embeddings"
-EMBEDDING_OUTPUT = "embedding"
-LOGITS_OUTPUT = "logits"
-TOKEN_INPUT = "token_ids"
-QUERY_EMBEDDING_OUTPUT = "query_embedding"
-
-
-def step_io_names(spec: StateSpec, fused_queries: bool) -> tuple[list[str], list[str]]:
-    """(input names, output names) of the step graph, in the contract's order."""
-    inputs = [FRAME_INPUT] + [t.input_name for t in spec] + ([QUERY_INPUT] if fused_queries else [])
-    outputs = [EMBEDDING_OUTPUT] + ([LOGITS_OUTPUT] if fused_queries else []) + [t.output_name for t in spec]
-    return inputs, outputs
+PRECISION_DTYPES = {FP32: torch.float32, FP16: torch.float16}
 
 
 def tool_versions() -> dict[str, str]:
     import onnx
     import onnxruntime
 
-    return {"sdqes_edge": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
+    return {sdqes_edge.__name__: sdqes_edge.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
             "onnxruntime": onnxruntime.__version__, "python": platform.python_version()}
 
 
@@ -114,7 +106,7 @@ def describe_step_graph(model: SDQESModel, *, batch: int, opset: int, precision:
     """The JSON a step graph carries in its metadata (and the manifest repeats)."""
     cfg: ModelConfig = model.cfg
     spec = model.state_spec(batch)
-    inputs, outputs = step_io_names(spec, query_count is not None)
+    inputs, outputs = step_io_names(spec.names, query_count is not None)
     return {
         "format_version": GRAPH_FORMAT_VERSION,
         "kind": "step",
@@ -144,7 +136,7 @@ def attach_metadata(path: Path, description: dict[str, Any]) -> None:
     del graph.metadata_props[:]
     entry = graph.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(description, sort_keys=True)
-    graph.producer_name, graph.producer_version = "sdqes-edge", __version__
+    graph.producer_name, graph.producer_version = "sdqes-edge", sdqes_edge.__version__
     onnx.save(graph, str(path))
 
 
@@ -169,15 +161,15 @@ def _torch_export(module: nn.Module, args: tuple, path: Path, opset: int, inputs
 
 
 def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: int = DEFAULT_OPSET,
-                      precision: str = "fp32", query_count: int | None = None, fps: float = 1.0,
+                      precision: str = FP32, query_count: int | None = None, fps: float = 1.0,
                       checkpoint_sha256: str | None = None) -> dict[str, Any]:
     """Trace the single-step graph to ``path``; returns its description (also stored in the graph)."""
     if precision not in PRECISION_DTYPES:
         raise ValueError(f"traced precisions are {sorted(PRECISION_DTYPES)}; int8 is made by quantizing fp32")
     cfg = model.cfg
-    traced = compute_copy(model, precision) if precision != "fp32" else model.eval()
+    traced = compute_copy(model, precision) if precision != FP32 else model.eval()
     spec = model.state_spec(batch)
-    inputs, outputs = step_io_names(spec, query_count is not None)
+    inputs, outputs = step_io_names(spec.names, query_count is not None)
     r = cfg.vision.image_size
     args: list[torch.Tensor] = [torch.zeros(batch, 3, r, r)] + [s.float() for s in model.init_state(batch)]
     if query_count is not None:

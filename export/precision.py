@@ -40,7 +40,8 @@ from typing import Iterator
 
 import numpy as np
 
-from ..runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, QUERY_INPUT
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 
 WEIGHT_PRODUCT_OPS = ("MatMul", "Gemm", "Conv")
 INT8_POLICIES = {
@@ -110,9 +111,9 @@ def calibration_feeds(fp32_graph: Path, frames: np.ndarray,
     runner = OnnxRuntimeStep(fp32_graph)
     state = runner.initial_state()
     for frame in frames:
-        feed = {"frame": frame, **{t.input_name: state[t.name] for t in runner.spec}}
+        feed = {FRAME_INPUT: frame, **{t.input_name: state[t.name] for t in runner.spec}}
         if runner.fused_queries:
-            feed["query_embeddings"] = query_embeddings
+            feed[QUERY_INPUT] = query_embeddings
         yield feed
         state = runner.step(frame, state, query_embeddings).state
 
@@ -129,7 +130,6 @@ class _FeedReader:
 
 def _embedding_projection(products: list, producers: dict) -> str | None:
     """The weight product nearest the ``embedding`` output (the tower's final projection), walking back from it."""
-    from .graphs import EMBEDDING_OUTPUT  # (graphs imports torch; the command line imports this module)
 
     names = {n.name for n in products}
     frontier, seen = [EMBEDDING_OUTPUT], set()

@@ -16,17 +16,19 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..errors import UserError
-from ..files import file_sha256
-from ..runtime.bundle import Bundle, inside_bundle, load_bundle
-from ..runtime.tensorrt_backend import DeviceInfo, current_device, nvidia_gpu_present, require_tensorrt
+from sdqes_edge.contract import ENGINES_FOLDER, FP16, FP32, INT8, PRECISIONS, engine_name
+from sdqes_edge.errors import UserError
+from sdqes_edge.files import file_sha256
+from sdqes_edge.runtime.bundle import Bundle, inside_bundle, load_bundle
+from sdqes_edge.runtime.tensorrt_backend import DeviceInfo, current_device, nvidia_gpu_present, require_tensorrt
 
 __all__ = ["build_engine", "engine_dir", "nvidia_gpu_present", "require_tensorrt"]
 
-ENGINE_PRECISIONS = ("fp32", "fp16", "int8")
 DEFAULT_WORKSPACE_MIB = 2048
+
+
 def engine_dir(bundle: Bundle, device: DeviceInfo) -> Path:
-    return inside_bundle(bundle.root, f"engines/{device.folder}")
+    return inside_bundle(bundle.root, f"{ENGINES_FOLDER}/{device.folder}")
 
 
 def build_serialized_engine(graph: Path, precision: str, workspace_mib: int, cache_path: Path,
@@ -47,9 +49,9 @@ def build_serialized_engine(graph: Path, precision: str, workspace_mib: int, cac
                         "LayerNormalization, re-export with --opset 16")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib << 20)
-    if precision in ("fp16", "int8"):
+    if precision in (FP16, INT8):
         config.set_flag(trt.BuilderFlag.FP16)
-    if precision == "int8":
+    if precision == INT8:
         config.set_flag(trt.BuilderFlag.INT8)  # with QDQ nodes in the graph this is explicit quantization
     cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.exists() else b"")
     config.set_timing_cache(cache, ignore_mismatch=False)
@@ -62,18 +64,18 @@ def build_serialized_engine(graph: Path, precision: str, workspace_mib: int, cac
     return bytes(serialized), time.perf_counter() - started
 
 
-def build_engine(bundle_path: str | Path, precision: str = "fp16", workspace_mib: int = DEFAULT_WORKSPACE_MIB,
+def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: int = DEFAULT_WORKSPACE_MIB,
                  log: Callable[[str], None] = print) -> Path:
     """Build (or rebuild) the engine for this device; returns its path."""
-    if precision not in ENGINE_PRECISIONS:
-        raise UserError(f"--precision must be one of {', '.join(ENGINE_PRECISIONS)}, not {precision}")
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision}")
     if workspace_mib < 64:
         raise UserError(f"--workspace-mib {workspace_mib} is too small; give at least 64 (default "
                         f"{DEFAULT_WORKSPACE_MIB})")
     bundle = load_bundle(bundle_path)
     device = current_device()  # refuses a machine without an NVIDIA GPU, TensorRT or pycuda
     # int8 uses the QDQ graph; fp16 and fp32 build from the fp32 graph (TensorRT picks fp16 kernels itself).
-    graph_precision = "int8" if precision == "int8" else "fp32"
+    graph_precision = INT8 if precision == INT8 else FP32
     if graph_precision not in bundle.precisions:
         raise UserError(f"{bundle.root} has no int8 graph; re-export with --precision int8 first")
     graph = bundle.step_graph(graph_precision)
@@ -84,7 +86,7 @@ def build_engine(bundle_path: str | Path, precision: str = "fp16", workspace_mib
     log(f"building a {precision} engine for {device.name} (sm{device.compute_capability[0]}"
         f"{device.compute_capability[1]}, TensorRT {device.tensorrt_version}); this takes minutes ...")
     serialized, seconds = build_serialized_engine(graph, precision, workspace_mib, cache_path, log)
-    engine_path = out_dir / f"step.{precision}.engine"
+    engine_path = out_dir / engine_name(precision)
     tmp = engine_path.with_suffix(".engine.tmp")
     tmp.write_bytes(serialized)
     tmp.replace(engine_path)

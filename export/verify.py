@@ -15,12 +15,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..errors import UserError
-from ..metrics import rising_edge_mask
-from ..model import SDQESModel
-from ..runtime.onnxruntime_backend import OnnxRuntimeStep, State
-from ..runtime.queries import score
-from ..tolerances import FP32_EMBEDDING_ATOL, FP32_STATE_ATOL, VARIANT_TOLERANCES
+from sdqes_edge.errors import UserError
+from sdqes_edge.metrics import rising_edge_mask
+from sdqes_edge.model import SDQESModel
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, State
+from sdqes_edge.runtime.queries import score
+from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL, FP32_STATE_ATOL, VARIANT_TOLERANCES
 
 # How a client hands the state outputs of one frame to the next; the right one is "as they are, by name".
 Feedback = Callable[[State], State]

@@ -16,8 +16,9 @@ ties them together; ``bundle`` reads what the exporter wrote.
             print(alert.stream_time, alert.message)
 """
 
-from ..state import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX, StateSpec, StateTensorSpec
-from ..tokenizer import ClipTokenizer, default_tokenizer
+from sdqes_edge.state import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX, StateSpec, StateTensorSpec
+from sdqes_edge.tokenizer import ClipTokenizer, default_tokenizer
+
 from .alerts import AlertPolicy
 from .bundle import Bundle, BundleError, load_bundle
 from .detector import StreamingDetector

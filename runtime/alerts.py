@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UserError
+from sdqes_edge.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,6 @@
 """Reading a deployment bundle: manifest checked against its schema, every file against its sha256.
 
-A bundle is a directory (DESIGN.md section 3, "The bundle")::
-
-    manifest.json            what everything else is; written last by the exporter
-    step.fp32.onnx           the single-step graph (and step.fp16.onnx, step.int8.onnx)
-    text.onnx                the text encoder
-    tokenizer/...            CLIP's BPE vocabulary
-    queries.json             optional pre-encoded queries (texts, alert messages)
-    query_embeddings.npy     their embeddings [Q, E]
-    engines/<gpu>-sm<cc>-trt<version>/   TensorRT engines, built on the device
-
+What a bundle holds is the contract's (``sdqes_edge.contract``); this module only reads it.
 Torch-free: numpy and jsonschema only.
 """
 
@@ -23,67 +14,20 @@ from typing import Any
 import jsonschema
 import numpy as np
 
-from ..errors import UserError
-from ..files import file_sha256
-from ..state import StateSpec
-from ..train_options import SYNTHETIC_TRAINING_DATA
-
-MANIFEST_NAME = "manifest.json"
-TRAINING_RECORD_NAME = "training_record.json"  # written by `sdqes-edge train`, copied into bundles it made
-BUNDLE_FORMAT = "sdqes-edge-bundle"
-BUNDLE_FORMAT_VERSION = 1
-PRECISIONS = ("fp32", "fp16", "int8")
-
-_GRAPH_ENTRY = {
-    "type": "object",
-    "required": ["file", "inputs", "outputs"],
-    "properties": {
-        "file": {"type": "string"},
-        "inputs": {"type": "array", "items": {"type": "string"}},
-        "outputs": {"type": "array", "items": {"type": "string"}},
-        "verification": {"type": "object"},
-    },
-}
-
-MANIFEST_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["format", "format_version", "model", "preprocess", "image_size", "embed_dim", "batch", "fps",
-                 "state", "graphs", "tokenizer", "thresholds", "files", "tool_versions"],
-    "properties": {
-        "format": {"const": BUNDLE_FORMAT},
-        "format_version": {"type": "integer"},
-        "model": {"type": "object"},
-        "preprocess": {"type": "object", "required": ["mean", "std"]},
-        "image_size": {"type": "integer", "minimum": 1},
-        "embed_dim": {"type": "integer", "minimum": 1},
-        "batch": {"type": "integer", "minimum": 1},
-        "fps": {"type": "number", "exclusiveMinimum": 0},
-        "query_count": {"type": ["integer", "null"]},
-        "state": {"type": "array", "items": {
-            "type": "object", "required": ["name", "shape", "dtype", "initial_value"],
-            "properties": {"name": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer"}},
-                           "dtype": {"type": "string"}, "initial_value": {"type": "number"}}}},
-        "graphs": {
-            "type": "object", "required": ["step", "text"],
-            "properties": {
-                "step": {"type": "object", "required": ["fp32"],
-                         "propertyNames": {"enum": list(PRECISIONS)},
-                         "additionalProperties": _GRAPH_ENTRY},
-                "text": _GRAPH_ENTRY,
-            }},
-        "tokenizer": {"type": "object", "required": ["file", "context_length"]},
-        "queries": {"type": ["object", "null"], "required": ["file", "embeddings"]},
-        "thresholds": {"type": "object", "required": ["default"],
-                       "properties": {"default": {"type": "number", "minimum": 0, "maximum": 1},
-                                      "policy": {"type": "object", "required": ["exit_margin", "cooldown_s"],
-                                                 "properties": {"exit_margin": {"type": "number", "minimum": 0},
-                                                                "cooldown_s": {"type": "number", "minimum": 0}}}}},
-        "files": {"type": "object", "additionalProperties": {
-            "type": "object", "required": ["sha256", "bytes"],
-            "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "bytes": {"type": "integer"}}}},
-        "tool_versions": {"type": "object"},
-    },
-}
+from sdqes_edge.contract import (
+    BUNDLE_FORMAT_VERSION,
+    MANIFEST_NAME,
+    PRECISIONS,
+    REFERENCE_PRECISION,
+    STATE_INPUT_PREFIX,
+    STATE_OUTPUT_PREFIX,
+    TRAINING_RECORD_NAME,
+    manifest_schema,
+    state_names_in,
+)
+from sdqes_edge.errors import UserError
+from sdqes_edge.files import file_sha256
+from sdqes_edge.state import StateSpec
 
 
 class BundleError(UserError):
@@ -116,17 +60,16 @@ class Bundle:
         return float(self.manifest["thresholds"]["default"])
 
     @property
-    def training_data(self) -> str | None:
-        """What the model was trained on, where the bundle carries a training record saying so (the demo)."""
+    def training_record(self) -> dict[str, Any] | None:
+        """The record `sdqes-edge train` wrote, where the bundle carries one (the demo's does); else None."""
         record = self.root / TRAINING_RECORD_NAME
         if not record.is_file():
             return None
         try:
-            train = json.loads(record.read_text())["data"]["train"]
-        except (OSError, ValueError, KeyError, TypeError):
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
             return None
-        # `sdqes-edge train` fits only synthetic streams, drawn from seeds it records.
-        return f"{SYNTHETIC_TRAINING_DATA}, {train['streams']} training streams" if "seeds" in train else None
+        return data if isinstance(data, dict) else None
 
     @property
     def alert_policy(self) -> dict[str, float]:
@@ -144,14 +87,14 @@ class Bundle:
     def precisions(self) -> list[str]:
         return [p for p in PRECISIONS if p in self.manifest["graphs"]["step"]]
 
-    def step_graph(self, precision: str = "fp32") -> Path:
+    def step_graph(self, precision: str = REFERENCE_PRECISION) -> Path:
         graphs = self.manifest["graphs"]["step"]
         if precision not in graphs:
             raise BundleError(f"{self.root} has no {precision} step graph (it has {', '.join(self.precisions)}); "
                               f"re-export with --precision {precision}")
         return inside_bundle(self.root, graphs[precision]["file"])
 
-    def step_io(self, precision: str = "fp32") -> tuple[list[str], list[str]]:
+    def step_io(self, precision: str = REFERENCE_PRECISION) -> tuple[list[str], list[str]]:
         entry = self.manifest["graphs"]["step"][precision]
         return list(entry["inputs"]), list(entry["outputs"])
 
@@ -185,7 +128,7 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{manifest_path} is not valid JSON ({exc}); {_reexport_hint(root)}") from None
     try:
-        jsonschema.validate(manifest, MANIFEST_SCHEMA)
+        jsonschema.validate(manifest, manifest_schema())
     except jsonschema.ValidationError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
         raise BundleError(f"{manifest_path} is malformed at {where}: {exc.message}; {_reexport_hint(root)}") from None
@@ -241,13 +184,9 @@ def _check_listed_files(bundle: Bundle) -> None:
 def _check_state_io(bundle: Bundle) -> None:
     """Every step graph must take and give exactly the state the spec describes, in its order."""
     spec = bundle.state_spec
-    want_in = [t.input_name for t in spec]
-    want_out = [t.output_name for t in spec]
     for precision in bundle.precisions:
         inputs, outputs = bundle.step_io(precision)
-        got_in = [n for n in inputs if n.startswith("state_in.")]
-        got_out = [n for n in outputs if n.startswith("state_out.")]
-        if got_in != want_in or got_out != want_out:
+        if not state_names_in(inputs, STATE_INPUT_PREFIX) == state_names_in(outputs, STATE_OUTPUT_PREFIX) == spec.names:
             raise BundleError(f"the {precision} step graph's state inputs/outputs disagree with the state spec in "
                               f"{MANIFEST_NAME}; {_reexport_hint(bundle.root)}")
 

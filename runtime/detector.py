@@ -3,7 +3,9 @@
 Everything is built from the bundle's manifest: preprocessing, fps, state spec,
 default threshold, pre-encoded queries. State outputs go back to state inputs
 by name (never by position), and can be reset, saved and restored per stream.
-With a bundle exported for batch B, one step serves B streams.
+With a bundle exported for batch B, one step serves B streams: the detector
+holds the model, the queries and the batched state; each stream's own data
+(name, frames, time, an alert state per query) is one ``StreamSlot``.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import UserError
-from .alerts import AlertPolicy
+from sdqes_edge.contract import REFERENCE_PRECISION
+from sdqes_edge.errors import UserError
+
+from .alerts import AlertPolicy, AlertState
+from .backend import StepBackend
 from .bundle import Bundle, load_bundle
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, score
@@ -87,8 +92,22 @@ class RunStats:
         return self.latencies.percentile(q)
 
 
-def make_backend(bundle: Bundle, backend: str = "ort", precision: str = "fp32", threads: int | None = None,
-                 ort_device: str = "cpu"):
+@dataclass
+class StreamSlot:
+    """One stream's place in the batch, and everything the detector keeps for it but its rows of the state."""
+    index: int  # the row (axis 0) of the batched state this stream occupies
+    name: str
+    frames: int = 0  # frames stepped (counted on from a restored snapshot)
+    time: float = 0.0  # stream time of its last frame, seconds
+    alerts: dict[str, AlertState] = field(default_factory=dict)  # query id -> this stream's alert state
+
+    def reset_alerts(self) -> None:
+        for state in self.alerts.values():
+            state.reset()
+
+
+def make_backend(bundle: Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
+                 threads: int | None = None, ort_device: str = "cpu") -> StepBackend:
     if backend == "ort":
         from .onnxruntime_backend import OnnxRuntimeStep
 
@@ -101,7 +120,7 @@ def make_backend(bundle: Bundle, backend: str = "ort", precision: str = "fp32", 
 
 
 class StreamingDetector:
-    def __init__(self, bundle: str | Path | Bundle, backend: str = "ort", precision: str = "fp32",
+    def __init__(self, bundle: str | Path | Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
                  threads: int | None = None, ort_device: str = "cpu", truncate_queries: bool = False,
                  backend_instance=None):
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
@@ -109,7 +128,8 @@ class StreamingDetector:
         self.batch = int(m["batch"])
         self.fps = self.bundle.fps
         self.preprocess = Preprocessor.from_description(self.bundle.image_size, m["preprocess"])
-        self.backend = backend_instance or make_backend(self.bundle, backend, precision, threads, ort_device)
+        self.backend: StepBackend = (backend_instance
+                                     or make_backend(self.bundle, backend, precision, threads, ort_device))
         if getattr(self.backend, "fused_queries", False):
             raise UserError("this bundle scores a fixed query set inside its graph (--fuse-queries); the streaming "
                             "detector adds and removes queries, so export it without --fuse-queries")
@@ -118,12 +138,10 @@ class StreamingDetector:
         pre = self.bundle.queries()
         if pre:
             encoder.seed([q["text"] for q in pre[0]], pre[1])
-        self.queries = QueryBank(encoder, self.batch)
+        self.queries = QueryBank(encoder)
         self.sinks: list[Sink] = []
-        self.state = self.backend.initial_state()
-        self.frame_counts = [0] * self.batch
-        self.stream_names = [f"stream{i}" for i in range(self.batch)]
-        self.stream_time = [0.0] * self.batch
+        self.state = self.backend.initial_state()  # every stream's, batched (the backend's representation)
+        self.streams = [StreamSlot(i, f"stream{i}") for i in range(self.batch)]
         self.last_embeddings: np.ndarray | None = None
 
     def add_sink(self, sink: Sink) -> Sink:
@@ -151,30 +169,36 @@ class StreamingDetector:
 
     def add_query(self, text: str, message: str | None = None, threshold: float | None = None,
                   query_id: str | None = None, **policy_options) -> Query:
-        query = self.queries.add(text, self.default_policy(threshold, **policy_options), message, query_id,
-                                 stream_time=self.stream_time[0])
+        policy = self.default_policy(threshold, **policy_options)
+        query = self.queries.add(text, policy, message, query_id, stream_time=self.streams[0].time)
+        for slot in self.streams:
+            slot.alerts[query.id] = AlertState(policy)
         for sink in self.sinks:
             sink.on_query_added(query.id, query.text, query.added_at)
         return query
 
     def remove_query(self, query_id: str) -> None:
         self.queries.remove(query_id)
+        for slot in self.streams:
+            del slot.alerts[query_id]
 
     def add_bundle_queries(self, threshold: float | None = None, **policy_options) -> list[Query]:
         pre = self.bundle.queries()
-        return [self.add_query(q["text"], q.get("response"), threshold, **policy_options) for q in (pre[0] if pre else [])]
+        return [self.add_query(q["text"], q.get("response"), threshold, **policy_options)
+                for q in (pre[0] if pre else [])]
 
     # --- state -----------------------------------------------------------------------
     def reset(self, stream: int | None = None) -> None:
         """Forget the past (a new scene): the state of one stream (or all) back to its initial value."""
         self.state = self.backend.reset_streams(self.state, None if stream is None else [stream])
-        self.queries.reset_alerts(stream)
+        for slot in self.streams if stream is None else [self.streams[stream]]:
+            slot.reset_alerts()
 
     def save_state(self, path: str | Path) -> Path:
         """Snapshot the streaming state (and frame counters) to an .npz, to resume after a restart."""
         path = Path(path)
         arrays = {f"state/{k}": v for k, v in self.backend.state_to_numpy(self.state).items()}
-        np.savez(path, frame_counts=np.array(self.frame_counts), **arrays)
+        np.savez(path, frame_counts=np.array([slot.frames for slot in self.streams]), **arrays)
         return path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")
 
     def load_state(self, path: str | Path) -> None:
@@ -189,7 +213,8 @@ class StreamingDetector:
                 raise UserError(f"{path} does not fit this bundle's state ({spec.name} {list(spec.shape)}); it was "
                                 "saved from another model or batch size")
         self.state = self.backend.state_from_numpy(loaded)
-        self.frame_counts = counts
+        for slot, count in zip(self.streams, counts):
+            slot.frames = count
 
     # --- one step --------------------------------------------------------------------
     def step(self, frames: list[Frame | None]) -> list[list[AlertEvent]]:
@@ -213,30 +238,36 @@ class StreamingDetector:
         ids = self.queries.ids
         cosines, probs = score(result.embedding, self.queries.matrix) if ids else (np.zeros((self.batch, 0)),) * 2
         events_per_stream: list[list[AlertEvent]] = []
-        for i, frame in enumerate(frames):
-            events: list[AlertEvent] = []
+        for slot, frame in zip(self.streams, frames):
             if frame is None:
-                events_per_stream.append(events)
+                events_per_stream.append([])
                 continue
-            if not np.isfinite(result.embedding[i]).all():
-                raise NonFiniteScoreError(f"{self.stream_names[i]}: the model produced a non-finite score at frame "
+            if not np.isfinite(result.embedding[slot.index]).all():
+                raise NonFiniteScoreError(f"{slot.name}: the model produced a non-finite score at frame "
                                           f"{frame.index} ({frame.time:.1f} s); stopping this stream. Check the "
                                           "bundle with `sdqes-edge inspect` (fp16 overflow?)")
-            self.stream_time[i] = frame.time
-            self.frame_counts[i] += 1
-            latency = (time.perf_counter() - start) * 1e3
-            for q, qid in enumerate(ids):
-                query = self.queries.queries[qid]
-                if self.queries.alert_state(qid, i).update(float(probs[i, q]), frame.time):
-                    events.append(AlertEvent(qid, query.text, query.message, self.stream_names[i], frame.time,
-                                             frame.index, float(probs[i, q]), float(cosines[i, q]), latency))
-            by_id = {qid: float(probs[i, q]) for q, qid in enumerate(ids)}
+            events = self._alerts(slot, frame, ids, probs[slot.index], cosines[slot.index], start)
+            by_id = {qid: float(probs[slot.index, q]) for q, qid in enumerate(ids)}
             for sink in self.sinks:
-                sink.on_frame(i, frame.image, frame.time, by_id, events)
+                sink.on_frame(slot.index, frame.image, frame.time, by_id, events)
                 for event in events:
                     sink.on_event(event)
             events_per_stream.append(events)
         return events_per_stream
+
+    def _alerts(self, slot: StreamSlot, frame: Frame, ids: list[str], probs: np.ndarray, cosines: np.ndarray,
+                start: float) -> list[AlertEvent]:
+        """One stream's frame through its per-query alert states: the alerts it raises."""
+        slot.time = frame.time
+        slot.frames += 1
+        latency = (time.perf_counter() - start) * 1e3
+        events = []
+        for q, qid in enumerate(ids):
+            if slot.alerts[qid].update(float(probs[q]), frame.time):
+                query = self.queries.queries[qid]
+                events.append(AlertEvent(qid, query.text, query.message, slot.name, frame.time, frame.index,
+                                         float(probs[q]), float(cosines[q]), latency))
+        return events
 
     # --- whole streams ------------------------------------------------------------------
     def run(self, sources: FrameSource | list[FrameSource], stats: RunStats | None = None,
@@ -246,8 +277,8 @@ class StreamingDetector:
         if len(sources) > self.batch:
             raise UserError(f"{len(sources)} sources but the bundle steps {self.batch} stream(s) at once; "
                             f"re-export with --batch {len(sources)}")
-        for i, source in enumerate(sources):
-            self.stream_names[i] = source.name
+        for slot, source in zip(self.streams, sources):
+            slot.name = source.name
         stats = stats or RunStats()
         iterators: list[Iterator[Frame] | None] = [s.threaded(prepare=self.preprocess) for s in sources]
         iterators += [None] * (self.batch - len(sources))

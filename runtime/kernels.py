@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
+from sdqes_edge.errors import UserError
 
 # Operators ONNX Runtime executes as a new view of the same buffer (no data moved, no device launch
 # unless the output is a buffer bound by the caller).

@@ -1,6 +1,6 @@
 """Stepping a single-step graph with ONNX Runtime, the state carried by name.
 
-The graph's own metadata (``metadata_props["sdqes_edge"]``) says what its
+The graph's own metadata (``metadata_props[METADATA_KEY]``) says what its
 state is, so a bare .onnx is enough: the initial state comes from the spec
 the graph carries, never from guesses about its inputs.
 
@@ -26,19 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UserError
-from ..state import StateSpec
+from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, LOGITS_OUTPUT, METADATA_KEY, QUERY_INPUT
+from sdqes_edge.errors import UserError
+from sdqes_edge.state import StateSpec
 
-METADATA_KEY = "sdqes_edge"  # the one key a graph's description lives under (export/graphs.py writes it)
+from .backend import State, StepResult
 
-State = dict[str, np.ndarray]  # state tensor name (as in the spec, no prefix) -> array
-
-
-@dataclass
-class StepResult:
-    embedding: np.ndarray  # [B, E], L2-normalized
-    state: State  # the next state, by name
-    logits: np.ndarray | None = None  # [B, Q] when query scoring is fused into the graph
+__all__ = ["OnnxRuntimeStep", "DeviceBuffers", "State", "StepResult"]
 
 
 # Execution providers per device, best first; ONNX Runtime falls back along the list.
@@ -95,7 +89,8 @@ class OnnxRuntimeStep:
         missing = [t.input_name for t in self.spec if t.input_name not in self._input_names]
         missing += [t.output_name for t in self.spec if t.output_name not in self._output_names]
         if missing:
-            raise UserError(f"{path} lacks state tensors its description lists ({', '.join(missing[:3])}); re-export it")
+            raise UserError(f"{path} lacks state tensors its description lists ({', '.join(missing[:3])}); "
+                            "re-export it")
         self.buffers = DeviceBuffers(self) if self.io_binding else None
 
     def _make_session(self, path: Path, device: str, threads: int | None):
@@ -121,7 +116,7 @@ class OnnxRuntimeStep:
 
     @property
     def fused_queries(self) -> bool:
-        return "query_embeddings" in self._input_names
+        return QUERY_INPUT in self._input_names
 
     def _initial_host(self) -> State:
         return dict(zip(self.spec.names, self.spec.initial_numpy()))
@@ -167,14 +162,14 @@ class OnnxRuntimeStep:
                             f"[{self.description['query_count']}, {self.description['embed_dim']}]")
         if self.buffers is not None:
             return self.buffers.step(frame, state, query_embeddings)
-        feeds = {"frame": np.ascontiguousarray(frame, dtype=np.float32)}
+        feeds = {FRAME_INPUT: np.ascontiguousarray(frame, dtype=np.float32)}
         for t in self.spec:
             feeds[t.input_name] = state[t.name]
         if self.fused_queries:
-            feeds["query_embeddings"] = np.ascontiguousarray(query_embeddings, dtype=np.float32)
+            feeds[QUERY_INPUT] = np.ascontiguousarray(query_embeddings, dtype=np.float32)
         outputs = dict(zip(self._output_names, self.session.run(self._output_names, feeds)))
         next_state = {t.name: outputs[t.output_name] for t in self.spec}
-        return StepResult(outputs["embedding"], next_state, outputs.get("logits"))
+        return StepResult(outputs[EMBEDDING_OUTPUT], next_state, outputs.get(LOGITS_OUTPUT))
 
 
 def _check_providers(device: str, assigned: list[str]) -> None:
@@ -225,11 +220,12 @@ class DeviceBuffers:
             return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), np.dtype(dtype).type, device, 0)
 
         # The host side of the frame: page-locked where the CUDA runtime can be reached, so the upload is a DMA.
-        self.host_frame = np.zeros(inputs["frame"].shape, np.float32)
+        self.host_frame = np.zeros(inputs[FRAME_INPUT].shape, np.float32)
         self.pinned = device == "cuda" and pin_host_memory(self, self.host_frame)
-        self.frame = allocate(inputs["frame"].shape)
-        self.queries = allocate(inputs["query_embeddings"].shape) if "query_embeddings" in inputs else None
-        self.outputs = {name: allocate(outputs[name].shape) for name in ("embedding", "logits") if name in outputs}
+        self.frame = allocate(inputs[FRAME_INPUT].shape)
+        self.queries = allocate(inputs[QUERY_INPUT].shape) if QUERY_INPUT in inputs else None
+        self.outputs = {name: allocate(outputs[name].shape) for name in (EMBEDDING_OUTPUT, LOGITS_OUTPUT)
+                        if name in outputs}
         # Filled by ``write`` (initial_state, load) and by the steps; a set is read only while its generation
         # says it holds a state.
         self.sets = [{t.name: allocate(t.shape, t.dtype) for t in self.spec} for _ in range(2)]
@@ -244,9 +240,9 @@ class DeviceBuffers:
 
     def _bind(self, k: int):
         binding = self.runner.session.io_binding()
-        binding.bind_ortvalue_input("frame", self.frame)
+        binding.bind_ortvalue_input(FRAME_INPUT, self.frame)
         if self.queries is not None:
-            binding.bind_ortvalue_input("query_embeddings", self.queries)
+            binding.bind_ortvalue_input(QUERY_INPUT, self.queries)
         for name, value in self.outputs.items():
             binding.bind_ortvalue_output(name, value)
         for t in self.spec:
@@ -293,8 +289,8 @@ class DeviceBuffers:
             self.queries.update_inplace(np.ascontiguousarray(query_embeddings, dtype=np.float32))
         self.runner.session.run_with_iobinding(self.bindings[k], self.run_options[k])
         self.generation[1 - k] = self.generation[k] + 1
-        embedding = self.outputs["embedding"].numpy()
-        logits = self.outputs["logits"].numpy() if "logits" in self.outputs else None
+        embedding = self.outputs[EMBEDDING_OUTPUT].numpy()
+        logits = self.outputs[LOGITS_OUTPUT].numpy() if LOGITS_OUTPUT in self.outputs else None
         return StepResult(embedding, BoundState(1 - k, self.generation[1 - k]), logits)
 
 

@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..errors import UserError
+from sdqes_edge.errors import UserError
 
 BICUBIC_A = -0.5  # PIL's bicubic kernel parameter
 BICUBIC_SUPPORT = 2.0

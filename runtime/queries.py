@@ -14,9 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
-from ..tokenizer import ClipTokenizer, check_query_text
-from .alerts import AlertPolicy, AlertState
+from sdqes_edge.contract import TOKEN_INPUT
+from sdqes_edge.errors import UserError
+from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
+
+from .alerts import AlertPolicy
 
 
 @dataclass
@@ -65,18 +67,17 @@ class TextEncoder:
         check_query_text(text)
         if text not in self._cache:
             ids = self.tokenizer.tokenize([text], on_overflow=self.on_overflow)
-            self._cache[text] = self.session.run(None, {"token_ids": ids})[0][0]
+            self._cache[text] = self.session.run(None, {TOKEN_INPUT: ids})[0][0]
         return self._cache[text]
 
 
 class QueryBank:
-    """Queries with their embeddings [Q, E] (rebuilt only when the set changes) and alert states."""
+    """Queries with their embeddings [Q, E] (rebuilt only when the set changes); each stream keeps its own alert
+    state per query (``detector.StreamSlot``)."""
 
-    def __init__(self, encoder: TextEncoder, streams: int):
+    def __init__(self, encoder: TextEncoder):
         self.encoder = encoder
-        self.streams = streams
         self.queries: dict[str, Query] = {}
-        self._states: dict[str, list[AlertState]] = {}
         self._matrix: np.ndarray | None = None
         self._ids = (f"q{i}" for i in itertools.count(1))
 
@@ -88,7 +89,6 @@ class QueryBank:
             raise UserError(f"query id {query_id!r} is already in use; remove it first or pick another id")
         query = Query(query_id, text, message or text, policy, stream_time)
         self.queries[query_id] = query
-        self._states[query_id] = [AlertState(policy) for _ in range(self.streams)]
         self._matrix = None
         return query
 
@@ -96,7 +96,6 @@ class QueryBank:
         if query_id not in self.queries:
             raise UserError(f"no query with id {query_id!r}; active ids: {', '.join(self.queries) or 'none'}")
         del self.queries[query_id]
-        del self._states[query_id]
         self._matrix = None
 
     @property
@@ -111,11 +110,3 @@ class QueryBank:
             self._matrix = np.stack(rows).astype(np.float32) if rows else np.zeros((0, 1), np.float32)
         return self._matrix
 
-    def alert_state(self, query_id: str, stream: int) -> AlertState:
-        return self._states[query_id][stream]
-
-    def reset_alerts(self, stream: int | None = None) -> None:
-        for states in self._states.values():
-            for i, state in enumerate(states):
-                if stream is None or i == stream:
-                    state.reset()

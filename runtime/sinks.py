@@ -16,10 +16,10 @@ from typing import Callable
 import cv2
 import numpy as np
 
-from ..errors import UserError
-from ..files import check_output_file
-from ..metrics import above_threshold
-from ..traces import StreamScores, chunk_path, chunks_of, merge_chunks, save_scores
+from sdqes_edge.errors import UserError
+from sdqes_edge.files import check_output_file
+from sdqes_edge.metrics import above_threshold
+from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, merge_chunks, save_scores
 
 
 @dataclass
@@ -125,7 +125,8 @@ class AnnotatedVideoSink(Sink):
         h, w = image.shape[:2]
         if self._writer is None:
             codec = ANNOTATION_CODECS.get(self.path.suffix.lower())
-            writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*codec), self.fps, (w, h)) if codec else None
+            writer = (cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*codec), self.fps, (w, h))
+                      if codec else None)
             if writer is None or not writer.isOpened():
                 raise UserError(f"OpenCV could not open {self.path} for writing a {w}x{h} video; give a path ending "
                                 f"in {', '.join(ANNOTATION_CODECS)} in a folder you can write to")

@@ -19,9 +19,10 @@ from typing import Callable
 
 import numpy as np
 
+from sdqes_edge.tolerances import SOAK_BLOCK_FRAMES, SOAK_RSS_GROWTH_BYTES
+
 from .detector import RunStats, StreamingDetector
 from .sinks import JsonlSink, ScoreTraceRecorder
-from ..tolerances import SOAK_BLOCK_FRAMES, SOAK_RSS_GROWTH_BYTES
 from .sources import FrameSource
 
 SOAK_QUERIES = ("when I start cooking", "when the door opens", "when I pick up the phone")

@@ -20,14 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-# FFmpeg inside OpenCV prints its own complaints about a damaged file ("moov atom not found"); this
-# runtime reports the problem itself in one line. Read when OpenCV first opens a file, so set it here.
-os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+import cv2
+import numpy as np
 
-import cv2  # noqa: E402
-import numpy as np  # noqa: E402
-
-from ..errors import UserError  # noqa: E402
+from sdqes_edge.errors import UserError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
@@ -35,9 +31,16 @@ RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; the
 TRUNCATION_SLACK_FRAMES = 2  # a file may decode this many frames (or 1%) fewer than its container lists
 
 
-# OpenCV logs its own warnings about a camera or file it cannot open; this runtime reports those
-# itself in one line, so OpenCV's log is kept quiet.
-cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+def quiet_opencv_logs() -> None:
+    """Silence OpenCV's and FFmpeg's own logs, for an application that reports a source's problems itself.
+
+    Process-wide, so the library never does it on import: the command line calls it; a program embedding the
+    runtime decides for itself. OpenCV warns about a camera or file it cannot open, and FFmpeg inside it about a
+    damaged file ("moov atom not found"); the runtime says what went wrong in one line. FFmpeg reads its level
+    when OpenCV first opens a file, so call this before opening any source.
+    """
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 
 
 @dataclass
@@ -96,6 +99,26 @@ class FrameSource(abc.ABC):
             index += 1
             next_time = max(next_time + period, stamp + period) if self.live else index * period
 
+    def _hand_over(self, frame: Frame, q: queue.Queue, stop: threading.Event) -> None:
+        """A file's frame waits for room in the queue; a live one replaces the frame not yet taken (counted)."""
+        if not self.live:
+            while not stop.is_set():
+                try:
+                    q.put(frame, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+            return
+        try:
+            q.put_nowait(frame)
+        except queue.Full:
+            try:
+                q.get_nowait()
+                self.stats.dropped += 1
+            except queue.Empty:
+                pass
+            q.put_nowait(frame)
+
     def threaded(self, capacity: int = 8, prepare: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[Frame]:
         """The sampled frames through a reader thread (live: a queue of one, newest wins).
 
@@ -114,33 +137,20 @@ class FrameSource(abc.ABC):
                         return
                     if prepare is not None and not self.live:  # a live frame may yet be dropped
                         frame.tensor = prepare(frame.image)
-                    if self.live:
-                        try:
-                            q.put_nowait(frame)
-                        except queue.Full:
-                            try:
-                                q.get_nowait()
-                                self.stats.dropped += 1
-                            except queue.Empty:
-                                pass
-                            q.put_nowait(frame)
-                    else:
-                        while not stop.is_set():
-                            try:
-                                q.put(frame, timeout=0.1)
-                                break
-                            except queue.Full:
-                                continue
+                    self._hand_over(frame, q, stop)
             except BaseException as exc:  # delivered to the consumer, which raises it
                 errors.append(exc)
-            finally:
-                while True:
-                    try:
-                        q.put(done, timeout=0.1)
+            deliver_end()  # after everything, exceptions included (all are caught above)
+
+        def deliver_end() -> None:
+            """The end marker, put on the queue unless the consumer has stopped listening."""
+            while True:
+                try:
+                    q.put(done, timeout=0.1)
+                    return
+                except queue.Full:
+                    if stop.is_set():
                         return
-                    except queue.Full:
-                        if stop.is_set():
-                            return
 
         thread = threading.Thread(target=reader, name=f"source-{self.name}", daemon=True)
         thread.start()

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
+from sdqes_edge.contract import EMBEDDING_OUTPUT, ENGINES_FOLDER, FP16, FRAME_INPUT, engine_name
+from sdqes_edge.errors import UserError
+
+from .backend import StepResult
 from .bundle import Bundle, inside_bundle
-from .onnxruntime_backend import StepResult
 
 INSTALL_HINT = ("install TensorRT 8.5 or newer with `pip install 'sdqes-edge[tensorrt]'` (on Jetson it comes "
                 "with JetPack)")
@@ -95,9 +97,9 @@ def check_engine_matches(sidecar: dict, device: DeviceInfo, bundle_root: Path, p
 
 
 def find_engine(bundle: Bundle, precision: str, device: DeviceInfo) -> tuple[Path, dict]:
-    engine = inside_bundle(bundle.root, f"engines/{device.folder}/step.{precision}.engine")
+    engine = inside_bundle(bundle.root, f"{ENGINES_FOLDER}/{device.folder}/{engine_name(precision)}")
     if not engine.is_file():
-        others = sorted(p.name for p in (bundle.root / "engines").glob("*") if p.is_dir())
+        others = sorted(p.name for p in (bundle.root / ENGINES_FOLDER).glob("*") if p.is_dir())
         where = f" (it has engines for: {', '.join(others)})" if others else ""
         raise UserError(f"{bundle.root} has no {precision} engine for {device.folder}{where}; build one here: "
                         f"sdqes-edge build-engine {bundle.root} --precision {precision}")
@@ -138,7 +140,7 @@ class TensorRTStep:
         self.fused_queries = False
 
     @classmethod
-    def from_bundle(cls, bundle: Bundle, precision: str = "fp16") -> "TensorRTStep":
+    def from_bundle(cls, bundle: Bundle, precision: str = FP16) -> "TensorRTStep":
         engine, _ = find_engine(bundle, precision, current_device())
         return cls(engine, bundle.state_spec, int(bundle.manifest["embed_dim"]), bundle.image_size,
                    int(bundle.manifest["batch"]))
@@ -161,8 +163,8 @@ class TensorRTStep:
         src, dst = self.sets[state.buffer_set], self.sets[1 - state.buffer_set]
         np.copyto(self.frame_host, frame)
         self.cuda.memcpy_htod_async(self.frame_device, self.frame_host, self.stream)
-        self.context.set_tensor_address("frame", int(self.frame_device))
-        self.context.set_tensor_address("embedding", int(self.embedding_device))
+        self.context.set_tensor_address(FRAME_INPUT, int(self.frame_device))
+        self.context.set_tensor_address(EMBEDDING_OUTPUT, int(self.embedding_device))
         for spec, buffer_in, buffer_out in zip(self.spec, src, dst):
             self.context.set_tensor_address(spec.input_name, int(buffer_in))
             self.context.set_tensor_address(spec.output_name, int(buffer_out))

@@ -51,7 +51,8 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
                                                                "--vision-heads", "3", "--out", str(t / "x")]),
         ("export: --out is a file", ["export", "--preset", "tiny", "--out", str(t / "garbage.mp4")]),
         ("export: over a folder that is not a bundle", ["export", "--preset", "tiny", "--out", str(t / "photos")]),
-        ("eval: a CSV without the EgoSDQES columns", ["eval", "--annotations", str(t / "a.csv"), "--scores", str(t / "photos")]),
+        ("eval: a CSV without the EgoSDQES columns",
+         ["eval", "--annotations", str(t / "a.csv"), "--scores", str(t / "photos")]),
         ("eval: annotations missing", ["eval", "--annotations", str(t / "none.csv"), "--baseline", "oracle"]),
         ("bench: preset with an adapter", ["bench", "--preset", "tiny+qrnn"]),
         ("bench --out cannot be written", ["bench", "--quick", "--out", "/proc/bench"]),
@@ -59,14 +60,14 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
 
 
 def prepare(t: Path) -> Path:
-    import numpy as np
     import cv2
+    import numpy as np
     import torch
 
+    from sdqes_edge.config import preset
     from sdqes_edge.export import ExportOptions, export_bundle
     from sdqes_edge.files import file_sha256
     from sdqes_edge.model import SDQESModel
-    from sdqes_edge.config import preset
 
     model = SDQESModel(preset("tiny+qrnn")).eval()
     b = t / "bundle"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Choose the demo bundle's alert policy (hysteresis margin, cooldown) on the validation streams its
 # threshold was calibrated on (seeds 200000-200039, never the test streams or the demo's seed), and record
-# it in runtime/demo_bundle/manifest.json. The threshold itself stays the one training chose. About a minute.
+# it in sdqes_edge/data/demo_bundle/manifest.json. The threshold itself stays the one training chose. About a minute.
 #
-#   scripts/calibrate_demo_policy.sh [WORK_DIR] [BUNDLE]      (defaults runs/demo-policy, runtime/demo_bundle)
+#   scripts/calibrate_demo_policy.sh [WORK_DIR] [BUNDLE]      (defaults runs/demo-policy, sdqes_edge/data/demo_bundle)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-runs/demo-policy}
-bundle=${2:-runtime/demo_bundle}
+bundle=${2:-sdqes_edge/data/demo_bundle}
 sdqes=.venv/bin/sdqes-edge
 [ -x "$sdqes" ] || { echo "calibrate_demo_policy: run scripts/setup.sh first" >&2; exit 2; }
 validation=$(.venv/bin/python -c "from sdqes_edge.train_options import split_seeds; s = split_seeds('val', 40); print(s[0])")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuild the bundle that `sdqes-edge demo` ships (runtime/demo_bundle) from nothing: train the qrnn model on
+# Rebuild the bundle that `sdqes-edge demo` ships (sdqes_edge/data/demo_bundle) from nothing: train the qrnn model on
 # synthetic streams from its recorded seed, export it with the threshold calibrated on validation streams,
 # and keep the training record beside it. About 5 minutes on two CPU cores.
 #
@@ -16,10 +16,10 @@ threshold=$(.venv/bin/python -c "import json, sys; print(json.load(open(sys.argv
 # Export into a staging folder first: the shipped bundle is replaced only by a verified one.
 "$sdqes" export --checkpoint "$run_dir/synthetic+qrnn.pt" --threshold "$threshold" --out "$run_dir/bundle"
 cp "$record" "$run_dir/bundle/training_record.json"
-rm -rf runtime/demo_bundle.old
-[ -d runtime/demo_bundle ] && mv runtime/demo_bundle runtime/demo_bundle.old
-cp -r "$run_dir/bundle" runtime/demo_bundle
-rm -rf runtime/demo_bundle.old
+rm -rf sdqes_edge/data/demo_bundle.old
+[ -d sdqes_edge/data/demo_bundle ] && mv sdqes_edge/data/demo_bundle sdqes_edge/data/demo_bundle.old
+cp -r "$run_dir/bundle" sdqes_edge/data/demo_bundle
+rm -rf sdqes_edge/data/demo_bundle.old
 # Hysteresis and cooldown chosen on the validation streams, recorded in the manifest.
-scripts/calibrate_demo_policy.sh "$run_dir/policy" runtime/demo_bundle
-echo "runtime/demo_bundle rebuilt; next: .venv/bin/sdqes-edge demo"
+scripts/calibrate_demo_policy.sh "$run_dir/policy" sdqes_edge/data/demo_bundle
+echo "sdqes_edge/data/demo_bundle rebuilt; next: .venv/bin/sdqes-edge demo"

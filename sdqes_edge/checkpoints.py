@@ -360,7 +360,8 @@ def resolve_head_counts(checkpoint: str, vision_heads: int | None = None, text_h
     return HeadCounts(counts[0], counts[1], "attention heads: " + ", ".join(words))
 
 
-def load_model(path: str, config: ModelConfig | None = None, **infer_overrides: Any) -> tuple[SDQESModel, LoadedCheckpoint]:
+def load_model(path: str, config: ModelConfig | None = None,
+               **infer_overrides: Any) -> tuple[SDQESModel, LoadedCheckpoint]:
     """Build the model a checkpoint describes (or ``config``, checked against it) and load its weights."""
     ckpt = read_checkpoint(path)
     if config is None:

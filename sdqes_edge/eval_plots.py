@@ -9,8 +9,7 @@ import numpy as np
 
 from .annotations import Annotation
 from .errors import UserError
-from .metrics import TOLERANCE_WINDOWS, RECALL_KS, ScoreTrace, predictions
-
+from .metrics import RECALL_KS, TOLERANCE_WINDOWS, ScoreTrace, predictions
 
 PLOTS_NEED = "matplotlib is not installed (pip install 'sdqes-edge[eval]')"
 

@@ -13,8 +13,18 @@ from pathlib import Path
 import numpy as np
 
 from .annotations import Annotation
-from .metrics import (RECALL_KS, TOLERANCE_WINDOWS, EvalResult, ScoreTrace, calibrate, evaluate, frame_at_or_after,
-                      min_distance_at, predictions, window_name)
+from .metrics import (
+    RECALL_KS,
+    TOLERANCE_WINDOWS,
+    EvalResult,
+    ScoreTrace,
+    calibrate,
+    evaluate,
+    frame_at_or_after,
+    min_distance_at,
+    predictions,
+    window_name,
+)
 from .traces import StreamScores
 
 # A label needs this many calibration queries for a threshold of its own; fewer fall back to the global one.

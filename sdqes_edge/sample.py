@@ -40,7 +40,8 @@ def sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_W
         phase = 2 * np.pi * t / max(count, 8)
         frame = np.empty((height, width, 3), dtype=np.float32)
         for c in range(3):
-            frame[..., c] = base_colour[c] + 40 * np.sin(xx / width * 3 + phase + c) + 30 * np.cos(yy / height * 2 - phase)
+            frame[..., c] = (base_colour[c] + 40 * np.sin(xx / width * 3 + phase + c)
+                             + 30 * np.cos(yy / height * 2 - phase))
         # A disk crossing the scene.
         cx = (0.1 + 0.8 * ((t * 0.07) % 1.0)) * width
         cy = height * (0.5 + 0.25 * np.sin(phase))

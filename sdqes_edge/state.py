@@ -13,10 +13,10 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from .contract import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX
 from .errors import UserError
 
-STATE_INPUT_PREFIX = "state_in."
-STATE_OUTPUT_PREFIX = "state_out."
+__all__ = ["STATE_INPUT_PREFIX", "STATE_OUTPUT_PREFIX", "StateTensorSpec", "StateSpec"]
 
 
 @dataclass(frozen=True)

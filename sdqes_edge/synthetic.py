@@ -43,12 +43,14 @@ PHRASINGS = {
     "square_appears": [("Tell me when a {colour} square appears.", "A {colour} square is here."),
                        ("Remind me when I see the {colour} square.", "There is the {colour} square.")],
     "starts_moving": [("Tell me when the {colour} ball starts rolling.", "The ball is moving."),
-                      ("Let me know as soon as the {colour} ball begins to move.", "The {colour} ball started moving.")],
+                      ("Let me know as soon as the {colour} ball begins to move.",
+                       "The {colour} ball started moving.")],
     "stops": [("Tell me when the rolling {colour} ball stops.", "The ball has stopped."),
               ("Remind me when the {colour} ball comes to rest.", "The {colour} ball is still now.")],
     "lamp_after_door": [("When the lamp turns on after the door opened, remind me to close the door.",
                          "Close the door."),
-                        ("Once the door is open and the light comes on, tell me.", "The light is on and the door is open.")],
+                        ("Once the door is open and the light comes on, tell me.",
+                         "The light is on and the door is open.")],
     "second_ball": [("Tell me the second time the small {colour} ball shows up.", "The small ball is back."),
                     ("Remind me when the {colour} ball appears again.", "The {colour} ball appeared again.")],
 }
@@ -102,18 +104,45 @@ def _timeline(rng: np.random.Generator, seconds: float) -> dict:
     return t
 
 
+def _draw_objects(img: np.ndarray, now: float, t: dict, ball_x: int, colours: tuple[str, str, str]) -> None:
+    """The scene's objects at time ``now`` drawn over ``img`` (BGR uint8 [H, W, 3]) in place."""
+    import cv2
+
+    height, width = img.shape[:2]
+    square_colour, ball_colour, small_colour = colours
+    floor_y, ball_r = int(height * 0.8), max(3, height // 12)
+    # The door on the left: closed (brown panel), open (dark gap, panel swung aside) for a few seconds.
+    dx0, dx1, dy0 = int(width * DOOR_X[0]), int(width * DOOR_X[1]), int(height * 0.3)
+    if not t["door"] <= now < t["door_shut"]:
+        cv2.rectangle(img, (dx0, dy0), (dx1, floor_y), (40, 70, 120), -1)
+    else:
+        cv2.rectangle(img, (dx0, dy0), (dx1, floor_y), (20, 20, 20), -1)
+        cv2.rectangle(img, (dx0, dy0), (dx0 + (dx1 - dx0) // 4, floor_y), (40, 70, 120), -1)
+    # The lamp, top right: yellow when on.
+    lamp_on = now >= t["lamp"] or (t["flicker"] is not None and t["flicker"] <= now < t["flicker"] + 2.0)
+    cv2.circle(img, (int(width * LAMP_CENTRE[0]), int(height * LAMP_CENTRE[1])), max(3, height // 14),
+               (80, 230, 250) if lamp_on else (90, 90, 90), -1)
+    cv2.circle(img, (ball_x, floor_y - ball_r), ball_r, COLOURS[ball_colour], -1)
+    # The small ball: in view twice.
+    if t["ball_in"] <= now < t["ball_out"] or now >= t["ball_again"]:
+        centre = (int(width * SMALL_BALL_CENTRE[0]), int(height * SMALL_BALL_CENTRE[1]))
+        cv2.circle(img, centre, max(2, ball_r // 2), COLOURS[small_colour], -1)
+    # The square appears and stays.
+    if now >= t["square"]:
+        side = max(4, height // 6)
+        sx, sy = int(width * SQUARE_CORNER[0]), int(height * SQUARE_CORNER[1])
+        cv2.rectangle(img, (sx, sy), (sx + side, sy + side), COLOURS[square_colour], -1)
+
+
 def generate_stream(seed: int, seconds: float = 60.0, fps: float = 2.0, height: int = 96, width: int = 128,
                     uid: str | None = None, noise: float = 3.0) -> Stream:
     """One scene, drawn at ``fps``; the events' start times are exact to the frame."""
-    import cv2
-
     rng = np.random.default_rng(seed)
     t = _timeline(rng, seconds)
     square_colour, ball_colour, small_colour = rng.choice(list(COLOURS), size=3, replace=False)
     frames = np.empty((int(round(seconds * fps)), height, width, 3), dtype=np.uint8)
     background = np.array(rng.uniform(90, 160, size=3), dtype=np.float32)
     floor_y = int(height * 0.8)
-    ball_r = max(3, height // 12)
     track0, track1 = BALL_TRACK_X[0] * width, BALL_TRACK_X[1] * width
     x0 = rng.uniform(track0, track1)  # anywhere on the track: where a still ball sits says nothing
     speed = rng.uniform(0.04, 0.08) * width  # pixels per second
@@ -125,17 +154,6 @@ def generate_stream(seed: int, seconds: float = 60.0, fps: float = 2.0, height: 
         if noise:
             frame += rng.normal(0, noise, size=frame.shape).astype(np.float32)  # sensor noise
         img = np.clip(frame, 0, 255).astype(np.uint8)
-        # The door on the left: closed (brown panel), open (dark gap, panel swung aside) for a few seconds.
-        dx0, dx1, dy0 = int(width * DOOR_X[0]), int(width * DOOR_X[1]), int(height * 0.3)
-        if not t["door"] <= now < t["door_shut"]:
-            cv2.rectangle(img, (dx0, dy0), (dx1, floor_y), (40, 70, 120), -1)
-        else:
-            cv2.rectangle(img, (dx0, dy0), (dx1, floor_y), (20, 20, 20), -1)
-            cv2.rectangle(img, (dx0, dy0), (dx0 + (dx1 - dx0) // 4, floor_y), (40, 70, 120), -1)
-        # The lamp, top right: yellow when on.
-        lamp_on = now >= t["lamp"] or (t["flicker"] is not None and t["flicker"] <= now < t["flicker"] + 2.0)
-        cv2.circle(img, (int(width * LAMP_CENTRE[0]), int(height * LAMP_CENTRE[1])), max(3, height // 14),
-                   (80, 230, 250) if lamp_on else (90, 90, 90), -1)
         # The big ball on the floor: still, then rolling right (wrapping), then still again.
         if now < t["move"]:
             x = x0
@@ -144,16 +162,7 @@ def generate_stream(seed: int, seconds: float = 60.0, fps: float = 2.0, height: 
         else:
             x = x0 + speed * (t["stop"] - t["move"])
         x = track0 + (x - track0) % (track1 - track0)
-        cv2.circle(img, (int(x), floor_y - ball_r), ball_r, COLOURS[ball_colour], -1)
-        # The small ball: in view twice.
-        if t["ball_in"] <= now < t["ball_out"] or now >= t["ball_again"]:
-            cv2.circle(img, (int(width * SMALL_BALL_CENTRE[0]), int(height * SMALL_BALL_CENTRE[1])), max(2, ball_r // 2),
-                       COLOURS[small_colour], -1)
-        # The square appears and stays.
-        if now >= t["square"]:
-            side = max(4, height // 6)
-            sx, sy = int(width * SQUARE_CORNER[0]), int(height * SQUARE_CORNER[1])
-            cv2.rectangle(img, (sx, sy), (sx + side, sy + side), COLOURS[square_colour], -1)
+        _draw_objects(img, now, t, int(x), (square_colour, ball_colour, small_colour))
         frames[i] = img
 
     def frame_time(seconds_: float) -> float:

@@ -43,7 +43,8 @@ _SPLIT_PATTERN = regex.compile(
 @functools.lru_cache(maxsize=1)
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2/CLIP's reversible map from bytes to printable unicode characters."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
     codes = printable[:]
     extra = 0
     for b in range(256):
@@ -69,7 +70,7 @@ class ClipTokenizer:
 
     def __init__(self, vocab_path: str | None = None, context_length: int = CONTEXT_LENGTH):
         if vocab_path is None:
-            data = resources.files("sdqes_edge").joinpath("data", VOCAB_FILE).read_bytes()
+            data = resources.files(__package__).joinpath("data", VOCAB_FILE).read_bytes()
         else:
             with open(vocab_path, "rb") as fh:
                 data = fh.read()
@@ -126,7 +127,8 @@ class ClipTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         text = "".join(self.decoder[int(i)] for i in ids if int(i) not in (0, self.start_id, self.end_id))
-        return bytearray(self.byte_decoder[c] for c in text).decode("utf-8", errors="replace").replace("</w>", " ").strip()
+        decoded = bytearray(self.byte_decoder[c] for c in text).decode("utf-8", errors="replace")
+        return decoded.replace("</w>", " ").strip()
 
     def count(self, text: str) -> int:
         """Positions the query takes, start and end tokens included."""
@@ -167,7 +169,7 @@ def check_query_text(text: str) -> str:
 
 def vocab_path() -> Path:
     """The BPE vocabulary shipped in the package (bundles carry a copy)."""
-    return Path(str(resources.files("sdqes_edge").joinpath("data", VOCAB_FILE)))
+    return Path(str(resources.files(__package__).joinpath("data", VOCAB_FILE)))
 
 
 @functools.lru_cache(maxsize=1)

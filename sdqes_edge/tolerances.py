@@ -1,5 +1,7 @@
 """Numerical tolerances that define "equal" across forms and formats (DESIGN.md section 5)."""
 
+from sdqes_edge.contract import FP16, INT8
+
 # Step form against window form, and ONNX against PyTorch, fp32, on L2-normalized embeddings.
 FP32_EMBEDDING_ATOL = 1e-4
 # fp32 state tensors, per element: absolute where |state| <= 1, relative to the tensor's largest
@@ -9,8 +11,8 @@ FP32_STATE_ATOL = 1e-4
 # Reduced-precision step graphs against the fp32 graph, after a long stream with the state carried.
 # A variant outside these is refused at export with its figures shown.
 VARIANT_TOLERANCES = {
-    "fp16": {"min_cosine": 0.999, "max_abs_embedding": 2e-2},
-    "int8": {"min_cosine": 0.95, "max_abs_embedding": 1e-1},
+    FP16: {"min_cosine": 0.999, "max_abs_embedding": 2e-2},
+    INT8: {"min_cosine": 0.95, "max_abs_embedding": 1e-1},
 }
 # Frames over which fp16/int8 drift is measured with the state carried (DESIGN.md: fp16 LayerNorm can overflow on
 # long streams; a recurrent state integrates quantization error, which 500 frames did not always show).

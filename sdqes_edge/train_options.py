@@ -9,7 +9,8 @@ from .config import DEFAULT_FPS, ModelConfig, preset, with_authors_adapter
 from .errors import UserError
 
 # What `sdqes-edge train` fits a model to (the runtime says so when it runs a model trained here).
-SYNTHETIC_TRAINING_DATA = "synthetic scenes (coloured squares, rolling balls, a door and a lamp drawn by `sdqes-edge synth`)"
+SYNTHETIC_TRAINING_DATA = ("synthetic scenes (coloured squares, rolling balls, a door and a lamp drawn by "
+                           "`sdqes-edge synth`)")
 
 # Data seeds of each split live in disjoint ranges, so no stream is in two splits whatever the sizes.
 SPLIT_SEED_BASE = {"train": 100_000, "val": 200_000, "test": 300_000}
@@ -70,3 +71,13 @@ class TrainOptions:
             raise UserError("; ".join(problems))
         self.model_config()  # an unknown preset or adapter fails here, before any data is made
         return self
+
+
+def training_data_words(record: dict | None) -> str | None:
+    """What a bundle's model was trained on, in words, from its training record (None: no record says)."""
+    try:
+        train = record["data"]["train"]  # type: ignore[index]
+    except (KeyError, TypeError):
+        return None
+    # `sdqes-edge train` fits only synthetic streams, drawn from seeds it records.
+    return f"{SYNTHETIC_TRAINING_DATA}, {train['streams']} training streams" if "seeds" in train else None

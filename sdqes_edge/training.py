@@ -37,7 +37,6 @@ from .synthetic import COLOURS, PHRASINGS, Event, generate_stream
 from .tokenizer import default_tokenizer
 from .train_options import CHECKPOINT_RECORD_KEY, TrainOptions, split_seeds
 
-
 # --- queries ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -229,14 +228,62 @@ def train(options: TrainOptions, out_dir: str | Path, log: Callable[[str], None]
 
     model = build_model(options)
     token_ids = torch.from_numpy(default_tokenizer().tokenize([q.text for q in catalogue]))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=options.weight_decay)
     pos_weight = torch.tensor(options.pos_weight or balanced_pos_weight(data["train"].labels))
+    losses = _fit(model, options, data["train"], token_ids, pos_weight, progress)
+    train_seconds = time.perf_counter() - started - data_seconds
+
+    embed_stream, encode_queries = torch_scorers(model)
+    val_scores = score_split(data["val"], embed_stream, encode_queries)
+    threshold = calibrated_threshold(val_scores)
+    val = split_metrics(val_scores, threshold)
+    test = split_metrics(score_split(data["test"], embed_stream, encode_queries), threshold)
+    record = {
+        "command": training_command(options),
+        "options": asdict(options),
+        "model": json.loads(cfg.to_json()),
+        "data": {split: {"streams": s.size, "frames": int(s.frames.shape[0] * s.frames.shape[1]),
+                         "events": sum(len(e) for e in s.events), "seeds": [split_seeds(split, s.size)[0],
+                                                                            split_seeds(split, s.size)[-1]]}
+                 for split, s in data.items()},
+        "catalogue_queries": len(catalogue),
+        "pos_weight": float(pos_weight),
+        "loss": {"first_20": float(np.mean(losses[:20])), "last_20": float(np.mean(losses[-20:]))},
+        "threshold": threshold,
+        "val": val.to_dict(),
+        "test": test.to_dict(),
+        "seconds": {"data": round(data_seconds, 1), "training": round(train_seconds, 1),
+                    "total": round(time.perf_counter() - started, 1)},
+        "versions": {__package__: __version__, "torch": str(torch.__version__), "numpy": np.__version__,
+                     "python": platform.python_version()},
+        "machine": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
+    checkpoint = _save(model, record, out_dir / f"{cfg.name}.pt")
+    log(f"{cfg.name} seed {options.seed}: loss {record['loss']['first_20']:.4f} -> {record['loss']['last_20']:.4f}, "
+        f"threshold {threshold:.4f} (validation), test SR@1 all {test.headline(test.all)['SR@1']:.1f} / "
+        f"single-frame {test.headline(test.single_frame)['SR@1']:.1f} / temporal "
+        f"{test.headline(test.temporal)['SR@1']:.1f}, {record['seconds']['total']:.0f} s")
+    return TrainResult(checkpoint, record, model)
+
+
+def _save(model, record: dict, checkpoint: Path) -> Path:
+    """``<name>.pt`` (weights in CLIP's layout, with the record) and ``<name>.record.json``, each written whole."""
+    tmp = checkpoint.with_name(checkpoint.name + ".tmp")
+    torch.save({"state_dict": model.clip_state_dict(), CHECKPOINT_RECORD_KEY: record}, tmp)
+    tmp.replace(checkpoint)
+    (checkpoint.parent / f"{checkpoint.stem}.record.json").write_text(json.dumps(record, indent=2))
+    return checkpoint
+
+
+def _fit(model, options: TrainOptions, train_set: StreamSet, token_ids: torch.Tensor, pos_weight: torch.Tensor,
+         progress: Callable | None) -> list[float]:
+    """AdamW on BCE of cos(frame, query) over random windows of the training streams; the loss per step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr, weight_decay=options.weight_decay)
     rng = np.random.default_rng(options.seed)
-    train_set = data["train"]
     frames_per_stream = train_set.frames.shape[1]
     losses = []
     steps = range(options.steps)
-    bar = progress(steps, desc=f"training {cfg.name} seed {options.seed}") if progress else steps
+    bar = progress(steps, desc=f"training {model.cfg.name} seed {options.seed}") if progress else steps
     model.train()
     for step in bar:
         for group in optimizer.param_groups:
@@ -259,45 +306,7 @@ def train(options: TrainOptions, out_dir: str | Path, log: Callable[[str], None]
         if hasattr(bar, "set_postfix") and step % 10 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
     model.eval()
-    train_seconds = time.perf_counter() - started - data_seconds
-
-    embed_stream, encode_queries = torch_scorers(model)
-    val_scores = score_split(data["val"], embed_stream, encode_queries)
-    threshold = calibrated_threshold(val_scores)
-    val = split_metrics(val_scores, threshold)
-    test = split_metrics(score_split(data["test"], embed_stream, encode_queries), threshold)
-
-    record = {
-        "command": training_command(options),
-        "options": asdict(options),
-        "model": json.loads(cfg.to_json()),
-        "data": {split: {"streams": s.size, "frames": int(s.frames.shape[0] * s.frames.shape[1]),
-                         "events": sum(len(e) for e in s.events), "seeds": [split_seeds(split, s.size)[0],
-                                                                            split_seeds(split, s.size)[-1]]}
-                 for split, s in data.items()},
-        "catalogue_queries": len(catalogue),
-        "pos_weight": float(pos_weight),
-        "loss": {"first_20": float(np.mean(losses[:20])), "last_20": float(np.mean(losses[-20:]))},
-        "threshold": threshold,
-        "val": val.to_dict(),
-        "test": test.to_dict(),
-        "seconds": {"data": round(data_seconds, 1), "training": round(train_seconds, 1),
-                    "total": round(time.perf_counter() - started, 1)},
-        "versions": {"sdqes_edge": __version__, "torch": str(torch.__version__), "numpy": np.__version__,
-                     "python": platform.python_version()},
-        "machine": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-    }
-    checkpoint = out_dir / f"{cfg.name}.pt"
-    tmp = checkpoint.with_name(checkpoint.name + ".tmp")
-    torch.save({"state_dict": model.clip_state_dict(), CHECKPOINT_RECORD_KEY: record}, tmp)
-    tmp.replace(checkpoint)
-    (out_dir / f"{cfg.name}.record.json").write_text(json.dumps(record, indent=2))
-    log(f"{cfg.name} seed {options.seed}: loss {record['loss']['first_20']:.4f} -> {record['loss']['last_20']:.4f}, "
-        f"threshold {threshold:.4f} (validation), test SR@1 all {test.headline(test.all)['SR@1']:.1f} / "
-        f"single-frame {test.headline(test.single_frame)['SR@1']:.1f} / temporal "
-        f"{test.headline(test.temporal)['SR@1']:.1f}, {record['seconds']['total']:.0f} s")
-    return TrainResult(checkpoint, record, model)
+    return losses
 
 
 def make_splits(options: TrainOptions, cfg: ModelConfig, catalogue: list[CatalogueQuery],

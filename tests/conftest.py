@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# Fixtures of their own modules, available to every test: `exported` (a tiny QRNN bundle).
+pytest_plugins = ["runtime_fixtures"]
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SDQES_SHARED", REPO_ROOT.parent / "shared"))
 EGOSDQES_CSV = SHARED / "data" / "egosdqes_all.csv"

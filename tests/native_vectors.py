@@ -9,6 +9,7 @@ drift apart without a test failing.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import sys
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+
+from sdqes_edge import contract
 
 VECTORS = Path(__file__).resolve().parent / "vectors"
 
@@ -35,6 +38,34 @@ ALERT_CASES = [
     {"name": "at float32(threshold)", "policy": {"threshold": 0.3}, "fps": 1.0,
      "probs": [0.1, 0.1, float(np.float32(0.3)), 0.1, 0.9, 0.1]},
 ]
+
+
+def schema_required_paths() -> list[tuple[str, ...]]:
+    """Every key the schema requires at the top level and inside the objects every manifest has."""
+    schema = contract.manifest_schema()
+    paths = [(key,) for key in schema["required"]]
+    for key, sub in schema["properties"].items():
+        if key in schema["required"] and sub.get("type") == "object":
+            paths += [(key, inner) for inner in sub.get("required", [])]
+    paths += [("state", 0, key) for key in schema["properties"]["state"]["items"]["required"]]
+    return paths
+
+
+REQUIRED_PATHS = schema_required_paths()
+
+
+def manifest_without(path: tuple, work) -> object:
+    """The shared vectors bundle, copied under ``work``, its manifest lacking the key at ``path``."""
+    bundle = work / "bundle"
+    shutil.copytree(VECTORS / "bundle", bundle)
+    manifest = json.loads((bundle / contract.MANIFEST_NAME).read_text())
+    changed = copy.deepcopy(manifest)
+    parent = changed
+    for step in path[:-1]:
+        parent = parent[step]
+    del parent[path[-1]]
+    (bundle / contract.MANIFEST_NAME).write_text(json.dumps(changed))
+    return bundle
 
 
 def alert_frames(policy: dict, probs: list[float], fps: float) -> list[int]:
@@ -106,6 +137,7 @@ def write(out: Path = VECTORS) -> None:
     # (hashes recomputed), so the manifest logic is shared without committing megabytes.
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from conftest import random_model
+
     from sdqes_edge.export import ExportOptions, Query, export_bundle
 
     with tempfile.TemporaryDirectory() as tmp:

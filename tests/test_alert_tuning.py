@@ -43,12 +43,12 @@ def test_eval_writes_the_policy_into_the_bundle_and_the_runtime_uses_it(tmp_path
     import subprocess
     import sys
 
+    from conftest import random_model
+    from test_evaluation import write_annotations
+
     from sdqes_edge.export import ExportOptions, export_bundle
     from sdqes_edge.runtime.detector import StreamingDetector
     from sdqes_edge.traces import StreamScores, save_scores
-
-    from conftest import random_model
-    from test_evaluation import write_annotations
 
     bundle = tmp_path / "bundle"
     export_bundle(random_model("mlp"), bundle, ExportOptions(show_progress=False, threshold=0.6), log=lambda m: None)

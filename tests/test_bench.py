@@ -39,8 +39,9 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     """The rows `--device cuda` adds are device-generic code: here they run on the CPU (no CUDA graphs)."""
     import dataclasses
 
+    from sdqes_edge.benchmarks.config import QUICK, BenchConfig
     from sdqes_edge.benchmarks.device import markdown
-    from sdqes_edge.benchmarks.suite import QUICK, BenchConfig, run_device_section
+    from sdqes_edge.benchmarks.suite import run_device_section
 
     cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, device="cpu", device_batches=(1, 2),
                               device_scaling_frames=20, scaling_probe=5, e2e_frames=4)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEMO_BUNDLE = REPO_ROOT / "runtime" / "demo_bundle"
+DEMO_BUNDLE = REPO_ROOT / "sdqes_edge" / "data" / "demo_bundle"
 RECORDED = REPO_ROOT / "tests" / "vectors" / "demo_bundle_format1_outputs.json"
 QUERIES = ("I start cooking", "I wash my hands")
 FRAMES = 24

@@ -8,13 +8,12 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from conftest import ADAPTER_CASES, case_id, random_model, tiny_config
 
 from sdqes_edge.checkpoints import infer_config, load_model, read_checkpoint
 from sdqes_edge.config import preset
 from sdqes_edge.errors import UserError
 from sdqes_edge.model import SDQESModel
-
-from conftest import ADAPTER_CASES, case_id, random_model, tiny_config
 
 FRAMES = torch.randn(1, 4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 
@@ -244,7 +243,8 @@ def test_export_records_the_head_counts_and_their_rule_in_the_manifest(tmp_path)
     assert "attention heads: vision 4 (from open_clip_config.json), text 2 (from open_clip_config.json)" in done.stdout
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert (manifest["model"]["vision"]["heads"], manifest["model"]["text"]["heads"]) == (4, 2)
-    assert manifest["checkpoint"]["heads"]["vision"] == 4 and "open_clip_config.json" in manifest["checkpoint"]["heads"]["rule"]
+    heads = manifest["checkpoint"]["heads"]
+    assert heads["vision"] == 4 and "open_clip_config.json" in heads["rule"]
     bad = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "export", "--checkpoint", str(path), "--out",
                           str(tmp_path / "c"), "--vision-heads", "3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "not divisible by vision.heads 3" in bad.stderr, bad.stderr

@@ -73,10 +73,10 @@ def test_a_missing_chunk_is_named_rather_than_read_as_a_shorter_stream(tmp_path)
 @pytest.mark.parametrize("kind", ["st", "qrnn", "retnet"])
 def test_a_soak_through_the_whole_runtime_loop_keeps_the_state_finite_and_the_memory_flat(kind, tmp_path):
     """CI's short version of `sdqes-edge check --soak 100000` (every kind, 10 blocks of 10,000 frames)."""
+    from conftest import random_model
+
     from sdqes_edge.export import ExportOptions, export_bundle
     from sdqes_edge.runtime.soak import soak_bundle
-
-    from conftest import random_model
 
     bundle = tmp_path / kind
     export_bundle(random_model(kind, per_block=2), bundle, ExportOptions(show_progress=False), log=lambda m: None)

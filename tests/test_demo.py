@@ -8,8 +8,8 @@ import sys
 
 import cv2
 
+from sdqes_edge.demo import DEMO_BUNDLE, DEMO_SEED
 from sdqes_edge.runtime.bundle import load_bundle
-from sdqes_edge.runtime.demo import DEMO_BUNDLE, DEMO_SEED
 from sdqes_edge.synthetic import EVENT_KINDS
 from sdqes_edge.train_options import TrainOptions, is_training_seed
 
@@ -53,8 +53,8 @@ def test_the_demo_alerts_on_a_fresh_stream_without_torch_and_writes_what_it_says
 
 def test_the_demo_uses_the_alert_policy_chosen_on_validation_streams_and_reports_false_alerts(tmp_path):
     """The shipped bundle records a policy from scripts/calibrate_demo_policy.sh (validation seeds only)."""
+    from sdqes_edge.demo import DEMO_BUNDLE
     from sdqes_edge.runtime.bundle import load_bundle
-    from sdqes_edge.runtime.demo import DEMO_BUNDLE
 
     policy = load_bundle(DEMO_BUNDLE).manifest["thresholds"]["policy"]
     assert policy["chosen_on"]["split"] == "val" and policy["cooldown_s"] > 0
@@ -90,7 +90,7 @@ def test_a_seed_from_a_training_split_is_run_with_a_warning(tmp_path):
 def test_run_says_when_a_bundle_was_trained_on_synthetic_scenes_only(tmp_path):
     import cv2
 
-    from sdqes_edge.runtime.demo import DEMO_BUNDLE
+    from sdqes_edge.demo import DEMO_BUNDLE
     from sdqes_edge.sample import sample_frames
 
     video = tmp_path / "kitchen.avi"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime
 import pytest
+from conftest import random_model
 
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import ExportOptions, export_bundle
@@ -17,8 +18,6 @@ from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import BoundState, OnnxRuntimeStep, _check_providers
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import sample_frames
-
-from conftest import random_model
 
 HAS_CUDA = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu with the CUDA execution provider "

@@ -88,10 +88,10 @@ def test_per_label_thresholds_pick_each_labels_own_best(tmp_path):
 
 
 def test_eval_command_writes_tables_plots_and_the_calibrated_threshold_into_a_bundle(tmp_path):
+    from conftest import random_model
+
     from sdqes_edge.export import ExportOptions, export_bundle
     from sdqes_edge.runtime.bundle import load_bundle
-
-    from conftest import random_model
 
     bundle = tmp_path / "bundle"
     export_bundle(random_model("mlp"), bundle, ExportOptions(show_progress=False), log=lambda m: None)

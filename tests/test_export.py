@@ -19,19 +19,18 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import random_model
 
 from sdqes_edge.config import ModelConfig
+from sdqes_edge.contract import METADATA_KEY
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import ExportOptions, Query, export_bundle
-from sdqes_edge.export.graphs import METADATA_KEY
 from sdqes_edge.export.verify import VerificationError, verify_step_graph
 from sdqes_edge.runtime.bundle import BundleError, load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import sample_frames
 from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL, FP32_STATE_ATOL
-
-from conftest import random_model
 
 KINDS = ["none", "mlp", "st", "qrnn", "retnet"]
 STREAM_FRAMES = 32

@@ -7,6 +7,7 @@ import sys
 
 import onnx
 import pytest
+from conftest import random_model
 
 from sdqes_edge.config import preset
 from sdqes_edge.export import ExportOptions, export_bundle
@@ -15,8 +16,6 @@ from sdqes_edge.export.graphs import export_step_graph
 from sdqes_edge.export.tensorrt_engine import nvidia_gpu_present
 from sdqes_edge.export.tensorrt_ops import unsupported_ops
 from sdqes_edge.model import SDQESModel
-
-from conftest import random_model
 
 # Published figures for CLIP ViT-B/16's image tower at 224px (DESIGN.md section 3).
 B16_PARAMETERS = 86.2e6

@@ -12,17 +12,15 @@ import json
 import numpy as np
 import onnx
 import pytest
+from conftest import random_model
 
 from sdqes_edge.export import ExportOptions, export_bundle, graphs
-from sdqes_edge.export.precision import (BACKBONE_PRODUCTS_PER_BLOCK, QuantizationPolicyError, TowerShape,
-                                         quantize_int8)
+from sdqes_edge.export.precision import BACKBONE_PRODUCTS_PER_BLOCK, QuantizationPolicyError, TowerShape, quantize_int8
 from sdqes_edge.export.verify import compare_variant, run_stream
 from sdqes_edge.runtime.kernels import count_kernels
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import sample_frames
-
-from conftest import random_model
 
 RECURRENT_KINDS = ("st", "qrnn", "retnet")
 
@@ -101,7 +99,8 @@ def test_onnx_runtime_runs_every_quantized_product_fused(fp32_graphs, tmp_path, 
     # (zeros of a random init), never a weight matrix.
     optimized = onnx.load(str(tmp_path / "int8.onnx"))
     matrices = {i.name for i in optimized.graph.initializer if len(i.dims) >= 2}
-    dequantized_matrices = [n for n in optimized.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in matrices]
+    dequantized_matrices = [n for n in optimized.graph.node
+                            if n.op_type == "DequantizeLinear" and n.input[0] in matrices]
     assert executed.get("DequantizeLinear", 0) <= executed.get("LayerNormalization", 0)
     assert dequantized_matrices  # they exist in the file; ONNX Runtime folds them into QGemm
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import random_model
 
 from sdqes_edge.model.checks import soak
 from sdqes_edge.model.retention import SimpleRetention
-
-from conftest import random_model
 
 LONG_STREAM = 20_000
 

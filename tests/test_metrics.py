@@ -7,8 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdqes_edge.metrics import (ScoreTrace, calibrate, evaluate, frame_at_or_after, min_distance_at, predictions,
-                                rising_edges, tolerance_mask)
+from sdqes_edge.metrics import (
+    ScoreTrace,
+    calibrate,
+    evaluate,
+    frame_at_or_after,
+    min_distance_at,
+    predictions,
+    rising_edges,
+    tolerance_mask,
+)
 
 W = "[-5,+10]"
 

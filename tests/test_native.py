@@ -14,8 +14,14 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
-from native_vectors import VECTORS, alert_frames, plant_confinement_case, preprocess_expected
+from native_vectors import (
+    REQUIRED_PATHS,
+    VECTORS,
+    alert_frames,
+    manifest_without,
+    plant_confinement_case,
+    preprocess_expected,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,3 +105,12 @@ def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_buil
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("path", REQUIRED_PATHS, ids=["/".join(map(str, p)) for p in REQUIRED_PATHS])
+def test_sdqes_run_refuses_a_manifest_without_a_key_the_schema_requires(path, native_build, tmp_path):
+    """The native runtime does not read the JSON Schema; it is held to it here, key by key."""
+    done = subprocess.run([str(native_build / "sdqes-run"), str(manifest_without(path, tmp_path)), "--source",
+                           "clip.mp4"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "malformed" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

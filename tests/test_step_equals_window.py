@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import ADAPTER_CASES, case_id, random_model, tiny_config
 
 from sdqes_edge.config import TEMPORAL_ADAPTER_KINDS
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL
-
-from conftest import ADAPTER_CASES, case_id, random_model, tiny_config
 
 BATCH, FRAMES = 2, 12
 

@@ -7,8 +7,15 @@ import pytest
 
 from sdqes_edge.annotations import load_annotations, oracle_traces
 from sdqes_edge.metrics import evaluate
-from sdqes_edge.synthetic import (COLOURS, DOOR_X, EVENT_KINDS, LAMP_CENTRE, TEMPORAL_EVENTS, generate_stream,
-                                  write_dataset)
+from sdqes_edge.synthetic import (
+    COLOURS,
+    DOOR_X,
+    EVENT_KINDS,
+    LAMP_CENTRE,
+    TEMPORAL_EVENTS,
+    generate_stream,
+    write_dataset,
+)
 
 FPS = 2.0
 

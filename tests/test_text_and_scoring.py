@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
+from conftest import random_model
 
 from sdqes_edge.model import probability, score
-
-from conftest import random_model
 
 
 def test_query_embeddings_are_normalized_and_independent_of_the_batch():

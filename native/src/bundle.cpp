@@ -17,6 +17,14 @@ std::string reexport_hint(const fs::path& root) {
   return "re-export it (sdqes-edge export ... --out " + root.string() + ")";
 }
 
+// What sdqes_edge/bundle_manifest.schema.json requires, top level and one level down; tests/test_contract.py
+// removes each key the schema requires from a manifest and checks this runtime refuses it.
+const char* const kManifestRequired[] = {"format", "format_version", "model", "preprocess", "image_size",
+                                         "embed_dim", "batch", "fps", "state", "graphs", "tokenizer",
+                                         "thresholds", "files", "tool_versions"};
+const char* const kGraphsRequired[] = {"step", "text"};
+const char* const kTokenizerRequired[] = {"file", "context_length"};
+
 const json& require(const json& object, const char* key, const fs::path& manifest) {
   if (!object.is_object() || !object.contains(key)) {
     throw Error(manifest.string() + " is malformed: missing '" + key + "'; " +
@@ -77,8 +85,8 @@ std::vector<StateTensor> parse_state_spec(const json& items) {
     StateTensor t;
     t.name = item.at("name").get<std::string>();
     t.shape = item.at("shape").get<std::vector<int64_t>>();
-    t.dtype = item.value("dtype", std::string("float32"));
-    t.initial_value = item.value("initial_value", 0.0f);
+    t.dtype = item.at("dtype").get<std::string>();
+    t.initial_value = item.at("initial_value").get<float>();
     if (t.dtype != "float32") throw Error("state tensor " + t.name + " has dtype " + t.dtype + "; expected float32");
     out.push_back(std::move(t));
   }
@@ -142,8 +150,12 @@ Bundle load_bundle(const fs::path& root, bool verify_hashes) {
     b.preprocess.resize_shorter_side = pre.value("resize_shorter_side", true);
     b.preprocess.center_crop = pre.value("center_crop", true);
     b.state = parse_state_spec(require(m, "state", manifest_path));
-    require(require(m, "graphs", manifest_path), "step", manifest_path);
-    require(m, "files", manifest_path);
+    for (const char* key : kManifestRequired) require(m, key, manifest_path);
+    for (const char* key : kGraphsRequired) require(m.at("graphs"), key, manifest_path);
+    for (const char* key : kTokenizerRequired) require(m.at("tokenizer"), key, manifest_path);
+    for (const auto& [precision, entry] : m.at("graphs").at("step").items()) {
+      for (const char* key : {"file", "inputs", "outputs"}) require(entry, key, manifest_path);
+    }
   } catch (const json::exception& e) {
     throw Error(manifest_path.string() + " is malformed (" + std::string(e.what()) + "); " + reexport_hint(root));
   }

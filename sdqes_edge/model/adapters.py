@@ -37,7 +37,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..config import AdapterConfig
+from sdqes_edge.config import AdapterConfig
+
 from .layers import LayerNorm, quick_gelu
 from .retention import SimpleRetention
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ModelConfig
-from ..state import StateSpec, StateTensorSpec
+from sdqes_edge.config import ModelConfig
+from sdqes_edge.state import StateSpec, StateTensorSpec
+
 from .adapters import StreamingAdapter, build_adapter
 from .layers import Attention, LayerNorm, clip_mlp
 

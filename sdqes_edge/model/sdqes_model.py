@@ -11,8 +11,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..config import ModelConfig
-from ..tokenizer import default_tokenizer
+from sdqes_edge.config import ModelConfig
+from sdqes_edge.tokenizer import default_tokenizer
+
 from .image_tower import ImageTower
 from .text_tower import TextTower
 

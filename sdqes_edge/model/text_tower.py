@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from sdqes_edge.config import ModelConfig
+
 from .layers import LayerNorm, ResidualAttentionBlock
 
 

@@ -8,24 +8,17 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from ..errors import UserError
-from ..files import check_output_dir, check_output_file
-from ..stopping import FinishFrameThenStop, exit_code_of
-from .sinks import check_annotation_path
+from sdqes_edge.cli.common import PROG, add_subcommand, progress_bar
+from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
+from sdqes_edge.errors import UserError
+from sdqes_edge.files import check_output_dir, check_output_file
+from sdqes_edge.runtime.detector import BACKENDS, RunStats, StreamingDetector
+from sdqes_edge.runtime.onnxruntime_backend import DEVICE_PROVIDERS
+from sdqes_edge.runtime.sinks import check_annotation_path
+from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of
+from sdqes_edge.train_options import training_data_words
 
-PROG = "sdqes-edge"
 LIVE_REPORT_SECONDS = 5.0
-
-
-def _progress(total: int | None, enabled: bool):
-    """A progress bar for files (tqdm where installed; the runtime does not require it)."""
-    if not enabled or total is None:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, unit="frame", desc="streaming", leave=False, file=sys.stderr)
 
 
 def _backend_words(backend, args: argparse.Namespace) -> str:
@@ -40,14 +33,42 @@ def _backend_words(backend, args: argparse.Namespace) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .detector import RunStats, StreamingDetector
-    from .sinks import AnnotatedVideoSink, ConsoleSink, JsonlSink, ScoreTraceRecorder
-    from .sources import open_source
+    from sdqes_edge.runtime.sources import open_source
 
-    queries = args.query or []
-    messages = args.message or []
-    if len(messages) > len(queries):
-        raise UserError(f"{len(messages)} --message but {len(queries)} --query; each message follows its query")
+    _check_run_args(args)
+    detector = StreamingDetector(args.bundle, backend=args.backend, precision=args.precision, threads=args.threads,
+                                 ort_device=args.ort_device, truncate_queries=args.truncate_queries)
+    _add_queries(detector, args)
+    sources = [open_source(spec, detector.fps) for spec in args.source]
+    for source in sources:
+        source.log = lambda message: print(f"{PROG}: {message}", file=sys.stderr)
+    if args.resume:
+        detector.load_state(args.resume)
+    trace_paths = _attach_sinks(detector, sources, args)
+    live = any(s.live for s in sources)
+    policy = next(iter(detector.queries.queries.values())).policy
+    count = len(detector.queries.ids)
+    print(f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
+          f"quer{'y' if count == 1 else 'ies'}, {policy.describe()} ({_backend_words(detector.backend, args)})"
+          + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
+    trained_on = training_data_words(detector.bundle.training_record)
+    if trained_on:
+        print(f"{PROG}: note: this model was trained on {trained_on} only; on other footage its alerts mean "
+              "little", file=sys.stderr)
+    stats = RunStats()
+    exit_code = _stream(detector, sources, args, stats, live)
+    _summarize(sources, stats, exit_code, [str(p) for p in [args.events, args.annotate, args.save_state,
+                                                            *trace_paths] if p])
+    if trace_paths:
+        print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
+    return exit_code
+
+
+def _check_run_args(args: argparse.Namespace) -> None:
+    """Every mistake in the arguments refused before a bundle is loaded or a source opened."""
+    if len(args.message or []) > len(args.query or []):
+        raise UserError(f"{len(args.message)} --message but {len(args.query or [])} --query; each message follows "
+                        "its query")
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
     if args.max_frames is not None and args.max_frames < 1:
@@ -60,20 +81,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             check_output_file(args.scores, "--scores")
         else:
             check_output_dir(args.scores, "--scores")
-    detector = StreamingDetector(args.bundle, backend=args.backend, precision=args.precision, threads=args.threads,
-                                 ort_device=args.ort_device, truncate_queries=args.truncate_queries)
+
+
+def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
+    """The --query texts with their --message (by position), else the bundle's pre-encoded queries."""
+    queries, messages = args.query or [], args.message or []
     policy = dict(exit_threshold=args.exit_threshold, cooldown_s=args.cooldown, max_alerts=args.max_alerts)
     for i, text in enumerate(queries):
         detector.add_query(text, messages[i] if i < len(messages) else None, args.threshold, **policy)
-    if not queries:
-        added = detector.add_bundle_queries(args.threshold, **policy)
-        if not added:
-            raise UserError("no queries: give --query TEXT (or export the bundle with --query)")
-    sources = [open_source(spec, detector.fps) for spec in args.source]
-    for source in sources:
-        source.log = lambda message: print(f"{PROG}: {message}", file=sys.stderr)
-    if args.resume:
-        detector.load_state(args.resume)
+    if not queries and not detector.add_bundle_queries(args.threshold, **policy):
+        raise UserError("no queries: give --query TEXT (or export the bundle with --query)")
+
+
+def _attach_sinks(detector: StreamingDetector, sources: list, args: argparse.Namespace) -> list[Path]:
+    """Console, --events, --annotate and --scores sinks; the score trace paths, one per source."""
+    from sdqes_edge.runtime.sinks import AnnotatedVideoSink, ConsoleSink, JsonlSink, ScoreTraceRecorder
+
     if not args.quiet:
         detector.add_sink(ConsoleSink())
     if args.events:
@@ -87,19 +110,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             path = target if target.suffix == ".npz" and len(sources) == 1 else target / f"{source.name}.npz"
             trace_paths.append(path)
             detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, stream=i))
+    return trace_paths
 
-    live = any(s.live for s in sources)
-    names = ", ".join(s.name for s in sources)
-    policy = next(iter(detector.queries.queries.values())).policy
-    print(f"streaming {names} at {detector.fps:g} fps with {len(detector.queries.ids)} quer"
-          f"{'y' if len(detector.queries.ids) == 1 else 'ies'}, {policy.describe()}"
-          f" ({_backend_words(detector.backend, args)})" + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
-    trained_on = detector.bundle.training_data
-    if trained_on:
-        print(f"{PROG}: note: this model was trained on {trained_on} only; on other footage its alerts mean "
-              "little", file=sys.stderr)
-    stats = RunStats()
-    bar = _progress(getattr(sources[0], "duration_frames", None), not args.quiet and not live)
+
+def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace, stats: RunStats,
+            live: bool) -> int:
+    """Step until the sources end, --max-frames, or a signal (the frame in hand finished, every sink closed)."""
+    bar = progress_bar(getattr(sources[0], "duration_frames", None), "frame", "streaming",
+                       enabled=not args.quiet and not live)
     last_report = time.perf_counter()
     stop = FinishFrameThenStop()  # Ctrl-C, SIGTERM (docker stop, systemd) or SIGHUP: finish the frame, close sinks
     exit_code = 0
@@ -124,36 +142,32 @@ def cmd_run(args: argparse.Namespace) -> int:
         detector.close()
         if args.save_state:
             detector.save_state(args.save_state)
-    interrupted = exit_code != 0
+    return exit_code
+
+
+def _summarize(sources: list, stats: RunStats, exit_code: int, written: list[str]) -> None:
     dropped = sum(s.stats.dropped for s in sources)
-    print(f"{'interrupted after' if interrupted else 'done:'} {stats.frames} frames, {stats.events} alerts, "
+    print(f"{'interrupted after' if exit_code != 0 else 'done:'} {stats.frames} frames, {stats.events} alerts, "
           f"{stats.fps:.1f} frames/s, latency p50 {stats.latency(50):.1f} ms p99 {stats.latency(99):.1f} ms"
           + (f", {dropped} frames dropped (the model is slower than the source)" if dropped else ""), file=sys.stderr)
     for source in sources:
         shortfall = source.stats.shortfall_words(source.name)
         if shortfall:
             print(f"{PROG}: incomplete: {shortfall}", file=sys.stderr)
-    written = [str(p) for p in [args.events, args.annotate, args.save_state, *trace_paths] if p]
     if written:
         print(f"wrote {', '.join(written)}", file=sys.stderr)
-    if trace_paths:
-        folder = trace_paths[0].parent
-        print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {folder}", file=sys.stderr)
-    return exit_code
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    run = sub.add_parser(
-        "run", help="stream a video, camera or URL through a bundle and alert when a queried event starts",
-        description="Read frames with OpenCV, sample them at the bundle's fps by timestamp, step the model with "
-                    "its state carried from frame to frame, score every query in one product, and alert on each "
-                    "rising edge of p = sigmoid(cos) above the threshold. Needs numpy, OpenCV and ONNX Runtime "
-                    "(or TensorRT); never torch.",
-        epilog=f"examples:\n  {PROG} run bundles/qrnn --source kitchen.mp4 --query 'When I start cooking, remind me "
-               "to wash my hands.' --message 'Wash your hands!' --events alerts.jsonl\n"
-               f"  {PROG} run bundles/qrnn --source 0 --query 'when I open the fridge'     (camera 0)\n"
-               f"  {PROG} run bundles/qrnn --source rtsp://cam/stream --backend trt --precision fp16",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    run = add_subcommand(
+        sub, "run", "stream a video, camera or URL through a bundle and alert when a queried event starts",
+        "Read frames with OpenCV, sample them at the bundle's fps by timestamp, step the model with its state "
+        "carried from frame to frame, score every query in one product, and alert on each rising edge of "
+        "p = sigmoid(cos) above the threshold. Needs numpy, OpenCV and ONNX Runtime (or TensorRT); never torch.",
+        examples=("bundles/qrnn --source kitchen.mp4 --query 'When I start cooking, remind me to wash my hands.' "
+                  "--message 'Wash your hands!' --events alerts.jsonl",
+                  "bundles/qrnn --source 0 --query 'when I open the fridge'     (camera 0)",
+                  "bundles/qrnn --source rtsp://cam/stream --backend trt --precision fp16"))
     run.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
     run.add_argument("--source", action="append", required=True,
                      help="video file, image folder, camera index (0) or URL / GStreamer pipeline; repeat for "
@@ -166,10 +180,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--cooldown", type=float, help="seconds without a new alert after one (default: the "
                                                     "bundle's policy, else 0)")
     run.add_argument("--max-alerts", type=int, help="alerts per query after which it goes quiet")
-    run.add_argument("--backend", choices=["ort", "trt"], default="ort", help="ONNX Runtime (default) or TensorRT")
-    run.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")
+    run.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0],
+                     help="ort: ONNX Runtime, trt: a TensorRT engine made by build-engine (default %(default)s)")
+    run.add_argument("--precision", choices=PRECISIONS, default=REFERENCE_PRECISION,
+                     help="step graph (or engine) to run; the bundle must have it (default %(default)s)")
     run.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores)")
-    run.add_argument("--ort-device", choices=["cpu", "cuda", "tensorrt"], default="cpu",
+    run.add_argument("--ort-device", choices=list(DEVICE_PROVIDERS), default="cpu",
                      help="ONNX Runtime execution provider (cuda/tensorrt need onnxruntime-gpu; the state then "
                           "stays on the GPU between frames)")
     run.add_argument("--events", help="append alerts to this JSONL file (flushed per alert)")

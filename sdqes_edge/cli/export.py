@@ -1,4 +1,4 @@
-"""The export-side subcommands: ``export``, ``inspect`` and ``build-engine``.
+"""Export commands: ``export`` (a verified bundle), ``inspect`` (check and run one) and ``build-engine``.
 
 Parsers are built without importing torch; the handlers import what they need.
 """
@@ -10,15 +10,21 @@ import csv
 import json
 from pathlib import Path
 
-from ..config import ADAPTER_KINDS, DEFAULT_FPS, DEFAULT_THRESHOLD
-from ..errors import UserError
-from ..files import format_bytes
-from ..runtime.bundle import PRECISIONS
-from ..tolerances import DRIFT_FRAMES
-from .precision import (CALIBRATION_METHODS, DEFAULT_CALIBRATION_FRAMES, DEFAULT_CALIBRATION_METHOD, DEFAULT_INT8_POLICY,
-                        INT8_POLICIES)
-
-PROG = "sdqes-edge"
+import sdqes_edge
+from sdqes_edge.cli.common import PROG, add_adapter_option, add_subcommand, model_from_args
+from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
+from sdqes_edge.contract import DEFAULT_OPSET, FP16, PRECISIONS, REFERENCE_PRECISION
+from sdqes_edge.errors import UserError
+from sdqes_edge.export.precision import (
+    CALIBRATION_METHODS,
+    DEFAULT_CALIBRATION_FRAMES,
+    DEFAULT_CALIBRATION_METHOD,
+    DEFAULT_INT8_POLICY,
+    INT8_POLICIES,
+)
+from sdqes_edge.export.tensorrt_engine import DEFAULT_WORKSPACE_MIB
+from sdqes_edge.files import format_bytes
+from sdqes_edge.tolerances import DRIFT_FRAMES, VERIFY_FRAMES
 
 
 def read_queries_file(path: str) -> list[tuple[str, str]]:
@@ -53,8 +59,7 @@ def read_queries_file(path: str) -> list[tuple[str, str]]:
 # --- export ---------------------------------------------------------------------------
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..cli import _model_from_args
-    from .exporter import ExportOptions, Query, export_bundle
+    from sdqes_edge.export.exporter import ExportOptions, Query, check_options, export_bundle
 
     queries = [(q, q) for q in args.query or []]
     if args.queries_file:
@@ -74,13 +79,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         calibration_frames=args.calibration_frames, int8_policy=args.int8_policy,
         calibration_method=args.calibration_method, truncate_queries=args.truncate_queries,
         show_progress=not args.quiet)
-    # Check the options before the (possibly slow) checkpoint load.
-    from .exporter import check_options
-
-    check_options(options, lambda message: None)
+    check_options(options, lambda message: None)  # before the (possibly slow) checkpoint load
     checkpoint = None
     if args.checkpoint:
-        from ..checkpoints import load_model, resolve_head_counts
+        from sdqes_edge.checkpoints import load_model, resolve_head_counts
 
         heads = resolve_head_counts(args.checkpoint, args.vision_heads, args.text_heads, args.model_config)
         print(heads.rule)
@@ -90,9 +92,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                       "source_format": loaded.source_format,
                       "heads": {"vision": model.cfg.vision.heads, "text": model.cfg.text.heads, "rule": heads.rule}}
     else:
-        from ..model.init import randomize_adapters
+        from sdqes_edge.model.init import randomize_adapters
 
-        model, source = _model_from_args(args)
+        model, source = model_from_args(args)
         randomize_adapters(model, seed=args.seed)  # so the state paths carry signal through verification
     print(f"exporting {model.cfg.name} from {source} to {args.out}")
     result = export_bundle(model, args.out, options, checkpoint=checkpoint,
@@ -117,15 +119,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..runtime.bundle import load_bundle
-    from ..runtime.onnxruntime_backend import OnnxRuntimeStep
-    from ..runtime.preprocess import Preprocessor
-    from ..sample import sample_frames
+    from sdqes_edge.runtime.bundle import load_bundle
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+    from sdqes_edge.runtime.preprocess import Preprocessor
+    from sdqes_edge.sample import sample_frames
 
     bundle = load_bundle(args.bundle)
     m = bundle.manifest
     print(f"bundle     {bundle.root}  (format {m['format_version']}, made by sdqes-edge "
-          f"{m['tool_versions'].get('sdqes_edge')}, all {len(m['files'])} files match their sha256)")
+          f"{m['tool_versions'].get(sdqes_edge.__name__)}, all {len(m['files'])} files match their sha256)")
     print(f"model      {m['model']['name']}, adapter {m['model']['adapter']['kind']}, "
           f"{m['image_size']}px, embed {m['embed_dim']}, batch {m['batch']}, opset {m.get('opset')}")
     print(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']}, "
@@ -155,7 +157,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def _print_kernels(bundle, precision: str) -> None:
     """Kernels one step executes (ONNX Runtime's profiler, CPU), and per adapter where the manifest says."""
-    from ..runtime.kernels import count_kernels
+    from sdqes_edge.runtime.kernels import count_kernels
 
     live = count_kernels(bundle.step_graph(precision))
     top = ", ".join(f"{op} {n}" for op, n in sorted(live.by_op.items(), key=lambda kv: -kv[1])[:6])
@@ -173,7 +175,7 @@ def _print_kernels(bundle, precision: str) -> None:
 # --- build-engine ---------------------------------------------------------------------
 
 def cmd_build_engine(args: argparse.Namespace) -> int:
-    from .tensorrt_engine import build_engine
+    from sdqes_edge.export.tensorrt_engine import build_engine
 
     build_engine(args.bundle, precision=args.precision, workspace_mib=args.workspace_mib)
     print(f"\nnext: {PROG} run {args.bundle} --backend trt --precision {args.precision} --source 0 --query TEXT")
@@ -183,79 +185,96 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
 # --- parsers --------------------------------------------------------------------------
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    export = sub.add_parser(
-        "export", help="export a model to a verified deployment bundle (ONNX graphs + manifest)",
-        description="Trace the model's single-step form into a stateful ONNX graph (state_in.* -> state_out.*), "
-                    "export the text encoder, verify both with ONNX Runtime against PyTorch over a stream with "
-                    "the state carried, optionally add fp16/int8 variants measured against fp32, and write a "
-                    "bundle directory. Nothing is written unless verification passes; an existing bundle at "
-                    "--out is replaced only then.",
-        epilog=f"examples:\n  {PROG} export --checkpoint epoch=9.ckpt --out bundles/qrnn\n"
-               f"  {PROG} export --preset tiny --adapter qrnn --precision fp16 int8 --out /tmp/tiny\n"
-               f"  {PROG} export --preset clip-vit-b16 --adapter qrnn --query 'When I start cooking, remind me "
-               "to wash my hands.' --out bundles/b16",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = export.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint from the authors' training code, OpenAI CLIP or open_clip; "
-                                          "dimensions and adapters are inferred from it")
-    src.add_argument("--preset", help="a preset with random weights (for benchmarking); see `info --list-presets`")
-    export.add_argument("--adapter", choices=ADAPTER_KINDS, help="with --preset: swap in this adapter kind")
-    export.add_argument("--vision-heads", type=int, help="with --checkpoint: image tower attention heads (a "
-                                                         "checkpoint does not store them; default: from a model "
-                                                         "config beside it, else width // 64)")
-    export.add_argument("--text-heads", type=int, help="with --checkpoint: text tower attention heads (as above)")
-    export.add_argument("--model-config", help="with --checkpoint: open_clip's model JSON for it (default: "
-                                               "open_clip_config.json or CHECKPOINT_STEM.json beside it)")
+    _add_export_parser(sub)
+    inspect = add_subcommand(sub, "inspect", "check a bundle (manifest, sha256 of every file) and run it",
+                             "Load a bundle as the runtime does (schema, hashes, state wiring) and stream a few "
+                             "sample frames through its step graph with ONNX Runtime; count the kernels one step "
+                             "executes.", examples=("bundles/qrnn", "bundles/qrnn --precision int8"))
+    inspect.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
+    inspect.add_argument("--precision", default=REFERENCE_PRECISION, choices=PRECISIONS,
+                         help="step graph to run (default %(default)s)")
+    inspect.add_argument("--frames", type=int, default=8, help="sample frames to stream (default %(default)s)")
+    inspect.set_defaults(func=cmd_inspect)
+
+    engine = add_subcommand(sub, "build-engine", "build a TensorRT engine for this NVIDIA device",
+                            "Build a TensorRT engine from a bundle's step graph on this device and store it under "
+                            "BUNDLE/engines/<gpu>-sm<cc>-trt<version>/ with a JSON sidecar and a timing cache. Needs "
+                            "an NVIDIA GPU, TensorRT >= 8.5 and pycuda.", examples=("bundles/qrnn --precision fp16",))
+    engine.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
+    engine.add_argument("--precision", default=FP16, choices=PRECISIONS,
+                        help="fp16 or fp32 from the fp32 graph, int8 from the bundle's QDQ graph (default "
+                             "%(default)s)")
+    engine.add_argument("--workspace-mib", type=int, default=DEFAULT_WORKSPACE_MIB,
+                        help="builder workspace limit (default %(default)s)")
+    engine.set_defaults(func=cmd_build_engine)
+
+
+def _add_export_parser(sub: argparse._SubParsersAction) -> None:
+    export = add_subcommand(
+        sub, "export", "export a model to a verified deployment bundle (ONNX graphs + manifest)",
+        "Trace the model's single-step form into a stateful ONNX graph (state_in.* -> state_out.*), export the "
+        "text encoder, verify both with ONNX Runtime against PyTorch over a stream with the state carried, "
+        "optionally add fp16/int8 variants measured against fp32, and write a bundle directory. Nothing is written "
+        "unless verification passes; an existing bundle at --out is replaced only then.",
+        examples=("--checkpoint epoch=9.ckpt --out bundles/qrnn",
+                  "--preset tiny --adapter qrnn --precision fp16 int8 --out /tmp/tiny",
+                  "--preset clip-vit-b16 --adapter qrnn --query 'When I start cooking, remind me to wash my hands.' "
+                  "--out bundles/b16"))
+    _add_model_options(export)
     export.add_argument("--out", required=True, help="bundle directory to write (replaced only after verification)")
-    export.add_argument("--batch", type=int, default=1, help="streams per step, fixed in the graph (default 1)")
-    export.add_argument("--opset", type=int, default=17, help="ONNX opset: 17 (default) or 16 for TensorRT < 8.6")
-    export.add_argument("--precision", nargs="+", default=["fp32"], choices=PRECISIONS,
-                        help="graphs to write; fp32 is always written and is the reference (default: fp32)")
+    export.add_argument("--batch", type=int, default=1, help="streams per step, fixed in the graph (default "
+                                                             "%(default)s)")
+    export.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                        help="ONNX opset: 17 keeps LayerNormalization one node, 16 for TensorRT < 8.6 (default "
+                             "%(default)s)")
+    export.add_argument("--precision", nargs="+", default=[REFERENCE_PRECISION], choices=PRECISIONS,
+                        help=f"graphs to write; {REFERENCE_PRECISION} is always written and is the reference "
+                             "(default %(default)s)")
     export.add_argument("--query", action="append", metavar="TEXT", help="a query to pre-encode (repeatable)")
     export.add_argument("--queries-file", help=".txt (one query a line), .json or .csv (query,response columns)")
     export.add_argument("--fuse-queries", action="store_true",
                         help="score the given queries inside the step graph (query_embeddings in, logits out)")
-    export.add_argument("--fps", type=float, default=DEFAULT_FPS, help="sampling rate of the stream (default 1)")
+    export.add_argument("--fps", type=float, default=DEFAULT_FPS, help="sampling rate of the stream (default "
+                                                                       "%(default)s)")
     export.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                        help=f"default alert threshold on sigmoid(cos) (default {DEFAULT_THRESHOLD})")
-    export.add_argument("--verify-frames", type=int, default=32, help="frames of the fp32 check (default 32)")
+                        help="default alert threshold on sigmoid(cos) (default %(default)s)")
+    export.add_argument("--verify-frames", type=int, default=VERIFY_FRAMES,
+                        help="frames of the fp32 check against PyTorch (default %(default)s)")
     export.add_argument("--drift-frames", type=int, default=DRIFT_FRAMES,
                         help="frames over which fp16/int8 are streamed beside fp32 with the state carried and "
-                             f"refused if they drift (default {DRIFT_FRAMES})")
-    export.add_argument("--calibration-video", help="int8: calibrate and measure drift on frames of this video, "
-                                                    "ideally footage like the deployment's (default: the built-in "
-                                                    "sample clip)")
-    export.add_argument("--calibration-frames", type=int, default=DEFAULT_CALIBRATION_FRAMES,
-                        help=f"int8 calibration frames, streamed with the state carried (default "
-                             f"{DEFAULT_CALIBRATION_FRAMES})")
-    export.add_argument("--int8-policy", choices=list(INT8_POLICIES), default=DEFAULT_INT8_POLICY,
-                        help="int8: which products are quantized; " + "; ".join(
-                            f"{name}: {text}" for name, text in INT8_POLICIES.items()) +
-                        f" (default {DEFAULT_INT8_POLICY})")
-    export.add_argument("--calibration-method", choices=list(CALIBRATION_METHODS), default=DEFAULT_CALIBRATION_METHOD,
-                        help=f"int8: how activation ranges are set from the calibration frames (default "
-                             f"{DEFAULT_CALIBRATION_METHOD}, the least drift measured on the demo model)")
+                             "refused if they drift (default %(default)s)")
+    _add_int8_options(export)
     export.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens instead of "
                                                                         "refusing them")
-    export.add_argument("--seed", type=int, default=0, help="with --preset: seed of the random adapter weights")
+    export.add_argument("--seed", type=int, default=0, help="with --preset: seed of the random adapter weights "
+                                                            "(default %(default)s)")
     export.add_argument("--quiet", action="store_true", help="no progress output")
     export.set_defaults(func=cmd_export, output_dirs=("out",))
 
-    inspect = sub.add_parser("inspect", help="check a bundle (manifest, sha256 of every file) and run it",
-                             description="Load a bundle as the runtime does (schema, hashes, state wiring) and "
-                                         "stream a few sample frames through its step graph with ONNX Runtime.")
-    inspect.add_argument("bundle")
-    inspect.add_argument("--precision", default="fp32", choices=PRECISIONS)
-    inspect.add_argument("--frames", type=int, default=8)
-    inspect.set_defaults(func=cmd_inspect)
 
-    engine = sub.add_parser("build-engine", help="build a TensorRT engine for this NVIDIA device",
-                            description="Build a TensorRT engine from a bundle's step graph on this device and "
-                                        "store it under BUNDLE/engines/<gpu>-sm<cc>-trt<version>/ with a JSON "
-                                        "sidecar and a timing cache. Needs an NVIDIA GPU, TensorRT >= 8.5 and "
-                                        "pycuda.")
-    engine.add_argument("bundle")
-    engine.add_argument("--precision", default="fp16", choices=PRECISIONS,
-                        help="fp16 (default), fp32, or int8 from the bundle's QDQ graph")
-    engine.add_argument("--workspace-mib", type=int, default=2048, help="builder workspace limit (default 2048)")
-    engine.set_defaults(func=cmd_build_engine)
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoint from the authors' training code, OpenAI CLIP or open_clip; "
+                                          "dimensions and adapters are inferred from it")
+    src.add_argument("--preset", help="a preset with random weights (for benchmarking); see `info --list-presets`")
+    add_adapter_option(parser, help="with --preset: swap in this adapter kind")
+    parser.add_argument("--vision-heads", type=int, help="with --checkpoint: image tower attention heads (a "
+                                                         "checkpoint does not store them; default: from a model "
+                                                         "config beside it, else width // 64)")
+    parser.add_argument("--text-heads", type=int, help="with --checkpoint: text tower attention heads (as above)")
+    parser.add_argument("--model-config", help="with --checkpoint: open_clip's model JSON for it (default: "
+                                               "open_clip_config.json or CHECKPOINT_STEM.json beside it)")
+
+
+def _add_int8_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--calibration-video", help="int8: calibrate and measure drift on frames of this video, "
+                                                    "ideally footage like the deployment's (default: the built-in "
+                                                    "sample clip)")
+    parser.add_argument("--calibration-frames", type=int, default=DEFAULT_CALIBRATION_FRAMES,
+                        help="int8 calibration frames, streamed with the state carried (default %(default)s)")
+    parser.add_argument("--int8-policy", choices=list(INT8_POLICIES), default=DEFAULT_INT8_POLICY,
+                        help="int8: which products are quantized; " + "; ".join(
+                            f"{name}: {text}" for name, text in INT8_POLICIES.items()) + " (default %(default)s)")
+    parser.add_argument("--calibration-method", choices=list(CALIBRATION_METHODS), default=DEFAULT_CALIBRATION_METHOD,
+                        help="int8: how activation ranges are set from the calibration frames (default "
+                             "%(default)s, the least drift measured on the demo model)")

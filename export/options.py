@@ -1,0 +1,109 @@
+"""What an export is asked to do (``ExportOptions``) and the check that runs before any work.
+
+Torch-free, so the command line checks its arguments before loading a checkpoint or torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
+from sdqes_edge.contract import DEFAULT_OPSET, INT8, PRECISIONS, REFERENCE_PRECISION, SUPPORTED_OPSETS
+from sdqes_edge.errors import UserError
+from sdqes_edge.tokenizer import default_tokenizer
+from sdqes_edge.tolerances import DRIFT_FRAMES, VERIFY_FRAMES
+
+from .precision import (
+    CALIBRATION_METHODS,
+    DEFAULT_CALIBRATION_FRAMES,
+    DEFAULT_CALIBRATION_METHOD,
+    DEFAULT_INT8_POLICY,
+    INT8_POLICIES,
+)
+
+__all__ = ["ExportOptions", "Query", "check_options", "MIN_VERIFY_FRAMES"]
+
+MIN_VERIFY_FRAMES = 16
+
+
+@dataclass(frozen=True)
+class Query:
+    text: str
+    response: str  # the alert message shown when the event starts
+
+
+@dataclass
+class ExportOptions:
+    batch: int = 1
+    opset: int = DEFAULT_OPSET
+    precisions: tuple[str, ...] = (REFERENCE_PRECISION,)
+    fuse_queries: bool = False  # query_embeddings [Q,E] in, logits [B,Q] out, Q fixed at export
+    queries: tuple[Query, ...] = ()  # pre-encoded into the bundle
+    fps: float = DEFAULT_FPS
+    threshold: float = DEFAULT_THRESHOLD
+    verify_frames: int = VERIFY_FRAMES
+    drift_frames: int = DRIFT_FRAMES
+    calibration_video: Path | None = None
+    calibration_frames: int = DEFAULT_CALIBRATION_FRAMES
+    int8_policy: str = DEFAULT_INT8_POLICY
+    calibration_method: str = DEFAULT_CALIBRATION_METHOD
+    truncate_queries: bool = False
+    show_progress: bool = True
+
+
+def check_options(options: ExportOptions, warn: Callable[[str], None]) -> ExportOptions:
+    """Refuse impossible options up front; resolve conflicts with a warning. Returns the options to use."""
+    problems = []
+    if options.batch < 1:
+        problems.append(f"--batch must be >= 1, not {options.batch}")
+    if options.opset not in SUPPORTED_OPSETS:
+        problems.append(f"--opset must be one of {SUPPORTED_OPSETS} (17 keeps LayerNormalization one node; "
+                        "16 for TensorRT older than 8.6), not {options.opset}".replace("{options.opset}",
+                                                                                      str(options.opset)))
+    unknown = [p for p in options.precisions if p not in PRECISIONS]
+    if unknown:
+        problems.append(f"unknown precision {', '.join(unknown)}; choose from {', '.join(PRECISIONS)}")
+    if options.fuse_queries and not options.queries:
+        problems.append("--fuse-queries fixes the number of queries in the graph: give them with --query or "
+                        "--queries-file")
+    if options.verify_frames < MIN_VERIFY_FRAMES:
+        problems.append(f"--verify-frames must be >= {MIN_VERIFY_FRAMES} so the state is exercised, "
+                        f"not {options.verify_frames}")
+    if not 0.0 < options.threshold < 1.0:
+        problems.append(f"--threshold is a probability sigmoid(cos) in (0, 1), not {options.threshold}")
+    if options.fps <= 0:
+        problems.append(f"--fps must be positive, not {options.fps}")
+    if options.int8_policy not in INT8_POLICIES:
+        problems.append(f"unknown --int8-policy {options.int8_policy}; choose from {', '.join(INT8_POLICIES)}")
+    if options.calibration_method not in CALIBRATION_METHODS:
+        problems.append(f"unknown --calibration-method {options.calibration_method}; choose from "
+                        f"{', '.join(CALIBRATION_METHODS)}")
+    if options.calibration_frames < 1:
+        problems.append(f"--calibration-frames must be >= 1, not {options.calibration_frames}")
+    if options.drift_frames < MIN_VERIFY_FRAMES:
+        problems.append(f"--drift-frames must be >= {MIN_VERIFY_FRAMES}, not {options.drift_frames}")
+    if options.calibration_video is not None and not Path(options.calibration_video).is_file():
+        problems.append(f"calibration video {options.calibration_video} does not exist")
+    if problems:
+        raise UserError("; ".join(problems))
+    # The queries as the runtime will take them (one function: empty or too long is refused the same way).
+    default_tokenizer().tokenize([q.text for q in options.queries],
+                                 on_overflow="truncate" if options.truncate_queries else "error")
+    precisions = tuple(p for p in PRECISIONS if p in options.precisions)
+    if REFERENCE_PRECISION not in precisions:
+        warn(f"{REFERENCE_PRECISION} is always exported: it is the reference the other precisions are verified "
+             "against")
+        precisions = (REFERENCE_PRECISION,) + precisions
+    if options.calibration_video is not None and INT8 not in precisions:
+        warn("--calibration-video is only used for int8; ignoring it")
+    if len(precisions) > 1 and options.drift_frames < DRIFT_FRAMES:
+        warn(f"drift is measured over {options.drift_frames} frames; a recurrent state needs {DRIFT_FRAMES} or "
+             "more to show drift (and fp16 LayerNorm overflow)")
+    int8_flags = (options.int8_policy != DEFAULT_INT8_POLICY
+                  or options.calibration_method != DEFAULT_CALIBRATION_METHOD)
+    if int8_flags and INT8 not in precisions:
+        warn("--int8-policy and --calibration-method are only used for int8; ignoring them")
+    return dataclasses.replace(options, precisions=precisions)

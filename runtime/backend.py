@@ -1,0 +1,49 @@
+"""What the detector needs from a backend, declared once: ``StepBackend``.
+
+A backend steps one graph (ONNX Runtime: ``onnxruntime_backend.OnnxRuntimeStep``; TensorRT:
+``tensorrt_backend.TensorRTStep``) and owns its state's representation: numpy arrays on the host, or a
+handle on one of two device buffer sets. The detector only passes the handle back, and converts through
+``state_to_numpy``/``state_from_numpy`` when it saves, restores or inspects the state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from sdqes_edge.state import StateSpec
+
+State = dict[str, np.ndarray]  # state tensor name (as in the spec, no prefix) -> array, batch on axis 0
+
+
+@dataclass
+class StepResult:
+    embedding: np.ndarray  # [B, E], L2-normalized
+    state: Any  # the next state, in the backend's representation
+    logits: np.ndarray | None = None  # [B, Q] when query scoring is fused into the graph
+
+
+@runtime_checkable
+class StepBackend(Protocol):
+    spec: StateSpec  # the state the graph carries, in graph order
+    fused_queries: bool  # the graph scores a fixed query set itself (query_embeddings in, logits out)
+
+    def initial_state(self) -> Any:
+        """Every stream's state at its initial value."""
+
+    def step(self, frame: np.ndarray, state: Any, query_embeddings: np.ndarray | None = None) -> StepResult:
+        """frame [B, 3, R, R] float32 (normalized) and the current state -> embedding and the next state."""
+
+    def state_to_numpy(self, state: Any) -> State:
+        """A host copy of ``state``, by name."""
+
+    def state_from_numpy(self, arrays: State) -> Any:
+        """``arrays`` (by name, as ``state_to_numpy`` gives) loaded as the current state."""
+
+    def keep_streams(self, new: Any, old: Any, streams: list[int]) -> Any:
+        """``new`` with the rows of ``streams`` taken from ``old``: an idle stream keeps its state."""
+
+    def reset_streams(self, state: Any, streams: list[int] | None = None) -> Any:
+        """The rows of ``streams`` (all when None) back to their initial value."""

@@ -1,0 +1,76 @@
+"""The ``sdqes-edge`` command line: one entry point, one subcommand per job, one module per command group.
+
+Every subcommand checks its arguments up front, reports a user's mistake as one line with a non-zero exit
+(no traceback), and ends by printing the next command worth running. Parsers are built without importing
+torch; each handler imports what its job needs.
+
+    common      PROG, shared options and checks, the help style
+    model       info, check, tokenize
+    training    synth, train, accuracy
+    evaluate    eval
+    bench       bench
+    export      export, inspect, build-engine
+    run         run
+    demo        demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from sdqes_edge import __version__
+from sdqes_edge.cli import bench, demo, evaluate, export, model, training
+from sdqes_edge.cli import run as run_command
+from sdqes_edge.cli.common import PROG, check_output_paths
+from sdqes_edge.errors import UserError
+from sdqes_edge.stopping import exit_code_of, raise_on_termination
+
+__all__ = ["PROG", "build_parser", "main", "run"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Streaming Detection of Queried Event Start on edge devices: load CLIP-style models with "
+                    "streaming temporal adapters, check them, export them to verified deployment bundles, run "
+                    "them on a video or camera with alerts, measure their cost and score their accuracy.",
+        epilog=f"Start with: {PROG} demo   |   {PROG} check   |   {PROG} export --preset tiny --adapter qrnn --out "
+               f"/tmp/b   |   {PROG} run /tmp/b --source VIDEO --query TEXT",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    model.add_parsers(sub)
+    evaluate.add_parser(sub)
+    bench.add_parser(sub)
+    training.add_parsers(sub)
+    export.add_parsers(sub)
+    run_command.add_parser(sub)
+    demo.add_parser(sub)
+    return parser
+
+
+def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.ArgumentParser] = build_parser) -> int:
+    from sdqes_edge.runtime.sources import quiet_opencv_logs
+
+    parser = parser_factory()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    quiet_opencv_logs()  # this program reports a source's problems itself, in one line
+    raise_on_termination()  # SIGTERM/SIGHUP unwind like Ctrl-C: staging folders removed, outputs closed
+    try:
+        check_output_paths(args)
+        return args.func(args)
+    except UserError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt as interrupt:
+        print(f"{PROG}: interrupted ({interrupt.args[0] if interrupt.args else 'SIGINT'})", file=sys.stderr)
+        return exit_code_of(interrupt)
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))

@@ -1,0 +1,66 @@
+"""What every subcommand shares: the program name, the model options, output checks, one help style.
+
+Help style: ``help`` is a short phrase; a default is written "(default %(default)s)" so argparse fills it
+from the value actually used; defaults and choices are imported from the module that defines them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
+from sdqes_edge.files import check_output_dir, check_output_file
+
+PROG = "sdqes-edge"
+
+
+def add_subcommand(sub: argparse._SubParsersAction, name: str, help: str, description: str,
+                   examples: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """A subcommand parser in the house style: a one-line help, a description, examples in the epilog."""
+    epilog = "examples:\n" + "\n".join(f"  {PROG} {name} {example}" for example in examples) if examples else None
+    return sub.add_parser(name, help=help, description=description, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_adapter_option(parser: argparse.ArgumentParser, help: str = "swap the preset's adapter kind (authors' "
+                                                                    "settings)") -> None:
+    parser.add_argument("--adapter", choices=ADAPTER_KINDS, help=help)
+
+
+def model_from_args(args: argparse.Namespace):
+    """(model, description) from --checkpoint or --preset/--adapter."""
+    from sdqes_edge.model import SDQESModel
+
+    if getattr(args, "checkpoint", None):
+        from sdqes_edge.checkpoints import load_model, resolve_head_counts
+
+        heads = resolve_head_counts(args.checkpoint)
+        model, ckpt = load_model(args.checkpoint, **heads.overrides())
+        return model, f"{args.checkpoint} ({ckpt.source_format}, sha256 {ckpt.sha256[:12]}; {heads.rule})"
+    cfg = preset(args.preset)
+    if args.adapter and args.adapter != cfg.adapter.kind:
+        cfg = with_authors_adapter(cfg, args.adapter)
+    return SDQESModel(cfg).eval(), f"preset {cfg.name} (random weights)"
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Every output a subcommand declares (``output_files``, ``output_dirs``) checked before any work starts."""
+    for attr in getattr(args, "output_files", ()):
+        if getattr(args, attr, None):
+            check_output_file(getattr(args, attr), "--" + attr.replace("_", "-"))
+    for attr in getattr(args, "output_dirs", ()):
+        if getattr(args, attr, None):
+            check_output_dir(getattr(args, attr), "--" + attr.replace("_", "-"))
+
+
+def progress_bar(total: int | None, unit: str, desc: str, enabled: bool = True):
+    """A tqdm bar on stderr where tqdm is installed (the runtime does not require it), else None."""
+    if not enabled or total is None:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    import sys
+
+    return tqdm(total=total, unit=unit, desc=desc, leave=False, file=sys.stderr)

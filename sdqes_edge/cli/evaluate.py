@@ -1,0 +1,208 @@
+"""``sdqes-edge eval``: SR@k / SMD@k of score traces (or baselines) against EgoSDQES-style annotations."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from sdqes_edge.cli.common import add_subcommand
+from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
+from sdqes_edge.errors import UserError
+
+Methods = dict[str, tuple[list, list]]  # method name -> (annotations, score traces), in the same order
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """SR@k / SMD@k of score traces (or baselines) against EgoSDQES-style annotations."""
+    from sdqes_edge.annotations import load_annotations
+    from sdqes_edge.evaluation import text_table, write_reports
+
+    target_bundle = _check_eval_args(args)
+    started = time.perf_counter()
+    annotations = load_annotations(args.annotations, split=args.split, source=args.source)
+    if not annotations:
+        raise UserError(f"{args.annotations} has no annotations for split {args.split!r}"
+                        + (f" and source {args.source!r}" if args.source else ""))
+    methods = _methods(args, annotations)
+    threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLD
+    rows, calibrations = _score(methods, threshold, args.calibrate, args.per_label)
+    rate = "traces at their own fps" if args.scores and not args.baseline else f"{args.fps:g} fps"
+    print(f"{len(annotations)} annotations ({args.split or 'all splits'}), {rate}\n")
+    print(text_table(rows))
+    policies = _choose_policies(methods, calibrations, threshold) if args.calibrate_policy else {}
+    out = Path(args.out)
+    extra = {"annotations": args.annotations, "split": args.split, "fps": args.fps,
+             "calibration": {n: c.to_dict() for n, c in calibrations.items()}, "alert_policy": policies}
+    json_path, md_path = write_reports(out, rows, extra)
+    plots = _plot(out, methods, calibrations, threshold, args.plots) if args.plots else []
+    print(f"\nwrote {json_path}, {md_path}" + (f" and {len(plots)} plots under {out / 'plots'}" if plots else "")
+          + f" in {time.perf_counter() - started:.1f} s")
+    if args.write_threshold:
+        _write_to_bundle(args, target_bundle, rows, calibrations, policies, threshold)
+    print(f"\nnext: open {md_path}" + (f" and {plots[0]}" if plots else ""))
+    return 0
+
+
+def _check_eval_args(args: argparse.Namespace):
+    """Refuse conflicting options (and a bad --write-threshold bundle) before the work; the bundle or None."""
+    from sdqes_edge.eval_plots import PLOTS_NEED, plotting_available
+
+    if args.plots and not plotting_available():
+        print(f"note: no plots: {PLOTS_NEED}; eval.json and eval.md are written as usual", file=sys.stderr)
+        args.plots = 0
+    if args.fps <= 0:
+        raise UserError(f"--fps must be positive, not {args.fps}")
+    if args.threshold is not None and not 0.0 < args.threshold < 1.0:
+        raise UserError(f"--threshold is a probability sigmoid(cos) in (0, 1), not {args.threshold}")
+    if args.write_threshold and not (args.calibrate or args.calibrate_policy):
+        raise UserError("--write-threshold writes what was calibrated: add --calibrate and/or --calibrate-policy")
+    if not args.write_threshold:
+        return None
+    from sdqes_edge.runtime.bundle import load_bundle
+
+    target_bundle = load_bundle(args.write_threshold)
+    if args.threshold is None and not args.calibrate:  # the policy is chosen at the bundle's own threshold
+        args.threshold = target_bundle.default_threshold
+    return target_bundle
+
+
+def _methods(args: argparse.Namespace, annotations: list) -> Methods:
+    """The score traces to evaluate: the runtime's (--scores) and each baseline's."""
+    from sdqes_edge.annotations import oracle_traces, random_traces
+    from sdqes_edge.evaluation import match_traces
+
+    methods: Methods = {}
+    if args.scores:
+        from sdqes_edge.traces import load_score_dir
+
+        matched = match_traces(annotations, load_score_dir(args.scores))
+        if not matched.traces:
+            raise UserError(f"none of the {len(annotations)} annotations has a trace in {args.scores}: traces are "
+                            "matched by stream name (the video_uid) and query text")
+        if matched.missing:
+            print(f"note: {len(matched.missing)} of {len(annotations)} annotations have no score trace and are "
+                  "not scored")
+        methods[f"scores ({Path(args.scores).name})"] = (matched.annotations, matched.traces)
+    for baseline in args.baseline or []:
+        if baseline == "oracle":
+            methods[baseline] = (annotations, oracle_traces(annotations, args.fps))
+        else:
+            methods[f"random (seed {args.seed})"] = (annotations, random_traces(annotations, args.fps, seed=args.seed))
+    if not methods:
+        raise UserError("give --scores DIR (traces from `sdqes-edge run`) or --baseline oracle/random")
+    return methods
+
+
+def _score(methods: Methods, threshold: float, calibrate: bool, per_label: bool) -> tuple[dict, dict]:
+    """Table rows per method (and per calibrated threshold), and each method's calibration."""
+    from sdqes_edge.evaluation import calibrate_thresholds, evaluate_with
+
+    rows, calibrations = {}, {}
+    for name, (anns, traces) in methods.items():
+        labels = [a.label for a in anns]
+        rows[name] = evaluate_with(traces, labels, threshold)
+        if calibrate:
+            cal = calibrate_thresholds(traces, labels, per_label)
+            calibrations[name] = cal
+            rows[f"{name}, calibrated"] = evaluate_with(traces, labels, cal.threshold)
+            if per_label:
+                rows[f"{name}, per-label ({len(cal.per_label)} labels)"] = evaluate_with(
+                    traces, labels, cal.threshold, cal.per_label)
+    return rows, calibrations
+
+
+def _choose_policies(methods: Methods, calibrations: dict, threshold: float) -> dict:
+    from sdqes_edge.alert_tuning import choose_policy, score_policy
+    from sdqes_edge.runtime.alerts import AlertPolicy
+
+    print()
+    policies = {}
+    for name, (_, traces) in methods.items():
+        at = calibrations[name].threshold if name in calibrations else threshold
+        best, sweep = choose_policy(traces, at)
+        plain = score_policy(traces, AlertPolicy(at))
+        policies[name] = {"threshold": at, "chosen": best.to_dict(), "plain": plain.to_dict(),
+                          "sweep": [s.to_dict() for s in sweep]}
+        print(f"alert policy for {name} at threshold {at:.4f}: on until p <= {at - best.exit_margin:.4f} (margin "
+              f"{best.exit_margin:g}), {best.cooldown_s:g} s cooldown; false alerts "
+              f"{plain.false_alerts_per_minute:.3f} -> {best.false_alerts_per_minute:.3f} per query-minute, events "
+              f"alerted in their window {plain.events_alerted:.1f}% -> {best.events_alerted:.1f}%, first-alert "
+              f"accuracy {best.first_alert_accuracy:.1f}% (the same under any policy)")
+    return policies
+
+
+def _plot(out: Path, methods: Methods, calibrations: dict, threshold: float, count: int) -> list[Path]:
+    from sdqes_edge.eval_plots import plot_extremes
+    from sdqes_edge.evaluation import per_query_distance
+
+    plots = []
+    for name, (anns, traces) in methods.items():
+        cal = calibrations.get(name)
+        per_trace = [cal.per_label.get(a.label, cal.threshold) if cal else threshold for a in anns]
+        distances = [per_query_distance(t, thr) for t, thr in zip(traces, per_trace)]
+        folder = out / "plots" / "".join(c if c.isalnum() else "-" for c in name).strip("-")
+        plots += plot_extremes(folder, traces, anns, per_trace, distances, count)
+    return plots
+
+
+def _write_to_bundle(args: argparse.Namespace, target_bundle, rows: dict, calibrations: dict, policies: dict,
+                     threshold: float) -> None:
+    """The first method's calibrated threshold and/or alert policy, recorded in --write-threshold BUNDLE."""
+    from sdqes_edge.runtime.bundle import write_thresholds
+
+    name = next(iter(rows))
+    cal = calibrations.get(name)
+    provenance = {"method": name, "annotations": args.annotations, "split": args.split,
+                  "queries": rows[name].queries}
+    policy = None
+    if name in policies:
+        chosen = policies[name]["chosen"]
+        policy = {"exit_margin": chosen["exit_margin"], "cooldown_s": chosen["cooldown_s"], "chosen_on": provenance,
+                  "false_alerts_per_query_minute": chosen["false_alerts_per_minute"],
+                  "first_alert_accuracy": chosen["first_alert_accuracy"]}
+    if cal is not None:
+        write_thresholds(args.write_threshold, cal.threshold, cal.per_label, provenance, policy=policy)
+        print(f"set the default threshold of {args.write_threshold} to {cal.threshold:.4f}"
+              + (f" ({len(cal.per_label)} per-label thresholds)" if cal.per_label else ""))
+    else:
+        write_thresholds(args.write_threshold, threshold, target_bundle.manifest["thresholds"].get("per_label"),
+                         None, policy=policy)
+    if policy:
+        print(f"recorded the alert policy in {args.write_threshold}: margin {policy['exit_margin']:g}, "
+              f"{policy['cooldown_s']:g} s cooldown")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    ev = add_subcommand(
+        sub, "eval", "Streaming Recall / Minimum Distance of score traces against annotations",
+        "Score the runtime's per-frame traces (or the oracle / random baselines) against EgoSDQES-style "
+        "annotations: SR@1/2/3 in the [-5,+10] s and [-2,+5] s windows and SMD@1/2/3, as the paper and its "
+        "reference code define them. Writes eval.json, eval.md and PNG plots of the best and worst queries.",
+        examples=("--annotations egosdqes_all.csv --split val --baseline oracle random",
+                  "--annotations egosdqes_all.csv --scores traces/ --calibrate --write-threshold bundle/"))
+    ev.add_argument("--annotations", required=True, help="EgoSDQES CSV (egosdqes_all.csv) or one with its columns")
+    ev.add_argument("--split", default="val", help="annotation split to score (default %(default)s; '' for all)")
+    ev.add_argument("--source", choices=["moments", "nlq"], help="only annotations from this source")
+    ev.add_argument("--scores", help="folder of *.npz score traces written by the runtime")
+    ev.add_argument("--baseline", nargs="+", choices=["oracle", "random"],
+                    help="baselines that need no video: oracle (must give 100 / 0) and seeded random scores")
+    ev.add_argument("--fps", type=float, default=DEFAULT_FPS, help="sampling rate of the baselines (default "
+                                                                   "%(default)s)")
+    ev.add_argument("--threshold", type=float, help=f"alert threshold (default {DEFAULT_THRESHOLD})")
+    ev.add_argument("--calibrate", action="store_true",
+                    help="also pick the threshold with the best SR@1 among 20 evenly spaced candidates")
+    ev.add_argument("--per-label", action="store_true",
+                    help="with --calibrate: a threshold per query label (labels with >= 5 queries)")
+    ev.add_argument("--calibrate-policy", action="store_true",
+                    help="also choose the alert policy (hysteresis margin, cooldown) with the best F1 of useful "
+                         "alerts (the first in an event's window) at the (calibrated or given) threshold")
+    ev.add_argument("--write-threshold", metavar="BUNDLE",
+                    help="write the calibrated threshold and/or policy into BUNDLE (the runtime's defaults)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default %(default)s)")
+    ev.add_argument("--plots", type=int, default=3, metavar="N",
+                    help="plot the N best and N worst queries (default %(default)s)")
+    ev.add_argument("--out", default="sdqes-eval", help="folder for eval.json, eval.md, plots/ (default %(default)s)")
+    ev.set_defaults(func=cmd_eval, output_dirs=("out",))
+

@@ -1,0 +1,165 @@
+"""Data and training commands: ``synth`` (a synthetic dataset), ``train`` (a small model on it) and ``accuracy``
+(adapter kinds x seeds, and one model per deployment format)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from sdqes_edge.cli.common import PROG, add_subcommand
+from sdqes_edge.config import ADAPTER_KINDS
+from sdqes_edge.errors import UserError
+from sdqes_edge.train_options import TrainOptions
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    """Write a synthetic EgoSDQES-shaped dataset: videos plus annotations.csv, split by stream."""
+    from sdqes_edge.synthetic import write_dataset
+
+    counts = {"train": args.train, "val": args.val, "test": args.test}
+    if any(n < 0 for n in counts.values()) or sum(counts.values()) == 0:
+        raise UserError("--train/--val/--test must be >= 0 and not all 0")
+    if args.seconds < 10 or args.fps <= 0:
+        raise UserError("--seconds must be >= 10 and --fps positive")
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {out} is not empty; give a new folder")
+    seeds, next_seed = {}, args.seed
+    for split, n in counts.items():
+        seeds[split] = list(range(next_seed, next_seed + n))
+        next_seed += n
+    started = time.perf_counter()
+    csv_path = write_dataset(out, seeds, seconds=args.seconds, fps=args.fps)
+    total = sum(counts.values())
+    print(f"wrote {total} streams of {args.seconds:g} s at {args.fps:g} fps ({args.train} train, {args.val} val, "
+          f"{args.test} test) and {csv_path} in {time.perf_counter() - started:.1f} s")
+    print(f"\nnext: {PROG} eval --annotations {csv_path} --split test --fps {args.fps:g} --baseline oracle random")
+    return 0
+
+
+TRAIN_HELP = {
+    "adapter": "adapter kind, authors' settings (default %(default)s)",
+    "seed": "seed of initialisation and batch order (default %(default)s); the data is the same for every seed",
+    "preset": "base model (default %(default)s: 64 px ViT, 4 layers, width 64; text width 32)",
+    "train_streams": "60-s training streams (default %(default)s)",
+    "val_streams": "validation streams, used only to calibrate the threshold (default %(default)s)",
+    "test_streams": "held-out test streams, scored once at the end (default %(default)s)",
+    "stream_seconds": "length of each stream (default %(default)s)",
+    "fps": "frames per second sampled (default %(default)s, as the benchmark)",
+    "window": "frames per training window (default %(default)s)",
+    "batch": "windows per step (default %(default)s)",
+    "steps": "optimizer steps (default %(default)s)",
+    "lr": "peak AdamW learning rate (default %(default)s)",
+    "weight_decay": "AdamW weight decay (default %(default)s)",
+    "warmup_steps": "linear warm-up steps before the cosine decay (default %(default)s)",
+    "pos_weight": "BCE weight of a true (frame, query) pair (default: negatives per positive in the training "
+                  "labels, about 41, so that a constant score is no minimum)",
+    "grad_clip": "gradient norm clip (default %(default)s)",
+    "threads": "torch CPU threads (default: torch's choice)",
+}
+
+
+def train_options_from_args(args: argparse.Namespace):
+    return TrainOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainOptions)}).check()
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train a small dual encoder with adapters on synthetic event streams (CPU, minutes)."""
+    from tqdm import tqdm
+
+    from sdqes_edge.training import train
+
+    options = train_options_from_args(args)
+    out = Path(args.out)
+    print(f"training {options.model_config().name} (seed {options.seed}) for {options.steps} steps on "
+          f"{options.train_streams} synthetic streams; validation {options.val_streams}, test {options.test_streams}")
+    result = train(options, out, progress=lambda it, desc: tqdm(it, desc=desc, mininterval=2, leave=False))
+    print(f"wrote {result.checkpoint} and {out / (result.checkpoint.stem + '.record.json')}")
+    print(f"\nnext: {PROG} export --checkpoint {result.checkpoint} --threshold {result.record['threshold']:.4f} "
+          f"--out bundles/{result.checkpoint.stem}")
+    return 0
+
+
+def _add_train_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    for f in dataclasses.fields(TrainOptions):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name in skip:
+            parser.set_defaults(**{f.name: f.default})
+        elif f.name == "adapter":
+            parser.add_argument(flag, choices=ADAPTER_KINDS, default=f.default, help=TRAIN_HELP[f.name])
+        else:
+            kind = int if f.type in ("int", "int | None") else float if f.type.startswith("float") else str
+            parser.add_argument(flag, type=kind, default=f.default, help=TRAIN_HELP[f.name])
+
+
+def cmd_accuracy(args: argparse.Namespace) -> int:
+    """Accuracy tables on held-out synthetic test streams: per adapter kind over seeds, per deployment format."""
+    from tqdm import tqdm
+
+    from sdqes_edge.benchmarks.accuracy import run as run_accuracy
+
+    base = dataclasses.replace(train_options_from_args(args), adapter="none", seed=args.seeds[0])
+    if not args.kinds and not args.formats:
+        raise UserError("nothing to do: give --kinds and/or --formats KIND")
+    runs = len(args.kinds) * len(args.seeds)
+    print(f"accuracy: {runs} training runs ({', '.join(args.kinds) or 'none'} x seeds "
+          f"{', '.join(map(str, args.seeds))}), {base.steps} steps each"
+          + (f"; formats of {args.formats}" if args.formats else "") + f"; results in {args.out}/")
+    path = run_accuracy(base, args.kinds, args.seeds, args.formats, Path(args.out),
+                        progress=lambda it, desc: tqdm(it, desc=desc, mininterval=5, leave=False))
+    print()
+    print(path.read_text())
+    print(f"wrote {path} and {path.with_suffix('.json')}")
+    print(f"\nnext: {PROG} export --checkpoint {args.out}/runs/qrnn-seed{args.seeds[0]}/synthetic+qrnn.pt "
+          f"--out bundles/synthetic-qrnn")
+    return 0
+
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    synth = add_subcommand(
+        sub, "synth", "write a synthetic dataset: scenes where queried events start at known times",
+        "Seeded OpenCV scenes (a door, a lamp, balls and squares of named colours) in which events start at known "
+        "times: some visible in one frame (a square appears), others only over time (a ball starts or stops "
+        "rolling, the lamp turns on after the door opened, a ball shows up a second time). Writes videos/*.avi "
+        "and annotations.csv in the EgoSDQES columns, each stream in one split.",
+        examples=("--out data/synthetic", "--out data/corpus --train 0 --val 0 --test 40"))
+    synth.add_argument("--out", required=True, help="new folder for videos/ and annotations.csv")
+    synth.add_argument("--train", type=int, default=20, help="training streams (default %(default)s)")
+    synth.add_argument("--val", type=int, default=5, help="validation streams (default %(default)s)")
+    synth.add_argument("--test", type=int, default=5, help="test streams (default %(default)s)")
+    synth.add_argument("--seconds", type=float, default=60.0, help="length of each stream (default %(default)s)")
+    synth.add_argument("--fps", type=float, default=2.0, help="frames per second drawn (default %(default)s)")
+    synth.add_argument("--seed", type=int, default=0, help="first stream's seed; streams use consecutive seeds "
+                                                           "(default %(default)s)")
+    synth.set_defaults(func=cmd_synth, output_dirs=("out",))
+
+    train = add_subcommand(
+        sub, "train", "train a small model with adapters on synthetic event streams (CPU, minutes)",
+        "The paper's recipe at small scale: a small dual encoder (ViT with the same adapters as the real presets, "
+        "CLIP tokenizer) trained with binary cross-entropy on cos(frame, query) against dense per-frame labels, "
+        "over windows of frames at 1 fps, on synthetic streams split by stream. The threshold is calibrated on "
+        "validation streams; the test streams are scored once. Writes <model>.pt (a checkpoint `export "
+        "--checkpoint` reads) and <model>.record.json.", examples=("--adapter qrnn --out runs/qrnn",))
+    _add_train_options(train)
+    train.add_argument("--out", default="runs/synthetic", help="folder for the checkpoint and record "
+                                                               "(default %(default)s)")
+    train.set_defaults(func=cmd_train, output_dirs=("out",))
+
+    acc = add_subcommand(
+        sub, "accuracy", "accuracy on held-out synthetic streams: per adapter kind (seeds) and per deployment format",
+        "Train one model per adapter kind and seed on the same synthetic splits (as `sdqes-edge train`), and report "
+        "SR@1/SR@3/SMD@1 at [-5,+10] s on held-out test streams for single-frame and temporal event types, every "
+        "seed and the spread; then export one kind to fp32/fp16/int8 and score PyTorch against ONNX Runtime at "
+        "each precision with the state carried over every test stream. Writes accuracy.md and accuracy.json.",
+        examples=("--kinds qrnn st --seeds 0 1",))
+    acc.add_argument("--kinds", nargs="*", choices=ADAPTER_KINDS, default=list(ADAPTER_KINDS),
+                     help="adapter kinds to train (default: all)")
+    acc.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="training seeds (default 0 1 2)")
+    acc.add_argument("--formats", choices=ADAPTER_KINDS, default="qrnn",
+                     help="kind whose first-seed model is scored per deployment format (default %(default)s)")
+    acc.add_argument("--out", default="accuracy-results", help="results folder (default %(default)s)")
+    _add_train_options(acc, skip=("adapter", "seed"))
+    acc.set_defaults(func=cmd_accuracy, output_dirs=("out",))

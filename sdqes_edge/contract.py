@@ -1,0 +1,90 @@
+"""The deployment contract, defined once and torch-free: what an exported graph and a bundle look like.
+
+DESIGN.md section 3 ("The single-step graph contract", "The bundle"). The exporter writes it,
+the Python runtime and the native (C++) runtime read it; nothing else spells these names.
+
+Step graph: inputs ``frame`` [B,3,R,R], then ``state_in.<name>`` in state-spec order, then optionally
+``query_embeddings`` [Q,E]; outputs ``embedding`` [B,E], optionally ``logits`` [B,Q], then
+``state_out.<name>`` in the same order. Text graph: ``token_ids`` [Q,77] -> ``query_embedding`` [Q,E].
+Each graph describes itself as JSON in ONNX ``metadata_props`` under ``METADATA_KEY``.
+
+A bundle is a directory::
+
+    manifest.json            what everything else is (``bundle_manifest.schema.json``); written last
+    step.fp32.onnx           the single-step graph (and step.fp16.onnx, step.int8.onnx)
+    text.onnx                the text encoder
+    tokenizer/...            CLIP's BPE vocabulary
+    queries.json             optional pre-encoded queries (texts, alert messages)
+    query_embeddings.npy     their embeddings [Q, E]
+    training_record.json     how the model was trained, where `sdqes-edge train` made it
+    engines/<gpu>-sm<cc>-trt<version>/step.<precision>.engine   TensorRT engines, built on the device
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+# --- graph inputs and outputs ----------------------------------------------------------------
+FRAME_INPUT = "frame"
+STATE_INPUT_PREFIX = "state_in."
+QUERY_INPUT = "query_embeddings"
+EMBEDDING_OUTPUT = "embedding"
+LOGITS_OUTPUT = "logits"
+STATE_OUTPUT_PREFIX = "state_out."
+TOKEN_INPUT = "token_ids"
+QUERY_EMBEDDING_OUTPUT = "query_embedding"
+
+METADATA_KEY = "sdqes_edge"  # the one metadata_props key a graph's JSON description lives under
+GRAPH_FORMAT_VERSION = 1
+DEFAULT_OPSET = 17  # LayerNormalization is one node from opset 17
+SUPPORTED_OPSETS = (16, 17)  # 16 for TensorRT < 8.6
+
+# --- the bundle ------------------------------------------------------------------------------
+MANIFEST_NAME = "manifest.json"
+MANIFEST_SCHEMA_FILE = "bundle_manifest.schema.json"  # beside this module, shipped as package data
+BUNDLE_FORMAT_VERSION = 1  # the newest format this code writes and reads; older ones still load
+TEXT_GRAPH_NAME = "text.onnx"
+TOKENIZER_FOLDER = "tokenizer"
+QUERIES_NAME = "queries.json"
+QUERY_EMBEDDINGS_NAME = "query_embeddings.npy"
+TRAINING_RECORD_NAME = "training_record.json"  # written by `sdqes-edge train`, copied into bundles it made
+ENGINES_FOLDER = "engines"
+
+
+@functools.cache
+def manifest_schema() -> dict[str, Any]:
+    """The manifest's JSON Schema, read from its file (the one the native runtime is tested against)."""
+    return json.loads(resources.files(__package__).joinpath(MANIFEST_SCHEMA_FILE).read_text())
+
+
+# The format name and the precisions are written once, in the schema; read from there.
+BUNDLE_FORMAT: str = manifest_schema()["properties"]["format"]["const"]
+PRECISIONS: tuple[str, ...] = tuple(
+    manifest_schema()["properties"]["graphs"]["properties"]["step"]["propertyNames"]["enum"])
+FP32, FP16, INT8 = PRECISIONS  # in the schema's order
+REFERENCE_PRECISION = FP32  # always exported; every other precision is measured against it
+
+
+def step_graph_name(precision: str) -> str:
+    return f"step.{precision}.onnx"
+
+
+def engine_name(precision: str) -> str:
+    return f"step.{precision}.engine"
+
+
+def step_io_names(state_names: list[str], fused_queries: bool) -> tuple[list[str], list[str]]:
+    """(input names, output names) of the step graph, in the contract's order, for state tensors by name."""
+    inputs = ([FRAME_INPUT] + [STATE_INPUT_PREFIX + n for n in state_names]
+              + ([QUERY_INPUT] if fused_queries else []))
+    outputs = ([EMBEDDING_OUTPUT] + ([LOGITS_OUTPUT] if fused_queries else [])
+               + [STATE_OUTPUT_PREFIX + n for n in state_names])
+    return inputs, outputs
+
+
+def state_names_in(io_names: list[str], prefix: str) -> list[str]:
+    """The state tensor names among a graph's inputs (``STATE_INPUT_PREFIX``) or outputs, in order."""
+    return [n[len(prefix):] for n in io_names if n.startswith(prefix)]

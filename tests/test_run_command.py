@@ -1,0 +1,176 @@
+"""``sdqes-edge run`` as a user runs it: a separate process, torch blocked, signals, damaged files, bad input."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import cv2
+import numpy as np
+import pytest
+from runtime_fixtures import FPS, QUERY, write_video
+
+from sdqes_edge.metrics import rising_edges
+from sdqes_edge.runtime.detector import StreamingDetector
+from sdqes_edge.runtime.sinks import ScoreTraceRecorder
+from sdqes_edge.runtime.sources import open_source
+from sdqes_edge.sample import sample_frames
+from sdqes_edge.traces import load_scores
+
+
+def run_cli(*args: str, block_torch: bool = False, **popen) -> subprocess.CompletedProcess:
+    prefix = "import sys; sys.modules['torch'] = None\n" if block_torch else "import sys\n"
+    code = prefix + "from sdqes_edge.cli import run\nsys.exit(run(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, **popen)
+
+
+def test_the_run_command_streams_a_video_where_torch_cannot_be_imported(exported, tmp_path):
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.mp4", sample_frames(40, 120, 160))
+    done = run_cli("run", str(bundle), "--source", str(video), "--query", QUERY, "--message", "Sanitize!",
+                   "--threshold", "0.01", "--events", str(tmp_path / "e.jsonl"), "--scores", str(tmp_path / "s"),
+                   "--annotate", str(tmp_path / "annotated.avi"), block_torch=True)
+    assert done.returncode == 0, done.stderr
+    assert "Sanitize!" in done.stdout and "next: sdqes-edge eval" in done.stderr
+    assert "was trained on" not in done.stderr  # a bundle without a training record gets no note
+    events = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert [e["frame_index"] for e in events] == [0] and events[0]["message"] == "Sanitize!"
+    assert load_scores(tmp_path / "s" / "clip.npz").probs.shape == (20, 1)
+    annotated = cv2.VideoCapture(str(tmp_path / "annotated.avi"))
+    assert annotated.isOpened() and int(annotated.get(cv2.CAP_PROP_FRAME_COUNT)) == 20
+
+
+def test_ctrl_c_mid_stream_leaves_a_complete_alert_log(exported, tmp_path):
+    _, bundle = exported
+    video = write_video(tmp_path / "long.avi", sample_frames(900, 60, 80), fps=30.0)  # 30 s: 150 steps at 5 fps
+    # The full run, to know every alert the interrupted one should have logged up to its end.
+    reference = StreamingDetector(bundle)
+    query = reference.add_query(QUERY, threshold=0.5)
+    trace = tmp_path / "full.npz"
+    reference.add_sink(ScoreTraceRecorder(trace, "long", FPS))
+    list(reference.run(open_source(str(video), FPS)))
+    probs = load_scores(trace).probs[:, 0]
+    threshold = float(np.median(probs))
+    all_alerts = rising_edges(probs, threshold).tolist()
+    assert len(all_alerts) > 10, query
+
+    events = tmp_path / "events.jsonl"
+    process = subprocess.Popen([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
+                                "--query", QUERY, "--threshold", str(threshold), "--events", str(events), "--quiet",
+                                "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not events.exists() or len(events.read_text().splitlines()) < 3):
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    lines = events.read_text().splitlines()
+    logged = [json.loads(line)["frame_index"] for line in lines]  # every line parses
+    print(f"stopped with exit code {process.returncode} after {len(logged)} of {len(all_alerts)} alerts")
+    assert logged == all_alerts[: len(logged)] and len(logged) >= 3
+    if process.returncode == 130:  # stopped mid-stream (a fast machine may finish first: then 0, all logged)
+        assert "interrupted after" in stderr and "Traceback" not in stderr
+    else:
+        assert process.returncode == 0 and logged == all_alerts
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_mid_stream_finishes_the_frame_and_leaves_every_output_playable(signum, exported, tmp_path):
+    """docker stop, systemd and `timeout` send SIGTERM: treated as Ctrl-C, exit 128 + the signal's number."""
+    _, bundle = exported
+    video = write_video(tmp_path / "long.avi", sample_frames(1800, 48, 64), fps=30.0)  # 60 s: 300 steps at 5 fps
+    annotated, scores, events = tmp_path / "annotated.mp4", tmp_path / "scores.npz", tmp_path / "events.jsonl"
+    process = subprocess.Popen([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
+                                "--query", QUERY, "--threshold", "0.01", "--annotate", str(annotated), "--scores",
+                                str(scores), "--events", str(events), "--quiet", "--threads", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = process.stderr.readline()
+    assert started.startswith("streaming"), started + process.stderr.read()
+    time.sleep(0.3)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert "Traceback" not in stderr, stderr
+    frames = load_scores(scores).probs.shape[0]
+    print(f"stopped with exit code {process.returncode} after {frames} of 300 steps")
+    if process.returncode == 0:  # a fast machine may finish before the signal arrives
+        assert frames == 300
+    else:
+        assert process.returncode == 128 + signum and f"interrupted after {frames} frames" in stderr
+    reader = cv2.VideoCapture(str(annotated))
+    decoded = 0
+    while reader.read()[0]:
+        decoded += 1
+    assert decoded == frames > 0, "the annotated mp4 must be complete and playable"
+    assert [json.loads(line)["frame_index"] for line in events.read_text().splitlines()] == [0]
+
+
+@pytest.mark.parametrize("suffix", [".avi", ".mkv"])
+def test_a_truncated_video_is_reported_in_a_warning_and_the_summary(suffix, exported, tmp_path):
+    _, bundle = exported
+    whole = write_video(tmp_path / f"whole{suffix}", sample_frames(140, 48, 64), fps=10.0)
+    cut = tmp_path / f"cut{suffix}"
+    data = whole.read_bytes()
+    cut.write_bytes(data[: int(len(data) * 0.3)])  # what a copy stopped part-way leaves
+    done = run_cli("run", str(bundle), "--source", str(cut), "--query", QUERY, "--quiet")
+    assert done.returncode == 0, done.stderr
+    warning = [line for line in done.stderr.splitlines() if line.startswith("sdqes-edge: warning:")]
+    assert len(warning) == 1 and "of the 140 frames its container lists" in warning[0], done.stderr
+    assert "sdqes-edge: incomplete: cut ended after" in done.stderr
+    complete = run_cli("run", str(bundle), "--source", str(whole), "--query", QUERY, "--quiet")
+    assert complete.returncode == 0 and "container lists" not in complete.stderr, complete.stderr
+
+
+@pytest.mark.parametrize("make_args, message", [
+    (lambda b, t: ["run", str(t / "nope"), "--source", "x.mp4", "--query", "q"], "does not exist"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "missing.mp4"), "--query", "q"], "missing.mp4"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", "q"], "cannot decode"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "empty.avi"), "--query", "q"], "cannot decode"),
+    (lambda b, t: ["run", str(b), "--source", "7", "--query", "q"], "cannot open camera index 7"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", " "], "query is empty"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", "word " * 80], "77"),
+    (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", "q", "--threshold", "1.5"],
+     "outside (0, 1)"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--max-frames", "0"], "positive number"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--max-frames", "-1"], "positive number"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--annotate", str(t / "out.gif")],
+     "OpenCV writes videos as .avi, .mp4"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--annotate", str(t / "outvideo")],
+     "outvideo.mp4"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--annotate", str(t / "dir.mp4")],
+     "is a folder"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--events", str(t / "dir.mp4")],
+     "--events"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--events", "/proc/version"],
+     "/proc/version cannot be written"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--save-state", str(t / "dir.mp4")],
+     "--save-state"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--scores", str(t / "garbage.mp4" / "s")],
+     "garbage.mp4 is a file, not a folder"),
+    (lambda b, t: ["run", str(b), "--source", "x.mp4", "--query", "q", "--scores", "/proc/sdqes-scores"],
+     "refuses new files"),
+])
+def test_bad_input_to_run_is_one_line_and_a_non_zero_exit(make_args, message, exported, tmp_path):
+    _, bundle = exported
+    (tmp_path / "garbage.mp4").write_bytes(b"\x00\x01" * 100)
+    (tmp_path / "dir.mp4").mkdir()
+    writer = cv2.VideoWriter(str(tmp_path / "empty.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 10, (64, 48))
+    writer.release()
+    done = run_cli(*make_args(bundle, tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_bundle_of_a_newer_format_is_refused(exported, tmp_path):
+    import shutil
+
+    _, bundle = exported
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    done = run_cli("run", str(copy), "--source", "x.mp4", "--query", "q")
+    assert done.returncode == 2 and "newer than this runtime reads" in done.stderr
