@@ -20,12 +20,14 @@ from sdqes_edge.state import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX, StateSpec,
 from sdqes_edge.tokenizer import ClipTokenizer, default_tokenizer
 
 from .alerts import AlertPolicy
+from .backend import StepBackend, StepResult
 from .bundle import Bundle, BundleError, load_bundle
-from .detector import StreamingDetector
+from .detector import StreamingDetector, StreamSlot
 from .sinks import AlertEvent, AnnotatedVideoSink, CallbackSink, ConsoleSink, JsonlSink, ScoreTraceRecorder
 from .sources import open_source
 
 __all__ = ["STATE_INPUT_PREFIX", "STATE_OUTPUT_PREFIX", "StateSpec", "StateTensorSpec", "ClipTokenizer",
-           "default_tokenizer", "AlertPolicy", "Bundle", "BundleError", "load_bundle", "StreamingDetector",
+           "default_tokenizer", "AlertPolicy", "StepBackend", "StepResult", "Bundle", "BundleError", "load_bundle",
+           "StreamingDetector", "StreamSlot",
            "AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder",
            "open_source"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import cv2
@@ -322,3 +325,24 @@ def test_the_tensorrt_backend_streams_what_onnx_runtime_streams(exported, tmp_pa
     final = trt_step.state_to_numpy(trt_state)
     for name, value in ort_state.items():
         assert np.abs(final[name] - value).max() <= 1e-2 * max(1.0, np.abs(value).max())
+
+
+def test_both_backends_declare_the_interface_the_detector_uses(exported):
+    from sdqes_edge.runtime.backend import StepBackend
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+    from sdqes_edge.runtime.tensorrt_backend import TensorRTStep
+
+    _, bundle = exported
+    assert isinstance(OnnxRuntimeStep(bundle / "step.fp32.onnx"), StepBackend)
+    members = [name for name in dir(StepBackend) if not name.startswith("_")]
+    assert set(members) <= set(dir(TensorRTStep)) | {"spec", "fused_queries"}  # those two are set in __init__
+
+
+def test_importing_the_runtime_changes_no_process_wide_opencv_setting():
+    code = ("import os, cv2\nbefore = cv2.utils.logging.getLogLevel()\nimport sdqes_edge.runtime\n"
+            "import sdqes_edge.runtime.sources\n"
+            "assert cv2.utils.logging.getLogLevel() == before, 'log level changed'\n"
+            "assert 'OPENCV_FFMPEG_LOGLEVEL' not in os.environ, 'FFmpeg log level set'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "OPENCV_FFMPEG_LOGLEVEL"})
+    assert done.returncode == 0, done.stderr
