@@ -119,10 +119,22 @@ def make_backend(bundle: Bundle, backend: str = "ort", precision: str = REFERENC
     raise UserError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
 
 
+def text_encoder_for(bundle: Bundle, truncate_queries: bool = False, threads: int | None = None) -> TextEncoder:
+    """The bundle's text graph and tokenizer, with its pre-encoded queries already in the cache."""
+    encoder = TextEncoder(bundle.text_graph, bundle.tokenizer_vocab, bundle.manifest["tokenizer"]["context_length"],
+                          on_overflow="truncate" if truncate_queries else "error", threads=threads)
+    pre = bundle.queries()
+    if pre:
+        encoder.seed([q["text"] for q in pre[0]], pre[1])
+    return encoder
+
+
 class StreamingDetector:
     def __init__(self, bundle: str | Path | Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
                  threads: int | None = None, ort_device: str = "cpu", truncate_queries: bool = False,
-                 backend_instance=None):
+                 backend_instance: StepBackend | None = None, text_encoder: TextEncoder | None = None):
+        """``backend_instance`` and ``text_encoder``: ones already loaded from this bundle, so a program that
+        scores many streams one after another loads the graphs once."""
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
         m = self.bundle.manifest
         self.batch = int(m["batch"])
@@ -133,12 +145,7 @@ class StreamingDetector:
         if getattr(self.backend, "fused_queries", False):
             raise UserError("this bundle scores a fixed query set inside its graph (--fuse-queries); the streaming "
                             "detector adds and removes queries, so export it without --fuse-queries")
-        encoder = TextEncoder(self.bundle.text_graph, self.bundle.tokenizer_vocab, m["tokenizer"]["context_length"],
-                              on_overflow="truncate" if truncate_queries else "error")
-        pre = self.bundle.queries()
-        if pre:
-            encoder.seed([q["text"] for q in pre[0]], pre[1])
-        self.queries = QueryBank(encoder)
+        self.queries = QueryBank(text_encoder or text_encoder_for(self.bundle, truncate_queries))
         self.sinks: list[Sink] = []
         self.state = self.backend.initial_state()  # every stream's, batched (the backend's representation)
         self.streams = [StreamSlot(i, f"stream{i}") for i in range(self.batch)]

@@ -42,9 +42,11 @@ def score(embeddings: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.n
 class TextEncoder:
     """Query text -> L2-normalized embedding [E], with the bundle's tokenizer and text graph."""
 
-    def __init__(self, text_graph: Path, vocab: Path, context_length: int, on_overflow: str = "error"):
+    def __init__(self, text_graph: Path, vocab: Path, context_length: int, on_overflow: str = "error",
+                 threads: int | None = None):
         self.text_graph, self.vocab, self.context_length = text_graph, vocab, context_length
         self.on_overflow = on_overflow
+        self.threads = threads  # ONNX Runtime intra-op threads (None: all cores)
         self._cache: dict[str, np.ndarray] = {}
 
     # Loaded on the first query that is not pre-encoded: a ViT-B/16 text graph is 240 MB.
@@ -56,7 +58,10 @@ class TextEncoder:
     def session(self):
         import onnxruntime as ort
 
-        return ort.InferenceSession(str(self.text_graph), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        if self.threads:
+            options.intra_op_num_threads = self.threads
+        return ort.InferenceSession(str(self.text_graph), options, providers=["CPUExecutionProvider"])
 
     def seed(self, texts: list[str], embeddings: np.ndarray) -> None:
         """Pre-encoded queries from the bundle."""

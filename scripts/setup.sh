@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (or refresh) .venv with sdqes-edge installed in editable mode.
 #   scripts/setup.sh         the export, runtime and eval extras (what the main job needs)
-#   scripts/setup.sh --dev   the same plus the test tools
+#   scripts/setup.sh --dev   the same plus the test tools and Ray (the tests run `score --ray` on a local instance)
 # torch is pinned to 2.13.0: on these machines that is the CPU build kept on disk;
 # a looser requirement would download a multi-gigabyte CUDA build.
 set -euo pipefail
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 python_bin=${PYTHON:-python3.11}
 extras="export,runtime,eval"
 dev=0
-if [ "${1:-}" = "--dev" ]; then extras="$extras,dev"; dev=1; fi
+if [ "${1:-}" = "--dev" ]; then extras="$extras,dev,ray"; dev=1; fi
 
 # The native (C++) runtime's build and tests need these from the system's packages; where they cannot be
 # installed (not root, no apt) the native tests are skipped with the reason.

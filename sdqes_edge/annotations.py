@@ -27,6 +27,7 @@ class Annotation:
     video_seconds: float
     row: int
     asked_time: float = 0.0  # when the query was issued (optional `asked_time` column); 0 = before the stream
+    clip_uid: str = ""  # the clip the annotation came from (optional `clip_uid` column)
 
     def start_frame(self, fps: float) -> int:
         return frame_at_or_after(self.start_time, fps)
@@ -52,7 +53,7 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
             continue
         out.append(Annotation(r["split"], r["source"], r["video_uid"], r["query"], r["response"], r["label"],
                               float(r["video_start_time"]), float(r["video_length"]) / float(r["video_fps"]), i,
-                              float(r.get("asked_time") or 0.0)))
+                              float(r.get("asked_time") or 0.0), r.get("clip_uid") or ""))
     return out
 
 

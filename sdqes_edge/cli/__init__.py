@@ -11,6 +11,7 @@ torch; each handler imports what its job needs.
     bench       bench
     export      export, inspect, build-engine
     run         run
+    score       score (a corpus: a local worker pool or Ray)
     demo        demo
 """
 
@@ -21,7 +22,7 @@ import sys
 from typing import Callable, Sequence
 
 from sdqes_edge import __version__
-from sdqes_edge.cli import bench, demo, evaluate, export, model, training
+from sdqes_edge.cli import bench, demo, evaluate, export, model, score, training
 from sdqes_edge.cli import run as run_command
 from sdqes_edge.cli.common import PROG, check_output_paths
 from sdqes_edge.errors import UserError
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_parsers(sub)
     export.add_parsers(sub)
     run_command.add_parser(sub)
+    score.add_parser(sub)
     demo.add_parser(sub)
     return parser
 

@@ -1,0 +1,193 @@
+"""``sdqes-edge score``: a bundle over a whole annotated video corpus, then the SR/SMD report, in one command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from sdqes_edge.cli.common import PROG, add_subcommand, progress_bar
+from sdqes_edge.errors import UserError
+
+LOCAL_RAY = "local"  # --ray with no address: start a local Ray instance (or join RAY_ADDRESS)
+FAILURES_NAME = "failures.json"
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from sdqes_edge.annotations import load_annotations
+    from sdqes_edge.corpus import finished, plan_streams
+    from sdqes_edge.runtime.bundle import load_bundle
+
+    workers, threads = _check_score_args(args)
+    bundle = load_bundle(args.bundle)  # a bad bundle is refused before any worker starts
+    annotations = load_annotations(args.annotations, split=args.split or None, source=args.source)
+    if not annotations:
+        raise UserError(f"{args.annotations} has no annotations for split {args.split!r}"
+                        + (f" and source {args.source!r}" if args.source else ""))
+    out = Path(args.out)
+    tasks = plan_streams(annotations, Path(args.videos))
+    if args.bench:
+        return _bench(tasks, Path(args.bundle), out)
+    todo = [t for t in tasks if not finished(out, t)]
+    where = (f"Ray ({args.ray if args.ray != LOCAL_RAY else 'a local instance'}), {threads} thread(s) per actor"
+             if args.ray else f"{workers} worker process(es) x {threads} ONNX Runtime thread(s)")
+    print(f"{len(tasks)} streams ({len(annotations)} queries) in {args.annotations}; {len(tasks) - len(todo)} already "
+          f"scored in {out}, {len(todo)} to score with {where}", file=sys.stderr)
+    failures = _score(todo, Path(args.bundle), out, workers, threads, args)
+    _write_failures(out, failures)
+    code = _report(out, tasks, annotations, bundle.default_threshold if args.threshold is None else args.threshold)
+    if failures:
+        print(f"{PROG}: {len(failures)} of {len(tasks)} streams failed (listed above and in {out / FAILURES_NAME}); "
+              "re-run the same command to retry them: finished traces are kept", file=sys.stderr)
+        return 1
+    return code
+
+
+def _check_score_args(args: argparse.Namespace) -> tuple[int, int]:
+    """(workers, ORT threads per worker), conflicts resolved with a warning, mistakes refused up front."""
+    from sdqes_edge.corpus import cpu_count
+
+    cores = cpu_count()
+    if args.workers is not None and args.workers < 1:
+        raise UserError(f"--workers {args.workers}: give at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads {args.threads}: give at least 1")
+    if args.threshold is not None and not 0.0 < args.threshold < 1.0:
+        raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
+    if args.ray:
+        from sdqes_edge.corpus_ray import require_ray
+
+        require_ray()
+        if args.workers is not None:
+            print(f"{PROG}: warning: --workers is for the local pool; with --ray each actor is one worker "
+                  "(--ray-actors sets how many)", file=sys.stderr)
+        return args.ray_actors or 0, args.threads or 1
+    if args.shared_bundle or args.ray_actors:
+        print(f"{PROG}: warning: --shared-bundle and --ray-actors only apply with --ray; ignoring them",
+              file=sys.stderr)
+    workers = args.workers or cores
+    return workers, args.threads or max(1, cores // workers)
+
+
+def _score(todo: list, bundle: Path, out: Path, workers: int, threads: int, args: argparse.Namespace) -> list:
+    """Score the streams where the arguments say; each finished trace saved as it arrives; the failures."""
+    from sdqes_edge.corpus import save_outcome, score_here, score_in_pool
+
+    failures = []
+    bar = progress_bar(len(todo), "stream", "scoring", enabled=not args.quiet and bool(todo))
+    frames, started = 0, time.perf_counter()
+
+    def report(outcome) -> None:
+        nonlocal frames
+        save_outcome(out, outcome)
+        frames += outcome.frames
+        if outcome.error:
+            failures.append({"stream": outcome.stream, "error": outcome.error})
+            print(f"{PROG}: failed: {outcome.stream}: {outcome.error}", file=sys.stderr)
+        if bar is not None:
+            bar.set_postfix(frames=frames, fps=f"{frames / max(time.perf_counter() - started, 1e-9):.1f}")
+            bar.update(1)
+
+    try:
+        if not todo:
+            pass
+        elif args.ray:
+            from sdqes_edge.corpus_ray import score_on_ray
+
+            score_on_ray(todo, bundle, threads, report, address=None if args.ray == LOCAL_RAY else args.ray,
+                         actors=workers or None, shared_bundle=args.shared_bundle, quiet_opencv=True)
+        elif workers == 1:
+            score_here(todo, bundle, threads, report)
+        else:
+            score_in_pool(todo, bundle, min(workers, len(todo)), threads, report, quiet_opencv=True)
+    finally:
+        if bar is not None:
+            bar.close()
+    if todo:
+        print(f"scored {len(todo) - len(failures)} of {len(todo)} streams, {frames} frames in "
+              f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return failures
+
+
+def _bench(tasks: list, bundle: Path, out: Path) -> int:
+    """The corpus scored by one process, the local pool and Ray, side by side: videos per minute."""
+    from sdqes_edge.benchmarks.corpus import bench_corpus, markdown
+    from sdqes_edge.corpus import cpu_count
+
+    results = bench_corpus(tasks, bundle, cpu_count(), log=lambda message: print(message, file=sys.stderr))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "bench.md").write_text(markdown(results))
+    print(markdown(results))
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+    return 0
+
+
+def _write_failures(out: Path, failures: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FAILURES_NAME).write_text(json.dumps(failures, indent=2) + "\n")
+
+
+def _report(out: Path, tasks: list, annotations: list, threshold: float) -> int:
+    """SR/SMD of every finished stream's trace against its annotations: printed, and eval.json / eval.md."""
+    from sdqes_edge.corpus import trace_path
+    from sdqes_edge.evaluation import evaluate_with, match_traces, text_table, write_reports
+    from sdqes_edge.traces import load_scores
+
+    traces = [load_scores(trace_path(out, t.stream)) for t in tasks if trace_path(out, t.stream).is_file()]
+    matched = match_traces(annotations, traces)
+    if not matched.traces:
+        print(f"{PROG}: no stream was scored, so there is nothing to evaluate", file=sys.stderr)
+        return 1
+    rows = {f"{Path(str(out)).name} (threshold {threshold:.4f})":
+            evaluate_with(matched.traces, [a.label for a in matched.annotations], threshold)}
+    print(f"\n{len(matched.annotations)} of {len(annotations)} annotations scored"
+          + (f" ({len(matched.missing)} without a trace)" if matched.missing else "") + "\n")
+    print(text_table(rows))
+    json_path, md_path = write_reports(out, rows, {"threshold": threshold, "streams": len(traces),
+                                                   "unscored_annotations": len(matched.missing)})
+    print(f"\nwrote {len(traces)} traces under {out / 'traces'}, {json_path} and {md_path}")
+    print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {out / 'traces'} --calibrate "
+          "(a threshold chosen on these streams)")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    score = add_subcommand(
+        sub, "score", "score a bundle over an annotated video corpus (every core, or a Ray cluster), then SR/SMD",
+        "Find each annotated video in a folder (by video_uid, else clip_uid, as the file name without suffix), "
+        "stream it through the bundle with every query the annotations ask of it (one pass through the image "
+        "tower per video), write one score trace per stream as `run --scores` does, then report SR@k/SMD@k as "
+        "`eval` does. Runs on every core of this machine by default (worker processes, each with one loaded "
+        "bundle), or on a Ray cluster with --ray. Finished traces are kept: a re-run scores only what is "
+        "missing. A video that fails is named with its error; the others carry on (exit status 1).",
+        examples=("sdqes_edge/data/demo_bundle --annotations data/synth/annotations.csv --videos "
+                  "data/synth/videos --out runs/score",
+                  "bundles/qrnn --annotations egosdqes_all.csv --split val --videos /data/ego4d/v2/full_scale "
+                  "--ray auto --shared-bundle"))
+    score.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
+    score.add_argument("--annotations", required=True, help="EgoSDQES CSV, or the annotations.csv `synth` writes")
+    score.add_argument("--videos", required=True, help="folder of the videos (searched recursively)")
+    score.add_argument("--split", default="", help="only this annotation split (default: all)")
+    score.add_argument("--source", help="only annotations from this source (moments, nlq, ...)")
+    score.add_argument("--out", default="sdqes-score", help="folder for traces/, eval.json, eval.md "
+                                                            "(default %(default)s)")
+    score.add_argument("--workers", type=int, help="worker processes (default: one per core)")
+    score.add_argument("--threads", type=int, help="ONNX Runtime threads per worker (default: cores / workers)")
+    score.add_argument("--threshold", type=float, help="alert threshold of the report (default: the bundle's)")
+    score.add_argument("--ray", nargs="?", const=LOCAL_RAY, metavar="ADDRESS",
+                       help="run on Ray: no ADDRESS starts a local instance (or joins RAY_ADDRESS), 'auto' joins "
+                            "the running cluster, ray://HOST:10001 connects as a client; needs "
+                            "pip install 'sdqes-edge[ray]'")
+    score.add_argument("--ray-actors", type=int, help="with --ray: actors, each one loaded bundle (default: the "
+                                                      "cluster's CPUs / --threads)")
+    score.add_argument("--shared-bundle", action="store_true",
+                       help="with --ray: every node reads the bundle at this path instead of receiving it through "
+                            "Ray's object store")
+    score.add_argument("--bench", action="store_true",
+                       help="instead: score the corpus with one process (all threads), the local pool and Ray "
+                            "(when installed), side by side, and report videos per minute (OUT/bench.md)")
+    score.add_argument("--quiet", action="store_true", help="no progress bar")
+    score.set_defaults(func=cmd_score, output_dirs=("out",))

@@ -1,0 +1,189 @@
+"""Scoring a bundle over a whole video corpus: one score trace per stream, written as ``run --scores`` writes it.
+
+An application of the runtime (as the demo is): the annotations say which queries each video is asked, the
+video folder holds the videos, and each stream is scored by the same detector ``sdqes-edge run`` uses, with
+every query of that video in one pass through the image tower (the text side is the only per-query cost).
+
+Where the work runs is a separate choice: in this process (``workers=1``), in a pool of worker processes that
+each keep one loaded bundle (the default: one per core, ONNX Runtime's threads divided among them), or on a
+Ray cluster (``sdqes_edge.corpus_ray``). Either way the driver writes each finished trace atomically as it
+arrives, so an interrupted run keeps what it finished and a re-run skips it; a stream that fails is reported
+by name with its error and the others carry on.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from sdqes_edge.annotations import Annotation, by_video
+from sdqes_edge.errors import UserError
+from sdqes_edge.traces import TRACE_SUFFIX, StreamScores, load_scores, save_scores
+
+VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm")
+TRACES_FOLDER = "traces"
+
+
+@dataclass(frozen=True)
+class StreamTask:
+    """One video to stream, with every query the annotations ask of it."""
+    stream: str  # the trace's stream name: the annotations' video_uid (what `eval` matches traces by)
+    video: str | None  # the file found for it; None when the folder has none
+    queries: tuple[tuple[str, str], ...]  # (query, alert message), in annotation order, each text once
+
+
+@dataclass
+class StreamOutcome:
+    stream: str
+    trace: StreamScores | None  # None when it failed
+    frames: int = 0
+    seconds: float = 0.0
+    error: str | None = None  # one line: what went wrong
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (a container's CPU set, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask]:
+    """One task per video of the annotations, its file found by video_uid, then clip_uid, as the file's stem."""
+    if not videos.is_dir():
+        raise UserError(f"video folder {videos} does not exist; give the folder that holds the annotated videos")
+    files: dict[str, Path] = {}
+    for path in sorted(videos.rglob("*")):
+        if path.suffix.lower() in VIDEO_SUFFIXES and path.is_file():
+            files.setdefault(path.stem, path)
+    tasks = []
+    for uid, group in by_video(annotations).items():
+        found = files.get(uid) or next((files[a.clip_uid] for a in group if a.clip_uid in files), None)
+        queries: dict[str, str] = {}
+        for a in group:
+            queries.setdefault(a.query, a.response)
+        tasks.append(StreamTask(uid, str(found) if found else None, tuple(queries.items())))
+    return tasks
+
+
+def trace_path(out: Path, stream: str) -> Path:
+    return out / TRACES_FOLDER / f"{stream}{TRACE_SUFFIX}"
+
+
+def finished(out: Path, task: StreamTask) -> bool:
+    """A trace for this stream is in place and scores exactly its queries (a re-run skips it)."""
+    path = trace_path(out, task.stream)
+    if not path.is_file():
+        return False
+    try:
+        return load_scores(path).query_texts == [text for text, _ in task.queries]
+    except (UserError, OSError, ValueError):
+        return False
+
+
+class StreamScorer:
+    """One loaded bundle that scores whole streams, one after another; each worker keeps one."""
+
+    def __init__(self, bundle: str | Path, threads: int | None = None):
+        from sdqes_edge.runtime.bundle import load_bundle
+        from sdqes_edge.runtime.detector import make_backend, text_encoder_for
+
+        self.bundle = load_bundle(bundle)
+        self.backend = make_backend(self.bundle, threads=threads)
+        self.text_encoder = text_encoder_for(self.bundle, threads=threads)
+
+    def score(self, task: StreamTask) -> StreamOutcome:
+        """The stream's trace, as ``sdqes-edge run VIDEO --query ... --scores`` records it; a failure as a line."""
+        started = time.perf_counter()
+        if task.video is None:
+            return StreamOutcome(task.stream, None, error=f"no video named {task.stream}.* (or its clip_uid) in the "
+                                                          "video folder")
+        try:
+            trace, frames = self._trace(task)
+        except Exception as exc:  # noqa: BLE001  (any failure of one video is reported; the rest carry on)
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return StreamOutcome(task.stream, None, error=message, seconds=time.perf_counter() - started)
+        return StreamOutcome(task.stream, trace, frames, time.perf_counter() - started)
+
+    def _trace(self, task: StreamTask) -> tuple[StreamScores, int]:
+        from sdqes_edge.runtime.detector import RunStats, StreamingDetector
+        from sdqes_edge.runtime.sinks import ScoreTraceRecorder
+        from sdqes_edge.runtime.sources import open_source
+
+        detector = StreamingDetector(self.bundle, backend_instance=self.backend, text_encoder=self.text_encoder)
+        for text, message in task.queries:
+            detector.add_query(text, message)
+        source = open_source(task.video, detector.fps)
+        stats = RunStats()
+        with tempfile.TemporaryDirectory(prefix="sdqes-score-") as scratch:
+            path = Path(scratch) / f"{task.stream}{TRACE_SUFFIX}"
+            detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps))
+            for _ in detector.run([source], stats):
+                pass
+            shortfall = source.stats.shortfall_words(Path(task.video).name)
+            if shortfall:
+                raise UserError(shortfall)
+            trace = load_scores(path)
+        trace.stream = task.stream  # the annotations' name, whatever the file is called
+        return trace, stats.frames
+
+
+# --- where the work runs -----------------------------------------------------------------------------
+
+Report = Callable[[StreamOutcome], None]
+
+_worker_scorer: StreamScorer | None = None  # one per worker process, loaded by the pool's initializer
+
+
+def _load_worker(bundle: str, threads: int, quiet_opencv: bool) -> None:
+    global _worker_scorer
+    if quiet_opencv:  # what the parent chose for itself, chosen again in this fresh process
+        from sdqes_edge.runtime.sources import quiet_opencv_logs
+
+        quiet_opencv_logs()
+    _worker_scorer = StreamScorer(bundle, threads)
+
+
+def _score_in_worker(task: StreamTask) -> StreamOutcome:
+    assert _worker_scorer is not None, "the pool's initializer loads the bundle"
+    return _worker_scorer.score(task)
+
+
+def score_here(tasks: Iterable[StreamTask], bundle: Path, threads: int | None, report: Report) -> None:
+    """Every stream in this process, one after another (the baseline a pool is measured against)."""
+    scorer = StreamScorer(bundle, threads)
+    for task in tasks:
+        report(scorer.score(task))
+
+
+def score_in_pool(tasks: list[StreamTask], bundle: Path, workers: int, threads: int, report: Report,
+                  quiet_opencv: bool = False) -> None:
+    """Streams spread over ``workers`` processes, each with one loaded bundle and ``threads`` ORT threads;
+    outcomes reported as they finish. A worker that dies fails the streams it had, not the run.
+    ``quiet_opencv``: silence OpenCV's own logs in the workers (``runtime.sources.quiet_opencv_logs``)."""
+    context = multiprocessing.get_context("forkserver")  # workers start clean: no threads or sessions inherited
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_load_worker,
+                               initargs=(str(bundle), threads, quiet_opencv))
+    futures = {pool.submit(_score_in_worker, task): task for task in tasks}
+    try:
+        for future in as_completed(futures):
+            try:
+                report(future.result())
+            except BrokenProcessPool:
+                report(StreamOutcome(futures[future].stream, None, error="its worker process died (out of memory?)"))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def save_outcome(out: Path, outcome: StreamOutcome) -> Path | None:
+    """A finished stream's trace, written atomically where ``eval --scores OUT/traces`` reads it."""
+    if outcome.trace is None:
+        return None
+    path = trace_path(out, outcome.stream)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_scores(path, outcome.trace)

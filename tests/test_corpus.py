@@ -1,0 +1,139 @@
+"""``sdqes-edge score``: a corpus scored by a worker pool or on Ray gives, stream by stream, exactly the trace
+``sdqes-edge run --scores`` gives; failures are named and the rest carry on; an interrupted run resumes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sdqes_edge.annotations import by_video, load_annotations
+from sdqes_edge.demo import DEMO_BUNDLE
+from sdqes_edge.synthetic import write_dataset
+from sdqes_edge.traces import load_scores
+
+STREAMS = 4
+
+
+def cli(*args: str, **popen) -> subprocess.CompletedProcess:
+    # errors="replace": OpenCV's AVI parser writes the raw bytes it chokes on to stderr itself.
+    return subprocess.run([sys.executable, "-m", "sdqes_edge.cli", *args], capture_output=True, text=True,
+                          errors="replace", **popen)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A small synthetic corpus in the layout `synth` writes: videos/*.avi and annotations.csv."""
+    out = tmp_path_factory.mktemp("corpus")
+    write_dataset(out, {"test": list(range(STREAMS))}, seconds=20.0, fps=2.0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def per_stream_traces(corpus, tmp_path_factory) -> Path:
+    """The reference: `sdqes-edge run --scores` once per video with that video's queries, one thread."""
+    out = tmp_path_factory.mktemp("per-stream")
+    for uid, group in by_video(load_annotations(str(corpus / "annotations.csv"))).items():
+        queries = [arg for a in group for arg in ("--query", a.query, "--message", a.response)]
+        done = cli("run", str(DEMO_BUNDLE), "--source", str(corpus / "videos" / f"{uid}.avi"), *queries,
+                   "--scores", str(out / f"{uid}.npz"), "--threads", "1", "--quiet")
+        assert done.returncode == 0, done.stderr
+    return out
+
+
+def score(corpus: Path, out: Path, *extra: str, videos: Path | None = None, **popen):
+    return cli("score", str(DEMO_BUNDLE), "--annotations", str(corpus / "annotations.csv"), "--videos",
+               str(videos or corpus / "videos"), "--out", str(out), "--quiet", *extra, **popen)
+
+
+def assert_same_traces(reference: Path, scored: Path, streams: list[str]) -> None:
+    for stream in streams:
+        want, got = load_scores(reference / f"{stream}.npz"), load_scores(scored / "traces" / f"{stream}.npz")
+        assert (got.stream, got.fps, got.query_texts, got.query_ids) == (want.stream, want.fps, want.query_texts,
+                                                                         want.query_ids), stream
+        np.testing.assert_array_equal(got.asked_time, want.asked_time)
+        np.testing.assert_array_equal(got.probs, want.probs, err_msg=stream)
+
+
+def uids(corpus: Path) -> list[str]:
+    return sorted(p.stem for p in (corpus / "videos").glob("*.avi"))
+
+
+def test_the_local_pool_gives_the_traces_and_report_of_running_each_stream(corpus, per_stream_traces, tmp_path):
+    done = score(corpus, tmp_path / "pool", "--workers", "2", "--threads", "1")
+    assert done.returncode == 0, done.stderr
+    assert_same_traces(per_stream_traces, tmp_path / "pool", uids(corpus))
+    evaluated = cli("eval", "--annotations", str(corpus / "annotations.csv"), "--split", "", "--scores",
+                    str(per_stream_traces), "--threshold", str(json.loads((DEMO_BUNDLE / "manifest.json")
+                                                                          .read_text())["thresholds"]["default"]),
+                    "--out", str(tmp_path / "eval"), "--plots", "0")
+    assert evaluated.returncode == 0, evaluated.stderr
+    by_path = list(json.loads((tmp_path / "eval" / "eval.json").read_text())["results"].values())[0]
+    by_score = list(json.loads((tmp_path / "pool" / "eval.json").read_text())["results"].values())[0]
+    assert by_score["queries"] == by_path["queries"] == 5 * STREAMS
+    assert (by_score["recall"], by_score["min_distance"]) == (by_path["recall"], by_path["min_distance"])
+
+
+def test_ray_gives_the_same_traces_as_running_each_stream(corpus, per_stream_traces, tmp_path):
+    pytest.importorskip("ray", reason="Ray is the optional extra sdqes-edge[ray] (scripts/setup.sh --dev has it)")
+    done = score(corpus, tmp_path / "ray", "--ray", "--threads", "1")
+    assert done.returncode == 0, done.stderr
+    assert_same_traces(per_stream_traces, tmp_path / "ray", uids(corpus))
+
+
+def test_a_corrupt_and_a_missing_video_are_named_and_the_rest_is_scored(corpus, per_stream_traces, tmp_path):
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    good, corrupt, missing, *rest = uids(corpus)
+    for uid in [good, *rest]:
+        (videos / f"{uid}.avi").write_bytes((corpus / "videos" / f"{uid}.avi").read_bytes())
+    (videos / f"{corrupt}.avi").write_bytes((corpus / "videos" / f"{corrupt}.avi").read_bytes()[:4000])
+    done = score(corpus, tmp_path / "out", "--workers", "2", "--threads", "1", videos=videos)
+    assert done.returncode == 1
+    failures = {f["stream"]: f["error"] for f in json.loads((tmp_path / "out" / "failures.json").read_text())}
+    assert set(failures) == {corrupt, missing}
+    assert "cannot decode" in failures[corrupt] and "no video named" in failures[missing]
+    assert f"failed: {missing}" in done.stderr and "Traceback" not in done.stderr
+    assert_same_traces(per_stream_traces, tmp_path / "out", [good, *rest])
+
+
+def test_an_interrupted_run_resumes_and_a_half_written_trace_never_counts(corpus, per_stream_traces, tmp_path):
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-m", "sdqes_edge.cli", "score", str(DEMO_BUNDLE), "--annotations",
+                                str(corpus / "annotations.csv"), "--videos", str(corpus / "videos"), "--out", str(out),
+                                "--workers", "1", "--threads", "1", "--quiet"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list((out / "traces").glob("*.npz")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    kept = sorted(p.stem for p in (out / "traces").glob("*.npz"))
+    assert kept and process.returncode in (0, 143), stderr
+    # A trace cut off mid-write (or damaged) is scored again; a temporary file is no trace.
+    (out / "traces" / f"{kept[0]}.npz").write_bytes(b"PK\x03\x04 cut off")
+    (out / "traces" / "synthetic-999999.npz.writing").write_bytes(b"half")
+    again = score(corpus, out, "--workers", "1", "--threads", "1")
+    assert again.returncode == 0, again.stderr
+    assert f"{len(kept) - 1} already scored" in again.stderr
+    assert_same_traces(per_stream_traces, out, uids(corpus))
+
+
+def test_ray_without_ray_installed_says_how_to_install_it(corpus, tmp_path):
+    code = "import sys; sys.modules['ray'] = None\nfrom sdqes_edge.cli import run\nsys.exit(run(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, "score", str(DEMO_BUNDLE), "--annotations",
+                           str(corpus / "annotations.csv"), "--videos", str(corpus / "videos"), "--out",
+                           str(tmp_path / "out"), "--ray"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "sdqes-edge: error: --ray needs Ray: pip install 'sdqes-edge[ray]'"
+
+
+def test_a_video_folder_that_does_not_exist_is_one_line(corpus, tmp_path):
+    done = score(corpus, tmp_path / "out", videos=tmp_path / "nowhere")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "does not exist" in done.stderr
