@@ -95,10 +95,10 @@ def plot_scores(path: Path, trace, outcomes: list[QueryOutcome], threshold: floa
     return path
 
 
-def run_demo(seed: int, out: Path, bundle: Path = DEMO_BUNDLE, threads: int | None = None,
-             next_command: str = "sdqes-edge") -> dict:
+def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE, threads: int | None = None) -> dict:
     """Draw the seeded stream, run ``bundle`` over it with its queries, print alerts beside the truth and
-    write the video, annotated video, alert log, score trace, plot and summary.json under ``out``."""
+    write the video, annotated video, alert log, score trace, plot and summary.json under ``out``;
+    ``next_command`` is the program the printed hints name (the command line's)."""
     started = time.perf_counter()
     if not (bundle / MANIFEST_NAME).is_file():
         raise UserError(f"the demo bundle is missing at {bundle}; reinstall sdqes-edge, or make one with "

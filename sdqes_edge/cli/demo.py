@@ -24,7 +24,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for the demo's video, plot and logs")
-    run_demo(args.seed, out, Path(args.bundle) if args.bundle else DEMO_BUNDLE, args.threads, next_command=PROG)
+    run_demo(args.seed, out, PROG, Path(args.bundle) if args.bundle else DEMO_BUNDLE, args.threads)
     return 0
 
 
