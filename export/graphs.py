@@ -62,7 +62,8 @@ def compute_copy(model: SDQESModel, precision: str) -> SDQESModel:
 
 
 class StepGraph(nn.Module):
-    """``ImageTower.step`` with flat tensor arguments, fp32 at its edges whatever runs inside."""
+    """``ImageTower.step_rows`` with flat tensor arguments, fp32 at its edges whatever runs inside; state in and
+    out in each tensor's ``graph_shape``."""
 
     def __init__(self, model: SDQESModel, fused_queries: bool, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -71,8 +72,8 @@ class StepGraph(nn.Module):
         self.dtype = dtype
 
     def forward(self, frame: torch.Tensor, *rest: torch.Tensor):
-        state = list(rest[:-1] if self.fused_queries else rest)
-        embedding, next_state = self.visual.step(cast(frame, self.dtype), [cast(s, self.dtype) for s in state])
+        state = list(rest[:-1] if self.fused_queries else rest)  # each in its graph shape (StateTensorSpec)
+        embedding, next_state = self.visual.step_rows(cast(frame, self.dtype), [cast(s, self.dtype) for s in state])
         embedding = cast(embedding, torch.float32)
         outputs = [embedding]
         if self.fused_queries:
@@ -171,7 +172,8 @@ def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: i
     spec = model.state_spec(batch)
     inputs, outputs = step_io_names(spec.names, query_count is not None)
     r = cfg.vision.image_size
-    args: list[torch.Tensor] = [torch.zeros(batch, 3, r, r)] + [s.float() for s in model.init_state(batch)]
+    args: list[torch.Tensor] = [torch.zeros(batch, 3, r, r)] + [s.float().reshape(t.graph_shape)
+                                                                for s, t in zip(model.init_state(batch), spec)]
     if query_count is not None:
         args.append(torch.zeros(query_count, cfg.embed_dim))
     _torch_export(StepGraph(traced, query_count is not None, PRECISION_DTYPES[precision]), tuple(args), path,

@@ -111,7 +111,8 @@ def calibration_feeds(fp32_graph: Path, frames: np.ndarray,
     runner = OnnxRuntimeStep(fp32_graph)
     state = runner.initial_state()
     for frame in frames:
-        feed = {FRAME_INPUT: frame, **{t.input_name: state[t.name] for t in runner.spec}}
+        feed = {FRAME_INPUT: frame,
+                **{t.input_name: state[t.name].reshape(runner.graph_shapes[t.name]) for t in runner.spec}}
         if runner.fused_queries:
             feed[QUERY_INPUT] = query_embeddings
         yield feed

@@ -91,6 +91,7 @@ class OnnxRuntimeStep:
         if missing:
             raise UserError(f"{path} lacks state tensors its description lists ({', '.join(missing[:3])}); "
                             "re-export it")
+        self.graph_shapes = _graph_shapes(self.session, self.spec, path)
         self.buffers = DeviceBuffers(self) if self.io_binding else None
 
     def _make_session(self, path: Path, device: str, threads: int | None):
@@ -163,13 +164,27 @@ class OnnxRuntimeStep:
         if self.buffers is not None:
             return self.buffers.step(frame, state, query_embeddings)
         feeds = {FRAME_INPUT: np.ascontiguousarray(frame, dtype=np.float32)}
-        for t in self.spec:
-            feeds[t.input_name] = state[t.name]
+        for t in self.spec:  # the spec's shape as the graph's (a view: the same bytes)
+            feeds[t.input_name] = state[t.name].reshape(self.graph_shapes[t.name])
         if self.fused_queries:
             feeds[QUERY_INPUT] = np.ascontiguousarray(query_embeddings, dtype=np.float32)
         outputs = dict(zip(self._output_names, self.session.run(self._output_names, feeds)))
-        next_state = {t.name: outputs[t.output_name] for t in self.spec}
+        next_state = {t.name: outputs[t.output_name].reshape(t.shape) for t in self.spec}
         return StepResult(outputs[EMBEDDING_OUTPUT], next_state, outputs.get(LOGITS_OUTPUT))
+
+
+def _graph_shapes(session, spec: StateSpec, path: Path) -> dict[str, tuple[int, ...]]:
+    """Each state tensor's shape at the graph's boundary: its ``graph_shape`` (streams and tokens merged), or
+    the spec's own shape in a graph exported before that layout; the same bytes either way."""
+    declared = {i.name: i.shape for i in session.get_inputs()}
+    shapes = {}
+    for t in spec:
+        shape = tuple(declared[t.input_name])
+        if shape not in (t.shape, t.graph_shape):
+            raise UserError(f"{path} takes {t.input_name} as {list(shape)}, but its description says {list(t.shape)}; "
+                            "re-export it")
+        shapes[t.name] = shape
+    return shapes
 
 
 def _check_providers(device: str, assigned: list[str]) -> None:
@@ -228,7 +243,8 @@ class DeviceBuffers:
                         if name in outputs}
         # Filled by ``write`` (initial_state, load) and by the steps; a set is read only while its generation
         # says it holds a state.
-        self.sets = [{t.name: allocate(t.shape, t.dtype) for t in self.spec} for _ in range(2)]
+        self.shapes = {t.name: t.shape for t in self.spec}  # the spec's; the buffers have the graph's
+        self.sets = [{t.name: allocate(runner.graph_shapes[t.name], t.dtype) for t in self.spec} for _ in range(2)]
         self.bindings = [self._bind(k) for k in range(2)]
         self.run_options = []
         for k in range(2):
@@ -260,12 +276,12 @@ class DeviceBuffers:
 
     def read(self, state: BoundState) -> State:
         k = self._current(state)
-        return {name: value.numpy() for name, value in self.sets[k].items()}
+        return {name: value.numpy().reshape(self.shapes[name]) for name, value in self.sets[k].items()}
 
     def write(self, host: State) -> BoundState:
         """Load host arrays as the current state (into set 0, which binding A reads)."""
         for name, value in host.items():
-            self.sets[0][name].update_inplace(value)
+            self.sets[0][name].update_inplace(np.ascontiguousarray(value).reshape(self.sets[0][name].shape()))
         self.generation = [max(self.generation) + 1, -1]
         return BoundState(0, self.generation[0])
 
@@ -276,9 +292,9 @@ class DeviceBuffers:
         """Rows ``streams`` of the current state replaced by those of ``source`` (host arrays), in place."""
         k = self._current(state)
         for name, value in self.sets[k].items():
-            rows = value.numpy()
+            rows = value.numpy().reshape(self.shapes[name])  # streams on axis 0 again
             rows[streams] = source[name][streams]
-            value.update_inplace(np.ascontiguousarray(rows))
+            value.update_inplace(np.ascontiguousarray(rows).reshape(value.shape()))
         return state
 
     def step(self, frame: np.ndarray, state: BoundState, query_embeddings: np.ndarray | None) -> StepResult:

@@ -5,7 +5,10 @@ the Python runtime and the native (C++) runtime read it; nothing else spells the
 
 Step graph: inputs ``frame`` [B,3,R,R], then ``state_in.<name>`` in state-spec order, then optionally
 ``query_embeddings`` [Q,E]; outputs ``embedding`` [B,E], optionally ``logits`` [B,Q], then
-``state_out.<name>`` in the same order. Text graph: ``token_ids`` [Q,77] -> ``query_embedding`` [Q,E].
+``state_out.<name>`` in the same order. A state tensor crosses the graph's boundary with its streams and
+tokens axes merged, [B*L, ...] (``StateTensorSpec.graph_shape``: stream-major, the same bytes as the spec's
+[B, L, ...]), so the step reads it without a reshape; graphs exported before that take the spec's shape.
+Text graph: ``token_ids`` [Q,77] -> ``query_embedding`` [Q,E].
 Each graph describes itself as JSON in ONNX ``metadata_props`` under ``METADATA_KEY``.
 
 A bundle is a directory::

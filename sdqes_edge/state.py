@@ -38,6 +38,15 @@ class StateTensorSpec:
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
+    @property
+    def graph_shape(self) -> tuple[int, ...]:
+        """The shape a step graph takes and gives this tensor in: streams and tokens merged into one
+        stream-major axis, [B, L, ...] as [B*L, ...] (the same bytes), so the step's products read it without a
+        reshape. Graphs exported before this layout take the spec's shape; a runtime binds either."""
+        if len(self.shape) < 2:
+            return self.shape
+        return (self.shape[0] * self.shape[1],) + self.shape[2:]
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
                 "initial_value": self.initial_value}

@@ -89,9 +89,14 @@ def test_the_step_graph_follows_the_contract(kind, bundles):
     outputs = [o.name for o in graph.graph.output]
     assert inputs == ["frame"] + [t.input_name for t in spec]
     assert outputs == ["embedding"] + [t.output_name for t in spec]
-    for value in list(graph.graph.input) + list(graph.graph.output):  # static shapes, batch on axis 0
+    state_shapes = {t.input_name: t.graph_shape for t in spec} | {t.output_name: t.graph_shape for t in spec}
+    for value in list(graph.graph.input) + list(graph.graph.output):  # static shapes, streams on axis 0
         dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
-        assert all(d > 0 for d in dims) and dims[0] == 1, value.name
+        assert all(d > 0 for d in dims), value.name
+        if value.name in state_shapes:  # streams and tokens merged, stream-major: [B*L, ...]
+            assert tuple(dims) == state_shapes[value.name], value.name
+        else:
+            assert dims[0] == 1, value.name
     assert "LayerNormalization" in {n.op_type for n in graph.graph.node}
     assert not {"If", "Loop", "Scan"} & {n.op_type for n in graph.graph.node}
     description = json.loads({p.key: p.value for p in graph.metadata_props}[METADATA_KEY])

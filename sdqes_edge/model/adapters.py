@@ -6,8 +6,10 @@ arrive as token rows ``[B*L, D]`` (stream-major, class token first in each
 stream's block of L rows): every linear layer is then one 2-D matrix product
 (one Gemm kernel in the exported graph, no reshapes around it), which is what
 makes the step cheap on a GPU, where a step costs per kernel, not per FLOP.
-State tensors are kept tokens-major, ``[B, L, k]``, so viewing them as rows
-``[B*L, k]`` moves no data.
+State tensors are declared tokens-major, ``[B, L, k]`` (``state_shapes``, the
+state spec), and a step takes and gives them as rows, ``[B*L, k]``: the same
+bytes, so the exported graph needs no reshape at its state inputs and outputs
+(``ImageTower.step`` converts for callers that hold the spec's layout).
 
 Both forms share the code that does the arithmetic, so they cannot drift apart;
 only the source of the past frames differs (zero padding inside the window, or
@@ -54,20 +56,20 @@ def causal_windows(x: torch.Tensor, lookback: int) -> torch.Tensor:
     return torch.cat([padded[:, i : i + frames] for i in range(lookback + 1)], dim=-1)
 
 
-def as_rows(state: torch.Tensor) -> torch.Tensor:
-    """A tokens-major state tensor [B, L, k] as rows [B*L, k] (a view: no data moves)."""
-    return state.reshape(-1, state.shape[-1])
+def as_rows(tokens_major: torch.Tensor) -> torch.Tensor:
+    """[B, L, ...] as rows [B*L, ...] (a view: no data moves)."""
+    return tokens_major.flatten(0, 1)
 
 
-def as_state(rows: torch.Tensor, tokens: int) -> torch.Tensor:
-    """Rows [B*L, k] back to the state layout [B, L, k] (a view)."""
-    return rows.reshape(-1, tokens, rows.shape[-1])
+def as_tokens_major(rows: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Rows [B*L, ...] back to [B, L, ...] (a view)."""
+    return rows.reshape((-1, tokens) + tuple(rows.shape[1:]))
 
 
 def step_windows(history: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """history [B, L, lookback*d] and the current rows x [B*L, d] -> (windows [B*L, (lookback+1)*d] in
-    ``causal_windows``' layout, the next history as rows [B*L, lookback*d])."""
-    windows = torch.cat((as_rows(history), x), dim=-1)
+    """history rows [B*L, lookback*d] and the current rows x [B*L, d] -> (windows [B*L, (lookback+1)*d] in
+    ``causal_windows``' layout, the next history [B*L, lookback*d])."""
+    windows = torch.cat((history, x), dim=-1)
     width = x.shape[-1]
     # With one remembered frame the next history is the current input itself: no kernel at all.
     return windows, (x if history.shape[-1] == width else windows[:, width:])
@@ -76,7 +78,8 @@ def step_windows(history: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, 
 class StreamingAdapter(nn.Module, abc.ABC):
     """Every adapter has ``window(x [B,T,L,D]) -> [B,T,L,D]`` and
     ``step(x [B*L,D], state: list, tokens) -> (y [B*L,D], new_state: list)``; the state
-    tensors are the ones ``state_shapes`` declares (tokens-major, batch first), in that order."""
+    tensors are the ones ``state_shapes`` declares, in that order, as rows: [B, L, ...] with the first two
+    axes merged, [B*L, ...]."""
 
     def state_shapes(self, tokens: int) -> list[tuple[str, tuple[int, ...]]]:
         """(name, shape without the batch axis) of each state tensor, in the order ``step`` takes them."""
@@ -150,8 +153,8 @@ class STAdapter(StreamingAdapter):
 
     def step(self, x, state, tokens):
         windows, history = step_windows(state[0], self.D_fc1(x))
-        update = as_state(self._update(windows), tokens) * self.patch_mask  # [B, L, D]
-        return x + as_rows(update), [as_state(history, tokens)]
+        update = as_tokens_major(self._update(windows), tokens) * self.patch_mask  # [B, L, D]
+        return x + as_rows(update), [history]
 
 
 class QRNNLayer(nn.Module):
@@ -194,12 +197,11 @@ class QRNNLayer(nn.Module):
             outputs.append(h)
         return torch.stack(outputs, dim=1)
 
-    def step(self, x: torch.Tensor, history: torch.Tensor, h: torch.Tensor, tokens: int):
-        """x rows [B*L, d_in]; history [B, L, lookback*d_in], h [B, L, hidden] -> (h rows, history, h)."""
+    def step(self, x: torch.Tensor, history: torch.Tensor, h: torch.Tensor):
+        """x rows [B*L, d_in]; history rows [B*L, lookback*d_in], h rows [B*L, hidden] -> (h, history)."""
         windows, next_history = step_windows(history, x)
         z, f = self.gates(windows)
-        h = self.pool(z, f, as_rows(h))
-        return h, as_state(next_history, tokens), as_state(h, tokens)
+        return self.pool(z, f, h), next_history
 
 
 class QRNN(nn.Module):
@@ -245,8 +247,8 @@ class QRNNAdapter(StreamingAdapter):
         h = self._down(x)
         new_state = []
         for i, layer in enumerate(self.qrnn.layers):
-            h, history, hidden = layer.step(h, state[2 * i], state[2 * i + 1], tokens)
-            new_state += [history, hidden]
+            h, history = layer.step(h, state[2 * i], state[2 * i + 1])
+            new_state += [history, h]
         return x + self.qrnn_up(h), new_state
 
 
@@ -269,10 +271,8 @@ class RetNetAdapter(StreamingAdapter):
         return x + self.D_fc2(self.retention.window(h).transpose(1, 2))
 
     def step(self, x, state, tokens):
-        d = self.D_fc1.out_features
-        retained = state[0].reshape(-1, d, d)  # [B*L, d', d'], a view
-        out, s = self.retention.step(self.lnorm(self.D_fc1(x)), retained)
-        return x + self.D_fc2(out), [s.reshape(-1, tokens, d, d)]
+        out, s = self.retention.step(self.lnorm(self.D_fc1(x)), state[0])  # state [B*L, d', d']
+        return x + self.D_fc2(out), [s]
 
 
 def build_adapter(width: int, cfg: AdapterConfig, tokens: int) -> StreamingAdapter | None:

@@ -25,7 +25,7 @@ from torch import nn
 from sdqes_edge.config import ModelConfig
 from sdqes_edge.state import StateSpec, StateTensorSpec
 
-from .adapters import StreamingAdapter, build_adapter
+from .adapters import StreamingAdapter, as_rows, as_tokens_major, build_adapter
 from .layers import Attention, LayerNorm, clip_mlp
 
 
@@ -154,7 +154,13 @@ class ImageTower(nn.Module):
         return [torch.full(t.shape, t.initial_value, device=device, dtype=dtype) for t in self.state_spec(batch)]
 
     def step(self, frame: torch.Tensor, state: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """frame [B, 3, R, R] (normalized), state in spec order -> (embedding [B, E], next state)."""
+        """frame [B, 3, R, R] (normalized), state in spec order and shapes -> (embedding [B, E], next state)."""
+        embedding, rows = self.step_rows(frame, [as_rows(s) for s in state])
+        return embedding, [as_tokens_major(r, self.cfg.vision.num_tokens) for r in rows]
+
+    def step_rows(self, frame: torch.Tensor, state: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``step`` with every state tensor as rows, its streams and tokens axes merged ([B, L, ...] as
+        [B*L, ...], the same bytes): the form the step graph is traced from, so its state needs no reshape."""
         tokens = self.cfg.vision.num_tokens
         x = self._tokens(frame)
         x = x.reshape(-1, x.shape[-1])  # rows [B*L, D]
