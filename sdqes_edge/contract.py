@@ -41,14 +41,14 @@ TOKEN_INPUT = "token_ids"
 QUERY_EMBEDDING_OUTPUT = "query_embedding"
 
 METADATA_KEY = "sdqes_edge"  # the one metadata_props key a graph's JSON description lives under
-GRAPH_FORMAT_VERSION = 1
+GRAPH_FORMAT_VERSION = 2  # 2: state tensors as rows [B*L, ...] (graph_shape); 1: in the spec's shape
 DEFAULT_OPSET = 17  # LayerNormalization is one node from opset 17
 SUPPORTED_OPSETS = (16, 17)  # 16 for TensorRT < 8.6
 
 # --- the bundle ------------------------------------------------------------------------------
 MANIFEST_NAME = "manifest.json"
 MANIFEST_SCHEMA_FILE = "bundle_manifest.schema.json"  # beside this module, shipped as package data
-BUNDLE_FORMAT_VERSION = 1  # the newest format this code writes and reads; older ones still load
+BUNDLE_FORMAT_VERSION = 2  # the newest format this code writes and reads (2: graphs of GRAPH_FORMAT_VERSION 2); 1 loads
 TEXT_GRAPH_NAME = "text.onnx"
 TOKENIZER_FOLDER = "tokenizer"
 QUERIES_NAME = "queries.json"

@@ -62,3 +62,10 @@ def test_the_python_runtime_refuses_a_manifest_without_a_key_the_schema_requires
     with pytest.raises(BundleError, match="malformed") as refused:
         load_bundle(manifest_without(path, tmp_path))
     assert "\n" not in str(refused.value)
+
+
+def test_the_native_runtime_reads_the_bundle_format_this_code_writes():
+    header = (REPO / "native" / "include" / "sdqes" / "runtime.hpp").read_text()
+    assert f"kBundleFormatVersion = {contract.BUNDLE_FORMAT_VERSION};" in header
+    assert f'kBundleFormat = "{contract.BUNDLE_FORMAT}";' in header
+    assert f'kStateInputPrefix = "{contract.STATE_INPUT_PREFIX}";' in header

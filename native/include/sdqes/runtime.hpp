@@ -23,7 +23,7 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-constexpr int kBundleFormatVersion = 1;
+constexpr int kBundleFormatVersion = 2;  // sdqes_edge/contract.py BUNDLE_FORMAT_VERSION (tested)
 constexpr const char* kBundleFormat = "sdqes-edge-bundle";
 constexpr const char* kStateInputPrefix = "state_in.";
 constexpr const char* kStateOutputPrefix = "state_out.";
