@@ -92,6 +92,9 @@ class OnnxRuntimeStep:
             raise UserError(f"{path} lacks state tensors its description lists ({', '.join(missing[:3])}); "
                             "re-export it")
         self.graph_shapes = _graph_shapes(self.session, self.spec, path)
+        # (name, input, output, graph shape, spec shape) per state tensor, worked out once: the step reads these.
+        self._state_io = [(t.name, t.input_name, t.output_name, self.graph_shapes[t.name], t.shape)
+                          for t in self.spec]
         self.buffers = DeviceBuffers(self) if self.io_binding else None
 
     def _make_session(self, path: Path, device: str, threads: int | None):
@@ -164,12 +167,12 @@ class OnnxRuntimeStep:
         if self.buffers is not None:
             return self.buffers.step(frame, state, query_embeddings)
         feeds = {FRAME_INPUT: np.ascontiguousarray(frame, dtype=np.float32)}
-        for t in self.spec:  # the spec's shape as the graph's (a view: the same bytes)
-            feeds[t.input_name] = state[t.name].reshape(self.graph_shapes[t.name])
+        for name, graph_input, _, graph_shape, _ in self._state_io:  # the spec's shape as the graph's (a view)
+            feeds[graph_input] = state[name].reshape(graph_shape)
         if self.fused_queries:
             feeds[QUERY_INPUT] = np.ascontiguousarray(query_embeddings, dtype=np.float32)
         outputs = dict(zip(self._output_names, self.session.run(self._output_names, feeds)))
-        next_state = {t.name: outputs[t.output_name].reshape(t.shape) for t in self.spec}
+        next_state = {name: outputs[graph_output].reshape(shape) for name, _, graph_output, _, shape in self._state_io}
         return StepResult(outputs[EMBEDDING_OUTPUT], next_state, outputs.get(LOGITS_OUTPUT))
 
 
