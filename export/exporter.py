@@ -242,7 +242,8 @@ def _make_variant(model: SDQESModel, precision: str, staging: Path, traced: _Tra
         calibration = _frames(model.cfg, options.calibration_frames, options.batch, options.calibration_video)
         try:
             quantization = quantize_int8(traced.step, path, calibration, fused, policy=options.int8_policy,
-                                         method=options.calibration_method)
+                                         method=options.calibration_method, activations=options.int8_activations,
+                                         float_blocks=options.int8_float_blocks)
         except QuantizationPolicyError as exc:
             raise UserError(f"int8: {exc} (--int8-policy all-weights)") from exc
         log("  " + quantization.summary())

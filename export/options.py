@@ -20,7 +20,10 @@ from .precision import (
     CALIBRATION_METHODS,
     DEFAULT_CALIBRATION_FRAMES,
     DEFAULT_CALIBRATION_METHOD,
+    DEFAULT_INT8_ACTIVATIONS,
+    DEFAULT_INT8_FLOAT_BLOCKS,
     DEFAULT_INT8_POLICY,
+    INT8_ACTIVATIONS,
     INT8_POLICIES,
 )
 
@@ -50,6 +53,8 @@ class ExportOptions:
     calibration_frames: int = DEFAULT_CALIBRATION_FRAMES
     int8_policy: str = DEFAULT_INT8_POLICY
     calibration_method: str = DEFAULT_CALIBRATION_METHOD
+    int8_activations: str = DEFAULT_INT8_ACTIVATIONS
+    int8_float_blocks: int = DEFAULT_INT8_FLOAT_BLOCKS
     truncate_queries: bool = False
     show_progress: bool = True
 
@@ -81,6 +86,11 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
     if options.calibration_method not in CALIBRATION_METHODS:
         problems.append(f"unknown --calibration-method {options.calibration_method}; choose from "
                         f"{', '.join(CALIBRATION_METHODS)}")
+    if options.int8_activations not in INT8_ACTIVATIONS:
+        problems.append(f"unknown --int8-activations {options.int8_activations}; choose from "
+                        f"{', '.join(INT8_ACTIVATIONS)}")
+    if options.int8_float_blocks < 0:
+        problems.append(f"--int8-float-blocks must be >= 0, not {options.int8_float_blocks}")
     if options.calibration_frames < 1:
         problems.append(f"--calibration-frames must be >= 1, not {options.calibration_frames}")
     if options.drift_frames < MIN_VERIFY_FRAMES:
@@ -103,7 +113,13 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
         warn(f"drift is measured over {options.drift_frames} frames; a recurrent state needs {DRIFT_FRAMES} or "
              "more to show drift (and fp16 LayerNorm overflow)")
     int8_flags = (options.int8_policy != DEFAULT_INT8_POLICY
-                  or options.calibration_method != DEFAULT_CALIBRATION_METHOD)
+                  or options.calibration_method != DEFAULT_CALIBRATION_METHOD
+                  or options.int8_activations != DEFAULT_INT8_ACTIVATIONS
+                  or options.int8_float_blocks != DEFAULT_INT8_FLOAT_BLOCKS)
     if int8_flags and INT8 not in precisions:
-        warn("--int8-policy and --calibration-method are only used for int8; ignoring them")
+        warn("--int8-policy, --int8-activations, --int8-float-blocks and --calibration-method are only used for "
+             "int8; ignoring them")
+    elif options.int8_float_blocks != DEFAULT_INT8_FLOAT_BLOCKS and options.int8_policy != DEFAULT_INT8_POLICY:
+        warn(f"--int8-float-blocks applies to the {DEFAULT_INT8_POLICY} policy; {options.int8_policy} "
+             "quantizes every block")
     return dataclasses.replace(options, precisions=precisions)

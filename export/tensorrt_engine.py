@@ -22,6 +22,8 @@ from sdqes_edge.files import file_sha256
 from sdqes_edge.runtime.bundle import Bundle, inside_bundle, load_bundle
 from sdqes_edge.runtime.tensorrt_backend import DeviceInfo, current_device, nvidia_gpu_present, require_tensorrt
 
+from .precision import SYMMETRIC_ACTIVATIONS
+
 __all__ = ["build_engine", "engine_dir", "nvidia_gpu_present", "require_tensorrt"]
 
 DEFAULT_WORKSPACE_MIB = 2048
@@ -64,6 +66,17 @@ def build_serialized_engine(graph: Path, precision: str, workspace_mib: int, cac
     return bytes(serialized), time.perf_counter() - started
 
 
+def _check_symmetric_activations(bundle) -> None:
+    """TensorRT's explicit quantization takes int8 with zero point 0 only; an int8 graph made for the CPU (uint8
+    activations with zero points) would fail deep in the build, so it is refused here, with the fix."""
+    quantization = bundle.manifest["graphs"]["step"][INT8].get("quantization", {})
+    # Bundles from before the choice existed were quantized symmetrically.
+    activations = quantization.get("activations", SYMMETRIC_ACTIVATIONS)
+    if activations != SYMMETRIC_ACTIVATIONS:
+        raise UserError(f"{bundle.root}'s int8 graph has {activations} activations, which TensorRT cannot build; "
+                        f"re-export with --precision int8 --int8-activations {SYMMETRIC_ACTIVATIONS}")
+
+
 def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: int = DEFAULT_WORKSPACE_MIB,
                  log: Callable[[str], None] = print) -> Path:
     """Build (or rebuild) the engine for this device; returns its path."""
@@ -73,11 +86,13 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
         raise UserError(f"--workspace-mib {workspace_mib} is too small; give at least 64 (default "
                         f"{DEFAULT_WORKSPACE_MIB})")
     bundle = load_bundle(bundle_path)
-    device = current_device()  # refuses a machine without an NVIDIA GPU, TensorRT or pycuda
     # int8 uses the QDQ graph; fp16 and fp32 build from the fp32 graph (TensorRT picks fp16 kernels itself).
     graph_precision = INT8 if precision == INT8 else FP32
     if graph_precision not in bundle.precisions:
         raise UserError(f"{bundle.root} has no int8 graph; re-export with --precision int8 first")
+    if precision == INT8:
+        _check_symmetric_activations(bundle)
+    device = current_device()  # refuses a machine without an NVIDIA GPU, TensorRT or pycuda
     graph = bundle.step_graph(graph_precision)
     out_dir = engine_dir(bundle, device)
     out_dir.mkdir(parents=True, exist_ok=True)

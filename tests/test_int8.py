@@ -14,8 +14,15 @@ import onnx
 import pytest
 from conftest import random_model
 
+from sdqes_edge.errors import UserError
 from sdqes_edge.export import ExportOptions, export_bundle, graphs
-from sdqes_edge.export.precision import BACKBONE_PRODUCTS_PER_BLOCK, QuantizationPolicyError, TowerShape, quantize_int8
+from sdqes_edge.export.precision import (
+    BACKBONE_PRODUCTS_PER_BLOCK,
+    DEFAULT_INT8_FLOAT_BLOCKS,
+    QuantizationPolicyError,
+    TowerShape,
+    quantize_int8,
+)
 from sdqes_edge.export.verify import compare_variant, run_stream
 from sdqes_edge.runtime.kernels import count_kernels
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
@@ -77,7 +84,7 @@ def test_the_backbone_policy_keeps_every_adapter_recurrence_float(fp32_graphs, t
     model, fp32 = fp32_graphs[kind]
     state_names = [t.name for t in model.state_spec(1)]
     frames = frames_for(model, 8)
-    quantize_int8(fp32, tmp_path / "backbone.onnx", frames, policy="backbone")
+    quantize_int8(fp32, tmp_path / "backbone.onnx", frames, policy="backbone", float_blocks=0)
     quantize_int8(fp32, tmp_path / "all.onnx", frames, policy="all-weights")
     backbone = onnx.load(str(tmp_path / "backbone.onnx")).graph
     everything = onnx.load(str(tmp_path / "all.onnx")).graph
@@ -86,6 +93,40 @@ def test_the_backbone_policy_keeps_every_adapter_recurrence_float(fp32_graphs, t
         assert {"QuantizeLinear", "DequantizeLinear"} <= ops_on_state_loops(everything, state_names)
     assert len(quantized_nodes(backbone)) == BACKBONE_PRODUCTS_PER_BLOCK * model.cfg.vision.layers
     assert len(quantized_nodes(everything)) > len(quantized_nodes(backbone))
+
+
+def test_the_backbone_policy_keeps_the_first_blocks_float_by_default(fp32_graphs, tmp_path):
+    model, fp32 = fp32_graphs["qrnn"]
+    quantize_int8(fp32, tmp_path / "all-blocks.onnx", frames_for(model, 8), float_blocks=0)
+    result = quantize_int8(fp32, tmp_path / "default.onnx", frames_for(model, 8))
+    every_block = quantized_nodes(onnx.load(str(tmp_path / "all-blocks.onnx")).graph)
+    default = quantized_nodes(onnx.load(str(tmp_path / "default.onnx")).graph)
+    assert result.float_blocks == DEFAULT_INT8_FLOAT_BLOCKS == 1
+    assert len(default) == result.quantized_products == BACKBONE_PRODUCTS_PER_BLOCK * (model.cfg.vision.layers - 1)
+    # The ones left float are the first block's: the four products that run first.
+    order = [n.name for n in onnx.load(str(fp32)).graph.node]
+    first_block = sorted(every_block - default, key=lambda name: order.index(name) if name in order else -1)
+    assert len(first_block) == BACKBONE_PRODUCTS_PER_BLOCK
+    assert max(order.index(n) for n in first_block if n in order) < min(order.index(n) for n in default if n in order)
+    with pytest.raises(QuantizationPolicyError, match="--int8-float-blocks"):
+        quantize_int8(fp32, tmp_path / "none.onnx", frames_for(model, 4), float_blocks=model.cfg.vision.layers)
+
+
+def activation_zero_points(path) -> list[np.ndarray]:
+    """Zero points of the QuantizeLinear nodes that quantize activations (weights are stored quantized)."""
+    graph = onnx.load(str(path)).graph
+    initializers = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    return [initializers[n.input[2]] for n in graph.node if n.op_type == "QuantizeLinear"]
+
+
+def test_activations_are_uint8_with_zero_points_by_default_and_int8_at_zero_when_symmetric(fp32_graphs, tmp_path):
+    model, fp32 = fp32_graphs["qrnn"]
+    quantize_int8(fp32, tmp_path / "asymmetric.onnx", frames_for(model, 8))
+    quantize_int8(fp32, tmp_path / "symmetric.onnx", frames_for(model, 8), activations="symmetric")
+    asymmetric, symmetric = activation_zero_points(tmp_path / "asymmetric.onnx"), activation_zero_points(
+        tmp_path / "symmetric.onnx")
+    assert asymmetric and all(z.dtype == np.uint8 for z in asymmetric) and any(z.any() for z in asymmetric)
+    assert symmetric and all(z.dtype == np.int8 and not z.any() for z in symmetric)
 
 
 @pytest.mark.parametrize("kind", ("none", "mlp") + RECURRENT_KINDS)
@@ -136,14 +177,19 @@ def test_the_manifest_records_the_policy_and_what_it_kept_float(tmp_path):
                            log=lambda m: None)
     entry = result.manifest["graphs"]["step"]["int8"]
     assert entry["quantization"]["policy"] == "backbone"
-    assert entry["quantization"]["quantized_products"] == BACKBONE_PRODUCTS_PER_BLOCK * model.cfg.vision.layers
+    assert entry["quantization"]["quantized_products"] == BACKBONE_PRODUCTS_PER_BLOCK * (model.cfg.vision.layers - 1)
+    assert entry["quantization"]["activations"] == "asymmetric" and entry["quantization"]["float_blocks"] == 1
     assert entry["quantization"]["float_products"] > 0 and entry["quantization"]["calibration_frames"] == 16
     metadata = json.loads(next(p.value for p in onnx.load(str(tmp_path / "b" / "step.int8.onnx")).metadata_props))
     assert metadata["quantization"] == entry["quantization"]
+    # TensorRT builds only symmetric int8: a CPU int8 graph is refused before any GPU is looked for, with the fix.
+    from sdqes_edge.export.tensorrt_engine import build_engine
+
+    with pytest.raises(UserError, match="re-export with --precision int8 --int8-activations symmetric"):
+        build_engine(tmp_path / "b", "int8")
 
 
 def test_int8_options_are_checked_up_front_and_ignored_with_a_warning_without_int8():
-    from sdqes_edge.errors import UserError
     from sdqes_edge.export.exporter import check_options
 
     warnings: list[str] = []
@@ -153,3 +199,10 @@ def test_int8_options_are_checked_up_front_and_ignored_with_a_warning_without_in
         check_options(ExportOptions(precisions=("int8",), calibration_method="kl"), warnings.append)
     with pytest.raises(UserError, match="--calibration-frames"):
         check_options(ExportOptions(precisions=("int8",), calibration_frames=0), warnings.append)
+    with pytest.raises(UserError, match="--int8-float-blocks"):
+        check_options(ExportOptions(precisions=("int8",), int8_float_blocks=-1), warnings.append)
+    with pytest.raises(UserError, match="--int8-activations"):
+        check_options(ExportOptions(precisions=("int8",), int8_activations="int4"), warnings.append)
+    warnings.clear()
+    check_options(ExportOptions(int8_activations="symmetric"), warnings.append)
+    assert any("--int8-activations" in w and "ignoring" in w for w in warnings)

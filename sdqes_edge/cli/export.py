@@ -19,7 +19,10 @@ from sdqes_edge.export.precision import (
     CALIBRATION_METHODS,
     DEFAULT_CALIBRATION_FRAMES,
     DEFAULT_CALIBRATION_METHOD,
+    DEFAULT_INT8_ACTIVATIONS,
+    DEFAULT_INT8_FLOAT_BLOCKS,
     DEFAULT_INT8_POLICY,
+    INT8_ACTIVATIONS,
     INT8_POLICIES,
 )
 from sdqes_edge.export.tensorrt_engine import DEFAULT_WORKSPACE_MIB
@@ -77,7 +80,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         verify_frames=args.verify_frames, drift_frames=args.drift_frames,
         calibration_video=Path(args.calibration_video) if args.calibration_video else None,
         calibration_frames=args.calibration_frames, int8_policy=args.int8_policy,
-        calibration_method=args.calibration_method, truncate_queries=args.truncate_queries,
+        calibration_method=args.calibration_method, int8_activations=args.int8_activations,
+        int8_float_blocks=args.int8_float_blocks, truncate_queries=args.truncate_queries,
         show_progress=not args.quiet)
     check_options(options, lambda message: None)  # before the (possibly slow) checkpoint load
     checkpoint = None
@@ -275,6 +279,13 @@ def _add_int8_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--int8-policy", choices=list(INT8_POLICIES), default=DEFAULT_INT8_POLICY,
                         help="int8: which products are quantized; " + "; ".join(
                             f"{name}: {text}" for name, text in INT8_POLICIES.items()) + " (default %(default)s)")
+    parser.add_argument("--int8-activations", choices=list(INT8_ACTIVATIONS), default=DEFAULT_INT8_ACTIVATIONS,
+                        help="int8: how activations are quantized; " + "; ".join(
+                            f"{name}: {text}" for name, text in INT8_ACTIVATIONS.items())
+                        + " (default %(default)s; give symmetric for a TensorRT int8 engine)")
+    parser.add_argument("--int8-float-blocks", type=int, default=DEFAULT_INT8_FLOAT_BLOCKS,
+                        help=f"int8, {DEFAULT_INT8_POLICY} policy: leading image-tower blocks kept float, whose "
+                             "error every later block and the adapters' state carry (default %(default)s)")
     parser.add_argument("--calibration-method", choices=list(CALIBRATION_METHODS), default=DEFAULT_CALIBRATION_METHOD,
                         help="int8: how activation ranges are set from the calibration frames (default "
                              "%(default)s, the least drift measured on the demo model)")
