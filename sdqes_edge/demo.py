@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from sdqes_edge.alert_tuning import false_alerts, in_window
-from sdqes_edge.contract import MANIFEST_NAME
+from sdqes_edge.contract import MANIFEST_NAME, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.metrics import TOLERANCE_WINDOWS
 from sdqes_edge.runtime.detector import RunStats, StreamingDetector
@@ -95,7 +95,8 @@ def plot_scores(path: Path, trace, outcomes: list[QueryOutcome], threshold: floa
     return path
 
 
-def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE, threads: int | None = None) -> dict:
+def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE, threads: int | None = None,
+             precision: str = REFERENCE_PRECISION) -> dict:
     """Draw the seeded stream, run ``bundle`` over it with its queries, print alerts beside the truth and
     write the video, annotated video, alert log, score trace, plot and summary.json under ``out``;
     ``next_command`` is the program the printed hints name (the command line's)."""
@@ -107,7 +108,7 @@ def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE
     out.mkdir(parents=True, exist_ok=True)
     stream = generate_stream(seed, DEMO_SECONDS, DEMO_VIDEO_FPS, uid=f"demo-seed{seed}")
     video = write_video(out / "stream.avi", stream)
-    detector = StreamingDetector(bundle, threads=threads)
+    detector = StreamingDetector(bundle, precision=precision, threads=threads)
     policy_words = _describe(detector, video, seed)
     outcomes = _add_queries(detector, stream)
     _attach_sinks(detector, outcomes, out, stream.uid)
@@ -120,7 +121,7 @@ def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE
     summary = _report(list(outcomes.values()), stats)
     plot = plot_scores(out / "scores.png", load_scores(out / "scores.npz"), list(outcomes.values()),
                        float(detector.bundle.default_threshold))
-    summary = {"seed": seed, "bundle": str(bundle), **summary, "alert_policy": policy_words,
+    summary = {"seed": seed, "bundle": str(bundle), "precision": precision, **summary, "alert_policy": policy_words,
                "outcomes": [{"kind": o.kind, "query": o.query, "start_time": o.start_time, "alerts": o.alerts,
                              "hit": o.hit(), "false_alerts": o.false_alerts} for o in outcomes.values()]}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

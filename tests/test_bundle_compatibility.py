@@ -1,6 +1,7 @@
 """A bundle written by an earlier version of the format code still loads and gives the same numbers.
 
-The shipped demo bundle was exported before the contract module existed (format version 1).
+``tests/vectors/format1_bundle`` is the demo bundle as shipped until the demo model was retrained for int8, exported
+before the contract module existed (format version 1).
 ``tests/vectors/demo_bundle_format1_outputs.json`` holds what the runtime computed from it with the code
 that wrote it (commit named in the file): probabilities for two queries over a stream with the state
 carried, the last embedding, and every final state tensor. Re-record only when the bundle itself changes:
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEMO_BUNDLE = REPO_ROOT / "sdqes_edge" / "data" / "demo_bundle"
+FORMAT1_BUNDLE = REPO_ROOT / "tests" / "vectors" / "format1_bundle"
 RECORDED = REPO_ROOT / "tests" / "vectors" / "demo_bundle_format1_outputs.json"
 QUERIES = ("I start cooking", "I wash my hands")
 FRAMES = 24
@@ -53,7 +54,8 @@ def stream_outputs(bundle: Path, work: Path) -> dict:
 
 def test_a_bundle_written_by_the_format_1_code_loads_and_gives_the_recorded_numbers(tmp_path):
     recorded = json.loads(RECORDED.read_text())
-    now = stream_outputs(DEMO_BUNDLE, tmp_path)
+    assert json.loads((FORMAT1_BUNDLE / "manifest.json").read_text())["format_version"] == 1
+    now = stream_outputs(FORMAT1_BUNDLE, tmp_path)
     assert (now["batch"], now["fps"], now["state_names"]) == (recorded["batch"], recorded["fps"],
                                                               recorded["state_names"])
     np.testing.assert_allclose(now["probabilities"], recorded["probabilities"], atol=1e-6)
@@ -66,6 +68,6 @@ if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                             text=True).stdout.strip()
     with tempfile.TemporaryDirectory() as scratch:
-        outputs = stream_outputs(DEMO_BUNDLE, Path(scratch))
+        outputs = stream_outputs(FORMAT1_BUNDLE, Path(scratch))
     RECORDED.write_text(json.dumps({"recorded_with_commit": commit, **outputs}) + "\n")
     print(f"wrote {RECORDED}")

@@ -23,7 +23,10 @@ def run_cli(*args: str, block_torch: bool = True) -> subprocess.CompletedProcess
 def test_the_shipped_bundle_loads_verified_with_the_record_of_how_it_was_trained():
     bundle = load_bundle(DEMO_BUNDLE)  # checks every listed file against its sha256
     assert bundle.manifest["model"]["vision"]["image_size"] == 64
-    assert bundle.precisions == ["fp32"]
+    assert bundle.precisions == ["fp32", "int8"]
+    # The int8 graph passed the exporter's drift check over 2,000 frames of a training stream.
+    drift = bundle.manifest["graphs"]["step"]["int8"]["verification"]
+    assert drift["frames"] >= 2000 and drift["min_cosine"] >= 0.99 and drift["passed"]
     record = json.loads((DEMO_BUNDLE / "training_record.json").read_text())
     assert record["command"].startswith("sdqes-edge train --adapter qrnn --seed 0")
     assert abs(bundle.default_threshold - record["threshold"]) < 1e-6  # calibrated on validation, then shipped
@@ -102,3 +105,20 @@ def test_run_says_when_a_bundle_was_trained_on_synthetic_scenes_only(tmp_path):
     assert done.returncode == 0, done.stderr
     notes = [line for line in done.stderr.splitlines() if "was trained on" in line]
     assert len(notes) == 1 and "synthetic scenes" in notes[0] and "alerts mean little" in notes[0]
+    # A CPU user running fp32 is pointed at the int8 graph the bundle carries; one running int8 is not.
+    assert any("--precision int8" in line for line in done.stderr.splitlines())
+    int8 = run_cli("run", str(DEMO_BUNDLE), "--source", str(video), "--query", "when I start cooking", "--quiet",
+                   "--precision", "int8")
+    assert int8.returncode == 0, int8.stderr
+    assert "int8, CPUExecutionProvider" in int8.stderr and "--precision int8" not in int8.stderr
+
+
+def test_the_demo_runs_the_int8_graph_and_alerts_as_fp32_does(tmp_path):
+    """The shipped int8 graph on the demo stream: the same alerts at the bundle's threshold and policy."""
+    summaries = {}
+    for precision in ("fp32", "int8"):
+        done = run_cli("demo", "--out", str(tmp_path / precision), "--precision", precision)
+        assert done.returncode == 0, done.stderr
+        summaries[precision] = json.loads((tmp_path / precision / "summary.json").read_text())
+    assert summaries["int8"]["precision"] == "int8"
+    assert [o["alerts"] for o in summaries["int8"]["outcomes"]] == [o["alerts"] for o in summaries["fp32"]["outcomes"]]
