@@ -126,7 +126,9 @@ class Int8Quantization:
         return asdict(self)
 
     def summary(self) -> str:
-        kept_blocks = f" (the first {self.float_blocks} block(s)' among them)" if self.float_blocks else ""
+        blocks = "block" if self.float_blocks == 1 else f"{self.float_blocks} blocks"
+        kept_blocks = (f" ({BACKBONE_PRODUCTS_PER_BLOCK * self.float_blocks} in the first {blocks})"
+                       if self.float_blocks else "")
         return (f"policy {self.policy}: {self.quantized_products} weight products int8, {self.float_products} kept "
                 f"float{kept_blocks}, {self.activation_products} activation products float; {self.activations} "
                 f"activations, {self.calibration_method} calibration over {self.calibration_frames} frames")

@@ -127,14 +127,14 @@ def test_the_accuracy_tables_cover_kinds_seeds_and_every_deployment_format(tmp_p
     from sdqes_edge.benchmarks.accuracy import run as run_accuracy
 
     base = dataclasses.replace(SMALL, adapter="none")
-    path = run_accuracy(base, ["none", "qrnn"], [0, 1], "qrnn", tmp_path, log=lambda _: None)
+    path = run_accuracy(base, ["none", "qrnn"], [0, 1], ["qrnn"], tmp_path, log=lambda _: None)
     text = path.read_text()
     for row in ("| none | single-frame |", "| none | temporal |", "| qrnn | temporal |", "PyTorch (fp32)",
                 "ONNX Runtime fp32", "ONNX Runtime fp16", "ONNX Runtime int8"):
         assert row in text
     report = json.loads((tmp_path / "accuracy.json").read_text())
     assert set(report["adapters"]["qrnn"]) == {"0", "1"}
-    formats = report["formats"]
+    formats = report["formats"]["qrnn"]["rows"]
     # The exported graph streams what PyTorch computes; an untrained model's scores lie within 1e-3 of each
     # other, so a 1e-7 difference may still move one crossing: at most one of the 10 test queries.
     one_query = 100.0 / formats["PyTorch (fp32)"]["all"]["queries"]

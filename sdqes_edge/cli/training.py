@@ -102,11 +102,11 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
 
     base = dataclasses.replace(train_options_from_args(args), adapter="none", seed=args.seeds[0])
     if not args.kinds and not args.formats:
-        raise UserError("nothing to do: give --kinds and/or --formats KIND")
+        raise UserError("nothing to do: give --kinds and/or --formats KIND [KIND ...]")
     runs = len(args.kinds) * len(args.seeds)
     print(f"accuracy: {runs} training runs ({', '.join(args.kinds) or 'none'} x seeds "
           f"{', '.join(map(str, args.seeds))}), {base.steps} steps each"
-          + (f"; formats of {args.formats}" if args.formats else "") + f"; results in {args.out}/")
+          + (f"; formats of {', '.join(args.formats)}" if args.formats else "") + f"; results in {args.out}/")
     path = run_accuracy(base, args.kinds, args.seeds, args.formats, Path(args.out),
                         progress=lambda it, desc: tqdm(it, desc=desc, mininterval=5, leave=False))
     print()
@@ -158,8 +158,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     acc.add_argument("--kinds", nargs="*", choices=ADAPTER_KINDS, default=list(ADAPTER_KINDS),
                      help="adapter kinds to train (default: all)")
     acc.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="training seeds (default 0 1 2)")
-    acc.add_argument("--formats", choices=ADAPTER_KINDS, default="qrnn",
-                     help="kind whose first-seed model is scored per deployment format (default %(default)s)")
+    acc.add_argument("--formats", nargs="*", choices=ADAPTER_KINDS, default=["qrnn"],
+                     help="kinds whose first-seed models are scored per deployment format, e.g. --formats qrnn st "
+                          "retnet (default qrnn)")
     acc.add_argument("--out", default="accuracy-results", help="results folder (default %(default)s)")
     _add_train_options(acc, skip=("adapter", "seed"))
     acc.set_defaults(func=cmd_accuracy, output_dirs=("out",))
