@@ -81,18 +81,7 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
         problems.append(f"--threshold is a probability sigmoid(cos) in (0, 1), not {options.threshold}")
     if options.fps <= 0:
         problems.append(f"--fps must be positive, not {options.fps}")
-    if options.int8_policy not in INT8_POLICIES:
-        problems.append(f"unknown --int8-policy {options.int8_policy}; choose from {', '.join(INT8_POLICIES)}")
-    if options.calibration_method not in CALIBRATION_METHODS:
-        problems.append(f"unknown --calibration-method {options.calibration_method}; choose from "
-                        f"{', '.join(CALIBRATION_METHODS)}")
-    if options.int8_activations not in INT8_ACTIVATIONS:
-        problems.append(f"unknown --int8-activations {options.int8_activations}; choose from "
-                        f"{', '.join(INT8_ACTIVATIONS)}")
-    if options.int8_float_blocks < 0:
-        problems.append(f"--int8-float-blocks must be >= 0, not {options.int8_float_blocks}")
-    if options.calibration_frames < 1:
-        problems.append(f"--calibration-frames must be >= 1, not {options.calibration_frames}")
+    problems += _int8_problems(options)
     if options.drift_frames < MIN_VERIFY_FRAMES:
         problems.append(f"--drift-frames must be >= {MIN_VERIFY_FRAMES}, not {options.drift_frames}")
     if options.calibration_video is not None and not Path(options.calibration_video).is_file():
@@ -112,14 +101,35 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
     if len(precisions) > 1 and options.drift_frames < DRIFT_FRAMES:
         warn(f"drift is measured over {options.drift_frames} frames; a recurrent state needs {DRIFT_FRAMES} or "
              "more to show drift (and fp16 LayerNorm overflow)")
+    _warn_unused_int8_options(options, INT8 in precisions, warn)
+    return dataclasses.replace(options, precisions=precisions)
+
+
+def _int8_problems(options: ExportOptions) -> list[str]:
+    problems = []
+    if options.int8_policy not in INT8_POLICIES:
+        problems.append(f"unknown --int8-policy {options.int8_policy}; choose from {', '.join(INT8_POLICIES)}")
+    if options.calibration_method not in CALIBRATION_METHODS:
+        problems.append(f"unknown --calibration-method {options.calibration_method}; choose from "
+                        f"{', '.join(CALIBRATION_METHODS)}")
+    if options.int8_activations not in INT8_ACTIVATIONS:
+        problems.append(f"unknown --int8-activations {options.int8_activations}; choose from "
+                        f"{', '.join(INT8_ACTIVATIONS)}")
+    if options.int8_float_blocks < 0:
+        problems.append(f"--int8-float-blocks must be >= 0, not {options.int8_float_blocks}")
+    if options.calibration_frames < 1:
+        problems.append(f"--calibration-frames must be >= 1, not {options.calibration_frames}")
+    return problems
+
+
+def _warn_unused_int8_options(options: ExportOptions, int8: bool, warn: Callable[[str], None]) -> None:
     int8_flags = (options.int8_policy != DEFAULT_INT8_POLICY
                   or options.calibration_method != DEFAULT_CALIBRATION_METHOD
                   or options.int8_activations != DEFAULT_INT8_ACTIVATIONS
                   or options.int8_float_blocks != DEFAULT_INT8_FLOAT_BLOCKS)
-    if int8_flags and INT8 not in precisions:
+    if int8_flags and not int8:
         warn("--int8-policy, --int8-activations, --int8-float-blocks and --calibration-method are only used for "
              "int8; ignoring them")
     elif options.int8_float_blocks != DEFAULT_INT8_FLOAT_BLOCKS and options.int8_policy != DEFAULT_INT8_POLICY:
         warn(f"--int8-float-blocks applies to the {DEFAULT_INT8_POLICY} policy; {options.int8_policy} "
              "quantizes every block")
-    return dataclasses.replace(options, precisions=precisions)

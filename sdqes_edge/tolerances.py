@@ -12,7 +12,10 @@ FP32_STATE_ATOL = 1e-4
 # A variant outside these is refused at export with its figures shown.
 VARIANT_TOLERANCES = {
     FP16: {"min_cosine": 0.999, "max_abs_embedding": 2e-2},
-    INT8: {"min_cosine": 0.95, "max_abs_embedding": 1e-1},
+    # 0.99 at every frame: what every int8 graph the exporter ships reached under the default policy (demo model
+    # 0.9987, trained qrnn/st/retnet 0.994/0.999/0.996 over 2,000 training frames), and what keeps SR@1 within a
+    # point of fp32 (benchmarks/results/accuracy-formats-synthetic.md). 0.95 let through graphs that did not.
+    INT8: {"min_cosine": 0.99, "max_abs_embedding": 1e-1},
 }
 # Frames over which fp16/int8 drift is measured with the state carried (DESIGN.md: fp16 LayerNorm can overflow on
 # long streams; a recurrent state integrates quantization error, which 500 frames did not always show).
