@@ -245,7 +245,7 @@ def _make_variant(model: SDQESModel, precision: str, staging: Path, traced: _Tra
                                          method=options.calibration_method, activations=options.int8_activations,
                                          float_blocks=options.int8_float_blocks)
         except QuantizationPolicyError as exc:
-            raise UserError(f"int8: {exc} (--int8-policy all-weights)") from exc
+            raise UserError(f"int8: {exc}") from exc
         log("  " + quantization.summary())
         graphs.attach_metadata(path, dict(traced.description, precision=INT8, quantization=quantization.to_dict()))
     graphs.check_graph(path)

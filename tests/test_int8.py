@@ -206,3 +206,16 @@ def test_int8_options_are_checked_up_front_and_ignored_with_a_warning_without_in
     warnings.clear()
     check_options(ExportOptions(int8_activations="symmetric"), warnings.append)
     assert any("--int8-activations" in w and "ignoring" in w for w in warnings)
+
+
+def test_keeping_every_block_float_is_refused_in_one_line_and_nothing_is_written(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "export", "--preset", "tiny", "--adapter", "qrnn",
+                           "--precision", "int8", "--int8-float-blocks", "2", "--drift-frames", "16",
+                           "--calibration-frames", "4", "--quiet", "--out", str(tmp_path / "b")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "--int8-float-blocks must be from 0 to 1" in done.stderr
+    assert not (tmp_path / "b").exists()
