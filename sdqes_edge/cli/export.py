@@ -283,7 +283,7 @@ def _add_int8_options(parser: argparse.ArgumentParser) -> None:
                         help="int8: how activations are quantized; " + "; ".join(
                             f"{name}: {text}" for name, text in INT8_ACTIVATIONS.items())
                         + " (default %(default)s; give symmetric for a TensorRT int8 engine)")
-    parser.add_argument("--int8-float-blocks", type=int, default=DEFAULT_INT8_FLOAT_BLOCKS,
+    parser.add_argument("--int8-float-blocks", type=int, default=DEFAULT_INT8_FLOAT_BLOCKS, metavar="N",
                         help=f"int8, {DEFAULT_INT8_POLICY} policy: leading image-tower blocks kept float, whose "
                              "error every later block and the adapters' state carry (default %(default)s)")
     parser.add_argument("--calibration-method", choices=list(CALIBRATION_METHODS), default=DEFAULT_CALIBRATION_METHOD,
