@@ -45,6 +45,9 @@ from . import graphs
 from .complexity import GraphComplexity, adapter_count, count_graph, graph_kernels, kernel_summary
 from .options import ExportOptions, Query, check_options
 from .precision import (
+    AUTO_FLOAT_BLOCKS,
+    DEFAULT_INT8_POLICY,
+    MAX_AUTO_FLOAT_BLOCKS,
     QuantizationPolicyError,
     quantize_int8,
 )
@@ -164,15 +167,8 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
         drift_frames = _frames(cfg, options.drift_frames, options.batch, options.calibration_video)
         reference = run_stream(fp32, drift_frames, "fp32 stream", options.show_progress, fused)
         for precision in reduced:
-            path, quantization = _make_variant(model, precision, staging, traced, options, sha, fused, log)
-            stream = run_stream(OnnxRuntimeStep(path), drift_frames, f"{precision} stream", options.show_progress,
-                                fused)
-            report = compare_variant(precision, reference, stream, query_embeddings, options.threshold)
-            if not report.passed:
-                raise VerificationError(f"the {precision} graph drifts beyond its tolerance "
-                                        f"{report.tolerance}: {report.summary()}; nothing was written "
-                                        f"(export without --precision {precision})")
-            log("  " + report.summary())
+            path, quantization, report = _checked_variant(model, precision, staging, traced, options, sha, fused,
+                                                          drift_frames, reference, query_embeddings, log)
             variants.append(report)
             drift_source = "built-in sample" if options.calibration_video is None else options.calibration_video.name
             step_entries[precision] = {"file": path.name, "inputs": traced.description["inputs"],
@@ -226,8 +222,40 @@ def _verify_fp32(model: SDQESModel, step_path: Path, token_ids: np.ndarray, quer
     return fp32, verification
 
 
+def _float_block_tries(model: SDQESModel, precision: str, options: ExportOptions) -> list[int]:
+    """How many leading tower blocks to keep float, in the order to try them: one count when given (or when
+    nothing is quantized by blocks), else from 0 up to MAX_AUTO_FLOAT_BLOCKS (below the tower's depth)."""
+    if precision != INT8 or options.int8_policy != DEFAULT_INT8_POLICY:
+        return [0]
+    if options.int8_float_blocks != AUTO_FLOAT_BLOCKS:
+        return [int(options.int8_float_blocks)]
+    return list(range(min(MAX_AUTO_FLOAT_BLOCKS, model.cfg.vision.layers - 1) + 1))
+
+
+def _checked_variant(model: SDQESModel, precision: str, staging: Path, traced: _Traced, options: ExportOptions,
+                     sha: str | None, fused: np.ndarray | None, drift_frames: np.ndarray, reference,
+                     query_embeddings: np.ndarray, log: Callable[[str], None]):
+    """(path, quantization or None, drift report) of the first variant that passes the drift check: under
+    --int8-float-blocks auto, each failed int8 graph is made again with one more leading block float."""
+    tries = _float_block_tries(model, precision, options)
+    for float_blocks in tries:
+        path, quantization = _make_variant(model, precision, staging, traced, options, sha, fused, log,
+                                           float_blocks)
+        stream = run_stream(OnnxRuntimeStep(path), drift_frames, f"{precision} stream", options.show_progress, fused)
+        report = compare_variant(precision, reference, stream, query_embeddings, options.threshold)
+        log("  " + report.summary())
+        if report.passed:
+            return path, quantization, report
+        if float_blocks != tries[-1]:
+            log(f"  beyond tolerance {report.tolerance}; quantizing again with {float_blocks + 1} leading "
+                "block(s) float")
+    kept = f" with up to {tries[-1]} leading block(s) float" if len(tries) > 1 else ""
+    raise VerificationError(f"the {precision} graph drifts beyond its tolerance {report.tolerance}{kept}: "
+                            f"{report.summary()}; nothing was written (export without --precision {precision})")
+
+
 def _make_variant(model: SDQESModel, precision: str, staging: Path, traced: _Traced, options: ExportOptions,
-                  sha: str | None, fused: np.ndarray | None, log: Callable[[str], None]):
+                  sha: str | None, fused: np.ndarray | None, log: Callable[[str], None], float_blocks: int = 0):
     """(path, quantization or None): the fp16 graph traced again at fp16, or the int8 graph quantized from fp32."""
     path = staging / step_graph_name(precision)
     quantization = None
@@ -243,7 +271,7 @@ def _make_variant(model: SDQESModel, precision: str, staging: Path, traced: _Tra
         try:
             quantization = quantize_int8(traced.step, path, calibration, fused, policy=options.int8_policy,
                                          method=options.calibration_method, activations=options.int8_activations,
-                                         float_blocks=options.int8_float_blocks)
+                                         float_blocks=float_blocks)
         except QuantizationPolicyError as exc:
             raise UserError(f"int8: {exc}") from exc
         log("  " + quantization.summary())

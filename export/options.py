@@ -17,6 +17,7 @@ from sdqes_edge.tokenizer import default_tokenizer
 from sdqes_edge.tolerances import DRIFT_FRAMES, VERIFY_FRAMES
 
 from .precision import (
+    AUTO_FLOAT_BLOCKS,
     CALIBRATION_METHODS,
     DEFAULT_CALIBRATION_FRAMES,
     DEFAULT_CALIBRATION_METHOD,
@@ -54,7 +55,7 @@ class ExportOptions:
     int8_policy: str = DEFAULT_INT8_POLICY
     calibration_method: str = DEFAULT_CALIBRATION_METHOD
     int8_activations: str = DEFAULT_INT8_ACTIVATIONS
-    int8_float_blocks: int = DEFAULT_INT8_FLOAT_BLOCKS
+    int8_float_blocks: int | str = DEFAULT_INT8_FLOAT_BLOCKS  # a count, or AUTO_FLOAT_BLOCKS
     truncate_queries: bool = False
     show_progress: bool = True
 
@@ -115,8 +116,9 @@ def _int8_problems(options: ExportOptions) -> list[str]:
     if options.int8_activations not in INT8_ACTIVATIONS:
         problems.append(f"unknown --int8-activations {options.int8_activations}; choose from "
                         f"{', '.join(INT8_ACTIVATIONS)}")
-    if options.int8_float_blocks < 0:
-        problems.append(f"--int8-float-blocks must be >= 0, not {options.int8_float_blocks}")
+    blocks = options.int8_float_blocks
+    if blocks != AUTO_FLOAT_BLOCKS and (not isinstance(blocks, int) or blocks < 0):
+        problems.append(f"--int8-float-blocks must be {AUTO_FLOAT_BLOCKS} or a count >= 0, not {blocks}")
     if options.calibration_frames < 1:
         problems.append(f"--calibration-frames must be >= 1, not {options.calibration_frames}")
     return problems

@@ -7,6 +7,7 @@ fused, no weight dequantized per frame), and by equivalence with fp32 over a lon
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -18,7 +19,6 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.export import ExportOptions, export_bundle, graphs
 from sdqes_edge.export.precision import (
     BACKBONE_PRODUCTS_PER_BLOCK,
-    DEFAULT_INT8_FLOAT_BLOCKS,
     QuantizationPolicyError,
     TowerShape,
     quantize_int8,
@@ -95,19 +95,21 @@ def test_the_backbone_policy_keeps_every_adapter_recurrence_float(fp32_graphs, t
     assert len(quantized_nodes(everything)) > len(quantized_nodes(backbone))
 
 
-def test_the_backbone_policy_keeps_the_first_blocks_float_by_default(fp32_graphs, tmp_path):
+def test_the_backbone_policy_can_keep_the_first_blocks_float(fp32_graphs, tmp_path):
     model, fp32 = fp32_graphs["qrnn"]
-    quantize_int8(fp32, tmp_path / "all-blocks.onnx", frames_for(model, 8), float_blocks=0)
-    result = quantize_int8(fp32, tmp_path / "default.onnx", frames_for(model, 8))
+    quantize_int8(fp32, tmp_path / "all-blocks.onnx", frames_for(model, 8))
+    result = quantize_int8(fp32, tmp_path / "first-float.onnx", frames_for(model, 8), float_blocks=1)
     every_block = quantized_nodes(onnx.load(str(tmp_path / "all-blocks.onnx")).graph)
-    default = quantized_nodes(onnx.load(str(tmp_path / "default.onnx")).graph)
-    assert result.float_blocks == DEFAULT_INT8_FLOAT_BLOCKS == 1
-    assert len(default) == result.quantized_products == BACKBONE_PRODUCTS_PER_BLOCK * (model.cfg.vision.layers - 1)
+    first_float = quantized_nodes(onnx.load(str(tmp_path / "first-float.onnx")).graph)
+    assert len(every_block) == BACKBONE_PRODUCTS_PER_BLOCK * model.cfg.vision.layers
+    assert result.float_blocks == 1
+    assert len(first_float) == result.quantized_products == BACKBONE_PRODUCTS_PER_BLOCK * (model.cfg.vision.layers - 1)
     # The ones left float are the first block's: the four products that run first.
     order = [n.name for n in onnx.load(str(fp32)).graph.node]
-    first_block = sorted(every_block - default, key=lambda name: order.index(name) if name in order else -1)
+    first_block = every_block - first_float
     assert len(first_block) == BACKBONE_PRODUCTS_PER_BLOCK
-    assert max(order.index(n) for n in first_block if n in order) < min(order.index(n) for n in default if n in order)
+    assert max(order.index(n) for n in first_block if n in order) < min(order.index(n) for n in first_float
+                                                                        if n in order)
     with pytest.raises(QuantizationPolicyError, match="--int8-float-blocks"):
         quantize_int8(fp32, tmp_path / "none.onnx", frames_for(model, 4), float_blocks=model.cfg.vision.layers)
 
@@ -177,8 +179,9 @@ def test_the_manifest_records_the_policy_and_what_it_kept_float(tmp_path):
                            log=lambda m: None)
     entry = result.manifest["graphs"]["step"]["int8"]
     assert entry["quantization"]["policy"] == "backbone"
-    assert entry["quantization"]["quantized_products"] == BACKBONE_PRODUCTS_PER_BLOCK * (model.cfg.vision.layers - 1)
-    assert entry["quantization"]["activations"] == "asymmetric" and entry["quantization"]["float_blocks"] == 1
+    # auto: every block int8 first, kept because it passed the drift check.
+    assert entry["quantization"]["quantized_products"] == BACKBONE_PRODUCTS_PER_BLOCK * model.cfg.vision.layers
+    assert entry["quantization"]["activations"] == "asymmetric" and entry["quantization"]["float_blocks"] == 0
     assert entry["quantization"]["float_products"] > 0 and entry["quantization"]["calibration_frames"] == 16
     metadata = json.loads(next(p.value for p in onnx.load(str(tmp_path / "b" / "step.int8.onnx")).metadata_props))
     assert metadata["quantization"] == entry["quantization"]
@@ -219,3 +222,26 @@ def test_keeping_every_block_float_is_refused_in_one_line_and_nothing_is_written
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "--int8-float-blocks must be from 0 to 1" in done.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_auto_float_blocks_quantizes_again_with_one_more_block_float_until_the_drift_check_passes(tmp_path,
+                                                                                                  monkeypatch):
+    """A bar no graph meets (cosine above 1) makes every try fail: each is made and measured, then refused."""
+    from sdqes_edge.export.verify import VerificationError
+    from sdqes_edge.tolerances import VARIANT_TOLERANCES
+
+    monkeypatch.setitem(VARIANT_TOLERANCES, "int8", {"min_cosine": 1.01, "max_abs_embedding": 1.0})
+    model = random_model("qrnn")  # 2 blocks: tries 0, then 1 leading block float
+    messages: list[str] = []
+    options = ExportOptions(precisions=("int8",), drift_frames=32, calibration_frames=8, show_progress=False)
+    with pytest.raises(VerificationError, match="with up to 1 leading block"):
+        export_bundle(model, tmp_path / "b", options, log=messages.append)
+    summaries = [m for m in messages if "weight products int8" in m]
+    assert len(summaries) == 2 and "(4 in the first block)" in summaries[1]
+    assert any("quantizing again with 1 leading block(s) float" in m for m in messages)
+    assert not (tmp_path / "b").exists()
+    # An explicit count is one try.
+    messages.clear()
+    with pytest.raises(VerificationError):
+        export_bundle(model, tmp_path / "b", dataclasses.replace(options, int8_float_blocks=1), log=messages.append)
+    assert len([m for m in messages if "weight products int8" in m]) == 1

@@ -16,6 +16,7 @@ from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.contract import DEFAULT_OPSET, FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.export.precision import (
+    AUTO_FLOAT_BLOCKS,
     CALIBRATION_METHODS,
     DEFAULT_CALIBRATION_FRAMES,
     DEFAULT_CALIBRATION_METHOD,
@@ -24,6 +25,7 @@ from sdqes_edge.export.precision import (
     DEFAULT_INT8_POLICY,
     INT8_ACTIVATIONS,
     INT8_POLICIES,
+    MAX_AUTO_FLOAT_BLOCKS,
 )
 from sdqes_edge.export.tensorrt_engine import DEFAULT_WORKSPACE_MIB
 from sdqes_edge.files import format_bytes
@@ -270,6 +272,15 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                                                "open_clip_config.json or CHECKPOINT_STEM.json beside it)")
 
 
+def _float_blocks(text: str) -> int | str:
+    if text == AUTO_FLOAT_BLOCKS:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give {AUTO_FLOAT_BLOCKS} or a number of blocks, not {text!r}") from None
+
+
 def _add_int8_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration-video", help="int8: calibrate and measure drift on frames of this video, "
                                                     "ideally footage like the deployment's (default: the built-in "
@@ -283,9 +294,12 @@ def _add_int8_options(parser: argparse.ArgumentParser) -> None:
                         help="int8: how activations are quantized; " + "; ".join(
                             f"{name}: {text}" for name, text in INT8_ACTIVATIONS.items())
                         + " (default %(default)s; give symmetric for a TensorRT int8 engine)")
-    parser.add_argument("--int8-float-blocks", type=int, default=DEFAULT_INT8_FLOAT_BLOCKS, metavar="N",
+    parser.add_argument("--int8-float-blocks", type=_float_blocks, default=DEFAULT_INT8_FLOAT_BLOCKS,
+                        metavar="{auto,N}",
                         help=f"int8, {DEFAULT_INT8_POLICY} policy: leading image-tower blocks kept float, whose "
-                             "error every later block and the adapters' state carry (default %(default)s)")
+                             "error every later block and the adapters' state carry; auto: every block int8 first, "
+                             f"then one more block float each time the drift check fails, up to "
+                             f"{MAX_AUTO_FLOAT_BLOCKS} (default %(default)s)")
     parser.add_argument("--calibration-method", choices=list(CALIBRATION_METHODS), default=DEFAULT_CALIBRATION_METHOD,
                         help="int8: how activation ranges are set from the calibration frames (default "
                              "%(default)s, the least drift measured on the demo model)")
