@@ -7,6 +7,7 @@ but 0.980 held out; with the first block float, 0.9987 and 0.9956). Uses the exp
 run_stream and compare_variant.
 
     .venv/bin/python scripts/int8_holdout_drift.py BUNDLE/step.fp32.onnx [--float-blocks 0] [--activations symmetric]
+    .venv/bin/python scripts/int8_holdout_drift.py BUNDLE/step.fp32.onnx --int8-graph BUNDLE/step.int8.onnx
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from sdqes_edge.export.graphs import read_metadata
 from sdqes_edge.export.precision import (
     DEFAULT_CALIBRATION_FRAMES,
     DEFAULT_INT8_ACTIVATIONS,
-    DEFAULT_INT8_FLOAT_BLOCKS,
     INT8_ACTIVATIONS,
     quantize_int8,
 )
@@ -48,18 +48,20 @@ def split_frames(preprocessor: Preprocessor, split: str, count: int) -> np.ndarr
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("graph", type=Path, help="an fp32 step graph (BUNDLE/step.fp32.onnx)")
-    parser.add_argument("--float-blocks", type=int, default=DEFAULT_INT8_FLOAT_BLOCKS)
+    parser.add_argument("--float-blocks", type=int, default=1, help="leading tower blocks kept float (default 1)")
     parser.add_argument("--activations", choices=list(INT8_ACTIVATIONS), default=DEFAULT_INT8_ACTIVATIONS)
     parser.add_argument("--calibration-frames", type=int, default=DEFAULT_CALIBRATION_FRAMES)
     parser.add_argument("--drift-frames", type=int, default=DRIFT_FRAMES)
+    parser.add_argument("--int8-graph", type=Path, help="measure this int8 graph (a bundle's) instead of quantizing")
     args = parser.parse_args(argv)
     model = ModelConfig.from_dict(read_metadata(args.graph)["model"])
     preprocessor = Preprocessor.from_config(model)
     with tempfile.TemporaryDirectory() as tmp:
-        int8 = Path(tmp) / "step.int8.onnx"
-        made = quantize_int8(args.graph, int8, split_frames(preprocessor, "train", args.calibration_frames),
-                             activations=args.activations, float_blocks=args.float_blocks)
-        print(made.summary())
+        int8 = args.int8_graph or Path(tmp) / "step.int8.onnx"
+        if args.int8_graph is None:
+            made = quantize_int8(args.graph, int8, split_frames(preprocessor, "train", args.calibration_frames),
+                                 activations=args.activations, float_blocks=args.float_blocks)
+            print(made.summary())
         held_out = split_frames(preprocessor, "val", args.drift_frames)
         reference = run_stream(OnnxRuntimeStep(args.graph), held_out, "fp32", show_progress=True)
         variant = run_stream(OnnxRuntimeStep(int8), held_out, "int8", show_progress=True)

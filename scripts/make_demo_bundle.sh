@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuild the bundle that `sdqes-edge demo` ships (sdqes_edge/data/demo_bundle) from nothing: train the qrnn model on
 # synthetic streams from its recorded seed, export it (fp32, and int8 calibrated and checked for drift over
-# 2,000 frames of a training-seed stream, the model's own domain) with the threshold calibrated on validation
+# 2,000 frames of training streams, the model's own domain) with the threshold calibrated on validation
 # streams, and keep the training record beside it. About 6 minutes on two CPU cores.
 #
 #   scripts/make_demo_bundle.sh [RUN_DIR]        (default runs/demo)
@@ -14,16 +14,16 @@ sdqes=.venv/bin/sdqes-edge
 "$sdqes" train --adapter qrnn --seed 0 --out "$run_dir"
 record="$run_dir/synthetic+qrnn.record.json"
 threshold=$(.venv/bin/python -c "import json, sys; print(json.load(open(sys.argv[1]))['threshold'])" "$record")
-# One 2,000-s stream from the first training seed: int8 calibration and the drift check see the scenes the model
-# knows, never a validation or test stream.
-first_training_seed=$(.venv/bin/python -c "from sdqes_edge.train_options import split_seeds; print(split_seeds('train', 1)[0])")
-rm -rf "$run_dir/calibration"
-"$sdqes" synth --out "$run_dir/calibration" --train 1 --val 0 --test 0 --seconds 2000 --fps 1 --seed "$first_training_seed"
+# Training streams back to back (the video `sdqes-edge accuracy` calibrates on): int8 calibration and the drift
+# check see many of the scenes the model knows, never a validation or test stream. One long stream is one scene,
+# and on it the check could not tell a drifting int8 graph from a good one.
+.venv/bin/python -c "import sys; from pathlib import Path; from sdqes_edge.benchmarks.accuracy import write_calibration_video
+from sdqes_edge.train_options import TrainOptions; write_calibration_video(Path(sys.argv[1]), TrainOptions())" "$run_dir/calibration.avi"
 # Export into a staging folder first: the shipped bundle is replaced only by a verified one (export refuses an int8
 # graph that drifts from fp32).
 rm -rf "$run_dir/bundle"
 "$sdqes" export --checkpoint "$run_dir/synthetic+qrnn.pt" --threshold "$threshold" --precision fp32 int8 \
-  --calibration-video "$run_dir/calibration/videos/synthetic-$first_training_seed.avi" --out "$run_dir/bundle"
+  --calibration-video "$run_dir/calibration.avi" --out "$run_dir/bundle"
 cp "$record" "$run_dir/bundle/training_record.json"
 rm -rf sdqes_edge/data/demo_bundle.old
 [ -d sdqes_edge/data/demo_bundle ] && mv sdqes_edge/data/demo_bundle sdqes_edge/data/demo_bundle.old
