@@ -283,8 +283,8 @@ def _float_blocks(text: str) -> int | str:
 
 def _add_int8_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration-video", help="int8: calibrate and measure drift on frames of this video, "
-                                                    "ideally footage like the deployment's (default: the built-in "
-                                                    "sample clip)")
+                                                    "ideally footage like the deployment's, with many of its scenes "
+                                                    "(default: the built-in sample clip)")
     parser.add_argument("--calibration-frames", type=int, default=DEFAULT_CALIBRATION_FRAMES,
                         help="int8 calibration frames, streamed with the state carried (default %(default)s)")
     parser.add_argument("--int8-policy", choices=list(INT8_POLICIES), default=DEFAULT_INT8_POLICY,
