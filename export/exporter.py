@@ -46,7 +46,7 @@ from .complexity import GraphComplexity, adapter_count, count_graph, graph_kerne
 from .options import ExportOptions, Query, check_options
 from .precision import (
     AUTO_FLOAT_BLOCKS,
-    DEFAULT_INT8_POLICY,
+    BACKBONE_POLICY,
     MAX_AUTO_FLOAT_BLOCKS,
     QuantizationPolicyError,
     quantize_int8,
@@ -225,7 +225,7 @@ def _verify_fp32(model: SDQESModel, step_path: Path, token_ids: np.ndarray, quer
 def _float_block_tries(model: SDQESModel, precision: str, options: ExportOptions) -> list[int]:
     """How many leading tower blocks to keep float, in the order to try them: one count when given (or when
     nothing is quantized by blocks), else from 0 up to MAX_AUTO_FLOAT_BLOCKS (below the tower's depth)."""
-    if precision != INT8 or options.int8_policy != DEFAULT_INT8_POLICY:
+    if precision != INT8 or options.int8_policy != BACKBONE_POLICY:
         return [0]
     if options.int8_float_blocks != AUTO_FLOAT_BLOCKS:
         return [int(options.int8_float_blocks)]
@@ -238,9 +238,12 @@ def _checked_variant(model: SDQESModel, precision: str, staging: Path, traced: _
     """(path, quantization or None, drift report) of the first variant that passes the drift check: under
     --int8-float-blocks auto, each failed int8 graph is made again with one more leading block float."""
     tries = _float_block_tries(model, precision, options)
+    # Read and preprocessed once, whatever the number of tries.
+    calibration = (_frames(model.cfg, options.calibration_frames, options.batch, options.calibration_video)
+                   if precision == INT8 else None)
     for float_blocks in tries:
         path, quantization = _make_variant(model, precision, staging, traced, options, sha, fused, log,
-                                           float_blocks)
+                                           calibration, float_blocks)
         stream = run_stream(OnnxRuntimeStep(path), drift_frames, f"{precision} stream", options.show_progress, fused)
         report = compare_variant(precision, reference, stream, query_embeddings, options.threshold)
         log("  " + report.summary())
@@ -255,8 +258,10 @@ def _checked_variant(model: SDQESModel, precision: str, staging: Path, traced: _
 
 
 def _make_variant(model: SDQESModel, precision: str, staging: Path, traced: _Traced, options: ExportOptions,
-                  sha: str | None, fused: np.ndarray | None, log: Callable[[str], None], float_blocks: int = 0):
-    """(path, quantization or None): the fp16 graph traced again at fp16, or the int8 graph quantized from fp32."""
+                  sha: str | None, fused: np.ndarray | None, log: Callable[[str], None],
+                  calibration: np.ndarray | None = None, float_blocks: int = 0):
+    """(path, quantization or None): the fp16 graph traced again at fp16, or the int8 graph quantized from fp32
+    on ``calibration`` frames."""
     path = staging / step_graph_name(precision)
     quantization = None
     if precision == FP16:
@@ -267,7 +272,6 @@ def _make_variant(model: SDQESModel, precision: str, staging: Path, traced: _Tra
         source = "the built-in sample" if options.calibration_video is None else options.calibration_video
         log(f"quantizing to int8 (QDQ, {options.int8_policy} policy), calibrated on "
             f"{options.calibration_frames} frames of {source} ...")
-        calibration = _frames(model.cfg, options.calibration_frames, options.batch, options.calibration_video)
         try:
             quantization = quantize_int8(traced.step, path, calibration, fused, policy=options.int8_policy,
                                          method=options.calibration_method, activations=options.int8_activations,

@@ -18,6 +18,7 @@ from sdqes_edge.tolerances import DRIFT_FRAMES, VERIFY_FRAMES
 
 from .precision import (
     AUTO_FLOAT_BLOCKS,
+    BACKBONE_POLICY,
     CALIBRATION_METHODS,
     DEFAULT_CALIBRATION_FRAMES,
     DEFAULT_CALIBRATION_METHOD,
@@ -132,6 +133,6 @@ def _warn_unused_int8_options(options: ExportOptions, int8: bool, warn: Callable
     if int8_flags and not int8:
         warn("--int8-policy, --int8-activations, --int8-float-blocks and --calibration-method are only used for "
              "int8; ignoring them")
-    elif options.int8_float_blocks != DEFAULT_INT8_FLOAT_BLOCKS and options.int8_policy != DEFAULT_INT8_POLICY:
-        warn(f"--int8-float-blocks applies to the {DEFAULT_INT8_POLICY} policy; {options.int8_policy} "
+    elif options.int8_float_blocks != DEFAULT_INT8_FLOAT_BLOCKS and options.int8_policy != BACKBONE_POLICY:
+        warn(f"--int8-float-blocks applies to the {BACKBONE_POLICY} policy; {options.int8_policy} "
              "quantizes every block")

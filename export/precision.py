@@ -67,7 +67,8 @@ INT8_POLICIES = {
                 "stay float",
     "all-weights": "every product with a weight, adapters included (drifts on recurrent adapters)",
 }
-DEFAULT_INT8_POLICY = "backbone"
+BACKBONE_POLICY = "backbone"  # the policy that quantizes by tower block (and so keeps leading blocks float)
+DEFAULT_INT8_POLICY = BACKBONE_POLICY
 # How activations are quantized: name -> what it is.
 INT8_ACTIVATIONS = {
     "asymmetric": "uint8 with a zero point (ONNX Runtime's CPU default; twice the steps for a QuickGELU output)",
@@ -276,9 +277,9 @@ def quantize_int8(fp32_graph: Path, out_path: Path, calibration_frames: np.ndarr
         raise ValueError(f"unknown calibration method {method!r}; choose from {', '.join(CALIBRATION_METHODS)}")
     if activations not in INT8_ACTIVATIONS:
         raise ValueError(f"unknown int8 activations {activations!r}; choose from {', '.join(INT8_ACTIVATIONS)}")
-    float_blocks = float_blocks if policy == "backbone" else 0
+    float_blocks = float_blocks if policy == BACKBONE_POLICY else 0
     symmetric = activations == SYMMETRIC_ACTIVATIONS
-    if tower is None and policy == "backbone" and feeds is None:
+    if tower is None and policy == BACKBONE_POLICY and feeds is None:
         from .graphs import read_metadata
 
         tower = TowerShape.from_description(read_metadata(fp32_graph))

@@ -17,6 +17,7 @@ from sdqes_edge.contract import DEFAULT_OPSET, FP16, PRECISIONS, REFERENCE_PRECI
 from sdqes_edge.errors import UserError
 from sdqes_edge.export.precision import (
     AUTO_FLOAT_BLOCKS,
+    BACKBONE_POLICY,
     CALIBRATION_METHODS,
     DEFAULT_CALIBRATION_FRAMES,
     DEFAULT_CALIBRATION_METHOD,
@@ -296,7 +297,7 @@ def _add_int8_options(parser: argparse.ArgumentParser) -> None:
                         + " (default %(default)s; give symmetric for a TensorRT int8 engine)")
     parser.add_argument("--int8-float-blocks", type=_float_blocks, default=DEFAULT_INT8_FLOAT_BLOCKS,
                         metavar="{auto,N}",
-                        help=f"int8, {DEFAULT_INT8_POLICY} policy: leading image-tower blocks kept float, whose "
+                        help=f"int8, {BACKBONE_POLICY} policy: leading image-tower blocks kept float, whose "
                              "error every later block and the adapters' state carry; auto: every block int8 first, "
                              f"then one more block float each time the drift check fails, up to "
                              f"{MAX_AUTO_FLOAT_BLOCKS} (default %(default)s)")
