@@ -128,14 +128,26 @@ def adapter_count(cfg) -> int:
     return 0 if cfg.adapter.kind == "none" else cfg.vision.layers * cfg.adapter.per_block
 
 
+def runtime_casts(graph) -> list:
+    """The Cast nodes of an ONNX graph that a step runs: those not computed from constants alone (ONNX Runtime
+    folds those away). ONNX Runtime's CPU provider adds Casts of its own around ops it has no fp16 kernel for,
+    so for an fp16 graph this count, not the CPU profile's, is what a GPU runs."""
+    constant = {i.name for i in graph.initializer}
+    for node in graph.node:  # nodes come in topological order
+        if all(i in constant for i in node.input if i):
+            constant.update(node.output)
+    return [n for n in graph.node if n.op_type == "Cast" and n.output[0] not in constant]
+
+
 def graph_kernels(path: str | Path) -> dict:
-    """ONNX nodes in the file and kernels ONNX Runtime (CPU) executes per step, by operator."""
+    """ONNX nodes and the Casts among them a step runs, and kernels ONNX Runtime (CPU) executes per step, by
+    operator."""
     import onnx
 
     from sdqes_edge.runtime.kernels import count_kernels
 
-    nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
-    return {"onnx_nodes": nodes, **count_kernels(path).to_dict()}
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return {"onnx_nodes": len(graph.node), "graph_casts": len(runtime_casts(graph)), **count_kernels(path).to_dict()}
 
 
 def kernel_summary(step: dict, image_tower: dict, adapters: int) -> dict:

@@ -28,6 +28,7 @@ from sdqes_edge.contract import (
     QUERIES_NAME,
     QUERY_EMBEDDINGS_NAME,
     REFERENCE_PRECISION,
+    STATE_DTYPES,
     TEXT_GRAPH_NAME,
     TOKEN_INPUT,
     TOKENIZER_FOLDER,
@@ -158,6 +159,7 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
     fp32, verification = _verify_fp32(model, traced.step, token_ids, query_embeddings, fused, options, log)
     step_entries = {REFERENCE_PRECISION: {"file": traced.step.name, "inputs": traced.description["inputs"],
                                           "outputs": traced.description["outputs"],
+                                          "state_dtype": STATE_DTYPES[REFERENCE_PRECISION],
                                           "verification": verification.to_dict()}}
     variants: list[VariantReport] = []
     reduced = [p for p in options.precisions if p != REFERENCE_PRECISION]
@@ -173,6 +175,7 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
             drift_source = "built-in sample" if options.calibration_video is None else options.calibration_video.name
             step_entries[precision] = {"file": path.name, "inputs": traced.description["inputs"],
                                        "outputs": traced.description["outputs"],
+                                       "state_dtype": STATE_DTYPES[precision],
                                        "verification": dict(report.to_dict(), frames_from=drift_source)}
             if quantization is not None:
                 step_entries[precision]["quantization"] = quantization.to_dict()

@@ -30,11 +30,12 @@ from sdqes_edge.contract import (
     GRAPH_FORMAT_VERSION,
     METADATA_KEY,
     QUERY_EMBEDDING_OUTPUT,
+    STATE_DTYPES,
     TOKEN_INPUT,
     step_io_names,
 )
 from sdqes_edge.model import SDQESModel
-from sdqes_edge.model.layers import LayerNorm, cast
+from sdqes_edge.model.layers import cast
 
 PRECISION_DTYPES = {FP32: torch.float32, FP16: torch.float16}
 
@@ -50,20 +51,17 @@ def tool_versions() -> dict[str, str]:
 def compute_copy(model: SDQESModel, precision: str) -> SDQESModel:
     """A copy of ``model`` whose weights and compute are in ``precision``.
 
-    LayerNorm keeps fp32 parameters (and computes in fp32, as CLIP's does), so
-    the fp16 graph only drops precision where it is safe.
+    LayerNorm's statistics stay fp32 (``LayerNorm``: one node whose mean and variance are float whatever its
+    input dtype), and so does the scores' softmax sum (``Attention.rows``), so the fp16 graph only drops
+    precision where it is safe.
     """
-    dtype = PRECISION_DTYPES[precision]
-    twin = copy.deepcopy(model).to(dtype)
-    for module in twin.modules():
-        if isinstance(module, LayerNorm):
-            module.float()
-    return twin.eval()
+    return copy.deepcopy(model).to(PRECISION_DTYPES[precision]).eval()
 
 
 class StepGraph(nn.Module):
-    """``ImageTower.step_rows`` with flat tensor arguments, fp32 at its edges whatever runs inside; state in and
-    out in each tensor's ``graph_shape``."""
+    """``ImageTower.step_rows`` with flat tensor arguments: the frame in and the embedding (and logits) out in
+    fp32 whatever runs inside, the state in and out in the dtype it is computed in (``STATE_DTYPES``) and in
+    each tensor's ``graph_shape``."""
 
     def __init__(self, model: SDQESModel, fused_queries: bool, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -73,12 +71,12 @@ class StepGraph(nn.Module):
 
     def forward(self, frame: torch.Tensor, *rest: torch.Tensor):
         state = list(rest[:-1] if self.fused_queries else rest)  # each in its graph shape (StateTensorSpec)
-        embedding, next_state = self.visual.step_rows(cast(frame, self.dtype), [cast(s, self.dtype) for s in state])
+        embedding, next_state = self.visual.step_rows(cast(frame, self.dtype), state)
         embedding = cast(embedding, torch.float32)
         outputs = [embedding]
         if self.fused_queries:
             outputs.append(embedding @ rest[-1].transpose(0, 1))  # cosine logits [B, Q]
-        return tuple(outputs + [cast(s, torch.float32) for s in next_state])
+        return tuple(outputs + next_state)
 
 
 
@@ -106,7 +104,7 @@ def describe_step_graph(model: SDQESModel, *, batch: int, opset: int, precision:
                         query_count: int | None, checkpoint_sha256: str | None) -> dict[str, Any]:
     """The JSON a step graph carries in its metadata (and the manifest repeats)."""
     cfg: ModelConfig = model.cfg
-    spec = model.state_spec(batch)
+    spec = model.state_spec(batch, STATE_DTYPES[precision])
     inputs, outputs = step_io_names(spec.names, query_count is not None)
     return {
         "format_version": GRAPH_FORMAT_VERSION,
@@ -172,8 +170,8 @@ def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: i
     spec = model.state_spec(batch)
     inputs, outputs = step_io_names(spec.names, query_count is not None)
     r = cfg.vision.image_size
-    args: list[torch.Tensor] = [torch.zeros(batch, 3, r, r)] + [s.float().reshape(t.graph_shape)
-                                                                for s, t in zip(model.init_state(batch), spec)]
+    args: list[torch.Tensor] = [torch.zeros(batch, 3, r, r)] + [s.reshape(t.graph_shape)
+                                                                for s, t in zip(traced.init_state(batch), spec)]
     if query_count is not None:
         args.append(torch.zeros(query_count, cfg.embed_dim))
     _torch_export(StepGraph(traced, query_count is not None, PRECISION_DTYPES[precision]), tuple(args), path,

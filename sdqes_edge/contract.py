@@ -69,6 +69,10 @@ PRECISIONS: tuple[str, ...] = tuple(
     manifest_schema()["properties"]["graphs"]["properties"]["step"]["propertyNames"]["enum"])
 FP32, FP16, INT8 = PRECISIONS  # in the schema's order
 REFERENCE_PRECISION = FP32  # always exported; every other precision is measured against it
+# The dtype a step graph of each precision takes and gives its state in: the dtype the state is computed in. An
+# fp16 graph computes its state in fp16, so fp32 at its boundary held no more precision and cost a Cast kernel per
+# state tensor each way; an int8 graph computes its state (the adapters) in fp32.
+STATE_DTYPES: dict[str, str] = {FP32: "float32", FP16: "float16", INT8: "float32"}
 
 
 def step_graph_name(precision: str) -> str:

@@ -60,8 +60,10 @@ def test_a_bundle_written_by_the_format_1_code_loads_and_gives_the_recorded_numb
                                                               recorded["state_names"])
     np.testing.assert_allclose(now["probabilities"], recorded["probabilities"], atol=1e-6)
     np.testing.assert_allclose(now["last_embedding"], recorded["last_embedding"], atol=1e-5)
+    # The state holds values up to ~40 after 24 frames: fp32 rounding differs between CPUs' kernels (AVX2 against
+    # AVX-512) by a few ulp of each value, so the bound is relative as well as absolute.
     for name, values in recorded["final_state"].items():
-        np.testing.assert_allclose(now["final_state"][name], values, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(now["final_state"][name], values, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:

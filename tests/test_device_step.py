@@ -18,6 +18,7 @@ from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import BoundState, OnnxRuntimeStep, _check_providers
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import sample_frames
+from sdqes_edge.tolerances import VARIANT_TOLERANCES
 
 HAS_CUDA = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu with the CUDA execution provider "
@@ -115,6 +116,34 @@ def test_four_streams_with_an_idle_one_keep_its_state_on_the_bound_path(graphs):
             assert not np.array_equal(final_p[name][2], final_p[name][0])
 
 
+@pytest.fixture(scope="module")
+def fp16_graph(tmp_path_factory):
+    """The fp16 step graph of a tiny QRNN bundle (its state crosses the graph's boundary in fp16)."""
+    model = random_model("qrnn", lookback=2)
+    path = tmp_path_factory.mktemp("fp16") / "bundle"
+    export_bundle(model, path, ExportOptions(precisions=("fp32", "fp16"), drift_frames=16, show_progress=False),
+                  log=lambda m: None)
+    return load_bundle(path).step_graph("fp16")
+
+
+def test_an_fp16_graphs_state_is_carried_in_fp16_bound_or_not_and_loads_from_fp32_arrays(fp16_graph, graphs):
+    _, frames = graphs
+    plain, bound = OnnxRuntimeStep(fp16_graph), OnnxRuntimeStep(fp16_graph, io_binding=True)
+    assert {t.dtype for t in plain.spec} == {"float16"}
+    plain_emb, plain_state = stream(plain, frames)
+    bound_emb, bound_state = stream(bound, frames)
+    np.testing.assert_array_equal(bound_emb, plain_emb)
+    assert plain_emb.dtype == np.float32  # the embedding leaves the graph in fp32 whatever runs inside
+    for name, value in plain_state.items():
+        assert value.dtype == bound_state[name].dtype == np.float16
+        np.testing.assert_array_equal(bound_state[name], value)
+    # A snapshot saved from an fp32 run (or written by hand) loads: its arrays take the graph's dtype.
+    as_fp32 = {name: value.astype(np.float32) for name, value in plain_state.items()}
+    reloaded = bound.state_to_numpy(bound.state_from_numpy(as_fp32))
+    for name, value in plain_state.items():
+        np.testing.assert_array_equal(reloaded[name], value)
+
+
 def test_a_provider_onnx_runtime_could_not_create_is_named_never_silently_replaced(capsys):
     cpu_only = ["CPUExecutionProvider"]
     with pytest.raises(UserError, match="could not create the CUDAExecutionProvider.*--ort-device cpu"):
@@ -158,6 +187,19 @@ def test_cuda_graph_replay_equals_the_uncaptured_bound_step(graphs):
     assert captured.cuda_graph, "the CUDA graph capture was refused for the lean step graph"
     plain = stream(OnnxRuntimeStep(paths[1], device="cuda", cuda_graph=False), frames)
     assert_same_stream(plain, stream(captured, frames), 1e-5)
+
+
+@needs_cuda
+def test_cuda_fp16_step_follows_the_cpu_fp32_step_over_100_frames_with_state_carried(fp16_graph, graphs):
+    paths, frames = graphs
+    frames = np.concatenate([frames] * 3)[:100]
+    reference, _ = stream(OnnxRuntimeStep(fp16_graph.parent / "step.fp32.onnx"), frames)
+    gpu = OnnxRuntimeStep(fp16_graph, device="cuda")
+    assert gpu.cuda_graph, "the CUDA graph capture was refused for the fp16 step graph"
+    got, _ = stream(gpu, frames)
+    cosine = (got * reference).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(reference, axis=-1))
+    assert cosine.min() >= VARIANT_TOLERANCES["fp16"]["min_cosine"]
+    assert np.abs(got - reference).max() <= VARIANT_TOLERANCES["fp16"]["max_abs_embedding"]
 
 
 @needs_cuda

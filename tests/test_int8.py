@@ -131,6 +131,28 @@ def test_activations_are_uint8_with_zero_points_by_default_and_int8_at_zero_when
     assert symmetric and all(z.dtype == np.int8 and not z.any() for z in symmetric)
 
 
+def quantized_weights(path) -> list[np.ndarray]:
+    """The int8 weights the graph stores: 8-bit initializers a DequantizeLinear reads (biases are int32)."""
+    graph = onnx.load(str(path)).graph
+    initializers = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    stored = [initializers[n.input[0]] for n in graph.node
+              if n.op_type == "DequantizeLinear" and n.input[0] in initializers]
+    return [w for w in stored if w.dtype.itemsize == 1]
+
+
+@pytest.mark.parametrize("activations", ["asymmetric", "symmetric"])
+def test_weights_are_seven_bit_so_cpus_without_vnni_cannot_saturate(fp32_graphs, tmp_path, activations):
+    # ONNX Runtime's x86 kernels without VNNI sum pairs of uint8 x int8 products in 16 bits: 2 * 255 * 127
+    # overflows it, 2 * 255 * 64 does not.
+    model, fp32 = fp32_graphs["qrnn"]
+    record = quantize_int8(fp32, tmp_path / "int8.onnx", frames_for(model, 8), activations=activations)
+    weights = quantized_weights(tmp_path / "int8.onnx")
+    assert len(weights) == BACKBONE_PRODUCTS_PER_BLOCK * model.cfg.vision.layers
+    assert all(w.dtype == np.int8 for w in weights)
+    assert max(int(np.abs(w.astype(np.int16)).max()) for w in weights) <= 64
+    assert record.weight_bits == 7 and "7-bit weights" in record.summary()
+
+
 @pytest.mark.parametrize("kind", ("none", "mlp") + RECURRENT_KINDS)
 def test_onnx_runtime_runs_every_quantized_product_fused(fp32_graphs, tmp_path, kind):
     """No product runs in float from weights dequantized every frame (what made int8 slower than fp32)."""

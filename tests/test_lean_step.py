@@ -1,14 +1,25 @@
-"""The step graph is lean where a GPU pays per kernel: each adapter adds at most 10 executed kernels, and no
-state tensor goes through a reshape on its way in or out (ONNX Runtime's profiler counts kernels on the CPU)."""
+"""The step graph is lean where a GPU pays per kernel: each adapter adds at most 10 executed kernels, no
+state tensor goes through a reshape on its way in or out (ONNX Runtime's profiler counts kernels on the CPU),
+and the fp16 graph casts nothing but the frame in and the embedding out."""
 
 from __future__ import annotations
+
+import json
 
 import onnx
 import pytest
 from conftest import random_model
 
-from sdqes_edge.contract import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX
+from sdqes_edge.contract import (
+    EMBEDDING_OUTPUT,
+    FP16,
+    FRAME_INPUT,
+    METADATA_KEY,
+    STATE_INPUT_PREFIX,
+    STATE_OUTPUT_PREFIX,
+)
 from sdqes_edge.export import graphs
+from sdqes_edge.export.complexity import runtime_casts
 from sdqes_edge.runtime.kernels import count_kernels
 
 MAX_KERNELS_PER_ADAPTER = 10  # issue 13's target for the QRNN and ST adapters
@@ -43,3 +54,46 @@ def test_no_state_tensor_is_reshaped_on_its_way_in_or_out(kind, tmp_path):
     writing = [n.op_type for n in nodes for o in n.output if o.startswith(STATE_OUTPUT_PREFIX)]
     assert reading and not views & set(reading), reading
     assert writing and not views & set(writing), writing
+
+
+@pytest.mark.parametrize("kind", ["qrnn", "st", "retnet"])
+def test_the_fp16_graph_casts_only_the_frame_in_and_the_embedding_out(kind, tmp_path):
+    # Every LayerNorm and softmax is one fp16 node (fp32 statistics inside), and the state stays fp16 across
+    # the boundary: on a GPU each Cast was a kernel, two per block for each LayerNorm and softmax and two per
+    # state tensor.
+    model = random_model(kind, per_block=2)
+    graphs.export_step_graph(model, tmp_path / "fp16.onnx", precision=FP16)
+    graph = onnx.load(str(tmp_path / "fp16.onnx")).graph
+    casts = runtime_casts(graph)
+    assert sorted((c.input[0], c.output[0]) for c in casts if c.input[0] == FRAME_INPUT or c.output[0] ==
+                  EMBEDDING_OUTPUT) == sorted((c.input[0], c.output[0]) for c in casts)
+    assert len(casts) == 2
+    layer_norms = [n for n in graph.node if n.op_type == "LayerNormalization"]
+    assert layer_norms and all(
+        next((a.i for a in n.attribute if a.name == "stash_type"), 1) == onnx.TensorProto.FLOAT for n in layer_norms)
+
+
+def test_the_fp16_graph_takes_and_gives_its_state_in_fp16_and_says_so(tmp_path):
+    model = random_model("qrnn")
+    graphs.export_step_graph(model, tmp_path / "fp16.onnx", precision=FP16)
+    graph = onnx.load(str(tmp_path / "fp16.onnx"))
+    types = {v.name: v.type.tensor_type.elem_type for v in list(graph.graph.input) + list(graph.graph.output)}
+    state = {n: t for n, t in types.items() if n.startswith((STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX))}
+    assert state and set(state.values()) == {onnx.TensorProto.FLOAT16}
+    assert types[FRAME_INPUT] == types[EMBEDDING_OUTPUT] == onnx.TensorProto.FLOAT
+    description = json.loads(next(p.value for p in graph.metadata_props if p.key == METADATA_KEY))
+    assert {t["dtype"] for t in description["state"]} == {"float16"}
+
+
+def test_inspect_prints_the_casts_an_fp16_step_runs(tmp_path):
+    from test_export import run_cli
+
+    done = run_cli("export", "--preset", "tiny", "--adapter", "qrnn", "--precision", "fp16", "--drift-frames", "16",
+                   "--out", str(tmp_path / "b"), "--quiet")
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["graphs"]["step"]["fp16"]["state_dtype"] == "float16"
+    assert manifest["graphs"]["step"]["fp32"]["state_dtype"] == "float32"
+    inspected = run_cli("inspect", str(tmp_path / "b"), "--precision", "fp16")
+    assert inspected.returncode == 0, inspected.stderr
+    assert "2 Cast(s) a step runs (ONNX Runtime's CPU adds its own" in inspected.stdout

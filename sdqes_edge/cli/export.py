@@ -163,13 +163,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _print_kernels(bundle, precision: str) -> None:
-    """Kernels one step executes (ONNX Runtime's profiler, CPU), and per adapter where the manifest says."""
-    from sdqes_edge.runtime.kernels import count_kernels
+    """Kernels one step executes (ONNX Runtime's profiler, CPU), the graph's own node and Cast counts, and per
+    adapter where the manifest says."""
+    from sdqes_edge.export.complexity import graph_kernels
 
-    live = count_kernels(bundle.step_graph(precision))
-    top = ", ".join(f"{op} {n}" for op, n in sorted(live.by_op.items(), key=lambda kv: -kv[1])[:6])
-    print(f"kernels    {live.per_step} per step on ONNX Runtime CPU ({live.views} of them views), {precision} graph: "
-          f"{top}, ...")
+    live = graph_kernels(bundle.step_graph(precision))
+    top = ", ".join(f"{op} {n}" for op, n in list(live["by_op"].items())[:6])
+    print(f"kernels    {live['per_step']} per step on ONNX Runtime CPU ({live['views']} of them views), {precision} "
+          f"graph: {top}, ...")
+    cpu_casts = " (ONNX Runtime's CPU adds its own around ops it has no fp16 kernel for)" if precision == FP16 else ""
+    print(f"           the graph: {live['onnx_nodes']} ONNX nodes, {live['graph_casts']} Cast(s) a step runs"
+          f"{cpu_casts}")
     recorded = bundle.manifest.get("complexity", {}).get("kernels")
     if recorded and recorded.get("per_adapter"):
         per = recorded["per_adapter"]

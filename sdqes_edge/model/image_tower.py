@@ -139,13 +139,14 @@ class ImageTower(nn.Module):
     forward = forward_clip
 
     # --- step form ----------------------------------------------------------
-    def state_spec(self, batch: int = 1) -> StateSpec:
+    def state_spec(self, batch: int = 1, dtype: str = "float32") -> StateSpec:
+        """The state of ``batch`` streams, held in ``dtype`` (a graph's is ``contract.STATE_DTYPES[precision]``)."""
         tokens = self.cfg.vision.num_tokens
         entries = []
         for i, block in enumerate(self.transformer.resblocks):
             for slot, adapter in block.adapters():
                 for name, shape in adapter.state_shapes(tokens):
-                    entries.append(StateTensorSpec(f"block{i:02d}.{slot}.{name}", (batch,) + tuple(shape)))
+                    entries.append(StateTensorSpec(f"block{i:02d}.{slot}.{name}", (batch,) + tuple(shape), dtype))
         return StateSpec(tuple(entries))
 
     def init_state(self, batch: int = 1) -> list[torch.Tensor]:

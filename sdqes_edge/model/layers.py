@@ -20,9 +20,18 @@ def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class LayerNorm(nn.LayerNorm):
-    """CLIP's LayerNorm: computed in fp32 whatever the input dtype."""
+    """CLIP's LayerNorm: its statistics computed in fp32 whatever the input dtype.
+
+    With fp32 weights and fp16 input (CLIP's mixed precision) the input is cast up and the output back. With
+    weights in the input's dtype (an fp16 copy of the model) it is one LayerNormalization in that dtype, whose
+    mean and variance are still fp32: torch's kernels accumulate half in float, and ONNX's LayerNormalization
+    computes in its ``stash_type``, float32 by default (ONNX Runtime's CPU and CUDA kernels, TensorRT). The same
+    values, without the two Cast kernels around every LayerNorm of an fp16 step graph.
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return super().forward(x)
         return cast(super().forward(cast(x, torch.float32)), x.dtype)
 
 
@@ -67,8 +76,10 @@ class Attention(nn.Module):
         scores = (q * head_dim**-0.5) @ k.transpose(-2, -1)  # [N, H, L, L]
         if mask is not None:
             scores = scores + mask
-        # Softmax in fp32 whatever the compute dtype: fp16 exp overflows on large scores (a no-op in fp32).
-        out = cast(cast(scores, torch.float32).softmax(dim=-1), v.dtype) @ v  # [N, H, L, hd]
+        # Softmax in the compute dtype: every kernel (torch's; ONNX Runtime's CPU and CUDA; TensorRT's) subtracts
+        # the row's maximum before exp, so no exp exceeds 1, and sums half in float. A scores tensor that overflowed
+        # fp16 did so in the product above, before any cast to fp32 could help; the casts were two kernels a block.
+        out = scores.softmax(dim=-1) @ v  # [N, H, L, hd]
         return self.out_proj(out.transpose(1, 2).reshape(-1, width))
 
 

@@ -51,8 +51,8 @@ class SDQESModel(nn.Module):
     def init_state(self, batch: int = 1):
         return self.visual.init_state(batch)
 
-    def state_spec(self, batch: int = 1):
-        return self.visual.state_spec(batch)
+    def state_spec(self, batch: int = 1, dtype: str = "float32"):
+        return self.visual.state_spec(batch, dtype)
 
     def encode_text(self, queries: Sequence[str] | torch.Tensor, on_overflow: str = "error") -> torch.Tensor:
         """Query strings (or token ids [Q, 77]) -> L2-normalized embeddings [Q, E]."""
