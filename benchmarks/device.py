@@ -146,11 +146,17 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
         f"{kind}: ort_fp32 / ort_fp16": p50(f"{kind}/ort_fp32") / p50(f"{kind}/ort_fp16"),
     }
     kernels = {}
+    import onnx
+
+    from sdqes_edge.export.complexity import runtime_casts
     from sdqes_edge.runtime.kernels import count_kernels
 
     for name in models:
         counted = count_kernels(work / f"{device}-{name}-b1.fp32.onnx")
-        kernels[name] = {"per_step": counted.per_step, "views": counted.views}
+        # The CPU profile of an fp16 graph has ONNX Runtime's own Casts; a GPU runs the graph's.
+        fp16_graph = onnx.load(str(work / f"{device}-{name}-b1.{FP16}.onnx"), load_external_data=False).graph
+        kernels[name] = {"per_step": counted.per_step, "views": counted.views,
+                         "fp16_graph_casts": len(runtime_casts(fp16_graph))}
     return {"device": device, "latency": timings, "ratios": ratios, "kernels_cpu_profile": kernels,
             "batches": _batches(cfg, models, frame_of, work, log), "scaling": _scaling(cfg, models[kind], work, log)}
 
@@ -201,6 +207,8 @@ def markdown(section: dict) -> list[str]:
     lines += ["- kernels per step (ONNX Runtime CPU profile, fp32): "
               + ", ".join(f"{k} {v['per_step']} ({v['views']} views)"
                           for k, v in section["kernels_cpu_profile"].items())]
+    lines += ["- Casts the fp16 step graph runs: "
+              + ", ".join(f"{k} {v['fp16_graph_casts']}" for k, v in section["kernels_cpu_profile"].items())]
     lines += ["", "| model / precision / streams | step ms | frames/s |", "|---|---|---|"]
     lines += [f"| {k} | {v['step_ms']:.2f} | {v['frames_per_s']:.0f} |" for k, v in section["batches"]["rows"].items()]
     lines += [""] + [f"- {k}: **{v:.2f}x**" for k, v in section["batches"]["ratios"].items()]

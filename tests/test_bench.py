@@ -54,6 +54,7 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
                                               for b in (1, 2)}
     assert section["scaling"]["frames"] == 20 and section["end_to_end"]["ort_device"] == "cpu"
     assert section["kernels_cpu_profile"]["qrnn"]["per_step"] > section["kernels_cpu_profile"]["none"]["per_step"]
+    assert {v["fp16_graph_casts"] for v in section["kernels_cpu_profile"].values()} == {2}  # frame in, embedding out
     assert "## On the device: cpu" in "\n".join(markdown(section))
 
 
