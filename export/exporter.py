@@ -7,6 +7,7 @@ export never touches an existing bundle.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -22,6 +23,7 @@ from sdqes_edge.config import ModelConfig
 from sdqes_edge.contract import (
     BUNDLE_FORMAT,
     BUNDLE_FORMAT_VERSION,
+    ENGINES_FOLDER,
     FP16,
     INT8,
     MANIFEST_NAME,
@@ -32,6 +34,7 @@ from sdqes_edge.contract import (
     TEXT_GRAPH_NAME,
     TOKEN_INPUT,
     TOKENIZER_FOLDER,
+    engine_name,
     step_graph_name,
 )
 from sdqes_edge.errors import UserError
@@ -139,6 +142,54 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     return result
 
 
+def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOptions | None = None, *,
+                    log: Callable[[str], None] = print) -> VariantReport:
+    """Make a bundle's int8 step graph again from its own fp32 graph, with this version's quantizer and the
+    export's drift check, into ``out`` (which may be the bundle itself); every other file is kept as it is.
+
+    For a bundle whose int8 graph an earlier version made (8-bit weights, which saturate on CPUs without VNNI)
+    when its checkpoint is not at hand. ``options`` gives the int8 and drift settings; the batch, the fused
+    queries and the threshold are the bundle's. Nothing is written unless the new graph passes.
+    """
+    from sdqes_edge.runtime.bundle import load_bundle
+
+    bundle = load_bundle(bundle_dir)  # its hashes checked: the fp32 graph quantized is the one it shipped
+    manifest = bundle.manifest
+    cfg = ModelConfig.from_dict(manifest["model"])
+    pre_encoded = bundle.queries()
+    queries = tuple(Query(q["text"], q.get("response", "")) for q in pre_encoded[0]) if pre_encoded else ()
+    options = check_options(dataclasses.replace(
+        options or ExportOptions(), precisions=(REFERENCE_PRECISION, INT8), batch=int(manifest["batch"]),
+        threshold=float(manifest["thresholds"]["default"]), queries=queries,
+        fuse_queries=manifest.get("query_count") is not None), lambda m: log(f"warning: {m}"))
+    out = Path(out)
+    staging = staging_directory(out)
+    try:
+        shutil.copytree(bundle.root, staging, dirs_exist_ok=True)
+        previous = manifest["graphs"]["step"].pop(INT8, None)
+        if previous is not None:
+            (staging / previous["file"]).unlink()
+        for stale in (staging / ENGINES_FOLDER).glob(f"*/{Path(engine_name(INT8)).stem}.*"):
+            log(f"removing {stale.relative_to(staging)}: built from the int8 graph being replaced")
+            stale.unlink()
+        step = staging / manifest["graphs"]["step"][REFERENCE_PRECISION]["file"]
+        text = staging / manifest["graphs"]["text"]["file"]
+        traced = _Traced(step, graphs.read_metadata(step), text, graphs.read_metadata(text))
+        texts = [q.text for q in queries] or [t for t, _ in EXAMPLE_QUERIES]
+        _, query_embeddings = _encode_queries(text, texts, truncate=True)
+        fused = query_embeddings if options.fuse_queries else None
+        [report] = _add_variants(None, cfg, [INT8], manifest["graphs"]["step"], staging, traced, options,
+                                 traced.description.get("checkpoint_sha256"), OnnxRuntimeStep(step), fused,
+                                 query_embeddings, log)
+        manifest["files"] = _file_list(staging)
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        replace_directory(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return report
+
+
 @dataclass
 class _Traced:
     """The fp32 step graph and the text graph in the staging folder, with their descriptions."""
@@ -161,30 +212,42 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
                                           "outputs": traced.description["outputs"],
                                           "state_dtype": STATE_DTYPES[REFERENCE_PRECISION],
                                           "verification": verification.to_dict()}}
-    variants: list[VariantReport] = []
     reduced = [p for p in options.precisions if p != REFERENCE_PRECISION]
-    if reduced:
-        # Drift is measured on the deployment's own frames when the user gives them: a reduced precision is
-        # judged on the stream it will see (a recurrent state can leave its calibrated range on other footage).
-        drift_frames = _frames(cfg, options.drift_frames, options.batch, options.calibration_video)
-        reference = run_stream(fp32, drift_frames, "fp32 stream", options.show_progress, fused)
-        for precision in reduced:
-            path, quantization, report = _checked_variant(model, precision, staging, traced, options, sha, fused,
-                                                          drift_frames, reference, query_embeddings, log)
-            variants.append(report)
-            drift_source = "built-in sample" if options.calibration_video is None else options.calibration_video.name
-            step_entries[precision] = {"file": path.name, "inputs": traced.description["inputs"],
-                                       "outputs": traced.description["outputs"],
-                                       "state_dtype": STATE_DTYPES[precision],
-                                       "verification": dict(report.to_dict(), frames_from=drift_source)}
-            if quantization is not None:
-                step_entries[precision]["quantization"] = quantization.to_dict()
+    variants = _add_variants(model, cfg, reduced, step_entries, staging, traced, options, sha, fp32, fused,
+                             query_embeddings, log)
     _write_tokenizer(staging)
     queries_entry = _write_queries(staging, options.queries, query_embeddings)
     complexity = _complexity(model, traced, options, log)
     manifest = _manifest(cfg, options, traced, step_entries, queries_entry, checkpoint, complexity, staging)
     (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return ExportResult(out, manifest, verification, variants)
+
+
+def _add_variants(model: SDQESModel | None, cfg: ModelConfig, precisions: list[str], step_entries: dict,
+                  staging: Path, traced: _Traced, options: ExportOptions, sha: str | None, fp32: OnnxRuntimeStep,
+                  fused: np.ndarray | None, query_embeddings: np.ndarray,
+                  log: Callable[[str], None]) -> list[VariantReport]:
+    """Make each reduced-precision graph in ``staging``, check its drift against the fp32 graph and add its
+    manifest entry to ``step_entries``; the drift reports. ``model`` is needed only to trace fp16."""
+    if not precisions:
+        return []
+    # Drift is measured on the deployment's own frames when the user gives them: a reduced precision is
+    # judged on the stream it will see (a recurrent state can leave its calibrated range on other footage).
+    drift_frames = _frames(cfg, options.drift_frames, options.batch, options.calibration_video)
+    reference = run_stream(fp32, drift_frames, "fp32 stream", options.show_progress, fused)
+    drift_source = "built-in sample" if options.calibration_video is None else options.calibration_video.name
+    reports = []
+    for precision in precisions:
+        path, quantization, report = _checked_variant(model, cfg, precision, staging, traced, options, sha, fused,
+                                                      drift_frames, reference, query_embeddings, log)
+        reports.append(report)
+        step_entries[precision] = {"file": path.name, "inputs": traced.description["inputs"],
+                                   "outputs": traced.description["outputs"],
+                                   "state_dtype": STATE_DTYPES[precision],
+                                   "verification": dict(report.to_dict(), frames_from=drift_source)}
+        if quantization is not None:
+            step_entries[precision]["quantization"] = quantization.to_dict()
+    return reports
 
 
 def _trace(model: SDQESModel, staging: Path, options: ExportOptions, sha: str | None,
@@ -225,24 +288,24 @@ def _verify_fp32(model: SDQESModel, step_path: Path, token_ids: np.ndarray, quer
     return fp32, verification
 
 
-def _float_block_tries(model: SDQESModel, precision: str, options: ExportOptions) -> list[int]:
+def _float_block_tries(cfg: ModelConfig, precision: str, options: ExportOptions) -> list[int]:
     """How many leading tower blocks to keep float, in the order to try them: one count when given (or when
     nothing is quantized by blocks), else from 0 up to MAX_AUTO_FLOAT_BLOCKS (below the tower's depth)."""
     if precision != INT8 or options.int8_policy != BACKBONE_POLICY:
         return [0]
     if options.int8_float_blocks != AUTO_FLOAT_BLOCKS:
         return [int(options.int8_float_blocks)]
-    return list(range(min(MAX_AUTO_FLOAT_BLOCKS, model.cfg.vision.layers - 1) + 1))
+    return list(range(min(MAX_AUTO_FLOAT_BLOCKS, cfg.vision.layers - 1) + 1))
 
 
-def _checked_variant(model: SDQESModel, precision: str, staging: Path, traced: _Traced, options: ExportOptions,
-                     sha: str | None, fused: np.ndarray | None, drift_frames: np.ndarray, reference,
-                     query_embeddings: np.ndarray, log: Callable[[str], None]):
+def _checked_variant(model: SDQESModel | None, cfg: ModelConfig, precision: str, staging: Path, traced: _Traced,
+                     options: ExportOptions, sha: str | None, fused: np.ndarray | None, drift_frames: np.ndarray,
+                     reference, query_embeddings: np.ndarray, log: Callable[[str], None]):
     """(path, quantization or None, drift report) of the first variant that passes the drift check: under
     --int8-float-blocks auto, each failed int8 graph is made again with one more leading block float."""
-    tries = _float_block_tries(model, precision, options)
+    tries = _float_block_tries(cfg, precision, options)
     # Read and preprocessed once, whatever the number of tries.
-    calibration = (_frames(model.cfg, options.calibration_frames, options.batch, options.calibration_video)
+    calibration = (_frames(cfg, options.calibration_frames, options.batch, options.calibration_video)
                    if precision == INT8 else None)
     for float_blocks in tries:
         path, quantization = _make_variant(model, precision, staging, traced, options, sha, fused, log,
@@ -260,7 +323,7 @@ def _checked_variant(model: SDQESModel, precision: str, staging: Path, traced: _
                             f"{report.summary()}; nothing was written (export without --precision {precision})")
 
 
-def _make_variant(model: SDQESModel, precision: str, staging: Path, traced: _Traced, options: ExportOptions,
+def _make_variant(model: SDQESModel | None, precision: str, staging: Path, traced: _Traced, options: ExportOptions,
                   sha: str | None, fused: np.ndarray | None, log: Callable[[str], None],
                   calibration: np.ndarray | None = None, float_blocks: int = 0):
     """(path, quantization or None): the fp16 graph traced again at fp16, or the int8 graph quantized from fp32
@@ -325,9 +388,6 @@ def _complexity(model: SDQESModel, traced: _Traced, options: ExportOptions, log:
 def _manifest(cfg: ModelConfig, options: ExportOptions, traced: _Traced, step_entries: dict,
               queries_entry: dict | None, checkpoint: dict | None, complexity: dict, staging: Path) -> dict:
     """The manifest (``bundle_manifest.schema.json``), with the sha256 of every file already in ``staging``."""
-    files = {}
-    for path in sorted(p for p in staging.rglob("*") if p.is_file()):
-        files[path.relative_to(staging).as_posix()] = {"sha256": file_sha256(path), "bytes": path.stat().st_size}
     description = traced.description
     return {
         "format": BUNDLE_FORMAT,
@@ -353,5 +413,12 @@ def _manifest(cfg: ModelConfig, options: ExportOptions, traced: _Traced, step_en
         "complexity": complexity,
         "tool_versions": description["tool_versions"],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "files": files,
+        "files": _file_list(staging),
     }
+
+
+def _file_list(staging: Path) -> dict[str, dict]:
+    """The manifest's ``files``: the sha256 and size of every file in ``staging`` but the manifest."""
+    return {path.relative_to(staging).as_posix(): {"sha256": file_sha256(path), "bytes": path.stat().st_size}
+            for path in sorted(p for p in staging.rglob("*") if p.is_file())
+            if path.relative_to(staging).as_posix() != MANIFEST_NAME}

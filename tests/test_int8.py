@@ -267,3 +267,38 @@ def test_auto_float_blocks_quantizes_again_with_one_more_block_float_until_the_d
     with pytest.raises(VerificationError):
         export_bundle(model, tmp_path / "b", dataclasses.replace(options, int8_float_blocks=1), log=messages.append)
     assert len([m for m in messages if "weight products int8" in m]) == 1
+
+
+def test_requantizing_remakes_only_the_int8_graph_of_a_bundle_and_keeps_the_original_until_it_passes(tmp_path):
+    from sdqes_edge.export.exporter import requantize_int8
+    from sdqes_edge.runtime.bundle import load_bundle
+
+    model = random_model("qrnn")
+    original = tmp_path / "original"
+    export_bundle(model, original, ExportOptions(precisions=("int8",), drift_frames=64, calibration_frames=16,
+                                                 show_progress=False), log=lambda m: None)
+    # Stand in for a graph an earlier version made: the manifest says 8-bit weights.
+    manifest = json.loads((original / "manifest.json").read_text())
+    manifest["graphs"]["step"]["int8"]["quantization"]["weight_bits"] = 8
+    (original / "manifest.json").write_text(json.dumps(manifest))
+    before = {p.name: p.read_bytes() for p in original.iterdir() if p.is_file()}
+
+    options = ExportOptions(drift_frames=64, calibration_frames=16, show_progress=False)
+    report = requantize_int8(original, tmp_path / "new", options, log=lambda m: None)
+    assert report.passed and report.frames == 64
+    bundle = load_bundle(tmp_path / "new")  # every file matches the manifest's sha256
+    entry = bundle.manifest["graphs"]["step"]["int8"]
+    assert entry["quantization"]["weight_bits"] == 7 and entry["verification"]["min_cosine"] == report.min_cosine
+    assert (tmp_path / "new" / "step.fp32.onnx").read_bytes() == before["step.fp32.onnx"]
+    assert {p.name: p.read_bytes() for p in original.iterdir() if p.is_file()} == before  # --out elsewhere
+
+    # A graph that cannot pass (a bar nothing meets) leaves the bundle it would have replaced as it was.
+    import sdqes_edge.export.verify as verify
+
+    strict = {**verify.VARIANT_TOLERANCES, "int8": {"min_cosine": 1.0 + 1e-9, "max_abs_embedding": 0.0}}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(verify, "VARIANT_TOLERANCES", strict)
+        with pytest.raises(UserError, match="drifts beyond its tolerance"):
+            requantize_int8(original, original, options, log=lambda m: None)
+    assert {p.name: p.read_bytes() for p in original.iterdir() if p.is_file()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left behind
