@@ -11,7 +11,7 @@ its export options without importing torch.
 from importlib import import_module
 
 _LAZY = {"ExportOptions": "exporter", "ExportResult": "exporter", "Query": "exporter", "export_bundle": "exporter",
-         "requantize_int8": "exporter", "build_engine": "tensorrt_engine"}
+         "requantize_int8": "requantize", "build_engine": "tensorrt_engine"}
 
 __all__ = list(_LAZY)
 

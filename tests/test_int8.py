@@ -270,7 +270,7 @@ def test_auto_float_blocks_quantizes_again_with_one_more_block_float_until_the_d
 
 
 def test_requantizing_remakes_only_the_int8_graph_of_a_bundle_and_keeps_the_original_until_it_passes(tmp_path):
-    from sdqes_edge.export.exporter import requantize_int8
+    from sdqes_edge.export.requantize import requantize_int8
     from sdqes_edge.runtime.bundle import load_bundle
 
     model = random_model("qrnn")
