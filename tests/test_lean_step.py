@@ -97,3 +97,25 @@ def test_inspect_prints_the_casts_an_fp16_step_runs(tmp_path):
     inspected = run_cli("inspect", str(tmp_path / "b"), "--precision", "fp16")
     assert inspected.returncode == 0, inspected.stderr
     assert "2 Cast(s) a step runs (ONNX Runtime's CPU adds its own" in inspected.stdout
+
+
+def test_a_one_stream_steps_attention_runs_no_transpose(tmp_path):
+    # The patch embedding's flatten is the one Transpose left: every matrix transpose of the attention is
+    # folded into its neighbouring products (10 kernels an attention became 6).
+    _, path = exported("none", tmp_path / "none.onnx")
+    assert count_kernels(path).by_op.get("Transpose", 0) <= 1
+
+
+def test_the_one_sequence_attention_computes_what_the_general_one_does():
+    import torch
+
+    from sdqes_edge.model.layers import Attention
+
+    torch.manual_seed(0)
+    attention, tokens = Attention(64, 4).eval(), 17
+    with torch.no_grad():
+        torch.nn.init.normal_(attention.in_proj_bias)
+        sequences = torch.randn(2 * tokens, 64)
+        together = attention.rows(sequences, tokens)  # two sequences: the general form
+        alone = torch.cat([attention.rows(sequences[:tokens], tokens), attention.rows(sequences[tokens:], tokens)])
+    torch.testing.assert_close(alone, together, atol=1e-6, rtol=1e-5)
