@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -48,7 +49,7 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
     out = Path(out)
     staging = staging_directory(out)
     try:
-        shutil.copytree(bundle.root, staging, dirs_exist_ok=True)
+        _copy_regular_files(bundle.root, staging, log)
         previous = manifest["graphs"]["step"].pop(INT8, None)
         if previous is not None:
             (staging / previous["file"]).unlink()
@@ -71,3 +72,18 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return report
+
+
+def _copy_regular_files(root: Path, staging: Path, log: Callable[[str], None]) -> None:
+    """Copy the bundle's files into ``staging``, never through a symbolic link: a bundle is someone else's data,
+    and a link in it could lead anywhere."""
+    for folder, subfolders, files in os.walk(root):  # does not descend into linked folders
+        here = Path(folder)
+        target = staging / here.relative_to(root)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in files + [d for d in subfolders if (here / d).is_symlink()]:
+            source = here / name
+            if source.is_symlink():
+                log(f"not copied: {source.relative_to(root)} is a symbolic link")
+            else:
+                shutil.copy2(source, target / name)

@@ -281,7 +281,9 @@ def test_requantizing_remakes_only_the_int8_graph_of_a_bundle_and_keeps_the_orig
     manifest = json.loads((original / "manifest.json").read_text())
     manifest["graphs"]["step"]["int8"]["quantization"]["weight_bits"] = 8
     (original / "manifest.json").write_text(json.dumps(manifest))
-    before = {p.name: p.read_bytes() for p in original.iterdir() if p.is_file()}
+    (tmp_path / "secret.txt").write_text("not the bundle's")
+    (original / "leak.txt").symlink_to(tmp_path / "secret.txt")  # a link out of the bundle is never followed
+    before = {p.name: p.read_bytes() for p in original.iterdir() if p.is_file() and not p.is_symlink()}
 
     options = ExportOptions(drift_frames=64, calibration_frames=16, show_progress=False)
     report = requantize_int8(original, tmp_path / "new", options, log=lambda m: None)
@@ -290,7 +292,8 @@ def test_requantizing_remakes_only_the_int8_graph_of_a_bundle_and_keeps_the_orig
     entry = bundle.manifest["graphs"]["step"]["int8"]
     assert entry["quantization"]["weight_bits"] == 7 and entry["verification"]["min_cosine"] == report.min_cosine
     assert (tmp_path / "new" / "step.fp32.onnx").read_bytes() == before["step.fp32.onnx"]
-    assert {p.name: p.read_bytes() for p in original.iterdir() if p.is_file()} == before  # --out elsewhere
+    assert not (tmp_path / "new" / "leak.txt").exists() and "leak.txt" not in bundle.manifest["files"]
+    assert {p.name: p.read_bytes() for p in original.iterdir() if p.is_file() and not p.is_symlink()} == before
 
     # A graph that cannot pass (a bar nothing meets) leaves the bundle it would have replaced as it was.
     import sdqes_edge.export.verify as verify
@@ -300,5 +303,5 @@ def test_requantizing_remakes_only_the_int8_graph_of_a_bundle_and_keeps_the_orig
         patch.setattr(verify, "VARIANT_TOLERANCES", strict)
         with pytest.raises(UserError, match="drifts beyond its tolerance"):
             requantize_int8(original, original, options, log=lambda m: None)
-    assert {p.name: p.read_bytes() for p in original.iterdir() if p.is_file()} == before
+    assert {p.name: p.read_bytes() for p in original.iterdir() if p.is_file() and not p.is_symlink()} == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left behind
