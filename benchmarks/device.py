@@ -146,17 +146,14 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
         f"{kind}: ort_fp32 / ort_fp16": p50(f"{kind}/ort_fp32") / p50(f"{kind}/ort_fp16"),
     }
     kernels = {}
-    import onnx
-
-    from sdqes_edge.export.complexity import runtime_casts
+    from sdqes_edge.export.complexity import graph_casts
     from sdqes_edge.runtime.kernels import count_kernels
 
     for name in models:
         counted = count_kernels(work / f"{device}-{name}-b1.fp32.onnx")
         # The CPU profile of an fp16 graph has ONNX Runtime's own Casts; a GPU runs the graph's.
-        fp16_graph = onnx.load(str(work / f"{device}-{name}-b1.{FP16}.onnx"), load_external_data=False).graph
         kernels[name] = {"per_step": counted.per_step, "views": counted.views,
-                         "fp16_graph_casts": len(runtime_casts(fp16_graph))}
+                         "fp16_graph_casts": graph_casts(work / f"{device}-{name}-b1.{FP16}.onnx")}
     return {"device": device, "latency": timings, "ratios": ratios, "kernels_cpu_profile": kernels,
             "batches": _batches(cfg, models, frame_of, work, log), "scaling": _scaling(cfg, models[kind], work, log)}
 

@@ -139,6 +139,13 @@ def runtime_casts(graph) -> list:
     return [n for n in graph.node if n.op_type == "Cast" and n.output[0] not in constant]
 
 
+def graph_casts(path: str | Path) -> int:
+    """How many Casts a step of the graph at ``path`` runs (``runtime_casts``)."""
+    import onnx
+
+    return len(runtime_casts(onnx.load(str(path), load_external_data=False).graph))
+
+
 def graph_kernels(path: str | Path) -> dict:
     """ONNX nodes and the Casts among them a step runs, and kernels ONNX Runtime (CPU) executes per step, by
     operator."""
@@ -146,8 +153,8 @@ def graph_kernels(path: str | Path) -> dict:
 
     from sdqes_edge.runtime.kernels import count_kernels
 
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return {"onnx_nodes": len(graph.node), "graph_casts": len(runtime_casts(graph)), **count_kernels(path).to_dict()}
+    nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
+    return {"onnx_nodes": nodes, "graph_casts": graph_casts(path), **count_kernels(path).to_dict()}
 
 
 def kernel_summary(step: dict, image_tower: dict, adapters: int) -> dict:

@@ -167,7 +167,7 @@ def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: i
         raise ValueError(f"traced precisions are {sorted(PRECISION_DTYPES)}; int8 is made by quantizing fp32")
     cfg = model.cfg
     traced = compute_copy(model, precision) if precision != FP32 else model.eval()
-    spec = model.state_spec(batch)
+    spec = model.state_spec(batch, STATE_DTYPES[precision])
     inputs, outputs = step_io_names(spec.names, query_count is not None)
     r = cfg.vision.image_size
     args: list[torch.Tensor] = [torch.zeros(batch, 3, r, r)] + [s.reshape(t.graph_shape)
