@@ -28,6 +28,7 @@ class BenchConfig:
     threads: int | None = None
     out: str = "bench-results"
     device: str | None = None  # "cuda": add the rows measured on the GPU (benchmarks/device.py)
+    device_only: bool = False  # measure only the device's rows (the CPU sections take minutes at clip-vit-b16)
     device_batches: tuple[int, ...] = (1, 8, 32)
     device_scaling_frames: int = 3000
 

@@ -13,15 +13,27 @@ from sdqes_edge.files import format_bytes
 
 
 def markdown(results: dict) -> str:
+    lines = [f"# sdqes-edge bench: {results['config']['preset']}", "",
+             f"{results['machine']['cpu']}, {results['machine']['cores']} cores; torch "
+             f"{results['machine']['torch']}, onnxruntime {results['machine']['onnxruntime']}. "
+             f"{results['config']['repetitions']} interleaved repetitions per candidate, warm-up discarded, batch 1."]
+    if "table" in results:  # absent from a --device-only run
+        lines += _cpu_sections(results)
+    if "device" in results:
+        section = results["device"]
+        lines += device_markdown(section)
+        e2e = section["end_to_end"]
+        lines += [f"- runtime loop on {e2e['ort_device']}: {e2e['loop_ms_per_frame']:.2f} ms/frame; bare step "
+                  f"{e2e['bare_step_ms_per_frame']:.2f} ms/frame; loop / step **{1 + e2e['overhead']:.2f}x**"]
+    return "\n".join(lines) + "\n"
+
+
+def _cpu_sections(results: dict) -> list[str]:
     table = results["table"]
     backends = [b for b in (*BACKENDS, "trt_fp16") if any(b in r.get("latency", {}) for r in table["rows"].values())]
     head = ["model", "form", "params", "adapter params", "GMACs/frame", "GFLOPs/frame", "state/stream", "kernels/step"]
     head += [f"{BACKEND_TITLES[b]} p50/p90/p99 ms" for b in backends] + ["fps (ORT fp32)"]
-    lines = [f"# sdqes-edge bench: {results['config']['preset']}", "",
-             f"{results['machine']['cpu']}, {results['machine']['cores']} cores; torch "
-             f"{results['machine']['torch']}, onnxruntime {results['machine']['onnxruntime']}. "
-             f"{results['config']['repetitions']} interleaved repetitions per candidate, warm-up discarded, batch 1.",
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, row in table["rows"].items():
         cells = [name, row["form"], f"{row['parameters'] / 1e6:.2f}M", f"{row['adapter_parameters'] / 1e6:.2f}M",
                  f"{row['macs'] / 1e9:.3g}", f"{row['flops'] / 1e9:.3g}", format_bytes(row["state_bytes"]),
@@ -64,13 +76,7 @@ def markdown(results: dict) -> str:
               "|---|---|---|---|---|"]
     lines += [f"| {p} | {r['interleaved']['p50_ms']:.1f} | {r['alone']['p50_ms']:.1f} | "
               f"**{r['speedup_interleaved']:.2f}x** | **{r['speedup_alone']:.2f}x** |" for p, r in pr["rows"].items()]
-    if "device" in results:
-        section = results["device"]
-        lines += device_markdown(section)
-        e2e = section["end_to_end"]
-        lines += [f"- runtime loop on {e2e['ort_device']}: {e2e['loop_ms_per_frame']:.2f} ms/frame; bare step "
-                  f"{e2e['bare_step_ms_per_frame']:.2f} ms/frame; loop / step **{1 + e2e['overhead']:.2f}x**"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plots(results: dict, out: Path) -> list[Path]:

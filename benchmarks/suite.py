@@ -352,10 +352,12 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, lis
         raise UserError(f"--repetitions must be at least 3 for percentiles, not {cfg.repetitions}")
     if cfg.scaling_probe * 2 > cfg.scaling_frames:
         raise UserError("the scaling stream must hold two probes: --scaling-frames >= 2 x probe")
+    if cfg.device_only and not cfg.device:
+        raise UserError("--device-only measures the rows of --device; give --device cuda too")
     if cfg.device:
         check_device(cfg.device)  # before minutes of CPU work
     can_plot = plotting_available()
-    if not can_plot:
+    if not can_plot and not cfg.device_only:  # a device-only run draws none
         log(f"note: no plots: {PLOTS_NEED}; bench.json and bench.md are written as usual")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -363,14 +365,16 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, lis
     results: dict = {"config": asdict(cfg), "machine": machine()}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        results["scaling"] = bench_scaling(cfg, log)  # first: its peak-memory reading needs a small process
-        results["table"] = bench_table(cfg, work, log)
-        results["batches"] = bench_batches(cfg, work, log)
-        results["precisions"] = bench_precisions(cfg, work, log)
-        results["end_to_end"] = bench_end_to_end(cfg, work, log)
+        if not cfg.device_only:
+            results["scaling"] = bench_scaling(cfg, log)  # first: its peak-memory reading needs a small process
+            results["table"] = bench_table(cfg, work, log)
+            results["batches"] = bench_batches(cfg, work, log)
+            results["precisions"] = bench_precisions(cfg, work, log)
+            results["end_to_end"] = bench_end_to_end(cfg, work, log)
         if cfg.device:
             results["device"] = run_device_section(cfg, work, log)
     results["seconds"] = time.perf_counter() - started
     (out / "bench.json").write_text(json.dumps(results, indent=2))
     (out / "bench.md").write_text(markdown(results))
-    return results, [out / "bench.json", out / "bench.md", *(plots(results, out) if can_plot else [])]
+    drawn = plots(results, out) if can_plot and not cfg.device_only else []  # the plots draw the CPU sections
+    return results, [out / "bench.json", out / "bench.md", *drawn]

@@ -36,16 +36,18 @@ def test_bench_quick_writes_every_section_with_the_machine_description(tmp_path)
 
 
 def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
-    """The rows `--device cuda` adds are device-generic code: here they run on the CPU (no CUDA graphs)."""
+    """The rows `--device cuda` adds are device-generic code: here they run on the CPU (no CUDA graphs), as a
+    `--device-only` run, which measures them and nothing else."""
     import dataclasses
 
     from sdqes_edge.benchmarks.config import QUICK, BenchConfig
-    from sdqes_edge.benchmarks.device import markdown
-    from sdqes_edge.benchmarks.suite import run_device_section
+    from sdqes_edge.benchmarks.suite import run
 
-    cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, device="cpu", device_batches=(1, 2),
-                              device_scaling_frames=20, scaling_probe=5, e2e_frames=4)
-    section = run_device_section(cfg, tmp_path, log=lambda m: None)
+    cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, device="cpu", device_only=True, int8=False,
+                              device_batches=(1, 2), device_scaling_frames=20, scaling_probe=5, e2e_frames=4,
+                              out=str(tmp_path))
+    results, files = run(cfg, log=lambda m: None)
+    section = results["device"]
     for name in ("none", "qrnn"):
         for backend in ("torch_fp32", "torch_fp16", "ort_fp32", "ort_fp16"):
             assert section["latency"][f"{name}/{backend}"]["p50_ms"] > 0
@@ -55,7 +57,17 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     assert section["scaling"]["frames"] == 20 and section["end_to_end"]["ort_device"] == "cpu"
     assert section["kernels_cpu_profile"]["qrnn"]["per_step"] > section["kernels_cpu_profile"]["none"]["per_step"]
     assert {v["fp16_graph_casts"] for v in section["kernels_cpu_profile"].values()} == {2}  # frame in, embedding out
-    assert "## On the device: cpu" in "\n".join(markdown(section))
+    # Only the device's rows: no CPU table, scaling or plots.
+    assert not {"table", "scaling", "batches", "precisions", "end_to_end"} & set(results)
+    assert files == [tmp_path / "bench.json", tmp_path / "bench.md"] and not list(tmp_path.glob("*.png"))
+    report = (tmp_path / "bench.md").read_text()
+    assert "## On the device: cpu" in report and "runtime loop on cpu" in report and "| window4 |" not in report
+
+
+def test_bench_device_only_without_a_device_is_refused_with_the_fix(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "bench", "--quick", "--device-only",
+                           "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2 and "add --device cuda" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_bench_device_cuda_is_refused_up_front_where_this_onnxruntime_has_no_cuda(tmp_path):

@@ -23,6 +23,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = dataclasses.replace(cfg, **changes)
     if args.no_int8:
         cfg = dataclasses.replace(cfg, int8=False)
+    if args.device_only:
+        if not args.device:
+            raise UserError("--device-only measures only the rows of --device; add --device cuda")
+        cfg = dataclasses.replace(cfg, device_only=True)
     if preset(cfg.preset).adapter.kind != "none":  # refuse before minutes of work
         raise UserError(f"--preset {cfg.preset} already has an adapter; give a base preset (tiny, clip-vit-b16)")
     print(f"benchmarking {cfg.preset} ({'quick' if args.quick else 'full'}: {cfg.repetitions} repetitions); "
@@ -43,7 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "latency p50/p90/p99 for PyTorch eager, ONNX Runtime fp32 and int8 (TensorRT fp16 where an NVIDIA GPU is), "
         "timed interleaved; ratios; scaling with stream length; several streams per step; the runtime loop against "
         "the bare step. Writes bench.json (with the machine), bench.md and PNG plots.",
-        examples=("--quick", "--preset clip-vit-b16 --repetitions 30 --out bench-b16", "--device cuda"))
+        examples=("--quick", "--preset clip-vit-b16 --repetitions 30 --out bench-b16", "--device cuda",
+                  "--device cuda --device-only --no-int8"))
     bench.add_argument("--quick", action="store_true", help="tiny preset, few repetitions (what CI runs)")
     bench.add_argument("--preset", help=f"base preset without adapter (default {BenchConfig.preset}; --quick: "
                                           f"{QUICK['preset']})")
@@ -58,4 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="also measure on this device, side by side: PyTorch eager fp32/fp16, the ONNX Runtime "
                             "step fp32/fp16 (state bound on the device, CUDA graphs), the sliding window with the "
                             "same treatment, 1/8/32 streams per step, a 3000-frame stream and the runtime loop")
+    bench.add_argument("--device-only", action="store_true",
+                       help="with --device: measure only the device's rows, not the CPU sections (which take "
+                            "minutes at clip-vit-b16)")
     bench.set_defaults(func=cmd_bench, output_dirs=("out",))

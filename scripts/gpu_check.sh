@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Runs ON the GPU machine of the workplace's `device` tool, in the repository copy a `run` call gets, with
+# what scripts/gpu_stage.sh staged here and the call carried. Steps, done in the order given:
+#   stage    keep the onnxruntime-gpu parts carried this call (in /root/stage, which outlives the call
+#            while the machine stays warm)
+#   site     install the carried project wheel and pure dependencies into /tmp/site (afresh)
+#   install  re-join the parts, check the wheel's sha256, install it into /tmp/ortgpu, and check that
+#            ONNX Runtime offers the CUDA execution provider
+#   tests    nvidia-smi, then the GPU tests (TESTS, default the device-step and lean-step tests)
+#   bench    sdqes-edge bench --device cuda (BENCH_ARGS, default --device-only --no-int8), in $OUT/bench
+# Logs go to $OUT (what a `run` call brings back). Example: scripts/gpu_check.sh stage site install tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STAGE=/root/stage
+SITE=/tmp/site
+ORT_SITE=/tmp/ortgpu
+OUT=${OUT:-/tmp/gpu-out}
+TESTS=${TESTS:-"tests/test_device_step.py tests/test_lean_step.py"}
+BENCH_ARGS=${BENCH_ARGS:-"--device-only --no-int8"}
+mkdir -p "$STAGE" "$OUT"
+# The GPU build first, so it shadows the CPU onnxruntime the machine has; then the project.
+export PYTHONPATH="$ORT_SITE:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+# No working directory on sys.path (python -P, inherited by the tests' subprocesses), so `sdqes_edge` is
+# the installed wheel, not this tree's sdqes_edge/ folder (the wheel maps other folders of the tree into it).
+export PYTHONSAFEPATH=1
+py() { python3 "$@"; }
+
+fail() { echo "gpu_check: $*" >&2; exit 1; }
+
+do_stage() {
+  local carried=(.gpu/parts/ort.*)
+  [ -e "${carried[0]}" ] || fail "no .gpu/parts/ort.* carried in this call; carry the parts gpu_stage.sh printed"
+  cp "${carried[@]}" "$STAGE/"
+  echo "gpu_check: staged $(ls "$STAGE" | grep -c '^ort\.') part(s) in $STAGE: $(cd "$STAGE" && ls ort.* | tr '\n' ' ')"
+}
+
+do_site() {
+  ls .gpu/w/*.whl >/dev/null 2>&1 || fail "no wheels in .gpu/w; carry \".gpu/w\" (made by scripts/gpu_stage.sh)"
+  rm -rf "$SITE"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/w/*.whl
+  cp .gpu/w/onnxruntime-gpu.sha256 "$STAGE/" 2>/dev/null || true
+  echo "gpu_check: installed $(ls .gpu/w/*.whl | wc -l) wheels into $SITE"
+}
+
+do_install() {
+  [ -f "$STAGE/onnxruntime-gpu.sha256" ] || fail "no checksum staged; run the 'site' step with .gpu/w carried"
+  local wheel
+  wheel=$(awk '{print $2}' "$STAGE/onnxruntime-gpu.sha256")
+  cat "$STAGE"/ort.* > "$STAGE/$wheel"
+  (cd "$STAGE" && sha256sum --quiet -c onnxruntime-gpu.sha256) \
+    || fail "the re-joined $wheel does not match its checksum: a part is missing ($(cd "$STAGE" && ls ort.* | tr '\n' ' ')); carry them all again"
+  rm -rf "$ORT_SITE"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$ORT_SITE" "$STAGE/$wheel"
+  rm -f "$STAGE/$wheel"
+  py -c "import onnxruntime as o, sys; p = o.get_available_providers(); print('gpu_check: onnxruntime', o.__version__, p); sys.exit('CUDAExecutionProvider' not in p)" \
+    || fail "onnxruntime from $ORT_SITE offers no CUDAExecutionProvider"
+}
+
+do_tests() {
+  nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || echo "gpu_check: nvidia-smi failed (see $OUT/nvidia-smi.txt)" >&2
+  # shellcheck disable=SC2086  # TESTS is a list of paths
+  py -m pytest -q -rs $TESTS 2>&1 | tee "$OUT/pytest.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+do_bench() {
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+  py -m sdqes_edge.cli bench --device cuda $BENCH_ARGS --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+[ $# -gt 0 ] || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+failed=()  # a failing test run does not keep the bench from running; the exit status says it failed
+for step in "$@"; do
+  case "$step" in
+    stage) do_stage ;;
+    site) do_site ;;
+    install) do_install ;;
+    tests) do_tests || failed+=(tests) ;;
+    bench) do_bench || failed+=(bench) ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) fail "unknown step '$step'; steps are: stage site install tests bench" ;;
+  esac
+done
+[ ${#failed[@]} -eq 0 ] || fail "failed: ${failed[*]} (logs in $OUT)"

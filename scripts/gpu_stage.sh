@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Stage sdqes-edge for a GPU machine lent by the workplace's `device` tool (../shared/GPU.md has the facts):
+# that machine has Python 3.12, a CUDA build of torch and no network, and a `run` call carries at most
+# 64 MiB. This downloads onnxruntime-gpu for it and splits the wheel into parts that fit, downloads the
+# small pure dependencies it lacks, builds this project's wheel, and prints the `run` calls to make.
+#
+#   scripts/gpu_stage.sh          stage into .gpu/ (ignored by git)
+#   scripts/gpu_stage.sh --wheel  rebuild only the project's wheel (after changing the code)
+#
+# On the machine, scripts/gpu_check.sh installs what was carried and runs the GPU tests and benchmark.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ORT_GPU="onnxruntime-gpu==1.31.1"  # built for CUDA 13: loads the CUDA and cuDNN libraries of the machine's torch
+# What that machine lacks (GPU.md), and two it had, in case a fresh image lacks them too.
+PURE_DEPS="ftfy wcwidth jsonschema jsonschema-specifications referencing rpds-py regex attrs"
+PART_SIZE=55M                       # under the 64 MiB a call carries, with room for the rest of the carry
+PYTHON=${PYTHON:-python3}
+TARGET="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
+
+wheel_only=0
+case "${1:-}" in
+  --wheel) wheel_only=1 ;;
+  "") ;;
+  -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "gpu_stage: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+esac
+
+mkdir -p .gpu/w
+rm -f .gpu/w/sdqes_edge-*.whl
+echo "gpu_stage: building the project's wheel (the machine cannot build it)" >&2
+"$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation -w .gpu/w . >/dev/null
+if [ "$wheel_only" = 1 ]; then
+  echo "gpu_stage: .gpu/w is ready; on a warm machine: run carry [\".gpu/w\"] \"scripts/gpu_check.sh site tests\"" >&2
+  exit 0
+fi
+
+echo "gpu_stage: downloading $ORT_GPU and $PURE_DEPS for Python 3.12" >&2
+rm -rf .gpu/dl .gpu/parts && mkdir -p .gpu/dl .gpu/parts
+# shellcheck disable=SC2086  # TARGET and PURE_DEPS are lists of words
+{ "$PYTHON" -m pip download --quiet $TARGET -d .gpu/dl "$ORT_GPU" \
+  && "$PYTHON" -m pip download --quiet $TARGET -d .gpu/w $PURE_DEPS; } 2>&1 \
+  | { grep -v '^WARNING: Location .* is ignored' || true; }  # notes about local index folders this machine lacks
+wheel=$(ls .gpu/dl/onnxruntime_gpu-*.whl)
+split -b "$PART_SIZE" -d "$wheel" .gpu/parts/ort.
+# The name and checksum travel with the first call, so the last one can re-join and check the wheel.
+(cd .gpu/dl && sha256sum "$(basename "$wheel")") > .gpu/w/onnxruntime-gpu.sha256
+rm -rf .gpu/dl
+
+parts=(.gpu/parts/ort.*)
+last=${parts[${#parts[@]}-1]}
+echo "gpu_stage: staged ${#parts[@]} parts of $(basename "$wheel") and $(ls .gpu/w | wc -l) files in .gpu/w" >&2
+cat <<EOF
+
+Now make these \`run\` calls back to back (a machine left idle for 30 s is given back, and what was
+staged on it with it). Each returns in seconds but the last, which installs and tests (about 10 min).
+EOF
+n=0
+for part in "${parts[@]}"; do
+  [ "$part" = "$last" ] && continue
+  n=$((n + 1))
+  echo "  $n. carry [\"$part\"]  command: scripts/gpu_check.sh stage"
+done
+echo "  $((n + 1)). carry [\".gpu/w\", \"$last\"]  command: scripts/gpu_check.sh stage site install tests"
+echo
+echo "Then, while the machine is warm: scripts/gpu_check.sh bench (carry [\".gpu/w\"] after scripts/gpu_stage.sh --wheel)."
