@@ -148,6 +148,11 @@ def test_batched_streams_and_fused_query_scoring(tmp_path):
         state = step.state
     assert step.logits.shape == (2, 2)
     assert result.verification.passed and result.verification.batch == 2
+    # The TensorRT backends bind no query input: such a bundle is refused before any GPU is looked for.
+    from sdqes_edge.export.tensorrt_engine import build_engine
+
+    with pytest.raises(UserError, match="re-export without --fuse-queries"):
+        build_engine(result.out, "fp16")
 
 
 def test_fp16_and_int8_variants_are_measured_against_fp32_over_a_long_stream(tmp_path):
