@@ -76,6 +76,20 @@ def test_preprocessing_is_close_to_the_pil_transform_used_in_training():
         assert diffs.mean() < 1.0  # under one grey level per pixel on average
 
 
+@pytest.mark.parametrize("in_size, out_size, first, count", [(640, 398, 87, 224), (50, 17, 0, 17), (17, 50, 3, 40),
+                                                              (1920, 398, 87, 224), (224, 224, 0, 224)])
+def test_block_resampling_computes_exactly_the_taps_it_is_built_from(in_size, out_size, first, count):
+    from sdqes_edge.runtime.preprocess import _resample_columns, resampling_blocks, resize_coefficients
+
+    planes = np.random.default_rng(0).uniform(0, 255, (3, 5, in_size))
+    starts, weights = resize_coefficients(in_size, out_size)
+    taps = weights.shape[1]
+    expected = np.stack([sum(planes[..., starts[o] + k] * weights[o, k] for k in range(taps))
+                         for o in range(first, first + count)], axis=-1)
+    got = _resample_columns(planes, resampling_blocks(in_size, out_size, first, count), count)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
+
+
 def test_alerts_fall_exactly_on_the_rising_edges_of_the_score_trace(exported, tmp_path):
     _, bundle = exported
     video = write_video(tmp_path / "clip.avi", sample_frames(80, 120, 160))
