@@ -24,7 +24,8 @@ def markdown(results: dict) -> str:
         lines += device_markdown(section)
         e2e = section["end_to_end"]
         lines += [f"- runtime loop on {e2e['ort_device']}: {e2e['loop_ms_per_frame']:.2f} ms/frame; bare step "
-                  f"{e2e['bare_step_ms_per_frame']:.2f} ms/frame; loop / step **{1 + e2e['overhead']:.2f}x**"]
+                  f"{e2e['bare_step_ms_per_frame']:.2f} ms/frame; loop / step **{1 + e2e['overhead']:.2f}x**; the "
+                  f"source alone (decode, sample, preprocess) {e2e['reader_ms_per_frame']:.2f} ms/frame"]
     return "\n".join(lines) + "\n"
 
 
@@ -67,6 +68,8 @@ def _cpu_sections(results: dict) -> list[str]:
     lines += ["", f"## End to end ({e2e['preset']}, {e2e['video']})", "",
               f"- runtime loop (decode, preprocess, step, score, alert): {e2e['loop_ms_per_frame']:.1f} ms/frame; "
               f"bare step: {e2e['bare_step_ms_per_frame']:.1f} ms/frame; overhead **{100 * e2e['overhead']:.1f}%**",
+              f"- the source alone (decode, sample, preprocess, in the reader thread): "
+              f"{e2e['reader_ms_per_frame']:.1f} ms/frame",
               "- runtime loop, frames per second: " + ", ".join(
                   f"{p} **{fps:.2f}**" for p, fps in e2e["loop_fps"].items())]
     pr = results["precisions"]

@@ -23,7 +23,7 @@ def test_bench_quick_writes_every_section_with_the_machine_description(tmp_path)
     assert {"cpu", "cores", "onnxruntime", "torch"} <= set(results["machine"])
     assert len(results["scaling"]["streaming"]["per_frame_ms"]) == 300
     assert set(results["batches"]["batches"]) == {"1", "2"}
-    assert results["end_to_end"]["frames"] == 10
+    assert results["end_to_end"]["frames"] == 10 and results["end_to_end"]["reader_ms_per_frame"] > 0
     # Every precision of one bundle: its step interleaved and alone, and the whole runtime loop.
     assert set(results["precisions"]["rows"]) == {"fp32", "fp16", "int8"}
     assert results["precisions"]["rows"]["fp32"]["speedup_alone"] == 1.0
@@ -62,6 +62,7 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     assert files == [tmp_path / "bench.json", tmp_path / "bench.md"] and not list(tmp_path.glob("*.png"))
     report = (tmp_path / "bench.md").read_text()
     assert "## On the device: cpu" in report and "runtime loop on cpu" in report and "| window4 |" not in report
+    assert section["end_to_end"]["reader_ms_per_frame"] > 0 and "the source alone" in report
 
 
 def test_bench_device_only_without_a_device_is_refused_with_the_fix(tmp_path):
