@@ -5,7 +5,8 @@ Frames are sampled at the bundle's fps by timestamp, not by frame count (a
 reader thread fills a bounded queue: a file blocks when the queue is full, so
 every sampled frame is processed; a live source keeps only the newest frame and
 counts the ones it dropped, so a slow model never falls behind the world. A
-live source that disconnects is reopened with back-off.
+file's frames are preprocessed by a few threads while the reader decodes the
+next ones, in order. A live source that disconnects is reopened with back-off.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -29,6 +31,9 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
 RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; then the source gives up
 TRUNCATION_SLACK_FRAMES = 2  # a file may decode this many frames (or 1%) fewer than its container lists
+# Threads preprocessing a file's frames while the reader decodes the next ones (numpy releases the GIL in its
+# products): one core is left to the decoder, and beyond four the step, not the source, is the bottleneck.
+PREPARE_WORKERS = min(4, max(1, (os.cpu_count() or 2) - 1))
 
 
 def quiet_opencv_logs() -> None:
@@ -99,45 +104,48 @@ class FrameSource(abc.ABC):
             index += 1
             next_time = max(next_time + period, stamp + period) if self.live else index * period
 
-    def _hand_over(self, frame: Frame, q: queue.Queue, stop: threading.Event) -> None:
+    def _hand_over(self, item: tuple, q: queue.Queue, stop: threading.Event) -> None:
         """A file's frame waits for room in the queue; a live one replaces the frame not yet taken (counted)."""
         if not self.live:
             while not stop.is_set():
                 try:
-                    q.put(frame, timeout=0.1)
+                    q.put(item, timeout=0.1)
                     return
                 except queue.Full:
                     continue
             return
         try:
-            q.put_nowait(frame)
+            q.put_nowait(item)
         except queue.Full:
             try:
                 q.get_nowait()
                 self.stats.dropped += 1
             except queue.Empty:
                 pass
-            q.put_nowait(frame)
+            q.put_nowait(item)
 
-    def threaded(self, capacity: int = 8, prepare: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[Frame]:
+    def threaded(self, capacity: int = 8, prepare: Callable[[np.ndarray], np.ndarray] | None = None,
+                 workers: int = PREPARE_WORKERS) -> Iterator[Frame]:
         """The sampled frames through a reader thread (live: a queue of one, newest wins).
 
-        ``prepare`` (the preprocessing) runs in the reader thread too, so decoding and preprocessing
-        the next frame overlap with the model stepping on this one.
+        ``prepare`` (the preprocessing) of a file's frames runs in ``workers`` threads beside the reader, so
+        decoding, preprocessing and the model stepping on the current frame overlap; frames come out in
+        order all the same. A live frame is prepared by the consumer, since it may yet be dropped.
         """
         q: queue.Queue = queue.Queue(maxsize=1 if self.live else capacity)
         done = object()
         stop = threading.Event()
         errors: list[BaseException] = []
+        pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"prepare-{self.name}")
+                if prepare is not None and not self.live else None)
 
         def reader() -> None:
             try:
                 for frame in self.sampled():
                     if stop.is_set():
                         return
-                    if prepare is not None and not self.live:  # a live frame may yet be dropped
-                        frame.tensor = prepare(frame.image)
-                    self._hand_over(frame, q, stop)
+                    # (frame, its preprocessing under way or None): the queue bounds the frames in flight.
+                    self._hand_over((frame, pool.submit(prepare, frame.image) if pool else None), q, stop)
             except BaseException as exc:  # delivered to the consumer, which raises it
                 errors.append(exc)
             deliver_end()  # after everything, exceptions included (all are caught above)
@@ -159,12 +167,17 @@ class FrameSource(abc.ABC):
                 item = q.get()
                 if item is done:
                     break
-                yield item
+                frame, prepared = item
+                if prepared is not None:
+                    frame.tensor = prepared.result()  # raises what the preprocessing raised, in frame order
+                yield frame
             if errors:
                 raise errors[0]
         finally:
             stop.set()
             thread.join(timeout=2.0)
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
 
 class VideoFileSource(FrameSource):

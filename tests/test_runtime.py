@@ -287,6 +287,40 @@ def test_one_step_serves_two_streams_as_two_single_stream_runs_would(tmp_path):
     assert together[0].shape == (20,) and together[1].shape == (30,)  # the shorter stream idles, keeping state
 
 
+def test_a_files_frames_are_preprocessed_by_several_threads_and_come_out_in_order(tmp_path):
+    import threading
+
+    images = sample_frames(80, 48, 64)
+    video = write_video(tmp_path / "clip.avi", images)
+    threads = set()
+
+    def prepare(image: np.ndarray) -> np.ndarray:
+        threads.add(threading.current_thread().name)
+        time.sleep(0.002 * (image.sum() % 5))  # uneven, so workers finish out of order
+        return image.mean(axis=(0, 1))
+
+    source = VideoFileSource(video, FPS)
+    frames = list(source.threaded(prepare=prepare, workers=3))
+    assert [f.index for f in frames] == list(range(len(frames))) and len(frames) >= 10
+    for frame in frames:
+        np.testing.assert_array_equal(frame.tensor, frame.image.mean(axis=(0, 1)))
+    assert len(threads) > 1 and not any(name.startswith("source-") for name in threads)
+
+    calls = []
+
+    def fails_on_the_fourth(image: np.ndarray) -> np.ndarray:
+        calls.append(image)
+        if len(calls) == 4:
+            raise UserError("this frame cannot be prepared")
+        return image
+
+    got = []
+    with pytest.raises(UserError, match="cannot be prepared"):
+        for frame in VideoFileSource(video, FPS).threaded(prepare=fails_on_the_fourth, workers=1):
+            got.append(frame.index)
+    assert got == [0, 1, 2]  # every frame before the failing one, in order
+
+
 def test_an_image_folder_is_a_source(exported, tmp_path):
     _, bundle = exported
     folder = tmp_path / "frames"
