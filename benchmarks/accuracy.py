@@ -130,31 +130,33 @@ def ort_scorers(bundle_dir: Path, precision: str, step_graph: Path | None = None
 
 
 def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions,
-                   log: Callable[[str], None]) -> tuple[list[str], str | None]:
+                   log: Callable[[str], None]) -> tuple[list[str], dict[str, str]]:
     """Export fp32 + fp16 + int8, int8 calibrated on a training stream (the deployment's domain, never a test
-    stream). If the exporter refuses int8 for drifting beyond its tolerance, export without it and say why."""
-    from sdqes_edge.errors import UserError
+    stream); (the precisions shipped, {precision: why the exporter refused it}). A reduced precision that drifts
+    beyond its tolerance is left out and the export made again without it."""
     from sdqes_edge.export.exporter import ExportOptions, export_bundle
+    from sdqes_edge.export.verify import VariantDriftError
 
-    refusal = bundle_dir.parent / "int8_refused.txt"
+    refusals = bundle_dir.parent / "refused.json"
     if (bundle_dir / MANIFEST_NAME).is_file():
         manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text())
-        return sorted(manifest["graphs"]["step"]), refusal.read_text() if refusal.is_file() else None
+        return sorted(manifest["graphs"]["step"]), json.loads(refusals.read_text()) if refusals.is_file() else {}
     bundle_dir.parent.mkdir(parents=True, exist_ok=True)
     calibration = write_calibration_video(bundle_dir.parent / "calibration.avi", base)
-    options = ExportOptions(precisions=PRECISIONS, threshold=threshold, fps=base.fps,
-                            calibration_video=calibration, show_progress=False)
+    precisions, refused = list(PRECISIONS), {}
     log(f"exporting to {bundle_dir} (fp32, fp16, int8 calibrated and checked for drift on training streams)")
-    try:
-        export_bundle(model, bundle_dir, options)
-        return sorted(PRECISIONS), None
-    except UserError as exc:
-        if INT8 not in str(exc):
-            raise
-        log(f"int8 refused: {exc}")
-        refusal.write_text(str(exc))
-        export_bundle(model, bundle_dir, replace(options, precisions=(FP32, FP16)))
-        return sorted((FP32, FP16)), str(exc)
+    while True:
+        options = ExportOptions(precisions=tuple(precisions), threshold=threshold, fps=base.fps,
+                                calibration_video=calibration, show_progress=False)
+        try:
+            export_bundle(model, bundle_dir, options)
+            break
+        except VariantDriftError as exc:
+            log(f"{exc.precision} refused: {exc}")
+            refused[exc.precision] = str(exc)
+            precisions.remove(exc.precision)
+    refusals.write_text(json.dumps(refused, indent=2))
+    return sorted(precisions), refused
 
 
 def write_calibration_video(path: Path, base: TrainOptions) -> Path:
@@ -170,22 +172,25 @@ def write_calibration_video(path: Path, base: TrainOptions) -> Path:
     return write_video(path, Stream("calibration", np.concatenate([s.frames for s in streams]), base.fps, []))
 
 
-def unshipped_int8(bundle_dir: Path, model_cfg, base: TrainOptions) -> Path:
-    """The int8 graph the exporter refused to ship, quantized the same way (for measuring its accuracy only)."""
-    from sdqes_edge.export.precision import quantize_int8
+def unshipped_graph(precision: str, model, bundle_dir: Path, base: TrainOptions) -> Path:
+    """The graph the exporter refused to ship, made the same way (for measuring its accuracy only)."""
+    from sdqes_edge.export import graphs
+    from sdqes_edge.export.precision import DEFAULT_CALIBRATION_FRAMES, quantize_int8
     from sdqes_edge.runtime.preprocess import Preprocessor
+    from sdqes_edge.runtime.sources import frames_spread_over
 
-    path = bundle_dir.parent / "step.int8.refused.onnx"
-    if not path.is_file():
-        from sdqes_edge.export.precision import DEFAULT_CALIBRATION_FRAMES
-        from sdqes_edge.runtime.sources import frames_spread_over
-
-        video = bundle_dir.parent / "calibration.avi"  # written by export_formats, which runs first
-        if not video.is_file():
-            write_calibration_video(video, base)
-        raw = frames_spread_over(video, DEFAULT_CALIBRATION_FRAMES)
-        frames = Preprocessor.from_config(model_cfg).batch(raw)[:, None]  # [N, 1, 3, R, R]
-        quantize_int8(bundle_dir / step_graph_name(FP32), path, frames)
+    path = bundle_dir.parent / f"step.{precision}.refused.onnx"
+    if path.is_file():
+        return path
+    if precision == FP16:
+        graphs.export_step_graph(model, path, precision=FP16, fps=base.fps)
+        return path
+    video = bundle_dir.parent / "calibration.avi"  # written by export_formats, which runs first
+    if not video.is_file():
+        write_calibration_video(video, base)
+    raw = frames_spread_over(video, DEFAULT_CALIBRATION_FRAMES)
+    frames = Preprocessor.from_config(model.cfg).batch(raw)[:, None]  # [N, 1, 3, R, R]
+    quantize_int8(bundle_dir / step_graph_name(FP32), path, frames)
     return path
 
 
@@ -196,16 +201,16 @@ def format_rows(checkpoint: Path, test: StreamSet, threshold: float, bundle_dir:
 
     model, _ = load_model(str(checkpoint))
     rows = {"PyTorch (fp32)": split_metrics(score_split(test, *torch_scorers(model)), threshold)}
-    precisions, int8_refused = export_formats(model, bundle_dir, threshold, base, log)
+    precisions, refused = export_formats(model, bundle_dir, threshold, base, log)
     for precision in PRECISIONS:
         if precision in precisions:
             rows[f"ONNX Runtime {precision}"] = split_metrics(score_split(test, *ort_scorers(bundle_dir, precision)),
                                                               threshold)
-    if int8_refused:
-        graph = unshipped_int8(bundle_dir, model.cfg, base)
-        rows["ONNX Runtime int8 (refused by export)"] = split_metrics(
-            score_split(test, *ort_scorers(bundle_dir, FP32, step_graph=graph)), threshold)
-    return rows, int8_refused
+        elif precision in refused:
+            graph = unshipped_graph(precision, model, bundle_dir, base)
+            rows[f"ONNX Runtime {precision} (refused by export)"] = split_metrics(
+                score_split(test, *ort_scorers(bundle_dir, FP32, step_graph=graph)), threshold)
+    return rows, refused
 
 
 def format_table(rows: dict[str, SplitMetrics]) -> str:
@@ -229,11 +234,11 @@ def format_section(kind: str, seed: int, base: TrainOptions, out: Path, splits: 
     if not checkpoint.is_file():
         train(replace(base, adapter=kind, seed=seed), run_dir, log=log, progress=progress, data=splits())
     record = json.loads((run_dir / f"{checkpoint.stem}.record.json").read_text())
-    rows, int8_refused = format_rows(checkpoint, splits()["test"], record["threshold"], run_dir / "bundle", base, log)
+    rows, refused = format_rows(checkpoint, splits()["test"], record["threshold"], run_dir / "bundle", base, log)
     md = [f"## Per deployment format ({kind}, seed {seed})", "", format_table(rows), ""]
-    if int8_refused:
-        md += [f"int8: the exporter refused to ship this graph ({int8_refused}); its row scores the same "
-               "quantization made outside the bundle, to show what the refusal protects against.", ""]
+    for precision, why in refused.items():
+        md += [f"{precision}: the exporter refused to ship this graph ({why}); its row scores the same graph made "
+               "outside the bundle, to show what the refusal protects against.", ""]
     manifest = json.loads((run_dir / "bundle" / MANIFEST_NAME).read_text())
     shipped = manifest["graphs"]["step"].get(INT8)
     if shipped:
@@ -241,7 +246,7 @@ def format_section(kind: str, seed: int, base: TrainOptions, out: Path, splits: 
         md += [f"int8 as shipped ({how['policy']} policy, {how['activations']} activations, "
                f"{how['quantized_products']} products int8, {how['float_blocks']} leading block(s) float): over "
                f"{drift['frames']} frames of training streams, min cosine {drift['min_cosine']:.4f} against fp32.", ""]
-    return md, {"rows": {name: m.to_dict() for name, m in rows.items()}, "int8_refused": int8_refused}
+    return md, {"rows": {name: m.to_dict() for name, m in rows.items()}, "refused": refused}
 
 
 def run(base: TrainOptions, kinds: list[str], seeds: list[int], format_kinds: list[str], out: Path,

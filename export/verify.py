@@ -34,6 +34,14 @@ class VerificationError(UserError):
     """An exported graph that does not compute what the model computes."""
 
 
+class VariantDriftError(VerificationError):
+    """A reduced-precision graph that drifts from the fp32 graph beyond its tolerance (``precision`` says which)."""
+
+    def __init__(self, precision: str, message: str):
+        super().__init__(message)
+        self.precision = precision
+
+
 def max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
     """Largest |actual - expected|; inf where either is not finite (NaN must never pass a check)."""
     if not (np.isfinite(actual).all() and np.isfinite(expected).all()):

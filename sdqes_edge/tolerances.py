@@ -11,7 +11,11 @@ FP32_STATE_ATOL = 1e-4
 # Reduced-precision step graphs against the fp32 graph, after a long stream with the state carried.
 # A variant outside these is refused at export with its figures shown.
 VARIANT_TOLERANCES = {
-    FP16: {"min_cosine": 0.999, "max_abs_embedding": 2e-2},
+    # Below what fp16 arithmetic itself keeps on a real model: the synthetic qrnn model (QRNN state of magnitude
+    # 125) computed in fp16 by PyTorch reaches min cosine 0.9949 and max |emb - fp32| 2.7e-2 over 2,000 frames of
+    # training streams, and its exported fp16 graph 0.9971 and 2.0e-2 (st 0.99996, retnet 0.9994), where 0.999
+    # refused it. What it catches is a broken graph (an fp16 overflow makes a cosine fall far, or not finite).
+    FP16: {"min_cosine": 0.99, "max_abs_embedding": 5e-2},
     # 0.99 at every frame: what every int8 graph the exporter ships reached under the default policy (trained
     # qrnn (the demo model)/st/retnet 0.994/0.999/0.996 over 2,000 frames of 34 training streams, random ViT-B/16 +
     # QRNN 0.9999), and what keeps SR@1 within a point of fp32 (benchmarks/results/accuracy-formats-synthetic.md).

@@ -140,3 +140,23 @@ def test_the_accuracy_tables_cover_kinds_seeds_and_every_deployment_format(tmp_p
     one_query = 100.0 / formats["PyTorch (fp32)"]["all"]["queries"]
     assert abs(formats["ONNX Runtime fp32"]["all"]["SR@1"] - formats["PyTorch (fp32)"]["all"]["SR@1"]) <= one_query
     assert "beat" in report["temporal_verdict"]
+
+
+def test_a_precision_the_exporter_refuses_is_left_out_and_said_why(tmp_path, monkeypatch):
+    """`accuracy --formats` survives a refused fp16 or int8 graph: the bundle ships the rest, the refusal is
+    recorded, and the refused graph can still be made to score it."""
+    from conftest import random_model
+
+    from sdqes_edge.benchmarks.accuracy import export_formats, unshipped_graph
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+    from sdqes_edge.tolerances import VARIANT_TOLERANCES
+
+    monkeypatch.setitem(VARIANT_TOLERANCES, "fp16", {"min_cosine": 1.01, "max_abs_embedding": 0.0})
+    model, bundle = random_model("qrnn"), tmp_path / "qrnn" / "bundle"
+    precisions, refused = export_formats(model, bundle, 0.5, SMALL, log=lambda _: None)
+    assert precisions == ["fp32", "int8"] and list(refused) == ["fp16"] and "drifts beyond" in refused["fp16"]
+    assert set(json.loads((bundle / "manifest.json").read_text())["graphs"]["step"]) == {"fp32", "int8"}
+    # A finished export is read back, refusals included, not made again.
+    assert export_formats(model, bundle, 0.5, SMALL, log=lambda _: None) == (precisions, refused)
+    graph = unshipped_graph("fp16", model, bundle, SMALL)
+    assert graph.parent == bundle.parent and OnnxRuntimeStep(graph).description["precision"] == "fp16"
