@@ -104,8 +104,9 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
     if not args.kinds and not args.formats:
         raise UserError("nothing to do: give --kinds and/or --formats KIND [KIND ...]")
     runs = len(args.kinds) * len(args.seeds)
-    print(f"accuracy: {runs} training runs ({', '.join(args.kinds) or 'none'} x seeds "
-          f"{', '.join(map(str, args.seeds))}), {base.steps} steps each"
+    trained = (f"{runs} training runs ({', '.join(args.kinds)} x seeds {', '.join(map(str, args.seeds))}), "
+               f"{base.steps} steps each" if runs else "no adapter table")
+    print(f"accuracy: {trained}"
           + (f"; formats of {', '.join(args.formats)}" if args.formats else "") + f"; results in {args.out}/")
     path = run_accuracy(base, args.kinds, args.seeds, args.formats, Path(args.out),
                         progress=lambda it, desc: tqdm(it, desc=desc, mininterval=5, leave=False))
