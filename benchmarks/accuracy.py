@@ -36,6 +36,8 @@ from sdqes_edge.training import (
     training_command,
 )
 
+from .timing import machine
+
 GROUPS = ("single_frame", "temporal")
 METRICS = ("SR@1", "SR@3", "SMD@1")
 
@@ -263,11 +265,14 @@ def run(base: TrainOptions, kinds: list[str], seeds: list[int], format_kinds: li
         return made
 
     runs = adapter_runs(base, kinds, seeds, out / "runs", log, splits, progress) if kinds else {}
-    report = {"options": asdict(base), "kinds": kinds, "seeds": seeds,
+    host = machine()
+    report = {"options": asdict(base), "kinds": kinds, "seeds": seeds, "machine": host,
               "adapters": {k: {str(s): r["test"] for s, r in v.items()} for k, v in runs.items()}}
     md = ["# Accuracy on held-out synthetic test streams", "",
           f"Training: `{training_command(base)}`, with --adapter and --seed varied; SR@k in percent at [-5, +10] s, "
-          "SMD@1 in frames (1 fps); threshold calibrated on validation streams.", ""]
+          "SMD@1 in frames (1 fps); threshold calibrated on validation streams. Measured on "
+          f"{host['cpu']} ({host['cores']} cores, int8 on {host['int8_instructions']}); torch {host['torch']}, "
+          f"onnxruntime {host['onnxruntime']}.", ""]
     if runs:
         md += ["## Per adapter kind (each training seed)", "", adapter_table(runs), "", temporal_verdict(runs), ""]
         report["temporal_verdict"] = temporal_verdict(runs)

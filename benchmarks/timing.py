@@ -64,12 +64,27 @@ def machine() -> dict:
     import onnxruntime
     import torch
 
-    cpu = platform.processor()
+    cpu, flags = platform.processor(), set()
     try:
         with open("/proc/cpuinfo") as fh:
-            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+            lines = fh.read().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), cpu)
+        flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+    return {"cpu": cpu, "cores": os.cpu_count(), "int8_instructions": _int8_instructions(flags),
+            "python": platform.python_version(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "onnxruntime": onnxruntime.__version__,
             "opencv": cv2.__version__, "numpy": np.__version__, "platform": platform.platform()}
+
+
+def _int8_instructions(flags: set[str]) -> str:
+    """What ONNX Runtime's x86 int8 kernels multiply with, which sets int8's speed and whether 8-bit weights
+    saturate (export/precision.py); "unknown" off x86 Linux."""
+    if "avx512_vnni" in flags:
+        return "AVX-512 VNNI"
+    if "avx_vnni" in flags:
+        return "AVX-VNNI"
+    if "avx2" in flags:
+        return "AVX2 (no VNNI)"
+    return "unknown"

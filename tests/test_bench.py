@@ -20,7 +20,7 @@ def test_bench_quick_writes_every_section_with_the_machine_description(tmp_path)
     assert rows["window4"]["macs"] > 3 * rows["qrnn"]["macs"]  # W frames recomputed per output frame
     assert rows["none"]["adapter_parameters"] == 0 and rows["qrnn"]["adapter_parameters"] > 0
     assert "window4 / streaming qrnn (ort_fp32)" in results["table"]["ratios"]
-    assert {"cpu", "cores", "onnxruntime", "torch"} <= set(results["machine"])
+    assert {"cpu", "cores", "int8_instructions", "onnxruntime", "torch"} <= set(results["machine"])
     assert len(results["scaling"]["streaming"]["per_frame_ms"]) == 300
     assert set(results["batches"]["batches"]) == {"1", "2"}
     assert results["end_to_end"]["frames"] == 10 and results["end_to_end"]["reader_ms_per_frame"] > 0

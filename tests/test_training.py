@@ -134,6 +134,7 @@ def test_the_accuracy_tables_cover_kinds_seeds_and_every_deployment_format(tmp_p
         assert row in text
     report = json.loads((tmp_path / "accuracy.json").read_text())
     assert set(report["adapters"]["qrnn"]) == {"0", "1"}
+    assert f"int8 on {report['machine']['int8_instructions']}" in text  # int8's figures depend on the CPU
     formats = report["formats"]["qrnn"]["rows"]
     # The exported graph streams what PyTorch computes; an untrained model's scores lie within 1e-3 of each
     # other, so a 1e-7 difference may still move one crossing: at most one of the 10 test queries.
