@@ -269,7 +269,8 @@ def _checked_variant(model: SDQESModel | None, cfg: ModelConfig, precision: str,
             log(f"  beyond tolerance {report.tolerance}; quantizing again with {float_blocks + 1} leading "
                 "block(s) float")
     kept = f" with up to {tries[-1]} leading block(s) float" if len(tries) > 1 else ""
-    raise VariantDriftError(precision, f"the {precision} graph drifts beyond its tolerance {report.tolerance}{kept}: "
+    raise VariantDriftError(precision,
+                            f"the {precision} graph drifts beyond its tolerance {report.tolerance}{kept}: "
                             f"{report.summary()}; nothing was written (export without --precision {precision})")
 
 
