@@ -15,7 +15,10 @@ ORT_GPU="onnxruntime-gpu==1.31.1"  # built for CUDA 13: loads the CUDA and cuDNN
 # What that machine lacks (GPU.md), and two it had, in case a fresh image lacks them too.
 PURE_DEPS="ftfy wcwidth jsonschema jsonschema-specifications referencing rpds-py regex attrs"
 PART_SIZE=55M                       # under the 64 MiB a call carries, with room for the rest of the carry
-PYTHON=${PYTHON:-python3}
+# The project's own environment where set up (scripts/setup.sh): it has the build tools the wheel needs.
+default_python=python3
+[ -x .venv/bin/python ] && default_python=.venv/bin/python
+PYTHON=${PYTHON:-$default_python}
 TARGET="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
 
