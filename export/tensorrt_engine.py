@@ -95,8 +95,8 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
     if bundle.manifest.get("query_count"):
         # The TensorRT backends (Python and C++) bind the frame, the state and the embedding; a fused graph's
         # query input would be left unbound and every step would fail.
-        raise UserError(f"{bundle.root}'s step graph scores {bundle.manifest['query_count']} queries inside "
-                        "(exported with --fuse-queries), which the TensorRT backends do not bind; re-export "
+        raise UserError(f"{bundle.root}'s step graph scores its queries inside (exported with --fuse-queries), "
+                        "which the TensorRT backends do not bind; re-export "
                         "without --fuse-queries (queries are then scored by the runtime, added and removed live)")
     device = current_device()  # refuses a machine without an NVIDIA GPU, TensorRT or pycuda
     graph = bundle.step_graph(graph_precision)

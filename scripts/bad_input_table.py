@@ -54,7 +54,10 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("eval: a CSV without the EgoSDQES columns",
          ["eval", "--annotations", str(t / "a.csv"), "--scores", str(t / "photos")]),
         ("eval: annotations missing", ["eval", "--annotations", str(t / "none.csv"), "--baseline", "oracle"]),
+        ("build-engine: a bundle whose graph scores the queries (--fuse-queries)",
+         ["build-engine", str(t / "fused"), "--precision", "fp16"]),
         ("bench: preset with an adapter", ["bench", "--preset", "tiny+qrnn"]),
+        ("bench: --device-only without --device", ["bench", "--quick", "--device-only"]),
         ("bench --out cannot be written", ["bench", "--quick", "--out", "/proc/bench"]),
     ]
 
@@ -65,13 +68,15 @@ def prepare(t: Path) -> Path:
     import torch
 
     from sdqes_edge.config import preset
-    from sdqes_edge.export import ExportOptions, export_bundle
+    from sdqes_edge.export import ExportOptions, Query, export_bundle
     from sdqes_edge.files import file_sha256
     from sdqes_edge.model import SDQESModel
 
     model = SDQESModel(preset("tiny+qrnn")).eval()
     b = t / "bundle"
     export_bundle(model, b, ExportOptions(show_progress=False), log=lambda m: None)
+    fused = ExportOptions(show_progress=False, fuse_queries=True, queries=(Query(Q, "Wash your hands."),))
+    export_bundle(model, t / "fused", fused, log=lambda m: None)
     torch.save(SDQESModel(preset("tiny")).eval().clip_state_dict(), t / "tiny.pt")
     writer = cv2.VideoWriter(str(t / "clip.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 5, (64, 48))
     for _ in range(5):
