@@ -14,8 +14,8 @@ Each pass is a few dense matrix products (``resampling_blocks``: blocks of
 outputs over the input span they read, PIL's taps in each column) on the frame
 as channel planes, reading only the pixels the center crop's outputs need,
 which BLAS runs in a few milliseconds: on a 2-core EPYC, 640x360 -> 224 in
-3.6 ms and 1920x1080 in 18 ms, where gathering every output's taps took 18-24
-and 80-120 ms (interleaved, the same outputs).
+about 4 ms and 1920x1080 in about 19 ms, where gathering every output's taps
+took 18-24 and 80-120 ms (interleaved, the same outputs).
 """
 
 from __future__ import annotations
