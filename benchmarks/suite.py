@@ -311,12 +311,13 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
         steps = sum(1 for _ in detector.run(open_source(str(video), detector.fps)))
         return (time.perf_counter() - start) * 1e3 / steps
 
+    source_side = StreamingDetector(bundle, threads=cfg.threads)  # its fps and preprocessing, as the loop's
+
     def reader() -> float:
         """The loop's source side alone (decode, sample, preprocess, in its thread): a floor under the loop on a
         device whose step is faster."""
-        detector = StreamingDetector(bundle, threads=cfg.threads)
         start = time.perf_counter()
-        frames = sum(1 for _ in open_source(str(video), detector.fps).threaded(prepare=detector.preprocess))
+        frames = sum(1 for _ in open_source(str(video), source_side.fps).threaded(prepare=source_side.preprocess))
         return (time.perf_counter() - start) * 1e3 / frames
 
     def bare() -> float:
@@ -363,7 +364,7 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, lis
     if cfg.scaling_probe * 2 > cfg.scaling_frames:
         raise UserError("the scaling stream must hold two probes: --scaling-frames >= 2 x probe")
     if cfg.device_only and not cfg.device:
-        raise UserError("--device-only measures the rows of --device; give --device cuda too")
+        raise UserError("--device-only measures only the rows of --device; add --device cuda")
     if cfg.device:
         check_device(cfg.device)  # before minutes of CPU work
     can_plot = plotting_available()

@@ -24,7 +24,6 @@ export PYTHONPATH="$ORT_SITE:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 # No working directory on sys.path (python -P, inherited by the tests' subprocesses), so `sdqes_edge` is
 # the installed wheel, not this tree's sdqes_edge/ folder (the wheel maps other folders of the tree into it).
 export PYTHONSAFEPATH=1
-py() { python3 "$@"; }
 
 fail() { echo "gpu_check: $*" >&2; exit 1; }
 
@@ -53,20 +52,20 @@ do_install() {
   rm -rf "$ORT_SITE"
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$ORT_SITE" "$STAGE/$wheel"
   rm -f "$STAGE/$wheel"
-  py -c "import onnxruntime as o, sys; p = o.get_available_providers(); print('gpu_check: onnxruntime', o.__version__, p); sys.exit('CUDAExecutionProvider' not in p)" \
+  python3 -c "import onnxruntime as o, sys; p = o.get_available_providers(); print('gpu_check: onnxruntime', o.__version__, p); sys.exit('CUDAExecutionProvider' not in p)" \
     || fail "onnxruntime from $ORT_SITE offers no CUDAExecutionProvider"
 }
 
 do_tests() {
   nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || echo "gpu_check: nvidia-smi failed (see $OUT/nvidia-smi.txt)" >&2
   # shellcheck disable=SC2086  # TESTS is a list of paths
-  py -m pytest -q -rs $TESTS 2>&1 | tee "$OUT/pytest.txt"
+  python3 -m pytest -q -rs $TESTS 2>&1 | tee "$OUT/pytest.txt"
   return "${PIPESTATUS[0]}"
 }
 
 do_bench() {
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
-  py -m sdqes_edge.cli bench --device cuda $BENCH_ARGS --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+  python3 -m sdqes_edge.cli bench --device cuda $BENCH_ARGS --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
   return "${PIPESTATUS[0]}"
 }
 
