@@ -26,7 +26,7 @@ from sdqes_edge.contract import FP16, FP32
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import graphs
 from sdqes_edge.export.graphs import compute_copy
-from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, create_session
 
 from .timing import interleaved
 
@@ -69,28 +69,24 @@ def torch_step(model, frame: np.ndarray, device: str, precision: str) -> Callabl
     return step
 
 
-def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None) -> Callable[[], object]:
-    """The project's ONNX Runtime step as the runtime uses it (bound state; CUDA graphs on a GPU)."""
+def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None) -> tuple[Callable[[], object], bool]:
+    """The project's ONNX Runtime step as the runtime uses it (bound state; CUDA graphs on a GPU)
+    -> (step, whether it replays a CUDA graph)."""
     runner = OnnxRuntimeStep(path, device=device, threads=threads, io_binding=True)
     state = [runner.initial_state()]
 
     def step():
         state[0] = runner.step(frame, state[0]).state  # the embedding comes back to the host: a full sync
-    return step
+    return step, runner.cuda_graph
 
 
-def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | None) -> Callable[[], object]:
-    """The sliding-window graph with the step's treatment: input and output bound once, CUDA graph replay."""
+def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | None
+                 ) -> tuple[Callable[[], object], bool]:
+    """The sliding-window graph with the step's treatment: input and output bound once, CUDA graph replay
+    -> (window step, whether it replays a CUDA graph)."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-    providers: list = ["CPUExecutionProvider"]
-    if device == "cuda":
-        providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), "CPUExecutionProvider"]
-    session = ort.InferenceSession(str(path), options, providers=providers)
+    session, captured = create_session(path, device, threads, cuda_graph=device == "cuda")
     ort_device = "cuda" if device == "cuda" else "cpu"
     host = np.ascontiguousarray(frames, dtype=np.float32)
     frames_value = ort.OrtValue.ortvalue_from_numpy(host, ort_device, 0)
@@ -100,14 +96,14 @@ def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | Non
     binding.bind_ortvalue_input("frames", frames_value)
     binding.bind_ortvalue_output(session.get_outputs()[0].name, embedding)
     run_options = ort.RunOptions()
-    if device == "cuda":
+    if captured:
         run_options.add_run_config_entry("gpu_graph_id", "1")
 
     def window():
         frames_value.update_inplace(host)  # a new frame enters the window: all W frames go up again
         session.run_with_iobinding(binding, run_options)
         embedding.numpy()
-    return window
+    return window, captured
 
 
 def _export(model, path: Path, batch: int, precision: str) -> Path:
@@ -122,15 +118,18 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
     device, kind = cfg.device, cfg.window_adapter
     frame = frame_of(1)
     candidates: dict[str, Callable[[], object]] = {}
+    replayed: dict[str, bool] = {}  # ONNX Runtime candidates: a CUDA graph replayed, or refused (a warning says why)
     for name, model in models.items():
         for precision in PRECISIONS:
             log(f"[{device}] exporting {name} {precision} ...")
             path = _export(model, work / f"{device}-{name}-b1.{precision}.onnx", 1, precision)
             candidates[f"{name}/torch_{precision}"] = torch_step(model, frame, device, precision)
-            candidates[f"{name}/ort_{precision}"] = ort_step(path, frame, device, cfg.threads)
+            candidates[f"{name}/ort_{precision}"], replayed[f"{name}/ort_{precision}"] = ort_step(
+                path, frame, device, cfg.threads)
     window_path = work / f"{device}-window{cfg.window}.onnx"
     graphs.export_window_graph(models[kind], window_path, window=cfg.window)
-    candidates[f"window{cfg.window}/ort_fp32"] = bound_window(
+    window_key = f"window{cfg.window}/ort_fp32"
+    candidates[window_key], replayed[window_key] = bound_window(
         window_path, np.repeat(frame[:, None], cfg.window, axis=1), device, cfg.threads)
     log(f"[{device}] timing {len(candidates)} candidates x {cfg.repetitions} repetitions, interleaved ...")
     timings = {k: t.to_dict() for k, t in interleaved(candidates, cfg.repetitions, cfg.warmup, log).items()}
@@ -155,6 +154,7 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
         kernels[name] = {"per_step": counted.per_step, "views": counted.views,
                          "fp16_graph_casts": graph_casts(work / f"{device}-{name}-b1.{FP16}.onnx")}
     return {"device": device, "latency": timings, "ratios": ratios, "kernels_cpu_profile": kernels,
+            "cuda_graph_replayed": replayed,
             "batches": _batches(cfg, models, frame_of, work, log), "scaling": _scaling(cfg, models[kind], work, log)}
 
 
@@ -165,7 +165,7 @@ def _batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
             for precision in PRECISIONS:
                 log(f"[{cfg.device}] exporting {name} {precision} at batch {batch} ...")
                 path = _export(model, work / f"{cfg.device}-{name}-b{batch}.{precision}.onnx", batch, precision)
-                candidates[f"{name}/{precision}/{batch}"] = ort_step(path, frame_of(batch), cfg.device, cfg.threads)
+                candidates[f"{name}/{precision}/{batch}"], _ = ort_step(path, frame_of(batch), cfg.device, cfg.threads)
     timings = interleaved(candidates, max(3, cfg.repetitions // 2), cfg.warmup)
     rows = {key: {"step_ms": t.median, "frames_per_s": int(key.split("/")[2]) * 1000.0 / t.median}
             for key, t in timings.items()}
@@ -195,8 +195,11 @@ def _scaling(cfg, model, work: Path, log) -> dict:
 
 
 def markdown(section: dict) -> list[str]:
-    lines = ["", f"## On the device: {section['device']} (ONNX Runtime state bound on the device"
-             + (", CUDA graphs" if section["device"] == "cuda" else "") + ")", "",
+    refused = [k for k, v in section.get("cuda_graph_replayed", {}).items() if not v]
+    graphs_words = ""
+    if section["device"] == "cuda":
+        graphs_words = ", CUDA graphs" + (f" (refused for {', '.join(refused)})" if refused else "")
+    lines = ["", f"## On the device: {section['device']} (ONNX Runtime state bound on the device{graphs_words})", "",
              "| candidate | p50 ms | p90 ms | fps |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['p50_ms']:.2f} | {v['p90_ms']:.2f} | {v['fps']:.0f} |"
               for k, v in section["latency"].items()]

@@ -32,7 +32,7 @@ from sdqes_edge.state import StateSpec
 
 from .backend import State, StepResult
 
-__all__ = ["OnnxRuntimeStep", "DeviceBuffers", "State", "StepResult"]
+__all__ = ["OnnxRuntimeStep", "DeviceBuffers", "State", "StepResult", "create_session"]
 
 
 # Execution providers per device, best first; ONNX Runtime falls back along the list.
@@ -75,7 +75,7 @@ class OnnxRuntimeStep:
         if not path.is_file():
             raise UserError(f"step graph {path} does not exist; export a bundle with `sdqes-edge export`")
         self.path = path
-        self.session = self._make_session(path, device, threads)
+        self.session, self.cuda_graph = create_session(path, device, threads, self.cuda_graph)
         self.providers = self.session.get_providers()
         _check_providers(device, self.providers)
         meta = self.session.get_modelmeta().custom_metadata_map
@@ -96,27 +96,6 @@ class OnnxRuntimeStep:
         self._state_io = [(t.name, t.input_name, t.output_name, self.graph_shapes[t.name], t.shape)
                           for t in self.spec]
         self.buffers = DeviceBuffers(self) if self.io_binding else None
-
-    def _make_session(self, path: Path, device: str, threads: int | None):
-        ort = self._ort
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
-        options.log_severity_level = 3  # ORT's warnings are about graph rewrites, not the user's input
-        providers: list = list(DEVICE_PROVIDERS[device])
-        if self.cuda_graph:
-            providers[0] = ("CUDAExecutionProvider", {"enable_cuda_graph": "1"})
-        try:
-            return ort.InferenceSession(str(path), options, providers=providers)
-        except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if self.cuda_graph and "cuda graph" in first.lower():  # not "InvalidGraph": a damaged file
-                print(f"warning: CUDA graph capture refused for {path.name} ({first}); stepping without it",
-                      file=sys.stderr)
-                self.cuda_graph = False
-                return self._make_session(path, device, threads)
-            raise UserError(f"ONNX Runtime cannot load {path} ({first}); "
-                            "the file is damaged or not a step graph: re-export it") from None
 
     @property
     def fused_queries(self) -> bool:
@@ -174,6 +153,51 @@ class OnnxRuntimeStep:
         outputs = dict(zip(self._output_names, self.session.run(self._output_names, feeds)))
         next_state = {name: outputs[graph_output].reshape(shape) for name, _, graph_output, _, shape in self._state_io}
         return StepResult(outputs[EMBEDDING_OUTPUT], next_state, outputs.get(LOGITS_OUTPUT))
+
+
+def create_session(path: Path, device: str, threads: int | None = None, cuda_graph: bool = False):
+    """An ``InferenceSession`` for ``path`` on ``device``'s providers -> (session, whether it replays CUDA graphs).
+
+    ONNX Runtime refuses CUDA graph capture when making the session (a node left on the CPU, control flow),
+    in words that have changed between releases; so a refused capture is found by making the session
+    again without it, which then steps uncaptured with a one-line warning saying why.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.log_severity_level = 3  # ORT's warnings are about graph rewrites, not the user's input
+
+    def make(capture: bool):
+        providers: list = list(DEVICE_PROVIDERS[device])
+        if capture:
+            providers[0] = ("CUDAExecutionProvider", {"enable_cuda_graph": "1"})
+        return ort.InferenceSession(str(path), options, providers=providers)
+
+    return session_with_capture_fallback(make, cuda_graph, path)
+
+
+def session_with_capture_fallback(make, cuda_graph: bool, path: Path):
+    """``make(capture)`` -> session; with ``cuda_graph``, a session made without capture when capture is refused."""
+    if cuda_graph:
+        try:
+            return make(True), True
+        except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
+            refusal = _first_line(exc)
+        session, _ = session_with_capture_fallback(make, False, path)  # a damaged file fails here too
+        print(f"warning: ONNX Runtime refused CUDA graph capture for {path.name} ({refusal}); stepping without it",
+              file=sys.stderr)
+        return session, False
+    try:
+        return make(False), False
+    except Exception as exc:
+        raise UserError(f"ONNX Runtime cannot load {path} ({_first_line(exc)}); "
+                        "the file is damaged or not a step graph: re-export it") from None
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _graph_shapes(session, spec: StateSpec, path: Path) -> dict[str, tuple[int, ...]]:

@@ -15,7 +15,12 @@ from conftest import random_model
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import ExportOptions, export_bundle
 from sdqes_edge.runtime.bundle import load_bundle
-from sdqes_edge.runtime.onnxruntime_backend import BoundState, OnnxRuntimeStep, _check_providers
+from sdqes_edge.runtime.onnxruntime_backend import (
+    BoundState,
+    OnnxRuntimeStep,
+    _check_providers,
+    session_with_capture_fallback,
+)
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import sample_frames
 from sdqes_edge.tolerances import VARIANT_TOLERANCES
@@ -161,6 +166,40 @@ def test_cuda_graphs_need_the_cuda_device_and_bound_buffers(graphs):
     paths, _ = graphs
     with pytest.raises(UserError, match="--ort-device cuda"):
         OnnxRuntimeStep(paths[1], cuda_graph=True)
+
+
+# ONNX Runtime 1.31's words when it will not capture a graph (they no longer say "CUDA graph").
+CAPTURE_REFUSAL = ("[ONNXRuntimeError] : 1 : FAIL : This session cannot use the graph capture feature as requested "
+                   "by the user  as all compute graph nodes have not been partitioned to the CUDAExecutionProvider")
+
+
+def test_a_refused_cuda_graph_capture_steps_uncaptured_with_a_one_line_warning(graphs, capsys):
+    paths, _ = graphs
+    made = []
+
+    def make(capture: bool):
+        made.append(capture)
+        if capture:
+            raise RuntimeError(CAPTURE_REFUSAL + "\nmore detail")
+        return onnxruntime.InferenceSession(str(paths[1]), providers=["CPUExecutionProvider"])
+
+    session, captured = session_with_capture_fallback(make, True, paths[1])
+    assert made == [True, False] and captured is False and session.get_inputs()
+    warning = capsys.readouterr().err
+    assert warning.count("\n") == 1 and "refused CUDA graph capture" in warning and "partitioned" in warning
+
+
+def test_a_damaged_graph_is_named_whether_or_not_capture_was_asked(tmp_path, capsys):
+    damaged = tmp_path / "step.fp32.onnx"
+    damaged.write_bytes(b"not an onnx graph")
+
+    def make(capture: bool):
+        return onnxruntime.InferenceSession(str(damaged), providers=["CPUExecutionProvider"])
+
+    for capture in (True, False):
+        with pytest.raises(UserError, match="cannot load .*step.fp32.onnx.*re-export it"):
+            session_with_capture_fallback(make, capture, damaged)
+    assert "warning" not in capsys.readouterr().err  # no capture warning for a file that loads nowhere
 
 
 def assert_same_stream(expected, got, tolerance: float) -> None:
