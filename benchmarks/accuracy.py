@@ -136,8 +136,8 @@ def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions
     """Export fp32 + fp16 + int8, int8 calibrated on a training stream (the deployment's domain, never a test
     stream); (the precisions shipped, {precision: why the exporter refused it}). A reduced precision that drifts
     beyond its tolerance is left out and the export made again without it."""
+    from sdqes_edge.export.drift import VariantDriftError
     from sdqes_edge.export.exporter import ExportOptions, export_bundle
-    from sdqes_edge.export.verify import VariantDriftError
 
     refusals = bundle_dir.parent / "refused.json"
     if (bundle_dir / MANIFEST_NAME).is_file():

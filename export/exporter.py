@@ -39,11 +39,12 @@ from sdqes_edge.files import file_sha256, replace_directory, staging_directory
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.preprocess import Preprocessor
-from sdqes_edge.sample import EXAMPLE_QUERIES, sample_frames
+from sdqes_edge.sample import EXAMPLE_QUERIES, sample_frames, staggered_streams, stream_frame_count
 from sdqes_edge.tokenizer import default_tokenizer, vocab_path
 
 from . import graphs
 from .complexity import GraphComplexity, adapter_count, count_graph, graph_kernels, kernel_summary
+from .drift import VariantDriftError, VariantReport, VerificationError, compare_variant, max_abs_error, run_stream
 from .options import ExportOptions, Query, check_options
 from .precision import (
     AUTO_FLOAT_BLOCKS,
@@ -52,16 +53,7 @@ from .precision import (
     QuantizationPolicyError,
     quantize_int8,
 )
-from .verify import (
-    StepVerification,
-    VariantDriftError,
-    VariantReport,
-    VerificationError,
-    compare_variant,
-    max_abs_error,
-    run_stream,
-    verify_step_graph,
-)
+from .verify import StepVerification, verify_step_graph
 
 
 @dataclass
@@ -74,17 +66,17 @@ class ExportResult:
 
 
 def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None = None) -> np.ndarray:
-    """[count, batch, 3, R, R]: stream b starts 3 frames after stream b-1, so the streams differ."""
+    """[count, batch, 3, R, R]: ``batch`` staggered streams (``sample.staggered_streams``)."""
     pre = Preprocessor.from_config(model_cfg)
+    needed = stream_frame_count(count, batch)
     if video is not None:
         from sdqes_edge.runtime.sources import frames_spread_over
 
-        raw = frames_spread_over(video, count + 3 * (batch - 1))
-        raw = [raw[i % len(raw)] for i in range(count + 3 * (batch - 1))]
+        raw = frames_spread_over(video, needed)
+        raw = [raw[i % len(raw)] for i in range(needed)]
     else:
-        raw = sample_frames(count + 3 * (batch - 1))
-    processed = pre.batch(raw)
-    return np.stack([processed[3 * b : 3 * b + count] for b in range(batch)], axis=1)
+        raw = sample_frames(needed)
+    return staggered_streams(pre.batch(raw), count, batch)
 
 
 def _backbone_counts(model: SDQESModel, batch: int, opset: int) -> tuple[GraphComplexity, dict]:

@@ -21,9 +21,9 @@ from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.sample import EXAMPLE_QUERIES
 
 from . import graphs
+from .drift import VariantReport
 from .exporter import _add_variants, _encode_queries, _file_list, _Traced
 from .options import ExportOptions, Query, check_options
-from .verify import VariantReport
 
 
 def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOptions | None = None, *,

@@ -7,6 +7,12 @@ cache beside them makes rebuilding fast. Uses the named-tensor API of
 TensorRT 8.5 and newer. int8 engines come from the bundle's QDQ graph
 (explicit quantization), never from TensorRT's implicit calibration, which
 TensorRT 10 deprecated and 11 removed.
+
+Every engine is checked before it is kept: its stream against the bundle's fp32
+graph under ONNX Runtime, the state carried, held to the tolerance of its
+precision (TensorRT picks fp16 kernels layer by layer, and DESIGN.md warns that
+fp16 LayerNorm can overflow). An engine that fails is not kept, so it never
+replaces a good one.
 """
 
 from __future__ import annotations
@@ -16,15 +22,29 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from sdqes_edge.contract import ENGINES_FOLDER, FP16, FP32, INT8, PRECISIONS, engine_name
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import file_sha256
 from sdqes_edge.runtime.bundle import Bundle, inside_bundle, load_bundle
-from sdqes_edge.runtime.tensorrt_backend import DeviceInfo, current_device, nvidia_gpu_present, require_tensorrt
+from sdqes_edge.runtime.detector import text_encoder_for
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.preprocess import Preprocessor
+from sdqes_edge.runtime.tensorrt_backend import (
+    DeviceInfo,
+    TensorRTStep,
+    current_device,
+    nvidia_gpu_present,
+    require_tensorrt,
+)
+from sdqes_edge.sample import EXAMPLE_QUERIES, sample_frames, staggered_streams, stream_frame_count
+from sdqes_edge.tolerances import ENGINE_TOLERANCES, ENGINE_VERIFY_FRAMES
 
+from .drift import VariantDriftError, VariantReport, compare_variant, run_stream
 from .precision import SYMMETRIC_ACTIVATIONS
 
-__all__ = ["build_engine", "engine_dir", "nvidia_gpu_present", "require_tensorrt"]
+__all__ = ["build_engine", "check_engine", "engine_dir", "nvidia_gpu_present", "require_tensorrt"]
 
 DEFAULT_WORKSPACE_MIB = 2048
 
@@ -78,13 +98,17 @@ def _check_symmetric_activations(bundle) -> None:
 
 
 def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: int = DEFAULT_WORKSPACE_MIB,
-                 log: Callable[[str], None] = print) -> Path:
-    """Build (or rebuild) the engine for this device; returns its path."""
+                 verify_frames: int = ENGINE_VERIFY_FRAMES, log: Callable[[str], None] = print) -> Path:
+    """Build (or rebuild) the engine for this device, check it against the fp32 graph over ``verify_frames``
+    frames (0: kept unchecked, with a warning) and keep it only if it passes; returns its path."""
     if precision not in PRECISIONS:
         raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision}")
     if workspace_mib < 64:
         raise UserError(f"--workspace-mib {workspace_mib} is too small; give at least 64 (default "
                         f"{DEFAULT_WORKSPACE_MIB})")
+    if verify_frames < 0:
+        raise UserError(f"--verify-frames {verify_frames} is negative; give 0 to skip the check, or a frame count "
+                        f"(default {ENGINE_VERIFY_FRAMES})")
     bundle = load_bundle(bundle_path)
     # int8 uses the QDQ graph; fp16 and fp32 build from the fp32 graph (TensorRT picks fp16 kernels itself).
     graph_precision = INT8 if precision == INT8 else FP32
@@ -102,29 +126,88 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
     graph = bundle.step_graph(graph_precision)
     out_dir = engine_dir(bundle, device)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cache_path = out_dir / "timing.cache"
 
     log(f"building a {precision} engine for {device.name} (sm{device.compute_capability[0]}"
         f"{device.compute_capability[1]}, TensorRT {device.tensorrt_version}); this takes minutes ...")
-    serialized, seconds = build_serialized_engine(graph, precision, workspace_mib, cache_path, log)
-    engine_path = out_dir / engine_name(precision)
-    tmp = engine_path.with_suffix(".engine.tmp")
-    tmp.write_bytes(serialized)
-    tmp.replace(engine_path)
-    sidecar = {
-        "engine": engine_path.name,
-        "precision": precision,
-        "tensorrt_version": device.tensorrt_version,
-        "gpu": device.name,
-        "compute_capability": list(device.compute_capability),
-        "source_graph": graph.name,
-        "source_graph_sha256": file_sha256(graph),
-        "engine_sha256": file_sha256(engine_path),
-        "workspace_mib": workspace_mib,
-        "build_seconds": round(seconds, 1),
-        "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "state": bundle.manifest["state"],
-    }
-    engine_path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2))
-    log(f"wrote {engine_path} ({engine_path.stat().st_size / 2**20:.1f} MiB) in {seconds:.0f} s")
+    serialized, seconds = build_serialized_engine(graph, precision, workspace_mib, out_dir / "timing.cache", log)
+    record = {"source_graph": graph.name, "source_graph_sha256": file_sha256(graph), "workspace_mib": workspace_mib,
+              "build_seconds": round(seconds, 1)}
+    engine_path = keep_checked_engine(bundle, serialized, precision, device, record, verify_frames, log)
+    log(f"wrote {engine_path} ({engine_path.stat().st_size / 2**20:.1f} MiB), built in {seconds:.0f} s")
     return engine_path
+
+
+def keep_checked_engine(bundle: Bundle, serialized: bytes, precision: str, device: DeviceInfo, record: dict,
+                        verify_frames: int, log: Callable[[str], None],
+                        open_engine: Callable[[Path, Bundle], object] = TensorRTStep.for_bundle) -> Path:
+    """Write the engine beside any earlier one, check it (``check_engine``), and only then put it in place with
+    its sidecar: an engine that fails its check is deleted, and the earlier engine stays as it was.
+
+    ``open_engine(path, bundle)`` -> a step backend for the candidate file (TensorRT's, but any backend with the
+    same interface checks the same way)."""
+    engine_path = engine_dir(bundle, device) / engine_name(precision)
+    candidate = engine_path.with_name(engine_path.name + ".tmp")
+    candidate.write_bytes(serialized)
+    try:
+        verification = None
+        if verify_frames:
+            report = check_engine(open_engine(candidate, bundle), bundle, precision,
+                                  engine_check_frames(bundle, verify_frames), log)
+            log("  " + report.summary())
+            if not report.passed:
+                raise VariantDriftError(precision, _drift_words(bundle, precision, report, engine_path.exists()))
+            verification = dict(report.to_dict(), frames_from="built-in sample")
+        else:
+            log("warning: --verify-frames 0: the engine is kept without a check against the fp32 graph")
+        candidate.replace(engine_path)
+    finally:
+        candidate.unlink(missing_ok=True)
+    sidecar = dict(record, engine=engine_path.name, precision=precision, tensorrt_version=device.tensorrt_version,
+                   gpu=device.name, compute_capability=list(device.compute_capability),
+                   engine_sha256=file_sha256(engine_path), built=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   state=bundle.manifest["state"], verification=verification)
+    engine_path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2))
+    return engine_path
+
+
+def _drift_words(bundle: Bundle, precision: str, report: VariantReport, earlier: bool) -> str:
+    kept = "the earlier engine is unchanged" if earlier else "no engine was written"
+    fixes = [] if precision == FP32 else ["build with --precision fp32"]
+    if int(bundle.manifest.get("opset", 17)) < 17:
+        fixes.append("re-export the bundle with --opset 17, where LayerNorm is one layer TensorRT keeps accurate")
+    fix = "; " + ", or ".join(fixes) if fixes else "; please report this with the command you ran"
+    return (f"the {precision} engine drifts from the bundle's fp32 graph beyond {report.tolerance}: "
+            f"{report.summary()}; {kept}{fix}")
+
+
+def engine_check_frames(bundle: Bundle, count: int) -> np.ndarray:
+    """The built-in sample through the bundle's preprocessing: [count, batch, 3, R, R], staggered streams."""
+    pre = Preprocessor.from_description(bundle.image_size, bundle.manifest["preprocess"])
+    batch = int(bundle.manifest["batch"])
+    return staggered_streams(pre.batch(sample_frames(stream_frame_count(count, batch))), count, batch)
+
+
+def reference_device() -> str:
+    """Where the fp32 reference runs: ONNX Runtime's CUDA EP where onnxruntime-gpu is installed, else the CPU."""
+    import onnxruntime as ort
+
+    return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+
+
+def check_engine(engine_step, bundle: Bundle, precision: str, frames: np.ndarray, log: Callable[[str], None],
+                 device: str | None = None) -> VariantReport:
+    """``engine_step``'s stream against the bundle's fp32 graph under ONNX Runtime over ``frames``
+    [T, B, 3, R, R], the state carried, judged by ``ENGINE_TOLERANCES[precision]``; alerts are compared on the
+    bundle's queries (or the built-in examples)."""
+    device = device or reference_device()
+    reference = OnnxRuntimeStep(bundle.step_graph(FP32), device=device)
+    encoder = text_encoder_for(bundle, truncate_queries=True)
+    shipped = bundle.queries()
+    texts = [q["text"] for q in shipped[0]] if shipped else [text for text, _ in EXAMPLE_QUERIES]
+    query_embeddings = np.stack([encoder.encode(text) for text in texts])
+    log(f"checking the {precision} engine against the fp32 graph (ONNX Runtime, {device}) over {len(frames)} "
+        "frames, the state carried ...")
+    expected = run_stream(reference, frames, "fp32 graph", show_progress=True)
+    got = run_stream(engine_step, frames, f"{precision} engine", show_progress=True)
+    return compare_variant(precision, expected, got, query_embeddings, bundle.default_threshold,
+                           ENGINE_TOLERANCES[precision])

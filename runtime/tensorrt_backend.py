@@ -142,6 +142,11 @@ class TensorRTStep:
     @classmethod
     def from_bundle(cls, bundle: Bundle, precision: str = FP16) -> "TensorRTStep":
         engine, _ = find_engine(bundle, precision, current_device())
+        return cls.for_bundle(engine, bundle)
+
+    @classmethod
+    def for_bundle(cls, engine: Path, bundle: Bundle) -> "TensorRTStep":
+        """An engine file built from ``bundle``'s step graph (found or not by ``find_engine``)."""
         return cls(engine, bundle.state_spec, int(bundle.manifest["embed_dim"]), bundle.image_size,
                    int(bundle.manifest["batch"]))
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from sdqes_edge.config import ModelConfig
+from sdqes_edge.export.drift import compare_variant, run_stream
 from sdqes_edge.export.graphs import read_metadata
 from sdqes_edge.export.precision import (
     DEFAULT_CALIBRATION_FRAMES,
@@ -27,7 +28,6 @@ from sdqes_edge.export.precision import (
     INT8_ACTIVATIONS,
     quantize_int8,
 )
-from sdqes_edge.export.verify import compare_variant, run_stream
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.synthetic import generate_stream

@@ -55,3 +55,18 @@ def sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_W
         frame += rng.normal(0, 6, size=frame.shape).astype(np.float32)  # sensor noise
         frames[t] = np.clip(frame, 0, 255).astype(np.uint8)
     return frames
+
+
+STREAM_OFFSET_FRAMES = 3  # stream b of a batch starts this many frames after stream b-1, so the streams differ
+
+
+def staggered_streams(frames: np.ndarray, count: int, batch: int) -> np.ndarray:
+    """Preprocessed frames [count + STREAM_OFFSET_FRAMES * (batch - 1), ...] -> ``batch`` streams of ``count``
+    frames, [count, batch, ...], each starting STREAM_OFFSET_FRAMES after the one before."""
+    return np.stack([frames[STREAM_OFFSET_FRAMES * b : STREAM_OFFSET_FRAMES * b + count] for b in range(batch)],
+                    axis=1)
+
+
+def stream_frame_count(count: int, batch: int) -> int:
+    """Frames to read for ``batch`` staggered streams of ``count`` frames."""
+    return count + STREAM_OFFSET_FRAMES * (batch - 1)

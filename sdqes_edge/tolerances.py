@@ -1,6 +1,6 @@
 """Numerical tolerances that define "equal" across forms and formats (DESIGN.md section 5)."""
 
-from sdqes_edge.contract import FP16, INT8
+from sdqes_edge.contract import FP16, FP32, INT8
 
 # Step form against window form, and ONNX against PyTorch, fp32, on L2-normalized embeddings.
 FP32_EMBEDDING_ATOL = 1e-4
@@ -22,6 +22,12 @@ VARIANT_TOLERANCES = {
     # (benchmarks/results/accuracy-formats-synthetic.md). 0.95 let through graphs that did not.
     INT8: {"min_cosine": 0.99, "max_abs_embedding": 1e-1},
 }
+# TensorRT engines against the bundle's fp32 graph under ONNX Runtime (``build-engine``): an fp16 or int8 engine is
+# held to its graph's bar; an fp32 engine to fp16's, since TensorRT runs TF32 kernels on Ampere and newer GPUs.
+ENGINE_TOLERANCES = {FP32: VARIANT_TOLERANCES[FP16], FP16: VARIANT_TOLERANCES[FP16], INT8: VARIANT_TOLERANCES[INT8]}
+# Frames over which build-engine checks its engine, the state carried: fewer than the export's DRIFT_FRAMES because
+# the fp32 reference may run on a Jetson's CPU (ViT-B/16 there: about a second a frame without onnxruntime-gpu).
+ENGINE_VERIFY_FRAMES = 300
 # Frames over which fp16/int8 drift is measured with the state carried (DESIGN.md: fp16 LayerNorm can overflow on
 # long streams; a recurrent state integrates quantization error, which 500 frames did not always show).
 DRIFT_FRAMES = 2000

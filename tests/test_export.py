@@ -25,7 +25,8 @@ from sdqes_edge.config import ModelConfig
 from sdqes_edge.contract import METADATA_KEY
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import ExportOptions, Query, export_bundle
-from sdqes_edge.export.verify import VerificationError, verify_step_graph
+from sdqes_edge.export.drift import VerificationError
+from sdqes_edge.export.verify import verify_step_graph
 from sdqes_edge.runtime.bundle import BundleError, load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.preprocess import Preprocessor

@@ -104,3 +104,83 @@ def test_build_engine_on_an_nvidia_gpu_writes_the_engine_and_its_sidecar(tmp_pat
     assert engine.stat().st_size > 0 and sidecar["precision"] == "fp16"
     assert (engine.parent / "timing.cache").is_file()
     assert engine.parent.name.endswith(f"trt{sidecar['tensorrt_version']}")
+
+
+# --- the check every engine passes before it is kept (TensorRT's own step is needed only to open the file;
+# an ONNX Runtime step of a chosen graph stands in for it, so the decision and the files are tested here) -----
+
+@pytest.fixture(scope="module")
+def fp16_bundle(tmp_path_factory):
+    from sdqes_edge.runtime.bundle import load_bundle
+
+    root = tmp_path_factory.mktemp("engine-check") / "bundle"
+    export_bundle(random_model("qrnn"), root, ExportOptions(precisions=("fp32", "fp16"), show_progress=False,
+                                                             drift_frames=64), log=lambda m: None)
+    # A graph of the same shape from other weights: what a broken engine computes.
+    other = root.parent / "other.onnx"
+    export_step_graph(random_model("qrnn", seed=1), other)
+    return load_bundle(root), other
+
+
+def _device():
+    from sdqes_edge.runtime.tensorrt_backend import DeviceInfo
+
+    return DeviceInfo("Test GPU", (8, 7), "10.3.0")
+
+
+def _keep(bundle, serialized: bytes, graph, verify_frames: int = 40):
+    from sdqes_edge.export.tensorrt_engine import engine_dir, keep_checked_engine
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+
+    engine_dir(bundle, _device()).mkdir(parents=True, exist_ok=True)
+    return keep_checked_engine(bundle, serialized, "fp16", _device(), {"source_graph": "step.fp32.onnx"},
+                               verify_frames, log=lambda m: None, open_engine=lambda path, b: OnnxRuntimeStep(graph))
+
+
+def test_an_engine_that_follows_the_fp32_graph_is_kept_with_its_check_in_the_sidecar(fp16_bundle):
+    import json
+
+    bundle, _ = fp16_bundle
+    engine = _keep(bundle, b"engine bytes", bundle.step_graph("fp16"))
+    assert engine.read_bytes() == b"engine bytes" and not list(engine.parent.glob("*.tmp"))
+    check = json.loads(engine.with_suffix(".json").read_text())["verification"]
+    assert check["passed"] and check["frames"] == 40 and check["precision"] == "fp16"
+    assert check["min_cosine"] >= 0.99 and check["final_state_scale"] > 0  # the state was carried and compared
+
+
+def test_an_engine_that_drifts_is_refused_in_one_line_and_the_earlier_engine_stays(fp16_bundle):
+    import json
+
+    from sdqes_edge.export.drift import VariantDriftError
+
+    bundle, other = fp16_bundle
+    good = _keep(bundle, b"good engine", bundle.step_graph("fp16"))
+    sidecar = good.with_suffix(".json").read_text()
+    with pytest.raises(VariantDriftError) as refused:
+        _keep(bundle, b"broken engine", other)
+    message = str(refused.value)
+    assert "drifts from the bundle's fp32 graph" in message and "min cosine" in message
+    assert "the earlier engine is unchanged" in message and "--precision fp32" in message
+    assert "\n" not in message
+    assert good.read_bytes() == b"good engine" and good.with_suffix(".json").read_text() == sidecar
+    assert not list(good.parent.glob("*.tmp"))
+    assert json.loads(sidecar)["verification"]["passed"]
+
+
+def test_verify_frames_0_keeps_the_engine_unchecked_and_says_so(fp16_bundle):
+    import json
+
+    from sdqes_edge.export.tensorrt_engine import engine_dir, keep_checked_engine
+
+    bundle, _ = fp16_bundle
+    messages = []
+    engine_dir(bundle, _device()).mkdir(parents=True, exist_ok=True)
+    engine = keep_checked_engine(bundle, b"unchecked", "fp16", _device(), {}, 0, log=messages.append,
+                                 open_engine=lambda path, b: pytest.fail("nothing is opened when unchecked"))
+    assert json.loads(engine.with_suffix(".json").read_text())["verification"] is None
+    assert any("without a check" in m for m in messages)
+
+
+def test_build_engine_is_torch_free_so_a_jetson_with_the_runtime_and_tensorrt_can_run_it():
+    code = "import sys, sdqes_edge.export.tensorrt_engine; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

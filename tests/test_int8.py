@@ -17,13 +17,13 @@ from conftest import random_model
 
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import ExportOptions, export_bundle, graphs
+from sdqes_edge.export.drift import compare_variant, run_stream
 from sdqes_edge.export.precision import (
     BACKBONE_PRODUCTS_PER_BLOCK,
     QuantizationPolicyError,
     TowerShape,
     quantize_int8,
 )
-from sdqes_edge.export.verify import compare_variant, run_stream
 from sdqes_edge.runtime.kernels import count_kernels
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.preprocess import Preprocessor
@@ -249,7 +249,7 @@ def test_keeping_every_block_float_is_refused_in_one_line_and_nothing_is_written
 def test_auto_float_blocks_quantizes_again_with_one_more_block_float_until_the_drift_check_passes(tmp_path,
                                                                                                   monkeypatch):
     """A bar no graph meets (cosine above 1) makes every try fail: each is made and measured, then refused."""
-    from sdqes_edge.export.verify import VerificationError
+    from sdqes_edge.export.drift import VerificationError
     from sdqes_edge.tolerances import VARIANT_TOLERANCES
 
     monkeypatch.setitem(VARIANT_TOLERANCES, "int8", {"min_cosine": 1.01, "max_abs_embedding": 1.0})
@@ -296,11 +296,11 @@ def test_requantizing_remakes_only_the_int8_graph_of_a_bundle_and_keeps_the_orig
     assert {p.name: p.read_bytes() for p in original.iterdir() if p.is_file() and not p.is_symlink()} == before
 
     # A graph that cannot pass (a bar nothing meets) leaves the bundle it would have replaced as it was.
-    import sdqes_edge.export.verify as verify
+    import sdqes_edge.export.drift as drift
 
-    strict = {**verify.VARIANT_TOLERANCES, "int8": {"min_cosine": 1.0 + 1e-9, "max_abs_embedding": 0.0}}
+    strict = {**drift.VARIANT_TOLERANCES, "int8": {"min_cosine": 1.0 + 1e-9, "max_abs_embedding": 0.0}}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(verify, "VARIANT_TOLERANCES", strict)
+        patch.setattr(drift, "VARIANT_TOLERANCES", strict)
         with pytest.raises(UserError, match="drifts beyond its tolerance"):
             requantize_int8(original, original, options, log=lambda m: None)
     assert {p.name: p.read_bytes() for p in original.iterdir() if p.is_file() and not p.is_symlink()} == before

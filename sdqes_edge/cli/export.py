@@ -30,7 +30,7 @@ from sdqes_edge.export.precision import (
 )
 from sdqes_edge.export.tensorrt_engine import DEFAULT_WORKSPACE_MIB
 from sdqes_edge.files import format_bytes
-from sdqes_edge.tolerances import DRIFT_FRAMES, VERIFY_FRAMES
+from sdqes_edge.tolerances import DRIFT_FRAMES, ENGINE_VERIFY_FRAMES, VERIFY_FRAMES
 
 
 def read_queries_file(path: str) -> list[tuple[str, str]]:
@@ -188,7 +188,8 @@ def _print_kernels(bundle, precision: str) -> None:
 def cmd_build_engine(args: argparse.Namespace) -> int:
     from sdqes_edge.export.tensorrt_engine import build_engine
 
-    build_engine(args.bundle, precision=args.precision, workspace_mib=args.workspace_mib)
+    build_engine(args.bundle, precision=args.precision, workspace_mib=args.workspace_mib,
+                 verify_frames=args.verify_frames)
     print(f"\nnext: {PROG} run {args.bundle} --backend trt --precision {args.precision} --source 0 --query TEXT")
     return 0
 
@@ -209,14 +210,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     engine = add_subcommand(sub, "build-engine", "build a TensorRT engine for this NVIDIA device",
                             "Build a TensorRT engine from a bundle's step graph on this device and store it under "
-                            "BUNDLE/engines/<gpu>-sm<cc>-trt<version>/ with a JSON sidecar and a timing cache. Needs "
-                            "an NVIDIA GPU, TensorRT >= 8.5 and pycuda.", examples=("bundles/qrnn --precision fp16",))
+                            "BUNDLE/engines/<gpu>-sm<cc>-trt<version>/ with a JSON sidecar and a timing cache. The "
+                            "engine is kept only if its stream follows the bundle's fp32 graph (ONNX Runtime) within "
+                            "its precision's tolerance, the state carried; an engine that fails never replaces an "
+                            "earlier one. Needs an NVIDIA GPU, TensorRT >= 8.5 and pycuda.",
+                            examples=("bundles/qrnn --precision fp16",))
     engine.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
     engine.add_argument("--precision", default=FP16, choices=PRECISIONS,
                         help="fp16 or fp32 from the fp32 graph, int8 from the bundle's QDQ graph (default "
                              "%(default)s)")
     engine.add_argument("--workspace-mib", type=int, default=DEFAULT_WORKSPACE_MIB,
                         help="builder workspace limit (default %(default)s)")
+    engine.add_argument("--verify-frames", type=int, default=ENGINE_VERIFY_FRAMES, metavar="N",
+                        help="frames of the built-in sample over which the engine is checked against the fp32 "
+                             "graph, the state carried; 0 keeps it unchecked (default %(default)s)")
     engine.set_defaults(func=cmd_build_engine)
 
 
