@@ -56,6 +56,7 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("eval: annotations missing", ["eval", "--annotations", str(t / "none.csv"), "--baseline", "oracle"]),
         ("build-engine: a bundle whose graph scores the queries (--fuse-queries)",
          ["build-engine", str(t / "fused"), "--precision", "fp16"]),
+        ("build-engine: a negative --verify-frames", ["build-engine", str(b), "--verify-frames", "-1"]),
         ("bench: preset with an adapter", ["bench", "--preset", "tiny+qrnn"]),
         ("bench: --device-only without --device", ["bench", "--quick", "--device-only"]),
         ("bench --out cannot be written", ["bench", "--quick", "--out", "/proc/bench"]),
