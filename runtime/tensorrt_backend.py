@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,6 +106,9 @@ def find_engine(bundle: Bundle, precision: str, device: DeviceInfo) -> tuple[Pat
                         f"sdqes-edge build-engine {bundle.root} --precision {precision}")
     sidecar = json.loads(engine.with_suffix(".json").read_text())
     check_engine_matches(sidecar, device, bundle.root, precision)
+    if not sidecar.get("verification"):  # built with --verify-frames 0, or by a version that did not check
+        print(f"warning: the {precision} engine was never checked against the bundle's fp32 graph; rebuild it to "
+              f"check it: sdqes-edge build-engine {bundle.root} --precision {precision}", file=sys.stderr)
     return engine, sidecar
 
 
