@@ -181,6 +181,31 @@ def test_verify_frames_0_keeps_the_engine_unchecked_and_says_so(fp16_bundle):
     assert any("without a check" in m for m in messages)
 
 
+def test_an_engine_never_checked_against_the_fp32_graph_is_used_with_a_one_line_warning(fp16_bundle, tmp_path, capsys):
+    import json
+    import shutil
+
+    from sdqes_edge.contract import ENGINES_FOLDER, engine_name
+    from sdqes_edge.runtime.bundle import load_bundle
+    from sdqes_edge.runtime.tensorrt_backend import find_engine
+
+    bundle, _ = fp16_bundle
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle.root, copy, ignore=shutil.ignore_patterns(ENGINES_FOLDER))
+    here = _device()
+    engine = copy / ENGINES_FOLDER / here.folder / engine_name("fp16")
+    engine.parent.mkdir(parents=True)
+    engine.write_bytes(b"engine")
+    sidecar = {"gpu": here.name, "compute_capability": [8, 7], "tensorrt_version": "10.3.0", "verification": None}
+    engine.with_suffix(".json").write_text(json.dumps(sidecar))
+    assert find_engine(load_bundle(copy), "fp16", here)[0] == engine
+    warning = capsys.readouterr().err
+    assert warning.count("\n") == 1 and "never checked" in warning and "build-engine" in warning
+    engine.with_suffix(".json").write_text(json.dumps(dict(sidecar, verification={"passed": True})))
+    find_engine(load_bundle(copy), "fp16", here)
+    assert capsys.readouterr().err == ""  # a checked engine is used silently
+
+
 def test_build_engine_is_torch_free_so_a_jetson_with_the_runtime_and_tensorrt_can_run_it():
     code = "import sys, sdqes_edge.export.tensorrt_engine; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -264,31 +264,6 @@ def test_an_engine_built_for_another_gpu_or_tensorrt_is_refused_with_the_rebuild
     assert here.folder == "nvidia-jetson-agx-orin-sm87-trt10.3.0"
 
 
-def test_an_engine_never_checked_against_the_fp32_graph_is_used_with_a_one_line_warning(exported, tmp_path, capsys):
-    import json
-    import shutil
-
-    from sdqes_edge.contract import ENGINES_FOLDER, engine_name
-    from sdqes_edge.runtime.bundle import load_bundle
-    from sdqes_edge.runtime.tensorrt_backend import find_engine
-
-    _, bundle = exported
-    copy = tmp_path / "bundle"
-    shutil.copytree(bundle, copy)
-    here = DeviceInfo("NVIDIA Jetson AGX Orin", (8, 7), "10.3.0")
-    engine = copy / ENGINES_FOLDER / here.folder / engine_name("fp16")
-    engine.parent.mkdir(parents=True)
-    engine.write_bytes(b"engine")
-    sidecar = {"gpu": here.name, "compute_capability": [8, 7], "tensorrt_version": "10.3.0", "verification": None}
-    engine.with_suffix(".json").write_text(json.dumps(sidecar))
-    assert find_engine(load_bundle(copy), "fp16", here)[0] == engine
-    warning = capsys.readouterr().err
-    assert warning.count("\n") == 1 and "never checked" in warning and "build-engine" in warning
-    engine.with_suffix(".json").write_text(json.dumps(dict(sidecar, verification={"passed": True})))
-    find_engine(load_bundle(copy), "fp16", here)
-    assert capsys.readouterr().err == ""  # a checked engine is used silently
-
-
 def test_one_step_serves_two_streams_as_two_single_stream_runs_would(tmp_path):
     model = random_model("st")
     single, double = tmp_path / "b1", tmp_path / "b2"
