@@ -153,8 +153,8 @@ def graph_kernels(path: str | Path) -> dict:
 
     from sdqes_edge.runtime.kernels import count_kernels
 
-    nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
-    return {"onnx_nodes": nodes, "graph_casts": graph_casts(path), **count_kernels(path).to_dict()}
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return {"onnx_nodes": len(graph.node), "graph_casts": len(runtime_casts(graph)), **count_kernels(path).to_dict()}
 
 
 def kernel_summary(step: dict, image_tower: dict, adapters: int) -> dict:

@@ -39,7 +39,7 @@ from sdqes_edge.files import file_sha256, replace_directory, staging_directory
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.preprocess import Preprocessor
-from sdqes_edge.sample import EXAMPLE_QUERIES, sample_frames, staggered_streams, stream_frame_count
+from sdqes_edge.sample import EXAMPLE_QUERIES, sample_streams, staggered_streams, stream_frame_count
 from sdqes_edge.tokenizer import default_tokenizer, vocab_path
 
 from . import graphs
@@ -68,15 +68,13 @@ class ExportResult:
 def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None = None) -> np.ndarray:
     """[count, batch, 3, R, R]: ``batch`` staggered streams (``sample.staggered_streams``)."""
     pre = Preprocessor.from_config(model_cfg)
-    needed = stream_frame_count(count, batch)
-    if video is not None:
-        from sdqes_edge.runtime.sources import frames_spread_over
+    if video is None:
+        return sample_streams(pre.batch, count, batch)
+    from sdqes_edge.runtime.sources import frames_spread_over
 
-        raw = frames_spread_over(video, needed)
-        raw = [raw[i % len(raw)] for i in range(needed)]
-    else:
-        raw = sample_frames(needed)
-    return staggered_streams(pre.batch(raw), count, batch)
+    needed = stream_frame_count(count, batch)
+    raw = frames_spread_over(video, needed)
+    return staggered_streams(pre.batch([raw[i % len(raw)] for i in range(needed)]), count, batch)
 
 
 def _backbone_counts(model: SDQESModel, batch: int, opset: int) -> tuple[GraphComplexity, dict]:

@@ -38,7 +38,7 @@ from sdqes_edge.runtime.tensorrt_backend import (
     nvidia_gpu_present,
     require_tensorrt,
 )
-from sdqes_edge.sample import EXAMPLE_QUERIES, sample_frames, staggered_streams, stream_frame_count
+from sdqes_edge.sample import EXAMPLE_QUERIES, sample_streams
 from sdqes_edge.tolerances import ENGINE_TOLERANCES, ENGINE_VERIFY_FRAMES
 
 from .drift import VariantDriftError, VariantReport, compare_variant, run_stream
@@ -146,6 +146,7 @@ def keep_checked_engine(bundle: Bundle, serialized: bytes, precision: str, devic
     ``open_engine(path, bundle)`` -> a step backend for the candidate file (TensorRT's, but any backend with the
     same interface checks the same way)."""
     engine_path = engine_dir(bundle, device) / engine_name(precision)
+    engine_path.parent.mkdir(parents=True, exist_ok=True)
     candidate = engine_path.with_name(engine_path.name + ".tmp")
     candidate.write_bytes(serialized)
     try:
@@ -183,8 +184,7 @@ def _drift_words(bundle: Bundle, precision: str, report: VariantReport, earlier:
 def engine_check_frames(bundle: Bundle, count: int) -> np.ndarray:
     """The built-in sample through the bundle's preprocessing: [count, batch, 3, R, R], staggered streams."""
     pre = Preprocessor.from_description(bundle.image_size, bundle.manifest["preprocess"])
-    batch = int(bundle.manifest["batch"])
-    return staggered_streams(pre.batch(sample_frames(stream_frame_count(count, batch))), count, batch)
+    return sample_streams(pre.batch, count, int(bundle.manifest["batch"]))
 
 
 def reference_device() -> str:
@@ -201,10 +201,12 @@ def check_engine(engine_step, bundle: Bundle, precision: str, frames: np.ndarray
     bundle's queries (or the built-in examples)."""
     device = device or reference_device()
     reference = OnnxRuntimeStep(bundle.step_graph(FP32), device=device)
-    encoder = text_encoder_for(bundle, truncate_queries=True)
-    shipped = bundle.queries()
-    texts = [q["text"] for q in shipped[0]] if shipped else [text for text, _ in EXAMPLE_QUERIES]
-    query_embeddings = np.stack([encoder.encode(text) for text in texts])
+    shipped = bundle.queries()  # encoded at export; else the built-in examples, encoded by the bundle's text graph
+    if shipped:
+        query_embeddings = shipped[1]
+    else:
+        encoder = text_encoder_for(bundle, truncate_queries=True)
+        query_embeddings = np.stack([encoder.encode(text) for text, _ in EXAMPLE_QUERIES])
     log(f"checking the {precision} engine against the fp32 graph (ONNX Runtime, {device}) over {len(frames)} "
         "frames, the state carried ...")
     expected = run_stream(reference, frames, "fp32 graph", show_progress=True)

@@ -185,15 +185,15 @@ def session_with_capture_fallback(make, cuda_graph: bool, path: Path):
             return make(True), True
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
             refusal = _first_line(exc)
-        session, _ = session_with_capture_fallback(make, False, path)  # a damaged file fails here too
-        print(f"warning: ONNX Runtime refused CUDA graph capture for {path.name} ({refusal}); stepping without it",
-              file=sys.stderr)
-        return session, False
     try:
-        return make(False), False
-    except Exception as exc:
+        session = make(False)
+    except Exception as exc:  # a damaged file fails here too, captured or not
         raise UserError(f"ONNX Runtime cannot load {path} ({_first_line(exc)}); "
                         "the file is damaged or not a step graph: re-export it") from None
+    if cuda_graph:
+        print(f"warning: ONNX Runtime refused CUDA graph capture for {path.name} ({refusal}); stepping without it",
+              file=sys.stderr)
+    return session, False
 
 
 def _first_line(exc: Exception) -> str:

@@ -70,3 +70,9 @@ def staggered_streams(frames: np.ndarray, count: int, batch: int) -> np.ndarray:
 def stream_frame_count(count: int, batch: int) -> int:
     """Frames to read for ``batch`` staggered streams of ``count`` frames."""
     return count + STREAM_OFFSET_FRAMES * (batch - 1)
+
+
+def sample_streams(preprocess_batch, count: int, batch: int) -> np.ndarray:
+    """The built-in sample as ``batch`` staggered streams of ``count`` frames, each frame through
+    ``preprocess_batch`` (frames [N, H, W, 3] -> [N, ...]): [count, batch, ...]."""
+    return staggered_streams(preprocess_batch(sample_frames(stream_frame_count(count, batch))), count, batch)

@@ -129,10 +129,9 @@ def _device():
 
 
 def _keep(bundle, serialized: bytes, graph, verify_frames: int = 40):
-    from sdqes_edge.export.tensorrt_engine import engine_dir, keep_checked_engine
+    from sdqes_edge.export.tensorrt_engine import keep_checked_engine
     from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 
-    engine_dir(bundle, _device()).mkdir(parents=True, exist_ok=True)
     return keep_checked_engine(bundle, serialized, "fp16", _device(), {"source_graph": "step.fp32.onnx"},
                                verify_frames, log=lambda m: None, open_engine=lambda path, b: OnnxRuntimeStep(graph))
 
@@ -170,11 +169,10 @@ def test_an_engine_that_drifts_is_refused_in_one_line_and_the_earlier_engine_sta
 def test_verify_frames_0_keeps_the_engine_unchecked_and_says_so(fp16_bundle):
     import json
 
-    from sdqes_edge.export.tensorrt_engine import engine_dir, keep_checked_engine
+    from sdqes_edge.export.tensorrt_engine import keep_checked_engine
 
     bundle, _ = fp16_bundle
     messages = []
-    engine_dir(bundle, _device()).mkdir(parents=True, exist_ok=True)
     engine = keep_checked_engine(bundle, b"unchecked", "fp16", _device(), {}, 0, log=messages.append,
                                  open_engine=lambda path, b: pytest.fail("nothing is opened when unchecked"))
     assert json.loads(engine.with_suffix(".json").read_text())["verification"] is None
