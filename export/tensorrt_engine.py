@@ -8,6 +8,15 @@ TensorRT 8.5 and newer. int8 engines come from the bundle's QDQ graph
 (explicit quantization), never from TensorRT's implicit calibration, which
 TensorRT 10 deprecated and 11 removed.
 
+Where an engine's precision comes from depends on what the TensorRT offers
+(``plan_engine``). TensorRT 8.5 to 10 have weak typing: an fp16 engine is built
+from the fp32 graph with the FP16 builder flag, TensorRT choosing fp16 kernels
+layer by layer. TensorRT 11 removed those flags (every network is strongly
+typed, the graph's own types decide), so there an fp16 engine is built from
+the bundle's fp16 graph, which the exporter already made and checked against
+fp32: its state is fp16 at the engine's boundary too, and the backends read
+every binding's dtype from the engine.
+
 Every engine is checked before it is kept: its stream against the bundle's fp32
 graph under ONNX Runtime, the state carried, held to the tolerance of its
 precision (TensorRT picks fp16 kernels layer by layer, and DESIGN.md warns that
@@ -19,12 +28,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from sdqes_edge.contract import ENGINES_FOLDER, FP16, FP32, INT8, PRECISIONS, engine_name
+from sdqes_edge.contract import ENGINES_FOLDER, FP16, FP32, INT8, PRECISIONS, STATE_DTYPES, engine_name
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import file_sha256
 from sdqes_edge.runtime.bundle import Bundle, inside_bundle, load_bundle
@@ -44,25 +54,79 @@ from sdqes_edge.tolerances import ENGINE_TOLERANCES, ENGINE_VERIFY_FRAMES
 from .drift import VariantDriftError, VariantReport, compare_variant, run_stream
 from .precision import SYMMETRIC_ACTIVATIONS
 
-__all__ = ["build_engine", "check_engine", "engine_dir", "nvidia_gpu_present", "require_tensorrt"]
+__all__ = ["EnginePlan", "build_engine", "check_engine", "engine_dir", "nvidia_gpu_present", "plan_engine",
+           "require_tensorrt"]
 
 DEFAULT_WORKSPACE_MIB = 2048
+# Weak typing (TensorRT 8.5-10): the graph each precision is built from, and the builder flags that let TensorRT
+# pick lower-precision kernels. int8 also allows fp16 so the layers between Q/DQ pairs need not run in fp32.
+WEAK_TYPING_GRAPHS = {FP32: FP32, FP16: FP32, INT8: INT8}
+WEAK_TYPING_FLAGS = {FP32: (), FP16: ("FP16",), INT8: ("FP16", "INT8")}
+# Strong typing (the only mode of TensorRT 11): each precision is built from its own graph, flags play no part.
+STRONG_TYPING_GRAPHS = {FP32: FP32, FP16: FP16, INT8: INT8}
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """How TensorRT is asked for an engine of ``precision``: which of the bundle's step graphs it parses, and
+    either the builder flags that let it choose reduced-precision kernels (weak typing) or none, the graph's
+    own types deciding (strong typing)."""
+
+    precision: str
+    graph_precision: str
+    strongly_typed: bool
+    builder_flags: tuple[str, ...]
+
+    @property
+    def typing(self) -> str:
+        return "strong" if self.strongly_typed else "weak"
+
+    @property
+    def state_dtype(self) -> str:
+        """The dtype of the engine's state bindings: the network's I/O keeps the parsed graph's types."""
+        return STATE_DTYPES[self.graph_precision]
+
+
+def weak_typing_available(trt) -> bool:
+    """True for TensorRT 8.5-10, whose builder still takes precision flags; TensorRT 11 removed them."""
+    return hasattr(trt.BuilderFlag, "FP16")
+
+
+def plan_engine(precision: str, bundle, weak_typing: bool, tensorrt_version: str) -> EnginePlan:
+    """The plan for ``precision`` from ``bundle``'s graphs, or a one-line UserError naming the graph to export."""
+    graphs = WEAK_TYPING_GRAPHS if weak_typing else STRONG_TYPING_GRAPHS
+    plan = EnginePlan(precision, graphs[precision], not weak_typing,
+                      WEAK_TYPING_FLAGS[precision] if weak_typing else ())
+    if plan.graph_precision not in bundle.precisions:
+        why = ("" if plan.graph_precision == INT8 else
+               f": TensorRT {tensorrt_version} types every network strictly, so an {precision} engine is built "
+               f"from the bundle's {precision} graph")
+        raise UserError(f"{bundle.root} has no {plan.graph_precision} graph{why}; re-export it with --precision "
+                        f"{plan.graph_precision} (and any other precision it should keep)")
+    return plan
 
 
 def engine_dir(bundle: Bundle, device: DeviceInfo) -> Path:
     return inside_bundle(bundle.root, f"{ENGINES_FOLDER}/{device.folder}")
 
 
-def build_serialized_engine(graph: Path, precision: str, workspace_mib: int, cache_path: Path,
+def network_flags(trt, plan: EnginePlan) -> int:
+    creation = trt.NetworkDefinitionCreationFlag
+    flags = 0
+    if hasattr(creation, "EXPLICIT_BATCH") and int(trt.__version__.split(".")[0]) < 10:
+        flags |= 1 << int(creation.EXPLICIT_BATCH)  # implicit from TensorRT 10
+    if plan.strongly_typed and hasattr(creation, "STRONGLY_TYPED"):
+        flags |= 1 << int(creation.STRONGLY_TYPED)  # required to ask for it in 10, accepted and implied in 11
+    return flags
+
+
+def build_serialized_engine(graph: Path, plan: EnginePlan, workspace_mib: int, cache_path: Path,
                             log: Callable[[str], None] = print) -> tuple[bytes, float]:
     """Parse an ONNX graph and build a serialized engine with the timing cache at ``cache_path`` (updated)."""
     trt = require_tensorrt()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    flags = 0
-    if hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH") and int(trt.__version__.split(".")[0]) < 10:
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)  # implicit in TensorRT 10
-    network = builder.create_network(flags)
+    network = builder.create_network(network_flags(trt, plan))
     parser = trt.OnnxParser(network, logger)
     log(f"parsing {graph.name} ...")
     if not parser.parse_from_file(str(graph)):
@@ -71,10 +135,8 @@ def build_serialized_engine(graph: Path, precision: str, workspace_mib: int, cac
                         "LayerNormalization, re-export with --opset 16")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mib << 20)
-    if precision in (FP16, INT8):
-        config.set_flag(trt.BuilderFlag.FP16)
-    if precision == INT8:
-        config.set_flag(trt.BuilderFlag.INT8)  # with QDQ nodes in the graph this is explicit quantization
+    for flag in plan.builder_flags:  # int8 with the QDQ graph's nodes: explicit quantization
+        config.set_flag(getattr(trt.BuilderFlag, flag))
     cache = config.create_timing_cache(cache_path.read_bytes() if cache_path.exists() else b"")
     config.set_timing_cache(cache, ignore_mismatch=False)
     started = time.perf_counter()
@@ -110,11 +172,8 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
         raise UserError(f"--verify-frames {verify_frames} is negative; give 0 to skip the check, or a frame count "
                         f"(default {ENGINE_VERIFY_FRAMES})")
     bundle = load_bundle(bundle_path)
-    # int8 uses the QDQ graph; fp16 and fp32 build from the fp32 graph (TensorRT picks fp16 kernels itself).
-    graph_precision = INT8 if precision == INT8 else FP32
-    if graph_precision not in bundle.precisions:
-        raise UserError(f"{bundle.root} has no int8 graph; re-export with --precision int8 first")
-    if precision == INT8:
+    if precision == INT8:  # the QDQ graph, whatever the TensorRT: said before looking for a GPU
+        plan_engine(INT8, bundle, weak_typing=True, tensorrt_version="")
         _check_symmetric_activations(bundle)
     if bundle.manifest.get("query_count"):
         # The TensorRT backends (Python and C++) bind the frame, the state and the embedding; a fused graph's
@@ -123,15 +182,17 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
                         "which the TensorRT backends do not bind; re-export "
                         "without --fuse-queries (queries are then scored by the runtime, added and removed live)")
     device = current_device()  # refuses a machine without an NVIDIA GPU, TensorRT or pycuda
-    graph = bundle.step_graph(graph_precision)
+    plan = plan_engine(precision, bundle, weak_typing_available(require_tensorrt()), device.tensorrt_version)
+    graph = bundle.step_graph(plan.graph_precision)
     out_dir = engine_dir(bundle, device)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    log(f"building a {precision} engine for {device.name} (sm{device.compute_capability[0]}"
-        f"{device.compute_capability[1]}, TensorRT {device.tensorrt_version}); this takes minutes ...")
-    serialized, seconds = build_serialized_engine(graph, precision, workspace_mib, out_dir / "timing.cache", log)
-    record = {"source_graph": graph.name, "source_graph_sha256": file_sha256(graph), "workspace_mib": workspace_mib,
-              "build_seconds": round(seconds, 1)}
+    log(f"building a {precision} engine from {graph.name} ({plan.typing} typing) for {device.name} "
+        f"(sm{device.compute_capability[0]}{device.compute_capability[1]}, TensorRT {device.tensorrt_version}); "
+        "this takes minutes ...")
+    serialized, seconds = build_serialized_engine(graph, plan, workspace_mib, out_dir / "timing.cache", log)
+    record = {"source_graph": graph.name, "source_graph_sha256": file_sha256(graph), "typing": plan.typing,
+              "state_dtype": plan.state_dtype, "workspace_mib": workspace_mib, "build_seconds": round(seconds, 1)}
     engine_path = keep_checked_engine(bundle, serialized, precision, device, record, verify_frames, log)
     log(f"wrote {engine_path} ({engine_path.stat().st_size / 2**20:.1f} MiB), built in {seconds:.0f} s")
     return engine_path

@@ -6,6 +6,11 @@ the same buffer (TensorRT does not allow in-place I/O). Only the frame goes in
 and the embedding comes out per frame. Engines are specific to a GPU
 architecture and a TensorRT version: the sidecar written by ``build-engine``
 records both, and a mismatch is refused with the command that rebuilds it.
+
+Every buffer is sized and typed from the engine's own description of its I/O
+(``engine_bindings``), checked against the bundle's contract first: an fp16
+engine built strongly typed (TensorRT 11) keeps its state in fp16, one built
+from the fp32 graph in fp32, and a foreign engine is refused, never bound.
 """
 
 from __future__ import annotations
@@ -18,7 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from sdqes_edge.contract import EMBEDDING_OUTPUT, ENGINES_FOLDER, FP16, FRAME_INPUT, engine_name
+from sdqes_edge.contract import (
+    EMBEDDING_OUTPUT,
+    ENGINES_FOLDER,
+    FP16,
+    FRAME_INPUT,
+    STATE_INPUT_PREFIX,
+    STATE_OUTPUT_PREFIX,
+    engine_name,
+)
 from sdqes_edge.errors import UserError
 
 from .backend import StepResult
@@ -113,6 +126,53 @@ def find_engine(bundle: Bundle, precision: str, device: DeviceInfo) -> tuple[Pat
 
 
 @dataclass(frozen=True)
+class Binding:
+    """One of an engine's I/O tensors, as the engine describes it."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def engine_bindings(engine, trt) -> dict[str, Binding]:
+    """An engine's I/O tensors by name (TensorRT's named-tensor API, 8.5 and newer)."""
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    return {name: Binding(tuple(int(d) for d in engine.get_tensor_shape(name)),
+                          np.dtype(trt.nptype(engine.get_tensor_dtype(name)))) for name in names}
+
+
+def expected_bindings(spec, embed_dim: int, image_size: int, batch: int) -> dict[str, set[tuple[int, ...]]]:
+    """The shapes the step graph's I/O may have, by name, from the bundle's contract (no fused queries). A state
+    tensor is [B*L, ...] in graphs of the current layout and [B, L, ...] in older ones: the same bytes."""
+    shapes = {FRAME_INPUT: {(batch, 3, image_size, image_size)}, EMBEDDING_OUTPUT: {(batch, embed_dim)}}
+    for tensor in spec:
+        shapes[tensor.input_name] = shapes[tensor.output_name] = {tuple(tensor.shape), tuple(tensor.graph_shape)}
+    return shapes
+
+
+def check_bindings(bindings: dict[str, Binding], expected: dict[str, set[tuple[int, ...]]], engine: str,
+                   rebuild: str) -> None:
+    """Refuse, in one line with ``rebuild``, an engine whose I/O is not the bundle's step graph's: other names,
+    other shapes, or a dtype the step cannot carry (a state input and its output must agree)."""
+    def refuse(problem: str):
+        raise UserError(f"{engine} does not fit the bundle's step graph ({problem}); {rebuild}")
+
+    if set(bindings) != set(expected):
+        extra, missing = sorted(set(bindings) - set(expected)), sorted(set(expected) - set(bindings))
+        refuse(", ".join(part for part in (f"missing {missing[:3]}" if missing else "",
+                                           f"unexpected {extra[:3]}" if extra else "") if part))
+    for name, shapes in expected.items():
+        if bindings[name].shape not in shapes:
+            refuse(f"{name} is {list(bindings[name].shape)}, the bundle's is {list(max(shapes, key=len))}")
+        if bindings[name].dtype.kind != "f":
+            refuse(f"{name} is {bindings[name].dtype}, not floating point")
+    for name in expected:
+        if name.startswith(STATE_INPUT_PREFIX):
+            output = STATE_OUTPUT_PREFIX + name[len(STATE_INPUT_PREFIX):]
+            if bindings[name].dtype != bindings[output].dtype:
+                refuse(f"{name} is {bindings[name].dtype} but {output} is {bindings[output].dtype}")
+
+
+@dataclass(frozen=True)
 class DeviceState:
     """Which of the backend's two device buffer sets holds the current state."""
 
@@ -120,7 +180,8 @@ class DeviceState:
 
 
 class TensorRTStep:
-    def __init__(self, engine_path: Path, spec, embed_dim: int, image_size: int, batch: int):
+    def __init__(self, engine_path: Path, spec, embed_dim: int, image_size: int, batch: int,
+                 rebuild: str = "rebuild it with sdqes-edge build-engine"):
         trt = require_tensorrt()
         import pycuda.autoinit  # noqa: F401  (creates the CUDA context)
         import pycuda.driver as cuda
@@ -129,14 +190,19 @@ class TensorRTStep:
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(Path(engine_path).read_bytes())
         if self.engine is None:
-            raise UserError(f"TensorRT cannot load {engine_path}; rebuild it with sdqes-edge build-engine")
+            raise UserError(f"TensorRT cannot load {engine_path}; {rebuild}")
+        bindings = engine_bindings(self.engine, trt)
+        check_bindings(bindings, expected_bindings(spec, embed_dim, image_size, batch), Path(engine_path).name,
+                       rebuild)
         self.context = self.engine.create_execution_context()
         self.stream = cuda.Stream()
-        self.frame_host = cuda.pagelocked_empty((batch, 3, image_size, image_size), np.float32)
-        self.embedding_host = cuda.pagelocked_empty((batch, embed_dim), np.float32)
+        self.frame_host = cuda.pagelocked_empty(bindings[FRAME_INPUT].shape, bindings[FRAME_INPUT].dtype)
+        self.embedding_host = cuda.pagelocked_empty(bindings[EMBEDDING_OUTPUT].shape,
+                                                    bindings[EMBEDDING_OUTPUT].dtype)
         self.frame_device = cuda.mem_alloc(self.frame_host.nbytes)
         self.embedding_device = cuda.mem_alloc(self.embedding_host.nbytes)
-        self.initial = spec.initial_numpy()
+        # The state as the engine holds it: fp16 in an fp16 engine built strongly typed, else fp32.
+        self.initial = [a.astype(bindings[t.input_name].dtype) for t, a in zip(spec, spec.initial_numpy())]
         self.sets = [[cuda.mem_alloc(max(a.nbytes, 1)) for a in self.initial] for _ in range(2)]
         self.initial_device = [cuda.mem_alloc(max(a.nbytes, 1)) for a in self.initial]
         for buffer, array in zip(self.initial_device, self.initial):
@@ -151,8 +217,10 @@ class TensorRTStep:
     @classmethod
     def for_bundle(cls, engine: Path, bundle: Bundle) -> "TensorRTStep":
         """An engine file built from ``bundle``'s step graph (found or not by ``find_engine``)."""
+        precision = engine.name.split(".")[1]  # step.<precision>.engine[.tmp]
         return cls(engine, bundle.state_spec, int(bundle.manifest["embed_dim"]), bundle.image_size,
-                   int(bundle.manifest["batch"]))
+                   int(bundle.manifest["batch"]),
+                   rebuild=f"rebuild it: sdqes-edge build-engine {bundle.root} --precision {precision}")
 
     def _copy_rows(self, dst_set: list, src_set: list, rows: list[int] | None) -> None:
         for t, (dst, src, array) in enumerate(zip(dst_set, src_set, self.initial)):
@@ -181,7 +249,7 @@ class TensorRTStep:
             raise UserError("TensorRT failed to run the engine; rebuild it with sdqes-edge build-engine")
         self.cuda.memcpy_dtoh_async(self.embedding_host, self.embedding_device, self.stream)
         self.stream.synchronize()
-        return StepResult(self.embedding_host.copy(), DeviceState(1 - state.buffer_set))
+        return StepResult(self.embedding_host.astype(np.float32), DeviceState(1 - state.buffer_set))
 
     def state_to_numpy(self, state: DeviceState) -> dict[str, np.ndarray]:
         out = {}
@@ -192,8 +260,8 @@ class TensorRTStep:
         return out
 
     def state_from_numpy(self, arrays: dict[str, np.ndarray]) -> DeviceState:
-        for spec, buffer in zip(self.spec, self.sets[0]):
-            self.cuda.memcpy_htod(buffer, np.ascontiguousarray(arrays[spec.name], dtype=spec.dtype))
+        for spec, buffer, initial in zip(self.spec, self.sets[0], self.initial):
+            self.cuda.memcpy_htod(buffer, np.ascontiguousarray(arrays[spec.name], dtype=initial.dtype))
         return DeviceState(0)
 
     def keep_streams(self, new: DeviceState, old: DeviceState, streams: list[int]) -> DeviceState:

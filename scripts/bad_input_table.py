@@ -57,6 +57,8 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("build-engine: a bundle whose graph scores the queries (--fuse-queries)",
          ["build-engine", str(t / "fused"), "--precision", "fp16"]),
         ("build-engine: a negative --verify-frames", ["build-engine", str(b), "--verify-frames", "-1"]),
+        ("build-engine: an int8 engine from a bundle without an int8 graph",
+         ["build-engine", str(b), "--precision", "int8"]),
         ("bench: preset with an adapter", ["bench", "--preset", "tiny+qrnn"]),
         ("bench: --device-only without --device", ["bench", "--quick", "--device-only"]),
         ("bench --out cannot be written", ["bench", "--quick", "--out", "/proc/bench"]),

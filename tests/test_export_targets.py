@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import onnx
 import pytest
 from conftest import random_model
@@ -207,3 +208,104 @@ def test_an_engine_never_checked_against_the_fp32_graph_is_used_with_a_one_line_
 def test_build_engine_is_torch_free_so_a_jetson_with_the_runtime_and_tensorrt_can_run_it():
     code = "import sys, sdqes_edge.export.tensorrt_engine; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# --- which graph each engine precision is built from, by the TensorRT's typing (plan_engine) -------------------
+
+def _demo_bundle():
+    from sdqes_edge.demo import DEMO_BUNDLE
+    from sdqes_edge.runtime.bundle import load_bundle
+
+    return load_bundle(DEMO_BUNDLE)  # fp32 and int8 graphs, no fp16
+
+
+@pytest.mark.parametrize("precision, graph, flags", [("fp32", "fp32", ()), ("fp16", "fp32", ("FP16",)),
+                                                     ("int8", "int8", ("FP16", "INT8"))])
+def test_weak_typing_tensorrt_picks_reduced_precision_kernels_in_the_fp32_or_qdq_graph(precision, graph, flags):
+    from sdqes_edge.export.tensorrt_engine import plan_engine
+
+    plan = plan_engine(precision, _demo_bundle(), weak_typing=True, tensorrt_version="10.3.0")
+    assert (plan.graph_precision, plan.builder_flags, plan.typing) == (graph, flags, "weak")
+    assert plan.state_dtype == "float32"  # the network's I/O keeps the parsed graph's types
+
+
+def test_strong_typing_builds_each_precision_from_its_own_graph_with_no_precision_flags(fp16_bundle):
+    from sdqes_edge.export.tensorrt_engine import plan_engine
+
+    bundle, _ = fp16_bundle
+    fp16 = plan_engine("fp16", bundle, weak_typing=False, tensorrt_version="11.4.0")
+    assert (fp16.graph_precision, fp16.builder_flags, fp16.typing) == ("fp16", (), "strong")
+    assert fp16.state_dtype == "float16"  # the engine's state bindings are fp16: the backends read them so
+    assert plan_engine("int8", _demo_bundle(), weak_typing=False, tensorrt_version="11.4.0").builder_flags == ()
+
+
+def test_an_fp16_engine_under_strong_typing_needs_the_bundles_fp16_graph_and_says_how_to_export_it():
+    from sdqes_edge.errors import UserError
+    from sdqes_edge.export.tensorrt_engine import plan_engine
+
+    with pytest.raises(UserError) as refused:
+        plan_engine("fp16", _demo_bundle(), weak_typing=False, tensorrt_version="11.4.0")
+    message = str(refused.value)
+    assert "no fp16 graph" in message and "TensorRT 11.4.0" in message and "--precision fp16" in message
+    assert "\n" not in message
+
+
+def test_an_int8_engine_needs_the_int8_graph_whatever_the_typing(fp16_bundle):
+    from sdqes_edge.errors import UserError
+    from sdqes_edge.export.tensorrt_engine import plan_engine
+
+    for weak_typing in (True, False):
+        with pytest.raises(UserError, match="no int8 graph.*--precision int8"):
+            plan_engine("int8", fp16_bundle[0], weak_typing=weak_typing, tensorrt_version="10.3.0")
+
+
+# --- an engine's bindings are checked against the bundle before any buffer is made (check_bindings); an engine
+# binds the I/O of the graph it was parsed from, so the graphs' own I/O stand in for the engine's description ----
+
+def _graph_bindings(graph) -> dict:
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+    from sdqes_edge.runtime.tensorrt_backend import Binding
+
+    session = OnnxRuntimeStep(graph).session
+    dtypes = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+    return {t.name: Binding(tuple(t.shape), np.dtype(dtypes[t.type]))
+            for t in [*session.get_inputs(), *session.get_outputs()]}
+
+
+def _expected(bundle) -> dict:
+    from sdqes_edge.runtime.tensorrt_backend import expected_bindings
+
+    return expected_bindings(bundle.state_spec, int(bundle.manifest["embed_dim"]), bundle.image_size,
+                             int(bundle.manifest["batch"]))
+
+
+@pytest.mark.parametrize("precision, state_dtype", [("fp32", np.float32), ("fp16", np.float16)])
+def test_engines_from_the_fp32_and_the_fp16_graph_both_fit_the_bundle(fp16_bundle, precision, state_dtype):
+    from sdqes_edge.runtime.tensorrt_backend import check_bindings
+
+    bundle, _ = fp16_bundle
+    bindings = _graph_bindings(bundle.step_graph(precision))
+    check_bindings(bindings, _expected(bundle), "step.fp16.engine", "rebuild it")
+    assert {b.dtype for name, b in bindings.items() if name.startswith("state_")} == {np.dtype(state_dtype)}
+
+
+def test_an_engine_of_another_graph_is_refused_in_one_line_before_anything_is_bound(fp16_bundle):
+    from sdqes_edge.errors import UserError
+    from sdqes_edge.runtime.tensorrt_backend import Binding, check_bindings
+
+    bundle, _ = fp16_bundle
+    good = _graph_bindings(bundle.step_graph("fp32"))
+    state_in = next(name for name in good if name.startswith("state_in."))
+    state_out = state_in.replace("state_in.", "state_out.")
+    wrong = {
+        "a state tensor missing": {n: b for n, b in good.items() if n != state_in},
+        "another batch": dict(good, frame=Binding((2, *good["frame"].shape[1:]), good["frame"].dtype)),
+        "state in and out disagree": dict(good, **{state_out: Binding(good[state_out].shape, np.dtype(np.float16))}),
+        "an integer embedding": dict(good, embedding=Binding(good["embedding"].shape, np.dtype(np.int32))),
+    }
+    for case, bindings in wrong.items():
+        with pytest.raises(UserError) as refused:
+            check_bindings(bindings, _expected(bundle), "step.fp16.engine", "rebuild it: sdqes-edge build-engine b")
+        message = str(refused.value)
+        assert message.startswith("step.fp16.engine does not fit the bundle's step graph"), case
+        assert message.endswith("rebuild it: sdqes-edge build-engine b") and "\n" not in message, case

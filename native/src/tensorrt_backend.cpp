@@ -1,8 +1,10 @@
 #include "sdqes/tensorrt_backend.hpp"
 
+#include <cstring>
 #include <fstream>
 
 #include <NvInfer.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 namespace sdqes {
@@ -18,6 +20,33 @@ void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(status));
 }
 
+// The bytes of one element of an engine's I/O tensor, read from the engine itself: an fp16 engine built strongly
+// typed (TensorRT 11) holds its state in fp16, one built from the fp32 graph in fp32. Anything else is refused.
+size_t element_bytes(const nvinfer1::ICudaEngine& engine, const std::string& name, const std::string& rebuild) {
+  if (engine.getTensorIOMode(name.c_str()) == nvinfer1::TensorIOMode::kNONE) {
+    throw Error("the engine has no tensor " + name + ", so it is not this bundle's step graph; " + rebuild);
+  }
+  switch (engine.getTensorDataType(name.c_str())) {
+    case nvinfer1::DataType::kFLOAT: return sizeof(float);
+    case nvinfer1::DataType::kHALF: return sizeof(__half);
+    default: throw Error("the engine's " + name + " is neither fp32 nor fp16; " + rebuild);
+  }
+}
+
+// ``count`` copies of ``value`` as the engine stores them (fp32 or fp16 bytes).
+std::vector<unsigned char> filled(int64_t count, float value, size_t bytes_each) {
+  std::vector<unsigned char> out(static_cast<size_t>(count) * bytes_each);
+  for (int64_t i = 0; i < count; ++i) {
+    if (bytes_each == sizeof(float)) {
+      std::memcpy(out.data() + i * bytes_each, &value, sizeof(float));
+    } else {
+      const __half half = __float2half(value);
+      std::memcpy(out.data() + i * bytes_each, &half, sizeof(__half));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 struct TensorRTStep::Impl {
@@ -29,7 +58,7 @@ struct TensorRTStep::Impl {
   void* frame = nullptr;
   void* embedding = nullptr;
   std::vector<void*> sets[2];
-  std::vector<std::vector<float>> initial;
+  std::vector<std::vector<unsigned char>> initial;  // each state tensor's initial bytes, in the engine's dtype
   std::vector<StateTensor> state;
   std::vector<float> host_embedding;
   size_t frame_bytes = 0;
@@ -43,6 +72,13 @@ TensorRTStep::TensorRTStep(const std::filesystem::path& engine_path, const Bundl
   m.runtime.reset(nvinfer1::createInferRuntime(m.logger));
   m.engine.reset(m.runtime->deserializeCudaEngine(blob.data(), blob.size()));
   if (!m.engine) throw Error("TensorRT cannot load " + engine_path.string() + "; rebuild it with sdqes-edge build-engine");
+  const std::string rebuild = "rebuild it: sdqes-edge build-engine " + bundle.root.string();
+  // The frame goes in and the embedding comes out as floats (every step graph's ends are fp32).
+  for (const char* name : {"frame", "embedding"}) {
+    if (element_bytes(*m.engine, name, rebuild) != sizeof(float)) {
+      throw Error(std::string("the engine's ") + name + " is not fp32; " + rebuild);
+    }
+  }
   m.context.reset(m.engine->createExecutionContext());
   check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
   m.state = bundle.state;
@@ -51,10 +87,14 @@ TensorRTStep::TensorRTStep(const std::filesystem::path& engine_path, const Bundl
   check(cudaMalloc(&m.frame, m.frame_bytes), "cudaMalloc");
   check(cudaMalloc(&m.embedding, m.host_embedding.size() * sizeof(float)), "cudaMalloc");
   for (const auto& t : m.state) {
-    m.initial.emplace_back(static_cast<size_t>(t.elements()), t.initial_value);
+    const size_t bytes_each = element_bytes(*m.engine, t.input_name(), rebuild);
+    if (element_bytes(*m.engine, t.output_name(), rebuild) != bytes_each) {
+      throw Error("the engine's " + t.input_name() + " and " + t.output_name() + " differ in dtype; " + rebuild);
+    }
+    m.initial.push_back(filled(t.elements(), t.initial_value, bytes_each));
     for (auto& set : m.sets) {
       void* buffer = nullptr;
-      check(cudaMalloc(&buffer, t.bytes()), "cudaMalloc");
+      check(cudaMalloc(&buffer, m.initial.back().size()), "cudaMalloc");
       set.push_back(buffer);
     }
   }
@@ -73,7 +113,7 @@ TensorRTStep::~TensorRTStep() {
 void TensorRTStep::reset() {
   auto& m = *impl_;
   for (size_t i = 0; i < m.state.size(); ++i) {
-    check(cudaMemcpy(m.sets[0][i], m.initial[i].data(), m.state[i].bytes(), cudaMemcpyHostToDevice), "reset");
+    check(cudaMemcpy(m.sets[0][i], m.initial[i].data(), m.initial[i].size(), cudaMemcpyHostToDevice), "reset");
   }
   m.current = 0;
 }

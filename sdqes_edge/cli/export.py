@@ -217,8 +217,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                             examples=("bundles/qrnn --precision fp16",))
     engine.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
     engine.add_argument("--precision", default=FP16, choices=PRECISIONS,
-                        help="fp16 or fp32 from the fp32 graph, int8 from the bundle's QDQ graph (default "
-                             "%(default)s)")
+                        help="int8 from the bundle's QDQ graph; fp16 and fp32 from the fp32 graph on TensorRT "
+                             "8.5-10, from their own graphs on TensorRT 11 (fp16 then needs a bundle exported with "
+                             "--precision fp16) (default %(default)s)")
     engine.add_argument("--workspace-mib", type=int, default=DEFAULT_WORKSPACE_MIB,
                         help="builder workspace limit (default %(default)s)")
     engine.add_argument("--verify-frames", type=int, default=ENGINE_VERIFY_FRAMES, metavar="N",
