@@ -76,11 +76,18 @@ def _ort_step(path: Path, frame: np.ndarray, threads: int | None) -> Callable[[]
 
 
 def _trt_step(path: Path, model: SDQESModel, frame: np.ndarray, work: Path, log) -> Callable[[], object]:
-    from sdqes_edge.export.tensorrt_engine import build_serialized_engine
-    from sdqes_edge.runtime.tensorrt_backend import TensorRTStep
+    """A TensorRT fp16 engine of the step graph at ``path`` (fp32), planned as build-engine plans it: from that
+    graph with weak typing (TensorRT 8.5-10), from an fp16 graph traced here with strong typing (TensorRT 11)."""
+    from sdqes_edge.export.tensorrt_engine import build_serialized_engine, plan_engine, weak_typing_available
+    from sdqes_edge.runtime.tensorrt_backend import TensorRTStep, require_tensorrt
 
-    serialized, _ = build_serialized_engine(path, FP16, 4096, work / "timing.cache", log)
-    engine = path.with_suffix(".fp16.engine")
+    trt = require_tensorrt()
+    plan = plan_engine(FP16, (FP32, FP16), weak_typing_available(trt), trt.__version__)
+    if plan.graph_precision == FP16:
+        path = path.with_suffix(".fp16.onnx")
+        graphs.export_step_graph(model, path, precision=FP16)
+    serialized, _ = build_serialized_engine(path, plan, 4096, work / "timing.cache", log)
+    engine = path.with_suffix(".engine")
     engine.write_bytes(serialized)
     runner = TensorRTStep(engine, model.state_spec(frame.shape[0]), model.cfg.embed_dim, frame.shape[-1],
                           frame.shape[0])

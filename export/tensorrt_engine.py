@@ -30,7 +30,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 
@@ -92,16 +92,18 @@ def weak_typing_available(trt) -> bool:
     return hasattr(trt.BuilderFlag, "FP16")
 
 
-def plan_engine(precision: str, bundle, weak_typing: bool, tensorrt_version: str) -> EnginePlan:
-    """The plan for ``precision`` from ``bundle``'s graphs, or a one-line UserError naming the graph to export."""
+def plan_engine(precision: str, available: Collection[str], weak_typing: bool, tensorrt_version: str,
+                bundle_root: Path | str = "the bundle") -> EnginePlan:
+    """The plan for ``precision`` given the step graphs ``available`` (their precisions), or a one-line UserError
+    naming the graph to export."""
     graphs = WEAK_TYPING_GRAPHS if weak_typing else STRONG_TYPING_GRAPHS
     plan = EnginePlan(precision, graphs[precision], not weak_typing,
                       WEAK_TYPING_FLAGS[precision] if weak_typing else ())
-    if plan.graph_precision not in bundle.precisions:
+    if plan.graph_precision not in available:
         why = ("" if plan.graph_precision == INT8 else
                f": TensorRT {tensorrt_version} types every network strictly, so an {precision} engine is built "
                f"from the bundle's {precision} graph")
-        raise UserError(f"{bundle.root} has no {plan.graph_precision} graph{why}; re-export it with --precision "
+        raise UserError(f"{bundle_root} has no {plan.graph_precision} graph{why}; re-export it with --precision "
                         f"{plan.graph_precision} (and any other precision it should keep)")
     return plan
 
@@ -173,7 +175,7 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
                         f"(default {ENGINE_VERIFY_FRAMES})")
     bundle = load_bundle(bundle_path)
     if precision == INT8:  # the QDQ graph, whatever the TensorRT: said before looking for a GPU
-        plan_engine(INT8, bundle, weak_typing=True, tensorrt_version="")
+        plan_engine(INT8, bundle.precisions, weak_typing=True, tensorrt_version="", bundle_root=bundle.root)
         _check_symmetric_activations(bundle)
     if bundle.manifest.get("query_count"):
         # The TensorRT backends (Python and C++) bind the frame, the state and the embedding; a fused graph's
@@ -182,7 +184,8 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
                         "which the TensorRT backends do not bind; re-export "
                         "without --fuse-queries (queries are then scored by the runtime, added and removed live)")
     device = current_device()  # refuses a machine without an NVIDIA GPU, TensorRT or pycuda
-    plan = plan_engine(precision, bundle, weak_typing_available(require_tensorrt()), device.tensorrt_version)
+    plan = plan_engine(precision, bundle.precisions, weak_typing_available(require_tensorrt()),
+                       device.tensorrt_version, bundle.root)
     graph = bundle.step_graph(plan.graph_precision)
     out_dir = engine_dir(bundle, device)
     out_dir.mkdir(parents=True, exist_ok=True)

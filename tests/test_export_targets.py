@@ -224,7 +224,7 @@ def _demo_bundle():
 def test_weak_typing_tensorrt_picks_reduced_precision_kernels_in_the_fp32_or_qdq_graph(precision, graph, flags):
     from sdqes_edge.export.tensorrt_engine import plan_engine
 
-    plan = plan_engine(precision, _demo_bundle(), weak_typing=True, tensorrt_version="10.3.0")
+    plan = plan_engine(precision, _demo_bundle().precisions, weak_typing=True, tensorrt_version="10.3.0")
     assert (plan.graph_precision, plan.builder_flags, plan.typing) == (graph, flags, "weak")
     assert plan.state_dtype == "float32"  # the network's I/O keeps the parsed graph's types
 
@@ -233,20 +233,23 @@ def test_strong_typing_builds_each_precision_from_its_own_graph_with_no_precisio
     from sdqes_edge.export.tensorrt_engine import plan_engine
 
     bundle, _ = fp16_bundle
-    fp16 = plan_engine("fp16", bundle, weak_typing=False, tensorrt_version="11.4.0")
+    fp16 = plan_engine("fp16", bundle.precisions, weak_typing=False, tensorrt_version="11.4.0")
     assert (fp16.graph_precision, fp16.builder_flags, fp16.typing) == ("fp16", (), "strong")
     assert fp16.state_dtype == "float16"  # the engine's state bindings are fp16: the backends read them so
-    assert plan_engine("int8", _demo_bundle(), weak_typing=False, tensorrt_version="11.4.0").builder_flags == ()
+    int8 = plan_engine("int8", _demo_bundle().precisions, weak_typing=False, tensorrt_version="11.4.0")
+    assert (int8.graph_precision, int8.builder_flags) == ("int8", ())
 
 
 def test_an_fp16_engine_under_strong_typing_needs_the_bundles_fp16_graph_and_says_how_to_export_it():
     from sdqes_edge.errors import UserError
     from sdqes_edge.export.tensorrt_engine import plan_engine
 
+    demo = _demo_bundle()
     with pytest.raises(UserError) as refused:
-        plan_engine("fp16", _demo_bundle(), weak_typing=False, tensorrt_version="11.4.0")
+        plan_engine("fp16", demo.precisions, weak_typing=False, tensorrt_version="11.4.0", bundle_root=demo.root)
     message = str(refused.value)
-    assert "no fp16 graph" in message and "TensorRT 11.4.0" in message and "--precision fp16" in message
+    assert message.startswith(f"{demo.root} has no fp16 graph") and "TensorRT 11.4.0" in message
+    assert "--precision fp16" in message
     assert "\n" not in message
 
 
@@ -256,7 +259,7 @@ def test_an_int8_engine_needs_the_int8_graph_whatever_the_typing(fp16_bundle):
 
     for weak_typing in (True, False):
         with pytest.raises(UserError, match="no int8 graph.*--precision int8"):
-            plan_engine("int8", fp16_bundle[0], weak_typing=weak_typing, tensorrt_version="10.3.0")
+            plan_engine("int8", fp16_bundle[0].precisions, weak_typing=weak_typing, tensorrt_version="10.3.0")
 
 
 # --- an engine's bindings are checked against the bundle before any buffer is made (check_bindings); an engine
