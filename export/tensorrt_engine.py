@@ -190,7 +190,7 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
     out_dir = engine_dir(bundle, device)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    log(f"building a {precision} engine from {graph.name} ({plan.typing} typing) for {device.name} "
+    log(f"building the {precision} engine from {graph.name} ({plan.typing} typing) for {device.name} "
         f"(sm{device.compute_capability[0]}{device.compute_capability[1]}, TensorRT {device.tensorrt_version}); "
         "this takes minutes ...")
     serialized, seconds = build_serialized_engine(graph, plan, workspace_mib, out_dir / "timing.cache", log)
