@@ -28,6 +28,7 @@ import numpy as np
 
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, LOGITS_OUTPUT, METADATA_KEY, QUERY_INPUT
 from sdqes_edge.errors import UserError
+from sdqes_edge.files import file_sha256, user_cache_dir
 from sdqes_edge.state import StateSpec
 
 from .backend import State, StepResult
@@ -169,13 +170,37 @@ def create_session(path: Path, device: str, threads: int | None = None, cuda_gra
         options.intra_op_num_threads = threads
     options.log_severity_level = 3  # ORT's warnings are about graph rewrites, not the user's input
 
+    providers: list = list(DEVICE_PROVIDERS[device])
+    if device == "tensorrt":
+        providers[0] = ("TensorrtExecutionProvider", tensorrt_cache_options(path))
+
     def make(capture: bool):
-        providers: list = list(DEVICE_PROVIDERS[device])
-        if capture:
-            providers[0] = ("CUDAExecutionProvider", {"enable_cuda_graph": "1"})
-        return ort.InferenceSession(str(path), options, providers=providers)
+        chosen = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), *providers[1:]] if capture else providers
+        return ort.InferenceSession(str(path), options, providers=chosen)
 
     return session_with_capture_fallback(make, cuda_graph, path)
+
+
+def tensorrt_cache_options(path: Path) -> dict[str, str]:
+    """ONNX Runtime's TensorRT provider options that keep its engines and timing cache on disk.
+
+    The provider builds its TensorRT engines when the session is made (minutes for a ViT-B/16 on a Jetson);
+    cached, they load in seconds. It names a cached engine after the graph's structure, not its weights, so a
+    re-exported graph could load a stale engine: the folder is keyed by the graph file's sha256. Where no
+    cache folder can be made, engines are built every time, with a one-line warning."""
+    folder = user_cache_dir() / "ort-tensorrt" / file_sha256(path)[:16]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        first_use = not any(folder.iterdir())
+    except OSError as exc:
+        print(f"warning: cannot make a TensorRT engine cache at {folder} ({exc.strerror or exc}); ONNX Runtime "
+              "builds the engines again every run (set XDG_CACHE_HOME to a writable folder)", file=sys.stderr)
+        return {}
+    if first_use:
+        print(f"ONNX Runtime's TensorRT provider builds engines for {path.name} on first use (minutes); they are "
+              f"kept in {folder}", file=sys.stderr)
+    return {"trt_engine_cache_enable": "True", "trt_engine_cache_path": str(folder),
+            "trt_timing_cache_enable": "True", "trt_timing_cache_path": str(folder)}
 
 
 def session_with_capture_fallback(make, cuda_graph: bool, path: Path):

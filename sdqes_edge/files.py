@@ -28,6 +28,11 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def user_cache_dir() -> Path:
+    """Where this user's caches go: ``$XDG_CACHE_HOME/sdqes-edge``, else ``~/.cache/sdqes-edge``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sdqes-edge"
+
+
 def _process_is_gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -7,6 +7,8 @@ plain replay) are skipped where it is missing, with the reason.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime
 import pytest
@@ -255,3 +257,40 @@ def test_cuda_batch_of_four_with_an_idle_stream_and_a_reset(graphs):
         idle = [3] if t % 4 == 0 else []
         state_c = cpu.keep_streams(a.state, state_c, idle) if idle else a.state
         state_g = gpu.keep_streams(b.state, state_g, idle) if idle else b.state
+
+
+# --- ONNX Runtime's TensorRT provider keeps its engines on disk, keyed by the graph's bytes ------------------------
+
+def test_tensorrt_provider_engines_are_cached_per_graph_content_and_the_first_build_is_announced(
+        tmp_path, monkeypatch, capsys):
+    from sdqes_edge.runtime.onnxruntime_backend import tensorrt_cache_options
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    graph, same, other = tmp_path / "a.onnx", tmp_path / "copy.onnx", tmp_path / "b.onnx"
+    graph.write_bytes(b"graph one")
+    same.write_bytes(b"graph one")
+    other.write_bytes(b"graph two, re-exported")
+    options = tensorrt_cache_options(graph)
+    folder = options["trt_engine_cache_path"]
+    assert folder.startswith(str(tmp_path / "cache" / "sdqes-edge" / "ort-tensorrt"))
+    assert options["trt_engine_cache_enable"] == options["trt_timing_cache_enable"] == "True"
+    assert options["trt_timing_cache_path"] == folder
+    assert "builds engines for a.onnx on first use" in capsys.readouterr().err
+    (Path(folder) / "TRTKernel.engine").write_bytes(b"built")  # what the provider leaves there
+    assert tensorrt_cache_options(same)["trt_engine_cache_path"] == folder  # same bytes, same engines
+    assert capsys.readouterr().err == ""  # nothing to announce once engines are kept
+    assert tensorrt_cache_options(other)["trt_engine_cache_path"] != folder  # new weights never load old engines
+
+
+def test_without_a_writable_cache_the_tensorrt_provider_builds_every_run_with_a_one_line_warning(
+        tmp_path, monkeypatch, capsys):
+    from sdqes_edge.runtime.onnxruntime_backend import tensorrt_cache_options
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    graph = tmp_path / "a.onnx"
+    graph.write_bytes(b"graph")
+    assert tensorrt_cache_options(graph) == {}
+    warning = capsys.readouterr().err
+    assert warning.count("\n") == 1 and "XDG_CACHE_HOME" in warning and "every run" in warning
