@@ -185,8 +185,9 @@ def tensorrt_cache_options(path: Path) -> dict[str, str]:
     """ONNX Runtime's TensorRT provider options that keep its engines and timing cache on disk.
 
     The provider builds its TensorRT engines when the session is made (minutes for a ViT-B/16 on a Jetson);
-    cached, they load in seconds. It names a cached engine after the graph's structure, not its weights, so a
-    re-exported graph could load a stale engine: the folder is keyed by the graph file's sha256. Where no
+    cached, they load in seconds. It names a cached engine after the graph's file name and structure, not its
+    weights (every bundle of one architecture has the same step.fp32.onnx), so another bundle or a re-exported
+    one could load a stale engine: the folder is keyed by the graph file's sha256. Where no
     cache folder can be made, engines are built every time, with a one-line warning."""
     folder = user_cache_dir() / "ort-tensorrt" / file_sha256(path)[:16]
     try:
