@@ -27,6 +27,7 @@ replaces a good one.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +162,23 @@ def _check_symmetric_activations(bundle) -> None:
                         f"re-export with --precision int8 --int8-activations {SYMMETRIC_ACTIVATIONS}")
 
 
+def _check_engines_writable(bundle: Bundle) -> None:
+    """Refuse, before minutes of building, a bundle whose engines cannot be stored (a read-only mount, a file
+    where the engines folder goes); nothing is created here."""
+    engines = bundle.root / ENGINES_FOLDER
+
+    def refuse(why: str):
+        raise UserError(f"cannot store engines in {engines} ({why}): engines live inside the bundle, so copy it to "
+                        f"a folder you can write to (cp -r {bundle.root} DEST) and build there")
+
+    if engines.exists() and not engines.is_dir():
+        refuse("a file is in its place")
+    try:
+        tempfile.TemporaryFile(dir=engines if engines.is_dir() else bundle.root).close()
+    except OSError as exc:
+        refuse(exc.strerror or str(exc))
+
+
 def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: int = DEFAULT_WORKSPACE_MIB,
                  verify_frames: int = ENGINE_VERIFY_FRAMES, log: Callable[[str], None] = print) -> Path:
     """Build (or rebuild) the engine for this device, check it against the fp32 graph over ``verify_frames``
@@ -183,6 +201,7 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
         raise UserError(f"{bundle.root}'s step graph scores its queries inside (exported with --fuse-queries), "
                         "which the TensorRT backends do not bind; re-export "
                         "without --fuse-queries (queries are then scored by the runtime, added and removed live)")
+    _check_engines_writable(bundle)
     device = current_device()  # refuses a machine without an NVIDIA GPU, TensorRT or pycuda
     plan = plan_engine(precision, bundle.precisions, weak_typing_available(require_tensorrt()),
                        device.tensorrt_version, bundle.root)

@@ -59,6 +59,7 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("build-engine: a negative --verify-frames", ["build-engine", str(b), "--verify-frames", "-1"]),
         ("build-engine: an int8 engine from a bundle without an int8 graph",
          ["build-engine", str(b), "--precision", "int8"]),
+        ("build-engine: a bundle where engines cannot be stored", ["build-engine", str(t / "blocked")]),
         ("bench: preset with an adapter", ["bench", "--preset", "tiny+qrnn"]),
         ("bench: --device-only without --device", ["bench", "--quick", "--device-only"]),
         ("bench --out cannot be written", ["bench", "--quick", "--out", "/proc/bench"]),
@@ -89,8 +90,9 @@ def prepare(t: Path) -> Path:
     (t / "photos").mkdir()
     (t / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
     (t / "a.csv").write_text("split,video_uid,query,video_start_time\n")
-    for name in ("garbled", "changed", "escaping", "newer"):
+    for name in ("garbled", "changed", "escaping", "newer", "blocked"):
         shutil.copytree(b, t / name)
+    (t / "blocked" / "engines").write_text("a file where the engines folder goes")
     (t / "garbled" / "manifest.json").write_text("{")
     (t / "changed" / "text.onnx").write_bytes(b"changed")
     m = json.loads((b / "manifest.json").read_text())

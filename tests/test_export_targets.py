@@ -312,3 +312,19 @@ def test_an_engine_of_another_graph_is_refused_in_one_line_before_anything_is_bo
         message = str(refused.value)
         assert message.startswith("step.fp16.engine does not fit the bundle's step graph"), case
         assert message.endswith("rebuild it: sdqes-edge build-engine b") and "\n" not in message, case
+
+
+def test_a_bundle_where_engines_cannot_be_stored_is_refused_before_any_build(fp16_bundle, tmp_path):
+    import shutil
+
+    bundle, _ = fp16_bundle
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle.root, copy, ignore=shutil.ignore_patterns("engines"))
+    (copy / "engines").write_text("a file where the engines folder goes")
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "build-engine", str(copy)],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert f"cannot store engines in {copy / 'engines'} (a file is in its place)" in done.stderr
+    assert "copy it to a folder you can write to" in done.stderr
+    assert (copy / "engines").read_text() == "a file where the engines folder goes"
