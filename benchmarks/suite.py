@@ -79,8 +79,9 @@ def _trt_step(path: Path, model: SDQESModel, frame: np.ndarray, work: Path, log)
     """A TensorRT fp16 engine of the step graph at ``path`` (fp32), planned as build-engine plans it: from that
     graph with weak typing (TensorRT 8.5-10), from an fp16 graph traced here with strong typing (TensorRT 11)."""
     from sdqes_edge.export.tensorrt_engine import build_serialized_engine, plan_engine, weak_typing_available
-    from sdqes_edge.runtime.tensorrt_backend import TensorRTStep, require_tensorrt
+    from sdqes_edge.runtime.tensorrt_backend import TensorRTStep, current_device, require_tensorrt
 
+    current_device()  # CUDA must start here (a container without the GPU still shows the driver): one line if not
     trt = require_tensorrt()
     plan = plan_engine(FP16, (FP32, FP16), weak_typing_available(trt), trt.__version__)
     if plan.graph_precision == FP16:

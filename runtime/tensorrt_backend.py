@@ -90,8 +90,16 @@ def current_device() -> DeviceInfo:
     trt = require_tensorrt()
     import pycuda.driver as cuda
 
-    cuda.init()
-    if cuda.Device.count() == 0:
+    try:
+        cuda.init()
+        count = cuda.Device.count()
+    except cuda.Error as exc:
+        # The driver's files are there but CUDA cannot start: typically a container started without the GPU
+        # (its /proc still shows the host's driver), or a driver older than this CUDA.
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"CUDA cannot start on this machine ({reason}); check `nvidia-smi`, and in a container "
+                        "give it the GPU (docker run --gpus all)") from None
+    if count == 0:
         raise UserError("the NVIDIA driver reports no CUDA device; check `nvidia-smi`")
     device = cuda.Device(0)
     return DeviceInfo(device.name(), tuple(device.compute_capability()), trt.__version__)
@@ -183,6 +191,7 @@ class TensorRTStep:
     def __init__(self, engine_path: Path, spec, embed_dim: int, image_size: int, batch: int,
                  rebuild: str = "rebuild it with sdqes-edge build-engine"):
         trt = require_tensorrt()
+        current_device()  # CUDA must start (else one line saying why) before pycuda.autoinit makes its context
         import pycuda.autoinit  # noqa: F401  (creates the CUDA context)
         import pycuda.driver as cuda
 
