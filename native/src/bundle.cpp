@@ -1,4 +1,5 @@
 // Bundle reading and validation: the C++ twin of runtime/bundle.py.
+#include <algorithm>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -217,6 +218,59 @@ fs::path find_engine(const Bundle& bundle, const std::string& precision, const s
               (device_folder.empty() ? "" : " for " + device_folder) +
               "; build one on the device: sdqes-edge build-engine " + bundle.root.string() + " --precision " +
               precision);
+}
+
+namespace {
+
+// "10.3.0.26" -> "10.3.0": the Python bindings report three or four parts depending on the platform.
+std::string release_of(const std::string& version) {
+  size_t dots = 0, end = 0;
+  while (end < version.size() && !(version[end] == '.' && ++dots == 3)) ++end;
+  return version.substr(0, end);
+}
+
+}  // namespace
+
+fs::path find_engine(const Bundle& bundle, const std::string& precision, const EngineTarget& target) {
+  const fs::path engines = inside_bundle(bundle.root, "engines");
+  const std::string file = "step." + precision + ".engine";
+  const std::string wanted = "sm" + std::to_string(target.cc_major) + std::to_string(target.cc_minor) +
+                             " with TensorRT " + release_of(target.tensorrt_version);
+  std::vector<std::string> seen;  // what the bundle has: "<folder> (smXY, TensorRT v)"
+  if (fs::is_directory(engines)) {
+    std::vector<fs::path> folders;
+    for (const auto& dir : fs::directory_iterator(engines)) folders.push_back(dir.path().filename());
+    std::sort(folders.begin(), folders.end());  // the same answer whatever order the file system lists
+    for (const auto& folder : folders) {
+      const fs::path path = inside_bundle(bundle.root, "engines/" + folder.string() + "/" + file);
+      if (!fs::is_regular_file(path)) continue;
+      json sidecar;
+      try {
+        std::ifstream in(fs::path(path).replace_extension(".json"));
+        sidecar = json::parse(in);
+      } catch (const std::exception&) {
+        seen.push_back(folder.string() + " (no readable sidecar)");
+        continue;
+      }
+      const json cc = sidecar.value("compute_capability", json::array());
+      const std::string built = sidecar.value("tensorrt_version", std::string());
+      if (!cc.is_array() || cc.size() != 2 || !cc[0].is_number_integer() || !cc[1].is_number_integer()) {
+        seen.push_back(folder.string() + " (sidecar without a compute capability)");
+        continue;
+      }
+      if (cc[0].get<int>() == target.cc_major && cc[1].get<int>() == target.cc_minor &&
+          release_of(built) == release_of(target.tensorrt_version)) {
+        return path;
+      }
+      seen.push_back(folder.string() + " (sm" + std::to_string(cc[0].get<int>()) + std::to_string(cc[1].get<int>()) +
+                     ", TensorRT " + built + ")");
+    }
+  }
+  std::string has;
+  for (const auto& s : seen) has += (has.empty() ? "" : ", ") + s;
+  throw Error(bundle.root.string() + " has no " + precision + " TensorRT engine for " + wanted +
+              (has.empty() ? "" : " (it has: " + has + ")") + "; build one on this device: sdqes-edge build-engine " +
+              bundle.root.string() + " --precision " + precision);
 }
 
 }  // namespace sdqes

@@ -49,6 +49,19 @@ std::vector<unsigned char> filled(int64_t count, float value, size_t bytes_each)
 
 }  // namespace
 
+EngineTarget current_engine_target() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  cudaDeviceProp properties{};
+  check(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+  EngineTarget target;
+  target.cc_major = properties.major;
+  target.cc_minor = properties.minor;
+  target.tensorrt_version = std::to_string(NV_TENSORRT_MAJOR) + "." + std::to_string(NV_TENSORRT_MINOR) + "." +
+                            std::to_string(NV_TENSORRT_PATCH);
+  return target;
+}
+
 struct TensorRTStep::Impl {
   Logger logger;
   std::unique_ptr<nvinfer1::IRuntime> runtime;

@@ -171,6 +171,37 @@ TEST(Bundle, AMissingEngineSaysHowToBuildOne) {
   }
 }
 
+// A bundle carrying engines for two devices, with sidecars as build-engine writes them: the engine built for this
+// GPU's architecture and this TensorRT release is chosen, whatever order the folders are listed in.
+TEST(Bundle, TheEngineForThisGpuAndTensorRTIsChosenByItsSidecar) {
+  const fs::path root = copy_bundle("engines");
+  const auto plant = [&](const std::string& folder, json cc, const std::string& version) {
+    fs::create_directories(root / "engines" / folder);
+    std::ofstream(root / "engines" / folder / "step.fp16.engine") << "engine";
+    std::ofstream(root / "engines" / folder / "step.fp16.json")
+        << json{{"compute_capability", cc}, {"tensorrt_version", version}}.dump();
+  };
+  plant("jetson-orin-sm87-trt10.3.0", {8, 7}, "10.3.0");
+  plant("nvidia-h100-sm90-trt11.0.0.5", {9, 0}, "11.0.0.5");
+  const sdqes::Bundle b = sdqes::load_bundle(root);
+
+  EXPECT_EQ(sdqes::find_engine(b, "fp16", sdqes::EngineTarget{9, 0, "11.0.0"}).parent_path().filename(),
+            "nvidia-h100-sm90-trt11.0.0.5");  // the build number is not part of the match
+  EXPECT_EQ(sdqes::find_engine(b, "fp16", sdqes::EngineTarget{8, 7, "10.3.0.26"}).parent_path().filename(),
+            "jetson-orin-sm87-trt10.3.0");
+  try {
+    sdqes::find_engine(b, "fp16", sdqes::EngineTarget{8, 7, "10.4.0"});
+    FAIL() << "an engine of another TensorRT release must not be chosen";
+  } catch (const sdqes::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("no fp16 TensorRT engine for sm87 with TensorRT 10.4.0"), std::string::npos) << message;
+    EXPECT_NE(message.find("jetson-orin-sm87-trt10.3.0 (sm87, TensorRT 10.3.0)"), std::string::npos) << message;
+    EXPECT_NE(message.find("sdqes-edge build-engine " + root.string() + " --precision fp16"), std::string::npos);
+    EXPECT_EQ(message.find('\n'), std::string::npos);
+  }
+  fs::remove_all(root);
+}
+
 TEST(CApi, OpensABundleAndReportsErrorsAsText) {
   char error[512] = {0};
   sdqes_bundle* b = sdqes_bundle_open((kVectors / "bundle").c_str(), error, sizeof error);

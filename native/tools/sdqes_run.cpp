@@ -72,12 +72,13 @@ int run(int argc, char** argv) {
   if (o.count("--max-alerts")) policy.max_alerts = static_cast<int>(number(o, "--max-alerts", 1));
   policy.validate();
   const std::string precision = o.at("--precision");
-  const auto engine = sdqes::find_engine(bundle, precision);
 #ifndef SDQES_WITH_TENSORRT
-  (void)engine;
+  (void)sdqes::find_engine(bundle, precision);  // a bundle without any engine says how to build one first
   throw sdqes::Error("this sdqes-run was built without the TensorRT backend (CMake found no TensorRT/CUDA); "
                      "build it on the NVIDIA device with TensorRT installed");
 #else
+  // The engine built for this GPU and this TensorRT, by its sidecar: a bundle may carry engines for several.
+  const auto engine = sdqes::find_engine(bundle, precision, sdqes::current_engine_target());
   const std::string source = o.at("--source");
   cv::VideoCapture capture;
   const bool camera = !source.empty() && source.find_first_not_of("0123456789") == std::string::npos;

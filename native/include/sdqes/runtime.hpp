@@ -130,4 +130,16 @@ class JsonlSink {
 std::filesystem::path find_engine(const Bundle& bundle, const std::string& precision,
                                   const std::string& device_folder = "");
 
+// What an engine must have been built for, as build-engine's JSON sidecar records it: engines are specific to
+// the GPU architecture and the TensorRT version.
+struct EngineTarget {
+  int cc_major = 0;
+  int cc_minor = 0;
+  std::string tensorrt_version;  // "major.minor.patch[.build]"; major.minor.patch must match the sidecar's
+};
+
+// The `precision` engine whose sidecar records `target`, among every device folder of engines/; otherwise an
+// error naming what the bundle has and the command that builds the right one on this device.
+std::filesystem::path find_engine(const Bundle& bundle, const std::string& precision, const EngineTarget& target);
+
 }  // namespace sdqes

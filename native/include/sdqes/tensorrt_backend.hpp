@@ -10,6 +10,10 @@
 
 namespace sdqes {
 
+// This GPU's compute capability (device 0) and the TensorRT this backend was compiled against: what an engine
+// must have been built for (find_engine picks it by its sidecar).
+EngineTarget current_engine_target();
+
 class TensorRTStep {
  public:
   TensorRTStep(const std::filesystem::path& engine, const Bundle& bundle);
