@@ -12,6 +12,7 @@ next ones, in order. A live source that disconnects is reopened with back-off.
 from __future__ import annotations
 
 import abc
+import atexit
 import itertools
 import os
 import queue
@@ -31,6 +32,22 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
 RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; then the source gives up
 TRUNCATION_SLACK_FRAMES = 2  # a file may decode this many frames (or 1%) fewer than its container lists
+READER_STOP_TIMEOUT_S = 2.0  # how long a stopped reader thread may take to leave OpenCV and end
+
+# Reader threads not yet joined. A stream left unfinished by an exception (SIGTERM in the middle of `score`) may
+# keep its frame generator, and so its reader, alive until Python exits; a daemon thread still inside an OpenCV
+# call when Python finalizes is killed inside a C++ frame, and the process aborts ("FATAL: exception not
+# rethrown", exit -6) after its outputs were written. So every reader still running is stopped and joined first.
+_LIVE_READERS: dict[threading.Thread, threading.Event] = {}
+
+
+@atexit.register
+def _stop_live_readers() -> None:
+    readers = list(_LIVE_READERS.items())
+    for _, stop in readers:
+        stop.set()
+    for thread, _ in readers:
+        thread.join(timeout=READER_STOP_TIMEOUT_S)
 # Threads preprocessing a file's frames while the reader decodes the next ones (numpy releases the GIL in its
 # products): one core is left to the decoder, and beyond four the step, not the source, is the bottleneck.
 PREPARE_WORKERS = min(4, max(1, (os.cpu_count() or 2) - 1))
@@ -161,6 +178,7 @@ class FrameSource(abc.ABC):
                         return
 
         thread = threading.Thread(target=reader, name=f"source-{self.name}", daemon=True)
+        _LIVE_READERS[thread] = stop
         thread.start()
         try:
             while True:
@@ -175,7 +193,9 @@ class FrameSource(abc.ABC):
                 raise errors[0]
         finally:
             stop.set()
-            thread.join(timeout=2.0)
+            thread.join(timeout=READER_STOP_TIMEOUT_S)
+            if not thread.is_alive():  # else it stays listed, to be joined again before Python exits
+                _LIVE_READERS.pop(thread, None)
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
 

@@ -53,6 +53,15 @@ def raise_on_termination() -> None:
         signal.signal(signum, handler)
 
 
+def ignore_termination() -> None:
+    """SIGTERM and SIGHUP are ignored from here on (main thread only): for when the work is done and every output
+    closed, so that a signal landing in Python's own teardown (unloading ONNX Runtime, joining threads) cannot
+    turn a finished run into a process killed by a signal."""
+    if _in_main_thread():
+        for signum in TERMINATION_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+
+
 class FinishFrameThenStop:
     """Within the block, SIGINT/SIGTERM/SIGHUP set ``requested``; the loop checks it between frames.
 

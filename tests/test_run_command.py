@@ -174,3 +174,40 @@ def test_a_bundle_of_a_newer_format_is_refused(exported, tmp_path):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     done = run_cli("run", str(copy), "--source", "x.mp4", "--query", "q")
     assert done.returncode == 2 and "newer than this runtime reads" in done.stderr
+
+
+def test_a_reader_thread_left_running_by_an_unfinished_stream_is_stopped_before_python_exits(tmp_path):
+    """A stream an exception left unfinished keeps its reader thread; one still inside OpenCV when Python
+    finalizes aborts the process (exit -6). Readers are stopped and joined before that: this checks, from an
+    exit handler that runs after ours, that none is left."""
+    video = write_video(tmp_path / "long.mp4", sample_frames(120, 96, 128))
+    code = (
+        "import atexit, sys, threading\n"
+        "atexit.register(lambda: print('readers left:', [t.name for t in threading.enumerate()"
+        " if t.name.startswith('source-') and t.is_alive()]))\n"
+        "from sdqes_edge.runtime.sources import open_source\n"
+        f"frames = open_source({str(video)!r}, 30.0).threaded()\n"
+        "next(frames)  # one frame taken, the rest abandoned: the generator is never closed\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "readers left: []" in done.stdout, done.stdout
+
+
+def test_after_a_finished_command_python_tears_down_deaf_to_sigterm_so_a_late_signal_is_not_a_kill():
+    """Once the command has returned (outputs closed), a SIGTERM landing while Python unloads ONNX Runtime and
+    joins threads used to end a complete run as killed (-15). From then on SIGTERM and SIGHUP are ignored: an
+    exit handler sees them so, and a SIGTERM sent there changes nothing."""
+    code = (
+        "import atexit, os, signal, sys\n"
+        "def late():\n"
+        "    print('SIGTERM ignored:', signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "atexit.register(late)\n"
+        "from sdqes_edge.cli import main\n"
+        "sys.argv = ['sdqes-edge', 'info', '--list-presets']\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "SIGTERM ignored: True" in done.stdout and "Exception ignored" not in done.stderr

@@ -26,7 +26,7 @@ from sdqes_edge.cli import bench, demo, evaluate, export, model, score, training
 from sdqes_edge.cli import run as run_command
 from sdqes_edge.cli.common import PROG, check_output_paths
 from sdqes_edge.errors import UserError
-from sdqes_edge.stopping import exit_code_of, raise_on_termination
+from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination
 
 __all__ = ["PROG", "build_parser", "main", "run"]
 
@@ -75,4 +75,6 @@ def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argume
 
 
 def main() -> None:
-    sys.exit(run(sys.argv[1:]))
+    code = run(sys.argv[1:])
+    ignore_termination()  # done, outputs closed: a signal in Python's teardown must not make it a kill (-15)
+    sys.exit(code)
