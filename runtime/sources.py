@@ -32,6 +32,9 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
 RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; then the source gives up
 TRUNCATION_SLACK_FRAMES = 2  # a file may decode this many frames (or 1%) fewer than its container lists
+# Threads preprocessing a file's frames while the reader decodes the next ones (numpy releases the GIL in its
+# products): one core is left to the decoder, and beyond four the step, not the source, is the bottleneck.
+PREPARE_WORKERS = min(4, max(1, (os.cpu_count() or 2) - 1))
 READER_STOP_TIMEOUT_S = 2.0  # how long a stopped reader thread may take to leave OpenCV and end
 
 # Reader threads not yet joined. A stream left unfinished by an exception (SIGTERM in the middle of `score`) may
@@ -48,9 +51,6 @@ def _stop_live_readers() -> None:
         stop.set()
     for thread, _ in readers:
         thread.join(timeout=READER_STOP_TIMEOUT_S)
-# Threads preprocessing a file's frames while the reader decodes the next ones (numpy releases the GIL in its
-# products): one core is left to the decoder, and beyond four the step, not the source, is the bottleneck.
-PREPARE_WORKERS = min(4, max(1, (os.cpu_count() or 2) - 1))
 
 
 def quiet_opencv_logs() -> None:
