@@ -172,6 +172,8 @@ def create_session(path: Path, device: str, threads: int | None = None, cuda_gra
 
     providers: list = list(DEVICE_PROVIDERS[device])
     if device == "tensorrt":
+        # No trt_fp16_enable/trt_int8_enable: without them ONNX Runtime (1.22 and newer) builds strongly typed
+        # TensorRT networks, so each bundle graph runs in the precision it was exported and checked in.
         providers[0] = ("TensorrtExecutionProvider", tensorrt_cache_options(path))
 
     def make(capture: bool):
