@@ -12,6 +12,7 @@ import numpy as np
 
 from sdqes_edge.errors import UserError
 from sdqes_edge.metrics import rising_edge_mask
+from sdqes_edge.progress import progress_bar
 from sdqes_edge.runtime.backend import State
 from sdqes_edge.runtime.queries import score
 from sdqes_edge.tolerances import VARIANT_TOLERANCES
@@ -37,16 +38,9 @@ def max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
 
 
 def progress(iterable, total: int, desc: str, show: bool):
-    """A tqdm progress bar over ``iterable`` when ``show`` and tqdm is installed (the export extra has it; a
-    device with the runtime alone may not)."""
-    if not show:
-        return iterable
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return iterable
-
-    return tqdm(iterable, total=total, desc=desc, unit="frame", leave=False)
+    """``iterable`` of frames with a progress bar when ``show`` (and tqdm is installed)."""
+    bar = progress_bar(total, "frame", desc, show, iterable)
+    return iterable if bar is None else bar
 
 
 @dataclass

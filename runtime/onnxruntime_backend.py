@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, LOGITS_OUTPUT, METADATA_KEY, QUERY_INPUT
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, first_line
 from sdqes_edge.files import file_sha256, user_cache_dir
 from sdqes_edge.state import StateSpec
 
@@ -212,20 +212,16 @@ def session_with_capture_fallback(make, cuda_graph: bool, path: Path):
         try:
             return make(True), True
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph types
-            refusal = _first_line(exc)
+            refusal = first_line(exc)
     try:
         session = make(False)
     except Exception as exc:  # a damaged file fails here too, captured or not
-        raise UserError(f"ONNX Runtime cannot load {path} ({_first_line(exc)}); "
+        raise UserError(f"ONNX Runtime cannot load {path} ({first_line(exc)}); "
                         "the file is damaged or not a step graph: re-export it") from None
     if cuda_graph:
         print(f"warning: ONNX Runtime refused CUDA graph capture for {path.name} ({refusal}); stepping without it",
               file=sys.stderr)
     return session, False
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _graph_shapes(session, spec: StateSpec, path: Path) -> dict[str, tuple[int, ...]]:
@@ -235,7 +231,7 @@ def _graph_shapes(session, spec: StateSpec, path: Path) -> dict[str, tuple[int, 
     shapes = {}
     for t in spec:
         shape = tuple(declared[t.input_name])
-        if shape not in (t.shape, t.graph_shape):
+        if shape not in t.boundary_shapes:
             raise UserError(f"{path} takes {t.input_name} as {list(shape)}, but its description says {list(t.shape)}; "
                             "re-export it")
         shapes[t.name] = shape

@@ -32,7 +32,7 @@ from sdqes_edge.contract import (
     STATE_OUTPUT_PREFIX,
     engine_name,
 )
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, first_line
 
 from .backend import StepResult
 from .bundle import Bundle, inside_bundle
@@ -96,9 +96,8 @@ def current_device() -> DeviceInfo:
     except cuda.Error as exc:
         # The driver's files are there but CUDA cannot start: typically a container started without the GPU
         # (its /proc still shows the host's driver), or a driver older than this CUDA.
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"CUDA cannot start on this machine ({reason}); check `nvidia-smi`, and in a container "
-                        "give it the GPU (docker run --gpus all)") from None
+        raise UserError(f"CUDA cannot start on this machine ({first_line(exc)}); check `nvidia-smi`, and in a "
+                        "container give it the GPU (docker run --gpus all)") from None
     if count == 0:
         raise UserError("the NVIDIA driver reports no CUDA device; check `nvidia-smi`")
     device = cuda.Device(0)
@@ -149,11 +148,11 @@ def engine_bindings(engine, trt) -> dict[str, Binding]:
 
 
 def expected_bindings(spec, embed_dim: int, image_size: int, batch: int) -> dict[str, set[tuple[int, ...]]]:
-    """The shapes the step graph's I/O may have, by name, from the bundle's contract (no fused queries). A state
-    tensor is [B*L, ...] in graphs of the current layout and [B, L, ...] in older ones: the same bytes."""
+    """The shapes the step graph's I/O may have, by name, from the bundle's contract (no fused queries); a state
+    tensor's are its ``boundary_shapes``."""
     shapes = {FRAME_INPUT: {(batch, 3, image_size, image_size)}, EMBEDDING_OUTPUT: {(batch, embed_dim)}}
     for tensor in spec:
-        shapes[tensor.input_name] = shapes[tensor.output_name] = {tuple(tensor.shape), tuple(tensor.graph_shape)}
+        shapes[tensor.input_name] = shapes[tensor.output_name] = tensor.boundary_shapes
     return shapes
 
 
@@ -190,10 +189,10 @@ class DeviceState:
 class TensorRTStep:
     def __init__(self, engine_path: Path, spec, embed_dim: int, image_size: int, batch: int,
                  rebuild: str = "rebuild it with sdqes-edge build-engine"):
-        trt = require_tensorrt()
-        current_device()  # CUDA must start (else one line saying why) before pycuda.autoinit makes its context
+        current_device()  # TensorRT, pycuda and a CUDA that starts (else one line saying which is missing)
         import pycuda.autoinit  # noqa: F401  (creates the CUDA context)
         import pycuda.driver as cuda
+        import tensorrt as trt
 
         self.cuda, self.spec = cuda, spec
         self.logger = trt.Logger(trt.Logger.WARNING)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from sdqes_edge.annotations import Annotation, by_video
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, first_line
 from sdqes_edge.traces import TRACE_SUFFIX, StreamScores, load_scores, save_scores
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm")
@@ -106,8 +106,7 @@ class StreamScorer:
         try:
             trace, frames = self._trace(task)
         except Exception as exc:  # noqa: BLE001  (any failure of one video is reported; the rest carry on)
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return StreamOutcome(task.stream, None, error=message, seconds=time.perf_counter() - started)
+            return StreamOutcome(task.stream, None, error=first_line(exc), seconds=time.perf_counter() - started)
         return StreamOutcome(task.stream, trace, frames, time.perf_counter() - started)
 
     def _trace(self, task: StreamTask) -> tuple[StreamScores, int]:

@@ -47,6 +47,12 @@ class StateTensorSpec:
             return self.shape
         return (self.shape[0] * self.shape[1],) + self.shape[2:]
 
+    @property
+    def boundary_shapes(self) -> set[tuple[int, ...]]:
+        """The shapes a step graph may take and give this tensor in: ``graph_shape``, or ``shape`` in graphs
+        exported before that layout; the same bytes either way, so a runtime binds either."""
+        return {tuple(self.shape), tuple(self.graph_shape)}
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
                 "initial_value": self.initial_value}

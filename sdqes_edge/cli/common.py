@@ -51,16 +51,3 @@ def check_output_paths(args: argparse.Namespace) -> None:
     for attr in getattr(args, "output_dirs", ()):
         if getattr(args, attr, None):
             check_output_dir(getattr(args, attr), "--" + attr.replace("_", "-"))
-
-
-def progress_bar(total: int | None, unit: str, desc: str, enabled: bool = True):
-    """A tqdm bar on stderr where tqdm is installed (the runtime does not require it), else None."""
-    if not enabled or total is None:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    import sys
-
-    return tqdm(total=total, unit=unit, desc=desc, leave=False, file=sys.stderr)

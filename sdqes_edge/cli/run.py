@@ -8,10 +8,11 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, progress_bar
+from sdqes_edge.cli.common import PROG, add_subcommand
 from sdqes_edge.contract import INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import check_output_dir, check_output_file
+from sdqes_edge.progress import progress_bar
 from sdqes_edge.runtime.detector import BACKENDS, RunStats, StreamingDetector
 from sdqes_edge.runtime.onnxruntime_backend import DEVICE_PROVIDERS
 from sdqes_edge.runtime.sinks import check_annotation_path

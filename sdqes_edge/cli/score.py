@@ -8,8 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, progress_bar
+from sdqes_edge.cli.common import PROG, add_subcommand
 from sdqes_edge.errors import UserError
+from sdqes_edge.progress import progress_bar
 
 LOCAL_RAY = "local"  # --ray with no address: start a local Ray instance (or join RAY_ADDRESS)
 FAILURES_NAME = "failures.json"
