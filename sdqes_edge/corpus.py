@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -141,6 +142,9 @@ _worker_scorer: StreamScorer | None = None  # one per worker process, loaded by 
 
 def _load_worker(bundle: str, threads: int, quiet_opencv: bool) -> None:
     global _worker_scorer
+    # Ctrl-C reaches the whole process group: the driver alone decides what stops (it ends the pool), so a
+    # worker never prints a KeyboardInterrupt traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if quiet_opencv:  # what the parent chose for itself, chosen again in this fresh process
         from sdqes_edge.runtime.sources import quiet_opencv_logs
 
@@ -168,15 +172,33 @@ def score_in_pool(tasks: list[StreamTask], bundle: Path, workers: int, threads: 
     context = multiprocessing.get_context("forkserver")  # workers start clean: no threads or sessions inherited
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_load_worker,
                                initargs=(str(bundle), threads, quiet_opencv))
-    futures = {pool.submit(_score_in_worker, task): task for task in tasks}
     try:
+        futures = {pool.submit(_score_in_worker, task): task for task in tasks}  # starts the workers
         for future in as_completed(futures):
             try:
                 report(future.result())
             except BrokenProcessPool:
                 report(StreamOutcome(futures[future].stream, None, error="its worker process died (out of memory?)"))
+    except BaseException:  # the run ends early (Ctrl-C, SIGTERM, a trace it cannot write): nothing in flight is kept
+        _end_workers(pool)
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _end_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop a pool's workers now (SIGTERM), not after the streams they hold: a stopped run must stop promptly
+    (``docker stop`` kills it 10 s after asking), and an unfinished stream is scored again on the next run.
+
+    ``ProcessPoolExecutor.terminate_workers`` exists from Python 3.14; before it, the pool's own process table
+    (``_processes``, unchanged since 3.2) is the only handle on its workers."""
+    terminate = getattr(pool, "terminate_workers", None)
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.terminate()
 
 
 def save_outcome(out: Path, outcome: StreamOutcome) -> Path | None:

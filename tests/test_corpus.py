@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
@@ -137,3 +141,66 @@ def test_a_video_folder_that_does_not_exist_is_one_line(corpus, tmp_path):
     done = score(corpus, tmp_path / "out", videos=tmp_path / "nowhere")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "does not exist" in done.stderr
+
+
+
+class EndlessMJPEG(BaseHTTPRequestHandler):
+    """A live stream that never ends: the same JPEG frame, 20 a second, as multipart/x-mixed-replace."""
+
+    def do_GET(self):
+        frame = cv2.imencode(".jpg", np.full((64, 64, 3), 128, np.uint8))[1].tobytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+        self.end_headers()
+        part = b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n" % (len(frame), frame)
+        try:
+            while True:
+                self.wfile.write(part)
+                time.sleep(0.05)
+        except OSError:  # the client is gone
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def endless_stream():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), EndlessMJPEG)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/stream.mjpg"
+    server.shutdown()
+    server.server_close()
+
+
+STOP_POOL_ON_FIRST_OUTCOME = """
+import sys
+from pathlib import Path
+from sdqes_edge.corpus import StreamTask, score_in_pool
+
+bundle, finite, endless = sys.argv[1:]
+def stop(outcome):  # what Ctrl-C or SIGTERM does in the driver while a worker still holds a stream
+    print("first outcome", outcome.stream, outcome.error, flush=True)
+    raise KeyboardInterrupt
+tasks = [StreamTask("endless", endless, (("a query", "an alert"),)),
+         StreamTask("finite", finite, (("a query", "an alert"),))]
+try:
+    score_in_pool(tasks, Path(bundle), workers=2, threads=1, report=stop)
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+"""
+
+
+def test_a_stopped_pool_does_not_wait_for_the_streams_its_workers_hold(corpus, endless_stream):
+    finite = corpus / "videos" / f"{uids(corpus)[0]}.avi"
+    process = subprocess.Popen([sys.executable, "-c", STOP_POOL_ON_FIRST_OUTCOME, str(DEMO_BUNDLE), str(finite),
+                                endless_stream], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # its own process group, workers included: see finally
+    try:
+        stdout, stderr = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        stdout, stderr = "", "the stopped pool waited for the worker that holds the endless stream"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert stdout.splitlines() == ["first outcome finite None", "stopped"], stderr
