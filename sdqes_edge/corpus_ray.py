@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sdqes_edge.corpus import Report, StreamOutcome, StreamScorer, StreamTask
 from sdqes_edge.errors import UserError
+from sdqes_edge.stopping import handlers_kept
 
 INSTALL_HINT = "--ray needs Ray: pip install 'sdqes-edge[ray]'"
 ACTOR_RESTARTS = 2  # a worker process that dies is restarted this often...
@@ -78,8 +79,9 @@ def connect(address: str | None, init_args: dict | None = None):
     ray = require_ray()
     if not ray.is_initialized():
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                     **(init_args or {}))
+            with handlers_kept():  # SIGTERM stays a stop this program reports, not Ray's stack dump
+                ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+                         **(init_args or {}))
         except ConnectionError as exc:
             raise UserError(f"--ray {address}: cannot reach a Ray cluster ({str(exc).splitlines()[0]}); start one "
                             "with `ray start --head`, or give --ray without an address for a local instance") from None

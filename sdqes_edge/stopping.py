@@ -14,6 +14,7 @@ The exit status is 128 + the signal's number (130 Ctrl-C, 143 SIGTERM, 129 SIGHU
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 
@@ -33,8 +34,22 @@ class Stopped(KeyboardInterrupt):
         return 128 + int(self.signum)
 
 
+# The termination signal ``raise_on_termination``'s handler last turned into ``Stopped``: a library that catches
+# the exception and raises a plain KeyboardInterrupt in its place (Ray's ``wait`` and ``get`` do) loses which
+# signal it was, and the exit status must still say SIGTERM to systemd or docker.
+_last_termination: int | None = None
+
+
+def signal_of(interrupt: KeyboardInterrupt) -> int:
+    """The signal behind an interrupt: its own for ``Stopped``; else a termination signal received since
+    ``raise_on_termination`` (re-raised as a plain KeyboardInterrupt by a library); else SIGINT (Ctrl-C)."""
+    if isinstance(interrupt, Stopped):
+        return int(interrupt.signum)
+    return _last_termination if _last_termination is not None else int(signal.SIGINT)
+
+
 def exit_code_of(interrupt: KeyboardInterrupt) -> int:
-    return interrupt.exit_code if isinstance(interrupt, Stopped) else 128 + int(signal.SIGINT)
+    return 128 + signal_of(interrupt)
 
 
 def _in_main_thread() -> bool:
@@ -47,6 +62,8 @@ def raise_on_termination() -> None:
         return
 
     def handler(signum, _frame):
+        global _last_termination
+        _last_termination = signum
         raise Stopped(signum)
 
     for signum in TERMINATION_SIGNALS:
@@ -60,6 +77,21 @@ def ignore_termination() -> None:
     if _in_main_thread():
         for signum in TERMINATION_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def handlers_kept():
+    """Within the block, code may install its own SIGTERM/SIGHUP handlers; the ones before are put back after
+    it (main thread only). For libraries that take the signals over as they start: Ray's ``init`` installs a
+    crash logger on SIGTERM that prints a stack dump and exits 1, so a stopped run neither cleaned up nor said so.
+    """
+    previous = {signum: signal.getsignal(signum) for signum in TERMINATION_SIGNALS} if _in_main_thread() else {}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:  # None: a handler installed outside Python, which cannot be put back
+                signal.signal(signum, handler)
 
 
 class FinishFrameThenStop:

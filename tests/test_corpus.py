@@ -204,3 +204,42 @@ def test_a_stopped_pool_does_not_wait_for_the_streams_its_workers_hold(corpus, e
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert stdout.splitlines() == ["first outcome finite None", "stopped"], stderr
+
+
+STOP_RAY_MID_STREAM = """
+import sys
+from pathlib import Path
+from sdqes_edge.corpus import StreamTask
+from sdqes_edge.corpus_ray import score_on_ray
+from sdqes_edge.stopping import exit_code_of, raise_on_termination
+
+bundle, finite, endless = sys.argv[1:]
+raise_on_termination()  # as the command line does first
+tasks = [StreamTask("endless", endless, (("a query", "an alert"),)),
+         StreamTask("finite", finite, (("a query", "an alert"),))]
+try:
+    score_on_ray(tasks, Path(bundle), threads=1, report=lambda o: print("outcome", o.stream, o.error, flush=True),
+                 actors=2)
+except KeyboardInterrupt as interrupt:
+    print("stopped with exit status", exit_code_of(interrupt), flush=True)
+"""
+
+
+def test_sigterm_stops_a_ray_run_as_it_stops_any_other(corpus, endless_stream):
+    # Ray's init takes SIGTERM over (a stack dump, exit 1) and its wait re-raises a stop as a plain
+    # KeyboardInterrupt: the run must still unwind, say so, and exit 143 as systemd and docker expect.
+    pytest.importorskip("ray", reason="Ray is the optional extra sdqes-edge[ray] (scripts/setup.sh --dev has it)")
+    finite = corpus / "videos" / f"{uids(corpus)[0]}.avi"
+    process = subprocess.Popen([sys.executable, "-c", STOP_RAY_MID_STREAM, str(DEMO_BUNDLE), str(finite),
+                                endless_stream], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        first = process.stdout.readline()  # the finite stream is done; the driver waits on the endless one
+        process.send_signal(signal.SIGTERM)
+        rest, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert first.strip() == "outcome finite None", stderr
+    assert rest.splitlines() == ["stopped with exit status 143"], stderr
+    assert "SIGTERM received" not in stderr

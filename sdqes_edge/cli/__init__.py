@@ -18,6 +18,7 @@ torch; each handler imports what its job needs.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Callable, Sequence
 
@@ -26,7 +27,7 @@ from sdqes_edge.cli import bench, demo, evaluate, export, model, score, training
 from sdqes_edge.cli import run as run_command
 from sdqes_edge.cli.common import PROG, check_output_paths
 from sdqes_edge.errors import UserError
-from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination
+from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination, signal_of
 
 __all__ = ["PROG", "build_parser", "main", "run"]
 
@@ -70,7 +71,7 @@ def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argume
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as interrupt:
-        print(f"{PROG}: interrupted ({interrupt.args[0] if interrupt.args else 'SIGINT'})", file=sys.stderr)
+        print(f"{PROG}: interrupted ({signal.Signals(signal_of(interrupt)).name})", file=sys.stderr)
         return exit_code_of(interrupt)
 
 
