@@ -224,4 +224,46 @@ QueryTable load_queries(const Bundle& bundle) {
   return q;
 }
 
+namespace {
+constexpr std::array<int, 3> kStopSignals{SIGINT, SIGTERM, SIGHUP};
+volatile std::sig_atomic_t stop_signal = 0;  // written only by the handler below
+
+void ask_to_stop(int signum) {
+  if (stop_signal != 0) {  // the second signal: stop now, as the default action would
+    std::signal(signum, SIG_DFL);
+    std::raise(signum);
+    return;
+  }
+  stop_signal = signum;
+}
+}  // namespace
+
+StopOnSignal::StopOnSignal() {
+  stop_signal = 0;
+  struct sigaction action {};
+  action.sa_handler = ask_to_stop;
+  sigemptyset(&action.sa_mask);
+  for (size_t i = 0; i < kStopSignals.size(); ++i) sigaction(kStopSignals[i], &action, &previous_[i]);
+}
+
+StopOnSignal::~StopOnSignal() {
+  for (size_t i = 0; i < kStopSignals.size(); ++i) sigaction(kStopSignals[i], &previous_[i], nullptr);
+}
+
+bool StopOnSignal::requested() const { return stop_signal != 0; }
+
+int StopOnSignal::signal_number() const { return stop_signal; }
+
+std::string StopOnSignal::signal_name() const {
+  switch (stop_signal) {
+    case 0: return "";
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return "signal " + std::to_string(stop_signal);
+  }
+}
+
+int StopOnSignal::exit_code() const { return stop_signal == 0 ? 0 : 128 + stop_signal; }
+
 }  // namespace sdqes

@@ -1,6 +1,7 @@
 // The native runtime reproduces the Python runtime on vectors the Python side wrote (tests/vectors/).
-#include <cmath>
 #include <algorithm>
+#include <cmath>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 
@@ -219,4 +220,34 @@ TEST(CApi, OpensABundleAndReportsErrorsAsText) {
   EXPECT_EQ(sdqes_alert_update(a, 0.7, 0.0), 1);
   EXPECT_EQ(sdqes_alert_update(a, 0.8, 1.0), 0);
   sdqes_alert_free(a);
+}
+
+TEST(StopOnSignal, AFirstSignalAsksTheLoopToStopWithTheShellsExitStatusAndTheOldHandlerReturnsAfter) {
+  static volatile std::sig_atomic_t before = 0;  // a handler the program had before the stream
+  std::signal(SIGTERM, [](int) { before = 1; });
+  {
+    const sdqes::StopOnSignal stop;
+    EXPECT_FALSE(stop.requested());
+    EXPECT_EQ(stop.exit_code(), 0);
+    std::raise(SIGTERM);  // docker stop, systemd: the process lives on to finish its frame
+    EXPECT_TRUE(stop.requested());
+    EXPECT_EQ(stop.signal_name(), "SIGTERM");
+    EXPECT_EQ(stop.exit_code(), 143);
+    EXPECT_EQ(before, 0);
+  }
+  std::raise(SIGTERM);
+  EXPECT_EQ(before, 1);
+  std::signal(SIGTERM, SIG_DFL);
+}
+
+TEST(StopOnSignal, ASecondSignalEndsTheProcessAtOnce) {
+  // A loop stuck on a dead camera must still stop: the second Ctrl-C is the default action, death by SIGINT.
+  EXPECT_EXIT(
+      {
+        const sdqes::StopOnSignal stop;
+        std::raise(SIGINT);
+        std::raise(SIGINT);
+        std::exit(0);  // not reached
+      },
+      ::testing::KilledBySignal(SIGINT), "");
 }

@@ -94,7 +94,8 @@ int run(int argc, char** argv) {
   int64_t index = 0;
   const auto start = std::chrono::steady_clock::now();
   cv::Mat image;
-  while (capture.grab()) {
+  const sdqes::StopOnSignal stop;  // Ctrl-C, docker stop, systemd: the frame in hand is finished, then the loop ends
+  while (!stop.requested() && capture.grab()) {
     const double stamp = camera ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
                                 : capture.get(cv::CAP_PROP_POS_MSEC) / 1000.0;
     if (stamp + 1e-6 < next_time) continue;
@@ -118,6 +119,11 @@ int run(int argc, char** argv) {
     ++index;
     next_time = camera ? stamp + period : index * period;
     if (max_frames > 0 && index >= max_frames) break;
+  }
+  if (stop.requested()) {
+    std::cerr << "sdqes-run: interrupted (" << stop.signal_name() << ") after " << index << " frames"
+              << std::endl;
+    return stop.exit_code();
   }
   std::cerr << "done: " << index << " frames" << std::endl;
   return 0;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -124,6 +125,25 @@ class JsonlSink {
 
  private:
   std::FILE* file_;
+};
+
+// While one lives, SIGINT, SIGTERM and SIGHUP ask a stream's loop to stop after the frame in hand (sinks are never
+// cut mid-write); a second signal ends the process at once (a loop stuck on a dead camera must still stop). The
+// handlers before it are put back when it goes. The exit status is 128 + the signal, as shells report it; the
+// Python runtime's `FinishFrameThenStop` behaves the same. One at a time per process.
+class StopOnSignal {
+ public:
+  StopOnSignal();
+  ~StopOnSignal();
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+  bool requested() const;
+  int signal_number() const;        // 0 until a signal arrives
+  std::string signal_name() const;  // "SIGTERM" (empty until a signal arrives)
+  int exit_code() const;            // 0, or 128 + the signal
+
+ private:
+  std::array<struct sigaction, 3> previous_{};
 };
 
 // The engine for `precision` under engines/<device>/ (any device when `device_folder` is empty).
