@@ -7,8 +7,11 @@ Sections (each a function, each adding to one JSON):
 - scaling: per-frame latency and memory at the start and the end of a long stream, streaming step against a
   window that grows with the stream;
 - batches: frames per second for several streams per step;
-- end to end: the runtime loop on a video file against the bare step.
-Random weights throughout: cost does not depend on weight values.
+- precisions and end to end (``end_to_end``): one bundle's graphs side by side, and the runtime loop on a
+  video file against the bare step;
+- device (``device``): the same rows on a GPU, with what a user would wire by hand.
+Each section is saved to bench.json as soon as it is measured. Random weights throughout (``models``): cost
+does not depend on weight values.
 """
 
 from __future__ import annotations
@@ -25,35 +28,21 @@ import torch
 
 from sdqes_edge.benchmarks.config import BACKENDS, BenchConfig
 from sdqes_edge.benchmarks.device import bench_device, check_device
+from sdqes_edge.benchmarks.end_to_end import bench_end_to_end, bench_precisions
+from sdqes_edge.benchmarks.models import bench_config, bench_frame, bench_model, ort_step
 from sdqes_edge.benchmarks.report import markdown, plots
 from sdqes_edge.benchmarks.timing import interleaved, machine, peak_rss_bytes, rss_bytes
-from sdqes_edge.config import ModelConfig, preset, with_authors_adapter
-from sdqes_edge.contract import FP16, FP32, PRECISIONS, step_graph_name
+from sdqes_edge.config import preset
+from sdqes_edge.contract import FP16, FP32
 from sdqes_edge.errors import UserError
 from sdqes_edge.eval_plots import PLOTS_NEED, plotting_available
 from sdqes_edge.export import graphs
 from sdqes_edge.export.complexity import count_graph
 from sdqes_edge.export.precision import TowerShape, quantize_int8
+from sdqes_edge.files import write_text_atomically
 from sdqes_edge.model import SDQESModel
-from sdqes_edge.model.init import randomize_adapters
 from sdqes_edge.runtime.kernels import count_kernels
-from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
-from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.runtime.tensorrt_backend import tensorrt_ready
-from sdqes_edge.sample import sample_frames
-
-
-def _model(cfg: ModelConfig, seed: int = 0) -> SDQESModel:
-    return randomize_adapters(SDQESModel(cfg).eval(), seed=seed)
-
-
-def _config(base: ModelConfig, kind: str) -> ModelConfig:
-    return base if kind == "none" else with_authors_adapter(base, kind)
-
-
-def _frame(cfg: ModelConfig, batch: int = 1) -> np.ndarray:
-    pre = Preprocessor.from_config(cfg)
-    return np.repeat(pre(sample_frames(1)[0])[None], batch, axis=0)
 
 
 def _torch_step(model: SDQESModel, frame: np.ndarray) -> Callable[[], object]:
@@ -63,15 +52,6 @@ def _torch_step(model: SDQESModel, frame: np.ndarray) -> Callable[[], object]:
     def step():
         with torch.no_grad():
             _, state[0] = model.step(x, state[0])
-    return step
-
-
-def _ort_step(path: Path, frame: np.ndarray, threads: int | None) -> Callable[[], object]:
-    runner = OnnxRuntimeStep(path, threads=threads)
-    state = [runner.initial_state()]
-
-    def step():
-        state[0] = runner.step(frame, state[0]).state
     return step
 
 
@@ -103,13 +83,14 @@ def _trt_step(path: Path, model: SDQESModel, frame: np.ndarray, work: Path, log)
 
 def bench_table(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
     base = preset(cfg.preset)
-    frame = _frame(base)
+    frame = bench_frame(base)
     candidates: dict[str, Callable[[], object]] = {}
     rows: dict[str, dict] = {}
     for kind in cfg.adapters:
-        rows[kind] = _streaming_row(cfg, _model(_config(base, kind)), kind, frame, work, log, candidates)
+        rows[kind] = _streaming_row(cfg, bench_model(bench_config(base, kind)), kind, frame, work, log, candidates)
     window = f"window{cfg.window}"
-    rows[window] = _window_row(cfg, _model(_config(base, cfg.window_adapter)), window, frame, work, log, candidates)
+    window_model = bench_model(bench_config(base, cfg.window_adapter))
+    rows[window] = _window_row(cfg, window_model, window, frame, work, log, candidates)
     log(f"timing {len(candidates)} candidates x {cfg.repetitions} repetitions, interleaved ...")
     timings = interleaved(candidates, cfg.repetitions, cfg.warmup, progress=log)
     for key, timing in timings.items():
@@ -134,13 +115,13 @@ def _streaming_row(cfg: BenchConfig, model: SDQESModel, kind: str, frame: np.nda
     path = work / f"{kind}.onnx"
     graphs.export_step_graph(model, path)
     candidates[f"{kind}/torch"] = _torch_step(model, frame)
-    candidates[f"{kind}/ort_fp32"] = _ort_step(path, frame, cfg.threads)
+    candidates[f"{kind}/ort_fp32"] = ort_step(path, frame, cfg.threads)
     if tensorrt_ready():
         candidates[f"{kind}/trt_fp16"] = _trt_step(path, model, frame, work, log)
     if cfg.int8:
         log(f"quantizing {model.cfg.name} to int8 ...")
         quantize_int8(path, work / f"{kind}.int8.onnx", np.repeat(frame[None], cfg.calibration_frames, 0))
-        candidates[f"{kind}/ort_int8"] = _ort_step(work / f"{kind}.int8.onnx", frame, cfg.threads)
+        candidates[f"{kind}/ort_int8"] = ort_step(work / f"{kind}.int8.onnx", frame, cfg.threads)
     return _counted_row(model, path, "streaming step", model.state_spec(1).nbytes)
 
 
@@ -200,10 +181,10 @@ def _ratios(cfg: BenchConfig, rows: dict, window: str) -> dict[str, float]:
 
 def bench_scaling(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
     """Streaming step over a long stream against recomputing a window that holds the whole stream so far."""
-    mcfg = _config(preset(cfg.scaling_preset), cfg.window_adapter)
-    model = _model(mcfg)
+    mcfg = bench_config(preset(cfg.scaling_preset), cfg.window_adapter)
+    model = bench_model(mcfg)
     n, probe = cfg.scaling_frames, cfg.scaling_probe
-    frames = torch.from_numpy(_frame(mcfg))  # [1, 3, R, R]
+    frames = torch.from_numpy(bench_frame(mcfg))  # [1, 3, R, R]
     log(f"streaming {n} frames through {mcfg.name} ...")
     step_ms, step_rss = [], []
     with torch.no_grad():
@@ -246,122 +227,47 @@ def bench_scaling(cfg: BenchConfig, log: Callable[[str], None]) -> dict:
 # --- several streams per step ---------------------------------------------------------------
 
 def bench_batches(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
-    mcfg = _config(preset(cfg.preset), cfg.window_adapter)
-    model = _model(mcfg)
+    mcfg = bench_config(preset(cfg.preset), cfg.window_adapter)
+    model = bench_model(mcfg)
     candidates = {}
     for b in cfg.batches:
         log(f"exporting {mcfg.name} at batch {b} ...")
         path = work / f"batch{b}.onnx"
         graphs.export_step_graph(model, path, batch=b)
-        candidates[str(b)] = _ort_step(path, _frame(mcfg, b), cfg.threads)
+        candidates[str(b)] = ort_step(path, bench_frame(mcfg, b), cfg.threads)
     timings = interleaved(candidates, max(3, cfg.repetitions // 2), cfg.warmup)
     return {"preset": mcfg.name, "backend": "ort_fp32",
             "batches": {b: {"step_ms": t.median, "streams_fps": int(b) * 1000.0 / t.median}
                         for b, t in timings.items()}}
 
 
-# --- the runtime loop against the bare step ----------------------------------------------------
-
-def _end_to_end_bundle(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> tuple[Path, Path, np.ndarray]:
-    """(bundle with fp32/fp16/int8 step graphs, a 640x360 mp4 at 10 fps, its 1-fps frames preprocessed)."""
-    import cv2
-
-    from sdqes_edge.export import ExportOptions, export_bundle
-
-    mcfg = _config(preset(cfg.preset), cfg.window_adapter)
-    bundle = work / "bundle"
-    video = work / "stream.mp4"
-    frames = sample_frames(cfg.e2e_frames * 10, 360, 640)  # 10 fps video, sampled at the bundle's 1 fps
-    if not bundle.exists():  # the CPU and the device loops share one bundle and one video
-        precisions = PRECISIONS if cfg.int8 else (FP32, FP16)
-        log(f"exporting a {mcfg.name} bundle ({', '.join(precisions)}) for the precision and end-to-end rows ...")
-        # Random weights and a speed measurement: calibration and drift frames change no timing, so few.
-        options = ExportOptions(precisions=precisions, verify_frames=16, drift_frames=16,
-                                calibration_frames=cfg.calibration_frames, show_progress=False)
-        export_bundle(_model(mcfg), bundle, options, log=lambda m: None)
-        writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (640, 360))
-        for f in frames:
-            writer.write(f)
-        writer.release()
-    return bundle, video, Preprocessor.from_config(mcfg).batch(frames[::10])[:, None]
-
-
-def bench_precisions(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
-    """fp32, fp16 and int8 step graphs of one bundle on the CPU: interleaved, then each alone."""
-    bundle, _, inputs = _end_to_end_bundle(cfg, work, log)
-    precisions = [p for p in PRECISIONS if (bundle / step_graph_name(p)).is_file()]
-    candidates = {p: _ort_step(bundle / step_graph_name(p), inputs[0], cfg.threads) for p in precisions}
-    log(f"timing the {'/'.join(precisions)} steps interleaved, then each alone ...")
-    together = interleaved(candidates, cfg.repetitions, cfg.warmup)
-    alone = {p: interleaved({p: step}, cfg.repetitions, cfg.warmup)[p] for p, step in candidates.items()}
-    rows = {p: {"interleaved": together[p].to_dict(), "alone": alone[p].to_dict()} for p in precisions}
-    for p in precisions:
-        rows[p]["speedup_interleaved"] = together[FP32].median / together[p].median
-        rows[p]["speedup_alone"] = alone[FP32].median / alone[p].median
-    return {"preset": _config(preset(cfg.preset), cfg.window_adapter).name, "threads": cfg.threads,
-            "rows": rows}
-
-
-def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], ort_device: str = "cpu",
-                     precisions: tuple[str, ...] = PRECISIONS) -> dict:
-    """The whole runtime loop on an mp4 (decode, preprocess, step, score, alert) at each precision, against the
-    bare fp32 step on the same frames preprocessed beforehand."""
-    from sdqes_edge.runtime.detector import StreamingDetector
-    from sdqes_edge.runtime.sources import open_source
-
-    bundle, video, inputs = _end_to_end_bundle(cfg, work, log)
-    precisions = tuple(p for p in precisions if (bundle / step_graph_name(p)).is_file())
-
-    def loop(precision: str) -> float:
-        detector = StreamingDetector(bundle, precision=precision, threads=cfg.threads, ort_device=ort_device)
-        detector.add_query("When I start to clean or wipe the table, remind me to sanitize my hands.")
-        start = time.perf_counter()
-        steps = sum(1 for _ in detector.run(open_source(str(video), detector.fps)))
-        return (time.perf_counter() - start) * 1e3 / steps
-
-    source_side = StreamingDetector(bundle, threads=cfg.threads)  # its fps and preprocessing, as the loop's
-
-    def reader() -> float:
-        """The loop's source side alone (decode, sample, preprocess, in its thread): a floor under the loop on a
-        device whose step is faster."""
-        start = time.perf_counter()
-        frames = sum(1 for _ in open_source(str(video), source_side.fps).threaded(prepare=source_side.preprocess))
-        return (time.perf_counter() - start) * 1e3 / frames
-
-    def bare() -> float:
-        runner = OnnxRuntimeStep(bundle / step_graph_name(FP32), threads=cfg.threads, device=ort_device)
-        state = runner.initial_state()
-        start = time.perf_counter()
-        for x in inputs:
-            state = runner.step(x, state).state
-        return (time.perf_counter() - start) * 1e3 / len(inputs)
-
-    log(f"timing the runtime loop ({', '.join(precisions)}) against the bare step (alternating) ...")
-    loop_ms: dict[str, list[float]] = {p: [] for p in precisions}
-    bare_ms, reader_ms = [], []
-    for _ in range(3):
-        for precision in precisions:
-            loop_ms[precision].append(loop(precision))
-        bare_ms.append(bare())
-        reader_ms.append(reader())
-    loops = {p: float(np.median(v)) for p, v in loop_ms.items()}
-    lm, bm = loops[FP32], float(np.median(bare_ms))
-    return {"preset": _config(preset(cfg.preset), cfg.window_adapter).name,
-            "video": "640x360 mp4 at 10 fps, sampled at 1 fps", "frames": len(inputs), "ort_device": ort_device,
-            "loop_ms_per_frame": lm, "bare_step_ms_per_frame": bm, "overhead": lm / bm - 1.0,
-            "reader_ms_per_frame": float(np.median(reader_ms)),
-            "loop_fps": {p: 1e3 / ms for p, ms in loops.items()}}
-
-
 # --- reports -----------------------------------------------------------------------------------
 
 def run_device_section(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
-    """The rows measured on ``cfg.device``: backbone and the window adapter's model, same random weights."""
+    """The rows measured on ``cfg.device`` (the runtime loop on it is measured after, as ``device.end_to_end``):
+    backbone and the window adapter's model, same random weights."""
     base = preset(cfg.preset)
-    models = {"none": _model(base), cfg.window_adapter: _model(_config(base, cfg.window_adapter))}
-    section = bench_device(cfg, models, lambda batch: _frame(base, batch), work, log)
-    section["end_to_end"] = bench_end_to_end(cfg, work, log, ort_device=cfg.device, precisions=(FP32,))
-    return section
+    models = {"none": bench_model(base), cfg.window_adapter: bench_model(bench_config(base, cfg.window_adapter))}
+    return bench_device(cfg, models, lambda batch: bench_frame(base, batch), work, log)
+
+
+# What a run measures, in order: (where in the results, how). Each is saved as soon as it is measured.
+Section = tuple[tuple[str, ...], Callable[[Path], dict]]
+
+
+def _sections(cfg: BenchConfig, log: Callable[[str], None]) -> list[Section]:
+    sections: list[Section] = []
+    if not cfg.device_only:
+        sections += [(("scaling",), lambda work: bench_scaling(cfg, log)),  # first: its peak-memory reading needs
+                     (("table",), lambda work: bench_table(cfg, work, log)),  # a small process
+                     (("batches",), lambda work: bench_batches(cfg, work, log)),
+                     (("precisions",), lambda work: bench_precisions(cfg, work, log)),
+                     (("end_to_end",), lambda work: bench_end_to_end(cfg, work, log))]
+    if cfg.device:
+        sections += [(("device",), lambda work: run_device_section(cfg, work, log)),
+                     (("device", "end_to_end"), lambda work: bench_end_to_end(cfg, work, log, ort_device=cfg.device,
+                                                                              precisions=(FP32,)))]
+    return sections
 
 
 def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, list[Path]]:
@@ -383,17 +289,16 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, lis
     started = time.perf_counter()
     results: dict = {"config": asdict(cfg), "machine": machine()}
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        if not cfg.device_only:
-            results["scaling"] = bench_scaling(cfg, log)  # first: its peak-memory reading needs a small process
-            results["table"] = bench_table(cfg, work, log)
-            results["batches"] = bench_batches(cfg, work, log)
-            results["precisions"] = bench_precisions(cfg, work, log)
-            results["end_to_end"] = bench_end_to_end(cfg, work, log)
-        if cfg.device:
-            results["device"] = run_device_section(cfg, work, log)
-    results["seconds"] = time.perf_counter() - started
-    (out / "bench.json").write_text(json.dumps(results, indent=2))
+        for (*parents, name), measure in _sections(cfg, log):
+            place = results
+            for parent in parents:
+                place = place[parent]
+            place[name] = measure(Path(tmp))
+            # A run cut short (a time limit on a lent GPU, Ctrl-C) keeps every section it finished.
+            results["seconds"] = time.perf_counter() - started
+            write_text_atomically(out / "bench.json", json.dumps({**results, "complete": False}, indent=2))
+    results["complete"] = True
+    write_text_atomically(out / "bench.json", json.dumps(results, indent=2))
     (out / "bench.md").write_text(markdown(results))
     drawn = plots(results, out) if can_plot and not cfg.device_only else []  # the plots draw the CPU sections
     return results, [out / "bench.json", out / "bench.md", *drawn]

@@ -26,7 +26,7 @@ from sdqes_edge.contract import (
     state_names_in,
 )
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import file_sha256
+from sdqes_edge.files import file_sha256, write_text_atomically
 from sdqes_edge.state import StateSpec
 
 
@@ -208,8 +208,5 @@ def write_thresholds(path: str | Path, default: float, per_label: dict[str, floa
                               "calibration": provenance or bundle.manifest["thresholds"].get("calibration", {})}
     if policy is not None:
         manifest["thresholds"]["policy"] = policy
-    target = bundle.root / MANIFEST_NAME
-    tmp = target.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    tmp.replace(target)
+    write_text_atomically(bundle.root / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True))
     return Bundle(bundle.root, manifest)

@@ -28,6 +28,14 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def write_text_atomically(path: Path, text: str) -> Path:
+    """``path`` holds ``text`` or what it held before, never part of it: written beside it, then renamed."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
 def user_cache_dir() -> Path:
     """Where this user's caches go: ``$XDG_CACHE_HOME/sdqes-edge``, else ``~/.cache/sdqes-edge``."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sdqes-edge"

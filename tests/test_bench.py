@@ -65,6 +65,31 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     assert section["end_to_end"]["reader_ms_per_frame"] > 0 and "the source alone" in report
 
 
+def test_a_bench_cut_short_keeps_every_section_it_finished(tmp_path):
+    """A lent GPU's time limit, or Ctrl-C, stops a long bench: bench.json already holds what was measured."""
+    import dataclasses
+    import json
+
+    import pytest
+
+    from sdqes_edge.benchmarks.config import QUICK, BenchConfig
+    from sdqes_edge.benchmarks.suite import run
+
+    cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, device="cpu", device_only=True, int8=False,
+                              device_batches=(1,), device_scaling_frames=10, scaling_probe=5, e2e_frames=4,
+                              out=str(tmp_path))
+
+    def stop_at_the_runtime_loop(message: str) -> None:
+        if "bundle" in message:  # the device's runtime loop starts by exporting its bundle
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, log=stop_at_the_runtime_loop)
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["complete"] is False and saved["device"]["latency"]["qrnn/ort_fp32"]["p50_ms"] > 0
+    assert "end_to_end" not in saved["device"] and not (tmp_path / "bench.json.tmp").exists()
+
+
 def test_bench_device_only_without_a_device_is_refused_with_the_fix(tmp_path):
     done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "bench", "--quick", "--device-only",
                            "--out", str(tmp_path)], capture_output=True, text=True)

@@ -294,3 +294,36 @@ def test_without_a_writable_cache_the_tensorrt_provider_builds_every_run_with_a_
     assert tensorrt_cache_options(graph) == {}
     warning = capsys.readouterr().err
     assert warning.count("\n") == 1 and "XDG_CACHE_HOME" in warning and "every run" in warning
+
+
+def _torch_has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _torch_has_cuda(), reason="needs a CUDA build of torch and an NVIDIA GPU (the GPU bench "
+                                                  "traces its step graphs there)")
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_step_graph_traced_on_the_gpu_is_the_graph_traced_on_the_cpu(precision, graphs, tmp_path):
+    import onnx
+
+    from sdqes_edge.export.graphs import export_step_graph
+
+    model = random_model("qrnn", lookback=2)
+    paths = {device: tmp_path / f"{device}.onnx" for device in ("cpu", "cuda")}
+    for device, path in paths.items():
+        export_step_graph(model, path, batch=4, precision=precision, trace_device=device)
+    assert next(model.parameters()).device.type == "cpu"  # the caller's model stays where it was
+    cpu, cuda = (onnx.load(str(p)) for p in paths.values())
+    assert [n.op_type for n in cuda.graph.node] == [n.op_type for n in cpu.graph.node]
+    assert [(i.name, list(i.dims)) for i in cuda.graph.initializer] == [(i.name, list(i.dims))
+                                                                        for i in cpu.graph.initializer]
+    _, frames = graphs
+    runners = [OnnxRuntimeStep(p) for p in paths.values()]
+    (want, want_state), (got, got_state) = (stream(r, frames[:8], batch=4) for r in runners)
+    # Only constants folded on the GPU can differ (by rounding), so the fp32 bar is the exporter's own.
+    tolerance = {"fp32": 1e-5, "fp16": VARIANT_TOLERANCES["fp16"]["max_abs_embedding"]}[precision]
+    np.testing.assert_allclose(got, want, atol=tolerance)
+    for name in want_state:
+        np.testing.assert_allclose(got_state[name], want_state[name], rtol=tolerance, atol=tolerance, err_msg=name)

@@ -1,0 +1,110 @@
+"""The deployment side of ``sdqes-edge bench``: one exported bundle's fp32/fp16/int8 step graphs side by side,
+and the whole runtime loop on an mp4 (decode, preprocess, step, score, alert) against the bare step."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from sdqes_edge.benchmarks.config import BenchConfig
+from sdqes_edge.benchmarks.models import bench_config, bench_model, ort_step
+from sdqes_edge.benchmarks.timing import interleaved
+from sdqes_edge.config import preset
+from sdqes_edge.contract import FP16, FP32, PRECISIONS, step_graph_name
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.preprocess import Preprocessor
+from sdqes_edge.sample import sample_frames
+
+
+def _end_to_end_bundle(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> tuple[Path, Path, np.ndarray]:
+    """(bundle with fp32/fp16/int8 step graphs, a 640x360 mp4 at 10 fps, its 1-fps frames preprocessed)."""
+    import cv2
+
+    from sdqes_edge.export import ExportOptions, export_bundle
+
+    mcfg = bench_config(preset(cfg.preset), cfg.window_adapter)
+    bundle = work / "bundle"
+    video = work / "stream.mp4"
+    frames = sample_frames(cfg.e2e_frames * 10, 360, 640)  # 10 fps video, sampled at the bundle's 1 fps
+    if not bundle.exists():  # the CPU and the device loops share one bundle and one video
+        precisions = PRECISIONS if cfg.int8 else (FP32, FP16)
+        log(f"exporting a {mcfg.name} bundle ({', '.join(precisions)}) for the precision and end-to-end rows ...")
+        # Random weights and a speed measurement: calibration and drift frames change no timing, so few.
+        options = ExportOptions(precisions=precisions, verify_frames=16, drift_frames=16,
+                                calibration_frames=cfg.calibration_frames, show_progress=False)
+        export_bundle(bench_model(mcfg), bundle, options, log=lambda m: None)
+        writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (640, 360))
+        for f in frames:
+            writer.write(f)
+        writer.release()
+    return bundle, video, Preprocessor.from_config(mcfg).batch(frames[::10])[:, None]
+
+
+def bench_precisions(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
+    """fp32, fp16 and int8 step graphs of one bundle on the CPU: interleaved, then each alone."""
+    bundle, _, inputs = _end_to_end_bundle(cfg, work, log)
+    precisions = [p for p in PRECISIONS if (bundle / step_graph_name(p)).is_file()]
+    candidates = {p: ort_step(bundle / step_graph_name(p), inputs[0], cfg.threads) for p in precisions}
+    log(f"timing the {'/'.join(precisions)} steps interleaved, then each alone ...")
+    together = interleaved(candidates, cfg.repetitions, cfg.warmup)
+    alone = {p: interleaved({p: step}, cfg.repetitions, cfg.warmup)[p] for p, step in candidates.items()}
+    rows = {p: {"interleaved": together[p].to_dict(), "alone": alone[p].to_dict()} for p in precisions}
+    for p in precisions:
+        rows[p]["speedup_interleaved"] = together[FP32].median / together[p].median
+        rows[p]["speedup_alone"] = alone[FP32].median / alone[p].median
+    return {"preset": bench_config(preset(cfg.preset), cfg.window_adapter).name, "threads": cfg.threads,
+            "rows": rows}
+
+
+def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], ort_device: str = "cpu",
+                     precisions: tuple[str, ...] = PRECISIONS) -> dict:
+    """The whole runtime loop on an mp4 (decode, preprocess, step, score, alert) at each precision, against the
+    bare fp32 step on the same frames preprocessed beforehand."""
+    from sdqes_edge.runtime.detector import StreamingDetector
+    from sdqes_edge.runtime.sources import open_source
+
+    bundle, video, inputs = _end_to_end_bundle(cfg, work, log)
+    precisions = tuple(p for p in precisions if (bundle / step_graph_name(p)).is_file())
+
+    def loop(precision: str) -> float:
+        detector = StreamingDetector(bundle, precision=precision, threads=cfg.threads, ort_device=ort_device)
+        detector.add_query("When I start to clean or wipe the table, remind me to sanitize my hands.")
+        start = time.perf_counter()
+        steps = sum(1 for _ in detector.run(open_source(str(video), detector.fps)))
+        return (time.perf_counter() - start) * 1e3 / steps
+
+    source_side = StreamingDetector(bundle, threads=cfg.threads)  # its fps and preprocessing, as the loop's
+
+    def reader() -> float:
+        """The loop's source side alone (decode, sample, preprocess, in its thread): a floor under the loop on a
+        device whose step is faster."""
+        start = time.perf_counter()
+        frames = sum(1 for _ in open_source(str(video), source_side.fps).threaded(prepare=source_side.preprocess))
+        return (time.perf_counter() - start) * 1e3 / frames
+
+    def bare() -> float:
+        runner = OnnxRuntimeStep(bundle / step_graph_name(FP32), threads=cfg.threads, device=ort_device)
+        state = runner.initial_state()
+        start = time.perf_counter()
+        for x in inputs:
+            state = runner.step(x, state).state
+        return (time.perf_counter() - start) * 1e3 / len(inputs)
+
+    log(f"timing the runtime loop ({', '.join(precisions)}) against the bare step (alternating) ...")
+    loop_ms: dict[str, list[float]] = {p: [] for p in precisions}
+    bare_ms, reader_ms = [], []
+    for _ in range(3):
+        for precision in precisions:
+            loop_ms[precision].append(loop(precision))
+        bare_ms.append(bare())
+        reader_ms.append(reader())
+    loops = {p: float(np.median(v)) for p, v in loop_ms.items()}
+    lm, bm = loops[FP32], float(np.median(bare_ms))
+    return {"preset": bench_config(preset(cfg.preset), cfg.window_adapter).name,
+            "video": "640x360 mp4 at 10 fps, sampled at 1 fps", "frames": len(inputs), "ort_device": ort_device,
+            "loop_ms_per_frame": lm, "bare_step_ms_per_frame": bm, "overhead": lm / bm - 1.0,
+            "reader_ms_per_frame": float(np.median(reader_ms)),
+            "loop_fps": {p: 1e3 / ms for p, ms in loops.items()}}
