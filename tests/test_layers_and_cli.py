@@ -75,6 +75,40 @@ def test_a_user_mistake_is_one_line_and_a_non_zero_exit():
     assert "checkpoint not found: /no/such.ckpt" in result.stderr and "Traceback" not in result.stderr
 
 
+CTRL_C_WHILE_IMPORTING = """
+import sys
+
+class CtrlC:  # a Ctrl-C that lands while Python imports {module}: the finder runs inside that import
+    def find_spec(self, name, path=None, target=None):
+        if name == "{module}":
+            raise KeyboardInterrupt
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["sdqes-edge", *{argv!r}]
+from sdqes_edge.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("cv2", ["run", "/no/bundle", "--source", "0", "--query", "cooking"]),  # what `run` imports first
+    ("jsonschema", ["inspect", "/no/bundle"]),
+    ("sdqes_edge.cli.export", ["--help"]),  # building the parser
+])
+def test_a_stop_during_start_up_is_one_line_and_exit_130(module, argv):
+    """Start-up takes most of a second on a small board (OpenCV, jsonschema); a Ctrl-C then is a stop like
+    any other, not a traceback. The entry module imports nothing heavy, so the handler is already there."""
+    result = python(CTRL_C_WHILE_IMPORTING.format(module=module, argv=argv))
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.strip() == "sdqes-edge: interrupted (SIGINT)"
+
+
+def test_the_entry_module_imports_nothing_heavy():
+    result = python("import sys\nimport sdqes_edge.cli\n"
+                    "print(sorted({'cv2', 'jsonschema', 'onnxruntime', 'torch', 'onnx'} & set(sys.modules)))")
+    assert result.stdout.strip() == "[]", result.stderr
+
+
 def test_an_over_long_query_is_refused_on_the_command_line(capsys):
     assert run(["tokenize", " ".join(["cooking"] * 100)]) == 2
     assert "--truncate-queries" in capsys.readouterr().err

@@ -10,7 +10,7 @@ torch; each handler imports what its job needs.
     evaluate    eval
     bench       bench
     export      export, inspect, build-engine
-    run         run
+    stream      run (a video, camera or stream, with alerts)
     score       score (a corpus: a local worker pool or Ray)
     demo        demo
 """
@@ -23,8 +23,6 @@ import sys
 from typing import Callable, Sequence
 
 from sdqes_edge import __version__
-from sdqes_edge.cli import bench, demo, evaluate, export, model, score, training
-from sdqes_edge.cli import run as run_command
 from sdqes_edge.cli.common import PROG, check_output_paths
 from sdqes_edge.errors import UserError
 from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination, signal_of
@@ -33,6 +31,10 @@ __all__ = ["PROG", "build_parser", "main", "run"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Imported here, not at the top: this module is the entry point, and a Ctrl-C while Python imports the
+    # subcommands (OpenCV, jsonschema: most of a second on a small board) must reach ``run``'s handler.
+    from sdqes_edge.cli import bench, demo, evaluate, export, model, score, stream, training
+
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Streaming Detection of Queried Event Start on edge devices: load CLIP-style models with "
@@ -48,29 +50,29 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub)
     training.add_parsers(sub)
     export.add_parsers(sub)
-    run_command.add_parser(sub)
+    stream.add_parser(sub)
     score.add_parser(sub)
     demo.add_parser(sub)
     return parser
 
 
 def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.ArgumentParser] = build_parser) -> int:
-    from sdqes_edge.runtime.sources import quiet_opencv_logs
-
-    parser = parser_factory()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    quiet_opencv_logs()  # this program reports a source's problems itself, in one line
     raise_on_termination()  # SIGTERM/SIGHUP unwind like Ctrl-C: staging folders removed, outputs closed
     try:
+        parser = parser_factory()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        from sdqes_edge.runtime.sources import quiet_opencv_logs
+
+        quiet_opencv_logs()  # this program reports a source's problems itself, in one line
         check_output_paths(args)
         return args.func(args)
     except UserError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt as interrupt:
+    except KeyboardInterrupt as interrupt:  # from start-up on: no traceback for a stop, whenever it comes
         print(f"{PROG}: interrupted ({signal.Signals(signal_of(interrupt)).name})", file=sys.stderr)
         return exit_code_of(interrupt)
 
