@@ -72,6 +72,7 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
     def loop(precision: str) -> float:
         detector = StreamingDetector(bundle, precision=precision, threads=cfg.threads, ort_device=ort_device)
         detector.add_query("When I start to clean or wipe the table, remind me to sanitize my hands.")
+        detector.warm_up()  # as `sdqes-edge run` does: one-off work (CUDA graph capture) is not a frame's cost
         start = time.perf_counter()
         steps = sum(1 for _ in detector.run(open_source(str(video), detector.fps)))
         return (time.perf_counter() - start) * 1e3 / steps
@@ -87,6 +88,9 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
 
     def bare() -> float:
         runner = OnnxRuntimeStep(bundle / step_graph_name(FP32), threads=cfg.threads, device=ort_device)
+        state = runner.initial_state()
+        for _ in range(runner.warm_up_steps):  # as the loop's warm-up
+            state = runner.step(inputs[0], state).state
         state = runner.initial_state()
         start = time.perf_counter()
         for x in inputs:

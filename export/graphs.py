@@ -170,25 +170,33 @@ def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: i
     """
     if precision not in PRECISION_DTYPES:
         raise ValueError(f"traced precisions are {sorted(PRECISION_DTYPES)}; int8 is made by quantizing fp32")
+    spec = model.state_spec(batch, STATE_DTYPES[precision])
+    inputs, outputs = step_io_names(spec.names, query_count is not None)
+    _torch_export(*step_graph_trace(model, batch, precision, query_count, trace_device), path, opset, inputs,
+                  outputs)
+    description = describe_step_graph(model, batch=batch, opset=opset, precision=precision, fps=fps,
+                                      query_count=query_count, checkpoint_sha256=checkpoint_sha256)
+    attach_metadata(path, description)
+    return description
+
+
+def step_graph_trace(model: SDQESModel, batch: int, precision: str, query_count: int | None,
+                     trace_device: str) -> tuple[StepGraph, tuple[torch.Tensor, ...]]:
+    """The module the step graph is traced from and the inputs it is traced with, all on ``trace_device``;
+    ``model`` itself is left where it is, in fp32."""
     cfg = model.cfg
     traced = compute_copy(model, precision) if precision != FP32 else model.eval()
     if trace_device != "cpu":
         traced = copy.deepcopy(traced) if traced is model else traced
         traced = traced.to(trace_device)
     spec = model.state_spec(batch, STATE_DTYPES[precision])
-    inputs, outputs = step_io_names(spec.names, query_count is not None)
     r = cfg.vision.image_size
     args: list[torch.Tensor] = [torch.zeros(batch, 3, r, r)] + [s.reshape(t.graph_shape)
                                                                 for s, t in zip(traced.init_state(batch), spec)]
     if query_count is not None:
         args.append(torch.zeros(query_count, cfg.embed_dim))
-    args = [a.to(trace_device) for a in args]
-    _torch_export(StepGraph(traced, query_count is not None, PRECISION_DTYPES[precision]), tuple(args), path,
-                  opset, inputs, outputs)
-    description = describe_step_graph(model, batch=batch, opset=opset, precision=precision, fps=fps,
-                                      query_count=query_count, checkpoint_sha256=checkpoint_sha256)
-    attach_metadata(path, description)
-    return description
+    step_graph = StepGraph(traced, query_count is not None, PRECISION_DTYPES[precision])
+    return step_graph, tuple(a.to(trace_device) for a in args)
 
 
 def export_window_graph(model: SDQESModel, path: Path, *, window: int, batch: int = 1,

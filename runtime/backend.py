@@ -17,6 +17,10 @@ from sdqes_edge.state import StateSpec
 
 State = dict[str, np.ndarray]  # state tensor name (as in the spec, no prefix) -> array, batch on axis 0
 
+# A device backend's state buffer sets: a step reads one and writes the other (a state input and its output are
+# never the same buffer), so steps alternate between two bindings, each captured once as a CUDA graph.
+STATE_BUFFER_SETS = 2
+
 
 @dataclass
 class StepResult:
@@ -29,6 +33,7 @@ class StepResult:
 class StepBackend(Protocol):
     spec: StateSpec  # the state the graph carries, in graph order
     fused_queries: bool  # the graph scores a fixed query set itself (query_embeddings in, logits out)
+    warm_up_steps: int  # steps before it runs at its steady speed (each binding used, each CUDA graph captured)
 
     def initial_state(self) -> Any:
         """Every stream's state at its initial value."""

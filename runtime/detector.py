@@ -195,6 +195,24 @@ class StreamingDetector:
                 for q in (pre[0] if pre else [])]
 
     # --- state -----------------------------------------------------------------------
+    def warm_up(self) -> float:
+        """Step blank frames and throw the results away, the state left as it was -> the ms it took.
+
+        A backend's first steps carry one-off work: ONNX Runtime's memory arenas, cuDNN's algorithm search, and
+        on a GPU the capture of each binding's CUDA graph (hundreds of ms). Done here, before the source opens,
+        it never lands on the first real frame, the one an alert may hang on.
+        """
+        size = self.bundle.image_size
+        blank = np.zeros((self.batch, 3, size, size), np.float32)
+        kept = self.backend.state_to_numpy(self.state)
+        start = time.perf_counter()
+        state = self.state
+        for _ in range(self.backend.warm_up_steps):
+            state = self.backend.step(blank, state).state
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        self.state = self.backend.state_from_numpy(kept)
+        return elapsed_ms
+
     def reset(self, stream: int | None = None) -> None:
         """Forget the past (a new scene): the state of one stream (or all) back to its initial value."""
         self.state = self.backend.reset_streams(self.state, None if stream is None else [stream])

@@ -6,21 +6,17 @@ the graph carries, never from guesses about its inputs.
 
 Two ways to step. On the CPU, plain ``session.run`` with numpy state. On a GPU
 (and on the CPU when asked, which is how it is tested without a GPU) the state
-never leaves the device: ``DeviceBuffers`` allocates the frame, the outputs and
-two complete state sets once, binds them in two IOBindings made once (A reads
-set 0 and writes set 1, B the reverse) and alternates them; optionally each
-binding is replayed as a CUDA graph. Nothing is allocated or copied per frame
-but the frame going in and the embedding coming out.
+never leaves the device: ``bound_step.DeviceBuffers`` allocates the frame, the
+outputs and two complete state sets once, binds them in two IOBindings made once
+(A reads set 0 and writes set 1, B the reverse) and alternates them; optionally
+each binding is replayed as a CUDA graph. Nothing is allocated or copied per
+frame but the frame going in and the embedding coming out.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import sys
-import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +27,10 @@ from sdqes_edge.errors import UserError, first_line
 from sdqes_edge.files import file_sha256, user_cache_dir
 from sdqes_edge.state import StateSpec
 
-from .backend import State, StepResult
+from .backend import STATE_BUFFER_SETS, State, StepResult
+from .bound_step import ORT_RUNS_BEFORE_CAPTURE, BoundState, DeviceBuffers
 
-__all__ = ["OnnxRuntimeStep", "DeviceBuffers", "State", "StepResult", "create_session"]
+__all__ = ["OnnxRuntimeStep", "BoundState", "DeviceBuffers", "State", "StepResult", "create_session"]
 
 
 # Execution providers per device, best first; ONNX Runtime falls back along the list.
@@ -96,11 +93,20 @@ class OnnxRuntimeStep:
         # (name, input, output, graph shape, spec shape) per state tensor, worked out once: the step reads these.
         self._state_io = [(t.name, t.input_name, t.output_name, self.graph_shapes[t.name], t.shape)
                           for t in self.spec]
-        self.buffers = DeviceBuffers(self) if self.io_binding else None
+        self.buffers = (DeviceBuffers(self.session, self.spec, self.graph_shapes, self._ort_device, self.cuda_graph)
+                        if self.io_binding else None)
 
     @property
     def fused_queries(self) -> bool:
         return QUERY_INPUT in self._input_names
+
+    @property
+    def warm_up_steps(self) -> int:
+        """Steps that carry one-off work: the first (memory arenas, cuDNN's algorithm search); bound, each
+        binding's first; with CUDA graphs, each binding's uncaptured runs and then its capture."""
+        if not self.io_binding:
+            return 1
+        return STATE_BUFFER_SETS * (ORT_RUNS_BEFORE_CAPTURE + 1 if self.cuda_graph else 1)
 
     def _initial_host(self) -> State:
         return dict(zip(self.spec.names, self.spec.initial_numpy()))
@@ -257,129 +263,3 @@ PROVIDER_NEEDS = {
     "TensorrtExecutionProvider": "TensorRT's libraries, libnvinfer, are not loadable: install TensorRT",
     "CUDAExecutionProvider": "the CUDA and cuDNN libraries onnxruntime-gpu was built for are not loadable",
 }
-
-
-@dataclass(frozen=True)
-class BoundState:
-    """The current state of a bound step: which of the two buffer sets holds it, and since which step."""
-    buffer_set: int
-    generation: int
-
-
-class DeviceBuffers:
-    """Everything a bound step touches, allocated once: the frame, the outputs, two state sets.
-
-    Binding ``k`` reads state set ``k`` and writes set ``1 - k`` (a state input and its output are never
-    the same buffer); steps alternate the bindings. With ``cuda_graph`` each binding is captured as its own
-    CUDA graph (run option ``gpu_graph_id``) on its first run and replayed after.
-    """
-
-    def __init__(self, runner: OnnxRuntimeStep):
-        ort = runner._ort
-        self.runner = runner
-        self.spec = runner.spec
-        device = runner._ort_device
-        inputs = {i.name: i for i in runner.session.get_inputs()}
-        outputs = {o.name: o for o in runner.session.get_outputs()}
-
-        def allocate(shape, dtype="float32"):
-            return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), np.dtype(dtype).type, device, 0)
-
-        # The host side of the frame: page-locked where the CUDA runtime can be reached, so the upload is a DMA.
-        self.host_frame = np.zeros(inputs[FRAME_INPUT].shape, np.float32)
-        self.pinned = device == "cuda" and pin_host_memory(self, self.host_frame)
-        self.frame = allocate(inputs[FRAME_INPUT].shape)
-        self.queries = allocate(inputs[QUERY_INPUT].shape) if QUERY_INPUT in inputs else None
-        self.outputs = {name: allocate(outputs[name].shape) for name in (EMBEDDING_OUTPUT, LOGITS_OUTPUT)
-                        if name in outputs}
-        # Filled by ``write`` (initial_state, load) and by the steps; a set is read only while its generation
-        # says it holds a state.
-        self.shapes = {t.name: t.shape for t in self.spec}  # the spec's; the buffers have the graph's
-        self.sets = [{t.name: allocate(runner.graph_shapes[t.name], t.dtype) for t in self.spec} for _ in range(2)]
-        self.bindings = [self._bind(k) for k in range(2)]
-        self.run_options = []
-        for k in range(2):
-            options = ort.RunOptions()
-            if runner.cuda_graph:
-                options.add_run_config_entry("gpu_graph_id", str(k + 1))  # one captured graph per binding
-            self.run_options.append(options)
-        self.generation = [0, -1]  # the step whose state each set holds (-1: nothing valid yet)
-
-    def _bind(self, k: int):
-        binding = self.runner.session.io_binding()
-        binding.bind_ortvalue_input(FRAME_INPUT, self.frame)
-        if self.queries is not None:
-            binding.bind_ortvalue_input(QUERY_INPUT, self.queries)
-        for name, value in self.outputs.items():
-            binding.bind_ortvalue_output(name, value)
-        for t in self.spec:
-            binding.bind_ortvalue_input(t.input_name, self.sets[k][t.name])
-            binding.bind_ortvalue_output(t.output_name, self.sets[1 - k][t.name])
-        return binding
-
-    # --- the handle the detector carries --------------------------------------------------
-    def _current(self, state: BoundState) -> int:
-        if not isinstance(state, BoundState) or self.generation[state.buffer_set] != state.generation:
-            raise UserError("this state handle is stale: a bound step keeps only the latest state (and the one "
-                            "before it); step from the state the last step returned, or save it with "
-                            "state_to_numpy first")
-        return state.buffer_set
-
-    def read(self, state: BoundState) -> State:
-        k = self._current(state)
-        return {name: value.numpy().reshape(self.shapes[name]) for name, value in self.sets[k].items()}
-
-    def write(self, host: State) -> BoundState:
-        """Load host arrays as the current state (into set 0, which binding A reads)."""
-        for name, value in host.items():
-            self.sets[0][name].update_inplace(np.ascontiguousarray(value).reshape(self.sets[0][name].shape()))
-        self.generation = [max(self.generation) + 1, -1]
-        return BoundState(0, self.generation[0])
-
-    def keep_rows(self, new: BoundState, old: BoundState, streams: list[int]) -> BoundState:
-        return self.set_rows(new, self.read(old), streams)
-
-    def set_rows(self, state: BoundState, source: State, streams: list[int]) -> BoundState:
-        """Rows ``streams`` of the current state replaced by those of ``source`` (host arrays), in place."""
-        k = self._current(state)
-        for name, value in self.sets[k].items():
-            rows = value.numpy().reshape(self.shapes[name])  # streams on axis 0 again
-            rows[streams] = source[name][streams]
-            value.update_inplace(np.ascontiguousarray(rows).reshape(value.shape()))
-        return state
-
-    def step(self, frame: np.ndarray, state: BoundState, query_embeddings: np.ndarray | None) -> StepResult:
-        k = self._current(state)
-        np.copyto(self.host_frame, frame, casting="same_kind")
-        self.frame.update_inplace(self.host_frame)
-        if self.queries is not None:
-            self.queries.update_inplace(np.ascontiguousarray(query_embeddings, dtype=np.float32))
-        self.runner.session.run_with_iobinding(self.bindings[k], self.run_options[k])
-        self.generation[1 - k] = self.generation[k] + 1
-        embedding = self.outputs[EMBEDDING_OUTPUT].numpy()
-        logits = self.outputs[LOGITS_OUTPUT].numpy() if LOGITS_OUTPUT in self.outputs else None
-        return StepResult(embedding, BoundState(1 - k, self.generation[1 - k]), logits)
-
-
-CUDA_RUNTIME_LIBRARIES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so")
-
-
-def pin_host_memory(owner: object, array: np.ndarray) -> bool:
-    """Page-lock ``array`` with the CUDA runtime (cudaHostRegister) for as long as ``owner`` lives, so copies
-    from it are DMA transfers.
-
-    ONNX Runtime's Python API has no pinned host allocator; the CUDA runtime it loads has one. Returns False
-    (the upload then goes through pageable memory: correct, slower) where no CUDA runtime can be loaded.
-    """
-    names = [n for n in (ctypes.util.find_library("cudart"),) if n] + list(CUDA_RUNTIME_LIBRARIES)
-    for name in names:
-        try:
-            cudart = ctypes.CDLL(name)
-        except OSError:
-            continue
-        pointer = ctypes.c_void_p(array.ctypes.data)
-        if cudart.cudaHostRegister(pointer, ctypes.c_size_t(array.nbytes), 0) != 0:
-            return False
-        weakref.finalize(owner, cudart.cudaHostUnregister, pointer)
-        return True
-    return False

@@ -34,7 +34,7 @@ from sdqes_edge.contract import (
 )
 from sdqes_edge.errors import UserError, first_line
 
-from .backend import StepResult
+from .backend import STATE_BUFFER_SETS, StepResult
 from .bundle import Bundle, inside_bundle
 
 INSTALL_HINT = ("install TensorRT 8.5 or newer with `pip install 'sdqes-edge[tensorrt]'` (on Jetson it comes "
@@ -211,11 +211,12 @@ class TensorRTStep:
         self.embedding_device = cuda.mem_alloc(self.embedding_host.nbytes)
         # The state as the engine holds it: fp16 in an fp16 engine built strongly typed, else fp32.
         self.initial = [a.astype(bindings[t.input_name].dtype) for t, a in zip(spec, spec.initial_numpy())]
-        self.sets = [[cuda.mem_alloc(max(a.nbytes, 1)) for a in self.initial] for _ in range(2)]
+        self.sets = [[cuda.mem_alloc(max(a.nbytes, 1)) for a in self.initial] for _ in range(STATE_BUFFER_SETS)]
         self.initial_device = [cuda.mem_alloc(max(a.nbytes, 1)) for a in self.initial]
         for buffer, array in zip(self.initial_device, self.initial):
             cuda.memcpy_htod(buffer, array)
         self.fused_queries = False
+        self.warm_up_steps = STATE_BUFFER_SETS  # each buffer set's first use
 
     @classmethod
     def from_bundle(cls, bundle: Bundle, precision: str = FP16) -> "TensorRTStep":

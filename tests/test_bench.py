@@ -65,6 +65,24 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     assert section["end_to_end"]["reader_ms_per_frame"] > 0 and "the source alone" in report
 
 
+def test_the_pytorch_rows_step_a_copy_and_leave_the_model_where_it_was():
+    """On a GPU the window graph is traced from the same model after its PyTorch rows, with inputs on the CPU;
+    a row that moved the model (``Module.to`` moves in place) made that trace fail. PyTorch's ``meta`` device
+    runs the same code here: shapes only, no arithmetic, and a real move if one happens."""
+    import torch
+
+    from sdqes_edge.benchmarks.device import torch_step
+    from sdqes_edge.benchmarks.models import bench_config, bench_frame, bench_model
+    from sdqes_edge.config import preset
+
+    model = bench_model(bench_config(preset("tiny"), "qrnn"))
+    for precision in ("fp32", "fp16"):
+        step = torch_step(model, bench_frame(preset("tiny"), 1), "meta", precision)
+        step()
+        assert {p.device.type for p in model.parameters()} == {"cpu"}
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
 def test_a_bench_cut_short_keeps_every_section_it_finished(tmp_path):
     """A lent GPU's time limit, or Ctrl-C, stops a long bench: bench.json already holds what was measured."""
     import dataclasses

@@ -65,6 +65,58 @@ def test_bound_step_gives_the_plain_steps_stream_and_next_state(graphs):
         np.testing.assert_array_equal(bound_state[name], value)
 
 
+@pytest.mark.parametrize("io_binding", [False, True], ids=["plain", "bound"])
+def test_what_a_step_returns_is_the_callers_and_later_steps_leave_it_alone(graphs, io_binding):
+    """On the CPU an OrtValue's ``numpy()`` is a view of the bound buffer (on a GPU, a copy): returned as it
+    is, an embedding or a saved state would change under the caller at the next step."""
+    paths, frames = graphs
+    runner = OnnxRuntimeStep(paths[1], io_binding=io_binding)
+    first = runner.step(frames[0][None], runner.initial_state())
+    embedding, saved = first.embedding.copy(), runner.state_to_numpy(first.state)
+    kept = {name: value.copy() for name, value in saved.items()}
+    state = first.state
+    for frame in frames[1:4]:  # both buffer sets written again
+        state = runner.step(frame[None], state).state
+    np.testing.assert_array_equal(first.embedding, embedding)
+    for name, value in kept.items():
+        np.testing.assert_array_equal(saved[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("device, io_binding, warm_up_steps", [
+    ("cpu", False, 1), ("cpu", True, 2),
+    pytest.param("cuda", True, 6, marks=needs_cuda),  # 2 bindings x (2 uncaptured runs + the capture)
+], ids=["plain", "bound", "cuda-graphs"])
+def test_a_warm_up_mid_stream_changes_nothing_the_streams_see(graphs, device, io_binding, warm_up_steps):
+    """``warm_up`` steps blank frames through each binding (on a GPU until each binding's CUDA graph is
+    captured, so no capture lands on a real frame), then puts the state back: the streams after it are the
+    streams without it (bit for bit on the CPU), an idle stream and the next state included."""
+    from sdqes_edge.runtime.detector import StreamingDetector
+    from sdqes_edge.runtime.sources import Frame
+
+    paths, frames = graphs
+    bundle = load_bundle(paths[4].parent)
+    warmed, plain = (StreamingDetector(bundle, backend_instance=OnnxRuntimeStep(paths[4], device=device,
+                                                                                io_binding=io_binding))
+                     for _ in range(2))
+    assert warmed.backend.warm_up_steps == warm_up_steps
+    backend_steps = []
+    step = warmed.backend.step
+    warmed.backend.step = lambda *args: backend_steps.append(1) or step(*args)
+    atol = 0.0 if device == "cpu" else 1e-5  # two GPU sessions may pick different cuDNN algorithms
+    for i, image in enumerate(frames[:12]):
+        if i in (0, 7):
+            before = len(backend_steps)
+            assert warmed.warm_up() > 0 and len(backend_steps) - before == warm_up_steps
+        frame = Frame(image=np.zeros((2, 2, 3), np.uint8), time=float(i), index=i, tensor=image)
+        batch = [frame, None if i % 3 == 0 else frame, frame, frame]  # stream 1 idle every third frame
+        for detector in (warmed, plain):
+            detector.step(batch)
+        np.testing.assert_allclose(warmed.last_embeddings, plain.last_embeddings, rtol=0, atol=atol)
+    got, want = (d.backend.state_to_numpy(d.state) for d in (warmed, plain))
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=atol, atol=atol, err_msg=name)
+
+
 def test_the_two_buffer_sets_are_allocated_once_and_alternate(graphs):
     paths, frames = graphs
     runner = OnnxRuntimeStep(paths[1], io_binding=True)
@@ -294,6 +346,25 @@ def test_without_a_writable_cache_the_tensorrt_provider_builds_every_run_with_a_
     assert tensorrt_cache_options(graph) == {}
     warning = capsys.readouterr().err
     assert warning.count("\n") == 1 and "XDG_CACHE_HOME" in warning and "every run" in warning
+
+
+@pytest.mark.parametrize("kind", ["none", "mlp", "st", "qrnn", "retnet"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_the_step_graph_traced_off_the_cpu_runs_on_that_device_alone(kind, precision):
+    """What the GPU bench traces on its GPU, run here on PyTorch's ``meta`` device (shapes and devices checked,
+    no arithmetic): a tensor made on the CPU inside the step, or an input left there, fails as it would on a
+    GPU. The caller's model stays on the CPU in fp32."""
+    import torch
+
+    from sdqes_edge.export.graphs import step_graph_trace
+
+    model = random_model(kind, lookback=2)
+    for query_count in (None, 3):
+        module, args = step_graph_trace(model, 2, precision, query_count, "meta")
+        outputs = module(*args)
+        assert {t.device.type for t in (*args, *outputs)} == {"meta"}
+        assert outputs[0].dtype == torch.float32 and outputs[0].shape == (2, model.cfg.embed_dim)
+    assert {(p.device.type, p.dtype) for p in model.parameters()} == {("cpu", torch.float32)}
 
 
 def _torch_has_cuda() -> bool:

@@ -383,7 +383,7 @@ def test_both_backends_declare_the_interface_the_detector_uses(exported):
     _, bundle = exported
     assert isinstance(OnnxRuntimeStep(bundle / "step.fp32.onnx"), StepBackend)
     members = [name for name in dir(StepBackend) if not name.startswith("_")]
-    assert set(members) <= set(dir(TensorRTStep)) | {"spec", "fused_queries"}  # those two are set in __init__
+    assert set(members) <= set(dir(TensorRTStep)) | {"spec", "fused_queries", "warm_up_steps"}  # set in __init__
 
 
 def test_importing_the_runtime_changes_no_process_wide_opencv_setting():

@@ -46,6 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     detector = StreamingDetector(args.bundle, backend=args.backend, precision=args.precision, threads=args.threads,
                                  ort_device=args.ort_device, truncate_queries=args.truncate_queries)
     _add_queries(detector, args)
+    detector.warm_up()  # before a camera opens: the first real frame's latency is a steady one
     sources = [open_source(spec, detector.fps) for spec in args.source]
     for source in sources:
         source.log = lambda message: print(f"{PROG}: {message}", file=sys.stderr)
