@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <iterator>
 
 #include <NvInfer.h>
 #include <cuda_fp16.h>
@@ -129,6 +130,12 @@ void TensorRTStep::reset() {
     check(cudaMemcpy(m.sets[0][i], m.initial[i].data(), m.initial[i].size(), cudaMemcpyHostToDevice), "reset");
   }
   m.current = 0;
+}
+
+void TensorRTStep::warm_up() {
+  const std::vector<float> blank(impl_->frame_bytes / sizeof(float), 0.0f);
+  for (size_t set = 0; set < std::size(impl_->sets); ++set) step(blank);  // each set read, each written once
+  reset();
 }
 
 const std::vector<float>& TensorRTStep::step(const std::vector<float>& frame) {

@@ -85,6 +85,7 @@ int run(int argc, char** argv) {
   camera ? capture.open(std::stoi(source)) : capture.open(source);
   if (!capture.isOpened()) throw sdqes::Error("OpenCV cannot open " + source + "; check the file plays or the camera");
   sdqes::TensorRTStep step(engine, bundle);
+  step.warm_up();  // before the first frame: its latency is a steady one
   std::vector<sdqes::AlertState> states(queries.texts.size(), sdqes::AlertState(policy));
   std::unique_ptr<sdqes::JsonlSink> sink;
   if (o.count("--events")) sink = std::make_unique<sdqes::JsonlSink>(o.at("--events"));

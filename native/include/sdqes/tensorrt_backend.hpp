@@ -24,6 +24,9 @@ class TensorRTStep {
   // frame: [B, 3, R, R] floats; returns the embeddings [B, E]; the state stays on the device.
   const std::vector<float>& step(const std::vector<float>& frame);
   void reset();
+  // Steps a blank frame through each state buffer set, then resets the state: TensorRT's first executions
+  // carry one-off work that would otherwise land on the first real frame, the one an alert may hang on.
+  void warm_up();
 
  private:
   struct Impl;
