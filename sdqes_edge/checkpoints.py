@@ -98,14 +98,18 @@ def _essential_line(exc: Exception) -> str:
         if "GLOBAL" in line or "blocked" in line:
             return line.replace("Trying to load unsupported", "it refers to the code").rstrip(".") + \
                 " (loading it could run arbitrary code, so it is refused)"
-    # Skip torch's generic advice about weights_only; what remains names the actual fault.
+    # Skip torch's generic advice about weights_only; what remains names the actual fault, in its first sentence
+    # (the rest is miniz's advice). Pickle's KeyError names only an opcode byte ('101'), which tells no one anything.
     specific = [line for line in lines if "weights_only" not in line and "documentation" not in line]
-    detail = f" ({specific[0]})" if specific else ""
+    fault = specific[0].split(". ")[0].rstrip(".") if specific and not isinstance(exc, KeyError) else ""
+    detail = f" ({fault})" if fault else ""
     return f"not a readable torch checkpoint{detail}; is the file truncated or corrupt?"
 
 
 def read_checkpoint(path: str) -> LoadedCheckpoint:
     """Read any supported checkpoint into CLIP key layout (tensors only)."""
+    if os.path.isdir(path):
+        raise UserError(f"checkpoint {path} is a folder; pass the .pt/.ckpt file inside it")
     if not os.path.isfile(path):
         raise UserError(f"checkpoint not found: {path}; pass the path of a .pt/.ckpt file")
     sha = file_sha256(path)

@@ -146,13 +146,30 @@ def test_a_checkpoint_that_is_not_clip_is_refused(tmp_path):
         load_model(path)
 
 
-def test_a_corrupt_file_and_a_missing_file_are_refused(tmp_path):
+def test_a_corrupt_file_a_missing_file_and_a_folder_are_refused(tmp_path):
     corrupt = tmp_path / "corrupt.ckpt"
     corrupt.write_bytes(b"\x80\x04garbage" * 100)
     with pytest.raises(UserError, match="truncated or corrupt"):
         read_checkpoint(str(corrupt))
     with pytest.raises(UserError, match="checkpoint not found"):
         read_checkpoint(str(tmp_path / "nope.ckpt"))
+    with pytest.raises(UserError, match="is a folder; pass the .pt/.ckpt file inside it"):
+        read_checkpoint(str(tmp_path))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text"])
+def test_a_damaged_checkpoint_is_named_in_one_sentence_without_torchs_advice(damage, tmp_path):
+    """torch's own message for a cut-short archive runs to four sentences of miniz advice, and a text file
+    gives pickle's KeyError naming an opcode byte: the user gets the fault and what to do, nothing else."""
+    whole = tmp_path / "whole.pt"
+    torch.save({"w": torch.zeros(64)}, whole)
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2] if damage == "truncated" else b"hello world")
+    with pytest.raises(UserError) as refused:
+        read_checkpoint(str(damaged))
+    message = str(refused.value)
+    assert "\n" not in message and "truncated or corrupt" in message
+    assert "miniz" not in message and "(101)" not in message
 
 
 class RunsCode:

@@ -266,6 +266,7 @@ def test_export_arguments_are_checked_up_front(args, message, tmp_path):
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+    assert "attention heads" not in done.stdout  # nothing about a model that was never read
     assert not (tmp_path / "b").exists()
 
 

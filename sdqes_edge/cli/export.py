@@ -92,8 +92,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         from sdqes_edge.checkpoints import load_model, resolve_head_counts
 
         heads = resolve_head_counts(args.checkpoint, args.vision_heads, args.text_heads, args.model_config)
-        print(heads.rule)
         model, loaded = load_model(args.checkpoint, **heads.overrides())
+        print(heads.rule)  # once the checkpoint has loaded: a file that cannot be read gets its error alone
         source = f"{args.checkpoint} ({loaded.source_format})"
         checkpoint = {"file": Path(args.checkpoint).name, "sha256": loaded.sha256,
                       "source_format": loaded.source_format,
