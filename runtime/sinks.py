@@ -124,6 +124,7 @@ class AnnotatedVideoSink(Sink):
                                                                 interpolation=cv2.INTER_NEAREST)
         h, w = image.shape[:2]
         if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)  # as every other output: missing folders are made
             codec = ANNOTATION_CODECS.get(self.path.suffix.lower())
             writer = (cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*codec), self.fps, (w, h))
                       if codec else None)

@@ -28,18 +28,19 @@ def run_cli(*args: str, block_torch: bool = False, **popen) -> subprocess.Comple
 
 
 def test_the_run_command_streams_a_video_where_torch_cannot_be_imported(exported, tmp_path):
+    """... and writes every output, making the folders that do not exist yet."""
     _, bundle = exported
     video = write_video(tmp_path / "clip.mp4", sample_frames(40, 120, 160))
     done = run_cli("run", str(bundle), "--source", str(video), "--query", QUERY, "--message", "Sanitize!",
                    "--threshold", "0.01", "--events", str(tmp_path / "e.jsonl"), "--scores", str(tmp_path / "s"),
-                   "--annotate", str(tmp_path / "annotated.avi"), block_torch=True)
+                   "--annotate", str(tmp_path / "videos" / "annotated.avi"), block_torch=True)
     assert done.returncode == 0, done.stderr
     assert "Sanitize!" in done.stdout and "next: sdqes-edge eval" in done.stderr
     assert "was trained on" not in done.stderr  # a bundle without a training record gets no note
     events = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert [e["frame_index"] for e in events] == [0] and events[0]["message"] == "Sanitize!"
     assert load_scores(tmp_path / "s" / "clip.npz").probs.shape == (20, 1)
-    annotated = cv2.VideoCapture(str(tmp_path / "annotated.avi"))
+    annotated = cv2.VideoCapture(str(tmp_path / "videos" / "annotated.avi"))
     assert annotated.isOpened() and int(annotated.get(cv2.CAP_PROP_FRAME_COUNT)) == 20
 
 
