@@ -175,6 +175,37 @@ def test_four_streams_with_an_idle_one_keep_its_state_on_the_bound_path(graphs):
             assert not np.array_equal(final_p[name][2], final_p[name][0])
 
 
+@pytest.mark.parametrize("io_binding", [False, True], ids=["plain", "bound"])
+def test_resetting_one_stream_of_four_makes_it_a_fresh_stream_and_leaves_the_others_alone(graphs, io_binding):
+    paths, frames = graphs
+
+    def scene(t):  # each stream its own scene: stream i is i frames ahead
+        return np.stack([frames[(t + i) % FRAMES] for i in range(4)])
+
+    kept, reset, fresh = (OnnxRuntimeStep(paths[4], io_binding=io_binding) for _ in range(3))
+    states = {runner: runner.initial_state() for runner in (kept, reset)}
+    for t in range(10):
+        for runner in states:
+            states[runner] = runner.step(scene(t), states[runner]).state
+    states[reset] = reset.reset_streams(states[reset], [1])
+    states[fresh] = fresh.initial_state()  # starts where stream 1 was reset
+    out = {runner: [] for runner in states}
+    for t in range(10, 25):
+        for runner in states:
+            result = runner.step(scene(t), states[runner])
+            out[runner].append(result.embedding)
+            states[runner] = result.state
+    got, unreset, new = (np.stack(out[r]) for r in (reset, kept, fresh))
+    final = {r: r.state_to_numpy(states[r]) for r in states}
+    others = [0, 2, 3]
+    np.testing.assert_allclose(got[:, 1], new[:, 1], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got[:, others], unreset[:, others], rtol=0, atol=1e-6)
+    for name in final[reset]:
+        np.testing.assert_allclose(final[reset][name][1], final[fresh][name][1], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(final[reset][name][others], final[kept][name][others], rtol=0, atol=1e-6)
+    assert np.abs(got[:, 1] - unreset[:, 1]).max() > 1e-3  # the forgotten past mattered
+
+
 @pytest.fixture(scope="module")
 def fp16_graph(tmp_path_factory):
     """The fp16 step graph of a tiny QRNN bundle (its state crosses the graph's boundary in fp16)."""

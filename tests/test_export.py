@@ -141,12 +141,16 @@ def test_batched_streams_and_fused_query_scoring(tmp_path):
     with torch.no_grad():
         np.testing.assert_allclose(embeddings, model.encode_text([q.text for q in queries]).numpy(), atol=1e-4)
     runner = OnnxRuntimeStep(bundle.step_graph())
+    bound = OnnxRuntimeStep(bundle.step_graph(), io_binding=True)  # the GPU's path: queries in a bound buffer too
     frames = stream_frames(model, 20, batch=2)
-    state = runner.initial_state()
-    for frame in frames:
-        step = runner.step(frame, state, embeddings)
-        np.testing.assert_allclose(step.logits, step.embedding @ embeddings.T, atol=1e-5)
-        state = step.state
+    state, bound_state = runner.initial_state(), bound.initial_state()
+    for t, frame in enumerate(frames):
+        asked = embeddings if t < 10 else embeddings[::-1].copy()  # new query values reach the bound buffer
+        step, bound_step = runner.step(frame, state, asked), bound.step(frame, bound_state, asked)
+        np.testing.assert_allclose(step.logits, step.embedding @ asked.T, atol=1e-5)
+        np.testing.assert_array_equal(bound_step.logits, step.logits)
+        np.testing.assert_array_equal(bound_step.embedding, step.embedding)
+        state, bound_state = step.state, bound_step.state
     assert step.logits.shape == (2, 2)
     assert result.verification.passed and result.verification.batch == 2
     # The TensorRT backends bind no query input: such a bundle is refused before any GPU is looked for.

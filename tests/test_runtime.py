@@ -287,6 +287,25 @@ def test_one_step_serves_two_streams_as_two_single_stream_runs_would(tmp_path):
     assert together[0].shape == (20,) and together[1].shape == (30,)  # the shorter stream idles, keeping state
 
 
+def test_resetting_one_stream_forgets_its_past_and_rearms_its_alerts_alone(tmp_path):
+    model = random_model("qrnn")
+    bundle = tmp_path / "b2"
+    export_bundle(model, bundle, ExportOptions(fps=FPS, batch=2, show_progress=False), log=lambda m: None)
+    frames = list(VideoFileSource(write_video(tmp_path / "c.avi", sample_frames(30, 120, 160)), FPS).sampled())
+    detector, fresh = StreamingDetector(bundle), StreamingDetector(bundle)
+    for d in (detector, fresh):
+        d.add_query(QUERY, threshold=1e-6)  # always above: one alert per stream, on its first frame
+    assert [len(e) for e in detector.step([frames[0], frames[0]])] == [1, 1]
+    for frame in frames[1:8]:
+        assert detector.step([frame, frame]) == [[], []]
+    detector.reset(stream=1)
+    events = detector.step([frames[8], frames[8]])
+    assert [len(e) for e in events] == [0, 1], "only the reset stream is re-armed"
+    fresh.step([frames[8], frames[8]])
+    np.testing.assert_allclose(detector.last_embeddings[1], fresh.last_embeddings[1], rtol=0, atol=1e-6)
+    assert np.abs(detector.last_embeddings[0] - fresh.last_embeddings[0]).max() > 1e-3  # stream 0 kept its past
+
+
 def test_a_files_frames_are_preprocessed_by_several_threads_and_come_out_in_order(tmp_path):
     import threading
 
