@@ -1,6 +1,7 @@
-"""The step graph is lean where a GPU pays per kernel: each adapter adds at most 10 executed kernels, no
-state tensor goes through a reshape on its way in or out (ONNX Runtime's profiler counts kernels on the CPU),
-and the fp16 graph casts nothing but the frame in and the embedding out."""
+"""The step graph is lean where a GPU pays per kernel: each adapter adds at most 10 executed kernels
+(retention, which carries a matrix per token, 17), no state tensor goes through a reshape on its way in or
+out (ONNX Runtime's profiler counts kernels on the CPU), and the fp16 graph casts nothing but the frame in
+and the embedding out."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from sdqes_edge.export.complexity import runtime_casts
 from sdqes_edge.runtime.kernels import count_kernels
 
 MAX_KERNELS_PER_ADAPTER = 10  # issue 13's target for the QRNN and ST adapters
+# Retention carries a [d', d'] state per token; its step rotates and decays it in one gather and two products,
+# and adds the new key-value product (28 kernels before, 21 of them computing).
+MAX_KERNELS_PER_RETENTION_ADAPTER = 17
 
 
 def exported(kind: str, path, **fields):
@@ -37,12 +41,13 @@ def backbone_kernels(tmp_path_factory):
     return count_kernels(path).per_step
 
 
-@pytest.mark.parametrize("kind", ["qrnn", "st"])
-def test_an_adapter_adds_at_most_ten_kernels_to_a_step(kind, backbone_kernels, tmp_path):
+@pytest.mark.parametrize("kind, most", [("qrnn", MAX_KERNELS_PER_ADAPTER), ("st", MAX_KERNELS_PER_ADAPTER),
+                                         ("retnet", MAX_KERNELS_PER_RETENTION_ADAPTER)])
+def test_an_adapter_adds_few_kernels_to_a_step(kind, most, backbone_kernels, tmp_path):
     model, path = exported(kind, tmp_path / f"{kind}.onnx", per_block=2)
     adapters = 2 * model.cfg.vision.layers
     per_adapter = (count_kernels(path).per_step - backbone_kernels) / adapters
-    assert per_adapter <= MAX_KERNELS_PER_ADAPTER, f"{kind}: {per_adapter:.1f} kernels per adapter"
+    assert per_adapter <= most, f"{kind}: {per_adapter:.1f} kernels per adapter"
 
 
 @pytest.mark.parametrize("kind", ["qrnn", "st", "retnet"])

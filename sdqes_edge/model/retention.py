@@ -18,6 +18,12 @@ applied to the key-channel pairs. Then ``out_n = q_n R_n`` with the *raw*
 query, and ``R_n = gamma rho^*(R_{n-1}) + k_n^T V_n``: a fixed rotation and a
 decay of at most ``gamma`` per frame. No absolute position is ever computed, so
 the state stays finite over unbounded streams and every frame costs the same.
+
+The rotation and decay of the key-channel pairs are written per channel, for
+few kernels and few passes over the state (the largest tensor of any adapter):
+``gamma rho^*(R) = R * keep + R[swap] * cross``, where ``swap`` exchanges the
+two channels of each pair, ``keep = gamma zeta^(1/B) cos theta`` for both and
+``cross = +-gamma zeta^(1/B) sin theta`` (+ for the even channel, - for the odd).
 """
 
 from __future__ import annotations
@@ -63,10 +69,12 @@ class SimpleRetention(nn.Module):
         self.W_K = nn.Parameter(torch.randn(dim, dim) / dim)
         self.W_V = nn.Parameter(torch.randn(dim, dim) / dim)
         self.xpos = XPos(dim, scale_base)
-        # Step-form constants: per-pair decay gamma * zeta^(1/B) and the rotation by -theta.
-        self.register_buffer("step_decay", gamma * self.xpos.scale ** (1.0 / scale_base), persistent=False)
-        self.register_buffer("step_cos", torch.cos(self.xpos.theta), persistent=False)
-        self.register_buffer("step_sin", torch.sin(self.xpos.theta), persistent=False)
+        # Step-form constants (module docstring): per key channel, the factors of itself and of its pair partner.
+        decay = gamma * self.xpos.scale ** (1.0 / scale_base)  # [d/2]
+        keep, cross = decay * torch.cos(self.xpos.theta), decay * torch.sin(self.xpos.theta)
+        self.register_buffer("step_keep", keep.repeat_interleave(2)[:, None], persistent=False)  # [d, 1]
+        self.register_buffer("step_cross", torch.stack((cross, -cross), dim=-1).reshape(-1, 1), persistent=False)
+        self.register_buffer("step_swap", torch.arange(dim).reshape(-1, 2).flip(-1).reshape(-1), persistent=False)
 
     def window(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., T, d] -> [..., T, d], positions counted from the first frame of the window."""
@@ -81,12 +89,9 @@ class SimpleRetention(nn.Module):
 
     def step(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., d], state R [..., d, d] (key channel, value channel) -> (out [..., d], new R)."""
-        q, k, v = x @ self.W_Q, x @ self.W_K, x @ self.W_V
-        even, odd = state[..., 0::2, :], state[..., 1::2, :]  # key-channel pairs, [..., d/2, d]
-        cos, sin = self.step_cos[:, None], self.step_sin[:, None]
-        decay = self.step_decay[:, None]
-        carried = torch.stack((decay * (even * cos + odd * sin), decay * (odd * cos - even * sin)), dim=-2)
-        carried = carried.flatten(-3, -2)  # re-interleave pairs -> [..., d, d]
-        new_state = carried + k.unsqueeze(-1) * v.unsqueeze(-2)
+        # One product for Q, K and V (the concatenated weights are a constant the export folds).
+        q, k, v = (x @ torch.cat((self.W_Q, self.W_K, self.W_V), dim=1)).split(x.shape[-1], dim=-1)
+        partners = state.index_select(-2, self.step_swap)  # each key channel's pair partner, [..., d, d]
+        new_state = state * self.step_keep + partners * self.step_cross + k.unsqueeze(-1) * v.unsqueeze(-2)
         out = (q.unsqueeze(-2) @ new_state).squeeze(-2)
         return out, new_state
