@@ -1,4 +1,5 @@
-"""What the runtime tests share: a tiny exported QRNN bundle (sampled at 5 fps), a query, a video writer."""
+"""What the runtime tests share: a tiny exported QRNN bundle (sampled at 5 fps), its step graphs for one and for
+four streams, a query, a video writer."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import pytest
 from conftest import random_model
 
 from sdqes_edge.export import ExportOptions, export_bundle
+from sdqes_edge.runtime.bundle import load_bundle
+from sdqes_edge.runtime.preprocess import Preprocessor
+from sdqes_edge.sample import sample_frames
 
 QUERY = "When I start to clean or wipe the table, remind me to sanitize my hands."
 FPS = 5.0
+STEP_GRAPH_FRAMES = 40  # preprocessed frames that come with `step_graphs`
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +27,20 @@ def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("rt") / "bundle"
     export_bundle(model, out, ExportOptions(fps=FPS, show_progress=False), log=lambda m: None)
     return model, out
+
+
+@pytest.fixture(scope="module")
+def step_graphs(tmp_path_factory):
+    """Step graphs of one tiny QRNN model (lookback 2, so the history shifts), for 1 and for 4 streams, and
+    STEP_GRAPH_FRAMES preprocessed frames."""
+    model = random_model("qrnn", lookback=2)
+    out = {}
+    for batch in (1, 4):
+        path = tmp_path_factory.mktemp(f"b{batch}") / "bundle"
+        export_bundle(model, path, ExportOptions(batch=batch, show_progress=False), log=lambda m: None)
+        out[batch] = load_bundle(path).step_graph()
+    frames = Preprocessor.from_config(model.cfg).batch(sample_frames(STEP_GRAPH_FRAMES, 120, 160))
+    return out, frames
 
 
 def write_video(path: Path, frames: np.ndarray, fps: float = 10.0) -> Path:

@@ -23,27 +23,11 @@ from sdqes_edge.runtime.onnxruntime_backend import (
     _check_providers,
     session_with_capture_fallback,
 )
-from sdqes_edge.runtime.preprocess import Preprocessor
-from sdqes_edge.sample import sample_frames
 from sdqes_edge.tolerances import VARIANT_TOLERANCES
 
 HAS_CUDA = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu with the CUDA execution provider "
                                                      "(an NVIDIA GPU); the binding logic is tested on the CPU")
-FRAMES = 40
-
-
-@pytest.fixture(scope="module")
-def graphs(tmp_path_factory):
-    """Step graphs of one tiny QRNN model (lookback 2, so the history shifts), for 1 and for 4 streams."""
-    model = random_model("qrnn", lookback=2)
-    out = {}
-    for batch in (1, 4):
-        path = tmp_path_factory.mktemp(f"b{batch}") / "bundle"
-        export_bundle(model, path, ExportOptions(batch=batch, show_progress=False), log=lambda m: None)
-        out[batch] = load_bundle(path).step_graph()
-    frames = Preprocessor.from_config(model.cfg).batch(sample_frames(FRAMES, 120, 160))
-    return out, frames
 
 
 def stream(runner: OnnxRuntimeStep, frames: np.ndarray, batch: int = 1):
@@ -56,8 +40,8 @@ def stream(runner: OnnxRuntimeStep, frames: np.ndarray, batch: int = 1):
     return np.stack(embeddings), runner.state_to_numpy(state)
 
 
-def test_bound_step_gives_the_plain_steps_stream_and_next_state(graphs):
-    paths, frames = graphs
+def test_bound_step_gives_the_plain_steps_stream_and_next_state(step_graphs):
+    paths, frames = step_graphs
     plain_emb, plain_state = stream(OnnxRuntimeStep(paths[1]), frames)
     bound_emb, bound_state = stream(OnnxRuntimeStep(paths[1], io_binding=True), frames)
     np.testing.assert_array_equal(bound_emb, plain_emb)
@@ -66,10 +50,10 @@ def test_bound_step_gives_the_plain_steps_stream_and_next_state(graphs):
 
 
 @pytest.mark.parametrize("io_binding", [False, True], ids=["plain", "bound"])
-def test_what_a_step_returns_is_the_callers_and_later_steps_leave_it_alone(graphs, io_binding):
+def test_what_a_step_returns_is_the_callers_and_later_steps_leave_it_alone(step_graphs, io_binding):
     """On the CPU an OrtValue's ``numpy()`` is a view of the bound buffer (on a GPU, a copy): returned as it
     is, an embedding or a saved state would change under the caller at the next step."""
-    paths, frames = graphs
+    paths, frames = step_graphs
     runner = OnnxRuntimeStep(paths[1], io_binding=io_binding)
     first = runner.step(frames[0][None], runner.initial_state())
     embedding, saved = first.embedding.copy(), runner.state_to_numpy(first.state)
@@ -86,14 +70,14 @@ def test_what_a_step_returns_is_the_callers_and_later_steps_leave_it_alone(graph
     ("cpu", False, 1), ("cpu", True, 2),
     pytest.param("cuda", True, 6, marks=needs_cuda),  # 2 bindings x (2 uncaptured runs + the capture)
 ], ids=["plain", "bound", "cuda-graphs"])
-def test_a_warm_up_mid_stream_changes_nothing_the_streams_see(graphs, device, io_binding, warm_up_steps):
+def test_a_warm_up_mid_stream_changes_nothing_the_streams_see(step_graphs, device, io_binding, warm_up_steps):
     """``warm_up`` steps blank frames through each binding (on a GPU until each binding's CUDA graph is
     captured, so no capture lands on a real frame), then puts the state back: the streams after it are the
     streams without it (bit for bit on the CPU), an idle stream and the next state included."""
     from sdqes_edge.runtime.detector import StreamingDetector
     from sdqes_edge.runtime.sources import Frame
 
-    paths, frames = graphs
+    paths, frames = step_graphs
     bundle = load_bundle(paths[4].parent)
     warmed, plain = (StreamingDetector(bundle, backend_instance=OnnxRuntimeStep(paths[4], device=device,
                                                                                 io_binding=io_binding))
@@ -117,8 +101,8 @@ def test_a_warm_up_mid_stream_changes_nothing_the_streams_see(graphs, device, io
         np.testing.assert_allclose(got[name], want[name], rtol=atol, atol=atol, err_msg=name)
 
 
-def test_the_two_buffer_sets_are_allocated_once_and_alternate(graphs):
-    paths, frames = graphs
+def test_the_two_buffer_sets_are_allocated_once_and_alternate(step_graphs):
+    paths, frames = step_graphs
     runner = OnnxRuntimeStep(paths[1], io_binding=True)
     buffers = runner.buffers
     addresses = [{n: v.data_ptr() for n, v in s.items()} for s in buffers.sets]
@@ -132,8 +116,8 @@ def test_the_two_buffer_sets_are_allocated_once_and_alternate(graphs):
     assert len(buffers.bindings) == 2
 
 
-def test_a_stale_state_handle_is_refused_not_read(graphs):
-    paths, frames = graphs
+def test_a_stale_state_handle_is_refused_not_read(step_graphs):
+    paths, frames = step_graphs
     runner = OnnxRuntimeStep(paths[1], io_binding=True)
     first = runner.initial_state()
     second = runner.step(frames[0][None], first).state
@@ -143,8 +127,8 @@ def test_a_stale_state_handle_is_refused_not_read(graphs):
     assert isinstance(third, BoundState)
 
 
-def test_reset_save_and_load_mid_stream_on_the_bound_path(graphs):
-    paths, frames = graphs
+def test_reset_save_and_load_mid_stream_on_the_bound_path(step_graphs):
+    paths, frames = step_graphs
     plain, bound = OnnxRuntimeStep(paths[1]), OnnxRuntimeStep(paths[1], io_binding=True)
     state_p, state_b = plain.initial_state(), bound.initial_state()
     for t, frame in enumerate(frames[:20]):
@@ -157,55 +141,6 @@ def test_reset_save_and_load_mid_stream_on_the_bound_path(graphs):
         state_p, state_b = a.state, b.state
 
 
-def test_four_streams_with_an_idle_one_keep_its_state_on_the_bound_path(graphs):
-    paths, frames = graphs
-    plain, bound = OnnxRuntimeStep(paths[4]), OnnxRuntimeStep(paths[4], io_binding=True)
-    state_p, state_b = plain.initial_state(), bound.initial_state()
-    for t, frame in enumerate(frames[:12]):
-        batch = np.repeat(frame[None], 4, axis=0)
-        a, b = plain.step(batch, state_p), bound.step(batch, state_b)
-        np.testing.assert_array_equal(a.embedding, b.embedding)
-        idle = [2] if t % 3 == 0 else []  # stream 2 sees no frame every third step
-        state_p = plain.keep_streams(a.state, state_p, idle) if idle else a.state
-        state_b = bound.keep_streams(b.state, state_b, idle) if idle else b.state
-    final_p, final_b = plain.state_to_numpy(state_p), bound.state_to_numpy(state_b)
-    for name in final_p:
-        np.testing.assert_array_equal(final_b[name], final_p[name])
-        if name.endswith("_h"):  # the recurrence remembers the frames the idle stream did not see
-            assert not np.array_equal(final_p[name][2], final_p[name][0])
-
-
-@pytest.mark.parametrize("io_binding", [False, True], ids=["plain", "bound"])
-def test_resetting_one_stream_of_four_makes_it_a_fresh_stream_and_leaves_the_others_alone(graphs, io_binding):
-    paths, frames = graphs
-
-    def scene(t):  # each stream its own scene: stream i is i frames ahead
-        return np.stack([frames[(t + i) % FRAMES] for i in range(4)])
-
-    kept, reset, fresh = (OnnxRuntimeStep(paths[4], io_binding=io_binding) for _ in range(3))
-    states = {runner: runner.initial_state() for runner in (kept, reset)}
-    for t in range(10):
-        for runner in states:
-            states[runner] = runner.step(scene(t), states[runner]).state
-    states[reset] = reset.reset_streams(states[reset], [1])
-    states[fresh] = fresh.initial_state()  # starts where stream 1 was reset
-    out = {runner: [] for runner in states}
-    for t in range(10, 25):
-        for runner in states:
-            result = runner.step(scene(t), states[runner])
-            out[runner].append(result.embedding)
-            states[runner] = result.state
-    got, unreset, new = (np.stack(out[r]) for r in (reset, kept, fresh))
-    final = {r: r.state_to_numpy(states[r]) for r in states}
-    others = [0, 2, 3]
-    np.testing.assert_allclose(got[:, 1], new[:, 1], rtol=0, atol=1e-6)
-    np.testing.assert_allclose(got[:, others], unreset[:, others], rtol=0, atol=1e-6)
-    for name in final[reset]:
-        np.testing.assert_allclose(final[reset][name][1], final[fresh][name][1], rtol=0, atol=1e-6)
-        np.testing.assert_allclose(final[reset][name][others], final[kept][name][others], rtol=0, atol=1e-6)
-    assert np.abs(got[:, 1] - unreset[:, 1]).max() > 1e-3  # the forgotten past mattered
-
-
 @pytest.fixture(scope="module")
 def fp16_graph(tmp_path_factory):
     """The fp16 step graph of a tiny QRNN bundle (its state crosses the graph's boundary in fp16)."""
@@ -216,8 +151,8 @@ def fp16_graph(tmp_path_factory):
     return load_bundle(path).step_graph("fp16")
 
 
-def test_an_fp16_graphs_state_is_carried_in_fp16_bound_or_not_and_loads_from_fp32_arrays(fp16_graph, graphs):
-    _, frames = graphs
+def test_an_fp16_graphs_state_is_carried_in_fp16_bound_or_not_and_loads_from_fp32_arrays(fp16_graph, step_graphs):
+    _, frames = step_graphs
     plain, bound = OnnxRuntimeStep(fp16_graph), OnnxRuntimeStep(fp16_graph, io_binding=True)
     assert {t.dtype for t in plain.spec} == {"float16"}
     plain_emb, plain_state = stream(plain, frames)
@@ -247,8 +182,8 @@ def test_a_provider_onnx_runtime_could_not_create_is_named_never_silently_replac
     _check_providers("cpu", cpu_only)  # what was asked is what runs: silent
 
 
-def test_cuda_graphs_need_the_cuda_device_and_bound_buffers(graphs):
-    paths, _ = graphs
+def test_cuda_graphs_need_the_cuda_device_and_bound_buffers(step_graphs):
+    paths, _ = step_graphs
     with pytest.raises(UserError, match="--ort-device cuda"):
         OnnxRuntimeStep(paths[1], cuda_graph=True)
 
@@ -258,8 +193,8 @@ CAPTURE_REFUSAL = ("[ONNXRuntimeError] : 1 : FAIL : This session cannot use the 
                    "by the user  as all compute graph nodes have not been partitioned to the CUDAExecutionProvider")
 
 
-def test_a_refused_cuda_graph_capture_steps_uncaptured_with_a_one_line_warning(graphs, capsys):
-    paths, _ = graphs
+def test_a_refused_cuda_graph_capture_steps_uncaptured_with_a_one_line_warning(step_graphs, capsys):
+    paths, _ = step_graphs
     made = []
 
     def make(capture: bool):
@@ -296,8 +231,8 @@ def assert_same_stream(expected, got, tolerance: float) -> None:
 
 
 @needs_cuda
-def test_cuda_bound_step_equals_the_cpu_step_over_100_frames_with_state_carried(graphs):
-    paths, frames = graphs
+def test_cuda_bound_step_equals_the_cpu_step_over_100_frames_with_state_carried(step_graphs):
+    paths, frames = step_graphs
     frames = np.concatenate([frames] * 3)[:100]
     gpu = OnnxRuntimeStep(paths[1], device="cuda", cuda_graph=False)
     assert gpu.providers[0] == "CUDAExecutionProvider"
@@ -305,8 +240,8 @@ def test_cuda_bound_step_equals_the_cpu_step_over_100_frames_with_state_carried(
 
 
 @needs_cuda
-def test_cuda_graph_replay_equals_the_uncaptured_bound_step(graphs):
-    paths, frames = graphs
+def test_cuda_graph_replay_equals_the_uncaptured_bound_step(step_graphs):
+    paths, frames = step_graphs
     captured = OnnxRuntimeStep(paths[1], device="cuda", cuda_graph=True)
     assert captured.cuda_graph, "the CUDA graph capture was refused for the lean step graph"
     plain = stream(OnnxRuntimeStep(paths[1], device="cuda", cuda_graph=False), frames)
@@ -314,8 +249,8 @@ def test_cuda_graph_replay_equals_the_uncaptured_bound_step(graphs):
 
 
 @needs_cuda
-def test_cuda_fp16_step_follows_the_cpu_fp32_step_over_100_frames_with_state_carried(fp16_graph, graphs):
-    paths, frames = graphs
+def test_cuda_fp16_step_follows_the_cpu_fp32_step_over_100_frames_with_state_carried(fp16_graph, step_graphs):
+    paths, frames = step_graphs
     frames = np.concatenate([frames] * 3)[:100]
     reference, _ = stream(OnnxRuntimeStep(fp16_graph.parent / "step.fp32.onnx"), frames)
     gpu = OnnxRuntimeStep(fp16_graph, device="cuda")
@@ -327,8 +262,8 @@ def test_cuda_fp16_step_follows_the_cpu_fp32_step_over_100_frames_with_state_car
 
 
 @needs_cuda
-def test_cuda_batch_of_four_with_an_idle_stream_and_a_reset(graphs):
-    paths, frames = graphs
+def test_cuda_batch_of_four_with_an_idle_stream_and_a_reset(step_graphs):
+    paths, frames = step_graphs
     cpu, gpu = OnnxRuntimeStep(paths[4]), OnnxRuntimeStep(paths[4], device="cuda")
     state_c, state_g = cpu.initial_state(), gpu.initial_state()
     for t, frame in enumerate(frames):
@@ -407,7 +342,7 @@ def _torch_has_cuda() -> bool:
 @pytest.mark.skipif(not _torch_has_cuda(), reason="needs a CUDA build of torch and an NVIDIA GPU (the GPU bench "
                                                   "traces its step graphs there)")
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_a_step_graph_traced_on_the_gpu_is_the_graph_traced_on_the_cpu(precision, graphs, tmp_path):
+def test_a_step_graph_traced_on_the_gpu_is_the_graph_traced_on_the_cpu(precision, step_graphs, tmp_path):
     import onnx
 
     from sdqes_edge.export.graphs import export_step_graph
@@ -421,7 +356,7 @@ def test_a_step_graph_traced_on_the_gpu_is_the_graph_traced_on_the_cpu(precision
     assert [n.op_type for n in cuda.graph.node] == [n.op_type for n in cpu.graph.node]
     assert [(i.name, list(i.dims)) for i in cuda.graph.initializer] == [(i.name, list(i.dims))
                                                                         for i in cpu.graph.initializer]
-    _, frames = graphs
+    _, frames = step_graphs
     runners = [OnnxRuntimeStep(p) for p in paths.values()]
     (want, want_state), (got, got_state) = (stream(r, frames[:8], batch=4) for r in runners)
     # Only constants folded on the GPU can differ (by rounding), so the fp32 bar is the exporter's own.

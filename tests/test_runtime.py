@@ -11,11 +11,9 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import random_model
 from runtime_fixtures import FPS, QUERY, write_video
 
 from sdqes_edge.errors import UserError
-from sdqes_edge.export import ExportOptions, export_bundle
 from sdqes_edge.metrics import rising_edges
 from sdqes_edge.runtime.alerts import AlertPolicy, AlertState
 from sdqes_edge.runtime.detector import NonFiniteScoreError, StreamingDetector
@@ -262,48 +260,6 @@ def test_an_engine_built_for_another_gpu_or_tensorrt_is_refused_with_the_rebuild
                              "fp16")
     check_engine_matches(dict(sidecar, compute_capability=[8, 7]), here, tmp_path, "fp16")  # a match passes
     assert here.folder == "nvidia-jetson-agx-orin-sm87-trt10.3.0"
-
-
-def test_one_step_serves_two_streams_as_two_single_stream_runs_would(tmp_path):
-    model = random_model("st")
-    single, double = tmp_path / "b1", tmp_path / "b2"
-    export_bundle(model, single, ExportOptions(fps=FPS, show_progress=False), log=lambda m: None)
-    export_bundle(model, double, ExportOptions(fps=FPS, batch=2, show_progress=False), log=lambda m: None)
-    videos = [write_video(tmp_path / "a.avi", sample_frames(40, 120, 160, seed=1)),
-              write_video(tmp_path / "b.avi", sample_frames(60, 120, 160, seed=2))]  # different lengths
-
-    def scores(bundle, sources, stream=0):
-        detector = StreamingDetector(bundle)
-        detector.add_query(QUERY)
-        detector.add_sink(ScoreTraceRecorder(tmp_path / f"{bundle.name}-{stream}.npz", "s", FPS, stream=stream))
-        list(detector.run(sources))
-        return load_scores(tmp_path / f"{bundle.name}-{stream}.npz").probs[:, 0]
-
-    together = [scores(double, [open_source(str(v), FPS) for v in videos], stream=i) for i in range(2)]
-    alone = [scores(single, [open_source(str(v), FPS)]) for v in videos]
-    for a, b in zip(together, alone):
-        assert a.shape == b.shape
-        np.testing.assert_allclose(a, b, atol=1e-5)
-    assert together[0].shape == (20,) and together[1].shape == (30,)  # the shorter stream idles, keeping state
-
-
-def test_resetting_one_stream_forgets_its_past_and_rearms_its_alerts_alone(tmp_path):
-    model = random_model("qrnn")
-    bundle = tmp_path / "b2"
-    export_bundle(model, bundle, ExportOptions(fps=FPS, batch=2, show_progress=False), log=lambda m: None)
-    frames = list(VideoFileSource(write_video(tmp_path / "c.avi", sample_frames(30, 120, 160)), FPS).sampled())
-    detector, fresh = StreamingDetector(bundle), StreamingDetector(bundle)
-    for d in (detector, fresh):
-        d.add_query(QUERY, threshold=1e-6)  # always above: one alert per stream, on its first frame
-    assert [len(e) for e in detector.step([frames[0], frames[0]])] == [1, 1]
-    for frame in frames[1:8]:
-        assert detector.step([frame, frame]) == [[], []]
-    detector.reset(stream=1)
-    events = detector.step([frames[8], frames[8]])
-    assert [len(e) for e in events] == [0, 1], "only the reset stream is re-armed"
-    fresh.step([frames[8], frames[8]])
-    np.testing.assert_allclose(detector.last_embeddings[1], fresh.last_embeddings[1], rtol=0, atol=1e-6)
-    assert np.abs(detector.last_embeddings[0] - fresh.last_embeddings[0]).max() > 1e-3  # stream 0 kept its past
 
 
 def test_a_files_frames_are_preprocessed_by_several_threads_and_come_out_in_order(tmp_path):

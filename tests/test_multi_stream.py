@@ -1,0 +1,108 @@
+"""Several streams in one step: each stream's rows of the state are its own. An idle stream keeps them, a reset
+one starts afresh, and the others never notice (plain and bound steps, and the detector with its alerts)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import random_model
+from runtime_fixtures import FPS, QUERY, STEP_GRAPH_FRAMES, write_video
+
+from sdqes_edge.export import ExportOptions, export_bundle
+from sdqes_edge.runtime.detector import StreamingDetector
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.sinks import ScoreTraceRecorder
+from sdqes_edge.runtime.sources import VideoFileSource, open_source
+from sdqes_edge.sample import sample_frames
+from sdqes_edge.traces import load_scores
+
+
+def test_four_streams_with_an_idle_one_keep_its_state_on_the_bound_path(step_graphs):
+    paths, frames = step_graphs
+    plain, bound = OnnxRuntimeStep(paths[4]), OnnxRuntimeStep(paths[4], io_binding=True)
+    state_p, state_b = plain.initial_state(), bound.initial_state()
+    for t, frame in enumerate(frames[:12]):
+        batch = np.repeat(frame[None], 4, axis=0)
+        a, b = plain.step(batch, state_p), bound.step(batch, state_b)
+        np.testing.assert_array_equal(a.embedding, b.embedding)
+        idle = [2] if t % 3 == 0 else []  # stream 2 sees no frame every third step
+        state_p = plain.keep_streams(a.state, state_p, idle) if idle else a.state
+        state_b = bound.keep_streams(b.state, state_b, idle) if idle else b.state
+    final_p, final_b = plain.state_to_numpy(state_p), bound.state_to_numpy(state_b)
+    for name in final_p:
+        np.testing.assert_array_equal(final_b[name], final_p[name])
+        if name.endswith("_h"):  # the recurrence remembers the frames the idle stream did not see
+            assert not np.array_equal(final_p[name][2], final_p[name][0])
+
+
+@pytest.mark.parametrize("io_binding", [False, True], ids=["plain", "bound"])
+def test_resetting_one_stream_of_four_makes_it_a_fresh_stream_and_leaves_the_others_alone(step_graphs, io_binding):
+    paths, frames = step_graphs
+
+    def scene(t):  # each stream its own scene: stream i is i frames ahead
+        return np.stack([frames[(t + i) % STEP_GRAPH_FRAMES] for i in range(4)])
+
+    kept, reset, fresh = (OnnxRuntimeStep(paths[4], io_binding=io_binding) for _ in range(3))
+    states = {runner: runner.initial_state() for runner in (kept, reset)}
+    for t in range(10):
+        for runner in states:
+            states[runner] = runner.step(scene(t), states[runner]).state
+    states[reset] = reset.reset_streams(states[reset], [1])
+    states[fresh] = fresh.initial_state()  # starts where stream 1 was reset
+    out = {runner: [] for runner in states}
+    for t in range(10, 25):
+        for runner in states:
+            result = runner.step(scene(t), states[runner])
+            out[runner].append(result.embedding)
+            states[runner] = result.state
+    got, unreset, new = (np.stack(out[r]) for r in (reset, kept, fresh))
+    final = {r: r.state_to_numpy(states[r]) for r in states}
+    others = [0, 2, 3]
+    np.testing.assert_allclose(got[:, 1], new[:, 1], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got[:, others], unreset[:, others], rtol=0, atol=1e-6)
+    for name in final[reset]:
+        np.testing.assert_allclose(final[reset][name][1], final[fresh][name][1], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(final[reset][name][others], final[kept][name][others], rtol=0, atol=1e-6)
+    assert np.abs(got[:, 1] - unreset[:, 1]).max() > 1e-3  # the forgotten past mattered
+
+
+def test_one_step_serves_two_streams_as_two_single_stream_runs_would(tmp_path):
+    model = random_model("st")
+    single, double = tmp_path / "b1", tmp_path / "b2"
+    export_bundle(model, single, ExportOptions(fps=FPS, show_progress=False), log=lambda m: None)
+    export_bundle(model, double, ExportOptions(fps=FPS, batch=2, show_progress=False), log=lambda m: None)
+    videos = [write_video(tmp_path / "a.avi", sample_frames(40, 120, 160, seed=1)),
+              write_video(tmp_path / "b.avi", sample_frames(60, 120, 160, seed=2))]  # different lengths
+
+    def scores(bundle, sources, stream=0):
+        detector = StreamingDetector(bundle)
+        detector.add_query(QUERY)
+        detector.add_sink(ScoreTraceRecorder(tmp_path / f"{bundle.name}-{stream}.npz", "s", FPS, stream=stream))
+        list(detector.run(sources))
+        return load_scores(tmp_path / f"{bundle.name}-{stream}.npz").probs[:, 0]
+
+    together = [scores(double, [open_source(str(v), FPS) for v in videos], stream=i) for i in range(2)]
+    alone = [scores(single, [open_source(str(v), FPS)]) for v in videos]
+    for a, b in zip(together, alone):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert together[0].shape == (20,) and together[1].shape == (30,)  # the shorter stream idles, keeping state
+
+
+def test_resetting_one_stream_forgets_its_past_and_rearms_its_alerts_alone(tmp_path):
+    model = random_model("qrnn")
+    bundle = tmp_path / "b2"
+    export_bundle(model, bundle, ExportOptions(fps=FPS, batch=2, show_progress=False), log=lambda m: None)
+    frames = list(VideoFileSource(write_video(tmp_path / "c.avi", sample_frames(30, 120, 160)), FPS).sampled())
+    detector, fresh = StreamingDetector(bundle), StreamingDetector(bundle)
+    for d in (detector, fresh):
+        d.add_query(QUERY, threshold=1e-6)  # always above: one alert per stream, on its first frame
+    assert [len(e) for e in detector.step([frames[0], frames[0]])] == [1, 1]
+    for frame in frames[1:8]:
+        assert detector.step([frame, frame]) == [[], []]
+    detector.reset(stream=1)
+    events = detector.step([frames[8], frames[8]])
+    assert [len(e) for e in events] == [0, 1], "only the reset stream is re-armed"
+    fresh.step([frames[8], frames[8]])
+    np.testing.assert_allclose(detector.last_embeddings[1], fresh.last_embeddings[1], rtol=0, atol=1e-6)
+    assert np.abs(detector.last_embeddings[0] - fresh.last_embeddings[0]).max() > 1e-3  # stream 0 kept its past
