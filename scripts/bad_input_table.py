@@ -46,6 +46,9 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("export: checkpoint missing", ["export", "--checkpoint", str(t / "none.pt"), "--out", str(t / "x")]),
         ("export: checkpoint that is not a checkpoint", ["export", "--checkpoint", str(t / "garbage.mp4"),
                                                          "--out", str(t / "x")]),
+        ("export: checkpoint cut short", ["export", "--checkpoint", str(t / "half.pt"), "--out", str(t / "x")]),
+        ("export: a folder given as the checkpoint", ["export", "--checkpoint", str(t / "photos"),
+                                                      "--out", str(t / "x")]),
         ("export: empty query", ["export", "--preset", "tiny", "--query", "", "--out", str(t / "x")]),
         ("export: head count that does not divide the width", ["export", "--checkpoint", str(t / "tiny.pt"),
                                                                "--vision-heads", "3", "--out", str(t / "x")]),
@@ -82,6 +85,8 @@ def prepare(t: Path) -> Path:
     fused = ExportOptions(show_progress=False, fuse_queries=True, queries=(Query(Q, "Wash your hands."),))
     export_bundle(model, t / "fused", fused, log=lambda m: None)
     torch.save(SDQESModel(preset("tiny")).eval().clip_state_dict(), t / "tiny.pt")
+    whole = (t / "tiny.pt").read_bytes()
+    (t / "half.pt").write_bytes(whole[: len(whole) // 2])
     writer = cv2.VideoWriter(str(t / "clip.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 5, (64, 48))
     for _ in range(5):
         writer.write(np.zeros((48, 64, 3), np.uint8))
