@@ -15,7 +15,6 @@ graphs), which is how it is tested on machines without a GPU.
 
 from __future__ import annotations
 
-import copy
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,8 +25,9 @@ import torch
 from sdqes_edge.contract import FP16, FP32
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import graphs
-from sdqes_edge.export.graphs import compute_copy
-from sdqes_edge.runtime.bound_step import ORT_RUNS_BEFORE_CAPTURE
+from sdqes_edge.export.graphs import compute_model
+from sdqes_edge.runtime.backend import warm_up
+from sdqes_edge.runtime.bound_step import runs_to_steady
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, create_session
 
 from .timing import interleaved
@@ -60,9 +60,8 @@ def _sync(device: str) -> None:
 def torch_step(model, frame: np.ndarray, device: str, precision: str) -> Callable[[], object]:
     """PyTorch eager step on ``device``, the state kept there, timed to completion.
 
-    Steps a copy: ``Module.to`` moves in place, and the caller's model is traced again after (the window
-    graph) with inputs on the CPU."""
-    twin = (compute_copy(model, precision) if precision != FP32 else copy.deepcopy(model).eval()).to(device)
+    Steps a copy off the CPU: the caller's model is traced again after (the window graph) with inputs on the CPU."""
+    twin = compute_model(model, precision, device)
     dtype = torch.float16 if precision == FP16 else torch.float32
     x = torch.from_numpy(frame).to(device, dtype)
     state = [[s.to(dtype) for s in twin.init_state(frame.shape[0])]]
@@ -79,8 +78,7 @@ def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None) ->
     -> (step, whether it replays a CUDA graph)."""
     runner = OnnxRuntimeStep(path, device=device, threads=threads, io_binding=True)
     state = [runner.initial_state()]
-    for _ in range(runner.warm_up_steps):  # as the runtime warms up: both bindings captured before timing
-        state[0] = runner.step(frame, state[0]).state
+    state[0] = warm_up(runner, frame, state[0])  # as the runtime does: both bindings captured before timing
 
     def step():
         state[0] = runner.step(frame, state[0]).state  # the embedding comes back to the host: a full sync
@@ -110,7 +108,7 @@ def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | Non
         frames_value.update_inplace(host)  # a new frame enters the window: all W frames go up again
         session.run_with_iobinding(binding, run_options)
         embedding.numpy()
-    for _ in range(ORT_RUNS_BEFORE_CAPTURE + 1 if captured else 1):  # captured before timing, as the step is
+    for _ in range(runs_to_steady(captured)):  # captured before timing, as the step is
         window()
     return window, captured
 

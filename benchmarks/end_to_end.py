@@ -14,6 +14,7 @@ from sdqes_edge.benchmarks.models import bench_config, bench_model, ort_step
 from sdqes_edge.benchmarks.timing import interleaved
 from sdqes_edge.config import preset
 from sdqes_edge.contract import FP16, FP32, PRECISIONS, step_graph_name
+from sdqes_edge.runtime.backend import warm_up
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import sample_frames
@@ -89,8 +90,7 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
     def bare() -> float:
         runner = OnnxRuntimeStep(bundle / step_graph_name(FP32), threads=cfg.threads, device=ort_device)
         state = runner.initial_state()
-        for _ in range(runner.warm_up_steps):  # as the loop's warm-up
-            state = runner.step(inputs[0], state).state
+        warm_up(runner, inputs[0], state)  # as the loop's warm-up
         state = runner.initial_state()
         start = time.perf_counter()
         for x in inputs:

@@ -48,14 +48,17 @@ def tool_versions() -> dict[str, str]:
             "onnxruntime": onnxruntime.__version__, "python": platform.python_version()}
 
 
-def compute_copy(model: SDQESModel, precision: str) -> SDQESModel:
-    """A copy of ``model`` whose weights and compute are in ``precision``.
+def compute_model(model: SDQESModel, precision: str, device: str = "cpu") -> SDQESModel:
+    """``model`` with its weights and compute in ``precision`` on ``device``: the model itself where it already
+    is that (fp32 on the CPU), else a copy, so the caller's model never moves (``Module.to`` works in place).
 
     LayerNorm's statistics stay fp32 (``LayerNorm``: one node whose mean and variance are float whatever its
     input dtype), and so does the scores' softmax sum (``Attention.rows``), so the fp16 graph only drops
     precision where it is safe.
     """
-    return copy.deepcopy(model).to(PRECISION_DTYPES[precision]).eval()
+    if precision == FP32 and device == "cpu":
+        return model.eval()
+    return copy.deepcopy(model).to(device, PRECISION_DTYPES[precision]).eval()
 
 
 class StepGraph(nn.Module):
@@ -185,10 +188,7 @@ def step_graph_trace(model: SDQESModel, batch: int, precision: str, query_count:
     """The module the step graph is traced from and the inputs it is traced with, all on ``trace_device``;
     ``model`` itself is left where it is, in fp32."""
     cfg = model.cfg
-    traced = compute_copy(model, precision) if precision != FP32 else model.eval()
-    if trace_device != "cpu":
-        traced = copy.deepcopy(traced) if traced is model else traced
-        traced = traced.to(trace_device)
+    traced = compute_model(model, precision, trace_device)
     spec = model.state_spec(batch, STATE_DTYPES[precision])
     r = cfg.vision.image_size
     args: list[torch.Tensor] = [torch.zeros(batch, 3, r, r)] + [s.reshape(t.graph_shape)

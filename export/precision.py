@@ -1,6 +1,6 @@
 """Reduced-precision step graphs.
 
-fp16 is traced from an fp16 copy of the model (``graphs.compute_copy``): weights,
+fp16 is traced from an fp16 copy of the model (``graphs.compute_model``): weights,
 compute and the recurrent state are fp16, the frame in and the embedding out fp32.
 LayerNorm's statistics and softmax's sum stay fp32 inside single fp16 nodes
 (``model.layers``), so the graph has no Cast but at its two fp32 ends.

@@ -52,3 +52,11 @@ class StepBackend(Protocol):
 
     def reset_streams(self, state: Any, streams: list[int] | None = None) -> Any:
         """The rows of ``streams`` (all when None) back to their initial value."""
+
+
+def warm_up(backend: StepBackend, frame: np.ndarray, state: Any) -> Any:
+    """Step ``frame`` from ``state`` ``backend.warm_up_steps`` times -> the state after: the one-off work of the
+    first steps (arenas, each binding's first use, CUDA graph capture) done before anything is streamed or timed."""
+    for _ in range(backend.warm_up_steps):
+        state = backend.step(frame, state).state
+    return state

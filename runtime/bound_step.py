@@ -22,11 +22,17 @@ from sdqes_edge.state import StateSpec
 
 from .backend import STATE_BUFFER_SETS, State, StepResult
 
-__all__ = ["BoundState", "DeviceBuffers", "host_copy", "pin_host_memory"]
+__all__ = ["BoundState", "DeviceBuffers", "host_copy", "pin_host_memory", "runs_to_steady"]
 
 # ONNX Runtime's CUDA provider runs a graph id this many times uncaptured (so its memory arena is grown), then
 # captures it on the next run (``min_num_runs_before_cuda_graph_capture_``: 1 in old releases, 2 in current ones).
 ORT_RUNS_BEFORE_CAPTURE = 2
+
+
+def runs_to_steady(cuda_graph: bool) -> int:
+    """Runs of one binding before it steps at its steady speed: its first; with CUDA graphs, ONNX Runtime's
+    uncaptured runs and then the capture."""
+    return ORT_RUNS_BEFORE_CAPTURE + 1 if cuda_graph else 1
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 
 from .alerts import AlertPolicy, AlertState
-from .backend import StepBackend
+from .backend import StepBackend, warm_up
 from .bundle import Bundle, load_bundle
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, score
@@ -206,9 +206,7 @@ class StreamingDetector:
         blank = np.zeros((self.batch, 3, size, size), np.float32)
         kept = self.backend.state_to_numpy(self.state)
         start = time.perf_counter()
-        state = self.state
-        for _ in range(self.backend.warm_up_steps):
-            state = self.backend.step(blank, state).state
+        warm_up(self.backend, blank, self.state)
         elapsed_ms = (time.perf_counter() - start) * 1e3
         self.state = self.backend.state_from_numpy(kept)
         return elapsed_ms

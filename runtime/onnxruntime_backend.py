@@ -28,7 +28,7 @@ from sdqes_edge.files import file_sha256, user_cache_dir
 from sdqes_edge.state import StateSpec
 
 from .backend import STATE_BUFFER_SETS, State, StepResult
-from .bound_step import ORT_RUNS_BEFORE_CAPTURE, BoundState, DeviceBuffers
+from .bound_step import BoundState, DeviceBuffers, runs_to_steady
 
 __all__ = ["OnnxRuntimeStep", "BoundState", "DeviceBuffers", "State", "StepResult", "create_session"]
 
@@ -106,7 +106,7 @@ class OnnxRuntimeStep:
         binding's first; with CUDA graphs, each binding's uncaptured runs and then its capture."""
         if not self.io_binding:
             return 1
-        return STATE_BUFFER_SETS * (ORT_RUNS_BEFORE_CAPTURE + 1 if self.cuda_graph else 1)
+        return STATE_BUFFER_SETS * runs_to_steady(self.cuda_graph)
 
     def _initial_host(self) -> State:
         return dict(zip(self.spec.names, self.spec.initial_numpy()))
