@@ -5,7 +5,8 @@ Rows, all timed interleaved in one run (batch 1 unless said):
 - the project's ONNX Runtime step, fp32 and fp16, state bound on the device (two buffer sets), CUDA graphs;
 - the W-frame sliding window on the same backend with the same treatment (frames and output bound once,
   CUDA graph replay): a fair baseline;
-- several streams per step (frames per second), backbone and adapters, fp32 and fp16;
+- several streams per step (frames per second), backbone and adapters, fp32 and fp16, and at the most
+  streams one of them idle (its state kept on the device, as the detector keeps it);
 - a long stream (first and last frames' latency);
 - the runtime loop on an mp4 against the bare step on the same device.
 
@@ -73,15 +74,18 @@ def torch_step(model, frame: np.ndarray, device: str, precision: str) -> Callabl
     return step
 
 
-def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None) -> tuple[Callable[[], object], bool]:
+def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None, idle: tuple[int, ...] = ()
+             ) -> tuple[Callable[[], object], bool]:
     """The project's ONNX Runtime step as the runtime uses it (bound state; CUDA graphs on a GPU)
-    -> (step, whether it replays a CUDA graph)."""
+    -> (step, whether it replays a CUDA graph). ``idle``: streams that see no frame, and keep their state, as
+    the detector keeps them."""
     runner = OnnxRuntimeStep(path, device=device, threads=threads, io_binding=True)
     state = [runner.initial_state()]
     state[0] = warm_up(runner, frame, state[0])  # as the runtime does: both bindings captured before timing
 
     def step():
-        state[0] = runner.step(frame, state[0]).state  # the embedding comes back to the host: a full sync
+        new = runner.step(frame, state[0]).state  # the embedding comes back to the host: a full sync
+        state[0] = runner.keep_streams(new, state[0], list(idle)) if idle else new
     return step, runner.cuda_graph
 
 
@@ -167,23 +171,34 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
 
 
 def _batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
-    candidates = {}
+    """Several streams per step; at the most streams, also the adapted fp16 step with one stream idle (its
+    state kept, rows copied on the device), against the same step with every stream busy."""
+    kind, top = cfg.window_adapter, max(cfg.device_batches)
+    candidates, frames = {}, {}
     for batch in cfg.device_batches:
         for name, model in models.items():
             for precision in PRECISIONS:
                 log(f"[{cfg.device}] exporting {name} {precision} at batch {batch} ...")
                 path = _export(model, work / f"{cfg.device}-{name}-b{batch}.{precision}.onnx", batch, precision,
                                cfg.device)
-                candidates[f"{name}/{precision}/{batch}"], _ = ort_step(path, frame_of(batch), cfg.device, cfg.threads)
+                key = f"{name}/{precision}/{batch}"
+                candidates[key], _ = ort_step(path, frame_of(batch), cfg.device, cfg.threads)
+                frames[key] = batch
+    idle_key = f"{kind}/fp16/{top}, 1 idle"
+    if top > 1:
+        candidates[idle_key], _ = ort_step(work / f"{cfg.device}-{kind}-b{top}.fp16.onnx", frame_of(top),
+                                           cfg.device, cfg.threads, idle=(top // 2,))
+        frames[idle_key] = top - 1  # the idle stream's frame is not one
     timings = interleaved(candidates, max(3, cfg.repetitions // 2), cfg.warmup)
-    rows = {key: {"step_ms": t.median, "frames_per_s": int(key.split("/")[2]) * 1000.0 / t.median}
+    rows = {key: {"step_ms": t.median, "frames_per_s": frames[key] * 1000.0 / t.median}
             for key, t in timings.items()}
-    top = max(cfg.device_batches)
-    kind = cfg.window_adapter
     ratios = {f"{kind} / backbone at {top} streams (fp16)": rows[f"{kind}/fp16/{top}"]["step_ms"]
               / rows[f"none/fp16/{top}"]["step_ms"],
               f"{kind} fp32 / fp16 at {top} streams": rows[f"{kind}/fp32/{top}"]["step_ms"]
               / rows[f"{kind}/fp16/{top}"]["step_ms"]}
+    if idle_key in rows:
+        ratios[f"{kind} fp16 at {top} streams: one idle (state kept) / all busy"] = (
+            rows[idle_key]["step_ms"] / rows[f"{kind}/fp16/{top}"]["step_ms"])
     return {"rows": rows, "ratios": ratios}
 
 

@@ -3,13 +3,15 @@
 ``DeviceBuffers`` allocates the frame, the outputs and two complete state sets once, binds them in two
 IOBindings made once (A reads set 0 and writes set 1, B the reverse) and alternates them; with CUDA graphs
 each binding is captured once and replayed. Nothing is allocated or copied per frame but the frame going in
-(from page-locked host memory where the CUDA runtime can be reached) and the embedding coming out.
+(from page-locked host memory where the CUDA runtime can be reached) and the embedding coming out. An idle
+stream keeps its rows, and a reset stream gets fresh ones, by copying only those rows where the buffers live.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +24,8 @@ from sdqes_edge.state import StateSpec
 
 from .backend import STATE_BUFFER_SETS, State, StepResult
 
-__all__ = ["BoundState", "DeviceBuffers", "host_copy", "pin_host_memory", "runs_to_steady"]
+__all__ = ["BoundState", "DeviceBuffers", "RowCopier", "host_copy", "pin_host_memory", "runs_to_steady",
+           "stream_runs"]
 
 # ONNX Runtime's CUDA provider runs a graph id this many times uncaptured (so its memory arena is grown), then
 # captures it on the next run (``min_num_runs_before_cuda_graph_capture_``: 1 in old releases, 2 in current ones).
@@ -75,6 +78,8 @@ class DeviceBuffers:
         # Filled by ``write`` (initial_state, load) and by the steps; a set is read only while its generation
         # says it holds a state.
         self.shapes = {t.name: t.shape for t in self.spec}  # the spec's; the buffers have the graph's
+        self.dtypes = {t.name: t.dtype for t in self.spec}
+        self.stream_bytes = {t.name: t.nbytes // t.shape[0] for t in self.spec}  # streams on axis 0, contiguous
         self.sets = [{t.name: allocate(graph_shapes[t.name], t.dtype) for t in self.spec}
                      for _ in range(STATE_BUFFER_SETS)]
         self.bindings = [self._bind(k) for k in range(STATE_BUFFER_SETS)]
@@ -85,6 +90,7 @@ class DeviceBuffers:
                 options.add_run_config_entry("gpu_graph_id", str(k + 1))  # one captured graph per binding
             self.run_options.append(options)
         self.generation = [0, -1]  # the step whose state each set holds (-1: nothing valid yet)
+        self.row_copier = RowCopier.for_device(device)  # None: rows go through the host (no CUDA runtime found)
 
     def _bind(self, k: int):
         binding = self.session.io_binding()
@@ -118,15 +124,29 @@ class DeviceBuffers:
         return BoundState(0, self.generation[0])
 
     def keep_rows(self, new: BoundState, old: BoundState, streams: list[int]) -> BoundState:
-        return self.set_rows(new, self.read(old), streams)
+        """Rows ``streams`` of the state ``new`` taken from ``old`` (the other set), copied where they live."""
+        k_new, k_old = self._current(new), self._current(old)
+        if self.row_copier is None:
+            return self.set_rows(new, self.read(old), streams)
+        for name, value in self.sets[k_new].items():
+            self.row_copier.copy(value.data_ptr(), self.sets[k_old][name].data_ptr(), self.stream_bytes[name],
+                                 streams)
+        self.row_copier.finish()
+        return new
 
     def set_rows(self, state: BoundState, source: State, streams: list[int]) -> BoundState:
         """Rows ``streams`` of the current state replaced by those of ``source`` (host arrays), in place."""
         k = self._current(state)
         for name, value in self.sets[k].items():
+            host = np.ascontiguousarray(source[name], dtype=self.dtypes[name])
+            if self.row_copier is not None:
+                self.row_copier.copy(value.data_ptr(), host.ctypes.data, self.stream_bytes[name], streams)
+                continue
             rows = value.numpy().reshape(self.shapes[name])  # streams on axis 0 again
-            rows[streams] = source[name][streams]
+            rows[streams] = host[streams]
             value.update_inplace(np.ascontiguousarray(rows).reshape(value.shape()))
+        if self.row_copier is not None:
+            self.row_copier.finish()
         return state
 
     def step(self, frame: np.ndarray, state: BoundState, query_embeddings: np.ndarray | None) -> StepResult:
@@ -149,7 +169,83 @@ def host_copy(value) -> np.ndarray:
     return array if array.flags.owndata else array.copy()
 
 
+def stream_runs(streams: list[int]) -> list[tuple[int, int]]:
+    """Streams as runs of adjacent ones, (first, count), so that each run is one contiguous copy:
+    [5, 1, 2] -> [(1, 2), (5, 1)]."""
+    runs: list[tuple[int, int]] = []
+    for s in sorted(set(streams)):
+        if runs and runs[-1][0] + runs[-1][1] == s:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((s, 1))
+    return runs
+
+
+class RowCopier:
+    """Copies some streams' rows of a state tensor where the buffers live, touching nothing else.
+
+    A state buffer holds its streams one after another (streams on axis 0, contiguous), so the rows of a run
+    of adjacent streams are one byte range. On the CPU the copy is a memmove; on the GPU it is the CUDA
+    runtime's cudaMemcpy (direction inferred from the addresses, which holds on every 64-bit CUDA platform),
+    then one device synchronization, so the next step reads the copied rows. ONNX Runtime's Python API has no
+    copy of part of a device buffer; the CUDA runtime it loads has one.
+    """
+
+    CUDA_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the kind inferred from the pointers (unified addressing)
+
+    def __init__(self, memcpy, finish=None):
+        self._memcpy = memcpy
+        self._finish = finish
+
+    @classmethod
+    def for_device(cls, device: str) -> "RowCopier | None":
+        """The copier for buffers on ``device`` ("cpu" or "cuda"); None on a GPU whose CUDA runtime cannot be
+        loaded from Python (callers then move the rows through the host: correct, slower)."""
+        if device == "cpu":
+            return cls(ctypes.memmove)
+        cudart = cuda_runtime()
+        if cudart is None:
+            return None
+        cudart.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+        def memcpy(dst: int, src: int, nbytes: int) -> None:
+            _check_cuda(cudart, cudart.cudaMemcpy(dst, src, nbytes, cls.CUDA_MEMCPY_DEFAULT), "cudaMemcpy")
+
+        # cudaMemcpy between device buffers (or from pageable memory) may return before the copy lands.
+        return cls(memcpy, lambda: _check_cuda(cudart, cudart.cudaDeviceSynchronize(), "cudaDeviceSynchronize"))
+
+    def copy(self, destination: int, source: int, stream_bytes: int, streams: list[int]) -> None:
+        """Rows ``streams`` of the buffer at address ``destination`` from the same rows of the buffer at
+        ``source``; both hold their streams one after another, ``stream_bytes`` each."""
+        for first, count in stream_runs(streams):
+            offset = first * stream_bytes
+            self._memcpy(destination + offset, source + offset, count * stream_bytes)
+
+    def finish(self) -> None:
+        """Returns once every copy has landed."""
+        if self._finish is not None:
+            self._finish()
+
+
+def _check_cuda(cudart, code: int, call: str) -> None:
+    if code != 0:
+        cudart.cudaGetErrorString.restype = ctypes.c_char_p
+        raise RuntimeError(f"{call} failed: {cudart.cudaGetErrorString(code).decode()}")
+
+
 CUDA_RUNTIME_LIBRARIES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so")
+
+
+@functools.cache
+def cuda_runtime() -> ctypes.CDLL | None:
+    """The CUDA runtime library (the one ONNX Runtime's CUDA provider has loaded, when it has), or None."""
+    names = [n for n in (ctypes.util.find_library("cudart"),) if n] + list(CUDA_RUNTIME_LIBRARIES)
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
 
 
 def pin_host_memory(owner: object, array: np.ndarray) -> bool:
@@ -159,15 +255,11 @@ def pin_host_memory(owner: object, array: np.ndarray) -> bool:
     ONNX Runtime's Python API has no pinned host allocator; the CUDA runtime it loads has one. Returns False
     (the upload then goes through pageable memory: correct, slower) where no CUDA runtime can be loaded.
     """
-    names = [n for n in (ctypes.util.find_library("cudart"),) if n] + list(CUDA_RUNTIME_LIBRARIES)
-    for name in names:
-        try:
-            cudart = ctypes.CDLL(name)
-        except OSError:
-            continue
-        pointer = ctypes.c_void_p(array.ctypes.data)
-        if cudart.cudaHostRegister(pointer, ctypes.c_size_t(array.nbytes), 0) != 0:
-            return False
-        weakref.finalize(owner, cudart.cudaHostUnregister, pointer)
-        return True
-    return False
+    cudart = cuda_runtime()
+    if cudart is None:
+        return False
+    pointer = ctypes.c_void_p(array.ctypes.data)
+    if cudart.cudaHostRegister(pointer, ctypes.c_size_t(array.nbytes), 0) != 0:
+        return False
+    weakref.finalize(owner, cudart.cudaHostUnregister, pointer)
+    return True

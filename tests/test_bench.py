@@ -53,7 +53,8 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
             assert section["latency"][f"{name}/{backend}"]["p50_ms"] > 0
     assert "window4 / streaming qrnn (ort_fp32, same treatment)" in section["ratios"]
     assert set(section["batches"]["rows"]) == {f"{n}/{p}/{b}" for n in ("none", "qrnn") for p in ("fp32", "fp16")
-                                              for b in (1, 2)}
+                                              for b in (1, 2)} | {"qrnn/fp16/2, 1 idle"}
+    assert "qrnn fp16 at 2 streams: one idle (state kept) / all busy" in section["batches"]["ratios"]
     assert section["scaling"]["frames"] == 20 and section["end_to_end"]["ort_device"] == "cpu"
     assert section["kernels_cpu_profile"]["qrnn"]["per_step"] > section["kernels_cpu_profile"]["none"]["per_step"]
     assert {v["fp16_graph_casts"] for v in section["kernels_cpu_profile"].values()} == {2}  # frame in, embedding out

@@ -9,6 +9,7 @@ from conftest import random_model
 from runtime_fixtures import FPS, QUERY, STEP_GRAPH_FRAMES, write_video
 
 from sdqes_edge.export import ExportOptions, export_bundle
+from sdqes_edge.runtime.bound_step import stream_runs
 from sdqes_edge.runtime.detector import StreamingDetector
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.sinks import ScoreTraceRecorder
@@ -17,22 +18,40 @@ from sdqes_edge.sample import sample_frames
 from sdqes_edge.traces import load_scores
 
 
-def test_four_streams_with_an_idle_one_keep_its_state_on_the_bound_path(step_graphs):
+@pytest.mark.parametrize("rows_via", ["device", "host"])
+@pytest.mark.parametrize("idle_streams", [[2], [3, 0, 1]], ids=["one", "three"])
+def test_idle_streams_of_four_keep_their_state_on_the_bound_path(step_graphs, idle_streams, rows_via):
+    """Where the buffers live, only the idle rows are copied: the state is never read back to the host. (Where
+    no CUDA runtime can be loaded, the rows go through the host instead.)"""
     paths, frames = step_graphs
     plain, bound = OnnxRuntimeStep(paths[4]), OnnxRuntimeStep(paths[4], io_binding=True)
+    if rows_via == "host":
+        bound.buffers.row_copier = None
+    else:
+        bound.buffers.read = None  # reading the whole state back would fail
     state_p, state_b = plain.initial_state(), bound.initial_state()
     for t, frame in enumerate(frames[:12]):
         batch = np.repeat(frame[None], 4, axis=0)
         a, b = plain.step(batch, state_p), bound.step(batch, state_b)
         np.testing.assert_array_equal(a.embedding, b.embedding)
-        idle = [2] if t % 3 == 0 else []  # stream 2 sees no frame every third step
+        idle = idle_streams if t % 3 == 0 else []  # these streams see no frame every third step
         state_p = plain.keep_streams(a.state, state_p, idle) if idle else a.state
         state_b = bound.keep_streams(b.state, state_b, idle) if idle else b.state
+    vars(bound.buffers).pop("read", None)
     final_p, final_b = plain.state_to_numpy(state_p), bound.state_to_numpy(state_b)
+    busy = min(set(range(4)) - set(idle_streams))
     for name in final_p:
         np.testing.assert_array_equal(final_b[name], final_p[name])
-        if name.endswith("_h"):  # the recurrence remembers the frames the idle stream did not see
-            assert not np.array_equal(final_p[name][2], final_p[name][0])
+        if name.endswith("_h"):  # the recurrence remembers the frames the idle streams did not see
+            assert not np.array_equal(final_p[name][idle_streams[0]], final_p[name][busy])
+
+
+def test_streams_to_copy_are_grouped_into_runs_of_adjacent_streams():
+    assert stream_runs([2]) == [(2, 1)]
+    assert stream_runs([5, 1, 2]) == [(1, 2), (5, 1)]
+    assert stream_runs([3, 0, 1, 2]) == [(0, 4)]
+    assert stream_runs([1, 1, 3]) == [(1, 1), (3, 1)]
+    assert stream_runs([]) == []
 
 
 @pytest.mark.parametrize("io_binding", [False, True], ids=["plain", "bound"])
