@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from sdqes_edge.errors import UserError
 from sdqes_edge.state import StateSpec
 
 State = dict[str, np.ndarray]  # state tensor name (as in the spec, no prefix) -> array, batch on axis 0
@@ -20,6 +21,40 @@ State = dict[str, np.ndarray]  # state tensor name (as in the spec, no prefix) -
 # A device backend's state buffer sets: a step reads one and writes the other (a state input and its output are
 # never the same buffer), so steps alternate between two bindings, each captured once as a CUDA graph.
 STATE_BUFFER_SETS = 2
+
+
+@dataclass(frozen=True)
+class BoundState:
+    """A device backend's state handle: which of its two buffer sets holds the state, and since which step."""
+    buffer_set: int
+    generation: int
+
+
+class BufferSetLedger:
+    """Which step's state each of a device backend's two buffer sets holds, so that a handle on a set that has
+    been written since (two steps old, or from before a load) is refused, never read as if it were current."""
+
+    def __init__(self):
+        self.generation = [0, -1]  # the step whose state each set holds (-1: nothing valid yet)
+
+    def current(self, state: BoundState) -> int:
+        """The buffer set ``state`` names, if it still holds that state."""
+        if not isinstance(state, BoundState) or self.generation[state.buffer_set] != state.generation:
+            raise UserError("this state handle is stale: a bound step keeps only the latest state (and the one "
+                            "before it); step from the state the last step returned, or save it with "
+                            "state_to_numpy first")
+        return state.buffer_set
+
+    def loaded(self) -> BoundState:
+        """A state was written into set 0 (the initial state, or one loaded): every older handle goes stale."""
+        self.generation = [max(self.generation) + 1, -1]
+        return BoundState(0, self.generation[0])
+
+    def stepped(self, read_set: int) -> BoundState:
+        """A step read ``read_set`` and wrote the other set: the handle on what it wrote."""
+        written = 1 - read_set
+        self.generation[written] = self.generation[read_set] + 1
+        return BoundState(written, self.generation[written])
 
 
 @dataclass

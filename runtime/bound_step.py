@@ -13,16 +13,14 @@ import ctypes
 import ctypes.util
 import functools
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, LOGITS_OUTPUT, QUERY_INPUT
-from sdqes_edge.errors import UserError
 from sdqes_edge.state import StateSpec
 
-from .backend import STATE_BUFFER_SETS, State, StepResult
+from .backend import STATE_BUFFER_SETS, BoundState, BufferSetLedger, State, StepResult
 
 __all__ = ["BoundState", "DeviceBuffers", "RowCopier", "host_copy", "pin_host_memory", "runs_to_steady",
            "stream_runs"]
@@ -36,13 +34,6 @@ def runs_to_steady(cuda_graph: bool) -> int:
     """Runs of one binding before it steps at its steady speed: its first; with CUDA graphs, ONNX Runtime's
     uncaptured runs and then the capture."""
     return ORT_RUNS_BEFORE_CAPTURE + 1 if cuda_graph else 1
-
-
-@dataclass(frozen=True)
-class BoundState:
-    """The current state of a bound step: which of the two buffer sets holds it, and since which step."""
-    buffer_set: int
-    generation: int
 
 
 class DeviceBuffers:
@@ -75,8 +66,8 @@ class DeviceBuffers:
         self.queries = allocate(inputs[QUERY_INPUT].shape) if QUERY_INPUT in inputs else None
         self.outputs = {name: allocate(outputs[name].shape) for name in (EMBEDDING_OUTPUT, LOGITS_OUTPUT)
                         if name in outputs}
-        # Filled by ``write`` (initial_state, load) and by the steps; a set is read only while its generation
-        # says it holds a state.
+        # Filled by ``write`` (initial_state, load) and by the steps; a set is read only while the ledger says
+        # it holds the state a handle names.
         self.shapes = {t.name: t.shape for t in self.spec}  # the spec's; the buffers have the graph's
         self.dtypes = {t.name: t.dtype for t in self.spec}
         self.stream_bytes = {t.name: t.nbytes // t.shape[0] for t in self.spec}  # streams on axis 0, contiguous
@@ -89,7 +80,7 @@ class DeviceBuffers:
             if cuda_graph:
                 options.add_run_config_entry("gpu_graph_id", str(k + 1))  # one captured graph per binding
             self.run_options.append(options)
-        self.generation = [0, -1]  # the step whose state each set holds (-1: nothing valid yet)
+        self.ledger = BufferSetLedger()
         self.row_copier = RowCopier.for_device(device)  # None: rows go through the host (no CUDA runtime found)
 
     def _bind(self, k: int):
@@ -105,27 +96,19 @@ class DeviceBuffers:
         return binding
 
     # --- the handle the detector carries --------------------------------------------------
-    def _current(self, state: BoundState) -> int:
-        if not isinstance(state, BoundState) or self.generation[state.buffer_set] != state.generation:
-            raise UserError("this state handle is stale: a bound step keeps only the latest state (and the one "
-                            "before it); step from the state the last step returned, or save it with "
-                            "state_to_numpy first")
-        return state.buffer_set
-
     def read(self, state: BoundState) -> State:
-        k = self._current(state)
+        k = self.ledger.current(state)
         return {name: host_copy(value).reshape(self.shapes[name]) for name, value in self.sets[k].items()}
 
     def write(self, host: State) -> BoundState:
         """Load host arrays as the current state (into set 0, which binding A reads)."""
         for name, value in host.items():
             self.sets[0][name].update_inplace(np.ascontiguousarray(value).reshape(self.sets[0][name].shape()))
-        self.generation = [max(self.generation) + 1, -1]
-        return BoundState(0, self.generation[0])
+        return self.ledger.loaded()
 
     def keep_rows(self, new: BoundState, old: BoundState, streams: list[int]) -> BoundState:
         """Rows ``streams`` of the state ``new`` taken from ``old`` (the other set), copied where they live."""
-        k_new, k_old = self._current(new), self._current(old)
+        k_new, k_old = self.ledger.current(new), self.ledger.current(old)
         if self.row_copier is None:
             return self.set_rows(new, self.read(old), streams)
         for name, value in self.sets[k_new].items():
@@ -136,7 +119,7 @@ class DeviceBuffers:
 
     def set_rows(self, state: BoundState, source: State, streams: list[int]) -> BoundState:
         """Rows ``streams`` of the current state replaced by those of ``source`` (host arrays), in place."""
-        k = self._current(state)
+        k = self.ledger.current(state)
         for name, value in self.sets[k].items():
             host = np.ascontiguousarray(source[name], dtype=self.dtypes[name])
             if self.row_copier is not None:
@@ -150,16 +133,16 @@ class DeviceBuffers:
         return state
 
     def step(self, frame: np.ndarray, state: BoundState, query_embeddings: np.ndarray | None) -> StepResult:
-        k = self._current(state)
+        k = self.ledger.current(state)
         np.copyto(self.host_frame, frame, casting="same_kind")
         self.frame.update_inplace(self.host_frame)
         if self.queries is not None:
             self.queries.update_inplace(np.ascontiguousarray(query_embeddings, dtype=np.float32))
         self.session.run_with_iobinding(self.bindings[k], self.run_options[k])
-        self.generation[1 - k] = self.generation[k] + 1
+        next_state = self.ledger.stepped(k)
         embedding = host_copy(self.outputs[EMBEDDING_OUTPUT])
         logits = host_copy(self.outputs[LOGITS_OUTPUT]) if LOGITS_OUTPUT in self.outputs else None
-        return StepResult(embedding, BoundState(1 - k, self.generation[1 - k]), logits)
+        return StepResult(embedding, next_state, logits)
 
 
 def host_copy(value) -> np.ndarray:

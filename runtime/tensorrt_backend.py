@@ -34,7 +34,7 @@ from sdqes_edge.contract import (
 )
 from sdqes_edge.errors import UserError, first_line
 
-from .backend import STATE_BUFFER_SETS, StepResult
+from .backend import STATE_BUFFER_SETS, BoundState, BufferSetLedger, StepResult
 from .bundle import Bundle, inside_bundle
 
 INSTALL_HINT = ("install TensorRT 8.5 or newer with `pip install 'sdqes-edge[tensorrt]'` (on Jetson it comes "
@@ -179,13 +179,6 @@ def check_bindings(bindings: dict[str, Binding], expected: dict[str, set[tuple[i
                 refuse(f"{name} is {bindings[name].dtype} but {output} is {bindings[output].dtype}")
 
 
-@dataclass(frozen=True)
-class DeviceState:
-    """Which of the backend's two device buffer sets holds the current state."""
-
-    buffer_set: int
-
-
 class TensorRTStep:
     def __init__(self, engine_path: Path, spec, embed_dim: int, image_size: int, batch: int,
                  rebuild: str = "rebuild it with sdqes-edge build-engine"):
@@ -215,6 +208,7 @@ class TensorRTStep:
         self.initial_device = [cuda.mem_alloc(max(a.nbytes, 1)) for a in self.initial]
         for buffer, array in zip(self.initial_device, self.initial):
             cuda.memcpy_htod(buffer, array)
+        self.ledger = BufferSetLedger()  # a stale handle is refused, as on ONNX Runtime's bound path
         self.fused_queries = False
         self.warm_up_steps = STATE_BUFFER_SETS  # each buffer set's first use
 
@@ -241,12 +235,13 @@ class TensorRTStep:
                 self.cuda.memcpy_dtod_async(int(dst) + r * row, int(src) + r * row, row, self.stream)
         self.stream.synchronize()
 
-    def initial_state(self) -> DeviceState:
+    def initial_state(self) -> BoundState:
         self._copy_rows(self.sets[0], self.initial_device, None)
-        return DeviceState(0)
+        return self.ledger.loaded()
 
-    def step(self, frame: np.ndarray, state: DeviceState, query_embeddings=None) -> StepResult:
-        src, dst = self.sets[state.buffer_set], self.sets[1 - state.buffer_set]
+    def step(self, frame: np.ndarray, state: BoundState, query_embeddings=None) -> StepResult:
+        k = self.ledger.current(state)
+        src, dst = self.sets[k], self.sets[1 - k]
         np.copyto(self.frame_host, frame)
         self.cuda.memcpy_htod_async(self.frame_device, self.frame_host, self.stream)
         self.context.set_tensor_address(FRAME_INPUT, int(self.frame_device))
@@ -258,25 +253,25 @@ class TensorRTStep:
             raise UserError("TensorRT failed to run the engine; rebuild it with sdqes-edge build-engine")
         self.cuda.memcpy_dtoh_async(self.embedding_host, self.embedding_device, self.stream)
         self.stream.synchronize()
-        return StepResult(self.embedding_host.astype(np.float32), DeviceState(1 - state.buffer_set))
+        return StepResult(self.embedding_host.astype(np.float32), self.ledger.stepped(k))
 
-    def state_to_numpy(self, state: DeviceState) -> dict[str, np.ndarray]:
+    def state_to_numpy(self, state: BoundState) -> dict[str, np.ndarray]:
         out = {}
-        for spec, buffer, array in zip(self.spec, self.sets[state.buffer_set], self.initial):
+        for spec, buffer, array in zip(self.spec, self.sets[self.ledger.current(state)], self.initial):
             host = np.empty_like(array)
             self.cuda.memcpy_dtoh(host, buffer)
             out[spec.name] = host
         return out
 
-    def state_from_numpy(self, arrays: dict[str, np.ndarray]) -> DeviceState:
+    def state_from_numpy(self, arrays: dict[str, np.ndarray]) -> BoundState:
         for spec, buffer, initial in zip(self.spec, self.sets[0], self.initial):
             self.cuda.memcpy_htod(buffer, np.ascontiguousarray(arrays[spec.name], dtype=initial.dtype))
-        return DeviceState(0)
+        return self.ledger.loaded()
 
-    def keep_streams(self, new: DeviceState, old: DeviceState, streams: list[int]) -> DeviceState:
-        self._copy_rows(self.sets[new.buffer_set], self.sets[old.buffer_set], streams)
+    def keep_streams(self, new: BoundState, old: BoundState, streams: list[int]) -> BoundState:
+        self._copy_rows(self.sets[self.ledger.current(new)], self.sets[self.ledger.current(old)], streams)
         return new
 
-    def reset_streams(self, state: DeviceState, streams: list[int] | None = None) -> DeviceState:
-        self._copy_rows(self.sets[state.buffer_set], self.initial_device, streams)
+    def reset_streams(self, state: BoundState, streams: list[int] | None = None) -> BoundState:
+        self._copy_rows(self.sets[self.ledger.current(state)], self.initial_device, streams)
         return state

@@ -16,6 +16,7 @@ from conftest import random_model
 
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import ExportOptions, export_bundle
+from sdqes_edge.runtime.backend import BufferSetLedger
 from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import (
     BoundState,
@@ -125,6 +126,24 @@ def test_a_stale_state_handle_is_refused_not_read(step_graphs):
     with pytest.raises(UserError, match="stale"):
         runner.step(frames[2][None], first)  # set 0 now holds a later state
     assert isinstance(third, BoundState)
+
+
+def test_a_device_backends_ledger_keeps_the_latest_state_and_the_one_before_and_a_load_voids_both():
+    """Both device backends (ONNX Runtime bound, TensorRT) keep their handles with this ledger."""
+    ledger = BufferSetLedger()
+    initial = ledger.loaded()
+    first = ledger.stepped(ledger.current(initial))
+    second = ledger.stepped(ledger.current(first))
+    assert [ledger.current(s) for s in (first, second)] == [1, 0]  # keep_streams reads both
+    with pytest.raises(UserError, match="stale"):
+        ledger.current(initial)  # set 0 holds the second step's state now
+    loaded = ledger.loaded()
+    for old in (first, second):
+        with pytest.raises(UserError, match="stale"):
+            ledger.current(old)
+    assert ledger.current(loaded) == 0
+    with pytest.raises(UserError, match="stale"):
+        ledger.current({"state": np.zeros(1)})  # not a device handle at all
 
 
 def test_reset_save_and_load_mid_stream_on_the_bound_path(step_graphs):

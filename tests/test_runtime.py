@@ -341,6 +341,7 @@ def test_the_tensorrt_backend_streams_what_onnx_runtime_streams(exported, tmp_pa
     cfg = model.cfg
     pre = Preprocessor.from_config(cfg)
     trt_state, ort_state = trt_step.initial_state(), ort_step.initial_state()
+    first = trt_state
     for frame in pre.batch(sample_frames(32, 120, 160)):
         a, b = trt_step.step(frame[None], trt_state), ort_step.step(frame[None], ort_state)
         assert np.abs(a.embedding - b.embedding).max() <= 1e-3  # TensorRT may pick TF32 kernels
@@ -348,6 +349,8 @@ def test_the_tensorrt_backend_streams_what_onnx_runtime_streams(exported, tmp_pa
     final = trt_step.state_to_numpy(trt_state)
     for name, value in ort_state.items():
         assert np.abs(final[name] - value).max() <= 1e-2 * max(1.0, np.abs(value).max())
+    with pytest.raises(UserError, match="stale"):  # its buffer set has been written since, as on ORT's bound path
+        trt_step.step(frame[None], first)
 
 
 def test_both_backends_declare_the_interface_the_detector_uses(exported):
