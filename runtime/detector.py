@@ -149,6 +149,8 @@ class StreamingDetector:
         self.sinks: list[Sink] = []
         self.state = self.backend.initial_state()  # every stream's, batched (the backend's representation)
         self.streams = [StreamSlot(i, f"stream{i}") for i in range(self.batch)]
+        size = self.bundle.image_size
+        self._batch = np.zeros((self.batch, 3, size, size), np.float32)  # the frames of one step, reused
         self.last_embeddings: np.ndarray | None = None
 
     def add_sink(self, sink: Sink) -> Sink:
@@ -249,12 +251,7 @@ class StreamingDetector:
         start = time.perf_counter()
         if len(frames) != self.batch:
             raise UserError(f"this bundle steps {self.batch} stream(s) at once; got {len(frames)} frames")
-        size = self.bundle.image_size
-        batch = np.zeros((self.batch, 3, size, size), np.float32)
-        for i, frame in enumerate(frames):
-            if frame is not None:
-                batch[i] = frame.tensor if frame.tensor is not None else self.preprocess(frame.image)
-        result = self.backend.step(batch, self.state)
+        result = self.backend.step(self._frame_batch(frames), self.state)
         self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
         idle = [i for i, f in enumerate(frames) if f is None]
         self.state = self.backend.keep_streams(result.state, self.state, idle) if idle else result.state
@@ -277,6 +274,20 @@ class StreamingDetector:
                     sink.on_event(event)
             events_per_stream.append(events)
         return events_per_stream
+
+    def _frame_batch(self, frames: list[Frame | None]) -> np.ndarray:
+        """The frames as one batch [B, 3, R, R]. One frame prepared by the reader thread goes as it is (a view:
+        at 224 px a copy and a fresh batch cost a GPU step a few percent); else one buffer, reused, with every
+        idle slot zero. A backend copies what it is given (into its bound buffer, or as an input) and keeps
+        no reference to it."""
+        if self.batch == 1 and frames[0] is not None and frames[0].tensor is not None:
+            return frames[0].tensor[None]
+        for i, frame in enumerate(frames):
+            if frame is None:
+                self._batch[i] = 0.0
+            else:
+                self._batch[i] = frame.tensor if frame.tensor is not None else self.preprocess(frame.image)
+        return self._batch
 
     def _alerts(self, slot: StreamSlot, frame: Frame, ids: list[str], probs: np.ndarray, cosines: np.ndarray,
                 start: float) -> list[AlertEvent]:

@@ -20,7 +20,7 @@ from sdqes_edge.runtime.detector import NonFiniteScoreError, StreamingDetector
 from sdqes_edge.runtime.onnxruntime_backend import StepResult
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.runtime.sinks import CallbackSink, ScoreTraceRecorder
-from sdqes_edge.runtime.sources import FrameSource, VideoFileSource, open_source
+from sdqes_edge.runtime.sources import Frame, FrameSource, VideoFileSource, open_source
 from sdqes_edge.runtime.tensorrt_backend import DeviceInfo, check_engine_matches, tensorrt_ready
 from sdqes_edge.sample import sample_frames
 from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL
@@ -321,6 +321,20 @@ def test_a_live_source_that_drops_is_reopened_with_back_off(tmp_path):
             break
     assert source.stats.reconnects >= 2
     assert any("reconnecting" in m for m in messages)
+
+
+def test_a_frame_the_reader_prepared_reaches_the_backend_as_it_is_and_an_unprepared_one_is_prepared(exported):
+    _, bundle = exported
+    detector = StreamingDetector(bundle)
+    given = []
+    step = detector.backend.step
+    detector.backend.step = lambda frame, state, *rest: given.append(frame) or step(frame, state, *rest)
+    image = sample_frames(1, 120, 160)[0]
+    prepared = Frame(image, 0.0, 0, detector.preprocess(image))
+    detector.step([prepared])
+    assert np.shares_memory(given[0], prepared.tensor)  # no copy, no fresh batch per frame
+    detector.step([Frame(image, 0.2, 1)])
+    np.testing.assert_array_equal(given[1][0], prepared.tensor)
 
 
 @pytest.mark.skipif(not tensorrt_ready(), reason="needs an NVIDIA GPU with TensorRT and pycuda installed")
