@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import functools
 import weakref
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -221,14 +222,27 @@ CUDA_RUNTIME_LIBRARIES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11
 
 @functools.cache
 def cuda_runtime() -> ctypes.CDLL | None:
-    """The CUDA runtime library (the one ONNX Runtime's CUDA provider has loaded, when it has), or None."""
-    names = [n for n in (ctypes.util.find_library("cudart"),) if n] + list(CUDA_RUNTIME_LIBRARIES)
-    for name in names:
+    """The CUDA runtime library, or None: the one already loaded in this process (ONNX Runtime's CUDA provider
+    loads its own when a session is made) before any other a search finds, so that the buffers ONNX Runtime
+    allocated and the copies made here go through the same runtime."""
+    names = loaded_library_paths("libcudart.so") + [n for n in (ctypes.util.find_library("cudart"),) if n]
+    for name in names + list(CUDA_RUNTIME_LIBRARIES):
         try:
             return ctypes.CDLL(name)
         except OSError:
             continue
     return None
+
+
+def loaded_library_paths(prefix: str) -> list[str]:
+    """Paths of the shared libraries mapped into this process whose file name starts with ``prefix`` (Linux's
+    /proc/self/maps; empty elsewhere)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    paths = {fields[5] for fields in (line.split(maxsplit=5) for line in maps.splitlines()) if len(fields) == 6}
+    return sorted(path for path in paths if Path(path).name.startswith(prefix))
 
 
 def pin_host_memory(owner: object, array: np.ndarray) -> bool:

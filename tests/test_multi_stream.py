@@ -3,13 +3,15 @@ one starts afresh, and the others never notice (plain and bound steps, and the d
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from conftest import random_model
 from runtime_fixtures import FPS, QUERY, STEP_GRAPH_FRAMES, write_video
 
 from sdqes_edge.export import ExportOptions, export_bundle
-from sdqes_edge.runtime.bound_step import stream_runs
+from sdqes_edge.runtime.bound_step import RowCopier, cuda_runtime, loaded_library_paths, stream_runs
 from sdqes_edge.runtime.detector import StreamingDetector
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.sinks import ScoreTraceRecorder
@@ -84,6 +86,22 @@ def test_resetting_one_stream_of_four_makes_it_a_fresh_stream_and_leaves_the_oth
         np.testing.assert_allclose(final[reset][name][others], final[kept][name][others], rtol=0, atol=1e-6)
     assert np.abs(got[:, 1] - unreset[:, 1]).max() > 1e-3  # the forgotten past mattered
 
+
+
+def test_a_gpus_row_copies_go_through_the_cuda_runtime_already_loaded_and_fail_in_its_own_words():
+    if cuda_runtime() is None:
+        pytest.skip("no CUDA runtime library (libcudart) on this machine")
+    if sys.platform == "linux":
+        assert loaded_library_paths("libcudart.so"), "the runtime found is one mapped into this process"
+    rows, copied = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)  # 4 streams of 2 values
+    copier = RowCopier.for_device("cuda")
+    try:
+        copier.copy(copied.ctypes.data, rows.ctypes.data, 2 * rows.itemsize, [1, 3])
+        copier.finish()
+    except RuntimeError as exc:  # a CUDA runtime but no usable GPU (no driver): the runtime says why
+        assert str(exc).startswith("cudaMemcpy failed: ")
+        return
+    np.testing.assert_array_equal(copied, [0, 0, 2, 3, 0, 0, 6, 7])  # with a GPU: host memory is addressable too
 
 def test_one_step_serves_two_streams_as_two_single_stream_runs_would(tmp_path):
     model = random_model("st")
