@@ -47,11 +47,13 @@ class OnnxRuntimeStep:
     ``device`` "cpu", "cuda" or "tensorrt" (execution providers, checked after the session is made: a
     provider ONNX Runtime could not create is named, never silently replaced). ``io_binding`` (default: on
     for a GPU) keeps the state in device buffers bound once; ``cuda_graph`` (default: on for "cuda")
-    replays each binding as a CUDA graph.
+    replays each binding as a CUDA graph. ``spin_wait``: ONNX Runtime's worker threads busy-wait between
+    runs (its default, the lowest latency for steps back to back); off where other threads of the process
+    need the cores between steps (the runtime's reader and preprocessing threads).
     """
 
     def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
-                 io_binding: bool | None = None, cuda_graph: bool | None = None):
+                 io_binding: bool | None = None, cuda_graph: bool | None = None, spin_wait: bool = True):
         import onnxruntime as ort
 
         if device not in DEVICE_PROVIDERS:
@@ -73,7 +75,7 @@ class OnnxRuntimeStep:
         if not path.is_file():
             raise UserError(f"step graph {path} does not exist; export a bundle with `sdqes-edge export`")
         self.path = path
-        self.session, self.cuda_graph = create_session(path, device, threads, self.cuda_graph)
+        self.session, self.cuda_graph = create_session(path, device, threads, self.cuda_graph, spin_wait)
         self.providers = self.session.get_providers()
         _check_providers(device, self.providers)
         meta = self.session.get_modelmeta().custom_metadata_map
@@ -162,7 +164,12 @@ class OnnxRuntimeStep:
         return StepResult(outputs[EMBEDDING_OUTPUT], next_state, outputs.get(LOGITS_OUTPUT))
 
 
-def create_session(path: Path, device: str, threads: int | None = None, cuda_graph: bool = False):
+# ONNX Runtime's session option for its worker threads' busy-waiting between runs ("1", its default, or "0").
+SPIN_WAIT_OPTION = "session.intra_op.allow_spinning"
+
+
+def create_session(path: Path, device: str, threads: int | None = None, cuda_graph: bool = False,
+                   spin_wait: bool = True):
     """An ``InferenceSession`` for ``path`` on ``device``'s providers -> (session, whether it replays CUDA graphs).
 
     ONNX Runtime refuses CUDA graph capture when making the session (a node left on the CPU, control flow),
@@ -174,6 +181,8 @@ def create_session(path: Path, device: str, threads: int | None = None, cuda_gra
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
+    if not spin_wait:
+        options.add_session_config_entry(SPIN_WAIT_OPTION, "0")
     options.log_severity_level = 3  # ORT's warnings are about graph rewrites, not the user's input
 
     providers: list = list(DEVICE_PROVIDERS[device])

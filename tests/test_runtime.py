@@ -337,6 +337,13 @@ def test_a_frame_the_reader_prepared_reaches_the_backend_as_it_is_and_an_unprepa
     np.testing.assert_array_equal(given[1][0], prepared.tensor)
 
 
+
+def test_the_detectors_onnx_runtime_workers_do_not_spin_between_steps_while_its_reader_threads_work(exported):
+    from sdqes_edge.runtime.onnxruntime_backend import SPIN_WAIT_OPTION
+
+    options = StreamingDetector(exported[1]).backend.session.get_session_options()
+    assert options.get_session_config_entry(SPIN_WAIT_OPTION) == "0"
+
 @pytest.mark.skipif(not tensorrt_ready(), reason="needs an NVIDIA GPU with TensorRT and pycuda installed")
 def test_the_tensorrt_backend_streams_what_onnx_runtime_streams(exported, tmp_path):
     import shutil
