@@ -121,16 +121,16 @@ class DeviceBuffers:
     def set_rows(self, state: BoundState, source: State, streams: list[int]) -> BoundState:
         """Rows ``streams`` of the current state replaced by those of ``source`` (host arrays), in place."""
         k = self.ledger.current(state)
+        host = {name: np.ascontiguousarray(source[name], dtype=self.dtypes[name]) for name in self.sets[k]}
+        if self.row_copier is None:  # through the host: every tensor down, patched, and up again
+            for name, value in self.sets[k].items():
+                rows = value.numpy().reshape(self.shapes[name])  # streams on axis 0 again
+                rows[streams] = host[name][streams]
+                value.update_inplace(np.ascontiguousarray(rows).reshape(value.shape()))
+            return state
         for name, value in self.sets[k].items():
-            host = np.ascontiguousarray(source[name], dtype=self.dtypes[name])
-            if self.row_copier is not None:
-                self.row_copier.copy(value.data_ptr(), host.ctypes.data, self.stream_bytes[name], streams)
-                continue
-            rows = value.numpy().reshape(self.shapes[name])  # streams on axis 0 again
-            rows[streams] = host[streams]
-            value.update_inplace(np.ascontiguousarray(rows).reshape(value.shape()))
-        if self.row_copier is not None:
-            self.row_copier.finish()
+            self.row_copier.copy(value.data_ptr(), host[name].ctypes.data, self.stream_bytes[name], streams)
+        self.row_copier.finish()
         return state
 
     def step(self, frame: np.ndarray, state: BoundState, query_embeddings: np.ndarray | None) -> StepResult:

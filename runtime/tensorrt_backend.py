@@ -35,6 +35,7 @@ from sdqes_edge.contract import (
 from sdqes_edge.errors import UserError, first_line
 
 from .backend import STATE_BUFFER_SETS, BoundState, BufferSetLedger, StepResult
+from .bound_step import RowCopier
 from .bundle import Bundle, inside_bundle
 
 INSTALL_HINT = ("install TensorRT 8.5 or newer with `pip install 'sdqes-edge[tensorrt]'` (on Jetson it comes "
@@ -209,6 +210,9 @@ class TensorRTStep:
         for buffer, array in zip(self.initial_device, self.initial):
             cuda.memcpy_htod(buffer, array)
         self.ledger = BufferSetLedger()  # a stale handle is refused, as on ONNX Runtime's bound path
+        # Streams' rows copied on the device in this backend's stream, as ONNX Runtime's bound path copies them.
+        self.row_copier = RowCopier(lambda dst, src, nbytes: cuda.memcpy_dtod_async(dst, src, nbytes, self.stream),
+                                    self.stream.synchronize)
         self.fused_queries = False
         self.warm_up_steps = STATE_BUFFER_SETS  # each buffer set's first use
 
@@ -226,14 +230,11 @@ class TensorRTStep:
                    rebuild=f"rebuild it: sdqes-edge build-engine {bundle.root} --precision {precision}")
 
     def _copy_rows(self, dst_set: list, src_set: list, rows: list[int] | None) -> None:
-        for t, (dst, src, array) in enumerate(zip(dst_set, src_set, self.initial)):
-            if rows is None:
-                self.cuda.memcpy_dtod_async(dst, src, array.nbytes, self.stream)
-                continue
-            row = array.nbytes // array.shape[0]  # batch on axis 0, contiguous
-            for r in rows:
-                self.cuda.memcpy_dtod_async(int(dst) + r * row, int(src) + r * row, row, self.stream)
-        self.stream.synchronize()
+        """Rows (streams) ``rows`` of every state tensor, all when None, from ``src_set`` into ``dst_set``."""
+        for dst, src, array in zip(dst_set, src_set, self.initial):
+            streams = range(array.shape[0]) if rows is None else rows  # batch on axis 0, contiguous
+            self.row_copier.copy(int(dst), int(src), array.nbytes // array.shape[0], list(streams))
+        self.row_copier.finish()
 
     def initial_state(self) -> BoundState:
         self._copy_rows(self.sets[0], self.initial_device, None)
