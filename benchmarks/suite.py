@@ -270,7 +270,8 @@ def _sections(cfg: BenchConfig, log: Callable[[str], None]) -> list[Section]:
     return sections
 
 
-def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, list[Path]]:
+def check_config(cfg: BenchConfig) -> None:
+    """Refuse, before any work, settings that cannot be measured and a device this machine lacks."""
     if cfg.window < 2:
         raise UserError(f"--window must be at least 2 frames, not {cfg.window}")
     if cfg.repetitions < 3:
@@ -281,6 +282,10 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, lis
         raise UserError("--device-only measures only the rows of --device; add --device cuda")
     if cfg.device:
         check_device(cfg.device)  # before minutes of CPU work
+
+
+def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, list[Path]]:
+    check_config(cfg)
     can_plot = plotting_available()
     if not can_plot and not cfg.device_only:  # a device-only run draws none
         log(f"note: no plots: {PLOTS_NEED}; bench.json and bench.md are written as usual")

@@ -113,6 +113,7 @@ def test_bench_device_only_without_a_device_is_refused_with_the_fix(tmp_path):
     done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "bench", "--quick", "--device-only",
                            "--out", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 2 and "add --device cuda" in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""  # refused before announcing a run
 
 
 def test_bench_device_cuda_is_refused_up_front_where_this_onnxruntime_has_no_cuda(tmp_path):
@@ -125,7 +126,7 @@ def test_bench_device_cuda_is_refused_up_front_where_this_onnxruntime_has_no_cud
     done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "bench", "--quick", "--device", "cuda",
                            "--out", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 2 and "onnxruntime-gpu" in done.stderr and "Traceback" not in done.stderr
-    assert not (tmp_path / "bench.json").exists()
+    assert not (tmp_path / "bench.json").exists() and done.stdout == ""  # refused before announcing a run
 
 
 def test_bench_without_matplotlib_says_so_up_front_and_still_writes_its_tables(tmp_path):

@@ -14,6 +14,7 @@ from sdqes_edge.errors import UserError
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Parameters, MACs, state, latency per backend, streaming vs sliding window, scaling, batches, end to end."""
+    from sdqes_edge.benchmarks.suite import check_config
     from sdqes_edge.benchmarks.suite import run as run_bench
 
     cfg = BenchConfig(**QUICK) if args.quick else BenchConfig()
@@ -27,6 +28,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, device_only=True)  # checked with the other settings by the suite
     if preset(cfg.preset).adapter.kind != "none":  # refuse before minutes of work
         raise UserError(f"--preset {cfg.preset} already has an adapter; give a base preset (tiny, clip-vit-b16)")
+    check_config(cfg)  # the device too: nothing is printed as started that cannot run
     print(f"benchmarking {cfg.preset} ({'quick' if args.quick else 'full'}: {cfg.repetitions} repetitions); "
           f"results go to {cfg.out}/")
     results, files = run_bench(cfg, log=print)
