@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import random_model
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from runtime_fixtures import FPS, QUERY, STEP_GRAPH_FRAMES, write_video
 
 from sdqes_edge.export import ExportOptions, export_bundle
@@ -86,6 +88,53 @@ def test_resetting_one_stream_of_four_makes_it_a_fresh_stream_and_leaves_the_oth
         np.testing.assert_allclose(final[reset][name][others], final[kept][name][others], rtol=0, atol=1e-6)
     assert np.abs(got[:, 1] - unreset[:, 1]).max() > 1e-3  # the forgotten past mattered
 
+
+
+STREAMS = 4
+some_streams = st.sets(st.integers(0, STREAMS - 1), min_size=1, max_size=STREAMS)
+stream_operations = st.lists(st.one_of(
+    st.tuples(st.just("step"), st.sets(st.integers(0, STREAMS - 1), max_size=STREAMS - 1)),  # the idle streams
+    st.tuples(st.just("reset"), some_streams),
+    st.tuples(st.just("snapshot"), st.just(None)),  # the state saved to the host and loaded back
+), min_size=1, max_size=14)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(operations=stream_operations)
+def test_four_streams_in_one_step_are_four_single_streams_whatever_idles_resets_and_snapshots_come(
+        step_graphs, operations):
+    """Each stream of a 4-stream step behaves as that stream stepped alone (a 1-stream graph, frames only when it
+    is busy, reset when it is reset), on the plain and the bound path alike; the bound path equals the plain one
+    bit for bit, state included."""
+    paths, frames = step_graphs
+    runners = {"plain": OnnxRuntimeStep(paths[STREAMS]), "bound": OnnxRuntimeStep(paths[STREAMS], io_binding=True)}
+    alone = OnnxRuntimeStep(paths[1])
+    states = {kind: runner.initial_state() for kind, runner in runners.items()}
+    alone_states = [alone.initial_state() for _ in range(STREAMS)]
+    for t, (operation, streams) in enumerate(operations):
+        if operation == "reset":
+            states = {kind: runners[kind].reset_streams(states[kind], sorted(streams)) for kind in runners}
+            alone_states = [alone.initial_state() if i in streams else s for i, s in enumerate(alone_states)]
+            continue
+        if operation == "snapshot":
+            states = {kind: r.state_from_numpy(r.state_to_numpy(states[kind])) for kind, r in runners.items()}
+            continue
+        batch = np.stack([frames[(t + 3 * i) % STEP_GRAPH_FRAMES] for i in range(STREAMS)])  # a scene per stream
+        busy = [i for i in range(STREAMS) if i not in streams]
+        results = {kind: r.step(batch, states[kind]) for kind, r in runners.items()}
+        np.testing.assert_array_equal(results["bound"].embedding, results["plain"].embedding)
+        for i in busy:
+            single = alone.step(batch[i:i + 1], alone_states[i])
+            alone_states[i] = single.state
+            np.testing.assert_allclose(results["plain"].embedding[i], single.embedding[0], rtol=0, atol=1e-5)
+        states = {kind: runners[kind].keep_streams(results[kind].state, states[kind], sorted(streams))
+                  if streams else results[kind].state for kind in runners}
+    final = {kind: r.state_to_numpy(states[kind]) for kind, r in runners.items()}
+    for name in final["plain"]:
+        np.testing.assert_array_equal(final["bound"][name], final["plain"][name])
+        for i in range(STREAMS):
+            expected = alone.state_to_numpy(alone_states[i])[name][0]
+            np.testing.assert_allclose(final["plain"][name][i], expected, rtol=0, atol=1e-5)
 
 
 def test_a_gpus_row_copies_go_through_the_cuda_runtime_and_fail_in_its_own_words():
