@@ -36,6 +36,9 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("query over 77 tokens", ["run", str(b), "--source", str(t / "clip.avi"), "--query", "word " * 80]),
         ("threshold outside (0, 1)", [*run, "--threshold", "1.5"]),
         ("--max-frames 0", [*run, "--max-frames", "0"]),
+        ("--threads 0", [*run, "--threads", "0"]),
+        ("an option the command does not have", [*run, "--treshold", "0.5"]),
+        ("a misspelt command", ["exprot", "--preset", "tiny"]),
         ("--annotate with a container OpenCV cannot write", [*run, "--annotate", str(t / "out.gif")]),
         ("--annotate without an extension", [*run, "--annotate", str(t / "outvideo")]),
         ("--events is a folder", [*run, "--events", str(t)]),
@@ -66,6 +69,7 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("bench: preset with an adapter", ["bench", "--preset", "tiny+qrnn"]),
         ("bench: --device-only without --device", ["bench", "--quick", "--device-only"]),
         ("bench --out cannot be written", ["bench", "--quick", "--out", "/proc/bench"]),
+        ("inspect: --frames 0", ["inspect", str(b), "--frames", "0"]),
     ]
 
 

@@ -75,6 +75,27 @@ def test_a_user_mistake_is_one_line_and_a_non_zero_exit():
     assert "checkpoint not found: /no/such.ckpt" in result.stderr and "Traceback" not in result.stderr
 
 
+
+@pytest.mark.parametrize("argv, says", [
+    (["inspect", "/some/bundle", "--frames", "-1"], "argument --frames: give at least 1, not -1"),
+    (["inspect", "/some/bundle", "--frames", "0"], "argument --frames: give at least 1, not 0"),
+    (["run", "/some/bundle", "--source", "0", "--threads", "0"], "argument --threads: give at least 1, not 0"),
+    (["bench", "--quick", "--threads", "-2"], "argument --threads: give at least 1, not -2"),
+    (["score", "b", "--annotations", "a.csv", "--videos", "v", "--workers", "0"], "argument --workers: give at least"),
+    (["info", "--show-state", "x"], "argument --show-state: 'x' is not a whole number"),
+    (["eval", "--annotations", "a.csv", "--plots", "-1"], "argument --plots: give at least 0, not -1"),
+    (["run", "/some/bundle", "--source", "0", "--backend", "onnx"], "argument --backend: invalid choice: 'onnx'"),
+    (["exprot"], "argument COMMAND: invalid choice: 'exprot'"),
+    (["run", "/some/bundle", "--source", "0", "--treshold", "0.5"],
+     "sdqes-edge run: error: unrecognized arguments: --treshold 0.5 (see sdqes-edge run --help)"),
+])
+def test_a_value_the_command_line_cannot_take_is_refused_in_one_line_before_any_work(argv, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert says in err and err.startswith("sdqes-edge") and err.rstrip().endswith("--help)")
+
 CTRL_C_WHILE_IMPORTING = """
 import sys
 

@@ -23,7 +23,7 @@ import sys
 from typing import Callable, Sequence
 
 from sdqes_edge import __version__
-from sdqes_edge.cli.common import PROG, check_output_paths
+from sdqes_edge.cli.common import PROG, OneLineErrorParser, check_output_paths
 from sdqes_edge.errors import UserError
 from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination, signal_of
 
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     # subcommands (OpenCV, jsonschema: most of a second on a small board) must reach ``run``'s handler.
     from sdqes_edge.cli import bench, demo, evaluate, export, model, score, stream, training
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog=PROG,
         description="Streaming Detection of Queried Event Start on edge devices: load CLIP-style models with "
                     "streaming temporal adapters, check them, export them to verified deployment bundles, run "
@@ -60,7 +60,9 @@ def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argume
     raise_on_termination()  # SIGTERM/SIGHUP unwind like Ctrl-C: staging folders removed, outputs closed
     try:
         parser = parser_factory()
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # refused by the subcommand's parser, so the message points at that command's --help
+            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
         if not getattr(args, "func", None):
             parser.print_help()
             return 2

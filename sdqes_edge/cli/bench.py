@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from sdqes_edge.benchmarks.config import QUICK, BenchConfig
-from sdqes_edge.cli.common import PROG, add_subcommand
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least
 from sdqes_edge.config import preset
 from sdqes_edge.errors import UserError
 
@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help=f"frames of the sliding-window baseline (default {BenchConfig.window})")
     bench.add_argument("--repetitions", type=int, help=f"timed repetitions per candidate (default "
                                                        f"{BenchConfig.repetitions}; --quick: {QUICK['repetitions']})")
-    bench.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores)")
+    bench.add_argument("--threads", type=at_least(1), help="ONNX Runtime intra-op threads (default: all cores)")
     bench.add_argument("--no-int8", action="store_true", help="skip the int8 column (saves the quantization)")
     bench.add_argument("--out", help=f"results folder (default {BenchConfig.out})")
     bench.add_argument("--device", choices=("cuda",),

@@ -14,12 +14,39 @@ from sdqes_edge.files import check_output_dir, check_output_file
 PROG = "sdqes-edge"
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse's parser, refusing a mistake (an unknown option, a bad value) in one line on stderr with exit
+    status 2, as every other refusal of this program is; the usage it would print first is a --help away.
+    Subcommand parsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def at_least(minimum: int):
+    """An argparse type for a whole number no smaller than ``minimum``: anything else is refused in one line
+    that names the option ("argument --threads: give at least 1, not -2"), before any work starts."""
+
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"give at least {minimum}, not {value}")
+        return value
+
+    return whole_number
+
+
 def add_subcommand(sub: argparse._SubParsersAction, name: str, help: str, description: str,
                    examples: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     """A subcommand parser in the house style: a one-line help, a description, examples in the epilog."""
     epilog = "examples:\n" + "\n".join(f"  {PROG} {name} {example}" for example in examples) if examples else None
-    return sub.add_parser(name, help=help, description=description, epilog=epilog,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sub.add_parser(name, help=help, description=description, epilog=epilog,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(command_parser=parser)  # so an option it lacks is refused in its name (cli.run)
+    return parser
 
 
 def add_adapter_option(parser: argparse.ArgumentParser, help: str = "swap the preset's adapter kind (authors' "

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.train_options import SPLIT_SEED_BASE, is_training_seed
@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       help="stream seed (default %(default)s; training uses seeds from 100000 on)")
     demo.add_argument("--out", default="sdqes-demo", help="output folder (default %(default)s)")
     demo.add_argument("--bundle", help="another bundle to run instead of the shipped one")
-    demo.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores)")
+    demo.add_argument("--threads", type=at_least(1), help="ONNX Runtime intra-op threads (default: all cores)")
     demo.add_argument("--precision", choices=PRECISIONS, default=REFERENCE_PRECISION,
                       help="step graph to run (default %(default)s; the shipped bundle also has int8, about twice "
                            "as fast on a CPU)")

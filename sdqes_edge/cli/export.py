@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import sdqes_edge
-from sdqes_edge.cli.common import PROG, add_adapter_option, add_subcommand, model_from_args
+from sdqes_edge.cli.common import PROG, add_adapter_option, add_subcommand, at_least, model_from_args
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.contract import DEFAULT_OPSET, FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
@@ -205,7 +205,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     inspect.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
     inspect.add_argument("--precision", default=REFERENCE_PRECISION, choices=PRECISIONS,
                          help="step graph to run (default %(default)s)")
-    inspect.add_argument("--frames", type=int, default=8, help="sample frames to stream (default %(default)s)")
+    inspect.add_argument("--frames", type=at_least(1), default=8, help="sample frames to stream (default %(default)s)")
     inspect.set_defaults(func=cmd_inspect)
 
     engine = add_subcommand(sub, "build-engine", "build a TensorRT engine for this NVIDIA device",

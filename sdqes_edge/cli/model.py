@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from sdqes_edge.cli.common import PROG, add_adapter_option, add_subcommand, model_from_args
+from sdqes_edge.cli.common import PROG, add_adapter_option, add_subcommand, at_least, model_from_args
 from sdqes_edge.config import ADAPTER_KINDS, PRESETS, ModelConfig, preset, with_authors_adapter
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import format_bytes
@@ -161,7 +161,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--checkpoint", help="OpenAI CLIP / open_clip / SDQES Lightning checkpoint; config inferred")
     add_adapter_option(info)
     info.add_argument("--list-presets", action="store_true", help="list the presets and exit")
-    info.add_argument("--show-state", type=int, default=6, metavar="N", help="state tensors to list (default "
+    info.add_argument("--show-state", type=at_least(0), default=6, metavar="N", help="state tensors to list (default "
                                                                              "%(default)s)")
     info.add_argument("--json", action="store_true", help="print everything as JSON")
     info.set_defaults(func=cmd_info)

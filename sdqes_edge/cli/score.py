@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least
 from sdqes_edge.errors import UserError
 from sdqes_edge.progress import progress_bar
 
@@ -51,10 +51,6 @@ def _check_score_args(args: argparse.Namespace) -> tuple[int, int]:
     from sdqes_edge.corpus import cpu_count
 
     cores = cpu_count()
-    if args.workers is not None and args.workers < 1:
-        raise UserError(f"--workers {args.workers}: give at least 1")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads {args.threads}: give at least 1")
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
     if args.ray:
@@ -175,15 +171,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument("--source", help="only annotations from this source (moments, nlq, ...)")
     score.add_argument("--out", default="sdqes-score", help="folder for traces/, eval.json, eval.md "
                                                             "(default %(default)s)")
-    score.add_argument("--workers", type=int, help="worker processes (default: one per core)")
-    score.add_argument("--threads", type=int, help="ONNX Runtime threads per worker (default: cores / workers)")
+    score.add_argument("--workers", type=at_least(1), help="worker processes (default: one per core)")
+    score.add_argument("--threads", type=at_least(1), help="ONNX Runtime threads per worker (default: cores / workers)")
     score.add_argument("--threshold", type=float, help="alert threshold of the report (default: the bundle's)")
     score.add_argument("--ray", nargs="?", const=LOCAL_RAY, metavar="ADDRESS",
                        help="run on Ray: no ADDRESS starts a local instance (or joins RAY_ADDRESS), 'auto' joins "
                             "the running cluster, ray://HOST:10001 connects as a client; needs "
                             "pip install 'sdqes-edge[ray]'")
-    score.add_argument("--ray-actors", type=int, help="with --ray: actors, each one loaded bundle (default: the "
-                                                      "cluster's CPUs / --threads)")
+    score.add_argument("--ray-actors", type=at_least(1),
+                       help="with --ray: actors, each one loaded bundle (default: the cluster's CPUs / --threads)")
     score.add_argument("--shared-bundle", action="store_true",
                        help="with --ray: every node reads the bundle at this path instead of receiving it through "
                             "Ray's object store")

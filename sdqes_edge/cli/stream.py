@@ -8,7 +8,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least
 from sdqes_edge.contract import INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import check_output_dir, check_output_file
@@ -195,7 +195,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="ort: ONNX Runtime, trt: a TensorRT engine made by build-engine (default %(default)s)")
     run.add_argument("--precision", choices=PRECISIONS, default=REFERENCE_PRECISION,
                      help="step graph (or engine) to run; the bundle must have it (default %(default)s)")
-    run.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores)")
+    run.add_argument("--threads", type=at_least(1), help="ONNX Runtime intra-op threads (default: all cores)")
     run.add_argument("--ort-device", choices=list(DEVICE_PROVIDERS), default="cpu",
                      help="ONNX Runtime execution provider (cuda/tensorrt need onnxruntime-gpu; the state then "
                           "stays on the GPU between frames)")
