@@ -159,7 +159,7 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
     queries_entry = _write_queries(staging, options.queries, query_embeddings)
     complexity = _complexity(model, traced, options, log)
     manifest = _manifest(cfg, options, traced, step_entries, queries_entry, checkpoint, complexity, staging)
-    (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False))
     return ExportResult(out, manifest, verification, variants)
 
 

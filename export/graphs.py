@@ -137,7 +137,7 @@ def attach_metadata(path: Path, description: dict[str, Any]) -> None:
     graph = onnx.load(str(path))
     del graph.metadata_props[:]
     entry = graph.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, json.dumps(description, sort_keys=True)
+    entry.key, entry.value = METADATA_KEY, json.dumps(description, sort_keys=True, allow_nan=False)
     graph.producer_name, graph.producer_version = "sdqes-edge", sdqes_edge.__version__
     onnx.save(graph, str(path))
 

@@ -6,6 +6,7 @@ Torch-free, so the command line checks its arguments before loading a checkpoint
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -81,8 +82,8 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
                         f"not {options.verify_frames}")
     if not 0.0 < options.threshold < 1.0:
         problems.append(f"--threshold is a probability sigmoid(cos) in (0, 1), not {options.threshold}")
-    if options.fps <= 0:
-        problems.append(f"--fps must be positive, not {options.fps}")
+    if not 0.0 < options.fps < math.inf:  # NaN too
+        problems.append(f"--fps must be a positive number, not {options.fps}")
     problems += _int8_problems(options)
     if options.drift_frames < MIN_VERIFY_FRAMES:
         problems.append(f"--drift-frames must be >= {MIN_VERIFY_FRAMES}, not {options.drift_frames}")

@@ -28,10 +28,10 @@ class AlertPolicy:
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
             raise UserError(f"threshold {self.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
-        if self.exit_threshold is not None and not 0.0 <= self.exit_threshold <= self.threshold:
+        if self.exit_threshold is not None and not 0.0 <= self.exit_threshold <= self.threshold:  # NaN too
             raise UserError(f"exit threshold {self.exit_threshold} must lie in [0, threshold {self.threshold}]")
-        if self.cooldown_s < 0:
-            raise UserError(f"cooldown {self.cooldown_s} s must not be negative")
+        if not self.cooldown_s >= 0:  # NaN too
+            raise UserError(f"cooldown {self.cooldown_s} s must be a number of seconds, 0 or more")
         if self.max_alerts is not None and self.max_alerts < 1:
             raise UserError(f"max alerts {self.max_alerts} must be at least 1 (or unset for no limit)")
 

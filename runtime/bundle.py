@@ -115,6 +115,12 @@ class Bundle:
         return items, np.load(inside_bundle(self.root, entry["embeddings"]), allow_pickle=False)
 
 
+def _refuse_non_numbers(token: str):
+    """Python's json reads NaN and Infinity, which JSON lacks and no schema range refuses (NaN > 0 is False,
+    and so is NaN <= 0): an fps or a threshold of NaN would pass every check."""
+    raise ValueError(f"{token} is not a JSON number")
+
+
 def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     """Open a bundle directory, refusing one whose manifest or files are not what the exporter wrote."""
     root = Path(path)
@@ -124,8 +130,8 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     if not manifest_path.is_file():
         raise BundleError(f"{root} has no {MANIFEST_NAME}, so it is not a finished bundle; {_reexport_hint(root)}")
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        manifest = json.loads(manifest_path.read_text(), parse_constant=_refuse_non_numbers)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a NaN or Infinity
         raise BundleError(f"{manifest_path} is not valid JSON ({exc}); {_reexport_hint(root)}") from None
     try:
         jsonschema.validate(manifest, manifest_schema())
@@ -208,5 +214,5 @@ def write_thresholds(path: str | Path, default: float, per_label: dict[str, floa
                               "calibration": provenance or bundle.manifest["thresholds"].get("calibration", {})}
     if policy is not None:
         manifest["thresholds"]["policy"] = policy
-    write_text_atomically(bundle.root / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True))
+    write_text_atomically(bundle.root / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False))
     return Bundle(bundle.root, manifest)

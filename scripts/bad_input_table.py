@@ -29,6 +29,7 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("a graph changed after export", ["run", str(t / "changed"), "--source", "x.mp4", "--query", Q]),
         ("manifest names a file outside the bundle", ["run", str(t / "escaping"), "--source", "x.mp4", "--query", Q]),
         ("bundle of a newer format", ["run", str(t / "newer"), "--source", "x.mp4", "--query", Q]),
+        ("manifest with a NaN fps", ["run", str(t / "nan-fps"), "--source", "x.mp4", "--query", Q]),
         ("video file missing", ["run", str(b), "--source", str(t / "missing.mp4"), "--query", Q]),
         ("video unreadable", ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", Q]),
         ("camera index absent", ["run", str(b), "--source", "7", "--query", Q]),
@@ -37,6 +38,7 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("threshold outside (0, 1)", [*run, "--threshold", "1.5"]),
         ("--max-frames 0", [*run, "--max-frames", "0"]),
         ("--threads 0", [*run, "--threads", "0"]),
+        ("--cooldown nan", [*run, "--cooldown", "nan"]),
         ("an option the command does not have", [*run, "--treshold", "0.5"]),
         ("a misspelt command", ["exprot", "--preset", "tiny"]),
         ("--annotate with a container OpenCV cannot write", [*run, "--annotate", str(t / "out.gif")]),
@@ -55,6 +57,7 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("export: empty query", ["export", "--preset", "tiny", "--query", "", "--out", str(t / "x")]),
         ("export: head count that does not divide the width", ["export", "--checkpoint", str(t / "tiny.pt"),
                                                                "--vision-heads", "3", "--out", str(t / "x")]),
+        ("export: --fps inf", ["export", "--preset", "tiny", "--fps", "inf", "--out", str(t / "x")]),
         ("export: --out is a file", ["export", "--preset", "tiny", "--out", str(t / "garbage.mp4")]),
         ("export: over a folder that is not a bundle", ["export", "--preset", "tiny", "--out", str(t / "photos")]),
         ("eval: a CSV without the EgoSDQES columns",
@@ -99,7 +102,7 @@ def prepare(t: Path) -> Path:
     (t / "photos").mkdir()
     (t / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
     (t / "a.csv").write_text("split,video_uid,query,video_start_time\n")
-    for name in ("garbled", "changed", "escaping", "newer", "blocked"):
+    for name in ("garbled", "changed", "escaping", "newer", "blocked", "nan-fps"):
         shutil.copytree(b, t / name)
     (t / "blocked" / "engines").write_text("a file where the engines folder goes")
     (t / "garbled" / "manifest.json").write_text("{")
@@ -110,6 +113,9 @@ def prepare(t: Path) -> Path:
     m = json.loads((b / "manifest.json").read_text())
     m["format_version"] = 99
     (t / "newer" / "manifest.json").write_text(json.dumps(m))
+    m = json.loads((b / "manifest.json").read_text())
+    m["fps"] = float("nan")
+    (t / "nan-fps" / "manifest.json").write_text(json.dumps(m))  # Python's json writes NaN; JSON has none
     return b
 
 

@@ -19,6 +19,7 @@ keeps all but its last chunk. When the stream ends the chunks are merged, a chun
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zipfile
@@ -50,7 +51,7 @@ class StreamScores:
         if self.probs.ndim != 2 or self.probs.shape[1] != q or len(self.query_ids) != q or len(self.asked_time) != q:
             raise UserError(f"score trace of stream {self.stream!r} is inconsistent: probs {self.probs.shape}, "
                             f"{q} query texts, {len(self.query_ids)} ids, {len(self.asked_time)} asked times")
-        if self.fps <= 0:
+        if not 0.0 < self.fps < math.inf:  # NaN too
             raise UserError(f"score trace of stream {self.stream!r} has fps {self.fps}; it must be positive")
 
 

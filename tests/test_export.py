@@ -208,6 +208,8 @@ def test_export_refuses_to_overwrite_a_directory_that_is_not_a_bundle(tmp_path):
     (lambda b: (b / "step.fp32.onnx").write_bytes(b"\x08garbage"), "step.fp32.onnx does not match the sha256"),
     (lambda b: (b / "text.onnx").unlink(), "text.onnx is missing"),
     (lambda b: (b / "manifest.json").write_text("{"), "not valid JSON"),
+    (lambda b: (b / "manifest.json").write_text((b / "manifest.json").read_text().replace('"fps": 1.0', '"fps": NaN')),
+     "not valid JSON [(]NaN is not a JSON number[)]"),  # NaN passes the schema's "fps > 0": NaN <= 0 is false too
 ])
 def test_the_loader_refuses_a_damaged_bundle_naming_the_file(damage, message, bundles, tmp_path):
     copy = tmp_path / "copy"

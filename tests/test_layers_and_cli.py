@@ -86,6 +86,9 @@ def test_a_user_mistake_is_one_line_and_a_non_zero_exit():
     (["eval", "--annotations", "a.csv", "--plots", "-1"], "argument --plots: give at least 0, not -1"),
     (["run", "/some/bundle", "--source", "0", "--backend", "onnx"], "argument --backend: invalid choice: 'onnx'"),
     (["exprot"], "argument COMMAND: invalid choice: 'exprot'"),
+    (["run", "/some/bundle", "--source", "0", "--cooldown", "nan"], "argument --cooldown: give a finite number"),
+    (["export", "--preset", "tiny", "--fps", "inf"], "argument --fps: give a finite number, not inf"),
+    (["synth", "--seconds", "ten"], "argument --seconds: 'ten' is not a number"),
     (["run", "/some/bundle", "--source", "0", "--treshold", "0.5"],
      "sdqes-edge run: error: unrecognized arguments: --treshold 0.5 (see sdqes-edge run --help)"),
 ])

@@ -7,6 +7,7 @@ first test proves the Python runtime still produces them, the C++ tests prove th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -103,6 +104,8 @@ def test_sdqes_run_refuses_a_manifest_entry_outside_the_bundle(case, native_buil
 
 @pytest.mark.parametrize("damage, message", [
     (lambda b: (b / "manifest.json").write_text("{"), "not valid JSON"),
+    (lambda b: (b / "manifest.json").write_text(re.sub(r'"fps": [0-9.]+', '"fps": NaN',
+                                                       (b / "manifest.json").read_text())), "not valid JSON"),
     (lambda b: (b / "text.onnx").write_bytes(b"changed"), "text.onnx does not match the sha256"),
     (lambda b: None, "no fp16 TensorRT engine"),
 ])

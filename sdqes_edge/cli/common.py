@@ -7,6 +7,7 @@ from the value actually used; defaults and choices are imported from the module 
 from __future__ import annotations
 
 import argparse
+import math
 
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
 from sdqes_edge.files import check_output_dir, check_output_file
@@ -37,6 +38,18 @@ def at_least(minimum: int):
         return value
 
     return whole_number
+
+
+def finite_number(text: str) -> float:
+    """An argparse type for a real number: NaN and infinities, which Python's float() reads, are refused (no
+    range check can catch a NaN: every comparison with it is false)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"give a finite number, not {text}")
+    return value
 
 
 def add_subcommand(sub: argparse._SubParsersAction, name: str, help: str, description: str,

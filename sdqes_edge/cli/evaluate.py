@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import add_subcommand, at_least
+from sdqes_edge.cli.common import add_subcommand, at_least, finite_number
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.errors import UserError
 
@@ -52,8 +53,8 @@ def _check_eval_args(args: argparse.Namespace):
     if args.plots and not plotting_available():
         print(f"note: no plots: {PLOTS_NEED}; eval.json and eval.md are written as usual", file=sys.stderr)
         args.plots = 0
-    if args.fps <= 0:
-        raise UserError(f"--fps must be positive, not {args.fps}")
+    if not 0.0 < args.fps < math.inf:  # NaN too
+        raise UserError(f"--fps must be a positive number, not {args.fps}")
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold is a probability sigmoid(cos) in (0, 1), not {args.threshold}")
     if args.write_threshold and not (args.calibrate or args.calibrate_policy):
@@ -188,9 +189,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--scores", help="folder of *.npz score traces written by the runtime")
     ev.add_argument("--baseline", nargs="+", choices=["oracle", "random"],
                     help="baselines that need no video: oracle (must give 100 / 0) and seeded random scores")
-    ev.add_argument("--fps", type=float, default=DEFAULT_FPS, help="sampling rate of the baselines (default "
+    ev.add_argument("--fps", type=finite_number, default=DEFAULT_FPS, help="sampling rate of the baselines (default "
                                                                    "%(default)s)")
-    ev.add_argument("--threshold", type=float, help=f"alert threshold (default {DEFAULT_THRESHOLD})")
+    ev.add_argument("--threshold", type=finite_number, help=f"alert threshold (default {DEFAULT_THRESHOLD})")
     ev.add_argument("--calibrate", action="store_true",
                     help="also pick the threshold with the best SR@1 among 20 evenly spaced candidates")
     ev.add_argument("--per-label", action="store_true",

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import sdqes_edge
-from sdqes_edge.cli.common import PROG, add_adapter_option, add_subcommand, at_least, model_from_args
+from sdqes_edge.cli.common import PROG, add_adapter_option, add_subcommand, at_least, finite_number, model_from_args
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.contract import DEFAULT_OPSET, FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
@@ -253,9 +253,9 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--queries-file", help=".txt (one query a line), .json or .csv (query,response columns)")
     export.add_argument("--fuse-queries", action="store_true",
                         help="score the given queries inside the step graph (query_embeddings in, logits out)")
-    export.add_argument("--fps", type=float, default=DEFAULT_FPS, help="sampling rate of the stream (default "
+    export.add_argument("--fps", type=finite_number, default=DEFAULT_FPS, help="sampling rate of the stream (default "
                                                                        "%(default)s)")
-    export.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+    export.add_argument("--threshold", type=finite_number, default=DEFAULT_THRESHOLD,
                         help="default alert threshold on sigmoid(cos) (default %(default)s)")
     export.add_argument("--verify-frames", type=int, default=VERIFY_FRAMES,
                         help="frames of the fp32 check against PyTorch (default %(default)s)")

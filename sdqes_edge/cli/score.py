@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number
 from sdqes_edge.errors import UserError
 from sdqes_edge.progress import progress_bar
 
@@ -173,7 +173,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                             "(default %(default)s)")
     score.add_argument("--workers", type=at_least(1), help="worker processes (default: one per core)")
     score.add_argument("--threads", type=at_least(1), help="ONNX Runtime threads per worker (default: cores / workers)")
-    score.add_argument("--threshold", type=float, help="alert threshold of the report (default: the bundle's)")
+    score.add_argument("--threshold", type=finite_number, help="alert threshold of the report (default: the bundle's)")
     score.add_argument("--ray", nargs="?", const=LOCAL_RAY, metavar="ADDRESS",
                        help="run on Ray: no ADDRESS starts a local instance (or joins RAY_ADDRESS), 'auto' joins "
                             "the running cluster, ray://HOST:10001 connects as a client; needs "

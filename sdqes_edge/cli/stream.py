@@ -8,7 +8,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number
 from sdqes_edge.contract import INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import check_output_dir, check_output_file
@@ -185,10 +185,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "several streams (needs a bundle exported with --batch N)")
     run.add_argument("--query", action="append", help="event to wait for (repeatable); default: the bundle's")
     run.add_argument("--message", action="append", help="alert message for the query of the same position")
-    run.add_argument("--threshold", type=float, help="alert threshold on sigmoid(cos); default: the bundle's")
-    run.add_argument("--exit-threshold", type=float, help="hysteresis: stay 'on' until p falls to this "
+    run.add_argument("--threshold", type=finite_number, help="alert threshold on sigmoid(cos); default: the bundle's")
+    run.add_argument("--exit-threshold", type=finite_number, help="hysteresis: stay 'on' until p falls to this "
                                                            "(default: the bundle's policy, else the threshold)")
-    run.add_argument("--cooldown", type=float, help="seconds without a new alert after one (default: the "
+    run.add_argument("--cooldown", type=finite_number, help="seconds without a new alert after one (default: the "
                                                     "bundle's policy, else 0)")
     run.add_argument("--max-alerts", type=int, help="alerts per query after which it goes quiet")
     run.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0],

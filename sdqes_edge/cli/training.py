@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand
+from sdqes_edge.cli.common import PROG, add_subcommand, finite_number
 from sdqes_edge.config import ADAPTER_KINDS
 from sdqes_edge.errors import UserError
 from sdqes_edge.train_options import TrainOptions
@@ -21,7 +22,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     counts = {"train": args.train, "val": args.val, "test": args.test}
     if any(n < 0 for n in counts.values()) or sum(counts.values()) == 0:
         raise UserError("--train/--val/--test must be >= 0 and not all 0")
-    if args.seconds < 10 or args.fps <= 0:
+    if not (10 <= args.seconds < math.inf and 0 < args.fps < math.inf):  # NaN too
         raise UserError("--seconds must be >= 10 and --fps positive")
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
@@ -131,8 +132,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--train", type=int, default=20, help="training streams (default %(default)s)")
     synth.add_argument("--val", type=int, default=5, help="validation streams (default %(default)s)")
     synth.add_argument("--test", type=int, default=5, help="test streams (default %(default)s)")
-    synth.add_argument("--seconds", type=float, default=60.0, help="length of each stream (default %(default)s)")
-    synth.add_argument("--fps", type=float, default=2.0, help="frames per second drawn (default %(default)s)")
+    synth.add_argument("--seconds", type=finite_number, default=60.0,
+                       help="length of each stream (default %(default)s)")
+    synth.add_argument("--fps", type=finite_number, default=2.0, help="frames per second drawn (default %(default)s)")
     synth.add_argument("--seed", type=int, default=0, help="first stream's seed; streams use consecutive seeds "
                                                            "(default %(default)s)")
     synth.set_defaults(func=cmd_synth, output_dirs=("out",))
