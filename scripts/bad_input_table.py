@@ -62,6 +62,8 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("export: over a folder that is not a bundle", ["export", "--preset", "tiny", "--out", str(t / "photos")]),
         ("eval: a CSV without the EgoSDQES columns",
          ["eval", "--annotations", str(t / "a.csv"), "--scores", str(t / "photos")]),
+        ("eval: an annotation row whose start time is not a number",
+         ["eval", "--annotations", str(t / "badrow.csv"), "--baseline", "oracle", "--split", "train"]),
         ("eval: annotations missing", ["eval", "--annotations", str(t / "none.csv"), "--baseline", "oracle"]),
         ("build-engine: a bundle whose graph scores the queries (--fuse-queries)",
          ["build-engine", str(t / "fused"), "--precision", "fp16"]),
@@ -102,6 +104,9 @@ def prepare(t: Path) -> Path:
     (t / "photos").mkdir()
     (t / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
     (t / "a.csv").write_text("split,video_uid,query,video_start_time\n")
+    header = "split,source,video_uid,query,response,label,video_start_time,video_fps,video_length"
+    (t / "badrow.csv").write_text(f"{header}\ntrain,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
+                                  f"train,moments,v1,{Q},Wash!,cook,1:05,30,900\n")
     for name in ("garbled", "changed", "escaping", "newer", "blocked", "nan-fps"):
         shutil.copytree(b, t / name)
     (t / "blocked" / "engines").write_text("a file where the engines folder goes")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -38,23 +39,57 @@ class Annotation:
 
 
 def load_annotations(path: str, split: str | None = None, source: str | None = None) -> list[Annotation]:
+    """The annotations of ``path`` (of one split and source, where given), every row checked: a row a user's own
+    corpus got wrong is refused naming its line, the column and the value."""
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
                 raise UserError(f"{path} is not an EgoSDQES annotation file: missing column(s) {', '.join(missing)}")
-            rows = list(reader)
+            rows = [(reader.line_num, r) for r in reader]  # the line a row ends on, for the messages
     except FileNotFoundError:
         raise UserError(f"annotation file not found: {path}; pass the EgoSDQES CSV (egosdqes_all.csv)") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"{path} is not a UTF-8 CSV file ({exc}); pass the EgoSDQES CSV (egosdqes_all.csv)") from None
     out = []
-    for i, r in enumerate(rows):
+    for i, (line, r) in enumerate(rows):
         if (split and r["split"] != split) or (source and r["source"] != source):
             continue
+        number = _RowNumbers(path, line, r)
+        # Starts may lie a little before the video (15 rows of EgoSDQES do): the metrics clamp them to frame 0.
+        start, fps = number("video_start_time"), number("video_fps", 0.0, inclusive=False)
         out.append(Annotation(r["split"], r["source"], r["video_uid"], r["query"], r["response"], r["label"],
-                              float(r["video_start_time"]), float(r["video_length"]) / float(r["video_fps"]), i,
-                              float(r.get("asked_time") or 0.0), r.get("clip_uid") or ""))
+                              start, number("video_length", 0.0) / fps, i,
+                              number("asked_time", default=0.0), r.get("clip_uid") or ""))
     return out
+
+
+@dataclass(frozen=True)
+class _RowNumbers:
+    """The numbers of one CSV row, each refused unless finite and not below its minimum (above it, where not
+    ``inclusive``)."""
+
+    path: str
+    line: int
+    row: dict
+
+    def __call__(self, column: str, minimum: float = -math.inf, inclusive: bool = True,
+                 default: float | None = None) -> float:
+        text = self.row.get(column)
+        if default is not None and not text:
+            return default
+        if text is None:  # csv gives None for the fields a short row lacks
+            raise UserError(f"{self.path} line {self.line} has fewer fields than the header (no {column}); fix or "
+                            "remove that row")
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+            kind = "a number" if minimum == -math.inf else f"a number {'>=' if inclusive else '>'} {minimum:g}"
+            raise UserError(f"{self.path} line {self.line}: {column} is {text!r}, not {kind}; fix or remove that row")
+        return value
 
 
 def by_video(annotations: list[Annotation]) -> dict[str, list[Annotation]]:

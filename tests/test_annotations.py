@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import re
 import time
 
 import pytest
@@ -49,3 +52,40 @@ def test_a_missing_or_foreign_csv_is_refused(tmp_path):
     other.write_text("a,b\n1,2\n")
     with pytest.raises(UserError, match="missing column"):
         load_annotations(str(other))
+
+
+@pytest.mark.parametrize("column, value, says", [
+    ("video_start_time", "abc", "line 4: video_start_time is 'abc', not a number; fix or remove that row"),
+    ("video_start_time", "nan", "line 4: video_start_time is 'nan', not a number"),
+    ("video_fps", "0", "line 4: video_fps is '0', not a number > 0"),
+    ("video_length", "-30", "line 4: video_length is '-30', not a number >= 0"),
+])
+def test_a_row_with_a_bad_number_is_refused_naming_its_line_column_and_value(column, value, says, egosdqes_csv,
+                                                                             tmp_path):
+    lines = egosdqes_csv.read_text(encoding="utf-8").splitlines()[:6]
+    header = lines[0].split(",")
+    row = next(csv.reader([lines[3]]))
+    row[header.index(column)] = value
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerow(row)
+    damaged = tmp_path / "damaged.csv"
+    damaged.write_text("\n".join([*lines[:3], out.getvalue().rstrip("\n"), *lines[4:]]) + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=re.escape(says)):
+        load_annotations(str(damaged))
+    assert len(load_annotations(str(damaged), split="no-such-split")) == 0  # rows of other splits are not read
+
+
+def test_a_short_row_or_a_file_that_is_not_text_is_refused(egosdqes_csv, tmp_path):
+    short = tmp_path / "short.csv"
+    short.write_text(egosdqes_csv.read_text(encoding="utf-8").splitlines()[0] + "\ntrain,moments,v1\n")
+    with pytest.raises(UserError, match="line 2 has fewer fields than the header"):
+        load_annotations(str(short))
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"\xf0\x28\x8c\x28" * 100)
+    with pytest.raises(UserError, match="is not a UTF-8 CSV file"):
+        load_annotations(str(binary))
+
+
+def test_starts_a_little_before_the_video_are_kept_as_egosdqes_has_them(egosdqes_csv):
+    early = [a for a in load_annotations(str(egosdqes_csv)) if a.start_time < 0]
+    assert len(early) == 15 and all(a.start_frame(1.0) == 0 for a in early)
