@@ -57,6 +57,8 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("export: empty query", ["export", "--preset", "tiny", "--query", "", "--out", str(t / "x")]),
         ("export: head count that does not divide the width", ["export", "--checkpoint", str(t / "tiny.pt"),
                                                                "--vision-heads", "3", "--out", str(t / "x")]),
+        ("export: a queries file that is a JSON object, not a list",
+         ["export", "--preset", "tiny", "--queries-file", str(t / "queries.json"), "--out", str(t / "x")]),
         ("export: --fps inf", ["export", "--preset", "tiny", "--fps", "inf", "--out", str(t / "x")]),
         ("export: --out is a file", ["export", "--preset", "tiny", "--out", str(t / "garbage.mp4")]),
         ("export: over a folder that is not a bundle", ["export", "--preset", "tiny", "--out", str(t / "photos")]),
@@ -103,6 +105,7 @@ def prepare(t: Path) -> Path:
     (t / "garbage.mp4").write_bytes(b"\x00\x01" * 100)
     (t / "photos").mkdir()
     (t / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    (t / "queries.json").write_text(json.dumps({"text": Q, "response": "Wash your hands."}))
     (t / "a.csv").write_text("split,video_uid,query,video_start_time\n")
     header = "split,source,video_uid,query,response,label,video_start_time,video_fps,video_length"
     (t / "badrow.csv").write_text(f"{header}\ntrain,moments,v1,{Q},Wash!,cook,12.5,30,900\n"

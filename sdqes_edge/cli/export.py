@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -38,28 +39,44 @@ def read_queries_file(path: str) -> list[tuple[str, str]]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"queries file {p} does not exist")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p} is not UTF-8 text ({exc}); save it as UTF-8") from None
     if p.suffix == ".json":
-        try:
-            items = json.loads(p.read_text())
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{p} is not valid JSON ({exc}); give a list of strings or of "
-                            '{"text": ..., "response": ...}') from None
-        out = []
-        for item in items:
-            if isinstance(item, str):
-                out.append((item, item))
-            elif isinstance(item, dict) and "text" in item:
-                out.append((item["text"], item.get("response", item["text"])))
-            else:
-                raise UserError(f'{p}: each entry must be a string or {{"text": ..., "response": ...}}, got {item!r}')
-        return out
-    if p.suffix == ".csv":
-        with p.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            if not reader.fieldnames or "query" not in reader.fieldnames:
-                raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)")
-            return [(row["query"], row.get("response") or row["query"]) for row in reader]
-    return [(line.strip(), line.strip()) for line in p.read_text().splitlines() if line.strip()]
+        queries = _json_queries(text, p)
+    elif p.suffix == ".csv":
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        if not reader.fieldnames or "query" not in reader.fieldnames:
+            raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)")
+        queries = [(row["query"] or "", row.get("response") or row["query"] or "") for row in reader]
+    else:
+        queries = [(line.strip(), line.strip()) for line in text.splitlines() if line.strip()]
+    if not queries:
+        raise UserError(f"{p} holds no queries; give one query a line (.txt), a JSON list or a CSV with a 'query' "
+                        "column")
+    return queries
+
+
+def _json_queries(text: str, p: Path) -> list[tuple[str, str]]:
+    shape = 'a JSON list of strings or of {"text": ..., "response": ...}'
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{p} is not valid JSON ({exc}); give {shape}") from None
+    if not isinstance(items, list):
+        raise UserError(f"{p} holds a JSON {type(items).__name__}; give {shape}")
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append((item, item))
+        elif isinstance(item, dict) and all(isinstance(item.get(k, ""), str) for k in ("text", "response")) \
+                and "text" in item:
+            out.append((item["text"], item.get("response", item["text"])))
+        else:
+            raise UserError(f"{p}: each entry must be a string or {{\"text\": ..., \"response\": ...}} of strings, "
+                            f"got {item!r}")
+    return out
 
 
 # --- export ---------------------------------------------------------------------------

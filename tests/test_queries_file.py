@@ -1,0 +1,47 @@
+"""`sdqes-edge export --queries-file`: the queries and their alert messages a bundle is exported with, read from
+.txt (one query a line), .json or .csv, and every file that is not one of those refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdqes_edge.cli.export import read_queries_file
+from sdqes_edge.errors import UserError
+
+COOK = "When I start cooking, remind me to wash my hands."
+
+
+@pytest.mark.parametrize("name, content, queries", [
+    ("q.txt", f"{COOK}\n\n  when I open the fridge  \n", [(COOK, COOK), ("when I open the fridge",) * 2]),
+    ("q.json", f'["{COOK}", {{"text": "when I sleep", "response": "Good night."}}, {{"text": "when I run"}}]',
+     [(COOK, COOK), ("when I sleep", "Good night."), ("when I run", "when I run")]),
+    ("q.csv", f'query,response\n"{COOK}",Wash your hands!\nwhen I run\n',
+     [(COOK, "Wash your hands!"), ("when I run", "when I run")]),
+])
+def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, content, queries, tmp_path):
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    assert read_queries_file(str(tmp_path / name)) == queries
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("q.json", '{"text": "when I cook"}', "holds a JSON dict; give a JSON list"),
+    ("q.json", '[{"text": 5}]', "each entry must be a string or"),
+    ("q.json", '[{"text": "when I cook", "response": 3}]', "each entry must be a string or"),
+    ("q.json", '[{"response": "Wash!"}]', "each entry must be a string or"),
+    ("q.json", "[", "is not valid JSON"),
+    ("q.txt", "\n  \n", "holds no queries"),
+    ("q.csv", "query,response\n", "holds no queries"),
+    ("q.csv", "text,message\nwhen I cook,Wash!\n", "needs a 'query' column"),
+    ("q.txt", b"\xff\xfe when I cook", "is not UTF-8 text"),
+])
+def test_a_queries_file_that_is_not_a_list_of_queries_is_refused_in_one_line(name, content, says, tmp_path):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(UserError, match=says) as refusal:
+        read_queries_file(str(path))
+    assert "\n" not in str(refusal.value)
+
+
+def test_a_missing_queries_file_is_named():
+    with pytest.raises(UserError, match="queries file /no/such.txt does not exist"):
+        read_queries_file("/no/such.txt")
