@@ -306,13 +306,17 @@ class StreamingDetector:
         return events
 
     # --- whole streams ------------------------------------------------------------------
+    def check_source_count(self, count: int) -> None:
+        """Refuse more sources than the bundle steps at once (fewer is fine: the other slots idle)."""
+        if count > self.batch:
+            raise UserError(f"{count} sources but the bundle steps {self.batch} stream(s) at once; "
+                            f"re-export with --batch {count}")
+
     def run(self, sources: FrameSource | list[FrameSource], stats: RunStats | None = None,
             max_frames: int | None = None) -> Iterator[list[AlertEvent]]:
         """Step every source until all end (or ``max_frames``); yields each step's alerts. Sinks closed at the end."""
         sources = sources if isinstance(sources, list) else [sources]
-        if len(sources) > self.batch:
-            raise UserError(f"{len(sources)} sources but the bundle steps {self.batch} stream(s) at once; "
-                            f"re-export with --batch {len(sources)}")
+        self.check_source_count(len(sources))
         for slot, source in zip(self.streams, sources):
             slot.name = source.name
         stats = stats or RunStats()

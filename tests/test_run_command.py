@@ -164,6 +164,17 @@ def test_bad_input_to_run_is_one_line_and_a_non_zero_exit(make_args, message, ex
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_more_sources_than_the_bundle_steps_at_once_are_refused_before_any_source_opens_or_output_starts(
+        exported, tmp_path):
+    _, bundle = exported  # exported for one stream at a time
+    video = write_video(tmp_path / "clip.avi", sample_frames(10, 48, 64))
+    events = tmp_path / "alerts.jsonl"
+    done = run_cli("run", str(bundle), "--source", str(video), "--source", str(video), "--query", QUERY,
+                   "--events", str(events))
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "sdqes-edge: error: 2 sources but the bundle steps 1 stream(s) at once; re-export with --batch 2"]
+    assert not events.exists()
+
 def test_a_bundle_of_a_newer_format_is_refused(exported, tmp_path):
     import shutil
 

@@ -45,6 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_run_args(args)
     detector = StreamingDetector(args.bundle, backend=args.backend, precision=args.precision, threads=args.threads,
                                  ort_device=args.ort_device, truncate_queries=args.truncate_queries)
+    detector.check_source_count(len(args.source))  # before any source is opened or output started
     _add_queries(detector, args)
     detector.warm_up()  # before a camera opens: the first real frame's latency is a steady one
     sources = [open_source(spec, detector.fps) for spec in args.source]
