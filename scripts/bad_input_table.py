@@ -48,6 +48,8 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("--scores under a file", [*run, "--scores", str(t / "garbage.mp4" / "s")]),
         ("--save-state is a folder", [*run, "--save-state", str(t)]),
         ("--resume from a file that is not a snapshot", [*run, "--resume", str(t / "garbage.mp4")]),
+        ("--resume from a snapshot of another model with the same shapes",
+         ["run", str(t / "other"), "--source", str(t / "clip.avi"), "--query", Q, "--resume", str(t / "state.npz")]),
         ("export: checkpoint missing", ["export", "--checkpoint", str(t / "none.pt"), "--out", str(t / "x")]),
         ("export: checkpoint that is not a checkpoint", ["export", "--checkpoint", str(t / "garbage.mp4"),
                                                          "--out", str(t / "x")]),
@@ -89,10 +91,13 @@ def prepare(t: Path) -> Path:
     from sdqes_edge.export import ExportOptions, Query, export_bundle
     from sdqes_edge.files import file_sha256
     from sdqes_edge.model import SDQESModel
+    from sdqes_edge.runtime.detector import StreamingDetector
 
     model = SDQESModel(preset("tiny+qrnn")).eval()
     b = t / "bundle"
     export_bundle(model, b, ExportOptions(show_progress=False), log=lambda m: None)
+    export_bundle(SDQESModel(preset("tiny+qrnn")).eval(), t / "other", ExportOptions(show_progress=False),
+                  log=lambda m: None)
     fused = ExportOptions(show_progress=False, fuse_queries=True, queries=(Query(Q, "Wash your hands."),))
     export_bundle(model, t / "fused", fused, log=lambda m: None)
     torch.save(SDQESModel(preset("tiny")).eval().clip_state_dict(), t / "tiny.pt")
@@ -102,6 +107,7 @@ def prepare(t: Path) -> Path:
     for _ in range(5):
         writer.write(np.zeros((48, 64, 3), np.uint8))
     writer.release()
+    StreamingDetector(b).save_state(t / "state.npz")
     (t / "garbage.mp4").write_bytes(b"\x00\x01" * 100)
     (t / "photos").mkdir()
     (t / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")

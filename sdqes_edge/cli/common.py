@@ -77,10 +77,16 @@ def model_from_args(args: argparse.Namespace):
         heads = resolve_head_counts(args.checkpoint)
         model, ckpt = load_model(args.checkpoint, **heads.overrides())
         return model, f"{args.checkpoint} ({ckpt.source_format}, sha256 {ckpt.sha256[:12]}; {heads.rule})"
+    import torch
+
     cfg = preset(args.preset)
     if args.adapter and args.adapter != cfg.adapter.kind:
         cfg = with_authors_adapter(cfg, args.adapter)
-    return SDQESModel(cfg).eval(), f"preset {cfg.name} (random weights)"
+    seed = getattr(args, "seed", 0)
+    with torch.random.fork_rng():  # the same --seed, the same weights, without touching the caller's generator
+        torch.manual_seed(seed)
+        model = SDQESModel(cfg).eval()
+    return model, f"preset {cfg.name} (random weights, seed {seed})"
 
 
 def check_output_paths(args: argparse.Namespace) -> None:

@@ -282,8 +282,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
     _add_int8_options(export)
     export.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens instead of "
                                                                         "refusing them")
-    export.add_argument("--seed", type=int, default=0, help="with --preset: seed of the random adapter weights "
-                                                            "(default %(default)s)")
+    export.add_argument("--seed", type=int, default=0, help="with --preset: seed of the random weights, so an "
+                                                            "export can be repeated (default %(default)s)")
     export.add_argument("--quiet", action="store_true", help="no progress output")
     export.set_defaults(func=cmd_export, output_dirs=("out",))
 
