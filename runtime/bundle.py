@@ -52,6 +52,12 @@ class Bundle:
         return float(self.manifest["fps"])
 
     @property
+    def model_identity(self) -> str:
+        """The model this bundle holds, whatever precision runs: the sha256 of its fp32 step graph (weights and
+        architecture). What a state snapshot or a folder of score traces is tied to."""
+        return self.manifest["files"][self.manifest["graphs"]["step"][REFERENCE_PRECISION]["file"]]["sha256"]
+
+    @property
     def image_size(self) -> int:
         return int(self.manifest["image_size"])
 

@@ -221,19 +221,12 @@ class StreamingDetector:
         for slot in self.streams if stream is None else [self.streams[stream]]:
             slot.reset_alerts()
 
-    @property
-    def model_identity(self) -> str:
-        """What a state snapshot belongs to: the sha256 of the bundle's fp32 step graph (the weights and the
-        architecture, whatever precision runs). Another model of the same shapes would take a snapshot silently."""
-        manifest = self.bundle.manifest
-        return manifest["files"][manifest["graphs"]["step"][REFERENCE_PRECISION]["file"]]["sha256"]
-
     def save_state(self, path: str | Path) -> Path:
         """Snapshot the streaming state (and frame counters) to an .npz, to resume after a restart."""
         path = Path(path)
         arrays = {f"state/{k}": v for k, v in self.backend.state_to_numpy(self.state).items()}
         np.savez(path, frame_counts=np.array([slot.frames for slot in self.streams]),
-                 model_identity=np.asarray(self.model_identity), **arrays)
+                 model_identity=np.asarray(self.bundle.model_identity), **arrays)
         return path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")
 
     def load_state(self, path: str | Path) -> None:
@@ -244,7 +237,8 @@ class StreamingDetector:
                 identity = str(data["model_identity"]) if "model_identity" in data.files else None
         except (OSError, ValueError, KeyError) as exc:
             raise UserError(f"{path} is not a state snapshot written by save_state ({exc})") from None
-        if identity is not None and identity != self.model_identity:  # snapshots from before carry none
+        # Another model of the same shapes would take the snapshot silently; snapshots from before name none.
+        if identity is not None and identity != self.bundle.model_identity:
             raise UserError(f"{path} was saved by another model (its bundle's step graph differs from "
                             f"{self.bundle.root}'s); resume only from a snapshot of this bundle, or start afresh "
                             "without --resume")

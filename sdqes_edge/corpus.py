@@ -13,6 +13,7 @@ by name with its error and the others carry on.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -26,6 +27,7 @@ from typing import Callable, Iterable
 
 from sdqes_edge.annotations import Annotation, by_video
 from sdqes_edge.errors import UserError, first_line
+from sdqes_edge.files import write_text_atomically
 from sdqes_edge.traces import TRACE_SUFFIX, StreamScores, load_scores, save_scores
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm")
@@ -74,6 +76,27 @@ def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask
 
 def trace_path(out: Path, stream: str) -> Path:
     return out / TRACES_FOLDER / f"{stream}{TRACE_SUFFIX}"
+
+
+SCORED_BY_NAME = "scored_by.json"  # in the output folder: the model its traces come from
+
+
+def claim_output(out: Path, model_identity: str, fps: float) -> None:
+    """Tie ``out`` to one model: recorded by the first run, and a re-run with another model (or frame rate)
+    refused, since it would skip the streams already scored and report two models' traces as one."""
+    record = out / SCORED_BY_NAME
+    mine = {"model_identity": model_identity, "fps": fps}
+    if record.is_file():
+        try:
+            theirs = json.loads(record.read_text())
+        except (OSError, ValueError):
+            theirs = None
+        if not isinstance(theirs, dict) or {k: theirs.get(k) for k in mine} != mine:
+            raise UserError(f"{out} holds traces scored by another model or frame rate ({record} says "
+                            f"{theirs}); give a new --out, or remove {out} to score it again with this bundle")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(record, json.dumps(mine, indent=2) + "\n")
 
 
 def finished(out: Path, task: StreamTask) -> bool:

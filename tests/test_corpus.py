@@ -129,6 +129,35 @@ def test_an_interrupted_run_resumes_and_a_half_written_trace_never_counts(corpus
     assert_same_traces(per_stream_traces, out, uids(corpus))
 
 
+def test_a_re_run_with_another_model_or_frame_rate_is_refused_rather_than_mixing_two_models_traces(corpus, tmp_path):
+    import shutil
+
+    out = tmp_path / "out"
+    first = score(corpus, out, "--workers", "1", "--threads", "1")
+    assert first.returncode == 0, first.stderr
+    other = tmp_path / "demo-at-1fps"  # the same graphs streamed at another rate: every trace would differ
+    shutil.copytree(DEMO_BUNDLE, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["fps"] = 1.0 if manifest["fps"] != 1.0 else 2.0
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    again = cli("score", str(other), "--annotations", str(corpus / "annotations.csv"), "--videos",
+                str(corpus / "videos"), "--out", str(out), "--quiet")
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1, again.stderr
+    assert "holds traces scored by another model or frame rate" in again.stderr and "give a new --out" in again.stderr
+
+
+def test_an_output_folder_is_tied_to_the_model_that_scored_it_first(tmp_path):
+    from sdqes_edge.corpus import SCORED_BY_NAME, claim_output
+    from sdqes_edge.errors import UserError
+
+    claim_output(tmp_path / "out", "a" * 64, 2.0)
+    claim_output(tmp_path / "out", "a" * 64, 2.0)  # the same model again: a resumed run
+    with pytest.raises(UserError, match="scored by another model"):
+        claim_output(tmp_path / "out", "b" * 64, 2.0)
+    (tmp_path / "out" / SCORED_BY_NAME).write_text("{")  # damaged: nothing says which model it was
+    with pytest.raises(UserError, match="scored by another model"):
+        claim_output(tmp_path / "out", "a" * 64, 2.0)
+
 def test_ray_without_ray_installed_says_how_to_install_it(corpus, tmp_path):
     code = "import sys; sys.modules['ray'] = None\nfrom sdqes_edge.cli import run\nsys.exit(run(sys.argv[1:]))"
     done = subprocess.run([sys.executable, "-c", code, "score", str(DEMO_BUNDLE), "--annotations",

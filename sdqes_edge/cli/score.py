@@ -18,7 +18,7 @@ FAILURES_NAME = "failures.json"
 
 def cmd_score(args: argparse.Namespace) -> int:
     from sdqes_edge.annotations import load_annotations
-    from sdqes_edge.corpus import finished, plan_streams
+    from sdqes_edge.corpus import claim_output, finished, plan_streams
     from sdqes_edge.runtime.bundle import load_bundle
 
     workers, threads = _check_score_args(args)
@@ -31,6 +31,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     tasks = plan_streams(annotations, Path(args.videos))
     if args.bench:
         return _bench(tasks, Path(args.bundle), out)
+    claim_output(out, bundle.model_identity, bundle.fps)  # before a trace of another model counts as finished
     todo = [t for t in tasks if not finished(out, t)]
     where = (f"Ray ({args.ray if args.ray != LOCAL_RAY else 'a local instance'}), {threads} thread(s) per actor"
              if args.ray else f"{workers} worker process(es) x {threads} ONNX Runtime thread(s)")
