@@ -163,9 +163,11 @@ class ScoreTraceRecorder(Sink):
     CHUNK_ROWS = 1024
     CHUNK_SECONDS = 30.0
 
-    def __init__(self, path: str | Path, stream_name: str, fps: float, stream: int = 0):
+    def __init__(self, path: str | Path, stream_name: str, fps: float, stream: int = 0, model: str = ""):
+        """``model``: what scored the stream (``Bundle.model_identity``), recorded so that a threshold calibrated
+        on these scores is never written into another model's bundle."""
         self.path = Path(path)
-        self.stream_name, self.fps, self.stream = stream_name, fps, stream
+        self.stream_name, self.fps, self.stream, self.model = stream_name, fps, stream, model
         self._rows: list[dict[str, float]] = []
         self._texts: dict[str, str] = {}
         self._asked: dict[str, float] = {}
@@ -189,7 +191,7 @@ class ScoreTraceRecorder(Sink):
         """The queries seen so far, in the order they were added, with these rows."""
         ids = list(self._texts)
         return StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], ids,
-                            np.array([self._asked[i] for i in ids]), probs, first_frame)
+                            np.array([self._asked[i] for i in ids]), probs, first_frame, self.model)
 
     def flush(self) -> None:
         """Write the rows held so far as the next chunk."""

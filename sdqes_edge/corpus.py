@@ -145,7 +145,7 @@ class StreamScorer:
         stats = RunStats()
         with tempfile.TemporaryDirectory(prefix="sdqes-score-") as scratch:
             path = Path(scratch) / f"{task.stream}{TRACE_SUFFIX}"
-            detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps))
+            detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, model=detector.bundle.model_identity))
             for _ in detector.run([source], stats):
                 pass
             shortfall = source.stats.shortfall_words(Path(task.video).name)

@@ -169,7 +169,7 @@ def _attach_sinks(detector: StreamingDetector, outcomes: dict[str, QueryOutcome]
     detector.add_sink(CallbackSink(on_alert))
     detector.add_sink(JsonlSink(out / "alerts.jsonl"))
     detector.add_sink(AnnotatedVideoSink(out / "annotated.avi", detector.fps, detector.thresholds))
-    detector.add_sink(ScoreTraceRecorder(out / "scores.npz", uid, detector.fps))
+    detector.add_sink(ScoreTraceRecorder(out / "scores.npz", uid, detector.fps, model=detector.bundle.model_identity))
 
 
 def _report(results: list[QueryOutcome], stats: RunStats) -> dict:

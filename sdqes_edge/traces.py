@@ -10,6 +10,7 @@ One ``.npz`` file per stream (a video, a camera session)::
     asked_time      float [Q]      seconds into the stream when each query was added (0: from the start)
     probs           float32 [T, Q] p = sigmoid(cos) per sampled frame and query; NaN before a query existed
     first_frame     int            (version 2) the stream frame of probs' first row; 0 for a whole stream
+    model           str            (optional) the model that scored it: the sha256 of its bundle's fp32 step graph
 
 A stream that runs for days is written as it goes, in chunks ``NAME.part-000001.npz``, ... (each a complete
 trace of its frames, written atomically), so the runtime holds at most one chunk in memory and a killed run
@@ -45,6 +46,7 @@ class StreamScores:
     asked_time: np.ndarray  # [Q]
     probs: np.ndarray  # [T, Q]
     first_frame: int = 0
+    model: str = ""  # the model that scored it (Bundle.model_identity); "" in traces written before
 
     def __post_init__(self) -> None:
         q = len(self.query_texts)
@@ -60,7 +62,7 @@ def _header_arrays(scores: StreamScores) -> dict[str, np.ndarray]:
             "fps": np.asarray(float(scores.fps)), "query_texts": np.asarray(scores.query_texts, dtype=str),
             "query_ids": np.asarray(scores.query_ids, dtype=str),
             "asked_time": np.asarray(scores.asked_time, dtype=np.float64),
-            "first_frame": np.asarray(int(scores.first_frame))}
+            "first_frame": np.asarray(int(scores.first_frame)), "model": np.asarray(scores.model)}
 
 
 def _write_trace(path: Path, header: StreamScores, rows: int, blocks: Iterable[np.ndarray]) -> Path:
@@ -140,7 +142,8 @@ def load_scores(path: str | Path) -> StreamScores:
             return StreamScores(str(data["stream"]), float(data["fps"]), [str(t) for t in data["query_texts"]],
                                 [str(i) for i in data["query_ids"]], np.asarray(data["asked_time"], np.float64),
                                 np.asarray(data["probs"], np.float64),
-                                int(data["first_frame"]) if "first_frame" in data.files else 0)
+                                int(data["first_frame"]) if "first_frame" in data.files else 0,
+                                str(data["model"]) if "model" in data.files else "")
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
         raise UserError(f"{path} is not a score trace written by `sdqes-edge run --scores` ({exc})") from None
 
@@ -156,7 +159,7 @@ def _read_chunks(chunks: list[Path]) -> StreamScores:
         expected += len(trace.probs)
     ids, texts, asked = _columns(traces)
     probs = np.concatenate([_aligned(t, ids) for t in traces]).astype(np.float64)
-    return StreamScores(traces[0].stream, traces[0].fps, texts, ids, np.asarray(asked), probs)
+    return StreamScores(traces[0].stream, traces[0].fps, texts, ids, np.asarray(asked), probs, 0, traces[0].model)
 
 
 def load_score_dir(directory: str | Path) -> list[StreamScores]:

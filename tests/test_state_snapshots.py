@@ -1,21 +1,26 @@
-"""State snapshots (`run --save-state` / `--resume`) belong to one model: they resume it at any precision, and a
-snapshot of another model whose state has the same shapes is refused rather than taken silently. Exports of a
-preset are repeatable: the same --seed gives the same weights."""
+"""What a model writes belongs to that model. State snapshots (`run --save-state` / `--resume`) resume it at any
+precision, and a snapshot of another model whose state has the same shapes is refused rather than taken silently.
+Score traces name their model, so `eval --write-threshold` never calibrates one model's bundle on another's scores.
+Exports of a preset are repeatable: the same --seed gives the same weights."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_fixtures import FPS, write_video
+from runtime_fixtures import FPS, QUERY, write_video
 
+from sdqes_edge.annotations import REQUIRED_COLUMNS
 from sdqes_edge.cli import run
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import file_sha256
+from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.runtime.detector import StreamingDetector
 from sdqes_edge.runtime.sources import VideoFileSource
 from sdqes_edge.sample import sample_frames
+from sdqes_edge.traces import load_scores
 
 
 def export_preset(out: Path, *extra: str) -> Path:
@@ -74,3 +79,25 @@ def test_a_snapshot_written_before_snapshots_named_their_model_still_loads_on_it
         older = {key: saved[key] for key in saved.files if key != "model_identity"}
     np.savez(tmp_path / "older.npz", **older)
     StreamingDetector(bundles["seed1"]).load_state(tmp_path / "older.npz")  # nothing to tell the models apart
+
+
+def test_score_traces_name_their_model_and_a_threshold_is_never_calibrated_on_another_models(two_models, tmp_path,
+                                                                                            capsys):
+    bundles, _ = two_models
+    video = write_video(tmp_path / "v1.avi", sample_frames(60, 96, 128))
+    annotations = tmp_path / "a.csv"
+    with annotations.open("w", newline="") as fh:  # the query holds a comma: quoted by the csv module
+        csv.writer(fh).writerows([REQUIRED_COLUMNS, ("val", "moments", "v1", QUERY, "Wash!", "cook", 4.0, 10, 60)])
+    for name in ("seed0", "seed1"):
+        assert run(["run", str(bundles[name]), "--source", str(video), "--query", QUERY, "--quiet",
+                    "--scores", str(tmp_path / name / "v1.npz")]) == 0
+        assert load_scores(tmp_path / name / "v1.npz").model == load_bundle(bundles[name]).model_identity
+    manifest = (bundles["seed0"] / "manifest.json").read_bytes()
+    calibrate = ["eval", "--annotations", str(annotations), "--calibrate", "--plots", "0", "--out", str(tmp_path / "r")]
+    capsys.readouterr()
+    assert run([*calibrate, "--scores", str(tmp_path / "seed1"), "--write-threshold", str(bundles["seed0"])]) == 2
+    assert "scored by another model than" in capsys.readouterr().err
+    assert (bundles["seed0"] / "manifest.json").read_bytes() == manifest
+    (tmp_path / "seed1" / "v1.npz").rename(tmp_path / "seed0" / "v2.npz")
+    assert run([*calibrate, "--scores", str(tmp_path / "seed0")]) == 2
+    assert "scored by 2 different models" in capsys.readouterr().err

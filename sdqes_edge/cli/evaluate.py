@@ -26,7 +26,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not annotations:
         raise UserError(f"{args.annotations} has no annotations for split {args.split!r}"
                         + (f" and source {args.source!r}" if args.source else ""))
-    methods = _methods(args, annotations)
+    methods = _methods(args, annotations, target_bundle)
     threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLD
     rows, calibrations = _score(methods, threshold, args.calibrate, args.per_label)
     rate = "traces at their own fps" if args.scores and not args.baseline else f"{args.fps:g} fps"
@@ -69,7 +69,7 @@ def _check_eval_args(args: argparse.Namespace):
     return target_bundle
 
 
-def _methods(args: argparse.Namespace, annotations: list) -> Methods:
+def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) -> Methods:
     """The score traces to evaluate: the runtime's (--scores) and each baseline's."""
     from sdqes_edge.annotations import oracle_traces, random_traces
     from sdqes_edge.evaluation import match_traces
@@ -78,7 +78,9 @@ def _methods(args: argparse.Namespace, annotations: list) -> Methods:
     if args.scores:
         from sdqes_edge.traces import load_score_dir
 
-        matched = match_traces(annotations, load_score_dir(args.scores))
+        traces = load_score_dir(args.scores)
+        _check_one_model(traces, args.scores, target_bundle)
+        matched = match_traces(annotations, traces)
         if not matched.traces:
             raise UserError(f"none of the {len(annotations)} annotations has a trace in {args.scores}: traces are "
                             "matched by stream name (the video_uid) and query text")
@@ -94,6 +96,19 @@ def _methods(args: argparse.Namespace, annotations: list) -> Methods:
     if not methods:
         raise UserError("give --scores DIR (traces from `sdqes-edge run`) or --baseline oracle/random")
     return methods
+
+
+def _check_one_model(traces: list, folder: str, target_bundle) -> None:
+    """One report, one model: traces name the model that scored them (older ones name none), and a threshold
+    calibrated on one model's scores means nothing in another model's bundle."""
+    models = sorted({t.model for t in traces if t.model})
+    if len(models) > 1:
+        raise UserError(f"the traces in {folder} were scored by {len(models)} different models; evaluate each "
+                        "model's traces in a folder of their own")
+    if target_bundle is not None and models and models[0] != target_bundle.model_identity:
+        raise UserError(f"the traces in {folder} were scored by another model than {target_bundle.root}'s: a "
+                        "threshold calibrated on them means nothing there; score that bundle (sdqes-edge score) "
+                        "and calibrate on its own traces")
 
 
 def _score(methods: Methods, threshold: float, calibrate: bool, per_label: bool) -> tuple[dict, dict]:

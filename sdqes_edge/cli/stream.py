@@ -121,7 +121,8 @@ def _attach_sinks(detector: StreamingDetector, sources: list, args: argparse.Nam
         for i, source in enumerate(sources):
             path = target if target.suffix == ".npz" and len(sources) == 1 else target / f"{source.name}.npz"
             trace_paths.append(path)
-            detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, stream=i))
+            detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, stream=i,
+                                                 model=detector.bundle.model_identity))
     return trace_paths
 
 
