@@ -57,16 +57,24 @@ class TrainOptions:
 
     def check(self) -> "TrainOptions":
         problems = []
+        if not (self.fps > 0 and self.stream_seconds > 0):  # NaN too
+            problems.append(f"--fps ({self.fps}) and --stream-seconds ({self.stream_seconds}) must be positive")
         if self.window < 2:
             problems.append(f"--window must be at least 2 frames, not {self.window}")
-        if self.window > int(self.stream_seconds * self.fps):
+        elif self.fps > 0 and self.stream_seconds > 0 and self.window > int(self.stream_seconds * self.fps):
             problems.append(f"--window {self.window} is longer than a stream ({int(self.stream_seconds * self.fps)} "
                             "frames); lower it or raise --stream-seconds")
         for name in ("train_streams", "val_streams", "test_streams", "steps", "batch"):
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be at least 1")
-        if self.lr <= 0 or (self.pos_weight is not None and self.pos_weight <= 0):
+        if not self.lr > 0 or (self.pos_weight is not None and not self.pos_weight > 0):
             problems.append("--lr and --pos-weight must be positive")
+        if not self.grad_clip > 0:  # a negative norm bound would flip every gradient
+            problems.append(f"--grad-clip must be positive, not {self.grad_clip}")
+        if not self.weight_decay >= 0 or self.warmup_steps < 0:
+            problems.append("--weight-decay and --warmup-steps must be 0 or more")
+        if self.threads is not None and self.threads < 1:
+            problems.append(f"--threads must be at least 1, not {self.threads}")
         if problems:
             raise UserError("; ".join(problems))
         self.model_config()  # an unknown preset or adapter fails here, before any data is made

@@ -62,6 +62,12 @@ def test_splits_draw_from_disjoint_seed_ranges_that_the_demo_avoids():
     (dict(steps=0), "--steps must be at least 1"),
     (dict(pos_weight=-1.0), "must be positive"),
     (dict(adapter="lstm"), "adapter.kind 'lstm'"),
+    (dict(lr=float("nan")), "--lr and --pos-weight must be positive"),
+    (dict(grad_clip=-1.0), "--grad-clip must be positive"),
+    (dict(weight_decay=-0.1), "--weight-decay and --warmup-steps must be 0 or more"),
+    (dict(warmup_steps=-5), "--weight-decay and --warmup-steps must be 0 or more"),
+    (dict(threads=0), "--threads must be at least 1"),
+    (dict(fps=0.0), r"--fps \(0.0\) and --stream-seconds \(\S+\) must be positive$"),
 ])
 def test_bad_training_options_are_refused_before_any_data_is_made(change, message):
     with pytest.raises(UserError, match=message):

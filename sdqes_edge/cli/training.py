@@ -91,7 +91,7 @@ def _add_train_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = 
         elif f.name == "adapter":
             parser.add_argument(flag, choices=ADAPTER_KINDS, default=f.default, help=TRAIN_HELP[f.name])
         else:
-            kind = int if f.type in ("int", "int | None") else float if f.type.startswith("float") else str
+            kind = int if f.type in ("int", "int | None") else finite_number if f.type.startswith("float") else str
             parser.add_argument(flag, type=kind, default=f.default, help=TRAIN_HELP[f.name])
 
 
