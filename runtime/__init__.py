@@ -24,10 +24,10 @@ from .backend import StepBackend, StepResult
 from .bundle import Bundle, BundleError, load_bundle
 from .detector import StreamingDetector, StreamSlot
 from .sinks import AlertEvent, AnnotatedVideoSink, CallbackSink, ConsoleSink, JsonlSink, ScoreTraceRecorder
-from .sources import open_source
+from .sources import Frame, open_source
 
 __all__ = ["STATE_INPUT_PREFIX", "STATE_OUTPUT_PREFIX", "StateSpec", "StateTensorSpec", "ClipTokenizer",
            "default_tokenizer", "AlertPolicy", "StepBackend", "StepResult", "Bundle", "BundleError", "load_bundle",
            "StreamingDetector", "StreamSlot",
            "AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder",
-           "open_source"]
+           "Frame", "open_source"]

@@ -217,6 +217,8 @@ class StreamingDetector:
 
     def reset(self, stream: int | None = None) -> None:
         """Forget the past (a new scene): the state of one stream (or all) back to its initial value."""
+        if stream is not None and not 0 <= stream < self.batch:
+            raise UserError(f"stream {stream} is not one of this bundle's streams, 0 to {self.batch - 1}")
         self.state = self.backend.reset_streams(self.state, None if stream is None else [stream])
         for slot in self.streams if stream is None else [self.streams[stream]]:
             slot.reset_alerts()
@@ -260,6 +262,11 @@ class StreamingDetector:
         start = time.perf_counter()
         if len(frames) != self.batch:
             raise UserError(f"this bundle steps {self.batch} stream(s) at once; got {len(frames)} frames")
+        for frame in frames:
+            if frame is not None and not isinstance(frame, Frame):
+                raise UserError(f"step takes one Frame (or None, for an idle stream) per stream, not a "
+                                f"{type(frame).__name__}: wrap an image as sdqes_edge.runtime.Frame(image=bgr, "
+                                "time=seconds, index=n)")
         result = self.backend.step(self._frame_batch(frames), self.state)
         self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
         idle = [i for i, f in enumerate(frames) if f is None]

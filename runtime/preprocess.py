@@ -144,6 +144,9 @@ class Preprocessor:
         if frame_bgr is None or frame_bgr.ndim != 3 or frame_bgr.shape[2] != 3:
             shape = None if frame_bgr is None else frame_bgr.shape
             raise UserError(f"expected a colour frame [H, W, 3], got shape {shape}")
+        if frame_bgr.dtype != np.uint8:  # a float image in [0, 1] would pass as a black one
+            raise UserError(f"expected a uint8 BGR frame as OpenCV reads it, got {frame_bgr.dtype}; for an image in "
+                            "[0, 1], pass (image * 255).round().astype(numpy.uint8)")
         size = self.image_size
         h, w = frame_bgr.shape[:2]
         if self.resize_shorter_side:
