@@ -61,6 +61,8 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
                                                                "--vision-heads", "3", "--out", str(t / "x")]),
         ("export: a queries file that is a JSON object, not a list",
          ["export", "--preset", "tiny", "--queries-file", str(t / "queries.json"), "--out", str(t / "x")]),
+        ("export: more streams than memory holds", ["export", "--preset", "tiny", "--batch", "100000", "--out",
+                                                    str(t / "x")]),
         ("export: --fps inf", ["export", "--preset", "tiny", "--fps", "inf", "--out", str(t / "x")]),
         ("export: --out is a file", ["export", "--preset", "tiny", "--out", str(t / "garbage.mp4")]),
         ("export: over a folder that is not a bundle", ["export", "--preset", "tiny", "--out", str(t / "photos")]),
@@ -149,7 +151,8 @@ def main() -> None:
     OUT.write_text("# Bad input, and what sdqes-edge says\n\n"
                    "Every case below was run through the command line by `scripts/bad_input_table.py` (which "
                    "wrote this page); paths under its scratch folder are shown as `…`. Each is refused in one "
-                   "line on stderr, with no traceback, and exit status 2 (argparse's own checks too).\n\n"
+                   "line on stderr, with no traceback, and exit status 2 (argparse's own checks too; 1 where the "
+                   "machine ran out of memory for what was asked).\n\n"
                    "| what the user did | exit | stderr lines | message |\n|---|---|---|---|\n"
                    + "\n".join(rows) + "\n")
     print(f"wrote {OUT}")

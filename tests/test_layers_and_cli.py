@@ -99,6 +99,17 @@ def test_a_value_the_command_line_cannot_take_is_refused_in_one_line_before_any_
     assert exit_.value.code == 2 and err.count("\n") == 1, err
     assert says in err and err.startswith("sdqes-edge") and err.rstrip().endswith("--help)")
 
+def test_running_out_of_memory_is_one_line_that_says_to_ask_for_less(monkeypatch, capsys):
+    import sdqes_edge.cli.model as model_commands
+
+    def info_that_needs_too_much(args):
+        raise MemoryError("Unable to allocate 64.4 GiB for an array")
+
+    monkeypatch.setattr(model_commands, "cmd_info", info_that_needs_too_much)
+    assert run(["info", "--preset", "tiny"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "out of memory (Unable to allocate 64.4 GiB" in err and "--batch" in err
+
 CTRL_C_WHILE_IMPORTING = """
 import sys
 

@@ -74,6 +74,10 @@ def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argume
     except UserError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except MemoryError as exc:  # what was asked for does not fit (an export --batch of 100000 streams)
+        print(f"{PROG}: error: out of memory{f' ({exc})' if str(exc) else ''}; ask for less: fewer streams "
+              "(--batch), fewer frames, or a smaller model", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as interrupt:  # from start-up on: no traceback for a stop, whenever it comes
         print(f"{PROG}: interrupted ({signal.Signals(signal_of(interrupt)).name})", file=sys.stderr)
         return exit_code_of(interrupt)
