@@ -22,6 +22,11 @@ Q = "when I start cooking"
 
 def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
     """(what the user did, argv); b: a good bundle, t: a scratch folder with broken files in it."""
+    return run_cases(b, t) + other_cases(b, t)
+
+
+def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
+    """Bad bundles, sources, queries and options given to `sdqes-edge run` (and a misspelt command)."""
     run = ["run", str(b), "--source", str(t / "clip.avi"), "--query", Q]
     return [
         ("bundle folder does not exist", ["run", str(t / "nope"), "--source", "x.mp4", "--query", Q]),
@@ -50,6 +55,12 @@ def cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("--resume from a file that is not a snapshot", [*run, "--resume", str(t / "garbage.mp4")]),
         ("--resume from a snapshot of another model with the same shapes",
          ["run", str(t / "other"), "--source", str(t / "clip.avi"), "--query", Q, "--resume", str(t / "state.npz")]),
+    ]
+
+
+def other_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
+    """Bad input to export, eval, build-engine, bench and inspect."""
+    return [
         ("export: checkpoint missing", ["export", "--checkpoint", str(t / "none.pt"), "--out", str(t / "x")]),
         ("export: checkpoint that is not a checkpoint", ["export", "--checkpoint", str(t / "garbage.mp4"),
                                                          "--out", str(t / "x")]),
