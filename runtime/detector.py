@@ -10,6 +10,7 @@ holds the model, the queries and the batched state; each stream's own data
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,13 +261,7 @@ class StreamingDetector:
         it), the model step and the scoring.
         """
         start = time.perf_counter()
-        if len(frames) != self.batch:
-            raise UserError(f"this bundle steps {self.batch} stream(s) at once; got {len(frames)} frames")
-        for frame in frames:
-            if frame is not None and not isinstance(frame, Frame):
-                raise UserError(f"step takes one Frame (or None, for an idle stream) per stream, not a "
-                                f"{type(frame).__name__}: wrap an image as sdqes_edge.runtime.Frame(image=bgr, "
-                                "time=seconds, index=n)")
+        self._check_frames(frames)
         result = self.backend.step(self._frame_batch(frames), self.state)
         self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
         idle = [i for i, f in enumerate(frames) if f is None]
@@ -290,6 +285,17 @@ class StreamingDetector:
                     sink.on_event(event)
             events_per_stream.append(events)
         return events_per_stream
+
+    def _check_frames(self, frames: list[Frame | None]) -> None:
+        if len(frames) != self.batch:
+            raise UserError(f"this bundle steps {self.batch} stream(s) at once; got {len(frames)} frames")
+        for frame in frames:
+            if frame is not None and not isinstance(frame, Frame):
+                raise UserError(f"step takes one Frame (or None, for an idle stream) per stream, not a "
+                                f"{type(frame).__name__}: wrap an image as sdqes_edge.runtime.Frame(image=bgr, "
+                                "time=seconds, index=n)")
+            if frame is not None and not math.isfinite(frame.time):  # alerts and cooldowns are timed by it
+                raise UserError(f"a Frame's time is seconds into its stream, a finite number, not {frame.time}")
 
     def _frame_batch(self, frames: list[Frame | None]) -> np.ndarray:
         """The frames as one batch [B, 3, R, R]. One frame prepared by the reader thread goes as it is (a view:

@@ -36,3 +36,9 @@ def test_resetting_a_stream_the_bundle_does_not_step_is_refused(detector):
     with pytest.raises(UserError, match="stream -1 is not one of"):
         detector.reset(stream=-1)
     detector.reset(stream=0)
+
+
+def test_a_frame_without_a_finite_time_is_refused(detector):
+    """Alerts, their cooldowns and the traces are timed by the frame's time: a NaN would pass every comparison."""
+    with pytest.raises(UserError, match="a Frame's time is seconds into its stream, a finite number, not nan"):
+        detector.step([Frame(image=np.zeros((48, 64, 3), np.uint8), time=float("nan"), index=0)])
