@@ -223,3 +223,16 @@ def test_after_a_finished_command_python_tears_down_deaf_to_sigterm_so_a_late_si
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert "SIGTERM ignored: True" in done.stdout and "Exception ignored" not in done.stderr
+
+
+def test_an_int8_graph_on_the_cuda_provider_is_warned_about_and_nowhere_else():
+    """ONNX Runtime's CUDA build runs a QDQ graph's products in float: slower than fp32, and a user would not know."""
+    from argparse import Namespace
+
+    from sdqes_edge.cli.stream import int8_on_cuda_warning
+
+    warning = int8_on_cuda_warning(Namespace(backend="ort", ort_device="cuda", precision="int8"))
+    assert warning is not None and "\n" not in warning and "use --precision fp16" in warning
+    for device, precision in (("cpu", "int8"), ("tensorrt", "int8"), ("cuda", "fp16")):
+        assert int8_on_cuda_warning(Namespace(backend="ort", ort_device=device, precision=precision)) is None
+    assert int8_on_cuda_warning(Namespace(backend="trt", ort_device="cpu", precision="int8")) is None

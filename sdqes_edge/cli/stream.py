@@ -39,6 +39,15 @@ def _int8_would_help(detector: StreamingDetector, args: argparse.Namespace) -> b
     return on_cpu and args.precision == REFERENCE_PRECISION and INT8 in detector.bundle.precisions
 
 
+def int8_on_cuda_warning(args: argparse.Namespace) -> str | None:
+    """The warning for an int8 graph on ONNX Runtime's CUDA provider, which has no int8 products for it."""
+    if args.backend == BACKENDS[0] and args.ort_device == "cuda" and args.precision == INT8:
+        return (f"{PROG}: warning: the int8 graph (QDQ) is a CPU and TensorRT format: ONNX Runtime's CUDA build has "
+                "only QuantizeLinear, DequantizeLinear and MatMulInteger, so it runs float products between them, "
+                "slower than fp32; on this GPU use --precision fp16, or --ort-device tensorrt / build-engine for int8")
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sdqes_edge.runtime.sources import open_source
 
@@ -60,6 +69,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
           f"quer{'y' if count == 1 else 'ies'}, {policy.describe()} ({_backend_words(detector.backend, args)})"
           + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
+    warning = int8_on_cuda_warning(args)
+    if warning:
+        print(warning, file=sys.stderr)
     if _int8_would_help(detector, args):
         print(f"{PROG}: tip: this bundle has an int8 step graph, checked against fp32 when it was exported; "
               "--precision int8 runs 1.4x (AVX2) to 2x (AVX-512 VNNI) as fast on a CPU", file=sys.stderr)
