@@ -35,7 +35,7 @@ from sdqes_edge.contract import (
     step_graph_name,
 )
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import file_sha256, replace_directory, staging_directory
+from sdqes_edge.files import file_sha256, staged_directory
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.preprocess import Preprocessor
@@ -119,13 +119,8 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     _check_target(out)
     model = model.eval()
     cfg: ModelConfig = model.cfg
-    staging = staging_directory(out)
-    try:
+    with staged_directory(out) as staging:
         result = _export_into(model, cfg, staging, out, options, checkpoint, log)
-        replace_directory(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     result.seconds = time.perf_counter() - started
     return result
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 from sdqes_edge.config import ModelConfig
 from sdqes_edge.contract import ENGINES_FOLDER, INT8, MANIFEST_NAME, REFERENCE_PRECISION, engine_name
-from sdqes_edge.files import replace_directory, staging_directory
+from sdqes_edge.files import staged_directory
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.sample import EXAMPLE_QUERIES
 
@@ -47,8 +47,7 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
         threshold=float(manifest["thresholds"]["default"]), queries=queries,
         fuse_queries=manifest.get("query_count") is not None), lambda m: log(f"warning: {m}"))
     out = Path(out)
-    staging = staging_directory(out)
-    try:
+    with staged_directory(out) as staging:
         _copy_regular_files(bundle.root, staging, log)
         previous = manifest["graphs"]["step"].pop(INT8, None)
         if previous is not None:
@@ -67,10 +66,6 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
                                  query_embeddings, log)
         manifest["files"] = _file_list(staging)
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        replace_directory(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return report
 
 

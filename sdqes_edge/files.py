@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from .errors import UserError
 
@@ -101,6 +103,20 @@ def replace_directory(staging: Path, target: Path) -> None:
         raise
     if retired is not None:
         shutil.rmtree(retired, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_directory(target: Path) -> Iterator[Path]:
+    """Write a folder's contents into the staging folder this yields; it replaces ``target`` only once the block
+    ends without error. On any error, Ctrl-C included, the staging folder is removed and ``target`` is as it was:
+    a failed or interrupted run leaves neither half a result nor a folder that blocks the next run."""
+    staging = staging_directory(target)
+    try:
+        yield staging
+        replace_directory(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _nearest_existing(path: Path) -> Path:

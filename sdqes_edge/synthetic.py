@@ -20,6 +20,7 @@ others need the stream's past, which is what temporal adapters are for:
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,26 @@ class Stream:
         return len(self.frames) / self.fps
 
 
+# Every event must start on a frame of its video, or its annotation names a start the video never reaches. By
+# ``_timeline``, every event starts before 0.9 of the stream (the square; the lamp too, once a stream is 20 s
+# long: the door opens by 0.6 of it and the lamp comes max(6 s, 0.1-0.3 of it) later; at 10 s the lamp came
+# after the end in one stream of nine), and is shown by the first frame at or after its start.
+LATEST_EVENT_FRACTION = 0.9
+MIN_STREAM_SECONDS = 20.0
+
+
+def stream_length_problem(seconds: float, fps: float) -> str | None:
+    """Why streams of ``seconds`` at ``fps`` cannot show every event of a scene (None: they can)."""
+    frames = seconds * fps
+    if seconds >= MIN_STREAM_SECONDS and math.isfinite(frames) and frames > 0:  # NaN fails the comparison
+        # The frame of an event that starts just before LATEST_EVENT_FRACTION of the stream must be in the video.
+        if math.ceil(LATEST_EVENT_FRACTION * frames) <= round(frames) - 1:
+            return None
+    return (f"streams of {seconds:g} s at {fps:g} fps cannot show every event of the synthetic scenes: events start "
+            f"up to {LATEST_EVENT_FRACTION:g} of the way through a stream, which must be at least "
+            f"{MIN_STREAM_SECONDS:g} s long and have a frame after that point")
+
+
 def _timeline(rng: np.random.Generator, seconds: float) -> dict:
     """When everything happens, in seconds; every event leaves at least a few seconds before it."""
     t = {}
@@ -137,6 +158,9 @@ def _draw_objects(img: np.ndarray, now: float, t: dict, ball_x: int, colours: tu
 def generate_stream(seed: int, seconds: float = 60.0, fps: float = 2.0, height: int = 96, width: int = 128,
                     uid: str | None = None, noise: float = 3.0) -> Stream:
     """One scene, drawn at ``fps``; the events' start times are exact to the frame."""
+    problem = stream_length_problem(seconds, fps)
+    if problem:
+        raise ValueError(problem)
     rng = np.random.default_rng(seed)
     t = _timeline(rng, seconds)
     square_colour, ball_colour, small_colour = rng.choice(list(COLOURS), size=3, replace=False)

@@ -17,6 +17,10 @@ SPLIT_SEED_BASE = {"train": 100_000, "val": 200_000, "test": 300_000}
 SPLIT_SEED_SPAN = 100_000
 CHECKPOINT_RECORD_KEY = "sdqes_edge_training"
 
+# Seeds are whole numbers from 0 to 2**32 - 1: what numpy's generators and torch's both take (numpy refuses a
+# negative seed; torch takes some numpy does not), so a seed means the same to every command.
+MAX_SEED = 2**32 - 1
+
 
 def split_seeds(split: str, count: int) -> list[int]:
     if count > SPLIT_SEED_SPAN:
@@ -56,9 +60,13 @@ class TrainOptions:
         return with_authors_adapter(preset(self.preset), self.adapter)
 
     def check(self) -> "TrainOptions":
+        from .synthetic import stream_length_problem  # numpy: the command line's parsers import this module
+
         problems = []
         if not (self.fps > 0 and self.stream_seconds > 0):  # NaN too
             problems.append(f"--fps ({self.fps}) and --stream-seconds ({self.stream_seconds}) must be positive")
+        elif stream_length_problem(self.stream_seconds, self.fps):
+            problems.append(f"{stream_length_problem(self.stream_seconds, self.fps)}; raise --stream-seconds or --fps")
         if self.window < 2:
             problems.append(f"--window must be at least 2 frames, not {self.window}")
         elif self.fps > 0 and self.stream_seconds > 0 and self.window > int(self.stream_seconds * self.fps):
@@ -73,6 +81,8 @@ class TrainOptions:
             problems.append(f"--grad-clip must be positive, not {self.grad_clip}")
         if not self.weight_decay >= 0 or self.warmup_steps < 0:
             problems.append("--weight-decay and --warmup-steps must be 0 or more")
+        if not 0 <= self.seed <= MAX_SEED:
+            problems.append(f"--seed must be from 0 to {MAX_SEED}, not {self.seed}")
         if self.threads is not None and self.threads < 1:
             problems.append(f"--threads must be at least 1, not {self.threads}")
         if problems:

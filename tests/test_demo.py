@@ -78,7 +78,8 @@ def test_a_missing_demo_bundle_is_one_line_and_exit_2(tmp_path):
 
 def test_bad_demo_arguments_are_one_line_and_exit_2(tmp_path):
     (tmp_path / "file").write_text("mine")
-    for args, message in ((["--seed", "-1"], "--seed must be >= 0"), (["--out", str(tmp_path / "file")], "is a file")):
+    for args, message in ((["--seed", "-1"], "argument --seed: give a seed from 0 to"),
+                          (["--out", str(tmp_path / "file")], "is a file")):
         done = run_cli("demo", *args)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr
     assert (tmp_path / "file").read_text() == "mine"

@@ -14,6 +14,7 @@ from sdqes_edge.synthetic import (
     LAMP_CENTRE,
     TEMPORAL_EVENTS,
     generate_stream,
+    stream_length_problem,
     write_dataset,
 )
 
@@ -125,3 +126,58 @@ def test_the_synth_command_writes_a_dataset_that_eval_reads(tmp_path):
     again = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "synth", "--out", str(out)], capture_output=True,
                            text=True)
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+@pytest.mark.parametrize("seconds, fps", [(20.0, 0.5), (20.0, 1.0), (25.0, 0.3), (30.0, 0.5), (21.0, 7.3)])
+def test_every_event_starts_on_a_frame_of_its_video_at_every_length_the_generator_takes(seconds, fps):
+    # Lengths at the edge of what stream_length_problem allows; at 10 s the lamp came after the end of the video
+    # in one stream of nine, and its annotation named a start the video never reached.
+    assert stream_length_problem(seconds, fps) is None
+    for seed in range(40):
+        stream = generate_stream(seed, seconds, fps, height=24, width=32, noise=0.0)
+        last_frame_time = (len(stream.frames) - 1) / fps
+        assert all(0.0 < e.start_time <= last_frame_time + 1e-9 for e in stream.events), (seed, stream.events)
+        assert all(e.start_time <= e.end_time <= seconds for e in stream.events)
+
+
+@pytest.mark.parametrize("seconds, fps", [(10.0, 2.0), (19.9, 2.0), (21.0, 0.5), (60.0, 0.1), (20.0, float("nan"))])
+def test_a_stream_too_short_for_every_event_is_refused_before_a_frame_is_drawn(seconds, fps):
+    with pytest.raises(ValueError, match="cannot show every event of the synthetic scenes"):
+        generate_stream(0, seconds, fps)
+
+
+def test_synth_refuses_too_short_streams_in_one_line_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "data"
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "synth", "--out", str(out), "--seconds", "10"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "streams of 10 s at 2 fps cannot show every event" in done.stderr
+    assert "raise --seconds or --fps" in done.stderr
+    assert not out.exists()
+
+
+def test_a_synth_that_fails_half_way_leaves_no_folder_behind_and_a_full_disk_is_one_line(tmp_path, monkeypatch,
+                                                                                       capsys):
+    # A failure after some videos were written (here a full disk at the third) used to leave a half dataset that
+    # the next synth into the same --out refused as "not empty", after a traceback.
+    import sdqes_edge.synthetic as synthetic
+    from sdqes_edge.cli import run
+
+    written = []
+    real_write_video = synthetic.write_video
+
+    def write_video_until_the_disk_fills(path, stream):
+        if len(written) == 2:
+            raise OSError(28, "No space left on device")
+        written.append(path)
+        return real_write_video(path, stream)
+
+    monkeypatch.setattr(synthetic, "write_video", write_video_until_the_disk_fills)
+    out = tmp_path / "data"
+    assert run(["synth", "--out", str(out), "--train", "3", "--val", "0", "--test", "1", "--seconds", "20"]) == 1
+    assert len(written) == 2 and not out.exists() and list(tmp_path.iterdir()) == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: the disk is full (No space left on device); free some space" in err

@@ -68,6 +68,9 @@ def test_splits_draw_from_disjoint_seed_ranges_that_the_demo_avoids():
     (dict(warmup_steps=-5), "--weight-decay and --warmup-steps must be 0 or more"),
     (dict(threads=0), "--threads must be at least 1"),
     (dict(fps=0.0), r"--fps \(0.0\) and --stream-seconds \(\S+\) must be positive$"),
+    (dict(seed=-1), "--seed must be from 0 to 4294967295, not -1"),  # numpy's generator refused it in a traceback
+    # The lamp started after the end of some 10-s videos: their labels held an event the frames never showed.
+    (dict(stream_seconds=10.0, window=4), r"streams of 10 s at 1 fps cannot show every event.*raise --stream-seconds"),
 ])
 def test_bad_training_options_are_refused_before_any_data_is_made(change, message):
     with pytest.raises(UserError, match=message):

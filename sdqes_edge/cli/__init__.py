@@ -18,6 +18,7 @@ torch; each handler imports what its job needs.
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 from typing import Callable, Sequence
@@ -56,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A full disk (or quota) is the machine's state, not a bug: one line, like every refusal, with what to do.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
 def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.ArgumentParser] = build_parser) -> int:
     raise_on_termination()  # SIGTERM/SIGHUP unwind like Ctrl-C: staging folders removed, outputs closed
     try:
@@ -77,6 +82,13 @@ def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argume
     except MemoryError as exc:  # what was asked for does not fit (an export --batch of 100000 streams)
         print(f"{PROG}: error: out of memory{f' ({exc})' if str(exc) else ''}; ask for less: fewer streams "
               "(--batch), fewer frames, or a smaller model", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if exc.errno not in DISK_FULL_ERRNOS:
+            raise  # anything else is a bug of ours, and its traceback is what a report needs
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(f"{PROG}: error: the disk is full{where} ({exc.strerror}); free some space or write to another disk, "
+              "and run again", file=sys.stderr)
         return 1
     except KeyboardInterrupt as interrupt:  # from start-up on: no traceback for a stop, whenever it comes
         print(f"{PROG}: interrupted ({signal.Signals(signal_of(interrupt)).name})", file=sys.stderr)

@@ -11,6 +11,7 @@ import math
 
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
 from sdqes_edge.files import check_output_dir, check_output_file
+from sdqes_edge.train_options import MAX_SEED
 
 PROG = "sdqes-edge"
 
@@ -38,6 +39,17 @@ def at_least(minimum: int):
         return value
 
     return whole_number
+
+
+def seed_number(text: str) -> int:
+    """An argparse type for a random seed, refused in one line outside 0 .. ``MAX_SEED``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"give a seed from 0 to {MAX_SEED}, not {value}")
+    return value
 
 
 def finite_number(text: str) -> float:

@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, seed_number
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.train_options import SPLIT_SEED_BASE, is_training_seed
@@ -16,8 +16,6 @@ from sdqes_edge.train_options import SPLIT_SEED_BASE, is_training_seed
 def cmd_demo(args: argparse.Namespace) -> int:
     from sdqes_edge.demo import DEMO_BUNDLE, run_demo
 
-    if args.seed < 0:
-        raise UserError(f"--seed must be >= 0, not {args.seed}")
     if is_training_seed(args.seed):
         print(f"{PROG}: warning: seed {args.seed} is in a training, validation or test split's range; pick a seed "
               f"below {min(SPLIT_SEED_BASE.values())} to see a stream no model was trained or calibrated on",
@@ -38,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(trained on synthetic streams by `sdqes-edge train`) through the torch-free runtime with the stream's "
         "five queries, print each alert beside the true start of its event, and write the video, an annotated "
         "video, the alert log and a score-curve plot.", examples=("", "--seed 11 --out /tmp/demo11"))
-    demo.add_argument("--seed", type=int, default=DEMO_SEED,
+    demo.add_argument("--seed", type=seed_number, default=DEMO_SEED,
                       help="stream seed (default %(default)s; training uses seeds from 100000 on)")
     demo.add_argument("--out", default="sdqes-demo", help="output folder (default %(default)s)")
     demo.add_argument("--bundle", help="another bundle to run instead of the shipped one")

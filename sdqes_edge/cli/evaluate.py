@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import add_subcommand, at_least, finite_number
+from sdqes_edge.cli.common import add_subcommand, at_least, finite_number, seed_number
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.errors import UserError
 
@@ -216,7 +216,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "alerts (the first in an event's window) at the (calibrated or given) threshold")
     ev.add_argument("--write-threshold", metavar="BUNDLE",
                     help="write the calibrated threshold and/or policy into BUNDLE (the runtime's defaults)")
-    ev.add_argument("--seed", type=int, default=0, help="seed of the random baseline (default %(default)s)")
+    ev.add_argument("--seed", type=seed_number, default=0, help="seed of the random baseline (default %(default)s)")
     ev.add_argument("--plots", type=at_least(0), default=3, metavar="N",
                     help="plot the N best and N worst queries (default %(default)s)")
     ev.add_argument("--out", default="sdqes-eval", help="folder for eval.json, eval.md, plots/ (default %(default)s)")

@@ -12,7 +12,15 @@ import json
 from pathlib import Path
 
 import sdqes_edge
-from sdqes_edge.cli.common import PROG, add_adapter_option, add_subcommand, at_least, finite_number, model_from_args
+from sdqes_edge.cli.common import (
+    PROG,
+    add_adapter_option,
+    add_subcommand,
+    at_least,
+    finite_number,
+    model_from_args,
+    seed_number,
+)
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.contract import DEFAULT_OPSET, FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
@@ -282,7 +290,7 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
     _add_int8_options(export)
     export.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens instead of "
                                                                         "refusing them")
-    export.add_argument("--seed", type=int, default=0, help="with --preset: seed of the random weights, so an "
+    export.add_argument("--seed", type=seed_number, default=0, help="with --preset: seed of the random weights, so an "
                                                             "export can be repeated (default %(default)s)")
     export.add_argument("--quiet", action="store_true", help="no progress output")
     export.set_defaults(func=cmd_export, output_dirs=("out",))

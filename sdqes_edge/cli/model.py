@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 
-from sdqes_edge.cli.common import PROG, add_adapter_option, add_subcommand, at_least, model_from_args
+from sdqes_edge.cli.common import PROG, add_adapter_option, add_subcommand, at_least, model_from_args, seed_number
 from sdqes_edge.config import ADAPTER_KINDS, PRESETS, ModelConfig, preset, with_authors_adapter
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import format_bytes
@@ -175,7 +175,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        help="adapter kinds to check (default: all)")
     check.add_argument("--frames", type=int, default=16, help="frames per stream (default %(default)s)")
     check.add_argument("--batch", type=int, default=2, help="streams in a batch (default %(default)s)")
-    check.add_argument("--seed", type=int, default=0, help="seed of the random adapter weights and frames "
+    check.add_argument("--seed", type=seed_number, default=0, help="seed of the random adapter weights and frames "
                                                            "(default %(default)s)")
     check.add_argument("--soak", type=int, default=0, metavar="N",
                        help="also export each adapter kind and stream N frames through the whole runtime loop "

@@ -5,25 +5,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, finite_number
+from sdqes_edge.cli.common import PROG, add_subcommand, finite_number, seed_number
 from sdqes_edge.config import ADAPTER_KINDS
 from sdqes_edge.errors import UserError
+from sdqes_edge.files import staged_directory
 from sdqes_edge.train_options import TrainOptions
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
     """Write a synthetic EgoSDQES-shaped dataset: videos plus annotations.csv, split by stream."""
-    from sdqes_edge.synthetic import write_dataset
+    from sdqes_edge.synthetic import stream_length_problem, write_dataset
 
     counts = {"train": args.train, "val": args.val, "test": args.test}
     if any(n < 0 for n in counts.values()) or sum(counts.values()) == 0:
         raise UserError("--train/--val/--test must be >= 0 and not all 0")
-    if not (10 <= args.seconds < math.inf and 0 < args.fps < math.inf):  # NaN too
-        raise UserError("--seconds must be >= 10 and --fps positive")
+    problem = stream_length_problem(args.seconds, args.fps)
+    if problem:
+        raise UserError(f"{problem}; raise --seconds or --fps")
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out} is not empty; give a new folder")
@@ -32,7 +33,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
         seeds[split] = list(range(next_seed, next_seed + n))
         next_seed += n
     started = time.perf_counter()
-    csv_path = write_dataset(out, seeds, seconds=args.seconds, fps=args.fps)
+    with staged_directory(out) as staging:  # an error or Ctrl-C half-way leaves no folder to clear away
+        csv_path = out / write_dataset(staging, seeds, seconds=args.seconds, fps=args.fps).relative_to(staging)
     total = sum(counts.values())
     print(f"wrote {total} streams of {args.seconds:g} s at {args.fps:g} fps ({args.train} train, {args.val} val, "
           f"{args.test} test) and {csv_path} in {time.perf_counter() - started:.1f} s")
@@ -91,7 +93,8 @@ def _add_train_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = 
         elif f.name == "adapter":
             parser.add_argument(flag, choices=ADAPTER_KINDS, default=f.default, help=TRAIN_HELP[f.name])
         else:
-            kind = int if f.type in ("int", "int | None") else finite_number if f.type.startswith("float") else str
+            kind = (seed_number if f.name == "seed" else int if f.type in ("int", "int | None")
+                    else finite_number if f.type.startswith("float") else str)
             parser.add_argument(flag, type=kind, default=f.default, help=TRAIN_HELP[f.name])
 
 
@@ -135,7 +138,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--seconds", type=finite_number, default=60.0,
                        help="length of each stream (default %(default)s)")
     synth.add_argument("--fps", type=finite_number, default=2.0, help="frames per second drawn (default %(default)s)")
-    synth.add_argument("--seed", type=int, default=0, help="first stream's seed; streams use consecutive seeds "
+    synth.add_argument("--seed", type=seed_number, default=0, help="first stream's seed; streams use consecutive seeds "
                                                            "(default %(default)s)")
     synth.set_defaults(func=cmd_synth, output_dirs=("out",))
 
@@ -160,7 +163,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         examples=("--kinds qrnn st --seeds 0 1",))
     acc.add_argument("--kinds", nargs="*", choices=ADAPTER_KINDS, default=list(ADAPTER_KINDS),
                      help="adapter kinds to train (default: all)")
-    acc.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="training seeds (default 0 1 2)")
+    acc.add_argument("--seeds", nargs="+", type=seed_number, default=[0, 1, 2], help="training seeds (default 0 1 2)")
     acc.add_argument("--formats", nargs="*", choices=ADAPTER_KINDS, default=["qrnn"],
                      help="kinds whose first-seed models are scored per deployment format, e.g. --formats qrnn st "
                           "retnet (default qrnn)")
