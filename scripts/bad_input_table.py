@@ -59,7 +59,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
 
 
 def other_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
-    """Bad input to export, eval, build-engine, bench and inspect."""
+    """Bad input to export, eval, synth, train, build-engine, bench and inspect."""
     return [
         ("export: checkpoint missing", ["export", "--checkpoint", str(t / "none.pt"), "--out", str(t / "x")]),
         ("export: checkpoint that is not a checkpoint", ["export", "--checkpoint", str(t / "garbage.mp4"),
@@ -82,6 +82,11 @@ def other_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("eval: an annotation row whose start time is not a number",
          ["eval", "--annotations", str(t / "badrow.csv"), "--baseline", "oracle", "--split", "train"]),
         ("eval: annotations missing", ["eval", "--annotations", str(t / "none.csv"), "--baseline", "oracle"]),
+        ("eval: a negative --seed", ["eval", "--annotations", str(t / "a.csv"), "--baseline", "random", "--seed",
+                                     "-1"]),
+        ("synth: streams too short for every event to start in them", ["synth", "--out", str(t / "s"), "--seconds",
+                                                                        "10"]),
+        ("train: a negative --seed", ["train", "--seed", "-1", "--out", str(t / "x")]),
         ("build-engine: a bundle whose graph scores the queries (--fuse-queries)",
          ["build-engine", str(t / "fused"), "--precision", "fp16"]),
         ("build-engine: a negative --verify-frames", ["build-engine", str(b), "--verify-frames", "-1"]),

@@ -181,3 +181,11 @@ def test_a_synth_that_fails_half_way_leaves_no_folder_behind_and_a_full_disk_is_
     assert len(written) == 2 and not out.exists() and list(tmp_path.iterdir()) == []
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error: the disk is full (No space left on device); free some space" in err
+
+
+def test_synth_points_eval_at_a_split_it_wrote(tmp_path, capsys):
+    from sdqes_edge.cli import run
+
+    assert run(["synth", "--out", str(tmp_path / "d"), "--train", "1", "--val", "0", "--test", "0",
+                "--seconds", "20"]) == 0
+    assert "--split train --fps 2" in capsys.readouterr().out  # it said --split test, which had no stream

@@ -8,10 +8,11 @@ import dataclasses
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, finite_number, seed_number
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, seed_number
 from sdqes_edge.config import ADAPTER_KINDS
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import staged_directory
+from sdqes_edge.synthetic import MIN_STREAM_SECONDS
 from sdqes_edge.train_options import TrainOptions
 
 
@@ -20,8 +21,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from sdqes_edge.synthetic import stream_length_problem, write_dataset
 
     counts = {"train": args.train, "val": args.val, "test": args.test}
-    if any(n < 0 for n in counts.values()) or sum(counts.values()) == 0:
-        raise UserError("--train/--val/--test must be >= 0 and not all 0")
+    if sum(counts.values()) == 0:
+        raise UserError("--train, --val and --test are all 0: give at least one stream to write")
     problem = stream_length_problem(args.seconds, args.fps)
     if problem:
         raise UserError(f"{problem}; raise --seconds or --fps")
@@ -38,7 +39,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     total = sum(counts.values())
     print(f"wrote {total} streams of {args.seconds:g} s at {args.fps:g} fps ({args.train} train, {args.val} val, "
           f"{args.test} test) and {csv_path} in {time.perf_counter() - started:.1f} s")
-    print(f"\nnext: {PROG} eval --annotations {csv_path} --split test --fps {args.fps:g} --baseline oracle random")
+    split = next(name for name in ("test", "val", "train") if counts[name])  # the split eval should score
+    print(f"\nnext: {PROG} eval --annotations {csv_path} --split {split} --fps {args.fps:g} --baseline oracle random")
     return 0
 
 
@@ -49,7 +51,7 @@ TRAIN_HELP = {
     "train_streams": "60-s training streams (default %(default)s)",
     "val_streams": "validation streams, used only to calibrate the threshold (default %(default)s)",
     "test_streams": "held-out test streams, scored once at the end (default %(default)s)",
-    "stream_seconds": "length of each stream (default %(default)s)",
+    "stream_seconds": f"length of each stream, at least {MIN_STREAM_SECONDS:g} s (default %(default)s)",
     "fps": "frames per second sampled (default %(default)s, as the benchmark)",
     "window": "frames per training window (default %(default)s)",
     "batch": "windows per step (default %(default)s)",
@@ -132,11 +134,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "and annotations.csv in the EgoSDQES columns, each stream in one split.",
         examples=("--out data/synthetic", "--out data/corpus --train 0 --val 0 --test 40"))
     synth.add_argument("--out", required=True, help="new folder for videos/ and annotations.csv")
-    synth.add_argument("--train", type=int, default=20, help="training streams (default %(default)s)")
-    synth.add_argument("--val", type=int, default=5, help="validation streams (default %(default)s)")
-    synth.add_argument("--test", type=int, default=5, help="test streams (default %(default)s)")
+    synth.add_argument("--train", type=at_least(0), default=20, help="training streams (default %(default)s)")
+    synth.add_argument("--val", type=at_least(0), default=5, help="validation streams (default %(default)s)")
+    synth.add_argument("--test", type=at_least(0), default=5, help="test streams (default %(default)s)")
     synth.add_argument("--seconds", type=finite_number, default=60.0,
-                       help="length of each stream (default %(default)s)")
+                       help=f"length of each stream, at least {MIN_STREAM_SECONDS:g} s (default %(default)s)")
     synth.add_argument("--fps", type=finite_number, default=2.0, help="frames per second drawn (default %(default)s)")
     synth.add_argument("--seed", type=seed_number, default=0, help="first stream's seed; streams use consecutive seeds "
                                                            "(default %(default)s)")
