@@ -119,6 +119,24 @@ def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_buil
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--threshold", "0.5x", "--threshold needs a finite number, not '0.5x'"),  # std::stod read it as 0.5
+    ("--threshold", "nan", "--threshold needs a finite number, not 'nan'"),
+    ("--cooldown", "nan", "--cooldown needs a finite number, not 'nan'"),
+    ("--max-frames", "0", "--max-frames needs a whole number of at least 1, not '0'"),  # streamed to the end
+    ("--max-frames", "-3", "--max-frames needs a whole number of at least 1, not '-3'"),
+    ("--max-alerts", "2.5", "--max-alerts needs a whole number of at least 1, not '2.5'"),  # taken as 2
+    ("--source", "99999999999999999999", "--source needs a whole number of at least 0"),  # std::stoi's "stoi"
+])
+def test_sdqes_run_refuses_a_bad_option_value_in_one_line_before_it_looks_for_an_engine(option, value, message,
+                                                                                        native_build):
+    args = {"--source": "clip.mp4", option: value}
+    done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), *sum(args.items(), ())],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 @pytest.mark.parametrize("path", REQUIRED_PATHS, ids=["/".join(map(str, p)) for p in REQUIRED_PATHS])
 def test_sdqes_run_refuses_a_manifest_without_a_key_the_schema_requires(path, native_build, tmp_path):
     """The native runtime does not read the JSON Schema; it is held to it here, key by key."""

@@ -138,7 +138,7 @@ void AlertPolicy::validate() const {
   if (exit_threshold && !(*exit_threshold >= 0.0 && *exit_threshold <= threshold)) {
     throw Error("exit threshold must lie in [0, threshold]");
   }
-  if (cooldown_s < 0.0) throw Error("cooldown must not be negative");
+  if (!(cooldown_s >= 0.0)) throw Error("cooldown must be a number of seconds, 0 or more");  // NaN too, as in Python
   if (max_alerts && *max_alerts < 1) throw Error("max alerts must be at least 1 (or unset for no limit)");
 }
 

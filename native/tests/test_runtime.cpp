@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <limits>
 
 #include <unistd.h>
 
@@ -92,6 +93,15 @@ TEST(Alerts, ABadPolicyIsRefused) {
   sdqes::AlertPolicy policy;
   policy.threshold = 1.5;
   EXPECT_THROW(sdqes::AlertState{policy}, sdqes::Error);
+}
+
+TEST(Alerts, ANaNCooldownIsRefusedAsPythonRefusesIt) {
+  // `cooldown_s < 0` let a NaN through, and a NaN cooldown meant none at all.
+  sdqes::AlertPolicy policy;
+  policy.cooldown_s = std::nan("");
+  EXPECT_THROW(sdqes::AlertState{policy}, sdqes::Error);
+  policy.cooldown_s = std::numeric_limits<double>::infinity();  // one alert per query, as in Python
+  EXPECT_NO_THROW(sdqes::AlertState{policy});
 }
 
 TEST(Bundle, ParsesTheManifestAsThePythonLoaderDoes) {

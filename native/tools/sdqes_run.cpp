@@ -3,11 +3,13 @@
 //             [--cooldown S] [--max-alerts K] [--events FILE] [--max-frames N]
 // Queries come pre-encoded in the bundle (sdqes-edge export --query ...). A user's mistake is one line on
 // stderr and exit code 2.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -50,14 +52,39 @@ std::map<std::string, std::string> parse(int argc, char** argv, std::string& bun
   return options;
 }
 
-double number(const std::map<std::string, std::string>& o, const std::string& key, double fallback) {
+// A number given on the command line, read whole: std::stod alone takes "0.5x" as 0.5 and "nan" as NaN, and a
+// NaN passes every range check after it.
+double real_number(const std::map<std::string, std::string>& o, const std::string& key, double fallback) {
   auto it = o.find(key);
   if (it == o.end()) return fallback;
+  size_t used = 0;
+  double value = 0.0;
   try {
-    return std::stod(it->second);
+    value = std::stod(it->second, &used);
   } catch (const std::exception&) {
-    throw sdqes::Error(key + " needs a number, not '" + it->second + "'");
+    used = 0;
   }
+  if (used == 0 || used != it->second.size() || !std::isfinite(value)) {
+    throw sdqes::Error(key + " needs a finite number, not '" + it->second + "'");
+  }
+  return value;
+}
+
+// A whole number of at least `minimum`: "0", "-3" and "2.5" were taken, and a max-frames of 0 or less streamed
+// to the end without a word.
+int64_t whole_number(const std::string& key, const std::string& text, int64_t minimum) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || value < minimum) {
+    throw sdqes::Error(key + " needs a whole number of at least " + std::to_string(minimum) + ", not '" + text +
+                       "'");
+  }
+  return value;
 }
 
 int run(int argc, char** argv) {
@@ -66,11 +93,21 @@ int run(int argc, char** argv) {
   const sdqes::Bundle bundle = sdqes::load_bundle(bundle_path);
   const sdqes::QueryTable queries = sdqes::load_queries(bundle);
   sdqes::AlertPolicy policy;
-  policy.threshold = number(o, "--threshold", bundle.default_threshold);
-  if (o.count("--exit-threshold")) policy.exit_threshold = number(o, "--exit-threshold", 0);
-  policy.cooldown_s = number(o, "--cooldown", 0.0);
-  if (o.count("--max-alerts")) policy.max_alerts = static_cast<int>(number(o, "--max-alerts", 1));
+  policy.threshold = real_number(o, "--threshold", bundle.default_threshold);
+  if (o.count("--exit-threshold")) policy.exit_threshold = real_number(o, "--exit-threshold", 0);
+  policy.cooldown_s = real_number(o, "--cooldown", 0.0);
+  if (o.count("--max-alerts")) {
+    policy.max_alerts = static_cast<int>(std::min<int64_t>(whole_number("--max-alerts", o.at("--max-alerts"), 1),
+                                                           std::numeric_limits<int>::max()));
+  }
   policy.validate();
+  // -1: to the end of the source
+  const int64_t max_frames = o.count("--max-frames") ? whole_number("--max-frames", o.at("--max-frames"), 1) : -1;
+  const std::string source = o.at("--source");
+  const bool camera = !source.empty() && source.find_first_not_of("0123456789") == std::string::npos;
+  const int camera_index = camera ? static_cast<int>(std::min<int64_t>(whole_number("--source", source, 0),
+                                                                       std::numeric_limits<int>::max()))
+                                  : -1;
   const std::string precision = o.at("--precision");
 #ifndef SDQES_WITH_TENSORRT
   (void)sdqes::find_engine(bundle, precision);  // a bundle without any engine says how to build one first
@@ -79,10 +116,8 @@ int run(int argc, char** argv) {
 #else
   // The engine built for this GPU and this TensorRT, by its sidecar: a bundle may carry engines for several.
   const auto engine = sdqes::find_engine(bundle, precision, sdqes::current_engine_target());
-  const std::string source = o.at("--source");
   cv::VideoCapture capture;
-  const bool camera = !source.empty() && source.find_first_not_of("0123456789") == std::string::npos;
-  camera ? capture.open(std::stoi(source)) : capture.open(source);
+  camera ? capture.open(camera_index) : capture.open(source);
   if (!capture.isOpened()) throw sdqes::Error("OpenCV cannot open " + source + "; check the file plays or the camera");
   sdqes::TensorRTStep step(engine, bundle);
   step.warm_up();  // before the first frame: its latency is a steady one
@@ -90,7 +125,6 @@ int run(int argc, char** argv) {
   std::unique_ptr<sdqes::JsonlSink> sink;
   if (o.count("--events")) sink = std::make_unique<sdqes::JsonlSink>(o.at("--events"));
   const double period = 1.0 / bundle.fps;
-  const auto max_frames = static_cast<int64_t>(number(o, "--max-frames", -1));
   double next_time = 0.0;
   int64_t index = 0;
   const auto start = std::chrono::steady_clock::now();
