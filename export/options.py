@@ -14,6 +14,7 @@ from typing import Callable
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.contract import DEFAULT_OPSET, INT8, PRECISIONS, REFERENCE_PRECISION, SUPPORTED_OPSETS
 from sdqes_edge.errors import UserError
+from sdqes_edge.files import path_problem
 from sdqes_edge.tokenizer import default_tokenizer
 from sdqes_edge.tolerances import DRIFT_FRAMES, VERIFY_FRAMES
 
@@ -87,8 +88,9 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
     problems += _int8_problems(options)
     if options.drift_frames < MIN_VERIFY_FRAMES:
         problems.append(f"--drift-frames must be >= {MIN_VERIFY_FRAMES}, not {options.drift_frames}")
-    if options.calibration_video is not None and not Path(options.calibration_video).is_file():
-        problems.append(f"calibration video {options.calibration_video} does not exist")
+    video_problem = options.calibration_video and path_problem(options.calibration_video, "file")
+    if video_problem:
+        problems.append(f"--calibration-video {options.calibration_video} {video_problem}; give a video file")
     if problems:
         raise UserError("; ".join(problems))
     # The queries as the runtime will take them (one function: empty or too long is refused the same way).

@@ -26,7 +26,7 @@ from sdqes_edge.contract import (
     state_names_in,
 )
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import file_sha256, write_text_atomically
+from sdqes_edge.files import file_sha256, path_problem, write_text_atomically
 from sdqes_edge.state import StateSpec
 
 
@@ -131,8 +131,11 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     """Open a bundle directory, refusing one whose manifest or files are not what the exporter wrote."""
     root = Path(path)
     manifest_path = root / MANIFEST_NAME
-    if not root.is_dir():
-        raise BundleError(f"bundle {root} does not exist; make one with `sdqes-edge export --out {root}`")
+    problem = path_problem(root, "folder")
+    if problem:  # a bundle is a folder
+        fix = (f"make one with `sdqes-edge export --out {root}`" if problem == "does not exist" else
+               f"give the folder `sdqes-edge export --out` wrote, the one holding {MANIFEST_NAME}")
+        raise BundleError(f"bundle {root} {problem}; {fix}")
     if not manifest_path.is_file():
         raise BundleError(f"{root} has no {MANIFEST_NAME}, so it is not a finished bundle; {_reexport_hint(root)}")
     try:

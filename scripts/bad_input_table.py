@@ -30,6 +30,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
     run = ["run", str(b), "--source", str(t / "clip.avi"), "--query", Q]
     return [
         ("bundle folder does not exist", ["run", str(t / "nope"), "--source", "x.mp4", "--query", Q]),
+        ("a file given as the bundle", ["run", str(t / "garbage.mp4"), "--source", "x.mp4", "--query", Q]),
         ("manifest is not JSON", ["run", str(t / "garbled"), "--source", "x.mp4", "--query", Q]),
         ("a graph changed after export", ["run", str(t / "changed"), "--source", "x.mp4", "--query", Q]),
         ("manifest names a file outside the bundle", ["run", str(t / "escaping"), "--source", "x.mp4", "--query", Q]),
@@ -82,6 +83,7 @@ def other_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("eval: an annotation row whose start time is not a number",
          ["eval", "--annotations", str(t / "badrow.csv"), "--baseline", "oracle", "--split", "train"]),
         ("eval: annotations missing", ["eval", "--annotations", str(t / "none.csv"), "--baseline", "oracle"]),
+        ("eval: a folder given as the annotations", ["eval", "--annotations", str(t), "--baseline", "oracle"]),
         ("eval: a negative --seed", ["eval", "--annotations", str(t / "a.csv"), "--baseline", "random", "--seed",
                                      "-1"]),
         ("synth: streams too short for every event to start in them", ["synth", "--out", str(t / "s"), "--seconds",

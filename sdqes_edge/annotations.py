@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import UserError
+from .files import path_problem
 from .metrics import ScoreTrace, frame_at_or_after
 
 REQUIRED_COLUMNS = ("split", "source", "video_uid", "query", "response", "label", "video_start_time",
@@ -42,14 +43,15 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
     """The annotations of ``path`` (of one split and source, where given), every row checked: a row a user's own
     corpus got wrong is refused naming its line, the column and the value."""
     try:
+        problem = path_problem(path, "file")
+        if problem:
+            raise UserError(f"annotation file {path} {problem}; pass the EgoSDQES CSV (egosdqes_all.csv)")
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
                 raise UserError(f"{path} is not an EgoSDQES annotation file: missing column(s) {', '.join(missing)}")
             rows = [(reader.line_num, r) for r in reader]  # the line a row ends on, for the messages
-    except FileNotFoundError:
-        raise UserError(f"annotation file not found: {path}; pass the EgoSDQES CSV (egosdqes_all.csv)") from None
     except (UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path} is not a UTF-8 CSV file ({exc}); pass the EgoSDQES CSV (egosdqes_all.csv)") from None
     out = []

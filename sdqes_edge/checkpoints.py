@@ -28,7 +28,7 @@ import torch
 
 from .config import AdapterConfig, ModelConfig, TextConfig, VisionConfig, validate
 from .errors import UserError
-from .files import file_sha256
+from .files import file_sha256, path_problem
 from .model.sdqes_model import SDQESModel
 from .train_options import CHECKPOINT_RECORD_KEY
 
@@ -347,8 +347,9 @@ def resolve_head_counts(checkpoint: str, vision_heads: int | None = None, text_h
         if value is not None and value < 1:
             raise UserError(f"{flag} {value}: a head count is a positive integer")
     config_path = Path(model_config) if model_config else model_config_beside(checkpoint)
-    if model_config and not config_path.is_file():
-        raise UserError(f"--model-config {model_config} does not exist; give open_clip's JSON for this model")
+    problem = path_problem(config_path, "file") if model_config else None
+    if problem:
+        raise UserError(f"--model-config {model_config} {problem}; give open_clip's JSON for this model")
     from_config = read_head_counts(config_path) if config_path else (None, None)
     words = []
     counts = []

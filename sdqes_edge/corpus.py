@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 from sdqes_edge.annotations import Annotation, by_video
 from sdqes_edge.errors import UserError, first_line
-from sdqes_edge.files import write_text_atomically
+from sdqes_edge.files import path_problem, write_text_atomically
 from sdqes_edge.traces import TRACE_SUFFIX, StreamScores, load_scores, save_scores
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm")
@@ -58,8 +58,9 @@ def cpu_count() -> int:
 
 def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask]:
     """One task per video of the annotations, its file found by video_uid, then clip_uid, as the file's stem."""
-    if not videos.is_dir():
-        raise UserError(f"video folder {videos} does not exist; give the folder that holds the annotated videos")
+    problem = path_problem(videos, "folder")
+    if problem:
+        raise UserError(f"video folder {videos} {problem}; give the folder that holds the annotated videos")
     files: dict[str, Path] = {}
     for path in sorted(videos.rglob("*")):
         if path.suffix.lower() in VIDEO_SUFFIXES and path.is_file():

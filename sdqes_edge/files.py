@@ -119,6 +119,19 @@ def staged_directory(target: Path) -> Iterator[Path]:
         raise
 
 
+def path_problem(path: str | os.PathLike, want: str) -> str | None:
+    """Why ``path`` is not an existing ``want`` ("file" or "folder"), in words that finish a sentence naming it
+    ("does not exist", "is a folder, not a file"), or None when it is one. A folder given for a file is told as
+    such: "does not exist" about a path the user can see is wrong."""
+    path = Path(path)
+    if (path.is_file() if want == "file" else path.is_dir()):
+        return None
+    if not path.exists():
+        return "does not exist"
+    kind = "folder" if path.is_dir() else "file" if path.is_file() else "special file (a pipe or a device)"
+    return f"is a {kind}, not a {want}"
+
+
 def _nearest_existing(path: Path) -> Path:
     path = path.absolute()
     while not path.exists() and path != path.parent:

@@ -173,6 +173,13 @@ def test_a_video_folder_that_does_not_exist_is_one_line(corpus, tmp_path):
     assert "does not exist" in done.stderr
 
 
+def test_a_file_given_as_the_video_folder_is_named_a_file(corpus, tmp_path):
+    # It was reported as a folder that "does not exist", which the user can see it does.
+    done = score(corpus, tmp_path / "out", videos=corpus / "annotations.csv")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "annotations.csv is a file, not a folder; give the folder that holds the annotated videos" in done.stderr
+
+
 
 class EndlessMJPEG(BaseHTTPRequestHandler):
     """A live stream that never ends: the same JPEG frame, 20 a second, as multipart/x-mixed-replace."""

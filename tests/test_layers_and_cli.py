@@ -170,3 +170,23 @@ def test_every_output_folder_is_checked_before_any_work(argv, tmp_path, capsys):
     assert f"--out {a_file} is a file; give a folder" in err and len(err.strip().splitlines()) == 1
     assert run([*argv, "--out", "/proc/sdqes-out"]) == 2
     assert "refuses new files" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["eval", "--annotations", "{folder}", "--baseline", "oracle"],
+     "annotation file {folder} is a folder, not a file; pass the EgoSDQES CSV"),  # was IsADirectoryError's traceback
+    (["export", "--preset", "tiny", "--queries-file", "{folder}", "--out", "{folder}/b"],
+     "queries file {folder} is a folder, not a file"),  # was "does not exist"
+    (["export", "--preset", "tiny", "--precision", "int8", "--calibration-video", "{folder}", "--out", "{folder}/b"],
+     "--calibration-video {folder} is a folder, not a file"),
+    (["run", "{file}", "--source", "0", "--query", "cooking"],
+     "bundle {file} is a file, not a folder; give the folder `sdqes-edge export --out` wrote"),
+])
+def test_a_file_given_for_a_folder_or_a_folder_for_a_file_is_named_for_what_it_is(argv, says, tmp_path, capsys):
+    folder, file = tmp_path / "folder", tmp_path / "file.csv"
+    folder.mkdir()
+    file.write_text("split,query\n")
+    fill = {"folder": folder, "file": file}
+    assert run([a.format(**fill) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says.format(**fill) in err, err

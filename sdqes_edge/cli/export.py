@@ -38,15 +38,16 @@ from sdqes_edge.export.precision import (
     MAX_AUTO_FLOAT_BLOCKS,
 )
 from sdqes_edge.export.tensorrt_engine import DEFAULT_WORKSPACE_MIB
-from sdqes_edge.files import format_bytes
+from sdqes_edge.files import format_bytes, path_problem
 from sdqes_edge.tolerances import DRIFT_FRAMES, ENGINE_VERIFY_FRAMES, VERIFY_FRAMES
 
 
 def read_queries_file(path: str) -> list[tuple[str, str]]:
     """Queries with their alert messages from .txt (one query a line), .json or .csv (query[,response])."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"queries file {p} does not exist")
+    problem = path_problem(p, "file")
+    if problem:
+        raise UserError(f"queries file {p} {problem}; give a .txt, .json or .csv file of queries")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
