@@ -137,6 +137,13 @@ def test_sdqes_run_refuses_a_bad_option_value_in_one_line_before_it_looks_for_an
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_sdqes_run_names_a_file_given_as_the_bundle_a_file(native_build):
+    done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle" / "manifest.json"), "--source",
+                           "clip.mp4"], capture_output=True, text=True)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "manifest.json is a file, not a folder; give the folder `sdqes-edge export --out` wrote" in done.stderr
+
+
 @pytest.mark.parametrize("path", REQUIRED_PATHS, ids=["/".join(map(str, p)) for p in REQUIRED_PATHS])
 def test_sdqes_run_refuses_a_manifest_without_a_key_the_schema_requires(path, native_build, tmp_path):
     """The native runtime does not read the JSON Schema; it is held to it here, key by key."""

@@ -112,9 +112,14 @@ fs::path Bundle::step_graph(const std::string& precision) const {
 
 Bundle load_bundle(const fs::path& root, bool verify_hashes) {
   const fs::path manifest_path = root / "manifest.json";
-  if (!fs::is_directory(root)) {
-    throw Error("bundle " + root.string() + " does not exist; make one with `sdqes-edge export --out " +
-                root.string() + "`");
+  if (!fs::is_directory(root)) {  // worded as the Python loader words it (runtime/bundle.py)
+    if (!fs::exists(root)) {
+      throw Error("bundle " + root.string() + " does not exist; make one with `sdqes-edge export --out " +
+                  root.string() + "`");
+    }
+    const std::string kind = fs::is_regular_file(root) ? "file" : "special file (a pipe or a device)";
+    throw Error("bundle " + root.string() + " is a " + kind +
+                ", not a folder; give the folder `sdqes-edge export --out` wrote, the one holding manifest.json");
   }
   if (!fs::is_regular_file(manifest_path)) {
     throw Error(root.string() + " has no manifest.json, so it is not a finished bundle; " + reexport_hint(root));
