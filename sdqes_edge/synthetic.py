@@ -89,7 +89,7 @@ class Stream:
 # Every event must start on a frame of its video, or its annotation names a start the video never reaches. By
 # ``_timeline``, every event starts before 0.9 of the stream (the square; the lamp too, once a stream is 20 s
 # long: the door opens by 0.6 of it and the lamp comes max(6 s, 0.1-0.3 of it) later; at 10 s the lamp came
-# after the end in one stream of nine), and is shown by the first frame at or after its start.
+# after the end in 114 streams of 200 at 2 fps), and is shown by the first frame at or after its start.
 LATEST_EVENT_FRACTION = 0.9
 MIN_STREAM_SECONDS = 20.0
 

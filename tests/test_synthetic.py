@@ -131,7 +131,7 @@ def test_the_synth_command_writes_a_dataset_that_eval_reads(tmp_path):
 @pytest.mark.parametrize("seconds, fps", [(20.0, 0.5), (20.0, 1.0), (25.0, 0.3), (30.0, 0.5), (21.0, 7.3)])
 def test_every_event_starts_on_a_frame_of_its_video_at_every_length_the_generator_takes(seconds, fps):
     # Lengths at the edge of what stream_length_problem allows; at 10 s the lamp came after the end of the video
-    # in one stream of nine, and its annotation named a start the video never reached.
+    # in 114 streams of 200 (at 2 fps), and its annotation named a start the video never reached.
     assert stream_length_problem(seconds, fps) is None
     for seed in range(40):
         stream = generate_stream(seed, seconds, fps, height=24, width=32, noise=0.0)
