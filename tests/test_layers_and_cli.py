@@ -190,3 +190,29 @@ def test_a_file_given_for_a_folder_or_a_folder_for_a_file_is_named_for_what_it_i
     assert run([a.format(**fill) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says.format(**fill) in err, err
+
+
+@pytest.mark.parametrize("argv, option, kept", [
+    (["accuracy", "--seeds", "1", "0", "1", "0"], "seeds", [1, 0]),  # trained the same model twice for one result
+    (["accuracy", "--kinds", "qrnn", "st", "qrnn"], "kinds", ["qrnn", "st"]),
+    (["check", "--adapters", "qrnn", "qrnn"], "adapters", ["qrnn"]),
+    (["export", "--preset", "tiny", "--precision", "fp16", "fp16", "--out", "b"], "precision", ["fp16"]),
+    (["eval", "--annotations", "a.csv", "--baseline", "oracle", "oracle"], "baseline", ["oracle"]),
+])
+def test_a_value_listed_twice_is_used_once_with_a_warning(argv, option, kept, capsys):
+    from sdqes_edge.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert getattr(args, option) == kept
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"warning: --{option} lists " in err and "more than once; each is used once" in err
+
+
+def test_a_query_given_twice_is_watched_once_with_a_warning(capsys):
+    from sdqes_edge.cli.common import unique_queries
+
+    # CLIP's tokenizer ignores case and spacing: these were two identical queries, and every event alerted twice.
+    kept = unique_queries([("Cooking", "first"), ("washing hands", None), ("  cooking ", "second")])
+    assert kept == [("Cooking", "first"), ("washing hands", None)]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warning: the query '  cooking ' is given more than once" in err

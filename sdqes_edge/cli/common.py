@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
 from sdqes_edge.files import check_output_dir, check_output_file
@@ -23,6 +24,34 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class UniqueValues(argparse.Action):
+    """For a list option: a value given twice is kept once, with a one-line warning (``--seeds 0 0`` trained the
+    same model twice for one result). Order is kept."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        unique = list(dict.fromkeys(values))
+        if len(unique) < len(values):
+            repeated = [str(v) for v in unique if values.count(v) > 1]
+            print(f"{PROG}: warning: {option_string} lists {', '.join(repeated)} more than once; each is used once",
+                  file=sys.stderr)
+        setattr(namespace, self.dest, unique)
+
+
+def unique_queries(queries: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
+    """(query, message) pairs without a query given twice (with a one-line warning): CLIP's tokenizer ignores case
+    and spacing, so "Cooking " and "cooking" are one query, and watching it twice alerted twice on every event.
+    The first keeps its message."""
+    kept: dict[str, tuple[str, str | None]] = {}
+    for text, message in queries:
+        key = " ".join(text.lower().split())
+        if key in kept:
+            print(f"{PROG}: warning: the query {text!r} is given more than once (case and spacing aside); it is "
+                  "watched once", file=sys.stderr)
+        else:
+            kept[key] = (text, message)
+    return list(kept.values())
 
 
 def at_least(minimum: int):

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import add_subcommand, at_least, finite_number, seed_number
+from sdqes_edge.cli.common import UniqueValues, add_subcommand, at_least, finite_number, seed_number
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.errors import UserError
 
@@ -202,7 +202,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--split", default="val", help="annotation split to score (default %(default)s; '' for all)")
     ev.add_argument("--source", choices=["moments", "nlq"], help="only annotations from this source")
     ev.add_argument("--scores", help="folder of *.npz score traces written by the runtime")
-    ev.add_argument("--baseline", nargs="+", choices=["oracle", "random"],
+    ev.add_argument("--baseline", nargs="+", action=UniqueValues, choices=["oracle", "random"],
                     help="baselines that need no video: oracle (must give 100 / 0) and seeded random scores")
     ev.add_argument("--fps", type=finite_number, default=DEFAULT_FPS, help="sampling rate of the baselines (default "
                                                                    "%(default)s)")

@@ -14,12 +14,14 @@ from pathlib import Path
 import sdqes_edge
 from sdqes_edge.cli.common import (
     PROG,
+    UniqueValues,
     add_adapter_option,
     add_subcommand,
     at_least,
     finite_number,
     model_from_args,
     seed_number,
+    unique_queries,
 )
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.contract import DEFAULT_OPSET, FP16, PRECISIONS, REFERENCE_PRECISION
@@ -96,6 +98,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     queries = [(q, q) for q in args.query or []]
     if args.queries_file:
         queries += read_queries_file(args.queries_file)
+    queries = unique_queries(queries)
     if args.checkpoint and args.adapter:
         print("warning: --adapter is ignored with --checkpoint (the checkpoint determines its adapters)")
         args.adapter = None
@@ -272,7 +275,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--opset", type=int, default=DEFAULT_OPSET,
                         help="ONNX opset: 17 keeps LayerNormalization one node, 16 for TensorRT < 8.6 (default "
                              "%(default)s)")
-    export.add_argument("--precision", nargs="+", default=[REFERENCE_PRECISION], choices=PRECISIONS,
+    export.add_argument("--precision", nargs="+", action=UniqueValues, default=[REFERENCE_PRECISION],
+                        choices=PRECISIONS,
                         help=f"graphs to write; {REFERENCE_PRECISION} is always written and is the reference "
                              "(default %(default)s)")
     export.add_argument("--query", action="append", metavar="TEXT", help="a query to pre-encode (repeatable)")

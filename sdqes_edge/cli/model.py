@@ -6,7 +6,15 @@ import argparse
 import json
 import time
 
-from sdqes_edge.cli.common import PROG, add_adapter_option, add_subcommand, at_least, model_from_args, seed_number
+from sdqes_edge.cli.common import (
+    PROG,
+    UniqueValues,
+    add_adapter_option,
+    add_subcommand,
+    at_least,
+    model_from_args,
+    seed_number,
+)
 from sdqes_edge.config import ADAPTER_KINDS, PRESETS, ModelConfig, preset, with_authors_adapter
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import format_bytes
@@ -171,7 +179,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                            "the same frames, for each adapter kind with 1 and 2 adapters per block; print the "
                            "largest difference.", examples=("", "--adapters qrnn st --frames 64 --soak 100000"))
     check.add_argument("--preset", default="tiny", help="base preset without adapter (default %(default)s)")
-    check.add_argument("--adapters", nargs="+", choices=ADAPTER_KINDS, default=list(ADAPTER_KINDS),
+    check.add_argument("--adapters", nargs="+", action=UniqueValues, choices=ADAPTER_KINDS, default=list(ADAPTER_KINDS),
                        help="adapter kinds to check (default: all)")
     check.add_argument("--frames", type=int, default=16, help="frames per stream (default %(default)s)")
     check.add_argument("--batch", type=int, default=2, help="streams in a batch (default %(default)s)")

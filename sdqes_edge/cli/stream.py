@@ -8,7 +8,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, unique_queries
 from sdqes_edge.contract import INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import check_output_dir, check_output_file
@@ -111,8 +111,9 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
     """The --query texts with their --message (by position), else the bundle's pre-encoded queries."""
     queries, messages = args.query or [], args.message or []
     policy = dict(exit_threshold=args.exit_threshold, cooldown_s=args.cooldown, max_alerts=args.max_alerts)
-    for i, text in enumerate(queries):
-        detector.add_query(text, messages[i] if i < len(messages) else None, args.threshold, **policy)
+    paired = [(text, messages[i] if i < len(messages) else None) for i, text in enumerate(queries)]
+    for text, message in unique_queries(paired):
+        detector.add_query(text, message, args.threshold, **policy)
     if not queries and not detector.add_bundle_queries(args.threshold, **policy):
         raise UserError("no queries: give --query TEXT (or export the bundle with --query)")
 

@@ -8,7 +8,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, seed_number
+from sdqes_edge.cli.common import PROG, UniqueValues, add_subcommand, at_least, finite_number, seed_number
 from sdqes_edge.config import ADAPTER_KINDS
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import staged_directory
@@ -163,10 +163,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "seed and the spread; then export one kind to fp32/fp16/int8 and score PyTorch against ONNX Runtime at "
         "each precision with the state carried over every test stream. Writes accuracy.md and accuracy.json.",
         examples=("--kinds qrnn st --seeds 0 1",))
-    acc.add_argument("--kinds", nargs="*", choices=ADAPTER_KINDS, default=list(ADAPTER_KINDS),
+    acc.add_argument("--kinds", nargs="*", action=UniqueValues, choices=ADAPTER_KINDS, default=list(ADAPTER_KINDS),
                      help="adapter kinds to train (default: all)")
-    acc.add_argument("--seeds", nargs="+", type=seed_number, default=[0, 1, 2], help="training seeds (default 0 1 2)")
-    acc.add_argument("--formats", nargs="*", choices=ADAPTER_KINDS, default=["qrnn"],
+    acc.add_argument("--seeds", nargs="+", action=UniqueValues, type=seed_number, default=[0, 1, 2],
+                     help="training seeds (default 0 1 2)")
+    acc.add_argument("--formats", nargs="*", action=UniqueValues, choices=ADAPTER_KINDS, default=["qrnn"],
                      help="kinds whose first-seed models are scored per deployment format, e.g. --formats qrnn st "
                           "retnet (default qrnn)")
     acc.add_argument("--out", default="accuracy-results", help="results folder (default %(default)s)")
