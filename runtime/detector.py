@@ -20,6 +20,7 @@ import numpy as np
 
 from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
+from sdqes_edge.files import replaced_atomically
 
 from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, warm_up
@@ -227,10 +228,14 @@ class StreamingDetector:
     def save_state(self, path: str | Path) -> Path:
         """Snapshot the streaming state (and frame counters) to an .npz, to resume after a restart."""
         path = Path(path)
+        if path.is_dir():  # numpy would write FOLDER.npz beside it
+            raise UserError(f"{path} is a folder; give save_state a file path (e.g. {path / 'state.npz'})")
+        path = path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")  # as numpy names it
         arrays = {f"state/{k}": v for k, v in self.backend.state_to_numpy(self.state).items()}
-        np.savez(path, frame_counts=np.array([slot.frames for slot in self.streams]),
-                 model_identity=np.asarray(self.bundle.model_identity), **arrays)
-        return path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")
+        with replaced_atomically(path) as partial, open(partial, "wb") as fh:  # a handle: numpy adds no suffix
+            np.savez(fh, frame_counts=np.array([slot.frames for slot in self.streams]),
+                     model_identity=np.asarray(self.bundle.model_identity), **arrays)
+        return path
 
     def load_state(self, path: str | Path) -> None:
         try:

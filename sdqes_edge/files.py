@@ -30,11 +30,24 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def replaced_atomically(path: Path) -> Iterator[Path]:
+    """A path beside ``path`` for the block to write; it replaces ``path`` only when the block ends without error
+    and is removed otherwise (Ctrl-C included). So ``path`` holds the new contents or what it held before, never
+    part of them: a snapshot being rewritten when a second Ctrl-C lands stays the one it was."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        yield partial
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def write_text_atomically(path: Path, text: str) -> Path:
-    """``path`` holds ``text`` or what it held before, never part of it: written beside it, then renamed."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """``path`` holds ``text`` or what it held before, never part of it."""
+    with replaced_atomically(path) as partial:
+        partial.write_text(text)
     return path
 
 

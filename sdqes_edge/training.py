@@ -32,6 +32,7 @@ import torch
 from . import __version__
 from .config import ModelConfig
 from .evaluation import calibrate_thresholds
+from .files import replaced_atomically, write_text_atomically
 from .metrics import EvalResult, ScoreTrace, evaluate
 from .synthetic import COLOURS, PHRASINGS, Event, generate_stream
 from .tokenizer import default_tokenizer
@@ -268,10 +269,9 @@ def train(options: TrainOptions, out_dir: str | Path, log: Callable[[str], None]
 
 def _save(model, record: dict, checkpoint: Path) -> Path:
     """``<name>.pt`` (weights in CLIP's layout, with the record) and ``<name>.record.json``, each written whole."""
-    tmp = checkpoint.with_name(checkpoint.name + ".tmp")
-    torch.save({"state_dict": model.clip_state_dict(), CHECKPOINT_RECORD_KEY: record}, tmp)
-    tmp.replace(checkpoint)
-    (checkpoint.parent / f"{checkpoint.stem}.record.json").write_text(json.dumps(record, indent=2))
+    with replaced_atomically(checkpoint) as partial:
+        torch.save({"state_dict": model.clip_state_dict(), CHECKPOINT_RECORD_KEY: record}, partial)
+    write_text_atomically(checkpoint.parent / f"{checkpoint.stem}.record.json", json.dumps(record, indent=2))
     return checkpoint
 
 

@@ -42,3 +42,28 @@ def test_a_frame_without_a_finite_time_is_refused(detector):
     """Alerts, their cooldowns and the traces are timed by the frame's time: a NaN would pass every comparison."""
     with pytest.raises(UserError, match="a Frame's time is seconds into its stream, a finite number, not nan"):
         detector.step([Frame(image=np.zeros((48, 64, 3), np.uint8), time=float("nan"), index=0)])
+
+
+def test_a_folder_given_to_save_state_is_refused_rather_than_written_beside(detector, tmp_path):
+    with pytest.raises(UserError, match=r"is a folder; give save_state a file path \(e.g. .*state.npz\)"):
+        detector.save_state(tmp_path)
+    assert list(tmp_path.parent.glob(f"{tmp_path.name}.npz")) == []  # numpy wrote FOLDER.npz
+
+
+def test_a_snapshot_interrupted_while_it_is_rewritten_stays_the_one_it_was(detector, tmp_path, monkeypatch):
+    """`run --resume S --save-state S` rewrites its snapshot as it stops; a second Ctrl-C then landed mid-write and
+    left a truncated file in place of the good one."""
+    snapshot = detector.save_state(tmp_path / "state.npz")
+    before = snapshot.read_bytes()
+    detector.step([Frame(image=np.full((48, 64, 3), 200, np.uint8), time=1.0, index=1)])  # a different state
+
+    def savez_stopped_half_way(fh, **arrays):
+        fh.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez", savez_stopped_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        detector.save_state(snapshot)
+    assert snapshot.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["state.npz"]
+    monkeypatch.undo()
+    detector.load_state(snapshot)
