@@ -20,7 +20,7 @@ import numpy as np
 
 from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import replaced_atomically
+from sdqes_edge.files import npz_problem, path_problem, replaced_atomically
 
 from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, warm_up
@@ -238,13 +238,16 @@ class StreamingDetector:
         return path
 
     def load_state(self, path: str | Path) -> None:
+        problem = path_problem(path, "file")
+        if problem:
+            raise UserError(f"state snapshot {path} {problem}; give the file save_state (run --save-state) wrote")
         try:
             with np.load(path, allow_pickle=False) as data:
                 loaded = {k[len("state/"):]: data[k] for k in data.files if k.startswith("state/")}
                 counts = data["frame_counts"].tolist()
                 identity = str(data["model_identity"]) if "model_identity" in data.files else None
         except (OSError, ValueError, KeyError) as exc:
-            raise UserError(f"{path} is not a state snapshot written by save_state ({exc})") from None
+            raise UserError(f"{path} is not a state snapshot written by save_state ({npz_problem(exc)})") from None
         # Another model of the same shapes would take the snapshot silently; snapshots from before name none.
         if identity is not None and identity != self.bundle.model_identity:
             raise UserError(f"{path} was saved by another model (its bundle's step graph differs from "

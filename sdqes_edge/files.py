@@ -132,6 +132,15 @@ def staged_directory(target: Path) -> Iterator[Path]:
         raise
 
 
+def npz_problem(exc: BaseException) -> str:
+    """numpy's refusal of a file as an .npz, in words for a user. For a file that is no NumPy archive at all its own
+    message speaks of pickled data and of loading it "unsafely", which no one should be told to do with a file
+    that is not what they meant to give."""
+    if isinstance(exc, ValueError) and "pickle" in str(exc):
+        return "not a NumPy .npz archive"
+    return str(exc)
+
+
 def path_problem(path: str | os.PathLike, want: str) -> str | None:
     """Why ``path`` is not an existing ``want`` ("file" or "folder"), in words that finish a sentence naming it
     ("does not exist", "is a folder, not a file"), or None when it is one. A folder given for a file is told as

@@ -31,6 +31,7 @@ from typing import Iterable
 import numpy as np
 
 from .errors import UserError
+from .files import npz_problem
 
 TRACE_FORMAT_VERSION = 2
 TRACE_SUFFIX = ".npz"
@@ -145,7 +146,8 @@ def load_scores(path: str | Path) -> StreamScores:
                                 int(data["first_frame"]) if "first_frame" in data.files else 0,
                                 str(data["model"]) if "model" in data.files else "")
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-        raise UserError(f"{path} is not a score trace written by `sdqes-edge run --scores` ({exc})") from None
+        raise UserError(f"{path} is not a score trace written by `sdqes-edge run --scores` ({npz_problem(exc)})") \
+            from None
 
 
 def _read_chunks(chunks: list[Path]) -> StreamScores:
