@@ -109,16 +109,18 @@ class AnnotatedVideoSink(Sink):
     BANNER_SECONDS = 2.0
     MIN_HEIGHT = 360  # smaller frames are enlarged (whole pixels) so that the bars and text stay readable
 
-    def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]]):
+    def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]], stream: int = 0):
+        """``stream``: which of the detector's streams this video shows (one sink per stream to annotate)."""
         self.path = Path(path)
         self.fps = fps
+        self.stream = stream
         self.thresholds = thresholds
         self._writer = None
         self._banner: tuple[str, float] | None = None
 
     def on_frame(self, stream, frame_bgr, time_s, probs, events):
-        if stream != 0:
-            return  # one video: the first stream
+        if stream != self.stream:
+            return
         scale = -(-self.MIN_HEIGHT // frame_bgr.shape[0])  # ceil: 96-px frames become 384 px
         image = frame_bgr.copy() if scale == 1 else cv2.resize(frame_bgr, None, fx=scale, fy=scale,
                                                                 interpolation=cv2.INTER_NEAREST)

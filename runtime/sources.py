@@ -331,6 +331,25 @@ def frames_spread_over(path: str | Path, count: int) -> list[np.ndarray]:
     return [frame.image for frame in itertools.islice(source.sampled(), count)]
 
 
+def give_distinct_names(sources: list[FrameSource]) -> list[str]:
+    """Rename sources whose names clash (two videos named clip.mp4 in different folders) to clip, clip-2, ...:
+    alerts, score traces and annotated videos are named after their source, and two traces of one name
+    overwrote each other. Returns the names given (empty: none clashed)."""
+    taken = {source.name for source in sources}
+    seen: set[str] = set()
+    renamed = []
+    for source in sources:
+        if source.name in seen:
+            base, n = source.name, 2
+            while f"{base}-{n}" in taken:
+                n += 1
+            source.name = f"{base}-{n}"
+            taken.add(source.name)
+            renamed.append(source.name)
+        seen.add(source.name)
+    return renamed
+
+
 def open_source(spec: str, fps: float) -> FrameSource:
     """A camera index ("0"), a URL or GStreamer pipeline, an image folder, or a video file."""
     if spec.isdigit():

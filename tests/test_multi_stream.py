@@ -199,3 +199,29 @@ def test_resetting_one_stream_forgets_its_past_and_rearms_its_alerts_alone(tmp_p
     fresh.step([frames[8], frames[8]])
     np.testing.assert_allclose(detector.last_embeddings[1], fresh.last_embeddings[1], rtol=0, atol=1e-6)
     assert np.abs(detector.last_embeddings[0] - fresh.last_embeddings[0]).max() > 1e-3  # stream 0 kept its past
+
+
+def test_run_with_two_sources_of_one_name_writes_a_trace_and_an_annotated_video_for_each(tmp_path, capsys):
+    """Two videos named clip.avi (in two folders) wrote one score trace over the other, and --annotate showed
+    only the first source: now the second is called clip-2 and every source gets its own outputs."""
+    import cv2
+
+    from sdqes_edge.cli import run
+
+    bundle = tmp_path / "b2"
+    export_bundle(random_model("qrnn"), bundle, ExportOptions(fps=FPS, batch=2, show_progress=False),
+                  log=lambda m: None)
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    videos = [write_video(tmp_path / "x" / "clip.avi", sample_frames(40, 120, 160, seed=1)),
+              write_video(tmp_path / "y" / "clip.avi", sample_frames(60, 120, 160, seed=2))]
+    out = tmp_path / "out"
+    assert run(["run", str(bundle), "--source", str(videos[0]), "--source", str(videos[1]), "--query", QUERY,
+                "--scores", str(out / "scores"), "--annotate", str(out / "annotated.avi"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "note: several sources have the same name; in alerts and outputs they are called clip, clip-2" in err
+    assert [load_scores(out / "scores" / f"{name}.npz").probs.shape[0] for name in ("clip", "clip-2")] == [20, 30]
+    frame_counts = [int(cv2.VideoCapture(str(out / f"annotated.{name}.avi")).get(cv2.CAP_PROP_FRAME_COUNT))
+                    for name in ("clip", "clip-2")]
+    assert frame_counts == [20, 30]
+    assert sorted(p.name for p in out.iterdir()) == ["annotated.clip-2.avi", "annotated.clip.avi", "scores"]

@@ -49,7 +49,7 @@ def int8_on_cuda_warning(args: argparse.Namespace) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sdqes_edge.runtime.sources import open_source
+    from sdqes_edge.runtime.sources import give_distinct_names, open_source
 
     _check_run_args(args)
     detector = StreamingDetector(args.bundle, backend=args.backend, precision=args.precision, threads=args.threads,
@@ -58,6 +58,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     _add_queries(detector, args)
     detector.warm_up()  # before a camera opens: the first real frame's latency is a steady one
     sources = [open_source(spec, detector.fps) for spec in args.source]
+    renamed = give_distinct_names(sources)
+    if renamed:
+        print(f"{PROG}: note: several sources have the same name; in alerts and outputs they are called "
+              f"{', '.join(s.name for s in sources)}", file=sys.stderr)
     for source in sources:
         source.log = lambda message: print(f"{PROG}: {message}", file=sys.stderr)
     if args.resume:
@@ -81,8 +85,8 @@ def cmd_run(args: argparse.Namespace) -> int:
               "little", file=sys.stderr)
     stats = RunStats()
     exit_code = _stream(detector, sources, args, stats, live)
-    _summarize(sources, stats, exit_code, [str(p) for p in [args.events, args.annotate, args.save_state,
-                                                            *trace_paths] if p])
+    videos = annotation_paths(args.annotate, sources) if args.annotate else []
+    _summarize(sources, stats, exit_code, [str(p) for p in [args.events, *videos, args.save_state, *trace_paths] if p])
     if trace_paths:
         print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
     return exit_code
@@ -118,6 +122,15 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
         raise UserError("no queries: give --query TEXT (or export the bundle with --query)")
 
 
+def annotation_paths(annotate: str, sources: list) -> list[Path]:
+    """--annotate's video, or with several sources one per source beside it (out.mp4 -> out.kitchen.mp4, ...):
+    one video showed only the first source, silently."""
+    path = Path(annotate)
+    if len(sources) == 1:
+        return [path]
+    return [path.with_name(f"{path.stem}.{source.name}{path.suffix}") for source in sources]
+
+
 def _attach_sinks(detector: StreamingDetector, sources: list, args: argparse.Namespace) -> list[Path]:
     """Console, --events, --annotate and --scores sinks; the score trace paths, one per source."""
     from sdqes_edge.runtime.sinks import AnnotatedVideoSink, ConsoleSink, JsonlSink, ScoreTraceRecorder
@@ -126,8 +139,8 @@ def _attach_sinks(detector: StreamingDetector, sources: list, args: argparse.Nam
         detector.add_sink(ConsoleSink())
     if args.events:
         detector.add_sink(JsonlSink(args.events))
-    if args.annotate:
-        detector.add_sink(AnnotatedVideoSink(args.annotate, detector.fps, detector.thresholds))
+    for i, path in enumerate(annotation_paths(args.annotate, sources) if args.annotate else []):
+        detector.add_sink(AnnotatedVideoSink(path, detector.fps, detector.thresholds, stream=i))
     trace_paths = []
     if args.scores:
         target = Path(args.scores)
@@ -216,7 +229,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "stays on the GPU between frames)")
     run.add_argument("--events", help="append alerts to this JSONL file (flushed per alert)")
     run.add_argument("--scores", help="per-frame score trace: FILE.npz, or a folder (one file per stream)")
-    run.add_argument("--annotate", help="write the stream with score bars and alert banners to this video")
+    run.add_argument("--annotate", help="write the stream with score bars and alert banners to this video (with "
+                                        "several sources, one video each: out.mp4 -> out.SOURCE.mp4)")
     run.add_argument("--resume", help="state snapshot (.npz) to resume from")
     run.add_argument("--save-state", help="write the state to this .npz when the stream ends or is stopped")
     run.add_argument("--max-frames", type=int, help="stop after this many steps")
