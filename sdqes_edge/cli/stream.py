@@ -186,8 +186,13 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
 
 def _summarize(sources: list, stats: RunStats, exit_code: int, written: list[str]) -> None:
     dropped = sum(s.stats.dropped for s in sources)
-    print(f"{'interrupted after' if exit_code != 0 else 'done:'} {stats.frames} frames, {stats.events} alerts, "
-          f"{stats.fps:.1f} frames/s, latency p50 {stats.latency(50):.1f} ms p99 {stats.latency(99):.1f} ms"
+    # A step takes one frame of every source: with several, "frames" counted steps, not the frames stepped.
+    unit = "frame" if len(sources) == 1 else "step"
+    counted = f"{stats.frames} {unit}{'' if stats.frames == 1 else 's'}" + (
+        f" of {len(sources)} sources" if len(sources) > 1 else "")
+    alerts = f"{stats.events} alert{'' if stats.events == 1 else 's'}"
+    print(f"{'interrupted after' if exit_code != 0 else 'done:'} {counted}, {alerts}, "
+          f"{stats.fps:.1f} {unit}s/s, latency p50 {stats.latency(50):.1f} ms p99 {stats.latency(99):.1f} ms"
           + (f", {dropped} frames dropped (the model is slower than the source)" if dropped else ""), file=sys.stderr)
     for source in sources:
         shortfall = source.stats.shortfall_words(source.name)
