@@ -39,7 +39,13 @@ from sdqes_edge.files import file_sha256, staged_directory
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.preprocess import Preprocessor
-from sdqes_edge.sample import EXAMPLE_QUERIES, sample_streams, staggered_streams, stream_frame_count
+from sdqes_edge.sample import (
+    EXAMPLE_QUERIES,
+    check_fits_in_memory,
+    sample_streams,
+    staggered_streams,
+    stream_frame_count,
+)
 from sdqes_edge.tokenizer import default_tokenizer, vocab_path
 
 from . import graphs
@@ -69,12 +75,16 @@ def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None =
     """[count, batch, 3, R, R]: ``batch`` staggered streams (``sample.staggered_streams``)."""
     pre = Preprocessor.from_config(model_cfg)
     if video is None:
-        return sample_streams(pre.batch, count, batch)
+        return sample_streams(pre.batch, count, batch, pre.image_size)
     from sdqes_edge.runtime.sources import frames_spread_over
 
     needed = stream_frame_count(count, batch)
-    raw = frames_spread_over(video, needed)
-    return staggered_streams(pre.batch([raw[i % len(raw)] for i in range(needed)]), count, batch)
+    check_fits_in_memory((needed + count * batch) * 3 * pre.image_size**2 * 4,
+                         f"{batch} stream(s) of {count} frames of {video} at {pre.image_size} px")
+    prepared = [pre(image) for image in frames_spread_over(video, needed)]  # each frame made small as it is read
+    if not prepared:
+        raise UserError(f"--calibration-video {video} gave no frame; check it plays, or re-encode it")
+    return staggered_streams(np.stack([prepared[i % len(prepared)] for i in range(needed)]), count, batch)
 
 
 def _backbone_counts(model: SDQESModel, batch: int, opset: int) -> tuple[GraphComplexity, dict]:

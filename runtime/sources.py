@@ -321,14 +321,15 @@ class LiveSource(FrameSource):
                 capture.release()
 
 
-def frames_spread_over(path: str | Path, count: int) -> list[np.ndarray]:
-    """Up to ``count`` BGR frames spread evenly over a video file (int8 calibration), by the same sampler."""
+def frames_spread_over(path: str | Path, count: int) -> Iterator[np.ndarray]:
+    """Up to ``count`` BGR frames spread evenly over a video file (int8 calibration), by the same sampler, one at a
+    time: 2,000 drift frames of a 1080p video held whole were 12 GB."""
     source = VideoFileSource(path, fps=1.0)
     if source.frame_count > 0 and source.native_fps > 0:
         source.fps = count / (source.frame_count / source.native_fps)
     else:  # the container does not say how long it is: take the first `count` frames
         source.fps = source.native_fps if source.native_fps > 0 else 30.0
-    return [frame.image for frame in itertools.islice(source.sampled(), count)]
+    return (frame.image for frame in itertools.islice(source.sampled(), count))
 
 
 def give_distinct_names(sources: list[FrameSource]) -> list[str]:

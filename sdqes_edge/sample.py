@@ -30,12 +30,12 @@ SAMPLE_HEIGHT = 240
 SAMPLE_WIDTH = 320
 
 
-def sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_WIDTH, seed: int = 0) -> np.ndarray:
-    """``count`` frames [count, H, W, 3] uint8 in BGR order (what OpenCV delivers)."""
+def iter_sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_WIDTH, seed: int = 0):
+    """The ``count`` frames of the sample one at a time, [H, W, 3] uint8 in BGR order (what OpenCV delivers):
+    a long sample streams in constant memory."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     base_colour = rng.uniform(40, 200, size=3).astype(np.float32)
-    frames = np.empty((count, height, width, 3), dtype=np.uint8)
     for t in range(count):
         phase = 2 * np.pi * t / max(count, 8)
         frame = np.empty((height, width, 3), dtype=np.float32)
@@ -53,8 +53,41 @@ def sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_W
             top, left = height // 5, width // 2
             frame[top : top + side, left : left + side] = (200, 60, 40)
         frame += rng.normal(0, 6, size=frame.shape).astype(np.float32)  # sensor noise
-        frames[t] = np.clip(frame, 0, 255).astype(np.uint8)
+        yield np.clip(frame, 0, 255).astype(np.uint8)
+
+
+def sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_WIDTH, seed: int = 0) -> np.ndarray:
+    """``count`` frames [count, H, W, 3] uint8 in BGR order, all in memory (checked to fit first)."""
+    check_fits_in_memory(count * height * width * 3, f"{count} sample frames of {width}x{height}")
+    frames = np.empty((count, height, width, 3), dtype=np.uint8)
+    for t, frame in enumerate(iter_sample_frames(count, height, width, seed)):
+        frames[t] = frame
     return frames
+
+
+# Arrays meant to be held whole may take at most this share of the memory the kernel reports available: numpy's
+# allocation succeeds lazily under Linux's overcommit, and filling it then gets the process killed (SIGKILL,
+# no message) minutes later, where refusing at once can say what to ask for instead.
+MAX_SHARE_OF_FREE_MEMORY = 0.8
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel reports available (``MemAvailable``), or None where it does not say (not Linux)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_fits_in_memory(nbytes: int, what: str) -> None:
+    """Refuse (as a MemoryError, which the command line reports in one line) an array that would not fit."""
+    free = available_memory()
+    if free is not None and nbytes > MAX_SHARE_OF_FREE_MEMORY * free:
+        raise MemoryError(f"{what} need {nbytes / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB is free")
 
 
 STREAM_OFFSET_FRAMES = 3  # stream b of a batch starts this many frames after stream b-1, so the streams differ
@@ -72,7 +105,9 @@ def stream_frame_count(count: int, batch: int) -> int:
     return count + STREAM_OFFSET_FRAMES * (batch - 1)
 
 
-def sample_streams(preprocess_batch, count: int, batch: int) -> np.ndarray:
+def sample_streams(preprocess_batch, count: int, batch: int, image_size: int) -> np.ndarray:
     """The built-in sample as ``batch`` staggered streams of ``count`` frames, each frame through
-    ``preprocess_batch`` (frames [N, H, W, 3] -> [N, ...]): [count, batch, ...]."""
+    ``preprocess_batch`` (frames [N, H, W, 3] -> [N, 3, image_size, image_size] float32): [count, batch, ...]."""
+    check_fits_in_memory(count * batch * 3 * image_size**2 * 4,
+                         f"{batch} stream(s) of {count} frames at {image_size} px")
     return staggered_streams(preprocess_batch(sample_frames(stream_frame_count(count, batch))), count, batch)

@@ -216,3 +216,18 @@ def test_a_query_given_twice_is_watched_once_with_a_warning(capsys):
     assert kept == [("Cooking", "first"), ("washing hands", None)]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "warning: the query '  cooking ' is given more than once" in err
+
+
+def test_frames_that_would_not_fit_in_memory_are_refused_at_once_in_one_line(monkeypatch, capsys, tmp_path):
+    """numpy's allocation of them succeeded under Linux's overcommit; filling it got the process killed minutes
+    later (`inspect --frames 100000`: SIGKILL after 9 minutes, no message)."""
+    import sdqes_edge.sample as sample
+
+    with pytest.raises(MemoryError, match=r"10000000 sample frames of 320x240 need 2145.8 GiB"):
+        sample.sample_frames(10_000_000)  # refused before a byte is allocated, on any machine
+    monkeypatch.setattr(sample, "available_memory", lambda: 2**30)
+    assert run(["export", "--preset", "tiny", "--adapter", "qrnn", "--precision", "fp16", "--drift-frames", "100000",
+                "--quiet", "--out", str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: out of memory (1 stream(s) of 100000 frames at 32 px need" in err
+    assert "and 1.0 GiB is free); ask for less" in err and not (tmp_path / "b").exists()

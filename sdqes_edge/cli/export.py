@@ -158,7 +158,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from sdqes_edge.runtime.bundle import load_bundle
     from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
     from sdqes_edge.runtime.preprocess import Preprocessor
-    from sdqes_edge.sample import sample_frames
+    from sdqes_edge.sample import iter_sample_frames
 
     bundle = load_bundle(args.bundle)
     m = bundle.manifest
@@ -166,7 +166,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{m['tool_versions'].get(sdqes_edge.__name__)}, all {len(m['files'])} files match their sha256)")
     print(f"model      {m['model']['name']}, adapter {m['model']['adapter']['kind']}, "
           f"{m['image_size']}px, embed {m['embed_dim']}, batch {m['batch']}, opset {m.get('opset')}")
-    print(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']}, "
+    print(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']:.4f}, "
           f"state {len(m['state'])} tensors ({format_bytes(m['state_bytes'])})")
     print(f"graphs     step: {', '.join(bundle.precisions)}; text encoder: {m['graphs']['text']['file']}")
     queries = bundle.queries()
@@ -174,16 +174,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"queries    {len(queries[0])} pre-encoded" + (" (fused into the graph)" if m.get("query_count") else ""))
     runner = OnnxRuntimeStep(bundle.step_graph(args.precision))
     pre = Preprocessor.from_description(bundle.image_size, m["preprocess"])
-    frames = pre.batch(sample_frames(args.frames))
     state = runner.initial_state()
     q = queries[1] if (queries and runner.fused_queries) else None
     import time
 
-    started = time.perf_counter()
-    for frame in frames:
-        result = runner.step(np.repeat(frame[None], m["batch"], axis=0), state, q)
+    stepping = 0.0  # the steps alone, not the drawing and preprocessing of the sample
+    for image in iter_sample_frames(args.frames):  # one at a time: --frames 100000 held 23 GB of frames
+        batch = np.repeat(pre(image)[None], m["batch"], axis=0)
+        started = time.perf_counter()
+        result = runner.step(batch, state, q)
+        stepping += time.perf_counter() - started
         state = result.state
-    ms = (time.perf_counter() - started) / len(frames) * 1e3
+    ms = stepping / args.frames * 1e3
     print(f"ran        {args.frames} sample frames through the {args.precision} graph with ONNX Runtime (CPU): "
           f"{ms:.1f} ms/frame, embedding norm {float(np.linalg.norm(result.embedding[0])):.4f}")
     _print_kernels(bundle, args.precision)
