@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .sample import check_fits_in_memory
+
 COLOURS = {"red": (40, 40, 220), "blue": (220, 80, 30), "green": (60, 180, 60), "yellow": (40, 210, 230),
            "purple": (170, 60, 150)}  # BGR
 # Where things are drawn, as fractions of the frame. Everything lies inside the centre square, because
@@ -164,7 +166,9 @@ def generate_stream(seed: int, seconds: float = 60.0, fps: float = 2.0, height: 
     rng = np.random.default_rng(seed)
     t = _timeline(rng, seconds)
     square_colour, ball_colour, small_colour = rng.choice(list(COLOURS), size=3, replace=False)
-    frames = np.empty((int(round(seconds * fps)), height, width, 3), dtype=np.uint8)
+    count = int(round(seconds * fps))
+    check_fits_in_memory(count * height * width * 3, f"{count} frames of {width}x{height}")
+    frames = np.empty((count, height, width, 3), dtype=np.uint8)
     background = np.array(rng.uniform(90, 160, size=3), dtype=np.float32)
     floor_y = int(height * 0.8)
     track0, track1 = BALL_TRACK_X[0] * width, BALL_TRACK_X[1] * width

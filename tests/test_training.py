@@ -14,7 +14,7 @@ import torch
 from sdqes_edge.checkpoints import load_model
 from sdqes_edge.errors import UserError
 from sdqes_edge.synthetic import EVENT_KINDS, PHRASINGS, Event, generate_stream
-from sdqes_edge.train_options import TrainOptions, is_training_seed, split_seeds
+from sdqes_edge.train_options import SPLIT_SEED_SPAN, TrainOptions, is_training_seed, split_seeds
 from sdqes_edge.training import frame_labels, query_catalogue, torch_scorers, train
 
 # A run of seconds: enough to exercise every path, far too short to learn anything.
@@ -170,3 +170,12 @@ def test_a_precision_the_exporter_refuses_is_left_out_and_said_why(tmp_path, mon
     assert export_formats(model, bundle, 0.5, SMALL, log=lambda _: None) == (precisions, refused)
     graph = unshipped_graph("fp16", model, bundle, SMALL)
     assert graph.parent == bundle.parent and OnnxRuntimeStep(graph).description["precision"] == "fp16"
+
+
+def test_streams_that_would_not_fit_in_memory_are_refused_before_one_is_drawn(tmp_path):
+    # Filling an allocation past the free memory got the process killed without a word (Linux's overcommit).
+    with pytest.raises(MemoryError, match=r"20000000 frames of 128x96 need .* GiB, and .* GiB is free"):
+        generate_stream(0, 1e7, 2.0)
+    huge = dataclasses.replace(SMALL, train_streams=SPLIT_SEED_SPAN, stream_seconds=3600.0)
+    with pytest.raises(MemoryError, match=r"streams of 3600 s at 1 fps need .* GiB"):
+        train(huge, tmp_path, log=lambda _: None)
