@@ -67,6 +67,21 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
     return out
 
 
+def require_annotations(path: str, split: str | None = None, source: str | None = None) -> list[Annotation]:
+    """``load_annotations``, refusing a selection that matches nothing with what the file does hold (a corpus of
+    test streams only was refused as having no 'val' annotations, eval's default, and no more)."""
+    found = load_annotations(path, split=split, source=source)
+    if found:
+        return found
+    with open(path, newline="", encoding="utf-8") as fh:  # read and checked whole a moment ago
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise UserError(f"{path} holds no annotations at all (a header only)")
+    asked = " and ".join(f"{column} {value!r}" for column, value in (("split", split), ("source", source)) if value)
+    held = "; ".join(f"{column}s {', '.join(sorted({r[column] for r in rows}))}" for column in ("split", "source"))
+    raise UserError(f"{path} has no annotations for {asked}; it has {held} (choose with --split and --source)")
+
+
 @dataclass(frozen=True)
 class _RowNumbers:
     """The numbers of one CSV row, each refused unless finite and not below its minimum (above it, where not

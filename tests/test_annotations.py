@@ -89,3 +89,20 @@ def test_a_short_row_or_a_file_that_is_not_text_is_refused(egosdqes_csv, tmp_pat
 def test_starts_a_little_before_the_video_are_kept_as_egosdqes_has_them(egosdqes_csv):
     early = [a for a in load_annotations(str(egosdqes_csv)) if a.start_time < 0]
     assert len(early) == 15 and all(a.start_frame(1.0) == 0 for a in early)
+
+
+def test_a_selection_that_matches_nothing_is_refused_with_what_the_file_holds(tmp_path):
+    """A corpus of test streams only was refused as having no 'val' annotations (eval's default split), and no
+    more; and eval's --source took only EgoSDQES's two sources."""
+    from sdqes_edge.annotations import require_annotations
+    from sdqes_edge.synthetic import write_dataset
+
+    csv = write_dataset(tmp_path / "d", {"test": [1]}, seconds=20.0)
+    assert len(require_annotations(str(csv), split="test", source="temporal")) == 4
+    with pytest.raises(UserError, match=r"has no annotations for split 'val'; it has splits test; sources "
+                                         r"single_frame, temporal \(choose with --split and --source\)$"):
+        require_annotations(str(csv), split="val")
+    header_only = tmp_path / "empty.csv"
+    header_only.write_text(csv.read_text().splitlines()[0] + "\n")
+    with pytest.raises(UserError, match="holds no annotations at all"):
+        require_annotations(str(header_only))

@@ -17,15 +17,12 @@ Methods = dict[str, tuple[list, list]]  # method name -> (annotations, score tra
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """SR@k / SMD@k of score traces (or baselines) against EgoSDQES-style annotations."""
-    from sdqes_edge.annotations import load_annotations
+    from sdqes_edge.annotations import require_annotations
     from sdqes_edge.evaluation import text_table, write_reports
 
     target_bundle = _check_eval_args(args)
     started = time.perf_counter()
-    annotations = load_annotations(args.annotations, split=args.split, source=args.source)
-    if not annotations:
-        raise UserError(f"{args.annotations} has no annotations for split {args.split!r}"
-                        + (f" and source {args.source!r}" if args.source else ""))
+    annotations = require_annotations(args.annotations, split=args.split, source=args.source)
     methods = _methods(args, annotations, target_bundle)
     threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLD
     rows, calibrations = _score(methods, threshold, args.calibrate, args.per_label)
@@ -200,7 +197,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                   "--annotations egosdqes_all.csv --scores traces/ --calibrate --write-threshold bundle/"))
     ev.add_argument("--annotations", required=True, help="EgoSDQES CSV (egosdqes_all.csv) or one with its columns")
     ev.add_argument("--split", default="val", help="annotation split to score (default %(default)s; '' for all)")
-    ev.add_argument("--source", choices=["moments", "nlq"], help="only annotations from this source")
+    ev.add_argument("--source", help="only annotations from this source (EgoSDQES: moments, nlq; synth: temporal, "
+                                     "single_frame)")
     ev.add_argument("--scores", help="folder of *.npz score traces written by the runtime")
     ev.add_argument("--baseline", nargs="+", action=UniqueValues, choices=["oracle", "random"],
                     help="baselines that need no video: oracle (must give 100 / 0) and seeded random scores")

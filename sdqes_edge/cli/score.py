@@ -17,16 +17,13 @@ FAILURES_NAME = "failures.json"
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    from sdqes_edge.annotations import load_annotations
+    from sdqes_edge.annotations import require_annotations
     from sdqes_edge.corpus import claim_output, finished, plan_streams
     from sdqes_edge.runtime.bundle import load_bundle
 
     workers, threads = _check_score_args(args)
     bundle = load_bundle(args.bundle)  # a bad bundle is refused before any worker starts
-    annotations = load_annotations(args.annotations, split=args.split or None, source=args.source)
-    if not annotations:
-        raise UserError(f"{args.annotations} has no annotations for split {args.split!r}"
-                        + (f" and source {args.source!r}" if args.source else ""))
+    annotations = require_annotations(args.annotations, split=args.split or None, source=args.source)
     out = Path(args.out)
     tasks = plan_streams(annotations, Path(args.videos))
     if args.bench:
