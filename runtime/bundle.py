@@ -95,6 +95,8 @@ class Bundle:
 
     def step_graph(self, precision: str = REFERENCE_PRECISION) -> Path:
         graphs = self.manifest["graphs"]["step"]
+        if precision not in PRECISIONS:  # "re-export with --precision fp64" would send the user to a refusal
+            raise UserError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
         if precision not in graphs:
             raise BundleError(f"{self.root} has no {precision} step graph (it has {', '.join(self.precisions)}); "
                               f"re-export with --precision {precision}")

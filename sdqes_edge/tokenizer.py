@@ -162,7 +162,10 @@ class ClipTokenizer:
 
 def check_query_text(text: str) -> str:
     """What makes a text a query at all; the exporter and the runtime both refuse through here."""
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):  # "a query is empty" said of a number
+        raise UserError(f"a query is text, not {type(text).__name__}: give the event to wait for, e.g. "
+                        "'when I start cooking'")
+    if not text.strip():
         raise UserError("a query is empty; give the event to wait for, e.g. 'when I start cooking'")
     return text
 

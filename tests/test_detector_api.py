@@ -67,3 +67,11 @@ def test_a_snapshot_interrupted_while_it_is_rewritten_stays_the_one_it_was(detec
     assert snapshot.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["state.npz"]
     monkeypatch.undo()
     detector.load_state(snapshot)
+
+
+def test_a_precision_that_does_not_exist_and_a_query_that_is_not_text_are_named_for_what_they_are(exported):
+    _, bundle = exported
+    with pytest.raises(UserError, match=r"precision 'fp64' is not one of fp32, fp16, int8$"):  # was: re-export
+        StreamingDetector(bundle, precision="fp64")                                           # with fp64
+    with pytest.raises(UserError, match=r"a query is text, not int"):  # was: "a query is empty"
+        StreamingDetector(bundle).add_query(123)

@@ -127,6 +127,7 @@ def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_buil
     ("--max-frames", "-3", "--max-frames needs a whole number of at least 1, not '-3'"),
     ("--max-alerts", "2.5", "--max-alerts needs a whole number of at least 1, not '2.5'"),  # taken as 2
     ("--source", "99999999999999999999", "--source needs a whole number of at least 0"),  # std::stoi's "stoi"
+    ("--precision", "fp64", "--precision fp64 is not one of fp16, fp32, int8"),  # "build a fp64 engine"
 ])
 def test_sdqes_run_refuses_a_bad_option_value_in_one_line_before_it_looks_for_an_engine(option, value, message,
                                                                                         native_build):

@@ -109,6 +109,9 @@ int run(int argc, char** argv) {
                                                                        std::numeric_limits<int>::max()))
                                   : -1;
   const std::string precision = o.at("--precision");
+  if (precision != "fp16" && precision != "fp32" && precision != "int8") {  // not "build a fp64 engine"
+    throw sdqes::Error("--precision " + precision + " is not one of fp16, fp32, int8");
+  }
 #ifndef SDQES_WITH_TENSORRT
   (void)sdqes::find_engine(bundle, precision);  // a bundle without any engine says how to build one first
   throw sdqes::Error("this sdqes-run was built without the TensorRT backend (CMake found no TensorRT/CUDA); "
