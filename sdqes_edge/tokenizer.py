@@ -55,7 +55,8 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(printable, (chr(c) for c in codes)))
 
 
-def _clean(text: str) -> str:
+def clean_text(text: str) -> str:
+    """The text CLIP tokenizes: texts that clean alike are one query to the model."""
     text = ftfy.fix_text(text)
     text = html.unescape(html.unescape(text)).strip()
     return regex.sub(r"\s+", " ", text).strip().lower()
@@ -120,7 +121,7 @@ class ClipTokenizer:
     def encode(self, text: str) -> list[int]:
         """BPE ids of the cleaned text, without start/end tokens."""
         ids: list[int] = []
-        for piece in _SPLIT_PATTERN.findall(_clean(text)):
+        for piece in _SPLIT_PATTERN.findall(clean_text(text)):
             piece = "".join(self.byte_encoder[b] for b in piece.encode("utf-8"))
             ids.extend(self.encoder[t] for t in self._bpe(piece).split(" "))
         return ids

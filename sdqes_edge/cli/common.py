@@ -40,12 +40,14 @@ class UniqueValues(argparse.Action):
 
 
 def unique_queries(queries: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
-    """(query, message) pairs without a query given twice (with a one-line warning): CLIP's tokenizer ignores case
-    and spacing, so "Cooking " and "cooking" are one query, and watching it twice alerted twice on every event.
+    """(query, message) pairs without a query given twice (with a one-line warning): texts that CLIP's tokenizer
+    cleans alike ("Cooking " and "cooking") are one query, and watching it twice alerted twice on every event.
     The first keeps its message."""
+    from sdqes_edge.tokenizer import clean_text  # ftfy and regex: not for building the parsers
+
     kept: dict[str, tuple[str, str | None]] = {}
     for text, message in queries:
-        key = " ".join(text.lower().split())
+        key = clean_text(text)
         if key in kept:
             print(f"{PROG}: warning: the query {text!r} is given more than once (case and spacing aside); it is "
                   "watched once", file=sys.stderr)
