@@ -63,13 +63,14 @@ class TrainOptions:
         from .synthetic import stream_length_problem  # numpy: the command line's parsers import this module
 
         problems = []
-        if not (self.fps > 0 and self.stream_seconds > 0):  # NaN too
+        positive = self.fps > 0 and self.stream_seconds > 0  # NaN too
+        if not positive:
             problems.append(f"--fps ({self.fps}) and --stream-seconds ({self.stream_seconds}) must be positive")
-        elif stream_length_problem(self.stream_seconds, self.fps):
-            problems.append(f"{stream_length_problem(self.stream_seconds, self.fps)}; raise --stream-seconds or --fps")
+        elif too_short := stream_length_problem(self.stream_seconds, self.fps):
+            problems.append(f"{too_short}; raise --stream-seconds or --fps")
         if self.window < 2:
             problems.append(f"--window must be at least 2 frames, not {self.window}")
-        elif self.fps > 0 and self.stream_seconds > 0 and self.window > int(self.stream_seconds * self.fps):
+        elif positive and self.window > int(self.stream_seconds * self.fps):
             problems.append(f"--window {self.window} is longer than a stream ({int(self.stream_seconds * self.fps)} "
                             "frames); lower it or raise --stream-seconds")
         for name in ("train_streams", "val_streams", "test_streams", "steps", "batch"):

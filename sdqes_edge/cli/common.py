@@ -56,15 +56,19 @@ def unique_queries(queries: list[tuple[str, str | None]]) -> list[tuple[str, str
     return list(kept.values())
 
 
+def _whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
 def at_least(minimum: int):
     """An argparse type for a whole number no smaller than ``minimum``: anything else is refused in one line
     that names the option ("argument --threads: give at least 1, not -2"), before any work starts."""
 
     def whole_number(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        value = _whole_number(text)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"give at least {minimum}, not {value}")
         return value
@@ -74,10 +78,7 @@ def at_least(minimum: int):
 
 def seed_number(text: str) -> int:
     """An argparse type for a random seed, refused in one line outside 0 .. ``MAX_SEED``."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    value = _whole_number(text)
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"give a seed from 0 to {MAX_SEED}, not {value}")
     return value
