@@ -42,6 +42,7 @@ from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import (
     EXAMPLE_QUERIES,
     check_fits_in_memory,
+    preprocessed_bytes,
     sample_streams,
     staggered_streams,
     stream_frame_count,
@@ -79,7 +80,7 @@ def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None =
     from sdqes_edge.runtime.sources import frames_spread_over
 
     needed = stream_frame_count(count, batch)
-    check_fits_in_memory((needed + count * batch) * 3 * pre.image_size**2 * 4,
+    check_fits_in_memory(preprocessed_bytes(needed + count * batch, pre.image_size),
                          f"{batch} stream(s) of {count} frames of {video} at {pre.image_size} px")
     prepared = [pre(image) for image in frames_spread_over(video, needed)]  # each frame made small as it is read
     if not prepared:

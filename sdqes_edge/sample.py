@@ -58,7 +58,7 @@ def iter_sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAM
 
 def sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_WIDTH, seed: int = 0) -> np.ndarray:
     """``count`` frames [count, H, W, 3] uint8 in BGR order, all in memory (checked to fit first)."""
-    check_fits_in_memory(count * height * width * 3, f"{count} sample frames of {width}x{height}")
+    check_fits_in_memory(image_bytes(count, height, width), f"{count} sample frames of {width}x{height}")
     frames = np.empty((count, height, width, 3), dtype=np.uint8)
     for t, frame in enumerate(iter_sample_frames(count, height, width, seed)):
         frames[t] = frame
@@ -81,6 +81,16 @@ def available_memory() -> int | None:
     except OSError:
         return None
     return None
+
+
+def image_bytes(frames: int, height: int, width: int) -> int:
+    """Bytes of ``frames`` BGR uint8 images [frames, H, W, 3], as OpenCV and the sample deliver them."""
+    return frames * height * width * 3
+
+
+def preprocessed_bytes(frames: int, image_size: int) -> int:
+    """Bytes of ``frames`` preprocessed frames, [frames, 3, R, R] float32 (the image tower's input)."""
+    return frames * 3 * image_size**2 * 4
 
 
 def check_fits_in_memory(nbytes: int, what: str) -> None:
@@ -108,6 +118,6 @@ def stream_frame_count(count: int, batch: int) -> int:
 def sample_streams(preprocess_batch, count: int, batch: int, image_size: int) -> np.ndarray:
     """The built-in sample as ``batch`` staggered streams of ``count`` frames, each frame through
     ``preprocess_batch`` (frames [N, H, W, 3] -> [N, 3, image_size, image_size] float32): [count, batch, ...]."""
-    check_fits_in_memory(count * batch * 3 * image_size**2 * 4,
+    check_fits_in_memory(preprocessed_bytes(count * batch, image_size),
                          f"{batch} stream(s) of {count} frames at {image_size} px")
     return staggered_streams(preprocess_batch(sample_frames(stream_frame_count(count, batch))), count, batch)

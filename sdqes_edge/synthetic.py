@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sample import check_fits_in_memory
+from .sample import check_fits_in_memory, image_bytes
 
 COLOURS = {"red": (40, 40, 220), "blue": (220, 80, 30), "green": (60, 180, 60), "yellow": (40, 210, 230),
            "purple": (170, 60, 150)}  # BGR
@@ -167,7 +167,7 @@ def generate_stream(seed: int, seconds: float = 60.0, fps: float = 2.0, height: 
     t = _timeline(rng, seconds)
     square_colour, ball_colour, small_colour = rng.choice(list(COLOURS), size=3, replace=False)
     count = int(round(seconds * fps))
-    check_fits_in_memory(count * height * width * 3, f"{count} frames of {width}x{height}")
+    check_fits_in_memory(image_bytes(count, height, width), f"{count} frames of {width}x{height}")
     frames = np.empty((count, height, width, 3), dtype=np.uint8)
     background = np.array(rng.uniform(90, 160, size=3), dtype=np.float32)
     floor_y = int(height * 0.8)

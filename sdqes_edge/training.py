@@ -34,7 +34,7 @@ from .config import ModelConfig
 from .evaluation import calibrate_thresholds
 from .files import replaced_atomically, write_text_atomically
 from .metrics import EvalResult, ScoreTrace, evaluate
-from .sample import check_fits_in_memory
+from .sample import check_fits_in_memory, preprocessed_bytes
 from .synthetic import COLOURS, PHRASINGS, Event, generate_stream
 from .tokenizer import default_tokenizer
 from .train_options import CHECKPOINT_RECORD_KEY, TrainOptions, split_seeds
@@ -313,9 +313,10 @@ def _fit(model, options: TrainOptions, train_set: StreamSet, token_ids: torch.Te
 def make_splits(options: TrainOptions, cfg: ModelConfig, catalogue: list[CatalogueQuery],
                 progress: Callable | None = None) -> dict[str, StreamSet]:
     sizes = {"train": options.train_streams, "val": options.val_streams, "test": options.test_streams}
-    # Every split is held preprocessed, float32, and each is stacked once more as it is made.
-    frames = int(round(options.stream_seconds * options.fps)) * 3 * cfg.vision.image_size**2 * 4
-    check_fits_in_memory(frames * (sum(sizes.values()) + max(sizes.values())),
+    # Every split is held preprocessed, and each is stacked once more as it is made.
+    per_stream = int(round(options.stream_seconds * options.fps))
+    check_fits_in_memory(preprocessed_bytes(per_stream * (sum(sizes.values()) + max(sizes.values())),
+                                            cfg.vision.image_size),
                          f"{sum(sizes.values())} streams of {options.stream_seconds:g} s at {options.fps:g} fps")
     return {split: make_split(split, n, options, cfg, catalogue, progress) for split, n in sizes.items()}
 
