@@ -141,9 +141,13 @@ class Preprocessor:
 
     def __call__(self, frame_bgr: np.ndarray) -> np.ndarray:
         """One BGR uint8 frame [H, W, 3] -> normalized float32 [3, R, R]."""
-        if frame_bgr is None or frame_bgr.ndim != 3 or frame_bgr.shape[2] != 3:
-            shape = None if frame_bgr is None else frame_bgr.shape
-            raise UserError(f"expected a colour frame [H, W, 3], got shape {shape}")
+        if not isinstance(frame_bgr, np.ndarray):  # a PIL image or a list would fail deep in numpy
+            raise UserError(f"expected a BGR frame as a numpy array [H, W, 3], got a {type(frame_bgr).__name__}; "
+                            "for an RGB PIL image, pass numpy.asarray(image)[:, :, ::-1]")
+        if frame_bgr.ndim != 3 or frame_bgr.shape[2] != 3:
+            raise UserError(f"expected a colour frame [H, W, 3], got shape {frame_bgr.shape}")
+        if frame_bgr.size == 0:  # the resize would divide by its zero side
+            raise UserError(f"got an empty frame of shape {frame_bgr.shape}; give an image at least 1x1 pixel")
         if frame_bgr.dtype != np.uint8:  # a float image in [0, 1] would pass as a black one
             raise UserError(f"expected a uint8 BGR frame as OpenCV reads it, got {frame_bgr.dtype}; for an image in "
                             "[0, 1], pass (image * 255).round().astype(numpy.uint8)")

@@ -75,3 +75,15 @@ def test_a_precision_that_does_not_exist_and_a_query_that_is_not_text_are_named_
         StreamingDetector(bundle, precision="fp64")                                           # with fp64
     with pytest.raises(UserError, match=r"a query is text, not int"):  # was: "a query is empty"
         StreamingDetector(bundle).add_query(123)
+
+
+@pytest.mark.parametrize("image, words", [
+    (np.zeros((0, 64, 3), np.uint8), r"got an empty frame of shape \(0, 64, 3\); give an image at least 1x1"),
+    (np.zeros((48, 0, 3), np.uint8), r"got an empty frame of shape \(48, 0, 3\)"),
+    ([[[0, 0, 0]]], r"expected a BGR frame as a numpy array \[H, W, 3\], got a list; .*numpy.asarray\(image\)"),
+    (None, r"got a NoneType"),
+])
+def test_an_empty_frame_or_one_that_is_no_array_is_refused_in_words(detector, image, words):
+    """An empty frame divided by its zero side (ZeroDivisionError); a PIL image or a list failed inside numpy."""
+    with pytest.raises(UserError, match=words):
+        detector.step([Frame(image=image, time=0.0, index=0)])
