@@ -11,6 +11,7 @@ holds the model, the queries and the batched state; each stream's own data
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from sdqes_edge.files import npz_problem, path_problem, replaced_atomically
 from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, warm_up
 from .bundle import Bundle, load_bundle
+from .cores import checked_threads
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, score
 from .sinks import AlertEvent, Sink
@@ -144,6 +146,7 @@ class StreamingDetector:
         self.batch = int(m["batch"])
         self.fps = self.bundle.fps
         self.preprocess = Preprocessor.from_description(self.bundle.image_size, m["preprocess"])
+        threads = checked_threads(threads)  # here, so a count above the cores is named once
         self.backend: StepBackend = (backend_instance
                                      or make_backend(self.bundle, backend, precision, threads, ort_device))
         if getattr(self.backend, "fused_queries", False):
@@ -158,6 +161,9 @@ class StreamingDetector:
         self.last_embeddings: np.ndarray | None = None
 
     def add_sink(self, sink: Sink) -> Sink:
+        if not isinstance(sink, Sink):  # a bare function failed on the first query or frame
+            raise UserError(f"add_sink takes a Sink, not a {type(sink).__name__}; for a function of each alert, "
+                            "pass CallbackSink(function)")
         self.sinks.append(sink)
         for query in self.queries.queries.values():
             sink.on_query_added(query.id, query.text, query.added_at)
@@ -219,6 +225,8 @@ class StreamingDetector:
 
     def reset(self, stream: int | None = None) -> None:
         """Forget the past (a new scene): the state of one stream (or all) back to its initial value."""
+        if stream is not None and (not isinstance(stream, numbers.Integral) or isinstance(stream, bool)):
+            raise UserError(f"reset takes a stream's index (an int) or None for every stream, not {stream!r}")
         if stream is not None and not 0 <= stream < self.batch:
             raise UserError(f"stream {stream} is not one of this bundle's streams, 0 to {self.batch - 1}")
         self.state = self.backend.reset_streams(self.state, None if stream is None else [stream])
@@ -295,6 +303,9 @@ class StreamingDetector:
         return events_per_stream
 
     def _check_frames(self, frames: list[Frame | None]) -> None:
+        if not isinstance(frames, (list, tuple)):
+            raise UserError(f"step takes a list of frames, one per stream (None for an idle one), not a "
+                            f"{type(frames).__name__}: detector.step([frame])")
         if len(frames) != self.batch:
             raise UserError(f"this bundle steps {self.batch} stream(s) at once; got {len(frames)} frames")
         for frame in frames:
@@ -343,7 +354,11 @@ class StreamingDetector:
     def run(self, sources: FrameSource | list[FrameSource], stats: RunStats | None = None,
             max_frames: int | None = None) -> Iterator[list[AlertEvent]]:
         """Step every source until all end (or ``max_frames``); yields each step's alerts. Sinks closed at the end."""
-        sources = sources if isinstance(sources, list) else [sources]
+        sources = list(sources) if isinstance(sources, (list, tuple)) else [sources]
+        for source in sources:
+            if not isinstance(source, FrameSource):  # a path failed with "'str' object has no attribute 'name'"
+                raise UserError(f"run takes sources, not a {type(source).__name__}: open_source({source!r}, "
+                                "detector.fps)")
         self.check_source_count(len(sources))
         for slot, source in zip(self.streams, sources):
             slot.name = source.name

@@ -29,6 +29,7 @@ from sdqes_edge.state import StateSpec
 
 from .backend import STATE_BUFFER_SETS, State, StepResult
 from .bound_step import BoundState, DeviceBuffers, runs_to_steady
+from .cores import checked_threads
 
 __all__ = ["OnnxRuntimeStep", "BoundState", "DeviceBuffers", "State", "StepResult", "create_session"]
 
@@ -179,6 +180,7 @@ def create_session(path: Path, device: str, threads: int | None = None, cuda_gra
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    threads = checked_threads(threads)
     if threads:
         options.intra_op_num_threads = threads
     if not spin_wait:

@@ -19,6 +19,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
 
 from .alerts import AlertPolicy
+from .cores import checked_threads
 
 
 @dataclass
@@ -59,8 +60,9 @@ class TextEncoder:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        if self.threads:
-            options.intra_op_num_threads = self.threads
+        threads = checked_threads(self.threads)
+        if threads:
+            options.intra_op_num_threads = threads
         return ort.InferenceSession(str(self.text_graph), options, providers=["CPUExecutionProvider"])
 
     def seed(self, texts: list[str], embeddings: np.ndarray) -> None:
@@ -89,6 +91,9 @@ class QueryBank:
     def add(self, text: str, policy: AlertPolicy, message: str | None = None, query_id: str | None = None,
             stream_time: float = 0.0) -> Query:
         self.encoder.encode(text)  # refuses an empty or too long query before anything changes (and caches it)
+        for name, value in (("message", message), ("query_id", query_id)):  # sinks write them as text
+            if value is not None and not isinstance(value, str):
+                raise UserError(f"a query's {name} is text (or None), not {type(value).__name__}")
         query_id = query_id or next(self._ids)
         if query_id in self.queries:
             raise UserError(f"query id {query_id!r} is already in use; remove it first or pick another id")

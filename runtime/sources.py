@@ -14,6 +14,8 @@ from __future__ import annotations
 import abc
 import atexit
 import itertools
+import math
+import numbers
 import os
 import queue
 import threading
@@ -28,13 +30,15 @@ import numpy as np
 
 from sdqes_edge.errors import UserError
 
+from .cores import usable_cores
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
 RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; then the source gives up
 TRUNCATION_SLACK_FRAMES = 2  # a file may decode this many frames (or 1%) fewer than its container lists
 # Threads preprocessing a file's frames while the reader decodes the next ones (numpy releases the GIL in its
 # products): one core is left to the decoder, and beyond four the step, not the source, is the bottleneck.
-PREPARE_WORKERS = min(4, max(1, (os.cpu_count() or 2) - 1))
+PREPARE_WORKERS = min(4, max(1, usable_cores() - 1))
 READER_STOP_TIMEOUT_S = 2.0  # how long a stopped reader thread may take to leave OpenCV and end
 
 # Reader threads not yet joined. A stream left unfinished by an exception (SIGTERM in the middle of `score`) may
@@ -95,8 +99,11 @@ class FrameSource(abc.ABC):
     live = False
 
     def __init__(self, name: str, fps: float):
+        if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not 0 < fps < math.inf:
+            raise UserError(f"a source samples at a positive number of frames per second, not {fps!r}; give the "
+                            "bundle's (detector.fps)")
         self.name = name
-        self.fps = fps
+        self.fps = float(fps)
         self.stats = SourceStats()
         self.log: Callable[[str], None] = lambda message: None
 
@@ -351,8 +358,11 @@ def give_distinct_names(sources: list[FrameSource]) -> list[str]:
     return renamed
 
 
-def open_source(spec: str, fps: float) -> FrameSource:
-    """A camera index ("0"), a URL or GStreamer pipeline, an image folder, or a video file."""
+def open_source(spec: str | Path | int, fps: float) -> FrameSource:
+    """A camera index ("0" or 0), a URL or GStreamer pipeline, an image folder, or a video file."""
+    if isinstance(spec, bool) or not isinstance(spec, (str, Path, int)):
+        raise UserError(f"a source is a path, a camera index or a URL, not a {type(spec).__name__}")
+    spec = str(spec)
     if spec.isdigit():
         return LiveSource(int(spec), fps)
     if spec.startswith(URL_PREFIXES) or "!" in spec:  # "!" joins GStreamer pipeline elements

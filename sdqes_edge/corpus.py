@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import signal
 import tempfile
 import time
@@ -49,11 +48,6 @@ class StreamOutcome:
     frames: int = 0
     seconds: float = 0.0
     error: str | None = None  # one line: what went wrong
-
-
-def cpu_count() -> int:
-    """Cores this process may run on (a container's CPU set, not the host's)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask]:

@@ -87,3 +87,50 @@ def test_an_empty_frame_or_one_that_is_no_array_is_refused_in_words(detector, im
     """An empty frame divided by its zero side (ZeroDivisionError); a PIL image or a list failed inside numpy."""
     with pytest.raises(UserError, match=words):
         detector.step([Frame(image=image, time=0.0, index=0)])
+
+
+def test_a_thread_count_below_one_is_refused_and_one_above_the_cores_is_brought_down_to_them(exported, capsys):
+    """ONNX Runtime read 0 and -1 as "every core" without a word, and started 10,000 threads for minutes."""
+    from sdqes_edge.runtime.cores import usable_cores
+
+    _, bundle = exported
+    for threads in (0, -1, 2.5):
+        with pytest.raises(UserError, match=rf"threads is a whole number of at least 1 .*, not {threads}$"):
+            StreamingDetector(bundle, threads=threads)
+    cores = usable_cores()
+    detector = StreamingDetector(bundle, threads=cores + 7)
+    assert detector.backend.session.get_session_options().intra_op_num_threads == cores
+    assert capsys.readouterr().err.count(f"warning: {cores + 7} threads asked of ONNX Runtime, but this process may "
+                                         f"use {cores} core(s); using {cores}") == 1
+
+
+def test_each_call_names_what_it_takes_when_given_something_else(detector):
+    """Each of these failed deep inside (TypeError, AttributeError) or, for a sink, only at the first alert."""
+    frame = Frame(image=np.zeros((48, 64, 3), np.uint8), time=0.0, index=0)
+    with pytest.raises(UserError, match=r"step takes a list of frames, .* not a Frame: detector.step\(\[frame\]\)"):
+        detector.step(frame)
+    with pytest.raises(UserError, match=r"add_sink takes a Sink, not a function; .* CallbackSink\(function\)"):
+        detector.add_sink(lambda alert: None)
+    with pytest.raises(UserError, match=r"a query's message is text \(or None\), not int"):
+        detector.add_query("the door opens", message=5)
+    with pytest.raises(UserError, match=r"reset takes a stream's index \(an int\) or None .*, not '0'"):
+        detector.reset("0")
+    with pytest.raises(UserError, match=r"run takes sources, not a str: open_source\('clip.mp4', detector.fps\)"):
+        next(detector.run("clip.mp4"))
+    assert detector.queries.ids == [] and detector.sinks == []  # nothing half-added
+
+
+def test_a_source_samples_at_a_positive_rate_and_opens_from_a_path_or_a_camera_number(tmp_path):
+    import cv2
+
+    from sdqes_edge.runtime import open_source
+    from sdqes_edge.runtime.sources import ImageFolderSource
+
+    cv2.imwrite(str(tmp_path / "000.png"), np.zeros((8, 8, 3), np.uint8))
+    for fps in (0, -1.0, float("nan"), float("inf")):  # a NaN rate sampled every frame, a negative one too
+        with pytest.raises(UserError, match=rf"a source samples at a positive number of frames per second, not "
+                                            rf"{fps}; give the bundle's \(detector.fps\)"):
+            open_source(tmp_path, fps)
+    assert isinstance(open_source(tmp_path, 1.0), ImageFolderSource)  # a Path (was: no attribute 'isdigit')
+    with pytest.raises(UserError, match="OpenCV cannot open camera index 3;"):  # a camera number, as "3" is
+        open_source(3, 1.0)

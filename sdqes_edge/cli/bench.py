@@ -16,8 +16,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Parameters, MACs, state, latency per backend, streaming vs sliding window, scaling, batches, end to end."""
     from sdqes_edge.benchmarks.suite import check_config
     from sdqes_edge.benchmarks.suite import run as run_bench
+    from sdqes_edge.runtime.cores import checked_threads
 
     cfg = BenchConfig(**QUICK) if args.quick else BenchConfig()
+    args.threads = checked_threads(args.threads)  # above the cores: brought down once, with one warning
     changes = {k: v for k, v in (("preset", args.preset), ("window", args.window), ("repetitions", args.repetitions),
                                  ("threads", args.threads), ("out", args.out), ("device", args.device))
                if v is not None}

@@ -46,9 +46,9 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def _check_score_args(args: argparse.Namespace) -> tuple[int, int]:
     """(workers, ORT threads per worker), conflicts resolved with a warning, mistakes refused up front."""
-    from sdqes_edge.corpus import cpu_count
+    from sdqes_edge.runtime.cores import usable_cores
 
-    cores = cpu_count()
+    cores = usable_cores()
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
     if args.ray:
@@ -109,9 +109,9 @@ def _score(todo: list, bundle: Path, out: Path, workers: int, threads: int, args
 def _bench(tasks: list, bundle: Path, out: Path) -> int:
     """The corpus scored by one process, the local pool and Ray, side by side: videos per minute."""
     from sdqes_edge.benchmarks.corpus import bench_corpus, markdown
-    from sdqes_edge.corpus import cpu_count
+    from sdqes_edge.runtime.cores import usable_cores
 
-    results = bench_corpus(tasks, bundle, cpu_count(), log=lambda message: print(message, file=sys.stderr))
+    results = bench_corpus(tasks, bundle, usable_cores(), log=lambda message: print(message, file=sys.stderr))
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "bench.md").write_text(markdown(results))
