@@ -1,4 +1,5 @@
 #include <cstring>
+#include <string>
 
 #include <opencv2/core.hpp>
 
@@ -24,6 +25,10 @@ void set_error(char* error, size_t size, const char* message) {
 extern "C" {
 
 sdqes_bundle* sdqes_bundle_open(const char* path, char* error, size_t error_size) {
+  if (!path) {
+    set_error(error, error_size, "bundle path is NULL; give the folder sdqes-edge export wrote");
+    return nullptr;
+  }
   try {
     return new sdqes_bundle{sdqes::load_bundle(path)};
   } catch (const std::exception& e) {
@@ -33,12 +38,19 @@ sdqes_bundle* sdqes_bundle_open(const char* path, char* error, size_t error_size
 }
 
 void sdqes_bundle_close(sdqes_bundle* bundle) { delete bundle; }
-double sdqes_bundle_fps(const sdqes_bundle* b) { return b->bundle.fps; }
-int sdqes_bundle_image_size(const sdqes_bundle* b) { return b->bundle.image_size; }
-double sdqes_bundle_default_threshold(const sdqes_bundle* b) { return b->bundle.default_threshold; }
+// A NULL bundle (one sdqes_bundle_open refused) reads as 0 rather than crashing the caller.
+double sdqes_bundle_fps(const sdqes_bundle* b) { return b ? b->bundle.fps : 0.0; }
+int sdqes_bundle_image_size(const sdqes_bundle* b) { return b ? b->bundle.image_size : 0; }
+double sdqes_bundle_default_threshold(const sdqes_bundle* b) { return b ? b->bundle.default_threshold : 0.0; }
 
 int sdqes_preprocess(const sdqes_bundle* b, const uint8_t* bgr, int height, int width, float* out, char* error,
                      size_t error_size) {
+  const char* missing = !b ? "bundle" : !bgr ? "bgr" : !out ? "out" : nullptr;
+  if (missing) {
+    set_error(error, error_size, (std::string(missing) + " is NULL; give sdqes_preprocess a bundle, a frame and "
+                                  "3*R*R floats to write").c_str());
+    return 1;
+  }
   try {
     const cv::Mat frame(height, width, CV_8UC3, const_cast<uint8_t*>(bgr));
     const auto values = sdqes::preprocess(frame, b->bundle.image_size, b->bundle.preprocess);
@@ -55,7 +67,7 @@ sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, double coo
   try {
     sdqes::AlertPolicy policy;
     policy.threshold = threshold;
-    if (exit_threshold >= 0) policy.exit_threshold = exit_threshold;
+    if (!(exit_threshold < 0)) policy.exit_threshold = exit_threshold;  // NaN is checked, not taken as unset
     policy.cooldown_s = cooldown_s;
     if (max_alerts >= 1) policy.max_alerts = max_alerts;
     return new sdqes_alert{sdqes::AlertState(policy)};
@@ -66,6 +78,7 @@ sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, double coo
 }
 
 int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_time) {
+  if (!alert) return -1;
   return alert->state.update(probability, stream_time) ? 1 : 0;
 }
 

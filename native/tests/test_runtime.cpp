@@ -232,6 +232,29 @@ TEST(CApi, OpensABundleAndReportsErrorsAsText) {
   sdqes_alert_free(a);
 }
 
+TEST(CApi, RefusesNullHandlesAndANaNExitThresholdInsteadOfCrashingOrUnsettingIt) {
+  char error[512] = {0};
+  EXPECT_EQ(sdqes_bundle_open(nullptr, error, sizeof error), nullptr);
+  EXPECT_NE(std::string(error).find("bundle path is NULL"), std::string::npos) << error;
+  EXPECT_EQ(sdqes_bundle_fps(nullptr), 0.0);
+  EXPECT_EQ(sdqes_bundle_image_size(nullptr), 0);
+  EXPECT_EQ(sdqes_bundle_default_threshold(nullptr), 0.0);
+  std::vector<uint8_t> frame(48 * 64 * 3, 128);
+  std::vector<float> out(3 * 32 * 32);
+  EXPECT_EQ(sdqes_preprocess(nullptr, frame.data(), 48, 64, out.data(), error, sizeof error), 1);
+  EXPECT_NE(std::string(error).find("bundle is NULL"), std::string::npos) << error;
+  sdqes_bundle* b = sdqes_bundle_open((kVectors / "bundle").c_str(), error, sizeof error);
+  ASSERT_NE(b, nullptr) << error;
+  EXPECT_EQ(sdqes_preprocess(b, nullptr, 48, 64, out.data(), error, sizeof error), 1);
+  EXPECT_NE(std::string(error).find("bgr is NULL"), std::string::npos) << error;
+  EXPECT_EQ(sdqes_preprocess(b, frame.data(), 48, 64, nullptr, error, sizeof error), 1);
+  EXPECT_NE(std::string(error).find("out is NULL"), std::string::npos) << error;
+  sdqes_bundle_close(b);
+  EXPECT_EQ(sdqes_alert_update(nullptr, 0.7, 0.0), -1);
+  EXPECT_EQ(sdqes_alert_new(0.6, std::nan(""), 0, 0, error, sizeof error), nullptr);  // was: no exit threshold
+  EXPECT_NE(std::string(error).find("exit threshold must lie in [0, threshold]"), std::string::npos) << error;
+}
+
 TEST(StopOnSignal, AFirstSignalAsksTheLoopToStopWithTheShellsExitStatusAndTheOldHandlerReturnsAfter) {
   static volatile std::sig_atomic_t before = 0;  // a handler the program had before the stream
   std::signal(SIGTERM, [](int) { before = 1; });

@@ -1,5 +1,6 @@
 /* sdqes native runtime: a small C API over the C++ library, so other languages can bind.
- * Every function that can fail returns 0 on success and writes a one-line reason into `error`. */
+ * Every function that can fail returns 0 on success and writes a one-line reason into `error`.
+ * NULL handles are refused, never dereferenced: the getters then return 0. */
 #ifndef SDQES_H
 #define SDQES_H
 
@@ -23,10 +24,11 @@ double sdqes_bundle_default_threshold(const sdqes_bundle* bundle);
 int sdqes_preprocess(const sdqes_bundle* bundle, const uint8_t* bgr, int height, int width, float* out,
                      char* error, size_t error_size);
 
-/* Alert policy; exit_threshold < 0 and max_alerts < 1 mean "unset". */
+/* Alert policy; exit_threshold < 0 and max_alerts < 1 mean "unset" (a NaN is refused, as in Python). */
 sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, double cooldown_s, int max_alerts,
                              char* error, size_t error_size);
-int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_time); /* 1: alert now */
+/* 1: alert now, 0: no alert, -1: alert is NULL */
+int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_time);
 void sdqes_alert_free(sdqes_alert* alert);
 
 #ifdef __cplusplus
