@@ -70,8 +70,7 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
         problems.append(f"--batch must be >= 1, not {options.batch}")
     if options.opset not in SUPPORTED_OPSETS:
         problems.append(f"--opset must be one of {SUPPORTED_OPSETS} (17 keeps LayerNormalization one node; "
-                        "16 for TensorRT older than 8.6), not {options.opset}".replace("{options.opset}",
-                                                                                      str(options.opset)))
+                        f"16 for TensorRT older than 8.6), not {options.opset}")
     unknown = [p for p in options.precisions if p not in PRECISIONS]
     if unknown:
         problems.append(f"unknown precision {', '.join(unknown)}; choose from {', '.join(PRECISIONS)}")
