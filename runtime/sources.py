@@ -31,6 +31,7 @@ import numpy as np
 from sdqes_edge.errors import UserError
 
 from .cores import usable_cores
+from .sampling import STAMP_TOLERANCE_S, samples_served, stated_end_time
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
@@ -97,6 +98,7 @@ class FrameSource(abc.ABC):
     """Base: subclasses yield (image, timestamp seconds) in ``_frames``; this samples and threads them."""
 
     live = False
+    end_time: float | None = None  # a file's: no sample time past it (sampling.samples_served)
 
     def __init__(self, name: str, fps: float):
         if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not 0 < fps < math.inf:
@@ -113,19 +115,26 @@ class FrameSource(abc.ABC):
         source can skip colour conversion of the frames between samples."""
 
     def sampled(self) -> Iterator[Frame]:
-        """Frames at ``fps`` by timestamp: the first frame at or after each sample time k / fps."""
+        """Frames at ``fps`` by timestamp. A file: the first frame at or after each sample time k / fps, at
+        stream time k / fps, repeated where the video is slower than the samples (``sampling``). A live
+        source: the next frame a period after the last one kept, at its own time."""
         next_time, index = 0.0, 0
         period = 1.0 / self.fps
         for get_image, stamp in self._frames():
             self.stats.read += 1
-            if stamp + 1e-6 < next_time:
+            if self.live:
+                count = 1 if stamp + STAMP_TOLERANCE_S >= next_time else 0
+            else:
+                count = samples_served(stamp, index, period, self.end_time)
+            if not count:
                 continue
             image = get_image()
             if image is None:  # the decoder failed on this frame: the stream ends here
                 return
-            self.stats.sampled += 1
-            yield Frame(image, stamp if self.live else index * period, index)
-            index += 1
+            for _ in range(count):
+                self.stats.sampled += 1
+                yield Frame(image, stamp if self.live else index * period, index)
+                index += 1
             next_time = max(next_time + period, stamp + period) if self.live else index * period
 
     def _hand_over(self, item: tuple, q: queue.Queue, stop: threading.Event) -> None:
@@ -217,6 +226,7 @@ class VideoFileSource(FrameSource):
         ok = capture.isOpened() and capture.read()[0]
         self.frame_count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) if ok else 0
         self.native_fps = capture.get(cv2.CAP_PROP_FPS) if ok else 0.0
+        self.end_time = stated_end_time(self.frame_count, self.native_fps)
         capture.release()
         if not ok:
             raise UserError(f"OpenCV cannot decode a frame of {self.path} (unreadable or empty video); check it "
@@ -233,6 +243,9 @@ class VideoFileSource(FrameSource):
         capture = cv2.VideoCapture(str(self.path))
         native = self.native_fps if self.native_fps > 0 else 30.0
         self.stats.expected = self.frame_count if self.frame_count > 0 else None
+        if 0 < self.native_fps < self.fps - STAMP_TOLERANCE_S:
+            self.log(f"note: {self.path} has {self.native_fps:g} frames per second, fewer than the {self.fps:g} the "
+                     "bundle samples: each frame is repeated for the sample times it covers, so stream times stay true")
         try:
             index = 0
             while capture.grab():  # decode only; the BGR image is made for sampled frames alone

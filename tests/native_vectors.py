@@ -40,6 +40,31 @@ ALERT_CASES = [
 ]
 
 
+# Decoded frames' timestamps -> how many sample times each serves (runtime/sampling.py); "end_time": the file's
+# stated length plus slack, or None.
+SAMPLING_CASES = [
+    {"name": "30-fps video at 1 fps", "fps": 1.0, "end_time": None, "stamps": [k / 30 for k in range(91)]},
+    {"name": "2-fps video at 4 fps: every frame twice", "fps": 4.0, "end_time": None,
+     "stamps": [k * 0.5 for k in range(10)]},
+    {"name": "2-fps video at 3 fps", "fps": 3.0, "end_time": None, "stamps": [k * 0.5 for k in range(10)]},
+    {"name": "variable rate: a 5-s gap is held", "fps": 1.0, "end_time": None,
+     "stamps": [0.0, 0.1, 0.2, 5.0, 5.1, 6.0]},
+    {"name": "a broken stamp far past the stated end", "fps": 1.0, "end_time": 4.0, "stamps": [0.0, 1.0, 2.0, 1e9]},
+    {"name": "milliseconds just below the sample time", "fps": 1.0, "end_time": None,
+     "stamps": [0.0, 0.5, 0.9999995, 1.5, 1.9999]},
+]
+
+
+def sampling_counts(case: dict) -> list[int]:
+    from sdqes_edge.runtime.sampling import samples_served
+
+    counts, index = [], 0
+    for stamp in case["stamps"]:
+        counts.append(samples_served(stamp, index, 1.0 / case["fps"], case["end_time"]))
+        index += counts[-1]
+    return counts
+
+
 def schema_required_paths() -> list[tuple[str, ...]]:
     """Every key the schema requires at the top level and inside the objects every manifest has."""
     schema = contract.manifest_schema()
@@ -109,6 +134,11 @@ def preprocess_expected(image: np.ndarray, size: int) -> np.ndarray:
     return Preprocessor(size, CLIP_MEAN, CLIP_STD)(image)
 
 
+def write_sampling(out: Path = VECTORS) -> None:
+    cases = [dict(case, expected=sampling_counts(case)) for case in SAMPLING_CASES]
+    (out / "sampling.json").write_text(json.dumps(cases, indent=2) + "\n")
+
+
 def write(out: Path = VECTORS) -> None:
     from sdqes_edge.config import CLIP_MEAN, CLIP_STD
     from sdqes_edge.files import file_sha256
@@ -132,6 +162,7 @@ def write(out: Path = VECTORS) -> None:
         probs = case.get("probs", np.round(noise, 4).tolist())
         alerts.append(dict(case, probs=probs, expected=alert_frames(case["policy"], probs, case["fps"])))
     (out / "alerts.json").write_text(json.dumps(alerts, indent=2) + "\n")
+    write_sampling(out)
 
     # A small bundle: a real tiny export's manifest and queries, with the large graphs replaced by stubs
     # (hashes recomputed), so the manifest logic is shared without committing megabytes.

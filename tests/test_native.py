@@ -22,6 +22,7 @@ from native_vectors import (
     manifest_without,
     plant_confinement_case,
     preprocess_expected,
+    sampling_counts,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +37,8 @@ def test_the_python_runtime_still_produces_the_shared_vectors():
         np.testing.assert_array_equal(got, expected)
     for case in json.loads((VECTORS / "alerts.json").read_text()):
         assert alert_frames(case["policy"], case["probs"], case["fps"]) == case["expected"], case["name"]
+    for case in json.loads((VECTORS / "sampling.json").read_text()):
+        assert sampling_counts(case) == case["expected"], case["name"]
     expected = json.loads((VECTORS / "bundle_expected.json").read_text())
     bundle = load_bundle(VECTORS / "bundle")
     assert bundle.state_spec.to_list() == expected["state"]

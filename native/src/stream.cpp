@@ -131,6 +131,22 @@ std::vector<float> probabilities(const float* embedding, const QueryTable& q) {
   return out;
 }
 
+// runtime/sampling.py's STAMP_TOLERANCE_S and END_SLACK_S.
+constexpr double kStampToleranceS = 1e-6;
+constexpr double kEndSlackS = 1.0;
+
+int64_t samples_served(double stamp, int64_t next_index, double period, double end_time) {
+  const double limit = std::min(stamp, end_time);
+  int64_t count = 0;
+  while (static_cast<double>(next_index + count) * period <= limit + kStampToleranceS) ++count;
+  return count;
+}
+
+double stated_end_time(double frame_count, double native_fps) {
+  if (frame_count > 0 && native_fps > 0) return frame_count / native_fps + kEndSlackS;
+  return std::numeric_limits<double>::infinity();
+}
+
 void AlertPolicy::validate() const {
   if (!(threshold > 0.0 && threshold < 1.0)) {
     throw Error("threshold " + std::to_string(threshold) + " is outside (0, 1): it is a probability sigmoid(cos)");

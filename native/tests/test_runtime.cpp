@@ -89,6 +89,20 @@ TEST(Alerts, FireOnTheFramesThePythonPolicyFiresOn) {
   }
 }
 
+TEST(Sampling, AFileServesTheSampleTimesThePythonSamplerServes) {
+  for (const json& c : read_json(kVectors / "sampling.json")) {
+    const double end_time = c["end_time"].is_null() ? std::numeric_limits<double>::infinity()
+                                                    : c["end_time"].get<double>();
+    std::vector<int64_t> counts;
+    int64_t index = 0;
+    for (const double stamp : c["stamps"].get<std::vector<double>>()) {
+      counts.push_back(sdqes::samples_served(stamp, index, 1.0 / c["fps"].get<double>(), end_time));
+      index += counts.back();
+    }
+    EXPECT_EQ(counts, c["expected"].get<std::vector<int64_t>>()) << c["name"];
+  }
+}
+
 TEST(Alerts, ABadPolicyIsRefused) {
   sdqes::AlertPolicy policy;
   policy.threshold = 1.5;

@@ -128,35 +128,50 @@ int run(int argc, char** argv) {
   std::unique_ptr<sdqes::JsonlSink> sink;
   if (o.count("--events")) sink = std::make_unique<sdqes::JsonlSink>(o.at("--events"));
   const double period = 1.0 / bundle.fps;
+  // A file: sample times k / fps, each served by the first frame at or after it (runtime/sampling.py), a frame
+  // repeated where the video is slower than the bundle. A camera: the next frame a period after the last one.
+  const double native_fps = camera ? 0.0 : capture.get(cv::CAP_PROP_FPS);
+  const double end_time = camera ? std::numeric_limits<double>::infinity()
+                                 : sdqes::stated_end_time(capture.get(cv::CAP_PROP_FRAME_COUNT), native_fps);
+  if (native_fps > 0 && native_fps < bundle.fps) {
+    std::cerr << "sdqes-run: note: " << source << " has " << native_fps << " frames per second, fewer than the "
+              << bundle.fps << " the bundle samples: each frame is repeated for the sample times it covers"
+              << std::endl;
+  }
   double next_time = 0.0;
   int64_t index = 0;
+  bool enough = false;
   const auto start = std::chrono::steady_clock::now();
   cv::Mat image;
   const sdqes::StopOnSignal stop;  // Ctrl-C, docker stop, systemd: the frame in hand is finished, then the loop ends
-  while (!stop.requested() && capture.grab()) {
+  while (!enough && !stop.requested() && capture.grab()) {
     const double stamp = camera ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
                                 : capture.get(cv::CAP_PROP_POS_MSEC) / 1000.0;
-    if (stamp + 1e-6 < next_time) continue;
+    const int64_t count = camera ? (stamp + 1e-6 < next_time ? 0 : 1)
+                                 : sdqes::samples_served(stamp, index, period, end_time);
+    if (count == 0) continue;
     capture.retrieve(image);
-    const double time = camera ? stamp : index * period;
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<float> batch = sdqes::preprocess(image, bundle.image_size, bundle.preprocess);
     batch.resize(batch.size() * bundle.batch, 0.0f);  // extra stream slots idle
-    const auto& embedding = step.step(batch);
-    const auto probs = sdqes::probabilities(embedding.data(), queries);
-    const double latency = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    for (size_t q = 0; q < probs.size(); ++q) {
-      if (!std::isfinite(probs[q])) throw sdqes::Error("the model produced a non-finite score; stopping the stream");
-      if (states[q].update(probs[q], time)) {
-        sdqes::AlertEvent e{"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], source, time, index,
-                            probs[q], std::log(probs[q] / (1 - probs[q])), latency};
-        std::cout << "[" << time << " s] " << e.message << "  (p=" << e.score << ")" << std::endl;
-        if (sink) sink->write(e);
+    for (int64_t served = 0; served < count && !enough; ++served) {
+      const double time = camera ? stamp : index * period;
+      const auto& embedding = step.step(batch);
+      const auto probs = sdqes::probabilities(embedding.data(), queries);
+      const double latency = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      for (size_t q = 0; q < probs.size(); ++q) {
+        if (!std::isfinite(probs[q])) throw sdqes::Error("the model produced a non-finite score; stopping the stream");
+        if (states[q].update(probs[q], time)) {
+          sdqes::AlertEvent e{"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], source, time,
+                              index, probs[q], std::log(probs[q] / (1 - probs[q])), latency};
+          std::cout << "[" << time << " s] " << e.message << "  (p=" << e.score << ")" << std::endl;
+          if (sink) sink->write(e);
+        }
       }
+      ++index;
+      enough = max_frames > 0 && index >= max_frames;
     }
-    ++index;
-    next_time = camera ? stamp + period : index * period;
-    if (max_frames > 0 && index >= max_frames) break;
+    next_time = stamp + period;  // read by a camera only
   }
   if (stop.requested()) {
     std::cerr << "sdqes-run: interrupted (" << stop.signal_name() << ") after " << index << " frames"

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -77,6 +78,15 @@ struct QueryTable {
   int dim = 0;
 };
 QueryTable load_queries(const Bundle& bundle);
+
+// How many sample times k * period (k >= next_index) a file's frame at `stamp` seconds serves as the first frame at
+// or after them: 0, 1, or more where the video is slower than the samples (the frame is repeated, so stream time
+// stays true). No sample time past `end_time` (the file's stated length plus slack; infinity: not stated).
+// As runtime/sampling.py does; tests/vectors/sampling.json holds both to it.
+int64_t samples_served(double stamp, int64_t next_index, double period,
+                       double end_time = std::numeric_limits<double>::infinity());
+// The file's stated length plus slack (sampling.stated_end_time), or infinity where the container does not say.
+double stated_end_time(double frame_count, double native_fps);
 
 // One BGR uint8 frame -> normalized float32 [3, R, R] (CHW), as runtime/preprocess.py does.
 std::vector<float> preprocess(const cv::Mat& bgr, int image_size, const Preprocess& p);

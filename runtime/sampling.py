@@ -1,0 +1,33 @@
+"""Which decoded frames of a file the stream steps on, and at what stream time.
+
+A file is sampled at the bundle's fps by timestamp: sample time ``k / fps`` is served by the first frame at or
+after it, and that frame steps at stream time ``k / fps``. Where the video has fewer frames per second than the
+bundle samples (a 2-fps security recording, a bundle at 4 fps), one frame serves several sample times and is
+repeated, so stream time, alert times and the rate the model sees stay true; taking each frame once instead
+compressed such a stream in time (a 60-s video at 2 fps ran as 30 s at 4 fps). The native runtime
+(``sdqes::samples_served``) follows the same rule; ``tests/vectors/sampling.json`` holds both to it.
+"""
+
+from __future__ import annotations
+
+# A container's millisecond timestamps may land a hair below the sample time they stand for (999.9999 ms).
+STAMP_TOLERANCE_S = 1e-6
+# How far past the end its container states a file's timestamps may run before they are taken as broken: a
+# frame stamped far beyond the end (a damaged index) would otherwise be repeated up to its stamp.
+END_SLACK_S = 1.0
+
+
+def samples_served(stamp: float, next_index: int, period: float, end_time: float | None = None) -> int:
+    """How many sample times ``k * period`` (``k >= next_index``) the frame at ``stamp`` seconds serves as the
+    first frame at or after them: 0 (a frame between samples), 1, or more (a video slower than the samples).
+    ``end_time``: the file's stated length plus ``END_SLACK_S`` (None: not stated), past which none is served."""
+    limit = stamp if end_time is None else min(stamp, end_time)
+    count = 0
+    while (next_index + count) * period <= limit + STAMP_TOLERANCE_S:
+        count += 1
+    return count
+
+
+def stated_end_time(frame_count: int, native_fps: float) -> float | None:
+    """The last time a file's samples may take, from its container's frame count and rate (None: not stated)."""
+    return frame_count / native_fps + END_SLACK_S if frame_count > 0 and native_fps > 0 else None

@@ -1,0 +1,76 @@
+"""A file is sampled at the bundle's fps by timestamp: sample time k / fps is served by the first frame at or after
+it and steps at stream time k / fps, a frame repeated where the video is slower than the bundle (runtime/sampling.py;
+the native runtime is held to the same counts by tests/vectors/sampling.json)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+from runtime_fixtures import FPS, QUERY, write_video
+
+from sdqes_edge.runtime import open_source
+from sdqes_edge.runtime.sampling import END_SLACK_S, samples_served, stated_end_time
+from sdqes_edge.traces import load_scores
+
+LEVEL_STEP = 12
+
+
+def grey_levels(count: int) -> np.ndarray:
+    """Frames whose grey level tells them apart after compression: frame k is 12 * k (up to 21 frames)."""
+    return np.stack([np.full((48, 64, 3), LEVEL_STEP * k, np.uint8) for k in range(count)])
+
+
+def frame_number(image: np.ndarray) -> int:
+    return round(float(np.median(image)) / LEVEL_STEP)
+
+
+def test_a_frame_serves_every_sample_time_it_is_the_first_frame_at_or_after():
+    period = 0.25
+    assert samples_served(0.0, 0, period) == 1
+    assert samples_served(0.1, 1, period) == 0  # between samples: skipped
+    assert samples_served(0.5, 1, period) == 2  # serves 0.25 and 0.5
+    assert samples_served(0.9999995, 4, period) == 1  # milliseconds a hair below 1.0 s still serve it
+
+
+def test_a_broken_timestamp_far_past_the_stated_end_is_not_repeated_up_to_itself():
+    end = stated_end_time(frame_count=10, native_fps=2.0)
+    assert end == 5.0 + END_SLACK_S
+    assert samples_served(1e9, 3, 1.0, end) == 4  # sample times 3, 4, 5, 6: not a billion
+    assert stated_end_time(0, 30.0) is None and stated_end_time(100, 0.0) is None  # the container does not say
+
+
+def test_a_video_slower_than_the_bundle_keeps_its_timeline_by_repeating_frames(tmp_path):
+    """Each frame was taken once: a 2-fps video sampled at 4 fps ran twice as fast (10 s as 5 s), its alert times
+    halved and the model shown events at twice their speed."""
+    video = write_video(tmp_path / "slow.avi", grey_levels(20), fps=2.0)
+    source = open_source(video, 4.0)
+    notes = []
+    source.log = notes.append
+    frames = list(source.sampled())
+    assert [f.time for f in frames] == [k * 0.25 for k in range(39)]  # 0 .. 9.5 s, as the video lasts
+    # Sample k is served by the first frame at or after k / 4 s: frame ceil(k / 2), whose stamp is 0.5 s apart.
+    assert [frame_number(f.image) for f in frames] == [-(-k // 2) for k in range(39)]
+    assert source.stats.read == 20 and source.stats.sampled == 39
+    assert notes == [f"note: {video} has 2 frames per second, fewer than the 4 the bundle samples: each frame is "
+                     "repeated for the sample times it covers, so stream times stay true"]
+
+
+def test_a_video_at_or_above_the_bundles_rate_is_sampled_as_before(tmp_path):
+    video = write_video(tmp_path / "fast.avi", grey_levels(12), fps=4.0)
+    frames = list(open_source(video, 2.0).sampled())
+    assert [f.time for f in frames] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    assert [frame_number(f.image) for f in frames] == [0, 2, 4, 6, 8, 10]  # every second frame
+
+
+def test_the_run_command_scores_a_slow_video_at_the_bundles_rate_over_its_whole_length(exported, tmp_path):
+    _, bundle = exported  # sampled at 5 fps
+    video = write_video(tmp_path / "slow.avi", grey_levels(10), fps=2.0)  # 5 s, the last frame at 4.5 s
+    code = "import sys\nfrom sdqes_edge.cli import run\nsys.exit(run(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, "run", str(bundle), "--source", str(video), "--query", QUERY,
+                           "--scores", str(tmp_path / "s")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"has 2 frames per second, fewer than the {FPS:g} the bundle samples" in done.stderr
+    trace = load_scores(next((tmp_path / "s").glob("*.npz")))
+    assert trace.fps == FPS and len(trace.probs) == 23  # sample times 0, 0.2 .. 4.4 s (was 10 frames, "2 s")
