@@ -18,6 +18,7 @@ import math
 import numbers
 import os
 import queue
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -265,12 +266,21 @@ class VideoFileSource(FrameSource):
             self.log(f"warning: {self.stats.shortfall_words(str(self.path))}")
 
 
+def frame_order(path: Path) -> tuple[list, str]:
+    """A sort key that orders numbered names by number: frame_2.jpg before frame_10.jpg, as the frames were taken
+    (a plain sort put frame_10 .. frame_19 between frame_1 and frame_2); zero-padded names keep their order, and
+    the name itself settles ties (7.jpg, 007.jpg)."""
+    parts = [(0, int(part), "") if part.isdigit() else (1, 0, part.lower()) for part in re.split(r"(\d+)", path.name)]
+    return parts, path.name
+
+
 class ImageFolderSource(FrameSource):
-    """Images in name order, one per sampled frame (the folder is taken to be sampled at ``fps`` already)."""
+    """Images in frame order (``frame_order``), one per sampled frame (the folder is taken to be sampled at ``fps``
+    already)."""
 
     def __init__(self, folder: str | Path, fps: float):
         super().__init__(Path(folder).name, fps)
-        self.files = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        self.files = sorted((p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES), key=frame_order)
         if not self.files:
             raise UserError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
 

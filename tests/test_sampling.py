@@ -74,3 +74,15 @@ def test_the_run_command_scores_a_slow_video_at_the_bundles_rate_over_its_whole_
     assert f"has 2 frames per second, fewer than the {FPS:g} the bundle samples" in done.stderr
     trace = load_scores(next((tmp_path / "s").glob("*.npz")))
     assert trace.fps == FPS and len(trace.probs) == 23  # sample times 0, 0.2 .. 4.4 s (was 10 frames, "2 s")
+
+
+def test_an_image_folder_streams_numbered_frames_in_the_order_they_were_taken(tmp_path):
+    """frame_1 .. frame_12 written without zero padding: a plain name sort streamed frame_1, frame_10, frame_11,
+    frame_12, frame_2, ..., silently scrambling the events in time."""
+    import cv2
+
+    for k, image in enumerate(grey_levels(12), start=1):
+        cv2.imwrite(str(tmp_path / f"frame_{k}.png"), image)
+    frames = list(open_source(tmp_path, 1.0).sampled())
+    assert [frame_number(f.image) for f in frames] == list(range(12))
+    assert [f.time for f in frames] == [float(k) for k in range(12)]
