@@ -119,6 +119,15 @@ def _resample_rows(planes: np.ndarray, blocks: tuple, count: int, origin: int = 
     return out
 
 
+def _conversion(image: np.ndarray) -> str:
+    """How to make a grey or BGRA image the BGR frame the model takes (empty for other shapes)."""
+    if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
+        return "; for a grey image, pass cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)"
+    if image.ndim == 3 and image.shape[2] == 4:
+        return "; for a BGRA image, drop its alpha: image[:, :, :3]"
+    return ""
+
+
 @dataclass(frozen=True)
 class Preprocessor:
     image_size: int
@@ -145,7 +154,7 @@ class Preprocessor:
             raise UserError(f"expected a BGR frame as a numpy array [H, W, 3], got a {type(frame_bgr).__name__}; "
                             "for an RGB PIL image, pass numpy.asarray(image)[:, :, ::-1]")
         if frame_bgr.ndim != 3 or frame_bgr.shape[2] != 3:
-            raise UserError(f"expected a colour frame [H, W, 3], got shape {frame_bgr.shape}")
+            raise UserError(f"expected a colour frame [H, W, 3], got shape {frame_bgr.shape}{_conversion(frame_bgr)}")
         if frame_bgr.size == 0:  # the resize would divide by its zero side
             raise UserError(f"got an empty frame of shape {frame_bgr.shape}; give an image at least 1x1 pixel")
         if frame_bgr.dtype != np.uint8:  # a float image in [0, 1] would pass as a black one

@@ -82,9 +82,12 @@ def test_a_precision_that_does_not_exist_and_a_query_that_is_not_text_are_named_
     (np.zeros((48, 0, 3), np.uint8), r"got an empty frame of shape \(48, 0, 3\)"),
     ([[[0, 0, 0]]], r"expected a BGR frame as a numpy array \[H, W, 3\], got a list; .*numpy.asarray\(image\)"),
     (None, r"got a NoneType"),
+    (np.zeros((48, 64), np.uint8), r"got shape \(48, 64\); for a grey image, pass cv2.cvtColor\(image, cv2.COLOR_GRAY"),
+    (np.zeros((48, 64, 4), np.uint8), r"got shape \(48, 64, 4\); for a BGRA image, drop its alpha: image\[:, :, :3\]$"),
 ])
-def test_an_empty_frame_or_one_that_is_no_array_is_refused_in_words(detector, image, words):
-    """An empty frame divided by its zero side (ZeroDivisionError); a PIL image or a list failed inside numpy."""
+def test_an_empty_grey_or_bgra_frame_or_one_that_is_no_array_is_refused_in_words(detector, image, words):
+    """An empty frame divided by its zero side (ZeroDivisionError); a PIL image or a list failed inside numpy; a
+    grey or BGRA image is refused with the conversion that makes it a BGR frame."""
     with pytest.raises(UserError, match=words):
         detector.step([Frame(image=image, time=0.0, index=0)])
 
