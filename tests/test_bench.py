@@ -64,6 +64,9 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     report = (tmp_path / "bench.md").read_text()
     assert "## On the device: cpu" in report and "runtime loop on cpu" in report and "| window4 |" not in report
     assert section["end_to_end"]["reader_ms_per_frame"] > 0 and "the source alone" in report
+    e2e = section["end_to_end"]  # the loop against its floor: the slower of the source and the step
+    floor = max(e2e["reader_ms_per_frame"], e2e["bare_step_ms_per_frame"])
+    assert e2e["loop_over_slower_half"] == e2e["loop_ms_per_frame"] / floor and "the slower of the two" in report
 
 
 def test_the_pytorch_rows_step_a_copy_and_leave_the_model_where_it_was():
