@@ -174,12 +174,15 @@ class FrameSource(abc.ABC):
                 if prepare is not None and not self.live else None)
 
         def reader() -> None:
+            image, prepared = None, None
             try:
                 for frame in self.sampled():
                     if stop.is_set():
                         return
+                    if pool and frame.image is not image:  # a repeated frame (a slow video) is prepared once
+                        image, prepared = frame.image, pool.submit(prepare, frame.image)
                     # (frame, its preprocessing under way or None): the queue bounds the frames in flight.
-                    self._hand_over((frame, pool.submit(prepare, frame.image) if pool else None), q, stop)
+                    self._hand_over((frame, prepared), q, stop)
             except BaseException as exc:  # delivered to the consumer, which raises it
                 errors.append(exc)
             deliver_end()  # after everything, exceptions included (all are caught above)

@@ -53,6 +53,10 @@ def test_a_video_slower_than_the_bundle_keeps_its_timeline_by_repeating_frames(t
     # Sample k is served by the first frame at or after k / 4 s: frame ceil(k / 2), whose stamp is 0.5 s apart.
     assert [frame_number(f.image) for f in frames] == [-(-k // 2) for k in range(39)]
     assert source.stats.read == 20 and source.stats.sampled == 39
+    prepared = []
+    threaded = list(open_source(video, 4.0).threaded(prepare=lambda image: prepared.append(image) or image[:1]))
+    assert len(threaded) == 39 and len(prepared) == 20  # a repeated frame is preprocessed once
+    assert threaded[1].tensor is threaded[2].tensor
     assert notes == [f"note: {video} has 2 frames per second, fewer than the 4 the bundle samples: each frame is "
                      "repeated for the sample times it covers, so stream times stay true"]
 
