@@ -1,4 +1,4 @@
-"""Which decoded frames of a file the stream steps on, and at what stream time.
+"""Which decoded frames of a file the stream steps on, at what stream time, and an image folder's frame order.
 
 A file is sampled at the bundle's fps by timestamp: sample time ``k / fps`` is served by the first frame at or
 after it, and that frame steps at stream time ``k / fps``. Where the video has fewer frames per second than the
@@ -9,6 +9,9 @@ compressed such a stream in time (a 60-s video at 2 fps ran as 30 s at 4 fps). T
 """
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 # A container's millisecond timestamps may land a hair below the sample time they stand for (999.9999 ms).
 STAMP_TOLERANCE_S = 1e-6
@@ -31,3 +34,11 @@ def samples_served(stamp: float, next_index: int, period: float, end_time: float
 def stated_end_time(frame_count: int, native_fps: float) -> float | None:
     """The last time a file's samples may take, from its container's frame count and rate (None: not stated)."""
     return frame_count / native_fps + END_SLACK_S if frame_count > 0 and native_fps > 0 else None
+
+
+def frame_order(path: Path) -> tuple[list, str]:
+    """A sort key that orders numbered names by number: frame_2.jpg before frame_10.jpg, as the frames were taken
+    (a plain sort put frame_10 .. frame_19 between frame_1 and frame_2); zero-padded names keep their order, and
+    the name itself settles ties (7.jpg, 007.jpg)."""
+    parts = [(0, int(part), "") if part.isdigit() else (1, 0, part.lower()) for part in re.split(r"(\d+)", path.name)]
+    return parts, path.name

@@ -18,7 +18,6 @@ import math
 import numbers
 import os
 import queue
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ import numpy as np
 from sdqes_edge.errors import UserError
 
 from .cores import usable_cores
-from .sampling import STAMP_TOLERANCE_S, samples_served, stated_end_time
+from .sampling import STAMP_TOLERANCE_S, frame_order, samples_served, stated_end_time
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
@@ -267,14 +266,6 @@ class VideoFileSource(FrameSource):
         if expected is not None and expected - decoded > max(TRUNCATION_SLACK_FRAMES, 0.01 * expected):
             self.stats.truncated = True
             self.log(f"warning: {self.stats.shortfall_words(str(self.path))}")
-
-
-def frame_order(path: Path) -> tuple[list, str]:
-    """A sort key that orders numbered names by number: frame_2.jpg before frame_10.jpg, as the frames were taken
-    (a plain sort put frame_10 .. frame_19 between frame_1 and frame_2); zero-padded names keep their order, and
-    the name itself settles ties (7.jpg, 007.jpg)."""
-    parts = [(0, int(part), "") if part.isdigit() else (1, 0, part.lower()) for part in re.split(r"(\d+)", path.name)]
-    return parts, path.name
 
 
 class ImageFolderSource(FrameSource):
