@@ -214,8 +214,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                   "bundles/qrnn --source rtsp://cam/stream --backend trt --precision fp16"))
     run.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
     run.add_argument("--source", action="append", required=True,
-                     help="video file, image folder, camera index (0) or URL / GStreamer pipeline; repeat for "
-                          "several streams (needs a bundle exported with --batch N)")
+                     help="video file, image folder (frames in number order, one per sample), camera index (0) "
+                          "or URL / GStreamer pipeline; repeat for several streams (needs a bundle exported with "
+                          "--batch N)")
     run.add_argument("--query", action="append", help="event to wait for (repeatable); default: the bundle's")
     run.add_argument("--message", action="append", help="alert message for the query of the same position")
     run.add_argument("--threshold", type=finite_number, help="alert threshold on sigmoid(cos); default: the bundle's")
