@@ -350,7 +350,9 @@ def frames_spread_over(path: str | Path, count: int) -> Iterator[np.ndarray]:
     time: 2,000 drift frames of a 1080p video held whole were 12 GB."""
     source = VideoFileSource(path, fps=1.0)
     if source.frame_count > 0 and source.native_fps > 0:
-        source.fps = count / (source.frame_count / source.native_fps)
+        # Never above the video's own rate: the sampler would repeat frames, and a calibration set wants distinct
+        # ones (a short video is cycled through by the caller instead).
+        source.fps = min(count / (source.frame_count / source.native_fps), source.native_fps)
     else:  # the container does not say how long it is: take the first `count` frames
         source.fps = source.native_fps if source.native_fps > 0 else 30.0
     return (frame.image for frame in itertools.islice(source.sampled(), count))

@@ -90,3 +90,12 @@ def test_an_image_folder_streams_numbered_frames_in_the_order_they_were_taken(tm
     frames = list(open_source(tmp_path, 1.0).sampled())
     assert [frame_number(f.image) for f in frames] == list(range(12))
     assert [f.time for f in frames] == [float(k) for k in range(12)]
+
+
+def test_frames_spread_over_a_short_video_are_its_distinct_frames_never_repeats(tmp_path):
+    """Calibration asks for more frames than a short video holds: it gets each frame once, as before the sampler
+    repeated frames for slow videos, and cycles through them itself."""
+    from sdqes_edge.runtime.sources import frames_spread_over
+
+    video = write_video(tmp_path / "short.avi", grey_levels(6), fps=2.0)
+    assert [frame_number(image) for image in frames_spread_over(video, 20)] == list(range(6))
