@@ -26,7 +26,6 @@ from sdqes_edge.files import npz_problem, path_problem, replaced_atomically
 from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, warm_up
 from .bundle import Bundle, load_bundle
-from .cores import checked_threads
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, score
 from .sinks import AlertEvent, Sink
@@ -146,7 +145,6 @@ class StreamingDetector:
         self.batch = int(m["batch"])
         self.fps = self.bundle.fps
         self.preprocess = Preprocessor.from_description(self.bundle.image_size, m["preprocess"])
-        threads = checked_threads(threads)  # here, so a count above the cores is named once
         self.backend: StepBackend = (backend_instance
                                      or make_backend(self.bundle, backend, precision, threads, ort_device))
         if getattr(self.backend, "fused_queries", False):

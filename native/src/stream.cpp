@@ -131,8 +131,7 @@ std::vector<float> probabilities(const float* embedding, const QueryTable& q) {
   return out;
 }
 
-// runtime/sampling.py's STAMP_TOLERANCE_S and END_SLACK_S.
-constexpr double kStampToleranceS = 1e-6;
+// runtime/sampling.py's END_SLACK_S.
 constexpr double kEndSlackS = 1.0;
 
 int64_t samples_served(double stamp, int64_t next_index, double period, double end_time) {

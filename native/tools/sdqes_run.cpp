@@ -147,7 +147,7 @@ int run(int argc, char** argv) {
   while (!enough && !stop.requested() && capture.grab()) {
     const double stamp = camera ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
                                 : capture.get(cv::CAP_PROP_POS_MSEC) / 1000.0;
-    const int64_t count = camera ? (stamp + 1e-6 < next_time ? 0 : 1)
+    const int64_t count = camera ? (stamp + sdqes::kStampToleranceS < next_time ? 0 : 1)
                                  : sdqes::samples_served(stamp, index, period, end_time);
     if (count == 0) continue;
     capture.retrieve(image);

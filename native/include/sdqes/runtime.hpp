@@ -79,6 +79,9 @@ struct QueryTable {
 };
 QueryTable load_queries(const Bundle& bundle);
 
+// runtime/sampling.py's STAMP_TOLERANCE_S: a container's millisecond stamps may land a hair below a sample time.
+inline constexpr double kStampToleranceS = 1e-6;
+
 // How many sample times k * period (k >= next_index) a file's frame at `stamp` seconds serves as the first frame at
 // or after them: 0, 1, or more where the video is slower than the samples (the frame is repeated, so stream time
 // stays true). No sample time past `end_time` (the file's stated length plus slack; infinity: not stated).
