@@ -42,6 +42,7 @@ from sdqes_edge.export.precision import TowerShape, quantize_int8
 from sdqes_edge.files import write_text_atomically
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.runtime.kernels import count_kernels
+from sdqes_edge.runtime.onnxruntime_backend import create_session
 from sdqes_edge.runtime.tensorrt_backend import tensorrt_ready
 
 
@@ -128,8 +129,6 @@ def _streaming_row(cfg: BenchConfig, model: SDQESModel, kind: str, frame: np.nda
 def _window_row(cfg: BenchConfig, model: SDQESModel, name: str, frame: np.ndarray, work: Path,
                 log: Callable[[str], None], candidates: dict) -> dict:
     """The sliding-window baseline: the window form over the last W frames, recomputed every frame."""
-    import onnxruntime as ort
-
     log(f"exporting the {cfg.window}-frame sliding window ({model.cfg.name}) ...")
     path = work / f"{name}.onnx"
     graphs.export_window_graph(model, path, window=cfg.window)
@@ -140,10 +139,7 @@ def _window_row(cfg: BenchConfig, model: SDQESModel, name: str, frame: np.ndarra
         with torch.no_grad():
             model.forward_clip(x)
     candidates[f"{name}/torch"] = torch_window
-    options = ort.SessionOptions()
-    if cfg.threads:
-        options.intra_op_num_threads = cfg.threads
-    window_session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    window_session, _ = create_session(path, "cpu", cfg.threads)
     candidates[f"{name}/ort_fp32"] = lambda: window_session.run(None, {"frames": window_frames})
     if cfg.int8:
         log("quantizing the sliding window to int8 ...")
@@ -151,7 +147,7 @@ def _window_row(cfg: BenchConfig, model: SDQESModel, name: str, frame: np.ndarra
         vision = model.cfg.vision
         quantize_int8(path, work / f"{name}.int8.onnx", window_frames, feeds=feeds,
                       tower=TowerShape(vision.width, vision.layers))
-        window_int8 = ort.InferenceSession(str(work / f"{name}.int8.onnx"), options, providers=["CPUExecutionProvider"])
+        window_int8, _ = create_session(work / f"{name}.int8.onnx", "cpu", cfg.threads)
         candidates[f"{name}/ort_int8"] = lambda: window_int8.run(None, {"frames": window_frames})
     # It keeps the last W frames instead of a state.
     return _counted_row(model, path, f"{cfg.window}-frame sliding window ({cfg.window_adapter})",

@@ -37,7 +37,7 @@ from sdqes_edge.contract import (
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import file_sha256, staged_directory
 from sdqes_edge.model import SDQESModel
-from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, session_options
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import (
     EXAMPLE_QUERIES,
@@ -106,7 +106,7 @@ def _encode_queries(text_graph: Path, texts: Sequence[str], truncate: bool) -> t
     import onnxruntime as ort
 
     ids = default_tokenizer().tokenize(list(texts), on_overflow="truncate" if truncate else "error")
-    session = ort.InferenceSession(str(text_graph), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(text_graph), session_options(), providers=["CPUExecutionProvider"])
     return ids, session.run(None, {TOKEN_INPUT: ids})[0]
 
 

@@ -114,9 +114,7 @@ def make_backend(bundle: Bundle, backend: str = "ort", precision: str = REFERENC
     if backend == "ort":
         from .onnxruntime_backend import OnnxRuntimeStep
 
-        # Between steps the reader and preprocessing threads need the cores ONNX Runtime's idle workers would
-        # spin on: spinning made the loop 1.3-1.4x slower on a 2-core CPU (the bench's runtime loop, tiny).
-        return OnnxRuntimeStep(bundle.step_graph(precision), device=ort_device, threads=threads, spin_wait=False)
+        return OnnxRuntimeStep(bundle.step_graph(precision), device=ort_device, threads=threads)
     if backend == "trt":
         from .tensorrt_backend import TensorRTStep
 

@@ -20,6 +20,8 @@ import numpy as np
 
 from sdqes_edge.errors import UserError
 
+from .onnxruntime_backend import session_options
+
 # Operators ONNX Runtime executes as a new view of the same buffer (no data moved, no device launch
 # unless the output is a buffer bound by the caller).
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
@@ -66,8 +68,7 @@ def count_kernels(path: str | Path, providers: list[str] | None = None, steps: i
 
     providers = providers or ["CPUExecutionProvider"]
     with tempfile.TemporaryDirectory(prefix="sdqes-kernels-") as tmp:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options = session_options()
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(tmp) / "step")
         session = ort.InferenceSession(str(path), options, providers=providers)

@@ -49,12 +49,11 @@ class OnnxRuntimeStep:
     provider ONNX Runtime could not create is named, never silently replaced). ``io_binding`` (default: on
     for a GPU) keeps the state in device buffers bound once; ``cuda_graph`` (default: on for "cuda")
     replays each binding as a CUDA graph. ``spin_wait``: ONNX Runtime's worker threads busy-wait between
-    runs (its default, the lowest latency for steps back to back); off where other threads of the process
-    need the cores between steps (the runtime's reader and preprocessing threads).
+    runs (ORT's own default); off here, as in every session of the project (``session_options`` says why).
     """
 
     def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
-                 io_binding: bool | None = None, cuda_graph: bool | None = None, spin_wait: bool = True):
+                 io_binding: bool | None = None, cuda_graph: bool | None = None, spin_wait: bool = False):
         import onnxruntime as ort
 
         if device not in DEVICE_PROVIDERS:
@@ -169,14 +168,15 @@ class OnnxRuntimeStep:
 SPIN_WAIT_OPTION = "session.intra_op.allow_spinning"
 
 
-def create_session(path: Path, device: str, threads: int | None = None, cuda_graph: bool = False,
-                   spin_wait: bool = True):
-    """An ``InferenceSession`` for ``path`` on ``device``'s providers -> (session, whether it replays CUDA graphs).
+def session_options(threads: int | None = None, spin_wait: bool = False):
+    """``onnxruntime.SessionOptions`` as every session of this project starts: the thread count checked
+    (``cores.checked_threads``), ORT's own warnings quiet, and its workers' busy-waiting between runs off.
 
-    ONNX Runtime refuses CUDA graph capture when making the session (a node left on the CPU, control flow),
-    in words that have changed between releases; so a refused capture is found by making the session
-    again without it, which then steps uncaptured with a one-line warning saying why.
-    """
+    Off by default because a session's idle workers keep spinning after its run and take the cores whatever
+    runs next needs: the runtime's reader and preprocessing threads (the loop 1.3-1.4x slower on a 2-core
+    CPU with spinning, tiny preset), another session, or the other candidates of an interleaved benchmark
+    (PyTorch eager's tiny QRNN step took 57 ms between spinning sessions, 1.5 ms between quiet ones, 1.3 ms
+    alone). Alone, the step was no faster with spinning (0.26 against 0.27 ms)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -186,7 +186,20 @@ def create_session(path: Path, device: str, threads: int | None = None, cuda_gra
     if not spin_wait:
         options.add_session_config_entry(SPIN_WAIT_OPTION, "0")
     options.log_severity_level = 3  # ORT's warnings are about graph rewrites, not the user's input
+    return options
 
+
+def create_session(path: Path, device: str, threads: int | None = None, cuda_graph: bool = False,
+                   spin_wait: bool = False):
+    """An ``InferenceSession`` for ``path`` on ``device``'s providers -> (session, whether it replays CUDA graphs).
+
+    ONNX Runtime refuses CUDA graph capture when making the session (a node left on the CPU, control flow),
+    in words that have changed between releases; so a refused capture is found by making the session
+    again without it, which then steps uncaptured with a one-line warning saying why.
+    """
+    import onnxruntime as ort
+
+    options = session_options(threads, spin_wait)
     providers: list = list(DEVICE_PROVIDERS[device])
     if device == "tensorrt":
         # No trt_fp16_enable/trt_int8_enable: without them ONNX Runtime (1.22 and newer) builds strongly typed

@@ -19,7 +19,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
 
 from .alerts import AlertPolicy
-from .cores import checked_threads
+from .onnxruntime_backend import session_options
 
 
 @dataclass
@@ -59,11 +59,8 @@ class TextEncoder:
     def session(self):
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
-        threads = checked_threads(self.threads)
-        if threads:
-            options.intra_op_num_threads = threads
-        return ort.InferenceSession(str(self.text_graph), options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(self.text_graph), session_options(self.threads),
+                                    providers=["CPUExecutionProvider"])
 
     def seed(self, texts: list[str], embeddings: np.ndarray) -> None:
         """Pre-encoded queries from the bundle."""
