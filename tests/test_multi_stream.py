@@ -225,3 +225,9 @@ def test_run_with_two_sources_of_one_name_writes_a_trace_and_an_annotated_video_
                     for name in ("clip", "clip-2")]
     assert frame_counts == [20, 30]
     assert sorted(p.name for p in out.iterdir()) == ["annotated.clip-2.avi", "annotated.clip.avi", "scores"]
+    # --scores FILE.npz: one file beside it for each source, as --annotate names its videos (it was a folder
+    # called trace.npz)
+    assert run(["run", str(bundle), "--source", str(videos[0]), "--source", str(videos[1]), "--query", QUERY,
+                "--scores", str(out / "trace.npz"), "--quiet"]) == 0
+    assert [load_scores(out / f"trace.{name}.npz").probs.shape[0] for name in ("clip", "clip-2")] == [20, 30]
+    assert not (out / "trace.npz").exists()

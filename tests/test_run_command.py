@@ -236,3 +236,21 @@ def test_an_int8_graph_on_the_cuda_provider_is_warned_about_and_nowhere_else():
     for device, precision in (("cpu", "int8"), ("tensorrt", "int8"), ("cuda", "fp16")):
         assert int8_on_cuda_warning(Namespace(backend="ort", ort_device=device, precision=precision)) is None
     assert int8_on_cuda_warning(Namespace(backend="trt", ort_device="cpu", precision="int8")) is None
+
+
+def test_scores_named_like_another_kind_of_file_is_written_as_a_folder_with_a_warning(exported, tmp_path, capsys):
+    """A trace is a .npz; --scores scores.json becomes a folder of SOURCE.npz, which the user is told, with the
+    name that gives one file."""
+    from sdqes_edge.cli import run
+
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.mp4", sample_frames(10, 60, 80))
+    assert run(["run", str(bundle), "--source", str(video), "--query", QUERY, "--quiet",
+                "--scores", str(tmp_path / "scores.json")]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: --scores {tmp_path / 'scores.json'} does not end in .npz, so it is a folder" in err
+    assert f"for one file name it {tmp_path / 'scores.npz'}" in err
+    assert load_scores(tmp_path / "scores.json" / "clip.npz").probs.shape == (5, 1)
+    assert run(["run", str(bundle), "--source", str(video), "--query", QUERY, "--quiet",
+                "--scores", str(tmp_path / "traces")]) == 0
+    assert "warning" not in capsys.readouterr().err  # a plain folder name: as asked

@@ -17,6 +17,7 @@ from sdqes_edge.runtime.detector import BACKENDS, RunStats, StreamingDetector
 from sdqes_edge.runtime.onnxruntime_backend import DEVICE_PROVIDERS
 from sdqes_edge.runtime.sinks import check_annotation_path
 from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of
+from sdqes_edge.traces import TRACE_SUFFIX
 from sdqes_edge.train_options import training_data_words
 
 LIVE_REPORT_SECONDS = 5.0
@@ -85,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               "little", file=sys.stderr)
     stats = RunStats()
     exit_code = _stream(detector, sources, args, stats, live)
-    videos = annotation_paths(args.annotate, sources) if args.annotate else []
+    videos = paths_per_source(args.annotate, sources) if args.annotate else []
     _summarize(sources, stats, exit_code, [str(p) for p in [args.events, *videos, args.save_state, *trace_paths] if p])
     if trace_paths:
         print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
@@ -105,10 +106,15 @@ def _check_run_args(args: argparse.Namespace) -> None:
     if args.annotate:
         check_annotation_path(args.annotate)
     if args.scores:
-        if Path(args.scores).suffix == ".npz" and len(args.source) == 1:
-            check_output_file(args.scores, "--scores")
+        scores = Path(args.scores)
+        if scores.suffix == TRACE_SUFFIX:
+            check_output_file(scores, "--scores")
         else:
-            check_output_dir(args.scores, "--scores")
+            if scores.suffix and not scores.is_dir():  # scores.txt, traces.json: meant as a file, most likely
+                print(f"{PROG}: warning: --scores {scores} does not end in {TRACE_SUFFIX}, so it is a folder "
+                      f"(one SOURCE{TRACE_SUFFIX} per stream); for one file name it "
+                      f"{scores.with_suffix(TRACE_SUFFIX)}", file=sys.stderr)
+            check_output_dir(scores, "--scores")
 
 
 def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
@@ -122,13 +128,22 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
         raise UserError("no queries: give --query TEXT (or export the bundle with --query)")
 
 
-def annotation_paths(annotate: str, sources: list) -> list[Path]:
-    """--annotate's video, or with several sources one per source beside it (out.mp4 -> out.kitchen.mp4, ...):
-    one video showed only the first source, silently."""
-    path = Path(annotate)
+def paths_per_source(path: str | Path, sources: list) -> list[Path]:
+    """A file output (--annotate's video, --scores FILE.npz) for each source: the path itself for one source, and
+    for several one beside it named for each (out.mp4 -> out.kitchen.mp4, ...): one file held only the first
+    source, silently."""
+    path = Path(path)
     if len(sources) == 1:
         return [path]
     return [path.with_name(f"{path.stem}.{source.name}{path.suffix}") for source in sources]
+
+
+def score_trace_paths(scores: str, sources: list) -> list[Path]:
+    """--scores FILE.npz (one per source beside it when there are several), or a folder of SOURCE.npz."""
+    target = Path(scores)
+    if target.suffix == TRACE_SUFFIX:
+        return paths_per_source(target, sources)
+    return [target / f"{source.name}{TRACE_SUFFIX}" for source in sources]
 
 
 def _attach_sinks(detector: StreamingDetector, sources: list, args: argparse.Namespace) -> list[Path]:
@@ -139,16 +154,12 @@ def _attach_sinks(detector: StreamingDetector, sources: list, args: argparse.Nam
         detector.add_sink(ConsoleSink())
     if args.events:
         detector.add_sink(JsonlSink(args.events))
-    for i, path in enumerate(annotation_paths(args.annotate, sources) if args.annotate else []):
+    for i, path in enumerate(paths_per_source(args.annotate, sources) if args.annotate else []):
         detector.add_sink(AnnotatedVideoSink(path, detector.fps, detector.thresholds, stream=i))
-    trace_paths = []
-    if args.scores:
-        target = Path(args.scores)
-        for i, source in enumerate(sources):
-            path = target if target.suffix == ".npz" and len(sources) == 1 else target / f"{source.name}.npz"
-            trace_paths.append(path)
-            detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, stream=i,
-                                                 model=detector.bundle.model_identity))
+    trace_paths = score_trace_paths(args.scores, sources) if args.scores else []
+    for i, (source, path) in enumerate(zip(sources, trace_paths)):
+        detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, stream=i,
+                                             model=detector.bundle.model_identity))
     return trace_paths
 
 
@@ -234,7 +245,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="ONNX Runtime execution provider (cuda/tensorrt need onnxruntime-gpu; the state then "
                           "stays on the GPU between frames)")
     run.add_argument("--events", help="append alerts to this JSONL file (flushed per alert)")
-    run.add_argument("--scores", help="per-frame score trace: FILE.npz, or a folder (one file per stream)")
+    run.add_argument("--scores", help="per-frame score trace: FILE.npz (with several sources, FILE.SOURCE.npz "
+                     "for each), or a folder of SOURCE.npz")
     run.add_argument("--annotate", help="write the stream with score bars and alert banners to this video (with "
                                         "several sources, one video each: out.mp4 -> out.SOURCE.mp4)")
     run.add_argument("--resume", help="state snapshot (.npz) to resume from")
