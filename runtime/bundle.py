@@ -29,6 +29,8 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import file_sha256, path_problem, write_text_atomically
 from sdqes_edge.state import StateSpec
 
+from .graph_files import NotAGraph, external_data_locations
+
 
 class BundleError(UserError):
     """A bundle that cannot be used as it is; the message names the file and the fix."""
@@ -159,6 +161,7 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
             if file_sha256(root / name) != entry["sha256"]:  # confined by _check_listed_files
                 raise BundleError(f"{root / name} does not match the sha256 in {MANIFEST_NAME} (corrupted or "
                                   f"changed after export); {_reexport_hint(root)}")
+    _check_external_data(bundle)
     _check_state_io(bundle)
     return bundle
 
@@ -196,6 +199,25 @@ def _check_listed_files(bundle: Bundle) -> None:
     for name in m["files"]:
         if not (bundle.root / name).is_file():
             raise BundleError(f"{bundle.root / name} is missing from the bundle; {_reexport_hint(bundle.root)}")
+
+
+def _check_external_data(bundle: Bundle) -> None:
+    """A graph's tensors may keep their bytes in other files (ONNX external data), which ONNX Runtime and
+    TensorRT open relative to the graph: each must be a file of the bundle listed with its sha256, so confined
+    and checked like the graphs (``graph_files`` says why). The exporter writes none."""
+    root, files = bundle.root, bundle.manifest["files"]
+    for name in files:
+        if not name.endswith(".onnx"):
+            continue
+        try:
+            locations = external_data_locations(root / name)
+        except NotAGraph as exc:
+            raise BundleError(f"{root / name} is not an ONNX graph ({exc}); {_reexport_hint(root)}") from None
+        for location in locations:
+            if str(PurePosixPath(name).parent / location) not in files:  # listed names are confined already
+                raise BundleError(f"{root / name} reads tensor data from {location!r}, which is not a file of the "
+                                  f"bundle listed in {MANIFEST_NAME}; nothing outside a bundle is read: get the "
+                                  "bundle again from a source you trust or re-export it")
 
 
 def _check_state_io(bundle: Bundle) -> None:

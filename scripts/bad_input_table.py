@@ -34,6 +34,8 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("manifest is not JSON", ["run", str(t / "garbled"), "--source", "x.mp4", "--query", Q]),
         ("a graph changed after export", ["run", str(t / "changed"), "--source", "x.mp4", "--query", Q]),
         ("manifest names a file outside the bundle", ["run", str(t / "escaping"), "--source", "x.mp4", "--query", Q]),
+        ("a graph reads its weights from a file outside the bundle",
+         ["run", str(t / "reaching"), "--source", "x.mp4", "--query", Q]),
         ("bundle of a newer format", ["run", str(t / "newer"), "--source", "x.mp4", "--query", Q]),
         ("manifest with a NaN fps", ["run", str(t / "nan-fps"), "--source", "x.mp4", "--query", Q]),
         ("video file missing", ["run", str(b), "--source", str(t / "missing.mp4"), "--query", Q]),
@@ -136,8 +138,9 @@ def prepare(t: Path) -> Path:
     header = "split,source,video_uid,query,response,label,video_start_time,video_fps,video_length"
     (t / "badrow.csv").write_text(f"{header}\ntrain,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
                                   f"train,moments,v1,{Q},Wash!,cook,1:05,30,900\n")
-    for name in ("garbled", "changed", "escaping", "newer", "blocked", "nan-fps"):
+    for name in ("garbled", "changed", "escaping", "reaching", "newer", "blocked", "nan-fps"):
         shutil.copytree(b, t / name)
+    _read_weights_from(t / "reaching", "../weights.bin")
     (t / "blocked" / "engines").write_text("a file where the engines folder goes")
     (t / "garbled" / "manifest.json").write_text("{")
     (t / "changed" / "text.onnx").write_bytes(b"changed")
@@ -151,6 +154,28 @@ def prepare(t: Path) -> Path:
     m["fps"] = float("nan")
     (t / "nan-fps" / "manifest.json").write_text(json.dumps(m))  # Python's json writes NaN; JSON has none
     return b
+
+
+def _read_weights_from(bundle: Path, location: str) -> None:
+    """Make the bundle's fp32 step graph keep its largest weight at ``location`` (ONNX external data), with the
+    manifest's sha256 of the graph made right, as the maker of such a bundle would."""
+    import onnx
+    from onnx import numpy_helper
+
+    from sdqes_edge.files import file_sha256
+
+    graph = onnx.load(str(bundle / "step.fp32.onnx"))
+    tensor = max(graph.graph.initializer, key=lambda x: len(x.raw_data))
+    (bundle / location).write_bytes(numpy_helper.to_array(tensor).tobytes())
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", location
+    (bundle / "step.fp32.onnx").write_bytes(graph.SerializeToString())
+    m = json.loads((bundle / "manifest.json").read_text())
+    m["files"]["step.fp32.onnx"] = {"sha256": file_sha256(bundle / "step.fp32.onnx"),
+                                    "bytes": (bundle / "step.fp32.onnx").stat().st_size}
+    (bundle / "manifest.json").write_text(json.dumps(m))
 
 
 def main() -> None:
