@@ -12,10 +12,16 @@ from sdqes_edge.eval_plots import _pyplot
 from sdqes_edge.files import format_bytes
 
 
+def _threads_words(results: dict) -> str:
+    threads = results["config"]["threads"]
+    return f"{threads} thread{'s' if threads > 1 else ''} each" if threads else "all cores each"
+
+
 def markdown(results: dict) -> str:
     lines = [f"# sdqes-edge bench: {results['config']['preset']}", "",
              f"{results['machine']['cpu']}, {results['machine']['cores']} cores; torch "
-             f"{results['machine']['torch']}, onnxruntime {results['machine']['onnxruntime']}. "
+             f"{results['machine']['torch']}, onnxruntime {results['machine']['onnxruntime']}; "
+             f"{_threads_words(results)}. "
              f"{results['config']['repetitions']} interleaved repetitions per candidate, warm-up discarded, batch 1."]
     if "table" in results:  # absent from a --device-only run
         lines += _cpu_sections(results)

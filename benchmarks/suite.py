@@ -16,6 +16,7 @@ does not depend on weight values.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
@@ -280,7 +281,26 @@ def check_config(cfg: BenchConfig) -> None:
         check_device(cfg.device)  # before minutes of CPU work
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """PyTorch's intra-op threads set to ``threads`` (None: as they are) while the benchmark runs: its rows are
+    compared with ONNX Runtime's, which get the same count; restored after."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> tuple[dict, list[Path]]:
+    """Every section of ``cfg``, PyTorch and ONNX Runtime on ``cfg.threads`` threads alike."""
+    with torch_threads(cfg.threads):
+        return _run(cfg, log)
+
+
+def _run(cfg: BenchConfig, log: Callable[[str], None]) -> tuple[dict, list[Path]]:
     check_config(cfg)
     can_plot = plotting_available()
     if not can_plot and not cfg.device_only:  # a device-only run draws none

@@ -178,3 +178,24 @@ def test_every_onnx_runtime_session_the_bench_makes_keeps_its_workers_from_spinn
     graphs = {path.rsplit("/", 1)[-1] for path, _ in made}
     assert {"window4.onnx", "window4.int8.onnx", "qrnn.int8.onnx", "text.onnx"} <= graphs, graphs
     assert [(path, spinning) for path, spinning in made if spinning != "0"] == []
+
+
+def test_bench_threads_limits_pytorch_as_it_limits_onnx_runtime_and_gives_the_count_back(tmp_path):
+    """--threads 1 gave ONNX Runtime one thread while PyTorch eager kept every core, so the table's
+    'torch / ort_fp32' compared unequal machines, silently."""
+    import dataclasses
+
+    import torch
+
+    from sdqes_edge.benchmarks.config import QUICK, BenchConfig
+    from sdqes_edge.benchmarks.suite import run
+
+    before = torch.get_num_threads()
+    seen = []
+    cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, threads=1, device="cpu", device_only=True,
+                              int8=False, device_batches=(1,), device_scaling_frames=10, scaling_probe=5,
+                              e2e_frames=4, out=str(tmp_path))
+    results, _ = run(cfg, log=lambda message: seen.append(torch.get_num_threads()))
+    assert set(seen) == {1} and results["machine"]["torch_threads"] == 1
+    assert "1 thread each" in (tmp_path / "bench.md").read_text()
+    assert torch.get_num_threads() == before

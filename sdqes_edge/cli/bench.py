@@ -58,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help=f"frames of the sliding-window baseline (default {BenchConfig.window})")
     bench.add_argument("--repetitions", type=int, help=f"timed repetitions per candidate (default "
                                                        f"{BenchConfig.repetitions}; --quick: {QUICK['repetitions']})")
-    bench.add_argument("--threads", type=at_least(1), help="ONNX Runtime intra-op threads (default: all cores)")
+    bench.add_argument("--threads", type=at_least(1),
+                       help="intra-op threads of ONNX Runtime and of PyTorch alike (default: all cores)")
     bench.add_argument("--no-int8", action="store_true", help="skip the int8 column (saves the quantization)")
     bench.add_argument("--out", help=f"results folder (default {BenchConfig.out})")
     bench.add_argument("--device", choices=("cuda",),
