@@ -387,6 +387,14 @@ class StreamingDetector:
             self.close()
 
     def close(self) -> None:
+        """Finish every sink's output; one that fails (a full disk) does not stop the others finishing theirs,
+        and the first failure is raised after."""
         sinks, self.sinks = self.sinks, []
+        failures = []
         for sink in sinks:
-            sink.close()
+            try:
+                sink.close()
+            except Exception as exc:  # noqa: BLE001  (raised below, once every other output is complete)
+                failures.append(exc)
+        if failures:
+            raise failures[0]

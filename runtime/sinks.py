@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import cv2
 import numpy as np
 
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import check_output_file
+from sdqes_edge.files import check_output_file, format_bytes
 from sdqes_edge.metrics import above_threshold
 from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, merge_chunks, save_scores
 
@@ -103,6 +104,13 @@ def check_annotation_path(path: str | Path) -> Path:
     return check_output_file(path, "--annotate")
 
 
+class IncompleteOutput(UserError):
+    """An output the machine would not let us finish (a full disk): exit 1, as the command line's disk-full
+    error, since the user's input was fine."""
+
+    exit_code = 1
+
+
 class AnnotatedVideoSink(Sink):
     """The stream as a video with a score bar per query and a banner while an alert is fresh."""
 
@@ -116,6 +124,7 @@ class AnnotatedVideoSink(Sink):
         self.stream = stream
         self.thresholds = thresholds
         self._writer = None
+        self._written = 0
         self._banner: tuple[str, float] | None = None
 
     def on_frame(self, stream, frame_bgr, time_s, probs, events):
@@ -148,10 +157,23 @@ class AnnotatedVideoSink(Sink):
             cv2.rectangle(image, (0, 0), (w, 28), (0, 0, 200), -1)
             cv2.putText(image, self._banner[0][:80], (8, 19), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (255, 255, 255), 1)
         self._writer.write(image)
+        self._written += 1
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.release()
+        """Finish the video and read its frame count back: OpenCV's writer reports no error, so a disk that
+        filled up left an mp4 without its index (unplayable) while the run said it was written."""
+        if self._writer is None:
+            return
+        self._writer.release()
+        self._writer = None
+        check = cv2.VideoCapture(str(self.path))
+        readable = int(check.get(cv2.CAP_PROP_FRAME_COUNT)) if check.isOpened() else 0
+        check.release()
+        if readable < self._written - 1:  # some containers estimate their count from the duration: one off
+            free = shutil.disk_usage(self.path.parent).free
+            raise IncompleteOutput(f"the annotated video {self.path} is incomplete: {self._written} frames were "
+                                   f"written and {readable} can be read back ({format_bytes(free)} free on its disk); "
+                                   "free some space or write it to another disk, and run again")
 
 
 class ScoreTraceRecorder(Sink):

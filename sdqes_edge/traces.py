@@ -21,7 +21,6 @@ keeps all but its last chunk. When the stream ends the chunks are merged, a chun
 from __future__ import annotations
 
 import math
-import os
 import re
 import zipfile
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from typing import Iterable
 import numpy as np
 
 from .errors import UserError
-from .files import npz_problem
+from .files import npz_problem, replaced_atomically
 
 TRACE_FORMAT_VERSION = 2
 TRACE_SUFFIX = ".npz"
@@ -69,8 +68,8 @@ def _header_arrays(scores: StreamScores) -> dict[str, np.ndarray]:
 def _write_trace(path: Path, header: StreamScores, rows: int, blocks: Iterable[np.ndarray]) -> Path:
     """An .npz whose ``probs`` [rows, Q] is streamed from ``blocks``, written to a temporary name and renamed
     into place: a reader never sees half a trace, and the writer never holds all the rows at once."""
-    tmp = path.with_name(path.name + ".writing")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+    with replaced_atomically(path) as partial, zipfile.ZipFile(partial, "w", zipfile.ZIP_STORED,
+                                                                allowZip64=True) as archive:
         for name, array in _header_arrays(header).items():
             with archive.open(f"{name}.npy", "w") as fh:
                 np.lib.format.write_array(fh, array, allow_pickle=False)
@@ -79,7 +78,6 @@ def _write_trace(path: Path, header: StreamScores, rows: int, blocks: Iterable[n
                                                       "shape": (rows, len(header.query_ids))})
             for block in blocks:
                 fh.write(np.ascontiguousarray(block, dtype="<f4").tobytes())
-    os.replace(tmp, path)
     return path
 
 

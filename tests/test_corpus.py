@@ -122,7 +122,7 @@ def test_an_interrupted_run_resumes_and_a_half_written_trace_never_counts(corpus
     assert kept and process.returncode in (0, 143), stderr
     # A trace cut off mid-write (or damaged) is scored again; a temporary file is no trace.
     (out / "traces" / f"{kept[0]}.npz").write_bytes(b"PK\x03\x04 cut off")
-    (out / "traces" / "synthetic-999999.npz.writing").write_bytes(b"half")
+    (out / "traces" / ".synthetic-999999.npz.partial-12345").write_bytes(b"half")  # a killed writer's
     again = score(corpus, out, "--workers", "1", "--threads", "1")
     assert again.returncode == 0, again.stderr
     assert f"{len(kept) - 1} already scored" in again.stderr

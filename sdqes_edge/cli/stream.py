@@ -189,9 +189,11 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
     finally:
         if bar is not None:
             bar.close()
-        detector.close()
-        if args.save_state:
-            detector.save_state(args.save_state)
+        try:
+            detector.close()
+        finally:  # an output that failed to finish (a full disk) must not cost the state snapshot too
+            if args.save_state:
+                detector.save_state(args.save_state)
     return exit_code
 
 

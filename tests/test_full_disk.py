@@ -1,0 +1,81 @@
+"""Outputs that cannot be finished because the machine refuses the bytes (a full disk, a quota): the run names
+the output that is incomplete and exits 1, every other output is finished, and nothing half-written is left
+behind. The refusal is real: the process runs under a file-size limit (RLIMIT_FSIZE), so every write past it
+fails with EFBIG, as writes fail on a disk that filled up."""
+
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+
+import cv2
+import numpy as np
+import pytest
+from runtime_fixtures import QUERY, write_video
+
+from sdqes_edge.runtime.detector import StreamingDetector
+from sdqes_edge.sample import sample_frames
+from sdqes_edge.traces import StreamScores, load_scores, save_scores
+
+FILE_LIMIT = 64 * 1024  # bytes a file may grow to: the annotated video passes it, the other outputs do not
+
+
+def _limit_file_size() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the writer instead of failing the write
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+@contextmanager
+def file_size_limit():
+    """The limit on this process for the block (the test runner's own files stay small meanwhile)."""
+    old_limit, old_handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.getsignal(signal.SIGXFSZ)
+    _limit_file_size()
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+def test_an_annotated_video_cut_off_by_the_disk_is_named_and_every_other_output_is_finished(exported, tmp_path):
+    """OpenCV's writer reports no error: the mp4 lost its index (unplayable) and the run said it was written,
+    exit 0. Now the video is read back at the end."""
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(60, 240, 320, seed=3))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
+                           "--query", QUERY, "--threshold", "0.01", "--quiet", "--annotate", str(out / "a.mp4"),
+                           "--events", str(out / "e.jsonl"), "--scores", str(out / "s.npz"),
+                           "--save-state", str(out / "state.npz")],
+                          capture_output=True, text=True, preexec_fn=_limit_file_size)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: the annotated video {out / 'a.mp4'} is incomplete: 30 frames were written and " in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 2  # "streaming ..." and the error
+    # Everything else is complete: the alert log, the score trace (merged), the state snapshot.
+    assert [json.loads(line)["frame_index"] for line in (out / "e.jsonl").read_text().splitlines()] == [0]
+    assert load_scores(out / "s.npz").probs.shape == (30, 1)
+    StreamingDetector(bundle).load_state(out / "state.npz")
+    assert sorted(p.name for p in out.iterdir()) == ["a.mp4", "e.jsonl", "s.npz", "state.npz"]
+
+
+def test_the_annotated_video_of_a_run_with_room_is_read_back_whole(exported, tmp_path):
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(60, 240, 320, seed=3))
+    from sdqes_edge.cli import run
+
+    assert run(["run", str(bundle), "--source", str(video), "--query", QUERY, "--quiet",
+                "--annotate", str(tmp_path / "a.mp4")]) == 0
+    assert int(cv2.VideoCapture(str(tmp_path / "a.mp4")).get(cv2.CAP_PROP_FRAME_COUNT)) == 30
+
+
+def test_a_score_trace_the_disk_cuts_off_leaves_neither_a_trace_nor_a_temporary_file(tmp_path):
+    """It left its temporary file (TRACE.npz.writing) behind."""
+    probs = np.zeros((50_000, 2), np.float32)  # 400 KB: past the limit
+    scores = StreamScores("clip", 1.0, ["a", "b"], ["0", "1"], np.zeros(2), probs)
+    with file_size_limit(), pytest.raises(OSError):
+        save_scores(tmp_path / "clip.npz", scores)
+    assert list(tmp_path.iterdir()) == []
