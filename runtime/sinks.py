@@ -6,6 +6,7 @@ still leaves a complete JSONL log (flushed per event) and a score trace.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -63,17 +64,34 @@ class CallbackSink(Sink):
 
 
 class JsonlSink(Sink):
-    """One JSON object per line, flushed and fsynced per event: a crash loses nothing already alerted."""
+    """One JSON object per line, appended, written and fsynced per event: a crash loses nothing already alerted.
+
+    A line the disk refuses part of (full, a quota) is taken back, so the log holds whole lines only (JSONL
+    readers stop at a half one), and the error names the file."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = self.path.open("a", encoding="utf-8")
+        self._fh = self.path.open("ab", buffering=0)  # unbuffered: nothing left to flush once a write failed
+        # Bytes up to the end of the last whole line; None for a pipe (--events /dev/stdout), which cannot be cut.
+        self._whole = self._fh.seek(0, os.SEEK_END) if self._fh.seekable() else None
 
     def on_event(self, event: AlertEvent) -> None:
-        self._fh.write(json.dumps(event.to_dict()) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        line = memoryview((json.dumps(event.to_dict()) + "\n").encode("utf-8"))
+        try:
+            while line:
+                written = self._fh.write(line)
+                if not written:  # a regular file takes some bytes or raises; never loop on nothing
+                    raise OSError(errno.EIO, "the file took no bytes")
+                line = line[written:]
+            if self._whole is not None:  # a pipe or terminal has nothing to sync
+                os.fsync(self._fh.fileno())
+        except OSError as exc:
+            if self._whole is not None:
+                os.ftruncate(self._fh.fileno(), self._whole)
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
+        if self._whole is not None:
+            self._whole = self._fh.tell()
 
     def close(self) -> None:
         self._fh.close()

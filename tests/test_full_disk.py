@@ -79,3 +79,22 @@ def test_a_score_trace_the_disk_cuts_off_leaves_neither_a_trace_nor_a_temporary_
     with file_size_limit(), pytest.raises(OSError):
         save_scores(tmp_path / "clip.npz", scores)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_alert_log_the_disk_cuts_off_keeps_only_whole_lines_and_names_its_file(tmp_path):
+    """JSONL readers stop at a half line: the line being written when the disk filled is taken back."""
+    from sdqes_edge.runtime.sinks import AlertEvent, JsonlSink
+
+    log = tmp_path / "alerts.jsonl"
+    log.write_text('{"from": "an earlier run"}\n')  # appended to, never rewritten
+    sink = JsonlSink(log)
+    event = AlertEvent("q1", QUERY, "Sanitize your hands!" * 20, "clip", 1.5, 3, 0.9, 0.2, 12.0)
+    written = 0
+    with file_size_limit(), pytest.raises(OSError) as refused:
+        for written in range(FILE_LIMIT):  # until the limit refuses a line
+            sink.on_event(event)
+    sink.close()
+    assert refused.value.filename == str(log)  # the command line's one-line error names it
+    lines = log.read_text().splitlines(keepends=True)
+    assert len(lines) == written + 1 and all(line.endswith("\n") for line in lines)
+    assert [json.loads(line) for line in lines[1:]] == [event.to_dict()] * written

@@ -254,3 +254,14 @@ def test_scores_named_like_another_kind_of_file_is_written_as_a_folder_with_a_wa
     assert run(["run", str(bundle), "--source", str(video), "--query", QUERY, "--quiet",
                 "--scores", str(tmp_path / "traces")]) == 0
     assert "warning" not in capsys.readouterr().err  # a plain folder name: as asked
+
+
+def test_alerts_can_be_piped_as_jsonl_to_stdout(exported, tmp_path):
+    """`--events /dev/stdout | jq ...`: a pipe cannot be fsynced (the old code died with EINVAL at the first
+    alert) nor seeked; each line is written whole as it comes."""
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.mp4", sample_frames(10, 60, 80))
+    done = run_cli("run", str(bundle), "--source", str(video), "--query", QUERY, "--threshold", "0.01",
+                   "--events", "/dev/stdout", "--quiet")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert [json.loads(line)["frame_index"] for line in done.stdout.splitlines()] == [0]
