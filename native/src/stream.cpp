@@ -1,6 +1,9 @@
 // Preprocessing, scoring, alert policy and the JSONL sink: twins of runtime/preprocess.py, alerts.py, sinks.py.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 
@@ -193,8 +196,10 @@ json AlertEvent::to_json() const {
           {"latency_ms", latency_ms}};
 }
 
-JsonlSink::JsonlSink(const fs::path& path) : file_(std::fopen(path.string().c_str(), "a")) {
+JsonlSink::JsonlSink(const fs::path& path) : path_(path), file_(std::fopen(path.string().c_str(), "a")) {
   if (!file_) throw Error("cannot open " + path.string() + " for writing");
+  std::setvbuf(file_, nullptr, _IONBF, 0);  // unbuffered: nothing is left to flush once a write failed
+  if (std::fseek(file_, 0, SEEK_END) == 0) whole_ = std::ftell(file_);
 }
 
 JsonlSink::~JsonlSink() {
@@ -203,9 +208,17 @@ JsonlSink::~JsonlSink() {
 
 void JsonlSink::write(const AlertEvent& event) {
   const std::string line = event.to_json().dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), file_);
-  std::fflush(file_);
-  fsync(fileno(file_));
+  const bool written = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
+  const int failure = written ? 0 : errno;
+  if (written && whole_ >= 0 && fsync(fileno(file_)) != 0 && errno != EINVAL) {
+    throw Error("cannot sync " + path_.string() + " (" + std::strerror(errno) + ")");
+  }
+  if (!written) {
+    if (whole_ >= 0 && ftruncate(fileno(file_), whole_) == 0) std::clearerr(file_);
+    throw Error("cannot append an alert to " + path_.string() + " (" + std::strerror(failure) +
+                "): is the disk full? free some space or write to another disk, and run again");
+  }
+  if (whole_ >= 0) whole_ = std::ftell(file_);
 }
 
 QueryTable load_queries(const Bundle& bundle) {

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <sstream>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -267,6 +269,50 @@ TEST(CApi, RefusesNullHandlesAndANaNExitThresholdInsteadOfCrashingOrUnsettingIt)
   EXPECT_EQ(sdqes_alert_update(nullptr, 0.7, 0.0), -1);
   EXPECT_EQ(sdqes_alert_new(0.6, std::nan(""), 0, 0, error, sizeof error), nullptr);  // was: no exit threshold
   EXPECT_NE(std::string(error).find("exit threshold must lie in [0, threshold]"), std::string::npos) << error;
+}
+
+TEST(JsonlSink, KeepsWholeLinesWhenTheDiskRefusesOneAndNamesTheFile) {
+  // A real refusal: a file-size limit fails every write past it with EFBIG, as a full disk fails them (ENOSPC).
+  const fs::path log = fs::temp_directory_path() / ("sdqes-native-alerts-" + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(log) << "{\"from\":\"an earlier run\"}\n";  // appended to, never rewritten
+  sdqes::AlertEvent event;
+  event.query_id = "q1";
+  event.query = "When I start to clean the table, remind me to wash my hands.";
+  event.message = std::string(400, 'w');
+  event.stream = "clip";
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &before), 0);
+  rlimit limited = before;
+  limited.rlim_cur = 4096;
+  auto* handler = std::signal(SIGXFSZ, SIG_IGN);  // else the kernel kills the writer instead of failing the write
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  int written = 0;
+  std::string error;
+  {
+    sdqes::JsonlSink sink(log);
+    try {  // 4 KiB hold a few lines of ~600 bytes: far fewer writes than this must be refused
+      for (; written < 1000; ++written) sink.write(event);
+    } catch (const sdqes::Error& e) {
+      error = e.what();
+    }
+  }
+  setrlimit(RLIMIT_FSIZE, &before);
+  std::signal(SIGXFSZ, handler);
+  EXPECT_NE(error.find(log.string()), std::string::npos) << error;
+  EXPECT_NE(error.find("is the disk full?"), std::string::npos) << error;
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n');
+  std::istringstream lines(text);
+  int count = 0;
+  for (std::string line; std::getline(lines, line); ++count) {
+    const json parsed = json::parse(line);  // throws on a half line
+    if (count > 0) EXPECT_EQ(parsed.at("message"), event.message);
+  }
+  EXPECT_EQ(count, written + 1);
+  EXPECT_GT(written, 0);
+  fs::remove(log);
 }
 
 TEST(StopOnSignal, AFirstSignalAsksTheLoopToStopWithTheShellsExitStatusAndTheOldHandlerReturnsAfter) {

@@ -127,7 +127,9 @@ struct AlertEvent {
   nlohmann::json to_json() const;
 };
 
-// Appends one JSON object per line, flushed and synced per event (a crash loses nothing alerted).
+// Appends one JSON object per line, flushed and synced per event (a crash loses nothing alerted). A line the disk
+// refuses part of (full, a quota) is taken back and an Error names the file, so the log holds whole lines only,
+// as the Python sink's does; a pipe (/dev/stdout) is written line by line, not synced.
 class JsonlSink {
  public:
   explicit JsonlSink(const std::filesystem::path& path);
@@ -137,7 +139,9 @@ class JsonlSink {
   void write(const AlertEvent& event);
 
  private:
+  std::filesystem::path path_;
   std::FILE* file_;
+  long whole_ = -1;  // bytes up to the end of the last whole line; -1 for a pipe, which cannot be cut
 };
 
 // While one lives, SIGINT, SIGTERM and SIGHUP ask a stream's loop to stop after the frame in hand (sinks are never
