@@ -19,7 +19,7 @@ import mmap
 from pathlib import Path
 
 # message -> {field number: message it holds}, for every field through which a TensorProto can be reached
-# (onnx.proto; tests/test_bundle_compatibility.py derives the same table from onnx's descriptors).
+# (onnx.proto; tests/test_bundle_confinement.py derives the same table from onnx's descriptors).
 TENSOR_HOLDERS: dict[str, dict[int, str]] = {
     "ModelProto": {7: "GraphProto", 20: "TrainingInfoProto", 25: "FunctionProto"},
     "TrainingInfoProto": {1: "GraphProto", 2: "GraphProto"},
