@@ -4,8 +4,12 @@ A file is sampled at the bundle's fps by timestamp: sample time ``k / fps`` is s
 after it, and that frame steps at stream time ``k / fps``. Where the video has fewer frames per second than the
 bundle samples (a 2-fps security recording, a bundle at 4 fps), one frame serves several sample times and is
 repeated, so stream time, alert times and the rate the model sees stay true; taking each frame once instead
-compressed such a stream in time (a 60-s video at 2 fps ran as 30 s at 4 fps). The native runtime
-(``sdqes::samples_served``) follows the same rule; ``tests/vectors/sampling.json`` holds both to it.
+compressed such a stream in time (a 60-s video at 2 fps ran as 30 s at 4 fps). A live source keeps the same
+sample times from its start, but steps each frame it keeps once: sample times a camera missed (a slow camera, a
+stall) are skipped, not filled with a stale frame. Its samples stay on the grid k / fps: waiting a period after the
+last frame kept instead stepped slower than the bundle by the wait for the next frame, every time (a 15-fps camera
+at 15 fps stepped 9.5 times a second, a 30-fps camera at 10 fps 8.4). The native runtime (``sdqes::samples_served``)
+follows the same rule; ``tests/vectors/sampling.json`` holds both to it.
 """
 
 from __future__ import annotations

@@ -115,27 +115,25 @@ class FrameSource(abc.ABC):
         source can skip colour conversion of the frames between samples."""
 
     def sampled(self) -> Iterator[Frame]:
-        """Frames at ``fps`` by timestamp. A file: the first frame at or after each sample time k / fps, at
-        stream time k / fps, repeated where the video is slower than the samples (``sampling``). A live
-        source: the next frame a period after the last one kept, at its own time."""
-        next_time, index = 0.0, 0
+        """Frames at ``fps`` by timestamp: sample time k / fps is served by the first frame at or after it
+        (``sampling``). A file's frame steps at stream time k / fps, repeated where the video is slower than the
+        samples. A live frame steps once, at its own time: the sample times a slow camera or a stall left without
+        a frame are skipped, since repeating a stale frame would put the model behind the world."""
+        next_sample, index = 0, 0
         period = 1.0 / self.fps
         for get_image, stamp in self._frames():
             self.stats.read += 1
-            if self.live:
-                count = 1 if stamp + STAMP_TOLERANCE_S >= next_time else 0
-            else:
-                count = samples_served(stamp, index, period, self.end_time)
-            if not count:
+            served = samples_served(stamp, next_sample, period, self.end_time)
+            if not served:
                 continue
             image = get_image()
             if image is None:  # the decoder failed on this frame: the stream ends here
                 return
-            for _ in range(count):
+            next_sample += served
+            for _ in range(1 if self.live else served):
                 self.stats.sampled += 1
                 yield Frame(image, stamp if self.live else index * period, index)
                 index += 1
-            next_time = max(next_time + period, stamp + period) if self.live else index * period
 
     def _hand_over(self, item: tuple, q: queue.Queue, stop: threading.Event) -> None:
         """A file's frame waits for room in the queue; a live one replaces the frame not yet taken (counted)."""

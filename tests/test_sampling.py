@@ -8,10 +8,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from runtime_fixtures import FPS, QUERY, write_video
 
 from sdqes_edge.runtime import open_source
 from sdqes_edge.runtime.sampling import END_SLACK_S, samples_served, stated_end_time
+from sdqes_edge.runtime.sources import FrameSource
 from sdqes_edge.traces import load_scores
 
 LEVEL_STEP = 12
@@ -99,3 +101,48 @@ def test_frames_spread_over_a_short_video_are_its_distinct_frames_never_repeats(
 
     video = write_video(tmp_path / "short.avi", grey_levels(6), fps=2.0)
     assert [frame_number(image) for image in frames_spread_over(video, 20)] == list(range(6))
+
+
+class StampedCamera(FrameSource):
+    """A live source whose frame k arrives at ``stamps[k]`` seconds of wall-clock time (the sampler reads only the
+    stamps, so nothing sleeps); each image carries its frame number."""
+
+    live = True
+
+    def __init__(self, stamps: list[float], fps: float):
+        super().__init__("stamped", fps)
+        self.stamps = stamps
+
+    def _frames(self):
+        for k, stamp in enumerate(self.stamps):
+            yield (lambda k=k: np.full((4, 4, 3), k % 256, np.uint8)), stamp
+
+
+def camera_stamps(rate: float, seconds: float, jitter_s: float = 0.004, seed: int = 0) -> list[float]:
+    """A camera's arrival times: one frame every 1 / rate seconds, each a few milliseconds late at random."""
+    late = np.random.default_rng(seed).uniform(0.0, jitter_s, int(rate * seconds))
+    return [k / rate + float(delay) for k, delay in enumerate(late)]
+
+
+@pytest.mark.parametrize("camera_fps, bundle_fps", [(30, 1), (30, 10), (15, 15), (10, 4)])
+def test_a_live_source_steps_at_the_bundles_rate_however_its_frames_fall(camera_fps, bundle_fps):
+    """A live source took the next frame a period after the last one kept, so every step also waited for the next
+    frame to arrive: a 15-fps camera at 15 fps stepped 9.5 times a second, a 30-fps camera at 10 fps 8.4, and the
+    model's adapters saw time pass slower than they were trained on. Sample times k / fps keep the rate."""
+    seconds = 60
+    frames = list(StampedCamera(camera_stamps(camera_fps, seconds), bundle_fps).sampled())
+    assert len(frames) == seconds * bundle_fps
+    assert [f.index for f in frames] == list(range(len(frames)))
+    times = np.array([f.time for f in frames])
+    assert (np.diff(times) > 0).all()  # at its own arrival time, each frame once
+    assert np.abs(times - np.arange(len(frames)) / bundle_fps).max() < 1.0 / camera_fps + 0.004  # on the grid
+
+
+def test_a_live_source_skips_the_sample_times_a_stall_left_without_frames():
+    """A camera that froze from 3 s to 8 s: the frame after the stall steps once, not once per missed sample time
+    (a burst of stale frames would put the model behind the world), and the samples go on from there."""
+    stamps = [t for t in camera_stamps(30, 10) if not 3.0 <= t < 8.0]
+    source = StampedCamera(stamps, 2.0)
+    frames = list(source.sampled())
+    assert [round(f.time * 2) for f in frames] == [0, 1, 2, 3, 4, 5, 16, 17, 18, 19]  # sample times 0 .. 2.5, 8 .. 9.5
+    assert source.stats.sampled == len(frames) == 10

@@ -128,8 +128,8 @@ int run(int argc, char** argv) {
   std::unique_ptr<sdqes::JsonlSink> sink;
   if (o.count("--events")) sink = std::make_unique<sdqes::JsonlSink>(o.at("--events"));
   const double period = 1.0 / bundle.fps;
-  // A file: sample times k / fps, each served by the first frame at or after it (runtime/sampling.py), a frame
-  // repeated where the video is slower than the bundle. A camera: the next frame a period after the last one.
+  // Sample times k / fps, each served by the first frame at or after it (runtime/sampling.py). A file's frame is
+  // repeated where the video is slower than the bundle; a camera's steps once, the sample times it missed skipped.
   const double native_fps = camera ? 0.0 : capture.get(cv::CAP_PROP_FPS);
   const double end_time = camera ? std::numeric_limits<double>::infinity()
                                  : sdqes::stated_end_time(capture.get(cv::CAP_PROP_FRAME_COUNT), native_fps);
@@ -138,8 +138,8 @@ int run(int argc, char** argv) {
               << bundle.fps << " the bundle samples: each frame is repeated for the sample times it covers"
               << std::endl;
   }
-  double next_time = 0.0;
-  int64_t index = 0;
+  int64_t next_sample = 0;  // the first sample time k / fps not yet served
+  int64_t index = 0;        // frames stepped
   bool enough = false;
   const auto start = std::chrono::steady_clock::now();
   cv::Mat image;
@@ -147,9 +147,10 @@ int run(int argc, char** argv) {
   while (!enough && !stop.requested() && capture.grab()) {
     const double stamp = camera ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
                                 : capture.get(cv::CAP_PROP_POS_MSEC) / 1000.0;
-    const int64_t count = camera ? (stamp + sdqes::kStampToleranceS < next_time ? 0 : 1)
-                                 : sdqes::samples_served(stamp, index, period, end_time);
-    if (count == 0) continue;
+    const int64_t served = sdqes::samples_served(stamp, next_sample, period, end_time);
+    if (served == 0) continue;
+    next_sample += served;
+    const int64_t count = camera ? 1 : served;
     capture.retrieve(image);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<float> batch = sdqes::preprocess(image, bundle.image_size, bundle.preprocess);
@@ -171,7 +172,6 @@ int run(int argc, char** argv) {
       ++index;
       enough = max_frames > 0 && index >= max_frames;
     }
-    next_time = stamp + period;  // read by a camera only
   }
   if (stop.requested()) {
     std::cerr << "sdqes-run: interrupted (" << stop.signal_name() << ") after " << index << " frames"
