@@ -8,6 +8,7 @@ import numpy as np
 
 from sdqes_edge.benchmarks.config import BACKEND_TITLES, BACKENDS
 from sdqes_edge.benchmarks.device import markdown as device_markdown
+from sdqes_edge.benchmarks.machine_load import busy_machine_words
 from sdqes_edge.eval_plots import _pyplot
 from sdqes_edge.files import format_bytes
 
@@ -23,6 +24,8 @@ def markdown(results: dict) -> str:
              f"{results['machine']['torch']}, onnxruntime {results['machine']['onnxruntime']}; "
              f"{_threads_words(results)}. "
              f"{results['config']['repetitions']} interleaved repetitions per candidate, warm-up discarded, batch 1."]
+    busy = busy_machine_words(results["machine"].get("other_processes_cores"))  # absent from older results
+    lines += ["", busy] if busy else []
     if "table" in results:  # absent from a --device-only run
         lines += _cpu_sections(results)
     if "device" in results:

@@ -30,6 +30,7 @@ import torch
 from sdqes_edge.benchmarks.config import BACKENDS, BenchConfig
 from sdqes_edge.benchmarks.device import bench_device, check_device
 from sdqes_edge.benchmarks.end_to_end import bench_end_to_end, bench_precisions
+from sdqes_edge.benchmarks.machine_load import other_processes_cores, read_cpu_clock
 from sdqes_edge.benchmarks.models import bench_config, bench_frame, bench_model, ort_step
 from sdqes_edge.benchmarks.report import markdown, plots
 from sdqes_edge.benchmarks.timing import interleaved, machine, peak_rss_bytes, rss_bytes
@@ -307,7 +308,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> tuple[dict, list[Path]
         log(f"note: no plots: {PLOTS_NEED}; bench.json and bench.md are written as usual")
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
+    started, clock = time.perf_counter(), read_cpu_clock()
     results: dict = {"config": asdict(cfg), "machine": machine()}
     with tempfile.TemporaryDirectory() as tmp:
         for (*parents, name), measure in _sections(cfg, log):
@@ -317,6 +318,7 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> tuple[dict, list[Path]
             place[name] = measure(Path(tmp))
             # A run cut short (a time limit on a lent GPU, Ctrl-C) keeps every section it finished.
             results["seconds"] = time.perf_counter() - started
+            results["machine"]["other_processes_cores"] = other_processes_cores(clock, read_cpu_clock())
             write_text_atomically(out / "bench.json", json.dumps({**results, "complete": False}, indent=2))
     results["complete"] = True
     write_text_atomically(out / "bench.json", json.dumps(results, indent=2))
