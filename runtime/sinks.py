@@ -142,15 +142,37 @@ class AnnotatedVideoSink(Sink):
         self.stream = stream
         self.thresholds = thresholds
         self._writer = None
+        self._size: tuple[int, int] | None = None  # (width, height) of the video, set by its first frame
+        self._first_shape: tuple[int, int] | None = None  # the first frame's (height, width), enlarged by _scale
+        self._scale = 1
         self._written = 0
         self._banner: tuple[str, float] | None = None
+
+    def _canvas(self, frame_bgr: np.ndarray) -> np.ndarray:
+        """The frame at the video's size, which the first frame sets (small frames enlarged by whole pixels).
+        A frame of another size (an image folder of mixed sizes, a camera that renegotiates) is fitted inside it,
+        centred between black bars: OpenCV's writer silently drops every frame whose size differs from its own."""
+        fh, fw = frame_bgr.shape[:2]
+        if self._size is None:
+            self._first_shape, self._scale = (fh, fw), -(-self.MIN_HEIGHT // fh)  # ceil: 96-px frames become 384 px
+            self._size = (fw * self._scale, fh * self._scale)
+        if (fh, fw) == self._first_shape:
+            return frame_bgr.copy() if self._scale == 1 else cv2.resize(
+                frame_bgr, None, fx=self._scale, fy=self._scale, interpolation=cv2.INTER_NEAREST)
+        w, h = self._size
+        scale = min(w / fw, h / fh)
+        inner_w, inner_h = min(w, max(1, round(fw * scale))), min(h, max(1, round(fh * scale)))
+        smooth = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
+        inner = cv2.resize(frame_bgr, (inner_w, inner_h), interpolation=smooth)
+        image = np.zeros((h, w, 3), np.uint8)
+        top, left = (h - inner_h) // 2, (w - inner_w) // 2
+        image[top:top + inner_h, left:left + inner_w] = inner
+        return image
 
     def on_frame(self, stream, frame_bgr, time_s, probs, events):
         if stream != self.stream:
             return
-        scale = -(-self.MIN_HEIGHT // frame_bgr.shape[0])  # ceil: 96-px frames become 384 px
-        image = frame_bgr.copy() if scale == 1 else cv2.resize(frame_bgr, None, fx=scale, fy=scale,
-                                                                interpolation=cv2.INTER_NEAREST)
+        image = self._canvas(frame_bgr)
         h, w = image.shape[:2]
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)  # as every other output: missing folders are made

@@ -265,3 +265,24 @@ def test_alerts_can_be_piped_as_jsonl_to_stdout(exported, tmp_path):
                    "--events", "/dev/stdout", "--quiet")
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert [json.loads(line)["frame_index"] for line in done.stdout.splitlines()] == [0]
+
+
+def test_frames_that_change_size_mid_stream_are_all_in_the_annotated_video_fitted_to_its_size(exported, tmp_path):
+    """OpenCV's writer drops every frame whose size is not its own, silently: an image folder of landscape and
+    portrait images (or a camera that renegotiates) left half the frames out, and the run then blamed the disk."""
+    _, bundle = exported
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for i in range(6):
+        height, width = (360, 480) if i % 2 == 0 else (480, 360)  # landscape, portrait, ...
+        cv2.imwrite(str(folder / f"{i:03d}.png"), np.full((height, width, 3), 40 * i, np.uint8))
+    done = run_cli("run", str(bundle), "--source", str(folder), "--query", QUERY,
+                   "--annotate", str(tmp_path / "annotated.avi"))
+    assert done.returncode == 0, done.stderr
+    video = cv2.VideoCapture(str(tmp_path / "annotated.avi"))
+    frames = []
+    while (read := video.read())[0]:
+        frames.append(read[1])
+    assert len(frames) == 6 and all(f.shape == (360, 480, 3) for f in frames)  # the first frame's size
+    portrait = frames[1][:300]  # above the score bars
+    assert portrait[:, :100].max() < 20 and portrait[:, 110:370].mean() == pytest.approx(40, abs=3)  # between bars
