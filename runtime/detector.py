@@ -21,14 +21,15 @@ import numpy as np
 
 from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import npz_problem, path_problem, replaced_atomically
 
 from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, warm_up
 from .bundle import Bundle, load_bundle
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, score
+from .run_stats import RunStats
 from .sinks import AlertEvent, Sink
+from .snapshots import SavedAlert, Snapshot, StreamRecord, read_snapshot, write_snapshot
 from .sources import Frame, FrameSource
 
 BACKENDS = ("ort", "trt")
@@ -36,63 +37,6 @@ BACKENDS = ("ort", "trt")
 
 class NonFiniteScoreError(UserError):
     """The model produced NaN or Inf for a stream; the stream is stopped (its state would stay poisoned)."""
-
-
-class LatencyHistogram:
-    """Per-step latencies in constant memory, for a stream that runs for months.
-
-    Log-spaced bins, ``BINS_PER_DECADE`` per factor of ten from ``LOWEST_MS`` to ``HIGHEST_MS``: a
-    percentile is read to within one bin (under 1% relative) however many steps were added; the count,
-    mean, minimum and maximum are exact.
-    """
-
-    LOWEST_MS, HIGHEST_MS, BINS_PER_DECADE = 1e-3, 1e6, 250
-
-    def __init__(self) -> None:
-        decades = np.log10(self.HIGHEST_MS / self.LOWEST_MS)
-        self.edges = self.LOWEST_MS * 10.0 ** (np.arange(int(decades * self.BINS_PER_DECADE) + 1)
-                                                / self.BINS_PER_DECADE)
-        self.counts = np.zeros(len(self.edges) + 1, np.int64)  # [under, bins..., over]
-        self.count, self.total_ms = 0, 0.0
-        self.min_ms, self.max_ms = float("inf"), 0.0
-
-    def add(self, ms: float) -> None:
-        self.counts[np.searchsorted(self.edges, ms, side="right")] += 1
-        self.count += 1
-        self.total_ms += ms
-        self.min_ms, self.max_ms = min(self.min_ms, ms), max(self.max_ms, ms)
-
-    @property
-    def mean_ms(self) -> float:
-        return self.total_ms / self.count if self.count else 0.0
-
-    def percentile(self, q: float) -> float:
-        """The q-th percentile (0-100), the geometric middle of its bin, clamped to the exact min and max."""
-        if not self.count:
-            return 0.0
-        if q >= 100.0:
-            return self.max_ms
-        rank = max(1, int(np.ceil(q / 100.0 * self.count)))
-        slot = int(np.searchsorted(np.cumsum(self.counts), rank))
-        if slot == 0 or slot == len(self.counts) - 1:  # outside the binned range
-            return self.min_ms if slot == 0 else self.max_ms
-        value = float(np.sqrt(self.edges[slot - 1] * self.edges[slot]))
-        return min(max(value, self.min_ms), self.max_ms)
-
-
-@dataclass
-class RunStats:
-    frames: int = 0
-    latencies: LatencyHistogram = field(default_factory=LatencyHistogram)
-    started: float = field(default_factory=time.perf_counter)
-    events: int = 0
-
-    @property
-    def fps(self) -> float:
-        return self.frames / max(time.perf_counter() - self.started, 1e-9)
-
-    def latency(self, q: float) -> float:
-        return self.latencies.percentile(q)
 
 
 @dataclass
@@ -103,6 +47,10 @@ class StreamSlot:
     frames: int = 0  # frames stepped (counted on from a restored snapshot)
     time: float = 0.0  # stream time of its last frame, seconds
     alerts: dict[str, AlertState] = field(default_factory=dict)  # query id -> this stream's alert state
+    source: str = ""  # the identity of the source it reads (FrameSource.identity)
+    position: int = 0  # the sample index of that source after its last frame
+    resumed: StreamRecord | None = None  # from a snapshot, until ``attach`` decides where its source goes on
+    attached: FrameSource | None = field(default=None, repr=False)  # the source ``attach`` gave this stream
 
     def reset_alerts(self) -> None:
         for state in self.alerts.values():
@@ -188,6 +136,9 @@ class StreamingDetector:
         query = self.queries.add(text, policy, message, query_id, stream_time=self.streams[0].time)
         for slot in self.streams:
             slot.alerts[query.id] = AlertState(policy)
+            saved = slot.resumed.alerts.get(text) if slot.resumed else None  # asked again after a restart
+            if saved is not None:
+                saved.apply(slot.alerts[query.id], slot.time)
         for sink in self.sinks:
             sink.on_query_added(query.id, query.text, query.added_at)
         return query
@@ -230,28 +181,22 @@ class StreamingDetector:
             slot.reset_alerts()
 
     def save_state(self, path: str | Path) -> Path:
-        """Snapshot the streaming state (and frame counters) to an .npz, to resume after a restart."""
+        """Snapshot the streaming state to an .npz, to resume after a restart: the model's state and, per stream,
+        its frame count, time, source position and alert states (``snapshots``)."""
         path = Path(path)
         if path.is_dir():  # numpy would write FOLDER.npz beside it
             raise UserError(f"{path} is a folder; give save_state a file path (e.g. {path / 'state.npz'})")
         path = path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")  # as numpy names it
-        arrays = {f"state/{k}": v for k, v in self.backend.state_to_numpy(self.state).items()}
-        with replaced_atomically(path) as partial, open(partial, "wb") as fh:  # a handle: numpy adds no suffix
-            np.savez(fh, frame_counts=np.array([slot.frames for slot in self.streams]),
-                     model_identity=np.asarray(self.bundle.model_identity), **arrays)
-        return path
+        texts = {qid: q.text for qid, q in self.queries.queries.items()}
+        records = [StreamRecord(slot.frames, slot.time, slot.source, slot.position,
+                                {texts[qid]: SavedAlert.of(state, slot.time) for qid, state in slot.alerts.items()})
+                   for slot in self.streams]
+        return write_snapshot(path, Snapshot(self.bundle.model_identity, self.backend.state_to_numpy(self.state),
+                                             records))
 
     def load_state(self, path: str | Path) -> None:
-        problem = path_problem(path, "file")
-        if problem:
-            raise UserError(f"state snapshot {path} {problem}; give the file save_state (run --save-state) wrote")
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                loaded = {k[len("state/"):]: data[k] for k in data.files if k.startswith("state/")}
-                counts = data["frame_counts"].tolist()
-                identity = str(data["model_identity"]) if "model_identity" in data.files else None
-        except (OSError, ValueError, KeyError) as exc:
-            raise UserError(f"{path} is not a state snapshot written by save_state ({npz_problem(exc)})") from None
+        snapshot = read_snapshot(path)
+        loaded, identity = snapshot.state, snapshot.model_identity
         # Another model of the same shapes would take the snapshot silently; snapshots from before name none.
         if identity is not None and identity != self.bundle.model_identity:
             raise UserError(f"{path} was saved by another model (its bundle's step graph differs from "
@@ -262,8 +207,12 @@ class StreamingDetector:
                 raise UserError(f"{path} does not fit this bundle's state ({spec.name} {list(spec.shape)}); it was "
                                 "saved from another model or batch size")
         self.state = self.backend.state_from_numpy(loaded)
-        for slot, count in zip(self.streams, counts):
-            slot.frames = count
+        for slot, record in zip(self.streams, snapshot.streams):
+            slot.frames, slot.time, slot.resumed = record.frames, record.time, record
+            for qid, state in slot.alerts.items():
+                saved = record.alerts.get(self.queries.queries[qid].text)
+                if saved is not None:
+                    saved.apply(state, slot.time)
 
     # --- one step --------------------------------------------------------------------
     def step(self, frames: list[Frame | None]) -> list[list[AlertEvent]]:
@@ -329,7 +278,7 @@ class StreamingDetector:
     def _alerts(self, slot: StreamSlot, frame: Frame, ids: list[str], probs: np.ndarray, cosines: np.ndarray,
                 start: float) -> list[AlertEvent]:
         """One stream's frame through its per-query alert states: the alerts it raises."""
-        slot.time = frame.time
+        slot.time, slot.position = frame.time, frame.index + 1
         slot.frames += 1
         latency = (time.perf_counter() - start) * 1e3
         events = []
@@ -341,6 +290,28 @@ class StreamingDetector:
         return events
 
     # --- whole streams ------------------------------------------------------------------
+    def attach(self, sources: list[FrameSource]) -> None:
+        """Give each source its stream (``run`` does; call it first to know where each source starts). A stream
+        restored from a snapshot goes on where it stopped when its source is the file it was reading: from the
+        sample after its last frame, stream times continuing (a file stepped again from its start saw its
+        first part twice, and alerted twice). Any other source starts at its beginning with the state carried
+        on and stream times from 0, the last alert's time moved with them (cooldowns count the gap as none)."""
+        self.check_source_count(len(sources))
+        for slot, source in zip(self.streams, sources):
+            if slot.attached is source:
+                continue
+            slot.name, slot.attached = source.name, source
+            record, slot.resumed = slot.resumed, None
+            if record is not None and not source.live and record.source == source.identity and record.position:
+                source.start_at(record.position)
+                source.log(f"note: {source.name} goes on at {record.position / self.fps:g} s, where the state "
+                           "snapshot stopped")
+            elif slot.frames:
+                for state in slot.alerts.values():
+                    state.last_alert_time -= slot.time
+                slot.time = 0.0
+            slot.source = source.identity
+
     def check_source_count(self, count: int) -> None:
         """Refuse more sources than the bundle steps at once (fewer is fine: the other slots idle)."""
         if count > self.batch:
@@ -355,9 +326,7 @@ class StreamingDetector:
             if not isinstance(source, FrameSource):  # a path failed with "'str' object has no attribute 'name'"
                 raise UserError(f"run takes sources, not a {type(source).__name__}: open_source({source!r}, "
                                 "detector.fps)")
-        self.check_source_count(len(sources))
-        for slot, source in zip(self.streams, sources):
-            slot.name = source.name
+        self.attach(sources)
         stats = stats or RunStats()
         iterators: list[Iterator[Frame] | None] = [s.threaded(prepare=self.preprocess) for s in sources]
         iterators += [None] * (self.batch - len(sources))

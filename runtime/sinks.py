@@ -21,7 +21,7 @@ import numpy as np
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import check_output_file, format_bytes
 from sdqes_edge.metrics import above_threshold
-from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, merge_chunks, save_scores
+from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, save_scores
 
 
 @dataclass
@@ -227,9 +227,12 @@ class ScoreTraceRecorder(Sink):
     CHUNK_ROWS = 1024
     CHUNK_SECONDS = 30.0
 
-    def __init__(self, path: str | Path, stream_name: str, fps: float, stream: int = 0, model: str = ""):
+    def __init__(self, path: str | Path, stream_name: str, fps: float, stream: int = 0, model: str = "",
+                 first_frame: int = 0):
         """``model``: what scored the stream (``Bundle.model_identity``), recorded so that a threshold calibrated
-        on these scores is never written into another model's bundle."""
+        on these scores is never written into another model's bundle. ``first_frame``: the frame a resumed
+        stream goes on at (``source.start_index``): the trace the stopped run left at ``path`` gives the rows
+        before it, so this one is still the whole stream, each row at its own frame."""
         self.path = Path(path)
         self.stream_name, self.fps, self.stream, self.model = stream_name, fps, stream, model
         self._rows: list[dict[str, float]] = []
@@ -240,13 +243,39 @@ class ScoreTraceRecorder(Sink):
         self._last_flush = time.monotonic()
         for stale in chunks_of(self.path):  # a killed earlier run's: this run replaces its trace
             stale.unlink()
+        self._lead_frames = first_frame
+        self._earlier = load_scores(self.path) if first_frame and self.path.is_file() else None
 
     def on_query_added(self, query_id: str, text: str, asked_time: float) -> None:
+        earlier = dict(zip(self._earlier.query_ids, self._earlier.query_texts)) if self._earlier else {}
+        if earlier.get(query_id, text) != text:  # its rows would land under another query's text
+            raise UserError(f"{self.path} holds the scores of the run this one resumes, with {query_id} asking "
+                            f"{earlier[query_id]!r}, not {text!r}; ask the same queries, or give --scores a new path")
         self._texts.setdefault(query_id, text)
         self._asked.setdefault(query_id, asked_time)
 
+    def _write_lead(self) -> None:
+        """The rows before a resumed stream's first frame, from the stopped run's trace (NaN where it has none)."""
+        frames, earlier = self._lead_frames, self._earlier
+        self._lead_frames, self._earlier = 0, None
+        rows = np.full((frames, len(earlier.query_ids) if earlier else len(self._texts)), np.nan, np.float32)
+        if earlier is not None:
+            kept = min(frames, len(earlier.probs))
+            rows[:kept] = earlier.probs[:kept]
+            for qid, text, asked in zip(earlier.query_ids, earlier.query_texts, earlier.asked_time):
+                self._texts.setdefault(qid, text)
+                self._asked.setdefault(qid, float(asked))
+        ids = earlier.query_ids if earlier is not None else list(self._texts)
+        lead = StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], list(ids),
+                            np.array([self._asked[i] for i in ids]), rows, 0, self.model)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._chunks.append(save_scores(chunk_path(self.path, 1), lead))
+        self._flushed_rows = frames
+
     def on_frame(self, stream, frame_bgr, time_s, probs, events):
         if stream == self.stream:
+            if self._lead_frames:
+                self._write_lead()
             self._rows.append(dict(probs))
             if len(self._rows) >= self.CHUNK_ROWS or time.monotonic() - self._last_flush >= self.CHUNK_SECONDS:
                 self.flush()
@@ -276,6 +305,8 @@ class ScoreTraceRecorder(Sink):
         self._rows = []
 
     def close(self) -> None:
+        if self._lead_frames:  # a resumed stream with nothing left to step still keeps the rows before it
+            self._write_lead()
         self.flush()
         empty = self._trace(np.zeros((0, len(self._texts)), np.float32))
         if self._chunks:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sdqes_edge.runtime.detector import LatencyHistogram
+from sdqes_edge.runtime.run_stats import LatencyHistogram
 from sdqes_edge.runtime.sinks import ScoreTraceRecorder
 from sdqes_edge.traces import chunks_of, load_score_dir, load_scores
 

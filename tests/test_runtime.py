@@ -310,7 +310,7 @@ def test_an_image_folder_is_a_source(exported, tmp_path):
 
 
 def test_a_live_source_that_drops_is_reopened_with_back_off(tmp_path):
-    from sdqes_edge.runtime.sources import LiveSource
+    from sdqes_edge.runtime.live_source import LiveSource
 
     video = write_video(tmp_path / "clip.avi", sample_frames(5, 60, 80))
     messages = []

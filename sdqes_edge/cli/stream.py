@@ -67,6 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         source.log = lambda message: print(f"{PROG}: {message}", file=sys.stderr)
     if args.resume:
         detector.load_state(args.resume)
+    detector.attach(sources)  # a file the snapshot was reading goes on where it stopped (before the progress bar)
     trace_paths = _attach_sinks(detector, sources, args)
     live = any(s.live for s in sources)
     policy = next(iter(detector.queries.queries.values())).policy
@@ -159,7 +160,7 @@ def _attach_sinks(detector: StreamingDetector, sources: list, args: argparse.Nam
     trace_paths = score_trace_paths(args.scores, sources) if args.scores else []
     for i, (source, path) in enumerate(zip(sources, trace_paths)):
         detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, stream=i,
-                                             model=detector.bundle.model_identity))
+                                             model=detector.bundle.model_identity, first_frame=source.start_index))
     return trace_paths
 
 
@@ -251,7 +252,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      "for each), or a folder of SOURCE.npz")
     run.add_argument("--annotate", help="write the stream with score bars and alert banners to this video (with "
                                         "several sources, one video each: out.mp4 -> out.SOURCE.mp4)")
-    run.add_argument("--resume", help="state snapshot (.npz) to resume from")
+    run.add_argument("--resume", help="state snapshot (.npz) to resume from: the file it stopped in goes on at the "
+                                      "next sample; another file or a camera starts at its beginning, the state and "
+                                      "alert states carried on")
     run.add_argument("--save-state", help="write the state to this .npz when the stream ends or is stopped")
     run.add_argument("--max-frames", type=int, help="stop after this many steps")
     run.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens")

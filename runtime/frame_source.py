@@ -1,0 +1,212 @@
+"""What every frame source shares: sampling at the bundle's fps by timestamp, and the reader thread.
+
+Frames are sampled by timestamp, not by frame count (a 29.97 fps file and a camera that stutters give the same
+stream times; ``sampling``). A reader thread fills a bounded queue: a file blocks when the queue is full, so every
+sampled frame is processed; a live source keeps only the newest frame and counts the ones it dropped, so a slow
+model never falls behind the world. A file's frames are preprocessed by a few threads while the reader decodes the
+next ones, in order. The sources themselves are in ``sources`` (files, image folders) and ``live_source``.
+"""
+
+from __future__ import annotations
+
+import abc
+import atexit
+import math
+import numbers
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from sdqes_edge.errors import UserError
+
+from .cores import usable_cores
+from .sampling import samples_served
+
+# Threads preprocessing a file's frames while the reader decodes the next ones (numpy releases the GIL in its
+# products): one core is left to the decoder, and beyond four the step, not the source, is the bottleneck.
+PREPARE_WORKERS = min(4, max(1, usable_cores() - 1))
+READER_STOP_TIMEOUT_S = 2.0  # how long a stopped reader thread may take to leave OpenCV and end
+
+# Reader threads not yet joined. A stream left unfinished by an exception (SIGTERM in the middle of `score`) may
+# keep its frame generator, and so its reader, alive until Python exits; a daemon thread still inside an OpenCV
+# call when Python finalizes is killed inside a C++ frame, and the process aborts ("FATAL: exception not
+# rethrown", exit -6) after its outputs were written. So every reader still running is stopped and joined first.
+_LIVE_READERS: dict[threading.Thread, threading.Event] = {}
+
+
+@atexit.register
+def _stop_live_readers() -> None:
+    readers = list(_LIVE_READERS.items())
+    for _, stop in readers:
+        stop.set()
+    for thread, _ in readers:
+        thread.join(timeout=READER_STOP_TIMEOUT_S)
+
+
+@dataclass
+class Frame:
+    image: np.ndarray  # BGR uint8 [H, W, 3]
+    time: float  # stream time in seconds
+    index: int  # sampled frame index (time * fps for files)
+    tensor: np.ndarray | None = None  # the preprocessed frame, when the reader thread prepared it
+
+
+@dataclass
+class SourceStats:
+    read: int = 0  # frames decoded
+    sampled: int = 0  # frames kept by the fps sampler
+    dropped: int = 0  # sampled frames a live source discarded because the model was busy
+    reconnects: int = 0
+    expected: int | None = None  # frames the file's container lists, where it says
+    truncated: bool = False  # the file stopped decoding well short of ``expected``
+
+    def shortfall_words(self, name: str) -> str | None:
+        if not self.truncated:
+            return None
+        return (f"{name} ended after {self.read} of the {self.expected} frames its container lists: the file is "
+                "truncated or damaged, and the stream stopped there")
+
+
+class FrameSource(abc.ABC):
+    """Base: subclasses yield (image, timestamp seconds) in ``_frames``; this samples and threads them."""
+
+    live = False
+    end_time: float | None = None  # a file's: no sample time past it (sampling.samples_served)
+
+    def __init__(self, name: str, fps: float):
+        if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not 0 < fps < math.inf:
+            raise UserError(f"a source samples at a positive number of frames per second, not {fps!r}; give the "
+                            "bundle's (detector.fps)")
+        self.name = name
+        self.fps = float(fps)
+        self.stats = SourceStats()
+        self.start_index = 0  # samples before it are not stepped: a resumed run goes on after them (start_at)
+        self.log: Callable[[str], None] = lambda message: None
+
+    @property
+    def identity(self) -> str:
+        """What a state snapshot records to know this source again (a live source: its name)."""
+        return self.name
+
+    def start_at(self, index: int) -> None:
+        """Step from sample ``index`` on (at stream time index / fps): the samples before it are decoded to keep
+        the timeline, never stepped. For a resumed run; a live source has no past to skip."""
+        if self.live:
+            raise UserError(f"{self.name} is live: it has no earlier samples to skip")
+        self.start_index = int(index)
+
+    @abc.abstractmethod
+    def _frames(self) -> Iterator[tuple[Callable[[], np.ndarray], float]]:
+        """(image getter, timestamp seconds): the getter runs only for frames the sampler keeps, so a file
+        source can skip colour conversion of the frames between samples."""
+
+    def sampled(self) -> Iterator[Frame]:
+        """Frames at ``fps`` by timestamp: sample time k / fps is served by the first frame at or after it
+        (``sampling``). A file's frame steps at stream time k / fps, repeated where the video is slower than the
+        samples. A live frame steps once, at its own time: the sample times a slow camera or a stall left without
+        a frame are skipped, since repeating a stale frame would put the model behind the world."""
+        next_sample, index = 0, 0
+        period = 1.0 / self.fps
+        for get_image, stamp in self._frames():
+            self.stats.read += 1
+            served = samples_served(stamp, next_sample, period, self.end_time)
+            if not served:
+                continue
+            next_sample += served
+            steps = 1 if self.live else served
+            skipped = min(steps, max(0, self.start_index - index))  # before where a resumed run goes on
+            index += skipped
+            if skipped == steps:
+                continue
+            image = get_image()
+            if image is None:  # the decoder failed on this frame: the stream ends here
+                return
+            for _ in range(steps - skipped):
+                self.stats.sampled += 1
+                yield Frame(image, stamp if self.live else index * period, index)
+                index += 1
+
+    def _hand_over(self, item: tuple, q: queue.Queue, stop: threading.Event) -> None:
+        """A file's frame waits for room in the queue; a live one replaces the frame not yet taken (counted)."""
+        if not self.live:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+            return
+        try:
+            q.put_nowait(item)
+        except queue.Full:
+            try:
+                q.get_nowait()
+                self.stats.dropped += 1
+            except queue.Empty:
+                pass
+            q.put_nowait(item)
+
+    def threaded(self, capacity: int = 8, prepare: Callable[[np.ndarray], np.ndarray] | None = None,
+                 workers: int = PREPARE_WORKERS) -> Iterator[Frame]:
+        """The sampled frames through a reader thread (live: a queue of one, newest wins).
+
+        ``prepare`` (the preprocessing) of a file's frames runs in ``workers`` threads beside the reader, so
+        decoding, preprocessing and the model stepping on the current frame overlap; frames come out in
+        order all the same. A live frame is prepared by the consumer, since it may yet be dropped.
+        """
+        q: queue.Queue = queue.Queue(maxsize=1 if self.live else capacity)
+        done = object()
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"prepare-{self.name}")
+                if prepare is not None and not self.live else None)
+
+        def reader() -> None:
+            image, prepared = None, None
+            try:
+                for frame in self.sampled():
+                    if stop.is_set():
+                        return
+                    if pool and frame.image is not image:  # a repeated frame (a slow video) is prepared once
+                        image, prepared = frame.image, pool.submit(prepare, frame.image)
+                    # (frame, its preprocessing under way or None): the queue bounds the frames in flight.
+                    self._hand_over((frame, prepared), q, stop)
+            except BaseException as exc:  # delivered to the consumer, which raises it
+                errors.append(exc)
+            deliver_end()  # after everything, exceptions included (all are caught above)
+
+        def deliver_end() -> None:
+            """The end marker, put on the queue unless the consumer has stopped listening."""
+            while True:
+                try:
+                    q.put(done, timeout=0.1)
+                    return
+                except queue.Full:
+                    if stop.is_set():
+                        return
+
+        thread = threading.Thread(target=reader, name=f"source-{self.name}", daemon=True)
+        _LIVE_READERS[thread] = stop
+        thread.start()
+        try:
+            while True:
+                item = q.get()
+                if item is done:
+                    break
+                frame, prepared = item
+                if prepared is not None:
+                    frame.tensor = prepared.result()  # raises what the preprocessing raised, in frame order
+                yield frame
+            if errors:
+                raise errors[0]
+        finally:
+            stop.set()
+            thread.join(timeout=READER_STOP_TIMEOUT_S)
+            if not thread.is_alive():  # else it stays listed, to be joined again before Python exits
+                _LIVE_READERS.pop(thread, None)
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,116 @@
+"""A state snapshot (``save_state``, ``run --save-state``; read by ``load_state``, ``run --resume``), as one .npz.
+
+Beside the model's state it keeps, per stream, what a resumed run needs to go on as if it had never stopped:
+
+    model_identity    str          the sha256 of the bundle's fp32 step graph (another model is refused)
+    frame_counts      int [S]      frames stepped
+    stream_times      float [S]    stream time of the last frame, seconds
+    stream_sources    str [S]      the source each stream was reading (``FrameSource.identity``; "": none)
+    stream_positions  int [S]      the sample index that source goes on at
+    alert_texts       str [Q]      the queries whose alert states follow, by text (query ids are renumbered
+                                   by each run; the same query asked again is the same text)
+    alert_active      bool [S, Q]  inside a run above threshold (hysteresis)
+    alert_counts      int [S, Q]   alerts raised (max_alerts)
+    alert_ages        float [S, Q] seconds from the last alert to the stream's last frame (cooldown); inf: none
+    state/NAME        the state tensors, named as the bundle's state spec names them
+
+Without the alert states a restarted camera service alerted again at once for an event still going on, and a
+query limited to one alert raised a second. Snapshots written before these fields load as before: no source,
+no alert states.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sdqes_edge.errors import UserError
+from sdqes_edge.files import npz_problem, path_problem, replaced_atomically
+
+from .alerts import AlertState
+
+STATE_PREFIX = "state/"
+
+
+@dataclass(frozen=True)
+class SavedAlert:
+    """One query's alert state on one stream, its last alert timed back from the stream's last frame."""
+
+    active: bool
+    count: int
+    age_s: float  # inf: no alert yet
+
+    @classmethod
+    def of(cls, state: AlertState, stream_time: float) -> SavedAlert:
+        return cls(state.active, state.alerts, stream_time - state.last_alert_time)
+
+    def apply(self, state: AlertState, stream_time: float) -> None:
+        """Restore into ``state``, the last alert placed ``age_s`` before ``stream_time``."""
+        state.active, state.alerts, state.last_alert_time = self.active, self.count, stream_time - self.age_s
+
+
+@dataclass
+class StreamRecord:
+    """What a snapshot keeps of one stream besides its rows of the state."""
+
+    frames: int = 0
+    time: float = 0.0
+    source: str = ""
+    position: int = 0
+    alerts: dict[str, SavedAlert] = field(default_factory=dict)  # query text -> its alert state
+
+
+@dataclass
+class Snapshot:
+    model_identity: str | None  # None: written before snapshots named their model
+    state: dict[str, np.ndarray]
+    streams: list[StreamRecord]
+
+
+def write_snapshot(path: Path, snapshot: Snapshot) -> Path:
+    """Atomically: a run stopped by a second signal mid-write keeps the snapshot it had."""
+    texts = sorted({text for record in snapshot.streams for text in record.alerts})
+    alerts = [[record.alerts.get(text) for text in texts] for record in snapshot.streams]
+    arrays = {f"{STATE_PREFIX}{k}": v for k, v in snapshot.state.items()}
+    with replaced_atomically(path) as partial, open(partial, "wb") as fh:  # a handle: numpy adds no suffix
+        np.savez(fh, model_identity=np.asarray(snapshot.model_identity),
+                 frame_counts=np.array([r.frames for r in snapshot.streams], np.int64),
+                 stream_times=np.array([r.time for r in snapshot.streams], np.float64),
+                 stream_sources=np.array([r.source for r in snapshot.streams], dtype=str),
+                 stream_positions=np.array([r.position for r in snapshot.streams], np.int64),
+                 alert_texts=np.array(texts, dtype=str).reshape(len(texts)),
+                 alert_active=np.array([[bool(a and a.active) for a in row] for row in alerts], bool),
+                 alert_counts=np.array([[a.count if a else 0 for a in row] for row in alerts], np.int64),
+                 alert_ages=np.array([[a.age_s if a else math.inf for a in row] for row in alerts], np.float64),
+                 **arrays)
+    return path
+
+
+def read_snapshot(path: str | Path) -> Snapshot:
+    problem = path_problem(path, "file")
+    if problem:
+        raise UserError(f"state snapshot {path} {problem}; give the file save_state (run --save-state) wrote")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            state = {k[len(STATE_PREFIX):]: data[k] for k in data.files if k.startswith(STATE_PREFIX)}
+            counts = data["frame_counts"].tolist()
+            identity = str(data["model_identity"]) if "model_identity" in data.files else None
+            streams = [StreamRecord(int(c)) for c in counts]
+            if "stream_sources" in data.files:
+                _read_streams(data, streams)
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise UserError(f"{path} is not a state snapshot written by save_state ({npz_problem(exc)})") from None
+    return Snapshot(identity, state, streams)
+
+
+def _read_streams(data, streams: list[StreamRecord]) -> None:
+    texts = [str(t) for t in data["alert_texts"]]
+    for s, record in enumerate(streams):
+        record.time = float(data["stream_times"][s])
+        record.source = str(data["stream_sources"][s])
+        record.position = int(data["stream_positions"][s])
+        record.alerts = {text: SavedAlert(bool(data["alert_active"][s, q]), int(data["alert_counts"][s, q]),
+                                          float(data["alert_ages"][s, q])) for q, text in enumerate(texts)}

@@ -1,0 +1,81 @@
+"""`run --resume` goes on as if the run had never stopped: a file where its snapshot stopped (not from its start
+again), the alert states as they were (no second alert for an event still going on, max_alerts kept), and the
+score trace whole, each row at its own frame."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from runtime_fixtures import QUERY, write_video
+
+from sdqes_edge.cli import run
+from sdqes_edge.sample import sample_frames
+from sdqes_edge.traces import load_scores
+
+FRAMES = 20  # sampled frames of the test video (40 frames at 10 fps, sampled at 5 fps)
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory):
+    return write_video(tmp_path_factory.mktemp("resume") / "clip.avi", sample_frames(2 * FRAMES, 96, 128))
+
+
+def stream(bundle, source, out, *extra: str) -> list[dict]:
+    """`run` with an alert log, a score trace and a state snapshot in ``out``; the alerts logged so far."""
+    assert run(["run", str(bundle), "--source", str(source), "--query", QUERY, "--quiet",
+                "--events", str(out / "alerts.jsonl"), "--scores", str(out / "scores"),
+                "--save-state", str(out / "state.npz"), *extra]) == 0
+    return [json.loads(line) for line in (out / "alerts.jsonl").read_text().splitlines()]
+
+
+def test_a_run_resumed_on_the_file_it_stopped_in_ends_as_the_run_that_never_stopped(exported, video, tmp_path):
+    """It stepped the file from its start again with the state of the frames it had seen: the model saw them
+    twice, the alert of an event still going on was raised again, and the trace started over."""
+    _, bundle = exported
+    (tmp_path / "whole").mkdir(), (tmp_path / "stopped").mkdir()
+    whole = stream(bundle, video, tmp_path / "whole", "--threshold", "0.01")  # above it from the first frame on
+    assert [a["frame_index"] for a in whole] == [0]
+    stream(bundle, video, tmp_path / "stopped", "--threshold", "0.01", "--max-frames", "8")
+    resumed = stream(bundle, video, tmp_path / "stopped", "--threshold", "0.01",
+                     "--resume", str(tmp_path / "stopped" / "state.npz"))
+    assert resumed == [dict(whole[0], latency_ms=resumed[0]["latency_ms"])]  # one alert, not a second one
+    expected, got = load_scores(tmp_path / "whole" / "scores" / "clip.npz"), load_scores(
+        tmp_path / "stopped" / "scores" / "clip.npz")
+    assert got.probs.shape == (FRAMES, 1) and got.query_texts == [QUERY]
+    np.testing.assert_allclose(got.probs, expected.probs, atol=1e-6)  # every frame once, in order
+    ends = [np.load(tmp_path / name / "state.npz") for name in ("whole", "stopped")]
+    assert ends[0]["frame_counts"].tolist() == ends[1]["frame_counts"].tolist() == [FRAMES]
+    for key in (k for k in ends[0].files if k.startswith("state/")):
+        np.testing.assert_allclose(ends[1][key], ends[0][key], atol=1e-6)
+
+
+def test_a_snapshot_carried_into_the_next_file_starts_it_at_its_beginning_with_the_alert_counts_kept(
+        exported, video, tmp_path):
+    """A recording split into files: the next one is streamed from its start with the state carried on, at its
+    own stream times; a query limited to one alert, which alerted in the first file, stays quiet."""
+    _, bundle = exported
+    other = write_video(tmp_path / "next.avi", sample_frames(2 * FRAMES, 96, 128)[::-1])
+    first = stream(bundle, video, tmp_path, "--threshold", "0.01", "--max-alerts", "1")
+    assert len(first) == 1
+    stream(bundle, other, tmp_path, "--threshold", "0.01", "--max-alerts", "1",
+           "--resume", str(tmp_path / "state.npz"), "--exit-threshold", "0.0")
+    assert len((tmp_path / "alerts.jsonl").read_text().splitlines()) == 1  # no second alert
+    trace = load_scores(tmp_path / "scores" / "next.npz")
+    assert trace.probs.shape == (FRAMES, 1)  # the whole next file, from its first frame
+    assert int(np.load(tmp_path / "state.npz")["frame_counts"][0]) == 2 * FRAMES
+
+
+def test_resuming_with_other_queries_under_the_same_ids_keeps_the_earlier_scores_and_says_what_to_do(
+        exported, video, tmp_path, capsys):
+    _, bundle = exported
+    stream(bundle, video, tmp_path, "--max-frames", "5")
+    capsys.readouterr()
+    assert run(["run", str(bundle), "--source", str(video), "--query", "Tell me when the lamp turns on.", "--quiet",
+                "--scores", str(tmp_path / "scores"), "--resume", str(tmp_path / "state.npz")]) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith("sdqes-edge: error: ") and error.endswith(
+        "with q1 asking 'When I start to clean or wipe the table, remind me to sanitize my hands.', not 'Tell me "
+        "when the lamp turns on.'; ask the same queries, or give --scores a new path")
+    assert load_scores(tmp_path / "scores" / "clip.npz").probs.shape == (5, 1)  # untouched
