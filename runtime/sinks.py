@@ -21,7 +21,7 @@ import numpy as np
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import check_output_file, format_bytes
 from sdqes_edge.metrics import above_threshold
-from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, save_scores
+from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, read_chunks, save_scores
 
 
 @dataclass
@@ -241,10 +241,12 @@ class ScoreTraceRecorder(Sink):
         self._chunks: list[Path] = []
         self._flushed_rows = 0
         self._last_flush = time.monotonic()
-        for stale in chunks_of(self.path):  # a killed earlier run's: this run replaces its trace
-            stale.unlink()
-        self._lead_frames = first_frame
-        self._earlier = load_scores(self.path) if first_frame and self.path.is_file() else None
+        stale = chunks_of(self.path)  # a killed earlier run's: this run replaces its trace
+        self._lead_frames, self._earlier = first_frame, None
+        if first_frame and (self.path.is_file() or stale):  # the stopped run's, merged or (killed) in chunks
+            self._earlier = load_scores(self.path) if self.path.is_file() else read_chunks(stale)
+        for chunk in stale:
+            chunk.unlink()
 
     def on_query_added(self, query_id: str, text: str, asked_time: float) -> None:
         earlier = dict(zip(self._earlier.query_ids, self._earlier.query_texts)) if self._earlier else {}

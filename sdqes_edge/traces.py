@@ -148,7 +148,7 @@ def load_scores(path: str | Path) -> StreamScores:
             from None
 
 
-def _read_chunks(chunks: list[Path]) -> StreamScores:
+def read_chunks(chunks: list[Path]) -> StreamScores:
     """A killed run's chunks as one trace (in memory: eval needs the whole stream anyway)."""
     traces = [load_scores(c) for c in chunks]
     expected = 0
@@ -178,4 +178,4 @@ def load_score_dir(directory: str | Path) -> list[StreamScores]:
         match = CHUNK_PATTERN.match(f.name)
         if match and not (directory / f"{match['base']}{TRACE_SUFFIX}").exists():  # merged already: whole wins
             pending.setdefault(match["base"], []).append(f)
-    return [load_scores(f) for f in whole] + [_read_chunks(chunks) for _, chunks in sorted(pending.items())]
+    return [load_scores(f) for f in whole] + [read_chunks(chunks) for _, chunks in sorted(pending.items())]

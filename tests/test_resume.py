@@ -79,3 +79,27 @@ def test_resuming_with_other_queries_under_the_same_ids_keeps_the_earlier_scores
         "with q1 asking 'When I start to clean or wipe the table, remind me to sanitize my hands.', not 'Tell me "
         "when the lamp turns on.'; ask the same queries, or give --scores a new path")
     assert load_scores(tmp_path / "scores" / "clip.npz").probs.shape == (5, 1)  # untouched
+
+
+def test_the_trace_of_a_killed_run_left_in_chunks_still_gives_the_rows_before_the_resumed_frame(
+        exported, video, tmp_path):
+    """A run killed outright leaves its trace in chunks, not merged: they were deleted as stale before the resumed
+    run could take its first rows from them."""
+    from sdqes_edge.runtime.sinks import ScoreTraceRecorder
+
+    _, bundle = exported
+    (tmp_path / "whole").mkdir()
+    stream(bundle, video, tmp_path / "whole")
+    whole = load_scores(tmp_path / "whole" / "scores" / "clip.npz")
+    path = tmp_path / "scores" / "clip.npz"
+    killed = ScoreTraceRecorder(path, "clip", whole.fps)
+    killed.on_query_added("q1", QUERY, 0.0)
+    for p in whole.probs[:6, 0]:
+        killed.on_frame(0, None, 0.0, {"q1": float(p)}, [])
+    killed.flush()  # a chunk on disk, never merged: the process died here
+    resumed = ScoreTraceRecorder(path, "clip", whole.fps, first_frame=6)
+    resumed.on_query_added("q1", QUERY, 0.0)
+    for p in whole.probs[6:, 0]:
+        resumed.on_frame(0, None, 0.0, {"q1": float(p)}, [])
+    resumed.close()
+    np.testing.assert_allclose(load_scores(path).probs, whole.probs, atol=1e-6)
