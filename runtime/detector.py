@@ -52,6 +52,12 @@ class StreamSlot:
     resumed: StreamRecord | None = None  # from a snapshot, until ``attach`` decides where its source goes on
     attached: FrameSource | None = field(default=None, repr=False)  # the source ``attach`` gave this stream
 
+    def restore_alert(self, query_id: str, text: str) -> None:
+        """A query's alert state as the snapshot this stream was restored from left it for that text, if any."""
+        saved = self.resumed.alerts.get(text) if self.resumed else None
+        if saved is not None:
+            saved.apply(self.alerts[query_id], self.time)
+
     def reset_alerts(self) -> None:
         for state in self.alerts.values():
             state.reset()
@@ -136,9 +142,7 @@ class StreamingDetector:
         query = self.queries.add(text, policy, message, query_id, stream_time=self.streams[0].time)
         for slot in self.streams:
             slot.alerts[query.id] = AlertState(policy)
-            saved = slot.resumed.alerts.get(text) if slot.resumed else None  # asked again after a restart
-            if saved is not None:
-                saved.apply(slot.alerts[query.id], slot.time)
+            slot.restore_alert(query.id, text)  # a query asked again after a restart
         for sink in self.sinks:
             sink.on_query_added(query.id, query.text, query.added_at)
         return query
@@ -209,10 +213,8 @@ class StreamingDetector:
         self.state = self.backend.state_from_numpy(loaded)
         for slot, record in zip(self.streams, snapshot.streams):
             slot.frames, slot.time, slot.resumed = record.frames, record.time, record
-            for qid, state in slot.alerts.items():
-                saved = record.alerts.get(self.queries.queries[qid].text)
-                if saved is not None:
-                    saved.apply(state, slot.time)
+            for qid in slot.alerts:
+                slot.restore_alert(qid, self.queries.queries[qid].text)
 
     # --- one step --------------------------------------------------------------------
     def step(self, frames: list[Frame | None]) -> list[list[AlertEvent]]:
@@ -301,8 +303,8 @@ class StreamingDetector:
             if slot.attached is source:
                 continue
             slot.name, slot.attached = source.name, source
-            record, slot.resumed = slot.resumed, None
-            if record is not None and not source.live and record.source == source.identity and record.position:
+            record, slot.resumed, identity = slot.resumed, None, source.identity
+            if record is not None and not source.live and record.source == identity and record.position:
                 source.start_at(record.position)
                 source.log(f"note: {source.name} goes on at {record.position / self.fps:g} s, where the state "
                            "snapshot stopped")
@@ -310,7 +312,7 @@ class StreamingDetector:
                 for state in slot.alerts.values():
                     state.last_alert_time -= slot.time
                 slot.time = 0.0
-            slot.source = source.identity
+            slot.source = identity
 
     def check_source_count(self, count: int) -> None:
         """Refuse more sources than the bundle steps at once (fewer is fine: the other slots idle)."""

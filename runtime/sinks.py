@@ -260,14 +260,14 @@ class ScoreTraceRecorder(Sink):
         """The rows before a resumed stream's first frame, from the stopped run's trace (NaN where it has none)."""
         frames, earlier = self._lead_frames, self._earlier
         self._lead_frames, self._earlier = 0, None
-        rows = np.full((frames, len(earlier.query_ids) if earlier else len(self._texts)), np.nan, np.float32)
+        ids = earlier.query_ids if earlier is not None else list(self._texts)
+        rows = np.full((frames, len(ids)), np.nan, np.float32)
         if earlier is not None:
             kept = min(frames, len(earlier.probs))
             rows[:kept] = earlier.probs[:kept]
             for qid, text, asked in zip(earlier.query_ids, earlier.query_texts, earlier.asked_time):
                 self._texts.setdefault(qid, text)
                 self._asked.setdefault(qid, float(asked))
-        ids = earlier.query_ids if earlier is not None else list(self._texts)
         lead = StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], list(ids),
                             np.array([self._asked[i] for i in ids]), rows, 0, self.model)
         self.path.parent.mkdir(parents=True, exist_ok=True)
