@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -231,3 +233,57 @@ def test_frames_that_would_not_fit_in_memory_are_refused_at_once_in_one_line(mon
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error: out of memory (1 stream(s) of 100000 frames at 32 px need" in err
     assert "and 1.0 GiB is free); ask for less" in err and not (tmp_path / "b").exists()
+
+
+# --- a device's install: the runtime extra alone ---------------------------------------
+
+def cli_without(module: str, *argv: str) -> subprocess.CompletedProcess:
+    """The command line in a fresh process where ``module`` cannot be imported, as on a device that installed
+    sdqes-edge[runtime] alone."""
+    return python(f"import sys; sys.modules[{module!r}] = None\nfrom sdqes_edge.cli import run\n"
+                  f"sys.exit(run({list(argv)!r}))")
+
+
+@pytest.mark.parametrize("module, argv, extra", [
+    ("torch", ["export", "--preset", "tiny", "--adapter", "qrnn", "--out", "{tmp}/bundle"], "export"),
+    ("torch", ["check", "--frames", "2"], "export"),
+    ("torch", ["info", "--preset", "tiny", "--adapter", "qrnn"], "export"),
+    ("torch", ["bench", "--quick", "--out", "{tmp}/bench"], "export"),
+])
+def test_a_workstation_command_on_a_runtime_only_install_names_the_extra_in_one_line(module, argv, extra, tmp_path):
+    result = cli_without(module, *(a.replace("{tmp}", str(tmp_path)) for a in argv))
+    assert result.returncode == 2
+    assert result.stderr == (f"sdqes-edge: error: the {argv[0]} command needs {module}, which is not installed here: "
+                             f"pip install 'sdqes-edge[{extra}]' (a device needs only sdqes-edge[runtime] to run "
+                             "bundles)\n")
+    assert list(tmp_path.iterdir()) == []  # nothing half-made
+
+
+def test_inspect_runs_a_bundle_and_counts_its_kernels_where_onnx_is_not_installed():
+    from sdqes_edge.demo import DEMO_BUNDLE
+
+    result = cli_without("onnx", "inspect", str(DEMO_BUNDLE), "--frames", "2")
+    assert result.returncode == 0, result.stderr
+    assert "ran        2 sample frames through the fp32 graph" in result.stdout
+    assert re.search(r"kernels    \d+ per step on ONNX Runtime CPU", result.stdout)
+    assert "ONNX node and Cast counts need onnx: pip install 'sdqes-edge[export]'" in result.stdout
+
+
+def test_a_module_that_is_installed_but_fails_inside_keeps_its_traceback():
+    from sdqes_edge.cli.common import missing_module_words
+
+    assert missing_module_words(ModuleNotFoundError(name="torch._no_such_part"), "export") is None  # torch is here
+    assert missing_module_words(ModuleNotFoundError(name="sdqes_edge.no_such_module"), "run") is None  # ours: a bug
+
+
+def test_every_optional_module_is_named_with_the_extra_that_installs_it():
+    import tomllib
+
+    from sdqes_edge.cli.common import EXTRA_FOR_MODULE
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    distribution = {"cv2": "opencv-python-headless"}
+    for module, extra in EXTRA_FOR_MODULE.items():
+        listed = [re.split(r"[<>=\[; ]", requirement)[0] for requirement in extras[extra]]
+        assert distribution.get(module, module) in listed, (module, extra, listed)

@@ -24,7 +24,7 @@ import sys
 from typing import Callable, Sequence
 
 from sdqes_edge import __version__
-from sdqes_edge.cli.common import PROG, OneLineErrorParser, check_output_paths
+from sdqes_edge.cli.common import PROG, OneLineErrorParser, check_output_paths, missing_module_words
 from sdqes_edge.errors import UserError
 from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination, signal_of
 
@@ -63,6 +63,7 @@ DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.ArgumentParser] = build_parser) -> int:
     raise_on_termination()  # SIGTERM/SIGHUP unwind like Ctrl-C: staging folders removed, outputs closed
+    args = None
     try:
         parser = parser_factory()
         args, unknown = parser.parse_known_args(argv)
@@ -79,6 +80,12 @@ def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argume
     except UserError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:  # a workstation's command on a device that has the runtime alone
+        words = missing_module_words(exc, getattr(args, "command", None))
+        if words is None:
+            raise
+        print(f"{PROG}: error: {words}", file=sys.stderr)
+        return 2
     except MemoryError as exc:  # what was asked for does not fit (an export --batch of 100000 streams)
         print(f"{PROG}: error: out of memory{f' ({exc})' if str(exc) else ''}; ask for less: fewer streams "
               "(--batch), fewer frames, or a smaller model", file=sys.stderr)

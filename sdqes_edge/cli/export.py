@@ -20,6 +20,7 @@ from sdqes_edge.cli.common import (
     at_least,
     finite_number,
     model_from_args,
+    module_absent,
     seed_number,
     unique_queries,
 )
@@ -197,14 +198,21 @@ def _print_kernels(bundle, precision: str) -> None:
     """Kernels one step executes (ONNX Runtime's profiler, CPU), the graph's own node and Cast counts, and per
     adapter where the manifest says."""
     from sdqes_edge.export.complexity import graph_kernels
+    from sdqes_edge.runtime.kernels import count_kernels
 
-    live = graph_kernels(bundle.step_graph(precision))
+    path = bundle.step_graph(precision)
+    has_onnx = not module_absent("onnx")
+    # ONNX Runtime alone counts the kernels; the graph's own nodes need the onnx package, which a device lacks.
+    live = graph_kernels(path) if has_onnx else count_kernels(path).to_dict()
     top = ", ".join(f"{op} {n}" for op, n in list(live["by_op"].items())[:6])
     print(f"kernels    {live['per_step']} per step on ONNX Runtime CPU ({live['views']} of them views), {precision} "
           f"graph: {top}, ...")
     cpu_casts = " (ONNX Runtime's CPU adds its own around ops it has no fp16 kernel for)" if precision == FP16 else ""
-    print(f"           the graph: {live['onnx_nodes']} ONNX nodes, {live['graph_casts']} Cast(s) a step runs"
-          f"{cpu_casts}")
+    if has_onnx:
+        print(f"           the graph: {live['onnx_nodes']} ONNX nodes, {live['graph_casts']} Cast(s) a step runs"
+              f"{cpu_casts}")
+    else:
+        print("           (the graph's ONNX node and Cast counts need onnx: pip install 'sdqes-edge[export]')")
     recorded = bundle.manifest.get("complexity", {}).get("kernels")
     if recorded and recorded.get("per_adapter"):
         per = recorded["per_adapter"]
