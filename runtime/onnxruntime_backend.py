@@ -41,6 +41,9 @@ DEVICE_PROVIDERS = {
     "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
 }
 
+# The first ONNX Runtime release whose memory plan (SessionOptions.enable_mem_pattern) keeps fp16 graphs right.
+MEM_PATTERN_FIXED_IN = (1, 19)
+
 
 class OnnxRuntimeStep:
     """One step graph in an ``onnxruntime.InferenceSession``.
@@ -186,7 +189,32 @@ def session_options(threads: int | None = None, spin_wait: bool = False):
     if not spin_wait:
         options.add_session_config_entry(SPIN_WAIT_OPTION, "0")
     options.log_severity_level = 3  # ORT's warnings are about graph rewrites, not the user's input
+    if onnxruntime_release(ort.__version__) < MEM_PATTERN_FIXED_IN:
+        # ONNX Runtime 1.17 and 1.18 on the CPU return NaN from every run of an fp16 step graph after the first
+        # when they reuse the first run's memory plan (mlp, qrnn and retnet tiny graphs; measured). Without the
+        # plan the same graphs agree with 1.32 to 2e-4 over 20 frames; 1.19 is right with it. Off there for every
+        # provider: the plan only saves allocations.
+        options.enable_mem_pattern = False
     return options
+
+
+def onnxruntime_release(version: str) -> tuple[int, int]:
+    """'1.18.0+cu118' -> (1, 18)."""
+    major, minor = (version.split("+")[0].split(".") + ["0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def load_refusal(exc: BaseException, path: Path, what: str) -> UserError:
+    """Why ONNX Runtime would not load the graph at ``path``, in one line. An operator or operator-set version
+    this ONNX Runtime lacks means an old ONNX Runtime, not a damaged file, and says so."""
+    import onnxruntime as ort
+
+    words = first_line(exc)
+    if "NOT_IMPLEMENTED" in words or "opset" in words.lower():
+        return UserError(f"ONNX Runtime {ort.__version__} cannot run {path} ({words}): the graph needs a newer ONNX "
+                         "Runtime; update it (pip install -U onnxruntime, or your device's onnxruntime-gpu build), or "
+                         "re-export the bundle with this sdqes-edge, whose graphs run on ONNX Runtime 1.17 and newer")
+    return UserError(f"ONNX Runtime cannot load {path} ({words}); the file is damaged or not {what}: re-export it")
 
 
 def create_session(path: Path, device: str, threads: int | None = None, cuda_graph: bool = False,
@@ -246,8 +274,7 @@ def session_with_capture_fallback(make, cuda_graph: bool, path: Path):
     try:
         session = make(False)
     except Exception as exc:  # a damaged file fails here too, captured or not
-        raise UserError(f"ONNX Runtime cannot load {path} ({first_line(exc)}); "
-                        "the file is damaged or not a step graph: re-export it") from None
+        raise load_refusal(exc, path, "a step graph") from None
     if cuda_graph:
         print(f"warning: ONNX Runtime refused CUDA graph capture for {path.name} ({refusal}); stepping without it",
               file=sys.stderr)

@@ -19,7 +19,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
 
 from .alerts import AlertPolicy
-from .onnxruntime_backend import session_options
+from .onnxruntime_backend import load_refusal, session_options
 
 
 @dataclass
@@ -59,8 +59,11 @@ class TextEncoder:
     def session(self):
         import onnxruntime as ort
 
-        return ort.InferenceSession(str(self.text_graph), session_options(self.threads),
-                                    providers=["CPUExecutionProvider"])
+        try:
+            return ort.InferenceSession(str(self.text_graph), session_options(self.threads),
+                                        providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises its own Fail/NotImplemented types
+            raise load_refusal(exc, Path(self.text_graph), "a text encoder") from None
 
     def seed(self, texts: list[str], embeddings: np.ndarray) -> None:
         """Pre-encoded queries from the bundle."""

@@ -23,6 +23,7 @@ from .sampling import STAMP_TOLERANCE_S, frame_order, stated_end_time
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
+OPENCV_LOG_LEVEL_SILENT = 0  # cv::utils::logging::LOG_LEVEL_SILENT, for OpenCV releases without cv2.utils.logging
 TRUNCATION_SLACK_FRAMES = 2  # a file may decode this many frames (or 1%) fewer than its container lists
 
 
@@ -35,7 +36,11 @@ def quiet_opencv_logs() -> None:
     when OpenCV first opens a file, so call this before opening any source.
     """
     os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
-    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    logging_api = getattr(cv2.utils, "logging", None)  # OpenCV 5.0 has only this, 4.8 only cv2.setLogLevel
+    if logging_api is not None:
+        logging_api.setLogLevel(logging_api.LOG_LEVEL_SILENT)
+    else:
+        cv2.setLogLevel(OPENCV_LOG_LEVEL_SILENT)
 
 
 class VideoFileSource(FrameSource):

@@ -36,6 +36,8 @@ class TextTower(nn.Module):
         for block in self.transformer.resblocks:
             x = block(x, self.attn_mask)
         x = self.ln_final(x)
-        eot = x[torch.arange(x.shape[0], device=x.device), token_ids.argmax(dim=-1)]
+        # The argmax over the ids as int32 (token ids fit it): ONNX Runtime before 1.20 has no int64 ArgMax, and
+        # devices often carry older builds (Jetson's); TensorRT prefers int32 too. The same index either way.
+        eot = x[torch.arange(x.shape[0], device=x.device), token_ids.to(torch.int32).argmax(dim=-1)]
         e = eot @ self.text_projection
         return e / e.norm(dim=-1, keepdim=True)
