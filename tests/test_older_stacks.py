@@ -113,3 +113,23 @@ def test_the_fp16_workaround_keeps_the_steps_finite_and_equal_to_the_planned_one
         outputs.append([session.run(None, feeds)[0] for _ in range(3)])
     assert np.isfinite(outputs[1]).all()
     np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+def test_inspect_fails_on_a_non_finite_embedding_instead_of_printing_its_norm(monkeypatch, capsys):
+    """What ONNX Runtime 1.17-1.18 did to fp16 graphs: inspect printed 'embedding norm nan' and exit 0."""
+    from sdqes_edge.cli import run
+    from sdqes_edge.runtime.backend import StepResult
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+
+    real_step, calls = OnnxRuntimeStep.step, []
+
+    def poisoned(self, *args, **kwargs):
+        result = real_step(self, *args, **kwargs)
+        calls.append(1)
+        return StepResult(result.embedding * (np.nan if len(calls) == 3 else 1.0), result.state)
+
+    monkeypatch.setattr(OnnxRuntimeStep, "step", poisoned)
+    assert run(["inspect", str(DEMO_BUNDLE), "--frames", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "the fp32 graph gave a non-finite embedding at sample frame 2 on ONNX Runtime" in err
+    assert err.count("\n") == 1

@@ -180,18 +180,31 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import time
 
     stepping = 0.0  # the steps alone, not the drawing and preprocessing of the sample
-    for image in iter_sample_frames(args.frames):  # one at a time: --frames 100000 held 23 GB of frames
+    for k, image in enumerate(iter_sample_frames(args.frames)):  # one at a time: 100000 frames held 23 GB
         batch = np.repeat(pre(image)[None], m["batch"], axis=0)
         started = time.perf_counter()
         result = runner.step(batch, state, q)
         stepping += time.perf_counter() - started
         state = result.state
+        _refuse_non_finite(result.embedding, k, args.precision)
     ms = stepping / args.frames * 1e3
     print(f"ran        {args.frames} sample frames through the {args.precision} graph with ONNX Runtime (CPU): "
           f"{ms:.1f} ms/frame, embedding norm {float(np.linalg.norm(result.embedding[0])):.4f}")
     _print_kernels(bundle, args.precision)
     print(f"\nnext: {PROG} build-engine {args.bundle}   (on an NVIDIA device)")
     return 0
+
+
+def _refuse_non_finite(embedding, frame: int, precision: str) -> None:
+    """A NaN or Inf embedding is a failed check, not a figure to print (ONNX Runtime 1.17-1.18 gave NaN from
+    fp16 graphs with their memory plan on, and inspect printed 'embedding norm nan' and exit 0)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    if not np.isfinite(embedding).all():
+        raise UserError(f"the {precision} graph gave a non-finite embedding at sample frame {frame} on ONNX Runtime "
+                        f"{ort.__version__}; run another precision (--precision fp32), or another ONNX Runtime, and "
+                        "if fp32 fails too, re-export the bundle")
 
 
 def _print_kernels(bundle, precision: str) -> None:
