@@ -6,7 +6,6 @@ the same traces (checked here, array for array); the Ray row counts starting its
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
 from typing import Callable
@@ -14,6 +13,7 @@ from typing import Callable
 import numpy as np
 
 from sdqes_edge.corpus import StreamOutcome, StreamTask, score_here, score_in_pool
+from sdqes_edge.errors import install_command, module_absent
 
 
 def _run(mode: Callable[[Callable[[StreamOutcome], None]], None]) -> tuple[list[StreamOutcome], float]:
@@ -41,10 +41,10 @@ def bench_corpus(tasks: list[StreamTask], bundle: Path, cores: int, log: Callabl
         ray_start.append(time.perf_counter() - started)
         score_on_ray(tasks, bundle, 1, report, actors=cores, quiet_opencv=True)
 
-    if importlib.util.find_spec("ray") is not None:
+    if not module_absent("ray"):
         modes[ray_mode] = on_ray
     else:
-        log("note: Ray is not installed; its row is left out (pip install 'sdqes-edge[ray]')")
+        log(f"note: Ray is not installed; its row is left out ({install_command('ray')})")
     results: dict[str, list[StreamOutcome]] = {}
     for name, mode in modes.items():
         log(f"scoring {len(tasks)} streams: {name} ...")

@@ -32,14 +32,13 @@ from sdqes_edge.contract import (
     STATE_OUTPUT_PREFIX,
     engine_name,
 )
-from sdqes_edge.errors import UserError, first_line
+from sdqes_edge.errors import UserError, first_line, install_command
 
 from .backend import STATE_BUFFER_SETS, BoundState, BufferSetLedger, StepResult
 from .bound_step import RowCopier
 from .bundle import Bundle, inside_bundle
 
-INSTALL_HINT = ("install TensorRT 8.5 or newer with `pip install 'sdqes-edge[tensorrt]'` (on Jetson it comes "
-                "with JetPack)")
+INSTALL_HINT = f"install TensorRT 8.5 or newer with `{install_command('tensorrt')}` (on Jetson it comes with JetPack)"
 
 
 def nvidia_gpu_present() -> bool:
@@ -69,7 +68,7 @@ def require_tensorrt():
     try:
         import pycuda.driver  # noqa: F401
     except ImportError:
-        raise UserError("pycuda is not installed: `pip install 'sdqes-edge[tensorrt]'`") from None
+        raise UserError(f"pycuda is not installed: `{install_command('pycuda')}`") from None
     return trt
 
 

@@ -20,10 +20,10 @@ import weakref
 from pathlib import Path
 
 from sdqes_edge.corpus import Report, StreamOutcome, StreamScorer, StreamTask
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.stopping import handlers_kept
 
-INSTALL_HINT = "--ray needs Ray: pip install 'sdqes-edge[ray]'"
+INSTALL_HINT = f"--ray needs Ray: {install_command('ray')}"
 ACTOR_RESTARTS = 2  # a worker process that dies is restarted this often...
 TASK_RETRIES = 2  # ...and the stream it had is tried again this often
 

@@ -1,8 +1,35 @@
-"""Errors caused by what the user gave us (a file, a flag, a query).
+"""Errors caused by what the user gave us (a file, a flag, a query, an install without an extra).
 
 The command line prints a ``UserError`` as one line and exits non-zero, with no
 traceback: its message must name the problem and the fix.
 """
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+# The extra of this distribution that brings each optional module (pyproject.toml's
+# [project.optional-dependencies]; tests/test_layers_and_cli.py holds the two together). A device installs
+# `sdqes-edge[runtime]` alone, and what it lacks is named with the command that installs it.
+EXTRA_FOR_MODULE = {"torch": "export", "onnx": "export", "tqdm": "export", "cv2": "runtime",
+                    "onnxruntime": "runtime", "matplotlib": "eval", "ray": "ray", "tensorrt": "tensorrt",
+                    "pycuda": "tensorrt"}
+
+
+def install_command(module: str) -> str:
+    """"pip install 'sdqes-edge[eval]'" for matplotlib: what brings an optional module."""
+    return f"pip install 'sdqes-edge[{EXTRA_FOR_MODULE[module]}]'"
+
+
+def module_absent(module: str) -> bool:
+    """True where importing ``module`` would fail because it is not installed (or was blocked)."""
+    if module in sys.modules:
+        return sys.modules[module] is None  # None: an import that was blocked, as in a torch-free test
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
 
 
 class UserError(Exception):

@@ -8,27 +8,22 @@ from pathlib import Path
 import numpy as np
 
 from .annotations import Annotation
-from .errors import UserError
+from .errors import UserError, install_command, module_absent
 from .metrics import RECALL_KS, TOLERANCE_WINDOWS, ScoreTrace, predictions
 
-PLOTS_NEED = "matplotlib is not installed (pip install 'sdqes-edge[eval]')"
+PLOTS_NEED = f"matplotlib is not installed ({install_command('matplotlib')})"
 
 
 def plotting_available() -> bool:
     """Checked before long work starts, so a missing optional extra skips the plots instead of failing at the end."""
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("matplotlib") is not None
-    except ValueError:  # a module set to None in sys.modules (how tests hide it)
-        return False
+    return not module_absent("matplotlib")
 
 
 def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise UserError("plots need matplotlib: `pip install 'sdqes-edge[eval]'` (or pass --plots 0)") from None
+        raise UserError(f"plots need matplotlib: `{install_command('matplotlib')}` (or pass --plots 0)") from None
     matplotlib.use("Agg")  # files only; no display on a server or a robot
     import matplotlib.pyplot as plt
 

@@ -7,23 +7,15 @@ from the value actually used; defaults and choices are imported from the module 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import sys
 
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
+from sdqes_edge.errors import EXTRA_FOR_MODULE, install_command, module_absent
 from sdqes_edge.files import check_output_dir, check_output_file
 from sdqes_edge.train_options import MAX_SEED
 
 PROG = "sdqes-edge"
-
-# The extra of this distribution that brings each optional module a command imports (pyproject.toml's
-# [project.optional-dependencies]; tests/test_layers_and_cli.py holds the two together). A device installs
-# `sdqes-edge[runtime]` alone, and a workstation's command run there is told what to install, in one line.
-EXTRA_FOR_MODULE = {"torch": "export", "onnx": "export", "tqdm": "export", "cv2": "runtime",
-                    "onnxruntime": "runtime", "matplotlib": "eval", "ray": "ray", "tensorrt": "tensorrt",
-                    "pycuda": "tensorrt"}
-
 
 def missing_module_words(exc: ModuleNotFoundError, command: str | None) -> str | None:
     """'the export command needs torch, which is not installed here: ...' for an optional module that is absent,
@@ -32,18 +24,8 @@ def missing_module_words(exc: ModuleNotFoundError, command: str | None) -> str |
     if module not in EXTRA_FOR_MODULE or not module_absent(module):
         return None
     who = f"the {command} command" if command else "this command"
-    return (f"{who} needs {module}, which is not installed here: pip install 'sdqes-edge[{EXTRA_FOR_MODULE[module]}]' "
+    return (f"{who} needs {module}, which is not installed here: {install_command(module)} "
             "(a device needs only sdqes-edge[runtime] to run bundles)")
-
-
-def module_absent(module: str) -> bool:
-    """True where importing ``module`` would fail because it is not installed (or was blocked)."""
-    if module in sys.modules:
-        return sys.modules[module] is None  # None: an import that was blocked, as in a torch-free test
-    try:
-        return importlib.util.find_spec(module) is None
-    except (ImportError, ValueError):
-        return True
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

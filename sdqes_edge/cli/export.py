@@ -20,13 +20,12 @@ from sdqes_edge.cli.common import (
     at_least,
     finite_number,
     model_from_args,
-    module_absent,
     seed_number,
     unique_queries,
 )
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.contract import DEFAULT_OPSET, FP16, PRECISIONS, REFERENCE_PRECISION
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, install_command, module_absent
 from sdqes_edge.export.precision import (
     AUTO_FLOAT_BLOCKS,
     BACKBONE_POLICY,
@@ -225,7 +224,7 @@ def _print_kernels(bundle, precision: str) -> None:
         print(f"           the graph: {live['onnx_nodes']} ONNX nodes, {live['graph_casts']} Cast(s) a step runs"
               f"{cpu_casts}")
     else:
-        print("           (the graph's ONNX node and Cast counts need onnx: pip install 'sdqes-edge[export]')")
+        print(f"           (the graph's ONNX node and Cast counts need onnx: {install_command('onnx')})")
     recorded = bundle.manifest.get("complexity", {}).get("kernels")
     if recorded and recorded.get("per_adapter"):
         per = recorded["per_adapter"]

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.progress import progress_bar
 
 LOCAL_RAY = "local"  # --ray with no address: start a local Ray instance (or join RAY_ADDRESS)
@@ -175,7 +175,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument("--ray", nargs="?", const=LOCAL_RAY, metavar="ADDRESS",
                        help="run on Ray: no ADDRESS starts a local instance (or joins RAY_ADDRESS), 'auto' joins "
                             "the running cluster, ray://HOST:10001 connects as a client; needs "
-                            "pip install 'sdqes-edge[ray]'")
+                            f"{install_command('ray')}")
     score.add_argument("--ray-actors", type=at_least(1),
                        help="with --ray: actors, each one loaded bundle (default: the cluster's CPUs / --threads)")
     score.add_argument("--shared-bundle", action="store_true",
