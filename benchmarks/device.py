@@ -27,6 +27,7 @@ from sdqes_edge.contract import FP16, FP32
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import graphs
 from sdqes_edge.export.graphs import compute_model
+from sdqes_edge.onnxruntime_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words
 from sdqes_edge.runtime.backend import warm_up
 from sdqes_edge.runtime.bound_step import runs_to_steady
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, create_session
@@ -38,16 +39,13 @@ PRECISIONS = (FP32, FP16)  # int8 QDQ graphs are a CPU (and TensorRT) format
 
 def check_device(device: str) -> None:
     """Refuse up front, before any work, what this machine cannot run."""
-    import onnxruntime as ort
-
+    ort = load_onnxruntime()
     if device == "cpu":
         return
     if device != "cuda":
         raise UserError(f"--device {device!r} is not one of cpu, cuda")
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise UserError("--device cuda needs onnxruntime-gpu (this onnxruntime has "
-                        f"{', '.join(ort.get_available_providers())}); `pip install onnxruntime-gpu` on an NVIDIA "
-                        "machine")
+    if CUDA_PROVIDER not in ort.get_available_providers():
+        raise UserError(f"--device cuda: {missing_provider_words(CUDA_PROVIDER, ort)}")
     if not torch.cuda.is_available():
         raise UserError("--device cuda needs a CUDA build of torch for the PyTorch rows; install one, or "
                         "compare on --device cpu")
@@ -93,8 +91,7 @@ def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | Non
                  ) -> tuple[Callable[[], object], bool]:
     """The sliding-window graph with the step's treatment: input and output bound once, CUDA graph replay
     -> (window step, whether it replays a CUDA graph)."""
-    import onnxruntime as ort
-
+    ort = load_onnxruntime()
     session, captured = create_session(path, device, threads, cuda_graph=device == "cuda")
     ort_device = "cuda" if device == "cuda" else "cpu"
     host = np.ascontiguousarray(frames, dtype=np.float32)

@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from sdqes_edge.onnxruntime_builds import load_onnxruntime
 from sdqes_edge.runtime.soak import rss_bytes  # noqa: F401  (one reading of resident memory, shared)
 
 
@@ -61,7 +62,7 @@ def peak_rss_bytes() -> int:
 
 def machine() -> dict:
     import cv2
-    import onnxruntime
+    onnxruntime = load_onnxruntime()
     import torch
 
     cpu, flags = platform.processor(), set()

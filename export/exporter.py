@@ -37,6 +37,7 @@ from sdqes_edge.contract import (
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import file_sha256, staged_directory
 from sdqes_edge.model import SDQESModel
+from sdqes_edge.onnxruntime_builds import load_onnxruntime
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, session_options
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import (
@@ -103,8 +104,7 @@ def _backbone_counts(model: SDQESModel, batch: int, opset: int) -> tuple[GraphCo
 
 def _encode_queries(text_graph: Path, texts: Sequence[str], truncate: bool) -> tuple[np.ndarray, np.ndarray]:
     """(token ids [Q, 77], embeddings [Q, E] from the exported text graph)."""
-    import onnxruntime as ort
-
+    ort = load_onnxruntime()
     ids = default_tokenizer().tokenize(list(texts), on_overflow="truncate" if truncate else "error")
     session = ort.InferenceSession(str(text_graph), session_options(), providers=["CPUExecutionProvider"])
     return ids, session.run(None, {TOKEN_INPUT: ids})[0]

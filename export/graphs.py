@@ -36,14 +36,14 @@ from sdqes_edge.contract import (
 )
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.model.layers import cast
+from sdqes_edge.onnxruntime_builds import load_onnxruntime
 
 PRECISION_DTYPES = {FP32: torch.float32, FP16: torch.float16}
 
 
 def tool_versions() -> dict[str, str]:
     import onnx
-    import onnxruntime
-
+    onnxruntime = load_onnxruntime()
     return {sdqes_edge.__name__: sdqes_edge.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
             "onnxruntime": onnxruntime.__version__, "python": platform.python_version()}
 

@@ -38,6 +38,7 @@ import numpy as np
 from sdqes_edge.contract import ENGINES_FOLDER, FP16, FP32, INT8, PRECISIONS, STATE_DTYPES, engine_name
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import file_sha256
+from sdqes_edge.onnxruntime_builds import CUDA_PROVIDER, load_onnxruntime
 from sdqes_edge.runtime.bundle import Bundle, inside_bundle, load_bundle
 from sdqes_edge.runtime.detector import text_encoder_for
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
@@ -272,9 +273,8 @@ def engine_check_frames(bundle: Bundle, count: int) -> np.ndarray:
 
 def reference_device() -> str:
     """Where the fp32 reference runs: ONNX Runtime's CUDA EP where onnxruntime-gpu is installed, else the CPU."""
-    import onnxruntime as ort
-
-    return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+    ort = load_onnxruntime()
+    return "cuda" if CUDA_PROVIDER in ort.get_available_providers() else "cpu"
 
 
 def check_engine(engine_step, bundle: Bundle, precision: str, frames: np.ndarray, log: Callable[[str], None],

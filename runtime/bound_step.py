@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, LOGITS_OUTPUT, QUERY_INPUT
+from sdqes_edge.onnxruntime_builds import load_onnxruntime
 from sdqes_edge.state import StateSpec
 
 from .backend import STATE_BUFFER_SETS, BoundState, BufferSetLedger, State, StepResult
@@ -50,8 +51,7 @@ class DeviceBuffers:
                  cuda_graph: bool):
         """``session``: an ``onnxruntime.InferenceSession`` of a step graph; ``graph_shapes``: each state tensor's
         shape at its boundary; ``device``: where the buffers live ("cpu" or "cuda")."""
-        import onnxruntime as ort
-
+        ort = load_onnxruntime()
         self.session = session
         self.spec = spec
         inputs = {i.name: i for i in session.get_inputs()}

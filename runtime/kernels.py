@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from sdqes_edge.errors import UserError
+from sdqes_edge.onnxruntime_builds import load_onnxruntime
 
 from .onnxruntime_backend import session_options
 
@@ -64,8 +65,7 @@ def _zero_feeds(session) -> dict[str, np.ndarray]:
 
 def count_kernels(path: str | Path, providers: list[str] | None = None, steps: int = PROFILED_STEPS) -> KernelCount:
     """Run the graph ``steps`` times (zero inputs) under ONNX Runtime's profiler and count kernels per step."""
-    import onnxruntime as ort
-
+    ort = load_onnxruntime()
     providers = providers or ["CPUExecutionProvider"]
     with tempfile.TemporaryDirectory(prefix="sdqes-kernels-") as tmp:
         options = session_options()

@@ -25,6 +25,7 @@ import numpy as np
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, LOGITS_OUTPUT, METADATA_KEY, QUERY_INPUT
 from sdqes_edge.errors import UserError, first_line
 from sdqes_edge.files import file_sha256, user_cache_dir
+from sdqes_edge.onnxruntime_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words
 from sdqes_edge.state import StateSpec
 
 from .backend import STATE_BUFFER_SETS, State, StepResult
@@ -37,8 +38,8 @@ __all__ = ["OnnxRuntimeStep", "BoundState", "DeviceBuffers", "State", "StepResul
 # Execution providers per device, best first; ONNX Runtime falls back along the list.
 DEVICE_PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
-    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    "cuda": [CUDA_PROVIDER, "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", CUDA_PROVIDER, "CPUExecutionProvider"],
 }
 
 # The first ONNX Runtime release whose memory plan (SessionOptions.enable_mem_pattern) keeps fp16 graphs right.
@@ -57,14 +58,12 @@ class OnnxRuntimeStep:
 
     def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
                  io_binding: bool | None = None, cuda_graph: bool | None = None, spin_wait: bool = False):
-        import onnxruntime as ort
-
+        ort = load_onnxruntime()
         if device not in DEVICE_PROVIDERS:
             raise UserError(f"ONNX Runtime device {device!r} is not one of {', '.join(DEVICE_PROVIDERS)}")
         wanted = DEVICE_PROVIDERS[device][0]
         if wanted not in ort.get_available_providers():
-            raise UserError(f"this onnxruntime has no {wanted} (it has {', '.join(ort.get_available_providers())}); "
-                            "install onnxruntime-gpu on an NVIDIA machine, or use --ort-device cpu")
+            raise UserError(missing_provider_words(wanted, ort))
         self.device = device
         self.io_binding = device != "cpu" if io_binding is None else io_binding
         self.cuda_graph = (device == "cuda") if cuda_graph is None else cuda_graph
@@ -180,7 +179,7 @@ def session_options(threads: int | None = None, spin_wait: bool = False):
     CPU with spinning, tiny preset), another session, or the other candidates of an interleaved benchmark
     (PyTorch eager's tiny QRNN step took 57 ms between spinning sessions, 1.5 ms between quiet ones, 1.3 ms
     alone). Alone, the step was no faster with spinning (0.26 against 0.27 ms)."""
-    import onnxruntime as ort
+    ort = load_onnxruntime()
 
     options = ort.SessionOptions()
     threads = checked_threads(threads)
@@ -207,7 +206,7 @@ def onnxruntime_release(version: str) -> tuple[int, int]:
 def load_refusal(exc: BaseException, path: Path, what: str) -> UserError:
     """Why ONNX Runtime would not load the graph at ``path``, in one line. An operator or operator-set version
     this ONNX Runtime lacks means an old ONNX Runtime, not a damaged file, and says so."""
-    import onnxruntime as ort
+    ort = load_onnxruntime()
 
     words = first_line(exc)
     if "NOT_IMPLEMENTED" in words or "opset" in words.lower():
@@ -225,7 +224,7 @@ def create_session(path: Path, device: str, threads: int | None = None, cuda_gra
     in words that have changed between releases; so a refused capture is found by making the session
     again without it, which then steps uncaptured with a one-line warning saying why.
     """
-    import onnxruntime as ort
+    ort = load_onnxruntime()
 
     options = session_options(threads, spin_wait)
     providers: list = list(DEVICE_PROVIDERS[device])
@@ -235,7 +234,7 @@ def create_session(path: Path, device: str, threads: int | None = None, cuda_gra
         providers[0] = ("TensorrtExecutionProvider", tensorrt_cache_options(path))
 
     def make(capture: bool):
-        chosen = [("CUDAExecutionProvider", {"enable_cuda_graph": "1"}), *providers[1:]] if capture else providers
+        chosen = [(CUDA_PROVIDER, {"enable_cuda_graph": "1"}), *providers[1:]] if capture else providers
         return ort.InferenceSession(str(path), options, providers=chosen)
 
     return session_with_capture_fallback(make, cuda_graph, path)
@@ -302,7 +301,7 @@ def _check_providers(device: str, assigned: list[str]) -> None:
     if assigned and assigned[0] == wanted:
         return
     missing = PROVIDER_NEEDS.get(wanted, wanted)
-    if device == "tensorrt" and "CUDAExecutionProvider" in assigned:
+    if device == "tensorrt" and CUDA_PROVIDER in assigned:
         print(f"warning: ONNX Runtime could not create the TensorRT execution provider ({missing}); "
               "running on the CUDA execution provider instead", file=sys.stderr)
         return
@@ -312,5 +311,5 @@ def _check_providers(device: str, assigned: list[str]) -> None:
 
 PROVIDER_NEEDS = {
     "TensorrtExecutionProvider": "TensorRT's libraries, libnvinfer, are not loadable: install TensorRT",
-    "CUDAExecutionProvider": "the CUDA and cuDNN libraries onnxruntime-gpu was built for are not loadable",
+    CUDA_PROVIDER: "the CUDA and cuDNN libraries onnxruntime-gpu was built for are not loadable",
 }

@@ -16,6 +16,7 @@ import numpy as np
 
 from sdqes_edge.contract import TOKEN_INPUT
 from sdqes_edge.errors import UserError
+from sdqes_edge.onnxruntime_builds import load_onnxruntime
 from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
 
 from .alerts import AlertPolicy
@@ -57,8 +58,7 @@ class TextEncoder:
 
     @functools.cached_property
     def session(self):
-        import onnxruntime as ort
-
+        ort = load_onnxruntime()
         try:
             return ort.InferenceSession(str(self.text_graph), session_options(self.threads),
                                         providers=["CPUExecutionProvider"])

@@ -47,6 +47,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("threshold outside (0, 1)", [*run, "--threshold", "1.5"]),
         ("--max-frames 0", [*run, "--max-frames", "0"]),
         ("--threads 0", [*run, "--threads", "0"]),
+        ("--ort-device cuda where ONNX Runtime is the CPU build", [*run, "--ort-device", "cuda"]),
         ("--cooldown nan", [*run, "--cooldown", "nan"]),
         ("an option the command does not have", [*run, "--treshold", "0.5"]),
         ("a misspelt command", ["exprot", "--preset", "tiny"]),

@@ -41,6 +41,7 @@ from sdqes_edge.export.precision import (
 )
 from sdqes_edge.export.tensorrt_engine import DEFAULT_WORKSPACE_MIB
 from sdqes_edge.files import format_bytes, path_problem
+from sdqes_edge.onnxruntime_builds import load_onnxruntime
 from sdqes_edge.tolerances import DRIFT_FRAMES, ENGINE_VERIFY_FRAMES, VERIFY_FRAMES
 
 
@@ -198,8 +199,7 @@ def _refuse_non_finite(embedding, frame: int, precision: str) -> None:
     """A NaN or Inf embedding is a failed check, not a figure to print (ONNX Runtime 1.17-1.18 gave NaN from
     fp16 graphs with their memory plan on, and inspect printed 'embedding norm nan' and exit 0)."""
     import numpy as np
-    import onnxruntime as ort
-
+    ort = load_onnxruntime()
     if not np.isfinite(embedding).all():
         raise UserError(f"the {precision} graph gave a non-finite embedding at sample frame {frame} on ONNX Runtime "
                         f"{ort.__version__}; run another precision (--precision fp32), or another ONNX Runtime, and "
