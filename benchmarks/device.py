@@ -27,7 +27,7 @@ from sdqes_edge.contract import FP16, FP32
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import graphs
 from sdqes_edge.export.graphs import compute_model
-from sdqes_edge.onnxruntime_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words
+from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words
 from sdqes_edge.runtime.backend import warm_up
 from sdqes_edge.runtime.bound_step import runs_to_steady
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, create_session

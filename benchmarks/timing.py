@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from sdqes_edge.onnxruntime_builds import load_onnxruntime
+from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.runtime.soak import rss_bytes  # noqa: F401  (one reading of resident memory, shared)
 
 

@@ -36,7 +36,7 @@ from sdqes_edge.contract import (
 )
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.model.layers import cast
-from sdqes_edge.onnxruntime_builds import load_onnxruntime
+from sdqes_edge.package_builds import load_onnxruntime
 
 PRECISION_DTYPES = {FP32: torch.float32, FP16: torch.float16}
 

@@ -38,7 +38,7 @@ import numpy as np
 from sdqes_edge.contract import ENGINES_FOLDER, FP16, FP32, INT8, PRECISIONS, STATE_DTYPES, engine_name
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import file_sha256
-from sdqes_edge.onnxruntime_builds import CUDA_PROVIDER, load_onnxruntime
+from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
 from sdqes_edge.runtime.bundle import Bundle, inside_bundle, load_bundle
 from sdqes_edge.runtime.detector import text_encoder_for
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep

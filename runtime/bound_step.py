@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, LOGITS_OUTPUT, QUERY_INPUT
-from sdqes_edge.onnxruntime_builds import load_onnxruntime
+from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.state import StateSpec
 
 from .backend import STATE_BUFFER_SETS, BoundState, BufferSetLedger, State, StepResult

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from sdqes_edge.errors import UserError
-from sdqes_edge.onnxruntime_builds import load_onnxruntime
+from sdqes_edge.package_builds import load_onnxruntime
 
 from .onnxruntime_backend import session_options
 

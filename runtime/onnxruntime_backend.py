@@ -25,7 +25,7 @@ import numpy as np
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, LOGITS_OUTPUT, METADATA_KEY, QUERY_INPUT
 from sdqes_edge.errors import UserError, first_line
 from sdqes_edge.files import file_sha256, user_cache_dir
-from sdqes_edge.onnxruntime_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words
+from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words
 from sdqes_edge.state import StateSpec
 
 from .backend import STATE_BUFFER_SETS, State, StepResult

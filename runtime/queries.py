@@ -16,7 +16,7 @@ import numpy as np
 
 from sdqes_edge.contract import TOKEN_INPUT
 from sdqes_edge.errors import UserError
-from sdqes_edge.onnxruntime_builds import load_onnxruntime
+from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
 
 from .alerts import AlertPolicy

@@ -23,7 +23,7 @@ import signal
 import sys
 from typing import Callable, Sequence
 
-from sdqes_edge import __version__
+from sdqes_edge import __version__, package_builds
 from sdqes_edge.cli.common import PROG, OneLineErrorParser, check_output_paths, missing_module_words
 from sdqes_edge.errors import UserError
 from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination, signal_of
@@ -72,6 +72,7 @@ def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argume
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
+        package_builds.check_opencv()  # before the runtime, whose modules use cv2 as they load
         from sdqes_edge.runtime.sources import quiet_opencv_logs
 
         quiet_opencv_logs()  # this program reports a source's problems itself, in one line

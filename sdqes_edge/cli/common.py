@@ -10,7 +10,7 @@ import argparse
 import math
 import sys
 
-from sdqes_edge import onnxruntime_builds
+from sdqes_edge import package_builds
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
 from sdqes_edge.errors import EXTRA_FOR_MODULE, install_command, module_absent
 from sdqes_edge.files import check_output_dir, check_output_file
@@ -24,8 +24,8 @@ def missing_module_words(exc: ModuleNotFoundError, command: str | None) -> str |
     module = (exc.name or "").split(".")[0]
     if module not in EXTRA_FOR_MODULE or not module_absent(module):
         return None
-    if module == onnxruntime_builds.IMPORT_PACKAGE and onnxruntime_builds.files_gone():
-        return onnxruntime_builds.incomplete_package_words()
+    if module in package_builds.PACKAGE_NAMES and package_builds.files_gone(module):
+        return package_builds.incomplete_package_words(module)  # not "pip install", which says "already satisfied"
     who = f"the {command} command" if command else "this command"
     return (f"{who} needs {module}, which is not installed here: {install_command(module)} "
             "(a device needs only sdqes-edge[runtime] to run bundles)")

@@ -41,7 +41,7 @@ from sdqes_edge.export.precision import (
 )
 from sdqes_edge.export.tensorrt_engine import DEFAULT_WORKSPACE_MIB
 from sdqes_edge.files import format_bytes, path_problem
-from sdqes_edge.onnxruntime_builds import load_onnxruntime
+from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.tolerances import DRIFT_FRAMES, ENGINE_VERIFY_FRAMES, VERIFY_FRAMES
 
 

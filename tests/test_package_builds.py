@@ -1,11 +1,14 @@
-"""Two ONNX Runtime builds in one environment (sdqes_edge/onnxruntime_builds.py).
+"""Two distributions of one import folder in one environment (sdqes_edge/package_builds.py).
 
-onnxruntime and onnxruntime-gpu install the same `onnxruntime` folder. Measured in a Python 3.11 venv with
-`pip install onnxruntime-gpu==1.31.1 'sdqes-edge[runtime]'`: both were installed, the CPU build's files ran, and
-`run --ort-device cuda` said "install onnxruntime-gpu"; after `pip uninstall onnxruntime` every command ended in
-"module 'onnxruntime' has no attribute ..." (a traceback). Here a second build is registered the way pip
-registers one (a .dist-info folder whose RECORD lists the shared files) in a folder put on the path, and the
-emptied package is what Python imports for a folder without its __init__.py: a module with nothing in it.
+onnxruntime and onnxruntime-gpu install the same `onnxruntime` folder; opencv-python and opencv-python-headless
+the same `cv2`. Measured in Python 3.11 venvs: after `pip install onnxruntime-gpu==1.31.1 'sdqes-edge[runtime]'`
+the CPU build's files ran and `run --ort-device cuda` said "install onnxruntime-gpu", already installed; after
+`pip uninstall onnxruntime` every command ended in "module 'onnxruntime' has no attribute ..." (a traceback); after
+`pip uninstall opencv-python` beside opencv-python-headless, cv2 was gone and every command advised
+`pip install 'sdqes-edge[runtime]'`, which pip answers "already satisfied". Here a second distribution is
+registered the way pip registers one (a .dist-info folder whose RECORD lists the shared files) in a folder put on
+the path, and an emptied package is what Python imports for a folder without its __init__.py: a module with
+nothing in it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import pytest
 
 from sdqes_edge.demo import DEMO_BUNDLE
 from sdqes_edge.errors import UserError
-from sdqes_edge.onnxruntime_builds import CUDA_PROVIDER, installed_builds
+from sdqes_edge.package_builds import CUDA_PROVIDER, installed_builds
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 
 GPU_VERSION = "1.31.1"
@@ -30,21 +33,23 @@ needs_cpu_build_alone = pytest.mark.skipif(
     reason="this environment's onnxruntime is not the CPU build alone (these tests register a GPU build beside it)")
 
 
-def register_gpu_build(site: Path) -> Path:
-    """A folder holding what pip leaves for onnxruntime-gpu: its metadata, and a RECORD of the shared files."""
-    info = site / f"onnxruntime_gpu-{GPU_VERSION}.dist-info"
+def register(site: Path, distribution: str = "onnxruntime-gpu", version: str = GPU_VERSION,
+             package: str = "onnxruntime") -> Path:
+    """A folder holding what pip leaves for ``distribution``: its metadata, and a RECORD of the files it shares
+    in ``package`` (which are not there)."""
+    info = site / f"{distribution.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: {GPU_VERSION}\n")
-    (info / "RECORD").write_text("onnxruntime/__init__.py,,\nonnxruntime/capi/onnxruntime_pybind11_state.so,,\n"
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+    (info / "RECORD").write_text(f"{package}/__init__.py,,\n{package}/lib.so,,\n"
                                  f"{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
     return site
 
 
-def cli(site: Path, onnxruntime_as: str, *argv: str) -> subprocess.CompletedProcess:
-    """The command line in a fresh process with ``site`` on the path; ``onnxruntime_as``: "real", "empty" (the
-    package another build's uninstall emptied) or "gone" (not importable at all)."""
-    stand_in = {"real": "", "empty": "sys.modules['onnxruntime'] = types.ModuleType('onnxruntime')\n",
-                "gone": "sys.modules['onnxruntime'] = None\n"}[onnxruntime_as]
+def cli(site: Path, module: str, module_as: str, *argv: str) -> subprocess.CompletedProcess:
+    """The command line in a fresh process with ``site`` on the path; ``module_as``: "real", "empty" (the package
+    another distribution's uninstall emptied) or "gone" (not importable at all)."""
+    stand_in = {"real": "", "empty": f"sys.modules[{module!r}] = types.ModuleType({module!r})\n",
+                "gone": f"sys.modules[{module!r}] = None\n"}[module_as]
     code = (f"import sys, types\nsys.path.insert(0, {str(site)!r})\n{stand_in}"
             f"from sdqes_edge.cli import run\nsys.exit(run({list(argv)!r}))")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -61,7 +66,7 @@ def test_asking_a_cpu_build_for_cuda_says_to_replace_it_with_the_gpu_build_not_t
 
 @needs_cpu_build_alone
 def test_two_builds_sharing_the_folder_are_named_with_the_commands_that_leave_one(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(register_gpu_build(tmp_path)))
+    monkeypatch.syspath_prepend(str(register(tmp_path)))
     assert installed_builds() == {"onnxruntime": CPU_VERSION, "onnxruntime-gpu": GPU_VERSION}
     for device in ("cuda", "tensorrt"):
         with pytest.raises(UserError) as refused:
@@ -76,7 +81,7 @@ def test_two_builds_sharing_the_folder_are_named_with_the_commands_that_leave_on
 @needs_cpu_build_alone
 def test_the_command_line_refuses_the_mixed_install_in_one_line(tmp_path):
     video = tmp_path / "none.mp4"  # never opened: the backend is made first
-    result = cli(register_gpu_build(tmp_path / "site"), "real", "run", str(DEMO_BUNDLE), "--source", str(video),
+    result = cli(register(tmp_path / "site"), "onnxruntime", "real", "run", str(DEMO_BUNDLE), "--source", str(video),
                  "--query", "the lamp turns on", "--ort-device", "cuda")
     assert result.returncode == 2
     assert result.stderr.startswith(f"sdqes-edge: error: onnxruntime {CPU_VERSION} and onnxruntime-gpu "
@@ -86,7 +91,8 @@ def test_the_command_line_refuses_the_mixed_install_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("onnxruntime_as", ["empty", "gone"])
 def test_a_package_emptied_by_uninstalling_the_other_build_is_named_with_the_reinstall(onnxruntime_as, tmp_path):
-    result = cli(register_gpu_build(tmp_path / "site"), onnxruntime_as, "inspect", str(DEMO_BUNDLE), "--frames", "1")
+    site = register(tmp_path / "site")
+    result = cli(site, "onnxruntime", onnxruntime_as, "inspect", str(DEMO_BUNDLE), "--frames", "1")
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("sdqes-edge: error: ONNX Runtime is broken here: "), result.stderr
     assert result.stderr.rstrip().endswith(f"pip install --force-reinstall --no-deps onnxruntime-gpu=={GPU_VERSION}")
@@ -94,6 +100,19 @@ def test_a_package_emptied_by_uninstalling_the_other_build_is_named_with_the_rei
 
 
 def test_an_absent_onnxruntime_with_no_build_registered_is_still_the_runtime_extra(tmp_path):
-    result = cli(tmp_path, "gone", "inspect", str(DEMO_BUNDLE), "--frames", "1")
+    result = cli(tmp_path, "onnxruntime", "gone", "inspect", str(DEMO_BUNDLE), "--frames", "1")
     assert result.returncode == 2
     assert "needs onnxruntime, which is not installed here: pip install 'sdqes-edge[runtime]'" in result.stderr
+
+
+@pytest.mark.parametrize("cv2_as", ["empty", "gone"])
+def test_an_opencv_emptied_by_uninstalling_the_other_wheel_is_named_with_the_reinstall(cv2_as, tmp_path):
+    headless = metadata.version("opencv-python-headless")
+    site = register(tmp_path / "site", "opencv-python", headless, "cv2")
+    result = cli(site, "cv2", cv2_as, "run", str(DEMO_BUNDLE), "--source", "x.mp4", "--query", "the lamp turns on")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (f"sdqes-edge: error: OpenCV (cv2) is broken here: opencv-python {headless} and "
+                             f"opencv-python-headless {headless} are installed, but the files of the cv2 folder are "
+                             "gone (uninstalling one of two distributions that share that folder removes them); "
+                             "reinstall it: pip install --force-reinstall --no-deps "
+                             f"opencv-python-headless=={headless}\n")
