@@ -23,11 +23,12 @@ from .alerts import AlertPolicy
 from .backend import StepBackend, StepResult
 from .bundle import Bundle, BundleError, load_bundle
 from .detector import StreamingDetector, StreamSlot
+from .pacing import FrameRateWarning
 from .sinks import AlertEvent, AnnotatedVideoSink, CallbackSink, ConsoleSink, JsonlSink, ScoreTraceRecorder
 from .sources import Frame, open_source
 
 __all__ = ["STATE_INPUT_PREFIX", "STATE_OUTPUT_PREFIX", "StateSpec", "StateTensorSpec", "ClipTokenizer",
            "default_tokenizer", "AlertPolicy", "StepBackend", "StepResult", "Bundle", "BundleError", "load_bundle",
-           "StreamingDetector", "StreamSlot",
+           "StreamingDetector", "StreamSlot", "FrameRateWarning",
            "AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder",
            "Frame", "open_source"]

@@ -25,6 +25,7 @@ from sdqes_edge.errors import UserError
 from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, warm_up
 from .bundle import Bundle, load_bundle
+from .pacing import StreamPace
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, score
 from .run_stats import RunStats
@@ -51,6 +52,7 @@ class StreamSlot:
     position: int = 0  # the sample index of that source after its last frame
     resumed: StreamRecord | None = None  # from a snapshot, until ``attach`` decides where its source goes on
     attached: FrameSource | None = field(default=None, repr=False)  # the source ``attach`` gave this stream
+    pace: StreamPace | None = None  # its frame times against the model's rate (None: a model without state)
 
     def restore_alert(self, query_id: str, text: str) -> None:
         """A query's alert state as the snapshot this stream was restored from left it for that text, if any."""
@@ -58,9 +60,12 @@ class StreamSlot:
         if saved is not None:
             saved.apply(self.alerts[query_id], self.time)
 
-    def reset_alerts(self) -> None:
+    def reset(self) -> None:
+        """What a new scene forgets: the alert states, and the frame times its pace is measured over."""
         for state in self.alerts.values():
             state.reset()
+        if self.pace is not None:
+            self.pace.restart()
 
 
 def make_backend(bundle: Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
@@ -105,7 +110,9 @@ class StreamingDetector:
         self.queries = QueryBank(text_encoder or text_encoder_for(self.bundle, truncate_queries))
         self.sinks: list[Sink] = []
         self.state = self.backend.initial_state()  # every stream's, batched (the backend's representation)
-        self.streams = [StreamSlot(i, f"stream{i}") for i in range(self.batch)]
+        temporal = len(self.backend.spec) > 0  # a model with no state sees each frame alone, at any rate
+        self.streams = [StreamSlot(i, f"stream{i}", pace=StreamPace(1.0 / self.fps) if temporal else None)
+                        for i in range(self.batch)]
         size = self.bundle.image_size
         self._batch = np.zeros((self.batch, 3, size, size), np.float32)  # the frames of one step, reused
         self.last_embeddings: np.ndarray | None = None
@@ -182,7 +189,7 @@ class StreamingDetector:
             raise UserError(f"stream {stream} is not one of this bundle's streams, 0 to {self.batch - 1}")
         self.state = self.backend.reset_streams(self.state, None if stream is None else [stream])
         for slot in self.streams if stream is None else [self.streams[stream]]:
-            slot.reset_alerts()
+            slot.reset()
 
     def save_state(self, path: str | Path) -> Path:
         """Snapshot the streaming state to an .npz, to resume after a restart: the model's state and, per stream,
@@ -280,6 +287,8 @@ class StreamingDetector:
     def _alerts(self, slot: StreamSlot, frame: Frame, ids: list[str], probs: np.ndarray, cosines: np.ndarray,
                 start: float) -> list[AlertEvent]:
         """One stream's frame through its per-query alert states: the alerts it raises."""
+        if slot.pace is not None:
+            slot.pace.observe(slot.name, frame.time)
         slot.time, slot.position = frame.time, frame.index + 1
         slot.frames += 1
         latency = (time.perf_counter() - start) * 1e3
@@ -299,10 +308,17 @@ class StreamingDetector:
         first part twice, and alerted twice). Any other source starts at its beginning with the state carried
         on and stream times from 0, the last alert's time moved with them (cooldowns count the gap as none)."""
         self.check_source_count(len(sources))
+        for source in sources:
+            if not math.isclose(source.fps, self.fps, rel_tol=1e-9):  # the model would see time run fast or slow
+                raise UserError(f"source {source.name} samples at {source.fps:g} frames per second, but this bundle's "
+                                f"model steps at {self.fps:g}: open it at the bundle's rate, "
+                                "open_source(path, detector.fps)")
         for slot, source in zip(self.streams, sources):
             if slot.attached is source:
                 continue
             slot.name, slot.attached = source.name, source
+            if slot.pace is not None:
+                slot.pace.restart()
             record, slot.resumed, identity = slot.resumed, None, source.identity
             if record is not None and not source.live and record.source == identity and record.position:
                 source.start_at(record.position)

@@ -189,12 +189,13 @@ def test_state_reset_save_and_restore(exported, tmp_path):
 
 
 class SimulatedCamera(FrameSource):
-    """A live source that produces a new frame every 1/rate seconds of wall-clock time, for `seconds`."""
+    """A live source that produces a new frame every 1/rate seconds of wall-clock time, for `seconds`, sampled at
+    ``fps`` (the bundle's)."""
 
     live = True
 
-    def __init__(self, rate: float, seconds: float):
-        super().__init__("simcam", fps=rate)
+    def __init__(self, rate: float, seconds: float, fps: float):
+        super().__init__("simcam", fps=fps)
         self.rate, self.seconds = rate, seconds
         self.image = sample_frames(1, 120, 160)[0]
 
@@ -222,14 +223,16 @@ class SlowBackend:
 def test_a_slow_model_on_a_live_source_drops_frames_instead_of_falling_behind(exported):
     _, bundle = exported
     detector = StreamingDetector(bundle)
-    detector.backend = SlowBackend(detector.backend, delay_s=0.05)  # 20 steps/s against a 50 frames/s camera
-    camera = SimulatedCamera(rate=50, seconds=1.5)
+    delay = 0.3  # 3.3 steps/s against a 50 frames/s camera sampled at the bundle's 5 frames/s
+    detector.backend = SlowBackend(detector.backend, delay_s=delay)
+    camera = SimulatedCamera(rate=50, seconds=2.0, fps=detector.fps)
     started = time.monotonic()
     processed = sum(1 for _ in detector.run(camera))
     elapsed = time.monotonic() - started
     assert camera.stats.dropped > 0
     assert processed + camera.stats.dropped == camera.stats.sampled
-    assert elapsed < 1.5 + 0.5  # it finished with the camera, not 75 frames x 50 ms later
+    # It finished with the camera (and the step under way then), not 10 sampled frames x 0.3 s later.
+    assert elapsed < camera.seconds + 2 * delay
 
 
 def test_a_non_finite_score_stops_the_stream_with_a_reason(exported, tmp_path):
