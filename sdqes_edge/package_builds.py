@@ -30,11 +30,11 @@ from sdqes_edge.errors import UserError, install_command
 
 ONNXRUNTIME = "onnxruntime"  # the folder every ONNX Runtime build installs
 OPENCV = "cv2"  # the folder every OpenCV wheel installs
-# What each shared folder is called in messages, and the distribution to keep where several are registered.
-PACKAGE_NAMES = {ONNXRUNTIME: "ONNX Runtime", OPENCV: "OpenCV (cv2)"}
-PREFERRED_BUILD = {ONNXRUNTIME: "onnxruntime-gpu", OPENCV: "opencv-python-headless"}
 CPU_BUILD = "onnxruntime"  # the distribution sdqes-edge[runtime] and [export] bring
 GPU_BUILD = "onnxruntime-gpu"  # what an NVIDIA machine needs instead (sdqes-edge[gpu])
+# What each shared folder is called in messages, and the distribution to keep where several are registered.
+PACKAGE_NAMES = {ONNXRUNTIME: "ONNX Runtime", OPENCV: "OpenCV (cv2)"}
+PREFERRED_BUILD = {ONNXRUNTIME: GPU_BUILD, OPENCV: "opencv-python-headless"}
 CUDA_PROVIDER = "CUDAExecutionProvider"
 JETSON_NOTE = "on a Jetson, NVIDIA's onnxruntime-gpu wheel for its JetPack"
 
