@@ -62,9 +62,9 @@ def peak_rss_bytes() -> int:
 
 def machine() -> dict:
     import cv2
-    onnxruntime = load_onnxruntime()
     import torch
 
+    onnxruntime = load_onnxruntime()
     cpu, flags = platform.processor(), set()
     try:
         with open("/proc/cpuinfo") as fh:

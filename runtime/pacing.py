@@ -12,12 +12,11 @@ refuses outright a source opened at another rate than the bundle's.)
 
 from __future__ import annotations
 
-import statistics
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
-PACE_WINDOW = 8  # consecutive intervals whose mean is compared with the model's period
+PACE_WINDOW = 8  # consecutive intervals whose mean (the span of the last 9 frames / 8) is compared with the period
 # A mean interval under this fraction of the period: frames come too fast. A camera's every frame (30 fps into a
 # 1-fps model) is far below. The mean, not the median: a live source keeps, for each sample time, the first frame
 # after it, so a 6.5-fps camera sampled at 5 fps steps frames 0.154 s apart two times in three and 0.308 s apart
@@ -34,29 +33,27 @@ class FrameRateWarning(RuntimeWarning):
 class StreamPace:
     """One stream's recent frame times, since it started or was reset."""
     period: float  # seconds between the frames the model was trained on (1 / fps)
-    last_time: float | None = None
-    intervals: deque = field(default_factory=lambda: deque(maxlen=PACE_WINDOW))
+    times: deque = field(default_factory=lambda: deque(maxlen=PACE_WINDOW + 1))  # the last frames' times
     warned: bool = False  # once per stream: a pipeline that steps too fast does so every frame
 
     def restart(self) -> None:
         """A new scene (``reset``) or a new source: stream times may start again from 0."""
-        self.last_time = None
-        self.intervals.clear()
+        self.times.clear()
 
     def observe(self, stream: str, time: float) -> None:
         """The stream's next frame time; warns (once) where the frames are too fast or go back in time."""
-        last, self.last_time = self.last_time, time
-        if last is None or self.warned:
+        if self.warned:
             return
-        if time < last:
+        if self.times and time < self.times[-1]:
+            last = self.times[-1]
             self._warn(f"{stream}: frame time went back from {last:.3f} s to {time:.3f} s without reset(); a Frame's "
                        "time is seconds since its stream started and only goes forward (alerts and cooldowns are "
                        "timed by it): call detector.reset(stream) for a new scene, or give each frame its own time")
             return
-        self.intervals.append(time - last)
-        if len(self.intervals) < PACE_WINDOW:
+        self.times.append(time)
+        if len(self.times) <= PACE_WINDOW:
             return
-        interval = statistics.fmean(self.intervals)
+        interval = (self.times[-1] - self.times[0]) / PACE_WINDOW  # the mean of the last PACE_WINDOW intervals
         if interval == 0:
             self._warn(f"{stream}: frames keep the same time ({time:g} s); a Frame's time is seconds since its stream "
                        "started, and alerts, cooldowns and this check of the model's rate are timed by it: give each "

@@ -199,11 +199,11 @@ def _refuse_non_finite(embedding, frame: int, precision: str) -> None:
     """A NaN or Inf embedding is a failed check, not a figure to print (ONNX Runtime 1.17-1.18 gave NaN from
     fp16 graphs with their memory plan on, and inspect printed 'embedding norm nan' and exit 0)."""
     import numpy as np
-    ort = load_onnxruntime()
+
     if not np.isfinite(embedding).all():
         raise UserError(f"the {precision} graph gave a non-finite embedding at sample frame {frame} on ONNX Runtime "
-                        f"{ort.__version__}; run another precision (--precision fp32), or another ONNX Runtime, and "
-                        "if fp32 fails too, re-export the bundle")
+                        f"{load_onnxruntime().__version__}; run another precision (--precision fp32), or another ONNX "
+                        "Runtime, and if fp32 fails too, re-export the bundle")
 
 
 def _print_kernels(bundle, precision: str) -> None:
