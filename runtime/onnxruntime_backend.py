@@ -25,7 +25,7 @@ import numpy as np
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, LOGITS_OUTPUT, METADATA_KEY, QUERY_INPUT
 from sdqes_edge.errors import UserError, first_line
 from sdqes_edge.files import file_sha256, user_cache_dir
-from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words
+from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words, update_command
 from sdqes_edge.state import StateSpec
 
 from .backend import STATE_BUFFER_SETS, State, StepResult
@@ -211,7 +211,7 @@ def load_refusal(exc: BaseException, path: Path, what: str) -> UserError:
     words = first_line(exc)
     if "NOT_IMPLEMENTED" in words or "opset" in words.lower():
         return UserError(f"ONNX Runtime {ort.__version__} cannot run {path} ({words}): the graph needs a newer ONNX "
-                         "Runtime; update it (pip install -U onnxruntime, or your device's onnxruntime-gpu build), or "
+                         f"Runtime; update it ({update_command()}), or "
                          "re-export the bundle with this sdqes-edge, whose graphs run on ONNX Runtime 1.17 and newer")
     return UserError(f"ONNX Runtime cannot load {path} ({words}); the file is damaged or not {what}: re-export it")
 

@@ -119,3 +119,17 @@ def missing_provider_words(wanted: str, ort: ModuleType) -> str:
                 f"'sdqes-edge[gpu]' ({JETSON_NOTE}), or use --ort-device cpu")
     return (f"this onnxruntime ({_listed(builds) or 'ONNX Runtime ' + ort.__version__}) has no {wanted} (only "
             f"{available}); install {GPU_BUILD} on an NVIDIA machine, or use --ort-device cpu")
+
+
+def update_command() -> str:
+    """The pip command that updates the ONNX Runtime installed here to a newer release of the same build: naming
+    another build (``pip install -U onnxruntime`` where onnxruntime-gpu runs) would install a second one beside it,
+    whose files then win over the GPU build's."""
+    builds = installed_builds()
+    if len(builds) == 1:
+        return f"pip install -U {next(iter(builds))}"
+    if builds:  # two builds already collide: updating either leaves them colliding
+        keep = next((name for name in builds if name != CPU_BUILD), CPU_BUILD)
+        return f"pip uninstall -y {' '.join(builds)} && pip install {keep}"
+    return f"pip install -U {CPU_BUILD} (or {JETSON_NOTE})"
+

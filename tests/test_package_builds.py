@@ -116,3 +116,22 @@ def test_an_opencv_emptied_by_uninstalling_the_other_wheel_is_named_with_the_rei
                              "gone (uninstalling one of two distributions that share that folder removes them); "
                              "reinstall it: pip install --force-reinstall --no-deps "
                              f"opencv-python-headless=={headless}\n")
+
+
+@needs_cpu_build_alone
+def test_an_onnx_runtime_too_old_for_a_graph_is_updated_within_its_own_build(tmp_path, monkeypatch):
+    """`pip install -U onnxruntime` where onnxruntime-gpu runs installs the CPU build beside it, whose files win."""
+    from sdqes_edge.runtime.onnxruntime_backend import load_refusal
+
+    too_old = RuntimeError("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for Foo(99)")
+    assert "update it (pip install -U onnxruntime)" in str(load_refusal(too_old, tmp_path / "g.onnx", "a graph"))
+
+    gpu_only = register(tmp_path / "gpu")
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: {"onnxruntime": ["onnxruntime-gpu"]})
+    monkeypatch.syspath_prepend(str(gpu_only))
+    assert "update it (pip install -U onnxruntime-gpu)" in str(load_refusal(too_old, tmp_path / "g.onnx", "a graph"))
+
+    monkeypatch.undo()
+    monkeypatch.syspath_prepend(str(register(tmp_path / "both")))
+    assert ("update it (pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu)"
+            in str(load_refusal(too_old, tmp_path / "g.onnx", "a graph")))
