@@ -16,19 +16,35 @@ ties them together; ``bundle`` reads what the exporter wrote.
             print(alert.stream_time, alert.message)
 """
 
-from sdqes_edge.state import STATE_INPUT_PREFIX, STATE_OUTPUT_PREFIX, StateSpec, StateTensorSpec
-from sdqes_edge.tokenizer import ClipTokenizer, default_tokenizer
+from __future__ import annotations
 
-from .alerts import AlertPolicy
-from .backend import StepBackend, StepResult
-from .bundle import Bundle, BundleError, load_bundle
-from .detector import StreamingDetector, StreamSlot
-from .pacing import FrameRateWarning
-from .sinks import AlertEvent, AnnotatedVideoSink, CallbackSink, ConsoleSink, JsonlSink, ScoreTraceRecorder
-from .sources import Frame, open_source
+import importlib
 
-__all__ = ["STATE_INPUT_PREFIX", "STATE_OUTPUT_PREFIX", "StateSpec", "StateTensorSpec", "ClipTokenizer",
-           "default_tokenizer", "AlertPolicy", "StepBackend", "StepResult", "Bundle", "BundleError", "load_bundle",
-           "StreamingDetector", "StreamSlot", "FrameRateWarning",
-           "AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder",
-           "Frame", "open_source"]
+# Each public name and the module that defines it. They load on first use (PEP 562), not with the package, so that
+# importing one cv2-free module of the runtime (its backends, read by the command line's --help) needs no OpenCV.
+_EXPORTS = {
+    "sdqes_edge.state": ("STATE_INPUT_PREFIX", "STATE_OUTPUT_PREFIX", "StateSpec", "StateTensorSpec"),
+    "sdqes_edge.tokenizer": ("ClipTokenizer", "default_tokenizer"),
+    ".alerts": ("AlertPolicy",),
+    ".backend": ("StepBackend", "StepResult"),
+    ".bundle": ("Bundle", "BundleError", "load_bundle"),
+    ".detector": ("StreamingDetector", "StreamSlot"),
+    ".pacing": ("FrameRateWarning",),
+    ".sinks": ("AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder"),
+    ".sources": ("Frame", "open_source"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name], __name__), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+

@@ -16,6 +16,9 @@ import numpy as np
 from sdqes_edge.errors import UserError
 from sdqes_edge.state import StateSpec
 
+# What ``--backend`` names: ONNX Runtime (the default) and TensorRT.
+BACKENDS = ("ort", "trt")
+
 State = dict[str, np.ndarray]  # state tensor name (as in the spec, no prefix) -> array, batch on axis 0
 
 # A device backend's state buffer sets: a step reads one and writes the other (a state input and its output are

@@ -23,7 +23,7 @@ from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 
 from .alerts import AlertPolicy, AlertState
-from .backend import StepBackend, warm_up
+from .backend import BACKENDS, StepBackend, warm_up
 from .bundle import Bundle, load_bundle
 from .pacing import StreamPace
 from .preprocess import Preprocessor
@@ -32,8 +32,6 @@ from .run_stats import RunStats
 from .sinks import AlertEvent, Sink
 from .snapshots import SavedAlert, Snapshot, StreamRecord, read_snapshot, write_snapshot
 from .sources import Frame, FrameSource
-
-BACKENDS = ("ort", "trt")
 
 
 class NonFiniteScoreError(UserError):

@@ -30,7 +30,6 @@ from sdqes_edge.synthetic import Stream, generate_stream, write_video
 from sdqes_edge.traces import load_scores
 
 DEMO_BUNDLE = Path(__file__).resolve().parent / "data" / "demo_bundle"
-DEMO_SEED = 7  # no split uses seeds below 100,000 (train_options.SPLIT_SEED_BASE)
 DEMO_SECONDS = 60.0
 DEMO_VIDEO_FPS = 2.0  # the video is drawn at 2 fps; the runtime samples it at the bundle's 1 fps
 

@@ -14,6 +14,7 @@ SYNTHETIC_TRAINING_DATA = ("synthetic scenes (coloured squares, rolling balls, a
 
 # Data seeds of each split live in disjoint ranges, so no stream is in two splits whatever the sizes.
 SPLIT_SEED_BASE = {"train": 100_000, "val": 200_000, "test": 300_000}
+DEMO_SEED = 7  # `sdqes-edge demo`'s stream: below every split's seeds, so no model was trained on it
 SPLIT_SEED_SPAN = 100_000
 CHECKPOINT_RECORD_KEY = "sdqes_edge_training"
 

@@ -8,10 +8,10 @@ import sys
 
 import cv2
 
-from sdqes_edge.demo import DEMO_BUNDLE, DEMO_SEED
+from sdqes_edge.demo import DEMO_BUNDLE
 from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.synthetic import EVENT_KINDS
-from sdqes_edge.train_options import TrainOptions, is_training_seed
+from sdqes_edge.train_options import DEMO_SEED, TrainOptions, is_training_seed
 
 
 def run_cli(*args: str, block_torch: bool = True) -> subprocess.CompletedProcess:

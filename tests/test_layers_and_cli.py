@@ -259,6 +259,48 @@ def test_a_workstation_command_on_a_runtime_only_install_names_the_extra_in_one_
     assert list(tmp_path.iterdir()) == []  # nothing half-made
 
 
+
+# --- the base install: no extra at all ---------------------------------------------------
+
+# What `pip install sdqes-edge` leaves out (pyproject.toml's extras); its dependencies tokenize and read bundles.
+NOT_IN_THE_BASE_INSTALL = ("torch", "onnx", "onnxruntime", "cv2", "tqdm", "matplotlib", "ray", "tensorrt", "pycuda")
+
+
+def cli_on_the_base_install(code: str) -> subprocess.CompletedProcess:
+    blocked = "".join(f"sys.modules[{module!r}] = None\n" for module in NOT_IN_THE_BASE_INSTALL)
+    return python(f"import sys\n{blocked}from sdqes_edge.cli import build_parser, run\n{code}")
+
+
+def test_every_commands_help_and_tokenize_work_on_the_base_install():
+    """Every --help, and the commands that need no extra, ran nowhere there: building the parsers loaded OpenCV
+    (`sdqes-edge --help` answered "this command needs cv2")."""
+    result = cli_on_the_base_install(
+        "commands = [[]] + [[name] for name in build_parser()._subparsers._group_actions[0].choices]\n"
+        "for command in commands:\n"
+        "    try:\n"
+        "        run([*command, '--help'])\n"
+        "    except SystemExit as done:\n"
+        "        assert done.code == 0, command\n"
+        "    else:\n"
+        "        raise AssertionError(f'{command} --help did not exit')\n"
+        "print(f'{len(commands)} helps')\n"
+        "sys.exit(run(['tokenize', 'When I start cooking, remind me to wash my hands.']))")
+    assert result.returncode == 0, result.stderr
+    helps = int(re.search(r"(\d+) helps", result.stdout).group(1))
+    assert helps > 10 and result.stdout.count("usage: sdqes-edge") == helps
+    assert "usage: sdqes-edge build-engine" in result.stdout and "usage: sdqes-edge run" in result.stdout
+    assert "[49406, 827, 328, 1572, 6283, 267, 9868, 614, 531, 7810, 607, 3500, 269, 49407]" in result.stdout
+
+
+def test_a_bundle_command_on_the_base_install_names_the_runtime_extra_in_one_line(tmp_path):
+    from sdqes_edge.demo import DEMO_BUNDLE
+
+    result = cli_on_the_base_install(f"sys.exit(run(['run', {str(DEMO_BUNDLE)!r}, '--source', "
+                                     f"{str(tmp_path / 'kitchen.mp4')!r}, '--query', 'the lamp turns on']))")
+    assert result.returncode == 2
+    assert result.stderr == ("sdqes-edge: error: the run command needs cv2, which is not installed here: pip install "
+                             "'sdqes-edge[runtime]' (a device needs only sdqes-edge[runtime] to run bundles)\n")
+
 def test_inspect_runs_a_bundle_and_counts_its_kernels_where_onnx_is_not_installed():
     from sdqes_edge.demo import DEMO_BUNDLE
 

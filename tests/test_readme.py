@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sdqes_edge.demo import DEMO_SEED, run_demo
+from sdqes_edge.demo import run_demo
+from sdqes_edge.train_options import DEMO_SEED
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 PYTHON_BLOCKS = re.findall(r"^```python\n(.*?)^```", README.read_text(encoding="utf-8"), re.S | re.M)

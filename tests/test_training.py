@@ -51,7 +51,7 @@ def test_splits_draw_from_disjoint_seed_ranges_that_the_demo_avoids():
     train_, val, test = split_seeds("train", 500), split_seeds("val", 500), split_seeds("test", 500)
     assert not (set(train_) & set(val)) and not (set(train_) & set(test)) and not (set(val) & set(test))
     assert all(is_training_seed(s) for s in train_ + val + test)
-    from sdqes_edge.demo import DEMO_SEED
+    from sdqes_edge.train_options import DEMO_SEED
 
     assert not is_training_seed(DEMO_SEED)
 

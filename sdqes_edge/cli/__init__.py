@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 from sdqes_edge import __version__, package_builds
 from sdqes_edge.cli.common import PROG, OneLineErrorParser, check_output_paths, missing_module_words
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, module_absent
 from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination, signal_of
 
 __all__ = ["PROG", "build_parser", "main", "run"]
@@ -57,6 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _prepare_opencv() -> None:
+    """Where OpenCV is installed: refuse one another wheel's uninstall emptied, before the runtime's modules use it
+    as they load, and quiet its logs (this program reports a source's problems itself, in one line). Where it is
+    not, a command that needs it says so when it loads it; the base install's commands (tokenize, info) need none."""
+    if module_absent(package_builds.OPENCV):
+        return
+    package_builds.check_opencv()
+    from sdqes_edge.runtime.sources import quiet_opencv_logs
+
+    quiet_opencv_logs()
+
+
 # A full disk (or quota) is the machine's state, not a bug: one line, like every refusal, with what to do.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -72,10 +84,7 @@ def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argume
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
-        package_builds.check_opencv()  # before the runtime, whose modules use cv2 as they load
-        from sdqes_edge.runtime.sources import quiet_opencv_logs
-
-        quiet_opencv_logs()  # this program reports a source's problems itself, in one line
+        _prepare_opencv()
         check_output_paths(args)
         return args.func(args)
     except UserError as exc:

@@ -10,7 +10,7 @@ from pathlib import Path
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, seed_number
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
-from sdqes_edge.train_options import SPLIT_SEED_BASE, is_training_seed
+from sdqes_edge.train_options import DEMO_SEED, SPLIT_SEED_BASE, is_training_seed
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -28,8 +28,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from sdqes_edge.demo import DEMO_SEED
-
     demo = add_subcommand(
         sub, "demo", "see the shipped model alert on a fresh synthetic stream (about 10 s, no arguments needed)",
         "Draw a 60-s synthetic scene from a seed no training run used, run the model shipped with the package "

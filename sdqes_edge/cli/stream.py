@@ -7,18 +7,21 @@ import sys
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, unique_queries
 from sdqes_edge.contract import INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import check_output_dir, check_output_file
 from sdqes_edge.progress import progress_bar
-from sdqes_edge.runtime.detector import BACKENDS, RunStats, StreamingDetector
+from sdqes_edge.runtime.backend import BACKENDS
 from sdqes_edge.runtime.onnxruntime_backend import DEVICE_PROVIDERS
-from sdqes_edge.runtime.sinks import check_annotation_path
 from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of
 from sdqes_edge.traces import TRACE_SUFFIX
 from sdqes_edge.train_options import training_data_words
+
+if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
+    from sdqes_edge.runtime.detector import RunStats, StreamingDetector
 
 LIVE_REPORT_SECONDS = 5.0
 
@@ -50,6 +53,7 @@ def int8_on_cuda_warning(args: argparse.Namespace) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from sdqes_edge.runtime.detector import RunStats, StreamingDetector
     from sdqes_edge.runtime.sources import give_distinct_names, open_source
 
     _check_run_args(args)
@@ -105,6 +109,8 @@ def _check_run_args(args: argparse.Namespace) -> None:
         raise UserError(f"--max-frames {args.max_frames}: give a positive number of steps (or leave it out to "
                         "stream to the end)")
     if args.annotate:
+        from sdqes_edge.runtime.sinks import check_annotation_path
+
         check_annotation_path(args.annotate)
     if args.scores:
         scores = Path(args.scores)
