@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import signal
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -26,11 +25,12 @@ from typing import Callable, Iterable
 
 from sdqes_edge.annotations import Annotation, by_video
 from sdqes_edge.errors import UserError, first_line
-from sdqes_edge.files import path_problem, write_text_atomically
+from sdqes_edge.files import path_problem, scratch, write_text_atomically
 from sdqes_edge.traces import TRACE_SUFFIX, StreamScores, load_scores, save_scores
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm")
 TRACES_FOLDER = "traces"
+SCRATCH_PREFIX = "sdqes-score-"  # a stream's trace chunks while it is scored, in the temp folder
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,8 @@ class StreamScorer:
             detector.add_query(text, message)
         source = open_source(task.video, detector.fps)
         stats = RunStats()
-        with tempfile.TemporaryDirectory(prefix="sdqes-score-") as scratch:
-            path = Path(scratch) / f"{task.stream}{TRACE_SUFFIX}"
+        with scratch(SCRATCH_PREFIX) as folder:
+            path = folder / f"{task.stream}{TRACE_SUFFIX}"
             detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, model=detector.bundle.model_identity))
             for _ in detector.run([source], stats):
                 pass

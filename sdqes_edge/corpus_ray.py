@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import weakref
 from pathlib import Path
 
 from sdqes_edge.corpus import Report, StreamOutcome, StreamScorer, StreamTask
 from sdqes_edge.errors import UserError, install_command
+from sdqes_edge.files import scratch_directory
 from sdqes_edge.stopping import handlers_kept
 
 INSTALL_HINT = f"--ray needs Ray: {install_command('ray')}"
 ACTOR_RESTARTS = 2  # a worker process that dies is restarted this often...
 TASK_RETRIES = 2  # ...and the stream it had is tried again this often
+BUNDLE_COPY_PREFIX = "sdqes-ray-bundle-"  # an actor's copy of the bundle, in its node's temp folder
 
 
 def require_ray():
@@ -64,8 +65,8 @@ class RayScorer:
     def _materialize(self, ref) -> str:
         import ray
 
-        folder = Path(tempfile.mkdtemp(prefix="sdqes-ray-bundle-"))
-        weakref.finalize(self, shutil.rmtree, folder, True)  # removed with the actor
+        folder = scratch_directory(BUNDLE_COPY_PREFIX)
+        weakref.finalize(self, shutil.rmtree, folder, True)  # removed with the actor; if it is killed, by the next
         for name, data in ray.get(ref).items():
             target = folder / name
             target.parent.mkdir(parents=True, exist_ok=True)

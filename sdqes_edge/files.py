@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -57,6 +58,8 @@ def user_cache_dir() -> Path:
 
 
 def _process_is_gone(pid: int) -> bool:
+    if os.name != "posix":  # Windows' os.kill(pid, 0) is not a probe: it sends Ctrl-C
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -130,6 +133,44 @@ def staged_directory(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _scratch_owner(folder: Path, prefix: str) -> tuple[str, int] | None:
+    """(host, pid) of a ``scratch_directory`` folder, from its name ``{prefix}{host}-{pid}-{random}``."""
+    host, _, rest = folder.name[len(prefix):].rpartition("-")[0].rpartition("-")
+    return (host, int(rest)) if host and rest.isdigit() else None
+
+
+def remove_orphaned_scratch(prefix: str) -> list[Path]:
+    """Remove the ``scratch_directory`` folders of ``prefix`` that processes of this host left when they were
+    killed: a Ray actor at the end of an interrupted run, a worker the pool terminated, SIGKILL. None of those
+    runs its cleanup, and each left a whole bundle copy or a stream's trace chunks in the temp folder. A folder
+    of a process that still runs, or of another host sharing the folder, is left alone."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        owner = _scratch_owner(folder, prefix)
+        if owner and owner[0] == socket.gethostname() and owner[1] != os.getpid() and _process_is_gone(owner[1]):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def scratch_directory(prefix: str) -> Path:
+    """A fresh private folder in the temp folder, named for this host and process so that the next one to ask
+    for a ``prefix`` folder removes it if this process is killed before it removes it itself."""
+    remove_orphaned_scratch(prefix)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{socket.gethostname()}-{os.getpid()}-"))
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """``scratch_directory`` for the length of a block, removed when it ends (or at the next one's start, if
+    this process is killed inside it)."""
+    folder = scratch_directory(prefix)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def npz_problem(exc: BaseException) -> str:

@@ -7,8 +7,10 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,7 +21,10 @@ import numpy as np
 import pytest
 
 from sdqes_edge.annotations import by_video, load_annotations
+from sdqes_edge.corpus import SCRATCH_PREFIX
+from sdqes_edge.corpus_ray import BUNDLE_COPY_PREFIX
 from sdqes_edge.demo import DEMO_BUNDLE
+from sdqes_edge.files import scratch_directory
 from sdqes_edge.synthetic import write_dataset
 from sdqes_edge.traces import load_scores
 
@@ -87,9 +92,50 @@ def test_the_local_pool_gives_the_traces_and_report_of_running_each_stream(corpu
 
 def test_ray_gives_the_same_traces_as_running_each_stream(corpus, per_stream_traces, tmp_path):
     pytest.importorskip("ray", reason="Ray is the optional extra sdqes-edge[ray] (scripts/setup.sh --dev has it)")
+    killed_actors_copy = orphaned_scratch(BUNDLE_COPY_PREFIX)
     done = score(corpus, tmp_path / "ray", "--ray", "--threads", "1")
     assert done.returncode == 0, done.stderr
     assert_same_traces(per_stream_traces, tmp_path / "ray", uids(corpus))
+    assert not killed_actors_copy.exists()
+
+
+# --- scratch folders of killed scorers ---------------------------------------------------------------------
+
+def dead_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
+def orphaned_scratch(prefix: str) -> Path:
+    """What a killed scorer of this host leaves in the temp folder: a scratch folder with its files."""
+    folder = Path(tempfile.gettempdir()) / f"{prefix}{socket.gethostname()}-{dead_pid()}-orphan"
+    folder.mkdir()
+    (folder / "step.fp32.onnx").write_bytes(b"a bundle copy, or a stream's trace chunks")
+    return folder
+
+
+def test_scratch_folders_are_removed_once_their_process_is_gone_and_only_those_of_this_host(tmp_path, monkeypatch):
+    """A Ray actor ended with an interrupted run, or a worker the pool terminated, runs no cleanup: each such run
+    left a whole bundle copy per actor, or a stream's trace chunks, in the temp folder for good."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(socket, "gethostname", lambda: "jetson-orin-01")
+    gone, running = dead_pid(), os.getppid()
+    folders = {name: tmp_path / name for name in (f"sdqes-score-jetson-orin-01-{gone}-x1", f"sdqes-score-jetson-orin"
+                                                  f"-01-{running}-x2", f"sdqes-score-other-node-{gone}-x3",
+                                                  "sdqes-score-notes", f"sdqes-ray-bundle-jetson-orin-01-{gone}-x4")}
+    for folder in folders.values():
+        folder.mkdir()
+    made = scratch_directory(SCRATCH_PREFIX)
+    assert made.parent == tmp_path and made.name.startswith(f"sdqes-score-jetson-orin-01-{os.getpid()}-")
+    kept = sorted(p.name for p in tmp_path.iterdir() if p != made)
+    assert kept == sorted(set(folders) - {f"sdqes-score-jetson-orin-01-{gone}-x1"})
+
+
+def test_the_next_scoring_run_removes_what_a_killed_one_left(corpus, tmp_path):
+    killed_workers_chunks = orphaned_scratch(SCRATCH_PREFIX)
+    done = score(corpus, tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert not killed_workers_chunks.exists()
 
 
 def test_a_corrupt_and_a_missing_video_are_named_and_the_rest_is_scored(corpus, per_stream_traces, tmp_path):
