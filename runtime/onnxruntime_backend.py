@@ -15,10 +15,13 @@ frame but the frame going in and the embedding coming out.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import io
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -35,11 +38,12 @@ from .cores import checked_threads
 __all__ = ["OnnxRuntimeStep", "BoundState", "DeviceBuffers", "State", "StepResult", "create_session"]
 
 
+TENSORRT_PROVIDER = "TensorrtExecutionProvider"
 # Execution providers per device, best first; ONNX Runtime falls back along the list.
 DEVICE_PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
     "cuda": [CUDA_PROVIDER, "CPUExecutionProvider"],
-    "tensorrt": ["TensorrtExecutionProvider", CUDA_PROVIDER, "CPUExecutionProvider"],
+    "tensorrt": [TENSORRT_PROVIDER, CUDA_PROVIDER, "CPUExecutionProvider"],
 }
 
 # The first ONNX Runtime release whose memory plan (SessionOptions.enable_mem_pattern) keeps fp16 graphs right.
@@ -231,11 +235,12 @@ def create_session(path: Path, device: str, threads: int | None = None, cuda_gra
     if device == "tensorrt":
         # No trt_fp16_enable/trt_int8_enable: without them ONNX Runtime (1.22 and newer) builds strongly typed
         # TensorRT networks, so each bundle graph runs in the precision it was exported and checked in.
-        providers[0] = ("TensorrtExecutionProvider", tensorrt_cache_options(path))
+        providers[0] = (TENSORRT_PROVIDER, tensorrt_cache_options(path))
 
     def make(capture: bool):
         chosen = [(CUDA_PROVIDER, {"enable_cuda_graph": "1"}), *providers[1:]] if capture else providers
-        return ort.InferenceSession(str(path), options, providers=chosen)
+        with quiet_provider_fallback(ort, device):
+            return ort.InferenceSession(str(path), options, providers=chosen)
 
     return session_with_capture_fallback(make, cuda_graph, path)
 
@@ -256,7 +261,7 @@ def tensorrt_cache_options(path: Path) -> dict[str, str]:
         print(f"warning: cannot make a TensorRT engine cache at {folder} ({exc.strerror or exc}); ONNX Runtime "
               "builds the engines again every run (set XDG_CACHE_HOME to a writable folder)", file=sys.stderr)
         return {}
-    if first_use:
+    if first_use and provider_library_problem(TENSORRT_PROVIDER) is None:  # else no engine is built: it fails
         print(f"ONNX Runtime's TensorRT provider builds engines for {path.name} on first use (minutes); they are "
               f"kept in {folder}", file=sys.stderr)
     return {"trt_engine_cache_enable": "True", "trt_engine_cache_path": str(folder),
@@ -294,13 +299,47 @@ def _graph_shapes(session, spec: StateSpec, path: Path) -> dict[str, tuple[int, 
     return shapes
 
 
+@contextlib.contextmanager
+def quiet_provider_fallback(ort, device: str) -> Iterator[None]:
+    """ONNX Runtime's own words while it makes a GPU session, kept off the terminal: a provider it cannot create
+    is logged in two coloured lines and, for TensorRT, a ten-line "EP Error" block printed to stdout (where
+    `run` writes its alerts), all before the one line ``_check_providers`` says it in, with the library that
+    is missing. ONNX Runtime has no getter for its default log level: it goes back to ORT's default after."""
+    if device == "cpu":
+        yield
+        return
+    ort.set_default_logger_severity(ORT_FATAL_ONLY)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        ort.set_default_logger_severity(ORT_DEFAULT_SEVERITY)
+
+
+def provider_library_problem(provider: str, capi: Path | None = None) -> str | None:
+    """Why the shared library of ``provider`` will not load ("libcublasLt.so.13: cannot open shared object
+    file: ..."), found by loading it as ONNX Runtime does; None where it loads, or is not a Linux library."""
+    if provider not in PROVIDER_LIBRARIES:
+        return None
+    capi = capi or Path(load_onnxruntime().__file__).parent / "capi"
+    library = capi / f"libonnxruntime_providers_{PROVIDER_LIBRARIES[provider]}.so"
+    if not library.is_file():
+        return None
+    try:
+        ctypes.CDLL(str(library))
+    except OSError as exc:
+        return first_line(exc)
+    return None
+
+
 def _check_providers(device: str, assigned: list[str]) -> None:
     """Say what runs: ONNX Runtime silently drops a provider it cannot create (TensorRT without libnvinfer,
     CUDA without its libraries) and runs the next one on the list."""
     wanted = DEVICE_PROVIDERS[device][0]
     if assigned and assigned[0] == wanted:
         return
-    missing = PROVIDER_NEEDS.get(wanted, wanted)
+    problem = provider_library_problem(wanted)  # the library it names, where its own library will not load
+    missing = f"its library will not load: {problem}" if problem else PROVIDER_NEEDS.get(wanted, wanted)
     if device == "tensorrt" and CUDA_PROVIDER in assigned:
         print(f"warning: ONNX Runtime could not create the TensorRT execution provider ({missing}); "
               "running on the CUDA execution provider instead", file=sys.stderr)
@@ -309,7 +348,11 @@ def _check_providers(device: str, assigned: list[str]) -> None:
                     f"{', '.join(assigned) or 'nothing'}; fix the installation or use --ort-device cpu")
 
 
+# ONNX Runtime's log levels (0 verbose ... 4 fatal) and the one its default logger starts at.
+ORT_FATAL_ONLY, ORT_DEFAULT_SEVERITY = 4, 2
+# The shared library each GPU provider lives in: capi/libonnxruntime_providers_{name}.so.
+PROVIDER_LIBRARIES = {CUDA_PROVIDER: "cuda", TENSORRT_PROVIDER: "tensorrt"}
 PROVIDER_NEEDS = {
-    "TensorrtExecutionProvider": "TensorRT's libraries, libnvinfer, are not loadable: install TensorRT",
+    TENSORRT_PROVIDER: "TensorRT's libraries, libnvinfer, are not loadable: install TensorRT",
     CUDA_PROVIDER: "the CUDA and cuDNN libraries onnxruntime-gpu was built for are not loadable",
 }
