@@ -135,3 +135,45 @@ def test_an_onnx_runtime_too_old_for_a_graph_is_updated_within_its_own_build(tmp
     monkeypatch.syspath_prepend(str(register(tmp_path / "both")))
     assert ("update it (pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu)"
             in str(load_refusal(too_old, tmp_path / "g.onnx", "a graph")))
+
+
+def test_a_provider_whose_library_will_not_load_is_named_with_the_library_it_lacks(tmp_path, monkeypatch):
+    """ONNX Runtime names the missing library (libcublasLt.so.13) only in its own coloured log, which is kept off
+    the terminal while a GPU session is made: the one-line refusal names it instead."""
+    import sdqes_edge.runtime.onnxruntime_backend as backend
+
+    (tmp_path / "libonnxruntime_providers_cuda.so").write_bytes(b"not a shared library")
+    problem = backend.provider_library_problem("CUDAExecutionProvider", capi=tmp_path)
+    assert problem and "libonnxruntime_providers_cuda.so" in problem  # what the loader said, in one line
+    assert backend.provider_library_problem("TensorrtExecutionProvider", capi=tmp_path) is None  # not there
+    assert backend.provider_library_problem("CPUExecutionProvider", capi=tmp_path) is None  # built in
+    missing = "libcublasLt.so.13: cannot open shared object file: No such file or directory"
+    monkeypatch.setattr(backend, "provider_library_problem", lambda provider: missing)
+    with pytest.raises(UserError) as refused:
+        backend._check_providers("cuda", ["CPUExecutionProvider"])
+    assert f"could not create the CUDAExecutionProvider (its library will not load: {missing})" in str(refused.value)
+
+
+class RecordingOrt:
+    """ONNX Runtime's module as far as its log level goes."""
+
+    def __init__(self):
+        self.severities = []
+
+    def set_default_logger_severity(self, level: int) -> None:
+        self.severities.append(level)
+
+
+@pytest.mark.parametrize("device", ["cuda", "tensorrt"])
+def test_onnx_runtimes_own_fallback_chatter_stays_off_the_terminal_while_a_gpu_session_is_made(device, capsys):
+    from sdqes_edge.runtime.onnxruntime_backend import quiet_provider_fallback
+
+    ort = RecordingOrt()
+    with quiet_provider_fallback(ort, device):
+        print("*************** EP Error ***************")  # what ONNX Runtime prints on a provider it drops
+    assert capsys.readouterr().out == ""
+    assert ort.severities == [4, 2]  # its log: fatal only while the session is made, then its default again
+    cpu = RecordingOrt()
+    with quiet_provider_fallback(cpu, "cpu"):
+        print("a CPU session's words are its own")
+    assert capsys.readouterr().out == "a CPU session's words are its own\n" and cpu.severities == []
