@@ -173,4 +173,8 @@ def open_source(spec: str | Path | int, fps: float) -> FrameSource:
         return ImageFolderSource(path, fps)
     if not path.exists():
         raise UserError(f"source {spec} is neither a file, a folder, a camera index nor a URL")
+    if path.suffix.lower() in IMAGE_SUFFIXES:  # OpenCV opens it as a one-frame video: one score, no event start
+        raise UserError(f"source {spec} is a still image; the model watches frames over time for the moment an "
+                        f"event starts: give a video, a camera or a URL, or the folder of frames ({path.parent}) "
+                        "to stream its images in order")
     return VideoFileSource(path, fps)

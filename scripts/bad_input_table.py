@@ -41,6 +41,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("manifest with a NaN fps", ["run", str(t / "nan-fps"), "--source", "x.mp4", "--query", Q]),
         ("video file missing", ["run", str(b), "--source", str(t / "missing.mp4"), "--query", Q]),
         ("video unreadable", ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", Q]),
+        ("a still image as the source", ["run", str(b), "--source", str(t / "photo.jpg"), "--query", Q]),
         ("camera index absent", ["run", str(b), "--source", "7", "--query", Q]),
         ("empty query", ["run", str(b), "--source", str(t / "clip.avi"), "--query", " "]),
         ("query over 77 tokens", ["run", str(b), "--source", str(t / "clip.avi"), "--query", "word " * 80]),
@@ -135,6 +136,7 @@ def prepare(t: Path) -> Path:
     writer.release()
     StreamingDetector(b).save_state(t / "state.npz")
     (t / "garbage.mp4").write_bytes(b"\x00\x01" * 100)
+    cv2.imwrite(str(t / "photo.jpg"), np.zeros((48, 64, 3), np.uint8))
     (t / "photos").mkdir()
     (t / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
     (t / "queries.json").write_text(json.dumps({"text": Q, "response": "Wash your hands."}))

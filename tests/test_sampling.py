@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from runtime_fixtures import FPS, QUERY, write_video
 
+from sdqes_edge.errors import UserError
 from sdqes_edge.runtime import open_source
 from sdqes_edge.runtime.sampling import END_SLACK_S, samples_served, stated_end_time
 from sdqes_edge.runtime.sources import FrameSource
@@ -93,6 +94,16 @@ def test_an_image_folder_streams_numbered_frames_in_the_order_they_were_taken(tm
     assert [frame_number(f.image) for f in frames] == list(range(12))
     assert [f.time for f in frames] == [float(k) for k in range(12)]
 
+
+
+def test_a_still_image_is_refused_with_the_folder_of_frames_to_stream_instead(tmp_path):
+    """OpenCV opens kitchen.jpg as a one-frame video: `run` gave one score and '0 alerts', exit 0."""
+    import cv2
+
+    cv2.imwrite(str(tmp_path / "kitchen.JPG"), grey_levels(1)[0])
+    with pytest.raises(UserError, match=rf"kitchen.JPG is a still image; .* the folder of frames \({tmp_path}\)"):
+        open_source(tmp_path / "kitchen.JPG", 1.0)
+    assert len(list(open_source(tmp_path, 1.0).sampled())) == 1  # the folder streams it, knowingly
 
 def test_frames_spread_over_a_short_video_are_its_distinct_frames_never_repeats(tmp_path):
     """Calibration asks for more frames than a short video holds: it gets each frame once, as before the sampler
