@@ -300,6 +300,10 @@ def test_a_bundle_command_on_the_base_install_names_the_runtime_extra_in_one_lin
     assert result.returncode == 2
     assert result.stderr == ("sdqes-edge: error: the run command needs cv2, which is not installed here: pip install "
                              "'sdqes-edge[runtime]' (a device needs only sdqes-edge[runtime] to run bundles)\n")
+    inspected = cli_on_the_base_install(f"sys.exit(run(['inspect', {str(DEMO_BUNDLE)!r}]))")
+    assert (inspected.returncode, inspected.stdout) == (2, "")  # not half a report, then the refusal
+    assert inspected.stderr.startswith("sdqes-edge: error: the inspect command needs onnxruntime, which is not "
+                                       "installed here: pip install 'sdqes-edge[runtime]'")
 
 def test_inspect_runs_a_bundle_and_counts_its_kernels_where_onnx_is_not_installed():
     from sdqes_edge.demo import DEMO_BUNDLE

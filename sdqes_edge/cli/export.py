@@ -161,6 +161,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from sdqes_edge.runtime.preprocess import Preprocessor
     from sdqes_edge.sample import iter_sample_frames
 
+    load_onnxruntime()  # before the first line of the report: on an install without it, the one line saying so
     bundle = load_bundle(args.bundle)
     m = bundle.manifest
     print(f"bundle     {bundle.root}  (format {m['format_version']}, made by sdqes-edge "
