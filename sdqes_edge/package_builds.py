@@ -32,6 +32,7 @@ ONNXRUNTIME = "onnxruntime"  # the folder every ONNX Runtime build installs
 OPENCV = "cv2"  # the folder every OpenCV wheel installs
 CPU_BUILD = "onnxruntime"  # the distribution sdqes-edge[runtime] and [export] bring
 GPU_BUILD = "onnxruntime-gpu"  # what an NVIDIA machine needs instead (sdqes-edge[gpu])
+GPU_INSTALL = "'sdqes-edge[gpu]'"  # what brings it, with OpenCV, and no CPU build
 # What each shared folder is called in messages, and the distribution to keep where several are registered.
 PACKAGE_NAMES = {ONNXRUNTIME: "ONNX Runtime", OPENCV: "OpenCV (cv2)"}
 PREFERRED_BUILD = {ONNXRUNTIME: GPU_BUILD, OPENCV: "opencv-python-headless"}
@@ -71,6 +72,21 @@ def _pinned(builds: dict[str, str], name: str) -> str:
     return f"{name}=={builds[name]}" if name in builds else name
 
 
+def _kept_build(builds: dict[str, str], package: str = ONNXRUNTIME) -> str:
+    """Of several distributions installing ``package``, the one to keep: the preferred build (onnxruntime-gpu,
+    opencv-python-headless), else one that is not the CPU build of ONNX Runtime, else the first."""
+    preferred = PREFERRED_BUILD[package]
+    if preferred in builds:
+        return preferred
+    return next((name for name in builds if name != CPU_BUILD), next(iter(builds)))
+
+
+def _replace_with(builds: dict[str, str], install: str) -> str:
+    """The pip commands that put ``install`` in the place of ``builds``: all of them out first (two that collide
+    share their files, and one alone would be shadowed by it), then the one to keep in."""
+    return f"pip uninstall -y {' '.join(builds)} && pip install {install}"
+
+
 def load_onnxruntime() -> ModuleType:
     """``import onnxruntime``, refusing in one line a package whose files another build's uninstall removed."""
     import onnxruntime
@@ -95,7 +111,7 @@ def incomplete_package_words(package: str) -> str:
     if not builds:
         return (f"the {package} folder here holds no {what} (what is left of an uninstalled one): "
                 f"{install_command(package)}")
-    keep = PREFERRED_BUILD[package] if PREFERRED_BUILD[package] in builds else next(iter(builds))
+    keep = _kept_build(builds, package)
     verb = "is" if len(builds) == 1 else "are"
     return (f"{what} is broken here: {_listed(builds)} {verb} installed, but the files of the {package} folder are "
             "gone (uninstalling one of two distributions that share that folder removes them); reinstall it: "
@@ -106,17 +122,15 @@ def missing_provider_words(wanted: str, ort: ModuleType) -> str:
     """Why this ONNX Runtime lists no ``wanted`` execution provider, and what to install."""
     available = ", ".join(ort.get_available_providers())
     builds = installed_builds()
-    gpu_builds = [name for name in builds if name != CPU_BUILD]
-    if len(builds) > 1 and gpu_builds:
-        keep = gpu_builds[0]
+    if len(builds) > 1:  # distinct names: at least one is not the CPU build
         return (f"{_listed(builds)} are both installed and share one {ONNXRUNTIME} folder, and the files in use "
                 f"(ONNX Runtime {ort.__version__}) have no {wanted} (only {available}); keep one build: "
-                f"pip uninstall -y {' '.join(builds)} && pip install {_pinned(builds, keep)} "
+                f"{_replace_with(builds, _pinned(builds, _kept_build(builds)))} "
                 f"({JETSON_NOTE}), and install sdqes-edge[gpu], not [runtime], which brings the CPU build")
     if CPU_BUILD in builds:
         return (f"this onnxruntime is the CPU build ({_listed(builds)}): it has no {wanted} (only {available}); on "
-                f"an NVIDIA machine replace it with the GPU build: pip uninstall -y {CPU_BUILD} && pip install "
-                f"'sdqes-edge[gpu]' ({JETSON_NOTE}), or use --ort-device cpu")
+                f"an NVIDIA machine replace it with the GPU build: {_replace_with(builds, GPU_INSTALL)} "
+                f"({JETSON_NOTE}), or use --ort-device cpu")
     return (f"this onnxruntime ({_listed(builds) or 'ONNX Runtime ' + ort.__version__}) has no {wanted} (only "
             f"{available}); install {GPU_BUILD} on an NVIDIA machine, or use --ort-device cpu")
 
@@ -129,7 +143,6 @@ def update_command() -> str:
     if len(builds) == 1:
         return f"pip install -U {next(iter(builds))}"
     if builds:  # two builds already collide: updating either leaves them colliding
-        keep = next((name for name in builds if name != CPU_BUILD), CPU_BUILD)
-        return f"pip uninstall -y {' '.join(builds)} && pip install {keep}"
+        return _replace_with(builds, _kept_build(builds))
     return f"pip install -U {CPU_BUILD} (or {JETSON_NOTE})"
 
