@@ -9,7 +9,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from .errors import UserError
 
@@ -75,13 +75,22 @@ def remove_dead_staging(target: Path) -> list[Path]:
     A process killed outright (SIGKILL, power loss) cannot clean up after itself. Only folders whose PID no
     longer runs are removed: one of a concurrent export to the same target is left alone.
     """
+    folders = [f for kind in ("staging", "retired") for f in target.parent.glob(f".{target.name}.{kind}-*")]
+    return _remove_orphans((folder, _number(folder.name.rsplit("-", 1)[1])) for folder in folders)
+
+
+def _number(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
+def _remove_orphans(owned: Iterable[tuple[Path, int | None]]) -> list[Path]:
+    """Remove each folder whose owner (a process id; None: not a folder of ours) is gone and is not this process:
+    a process killed outright (SIGKILL, power loss) cannot clean up after itself."""
     removed = []
-    for kind in ("staging", "retired"):
-        for folder in target.parent.glob(f".{target.name}.{kind}-*"):
-            pid = folder.name.rsplit("-", 1)[1]
-            if folder.is_dir() and pid.isdigit() and int(pid) != os.getpid() and _process_is_gone(int(pid)):
-                shutil.rmtree(folder, ignore_errors=True)
-                removed.append(folder)
+    for folder, pid in owned:
+        if pid is not None and pid != os.getpid() and folder.is_dir() and _process_is_gone(pid):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
     return removed
 
 
@@ -135,10 +144,11 @@ def staged_directory(target: Path) -> Iterator[Path]:
         raise
 
 
-def _scratch_owner(folder: Path, prefix: str) -> tuple[str, int] | None:
-    """(host, pid) of a ``scratch_directory`` folder, from its name ``{prefix}{host}-{pid}-{random}``."""
-    host, _, rest = folder.name[len(prefix):].rpartition("-")[0].rpartition("-")
-    return (host, int(rest)) if host and rest.isdigit() else None
+def _scratch_owner(folder: Path, prefix: str) -> int | None:
+    """The process of this host that made a ``scratch_directory`` folder, from its name
+    ``{prefix}{host}-{pid}-{random}``; None for another host's (its process ids are not ours to probe)."""
+    host, _, pid = folder.name[len(prefix):].rpartition("-")[0].rpartition("-")
+    return _number(pid) if host == socket.gethostname() else None
 
 
 def remove_orphaned_scratch(prefix: str) -> list[Path]:
@@ -146,13 +156,8 @@ def remove_orphaned_scratch(prefix: str) -> list[Path]:
     killed: a Ray actor at the end of an interrupted run, a worker the pool terminated, SIGKILL. None of those
     runs its cleanup, and each left a whole bundle copy or a stream's trace chunks in the temp folder. A folder
     of a process that still runs, or of another host sharing the folder, is left alone."""
-    removed = []
-    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
-        owner = _scratch_owner(folder, prefix)
-        if owner and owner[0] == socket.gethostname() and owner[1] != os.getpid() and _process_is_gone(owner[1]):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
+    return _remove_orphans((folder, _scratch_owner(folder, prefix))
+                           for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"))
 
 
 def scratch_directory(prefix: str) -> Path:
