@@ -237,11 +237,17 @@ def test_frames_that_would_not_fit_in_memory_are_refused_at_once_in_one_line(mon
 
 # --- a device's install: the runtime extra alone ---------------------------------------
 
+def cli_code_without(modules: tuple[str, ...], code: str) -> subprocess.CompletedProcess:
+    """``code`` (with the command line's ``build_parser`` and ``run``) in a fresh process where ``modules``
+    cannot be imported."""
+    blocked = "".join(f"sys.modules[{module!r}] = None\n" for module in modules)
+    return python(f"import sys\n{blocked}from sdqes_edge.cli import build_parser, run\n{code}")
+
+
 def cli_without(module: str, *argv: str) -> subprocess.CompletedProcess:
     """The command line in a fresh process where ``module`` cannot be imported, as on a device that installed
     sdqes-edge[runtime] alone."""
-    return python(f"import sys; sys.modules[{module!r}] = None\nfrom sdqes_edge.cli import run\n"
-                  f"sys.exit(run({list(argv)!r}))")
+    return cli_code_without((module,), f"sys.exit(run({list(argv)!r}))")
 
 
 @pytest.mark.parametrize("module, argv, extra", [
@@ -267,8 +273,7 @@ NOT_IN_THE_BASE_INSTALL = ("torch", "onnx", "onnxruntime", "cv2", "tqdm", "matpl
 
 
 def cli_on_the_base_install(code: str) -> subprocess.CompletedProcess:
-    blocked = "".join(f"sys.modules[{module!r}] = None\n" for module in NOT_IN_THE_BASE_INSTALL)
-    return python(f"import sys\n{blocked}from sdqes_edge.cli import build_parser, run\n{code}")
+    return cli_code_without(NOT_IN_THE_BASE_INSTALL, code)
 
 
 def test_every_commands_help_and_tokenize_work_on_the_base_install():
