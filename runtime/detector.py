@@ -30,7 +30,7 @@ from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, score
 from .run_stats import RunStats
 from .sinks import AlertEvent, Sink
-from .snapshots import SavedAlert, Snapshot, StreamRecord, read_snapshot, write_snapshot
+from .snapshots import SavedAlert, Snapshot, StreamRecord, read_snapshot, snapshot_path, write_snapshot
 from .sources import Frame, FrameSource
 
 
@@ -195,7 +195,7 @@ class StreamingDetector:
         path = Path(path)
         if path.is_dir():  # numpy would write FOLDER.npz beside it
             raise UserError(f"{path} is a folder; give save_state a file path (e.g. {path / 'state.npz'})")
-        path = path if path.suffix == ".npz" else path.with_suffix(path.suffix + ".npz")  # as numpy names it
+        path = snapshot_path(path)
         texts = {qid: q.text for qid, q in self.queries.queries.items()}
         records = [StreamRecord(slot.frames, slot.time, slot.source, slot.position,
                                 {texts[qid]: SavedAlert.of(state, slot.time) for qid, state in slot.alerts.items()})

@@ -33,6 +33,15 @@ from sdqes_edge.files import npz_problem, path_problem, replaced_atomically
 from .alerts import AlertState
 
 STATE_PREFIX = "state/"
+SNAPSHOT_SUFFIX = ".npz"
+
+
+def snapshot_path(path: str | Path) -> Path:
+    """The file a snapshot asked for at ``path`` lives in: ``.npz`` added where the name lacks it, as numpy's
+    ``savez`` names its files. Saving and loading both go through it, so ``save_state("run1")`` is found by
+    ``load_state("run1")`` (and by ``load_state("run1.npz")``)."""
+    path = Path(path)
+    return path if path.suffix == SNAPSHOT_SUFFIX else path.with_name(path.name + SNAPSHOT_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,8 @@ def write_snapshot(path: Path, snapshot: Snapshot) -> Path:
 
 
 def read_snapshot(path: str | Path) -> Snapshot:
+    if not Path(path).exists() and snapshot_path(path).is_file():  # named as it was asked for, not as written
+        path = snapshot_path(path)
     problem = path_problem(path, "file")
     if problem:
         raise UserError(f"state snapshot {path} {problem}; give the file save_state (run --save-state) wrote")

@@ -103,3 +103,16 @@ def test_the_trace_of_a_killed_run_left_in_chunks_still_gives_the_rows_before_th
         resumed.on_frame(0, None, 0.0, {"q1": float(p)}, [])
     resumed.close()
     np.testing.assert_allclose(load_scores(path).probs, whole.probs, atol=1e-6)
+
+
+def test_a_snapshot_named_without_npz_is_reported_where_it_was_written_and_resumed_by_the_name_given(
+        exported, video, tmp_path, capsys):
+    """numpy adds .npz to the name: `--save-state run1` wrote run1.npz, said it wrote run1, and `--resume run1`
+    answered that the snapshot did not exist."""
+    _, bundle = exported
+    args = ["run", str(bundle), "--source", str(video), "--query", QUERY, "--quiet", "--max-frames", "5"]
+    assert run([*args, "--save-state", str(tmp_path / "run1")]) == 0
+    err = capsys.readouterr().err
+    assert f"snapshot goes to {tmp_path / 'run1.npz'}" in err and err.splitlines()[-1].endswith("run1.npz")
+    assert run([*args, "--resume", str(tmp_path / "run1"), "--save-state", str(tmp_path / "run2.npz")]) == 0
+    assert np.load(tmp_path / "run2.npz")["frame_counts"].tolist() == [10]  # the first run's 5 frames, then 5

@@ -122,6 +122,14 @@ def _check_run_args(args: argparse.Namespace) -> None:
                       f"(one SOURCE{TRACE_SUFFIX} per stream); for one file name it "
                       f"{scores.with_suffix(TRACE_SUFFIX)}", file=sys.stderr)
             check_output_dir(scores, "--scores")
+    if args.save_state:
+        from sdqes_edge.runtime.snapshots import SNAPSHOT_SUFFIX, snapshot_path
+
+        if Path(args.save_state).suffix != SNAPSHOT_SUFFIX:  # so that the summary names the file written
+            written = str(snapshot_path(args.save_state))
+            print(f"{PROG}: warning: --save-state {args.save_state} does not end in {SNAPSHOT_SUFFIX}, so the "
+                  f"snapshot goes to {written} (--resume finds it by either name)", file=sys.stderr)
+            args.save_state = written
 
 
 def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
