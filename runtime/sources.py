@@ -19,7 +19,7 @@ from sdqes_edge.errors import UserError
 
 from .frame_source import Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
 from .live_source import LiveSource
-from .sampling import STAMP_TOLERANCE_S, frame_order, stated_end_time
+from .sampling import STAMP_TOLERANCE_S, frame_order, samples_served, stated_end_time
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
@@ -65,9 +65,11 @@ class VideoFileSource(FrameSource):
 
     @property
     def duration_frames(self) -> int | None:
-        """Sampled frames the file will give (for a progress bar), if the container says."""
+        """Sampled frames the file will give (for a progress bar), if the container says: the sample times up to
+        its last frame's (a bar counting to the file's whole length ended a sample or more short of its total)."""
         if self.frame_count > 0 and self.native_fps > 0:
-            return max(0, int(self.frame_count / self.native_fps * self.fps) + 1 - self.start_index)
+            last_frame_time = (self.frame_count - 1) / self.native_fps
+            return max(0, samples_served(last_frame_time, 0, 1.0 / self.fps) - self.start_index)
         return None
 
     def _frames(self):

@@ -71,6 +71,16 @@ def test_a_video_at_or_above_the_bundles_rate_is_sampled_as_before(tmp_path):
     assert [frame_number(f.image) for f in frames] == [0, 2, 4, 6, 8, 10]  # every second frame
 
 
+@pytest.mark.parametrize("frames, video_fps, bundle_fps", [(20, 2.0, 4.0), (12, 4.0, 2.0), (20, 10.0, 5.0),
+                                                        (21, 10.0, 3.0)])
+def test_the_progress_bar_total_is_the_number_of_frames_sampling_gives(tmp_path, frames, video_fps, bundle_fps):
+    """The total counted to the video's whole length, a sample time past its last frame: a 2-fps video sampled at
+    4 fps ended its bar at 39/41."""
+    video = write_video(tmp_path / "clip.avi", grey_levels(frames), fps=video_fps)
+    source = open_source(video, bundle_fps)
+    assert source.duration_frames == len(list(source.sampled()))
+
+
 def test_the_run_command_scores_a_slow_video_at_the_bundles_rate_over_its_whole_length(exported, tmp_path):
     _, bundle = exported  # sampled at 5 fps
     video = write_video(tmp_path / "slow.avi", grey_levels(10), fps=2.0)  # 5 s, the last frame at 4.5 s
