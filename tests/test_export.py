@@ -250,7 +250,7 @@ def test_export_a_lightning_checkpoint_from_the_command_line_infers_everything(t
     ckpt = lightning_checkpoint(model, str(tmp_path / "last.ckpt"))
     done = run_cli("export", "--checkpoint", ckpt, "--out", str(tmp_path / "b"), "--quiet")
     assert done.returncode == 0, done.stderr
-    assert "next: sdqes-edge inspect" in done.stdout
+    assert done.stdout.splitlines()[-1].endswith(f"then: sdqes-edge run {tmp_path / 'b'} --source VIDEO --query TEXT")
     manifest = load_bundle(tmp_path / "b").manifest
     assert ModelConfig.from_dict(manifest["model"]).adapter == model.cfg.adapter
     assert manifest["checkpoint"]["source_format"] == "sdqes-lightning"

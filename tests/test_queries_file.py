@@ -1,5 +1,6 @@
 """`sdqes-edge export --queries-file`: the queries and their alert messages a bundle is exported with, read from
-.txt (one query a line), .json or .csv, and every file that is not one of those refused in one line."""
+.txt (one query a line), .json or .csv, and every file that is not one of those refused in one line; the command
+to run next uses them."""
 
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ def test_a_queries_file_that_is_not_a_list_of_queries_is_refused_in_one_line(nam
 def test_a_missing_queries_file_is_named():
     with pytest.raises(UserError, match="queries file /no/such.txt does not exist"):
         read_queries_file("/no/such.txt")
+
+
+def test_a_bundle_exported_with_its_queries_is_next_run_on_them_not_on_a_query_to_type(tmp_path, capsys):
+    """The hint said `run B --source VIDEO --query TEXT`, and a --query replaces every query the bundle holds."""
+    from sdqes_edge.cli import run
+
+    (tmp_path / "q.txt").write_text(f"{COOK}\n", encoding="utf-8")
+    assert run(["export", "--preset", "tiny", "--queries-file", str(tmp_path / "q.txt"), "--verify-frames", "16",
+                "--drift-frames", "16", "--quiet", "--out", str(tmp_path / "b")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"then: sdqes-edge run {tmp_path / 'b'} --source VIDEO")

@@ -110,6 +110,12 @@ def finite_number(text: str) -> float:
     return value
 
 
+def run_hint(bundle, manifest: dict, options: str = "--source VIDEO") -> str:
+    """The `run` command to try a bundle with: on its own pre-encoded queries where it has them (a --query would
+    replace them all), else with --query TEXT."""
+    return f"{PROG} run {bundle} {options}" + ("" if manifest.get("queries") else " --query TEXT")
+
+
 def add_subcommand(sub: argparse._SubParsersAction, name: str, help: str, description: str,
                    examples: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     """A subcommand parser in the house style: a one-line help, a description, examples in the epilog."""

@@ -20,6 +20,7 @@ from sdqes_edge.cli.common import (
     at_least,
     finite_number,
     model_from_args,
+    run_hint,
     seed_number,
     unique_queries,
 )
@@ -147,7 +148,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"verified: {result.verification.summary()}")
     for report in result.variants:
         print(f"          {report.summary()}")
-    print(f"\nnext: {PROG} inspect {args.out}      then: {PROG} run {args.out} --source VIDEO --query TEXT")
+    print(f"\nnext: {PROG} inspect {args.out}      then: {run_hint(args.out, result.manifest)}")
     return 0
 
 
@@ -239,10 +240,12 @@ def _print_kernels(bundle, precision: str) -> None:
 
 def cmd_build_engine(args: argparse.Namespace) -> int:
     from sdqes_edge.export.tensorrt_engine import build_engine
+    from sdqes_edge.runtime.bundle import load_bundle
 
     build_engine(args.bundle, precision=args.precision, workspace_mib=args.workspace_mib,
                  verify_frames=args.verify_frames)
-    print(f"\nnext: {PROG} run {args.bundle} --backend trt --precision {args.precision} --source 0 --query TEXT")
+    manifest = load_bundle(args.bundle, verify_hashes=False).manifest  # checked by build_engine
+    print(f"\nnext: {run_hint(args.bundle, manifest, f'--backend trt --precision {args.precision} --source 0')}")
     return 0
 
 
