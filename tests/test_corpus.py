@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shlex
 import signal
 import socket
 import subprocess
@@ -88,6 +89,10 @@ def test_the_local_pool_gives_the_traces_and_report_of_running_each_stream(corpu
     by_score = list(json.loads((tmp_path / "pool" / "eval.json").read_text())["results"].values())[0]
     assert by_score["queries"] == by_path["queries"] == 5 * STREAMS
     assert (by_score["recall"], by_score["min_distance"]) == (by_path["recall"], by_path["min_distance"])
+    # The eval command printed next, as given (eval's own default split, 'val', held none of these streams).
+    suggested = shlex.split(done.stdout.splitlines()[-1].removeprefix("next: ").split(" (")[0])
+    assert suggested[:2] == ["sdqes-edge", "eval"]
+    assert cli(*suggested[1:], "--out", str(tmp_path / "next"), "--plots", "0").returncode == 0
 
 
 def test_ray_gives_the_same_traces_as_running_each_stream(corpus, per_stream_traces, tmp_path):

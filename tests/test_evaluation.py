@@ -138,6 +138,23 @@ def test_eval_without_matplotlib_notes_it_first_and_writes_its_reports(egosdqes_
     assert (tmp_path / "eval.json").is_file() and not (tmp_path / "plots").exists()
 
 
+def test_traces_of_another_split_than_evals_default_are_refused_with_the_split_they_answer(tmp_path):
+    """`score` scores every split, eval takes 'val' unless told: test streams' traces were refused as matching
+    none of the annotations, which sent users looking for a naming fault."""
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 20.0),
+                                                 ("v2", "When I run, remind me.", "run", 10.0)])
+    csv.write_text(csv.read_text().replace("val,moments,v2", "test,moments,v2"))
+    (tmp_path / "traces").mkdir()
+    save_scores(tmp_path / "traces" / "v2.npz", StreamScores("v2", 1.0, ["When I run, remind me."], ["0"],
+                                                             np.zeros(1), step_trace(60, [10])[:, None]))
+    args = ["eval", "--annotations", str(csv), "--scores", str(tmp_path / "traces"), "--out", str(tmp_path / "o")]
+    refused = run_cli(*args)
+    assert refused.returncode == 2 and refused.stderr.strip().endswith(
+        "none of the 1 annotations of split 'val' has a trace in " + str(tmp_path / "traces")
+        + "; its traces answer annotations of split 'test': give --split test")
+    assert run_cli(*args, "--split", "test", "--plots", "0").returncode == 0
+
+
 @pytest.mark.parametrize("args, message", [
     (["--baseline", "oracle", "--threshold", "1.5"], "--threshold is a probability"),
     (["--baseline", "oracle", "--write-threshold", "x"], "add --calibrate"),

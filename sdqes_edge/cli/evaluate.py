@@ -79,8 +79,7 @@ def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) ->
         _check_one_model(traces, args.scores, target_bundle)
         matched = match_traces(annotations, traces)
         if not matched.traces:
-            raise UserError(f"none of the {len(annotations)} annotations has a trace in {args.scores}: traces are "
-                            "matched by stream name (the video_uid) and query text")
+            raise _nothing_matched(args, len(annotations), traces)
         if matched.missing:
             print(f"note: {len(matched.missing)} of {len(annotations)} annotations have no score trace and are "
                   "not scored")
@@ -93,6 +92,28 @@ def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) ->
     if not methods:
         raise UserError("give --scores DIR (traces from `sdqes-edge run`) or --baseline oracle/random")
     return methods
+
+
+def _nothing_matched(args: argparse.Namespace, selected: int, traces: list) -> UserError:
+    """The refusal for traces that answer none of the selected annotations, naming the split and source of those
+    they do answer: `score` scores every split by default and eval picks 'val', so a corpus of test streams was
+    refused as if its traces matched nothing in the file."""
+    from sdqes_edge.annotations import load_annotations
+    from sdqes_edge.evaluation import match_traces
+
+    asked = [(column, value) for column, value in (("split", args.split), ("source", args.source)) if value]
+    words = (f"none of the {selected} annotations" + "".join(f" of {column} {value!r}" for column, value in asked)
+             + f" has a trace in {args.scores}")
+    answered = match_traces(load_annotations(args.annotations), traces).annotations if asked else []
+    fixes = []
+    for column, value in asked:
+        held = sorted({getattr(a, column) for a in answered})
+        if held and value not in held:
+            fixes.append(f"--{column} {held[0] if len(held) == 1 else repr('')}")
+            words += f"; its traces answer annotations of {column} {', '.join(map(repr, held))}"
+    if fixes:
+        return UserError(f"{words}: give {' '.join(fixes)}")
+    return UserError(f"{words}: traces are matched by stream name (the video_uid) and query text")
 
 
 def _check_one_model(traces: list, folder: str, target_bundle) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -37,6 +38,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     failures = _score(todo, Path(args.bundle), out, workers, threads, args)
     _write_failures(out, failures)
     code = _report(out, tasks, annotations, bundle.default_threshold if args.threshold is None else args.threshold)
+    if code == 0:
+        print(f"next: {_eval_command(args, out)} --calibrate (a threshold chosen on these streams)")
     if failures:
         print(f"{PROG}: {len(failures)} of {len(tasks)} streams failed (listed above and in {out / FAILURES_NAME}); "
               "re-run the same command to retry them: finished traces are kept", file=sys.stderr)
@@ -120,6 +123,13 @@ def _bench(tasks: list, bundle: Path, out: Path) -> int:
     return 0
 
 
+def _eval_command(args: argparse.Namespace, out: Path) -> str:
+    """`eval` of these traces against the annotations they were scored for: its split spelled out, since eval's
+    default split ('val') is not score's (every split)."""
+    selection = ["--split", args.split or ""] + (["--source", args.source] if args.source else [])
+    return shlex.join([PROG, "eval", "--annotations", args.annotations, *selection, "--scores", str(out / "traces")])
+
+
 def _write_failures(out: Path, failures: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / FAILURES_NAME).write_text(json.dumps(failures, indent=2) + "\n")
@@ -144,8 +154,6 @@ def _report(out: Path, tasks: list, annotations: list, threshold: float) -> int:
     json_path, md_path = write_reports(out, rows, {"threshold": threshold, "streams": len(traces),
                                                    "unscored_annotations": len(matched.missing)})
     print(f"\nwrote {len(traces)} traces under {out / 'traces'}, {json_path} and {md_path}")
-    print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {out / 'traces'} --calibrate "
-          "(a threshold chosen on these streams)")
     return 0
 
 
