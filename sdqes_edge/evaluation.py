@@ -15,10 +15,12 @@ import numpy as np
 from .annotations import Annotation
 from .metrics import (
     RECALL_KS,
+    SMD_METRIC,
     TOLERANCE_WINDOWS,
     EvalResult,
     ScoreTrace,
     calibrate,
+    calibrate_per_metric,
     evaluate,
     frame_at_or_after,
     min_distance_at,
@@ -85,14 +87,16 @@ class Calibration:
     threshold: float
     sweep: list[tuple[float, float]]  # (threshold, SR@1) over the candidates
     per_label: dict[str, float] = field(default_factory=dict)
+    per_metric: dict[str, float] = field(default_factory=dict)  # the paper's protocol (calibrate_per_metric)
 
     def to_dict(self) -> dict:
-        return {"threshold": self.threshold, "sweep": [[t, sr] for t, sr in self.sweep], "per_label": self.per_label}
+        return {"threshold": self.threshold, "sweep": [[t, sr] for t, sr in self.sweep], "per_label": self.per_label,
+                "per_metric": self.per_metric}
 
 
 def calibrate_thresholds(traces: list[ScoreTrace], labels: list[str], per_label: bool) -> Calibration:
     threshold, sweep = calibrate(traces)
-    result = Calibration(threshold, sweep)
+    result = Calibration(threshold, sweep, per_metric=calibrate_per_metric(traces))
     if per_label:
         groups: dict[str, list[ScoreTrace]] = defaultdict(list)
         for trace, label in zip(traces, labels):
@@ -131,22 +135,33 @@ def _row(result: EvalResult) -> list[str]:
     return values + [f"{result.min_distance[k]:.1f}" for k in RECALL_KS]
 
 
+def _threshold_cell(result: EvalResult) -> str:
+    return "per metric" if result.metric_thresholds else f"{result.threshold:.4f}"
+
+
+def metric_threshold_notes(rows: dict[str, EvalResult]) -> list[str]:
+    """One line per row whose metrics have thresholds of their own, naming them."""
+    return [f"{name}: " + ", ".join(f"{'' if metric == SMD_METRIC else 'SR '}{metric} at threshold {t:.4f}"
+                                    for metric, t in r.metric_thresholds.items())
+            for name, r in rows.items() if r.metric_thresholds]
+
+
 def text_table(rows: dict[str, EvalResult]) -> str:
     head = ["method", "threshold", "queries", "no alert"] + _columns()
-    body = [[name, f"{r.threshold:.4f}", str(r.queries), str(r.without_prediction)] + _row(r)
+    body = [[name, _threshold_cell(r), str(r.queries), str(r.without_prediction)] + _row(r)
             for name, r in rows.items()]
     widths = [max(len(head[i]), *(len(b[i]) for b in body)) for i in range(len(head))]
     lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths)))]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(b, widths)))
               for b in body]
-    return "\n".join(lines)
+    return "\n".join(lines + metric_threshold_notes(rows))
 
 
 def markdown_table(rows: dict[str, EvalResult]) -> str:
     head = ["method", "threshold", "queries", "no alert"] + _columns()
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in rows.items():
-        lines.append("| " + " | ".join([name, f"{r.threshold:.4f}", str(r.queries), str(r.without_prediction)]
+        lines.append("| " + " | ".join([name, _threshold_cell(r), str(r.queries), str(r.without_prediction)]
                                         + _row(r)) + " |")
     return "\n".join(lines)
 
@@ -155,7 +170,8 @@ def write_reports(out_dir: Path, rows: dict[str, EvalResult], extra: dict) -> tu
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "eval.json", out_dir / "eval.md"
     json_path.write_text(json.dumps({"results": {n: r.to_dict() for n, r in rows.items()}, **extra}, indent=2))
-    notes = [f"- {k}: {v}" for k, v in extra.items() if not isinstance(v, (dict, list))]
+    notes = [f"- {note}" for note in metric_threshold_notes(rows)]
+    notes += [f"- {k}: {v}" for k, v in extra.items() if not isinstance(v, (dict, list))]
     md_path.write_text("# SDQES evaluation\n\n" + markdown_table(rows) + "\n\n"
                        "SR@k in percent of queries (tolerance windows in seconds around the event start); "
                        "SMD@k in sampled frames.\n\n" + "\n".join(notes) + "\n")

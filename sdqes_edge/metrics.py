@@ -111,12 +111,18 @@ class EvalResult:
     not_scorable: list[str] = field(default_factory=list)  # asked after their event started
     recall: dict[str, dict[int, float]] = field(default_factory=dict)  # window -> k -> SR@k in percent
     min_distance: dict[int, float] = field(default_factory=dict)  # k -> SMD@k in frames
+    # Where each metric has its own threshold (``evaluate_per_metric``): window name or "SMD" -> threshold.
+    # Empty: every number is at ``threshold``.
+    metric_thresholds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"threshold": self.threshold, "queries": self.queries, "without_prediction": self.without_prediction,
-                "not_scorable": self.not_scorable,
-                "recall": {w: {str(k): v for k, v in by_k.items()} for w, by_k in self.recall.items()},
-                "min_distance": {str(k): v for k, v in self.min_distance.items()}}
+        out = {"threshold": self.threshold, "queries": self.queries, "without_prediction": self.without_prediction,
+               "not_scorable": self.not_scorable,
+               "recall": {w: {str(k): v for k, v in by_k.items()} for w, by_k in self.recall.items()},
+               "min_distance": {str(k): v for k, v in self.min_distance.items()}}
+        if self.metric_thresholds:
+            out["metric_thresholds"] = self.metric_thresholds
+        return out
 
 
 def evaluate(traces: list[ScoreTrace], threshold: float, ks=RECALL_KS, windows=TOLERANCE_WINDOWS) -> EvalResult:
@@ -155,3 +161,40 @@ def calibrate(traces: list[ScoreTrace], count: int = THRESHOLD_CANDIDATES,
         sweep.append((float(threshold), sr1))
     best = max(sweep, key=lambda item: (item[1], -item[0]))
     return best[0], sweep
+
+
+SMD_METRIC = "SMD"  # the key of SMD's threshold among the per-metric thresholds
+
+
+def first_reach_distance(trace: ScoreTrace, threshold: float) -> int:
+    """The reference's criterion for SMD's threshold (``abs_dist`` of ``get_distances``): how many frames the first
+    frame with ``p >= threshold`` lies from the ground-truth start frame. Where no frame reaches the threshold the
+    reference's argmax over an all-False row gives the first frame, and so does this (the frame the query was
+    asked: none before it counts)."""
+    asked = frame_at_or_after(trace.asked_time, trace.fps)
+    reached = np.asarray(trace.probs[asked:], dtype=np.float32) >= np.float32(threshold)
+    return abs(asked + int(np.argmax(reached)) - frame_at_or_after(trace.start_time, trace.fps))
+
+
+def calibrate_per_metric(traces: list[ScoreTrace], count: int = THRESHOLD_CANDIDATES) -> dict[str, float]:
+    """The thresholds of the paper's protocol, each among the same candidates (ties: the lowest): per tolerance
+    window, the best SR@1 in that window; for SMD, the smallest mean ``first_reach_distance``. Window name or
+    ``SMD_METRIC`` -> threshold."""
+    chosen = {window_name(w): calibrate(traces, count, w)[0] for w in TOLERANCE_WINDOWS}
+    scored = [t for t in traces if is_scorable(t)]
+    candidates = [float(c) for c in threshold_candidates(traces, count)]
+    mean_distance = [np.mean([first_reach_distance(t, c) for t in scored]) if scored else 0.0 for c in candidates]
+    chosen[SMD_METRIC] = candidates[int(np.argmin(mean_distance))]  # argmin: the first of equals, the lowest
+    return chosen
+
+
+def evaluate_per_metric(traces: list[ScoreTrace], thresholds: dict[str, float]) -> EvalResult:
+    """SR@k of each window at its own threshold and SMD@k at SMD's, as the reference reports them; the queries
+    without a prediction are counted at the first window's threshold."""
+    first = window_name(TOLERANCE_WINDOWS[0])
+    result = evaluate(traces, thresholds[first], windows=TOLERANCE_WINDOWS[:1])
+    for window in TOLERANCE_WINDOWS[1:]:
+        result.recall.update(evaluate(traces, thresholds[window_name(window)], windows=(window,)).recall)
+    result.min_distance = evaluate(traces, thresholds[SMD_METRIC], windows=()).min_distance
+    result.metric_thresholds = dict(thresholds)
+    return result

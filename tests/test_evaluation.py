@@ -110,6 +110,8 @@ def test_eval_command_writes_tables_plots_and_the_calibrated_threshold_into_a_bu
     calibrated = report["results"]["scores (traces), calibrated"]
     assert calibrated["recall"]["[-5,+10]"]["1"] == 100.0 and calibrated["min_distance"]["1"] == 1.0
     assert "| scores (traces), calibrated |" in (tmp_path / "out" / "eval.md").read_text()
+    paper = report["results"]["scores (traces), per-metric thresholds (paper)"]  # the reference's protocol
+    assert set(paper["metric_thresholds"]) == {"[-5,+10]", "[-2,+5]", "SMD"} and paper["min_distance"]["1"] == 1.0
     plots = sorted((tmp_path / "out" / "plots").rglob("*.png"))
     assert len(plots) == 2 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
     thresholds = load_bundle(bundle).manifest["thresholds"]  # hashes still verify after the rewrite

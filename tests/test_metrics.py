@@ -10,7 +10,10 @@ from hypothesis import strategies as st
 from sdqes_edge.metrics import (
     ScoreTrace,
     calibrate,
+    calibrate_per_metric,
     evaluate,
+    evaluate_per_metric,
+    first_reach_distance,
     frame_at_or_after,
     min_distance_at,
     predictions,
@@ -157,3 +160,57 @@ def test_shifting_a_trace_by_d_frames_moves_each_distance_by_at_most_d(probs, st
         a = min_distance_at(original_preds, start, k, len(shifted))
         b = min_distance_at(shifted_preds, start, k, len(shifted))
         assert abs(a - b) <= shift
+
+
+def test_a_query_whose_scores_never_reach_the_threshold_is_as_far_as_its_start_frame_for_the_smd_choice():
+    """The reference takes argmax over an all-False row: frame 0, so the distance is the start frame's."""
+    assert first_reach_distance(trace([0.1] * 30, start=12.0), 0.5) == 12
+    assert first_reach_distance(trace([0.1] * 5 + [0.5] + [0.1] * 24, start=12.0), 0.5) == 7  # >=, not >
+
+
+def reference_protocol(probs: np.ndarray, starts: np.ndarray) -> tuple[dict, dict]:
+    """The reference's validation protocol over a batch of equal-length traces at 1 fps, written the way its
+    tensor code computes it (``on_validation_epoch_end``): -> (window -> SR@1..3 at that window's best-SR@1
+    threshold, k -> SMD@k at the threshold of the smallest mean first-reach distance)."""
+    length = probs.shape[1]
+    frames = np.arange(length)
+    candidates = np.linspace(probs.min(), probs.max(), 20)
+
+    def starts_indexed(threshold):  # rising edges numbered 1, 2, ... along each row, 0 elsewhere
+        above = probs.astype(np.float32) > np.float32(threshold)
+        edges = above & ~np.concatenate([np.zeros((len(probs), 1), bool), above[:, :-1]], axis=1)
+        return edges * np.cumsum(edges, axis=1), edges
+
+    recall = {}
+    for before, after in ((5.0, 10.0), (2.0, 5.0)):
+        window = (frames[None] >= starts[:, None] - before) & (frames[None] <= starts[:, None] + after)
+        def sr(threshold, k):
+            numbered = starts_indexed(threshold)[0] * window
+            return 100.0 * ((numbered <= k) & (numbered != 0)).any(axis=1).mean()
+        best = max(candidates, key=lambda t: sr(t, 1))  # the first of equals: the lowest
+        recall[f"[-{before:g},+{after:g}]"] = {k: sr(best, k) for k in (1, 2, 3)}
+    gt = starts.astype(int)
+    first_reach = lambda t: np.abs(np.argmax(probs.astype(np.float32) >= np.float32(t), axis=1) - gt).mean()  # noqa: E731
+    best = min(candidates, key=first_reach)
+    numbered, edges = starts_indexed(best)
+    distance = np.abs(frames[None] - gt[:, None])
+    smd = {}
+    for k in (1, 2, 3):
+        first_k = (numbered <= k) & edges
+        smd[k] = float(np.where(first_k, distance, length).min(axis=1).mean())
+    return recall, smd
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_per_metric_thresholds_give_the_numbers_the_reference_reports(seed):
+    """The reference reports each window's SR at that window's own best-SR@1 threshold and SMD at the threshold
+    of the smallest mean first-reach distance; a single calibrated threshold for every column gave other
+    [-2,+5] and SMD numbers than the paper's protocol."""
+    rng = np.random.default_rng(seed)
+    probs = rng.choice([0.1, 0.3, 0.5, 0.7, 0.9], size=(8, 40), p=[0.4, 0.25, 0.15, 0.1, 0.1])
+    starts = rng.integers(0, 40, size=8).astype(float)
+    traces = [trace(row, start=s) for row, s in zip(probs, starts)]
+    result = evaluate_per_metric(traces, calibrate_per_metric(traces))
+    recall, smd = reference_protocol(probs, starts)
+    assert {w: result.recall[w] for w in recall} == recall  # sums of whole queries over 8: exact in floats
+    assert result.min_distance == pytest.approx(smd)
