@@ -119,6 +119,15 @@ def _resample_rows(planes: np.ndarray, blocks: tuple, count: int, origin: int = 
     return out
 
 
+def _to_uint8(dtype: np.dtype) -> str:
+    """How to bring an image of ``dtype`` to 8 bits: by its range (a 16-bit one divided as if it were in [0, 1]
+    would saturate white)."""
+    if np.issubdtype(dtype, np.integer) and np.iinfo(dtype).max > 255:
+        return (f"for a {np.iinfo(dtype).bits}-bit image, pass "
+                f"(image // {(np.iinfo(dtype).max + 1) // 256}).astype(numpy.uint8)")
+    return "for an image in [0, 1], pass (image * 255).round().astype(numpy.uint8)"
+
+
 def _conversion(image: np.ndarray) -> str:
     """How to make a grey or BGRA image the BGR frame the model takes (empty for other shapes)."""
     if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
@@ -158,8 +167,8 @@ class Preprocessor:
         if frame_bgr.size == 0:  # the resize would divide by its zero side
             raise UserError(f"got an empty frame of shape {frame_bgr.shape}; give an image at least 1x1 pixel")
         if frame_bgr.dtype != np.uint8:  # a float image in [0, 1] would pass as a black one
-            raise UserError(f"expected a uint8 BGR frame as OpenCV reads it, got {frame_bgr.dtype}; for an image in "
-                            "[0, 1], pass (image * 255).round().astype(numpy.uint8)")
+            raise UserError(f"expected a uint8 BGR frame as OpenCV reads it, got {frame_bgr.dtype}; "
+                            f"{_to_uint8(frame_bgr.dtype)}")
         size = self.image_size
         h, w = frame_bgr.shape[:2]
         if self.resize_shorter_side:

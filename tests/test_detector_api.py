@@ -30,6 +30,15 @@ def test_a_float_image_is_refused_rather_than_seen_as_a_black_one(detector):
         detector.step([Frame(image=image, time=0.0, index=0)])
 
 
+def test_a_16_bit_image_is_refused_with_the_division_that_makes_it_8_bit(detector):
+    """The advice for [0, 1] floats, applied to a 16-bit image (a PNG of a machine-vision camera), saturates it
+    white; what it says instead gives the same picture in 8 bits."""
+    image = np.full((48, 64, 3), 40000, np.uint16)
+    with pytest.raises(UserError, match=r"got uint16; for a 16-bit image, pass \(image // 256\)\.astype"):
+        detector.step([Frame(image=image, time=0.0, index=0)])
+    detector.step([Frame(image=(image // 256).astype(np.uint8), time=0.0, index=0)])
+
+
 def test_resetting_a_stream_the_bundle_does_not_step_is_refused(detector):
     with pytest.raises(UserError, match="stream 1 is not one of this bundle's streams, 0 to 0"):
         detector.reset(stream=1)
