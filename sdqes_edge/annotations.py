@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import UserError
-from .files import path_problem
+from .files import USER_TEXT_ENCODING, path_problem
 from .metrics import ScoreTrace, frame_at_or_after
 
 REQUIRED_COLUMNS = ("split", "source", "video_uid", "query", "response", "label", "video_start_time",
@@ -46,7 +46,7 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
         problem = path_problem(path, "file")
         if problem:
             raise UserError(f"annotation file {path} {problem}; pass the EgoSDQES CSV (egosdqes_all.csv)")
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding=USER_TEXT_ENCODING) as fh:
             reader = csv.DictReader(fh)
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
@@ -73,7 +73,7 @@ def require_annotations(path: str, split: str | None = None, source: str | None 
     found = load_annotations(path, split=split, source=source)
     if found:
         return found
-    with open(path, newline="", encoding="utf-8") as fh:  # read and checked whole a moment ago
+    with open(path, newline="", encoding=USER_TEXT_ENCODING) as fh:  # read and checked whole a moment ago
         rows = list(csv.DictReader(fh))
     if not rows:
         raise UserError(f"{path} holds no annotations at all (a header only)")

@@ -28,7 +28,7 @@ import torch
 
 from .config import AdapterConfig, ModelConfig, TextConfig, VisionConfig, validate
 from .errors import UserError
-from .files import file_sha256, path_problem
+from .files import USER_TEXT_ENCODING, file_sha256, path_problem
 from .model.sdqes_model import SDQESModel
 from .train_options import CHECKPOINT_RECORD_KEY
 
@@ -329,7 +329,7 @@ def model_config_beside(checkpoint: str) -> Path | None:
 def read_head_counts(config_path: str | Path) -> tuple[int, int]:
     """(vision heads, text heads) from an open_clip model config JSON."""
     try:
-        config = json.loads(Path(config_path).read_text())
+        config = json.loads(Path(config_path).read_text(encoding=USER_TEXT_ENCODING))
         config = config.get("model_cfg", config)
         vision, text = config["vision_cfg"], config["text_cfg"]
         vision_heads = int(vision["width"]) // int(vision.get("head_width", OPEN_CLIP_HEAD_WIDTH))

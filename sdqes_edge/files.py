@@ -13,6 +13,11 @@ from typing import Iterable, Iterator
 
 from .errors import UserError
 
+# How a user's own text files (annotations, queries, model configs) are read: UTF-8 with or without the byte-order
+# mark that Excel's "CSV UTF-8" and Windows Notepad put first. Read as plain UTF-8 the mark became part of the
+# first column's name ("missing column split") or of the first query's text.
+USER_TEXT_ENCODING = "utf-8-sig"
+
 
 def format_bytes(n: float) -> str:
     """1536 -> '1.5 KiB'."""

@@ -75,6 +75,14 @@ def test_a_row_with_a_bad_number_is_refused_naming_its_line_column_and_value(col
     assert len(load_annotations(str(damaged), split="no-such-split")) == 0  # rows of other splits are not read
 
 
+def test_a_csv_saved_by_excel_with_a_byte_order_mark_reads_as_the_same_annotations(egosdqes_csv, tmp_path):
+    """Excel's "CSV UTF-8" starts the file with a byte-order mark, which read as text became part of the first
+    column's name: the file was refused for a missing 'split' column that is plainly there."""
+    excel = tmp_path / "excel.csv"
+    excel.write_bytes(b"\xef\xbb\xbf" + egosdqes_csv.read_bytes())
+    assert load_annotations(str(excel), split="val") == load_annotations(str(egosdqes_csv), split="val")
+
+
 def test_a_short_row_or_a_file_that_is_not_text_is_refused(egosdqes_csv, tmp_path):
     short = tmp_path / "short.csv"
     short.write_text(egosdqes_csv.read_text(encoding="utf-8").splitlines()[0] + "\ntrain,moments,v1\n")

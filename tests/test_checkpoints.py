@@ -225,7 +225,9 @@ def test_head_counts_come_from_flags_or_the_model_config_beside_the_checkpoint(w
         flags = {"vision_heads": 4, "text_heads": 2}
     else:
         config = {"model_cfg": OPEN_CLIP_CONFIG} if where == "open_clip_config.json" else OPEN_CLIP_CONFIG
-        (tmp_path / where.replace("STEM", "vit-odd")).write_text(json.dumps(config))
+        # STEM.json as a Windows editor saves it, a byte-order mark first (json refused it: no model config)
+        (tmp_path / where.replace("STEM", "vit-odd")).write_text(
+            json.dumps(config), encoding="utf-8-sig" if where == "STEM.json" else "utf-8")
     heads = resolve_head_counts(path, **flags)
     assert heads.overrides() == {"vision_heads": 4, "text_heads": 2}
     assert ("--vision-heads" if where == "flags" else where.replace("STEM", "vit-odd")) in heads.rule

@@ -22,6 +22,10 @@ COOK = "When I start cooking, remind me to wash my hands."
 def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, content, queries, tmp_path):
     (tmp_path / name).write_text(content, encoding="utf-8")
     assert read_queries_file(str(tmp_path / name)) == queries
+    # As Notepad and Excel save them, a byte-order mark first: it was refused (.json, .csv: no 'query' column) or
+    # became part of the first query's text, which then matched no annotation.
+    (tmp_path / name).write_text(content, encoding="utf-8-sig")
+    assert read_queries_file(str(tmp_path / name)) == queries
 
 
 @pytest.mark.parametrize("name, content, says", [

@@ -41,7 +41,7 @@ from sdqes_edge.export.precision import (
     MAX_AUTO_FLOAT_BLOCKS,
 )
 from sdqes_edge.export.tensorrt_engine import DEFAULT_WORKSPACE_MIB
-from sdqes_edge.files import format_bytes, path_problem
+from sdqes_edge.files import USER_TEXT_ENCODING, format_bytes, path_problem
 from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.tolerances import DRIFT_FRAMES, ENGINE_VERIFY_FRAMES, VERIFY_FRAMES
 
@@ -53,7 +53,7 @@ def read_queries_file(path: str) -> list[tuple[str, str]]:
     if problem:
         raise UserError(f"queries file {p} {problem}; give a .txt, .json or .csv file of queries")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding=USER_TEXT_ENCODING)
     except UnicodeDecodeError as exc:
         raise UserError(f"{p} is not UTF-8 text ({exc}); save it as UTF-8") from None
     if p.suffix == ".json":
