@@ -50,7 +50,8 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
             reader = csv.DictReader(fh)
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
-                raise UserError(f"{path} is not an EgoSDQES annotation file: missing column(s) {', '.join(missing)}")
+                raise UserError(f"{path} is not an EgoSDQES annotation file: missing column(s) {', '.join(missing)}"
+                                + other_separator_words(reader.fieldnames))
             rows = [(reader.line_num, r) for r in reader]  # the line a row ends on, for the messages
     except (UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"{path} is not a UTF-8 CSV file ({exc}); pass the EgoSDQES CSV (egosdqes_all.csv)") from None
@@ -65,6 +66,16 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
                               start, number("video_length", 0.0) / fps, i,
                               number("asked_time", default=0.0), r.get("clip_uid") or ""))
     return out
+
+
+def other_separator_words(header: list[str] | None) -> str:
+    """Words for a header read as one column because another character separates it (a spreadsheet set to a
+    European locale saves ';'), else ''."""
+    if header and len(header) == 1:
+        for separator in (";", "\t", "|"):
+            if separator in header[0]:
+                return f" (its header is separated by {separator!r}, not by commas: save it as comma-separated CSV)"
+    return ""
 
 
 def require_annotations(path: str, split: str | None = None, source: str | None = None) -> list[Annotation]:

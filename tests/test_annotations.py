@@ -83,6 +83,14 @@ def test_a_csv_saved_by_excel_with_a_byte_order_mark_reads_as_the_same_annotatio
     assert load_annotations(str(excel), split="val") == load_annotations(str(egosdqes_csv), split="val")
 
 
+def test_a_csv_a_spreadsheet_separated_with_semicolons_is_refused_saying_so(egosdqes_csv, tmp_path):
+    """It was refused for missing every column, each of them there in its header."""
+    semicolons = tmp_path / "semicolons.csv"
+    semicolons.write_text(egosdqes_csv.read_text(encoding="utf-8").splitlines()[0].replace(",", ";") + "\n")
+    with pytest.raises(UserError, match=r"separated by ';', not by commas: save it as comma-separated CSV\)$"):
+        load_annotations(str(semicolons))
+
+
 def test_a_short_row_or_a_file_that_is_not_text_is_refused(egosdqes_csv, tmp_path):
     short = tmp_path / "short.csv"
     short.write_text(egosdqes_csv.read_text(encoding="utf-8").splitlines()[0] + "\ntrain,moments,v1\n")

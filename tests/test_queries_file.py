@@ -37,6 +37,7 @@ def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, c
     ("q.txt", "\n  \n", "holds no queries"),
     ("q.csv", "query,response\n", "holds no queries"),
     ("q.csv", "text,message\nwhen I cook,Wash!\n", "needs a 'query' column"),
+    ("q.csv", "query;response\nwhen I cook;Wash!\n", "column .*separated by ';', not by commas: save it as comma"),
     ("q.txt", b"\xff\xfe when I cook", "is not UTF-8 text"),
 ])
 def test_a_queries_file_that_is_not_a_list_of_queries_is_refused_in_one_line(name, content, says, tmp_path):

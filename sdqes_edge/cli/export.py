@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import sdqes_edge
+from sdqes_edge.annotations import other_separator_words
 from sdqes_edge.cli.common import (
     PROG,
     UniqueValues,
@@ -61,7 +62,8 @@ def read_queries_file(path: str) -> list[tuple[str, str]]:
     elif p.suffix == ".csv":
         reader = csv.DictReader(io.StringIO(text, newline=""))
         if not reader.fieldnames or "query" not in reader.fieldnames:
-            raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)")
+            raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)"
+                            + other_separator_words(reader.fieldnames))
         queries = [(row["query"] or "", row.get("response") or row["query"] or "") for row in reader]
     else:
         queries = [(line.strip(), line.strip()) for line in text.splitlines() if line.strip()]
