@@ -87,6 +87,10 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
          ["eval", "--annotations", str(t / "a.csv"), "--scores", str(t / "photos")]),
         ("eval: an annotation row whose start time is not a number",
          ["eval", "--annotations", str(t / "badrow.csv"), "--baseline", "oracle", "--split", "train"]),
+        ("eval: annotations a spreadsheet saved with ';' between columns",
+         ["eval", "--annotations", str(t / "semicolons.csv"), "--baseline", "oracle"]),
+        ("eval: traces of test streams, evaluated on eval's default split (val)",
+         ["eval", "--annotations", str(t / "splits.csv"), "--scores", str(t / "test-traces")]),
         ("eval: annotations missing", ["eval", "--annotations", str(t / "none.csv"), "--baseline", "oracle"]),
         ("eval: a folder given as the annotations", ["eval", "--annotations", str(t), "--baseline", "oracle"]),
         ("eval: a negative --seed", ["eval", "--annotations", str(t / "a.csv"), "--baseline", "random", "--seed",
@@ -119,6 +123,7 @@ def prepare(t: Path) -> Path:
     from sdqes_edge.files import file_sha256
     from sdqes_edge.model import SDQESModel
     from sdqes_edge.runtime.detector import StreamingDetector
+    from sdqes_edge.traces import StreamScores, save_scores
 
     model = SDQESModel(preset("tiny+qrnn")).eval()
     b = t / "bundle"
@@ -144,6 +149,11 @@ def prepare(t: Path) -> Path:
     header = "split,source,video_uid,query,response,label,video_start_time,video_fps,video_length"
     (t / "badrow.csv").write_text(f"{header}\ntrain,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
                                   f"train,moments,v1,{Q},Wash!,cook,1:05,30,900\n")
+    (t / "semicolons.csv").write_text(header.replace(",", ";") + "\n")
+    (t / "splits.csv").write_text(f"{header}\nval,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
+                                  f"test,moments,v2,{Q},Wash!,cook,12.5,30,900\n")
+    (t / "test-traces").mkdir()
+    save_scores(t / "test-traces" / "v2.npz", StreamScores("v2", 1.0, [Q], ["0"], np.zeros(1), np.zeros((30, 1))))
     for name in ("garbled", "changed", "escaping", "reaching", "newer", "blocked", "nan-fps"):
         shutil.copytree(b, t / name)
     _read_weights_from(t / "reaching", "../weights.bin")
