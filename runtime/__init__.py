@@ -30,6 +30,7 @@ _EXPORTS = {
     ".bundle": ("Bundle", "BundleError", "load_bundle"),
     ".detector": ("StreamingDetector", "StreamSlot"),
     ".pacing": ("FrameRateWarning",),
+    ".queries": ("DuplicateQueryWarning",),
     ".sinks": ("AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder"),
     ".sources": ("Frame", "open_source"),
 }

@@ -146,3 +146,29 @@ def test_a_source_samples_at_a_positive_rate_and_opens_from_a_path_or_a_camera_n
     assert isinstance(open_source(tmp_path, 1.0), ImageFolderSource)  # a Path (was: no attribute 'isdigit')
     with pytest.raises(UserError, match="OpenCV cannot open camera index 3;"):  # a camera number, as "3" is
         open_source(3, 1.0)
+
+
+def test_a_query_added_again_while_active_warns_that_each_event_would_alert_twice(exported):
+    """A client that re-adds its queries on every reconnect got two alerts for every event, and no word."""
+    import warnings
+
+    from sdqes_edge.runtime import DuplicateQueryWarning
+
+    detector = StreamingDetector(exported[1])
+    first = detector.add_query("When I open the fridge")
+    with pytest.warns(DuplicateQueryWarning, match=f"already active as {first.id} under the same alert policy"):
+        detector.add_query("when I  open the fridge ")  # case and spacing aside, the same query
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DuplicateQueryWarning)
+        detector.add_query("When I open the fridge", threshold=0.9)  # another policy: asked on purpose
+        detector.remove_query(first.id)
+        detector.remove_query("q2")
+        detector.add_query("When I open the fridge")  # no longer active under the default policy
+
+
+def test_a_state_snapshot_that_cannot_be_written_is_one_line(detector, tmp_path):
+    with pytest.raises(UserError, match=r"^save_state /proc/state.npz cannot be written: /proc refuses new files"):
+        detector.save_state("/proc/state.npz")
+    (tmp_path / "run1").mkdir()
+    with pytest.raises(UserError, match="is a folder; give save_state a file path"):
+        detector.save_state(tmp_path / "run1")
