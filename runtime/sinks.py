@@ -57,6 +57,9 @@ class Sink:
 
 class CallbackSink(Sink):
     def __init__(self, callback: Callable[[AlertEvent], None]):
+        if not callable(callback):  # else the first alert, maybe hours in, fails with a TypeError
+            raise UserError(f"CallbackSink takes a function of each alert (an AlertEvent), not a "
+                            f"{type(callback).__name__}")
         self.callback = callback
 
     def on_event(self, event: AlertEvent) -> None:
@@ -70,7 +73,7 @@ class JsonlSink(Sink):
     readers stop at a half one), and the error names the file."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = check_output_file(path, "JsonlSink")  # a folder or /proc: a one-line error, not an OSError
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self.path.open("ab", buffering=0)  # unbuffered: nothing left to flush once a write failed
         # Bytes up to the end of the last whole line; None for a pipe (--events /dev/stdout), which cannot be cut.
@@ -113,13 +116,13 @@ class ConsoleSink(Sink):
 ANNOTATION_CODECS = {".avi": "MJPG", ".mp4": "mp4v", ".m4v": "mp4v", ".mov": "mp4v", ".mkv": "mp4v"}
 
 
-def check_annotation_path(path: str | Path) -> Path:
+def check_annotation_path(path: str | Path, flag: str = "--annotate") -> Path:
     path = Path(path)
     if path.suffix.lower() not in ANNOTATION_CODECS:
         kinds = ", ".join(ANNOTATION_CODECS)
-        raise UserError(f"--annotate {path}: OpenCV writes videos as {kinds}; give a file name ending in one of "
+        raise UserError(f"{flag} {path}: OpenCV writes videos as {kinds}; give a file name ending in one of "
                         f"them (e.g. {path.with_suffix('.mp4') if path.suffix else str(path) + '.mp4'})")
-    return check_output_file(path, "--annotate")
+    return check_output_file(path, flag)
 
 
 class IncompleteOutput(UserError):
@@ -137,7 +140,7 @@ class AnnotatedVideoSink(Sink):
 
     def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]], stream: int = 0):
         """``stream``: which of the detector's streams this video shows (one sink per stream to annotate)."""
-        self.path = Path(path)
+        self.path = check_annotation_path(path, "AnnotatedVideoSink")
         self.fps = fps
         self.stream = stream
         self.thresholds = thresholds
@@ -233,7 +236,7 @@ class ScoreTraceRecorder(Sink):
         on these scores is never written into another model's bundle. ``first_frame``: the frame a resumed
         stream goes on at (``source.start_index``): the trace the stopped run left at ``path`` gives the rows
         before it, so this one is still the whole stream, each row at its own frame."""
-        self.path = Path(path)
+        self.path = check_output_file(path, "ScoreTraceRecorder")
         self.stream_name, self.fps, self.stream, self.model = stream_name, fps, stream, model
         self._rows: list[dict[str, float]] = []
         self._texts: dict[str, str] = {}

@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from sdqes_edge.errors import UserError
-from sdqes_edge.runtime import Frame, StreamingDetector
+from sdqes_edge.runtime import (
+    AnnotatedVideoSink,
+    CallbackSink,
+    Frame,
+    JsonlSink,
+    ScoreTraceRecorder,
+    StreamingDetector,
+)
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +179,16 @@ def test_a_state_snapshot_that_cannot_be_written_is_one_line(detector, tmp_path)
     (tmp_path / "run1").mkdir()
     with pytest.raises(UserError, match="is a folder; give save_state a file path"):
         detector.save_state(tmp_path / "run1")
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda t: JsonlSink("/proc/alerts.jsonl"), r"^JsonlSink /proc/alerts.jsonl cannot be written: /proc refuses"),
+    (lambda t: JsonlSink(t), r"^JsonlSink .* is a folder; give a file path"),
+    (lambda t: AnnotatedVideoSink(t / "out.txt", 1.0, dict), r"^AnnotatedVideoSink .*out.txt: OpenCV writes videos as"),
+    (lambda t: ScoreTraceRecorder("/proc/s.npz", "s", 1.0), r"^ScoreTraceRecorder /proc/s.npz cannot be written"),
+    (lambda t: CallbackSink("print"), r"^CallbackSink takes a function of each alert .* not a str"),
+])
+def test_a_sink_that_could_never_write_is_refused_when_made_not_at_its_first_alert(make, says, tmp_path):
+    """They were accepted and failed later with an OSError or a TypeError: at the first alert, maybe hours in."""
+    with pytest.raises(UserError, match=says):
+        make(tmp_path)
