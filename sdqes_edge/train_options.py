@@ -63,11 +63,11 @@ class TrainOptions:
     def check(self) -> "TrainOptions":
         from .synthetic import stream_length_problem  # numpy: the command line's parsers import this module
 
-        problems = []
-        positive = self.fps > 0 and self.stream_seconds > 0  # NaN too
-        if not positive:
-            problems.append(f"--fps ({self.fps}) and --stream-seconds ({self.stream_seconds}) must be positive")
-        elif too_short := stream_length_problem(self.stream_seconds, self.fps):
+        problems = [f"--{name.replace('_', '-')} must be positive, not {getattr(self, name)}"  # NaN too
+                    for name in ("fps", "stream_seconds", "lr", "pos_weight", "grad_clip")  # a negative norm bound
+                    if getattr(self, name) is not None and not getattr(self, name) > 0]  # would flip every gradient
+        positive = self.fps > 0 and self.stream_seconds > 0
+        if positive and (too_short := stream_length_problem(self.stream_seconds, self.fps)):
             problems.append(f"{too_short}; raise --stream-seconds or --fps")
         if self.window < 2:
             problems.append(f"--window must be at least 2 frames, not {self.window}")
@@ -76,13 +76,9 @@ class TrainOptions:
                             "frames); lower it or raise --stream-seconds")
         for name in ("train_streams", "val_streams", "test_streams", "steps", "batch"):
             if getattr(self, name) < 1:
-                problems.append(f"--{name.replace('_', '-')} must be at least 1")
-        if not self.lr > 0 or (self.pos_weight is not None and not self.pos_weight > 0):
-            problems.append("--lr and --pos-weight must be positive")
-        if not self.grad_clip > 0:  # a negative norm bound would flip every gradient
-            problems.append(f"--grad-clip must be positive, not {self.grad_clip}")
-        if not self.weight_decay >= 0 or self.warmup_steps < 0:
-            problems.append("--weight-decay and --warmup-steps must be 0 or more")
+                problems.append(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+        problems += [f"--{name.replace('_', '-')} must be 0 or more, not {getattr(self, name)}"
+                     for name in ("weight_decay", "warmup_steps") if not getattr(self, name) >= 0]
         if not 0 <= self.seed <= MAX_SEED:
             problems.append(f"--seed must be from 0 to {MAX_SEED}, not {self.seed}")
         if self.threads is not None and self.threads < 1:
