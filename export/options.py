@@ -100,8 +100,6 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
         warn(f"{REFERENCE_PRECISION} is always exported: it is the reference the other precisions are verified "
              "against")
         precisions = (REFERENCE_PRECISION,) + precisions
-    if options.calibration_video is not None and INT8 not in precisions:
-        warn("--calibration-video is only used for int8; ignoring it")
     if len(precisions) > 1 and options.drift_frames < DRIFT_FRAMES:
         warn(f"drift is measured over {options.drift_frames} frames; a recurrent state needs {DRIFT_FRAMES} or "
              "more to show drift (and fp16 LayerNorm overflow)")
@@ -128,13 +126,18 @@ def _int8_problems(options: ExportOptions) -> list[str]:
 
 
 def _warn_unused_int8_options(options: ExportOptions, int8: bool, warn: Callable[[str], None]) -> None:
-    int8_flags = (options.int8_policy != DEFAULT_INT8_POLICY
-                  or options.calibration_method != DEFAULT_CALIBRATION_METHOD
-                  or options.int8_activations != DEFAULT_INT8_ACTIVATIONS
-                  or options.int8_float_blocks != DEFAULT_INT8_FLOAT_BLOCKS)
-    if int8_flags and not int8:
-        warn("--int8-policy, --int8-activations, --int8-float-blocks and --calibration-method are only used for "
-             "int8; ignoring them")
+    """Name the int8 options given (not left at their defaults) to an export without int8: the user may have
+    meant to add --precision int8."""
+    given = [flag for flag, value, default in (
+        ("--int8-policy", options.int8_policy, DEFAULT_INT8_POLICY),
+        ("--int8-activations", options.int8_activations, DEFAULT_INT8_ACTIVATIONS),
+        ("--int8-float-blocks", options.int8_float_blocks, DEFAULT_INT8_FLOAT_BLOCKS),
+        ("--calibration-method", options.calibration_method, DEFAULT_CALIBRATION_METHOD),
+        ("--calibration-frames", options.calibration_frames, DEFAULT_CALIBRATION_FRAMES),
+        ("--calibration-video", options.calibration_video, None)) if value != default]
+    if given and not int8:
+        warn(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} only used for int8, which this export does "
+             f"not write; ignoring {'it' if len(given) == 1 else 'them'} (add --precision int8 to write it)")
     elif options.int8_float_blocks != DEFAULT_INT8_FLOAT_BLOCKS and options.int8_policy != BACKBONE_POLICY:
         warn(f"--int8-float-blocks applies to the {BACKBONE_POLICY} policy; {options.int8_policy} "
              "quantizes every block")
