@@ -45,7 +45,8 @@ def check_device(device: str) -> None:
     if device != "cuda":
         raise UserError(f"--device {device!r} is not one of cpu, cuda")
     if CUDA_PROVIDER not in ort.get_available_providers():
-        raise UserError(f"--device cuda: {missing_provider_words(CUDA_PROVIDER, ort)}")
+        words = missing_provider_words(CUDA_PROVIDER, ort, on_cpu="leave out --device to measure on the CPU alone")
+        raise UserError(f"--device cuda: {words}")
     if not torch.cuda.is_available():
         raise UserError("--device cuda needs a CUDA build of torch for the PyTorch rows; install one, or "
                         "compare on --device cpu")

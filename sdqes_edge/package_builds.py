@@ -118,8 +118,9 @@ def incomplete_package_words(package: str) -> str:
             f"pip install --force-reinstall --no-deps {_pinned(builds, keep)}")
 
 
-def missing_provider_words(wanted: str, ort: ModuleType) -> str:
-    """Why this ONNX Runtime lists no ``wanted`` execution provider, and what to install."""
+def missing_provider_words(wanted: str, ort: ModuleType, on_cpu: str = "use --ort-device cpu") -> str:
+    """Why this ONNX Runtime lists no ``wanted`` execution provider, and what to install; ``on_cpu``: how the
+    caller's user runs on the CPU instead."""
     available = ", ".join(ort.get_available_providers())
     builds = installed_builds()
     if len(builds) > 1:  # distinct names: at least one is not the CPU build
@@ -130,9 +131,9 @@ def missing_provider_words(wanted: str, ort: ModuleType) -> str:
     if CPU_BUILD in builds:
         return (f"this onnxruntime is the CPU build ({_listed(builds)}): it has no {wanted} (only {available}); on "
                 f"an NVIDIA machine replace it with the GPU build: {_replace_with(builds, GPU_INSTALL)} "
-                f"({JETSON_NOTE}), or use --ort-device cpu")
+                f"({JETSON_NOTE}), or {on_cpu}")
     return (f"this onnxruntime ({_listed(builds) or 'ONNX Runtime ' + ort.__version__}) has no {wanted} (only "
-            f"{available}); install {GPU_BUILD} on an NVIDIA machine, or use --ort-device cpu")
+            f"{available}); install {GPU_BUILD} on an NVIDIA machine, or {on_cpu}")
 
 
 def update_command() -> str:

@@ -132,6 +132,8 @@ def test_bench_device_cuda_is_refused_up_front_where_this_onnxruntime_has_no_cud
                            "--out", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 2 and "onnxruntime-gpu" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "bench.json").exists() and done.stdout == ""  # refused before announcing a run
+    # bench has no --ort-device, which the advice named
+    assert done.stderr.rstrip().endswith(", or leave out --device to measure on the CPU alone")
 
 
 def test_bench_without_matplotlib_says_so_up_front_and_still_writes_its_tables(tmp_path):
