@@ -227,12 +227,17 @@ def format_table(rows: dict[str, SplitMetrics]) -> str:
     return "\n".join(lines)
 
 
+def checkpoint_path(out: Path, base: TrainOptions, kind: str, seed: int) -> Path:
+    """Where the run of ``kind`` and ``seed`` leaves its checkpoint under the results folder ``out``."""
+    return out / "runs" / f"{kind}-seed{seed}" / f"{replace(base, adapter=kind).model_config().name}.pt"
+
+
 def format_section(kind: str, seed: int, base: TrainOptions, out: Path, splits: Callable[[], dict[str, StreamSet]],
                    log: Callable[[str], None], progress: Callable | None) -> tuple[list[str], dict]:
     """The per-format table of one kind's ``seed`` model (trained here if the kind table did not): Markdown
     lines and the report's entry."""
-    run_dir = out / "runs" / f"{kind}-seed{seed}"
-    checkpoint = run_dir / f"{replace(base, adapter=kind).model_config().name}.pt"
+    checkpoint = checkpoint_path(out, base, kind, seed)
+    run_dir = checkpoint.parent
     if not checkpoint.is_file():
         train(replace(base, adapter=kind, seed=seed), run_dir, log=log, progress=progress, data=splits())
     record = json.loads((run_dir / f"{checkpoint.stem}.record.json").read_text())

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -179,3 +180,16 @@ def test_streams_that_would_not_fit_in_memory_are_refused_before_one_is_drawn(tm
     huge = dataclasses.replace(SMALL, train_streams=SPLIT_SEED_SPAN, stream_seconds=3600.0)
     with pytest.raises(MemoryError, match=r"streams of 3600 s at 1 fps need .* GiB"):
         train(huge, tmp_path, log=lambda _: None)
+
+
+def test_the_export_printed_after_accuracy_names_a_checkpoint_the_run_wrote(tmp_path):
+    """It named runs/qrnn-seed<first>/synthetic+qrnn.pt whatever was trained: after --formats st, a file that was
+    never written."""
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "accuracy", "--kinds", "--formats", "st",
+                           "--seeds", "3", "--train-streams", "3", "--val-streams", "2", "--test-streams", "2",
+                           "--stream-seconds", "20", "--window", "8", "--batch", "2", "--steps", "1",
+                           "--warmup-steps", "1", "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    command = done.stdout.strip().splitlines()[-1].split()
+    checkpoint = Path(command[command.index("--checkpoint") + 1])
+    assert checkpoint == tmp_path / "runs" / "st-seed3" / "synthetic+st.pt" and checkpoint.is_file()

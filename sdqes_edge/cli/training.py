@@ -104,6 +104,7 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
     """Accuracy tables on held-out synthetic test streams: per adapter kind over seeds, per deployment format."""
     from tqdm import tqdm
 
+    from sdqes_edge.benchmarks.accuracy import checkpoint_path
     from sdqes_edge.benchmarks.accuracy import run as run_accuracy
 
     base = dataclasses.replace(train_options_from_args(args), adapter="none", seed=args.seeds[0])
@@ -119,8 +120,9 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
     print()
     print(path.read_text())
     print(f"wrote {path} and {path.with_suffix('.json')}")
-    print(f"\nnext: {PROG} export --checkpoint {args.out}/runs/qrnn-seed{args.seeds[0]}/synthetic+qrnn.pt "
-          f"--out bundles/synthetic-qrnn")
+    # A model this run trained (the first kind scored per format, else the first of the table), at the first seed.
+    checkpoint = checkpoint_path(Path(args.out), base, (args.formats or args.kinds)[0], args.seeds[0])
+    print(f"\nnext: {PROG} export --checkpoint {checkpoint} --out bundles/{checkpoint.stem.replace('+', '-')}")
     return 0
 
 
