@@ -9,7 +9,10 @@ Conventions of the paper and the reference code (DESIGN.md section 4):
   window, the sampled frames whose time is in ``[t_s - a, t_s + l]`` (inclusive,
   and always holding the ground-truth start frame);
 - SMD@k: the smallest ``|t_gt - t|`` over the first k predictions, in sampled
-  frames; a query with no prediction counts the full trace length.
+  frames; a query with no prediction counts the full trace length;
+- calibrated, each metric at its own threshold among the same 20 candidates
+  (``calibrate_per_metric``): a window's SR at that window's best SR@1, SMD at
+  the smallest mean distance of the first frame with ``p >= threshold``.
 
 A query may be asked during the stream (``asked_time``): frames before it have
 no predictions, and a query asked after its event started is reported, not scored.
@@ -26,6 +29,7 @@ RECALL_KS = (1, 2, 3)
 # (seconds before, seconds after) the ground-truth start: the paper's two tolerance windows.
 TOLERANCE_WINDOWS = ((5.0, 10.0), (2.0, 5.0))
 THRESHOLD_CANDIDATES = 20  # the paper's sweep: evenly spaced between the lowest and highest probability
+SMD_METRIC = "SMD"  # the key of SMD's threshold among the per-metric thresholds (beside the window names)
 _TIME_EPS = 1e-9  # float slack when a time falls exactly on a sampled frame
 
 
@@ -161,9 +165,6 @@ def calibrate(traces: list[ScoreTrace], count: int = THRESHOLD_CANDIDATES,
         sweep.append((float(threshold), sr1))
     best = max(sweep, key=lambda item: (item[1], -item[0]))
     return best[0], sweep
-
-
-SMD_METRIC = "SMD"  # the key of SMD's threshold among the per-metric thresholds
 
 
 def first_reach_distance(trace: ScoreTrace, threshold: float) -> int:
