@@ -256,6 +256,8 @@ def test_export_a_lightning_checkpoint_from_the_command_line_infers_everything(t
     assert manifest["checkpoint"]["source_format"] == "sdqes-lightning"
     inspected = run_cli("inspect", str(tmp_path / "b"))
     assert inspected.returncode == 0 and "match their sha256" in inspected.stdout
+    # what to do next on this machine first: it has no engine to build unless it is an NVIDIA device
+    assert inspected.stdout.splitlines()[-1].startswith(f"next: sdqes-edge run {tmp_path / 'b'} --source VIDEO")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -195,7 +195,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"ran        {args.frames} sample frames through the {args.precision} graph with ONNX Runtime (CPU): "
           f"{ms:.1f} ms/frame, embedding norm {float(np.linalg.norm(result.embedding[0])):.4f}")
     _print_kernels(bundle, args.precision)
-    print(f"\nnext: {PROG} build-engine {args.bundle}   (on an NVIDIA device)")
+    precision = "" if args.precision == REFERENCE_PRECISION else f" --precision {args.precision}"
+    print(f"\nnext: {run_hint(args.bundle, m, '--source VIDEO' + precision)}   (on an NVIDIA device: {PROG} "
+          f"build-engine {args.bundle})")
     return 0
 
 
