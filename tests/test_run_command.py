@@ -238,6 +238,20 @@ def test_an_int8_graph_on_the_cuda_provider_is_warned_about_and_nowhere_else():
     assert int8_on_cuda_warning(Namespace(backend="trt", ort_device="cpu", precision="int8")) is None
 
 
+def test_an_fp16_graph_on_the_cpu_provider_is_warned_about_and_nowhere_else():
+    """ONNX Runtime's CPU provider casts around most fp16 operators: the fp16 graph ran slower than fp32 (0.67x
+    in `bench --quick`), and nothing said so."""
+    from argparse import Namespace
+
+    from sdqes_edge.cli.stream import fp16_on_cpu_warning
+
+    warning = fp16_on_cpu_warning(Namespace(backend="ort", ort_device="cpu", precision="fp16", bundle="b"))
+    assert warning is not None and "\n" not in warning and warning.endswith("on a CPU use fp32 or int8")
+    for device, precision in (("cpu", "fp32"), ("cpu", "int8"), ("cuda", "fp16"), ("tensorrt", "fp16")):
+        assert fp16_on_cpu_warning(Namespace(backend="ort", ort_device=device, precision=precision)) is None
+    assert fp16_on_cpu_warning(Namespace(backend="trt", ort_device="cpu", precision="fp16")) is None
+
+
 def test_scores_named_like_another_kind_of_file_is_written_as_a_folder_with_a_warning(exported, tmp_path, capsys):
     """A trace is a .npz; --scores scores.json becomes a folder of SOURCE.npz, which the user is told, with the
     name that gives one file."""

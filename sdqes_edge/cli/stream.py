@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, unique_queries
-from sdqes_edge.contract import INT8, PRECISIONS, REFERENCE_PRECISION
+from sdqes_edge.contract import FP16, INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import check_output_dir, check_output_file
 from sdqes_edge.progress import progress_bar
@@ -52,6 +52,15 @@ def int8_on_cuda_warning(args: argparse.Namespace) -> str | None:
     return None
 
 
+def fp16_on_cpu_warning(args: argparse.Namespace) -> str | None:
+    """The warning for the fp16 graph on ONNX Runtime's CPU provider, which casts around most of its operators."""
+    if args.backend == BACKENDS[0] and args.ort_device == "cpu" and args.precision == FP16:
+        return (f"{PROG}: warning: the fp16 graph is a GPU format: ONNX Runtime's CPU provider has no fp16 kernel "
+                "for most of its operators and runs them in float32 between Casts it adds, no faster than fp32 "
+                f"(`{PROG} inspect {args.bundle} --precision fp16` counts them); on a CPU use fp32 or int8")
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
     from sdqes_edge.runtime.sources import give_distinct_names, open_source
@@ -79,9 +88,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
           f"quer{'y' if count == 1 else 'ies'}, {policy.describe()} ({_backend_words(detector.backend, args)})"
           + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
-    warning = int8_on_cuda_warning(args)
-    if warning:
-        print(warning, file=sys.stderr)
+    for warning in (int8_on_cuda_warning(args), fp16_on_cpu_warning(args)):
+        if warning:
+            print(warning, file=sys.stderr)
     if _int8_would_help(detector, args):
         print(f"{PROG}: tip: this bundle has an int8 step graph, checked against fp32 when it was exported; "
               "--precision int8 runs 1.4x (AVX2) to 2x (AVX-512 VNNI) as fast on a CPU", file=sys.stderr)
