@@ -95,6 +95,20 @@ def test_the_local_pool_gives_the_traces_and_report_of_running_each_stream(corpu
     assert cli(*suggested[1:], "--out", str(tmp_path / "next"), "--plots", "0").returncode == 0
 
 
+def test_no_more_workers_start_than_cores_or_streams_and_a_thread_count_is_brought_down_once(corpus, tmp_path):
+    """64 workers on 2 cores loaded 64 bundles (600 MB each at ViT-B/16) to take turns on the cores, and a
+    --threads above the cores was warned about by every worker, once per session it made."""
+    from sdqes_edge.runtime.cores import usable_cores
+
+    cores = usable_cores()
+    done = score(corpus, tmp_path / "many", "--workers", "64", "--threads", "1")
+    assert done.returncode == 0, done.stderr
+    assert f"with {min(cores, STREAMS)} worker process(es) x 1 ONNX Runtime thread(s)" in done.stderr
+    assert (f"--workers 64 on {cores} usable core(s)" in done.stderr) == (cores < 64)
+    done = score(corpus, tmp_path / "threads", "--workers", "1", "--threads", "999")
+    assert done.returncode == 0 and done.stderr.count("999 threads asked of ONNX Runtime") == 1, done.stderr
+
+
 def test_ray_gives_the_same_traces_as_running_each_stream(corpus, per_stream_traces, tmp_path):
     pytest.importorskip("ray", reason="Ray is the optional extra sdqes-edge[ray] (scripts/setup.sh --dev has it)")
     killed_actors_copy = orphaned_scratch(BUNDLE_COPY_PREFIX)

@@ -22,7 +22,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from sdqes_edge.corpus import claim_output, finished, plan_streams
     from sdqes_edge.runtime.bundle import load_bundle
 
-    workers, threads = _check_score_args(args)
+    ray_actors, ray_threads = _check_score_args(args)
     bundle = load_bundle(args.bundle)  # a bad bundle is refused before any worker starts
     annotations = require_annotations(args.annotations, split=args.split or None, source=args.source)
     out = Path(args.out)
@@ -31,6 +31,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         return _bench(tasks, Path(args.bundle), out)
     claim_output(out, bundle.model_identity, bundle.fps)  # before a trace of another model counts as finished
     todo = [t for t in tasks if not finished(out, t)]
+    workers, threads = (ray_actors, ray_threads) if args.ray else _pool_size(args, len(todo))
     where = (f"Ray ({args.ray if args.ray != LOCAL_RAY else 'a local instance'}), {threads} thread(s) per actor"
              if args.ray else f"{workers} worker process(es) x {threads} ONNX Runtime thread(s)")
     print(f"{len(tasks)} streams ({len(annotations)} queries) in {args.annotations}; {len(tasks) - len(todo)} already "
@@ -48,10 +49,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def _check_score_args(args: argparse.Namespace) -> tuple[int, int]:
-    """(workers, ORT threads per worker), conflicts resolved with a warning, mistakes refused up front."""
-    from sdqes_edge.runtime.cores import usable_cores
-
-    cores = usable_cores()
+    """With --ray, (actors (0: as many as the cluster's CPUs allow), ORT threads per actor); conflicts resolved with
+    a warning, mistakes refused up front."""
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
     if args.ray:
@@ -65,8 +64,27 @@ def _check_score_args(args: argparse.Namespace) -> tuple[int, int]:
     if args.shared_bundle or args.ray_actors:
         print(f"{PROG}: warning: --shared-bundle and --ray-actors only apply with --ray; ignoring them",
               file=sys.stderr)
+    return 0, 0
+
+
+def _pool_size(args: argparse.Namespace, streams: int) -> tuple[int, int]:
+    """(worker processes, ONNX Runtime threads each) of the local pool: at most one worker per core and per stream
+    to score, since each holds a loaded bundle (64 workers on 2 cores loaded 64 bundles, 600 MB each at ViT-B/16,
+    to take turns on the cores); the cores shared out among the workers unless --threads says."""
+    from sdqes_edge.runtime.cores import checked_threads, usable_cores
+
+    cores = usable_cores()
     workers = args.workers or cores
-    return workers, args.threads or max(1, cores // workers)
+    if workers > cores:
+        print(f"{PROG}: warning: --workers {workers} on {cores} usable core(s): each worker holds a loaded bundle and "
+              f"more would only take turns; using {cores}", file=sys.stderr)
+        workers = cores
+    workers = max(1, min(workers, streams))
+    threads = checked_threads(args.threads) or max(1, cores // workers)  # said once here, not by every worker
+    if workers * threads > cores:
+        print(f"{PROG}: warning: {workers} workers x {threads} threads is more than the {cores} usable core(s): they "
+              "will take turns; lower --threads (default: the cores shared out among the workers)", file=sys.stderr)
+    return workers, threads
 
 
 def _score(todo: list, bundle: Path, out: Path, workers: int, threads: int, args: argparse.Namespace) -> list:
