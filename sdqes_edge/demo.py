@@ -32,6 +32,9 @@ from sdqes_edge.traces import load_scores
 DEMO_BUNDLE = Path(__file__).resolve().parent / "data" / "demo_bundle"
 DEMO_SECONDS = 60.0
 DEMO_VIDEO_FPS = 2.0  # the video is drawn at 2 fps; the runtime samples it at the bundle's 1 fps
+# What a demo writes in its folder; a run replaces the files of the demo before it there.
+DEMO_OUTPUTS = ("stream.avi", "annotated.avi", "alerts.jsonl", "scores.npz", "summary.json", "scores.png")
+SUMMARY_NAME = "summary.json"
 
 
 @dataclass
@@ -104,7 +107,7 @@ def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE
         raise UserError(f"the demo bundle is missing at {bundle}; reinstall sdqes-edge, or make one with "
                         f"`{next_command} train` and `{next_command} export --checkpoint ... --out DIR` and pass "
                         "--bundle DIR")
-    out.mkdir(parents=True, exist_ok=True)
+    _claim_folder(out)
     stream = generate_stream(seed, DEMO_SECONDS, DEMO_VIDEO_FPS, uid=f"demo-seed{seed}")
     video = write_video(out / "stream.avi", stream)
     detector = StreamingDetector(bundle, precision=precision, threads=threads)
@@ -123,7 +126,7 @@ def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE
     summary = {"seed": seed, "bundle": str(bundle), "precision": precision, **summary, "alert_policy": policy_words,
                "outcomes": [{"kind": o.kind, "query": o.query, "start_time": o.start_time, "alerts": o.alerts,
                              "hit": o.hit(), "false_alerts": o.false_alerts} for o in outcomes.values()]}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
     files = [video, out / "annotated.avi", out / "alerts.jsonl", out / "scores.npz", out / "summary.json"]
     print("wrote " + ", ".join(str(f) for f in files + ([plot] if plot else []))
           + ("" if plot else " (no scores.png: pip install matplotlib)"))
@@ -131,6 +134,26 @@ def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE
     print(f"\nnext: {next_command} run {bundle} --source {video} --query 'Tell me when the lamp turns on.' "
           f"--annotate {out}/mine.avi   (your own query)")
     return summary
+
+
+def _claim_folder(out: Path) -> None:
+    """Make ``out`` the demo's: a new or empty folder, or one an earlier demo wrote, whose outputs this run
+    replaces. The alert log is appended to by its sink, so a second demo in one folder logged both runs' alerts;
+    a folder of the user's own that holds a file of a demo output's name is refused rather than written over."""
+    taken = [name for name in DEMO_OUTPUTS if (out / name).exists()]
+    if taken and not _is_demo_summary(out / SUMMARY_NAME):
+        raise UserError(f"--out {out} already holds {', '.join(taken)}, not from an earlier demo; the demo would "
+                        f"write over {'it' if len(taken) == 1 else 'them'}: give a new folder (default sdqes-demo)")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "alerts.jsonl").unlink(missing_ok=True)  # the earlier demo's: this run's log holds this run alone
+
+
+def _is_demo_summary(path: Path) -> bool:
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and {"seed", "bundle", "outcomes"} <= summary.keys()
 
 
 def _describe(detector: StreamingDetector, video: Path, seed: int) -> str:

@@ -85,6 +85,24 @@ def test_bad_demo_arguments_are_one_line_and_exit_2(tmp_path):
     assert (tmp_path / "file").read_text() == "mine"
 
 
+def test_a_second_demo_in_its_folder_replaces_the_first_and_a_folder_of_the_users_own_is_left_alone(tmp_path):
+    """The alert log is appended to: a second demo in one folder logged both runs' alerts, and a user's own
+    alerts.jsonl in --out got the demo's appended to it (and their stream.avi was written over)."""
+    for _ in range(2):
+        assert run_cli("demo", "--out", str(tmp_path / "demo")).returncode == 0
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    logged = (tmp_path / "demo" / "alerts.jsonl").read_text().splitlines()
+    assert len(logged) == sum(len(o["alerts"]) for o in summary["outcomes"])  # this run's alerts alone
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "alerts.jsonl").write_text("mine\n")
+    done = run_cli("demo", "--out", str(tmp_path / "mine"))
+    assert done.returncode == 2 and done.stderr.strip().endswith(
+        "already holds alerts.jsonl, not from an earlier demo; the demo would write over it: give a new folder "
+        "(default sdqes-demo)")
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["alerts.jsonl"]
+    assert (tmp_path / "mine" / "alerts.jsonl").read_text() == "mine\n"
+
+
 def test_a_seed_from_a_training_split_is_run_with_a_warning(tmp_path):
     done = run_cli("demo", "--seed", "100003", "--out", str(tmp_path / "demo"))
     assert done.returncode == 0, done.stderr
