@@ -193,3 +193,19 @@ def test_the_export_printed_after_accuracy_names_a_checkpoint_the_run_wrote(tmp_
     command = done.stdout.strip().splitlines()[-1].split()
     checkpoint = Path(command[command.index("--checkpoint") + 1])
     assert checkpoint == tmp_path / "runs" / "st-seed3" / "synthetic+st.pt" and checkpoint.is_file()
+
+
+def test_a_second_training_of_the_same_model_into_its_folder_is_refused_rather_than_replacing_the_first(tmp_path):
+    """Checkpoints are named for their model, not their seed: `train --seed 1` after `train --seed 0` into the
+    default --out replaced the seed-0 model without a word."""
+    first = tmp_path / "synthetic+qrnn.pt"
+    first.write_bytes(b"the seed-0 model")
+    first.with_suffix(".record.json").write_text(json.dumps({"command": "sdqes-edge train --adapter qrnn --seed 0"}))
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "train", "--seed", "1", "--train-streams", "3",
+                           "--val-streams", "2", "--test-streams", "2", "--stream-seconds", "20", "--window", "8",
+                           "--batch", "2", "--steps", "1", "--warmup-steps", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"sdqes-edge: error: {first} exists, made by `sdqes-edge train --adapter qrnn --seed 0`; give another --out "
+        f"(e.g. {tmp_path}-2) to keep it, or delete it to train that model again")
+    assert first.read_bytes() == b"the seed-0 model"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     options = train_options_from_args(args)
     out = Path(args.out)
+    _refuse_overwriting_a_model(out / f"{options.model_config().name}.pt")
     print(f"training {options.model_config().name} (seed {options.seed}) for {options.steps} steps on "
           f"{options.train_streams} synthetic streams; validation {options.val_streams}, test {options.test_streams}")
     result = train(options, out, progress=lambda it, desc: tqdm(it, desc=desc, mininterval=2, leave=False))
@@ -85,6 +87,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"\nnext: {PROG} export --checkpoint {result.checkpoint} --threshold {result.record['threshold']:.4f} "
           f"--out bundles/{result.checkpoint.stem}")
     return 0
+
+
+def _refuse_overwriting_a_model(checkpoint: Path) -> None:
+    """A checkpoint is named for its model, not its seed or settings: a second `train` of the same kind into the
+    default --out replaced the first model without a word."""
+    if not checkpoint.exists():
+        return
+    try:
+        made_by = f", made by `{json.loads(checkpoint.with_suffix('.record.json').read_text())['command']}`"
+    except (OSError, ValueError, KeyError, TypeError):
+        made_by = ""
+    raise UserError(f"{checkpoint} exists{made_by}; give another --out (e.g. {checkpoint.parent}-2) to keep it, or "
+                    "delete it to train that model again")
 
 
 def _add_train_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
