@@ -95,6 +95,7 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
         ("eval: a folder given as the annotations", ["eval", "--annotations", str(t), "--baseline", "oracle"]),
         ("eval: a negative --seed", ["eval", "--annotations", str(t / "a.csv"), "--baseline", "random", "--seed",
                                      "-1"]),
+        ("demo: --out is a folder of the user's own holding an alerts.jsonl", ["demo", "--out", str(t / "mine")]),
         ("synth: streams too short for every event to start in them", ["synth", "--out", str(t / "s"), "--seconds",
                                                                         "10"]),
         ("train: a negative --seed", ["train", "--seed", "-1", "--out", str(t / "x")]),
@@ -149,6 +150,8 @@ def prepare(t: Path) -> Path:
     header = "split,source,video_uid,query,response,label,video_start_time,video_fps,video_length"
     (t / "badrow.csv").write_text(f"{header}\ntrain,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
                                   f"train,moments,v1,{Q},Wash!,cook,1:05,30,900\n")
+    (t / "mine").mkdir()
+    (t / "mine" / "alerts.jsonl").write_text("{}\n")
     (t / "semicolons.csv").write_text(header.replace(",", ";") + "\n")
     (t / "splits.csv").write_text(f"{header}\nval,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
                                   f"test,moments,v2,{Q},Wash!,cook,12.5,30,900\n")
