@@ -11,6 +11,8 @@ run_dir=${1:-runs/demo}
 sdqes=.venv/bin/sdqes-edge
 [ -x "$sdqes" ] || { echo "make_demo_bundle: run scripts/setup.sh first" >&2; exit 2; }
 
+# From nothing: an earlier run's model in RUN_DIR is trained again (train itself refuses to replace a checkpoint).
+rm -f "$run_dir/synthetic+qrnn.pt" "$run_dir/synthetic+qrnn.record.json"
 "$sdqes" train --adapter qrnn --seed 0 --out "$run_dir"
 record="$run_dir/synthetic+qrnn.record.json"
 threshold=$(.venv/bin/python -c "import json, sys; print(json.load(open(sys.argv[1]))['threshold'])" "$record")
