@@ -39,6 +39,7 @@ class StreamTask:
     stream: str  # the trace's stream name: the annotations' video_uid (what `eval` matches traces by)
     video: str | None  # the file found for it; None when the folder has none
     queries: tuple[tuple[str, str], ...]  # (query, alert message), in annotation order, each text once
+    clip_only: str | None = None  # where the video is missing: a file of one of its clips that the folder holds
 
 
 @dataclass
@@ -51,7 +52,11 @@ class StreamOutcome:
 
 
 def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask]:
-    """One task per video of the annotations, its file found by video_uid, then clip_uid, as the file's stem."""
+    """One task per video of the annotations, its file found by video_uid as the file's stem.
+
+    Never a clip file in its place (named by clip_uid): EgoSDQES times every event from the start of the whole
+    video, and a clip starts part-way into it, by an offset the annotations do not hold; streamed as the video,
+    every event start was off by it and the scores silently wrong. Such a clip is named in the stream's failure."""
     problem = path_problem(videos, "folder")
     if problem:
         raise UserError(f"video folder {videos} {problem}; give the folder that holds the annotated videos")
@@ -61,11 +66,13 @@ def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask
             files.setdefault(path.stem, path)
     tasks = []
     for uid, group in by_video(annotations).items():
-        found = files.get(uid) or next((files[a.clip_uid] for a in group if a.clip_uid in files), None)
+        found = files.get(uid)
+        clip = None if found else next((files[a.clip_uid] for a in group if a.clip_uid in files), None)
         queries: dict[str, str] = {}
         for a in group:
             queries.setdefault(a.query, a.response)
-        tasks.append(StreamTask(uid, str(found) if found else None, tuple(queries.items())))
+        tasks.append(StreamTask(uid, str(found) if found else None, tuple(queries.items()),
+                                str(clip) if clip else None))
     return tasks
 
 
@@ -120,8 +127,10 @@ class StreamScorer:
         """The stream's trace, as ``sdqes-edge run VIDEO --query ... --scores`` records it; a failure as a line."""
         started = time.perf_counter()
         if task.video is None:
-            return StreamOutcome(task.stream, None, error=f"no video named {task.stream}.* (or its clip_uid) in the "
-                                                          "video folder")
+            clip = (f", only {Path(task.clip_only).name}, one of its clips: the annotations time events from the "
+                    "start of the whole video and a clip starts part-way into it; give the full-scale videos (Ego4D: "
+                    "v2/full_scale)") if task.clip_only else ""
+            return StreamOutcome(task.stream, None, error=f"no video named {task.stream}.* in the video folder{clip}")
         try:
             trace, frames = self._trace(task)
         except Exception as exc:  # noqa: BLE001  (any failure of one video is reported; the rest carry on)

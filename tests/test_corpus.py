@@ -173,6 +173,25 @@ def test_a_corrupt_and_a_missing_video_are_named_and_the_rest_is_scored(corpus, 
     assert_same_traces(per_stream_traces, tmp_path / "out", [good, *rest])
 
 
+def test_a_clip_of_a_video_is_never_streamed_as_the_video_and_its_failure_names_it(corpus, tmp_path):
+    """EgoSDQES times events from the start of the whole video; a clip starts part-way into it. A folder of clip
+    files was streamed as the videos (found by clip_uid), every event start off by the clip's offset, silently."""
+    from sdqes_edge.corpus import plan_streams
+
+    first = uids(corpus)[0]
+    annotations = tmp_path / "annotations.csv"
+    annotations.write_text((corpus / "annotations.csv").read_text().replace(f"{first},{first},", f"{first},clip-a,"))
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips" / "clip-a.avi").write_bytes((corpus / "videos" / f"{first}.avi").read_bytes())
+    task = next(t for t in plan_streams(load_annotations(str(annotations)), tmp_path / "clips") if t.stream == first)
+    assert task.video is None and task.clip_only == str(tmp_path / "clips" / "clip-a.avi")
+    done = cli("score", str(DEMO_BUNDLE), "--annotations", str(annotations), "--videos", str(tmp_path / "clips"),
+               "--out", str(tmp_path / "out"), "--quiet", "--workers", "1")
+    failures = {f["stream"]: f["error"] for f in json.loads((tmp_path / "out" / "failures.json").read_text())}
+    assert done.returncode == 1 and failures[first].startswith(
+        f"no video named {first}.* in the video folder, only clip-a.avi, one of its clips: the annotations time")
+
+
 def test_an_interrupted_run_resumes_and_a_half_written_trace_never_counts(corpus, per_stream_traces, tmp_path):
     out = tmp_path / "out"
     process = subprocess.Popen([sys.executable, "-m", "sdqes_edge.cli", "score", str(DEMO_BUNDLE), "--annotations",

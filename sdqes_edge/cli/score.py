@@ -178,7 +178,7 @@ def _report(out: Path, tasks: list, annotations: list, threshold: float) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     score = add_subcommand(
         sub, "score", "score a bundle over an annotated video corpus (every core, or a Ray cluster), then SR/SMD",
-        "Find each annotated video in a folder (by video_uid, else clip_uid, as the file name without suffix), "
+        "Find each annotated video in a folder (by video_uid, as the file name without suffix; not a clip of it), "
         "stream it through the bundle with every query the annotations ask of it (one pass through the image "
         "tower per video), write one score trace per stream as `run --scores` does, then report SR@k/SMD@k as "
         "`eval` does. Runs on every core of this machine by default (worker processes, each with one loaded "
