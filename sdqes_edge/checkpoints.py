@@ -86,9 +86,28 @@ def _safe_load(path: str) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise UserError(
-            f"cannot read checkpoint {path}: {_essential_line(exc)}; expected a file written by torch.save "
+            f"cannot read checkpoint {path}: {_other_kind(path) or _essential_line(exc)}; expected a file written "
+            "by torch.save "
             "(a state dict or a Lightning/open_clip checkpoint) or an OpenAI CLIP TorchScript archive"
         ) from None
+
+
+def _other_kind(path: str | os.PathLike) -> str | None:
+    """What a file given as a checkpoint is instead, where that is plain: torch's own words for a NumPy archive
+    ("[enforce fail at inline_container.cc:180]") or a CSV ("pop from empty list") told nobody."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+            if names and all(name.endswith(".npy") for name in names):
+                return "it is a NumPy .npz archive (a state snapshot or a score trace?), not a checkpoint"
+            return None
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+        head.decode("utf-8")
+    except (OSError, zipfile.BadZipFile, UnicodeDecodeError):
+        return None
+    return "it is a text file, not a checkpoint" if head else "it is empty"
 
 
 def _essential_line(exc: Exception) -> str:

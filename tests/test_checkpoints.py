@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections import OrderedDict
 
 import pytest
@@ -168,8 +169,23 @@ def test_a_damaged_checkpoint_is_named_in_one_sentence_without_torchs_advice(dam
     with pytest.raises(UserError) as refused:
         read_checkpoint(str(damaged))
     message = str(refused.value)
-    assert "\n" not in message and "truncated or corrupt" in message
+    assert "\n" not in message and ("truncated or corrupt" if damage == "truncated" else "it is a text file") in message
     assert "miniz" not in message and "(101)" not in message
+
+
+def test_a_file_of_another_kind_given_as_a_checkpoint_is_named_for_what_it_is(tmp_path):
+    """torch answered a NumPy archive with "[enforce fail at inline_container.cc:180]" and a CSV with "pop from
+    empty list", then guessed the file was corrupt."""
+    import numpy as np
+
+    np.savez(tmp_path / "state.npz", x=np.zeros(3))
+    (tmp_path / "annotations.csv").write_text("split,source,video_uid\nval,moments,v1\n")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    for name, says in (("state.npz", "it is a NumPy .npz archive (a state snapshot or a score trace?), not a "
+                                     "checkpoint;"),
+                       ("annotations.csv", "it is a text file, not a checkpoint;"), ("empty.pt", "it is empty;")):
+        with pytest.raises(UserError, match=re.escape(f"cannot read checkpoint {tmp_path / name}: {says}")):
+            read_checkpoint(str(tmp_path / name))
 
 
 class RunsCode:
