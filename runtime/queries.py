@@ -20,15 +20,10 @@ from sdqes_edge.contract import TOKEN_INPUT
 from sdqes_edge.errors import UserError
 from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
+from sdqes_edge.traces import query_key
 
 from .alerts import AlertPolicy
 from .onnxruntime_backend import load_refusal, session_options
-
-
-def _same_key(text: str) -> str:
-    """A query's text with case and spacing aside, as CLIP's tokenizer reads it (its full cleaning, ftfy, would
-    triple the set-up time of a bundle of 10,000 queries)."""
-    return " ".join(text.split()).lower()
 
 
 class DuplicateQueryWarning(UserWarning):
@@ -100,7 +95,9 @@ class QueryBank:
         self.queries: dict[str, Query] = {}
         self._matrix: np.ndarray | None = None
         self._ids = (f"q{i}" for i in itertools.count(1))
-        self._same: dict[tuple, list[str]] = {}  # (_same_key, the policy) -> the active ids asking it
+        # (query_key, the policy) -> the active ids asking it. Not CLIP's full cleaning (ftfy): that tripled the
+        # set-up time of a bundle of 10,000 queries.
+        self._same: dict[tuple, list[str]] = {}
 
     def add(self, text: str, policy: AlertPolicy, message: str | None = None, query_id: str | None = None,
             stream_time: float = 0.0) -> Query:
@@ -111,7 +108,7 @@ class QueryBank:
         query_id = query_id or next(self._ids)
         if query_id in self.queries:
             raise UserError(f"query id {query_id!r} is already in use; remove it first or pick another id")
-        same = self._same.setdefault((_same_key(text), dataclasses.astuple(policy)), [])
+        same = self._same.setdefault((query_key(text), dataclasses.astuple(policy)), [])
         if same:  # a client that re-adds its queries on every reconnect doubles every alert
             warnings.warn(f"the query {text!r} is already active as {same[0]} under the same alert policy: each event "
                           f"will alert twice; keep the first one's id, or remove_query({same[0]!r}) before adding it "
@@ -126,7 +123,7 @@ class QueryBank:
         if query_id not in self.queries:
             raise UserError(f"no query with id {query_id!r}; active ids: {', '.join(self.queries) or 'none'}")
         query = self.queries.pop(query_id)
-        self._same[(_same_key(query.text), dataclasses.astuple(query.policy))].remove(query_id)
+        self._same[(query_key(query.text), dataclasses.astuple(query.policy))].remove(query_id)
         self._matrix = None
 
     @property

@@ -27,14 +27,10 @@ from .metrics import (
     predictions,
     window_name,
 )
-from .traces import StreamScores
+from .traces import StreamScores, query_key
 
 # A label needs this many calibration queries for a threshold of its own; fewer fall back to the global one.
 MIN_QUERIES_PER_LABEL = 5
-
-
-def _query_key(text: str) -> str:
-    return " ".join(text.split()).lower()
 
 
 @dataclass
@@ -50,11 +46,11 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
     columns: dict[tuple[str, str], tuple[StreamScores, int]] = {}
     for s in streams:
         for q, text in enumerate(s.query_texts):
-            columns[(s.stream, _query_key(text))] = (s, q)
+            columns[(s.stream, query_key(text))] = (s, q)
     matched = Matched([], [])
     used = set()
     for a in annotations:
-        key = (a.video_uid, _query_key(a.query))
+        key = (a.video_uid, query_key(a.query))
         if key not in columns:
             matched.missing.append(a)
             continue

@@ -37,6 +37,12 @@ TRACE_SUFFIX = ".npz"
 CHUNK_PATTERN = re.compile(r"^(?P<base>.+)\.part-(?P<number>\d{6})\.npz$")
 
 
+def query_key(text: str) -> str:
+    """A query's text as queries are told apart, case and spacing aside: a trace's column against an annotation
+    (``evaluation.match_traces``), a query against the active ones (the runtime's duplicate check)."""
+    return " ".join(text.split()).lower()
+
+
 @dataclass
 class StreamScores:
     stream: str
