@@ -91,8 +91,9 @@ class Calibration:
 
 
 def calibrate_thresholds(traces: list[ScoreTrace], labels: list[str], per_label: bool) -> Calibration:
-    threshold, sweep = calibrate(traces)
-    result = Calibration(threshold, sweep, per_metric=calibrate_per_metric(traces))
+    threshold, sweep = calibrate(traces)  # the first window's: the paper's protocol starts from it
+    result = Calibration(threshold, sweep, per_metric=calibrate_per_metric(
+        traces, known={window_name(TOLERANCE_WINDOWS[0]): threshold}))
     if per_label:
         groups: dict[str, list[ScoreTrace]] = defaultdict(list)
         for trace, label in zip(traces, labels):

@@ -177,11 +177,15 @@ def first_reach_distance(trace: ScoreTrace, threshold: float) -> int:
     return abs(asked + int(np.argmax(reached)) - frame_at_or_after(trace.start_time, trace.fps))
 
 
-def calibrate_per_metric(traces: list[ScoreTrace], count: int = THRESHOLD_CANDIDATES) -> dict[str, float]:
+def calibrate_per_metric(traces: list[ScoreTrace], count: int = THRESHOLD_CANDIDATES,
+                         known: dict[str, float] | None = None) -> dict[str, float]:
     """The thresholds of the paper's protocol, each among the same candidates (ties: the lowest): per tolerance
     window, the best SR@1 in that window; for SMD, the smallest mean ``first_reach_distance``. Window name or
-    ``SMD_METRIC`` -> threshold."""
-    chosen = {window_name(w): calibrate(traces, count, w)[0] for w in TOLERANCE_WINDOWS}
+    ``SMD_METRIC`` -> threshold. ``known``: windows whose threshold the caller has already calibrated."""
+    chosen = dict(known or {})
+    for window in TOLERANCE_WINDOWS:
+        if window_name(window) not in chosen:
+            chosen[window_name(window)] = calibrate(traces, count, window)[0]
     scored = [t for t in traces if is_scorable(t)]
     candidates = [float(c) for c in threshold_candidates(traces, count)]
     mean_distance = [np.mean([first_reach_distance(t, c) for t in scored]) if scored else 0.0 for c in candidates]
