@@ -22,7 +22,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from sdqes_edge.corpus import claim_output, finished, plan_streams
     from sdqes_edge.runtime.bundle import load_bundle
 
-    ray_actors, ray_threads = _check_score_args(args)
+    _check_score_args(args)
     bundle = load_bundle(args.bundle)  # a bad bundle is refused before any worker starts
     annotations = require_annotations(args.annotations, split=args.split or None, source=args.source)
     out = Path(args.out)
@@ -31,7 +31,8 @@ def cmd_score(args: argparse.Namespace) -> int:
         return _bench(tasks, Path(args.bundle), out)
     claim_output(out, bundle.model_identity, bundle.fps)  # before a trace of another model counts as finished
     todo = [t for t in tasks if not finished(out, t)]
-    workers, threads = (ray_actors, ray_threads) if args.ray else _pool_size(args, len(todo))
+    # With --ray: the actors (0: as many as the cluster's CPUs allow) and ORT threads per actor.
+    workers, threads = (args.ray_actors or 0, args.threads or 1) if args.ray else _pool_size(args, len(todo))
     where = (f"Ray ({args.ray if args.ray != LOCAL_RAY else 'a local instance'}), {threads} thread(s) per actor"
              if args.ray else f"{workers} worker process(es) x {threads} ONNX Runtime thread(s)")
     print(f"{len(tasks)} streams ({len(annotations)} queries) in {args.annotations}; {len(tasks) - len(todo)} already "
@@ -48,9 +49,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     return code
 
 
-def _check_score_args(args: argparse.Namespace) -> tuple[int, int]:
-    """With --ray, (actors (0: as many as the cluster's CPUs allow), ORT threads per actor); conflicts resolved with
-    a warning, mistakes refused up front."""
+def _check_score_args(args: argparse.Namespace) -> None:
+    """Conflicts resolved with a warning, mistakes refused up front."""
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
     if args.ray:
@@ -60,11 +60,9 @@ def _check_score_args(args: argparse.Namespace) -> tuple[int, int]:
         if args.workers is not None:
             print(f"{PROG}: warning: --workers is for the local pool; with --ray each actor is one worker "
                   "(--ray-actors sets how many)", file=sys.stderr)
-        return args.ray_actors or 0, args.threads or 1
-    if args.shared_bundle or args.ray_actors:
+    elif args.shared_bundle or args.ray_actors:
         print(f"{PROG}: warning: --shared-bundle and --ray-actors only apply with --ray; ignoring them",
               file=sys.stderr)
-    return 0, 0
 
 
 def _pool_size(args: argparse.Namespace, streams: int) -> tuple[int, int]:
