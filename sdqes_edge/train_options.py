@@ -63,9 +63,10 @@ class TrainOptions:
     def check(self) -> "TrainOptions":
         from .synthetic import stream_length_problem  # numpy: the command line's parsers import this module
 
-        problems = [f"--{name.replace('_', '-')} must be positive, not {getattr(self, name)}"  # NaN too
-                    for name in ("fps", "stream_seconds", "lr", "pos_weight", "grad_clip")  # a negative norm bound
-                    if getattr(self, name) is not None and not getattr(self, name) > 0]  # would flip every gradient
+        # "not > 0" refuses NaN too; a negative --grad-clip (a norm bound) would flip every gradient.
+        problems = [f"--{name.replace('_', '-')} must be positive, not {getattr(self, name)}"
+                    for name in ("fps", "stream_seconds", "lr", "pos_weight", "grad_clip")
+                    if getattr(self, name) is not None and not getattr(self, name) > 0]
         positive = self.fps > 0 and self.stream_seconds > 0
         if positive and (too_short := stream_length_problem(self.stream_seconds, self.fps)):
             problems.append(f"{too_short}; raise --stream-seconds or --fps")
