@@ -33,8 +33,9 @@ DEMO_BUNDLE = Path(__file__).resolve().parent / "data" / "demo_bundle"
 DEMO_SECONDS = 60.0
 DEMO_VIDEO_FPS = 2.0  # the video is drawn at 2 fps; the runtime samples it at the bundle's 1 fps
 # What a demo writes in its folder; a run replaces the files of the demo before it there.
-DEMO_OUTPUTS = ("stream.avi", "annotated.avi", "alerts.jsonl", "scores.npz", "summary.json", "scores.png")
-SUMMARY_NAME = "summary.json"
+STREAM_VIDEO, ANNOTATED_VIDEO, ALERT_LOG = "stream.avi", "annotated.avi", "alerts.jsonl"
+SCORE_TRACE, SCORE_PLOT, SUMMARY_NAME = "scores.npz", "scores.png", "summary.json"
+DEMO_OUTPUTS = (STREAM_VIDEO, ANNOTATED_VIDEO, ALERT_LOG, SCORE_TRACE, SUMMARY_NAME, SCORE_PLOT)
 
 
 @dataclass
@@ -109,7 +110,7 @@ def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE
                         "--bundle DIR")
     _claim_folder(out)
     stream = generate_stream(seed, DEMO_SECONDS, DEMO_VIDEO_FPS, uid=f"demo-seed{seed}")
-    video = write_video(out / "stream.avi", stream)
+    video = write_video(out / STREAM_VIDEO, stream)
     detector = StreamingDetector(bundle, precision=precision, threads=threads)
     policy_words = _describe(detector, video, seed)
     outcomes = _add_queries(detector, stream)
@@ -121,13 +122,13 @@ def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE
     finally:
         detector.close()
     summary = _report(list(outcomes.values()), stats)
-    plot = plot_scores(out / "scores.png", load_scores(out / "scores.npz"), list(outcomes.values()),
+    plot = plot_scores(out / SCORE_PLOT, load_scores(out / SCORE_TRACE), list(outcomes.values()),
                        float(detector.bundle.default_threshold))
     summary = {"seed": seed, "bundle": str(bundle), "precision": precision, **summary, "alert_policy": policy_words,
                "outcomes": [{"kind": o.kind, "query": o.query, "start_time": o.start_time, "alerts": o.alerts,
                              "hit": o.hit(), "false_alerts": o.false_alerts} for o in outcomes.values()]}
     (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
-    files = [video, out / "annotated.avi", out / "alerts.jsonl", out / "scores.npz", out / "summary.json"]
+    files = [video, *(out / name for name in (ANNOTATED_VIDEO, ALERT_LOG, SCORE_TRACE, SUMMARY_NAME))]
     print("wrote " + ", ".join(str(f) for f in files + ([plot] if plot else []))
           + ("" if plot else " (no scores.png: pip install matplotlib)"))
     print(f"done in {time.perf_counter() - started:.1f} s")
@@ -145,7 +146,7 @@ def _claim_folder(out: Path) -> None:
         raise UserError(f"--out {out} already holds {', '.join(taken)}, not from an earlier demo; the demo would "
                         f"write over {'it' if len(taken) == 1 else 'them'}: give a new folder (default sdqes-demo)")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "alerts.jsonl").unlink(missing_ok=True)  # the earlier demo's: this run's log holds this run alone
+    (out / ALERT_LOG).unlink(missing_ok=True)  # the earlier demo's: this run's log holds this run alone
 
 
 def _is_demo_summary(path: Path) -> bool:
@@ -189,9 +190,9 @@ def _attach_sinks(detector: StreamingDetector, outcomes: dict[str, QueryOutcome]
               f"true start {outcome.start_time:5.1f} s ({event.stream_time - outcome.start_time:+.1f} s)")
 
     detector.add_sink(CallbackSink(on_alert))
-    detector.add_sink(JsonlSink(out / "alerts.jsonl"))
-    detector.add_sink(AnnotatedVideoSink(out / "annotated.avi", detector.fps, detector.thresholds))
-    detector.add_sink(ScoreTraceRecorder(out / "scores.npz", uid, detector.fps, model=detector.bundle.model_identity))
+    detector.add_sink(JsonlSink(out / ALERT_LOG))
+    detector.add_sink(AnnotatedVideoSink(out / ANNOTATED_VIDEO, detector.fps, detector.thresholds))
+    detector.add_sink(ScoreTraceRecorder(out / SCORE_TRACE, uid, detector.fps, model=detector.bundle.model_identity))
 
 
 def _report(results: list[QueryOutcome], stats: RunStats) -> dict:
