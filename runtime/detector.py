@@ -31,7 +31,7 @@ from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, score
 from .run_stats import RunStats
 from .sinks import AlertEvent, Sink
-from .snapshots import SavedAlert, Snapshot, StreamRecord, read_snapshot, snapshot_path, write_snapshot
+from .snapshots import SavedAlert, Snapshot, StreamRecord, policy_key, read_snapshot, snapshot_path, write_snapshot
 from .sources import Frame, FrameSource
 
 
@@ -54,8 +54,8 @@ class StreamSlot:
     pace: StreamPace | None = None  # its frame times against the model's rate (None: a model without state)
 
     def restore_alert(self, query_id: str, text: str) -> None:
-        """A query's alert state as the snapshot this stream was restored from left it for that text, if any."""
-        saved = self.resumed.alerts.get(text) if self.resumed else None
+        """A query's alert state as the snapshot this stream was restored from left it (``saved_alert``)."""
+        saved = self.resumed.saved_alert(text, self.alerts[query_id].policy) if self.resumed else None
         if saved is not None:
             saved.apply(self.alerts[query_id], self.time)
 
@@ -197,9 +197,9 @@ class StreamingDetector:
         if path.is_dir():  # numpy would write FOLDER.npz beside it
             raise UserError(f"{path} is a folder; give save_state a file path (e.g. {path / 'state.npz'})")
         path = check_output_file(snapshot_path(path), "save_state")  # a one-line error, not numpy's OSError
-        texts = {qid: q.text for qid, q in self.queries.queries.items()}
+        keys = {qid: (q.text, policy_key(q.policy)) for qid, q in self.queries.queries.items()}
         records = [StreamRecord(slot.frames, slot.time, slot.source, slot.position,
-                                {texts[qid]: SavedAlert.of(state, slot.time) for qid, state in slot.alerts.items()})
+                                {keys[qid]: SavedAlert.of(state, slot.time) for qid, state in slot.alerts.items()})
                    for slot in self.streams]
         return write_snapshot(path, Snapshot(self.bundle.model_identity, self.backend.state_to_numpy(self.state),
                                              records))

@@ -9,6 +9,8 @@ Beside the model's state it keeps, per stream, what a resumed run needs to go on
     stream_positions  int [S]      the sample index that source goes on at
     alert_texts       str [Q]      the queries whose alert states follow, by text (query ids are renumbered
                                    by each run; the same query asked again is the same text)
+    alert_policies    str [Q]      and by alert policy (``policy_key``): one text asked under two policies (an
+                                   early warning at 0.3, a confirmation at 0.8) has two alert states
     alert_active      bool [S, Q]  inside a run above threshold (hysteresis)
     alert_counts      int [S, Q]   alerts raised (max_alerts)
     alert_ages        float [S, Q] seconds from the last alert to the stream's last frame (cooldown); inf: none
@@ -16,13 +18,16 @@ Beside the model's state it keeps, per stream, what a resumed run needs to go on
 
 Without the alert states a restarted camera service alerted again at once for an event still going on, and a
 query limited to one alert raised a second. Snapshots written before these fields load as before: no source,
-no alert states.
+no alert states; those written before ``alert_policies`` restore each state by its text alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +35,7 @@ import numpy as np
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import npz_problem, path_problem, replaced_atomically
 
-from .alerts import AlertState
+from .alerts import AlertPolicy, AlertState
 
 STATE_PREFIX = "state/"
 SNAPSHOT_SUFFIX = ".npz"
@@ -42,6 +47,11 @@ def snapshot_path(path: str | Path) -> Path:
     ``load_state("run1")`` (and by ``load_state("run1.npz")``)."""
     path = Path(path)
     return path if path.suffix == SNAPSHOT_SUFFIX else path.with_name(path.name + SNAPSHOT_SUFFIX)
+
+
+def policy_key(policy: AlertPolicy) -> str:
+    """An alert policy as text that compares equal exactly when the policies do (every field, unrounded)."""
+    return json.dumps(dataclasses.astuple(policy))
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,23 @@ class StreamRecord:
     time: float = 0.0
     source: str = ""
     position: int = 0
-    alerts: dict[str, SavedAlert] = field(default_factory=dict)  # query text -> its alert state
+    alerts: dict[tuple[str, str], SavedAlert] = field(default_factory=dict)  # (text, policy_key) -> its state
+
+    def saved_alert(self, text: str, policy: AlertPolicy) -> SavedAlert | None:
+        """The state saved for this text under this policy; else the text's only saved state (its policy retuned
+        between runs, or a snapshot from before policies were kept); else none (several, none of this policy)."""
+        exact = self.alerts.get((text, policy_key(policy)))
+        if exact is not None:
+            return exact
+        same_text = self._by_text.get(text, [])
+        return same_text[0] if len(same_text) == 1 else None
+
+    @cached_property
+    def _by_text(self) -> dict[str, list[SavedAlert]]:  # a dict, not a scan: bundles hold 10,000 queries
+        by_text: dict[str, list[SavedAlert]] = {}
+        for (text, _), saved in self.alerts.items():
+            by_text.setdefault(text, []).append(saved)
+        return by_text
 
 
 @dataclass
@@ -81,8 +107,8 @@ class Snapshot:
 
 def write_snapshot(path: Path, snapshot: Snapshot) -> Path:
     """Atomically: a run stopped by a second signal mid-write keeps the snapshot it had."""
-    texts = sorted({text for record in snapshot.streams for text in record.alerts})
-    alerts = [[record.alerts.get(text) for text in texts] for record in snapshot.streams]
+    keys = sorted({key for record in snapshot.streams for key in record.alerts})
+    alerts = [[record.alerts.get(key) for key in keys] for record in snapshot.streams]
     arrays = {f"{STATE_PREFIX}{k}": v for k, v in snapshot.state.items()}
     with replaced_atomically(path) as partial, open(partial, "wb") as fh:  # a handle: numpy adds no suffix
         np.savez(fh, model_identity=np.asarray(snapshot.model_identity),
@@ -90,7 +116,8 @@ def write_snapshot(path: Path, snapshot: Snapshot) -> Path:
                  stream_times=np.array([r.time for r in snapshot.streams], np.float64),
                  stream_sources=np.array([r.source for r in snapshot.streams], dtype=str),
                  stream_positions=np.array([r.position for r in snapshot.streams], np.int64),
-                 alert_texts=np.array(texts, dtype=str).reshape(len(texts)),
+                 alert_texts=np.array([text for text, _ in keys], dtype=str).reshape(len(keys)),
+                 alert_policies=np.array([policy for _, policy in keys], dtype=str).reshape(len(keys)),
                  alert_active=np.array([[bool(a and a.active) for a in row] for row in alerts], bool),
                  alert_counts=np.array([[a.count if a else 0 for a in row] for row in alerts], np.int64),
                  alert_ages=np.array([[a.age_s if a else math.inf for a in row] for row in alerts], np.float64),
@@ -119,9 +146,11 @@ def read_snapshot(path: str | Path) -> Snapshot:
 
 def _read_streams(data, streams: list[StreamRecord]) -> None:
     texts = [str(t) for t in data["alert_texts"]]
+    policies = [str(p) for p in data["alert_policies"]] if "alert_policies" in data.files else [""] * len(texts)
+    keys = list(zip(texts, policies))
     for s, record in enumerate(streams):
         record.time = float(data["stream_times"][s])
         record.source = str(data["stream_sources"][s])
         record.position = int(data["stream_positions"][s])
-        record.alerts = {text: SavedAlert(bool(data["alert_active"][s, q]), int(data["alert_counts"][s, q]),
-                                          float(data["alert_ages"][s, q])) for q, text in enumerate(texts)}
+        record.alerts = {key: SavedAlert(bool(data["alert_active"][s, q]), int(data["alert_counts"][s, q]),
+                                         float(data["alert_ages"][s, q])) for q, key in enumerate(keys)}

@@ -1,5 +1,6 @@
 """What a model writes belongs to that model. State snapshots (`run --save-state` / `--resume`) resume it at any
-precision, and a snapshot of another model whose state has the same shapes is refused rather than taken silently.
+precision, and a snapshot of another model whose state has the same shapes is refused rather than taken silently;
+each query's alert state comes back to the query of its text and its alert policy.
 Score traces name their model, so `eval --write-threshold` never calibrates one model's bundle on another's scores.
 Exports of a preset are repeatable: the same --seed gives the same weights."""
 
@@ -101,3 +102,41 @@ def test_score_traces_name_their_model_and_a_threshold_is_never_calibrated_on_an
     (tmp_path / "seed1" / "v1.npz").rename(tmp_path / "seed0" / "v2.npz")
     assert run([*calibrate, "--scores", str(tmp_path / "seed0")]) == 2
     assert "scored by 2 different models" in capsys.readouterr().err
+
+
+def test_one_query_asked_under_two_alert_policies_resumes_each_with_its_own_alert_state(two_models, tmp_path):
+    """An early warning (low threshold, one alert) and a confirmation (high threshold) of one text: the snapshot
+    kept one state per text, so on resume both took the confirmation's, and the early warning, which had already
+    raised its one alert, raised it again."""
+    bundles, frames = two_models
+    text = "I start cooking"
+    early, confirmed = dict(threshold=0.01, max_alerts=1), dict(threshold=0.99)
+    detector = StreamingDetector(bundles["seed0"])
+    warning, _ = detector.add_query(text, **early), detector.add_query(text, **confirmed)
+    raised = [alert.query_id for frame in frames[:6] for alert in detector.step([frame])[0]]
+    assert raised == [warning.id]
+    snapshot = detector.save_state(tmp_path / "state.npz")
+    resumed = StreamingDetector(bundles["seed0"])
+    resumed.add_query(text, **confirmed)  # asked again in another order: matched by policy, not by position
+    resumed.add_query(text, **early)
+    resumed.load_state(snapshot)
+    assert [alert for frame in frames[6:] for alert in resumed.step([frame])[0]] == []
+    retuned = StreamingDetector(bundles["seed0"])
+    retuned.add_query(text, threshold=0.02, max_alerts=1)  # a policy the snapshot does not hold, of a text it holds
+    retuned.load_state(snapshot)  # twice: which one it was is unknown, so it starts afresh
+    assert len([alert for frame in frames[6:] for alert in retuned.step([frame])[0]]) == 1
+
+
+def test_a_snapshot_written_before_alert_policies_were_kept_restores_each_alert_state_by_its_text(two_models,
+                                                                                                  tmp_path):
+    bundles, frames = two_models
+    detector = StreamingDetector(bundles["seed0"])
+    detector.add_query(QUERY, threshold=0.01, max_alerts=1)
+    assert len(detector.step([frames[0]])[0]) == 1
+    with np.load(detector.save_state(tmp_path / "new.npz")) as saved:
+        older = {key: saved[key] for key in saved.files if key != "alert_policies"}
+    np.savez(tmp_path / "older.npz", **older)
+    resumed = StreamingDetector(bundles["seed0"])
+    resumed.add_query(QUERY, threshold=0.01, max_alerts=1)
+    resumed.load_state(tmp_path / "older.npz")
+    assert [alert for frame in frames[1:6] for alert in resumed.step([frame])[0]] == []  # its one alert kept
