@@ -15,6 +15,7 @@ inert placeholder whose code never runs.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import os
@@ -104,8 +105,10 @@ def _other_kind(path: str | os.PathLike) -> str | None:
             return None
         with open(path, "rb") as fh:
             head = fh.read(4096)
-        head.decode("utf-8")
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # the read may end inside a character
     except (OSError, zipfile.BadZipFile, UnicodeDecodeError):
+        return None
+    if b"\0" in head:  # control bytes are UTF-8 too; a NUL marks a binary file (as git and grep tell)
         return None
     return "it is a text file, not a checkpoint" if head else "it is empty"
 

@@ -188,6 +188,18 @@ def test_a_file_of_another_kind_given_as_a_checkpoint_is_named_for_what_it_is(tm
             read_checkpoint(str(tmp_path / name))
 
 
+def test_a_binary_file_is_not_called_text_and_a_text_file_cut_mid_character_still_is(tmp_path):
+    """Control bytes decode as UTF-8, so a binary file (a video, here) was named "a text file"; and the 4 KiB read
+    to tell could end inside a character, so a CSV with accents was not."""
+    (tmp_path / "clip.mp4").write_bytes(b"\x00\x01" * 100)
+    (tmp_path / "notes.csv").write_text("a" * 4095 + "é" * 10, encoding="utf-8")  # 4,096 bytes end inside é
+    with pytest.raises(UserError) as binary:
+        read_checkpoint(str(tmp_path / "clip.mp4"))
+    assert "text file" not in str(binary.value) and "\n" not in str(binary.value)
+    with pytest.raises(UserError, match="it is a text file, not a checkpoint;"):
+        read_checkpoint(str(tmp_path / "notes.csv"))
+
+
 class RunsCode:
     def __reduce__(self):
         return (os.system, ("touch should-never-exist",))
