@@ -21,7 +21,7 @@ import numpy as np
 
 from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import check_output_file
+from sdqes_edge.files import SNAPSHOT_EXAMPLE, check_output_file
 
 from .alerts import AlertPolicy, AlertState
 from .backend import BACKENDS, StepBackend, warm_up
@@ -195,8 +195,9 @@ class StreamingDetector:
         its frame count, time, source position and alert states (``snapshots``)."""
         path = Path(path)
         if path.is_dir():  # numpy would write FOLDER.npz beside it
-            raise UserError(f"{path} is a folder; give save_state a file path (e.g. {path / 'state.npz'})")
-        path = check_output_file(snapshot_path(path), "save_state")  # a one-line error, not numpy's OSError
+            raise UserError(f"{path} is a folder; give save_state a file path (e.g. {path / SNAPSHOT_EXAMPLE})")
+        # A one-line error, not numpy's OSError.
+        path = check_output_file(snapshot_path(path), "save_state", SNAPSHOT_EXAMPLE)
         keys = {qid: (q.text, policy_key(q.policy)) for qid, q in self.queries.queries.items()}
         records = [StreamRecord(slot.frames, slot.time, slot.source, slot.position,
                                 {keys[qid]: SavedAlert.of(state, slot.time) for qid, state in slot.alerts.items()})

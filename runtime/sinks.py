@@ -19,7 +19,13 @@ import cv2
 import numpy as np
 
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import check_output_file, format_bytes
+from sdqes_edge.files import (
+    ALERT_LOG_EXAMPLE,
+    ANNOTATED_VIDEO_EXAMPLE,
+    SCORE_TRACE_EXAMPLE,
+    check_output_file,
+    format_bytes,
+)
 from sdqes_edge.metrics import above_threshold
 from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, read_chunks, save_scores
 
@@ -73,7 +79,8 @@ class JsonlSink(Sink):
     readers stop at a half one), and the error names the file."""
 
     def __init__(self, path: str | Path):
-        self.path = check_output_file(path, "JsonlSink")  # a folder or /proc: a one-line error, not an OSError
+        # A folder or /proc: a one-line error, not an OSError.
+        self.path = check_output_file(path, "JsonlSink", ALERT_LOG_EXAMPLE)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = self.path.open("ab", buffering=0)  # unbuffered: nothing left to flush once a write failed
         # Bytes up to the end of the last whole line; None for a pipe (--events /dev/stdout), which cannot be cut.
@@ -118,11 +125,11 @@ ANNOTATION_CODECS = {".avi": "MJPG", ".mp4": "mp4v", ".m4v": "mp4v", ".mov": "mp
 
 def check_annotation_path(path: str | Path, flag: str = "--annotate") -> Path:
     path = Path(path)
-    if path.suffix.lower() not in ANNOTATION_CODECS:
+    if path.suffix.lower() not in ANNOTATION_CODECS and not path.is_dir():  # a folder: named as one below
         kinds = ", ".join(ANNOTATION_CODECS)
         raise UserError(f"{flag} {path}: OpenCV writes videos as {kinds}; give a file name ending in one of "
                         f"them (e.g. {path.with_suffix('.mp4') if path.suffix else str(path) + '.mp4'})")
-    return check_output_file(path, flag)
+    return check_output_file(path, flag, ANNOTATED_VIDEO_EXAMPLE)
 
 
 class IncompleteOutput(UserError):
@@ -236,7 +243,7 @@ class ScoreTraceRecorder(Sink):
         on these scores is never written into another model's bundle. ``first_frame``: the frame a resumed
         stream goes on at (``source.start_index``): the trace the stopped run left at ``path`` gives the rows
         before it, so this one is still the whole stream, each row at its own frame."""
-        self.path = check_output_file(path, "ScoreTraceRecorder")
+        self.path = check_output_file(path, "ScoreTraceRecorder", SCORE_TRACE_EXAMPLE)
         self.stream_name, self.fps, self.stream, self.model = stream_name, fps, stream, model
         self._rows: list[dict[str, float]] = []
         self._texts: dict[str, str] = {}

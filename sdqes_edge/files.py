@@ -223,15 +223,23 @@ def _probe_folder(folder: Path, flag: str, path: Path) -> None:
                         "folder you can write to") from None
 
 
-def check_output_file(path: str | os.PathLike, flag: str) -> Path:
+# A name for each kind of output file: a folder given where one goes is refused with this name in it as the fix.
+ALERT_LOG_EXAMPLE = "alerts.jsonl"
+SNAPSHOT_EXAMPLE = "state.npz"
+SCORE_TRACE_EXAMPLE = "scores.npz"
+ANNOTATED_VIDEO_EXAMPLE = "annotated.mp4"
+
+
+def check_output_file(path: str | os.PathLike, flag: str, example: str) -> Path:
     """Refuse, before any work, an output file that cannot be written: a folder, a read-only place, /proc.
+    ``example``: a name for such a file ('alerts.jsonl'), which a refused folder is advised to hold.
 
     Nothing is created or changed: an existing file is opened for appending and closed; for a new one, the
     nearest existing folder must accept a new file (missing folders below it are made when writing).
     """
     path = Path(path)
     if path.is_dir():
-        raise UserError(f"{flag} {path} is a folder; give a file path (e.g. {path / 'out'}{path.suffix or ''})")
+        raise UserError(f"{flag} {path} is a folder; give a file path in it (e.g. {path / example})")
     if path.exists():
         try:
             open(path, "ab").close()

@@ -183,7 +183,7 @@ def test_a_state_snapshot_that_cannot_be_written_is_one_line(detector, tmp_path)
 
 @pytest.mark.parametrize("make, says", [
     (lambda t: JsonlSink("/proc/alerts.jsonl"), r"^JsonlSink /proc/alerts.jsonl cannot be written: /proc refuses"),
-    (lambda t: JsonlSink(t), r"^JsonlSink .* is a folder; give a file path"),
+    (lambda t: JsonlSink(t), r"^JsonlSink .* is a folder; give a file path in it \(e.g. .*alerts.jsonl\)$"),
     (lambda t: AnnotatedVideoSink(t / "out.txt", 1.0, dict), r"^AnnotatedVideoSink .*out.txt: OpenCV writes videos as"),
     (lambda t: ScoreTraceRecorder("/proc/s.npz", "s", 1.0), r"^ScoreTraceRecorder /proc/s.npz cannot be written"),
     (lambda t: CallbackSink("print"), r"^CallbackSink takes a function of each alert .* not a str"),

@@ -155,9 +155,9 @@ def model_from_args(args: argparse.Namespace):
 
 def check_output_paths(args: argparse.Namespace) -> None:
     """Every output a subcommand declares (``output_files``, ``output_dirs``) checked before any work starts."""
-    for attr in getattr(args, "output_files", ()):
+    for attr, example in getattr(args, "output_files", {}).items():  # example: a name for the file
         if getattr(args, attr, None):
-            check_output_file(getattr(args, attr), "--" + attr.replace("_", "-"))
+            check_output_file(getattr(args, attr), "--" + attr.replace("_", "-"), example)
     for attr in getattr(args, "output_dirs", ()):
         if getattr(args, attr, None):
             check_output_dir(getattr(args, attr), "--" + attr.replace("_", "-"))

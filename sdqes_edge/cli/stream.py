@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, unique_queries
 from sdqes_edge.contract import FP16, INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import check_output_dir, check_output_file
+from sdqes_edge.files import (
+    ALERT_LOG_EXAMPLE,
+    SCORE_TRACE_EXAMPLE,
+    SNAPSHOT_EXAMPLE,
+    check_output_dir,
+    check_output_file,
+)
 from sdqes_edge.progress import progress_bar
 from sdqes_edge.runtime.backend import BACKENDS
 from sdqes_edge.runtime.onnxruntime_backend import DEVICE_PROVIDERS
@@ -124,7 +130,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
     if args.scores:
         scores = Path(args.scores)
         if scores.suffix == TRACE_SUFFIX:
-            check_output_file(scores, "--scores")
+            check_output_file(scores, "--scores", SCORE_TRACE_EXAMPLE)
         else:
             if scores.suffix and not scores.is_dir():  # scores.txt, traces.json: meant as a file, most likely
                 print(f"{PROG}: warning: --scores {scores} does not end in {TRACE_SUFFIX}, so it is a folder "
@@ -282,4 +288,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--max-frames", type=int, help="stop after this many steps")
     run.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens")
     run.add_argument("--quiet", action="store_true", help="no console alerts or progress")
-    run.set_defaults(func=cmd_run, output_files=("events", "save_state"))  # --annotate, --scores: in cmd_run
+    # --annotate and --scores are checked in cmd_run (their kind depends on the name)
+    run.set_defaults(func=cmd_run, output_files={"events": ALERT_LOG_EXAMPLE, "save_state": SNAPSHOT_EXAMPLE})
