@@ -81,6 +81,15 @@ def test_the_progress_bar_total_is_the_number_of_frames_sampling_gives(tmp_path,
     assert source.duration_frames == len(list(source.sampled()))
 
 
+def test_the_progress_bar_of_several_sources_counts_to_the_longest_and_stops_at_max_frames(tmp_path):
+    """It counted to the first source's samples: a 6-frame video beside a 20-frame one ended its bar at 20/6."""
+    from sdqes_edge.cli.stream import expected_steps
+
+    short, long = (open_source(write_video(tmp_path / f"{n}.avi", grey_levels(n), fps=5.0), 5.0) for n in (6, 20))
+    assert expected_steps([short, long], None) == 20 and expected_steps([long, short], None) == 20
+    assert expected_steps([short, long], 8) == 8 and expected_steps([short], 8) == 6
+
+
 def test_the_run_command_scores_a_slow_video_at_the_bundles_rate_over_its_whole_length(exported, tmp_path):
     _, bundle = exported  # sampled at 5 fps
     video = write_video(tmp_path / "slow.avi", grey_levels(10), fps=2.0)  # 5 s, the last frame at 4.5 s

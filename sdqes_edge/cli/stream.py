@@ -193,11 +193,21 @@ def _attach_sinks(detector: StreamingDetector, sources: list, args: argparse.Nam
     return trace_paths
 
 
+def expected_steps(sources: list, max_frames: int | None) -> int | None:
+    """The steps a run will take (its progress bar's total): the longest source's samples, since a step takes a
+    frame of each source still going until all have ended, and at most --max-frames. None where a source cannot
+    say (a camera, a stream, a container without a frame count)."""
+    lengths = [getattr(source, "duration_frames", None) for source in sources]
+    if None in lengths:
+        return None
+    return max(lengths) if max_frames is None else min(max(lengths), max_frames)
+
+
 def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace, stats: RunStats,
             live: bool) -> int:
     """Step until the sources end, --max-frames, or a signal (the frame in hand finished, every sink closed)."""
-    bar = progress_bar(getattr(sources[0], "duration_frames", None), "frame", "streaming",
-                       enabled=not args.quiet and not live)
+    bar = progress_bar(expected_steps(sources, args.max_frames), "frame" if len(sources) == 1 else "step",
+                       "streaming", enabled=not args.quiet and not live)
     last_report = time.perf_counter()
     stop = FinishFrameThenStop()  # Ctrl-C, SIGTERM (docker stop, systemd) or SIGHUP: finish the frame, close sinks
     exit_code = 0
