@@ -53,7 +53,7 @@ from sdqes_edge.tokenizer import default_tokenizer, vocab_path
 from . import graphs
 from .complexity import GraphComplexity, adapter_count, count_graph, graph_kernels, kernel_summary
 from .drift import VariantDriftError, VariantReport, VerificationError, compare_variant, max_abs_error, run_stream
-from .options import ExportOptions, Query, check_options
+from .options import ExportOptions, Query, check_options, check_target
 from .precision import (
     AUTO_FLOAT_BLOCKS,
     BACKBONE_POLICY,
@@ -110,14 +110,6 @@ def _encode_queries(text_graph: Path, texts: Sequence[str], truncate: bool) -> t
     return ids, session.run(None, {TOKEN_INPUT: ids})[0]
 
 
-def _check_target(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; give a directory path for the bundle")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
-        raise UserError(f"--out {out} is a non-empty directory that is not a bundle; choose a new path "
-                        "(export only replaces an earlier bundle)")
-
-
 def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | None = None, *,
                   checkpoint: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> ExportResult:
     """Export, verify and write a bundle to ``out``; returns what was written and measured.
@@ -127,7 +119,7 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     started = time.perf_counter()
     out = Path(out)
     options = check_options(options or ExportOptions(), lambda m: log(f"warning: {m}"))
-    _check_target(out)
+    check_target(out)
     model = model.eval()
     cfg: ModelConfig = model.cfg
     with staged_directory(out) as staging:

@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Callable
 
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
-from sdqes_edge.contract import DEFAULT_OPSET, INT8, PRECISIONS, REFERENCE_PRECISION, SUPPORTED_OPSETS
+from sdqes_edge.contract import (
+    DEFAULT_OPSET,
+    INT8,
+    MANIFEST_NAME,
+    PRECISIONS,
+    REFERENCE_PRECISION,
+    SUPPORTED_OPSETS,
+)
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import path_problem
 from sdqes_edge.tokenizer import default_tokenizer
@@ -141,3 +148,13 @@ def _warn_unused_int8_options(options: ExportOptions, int8: bool, warn: Callable
     elif options.int8_float_blocks != DEFAULT_INT8_FLOAT_BLOCKS and options.int8_policy != BACKBONE_POLICY:
         warn(f"--int8-float-blocks applies to the {BACKBONE_POLICY} policy; {options.int8_policy} "
              "quantizes every block")
+
+
+def check_target(out: Path) -> None:
+    """The bundle folder ``out`` may be written: new, empty, or an earlier bundle (replaced whole once the new one
+    is verified). Checked before the model loads: a checkpoint of a ViT-B/16 takes a while to find that out."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a directory path for the bundle")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
+        raise UserError(f"--out {out} is a non-empty directory that is not a bundle; choose a new path "
+                        "(export only replaces an earlier bundle)")

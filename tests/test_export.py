@@ -204,6 +204,18 @@ def test_export_refuses_to_overwrite_a_directory_that_is_not_a_bundle(tmp_path):
         quiet_export(random_model("none"), tmp_path / "photos")
 
 
+def test_export_refuses_a_folder_that_is_not_a_bundle_before_it_loads_the_checkpoint(tmp_path, capsys):
+    """It loaded the checkpoint (a ViT-B/16 takes a while) and only then refused the folder."""
+    from sdqes_edge.cli import run
+
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    (tmp_path / "model.pt").write_bytes(b"\x00" * 64)  # loading it would fail: the folder must be refused first
+    assert run(["export", "--checkpoint", str(tmp_path / "model.pt"), "--out", str(tmp_path / "photos")]) == 2
+    out, err = capsys.readouterr()
+    assert "is a non-empty directory that is not a bundle" in err and "checkpoint" not in err and out == ""
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda b: (b / "step.fp32.onnx").write_bytes(b"\x08garbage"), "step.fp32.onnx does not match the sha256"),
     (lambda b: (b / "text.onnx").unlink(), "text.onnx is missing"),

@@ -97,7 +97,7 @@ def _json_queries(text: str, p: Path) -> list[tuple[str, str]]:
 # --- export ---------------------------------------------------------------------------
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from sdqes_edge.export.exporter import ExportOptions, Query, check_options, export_bundle
+    from sdqes_edge.export.exporter import ExportOptions, Query, check_options, check_target, export_bundle
 
     queries = [(q, q) for q in args.query or []]
     if args.queries_file:
@@ -120,6 +120,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         int8_float_blocks=args.int8_float_blocks, truncate_queries=args.truncate_queries,
         show_progress=not args.quiet)
     check_options(options, lambda message: None)  # before the (possibly slow) checkpoint load
+    check_target(Path(args.out))
     checkpoint = None
     if args.checkpoint:
         from sdqes_edge.checkpoints import load_model, resolve_head_counts
