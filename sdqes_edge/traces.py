@@ -30,7 +30,7 @@ from typing import Iterable
 import numpy as np
 
 from .errors import UserError
-from .files import npz_problem, replaced_atomically
+from .files import npz_problem, path_problem, replaced_atomically
 
 TRACE_FORMAT_VERSION = 2
 TRACE_SUFFIX = ".npz"
@@ -171,9 +171,13 @@ def read_chunks(chunks: list[Path]) -> StreamScores:
 def load_score_dir(directory: str | Path) -> list[StreamScores]:
     """Every trace in a folder: whole ones, and the chunks of runs that were killed before merging them."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise UserError(f"--scores {directory} is not a directory; give the folder the runtime wrote its "
-                        f"*{TRACE_SUFFIX} score traces to")
+    problem = path_problem(directory, "folder")
+    if problem and directory.suffix == TRACE_SUFFIX and directory.is_file():  # `run --scores FILE.npz` wrote it
+        raise UserError(f"--scores {directory} is one stream's score trace; eval reads a folder of them: give "
+                        f"the folder it lies in ({directory.parent})")
+    if problem:
+        raise UserError(f"--scores {directory} {problem}; give the folder the runtime wrote its *{TRACE_SUFFIX} "
+                        "score traces to")
     files = sorted(directory.glob(f"*{TRACE_SUFFIX}"))
     if not files:
         raise UserError(f"{directory} holds no *{TRACE_SUFFIX} score traces; write them with "

@@ -161,9 +161,14 @@ def test_traces_of_another_split_than_evals_default_are_refused_with_the_split_t
     (["--baseline", "oracle", "--threshold", "1.5"], "--threshold is a probability"),
     (["--baseline", "oracle", "--write-threshold", "x"], "add --calibrate"),
     ([], "give --scores DIR"),
-    (["--scores", "/nonexistent"], "is not a directory"),
+    (["--scores", "/nonexistent"], "--scores /nonexistent does not exist; give the folder"),  # was "not a directory"
+    (["--scores", "{tmp}/traces/v1.npz"], "is one stream's score trace; eval reads a folder of them: give the folder "
+                                          "it lies in ({tmp}/traces)"),  # the file `run --scores FILE.npz` wrote
 ])
 def test_eval_refuses_bad_arguments_in_one_line(args, message, tmp_path):
+    args, message = [a.format(tmp=tmp_path) for a in args], message.format(tmp=tmp_path)
+    (tmp_path / "traces").mkdir()
+    save_scores(tmp_path / "traces" / "v1.npz", StreamScores("v1", 1.0, ["q"], ["0"], np.zeros(1), np.zeros((5, 1))))
     csv = write_annotations(tmp_path / "a.csv", [("v1", "q", "l", 3.0)])
     done = run_cli("eval", "--annotations", str(csv), "--out", str(tmp_path / "o"), *args)
     assert done.returncode == 2 and message in done.stderr
