@@ -26,6 +26,9 @@ def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, c
     # became part of the first query's text, which then matched no annotation.
     (tmp_path / name).write_text(content, encoding="utf-8-sig")
     assert read_queries_file(str(tmp_path / name)) == queries
+    # Named in capitals, as Windows tools may: a .CSV was read as lines, its header "query,response" the first query.
+    (tmp_path / name.upper()).write_text(content, encoding="utf-8")
+    assert read_queries_file(str(tmp_path / name.upper())) == queries
 
 
 @pytest.mark.parametrize("name, content, says", [

@@ -57,9 +57,10 @@ def read_queries_file(path: str) -> list[tuple[str, str]]:
         text = p.read_text(encoding=USER_TEXT_ENCODING)
     except UnicodeDecodeError as exc:
         raise UserError(f"{p} is not UTF-8 text ({exc}); save it as UTF-8") from None
-    if p.suffix == ".json":
+    kind = p.suffix.lower()  # QUERIES.CSV too: read as lines, its header was taken for the first query
+    if kind == ".json":
         queries = _json_queries(text, p)
-    elif p.suffix == ".csv":
+    elif kind == ".csv":
         reader = csv.DictReader(io.StringIO(text, newline=""))
         if not reader.fieldnames or "query" not in reader.fieldnames:
             raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)"
