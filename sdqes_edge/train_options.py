@@ -89,6 +89,15 @@ class TrainOptions:
         self.model_config()  # an unknown preset or adapter fails here, before any data is made
         return self
 
+    def conflicts(self) -> list[str]:
+        """Options that are valid alone but together train a model other than the user meant (warned, not refused)."""
+        if self.warmup_steps < self.steps:
+            return []
+        peak = min(1.0, self.steps / self.warmup_steps)  # training.learning_rate at the last step
+        return [f"--warmup-steps {self.warmup_steps} is not fewer than --steps {self.steps}: the learning rate climbs "
+                f"for the whole run and ends at {peak:.1%} of --lr {self.lr:g}, with no cosine decay; lower "
+                "--warmup-steps or raise --steps"]
+
 
 def training_data_words(record: dict | None) -> str | None:
     """What a bundle's model was trained on, in words, from its training record (None: no record says)."""

@@ -125,6 +125,20 @@ def test_the_window_form_used_for_scoring_equals_the_step_form_the_runtime_runs(
     np.testing.assert_allclose(embed_stream(frames.numpy()), stepped[0].numpy(), atol=1e-5)
 
 
+def test_a_warm_up_as_long_as_the_run_is_warned_with_the_learning_rate_it_ends_at(capsys):
+    """--warmup-steps 5000 with --steps 10 trained at most 0.2% of --lr and its loss did not move, with no word."""
+    from sdqes_edge.cli import build_parser
+    from sdqes_edge.cli.training import train_options_from_args
+    from sdqes_edge.training import _learning_rate
+
+    options = train_options_from_args(build_parser().parse_args(["train", "--warmup-steps", "5000", "--steps", "10"]))
+    assert _learning_rate(options.steps - 1, options) / options.lr == pytest.approx(0.002)
+    assert capsys.readouterr().err == ("sdqes-edge: warning: --warmup-steps 5000 is not fewer than --steps 10: the "
+                                       "learning rate climbs for the whole run and ends at 0.2% of --lr 0.002, with no "
+                                       "cosine decay; lower --warmup-steps or raise --steps\n")
+    assert dataclasses.replace(options, warmup_steps=9).conflicts() == []
+
+
 def test_the_train_command_refuses_bad_options_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "train", "--window", "500", "--out",
                            str(tmp_path)], capture_output=True, text=True)

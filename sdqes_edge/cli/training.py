@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -68,7 +69,10 @@ TRAIN_HELP = {
 
 
 def train_options_from_args(args: argparse.Namespace):
-    return TrainOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainOptions)}).check()
+    options = TrainOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainOptions)}).check()
+    for conflict in options.conflicts():
+        print(f"{PROG}: warning: {conflict}", file=sys.stderr)
+    return options
 
 
 def cmd_train(args: argparse.Namespace) -> int:
