@@ -11,6 +11,7 @@ from pathlib import Path
 from sdqes_edge.cli.common import UniqueValues, add_subcommand, at_least, finite_number, seed_number
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.errors import UserError
+from sdqes_edge.metrics import THRESHOLD_CANDIDATES
 
 Methods = dict[str, tuple[list, list]]  # method name -> (annotations, score traces), in the same order
 
@@ -230,7 +231,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                                    "%(default)s)")
     ev.add_argument("--threshold", type=finite_number, help=f"alert threshold (default {DEFAULT_THRESHOLD})")
     ev.add_argument("--calibrate", action="store_true",
-                    help="also pick the threshold with the best SR@1 among 20 evenly spaced candidates")
+                    help=f"also pick the threshold with the best SR@1 [-5,+10] among {THRESHOLD_CANDIDATES} evenly "
+                         "spaced candidates (the one --write-threshold writes), and add a row with each metric at "
+                         "its own best threshold, as the paper reports them")
     ev.add_argument("--per-label", action="store_true",
                     help="with --calibrate: a threshold per query label (labels with >= 5 queries)")
     ev.add_argument("--calibrate-policy", action="store_true",
