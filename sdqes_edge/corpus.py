@@ -40,6 +40,7 @@ class StreamTask:
     video: str | None  # the file found for it; None when the folder has none
     queries: tuple[tuple[str, str], ...]  # (query, alert message), in annotation order, each text once
     clip_only: str | None = None  # where the video is missing: a file of one of its clips that the folder holds
+    also: tuple[str, ...] = ()  # other files of the same name, not streamed (full_scale/ and video_540ss/ copies)
 
 
 @dataclass
@@ -61,8 +62,11 @@ def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask
     if problem:
         raise UserError(f"video folder {videos} {problem}; give the folder that holds the annotated videos")
     files: dict[str, Path] = {}
+    copies: dict[str, list[str]] = {}  # stem -> the files after the first, in name order
     for path in sorted(videos.rglob("*")):
         if path.suffix.lower() in VIDEO_SUFFIXES and path.is_file():
+            if path.stem in files:
+                copies.setdefault(path.stem, []).append(str(path))
             files.setdefault(path.stem, path)
     tasks = []
     for uid, group in by_video(annotations).items():
@@ -72,8 +76,20 @@ def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask
         for a in group:
             queries.setdefault(a.query, a.response)
         tasks.append(StreamTask(uid, str(found) if found else None, tuple(queries.items()),
-                                str(clip) if clip else None))
+                                str(clip) if clip else None, tuple(copies.get(uid, ()))))
     return tasks
+
+
+def copies_words(tasks: list[StreamTask]) -> str | None:
+    """A warning for videos found more than once in the folder (which file each streams is chosen by name), or
+    None. Copies of another size or encoding score differently, and which one was streamed went unsaid."""
+    doubled = [t for t in tasks if t.video and t.also]
+    if not doubled:
+        return None
+    first = doubled[0]
+    return (f"{len(doubled)} annotated video(s) have more than one file in the video folder (e.g. {first.stream}: "
+            f"{first.video}, also {', '.join(first.also)}); each is streamed from the first in name order; give "
+            "--videos the folder of one copy (Ego4D: v2/full_scale) to choose")
 
 
 def trace_path(out: Path, stream: str) -> Path:

@@ -7,6 +7,7 @@ import json
 import os
 import select
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -190,6 +191,24 @@ def test_a_clip_of_a_video_is_never_streamed_as_the_video_and_its_failure_names_
     failures = {f["stream"]: f["error"] for f in json.loads((tmp_path / "out" / "failures.json").read_text())}
     assert done.returncode == 1 and failures[first].startswith(
         f"no video named {first}.* in the video folder, only clip-a.avi, one of its clips: the annotations time")
+
+
+def test_a_video_found_twice_in_the_folder_is_streamed_from_one_copy_and_the_others_are_named(corpus, tmp_path):
+    """Ego4D keeps full_scale/ and video_540ss/ copies of every video: pointed at v2/, which one was streamed went
+    unsaid (and a downscaled copy scores differently)."""
+    from sdqes_edge.corpus import copies_words, plan_streams
+
+    first = uids(corpus)[0]
+    for copy in ("full_scale", "video_540ss"):
+        (tmp_path / copy).mkdir()
+        shutil.copy(corpus / "videos" / f"{first}.avi", tmp_path / copy / f"{first}.avi")
+    tasks = plan_streams(load_annotations(str(corpus / "annotations.csv")), tmp_path)
+    task = next(t for t in tasks if t.stream == first)
+    assert task.video == str(tmp_path / "full_scale" / f"{first}.avi")
+    assert task.also == (str(tmp_path / "video_540ss" / f"{first}.avi"),)
+    assert copies_words(tasks).startswith(f"1 annotated video(s) have more than one file in the video folder (e.g. "
+                                          f"{first}: {task.video}, also {task.also[0]})")
+    assert copies_words(plan_streams(load_annotations(str(corpus / "annotations.csv")), corpus / "videos")) is None
 
 
 def test_an_interrupted_run_resumes_and_a_half_written_trace_never_counts(corpus, per_stream_traces, tmp_path):

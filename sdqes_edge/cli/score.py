@@ -19,7 +19,7 @@ FAILURES_NAME = "failures.json"
 
 def cmd_score(args: argparse.Namespace) -> int:
     from sdqes_edge.annotations import require_annotations
-    from sdqes_edge.corpus import claim_output, finished, plan_streams
+    from sdqes_edge.corpus import claim_output, copies_words, finished, plan_streams
     from sdqes_edge.runtime.bundle import load_bundle
 
     _check_score_args(args)
@@ -27,6 +27,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     annotations = require_annotations(args.annotations, split=args.split or None, source=args.source)
     out = Path(args.out)
     tasks = plan_streams(annotations, Path(args.videos))
+    if (copies := copies_words(tasks)) is not None:
+        print(f"{PROG}: warning: {copies}", file=sys.stderr)
     if args.bench:
         return _bench(tasks, Path(args.bundle), out)
     claim_output(out, bundle.model_identity, bundle.fps)  # before a trace of another model counts as finished
