@@ -91,11 +91,11 @@ class TrainOptions:
 
     def conflicts(self) -> list[str]:
         """Options that are valid alone but together train a model other than the user meant (warned, not refused)."""
-        if self.warmup_steps < self.steps:
+        if self.warmup_steps <= self.steps:  # equal: the peak at the last step (a one-step smoke run)
             return []
-        peak = min(1.0, self.steps / self.warmup_steps)  # training.learning_rate at the last step
-        return [f"--warmup-steps {self.warmup_steps} is not fewer than --steps {self.steps}: the learning rate climbs "
-                f"for the whole run and ends at {peak:.1%} of --lr {self.lr:g}, with no cosine decay; lower "
+        reached = self.steps / self.warmup_steps  # training's learning rate at the last step, over --lr
+        return [f"--warmup-steps {self.warmup_steps} is more than --steps {self.steps}: the learning rate never "
+                f"reaches --lr {self.lr:g} (it ends at {reached:.1%} of it, with no cosine decay); lower "
                 "--warmup-steps or raise --steps"]
 
 

@@ -133,10 +133,10 @@ def test_a_warm_up_as_long_as_the_run_is_warned_with_the_learning_rate_it_ends_a
 
     options = train_options_from_args(build_parser().parse_args(["train", "--warmup-steps", "5000", "--steps", "10"]))
     assert _learning_rate(options.steps - 1, options) / options.lr == pytest.approx(0.002)
-    assert capsys.readouterr().err == ("sdqes-edge: warning: --warmup-steps 5000 is not fewer than --steps 10: the "
-                                       "learning rate climbs for the whole run and ends at 0.2% of --lr 0.002, with no "
-                                       "cosine decay; lower --warmup-steps or raise --steps\n")
-    assert dataclasses.replace(options, warmup_steps=9).conflicts() == []
+    assert capsys.readouterr().err == ("sdqes-edge: warning: --warmup-steps 5000 is more than --steps 10: the learning "
+                                       "rate never reaches --lr 0.002 (it ends at 0.2% of it, with no cosine decay); "
+                                       "lower --warmup-steps or raise --steps\n")
+    assert dataclasses.replace(options, warmup_steps=10).conflicts() == []  # the peak at the last step
 
 
 def test_the_train_command_refuses_bad_options_in_one_line(tmp_path):
