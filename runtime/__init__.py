@@ -29,6 +29,7 @@ _EXPORTS = {
     ".backend": ("StepBackend", "StepResult"),
     ".bundle": ("Bundle", "BundleError", "load_bundle"),
     ".detector": ("StreamingDetector", "StreamSlot"),
+    ".onnxruntime_backend": ("SlowPrecisionWarning",),
     ".pacing": ("FrameRateWarning",),
     ".queries": ("DuplicateQueryWarning",),
     ".sinks": ("AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -70,9 +71,12 @@ class StreamSlot:
 def make_backend(bundle: Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
                  threads: int | None = None, ort_device: str = "cpu") -> StepBackend:
     if backend == "ort":
-        from .onnxruntime_backend import OnnxRuntimeStep
+        from .onnxruntime_backend import OnnxRuntimeStep, SlowPrecisionWarning, slow_precision_words
 
-        return OnnxRuntimeStep(bundle.step_graph(precision), device=ort_device, threads=threads)
+        step = OnnxRuntimeStep(bundle.step_graph(precision), device=ort_device, threads=threads)
+        if (words := slow_precision_words(precision, ort_device, bundle.root)) is not None:
+            warnings.warn(words, SlowPrecisionWarning, stacklevel=3)  # at the program's StreamingDetector(...)
+        return step
     if backend == "trt":
         from .tensorrt_backend import TensorRTStep
 

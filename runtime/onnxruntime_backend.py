@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, LOGITS_OUTPUT, METADATA_KEY, QUERY_INPUT
+from sdqes_edge.contract import EMBEDDING_OUTPUT, FP16, FRAME_INPUT, INT8, LOGITS_OUTPUT, METADATA_KEY, QUERY_INPUT
 from sdqes_edge.errors import UserError, first_line
 from sdqes_edge.files import file_sha256, user_cache_dir
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words, update_command
@@ -45,6 +45,26 @@ DEVICE_PROVIDERS = {
     "cuda": [CUDA_PROVIDER, "CPUExecutionProvider"],
     "tensorrt": [TENSORRT_PROVIDER, CUDA_PROVIDER, "CPUExecutionProvider"],
 }
+
+
+
+class SlowPrecisionWarning(RuntimeWarning):
+    """The step graph asked for runs slower on this ONNX Runtime provider than the fp32 graph would
+    (``warnings.simplefilter("error", SlowPrecisionWarning)`` makes it an error)."""
+
+
+def slow_precision_words(precision: str, device: str, bundle: str | Path) -> str | None:
+    """Why ``precision``'s graph is the wrong one for ``device``'s provider, and which to use; None where it fits."""
+    if device == "cuda" and precision == INT8:
+        return ("the int8 graph (QDQ) is a CPU and TensorRT format: ONNX Runtime's CUDA build has only QuantizeLinear, "
+                "DequantizeLinear and MatMulInteger, so it runs float products between them, slower than fp32; on this "
+                "GPU use --precision fp16, or --ort-device tensorrt / build-engine for int8")
+    if device == "cpu" and precision == FP16:
+        return ("the fp16 graph is a GPU format: ONNX Runtime's CPU provider has no fp16 kernel for most of its "
+                "operators and runs them in float32 between Casts it adds, no faster than fp32 (`sdqes-edge inspect "
+                f"{bundle} --precision fp16` counts them); on a CPU use fp32 or int8")
+    return None
+
 
 # The first ONNX Runtime release whose memory plan (SessionOptions.enable_mem_pattern) keeps fp16 graphs right.
 MEM_PATTERN_FIXED_IN = (1, 19)

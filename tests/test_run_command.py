@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import cv2
 import numpy as np
 import pytest
+from conftest import random_model
 from runtime_fixtures import FPS, QUERY, write_video
 
+from sdqes_edge.export import ExportOptions, export_bundle
 from sdqes_edge.metrics import rising_edges
 from sdqes_edge.runtime.detector import StreamingDetector
 from sdqes_edge.runtime.sinks import ScoreTraceRecorder
@@ -229,29 +232,42 @@ def test_after_a_finished_command_python_tears_down_deaf_to_sigterm_so_a_late_si
 
 def test_an_int8_graph_on_the_cuda_provider_is_warned_about_and_nowhere_else():
     """ONNX Runtime's CUDA build runs a QDQ graph's products in float: slower than fp32, and a user would not know."""
-    from argparse import Namespace
+    from sdqes_edge.runtime.onnxruntime_backend import slow_precision_words
 
-    from sdqes_edge.cli.stream import int8_on_cuda_warning
-
-    warning = int8_on_cuda_warning(Namespace(backend="ort", ort_device="cuda", precision="int8"))
+    warning = slow_precision_words("int8", "cuda", "b")
     assert warning is not None and "\n" not in warning and "use --precision fp16" in warning
-    for device, precision in (("cpu", "int8"), ("tensorrt", "int8"), ("cuda", "fp16")):
-        assert int8_on_cuda_warning(Namespace(backend="ort", ort_device=device, precision=precision)) is None
-    assert int8_on_cuda_warning(Namespace(backend="trt", ort_device="cpu", precision="int8")) is None
+    for device, precision in (("cpu", "int8"), ("tensorrt", "int8"), ("cuda", "fp16"), ("cuda", "fp32")):
+        assert slow_precision_words(precision, device, "b") in (None, slow_precision_words("fp16", "cpu", "b"))
+    assert slow_precision_words("int8", "tensorrt", "b") is None and slow_precision_words("fp16", "cuda", "b") is None
 
 
-def test_an_fp16_graph_on_the_cpu_provider_is_warned_about_and_nowhere_else():
+@pytest.fixture(scope="module")
+def fp16_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fp16") / "bundle"
+    export_bundle(random_model("qrnn"), out, ExportOptions(fps=FPS, precisions=("fp32", "fp16"), drift_frames=16,
+                                                           show_progress=False), log=lambda m: None)
+    return out
+
+
+def test_an_fp16_graph_on_the_cpu_provider_is_warned_about_in_python_and_in_one_line_on_the_command_line(
+        fp16_bundle, tmp_path, capsys):
     """ONNX Runtime's CPU provider casts around most fp16 operators: the fp16 graph ran slower than fp32 (0.67x
-    in `bench --quick`), and nothing said so."""
-    from argparse import Namespace
+    in `bench --quick`). The command line said so; a Python program that asked for it got no word."""
+    from sdqes_edge.cli import run
+    from sdqes_edge.runtime import SlowPrecisionWarning
+    from sdqes_edge.runtime.onnxruntime_backend import slow_precision_words
 
-    from sdqes_edge.cli.stream import fp16_on_cpu_warning
-
-    warning = fp16_on_cpu_warning(Namespace(backend="ort", ort_device="cpu", precision="fp16", bundle="b"))
-    assert warning is not None and "\n" not in warning and warning.endswith("on a CPU use fp32 or int8")
-    for device, precision in (("cpu", "fp32"), ("cpu", "int8"), ("cuda", "fp16"), ("tensorrt", "fp16")):
-        assert fp16_on_cpu_warning(Namespace(backend="ort", ort_device=device, precision=precision)) is None
-    assert fp16_on_cpu_warning(Namespace(backend="trt", ort_device="cpu", precision="fp16")) is None
+    with pytest.warns(SlowPrecisionWarning, match="on a CPU use fp32 or int8$") as caught:
+        StreamingDetector(fp16_bundle, precision="fp16")
+    assert caught[0].filename == __file__  # pointed at the program's own line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SlowPrecisionWarning)
+        StreamingDetector(fp16_bundle, precision="fp32")
+    video = write_video(tmp_path / "clip.avi", sample_frames(10, 48, 64))
+    assert run(["run", str(fp16_bundle), "--source", str(video), "--query", QUERY, "--precision", "fp16",
+                "--quiet"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "fp16 graph" in line]
+    assert warned == [f"sdqes-edge: warning: {slow_precision_words('fp16', 'cpu', fp16_bundle)}"]
 
 
 def test_scores_named_like_another_kind_of_file_is_written_as_a_folder_with_a_warning(exported, tmp_path, capsys):

@@ -48,6 +48,7 @@ def test_an_export_of_a_preset_is_repeated_exactly_by_its_seed(two_models):
     assert file_sha256(bundles["seed0"] / graph) != file_sha256(bundles["seed1"] / graph)
 
 
+@pytest.mark.filterwarnings("ignore::sdqes_edge.runtime.onnxruntime_backend.SlowPrecisionWarning")  # fp16 on a CPU
 def test_a_snapshot_resumes_its_model_at_another_precision_and_in_a_repeated_export(two_models, tmp_path):
     bundles, frames = two_models
     detector = StreamingDetector(bundles["seed0"])

@@ -21,6 +21,7 @@ import argparse
 import errno
 import signal
 import sys
+import warnings
 from typing import Callable, Sequence
 
 from sdqes_edge import __version__, package_builds
@@ -74,6 +75,23 @@ DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.ArgumentParser] = build_parser) -> int:
+    with warnings.catch_warnings():  # the caller's warning display is back as it was when the command ends
+        warnings.showwarning = _one_line_warnings(warnings.showwarning)
+        return _run(argv, parser_factory)
+
+
+def _one_line_warnings(previous: Callable) -> Callable:
+    """This package's own warnings (a step graph slow on its provider, ...) in the command line's one-line form,
+    as its refusals are; any other as Python shows it (file, line and source)."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__module__.startswith("sdqes_edge."):
+            print(f"{PROG}: warning: {message}", file=sys.stderr)
+        else:
+            previous(message, category, filename, lineno, file, line)
+    return show
+
+
+def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.ArgumentParser]) -> int:
     raise_on_termination()  # SIGTERM/SIGHUP unwind like Ctrl-C: staging folders removed, outputs closed
     args = None
     try:

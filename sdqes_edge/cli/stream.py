@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, unique_queries
-from sdqes_edge.contract import FP16, INT8, PRECISIONS, REFERENCE_PRECISION
+from sdqes_edge.contract import INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import (
     ALERT_LOG_EXAMPLE,
@@ -49,24 +49,6 @@ def _int8_would_help(detector: StreamingDetector, args: argparse.Namespace) -> b
     return on_cpu and args.precision == REFERENCE_PRECISION and INT8 in detector.bundle.precisions
 
 
-def int8_on_cuda_warning(args: argparse.Namespace) -> str | None:
-    """The warning for an int8 graph on ONNX Runtime's CUDA provider, which has no int8 products for it."""
-    if args.backend == BACKENDS[0] and args.ort_device == "cuda" and args.precision == INT8:
-        return (f"{PROG}: warning: the int8 graph (QDQ) is a CPU and TensorRT format: ONNX Runtime's CUDA build has "
-                "only QuantizeLinear, DequantizeLinear and MatMulInteger, so it runs float products between them, "
-                "slower than fp32; on this GPU use --precision fp16, or --ort-device tensorrt / build-engine for int8")
-    return None
-
-
-def fp16_on_cpu_warning(args: argparse.Namespace) -> str | None:
-    """The warning for the fp16 graph on ONNX Runtime's CPU provider, which casts around most of its operators."""
-    if args.backend == BACKENDS[0] and args.ort_device == "cpu" and args.precision == FP16:
-        return (f"{PROG}: warning: the fp16 graph is a GPU format: ONNX Runtime's CPU provider has no fp16 kernel "
-                "for most of its operators and runs them in float32 between Casts it adds, no faster than fp32 "
-                f"(`{PROG} inspect {args.bundle} --precision fp16` counts them); on a CPU use fp32 or int8")
-    return None
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
     from sdqes_edge.runtime.sources import give_distinct_names, open_source
@@ -94,9 +76,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
           f"quer{'y' if count == 1 else 'ies'}, {policy.describe()} ({_backend_words(detector.backend, args)})"
           + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
-    for warning in (int8_on_cuda_warning(args), fp16_on_cpu_warning(args)):
-        if warning:
-            print(warning, file=sys.stderr)
     if _int8_would_help(detector, args):
         print(f"{PROG}: tip: this bundle has an int8 step graph, checked against fp32 when it was exported; "
               "--precision int8 runs 1.4x (AVX2) to 2x (AVX-512 VNNI) as fast on a CPU", file=sys.stderr)
