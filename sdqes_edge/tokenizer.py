@@ -66,6 +66,10 @@ class TooLongQueryError(UserError):
     pass
 
 
+class QueryTruncatedWarning(UserWarning):
+    """A query over the context length was cut to it (``on_overflow="truncate"``): its end is not scored."""
+
+
 class ClipTokenizer:
     """CLIP BPE tokenizer. ``tokenize(["a photo of a cat"])`` gives ids of shape [N, 77]."""
 
@@ -154,7 +158,7 @@ class ClipTokenizer:
                     )
                 warnings.warn(
                     f"query truncated from {len(ids)} to {self.context_length} tokens: {text[:60]!r}...",
-                    stacklevel=2,
+                    QueryTruncatedWarning, stacklevel=2,
                 )
                 ids = ids[: self.context_length - 1] + [self.end_id]
             out[row, : len(ids)] = ids

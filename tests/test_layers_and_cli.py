@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from runtime_fixtures import write_video
 
 from sdqes_edge.cli import run
+from sdqes_edge.sample import sample_frames
 
 BLOCK_TORCH = "import sys; sys.modules['torch'] = None\n"
 
@@ -158,6 +160,16 @@ def test_the_entry_module_imports_nothing_heavy():
 def test_an_over_long_query_is_refused_on_the_command_line(capsys):
     assert run(["tokenize", " ".join(["cooking"] * 100)]) == 2
     assert "--truncate-queries" in capsys.readouterr().err
+
+
+def test_a_query_cut_by_truncate_queries_is_said_in_one_line(exported, tmp_path, capsys):
+    """It came as Python shows a warning: the file and line of ours that raised it, then that line's source."""
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(5, 48, 64))
+    assert run(["run", str(bundle), "--source", str(video), "--query", " ".join(["cooking"] * 100),
+                "--truncate-queries", "--quiet"]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == ("sdqes-edge: warning: query truncated from 102 to 77 tokens: "
+                                                       f"{' '.join(['cooking'] * 100)[:60]!r}...")
 
 
 @pytest.mark.parametrize("argv", [

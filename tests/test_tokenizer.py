@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from sdqes_edge.errors import UserError
-from sdqes_edge.tokenizer import CONTEXT_LENGTH, ClipTokenizer, TooLongQueryError, default_tokenizer
+from sdqes_edge.tokenizer import (
+    CONTEXT_LENGTH,
+    ClipTokenizer,
+    QueryTruncatedWarning,
+    TooLongQueryError,
+    default_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +63,7 @@ def test_a_query_over_77_tokens_is_refused_by_default(tok):
 
 def test_truncation_is_an_explicit_choice_and_warns(tok):
     long_query = " ".join(["cooking"] * 100)
-    with pytest.warns(UserWarning, match="truncated from 102 to 77"):
+    with pytest.warns(QueryTruncatedWarning, match="truncated from 102 to 77"):
         ids = tok.tokenize(long_query, on_overflow="truncate")
     assert ids[0, -1] == tok.end_id and (ids[0] != 0).all()
 
