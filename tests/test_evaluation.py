@@ -157,6 +157,15 @@ def test_traces_of_another_split_than_evals_default_are_refused_with_the_split_t
     assert run_cli(*args, "--split", "test", "--plots", "0").returncode == 0
 
 
+def test_per_label_without_calibrate_is_warned_rather_than_ignored_silently(tmp_path):
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "q", "l", 3.0)])
+    done = run_cli("eval", "--annotations", str(csv), "--baseline", "oracle", "--per-label", "--plots", "0",
+                   "--out", str(tmp_path / "o"))
+    assert done.returncode == 0 and done.stderr.splitlines()[0] == (
+        "sdqes-edge: warning: --per-label chooses a threshold per label while calibrating; without --calibrate it "
+        "does nothing: add --calibrate")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--baseline", "oracle", "--threshold", "1.5"], "--threshold is a probability"),
     (["--baseline", "oracle", "--write-threshold", "x"], "add --calibrate"),
