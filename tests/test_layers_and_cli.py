@@ -350,3 +350,18 @@ def test_every_optional_module_is_named_with_the_extra_that_installs_it():
     for module, extra in EXTRA_FOR_MODULE.items():
         listed = [re.split(r"[<>=\[; ]", requirement)[0] for requirement in extras[extra]]
         assert distribution.get(module, module) in listed, (module, extra, listed)
+
+
+@pytest.mark.parametrize("options, warning", [
+    (["--ray-actors", "2"], "--ray-actors only applies with --ray; ignoring it"),  # it named --shared-bundle too
+    (["--ray-actors", "2", "--shared-bundle"], "--shared-bundle and --ray-actors only apply with --ray; ignoring them"),
+    (["--bench", "--workers", "1", "--threshold", "0.5"], "--bench scores the corpus each way with sizes of its own "
+     "for this machine's cores, and reports speed, not SR/SMD: ignoring --workers, --threshold"),  # ignored silently
+    (["--workers", "1"], None),
+])
+def test_score_options_that_do_not_apply_are_named_in_a_warning(options, warning, capsys):
+    from sdqes_edge.cli import build_parser
+    from sdqes_edge.cli.score import _check_score_args
+
+    _check_score_args(build_parser().parse_args(["score", "b", "--annotations", "a.csv", "--videos", "v", *options]))
+    assert capsys.readouterr().err == (f"sdqes-edge: warning: {warning}\n" if warning else "")

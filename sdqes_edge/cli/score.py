@@ -55,6 +55,12 @@ def _check_score_args(args: argparse.Namespace) -> None:
     """Conflicts resolved with a warning, mistakes refused up front."""
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
+    if args.bench:
+        given = _given(args, "workers", "threads", "ray", "ray_actors", "shared_bundle", "threshold")
+        if given:  # the bench sizes each way of scoring itself, and reports speed, not SR/SMD
+            print(f"{PROG}: warning: --bench scores the corpus each way with sizes of its own for this machine's "
+                  f"cores, and reports speed, not SR/SMD: ignoring {', '.join(given)}", file=sys.stderr)
+        return
     if args.ray:
         from sdqes_edge.corpus_ray import require_ray
 
@@ -62,9 +68,14 @@ def _check_score_args(args: argparse.Namespace) -> None:
         if args.workers is not None:
             print(f"{PROG}: warning: --workers is for the local pool; with --ray each actor is one worker "
                   "(--ray-actors sets how many)", file=sys.stderr)
-    elif args.shared_bundle or args.ray_actors:
-        print(f"{PROG}: warning: --shared-bundle and --ray-actors only apply with --ray; ignoring them",
-              file=sys.stderr)
+    elif given := _given(args, "shared_bundle", "ray_actors"):
+        print(f"{PROG}: warning: {' and '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --ray; "
+              f"ignoring {'it' if len(given) == 1 else 'them'}", file=sys.stderr)
+
+
+def _given(args: argparse.Namespace, *names: str) -> list[str]:
+    """The options among ``names`` that the command line set (their flags), in that order."""
+    return ["--" + name.replace("_", "-") for name in names if getattr(args, name) not in (None, False)]
 
 
 def _pool_size(args: argparse.Namespace, streams: int) -> tuple[int, int]:
