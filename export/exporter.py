@@ -34,7 +34,7 @@ from sdqes_edge.contract import (
     TOKENIZER_FOLDER,
     step_graph_name,
 )
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import WARNING_PREFIX, UserError
 from sdqes_edge.files import file_sha256, staged_directory
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.package_builds import load_onnxruntime
@@ -118,7 +118,7 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     """
     started = time.perf_counter()
     out = Path(out)
-    options = check_options(options or ExportOptions(), lambda m: log(f"warning: {m}"))
+    options = check_options(options or ExportOptions(), lambda m: log(f"{WARNING_PREFIX}{m}"))
     check_target(out)
     model = model.eval()
     cfg: ModelConfig = model.cfg

@@ -16,6 +16,7 @@ from typing import Callable
 
 from sdqes_edge.config import ModelConfig
 from sdqes_edge.contract import ENGINES_FOLDER, INT8, MANIFEST_NAME, REFERENCE_PRECISION, engine_name
+from sdqes_edge.errors import WARNING_PREFIX
 from sdqes_edge.files import staged_directory
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.sample import EXAMPLE_QUERIES
@@ -45,7 +46,7 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
     options = check_options(dataclasses.replace(
         options or ExportOptions(), precisions=(REFERENCE_PRECISION, INT8), batch=int(manifest["batch"]),
         threshold=float(manifest["thresholds"]["default"]), queries=queries,
-        fuse_queries=manifest.get("query_count") is not None), lambda m: log(f"warning: {m}"))
+        fuse_queries=manifest.get("query_count") is not None), lambda m: log(f"{WARNING_PREFIX}{m}"))
     out = Path(out)
     with staged_directory(out) as staging:
         _copy_regular_files(bundle.root, staging, log)

@@ -36,7 +36,7 @@ from typing import Callable, Collection
 import numpy as np
 
 from sdqes_edge.contract import ENGINES_FOLDER, FP16, FP32, INT8, PRECISIONS, STATE_DTYPES, engine_name
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import WARNING_PREFIX, UserError
 from sdqes_edge.files import file_sha256
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
 from sdqes_edge.runtime.bundle import Bundle, inside_bundle, load_bundle
@@ -242,7 +242,7 @@ def keep_checked_engine(bundle: Bundle, serialized: bytes, precision: str, devic
                 raise VariantDriftError(precision, _drift_words(bundle, precision, report, engine_path.exists()))
             verification = dict(report.to_dict(), frames_from="built-in sample")
         else:
-            log("warning: --verify-frames 0: the engine is kept without a check against the fp32 graph")
+            log(f"{WARNING_PREFIX}--verify-frames 0: the engine is kept without a check against the fp32 graph")
         candidate.replace(engine_path)
     finally:
         candidate.unlink(missing_ok=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "bad-input.md"
 Q = "when I start cooking"
+WARNED = "sdqes-edge: warning:"
 
 
 def cases(b: Path, t: Path) -> list[tuple]:
@@ -211,7 +212,8 @@ def main() -> None:
                      ] if lacking else ["-m", "sdqes_edge.cli"]
             done = subprocess.run([sys.executable, *entry, *argv], capture_output=True, text=True,
                                   env=dict(os.environ, COLUMNS="200"))
-            lines = [line for line in done.stderr.strip().splitlines() if line]
+            # The refusal's lines: a warning printed before it (an option the command drops) is not part of it.
+            lines = [line for line in done.stderr.strip().splitlines() if line and not line.startswith(WARNED)]
             message = lines[-1] if lines else done.stdout.strip().splitlines()[-1]
             shown = message.replace(tmp, "…").replace("|", "\\|")
             rows.append(f"| {what} | {done.returncode} | {len(lines)} | `{shown}` |")

@@ -17,6 +17,11 @@ EXTRA_FOR_MODULE = {"torch": "export", "onnx": "export", "tqdm": "export", "cv2"
                     "pycuda": "tensorrt"}
 
 
+# How a library's log (the exporter's, the engine builder's) starts a warning; the command line shows such lines as
+# its own warnings, on stderr.
+WARNING_PREFIX = "warning: "
+
+
 def install_command(module: str) -> str:
     """"pip install 'sdqes-edge[eval]'" for matplotlib: what brings an optional module."""
     return f"pip install 'sdqes-edge[{EXTRA_FOR_MODULE[module]}]'"

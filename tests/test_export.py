@@ -378,3 +378,22 @@ def test_an_unreadable_calibration_video_is_refused_before_anything_is_written(t
     with pytest.raises(UserError, match="broken.mp4"):
         quiet_export(random_model("st"), tmp_path / "b", precisions=("int8",), calibration_video=video)
     assert not (tmp_path / "b").exists()
+
+
+def test_export_options_that_do_not_apply_are_warned_on_stderr_as_the_commands_own_warnings(tmp_path, capsys):
+    """They came on stdout, as "warning: ..." among the progress lines; and --seed with --checkpoint, which seeds
+    only a preset's random weights, was dropped with no word."""
+    from sdqes_edge.cli import run
+
+    assert run(["export", "--preset", "tiny", "--calibration-frames", "10", "--vision-heads", "2", "--quiet", "--out",
+                str(tmp_path / "preset")]) == 0
+    out, err = capsys.readouterr()
+    assert "warning" not in out and err.splitlines() == [
+        "sdqes-edge: warning: --vision-heads ignored with --preset (the preset fixes its head counts)",
+        "sdqes-edge: warning: --calibration-frames is only used for int8, which this export does not write; ignoring "
+        "it (add --precision int8 to write it)"]
+    torch.save(random_model("none").clip_state_dict(), tmp_path / "model.pt")
+    assert run(["export", "--checkpoint", str(tmp_path / "model.pt"), "--seed", "3", "--quiet", "--out",
+                str(tmp_path / "checkpoint")]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "sdqes-edge: warning: --seed is ignored with --checkpoint (it seeds a preset's random weights)"]

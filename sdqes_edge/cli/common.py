@@ -12,7 +12,7 @@ import sys
 
 from sdqes_edge import package_builds
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
-from sdqes_edge.errors import EXTRA_FOR_MODULE, install_command, module_absent
+from sdqes_edge.errors import EXTRA_FOR_MODULE, WARNING_PREFIX, install_command, module_absent
 from sdqes_edge.files import check_output_dir, check_output_file
 from sdqes_edge.train_options import MAX_SEED
 
@@ -146,11 +146,22 @@ def model_from_args(args: argparse.Namespace):
     cfg = preset(args.preset)
     if args.adapter and args.adapter != cfg.adapter.kind:
         cfg = with_authors_adapter(cfg, args.adapter)
-    seed = getattr(args, "seed", 0)
+    seed = getattr(args, "seed", None) or 0  # None: not given
     with torch.random.fork_rng():  # the same --seed, the same weights, without touching the caller's generator
         torch.manual_seed(seed)
         model = SDQESModel(cfg).eval()
     return model, f"preset {cfg.name} (random weights, seed {seed})"
+
+
+def progress_log(quiet: bool):
+    """A library's log for the command line: its "warning: ..." lines as the command's warnings (stderr, even with
+    --quiet, since they are not progress), everything else on stdout unless --quiet."""
+    def log(message: str) -> None:
+        if message.startswith(WARNING_PREFIX):
+            print(f"{PROG}: {message}", file=sys.stderr)
+        elif not quiet:
+            print(message)
+    return log
 
 
 def check_output_paths(args: argparse.Namespace) -> None:

@@ -9,6 +9,7 @@ import argparse
 import csv
 import io
 import json
+import sys
 from pathlib import Path
 
 import sdqes_edge
@@ -21,6 +22,7 @@ from sdqes_edge.cli.common import (
     at_least,
     finite_number,
     model_from_args,
+    progress_log,
     run_hint,
     seed_number,
     unique_queries,
@@ -97,6 +99,22 @@ def _json_queries(text: str, p: Path) -> list[tuple[str, str]]:
 
 # --- export ---------------------------------------------------------------------------
 
+def _warn_model_conflicts(args: argparse.Namespace) -> None:
+    """Model options the other way of giving a model fixes: each named in a warning and dropped."""
+    if args.checkpoint and args.adapter:
+        print(f"{PROG}: warning: --adapter is ignored with --checkpoint (the checkpoint determines its adapters)",
+              file=sys.stderr)
+        args.adapter = None
+    if args.checkpoint and args.seed is not None:  # it seeds random weights, and a checkpoint brings its own
+        print(f"{PROG}: warning: --seed is ignored with --checkpoint (it seeds a preset's random weights)",
+              file=sys.stderr)
+    head_flags = [f for f, v in (("--vision-heads", args.vision_heads), ("--text-heads", args.text_heads),
+                                 ("--model-config", args.model_config)) if v is not None]
+    if args.preset and head_flags:
+        print(f"{PROG}: warning: {', '.join(head_flags)} ignored with --preset (the preset fixes its head counts)",
+              file=sys.stderr)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from sdqes_edge.export.exporter import ExportOptions, Query, check_options, check_target, export_bundle
 
@@ -104,13 +122,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.queries_file:
         queries += read_queries_file(args.queries_file)
     queries = unique_queries(queries)
-    if args.checkpoint and args.adapter:
-        print("warning: --adapter is ignored with --checkpoint (the checkpoint determines its adapters)")
-        args.adapter = None
-    head_flags = [f for f, v in (("--vision-heads", args.vision_heads), ("--text-heads", args.text_heads),
-                                 ("--model-config", args.model_config)) if v is not None]
-    if args.preset and head_flags:
-        print(f"warning: {', '.join(head_flags)} ignored with --preset (the preset fixes its head counts)")
+    _warn_model_conflicts(args)
     options = ExportOptions(
         batch=args.batch, opset=args.opset, precisions=tuple(args.precision), fuse_queries=args.fuse_queries,
         queries=tuple(Query(t, r) for t, r in queries), fps=args.fps, threshold=args.threshold,
@@ -137,10 +149,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         from sdqes_edge.model.init import randomize_adapters
 
         model, source = model_from_args(args)
-        randomize_adapters(model, seed=args.seed)  # so the state paths carry signal through verification
+        randomize_adapters(model, seed=args.seed or 0)  # so the state paths carry signal through verification
     print(f"exporting {model.cfg.name} from {source} to {args.out}")
     result = export_bundle(model, args.out, options, checkpoint=checkpoint,
-                           log=(lambda m: None) if args.quiet else print)
+                           log=progress_log(args.quiet))
     print(f"\nwrote {result.out} in {result.seconds:.1f} s:")
     for name, entry in sorted(result.manifest["files"].items()):
         print(f"  {name:40s} {format_bytes(entry['bytes']):>10s}")
@@ -249,7 +261,7 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     from sdqes_edge.runtime.bundle import load_bundle
 
     build_engine(args.bundle, precision=args.precision, workspace_mib=args.workspace_mib,
-                 verify_frames=args.verify_frames)
+                 verify_frames=args.verify_frames, log=progress_log(quiet=False))
     manifest = load_bundle(args.bundle, verify_hashes=False).manifest  # checked by build_engine
     print(f"\nnext: {run_hint(args.bundle, manifest, f'--backend trt --precision {args.precision} --source 0')}")
     return 0
@@ -327,8 +339,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
     _add_int8_options(export)
     export.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens instead of "
                                                                         "refusing them")
-    export.add_argument("--seed", type=seed_number, default=0, help="with --preset: seed of the random weights, so an "
-                                                            "export can be repeated (default %(default)s)")
+    export.add_argument("--seed", type=seed_number, help="with --preset: seed of the random weights, so an export "
+                                                       "can be repeated (default 0)")
     export.add_argument("--quiet", action="store_true", help="no progress output")
     export.set_defaults(func=cmd_export, output_dirs=("out",))
 
