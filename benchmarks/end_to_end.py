@@ -4,6 +4,7 @@ and the whole runtime loop on an mp4 (decode, preprocess, step, score, alert) ag
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +16,7 @@ from sdqes_edge.benchmarks.timing import interleaved
 from sdqes_edge.config import preset
 from sdqes_edge.contract import FP16, FP32, PRECISIONS, step_graph_name
 from sdqes_edge.runtime.backend import warm_up
-from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, SlowPrecisionWarning
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import sample_frames
 
@@ -71,7 +72,9 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
     precisions = tuple(p for p in precisions if (bundle / step_graph_name(p)).is_file())
 
     def loop(precision: str) -> float:
-        detector = StreamingDetector(bundle, precision=precision, threads=cfg.threads, ort_device=ort_device)
+        with warnings.catch_warnings():  # every precision on purpose: the table reports what each one costs
+            warnings.simplefilter("ignore", SlowPrecisionWarning)
+            detector = StreamingDetector(bundle, precision=precision, threads=cfg.threads, ort_device=ort_device)
         detector.add_query("When I start to clean or wipe the table, remind me to sanitize my hands.")
         detector.warm_up()  # as `sdqes-edge run` does: one-off work (CUDA graph capture) is not a frame's cost
         start = time.perf_counter()
