@@ -25,6 +25,7 @@ import importlib
 _EXPORTS = {
     "sdqes_edge.state": ("STATE_INPUT_PREFIX", "STATE_OUTPUT_PREFIX", "StateSpec", "StateTensorSpec"),
     "sdqes_edge.tokenizer": ("ClipTokenizer", "default_tokenizer"),
+    "sdqes_edge.errors": ("SetupWarning",),
     ".alerts": ("AlertPolicy",),
     ".backend": ("StepBackend", "StepResult"),
     ".bundle": ("Bundle", "BundleError", "load_bundle"),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numbers
 import os
-import sys
+import warnings
 
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import SetupWarning, UserError
 
 
 def usable_cores() -> int:
@@ -27,7 +27,7 @@ def checked_threads(threads: int | None) -> int | None:
         raise UserError(f"threads is a whole number of at least 1 (or None for every core), not {threads!r}")
     cores = usable_cores()
     if threads > cores:
-        print(f"warning: {threads} threads asked of ONNX Runtime, but this process may use {cores} core(s); "
-              f"using {cores} (more would only take turns on them)", file=sys.stderr)
+        warnings.warn(f"{threads} threads asked of ONNX Runtime, but this process may use {cores} core(s); using "
+                      f"{cores} (more would only take turns on them)", SetupWarning, stacklevel=2)
         return cores
     return int(threads)

@@ -20,13 +20,14 @@ import ctypes
 import io
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FP16, FRAME_INPUT, INT8, LOGITS_OUTPUT, METADATA_KEY, QUERY_INPUT
-from sdqes_edge.errors import UserError, first_line
+from sdqes_edge.errors import SetupWarning, UserError, first_line
 from sdqes_edge.files import file_sha256, user_cache_dir
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words, update_command
 from sdqes_edge.state import StateSpec
@@ -278,8 +279,9 @@ def tensorrt_cache_options(path: Path) -> dict[str, str]:
         folder.mkdir(parents=True, exist_ok=True)
         first_use = not any(folder.iterdir())
     except OSError as exc:
-        print(f"warning: cannot make a TensorRT engine cache at {folder} ({exc.strerror or exc}); ONNX Runtime "
-              "builds the engines again every run (set XDG_CACHE_HOME to a writable folder)", file=sys.stderr)
+        warnings.warn(f"cannot make a TensorRT engine cache at {folder} ({exc.strerror or exc}); ONNX Runtime "
+                      "builds the engines again every run (set XDG_CACHE_HOME to a writable folder)", SetupWarning,
+                      stacklevel=2)
         return {}
     if first_use and provider_library_problem(TENSORRT_PROVIDER) is None:  # else no engine is built: it fails
         print(f"ONNX Runtime's TensorRT provider builds engines for {path.name} on first use (minutes); they are "
@@ -300,8 +302,8 @@ def session_with_capture_fallback(make, cuda_graph: bool, path: Path):
     except Exception as exc:  # a damaged file fails here too, captured or not
         raise load_refusal(exc, path, "a step graph") from None
     if cuda_graph:
-        print(f"warning: ONNX Runtime refused CUDA graph capture for {path.name} ({refusal}); stepping without it",
-              file=sys.stderr)
+        warnings.warn(f"ONNX Runtime refused CUDA graph capture for {path.name} ({refusal}); stepping without it",
+                      SetupWarning, stacklevel=2)
     return session, False
 
 
@@ -361,8 +363,8 @@ def _check_providers(device: str, assigned: list[str]) -> None:
     problem = provider_library_problem(wanted)  # the library it names, where its own library will not load
     missing = f"its library will not load: {problem}" if problem else PROVIDER_NEEDS.get(wanted, wanted)
     if device == "tensorrt" and CUDA_PROVIDER in assigned:
-        print(f"warning: ONNX Runtime could not create the TensorRT execution provider ({missing}); "
-              "running on the CUDA execution provider instead", file=sys.stderr)
+        warnings.warn(f"ONNX Runtime could not create the TensorRT execution provider ({missing}); running on the "
+                      "CUDA execution provider instead", SetupWarning, stacklevel=2)
         return
     raise UserError(f"ONNX Runtime could not create the {wanted} ({missing}) and would run on "
                     f"{', '.join(assigned) or 'nothing'}; fix the installation or use --ort-device cpu")

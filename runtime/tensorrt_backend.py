@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from sdqes_edge.contract import (
     STATE_OUTPUT_PREFIX,
     engine_name,
 )
-from sdqes_edge.errors import UserError, first_line, install_command
+from sdqes_edge.errors import SetupWarning, UserError, first_line, install_command
 
 from .backend import STATE_BUFFER_SETS, BoundState, BufferSetLedger, StepResult
 from .bound_step import RowCopier
@@ -127,8 +127,9 @@ def find_engine(bundle: Bundle, precision: str, device: DeviceInfo) -> tuple[Pat
     sidecar = json.loads(engine.with_suffix(".json").read_text())
     check_engine_matches(sidecar, device, bundle.root, precision)
     if not sidecar.get("verification"):  # built with --verify-frames 0, or by a version that did not check
-        print(f"warning: the {precision} engine was never checked against the bundle's fp32 graph; rebuild it to "
-              f"check it: sdqes-edge build-engine {bundle.root} --precision {precision}", file=sys.stderr)
+        warnings.warn(f"the {precision} engine was never checked against the bundle's fp32 graph; rebuild it to "
+                      f"check it: sdqes-edge build-engine {bundle.root} --precision {precision}", SetupWarning,
+                      stacklevel=2)
     return engine, sidecar
 
 

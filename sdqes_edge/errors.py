@@ -17,6 +17,12 @@ EXTRA_FOR_MODULE = {"torch": "export", "onnx": "export", "tqdm": "export", "cv2"
                     "pycuda": "tensorrt"}
 
 
+class SetupWarning(RuntimeWarning):
+    """Something the runtime changed, or could not set up, on this machine, and runs on without: threads above the
+    cores brought down, a CUDA graph capture refused, TensorRT's provider missing, an engine never checked, no
+    engine cache. The command line shows it as one line; a program can filter it or make it an error."""
+
+
 # How a library's log (the exporter's, the engine builder's) starts a warning; the command line shows such lines as
 # its own warnings, on stderr.
 WARNING_PREFIX = "warning: "

@@ -108,6 +108,7 @@ def test_no_more_workers_start_than_cores_or_streams_and_a_thread_count_is_broug
     assert (f"--workers 64 on {cores} usable core(s)" in done.stderr) == (cores < 64)
     done = score(corpus, tmp_path / "threads", "--workers", "1", "--threads", "999")
     assert done.returncode == 0 and done.stderr.count("999 threads asked of ONNX Runtime") == 1, done.stderr
+    assert "sdqes-edge: warning: 999 threads asked of ONNX Runtime" in done.stderr  # the command line's own form
 
 
 def test_ray_gives_the_same_traces_as_running_each_stream(corpus, per_stream_traces, tmp_path):

@@ -14,7 +14,7 @@ import onnxruntime
 import pytest
 from conftest import random_model
 
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.export import ExportOptions, export_bundle
 from sdqes_edge.runtime.backend import BufferSetLedger
 from sdqes_edge.runtime.bundle import load_bundle
@@ -188,14 +188,15 @@ def test_an_fp16_graphs_state_is_carried_in_fp16_bound_or_not_and_loads_from_fp3
         np.testing.assert_array_equal(reloaded[name], value)
 
 
-def test_a_provider_onnx_runtime_could_not_create_is_named_never_silently_replaced(capsys):
+def test_a_provider_onnx_runtime_could_not_create_is_named_never_silently_replaced():
     cpu_only = ["CPUExecutionProvider"]
     with pytest.raises(UserError, match="could not create the CUDAExecutionProvider.*--ort-device cpu"):
         _check_providers("cuda", cpu_only)
-    _check_providers("tensorrt", ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    warning = capsys.readouterr().err
+    with pytest.warns(SetupWarning) as caught:
+        _check_providers("tensorrt", ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    warning = str(caught[0].message)
     assert "TensorRT execution provider" in warning and "libnvinfer" in warning and "CUDA" in warning
-    assert warning.count("\n") == 1
+    assert len(caught) == 1 and "\n" not in warning
     with pytest.raises(UserError, match="TensorRT"):
         _check_providers("tensorrt", cpu_only)
     _check_providers("cpu", cpu_only)  # what was asked is what runs: silent
@@ -213,7 +214,7 @@ CAPTURE_REFUSAL = ("[ONNXRuntimeError] : 1 : FAIL : This session cannot use the 
                    "by the user  as all compute graph nodes have not been partitioned to the CUDAExecutionProvider")
 
 
-def test_a_refused_cuda_graph_capture_steps_uncaptured_with_a_one_line_warning(step_graphs, capsys):
+def test_a_refused_cuda_graph_capture_steps_uncaptured_with_a_one_line_warning(step_graphs):
     paths, _ = step_graphs
     made = []
 
@@ -223,10 +224,11 @@ def test_a_refused_cuda_graph_capture_steps_uncaptured_with_a_one_line_warning(s
             raise RuntimeError(CAPTURE_REFUSAL + "\nmore detail")
         return onnxruntime.InferenceSession(str(paths[1]), providers=["CPUExecutionProvider"])
 
-    session, captured = session_with_capture_fallback(make, True, paths[1])
+    with pytest.warns(SetupWarning, match="refused CUDA graph capture") as caught:
+        session, captured = session_with_capture_fallback(make, True, paths[1])
     assert made == [True, False] and captured is False and session.get_inputs()
-    warning = capsys.readouterr().err
-    assert warning.count("\n") == 1 and "refused CUDA graph capture" in warning and "partitioned" in warning
+    warning = str(caught[0].message)
+    assert len(caught) == 1 and "\n" not in warning and "partitioned" in warning
 
 
 def test_a_damaged_graph_is_named_whether_or_not_capture_was_asked(tmp_path, capsys):
@@ -321,7 +323,7 @@ def test_tensorrt_provider_engines_are_cached_per_graph_content_and_the_first_bu
 
 
 def test_without_a_writable_cache_the_tensorrt_provider_builds_every_run_with_a_one_line_warning(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, monkeypatch):
     from sdqes_edge.runtime.onnxruntime_backend import tensorrt_cache_options
 
     blocker = tmp_path / "not-a-folder"
@@ -329,9 +331,10 @@ def test_without_a_writable_cache_the_tensorrt_provider_builds_every_run_with_a_
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
     graph = tmp_path / "a.onnx"
     graph.write_bytes(b"graph")
-    assert tensorrt_cache_options(graph) == {}
-    warning = capsys.readouterr().err
-    assert warning.count("\n") == 1 and "XDG_CACHE_HOME" in warning and "every run" in warning
+    with pytest.warns(SetupWarning) as caught:
+        assert tensorrt_cache_options(graph) == {}
+    warning = str(caught[0].message)
+    assert len(caught) == 1 and "\n" not in warning and "XDG_CACHE_HOME" in warning and "every run" in warning
 
 
 @pytest.mark.parametrize("kind", ["none", "mlp", "st", "qrnn", "retnet"])
