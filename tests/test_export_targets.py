@@ -180,11 +180,13 @@ def test_verify_frames_0_keeps_the_engine_unchecked_and_says_so(fp16_bundle):
     assert any("without a check" in m for m in messages)
 
 
-def test_an_engine_never_checked_against_the_fp32_graph_is_used_with_a_one_line_warning(fp16_bundle, tmp_path, capsys):
+def test_an_engine_never_checked_against_the_fp32_graph_is_used_with_a_one_line_warning(fp16_bundle, tmp_path):
     import json
     import shutil
+    import warnings
 
     from sdqes_edge.contract import ENGINES_FOLDER, engine_name
+    from sdqes_edge.errors import SetupWarning
     from sdqes_edge.runtime.bundle import load_bundle
     from sdqes_edge.runtime.tensorrt_backend import find_engine
 
@@ -197,12 +199,14 @@ def test_an_engine_never_checked_against_the_fp32_graph_is_used_with_a_one_line_
     engine.write_bytes(b"engine")
     sidecar = {"gpu": here.name, "compute_capability": [8, 7], "tensorrt_version": "10.3.0", "verification": None}
     engine.with_suffix(".json").write_text(json.dumps(sidecar))
-    assert find_engine(load_bundle(copy), "fp16", here)[0] == engine
-    warning = capsys.readouterr().err
-    assert warning.count("\n") == 1 and "never checked" in warning and "build-engine" in warning
+    with pytest.warns(SetupWarning) as caught:
+        assert find_engine(load_bundle(copy), "fp16", here)[0] == engine
+    warning = str(caught[0].message)
+    assert len(caught) == 1 and "\n" not in warning and "never checked" in warning and "build-engine" in warning
     engine.with_suffix(".json").write_text(json.dumps(dict(sidecar, verification={"passed": True})))
-    find_engine(load_bundle(copy), "fp16", here)
-    assert capsys.readouterr().err == ""  # a checked engine is used silently
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SetupWarning)  # a checked engine is used silently
+        find_engine(load_bundle(copy), "fp16", here)
 
 
 def test_build_engine_is_torch_free_so_a_jetson_with_the_runtime_and_tensorrt_can_run_it():
