@@ -48,7 +48,6 @@ DEVICE_PROVIDERS = {
 }
 
 
-
 class SlowPrecisionWarning(RuntimeWarning):
     """The step graph asked for runs slower on this ONNX Runtime provider than the fp32 graph would
     (``warnings.simplefilter("error", SlowPrecisionWarning)`` makes it an error)."""
