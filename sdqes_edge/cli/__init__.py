@@ -25,7 +25,7 @@ import warnings
 from typing import Callable, Sequence
 
 from sdqes_edge import __version__, package_builds
-from sdqes_edge.cli.common import PROG, OneLineErrorParser, check_output_paths, missing_module_words
+from sdqes_edge.cli.common import PROG, OneLineErrorParser, check_output_paths, missing_module_words, warn
 from sdqes_edge.errors import UserError, module_absent
 from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination, signal_of
 
@@ -85,7 +85,7 @@ def _one_line_warnings(previous: Callable) -> Callable:
     as its refusals are; any other as Python shows it (file, line and source)."""
     def show(message, category, filename, lineno, file=None, line=None):
         if category.__module__.startswith("sdqes_edge."):
-            print(f"{PROG}: warning: {message}", file=sys.stderr)
+            warn(str(message))
         else:
             previous(message, category, filename, lineno, file, line)
     return show

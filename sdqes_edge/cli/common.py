@@ -48,8 +48,7 @@ class UniqueValues(argparse.Action):
         unique = list(dict.fromkeys(values))
         if len(unique) < len(values):
             repeated = [str(v) for v in unique if values.count(v) > 1]
-            print(f"{PROG}: warning: {option_string} lists {', '.join(repeated)} more than once; each is used once",
-                  file=sys.stderr)
+            warn(f"{option_string} lists {', '.join(repeated)} more than once; each is used once")
         setattr(namespace, self.dest, unique)
 
 
@@ -63,8 +62,8 @@ def unique_queries(queries: list[tuple[str, str | None]]) -> list[tuple[str, str
     for text, message in queries:
         key = clean_text(text)
         if key in kept:
-            print(f"{PROG}: warning: the query {text!r} is given more than once (case and spacing aside); it is "
-                  "watched once", file=sys.stderr)
+            warn(f"the query {text!r} is given more than once (case and spacing aside); it is "
+                 "watched once")
         else:
             kept[key] = (text, message)
     return list(kept.values())
@@ -153,12 +152,22 @@ def model_from_args(args: argparse.Namespace):
     return model, f"preset {cfg.name} (random weights, seed {seed})"
 
 
+def warn(message: str) -> None:
+    """A warning of the command line's: one line on stderr, after the program's name."""
+    print(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+def given_flags(args: argparse.Namespace, *names: str) -> list[str]:
+    """The options among ``names`` that the command line set (their flags), in that order."""
+    return ["--" + name.replace("_", "-") for name in names if getattr(args, name) not in (None, False)]
+
+
 def progress_log(quiet: bool):
     """A library's log for the command line: its "warning: ..." lines as the command's warnings (stderr, even with
     --quiet, since they are not progress), everything else on stdout unless --quiet."""
     def log(message: str) -> None:
         if message.startswith(WARNING_PREFIX):
-            print(f"{PROG}: {message}", file=sys.stderr)
+            warn(message[len(WARNING_PREFIX):])
         elif not quiet:
             print(message)
     return log

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, seed_number
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, seed_number, warn
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.train_options import DEMO_SEED, SPLIT_SEED_BASE, is_training_seed
@@ -17,9 +16,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from sdqes_edge.demo import DEMO_BUNDLE, run_demo
 
     if is_training_seed(args.seed):
-        print(f"{PROG}: warning: seed {args.seed} is in a training, validation or test split's range; pick a seed "
-              f"below {min(SPLIT_SEED_BASE.values())} to see a stream no model was trained or calibrated on",
-              file=sys.stderr)
+        warn(f"seed {args.seed} is in a training, validation or test split's range; pick a seed "
+             f"below {min(SPLIT_SEED_BASE.values())} to see a stream no model was trained or calibrated on")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for the demo's video, plot and logs")

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, UniqueValues, add_subcommand, at_least, finite_number, seed_number
+from sdqes_edge.cli.common import UniqueValues, add_subcommand, at_least, finite_number, seed_number, warn
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.errors import UserError
 from sdqes_edge.metrics import THRESHOLD_CANDIDATES
@@ -56,8 +56,8 @@ def _check_eval_args(args: argparse.Namespace):
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold is a probability sigmoid(cos) in (0, 1), not {args.threshold}")
     if args.per_label and not args.calibrate:  # a per-label threshold is one of the calibration's choices
-        print(f"{PROG}: warning: --per-label chooses a threshold per label while calibrating; without --calibrate it "
-              "does nothing: add --calibrate", file=sys.stderr)
+        warn("--per-label chooses a threshold per label while calibrating; without --calibrate it "
+             "does nothing: add --calibrate")
     if args.write_threshold and not (args.calibrate or args.calibrate_policy):
         raise UserError("--write-threshold writes what was calibrated: add --calibrate and/or --calibrate-policy")
     if not args.write_threshold:

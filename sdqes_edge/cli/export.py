@@ -9,7 +9,6 @@ import argparse
 import csv
 import io
 import json
-import sys
 from pathlib import Path
 
 import sdqes_edge
@@ -21,11 +20,13 @@ from sdqes_edge.cli.common import (
     add_subcommand,
     at_least,
     finite_number,
+    given_flags,
     model_from_args,
     progress_log,
     run_hint,
     seed_number,
     unique_queries,
+    warn,
 )
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.contract import DEFAULT_OPSET, FP16, PRECISIONS, REFERENCE_PRECISION
@@ -102,17 +103,13 @@ def _json_queries(text: str, p: Path) -> list[tuple[str, str]]:
 def _warn_model_conflicts(args: argparse.Namespace) -> None:
     """Model options the other way of giving a model fixes: each named in a warning and dropped."""
     if args.checkpoint and args.adapter:
-        print(f"{PROG}: warning: --adapter is ignored with --checkpoint (the checkpoint determines its adapters)",
-              file=sys.stderr)
+        warn("--adapter is ignored with --checkpoint (the checkpoint determines its adapters)")
         args.adapter = None
     if args.checkpoint and args.seed is not None:  # it seeds random weights, and a checkpoint brings its own
-        print(f"{PROG}: warning: --seed is ignored with --checkpoint (it seeds a preset's random weights)",
-              file=sys.stderr)
-    head_flags = [f for f, v in (("--vision-heads", args.vision_heads), ("--text-heads", args.text_heads),
-                                 ("--model-config", args.model_config)) if v is not None]
+        warn("--seed is ignored with --checkpoint (it seeds a preset's random weights)")
+    head_flags = given_flags(args, "vision_heads", "text_heads", "model_config")
     if args.preset and head_flags:
-        print(f"{PROG}: warning: {', '.join(head_flags)} ignored with --preset (the preset fixes its head counts)",
-              file=sys.stderr)
+        warn(f"{', '.join(head_flags)} ignored with --preset (the preset fixes its head counts)")
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, given_flags, warn
 from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.progress import progress_bar
 
@@ -28,7 +28,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     out = Path(args.out)
     tasks = plan_streams(annotations, Path(args.videos))
     if (copies := copies_words(tasks)) is not None:
-        print(f"{PROG}: warning: {copies}", file=sys.stderr)
+        warn(copies)
     if args.bench:
         return _bench(tasks, Path(args.bundle), out)
     claim_output(out, bundle.model_identity, bundle.fps)  # before a trace of another model counts as finished
@@ -56,26 +56,21 @@ def _check_score_args(args: argparse.Namespace) -> None:
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
     if args.bench:
-        given = _given(args, "workers", "threads", "ray", "ray_actors", "shared_bundle", "threshold")
+        given = given_flags(args, "workers", "threads", "ray", "ray_actors", "shared_bundle", "threshold")
         if given:  # the bench sizes each way of scoring itself, and reports speed, not SR/SMD
-            print(f"{PROG}: warning: --bench scores the corpus each way with sizes of its own for this machine's "
-                  f"cores, and reports speed, not SR/SMD: ignoring {', '.join(given)}", file=sys.stderr)
+            warn(f"--bench scores the corpus each way with sizes of its own for this machine's "
+                 f"cores, and reports speed, not SR/SMD: ignoring {', '.join(given)}")
         return
     if args.ray:
         from sdqes_edge.corpus_ray import require_ray
 
         require_ray()
         if args.workers is not None:
-            print(f"{PROG}: warning: --workers is for the local pool; with --ray each actor is one worker "
-                  "(--ray-actors sets how many)", file=sys.stderr)
-    elif given := _given(args, "shared_bundle", "ray_actors"):
-        print(f"{PROG}: warning: {' and '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --ray; "
-              f"ignoring {'it' if len(given) == 1 else 'them'}", file=sys.stderr)
-
-
-def _given(args: argparse.Namespace, *names: str) -> list[str]:
-    """The options among ``names`` that the command line set (their flags), in that order."""
-    return ["--" + name.replace("_", "-") for name in names if getattr(args, name) not in (None, False)]
+            warn("--workers is for the local pool; with --ray each actor is one worker "
+                 "(--ray-actors sets how many)")
+    elif given := given_flags(args, "shared_bundle", "ray_actors"):
+        warn(f"{' and '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --ray; "
+             f"ignoring {'it' if len(given) == 1 else 'them'}")
 
 
 def _pool_size(args: argparse.Namespace, streams: int) -> tuple[int, int]:
@@ -87,14 +82,14 @@ def _pool_size(args: argparse.Namespace, streams: int) -> tuple[int, int]:
     cores = usable_cores()
     workers = args.workers or cores
     if workers > cores:
-        print(f"{PROG}: warning: --workers {workers} on {cores} usable core(s): each worker holds a loaded bundle and "
-              f"more would only take turns; using {cores}", file=sys.stderr)
+        warn(f"--workers {workers} on {cores} usable core(s): each worker holds a loaded bundle and "
+             f"more would only take turns; using {cores}")
         workers = cores
     workers = max(1, min(workers, streams))
     threads = checked_threads(args.threads) or max(1, cores // workers)  # said once here, not by every worker
     if workers * threads > cores:
-        print(f"{PROG}: warning: {workers} workers x {threads} threads is more than the {cores} usable core(s): they "
-              "will take turns; lower --threads (default: the cores shared out among the workers)", file=sys.stderr)
+        warn(f"{workers} workers x {threads} threads is more than the {cores} usable core(s): they "
+             "will take turns; lower --threads (default: the cores shared out among the workers)")
     return workers, threads
 
 

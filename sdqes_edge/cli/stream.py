@@ -9,7 +9,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, unique_queries
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, unique_queries, warn
 from sdqes_edge.contract import INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import (
@@ -112,17 +112,17 @@ def _check_run_args(args: argparse.Namespace) -> None:
             check_output_file(scores, "--scores", SCORE_TRACE_EXAMPLE)
         else:
             if scores.suffix and not scores.is_dir():  # scores.txt, traces.json: meant as a file, most likely
-                print(f"{PROG}: warning: --scores {scores} does not end in {TRACE_SUFFIX}, so it is a folder "
-                      f"(one SOURCE{TRACE_SUFFIX} per stream); for one file name it "
-                      f"{scores.with_suffix(TRACE_SUFFIX)}", file=sys.stderr)
+                warn(f"--scores {scores} does not end in {TRACE_SUFFIX}, so it is a folder "
+                     f"(one SOURCE{TRACE_SUFFIX} per stream); for one file name it "
+                     f"{scores.with_suffix(TRACE_SUFFIX)}")
             check_output_dir(scores, "--scores")
     if args.save_state:
         from sdqes_edge.runtime.snapshots import SNAPSHOT_SUFFIX, snapshot_path
 
         if Path(args.save_state).suffix != SNAPSHOT_SUFFIX:  # so that the summary names the file written
             written = str(snapshot_path(args.save_state))
-            print(f"{PROG}: warning: --save-state {args.save_state} does not end in {SNAPSHOT_SUFFIX}, so the "
-                  f"snapshot goes to {written} (--resume finds it by either name)", file=sys.stderr)
+            warn(f"--save-state {args.save_state} does not end in {SNAPSHOT_SUFFIX}, so the "
+                 f"snapshot goes to {written} (--resume finds it by either name)")
             args.save_state = written
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, UniqueValues, add_subcommand, at_least, finite_number, seed_number
+from sdqes_edge.cli.common import PROG, UniqueValues, add_subcommand, at_least, finite_number, seed_number, warn
 from sdqes_edge.config import ADAPTER_KINDS
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import staged_directory
@@ -71,7 +70,7 @@ TRAIN_HELP = {
 def train_options_from_args(args: argparse.Namespace):
     options = TrainOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainOptions)}).check()
     for conflict in options.conflicts():
-        print(f"{PROG}: warning: {conflict}", file=sys.stderr)
+        warn(conflict)
     return options
 
 
