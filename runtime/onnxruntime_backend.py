@@ -58,7 +58,8 @@ def slow_precision_words(precision: str, device: str, bundle: str | Path) -> str
     if device == "cuda" and precision == INT8:
         return ("the int8 graph (QDQ) is a CPU and TensorRT format: ONNX Runtime's CUDA build has only QuantizeLinear, "
                 "DequantizeLinear and MatMulInteger, so it runs float products between them, slower than fp32; on this "
-                "GPU use --precision fp16, or --ort-device tensorrt / build-engine for int8")
+                "GPU use the fp16 graph, or run int8 through TensorRT (ONNX Runtime's tensorrt device, or an engine "
+                "from `sdqes-edge build-engine`)")
     if device == "cpu" and precision == FP16:
         return ("the fp16 graph is a GPU format: ONNX Runtime's CPU provider has no fp16 kernel for most of its "
                 "operators and runs them in float32 between Casts it adds, no faster than fp32 (`sdqes-edge inspect "

@@ -235,7 +235,8 @@ def test_an_int8_graph_on_the_cuda_provider_is_warned_about_and_nowhere_else():
     from sdqes_edge.runtime.onnxruntime_backend import slow_precision_words
 
     warning = slow_precision_words("int8", "cuda", "b")
-    assert warning is not None and "\n" not in warning and "use --precision fp16" in warning
+    assert warning is not None and "\n" not in warning and "use the fp16 graph" in warning
+    assert "--" not in warning  # words a Python program (precision="fp16") reads as well as the command line
     for device, precision in (("cpu", "int8"), ("tensorrt", "int8"), ("cuda", "fp16"), ("cuda", "fp32")):
         assert slow_precision_words(precision, device, "b") in (None, slow_precision_words("fp16", "cpu", "b"))
     assert slow_precision_words("int8", "tensorrt", "b") is None and slow_precision_words("fp16", "cuda", "b") is None
