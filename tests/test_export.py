@@ -262,6 +262,7 @@ def test_export_a_lightning_checkpoint_from_the_command_line_infers_everything(t
     ckpt = lightning_checkpoint(model, str(tmp_path / "last.ckpt"))
     done = run_cli("export", "--checkpoint", ckpt, "--out", str(tmp_path / "b"), "--quiet")
     assert done.returncode == 0, done.stderr
+    assert "exporting" not in done.stdout  # --quiet: no progress lines, only the result and what to run next
     assert done.stdout.splitlines()[-1].endswith(f"then: sdqes-edge run {tmp_path / 'b'} --source VIDEO --query TEXT")
     manifest = load_bundle(tmp_path / "b").manifest
     assert ModelConfig.from_dict(manifest["model"]).adapter == model.cfg.adapter

@@ -147,7 +147,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         model, source = model_from_args(args)
         randomize_adapters(model, seed=args.seed or 0)  # so the state paths carry signal through verification
-    print(f"exporting {model.cfg.name} from {source} to {args.out}")
+    if not args.quiet:
+        print(f"exporting {model.cfg.name} from {source} to {args.out}")
     result = export_bundle(model, args.out, options, checkpoint=checkpoint,
                            log=progress_log(args.quiet))
     print(f"\nwrote {result.out} in {result.seconds:.1f} s:")
@@ -338,7 +339,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
                                                                         "refusing them")
     export.add_argument("--seed", type=seed_number, help="with --preset: seed of the random weights, so an export "
                                                        "can be repeated (default 0)")
-    export.add_argument("--quiet", action="store_true", help="no progress output")
+    export.add_argument("--quiet", action="store_true",
+                        help="no progress output: only what was written, warnings and errors")
     export.set_defaults(func=cmd_export, output_dirs=("out",))
 
 
