@@ -188,4 +188,6 @@ def test_synth_points_eval_at_a_split_it_wrote(tmp_path, capsys):
 
     assert run(["synth", "--out", str(tmp_path / "d"), "--train", "1", "--val", "0", "--test", "0",
                 "--seconds", "20"]) == 0
-    assert "--split train --fps 2" in capsys.readouterr().out  # it said --split test, which had no stream
+    out = capsys.readouterr().out
+    assert "--split train --fps 2" in out  # it said --split test, which had no stream
+    assert out.startswith("wrote 1 stream of 20 s")  # not "1 streams"

@@ -38,7 +38,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     with staged_directory(out) as staging:  # an error or Ctrl-C half-way leaves no folder to clear away
         csv_path = out / write_dataset(staging, seeds, seconds=args.seconds, fps=args.fps).relative_to(staging)
     total = sum(counts.values())
-    print(f"wrote {total} streams of {args.seconds:g} s at {args.fps:g} fps ({args.train} train, {args.val} val, "
+    streams = f"{total} stream{'s' if total != 1 else ''}"
+    print(f"wrote {streams} of {args.seconds:g} s at {args.fps:g} fps ({args.train} train, {args.val} val, "
           f"{args.test} test) and {csv_path} in {time.perf_counter() - started:.1f} s")
     split = next(name for name in ("test", "val", "train") if counts[name])  # the split eval should score
     print(f"\nnext: {PROG} eval --annotations {csv_path} --split {split} --fps {args.fps:g} --baseline oracle random")
