@@ -62,6 +62,8 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
         number = _RowNumbers(path, line, r)
         # Starts may lie a little before the video (15 rows of EgoSDQES do): the metrics clamp them to frame 0.
         start, fps = number("video_start_time"), number("video_fps", 0.0, inclusive=False)
+        if not r["query"].strip():  # scoring it would fail its whole video, every re-run
+            raise UserError(f"{path} line {line}: query is empty; fix or remove that row")
         out.append(Annotation(r["split"], r["source"], r["video_uid"], r["query"], r["response"], r["label"],
                               start, number("video_length", 0.0) / fps, i,
                               number("asked_time", default=0.0), r.get("clip_uid") or ""))

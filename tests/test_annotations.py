@@ -59,8 +59,9 @@ def test_a_missing_or_foreign_csv_is_refused(tmp_path):
     ("video_start_time", "nan", "line 4: video_start_time is 'nan', not a number"),
     ("video_fps", "0", "line 4: video_fps is '0', not a number > 0"),
     ("video_length", "-30", "line 4: video_length is '-30', not a number >= 0"),
+    ("query", " ", "line 4: query is empty; fix or remove that row"),
 ])
-def test_a_row_with_a_bad_number_is_refused_naming_its_line_column_and_value(column, value, says, egosdqes_csv,
+def test_a_row_with_a_bad_value_is_refused_naming_its_line_column_and_value(column, value, says, egosdqes_csv,
                                                                              tmp_path):
     lines = egosdqes_csv.read_text(encoding="utf-8").splitlines()[:6]
     header = lines[0].split(",")
