@@ -89,6 +89,10 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
          ["eval", "--annotations", str(t / "a.csv"), "--scores", str(t / "photos")]),
         ("eval: an annotation row whose start time is not a number",
          ["eval", "--annotations", str(t / "badrow.csv"), "--baseline", "oracle", "--split", "train"]),
+        ("eval: an annotation row whose query is empty",
+         ["eval", "--annotations", str(t / "emptyquery.csv"), "--baseline", "oracle", "--split", "train"]),
+        ("score: an annotation query over the model's 77 tokens",
+         ["score", str(b), "--annotations", str(t / "longquery.csv"), "--videos", str(t), "--out", str(t / "scored")]),
         ("eval: annotations a spreadsheet saved with ';' between columns",
          ["eval", "--annotations", str(t / "semicolons.csv"), "--baseline", "oracle"]),
         ("eval: traces of test streams, evaluated on eval's default split (val)",
@@ -128,7 +132,6 @@ def prepare(t: Path) -> Path:
     from sdqes_edge.files import file_sha256
     from sdqes_edge.model import SDQESModel
     from sdqes_edge.runtime.detector import StreamingDetector
-    from sdqes_edge.traces import StreamScores, save_scores
 
     model = SDQESModel(preset("tiny+qrnn")).eval()
     b = t / "bundle"
@@ -150,17 +153,9 @@ def prepare(t: Path) -> Path:
     (t / "photos").mkdir()
     (t / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
     (t / "queries.json").write_text(json.dumps({"text": Q, "response": "Wash your hands."}))
-    (t / "a.csv").write_text("split,video_uid,query,video_start_time\n")
-    header = "split,source,video_uid,query,response,label,video_start_time,video_fps,video_length"
-    (t / "badrow.csv").write_text(f"{header}\ntrain,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
-                                  f"train,moments,v1,{Q},Wash!,cook,1:05,30,900\n")
+    _annotation_files(t)
     (t / "mine").mkdir()
     (t / "mine" / "alerts.jsonl").write_text("{}\n")
-    (t / "semicolons.csv").write_text(header.replace(",", ";") + "\n")
-    (t / "splits.csv").write_text(f"{header}\nval,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
-                                  f"test,moments,v2,{Q},Wash!,cook,12.5,30,900\n")
-    (t / "test-traces").mkdir()
-    save_scores(t / "test-traces" / "v2.npz", StreamScores("v2", 1.0, [Q], ["0"], np.zeros(1), np.zeros((30, 1))))
     for name in ("garbled", "changed", "escaping", "reaching", "newer", "blocked", "nan-fps"):
         shutil.copytree(b, t / name)
     _read_weights_from(t / "reaching", "../weights.bin")
@@ -177,6 +172,26 @@ def prepare(t: Path) -> Path:
     m["fps"] = float("nan")
     (t / "nan-fps" / "manifest.json").write_text(json.dumps(m))  # Python's json writes NaN; JSON has none
     return b
+
+
+def _annotation_files(t: Path) -> None:
+    """Annotation CSVs with one mistake each, and a trace of a split other than eval's default."""
+    import numpy as np
+
+    from sdqes_edge.traces import StreamScores, save_scores
+
+    (t / "a.csv").write_text("split,video_uid,query,video_start_time\n")
+    header = "split,source,video_uid,query,response,label,video_start_time,video_fps,video_length"
+    (t / "badrow.csv").write_text(f"{header}\ntrain,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
+                                  f"train,moments,v1,{Q},Wash!,cook,1:05,30,900\n")
+    (t / "emptyquery.csv").write_text(f"{header}\ntrain,moments,v1, ,Wash!,cook,12.5,30,900\n")
+    long_query = "Tell me when " + "the very " * 40 + "red ball starts rolling."
+    (t / "longquery.csv").write_text(f"{header}\ntrain,moments,clip,{long_query},Rolling!,rolls,0.5,5,5\n")
+    (t / "semicolons.csv").write_text(header.replace(",", ";") + "\n")
+    (t / "splits.csv").write_text(f"{header}\nval,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
+                                  f"test,moments,v2,{Q},Wash!,cook,12.5,30,900\n")
+    (t / "test-traces").mkdir()
+    save_scores(t / "test-traces" / "v2.npz", StreamScores("v2", 1.0, [Q], ["0"], np.zeros(1), np.zeros((30, 1))))
 
 
 def _read_weights_from(bundle: Path, location: str) -> None:

@@ -17,6 +17,7 @@ import json
 import multiprocessing
 import signal
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Callable, Iterable
 from sdqes_edge.annotations import Annotation, by_video
 from sdqes_edge.errors import UserError, first_line
 from sdqes_edge.files import path_problem, scratch, write_text_atomically
+from sdqes_edge.tokenizer import QueryTruncatedWarning
 from sdqes_edge.traces import TRACE_SUFFIX, StreamScores, load_scores, save_scores
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm")
@@ -41,6 +43,7 @@ class StreamTask:
     queries: tuple[tuple[str, str], ...]  # (query, alert message), in annotation order, each text once
     clip_only: str | None = None  # where the video is missing: a file of one of its clips that the folder holds
     also: tuple[str, ...] = ()  # other files of the same name, not streamed (full_scale/ and video_540ss/ copies)
+    truncate_queries: bool = False  # cut queries over the model's context length (score --truncate-queries)
 
 
 @dataclass
@@ -90,6 +93,20 @@ def copies_words(tasks: list[StreamTask]) -> str | None:
     return (f"{len(doubled)} annotated video(s) have more than one file in the video folder (e.g. {first.stream}: "
             f"{first.video}, also {', '.join(first.also)}); each is streamed from the first in name order; give "
             "--videos the folder of one copy (Ego4D: v2/full_scale) to choose")
+
+
+def over_long_queries(tasks: list[StreamTask], tokenizer) -> list[tuple[str, str, int]]:
+    """(stream, query, tokens) of each query longer than ``tokenizer``'s context: found before any video is
+    streamed, since each would fail its whole video (after loading it), and fail it again on every re-run."""
+    counts: dict[str, int] = {}
+    found = []
+    for task in tasks:
+        for text, _ in task.queries:
+            if text not in counts:
+                counts[text] = tokenizer.count(text)
+            if counts[text] > tokenizer.context_length:
+                found.append((task.stream, text, counts[text]))
+    return found
 
 
 def trace_path(out: Path, stream: str) -> Path:
@@ -158,9 +175,13 @@ class StreamScorer:
         from sdqes_edge.runtime.sinks import ScoreTraceRecorder
         from sdqes_edge.runtime.sources import open_source
 
+        # The scorer's one encoder serves every task; a task says whether its long queries are cut.
+        self.text_encoder.on_overflow = "truncate" if task.truncate_queries else "error"
         detector = StreamingDetector(self.bundle, backend_instance=self.backend, text_encoder=self.text_encoder)
-        for text, message in task.queries:
-            detector.add_query(text, message)
+        with warnings.catch_warnings():  # the driver said which queries are cut, once (over_long_queries)
+            warnings.simplefilter("ignore", QueryTruncatedWarning)
+            for text, message in task.queries:
+                detector.add_query(text, message)
         source = open_source(task.video, detector.fps)
         stats = RunStats()
         with scratch(SCRATCH_PREFIX) as folder:

@@ -26,7 +26,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     bundle = load_bundle(args.bundle)  # a bad bundle is refused before any worker starts
     annotations = require_annotations(args.annotations, split=args.split or None, source=args.source)
     out = Path(args.out)
-    tasks = plan_streams(annotations, Path(args.videos))
+    tasks = _checked_query_lengths(plan_streams(annotations, Path(args.videos)), bundle, args)
     if (copies := copies_words(tasks)) is not None:
         warn(copies)
     if args.bench:
@@ -71,6 +71,28 @@ def _check_score_args(args: argparse.Namespace) -> None:
     elif given := given_flags(args, "shared_bundle", "ray_actors"):
         warn(f"{' and '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --ray; "
              f"ignoring {'it' if len(given) == 1 else 'them'}")
+
+
+def _checked_query_lengths(tasks: list, bundle, args: argparse.Namespace) -> list:
+    """The tasks, their queries over the model's context length refused before any video is streamed, or cut with
+    a warning under --truncate-queries."""
+    from dataclasses import replace
+
+    from sdqes_edge.corpus import over_long_queries
+    from sdqes_edge.tokenizer import ClipTokenizer
+
+    limit = bundle.manifest["tokenizer"]["context_length"]
+    long = over_long_queries(tasks, ClipTokenizer(str(bundle.tokenizer_vocab), context_length=limit))
+    if long:
+        stream, text, count = long[0]
+        which = (f"{len(long)} annotation quer{'y is' if len(long) == 1 else 'ies are'} over the model's limit of "
+                 f"{limit} tokens (e.g. {stream}: {text[:60]!r}... is {count})")
+        if not args.truncate_queries:
+            raise UserError(f"{which}; shorten {'it' if len(long) == 1 else 'them'} in {args.annotations}, or pass "
+                            f"--truncate-queries to cut {'it' if len(long) == 1 else 'them'} to {limit}")
+        ends = "its end is" if len(long) == 1 else "their ends are"
+        warn(f"{which}: cut to {limit} tokens (--truncate-queries), so {ends} not scored")
+    return [replace(t, truncate_queries=True) for t in tasks] if args.truncate_queries else tasks
 
 
 def _pool_size(args: argparse.Namespace, streams: int) -> tuple[int, int]:
@@ -216,5 +238,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument("--bench", action="store_true",
                        help="instead: score the corpus with one process (all threads), the local pool and Ray "
                             "(when installed), side by side, and report videos per minute (OUT/bench.md)")
+    score.add_argument("--truncate-queries", action="store_true",
+                       help="cut annotation queries over the model's 77 tokens (their traces keep the full text, "
+                            "so eval still matches them); without it such a query is refused before any video")
     score.add_argument("--quiet", action="store_true", help="no progress bar")
     score.set_defaults(func=cmd_score, output_dirs=("out",))
