@@ -140,6 +140,10 @@ def load_scores(path: str | Path) -> StreamScores:
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as data:
+            if "format_version" not in data.files:  # an archive of other arrays, not a damaged trace
+                raise UserError(f"{path} is a NumPy archive but not a score trace written by `sdqes-edge run "
+                                "--scores` (a state snapshot from --save-state, or another program's arrays?); "
+                                "keep score traces in a folder of their own")
             version = int(data["format_version"])
             if version > TRACE_FORMAT_VERSION:
                 raise UserError(f"{path} is a version {version} score trace; this sdqes-edge reads up to "

@@ -50,6 +50,18 @@ def test_a_score_trace_round_trips_and_a_damaged_one_is_refused(tmp_path):
         load_score_dir(tmp_path)
 
 
+def test_a_state_snapshot_beside_the_traces_is_named_as_such_not_as_a_damaged_trace(tmp_path):
+    """`run --scores out/trace.npz --save-state out/state.npz`, then the `eval --scores out` that run suggests."""
+    from sdqes_edge.demo import DEMO_BUNDLE
+    from sdqes_edge.runtime import StreamingDetector
+
+    save_scores(tmp_path / "trace.npz", StreamScores("vid", 1.0, ["q"], ["0"], np.zeros(1), np.zeros((5, 1))))
+    StreamingDetector(DEMO_BUNDLE).save_state(tmp_path / "state.npz")
+    with pytest.raises(UserError, match=r"state.npz is a NumPy archive but not a score trace .*--save-state.*; "
+                                        r"keep score traces in a folder of their own$"):
+        load_score_dir(tmp_path)
+
+
 def test_traces_are_matched_by_video_and_query_text_and_scored(tmp_path):
     csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 20.0),
                                                  ("v1", "When I read, remind me.", "read", 40.0),
