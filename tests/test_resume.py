@@ -116,3 +116,15 @@ def test_a_snapshot_named_without_npz_is_reported_where_it_was_written_and_resum
     assert f"snapshot goes to {tmp_path / 'run1.npz'}" in err and err.splitlines()[-1].endswith("run1.npz")
     assert run([*args, "--resume", str(tmp_path / "run1"), "--save-state", str(tmp_path / "run2.npz")]) == 0
     assert np.load(tmp_path / "run2.npz")["frame_counts"].tolist() == [10]  # the first run's 5 frames, then 5
+
+
+def test_a_file_resumed_where_it_had_already_ended_says_so_and_keeps_its_trace(exported, video, tmp_path, capsys):
+    """Resuming a file streamed to its end stepped nothing and printed "done: 0 frames", with no word of why."""
+    _, bundle = exported
+    stream(bundle, video, tmp_path)
+    whole = load_scores(tmp_path / "scores" / "clip.npz")
+    capsys.readouterr()
+    stream(bundle, video, tmp_path, "--resume", str(tmp_path / "state.npz"))
+    assert (f"sdqes-edge: note: clip has no frames after {FRAMES / 5:g} s, where the state snapshot stopped: the run "
+            "it resumes had streamed it to its end") in capsys.readouterr().err.splitlines()
+    np.testing.assert_array_equal(load_scores(tmp_path / "scores" / "clip.npz").probs, whole.probs)

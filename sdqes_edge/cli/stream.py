@@ -230,6 +230,9 @@ def _summarize(sources: list, stats: RunStats, exit_code: int, written: list[str
         shortfall = source.stats.shortfall_words(source.name)
         if shortfall:
             print(f"{PROG}: incomplete: {shortfall}", file=sys.stderr)
+        if source.start_index and not source.stats.sampled and exit_code == 0:  # resumed past its end: 0 frames
+            print(f"{PROG}: note: {source.name} has no frames after {source.start_index / source.fps:g} s, where the "
+                  "state snapshot stopped: the run it resumes had streamed it to its end", file=sys.stderr)
     if written:
         print(f"wrote {', '.join(written)}", file=sys.stderr)
 
