@@ -134,6 +134,10 @@ def read_snapshot(path: str | Path) -> Snapshot:
     try:
         with np.load(path, allow_pickle=False) as data:
             state = {k[len(STATE_PREFIX):]: data[k] for k in data.files if k.startswith(STATE_PREFIX)}
+            if "frame_counts" not in data.files:  # an archive of other arrays, not a damaged snapshot
+                raise UserError(f"{path} is a NumPy archive but not a state snapshot written by save_state (a score "
+                                "trace from --scores, or another program's arrays?); give the file save_state "
+                                "(run --save-state) wrote")
             counts = data["frame_counts"].tolist()
             identity = str(data["model_identity"]) if "model_identity" in data.files else None
             streams = [StreamRecord(int(c)) for c in counts]

@@ -141,3 +141,16 @@ def test_a_snapshot_written_before_alert_policies_were_kept_restores_each_alert_
     resumed.add_query(QUERY, threshold=0.01, max_alerts=1)
     resumed.load_state(tmp_path / "older.npz")
     assert [alert for frame in frames[1:6] for alert in resumed.step([frame])[0]] == []  # its one alert kept
+
+
+def test_a_score_trace_given_as_a_snapshot_is_named_as_another_archive_with_the_fix(two_models, tmp_path):
+    """`--resume scores.npz` (the run's trace, not its snapshot) was told of a missing 'frame_counts'."""
+    from sdqes_edge.traces import StreamScores, save_scores
+
+    bundles, _ = two_models
+    trace = save_scores(tmp_path / "scores.npz", StreamScores("clip", FPS, [QUERY], ["0"], np.zeros(1),
+                                                              np.zeros((5, 1))))
+    with pytest.raises(UserError, match=r"scores.npz is a NumPy archive but not a state snapshot written by "
+                                        r"save_state \(a score trace from --scores.*\); give the file save_state "
+                                        r"\(run --save-state\) wrote$"):
+        StreamingDetector(bundles["seed0"]).load_state(trace)
