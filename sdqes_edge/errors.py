@@ -14,7 +14,7 @@ import sys
 # `sdqes-edge[runtime]` alone, and what it lacks is named with the command that installs it.
 EXTRA_FOR_MODULE = {"torch": "export", "onnx": "export", "tqdm": "export", "cv2": "runtime",
                     "onnxruntime": "runtime", "matplotlib": "eval", "ray": "ray", "tensorrt": "tensorrt",
-                    "pycuda": "tensorrt"}
+                    "pycuda": "tensorrt", "safetensors": "export"}
 
 
 class SetupWarning(RuntimeWarning):

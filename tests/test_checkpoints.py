@@ -85,6 +85,24 @@ def test_open_clip_training_checkpoint_with_ddp_prefix(tmp_path):
     assert same_outputs(loaded, original)
 
 
+@pytest.mark.parametrize("name, prefix", [("open_clip_model.safetensors", ""), ("renamed.bin", "module.")])
+def test_a_safetensors_file_from_the_hub_loads_whatever_its_name_and_a_cut_one_is_one_line(name, prefix, tmp_path):
+    """open_clip's hub repositories ship open_clip_model.safetensors; torch.load called it corrupt."""
+    from safetensors.torch import save_file
+
+    original = random_model("none")
+    state = {prefix + k: v.contiguous() for k, v in original.clip_state_dict().items()}
+    save_file({**state, prefix + "logit_scale": torch.tensor(4.6)}, str(tmp_path / name))
+    loaded, info = load_model(str(tmp_path / name))
+    assert info.source_format == "safetensors" and info.dropped_keys == ["logit_scale"]
+    assert same_outputs(loaded, original)
+    whole = (tmp_path / name).read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(UserError, match=r"^cannot read safetensors file .*cut.safetensors \(.+\); is the file "
+                                        r"complete\?$"):
+        load_model(str(tmp_path / "cut.safetensors"))
+
+
 def lightning_checkpoint(model: SDQESModel, path: str) -> str:
     """The SDQES authors' layout: a LightningModule with the model under ``backbone.``."""
     state = OrderedDict(("backbone." + k, v) for k, v in model.clip_state_dict().items())

@@ -1,0 +1,205 @@
+"""Checkpoint files read into CLIP key layout: OpenAI CLIP, open_clip, safetensors, the SDQES authors' training code.
+
+Formats read:
+- OpenAI CLIP: a TorchScript archive (``ViT-B-16.pt``) or a plain state dict.
+- open_clip: a state dict, or a training checkpoint ``{"state_dict": {"module.visual...": ...}}``.
+- safetensors: a state dict in CLIP layout (open_clip's ``open_clip_model.safetensors`` on the Hugging Face hub).
+- sdqes_baselines (PyTorch Lightning): ``{"state_dict": {"backbone.visual...": ...}, ...}``.
+
+All reach the same CLIP key layout (``visual.*`` plus the text tower at the
+top level), from which ``checkpoints.infer_config`` reads every dimension. Nothing
+is unpickled beyond tensors and plain containers: ``torch.load(weights_only=True)``,
+with any other class the file names (a Lightning ``AttributeDict``, an
+``argparse.Namespace``) replaced by an inert placeholder whose code never runs;
+a safetensors file holds tensors alone by its format.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import struct
+import warnings
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import UserError, first_line, install_command
+from .files import file_sha256
+from .train_options import CHECKPOINT_RECORD_KEY
+
+# Keys a CLIP-layout checkpoint may carry that the model does not use.
+IGNORED_KEYS = ("logit_scale", "input_resolution", "context_length", "vocab_size")
+IGNORED_SUFFIXES = ("attn_mask",)
+# Prefixes under which a training checkpoint nests the model.
+LIGHTNING_PREFIX = "backbone."  # the SDQES authors' LightningModule
+DDP_PREFIX = "module."  # open_clip training checkpoints
+
+
+@dataclass
+class LoadedCheckpoint:
+    state_dict: dict[str, torch.Tensor]  # CLIP layout
+    source_format: str  # "openai-torchscript" | "state-dict" | "safetensors" | "open_clip-training"
+    #                     | "sdqes-lightning" | "sdqes-edge-training"
+    sha256: str
+    dropped_keys: list[str]  # training-only keys outside the model (Lightning heads, logit_scale...)
+
+
+class _Opaque(dict):
+    """Stand-in for a class a checkpoint names but we will not import: it records, never runs code."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__()
+        self.args, self.kwargs, self.items_appended = args, kwargs, []
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def append(self, item: Any) -> None:
+        self.items_appended.append(item)
+
+    def extend(self, items: Any) -> None:
+        self.items_appended.extend(items)
+
+
+def _is_torchscript(path: str) -> bool:
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(name.endswith("constants.pkl") or "/code/" in name for name in archive.namelist())
+
+
+# The safetensors format: an 8-byte little-endian length, that many bytes of JSON header (at most 100 MB, the
+# format's own cap), then the tensors' bytes.
+SAFETENSORS_LENGTH = struct.Struct("<Q")
+SAFETENSORS_HEADER_LIMIT = 100_000_000
+
+
+def is_safetensors(path: str | os.PathLike) -> bool:
+    """True where the file starts as a safetensors file does (its suffix aside: hub files are renamed)."""
+    with open(path, "rb") as fh:
+        head = fh.read(SAFETENSORS_LENGTH.size + 1)
+    if len(head) <= SAFETENSORS_LENGTH.size:
+        return False
+    (length,) = SAFETENSORS_LENGTH.unpack(head[: SAFETENSORS_LENGTH.size])
+    fits = 0 < length <= min(SAFETENSORS_HEADER_LIMIT, os.path.getsize(path) - SAFETENSORS_LENGTH.size)
+    return fits and head[SAFETENSORS_LENGTH.size:] == b"{"
+
+
+def _read_safetensors(path: str) -> dict[str, torch.Tensor]:
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise UserError(f"{path} is a safetensors file, which needs the safetensors package: "
+                        f"{install_command('safetensors')}") from None
+    try:
+        return load_file(path, device="cpu")
+    except Exception as exc:  # safetensors raises its own SafetensorError
+        raise UserError(f"cannot read safetensors file {path} ({first_line(exc)}); is the file complete?") from None
+
+
+def _safe_load(path: str) -> Any:
+    try:
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # an old (non-zip) pickle: the loader below reports what it meets
+        unsafe = []
+    placeholders = [(type(name.rsplit(".", 1)[-1], (_Opaque,), {}), name) for name in unsafe]
+    try:
+        with torch.serialization.safe_globals(placeholders):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UserError(
+            f"cannot read checkpoint {path}: {_other_kind(path) or _essential_line(exc)}; expected a file written "
+            "by torch.save (a state dict or a Lightning/open_clip checkpoint), an OpenAI CLIP TorchScript archive "
+            "or a safetensors file"
+        ) from None
+
+
+def _other_kind(path: str | os.PathLike) -> str | None:
+    """What a file given as a checkpoint is instead, where that is plain: torch's own words for a NumPy archive
+    ("[enforce fail at inline_container.cc:180]") or a CSV ("pop from empty list") told nobody."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+            if names and all(name.endswith(".npy") for name in names):
+                return "it is a NumPy .npz archive (a state snapshot or a score trace?), not a checkpoint"
+            return None
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # the read may end inside a character
+    except (OSError, zipfile.BadZipFile, UnicodeDecodeError):
+        return None
+    if b"\0" in head:  # control bytes are UTF-8 too; a NUL marks a binary file (as git and grep tell)
+        return None
+    return "it is a text file, not a checkpoint" if head else "it is empty"
+
+
+def _essential_line(exc: Exception) -> str:
+    """The line of torch's long multi-paragraph load error that says what was wrong."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if "GLOBAL" in line or "blocked" in line:
+            return line.replace("Trying to load unsupported", "it refers to the code").rstrip(".") + \
+                " (loading it could run arbitrary code, so it is refused)"
+    # Skip torch's generic advice about weights_only; what remains names the actual fault, in its first sentence
+    # (the rest is miniz's advice). Pickle's KeyError names only an opcode byte ('101'), which tells no one anything.
+    specific = [line for line in lines if "weights_only" not in line and "documentation" not in line]
+    fault = specific[0].split(". ")[0].rstrip(".") if specific and not isinstance(exc, KeyError) else ""
+    detail = f" ({fault})" if fault else ""
+    return f"not a readable torch checkpoint{detail}; is the file truncated or corrupt?"
+
+
+def read_checkpoint(path: str) -> LoadedCheckpoint:
+    """Read any supported checkpoint into CLIP key layout (tensors only)."""
+    if os.path.isdir(path):
+        raise UserError(f"checkpoint {path} is a folder; pass the .pt/.ckpt file inside it")
+    if not os.path.isfile(path):
+        raise UserError(f"checkpoint not found: {path}; pass the path of a .pt/.ckpt file")
+    sha = file_sha256(path)
+    if is_safetensors(path):
+        state = _read_safetensors(path)
+        prefix = DDP_PREFIX if state and all(k.startswith(DDP_PREFIX) for k in state) else ""
+        return _normalize(state, "safetensors", sha, prefix=prefix)
+    if _is_torchscript(path):
+        try:
+            with warnings.catch_warnings():  # torch.jit.load is deprecated, but OpenAI ships TorchScript archives
+                warnings.simplefilter("ignore", DeprecationWarning)
+                state = dict(torch.jit.load(path, map_location="cpu").state_dict())
+        except Exception as exc:
+            raise UserError(f"cannot read TorchScript archive {path}: {exc}; is the file complete?") from None
+        return _normalize(state, "openai-torchscript", sha)
+    obj = _safe_load(path)
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        state = obj["state_dict"]
+        if CHECKPOINT_RECORD_KEY in obj:  # written by `sdqes-edge train`, in CLIP layout
+            return _normalize(state, "sdqes-edge-training", sha)
+        if any(k.startswith(LIGHTNING_PREFIX) for k in state):
+            return _normalize(state, "sdqes-lightning", sha, prefix=LIGHTNING_PREFIX)
+        if all(k.startswith(DDP_PREFIX) for k in state):
+            return _normalize(state, "open_clip-training", sha, prefix=DDP_PREFIX)
+        return _normalize(state, "open_clip-training", sha)
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return _normalize(obj, "state-dict", sha)
+    raise UserError(
+        f"{path} holds no model weights (found {type(obj).__name__}); expected a state dict, "
+        "a checkpoint with a 'state_dict' entry, an OpenAI CLIP TorchScript archive or a safetensors file"
+    )
+
+
+def _normalize(state: dict, fmt: str, sha: str, prefix: str = "") -> LoadedCheckpoint:
+    kept, dropped = {}, []
+    for key, value in state.items():
+        if prefix and not key.startswith(prefix):
+            dropped.append(key)  # e.g. a Lightning module's heads beside the backbone
+            continue
+        key = key[len(prefix):]
+        if key in IGNORED_KEYS or key.endswith(IGNORED_SUFFIXES) or not isinstance(value, torch.Tensor):
+            dropped.append(key)
+            continue
+        kept[key] = value.float()  # OpenAI ships fp16 weights; the model is defined in fp32
+    return LoadedCheckpoint(kept, fmt, sha, dropped)
+
+
