@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .checkpoint_files import LoadedCheckpoint, read_checkpoint
-from .config import AdapterConfig, ModelConfig, TextConfig, VisionConfig, validate
+from .config import CLIP_MLP_ACTIVATION, AdapterConfig, ModelConfig, TextConfig, VisionConfig, validate
 from .errors import UserError
 from .files import USER_TEXT_ENCODING, path_problem
 from .model.sdqes_model import SDQESModel
@@ -91,11 +91,12 @@ REQUIRED_CLIP_KEYS = ("visual.conv1.weight", "visual.positional_embedding", "vis
 
 
 def infer_config(state: dict[str, torch.Tensor], name: str = "checkpoint", vision_heads: int | None = None,
-                 text_heads: int | None = None, **adapter_overrides: Any) -> ModelConfig:
+                 text_heads: int | None = None, mlp_activation: str = CLIP_MLP_ACTIVATION,
+                 **adapter_overrides: Any) -> ModelConfig:
     """Every dimension of the model, read off a CLIP-layout state dict.
 
-    What a checkpoint cannot tell is taken from CLIP's conventions and can be
-    overridden: head counts (width // 64) and the RetNet decay (``retnet_gamma``).
+    What a checkpoint cannot tell is taken from CLIP's conventions and can be overridden: head counts
+    (width // 64), the towers' MLP activation (QuickGELU) and the RetNet decay (``retnet_gamma``).
     """
     missing = [k for k in REQUIRED_CLIP_KEYS if k not in state]
     if missing:
@@ -110,11 +111,12 @@ def infer_config(state: dict[str, torch.Tensor], name: str = "checkpoint", visio
     vision = VisionConfig(
         image_size=patch * grid, patch_size=patch, width=width,
         layers=_count_blocks(state, VISION_BLOCK), heads=vision_heads or max(1, width // HEAD_WIDTH),
+        mlp_activation=mlp_activation,
     )
     text = TextConfig(
         context_length=state["positional_embedding"].shape[0], vocab_size=state["token_embedding.weight"].shape[0],
         width=text_width, layers=_count_blocks(state, "transformer.resblocks."),
-        heads=text_heads or max(1, text_width // HEAD_WIDTH),
+        heads=text_heads or max(1, text_width // HEAD_WIDTH), mlp_activation=mlp_activation,
     )
     cfg = ModelConfig(name=name, embed_dim=state["text_projection"].shape[1], vision=vision, text=text,
                       adapter=_infer_adapter(state, width, adapter_overrides))
@@ -169,22 +171,29 @@ def load_state_dict_strict(model: SDQESModel, clip_state: dict[str, torch.Tensor
     model.load_state_dict(given, strict=True)
 
 
-# --- head counts ------------------------------------------------------------------
-# A checkpoint stores no head count. open_clip describes a model in a JSON config: "vision_cfg" with
-# "head_width" (default 64) and "text_cfg" with "heads" (default 8); Hugging Face repositories ship it as
-# open_clip_config.json under "model_cfg", open_clip's own configs as <model name>.json.
+# --- what a checkpoint does not store ----------------------------------------------------
+# No checkpoint stores its head counts or its MLP activation. open_clip describes a model in a JSON config:
+# "vision_cfg" with "head_width" (default 64), "text_cfg" with "heads" (default 8), and "quick_gelu" (default
+# false: exact GELU); Hugging Face repositories ship it as open_clip_config.json under "model_cfg", open_clip's own
+# configs as <model name>.json.
 OPEN_CLIP_CONFIG_NAMES = ("open_clip_config.json",)
 OPEN_CLIP_HEAD_WIDTH, OPEN_CLIP_TEXT_HEADS = 64, 8
+ACTIVATION_NAMES = {"quick_gelu": "QuickGELU", "gelu": "GELU"}
 
 
 @dataclass
-class HeadCounts:
-    vision: int | None  # None: CLIP's rule, width // 64
-    text: int | None
-    rule: str  # one line: where the counts came from
+class UnstoredChoices:
+    """What a checkpoint does not store, each with where it came from (None: CLIP's convention)."""
+    vision_heads: int | None  # None: CLIP's rule, width // 64
+    text_heads: int | None
+    mlp_activation: str | None  # None: CLIP's QuickGELU
+    rule: str  # one line: where each came from
 
-    def overrides(self) -> dict[str, int]:
-        return {k: v for k, v in (("vision_heads", self.vision), ("text_heads", self.text)) if v is not None}
+    def overrides(self) -> dict[str, Any]:
+        """``infer_config``'s keyword arguments for the choices made."""
+        chosen = (("vision_heads", self.vision_heads), ("text_heads", self.text_heads),
+                  ("mlp_activation", self.mlp_activation))
+        return {k: v for k, v in chosen if v is not None}
 
 
 def model_config_beside(checkpoint: str) -> Path | None:
@@ -196,23 +205,25 @@ def model_config_beside(checkpoint: str) -> Path | None:
     return None
 
 
-def read_head_counts(config_path: str | Path) -> tuple[int, int]:
-    """(vision heads, text heads) from an open_clip model config JSON."""
+def read_open_clip_config(config_path: str | Path) -> tuple[int, int, str]:
+    """(vision heads, text heads, MLP activation) from an open_clip model config JSON."""
     try:
         config = json.loads(Path(config_path).read_text(encoding=USER_TEXT_ENCODING))
         config = config.get("model_cfg", config)
         vision, text = config["vision_cfg"], config["text_cfg"]
         vision_heads = int(vision["width"]) // int(vision.get("head_width", OPEN_CLIP_HEAD_WIDTH))
         text_heads = int(text.get("heads", OPEN_CLIP_TEXT_HEADS))
+        activation = "quick_gelu" if config.get("quick_gelu", False) is True else "gelu"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UserError(f"{config_path} is not an open_clip model config (needs vision_cfg.width and text_cfg; "
-                        f"{type(exc).__name__}: {exc}); fix it or give --vision-heads/--text-heads") from None
-    return vision_heads, text_heads
+                        f"{type(exc).__name__}: {exc}); fix it or give --vision-heads/--text-heads and "
+                        "--mlp-activation") from None
+    return vision_heads, text_heads, activation
 
 
-def resolve_head_counts(checkpoint: str, vision_heads: int | None = None, text_heads: int | None = None,
-                        model_config: str | None = None) -> HeadCounts:
-    """Flags first, then a model config (given, or found beside the checkpoint), then CLIP's width // 64."""
+def resolve_unstored(checkpoint: str, vision_heads: int | None = None, text_heads: int | None = None,
+                     mlp_activation: str | None = None, model_config: str | None = None) -> UnstoredChoices:
+    """Flags first, then a model config (given, or found beside the checkpoint), then CLIP's conventions."""
     for flag, value in (("--vision-heads", vision_heads), ("--text-heads", text_heads)):
         if value is not None and value < 1:
             raise UserError(f"{flag} {value}: a head count is a positive integer")
@@ -220,19 +231,22 @@ def resolve_head_counts(checkpoint: str, vision_heads: int | None = None, text_h
     problem = path_problem(config_path, "file") if model_config else None
     if problem:
         raise UserError(f"--model-config {model_config} {problem}; give open_clip's JSON for this model")
-    from_config = read_head_counts(config_path) if config_path else (None, None)
-    words = []
-    counts = []
-    for tower, flag_value, config_value in (("vision", vision_heads, from_config[0]),
-                                            ("text", text_heads, from_config[1])):
+    from_config = read_open_clip_config(config_path) if config_path else (None, None, None)
+    chosen, words = [], []
+    for what, flag, flag_value, config_value, convention in (
+            ("vision", "--vision-heads", vision_heads, from_config[0], f"width // {HEAD_WIDTH} (CLIP's rule"),
+            ("text", "--text-heads", text_heads, from_config[1], f"width // {HEAD_WIDTH} (CLIP's rule"),
+            ("MLP activation", "--mlp-activation", mlp_activation, from_config[2], "QuickGELU (CLIP's")):
+        value = flag_value if flag_value is not None else config_value
+        chosen.append(value)
+        shown = ACTIVATION_NAMES.get(value, value) if what == "MLP activation" else value
         if flag_value is not None:
-            counts.append(flag_value), words.append(f"{tower} {flag_value} (--{tower}-heads)")
+            words.append(f"{what} {shown} ({flag})")
         elif config_value is not None:
-            counts.append(config_value), words.append(f"{tower} {config_value} (from {config_path.name})")
+            words.append(f"{what} {shown} (from {config_path.name})")
         else:
-            counts.append(None), words.append(f"{tower}: width // {HEAD_WIDTH} (CLIP's rule; no model config "
-                                              "beside the checkpoint)")
-    return HeadCounts(counts[0], counts[1], "attention heads: " + ", ".join(words))
+            words.append(f"{what}: {convention}; no model config beside the checkpoint)")
+    return UnstoredChoices(*chosen, rule=f"attention heads: {words[0]}, {words[1]}; {words[2]}")
 
 
 def load_model(path: str, config: ModelConfig | None = None,

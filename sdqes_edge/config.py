@@ -17,6 +17,12 @@ ADAPTER_KINDS = ("none", "mlp", "st", "qrnn", "retnet")
 # Adapters whose output at frame t depends on earlier frames (they carry streaming state).
 TEMPORAL_ADAPTER_KINDS = ("st", "qrnn", "retnet")
 
+# The towers' MLP activation: OpenAI CLIP's QuickGELU (x * sigmoid(1.702 x); the authors' model and every OpenAI
+# checkpoint), or the exact GELU that open_clip's own models use unless their config says quick_gelu. No checkpoint
+# stores which: the same weights under the other one give other embeddings.
+MLP_ACTIVATIONS = ("quick_gelu", "gelu")
+CLIP_MLP_ACTIVATION = "quick_gelu"
+
 # CLIP's image normalization (DESIGN.md section 2): the one place these numbers live.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -35,6 +41,7 @@ class VisionConfig:
     width: int = 768
     layers: int = 12
     heads: int = 12
+    mlp_activation: str = CLIP_MLP_ACTIVATION  # one of MLP_ACTIVATIONS
 
     @property
     def grid_size(self) -> int:
@@ -53,6 +60,7 @@ class TextConfig:
     width: int = 512
     layers: int = 12
     heads: int = 8
+    mlp_activation: str = CLIP_MLP_ACTIVATION  # one of MLP_ACTIVATIONS
 
 
 @dataclass(frozen=True)
@@ -169,6 +177,10 @@ def validate(cfg: ModelConfig) -> None:
         problems.append(f"vision.width {v.width} is not divisible by vision.heads {v.heads}")
     if t.width % t.heads:
         problems.append(f"text.width {t.width} is not divisible by text.heads {t.heads}")
+    for tower, tower_cfg in (("vision", v), ("text", t)):
+        if tower_cfg.mlp_activation not in MLP_ACTIVATIONS:
+            problems.append(f"{tower}.mlp_activation {tower_cfg.mlp_activation!r} is not one of "
+                            f"{', '.join(MLP_ACTIVATIONS)}")
     if a.kind not in ADAPTER_KINDS:
         problems.append(f"adapter.kind {a.kind!r} is not one of {', '.join(ADAPTER_KINDS)}")
     if a.per_block not in (1, 2):

@@ -252,8 +252,8 @@ def heads_not_64_wide(kind: str = "qrnn") -> SDQESModel:
     return SDQESModel(cfg).eval()
 
 
-OPEN_CLIP_CONFIG = {"embed_dim": 32, "vision_cfg": {"image_size": 32, "layers": 2, "width": 128, "head_width": 32,
-                                                    "patch_size": 8},
+OPEN_CLIP_CONFIG = {"embed_dim": 32, "quick_gelu": True,  # the models of these tests are CLIP's, QuickGELU
+                    "vision_cfg": {"image_size": 32, "layers": 2, "width": 128, "head_width": 32, "patch_size": 8},
                     "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1}}
 
 
@@ -261,21 +261,21 @@ OPEN_CLIP_CONFIG = {"embed_dim": 32, "vision_cfg": {"image_size": 32, "layers": 
 def test_head_counts_come_from_flags_or_the_model_config_beside_the_checkpoint(where, tmp_path):
     import json
 
-    from sdqes_edge.checkpoints import resolve_head_counts
+    from sdqes_edge.checkpoints import resolve_unstored
 
     original = heads_not_64_wide()
     path = str(tmp_path / "vit-odd.pt")
     torch.save(original.clip_state_dict(), path)
     flags = {}
     if where == "flags":
-        flags = {"vision_heads": 4, "text_heads": 2}
+        flags = {"vision_heads": 4, "text_heads": 2, "mlp_activation": "quick_gelu"}
     else:
         config = {"model_cfg": OPEN_CLIP_CONFIG} if where == "open_clip_config.json" else OPEN_CLIP_CONFIG
         # STEM.json as a Windows editor saves it, a byte-order mark first (json refused it: no model config)
         (tmp_path / where.replace("STEM", "vit-odd")).write_text(
             json.dumps(config), encoding="utf-8-sig" if where == "STEM.json" else "utf-8")
-    heads = resolve_head_counts(path, **flags)
-    assert heads.overrides() == {"vision_heads": 4, "text_heads": 2}
+    heads = resolve_unstored(path, **flags)
+    assert heads.overrides() == {"vision_heads": 4, "text_heads": 2, "mlp_activation": "quick_gelu"}
     assert ("--vision-heads" if where == "flags" else where.replace("STEM", "vit-odd")) in heads.rule
     loaded, _ = load_model(path, **heads.overrides())
     assert (loaded.cfg.vision.heads, loaded.cfg.text.heads) == (4, 2)
@@ -283,12 +283,12 @@ def test_head_counts_come_from_flags_or_the_model_config_beside_the_checkpoint(w
 
 
 def test_without_a_model_config_the_width_rule_is_used_and_said(tmp_path):
-    from sdqes_edge.checkpoints import resolve_head_counts
+    from sdqes_edge.checkpoints import resolve_unstored
 
     original = heads_not_64_wide()
     path = str(tmp_path / "vit-odd.pt")
     torch.save(original.clip_state_dict(), path)
-    heads = resolve_head_counts(path)
+    heads = resolve_unstored(path)
     assert heads.overrides() == {} and "width // 64 (CLIP's rule" in heads.rule
     loaded, _ = load_model(path, **heads.overrides())
     assert loaded.cfg.vision.heads == 2 and not same_outputs(loaded, original)  # why the rule must be said

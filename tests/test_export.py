@@ -390,7 +390,7 @@ def test_export_options_that_do_not_apply_are_warned_on_stderr_as_the_commands_o
                 str(tmp_path / "preset")]) == 0
     out, err = capsys.readouterr()
     assert "warning" not in out and err.splitlines() == [
-        "sdqes-edge: warning: --vision-heads ignored with --preset (the preset fixes its head counts)",
+        "sdqes-edge: warning: --vision-heads ignored with --preset (the preset fixes its head counts and activation)",
         "sdqes-edge: warning: --calibration-frames is only used for int8, which this export does not write; ignoring "
         "it (add --precision int8 to write it)"]
     torch.save(random_model("none").clip_state_dict(), tmp_path / "model.pt")

@@ -135,11 +135,11 @@ def model_from_args(args: argparse.Namespace):
     from sdqes_edge.model import SDQESModel
 
     if getattr(args, "checkpoint", None):
-        from sdqes_edge.checkpoints import load_model, resolve_head_counts
+        from sdqes_edge.checkpoints import load_model, resolve_unstored
 
-        heads = resolve_head_counts(args.checkpoint)
-        model, ckpt = load_model(args.checkpoint, **heads.overrides())
-        return model, f"{args.checkpoint} ({ckpt.source_format}, sha256 {ckpt.sha256[:12]}; {heads.rule})"
+        unstored = resolve_unstored(args.checkpoint)
+        model, ckpt = load_model(args.checkpoint, **unstored.overrides())
+        return model, f"{args.checkpoint} ({ckpt.source_format}, sha256 {ckpt.sha256[:12]}; {unstored.rule})"
     import torch
 
     cfg = preset(args.preset)

@@ -28,7 +28,7 @@ from sdqes_edge.cli.common import (
     unique_queries,
     warn,
 )
-from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
+from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD, MLP_ACTIVATIONS
 from sdqes_edge.contract import DEFAULT_OPSET, FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError, install_command, module_absent
 from sdqes_edge.export.precision import (
@@ -107,9 +107,9 @@ def _warn_model_conflicts(args: argparse.Namespace) -> None:
         args.adapter = None
     if args.checkpoint and args.seed is not None:  # it seeds random weights, and a checkpoint brings its own
         warn("--seed is ignored with --checkpoint (it seeds a preset's random weights)")
-    head_flags = given_flags(args, "vision_heads", "text_heads", "model_config")
-    if args.preset and head_flags:
-        warn(f"{', '.join(head_flags)} ignored with --preset (the preset fixes its head counts)")
+    unstored_flags = given_flags(args, "vision_heads", "text_heads", "mlp_activation", "model_config")
+    if args.preset and unstored_flags:
+        warn(f"{', '.join(unstored_flags)} ignored with --preset (the preset fixes its head counts and activation)")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -133,15 +133,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_target(Path(args.out))
     checkpoint = None
     if args.checkpoint:
-        from sdqes_edge.checkpoints import load_model, resolve_head_counts
+        from sdqes_edge.checkpoints import load_model, resolve_unstored
 
-        heads = resolve_head_counts(args.checkpoint, args.vision_heads, args.text_heads, args.model_config)
-        model, loaded = load_model(args.checkpoint, **heads.overrides())
-        print(heads.rule)  # once the checkpoint has loaded: a file that cannot be read gets its error alone
+        unstored = resolve_unstored(args.checkpoint, args.vision_heads, args.text_heads, args.mlp_activation,
+                                    args.model_config)
+        model, loaded = load_model(args.checkpoint, **unstored.overrides())
+        print(unstored.rule)  # once the checkpoint has loaded: a file that cannot be read gets its error alone
         source = f"{args.checkpoint} ({loaded.source_format})"
         checkpoint = {"file": Path(args.checkpoint).name, "sha256": loaded.sha256,
                       "source_format": loaded.source_format,
-                      "heads": {"vision": model.cfg.vision.heads, "text": model.cfg.text.heads, "rule": heads.rule}}
+                      "heads": {"vision": model.cfg.vision.heads, "text": model.cfg.text.heads, "rule": unstored.rule}}
     else:
         from sdqes_edge.model.init import randomize_adapters
 
@@ -354,6 +355,10 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                                                          "checkpoint does not store them; default: from a model "
                                                          "config beside it, else width // 64)")
     parser.add_argument("--text-heads", type=int, help="with --checkpoint: text tower attention heads (as above)")
+    parser.add_argument("--mlp-activation", choices=MLP_ACTIVATIONS,
+                        help="with --checkpoint: the towers' MLP activation, which a checkpoint does not store either "
+                             "(default: from a model config beside it, whose quick_gelu says which, else CLIP's "
+                             "quick_gelu; open_clip's own models use gelu)")
     parser.add_argument("--model-config", help="with --checkpoint: open_clip's model JSON for it (default: "
                                                "open_clip_config.json or CHECKPOINT_STEM.json beside it)")
 

@@ -34,7 +34,7 @@ class AdaptedBlock(nn.Module):
         super().__init__()
         self.attn = Attention(width, heads)
         self.ln_1 = LayerNorm(width)
-        self.mlp = clip_mlp(width)
+        self.mlp = clip_mlp(width, cfg.vision.mlp_activation)
         self.ln_2 = LayerNorm(width)
         self.tokens = cfg.vision.num_tokens
         self.adapter1 = build_adapter(width, cfg.adapter, self.tokens)

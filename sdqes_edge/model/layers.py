@@ -12,6 +12,8 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from sdqes_edge.config import CLIP_MLP_ACTIVATION
+
 
 def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x in ``dtype``; no node at all in a traced graph where it already is (a traced fp32->fp32 Cast is still
@@ -102,10 +104,12 @@ class Attention(nn.Module):
         return self.out_proj(out_t.reshape(width, tokens).t())
 
 
-def clip_mlp(width: int) -> nn.Sequential:
+def clip_mlp(width: int, activation: str = CLIP_MLP_ACTIVATION) -> nn.Sequential:
+    """CLIP's block MLP; ``activation`` one of ``config.MLP_ACTIVATIONS`` (the module keeps CLIP's name, ``gelu``,
+    either way: it has no weights)."""
     return nn.Sequential(OrderedDict([
         ("c_fc", nn.Linear(width, width * 4)),
-        ("gelu", QuickGELU()),
+        ("gelu", QuickGELU() if activation == "quick_gelu" else nn.GELU()),
         ("c_proj", nn.Linear(width * 4, width)),
     ]))
 
@@ -113,11 +117,11 @@ def clip_mlp(width: int) -> nn.Sequential:
 class ResidualAttentionBlock(nn.Module):
     """A plain CLIP block (the text tower uses these)."""
 
-    def __init__(self, width: int, heads: int):
+    def __init__(self, width: int, heads: int, activation: str = CLIP_MLP_ACTIVATION):
         super().__init__()
         self.attn = Attention(width, heads)
         self.ln_1 = LayerNorm(width)
-        self.mlp = clip_mlp(width)
+        self.mlp = clip_mlp(width, activation)
         self.ln_2 = LayerNorm(width)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sdqes_edge.config import ModelConfig
+from sdqes_edge.config import CLIP_MLP_ACTIVATION, ModelConfig
 
 from .layers import LayerNorm, ResidualAttentionBlock
 
 
 class TextTransformer(nn.Module):
-    def __init__(self, width: int, layers: int, heads: int):
+    def __init__(self, width: int, layers: int, heads: int, activation: str = CLIP_MLP_ACTIVATION):
         super().__init__()
-        self.resblocks = nn.ModuleList(ResidualAttentionBlock(width, heads) for _ in range(layers))
+        self.resblocks = nn.ModuleList(ResidualAttentionBlock(width, heads, activation) for _ in range(layers))
 
 
 class TextTower(nn.Module):
@@ -22,7 +22,7 @@ class TextTower(nn.Module):
         t = cfg.text
         self.token_embedding = nn.Embedding(t.vocab_size, t.width)
         self.positional_embedding = nn.Parameter(0.01 * torch.randn(t.context_length, t.width))
-        self.transformer = TextTransformer(t.width, t.layers, t.heads)
+        self.transformer = TextTransformer(t.width, t.layers, t.heads, t.mlp_activation)
         self.ln_final = LayerNorm(t.width)
         self.text_projection = nn.Parameter(t.width**-0.5 * torch.randn(t.width, cfg.embed_dim))
         nn.init.normal_(self.token_embedding.weight, std=0.02)
