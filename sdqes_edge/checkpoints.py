@@ -86,6 +86,8 @@ def _infer_adapter(state: dict, width: int, overrides: dict[str, Any]) -> Adapte
     return AdapterConfig(**fields)
 
 
+# Where Hugging Face transformers' CLIPModel keeps its towers (another layout for the same weights).
+TRANSFORMERS_CLIP_PREFIXES = ("vision_model.", "text_model.")
 REQUIRED_CLIP_KEYS = ("visual.conv1.weight", "visual.positional_embedding", "visual.proj",
                       "token_embedding.weight", "positional_embedding", "ln_final.weight", "text_projection")
 
@@ -99,6 +101,12 @@ def infer_config(state: dict[str, torch.Tensor], name: str = "checkpoint", visio
     (width // 64), the towers' MLP activation (QuickGELU) and the RetNet decay (``retnet_gamma``).
     """
     missing = [k for k in REQUIRED_CLIP_KEYS if k not in state]
+    if missing and any(k.startswith(TRANSFORMERS_CLIP_PREFIXES) for k in state):
+        raise UserError(
+            "this checkpoint is in Hugging Face transformers' CLIPModel layout (vision_model.*, text_model.*), not "
+            "OpenAI CLIP's, which sdqes-edge reads: take the same weights in CLIP layout (OpenAI's ViT-B-16.pt, as "
+            "the `clip` package downloads it, or open_clip's open_clip_model.safetensors from its hub repository)"
+        )
     if missing:
         raise UserError(
             f"not a CLIP ViT checkpoint: missing {', '.join(missing)}; sdqes-edge reads OpenAI CLIP / open_clip "
