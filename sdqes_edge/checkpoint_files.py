@@ -155,9 +155,9 @@ def _essential_line(exc: Exception) -> str:
 def read_checkpoint(path: str) -> LoadedCheckpoint:
     """Read any supported checkpoint into CLIP key layout (tensors only)."""
     if os.path.isdir(path):
-        raise UserError(f"checkpoint {path} is a folder; pass the .pt/.ckpt file inside it")
+        raise UserError(f"checkpoint {path} is a folder; pass the .pt/.ckpt/.safetensors file inside it")
     if not os.path.isfile(path):
-        raise UserError(f"checkpoint not found: {path}; pass the path of a .pt/.ckpt file")
+        raise UserError(f"checkpoint not found: {path}; pass the path of a .pt/.ckpt/.safetensors file")
     sha = file_sha256(path)
     if is_safetensors(path):
         state = _read_safetensors(path)

@@ -186,7 +186,7 @@ def test_a_corrupt_file_a_missing_file_and_a_folder_are_refused(tmp_path):
         read_checkpoint(str(corrupt))
     with pytest.raises(UserError, match="checkpoint not found"):
         read_checkpoint(str(tmp_path / "nope.ckpt"))
-    with pytest.raises(UserError, match="is a folder; pass the .pt/.ckpt file inside it"):
+    with pytest.raises(UserError, match="is a folder; pass the .pt/.ckpt/.safetensors file inside it"):
         read_checkpoint(str(tmp_path))
 
 
