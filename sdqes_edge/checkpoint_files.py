@@ -64,7 +64,7 @@ class _Opaque(dict):
         self.items_appended.extend(items)
 
 
-def _is_torchscript(path: str) -> bool:
+def is_torchscript(path: str | os.PathLike) -> bool:
     if not zipfile.is_zipfile(path):
         return False
     with zipfile.ZipFile(path) as archive:
@@ -163,7 +163,7 @@ def read_checkpoint(path: str) -> LoadedCheckpoint:
         state = _read_safetensors(path)
         prefix = DDP_PREFIX if state and all(k.startswith(DDP_PREFIX) for k in state) else ""
         return _normalize(state, "safetensors", sha, prefix=prefix)
-    if _is_torchscript(path):
+    if is_torchscript(path):
         try:
             with warnings.catch_warnings():  # torch.jit.load is deprecated, but OpenAI ships TorchScript archives
                 warnings.simplefilter("ignore", DeprecationWarning)

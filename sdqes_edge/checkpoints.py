@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint_files import LoadedCheckpoint, read_checkpoint
+from .checkpoint_files import LoadedCheckpoint, is_torchscript, read_checkpoint
 from .config import CLIP_MLP_ACTIVATION, AdapterConfig, ModelConfig, TextConfig, VisionConfig, validate
 from .errors import UserError
 from .files import USER_TEXT_ENCODING, path_problem
@@ -240,11 +240,16 @@ def resolve_unstored(checkpoint: str, vision_heads: int | None = None, text_head
     if problem:
         raise UserError(f"--model-config {model_config} {problem}; give open_clip's JSON for this model")
     from_config = read_open_clip_config(config_path) if config_path else (None, None, None)
+    activation_flag = "--mlp-activation"
+    if mlp_activation is None and os.path.isfile(checkpoint) and is_torchscript(checkpoint):
+        # OpenAI's archives hold their model's code, QuickGELU: open_clip's ViT-B-16.json beside ViT-B-16.pt (the
+        # same stem) gives the right head counts, but its missing quick_gelu would say GELU.
+        mlp_activation, activation_flag = CLIP_MLP_ACTIVATION, "an OpenAI CLIP TorchScript archive"
     chosen, words = [], []
     for what, flag, flag_value, config_value, convention in (
             ("vision", "--vision-heads", vision_heads, from_config[0], f"width // {HEAD_WIDTH} (CLIP's rule"),
             ("text", "--text-heads", text_heads, from_config[1], f"width // {HEAD_WIDTH} (CLIP's rule"),
-            ("MLP activation", "--mlp-activation", mlp_activation, from_config[2], "QuickGELU (CLIP's")):
+            ("MLP activation", activation_flag, mlp_activation, from_config[2], "QuickGELU (CLIP's")):
         value = flag_value if flag_value is not None else config_value
         chosen.append(value)
         shown = ACTIVATION_NAMES.get(value, value) if what == "MLP activation" else value

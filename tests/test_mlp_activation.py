@@ -68,6 +68,22 @@ def test_without_a_model_config_clips_quickgelu_is_used_and_said_and_a_flag_over
     assert torch.equal(outputs(loaded)[0], outputs(original)[0])
 
 
+def test_an_openai_archive_keeps_quickgelu_beside_open_clips_config_of_the_same_name(tmp_path):
+    """open_clip's ViT-B-16.json lacks quick_gelu (its own models use GELU); beside OpenAI's ViT-B-16.pt it gives the
+    head counts, and the archive, which holds its model's code, the activation."""
+    from test_checkpoints import ClipLayoutModule
+
+    original = SDQESModel(tiny_config("none")).eval()
+    torch.jit.save(torch.jit.trace(ClipLayoutModule(original), torch.randn(1, 3, 32, 32), check_trace=False),
+                   str(tmp_path / "ViT-B-16.pt"))
+    (tmp_path / "ViT-B-16.json").write_text(json.dumps(OPEN_CLIP_GELU_CONFIG))
+    unstored = resolve_unstored(str(tmp_path / "ViT-B-16.pt"))
+    assert unstored.mlp_activation == "quick_gelu" and "vision 2 (from ViT-B-16.json)" in unstored.rule
+    assert "MLP activation QuickGELU (an OpenAI CLIP TorchScript archive)" in unstored.rule
+    loaded, _ = load_model(str(tmp_path / "ViT-B-16.pt"), **unstored.overrides())
+    assert torch.equal(outputs(loaded)[0], outputs(original)[0])
+
+
 def test_a_config_of_an_unknown_activation_is_refused_and_an_old_one_reads_as_clips():
     with pytest.raises(UserError, match="vision.mlp_activation 'relu' is not one of quick_gelu, gelu"):
         dataclasses.replace(tiny_config("none"), vision=dataclasses.replace(tiny_config("none").vision,
