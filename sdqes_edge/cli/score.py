@@ -79,10 +79,11 @@ def _checked_query_lengths(tasks: list, bundle, args: argparse.Namespace) -> lis
     from dataclasses import replace
 
     from sdqes_edge.corpus import over_long_queries
-    from sdqes_edge.tokenizer import ClipTokenizer
+    from sdqes_edge.runtime.detector import text_encoder_for
 
-    limit = bundle.manifest["tokenizer"]["context_length"]
-    long = over_long_queries(tasks, ClipTokenizer(str(bundle.tokenizer_vocab), context_length=limit))
+    tokenizer = text_encoder_for(bundle).tokenizer  # the bundle's, as the workers' detectors read queries
+    limit = tokenizer.context_length
+    long = over_long_queries(tasks, tokenizer)
     if long:
         stream, text, count = long[0]
         which = (f"{len(long)} annotation quer{'y is' if len(long) == 1 else 'ies are'} over the model's limit of "
