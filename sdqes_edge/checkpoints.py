@@ -240,21 +240,21 @@ def resolve_unstored(checkpoint: str, vision_heads: int | None = None, text_head
     if problem:
         raise UserError(f"--model-config {model_config} {problem}; give open_clip's JSON for this model")
     from_config = read_open_clip_config(config_path) if config_path else (None, None, None)
-    activation_flag = "--mlp-activation"
+    activation_given_by = "--mlp-activation"
     if mlp_activation is None and os.path.isfile(checkpoint) and is_torchscript(checkpoint):
         # OpenAI's archives hold their model's code, QuickGELU: open_clip's ViT-B-16.json beside ViT-B-16.pt (the
         # same stem) gives the right head counts, but its missing quick_gelu would say GELU.
-        mlp_activation, activation_flag = CLIP_MLP_ACTIVATION, "an OpenAI CLIP TorchScript archive"
+        mlp_activation, activation_given_by = CLIP_MLP_ACTIVATION, "an OpenAI CLIP TorchScript archive"
     chosen, words = [], []
-    for what, flag, flag_value, config_value, convention in (
-            ("vision", "--vision-heads", vision_heads, from_config[0], f"width // {HEAD_WIDTH} (CLIP's rule"),
-            ("text", "--text-heads", text_heads, from_config[1], f"width // {HEAD_WIDTH} (CLIP's rule"),
-            ("MLP activation", activation_flag, mlp_activation, from_config[2], "QuickGELU (CLIP's")):
-        value = flag_value if flag_value is not None else config_value
+    for what, given, given_by, config_value, convention in (
+            ("vision", vision_heads, "--vision-heads", from_config[0], f"width // {HEAD_WIDTH} (CLIP's rule"),
+            ("text", text_heads, "--text-heads", from_config[1], f"width // {HEAD_WIDTH} (CLIP's rule"),
+            ("MLP activation", mlp_activation, activation_given_by, from_config[2], "QuickGELU (CLIP's")):
+        value = given if given is not None else config_value
         chosen.append(value)
-        shown = ACTIVATION_NAMES.get(value, value) if what == "MLP activation" else value
-        if flag_value is not None:
-            words.append(f"{what} {shown} ({flag})")
+        shown = ACTIVATION_NAMES.get(value, value)  # a head count shows as itself
+        if given is not None:
+            words.append(f"{what} {shown} ({given_by})")
         elif config_value is not None:
             words.append(f"{what} {shown} (from {config_path.name})")
         else:
