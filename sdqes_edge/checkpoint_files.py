@@ -4,6 +4,8 @@ Formats read:
 - OpenAI CLIP: a TorchScript archive (``ViT-B-16.pt``) or a plain state dict.
 - open_clip: a state dict, or a training checkpoint ``{"state_dict": {"module.visual...": ...}}``.
 - safetensors: a state dict in CLIP layout (open_clip's ``open_clip_model.safetensors`` on the Hugging Face hub).
+- Hugging Face transformers: a ``CLIPModel``'s ``model.safetensors`` or ``pytorch_model.bin``, renamed into CLIP
+  layout by ``transformers_layout``.
 - sdqes_baselines (PyTorch Lightning): ``{"state_dict": {"backbone.visual...": ...}, ...}``.
 
 All reach the same CLIP key layout (``visual.*`` plus the text tower at the
@@ -29,6 +31,7 @@ import torch
 from .errors import UserError, first_line, install_command
 from .files import file_sha256
 from .train_options import CHECKPOINT_RECORD_KEY
+from .transformers_layout import is_transformers_layout, to_clip_layout
 
 # Keys a CLIP-layout checkpoint may carry that the model does not use.
 IGNORED_KEYS = ("logit_scale", "input_resolution", "context_length", "vocab_size")
@@ -36,13 +39,16 @@ IGNORED_SUFFIXES = ("attn_mask",)
 # Prefixes under which a training checkpoint nests the model.
 LIGHTNING_PREFIX = "backbone."  # the SDQES authors' LightningModule
 DDP_PREFIX = "module."  # open_clip training checkpoints
+# What the weights files of CLIP models are called: named when a folder is given for one.
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
+TRANSFORMERS_FORMAT = "transformers-clip"  # Hugging Face transformers' CLIPModel, renamed into CLIP's layout
 
 
 @dataclass
 class LoadedCheckpoint:
     state_dict: dict[str, torch.Tensor]  # CLIP layout
     source_format: str  # "openai-torchscript" | "state-dict" | "safetensors" | "open_clip-training"
-    #                     | "sdqes-lightning" | "sdqes-edge-training"
+    #                     | "sdqes-lightning" | "sdqes-edge-training" | "transformers-clip"
     sha256: str
     dropped_keys: list[str]  # training-only keys outside the model (Lightning heads, logit_scale...)
 
@@ -155,14 +161,16 @@ def _essential_line(exc: Exception) -> str:
 def read_checkpoint(path: str) -> LoadedCheckpoint:
     """Read any supported checkpoint into CLIP key layout (tensors only)."""
     if os.path.isdir(path):
-        raise UserError(f"checkpoint {path} is a folder; pass the .pt/.ckpt/.safetensors file inside it")
+        inside = sorted(name for name in os.listdir(path) if name.endswith(CHECKPOINT_SUFFIXES))
+        holds = f" (it holds {', '.join(inside[:4])}{' ...' if len(inside) > 4 else ''})" if inside else ""
+        raise UserError(f"checkpoint {path} is a folder; pass the .pt/.ckpt/.safetensors file inside it{holds}")
     if not os.path.isfile(path):
         raise UserError(f"checkpoint not found: {path}; pass the path of a .pt/.ckpt/.safetensors file")
     sha = file_sha256(path)
     if is_safetensors(path):
         state = _read_safetensors(path)
         prefix = DDP_PREFIX if state and all(k.startswith(DDP_PREFIX) for k in state) else ""
-        return _normalize(state, "safetensors", sha, prefix=prefix)
+        return _plain_state(state, "safetensors", sha, prefix=prefix)
     if is_torchscript(path):
         try:
             with warnings.catch_warnings():  # torch.jit.load is deprecated, but OpenAI ships TorchScript archives
@@ -182,11 +190,21 @@ def read_checkpoint(path: str) -> LoadedCheckpoint:
             return _normalize(state, "open_clip-training", sha, prefix=DDP_PREFIX)
         return _normalize(state, "open_clip-training", sha)
     if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        return _normalize(obj, "state-dict", sha)
+        return _plain_state(obj, "state-dict", sha)
     raise UserError(
         f"{path} holds no model weights (found {type(obj).__name__}); expected a state dict, "
         "a checkpoint with a 'state_dict' entry, an OpenAI CLIP TorchScript archive or a safetensors file"
     )
+
+
+def _plain_state(state: dict, fmt: str, sha: str, prefix: str = "") -> LoadedCheckpoint:
+    """A bare state dict: CLIP's layout as it is, or transformers' renamed into it."""
+    if not is_transformers_layout(state):
+        return _normalize(state, fmt, sha, prefix=prefix)
+    clip, dropped = to_clip_layout(state)
+    loaded = _normalize(clip, TRANSFORMERS_FORMAT, sha)
+    loaded.dropped_keys += dropped
+    return loaded
 
 
 def _normalize(state: dict, fmt: str, sha: str, prefix: str = "") -> LoadedCheckpoint:

@@ -7,17 +7,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .checkpoint_files import LoadedCheckpoint, is_torchscript, read_checkpoint
+from .checkpoint_files import TRANSFORMERS_FORMAT, LoadedCheckpoint, is_torchscript, read_checkpoint
 from .config import CLIP_MLP_ACTIVATION, AdapterConfig, ModelConfig, TextConfig, VisionConfig, validate
 from .errors import UserError
 from .files import USER_TEXT_ENCODING, path_problem
 from .model.sdqes_model import SDQESModel
+from .transformers_layout import is_transformers_config, read_transformers_config
 
 VISION_BLOCK = "visual.transformer.resblocks."
 HEAD_WIDTH = 64  # CLIP's convention: heads = width // 64 (head count is not stored in a checkpoint)
@@ -86,8 +88,6 @@ def _infer_adapter(state: dict, width: int, overrides: dict[str, Any]) -> Adapte
     return AdapterConfig(**fields)
 
 
-# Where Hugging Face transformers' CLIPModel keeps its towers (another layout for the same weights).
-TRANSFORMERS_CLIP_PREFIXES = ("vision_model.", "text_model.")
 REQUIRED_CLIP_KEYS = ("visual.conv1.weight", "visual.positional_embedding", "visual.proj",
                       "token_embedding.weight", "positional_embedding", "ln_final.weight", "text_projection")
 
@@ -101,12 +101,6 @@ def infer_config(state: dict[str, torch.Tensor], name: str = "checkpoint", visio
     (width // 64), the towers' MLP activation (QuickGELU) and the RetNet decay (``retnet_gamma``).
     """
     missing = [k for k in REQUIRED_CLIP_KEYS if k not in state]
-    if missing and any(k.startswith(TRANSFORMERS_CLIP_PREFIXES) for k in state):
-        raise UserError(
-            "this checkpoint is in Hugging Face transformers' CLIPModel layout (vision_model.*, text_model.*), not "
-            "OpenAI CLIP's, which sdqes-edge reads: take the same weights in CLIP layout (OpenAI's ViT-B-16.pt, as "
-            "the `clip` package downloads it, or open_clip's open_clip_model.safetensors from its hub repository)"
-        )
     if missing:
         raise UserError(
             f"not a CLIP ViT checkpoint: missing {', '.join(missing)}; sdqes-edge reads OpenAI CLIP / open_clip "
@@ -183,10 +177,13 @@ def load_state_dict_strict(model: SDQESModel, clip_state: dict[str, torch.Tensor
 # No checkpoint stores its head counts or its MLP activation. open_clip describes a model in a JSON config:
 # "vision_cfg" with "head_width" (default 64), "text_cfg" with "heads" (default 8), and "quick_gelu" (default
 # false: exact GELU); Hugging Face repositories ship it as open_clip_config.json under "model_cfg", open_clip's own
-# configs as <model name>.json.
+# configs as <model name>.json. A transformers CLIPModel's config.json says the same in its own words
+# (transformers_layout.read_transformers_config).
 OPEN_CLIP_CONFIG_NAMES = ("open_clip_config.json",)
+TRANSFORMERS_CONFIG_NAME = "config.json"
 OPEN_CLIP_HEAD_WIDTH, OPEN_CLIP_TEXT_HEADS = 64, 8
 ACTIVATION_NAMES = {"quick_gelu": "QuickGELU", "gelu": "GELU"}
+OPENAI_ARCHIVE = "openai-torchscript"
 
 
 @dataclass
@@ -204,44 +201,60 @@ class UnstoredChoices:
         return {k: v for k, v in chosen if v is not None}
 
 
-def model_config_beside(checkpoint: str) -> Path | None:
-    """open_clip_config.json, or <checkpoint stem>.json, in the checkpoint's folder."""
+def model_config_beside(checkpoint: str, source_format: str | None = None) -> Path | None:
+    """The model config that describes a checkpoint, in its folder: config.json beside a transformers checkpoint,
+    else open_clip's open_clip_config.json or <checkpoint stem>.json (a hub repository can hold both kinds)."""
     folder, stem = Path(checkpoint).parent, Path(checkpoint).stem
-    for candidate in [*(folder / n for n in OPEN_CLIP_CONFIG_NAMES), folder / f"{stem}.json"]:
-        if candidate.is_file():
-            return candidate
-    return None
+    names = ([TRANSFORMERS_CONFIG_NAME] if source_format == TRANSFORMERS_FORMAT
+             else [*OPEN_CLIP_CONFIG_NAMES, f"{stem}.json"])
+    return next((folder / name for name in names if (folder / name).is_file()), None)
 
 
-def read_open_clip_config(config_path: str | Path) -> tuple[int, int, str]:
-    """(vision heads, text heads, MLP activation) from an open_clip model config JSON."""
+def read_model_config(config_path: str | Path) -> tuple[int, int, str]:
+    """(vision heads, text heads, MLP activation) from open_clip's model JSON or a transformers CLIP config.json."""
     try:
         config = json.loads(Path(config_path).read_text(encoding=USER_TEXT_ENCODING))
+        if isinstance(config, dict) and is_transformers_config(config):
+            return read_transformers_config(config, config_path)
         config = config.get("model_cfg", config)
         vision, text = config["vision_cfg"], config["text_cfg"]
         vision_heads = int(vision["width"]) // int(vision.get("head_width", OPEN_CLIP_HEAD_WIDTH))
         text_heads = int(text.get("heads", OPEN_CLIP_TEXT_HEADS))
         activation = "quick_gelu" if config.get("quick_gelu", False) is True else "gelu"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"{config_path} is not an open_clip model config (needs vision_cfg.width and text_cfg; "
-                        f"{type(exc).__name__}: {exc}); fix it or give --vision-heads/--text-heads and "
-                        "--mlp-activation") from None
+        raise UserError(f"{config_path} is neither an open_clip model config (vision_cfg.width and text_cfg) nor a "
+                        f"transformers CLIP config.json ({type(exc).__name__}: {exc}); fix it or give "
+                        "--vision-heads/--text-heads and --mlp-activation") from None
     return vision_heads, text_heads, activation
 
 
-def resolve_unstored(checkpoint: str, vision_heads: int | None = None, text_heads: int | None = None,
-                     mlp_activation: str | None = None, model_config: str | None = None) -> UnstoredChoices:
-    """Flags first, then a model config (given, or found beside the checkpoint), then CLIP's conventions."""
+def check_unstored_flags(vision_heads: int | None = None, text_heads: int | None = None,
+                         model_config: str | None = None) -> None:
+    """The flags for what a checkpoint does not store, checked before the (possibly slow) checkpoint read."""
     for flag, value in (("--vision-heads", vision_heads), ("--text-heads", text_heads)):
         if value is not None and value < 1:
             raise UserError(f"{flag} {value}: a head count is a positive integer")
-    config_path = Path(model_config) if model_config else model_config_beside(checkpoint)
-    problem = path_problem(config_path, "file") if model_config else None
+    problem = path_problem(Path(model_config), "file") if model_config else None
     if problem:
-        raise UserError(f"--model-config {model_config} {problem}; give open_clip's JSON for this model")
-    from_config = read_open_clip_config(config_path) if config_path else (None, None, None)
+        raise UserError(f"--model-config {model_config} {problem}; give open_clip's JSON for this model (or a "
+                        "transformers config.json)")
+
+
+def resolve_unstored(checkpoint: str, vision_heads: int | None = None, text_heads: int | None = None,
+                     mlp_activation: str | None = None, model_config: str | None = None,
+                     source_format: str | None = None) -> UnstoredChoices:
+    """Flags first, then a model config (given, or found beside the checkpoint), then CLIP's conventions.
+
+    ``source_format`` (``LoadedCheckpoint.source_format``) says which config beside describes the file; without it
+    the file is taken for CLIP's layout, and an OpenAI archive is told by its contents.
+    """
+    check_unstored_flags(vision_heads, text_heads, model_config)
+    config_path = Path(model_config) if model_config else model_config_beside(checkpoint, source_format)
+    from_config = read_model_config(config_path) if config_path else (None, None, None)
+    if source_format is None and os.path.isfile(checkpoint) and is_torchscript(checkpoint):
+        source_format = OPENAI_ARCHIVE
     activation_given_by = "--mlp-activation"
-    if mlp_activation is None and os.path.isfile(checkpoint) and is_torchscript(checkpoint):
+    if mlp_activation is None and source_format == OPENAI_ARCHIVE:
         # OpenAI's archives hold their model's code, QuickGELU: open_clip's ViT-B-16.json beside ViT-B-16.pt (the
         # same stem) gives the right head counts, but its missing quick_gelu would say GELU.
         mlp_activation, activation_given_by = CLIP_MLP_ACTIVATION, "an OpenAI CLIP TorchScript archive"
@@ -262,13 +275,44 @@ def resolve_unstored(checkpoint: str, vision_heads: int | None = None, text_head
     return UnstoredChoices(*chosen, rule=f"attention heads: {words[0]}, {words[1]}; {words[2]}")
 
 
+# The file names hub repositories give every model's weights: the folder names the model instead.
+HUB_FILE_STEMS = ("model", "pytorch_model", "open_clip_model", "open_clip_pytorch_model")
+HUB_CACHE_SNAPSHOT = re.compile(r"models--[^/]+--(?P<name>[^/]+)/snapshots/[0-9a-f]{40}$")  # huggingface_hub's cache
+
+
+def model_name(path: str) -> str:
+    """A model's name from its checkpoint's path: the file's stem (ViT-B-16.pt, epoch=9.ckpt), or for a hub file
+    (model.safetensors) its folder's name, the repository's for a file in huggingface_hub's cache."""
+    file = Path(path).absolute()
+    if file.stem not in HUB_FILE_STEMS:
+        return file.stem
+    cached = HUB_CACHE_SNAPSHOT.search(file.parent.as_posix())
+    return cached["name"] if cached else (file.parent.name or file.stem)
+
+
+def model_from_checkpoint(ckpt: LoadedCheckpoint, path: str, config: ModelConfig | None = None,
+                          **infer_overrides: Any) -> SDQESModel:
+    """The model a read checkpoint describes (or ``config``, checked against it), its weights loaded."""
+    if config is None:
+        config = infer_config(ckpt.state_dict, name=model_name(path), **infer_overrides)
+    model = SDQESModel(config)
+    load_state_dict_strict(model, ckpt.state_dict)
+    return model.eval()
+
+
 def load_model(path: str, config: ModelConfig | None = None,
                **infer_overrides: Any) -> tuple[SDQESModel, LoadedCheckpoint]:
     """Build the model a checkpoint describes (or ``config``, checked against it) and load its weights."""
     ckpt = read_checkpoint(path)
-    if config is None:
-        name = os.path.splitext(os.path.basename(path))[0]
-        config = infer_config(ckpt.state_dict, name=name, **infer_overrides)
-    model = SDQESModel(config)
-    load_state_dict_strict(model, ckpt.state_dict)
-    return model.eval(), ckpt
+    return model_from_checkpoint(ckpt, path, config, **infer_overrides), ckpt
+
+
+def load_resolving_unstored(path: str, vision_heads: int | None = None, text_heads: int | None = None,
+                            mlp_activation: str | None = None,
+                            model_config: str | None = None) -> tuple[SDQESModel, LoadedCheckpoint, UnstoredChoices]:
+    """What the command line loads: the flags checked, the file read, what it does not store resolved from the
+    flags or the config that describes its layout, and the model built."""
+    check_unstored_flags(vision_heads, text_heads, model_config)
+    ckpt = read_checkpoint(path)
+    unstored = resolve_unstored(path, vision_heads, text_heads, mlp_activation, model_config, ckpt.source_format)
+    return model_from_checkpoint(ckpt, path, **unstored.overrides()), ckpt, unstored

@@ -103,20 +103,6 @@ def test_a_safetensors_file_from_the_hub_loads_whatever_its_name_and_a_cut_one_i
         load_model(str(tmp_path / "cut.safetensors"))
 
 
-def test_a_transformers_clipmodel_checkpoint_is_named_as_that_layout_with_where_to_get_clips(tmp_path):
-    """openai/clip-vit-base-patch16 on the Hugging Face hub is the paper's model in another layout: it was told
-    only that seven CLIP keys were missing."""
-    from safetensors.torch import save_file
-
-    save_file({"vision_model.embeddings.patch_embedding.weight": torch.zeros(64, 3, 8, 8),
-               "text_model.embeddings.token_embedding.weight": torch.zeros(10, 32),
-               "visual_projection.weight": torch.zeros(32, 64)}, str(tmp_path / "model.safetensors"))
-    with pytest.raises(UserError, match=r"^this checkpoint is in Hugging Face transformers' CLIPModel layout "
-                                        r"\(vision_model\.\*, text_model\.\*\), not OpenAI CLIP's.*ViT-B-16\.pt.*"
-                                        r"open_clip_model\.safetensors"):
-        load_model(str(tmp_path / "model.safetensors"))
-
-
 def lightning_checkpoint(model: SDQESModel, path: str) -> str:
     """The SDQES authors' layout: a LightningModule with the model under ``backbone.``."""
     state = OrderedDict(("backbone." + k, v) for k, v in model.clip_state_dict().items())

@@ -135,10 +135,9 @@ def model_from_args(args: argparse.Namespace):
     from sdqes_edge.model import SDQESModel
 
     if getattr(args, "checkpoint", None):
-        from sdqes_edge.checkpoints import load_model, resolve_unstored
+        from sdqes_edge.checkpoints import load_resolving_unstored
 
-        unstored = resolve_unstored(args.checkpoint)
-        model, ckpt = load_model(args.checkpoint, **unstored.overrides())
+        model, ckpt, unstored = load_resolving_unstored(args.checkpoint)
         return model, f"{args.checkpoint} ({ckpt.source_format}, sha256 {ckpt.sha256[:12]}; {unstored.rule})"
     import torch
 

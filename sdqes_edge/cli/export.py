@@ -133,11 +133,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_target(Path(args.out))
     checkpoint = None
     if args.checkpoint:
-        from sdqes_edge.checkpoints import load_model, resolve_unstored
+        from sdqes_edge.checkpoints import load_resolving_unstored
 
-        unstored = resolve_unstored(args.checkpoint, args.vision_heads, args.text_heads, args.mlp_activation,
-                                    args.model_config)
-        model, loaded = load_model(args.checkpoint, **unstored.overrides())
+        model, loaded, unstored = load_resolving_unstored(args.checkpoint, args.vision_heads, args.text_heads,
+                                                          args.mlp_activation, args.model_config)
         print(unstored.rule)  # once the checkpoint has loaded: a file that cannot be read gets its error alone
         source = f"{args.checkpoint} ({loaded.source_format})"
         checkpoint = {"file": Path(args.checkpoint).name, "sha256": loaded.sha256,
@@ -347,7 +346,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint from the authors' training code, OpenAI CLIP or open_clip; "
+    src.add_argument("--checkpoint", help="a checkpoint from the authors' training code, OpenAI CLIP, open_clip or "
+                                          "transformers' CLIPModel; "
                                           "dimensions and adapters are inferred from it")
     src.add_argument("--preset", help="a preset with random weights (for benchmarking); see `info --list-presets`")
     add_adapter_option(parser, help="with --preset: swap in this adapter kind")
@@ -357,10 +357,12 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-heads", type=int, help="with --checkpoint: text tower attention heads (as above)")
     parser.add_argument("--mlp-activation", choices=MLP_ACTIVATIONS,
                         help="with --checkpoint: the towers' MLP activation, which a checkpoint does not store either "
-                             "(default: from a model config beside it, whose quick_gelu says which, else CLIP's "
-                             "quick_gelu; open_clip's own models use gelu)")
-    parser.add_argument("--model-config", help="with --checkpoint: open_clip's model JSON for it (default: "
-                                               "open_clip_config.json or CHECKPOINT_STEM.json beside it)")
+                             "(default: from a model config beside it, whose quick_gelu or hidden_act says which, "
+                             "else CLIP's quick_gelu; open_clip's own models use gelu)")
+    parser.add_argument("--model-config", help="with --checkpoint: open_clip's model JSON for it, or a "
+                                               "transformers CLIP config.json (default: open_clip_config.json or "
+                                               "CHECKPOINT_STEM.json beside it; config.json beside a transformers "
+                                               "CLIPModel checkpoint)")
 
 
 def _float_blocks(text: str) -> int | str:
