@@ -1,28 +1,32 @@
-"""Checkpoint loading: the model's configuration inferred from a checkpoint's keys and shapes, head counts
-resolved, and the weights loaded strictly. The files themselves are read by ``checkpoint_files``.
+"""Checkpoint loading: the model's configuration inferred from a checkpoint's keys and shapes, and the weights
+loaded strictly. The files themselves are read by ``checkpoint_files``; what no checkpoint stores (head counts, MLP
+activation, preprocessing) is resolved by ``model_configs``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .checkpoint_files import TRANSFORMERS_FORMAT, LoadedCheckpoint, is_torchscript, read_checkpoint
-from .config import CLIP_MLP_ACTIVATION, AdapterConfig, ModelConfig, TextConfig, VisionConfig, validate
+from .checkpoint_files import LoadedCheckpoint, read_checkpoint
+from .config import (
+    CLIP_MLP_ACTIVATION,
+    AdapterConfig,
+    ModelConfig,
+    PreprocessConfig,
+    TextConfig,
+    VisionConfig,
+    validate,
+)
 from .errors import UserError
-from .files import USER_TEXT_ENCODING, path_problem
 from .model.sdqes_model import SDQESModel
-from .transformers_layout import is_transformers_config, read_transformers_config
+from .model_configs import HEAD_WIDTH, UnstoredChoices, check_unstored_flags, resolve_unstored
 
 VISION_BLOCK = "visual.transformer.resblocks."
-HEAD_WIDTH = 64  # CLIP's convention: heads = width // 64 (head count is not stored in a checkpoint)
 
 
 # --- config inference ---------------------------------------------------------
@@ -94,11 +98,12 @@ REQUIRED_CLIP_KEYS = ("visual.conv1.weight", "visual.positional_embedding", "vis
 
 def infer_config(state: dict[str, torch.Tensor], name: str = "checkpoint", vision_heads: int | None = None,
                  text_heads: int | None = None, mlp_activation: str = CLIP_MLP_ACTIVATION,
-                 **adapter_overrides: Any) -> ModelConfig:
+                 preprocess: PreprocessConfig | None = None, **adapter_overrides: Any) -> ModelConfig:
     """Every dimension of the model, read off a CLIP-layout state dict.
 
     What a checkpoint cannot tell is taken from CLIP's conventions and can be overridden: head counts
-    (width // 64), the towers' MLP activation (QuickGELU) and the RetNet decay (``retnet_gamma``).
+    (width // 64), the towers' MLP activation (QuickGELU), the image preprocessing (CLIP's transform) and the
+    RetNet decay (``retnet_gamma``).
     """
     missing = [k for k in REQUIRED_CLIP_KEYS if k not in state]
     if missing:
@@ -121,7 +126,8 @@ def infer_config(state: dict[str, torch.Tensor], name: str = "checkpoint", visio
         heads=text_heads or max(1, text_width // HEAD_WIDTH), mlp_activation=mlp_activation,
     )
     cfg = ModelConfig(name=name, embed_dim=state["text_projection"].shape[1], vision=vision, text=text,
-                      adapter=_infer_adapter(state, width, adapter_overrides))
+                      adapter=_infer_adapter(state, width, adapter_overrides),
+                      preprocess=preprocess or PreprocessConfig())
     validate(cfg)
     return cfg
 
@@ -171,108 +177,6 @@ def load_state_dict_strict(model: SDQESModel, clip_state: dict[str, torch.Tensor
             parts.append(f"{len(wrong_shape)} shape mismatch(es): {_listing(shapes, 3)}")
         raise UserError(f"checkpoint does not fit the model ({cause}); " + "; ".join(parts))
     model.load_state_dict(given, strict=True)
-
-
-# --- what a checkpoint does not store ----------------------------------------------------
-# No checkpoint stores its head counts or its MLP activation. open_clip describes a model in a JSON config:
-# "vision_cfg" with "head_width" (default 64), "text_cfg" with "heads" (default 8), and "quick_gelu" (default
-# false: exact GELU); Hugging Face repositories ship it as open_clip_config.json under "model_cfg", open_clip's own
-# configs as <model name>.json. A transformers CLIPModel's config.json says the same in its own words
-# (transformers_layout.read_transformers_config).
-OPEN_CLIP_CONFIG_NAMES = ("open_clip_config.json",)
-TRANSFORMERS_CONFIG_NAME = "config.json"
-OPEN_CLIP_HEAD_WIDTH, OPEN_CLIP_TEXT_HEADS = 64, 8
-ACTIVATION_NAMES = {"quick_gelu": "QuickGELU", "gelu": "GELU"}
-OPENAI_ARCHIVE = "openai-torchscript"
-
-
-@dataclass
-class UnstoredChoices:
-    """What a checkpoint does not store, each with where it came from (None: CLIP's convention)."""
-    vision_heads: int | None  # None: CLIP's rule, width // 64
-    text_heads: int | None
-    mlp_activation: str | None  # None: CLIP's QuickGELU
-    rule: str  # one line: where each came from
-
-    def overrides(self) -> dict[str, Any]:
-        """``infer_config``'s keyword arguments for the choices made."""
-        chosen = (("vision_heads", self.vision_heads), ("text_heads", self.text_heads),
-                  ("mlp_activation", self.mlp_activation))
-        return {k: v for k, v in chosen if v is not None}
-
-
-def model_config_beside(checkpoint: str, source_format: str | None = None) -> Path | None:
-    """The model config that describes a checkpoint, in its folder: config.json beside a transformers checkpoint,
-    else open_clip's open_clip_config.json or <checkpoint stem>.json (a hub repository can hold both kinds)."""
-    folder, stem = Path(checkpoint).parent, Path(checkpoint).stem
-    names = ([TRANSFORMERS_CONFIG_NAME] if source_format == TRANSFORMERS_FORMAT
-             else [*OPEN_CLIP_CONFIG_NAMES, f"{stem}.json"])
-    return next((folder / name for name in names if (folder / name).is_file()), None)
-
-
-def read_model_config(config_path: str | Path) -> tuple[int, int, str]:
-    """(vision heads, text heads, MLP activation) from open_clip's model JSON or a transformers CLIP config.json."""
-    try:
-        config = json.loads(Path(config_path).read_text(encoding=USER_TEXT_ENCODING))
-        if isinstance(config, dict) and is_transformers_config(config):
-            return read_transformers_config(config, config_path)
-        config = config.get("model_cfg", config)
-        vision, text = config["vision_cfg"], config["text_cfg"]
-        vision_heads = int(vision["width"]) // int(vision.get("head_width", OPEN_CLIP_HEAD_WIDTH))
-        text_heads = int(text.get("heads", OPEN_CLIP_TEXT_HEADS))
-        activation = "quick_gelu" if config.get("quick_gelu", False) is True else "gelu"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"{config_path} is neither an open_clip model config (vision_cfg.width and text_cfg) nor a "
-                        f"transformers CLIP config.json ({type(exc).__name__}: {exc}); fix it or give "
-                        "--vision-heads/--text-heads and --mlp-activation") from None
-    return vision_heads, text_heads, activation
-
-
-def check_unstored_flags(vision_heads: int | None = None, text_heads: int | None = None,
-                         model_config: str | None = None) -> None:
-    """The flags for what a checkpoint does not store, checked before the (possibly slow) checkpoint read."""
-    for flag, value in (("--vision-heads", vision_heads), ("--text-heads", text_heads)):
-        if value is not None and value < 1:
-            raise UserError(f"{flag} {value}: a head count is a positive integer")
-    problem = path_problem(Path(model_config), "file") if model_config else None
-    if problem:
-        raise UserError(f"--model-config {model_config} {problem}; give open_clip's JSON for this model (or a "
-                        "transformers config.json)")
-
-
-def resolve_unstored(checkpoint: str, vision_heads: int | None = None, text_heads: int | None = None,
-                     mlp_activation: str | None = None, model_config: str | None = None,
-                     source_format: str | None = None) -> UnstoredChoices:
-    """Flags first, then a model config (given, or found beside the checkpoint), then CLIP's conventions.
-
-    ``source_format`` (``LoadedCheckpoint.source_format``) says which config beside describes the file; without it
-    the file is taken for CLIP's layout, and an OpenAI archive is told by its contents.
-    """
-    check_unstored_flags(vision_heads, text_heads, model_config)
-    config_path = Path(model_config) if model_config else model_config_beside(checkpoint, source_format)
-    from_config = read_model_config(config_path) if config_path else (None, None, None)
-    if source_format is None and os.path.isfile(checkpoint) and is_torchscript(checkpoint):
-        source_format = OPENAI_ARCHIVE
-    activation_given_by = "--mlp-activation"
-    if mlp_activation is None and source_format == OPENAI_ARCHIVE:
-        # OpenAI's archives hold their model's code, QuickGELU: open_clip's ViT-B-16.json beside ViT-B-16.pt (the
-        # same stem) gives the right head counts, but its missing quick_gelu would say GELU.
-        mlp_activation, activation_given_by = CLIP_MLP_ACTIVATION, "an OpenAI CLIP TorchScript archive"
-    chosen, words = [], []
-    for what, given, given_by, config_value, convention in (
-            ("vision", vision_heads, "--vision-heads", from_config[0], f"width // {HEAD_WIDTH} (CLIP's rule"),
-            ("text", text_heads, "--text-heads", from_config[1], f"width // {HEAD_WIDTH} (CLIP's rule"),
-            ("MLP activation", mlp_activation, activation_given_by, from_config[2], "QuickGELU (CLIP's")):
-        value = given if given is not None else config_value
-        chosen.append(value)
-        shown = ACTIVATION_NAMES.get(value, value)  # a head count shows as itself
-        if given is not None:
-            words.append(f"{what} {shown} ({given_by})")
-        elif config_value is not None:
-            words.append(f"{what} {shown} (from {config_path.name})")
-        else:
-            words.append(f"{what}: {convention}; no model config beside the checkpoint)")
-    return UnstoredChoices(*chosen, rule=f"attention heads: {words[0]}, {words[1]}; {words[2]}")
 
 
 # The file names hub repositories give every model's weights: the folder names the model instead.

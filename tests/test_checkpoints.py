@@ -261,7 +261,7 @@ OPEN_CLIP_CONFIG = {"embed_dim": 32, "quick_gelu": True,  # the models of these 
 def test_head_counts_come_from_flags_or_the_model_config_beside_the_checkpoint(where, tmp_path):
     import json
 
-    from sdqes_edge.checkpoints import resolve_unstored
+    from sdqes_edge.model_configs import resolve_unstored
 
     original = heads_not_64_wide()
     path = str(tmp_path / "vit-odd.pt")
@@ -283,7 +283,7 @@ def test_head_counts_come_from_flags_or_the_model_config_beside_the_checkpoint(w
 
 
 def test_without_a_model_config_the_width_rule_is_used_and_said(tmp_path):
-    from sdqes_edge.checkpoints import resolve_unstored
+    from sdqes_edge.model_configs import resolve_unstored
 
     original = heads_not_64_wide()
     path = str(tmp_path / "vit-odd.pt")

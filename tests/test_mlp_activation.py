@@ -13,10 +13,11 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from sdqes_edge.checkpoints import load_model, resolve_unstored
+from sdqes_edge.checkpoints import load_model
 from sdqes_edge.config import ModelConfig
 from sdqes_edge.errors import UserError
 from sdqes_edge.model import SDQESModel
+from sdqes_edge.model_configs import resolve_unstored
 
 FRAMES = torch.randn(1, 4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 QUERY = "when I start cooking"

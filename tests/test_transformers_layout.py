@@ -61,7 +61,8 @@ def test_a_transformers_checkpoint_gives_transformers_own_embeddings_with_its_co
     assert (model.cfg.vision.mlp_activation, model.cfg.text.mlp_activation) == (hidden_act, hidden_act)
     shown = {"quick_gelu": "QuickGELU", "gelu": "GELU"}[hidden_act]
     assert unstored.rule == (f"attention heads: vision 4 (from config.json), text 2 (from config.json); "
-                             f"MLP activation {shown} (from config.json)")
+                             f"MLP activation {shown} (from config.json); "
+                             "preprocessing: CLIP's (no preprocessor_config.json beside the checkpoint)")
     for ours, theirs in zip(our_embeddings(model), reference_embeddings(reference)):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=2e-6)
 
