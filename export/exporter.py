@@ -102,10 +102,11 @@ def _backbone_counts(model: SDQESModel, batch: int, opset: int) -> tuple[GraphCo
         return count_graph(path), graph_kernels(path)
 
 
-def _encode_queries(text_graph: Path, texts: Sequence[str], truncate: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(token ids [Q, 77], embeddings [Q, E] from the exported text graph)."""
+def _encode_queries(text_graph: Path, texts: Sequence[str], truncate: bool,
+                    context_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids [Q, context_length], embeddings [Q, E] from the exported text graph)."""
     ort = load_onnxruntime()
-    ids = default_tokenizer().tokenize(list(texts), on_overflow="truncate" if truncate else "error")
+    ids = default_tokenizer(context_length).tokenize(list(texts), on_overflow="truncate" if truncate else "error")
     session = ort.InferenceSession(str(text_graph), session_options(), providers=["CPUExecutionProvider"])
     return ids, session.run(None, {TOKEN_INPUT: ids})[0]
 
@@ -143,7 +144,8 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
     traced = _trace(model, staging, options, sha, log)
     # Queries: the user's (pre-encoded into the bundle), else the built-in examples (only to count alert changes).
     queries = options.queries or tuple(Query(t, r) for t, r in EXAMPLE_QUERIES)
-    token_ids, query_embeddings = _encode_queries(traced.text, [q.text for q in queries], options.truncate_queries)
+    token_ids, query_embeddings = _encode_queries(traced.text, [q.text for q in queries], options.truncate_queries,
+                                                  cfg.text.context_length)
     fused = query_embeddings if options.fuse_queries else None
     fp32, verification = _verify_fp32(model, traced.step, token_ids, query_embeddings, fused, options, log)
     step_entries = {REFERENCE_PRECISION: {"file": traced.step.name, "inputs": traced.description["inputs"],

@@ -60,7 +60,7 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
         text = staging / manifest["graphs"]["text"]["file"]
         traced = _Traced(step, graphs.read_metadata(step), text, graphs.read_metadata(text))
         texts = [q.text for q in queries] or [t for t, _ in EXAMPLE_QUERIES]
-        _, query_embeddings = _encode_queries(text, texts, truncate=True)
+        _, query_embeddings = _encode_queries(text, texts, truncate=True, context_length=cfg.text.context_length)
         fused = query_embeddings if options.fuse_queries else None
         [report] = _add_variants(None, cfg, [INT8], manifest["graphs"]["step"], staging, traced, options,
                                  traced.description.get("checkpoint_sha256"), OnnxRuntimeStep(step), fused,

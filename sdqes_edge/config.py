@@ -24,6 +24,7 @@ MLP_ACTIVATIONS = ("quick_gelu", "gelu")
 CLIP_MLP_ACTIVATION = "quick_gelu"
 
 # CLIP's image normalization (DESIGN.md section 2): the one place these numbers live.
+CLIP_VOCAB_SIZE = 49408  # CLIP's BPE (sdqes_edge/data): 512 byte tokens, 48,894 merges, start and end
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -56,7 +57,7 @@ class VisionConfig:
 @dataclass(frozen=True)
 class TextConfig:
     context_length: int = 77
-    vocab_size: int = 49408
+    vocab_size: int = CLIP_VOCAB_SIZE
     width: int = 512
     layers: int = 12
     heads: int = 8
@@ -181,6 +182,10 @@ def validate(cfg: ModelConfig) -> None:
         if tower_cfg.mlp_activation not in MLP_ACTIVATIONS:
             problems.append(f"{tower}.mlp_activation {tower_cfg.mlp_activation!r} is not one of "
                             f"{', '.join(MLP_ACTIVATIONS)}")
+    if t.vocab_size < CLIP_VOCAB_SIZE:  # queries are read with CLIP's BPE; its ids would index past the table
+        problems.append(f"text.vocab_size {t.vocab_size} is smaller than CLIP's BPE vocabulary ({CLIP_VOCAB_SIZE} "
+                        "tokens), which sdqes-edge reads queries with: this text tower was trained with another "
+                        "tokenizer")
     if a.kind not in ADAPTER_KINDS:
         problems.append(f"adapter.kind {a.kind!r} is not one of {', '.join(ADAPTER_KINDS)}")
     if a.per_block not in (1, 2):

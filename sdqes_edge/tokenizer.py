@@ -180,7 +180,8 @@ def vocab_path() -> Path:
     return Path(str(resources.files(__package__).joinpath("data", VOCAB_FILE)))
 
 
-@functools.lru_cache(maxsize=1)
-def default_tokenizer() -> ClipTokenizer:
-    """The tokenizer with the vocabulary shipped in the package (loaded once)."""
-    return ClipTokenizer()
+@functools.lru_cache(maxsize=4)
+def default_tokenizer(context_length: int = CONTEXT_LENGTH) -> ClipTokenizer:
+    """The tokenizer with the vocabulary shipped in the package (loaded once per context length: a model's text
+    tower reads ``TextConfig.context_length`` positions, CLIP's 77 unless its checkpoint has another)."""
+    return ClipTokenizer(context_length=context_length)

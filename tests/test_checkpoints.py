@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 from collections import OrderedDict
 
+import numpy as np
 import pytest
 import torch
 from conftest import ADAPTER_CASES, case_id, random_model, tiny_config
@@ -313,3 +315,33 @@ def test_export_records_the_head_counts_and_their_rule_in_the_manifest(tmp_path)
     bad = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "export", "--checkpoint", str(path), "--out",
                           str(tmp_path / "c"), "--vision-heads", "3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "not divisible by vision.heads 3" in bad.stderr, bad.stderr
+
+
+def test_a_text_tower_of_another_context_length_reads_queries_at_its_own_length_in_torch_and_in_the_bundle(
+        tmp_path):
+    """The model tokenized at CLIP's 77 whatever its positional table held: a 64-position text tower failed its
+    export with a traceback ("index: 1 Got: 77 Expected: 64")."""
+    from sdqes_edge.export import ExportOptions, export_bundle
+    from sdqes_edge.runtime.bundle import load_bundle
+    from sdqes_edge.runtime.detector import text_encoder_for
+
+    cfg = tiny_config("none")
+    original = SDQESModel(dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, context_length=64))).eval()
+    torch.save(original.clip_state_dict(), tmp_path / "short-text.pt")
+    loaded, _ = load_model(str(tmp_path / "short-text.pt"))
+    assert loaded.cfg.text.context_length == 64 and same_outputs(loaded, original)
+    export_bundle(loaded, tmp_path / "bundle", ExportOptions(verify_frames=16), log=lambda line: None)
+    with torch.no_grad():
+        expected = loaded.encode_text(["when I start cooking"])[0].numpy()
+    got = text_encoder_for(load_bundle(tmp_path / "bundle")).encode("when I start cooking")
+    assert np.abs(got - expected).max() < 1e-5
+
+
+def test_a_text_tower_with_a_smaller_vocabulary_than_clips_bpe_is_refused_naming_it(tmp_path):
+    """Its token table cannot hold the ids CLIP's tokenizer gives: the export ended in torch's IndexError."""
+    state = SDQESModel(tiny_config("none")).clip_state_dict()
+    state["token_embedding.weight"] = state["token_embedding.weight"][:1000]
+    torch.save(state, tmp_path / "other-tokenizer.pt")
+    with pytest.raises(UserError, match=r"^invalid model config: text\.vocab_size 1000 is smaller than CLIP's BPE "
+                                        r"vocabulary \(49408 tokens\), which sdqes-edge reads queries with"):
+        load_model(str(tmp_path / "other-tokenizer.pt"))

@@ -57,7 +57,7 @@ class SDQESModel(nn.Module):
     def encode_text(self, queries: Sequence[str] | torch.Tensor, on_overflow: str = "error") -> torch.Tensor:
         """Query strings (or token ids [Q, 77]) -> L2-normalized embeddings [Q, E]."""
         if not isinstance(queries, torch.Tensor):
-            ids = default_tokenizer().tokenize(list(queries), on_overflow=on_overflow)
+            ids = default_tokenizer(self.cfg.text.context_length).tokenize(list(queries), on_overflow=on_overflow)
             queries = torch.from_numpy(ids).to(self.visual.proj.device)
         return self.text(queries)
 
