@@ -140,6 +140,9 @@ def _other_kind(path: str | os.PathLike) -> str | None:
         return None
     if b"\0" in head:  # control bytes are UTF-8 too; a NUL marks a binary file (as git and grep tell)
         return None
+    if head.lstrip().startswith(b"{"):  # config.json or open_clip_config.json, beside the weights
+        holds = _weights_named(os.path.dirname(os.path.abspath(path)))
+        return f"it is a JSON file (a model config?), not the weights{'; the folder ' + holds if holds else ''}"
     return "it is a text file, not a checkpoint" if head else "it is empty"
 
 
@@ -158,12 +161,21 @@ def _essential_line(exc: Exception) -> str:
     return f"not a readable torch checkpoint{detail}; is the file truncated or corrupt?"
 
 
+def _weights_named(folder: str) -> str:
+    """"holds model.safetensors, ..." for the weights files in a folder ("" when none)."""
+    try:
+        inside = sorted(name for name in os.listdir(folder) if name.endswith(CHECKPOINT_SUFFIXES))
+    except OSError:
+        return ""
+    return f"holds {', '.join(inside[:4])}{' ...' if len(inside) > 4 else ''}" if inside else ""
+
+
 def read_checkpoint(path: str) -> LoadedCheckpoint:
     """Read any supported checkpoint into CLIP key layout (tensors only)."""
     if os.path.isdir(path):
-        inside = sorted(name for name in os.listdir(path) if name.endswith(CHECKPOINT_SUFFIXES))
-        holds = f" (it holds {', '.join(inside[:4])}{' ...' if len(inside) > 4 else ''})" if inside else ""
-        raise UserError(f"checkpoint {path} is a folder; pass the .pt/.ckpt/.safetensors file inside it{holds}")
+        holds = _weights_named(path)
+        raise UserError(f"checkpoint {path} is a folder; pass the .pt/.ckpt/.safetensors file inside it"
+                        f"{f' (it {holds})' if holds else ''}")
     if not os.path.isfile(path):
         raise UserError(f"checkpoint not found: {path}; pass the path of a .pt/.ckpt/.safetensors file")
     sha = file_sha256(path)

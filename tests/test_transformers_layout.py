@@ -185,3 +185,10 @@ def test_an_older_config_json_with_tower_dicts_is_read_as_transformers_reads_it(
     (tmp_path / "config.json").write_text(json.dumps(config))
     model, _, _ = load_resolving_unstored(str(tmp_path / "model.safetensors"))
     assert (model.cfg.vision.heads, model.cfg.text.heads) == (4, 2)
+
+
+def test_a_config_json_given_as_the_checkpoint_is_named_with_the_weights_beside_it(tmp_path):
+    transformers_clip().save_pretrained(tmp_path)
+    with pytest.raises(UserError, match=r"^cannot read checkpoint .*config\.json: it is a JSON file \(a model "
+                                        r"config\?\), not the weights; the folder holds model\.safetensors; expected"):
+        load_resolving_unstored(str(tmp_path / "config.json"))
