@@ -24,7 +24,7 @@ WARNED = "sdqes-edge: warning:"
 def cases(b: Path, t: Path) -> list[tuple]:
     """(what the user did, argv[, a module this machine lacks]); b: a good bundle, t: a scratch folder with broken
     files in it."""
-    return run_cases(b, t) + other_cases(b, t)
+    return run_cases(b, t) + export_cases(t) + other_cases(b, t)
 
 
 def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
@@ -66,8 +66,8 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
     ]
 
 
-def other_cases(b: Path, t: Path) -> list[tuple]:
-    """Bad input to export, eval, synth, train, build-engine, bench and inspect."""
+def export_cases(t: Path) -> list[tuple[str, list[str]]]:
+    """Bad checkpoints, model configs and options given to `sdqes-edge export`."""
     return [
         ("export: checkpoint missing", ["export", "--checkpoint", str(t / "none.pt"), "--out", str(t / "x")]),
         ("export: checkpoint that is not a checkpoint", ["export", "--checkpoint", str(t / "garbage.mp4"),
@@ -75,6 +75,16 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
         ("export: checkpoint cut short", ["export", "--checkpoint", str(t / "half.pt"), "--out", str(t / "x")]),
         ("export: a folder given as the checkpoint", ["export", "--checkpoint", str(t / "photos"),
                                                       "--out", str(t / "x")]),
+        ("export: a transformers CLIP vision tower alone", ["export", "--checkpoint",
+                                                            str(t / "hf-vision" / "model.safetensors"),
+                                                            "--out", str(t / "x")]),
+        ("export: a model config given as the checkpoint", ["export", "--checkpoint",
+                                                            str(t / "hf-vision" / "config.json"),
+                                                            "--out", str(t / "x")]),
+        ("export: an open_clip config asking for bilinear resizing",
+         ["export", "--checkpoint", str(t / "bilinear" / "open_clip_model.safetensors"), "--out", str(t / "x")]),
+        ("export: a text tower trained with another tokenizer", ["export", "--checkpoint", str(t / "other-vocab.pt"),
+                                                                 "--out", str(t / "x")]),
         ("export: empty query", ["export", "--preset", "tiny", "--query", "", "--out", str(t / "x")]),
         ("export: head count that does not divide the width", ["export", "--checkpoint", str(t / "tiny.pt"),
                                                                "--vision-heads", "3", "--out", str(t / "x")]),
@@ -85,6 +95,12 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
         ("export: --fps inf", ["export", "--preset", "tiny", "--fps", "inf", "--out", str(t / "x")]),
         ("export: --out is a file", ["export", "--preset", "tiny", "--out", str(t / "garbage.mp4")]),
         ("export: over a folder that is not a bundle", ["export", "--preset", "tiny", "--out", str(t / "photos")]),
+    ]
+
+
+def other_cases(b: Path, t: Path) -> list[tuple]:
+    """Bad input to eval, score, synth, train, build-engine, bench and inspect."""
+    return [
         ("eval: a CSV without the EgoSDQES columns",
          ["eval", "--annotations", str(t / "a.csv"), "--scores", str(t / "photos")]),
         ("eval: an annotation row whose start time is not a number",
@@ -143,6 +159,7 @@ def prepare(t: Path) -> Path:
     torch.save(SDQESModel(preset("tiny")).eval().clip_state_dict(), t / "tiny.pt")
     whole = (t / "tiny.pt").read_bytes()
     (t / "half.pt").write_bytes(whole[: len(whole) // 2])
+    _checkpoint_files(t, SDQESModel(preset("tiny")).eval().clip_state_dict())
     writer = cv2.VideoWriter(str(t / "clip.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 5, (64, 48))
     for _ in range(5):
         writer.write(np.zeros((48, 64, 3), np.uint8))
@@ -172,6 +189,24 @@ def prepare(t: Path) -> Path:
     m["fps"] = float("nan")
     (t / "nan-fps" / "manifest.json").write_text(json.dumps(m))  # Python's json writes NaN; JSON has none
     return b
+
+
+def _checkpoint_files(t: Path, clip_state: dict) -> None:
+    """Checkpoints of other layouts and conventions, with the configs beside them."""
+    import torch
+    from safetensors.torch import save_file
+
+    (t / "hf-vision").mkdir()
+    save_file({"vision_model.embeddings.patch_embedding.weight": torch.zeros(64, 3, 8, 8)},
+              str(t / "hf-vision" / "model.safetensors"))
+    (t / "hf-vision" / "config.json").write_text(json.dumps({"model_type": "clip"}))
+    (t / "bilinear").mkdir()
+    save_file(clip_state, str(t / "bilinear" / "open_clip_model.safetensors"))
+    model_cfg = {"vision_cfg": {"width": 64}, "text_cfg": {"heads": 1}}
+    (t / "bilinear" / "open_clip_config.json").write_text(json.dumps(
+        {"model_cfg": model_cfg, "preprocess_cfg": {"interpolation": "bilinear"}}))
+    torch.save(dict(clip_state, **{"token_embedding.weight": clip_state["token_embedding.weight"][:1000]}),
+               t / "other-vocab.pt")
 
 
 def _annotation_files(t: Path) -> None:
