@@ -23,8 +23,9 @@ TEMPORAL_ADAPTER_KINDS = ("st", "qrnn", "retnet")
 MLP_ACTIVATIONS = ("quick_gelu", "gelu")
 CLIP_MLP_ACTIVATION = "quick_gelu"
 
-# CLIP's image normalization (DESIGN.md section 2): the one place these numbers live.
 CLIP_VOCAB_SIZE = 49408  # CLIP's BPE (sdqes_edge/data): 512 byte tokens, 48,894 merges, start and end
+
+# CLIP's image normalization (DESIGN.md section 2): the one place these numbers live.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 

@@ -55,7 +55,7 @@ class SDQESModel(nn.Module):
         return self.visual.state_spec(batch, dtype)
 
     def encode_text(self, queries: Sequence[str] | torch.Tensor, on_overflow: str = "error") -> torch.Tensor:
-        """Query strings (or token ids [Q, 77]) -> L2-normalized embeddings [Q, E]."""
+        """Query strings (or token ids [Q, text.context_length], 77 for CLIP) -> L2-normalized embeddings [Q, E]."""
         if not isinstance(queries, torch.Tensor):
             ids = default_tokenizer(self.cfg.text.context_length).tokenize(list(queries), on_overflow=on_overflow)
             queries = torch.from_numpy(ids).to(self.visual.proj.device)
