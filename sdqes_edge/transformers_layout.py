@@ -61,25 +61,23 @@ def to_clip_layout(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tens
     clip, dropped, unknown = {}, [], []
     qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}  # (CLIP block prefix, weight|bias) -> q/k/v
     for key, value in state.items():
-        block_match = BLOCK_KEY.match(key)
         if key in UNUSED or key.endswith(UNUSED_SUFFIXES):
             dropped.append(key)
         elif key in RENAMED:
             clip[RENAMED[key]] = value
         elif key in PROJECTIONS:
             clip[PROJECTIONS[key]] = value.t().contiguous()  # Linear's [E, W]; CLIP computes x @ proj, [W, E]
-        elif block_match:
+        elif (block_match := BLOCK_KEY.match(key)) is None:
+            unknown.append(key)
+        else:
             tower, index, part = block_match.groups()
             block = f"{TRANSFORMERS_TOWERS[tower]}transformer.resblocks.{index}."
-            projection = QKV_PART.fullmatch(part)
-            if projection:
+            if projection := QKV_PART.fullmatch(part):
                 qkv.setdefault((block, projection.group(2)), {})[projection.group(1)] = value
-            elif _block_part(part):
-                clip[block + _block_part(part)] = value
+            elif (renamed := _block_part(part)) is not None:
+                clip[block + renamed] = value
             else:
                 unknown.append(key)
-        else:
-            unknown.append(key)
     if unknown:
         raise UserError(f"a transformers CLIP checkpoint with parameters CLIP has no place for: "
                         f"{', '.join(sorted(unknown)[:4])}; sdqes-edge reads the CLIPModel architecture only")
