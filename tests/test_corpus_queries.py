@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import csv
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_corpus import cli
 
 from sdqes_edge.demo import DEMO_BUNDLE
 from sdqes_edge.synthetic import write_dataset
 from sdqes_edge.traces import load_scores
 
 LONG_QUERY = "Tell me when " + "the very " * 40 + "red ball starts rolling."  # 90 tokens of the 77 a query may take
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sdqes_edge.cli", *args], capture_output=True, text=True,
-                          errors="replace")
 
 
 @pytest.fixture(scope="module")
