@@ -40,8 +40,10 @@ def file_sha256(path: str | os.PathLike) -> str:
 def replaced_atomically(path: Path) -> Iterator[Path]:
     """A path beside ``path`` for the block to write; it replaces ``path`` only when the block ends without error
     and is removed otherwise (Ctrl-C included). So ``path`` holds the new contents or what it held before, never
-    part of them: a snapshot being rewritten when a second Ctrl-C lands stays the one it was."""
+    part of them: a snapshot being rewritten when a second Ctrl-C lands stays the one it was. Missing folders
+    above ``path`` are made, as ``check_output_file`` promises when it accepts a path in them."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
         yield partial

@@ -66,6 +66,14 @@ def test_a_folder_given_to_save_state_is_refused_rather_than_written_beside(dete
     assert list(tmp_path.parent.glob(f"{tmp_path.name}.npz")) == []  # numpy wrote FOLDER.npz
 
 
+def test_a_snapshot_saved_into_folders_that_do_not_exist_yet_makes_them(detector, tmp_path):
+    """`run --save-state runs/today/state.npz` was accepted up front, streamed to the end, then lost the state in
+    a FileNotFoundError traceback: the alert log and score trace beside it make their folders, the snapshot did not."""
+    snapshot = detector.save_state(tmp_path / "runs" / "today" / "state.npz")
+    assert snapshot.is_file() and sorted(p.name for p in snapshot.parent.iterdir()) == ["state.npz"]
+    detector.load_state(snapshot)
+
+
 def test_a_snapshot_interrupted_while_it_is_rewritten_stays_the_one_it_was(detector, tmp_path, monkeypatch):
     """`run --resume S --save-state S` rewrites its snapshot as it stops; a second Ctrl-C then landed mid-write and
     left a truncated file in place of the good one."""
