@@ -92,9 +92,10 @@ class StepBackend(Protocol):
         """The rows of ``streams`` (all when None) back to their initial value."""
 
 
-def warm_up(backend: StepBackend, frame: np.ndarray, state: Any) -> Any:
+def warm_up(backend: StepBackend, frame: np.ndarray, state: Any, query_embeddings: np.ndarray | None = None) -> Any:
     """Step ``frame`` from ``state`` ``backend.warm_up_steps`` times -> the state after: the one-off work of the
-    first steps (arenas, each binding's first use, CUDA graph capture) done before anything is streamed or timed."""
+    first steps (arenas, each binding's first use, CUDA graph capture) done before anything is streamed or timed.
+    ``query_embeddings``: what a graph that scores its queries (``fused_queries``) takes with each frame."""
     for _ in range(backend.warm_up_steps):
-        state = backend.step(frame, state).state
+        state = backend.step(frame, state, query_embeddings).state
     return state

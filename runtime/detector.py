@@ -29,7 +29,7 @@ from .backend import BACKENDS, StepBackend, warm_up
 from .bundle import Bundle, load_bundle
 from .pacing import StreamPace
 from .preprocess import Preprocessor
-from .queries import Query, QueryBank, TextEncoder, score
+from .queries import Query, QueryBank, TextEncoder
 from .run_stats import RunStats
 from .sinks import AlertEvent, Sink
 from .snapshots import SavedAlert, Snapshot, StreamRecord, policy_key, read_snapshot, snapshot_path, write_snapshot
@@ -107,9 +107,8 @@ class StreamingDetector:
         self.preprocess = Preprocessor.from_description(self.bundle.image_size, m["preprocess"])
         self.backend: StepBackend = (backend_instance
                                      or make_backend(self.bundle, backend, precision, threads, ort_device))
-        if getattr(self.backend, "fused_queries", False):
-            raise UserError("this bundle scores a fixed query set inside its graph (--fuse-queries); the streaming "
-                            "detector adds and removes queries, so export it without --fuse-queries")
+        # --fuse-queries: the graph scores up to Q queries itself, their embeddings [Q, E] in with every frame.
+        self.query_capacity: int | None = m["query_count"] if getattr(self.backend, "fused_queries", False) else None
         self.queries = QueryBank(text_encoder or text_encoder_for(self.bundle, truncate_queries))
         self.sinks: list[Sink] = []
         self.state = self.backend.initial_state()  # every stream's, batched (the backend's representation)
@@ -149,6 +148,10 @@ class StreamingDetector:
     def add_query(self, text: str, message: str | None = None, threshold: float | None = None,
                   query_id: str | None = None, **policy_options) -> Query:
         policy = self.default_policy(threshold, **policy_options)
+        if self.query_capacity is not None and len(self.queries.queries) >= self.query_capacity:
+            raise UserError(f"this bundle scores at most {self.query_capacity} queries at once, inside its step graph "
+                            f"(exported with --fuse-queries), and {self.query_capacity} are active: remove one first, "
+                            "or re-export the bundle without --fuse-queries to ask any number")
         query = self.queries.add(text, policy, message, query_id, stream_time=self.streams[0].time)
         for slot in self.streams:
             slot.alerts[query.id] = AlertState(policy)
@@ -179,7 +182,7 @@ class StreamingDetector:
         blank = np.zeros((self.batch, 3, size, size), np.float32)
         kept = self.backend.state_to_numpy(self.state)
         start = time.perf_counter()
-        warm_up(self.backend, blank, self.state)
+        warm_up(self.backend, blank, self.state, self._fused_query_input())
         elapsed_ms = (time.perf_counter() - start) * 1e3
         self.state = self.backend.state_from_numpy(kept)
         return elapsed_ms
@@ -236,12 +239,12 @@ class StreamingDetector:
         """
         start = time.perf_counter()
         self._check_frames(frames)
-        result = self.backend.step(self._frame_batch(frames), self.state)
+        result = self.backend.step(self._frame_batch(frames), self.state, self._fused_query_input())
         self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
         idle = [i for i, f in enumerate(frames) if f is None]
         self.state = self.backend.keep_streams(result.state, self.state, idle) if idle else result.state
         ids = self.queries.ids
-        cosines, probs = score(result.embedding, self.queries.matrix) if ids else (np.zeros((self.batch, 0)),) * 2
+        cosines, probs = self.queries.scores(result.embedding, result.logits)
         events_per_stream: list[list[AlertEvent]] = []
         for slot, frame in zip(self.streams, frames):
             if frame is None:
@@ -259,6 +262,12 @@ class StreamingDetector:
                     sink.on_event(event)
             events_per_stream.append(events)
         return events_per_stream
+
+    def _fused_query_input(self) -> np.ndarray | None:
+        """A fused graph's query input (``QueryBank.graph_input``); None for a graph that leaves scoring to us."""
+        if self.query_capacity is None:
+            return None
+        return self.queries.graph_input(self.query_capacity, int(self.bundle.manifest["embed_dim"]))
 
     def _check_frames(self, frames: list[Frame | None]) -> None:
         if not isinstance(frames, (list, tuple)):

@@ -46,7 +46,12 @@ def score(embeddings: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.n
     DESIGN.md section 1: no temperature; the threshold applies to p.
     """
     cosines = embeddings @ queries.T
-    return cosines, 1.0 / (1.0 + np.exp(-cosines))
+    return cosines, probabilities(cosines)
+
+
+def probabilities(cosines: np.ndarray) -> np.ndarray:
+    """p = sigmoid(cos), what alert thresholds apply to."""
+    return 1.0 / (1.0 + np.exp(-cosines))
 
 
 class TextEncoder:
@@ -94,6 +99,7 @@ class QueryBank:
         self.encoder = encoder
         self.queries: dict[str, Query] = {}
         self._matrix: np.ndarray | None = None
+        self._graph_input: tuple[np.ndarray, np.ndarray] | None = None  # (``matrix``, it as a graph's input)
         self._ids = (f"q{i}" for i in itertools.count(1))
         # (query_key, the policy) -> the active ids asking it. Not CLIP's full cleaning (ftfy): that tripled the
         # set-up time of a bundle of 10,000 queries.
@@ -138,3 +144,24 @@ class QueryBank:
             self._matrix = np.stack(rows).astype(np.float32) if rows else np.zeros((0, 1), np.float32)
         return self._matrix
 
+    def graph_input(self, rows: int, width: int) -> np.ndarray:
+        """``matrix`` as the query input [rows, width] of a graph that scores its queries itself (exported with
+        --fuse-queries, ``rows`` fixed in it), the rows past the active queries zero; made again only when the
+        set changes."""
+        matrix = self.matrix
+        if self._graph_input is None or self._graph_input[0] is not matrix:
+            padded = np.zeros((rows, width), np.float32)
+            padded[: len(matrix)] = matrix
+            self._graph_input = (matrix, padded)
+        return self._graph_input[1]
+
+    def scores(self, embeddings: np.ndarray, logits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(cosines, p) [B, Q] of the active queries, in ``ids`` order: a fused graph's own logits [B, rows] where
+        it gave them (their first columns are these queries, ``graph_input``), else one product of the
+        embeddings [B, E] with ``matrix``."""
+        if not self.queries:
+            return (np.zeros((len(embeddings), 0)),) * 2
+        if logits is not None:
+            cosines = logits[:, : len(self.queries)]
+            return cosines, probabilities(cosines)
+        return score(embeddings, self.matrix)

@@ -324,7 +324,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--query", action="append", metavar="TEXT", help="a query to pre-encode (repeatable)")
     export.add_argument("--queries-file", help=".txt (one query a line), .json or .csv (query,response columns)")
     export.add_argument("--fuse-queries", action="store_true",
-                        help="score the given queries inside the step graph (query_embeddings in, logits out)")
+                        help="score queries inside the step graph (query_embeddings in, logits out): as many "
+                             "at once as given here, any texts")
     export.add_argument("--fps", type=finite_number, default=DEFAULT_FPS, help="sampling rate of the stream (default "
                                                                        "%(default)s)")
     export.add_argument("--threshold", type=finite_number, default=DEFAULT_THRESHOLD,

@@ -27,6 +27,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     annotations = require_annotations(args.annotations, split=args.split or None, source=args.source)
     out = Path(args.out)
     tasks = _checked_query_lengths(plan_streams(annotations, Path(args.videos)), bundle, args)
+    _check_query_capacity(tasks, bundle)
     if (copies := copies_words(tasks)) is not None:
         warn(copies)
     if args.bench:
@@ -71,6 +72,17 @@ def _check_score_args(args: argparse.Namespace) -> None:
     elif given := given_flags(args, "shared_bundle", "ray_actors"):
         warn(f"{' and '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --ray; "
              f"ignoring {'it' if len(given) == 1 else 'them'}")
+
+
+def _check_query_capacity(tasks: list, bundle) -> None:
+    """A bundle exported with --fuse-queries scores at most the queries given at export at once: a video asking
+    more would fail after loading, and again on every re-run."""
+    capacity = bundle.manifest.get("query_count")
+    busiest = max(tasks, key=lambda task: len(task.queries), default=None)
+    if capacity is not None and busiest is not None and len(busiest.queries) > capacity:
+        raise UserError(f"{bundle.root} scores at most {capacity} queries at once, inside its step graph (exported "
+                        f"with --fuse-queries), but {busiest.stream} asks {len(busiest.queries)}; re-export the "
+                        "bundle without --fuse-queries to score this corpus")
 
 
 def _checked_query_lengths(tasks: list, bundle, args: argparse.Namespace) -> list:
