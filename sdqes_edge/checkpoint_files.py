@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from .contract import MANIFEST_NAME
 from .errors import UserError, first_line, install_command
 from .files import file_sha256
 from .train_options import CHECKPOINT_RECORD_KEY
@@ -126,6 +127,8 @@ def _safe_load(path: str) -> Any:
 def _other_kind(path: str | os.PathLike) -> str | None:
     """What a file given as a checkpoint is instead, where that is plain: torch's own words for a NumPy archive
     ("[enforce fail at inline_container.cc:180]") or a CSV ("pop from empty list") told nobody."""
+    if str(path).lower().endswith(".onnx"):
+        return "it is an ONNX graph (what an export writes, never read back), not a checkpoint"
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
@@ -173,6 +176,10 @@ def _weights_named(folder: str) -> str:
 def read_checkpoint(path: str) -> LoadedCheckpoint:
     """Read any supported checkpoint into CLIP key layout (tensors only)."""
     if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+            raise UserError(f"checkpoint {path} is a bundle made by `sdqes-edge export`, not a checkpoint; give the "
+                            f".pt/.ckpt/.safetensors file it was exported from (`sdqes-edge inspect {path}` "
+                            "describes the bundle)")
         holds = _weights_named(path)
         raise UserError(f"checkpoint {path} is a folder; pass the .pt/.ckpt/.safetensors file inside it"
                         f"{f' (it {holds})' if holds else ''}")

@@ -208,6 +208,22 @@ def test_a_file_of_another_kind_given_as_a_checkpoint_is_named_for_what_it_is(tm
             read_checkpoint(str(tmp_path / name))
 
 
+def test_a_bundle_or_its_onnx_graph_given_as_the_checkpoint_is_named_as_an_export(tmp_path):
+    """A bundle folder was "a folder; pass the .pt/.ckpt/.safetensors file inside it" (it holds none), and its
+    graph "not a readable torch checkpoint (Unsupported operand 8); is the file truncated or corrupt?"."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text("{}")
+    (bundle / "step.fp32.onnx").write_bytes(b"\x08\x08\x12\x07pytorch\x1a\x052.13.0")  # how ONNX files begin
+    with pytest.raises(UserError, match=re.escape(f"checkpoint {bundle} is a bundle made by `sdqes-edge export`, not "
+                                                  "a checkpoint; give the .pt/.ckpt/.safetensors file it was exported "
+                                                  f"from (`sdqes-edge inspect {bundle}` describes the bundle)")):
+        read_checkpoint(str(bundle))
+    with pytest.raises(UserError, match=re.escape(f"cannot read checkpoint {bundle / 'step.fp32.onnx'}: it is an ONNX "
+                                                  "graph (what an export writes, never read back), not a checkpoint;")):
+        read_checkpoint(str(bundle / "step.fp32.onnx"))
+
+
 def test_a_binary_file_is_not_called_text_and_a_text_file_cut_mid_character_still_is(tmp_path):
     """Control bytes decode as UTF-8, so a binary file (a video, here) was named "a text file"; and the 4 KiB read
     to tell could end inside a character, so a CSV with accents was not."""
