@@ -17,6 +17,7 @@ import numpy as np
 from sdqes_edge.contract import (
     BUNDLE_FORMAT_VERSION,
     MANIFEST_NAME,
+    METADATA_KEY,
     PRECISIONS,
     REFERENCE_PRECISION,
     STATE_INPUT_PREFIX,
@@ -29,7 +30,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import file_sha256, path_problem, write_text_atomically
 from sdqes_edge.state import StateSpec
 
-from .graph_files import NotAGraph, external_data_locations
+from .graph_files import NotAGraph, external_data_locations, metadata_props
 
 
 class BundleError(UserError):
@@ -163,6 +164,7 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
                                   f"changed after export); {_reexport_hint(root)}")
     _check_external_data(bundle)
     _check_state_io(bundle)
+    _check_against_graphs(bundle)
     return bundle
 
 
@@ -228,6 +230,32 @@ def _check_state_io(bundle: Bundle) -> None:
         if not state_names_in(inputs, STATE_INPUT_PREFIX) == state_names_in(outputs, STATE_OUTPUT_PREFIX) == spec.names:
             raise BundleError(f"the {precision} step graph's state inputs/outputs disagree with the state spec in "
                               f"{MANIFEST_NAME}; {_reexport_hint(bundle.root)}")
+
+
+# What the runtimes take from the manifest that each step graph's own description also says: its shapes, and the
+# normalization its images get. The manifest carries no hash, so one edited or damaged after export failed deep in
+# ONNX Runtime ("Got invalid dimensions"), or, for the normalization, not at all. (The fps is the rate to stream at,
+# which a user may change.)
+DESCRIBED_BY_THE_GRAPH = ("image_size", "embed_dim", "batch", "query_count", "preprocess")
+
+
+def _check_against_graphs(bundle: Bundle) -> None:
+    root = bundle.root
+    for precision in bundle.precisions:
+        graph = bundle.step_graph(precision)
+        words = metadata_props(graph).get(METADATA_KEY)
+        try:
+            description = json.loads(words) if words else {}
+        except ValueError:
+            description = {}  # refused, naming the graph, when a backend reads it (OnnxRuntimeStep)
+        for key in DESCRIBED_BY_THE_GRAPH:
+            exported, said = description.get(key), bundle.manifest.get(key)
+            if key not in description or exported == said:
+                continue
+            what = (f"another {key} than {graph.name} was exported with" if isinstance(exported, dict) else
+                    f"{key} {said!r}, but {graph.name} was exported with {exported!r}")
+            raise BundleError(f"{MANIFEST_NAME} of {root} says {what}: the manifest was edited or damaged after "
+                              f"export; restore it, or {_reexport_hint(root)}")
 
 
 def write_thresholds(path: str | Path, default: float, per_label: dict[str, float] | None = None,

@@ -1,4 +1,5 @@
-"""The files an ONNX graph makes its reader open besides itself: the locations of its external data.
+"""The files an ONNX graph makes its reader open besides itself (the locations of its external data), and the
+metadata it carries (``metadata_props``, where a step graph keeps its description).
 
 A tensor of an ONNX graph may keep its bytes in another file (``external_data`` "location"), which ONNX
 Runtime and TensorRT's parser open relative to the graph. In someone else's bundle that location could be
@@ -30,6 +31,7 @@ TENSOR_HOLDERS: dict[str, dict[int, str]] = {
                        22: "SparseTensorProto", 23: "SparseTensorProto"},
     "SparseTensorProto": {1: "TensorProto", 2: "TensorProto"},
 }
+MODEL_METADATA_PROPS = 14  # ModelProto.metadata_props: repeated StringStringEntryProto {key = 1, value = 2}
 TENSOR_EXTERNAL_DATA = 13  # TensorProto.external_data: repeated StringStringEntryProto {key = 1, value = 2}
 EXTERNAL_LOCATION_KEY = "location"
 
@@ -42,22 +44,41 @@ class NotAGraph(ValueError):
 
 def external_data_locations(path: str | Path) -> list[str]:
     """Every external-data location the graph at ``path`` names, in file order (repeats kept out)."""
+    found: list[str] = []
+    _read(path, lambda view: _walk(view, 0, len(view), "ModelProto", found))
+    return list(dict.fromkeys(found))
+
+
+def metadata_props(path: str | Path) -> dict[str, str]:
+    """The graph's ``metadata_props`` (key -> value), read without entering the graph itself."""
+    props: dict[str, str] = {}
+
+    def read(view: memoryview) -> None:
+        for number, start, stop in _fields(view, 0, len(view)):
+            if number == MODEL_METADATA_PROPS:
+                entry = {field: bytes(view[a:b]).decode("utf-8", "replace")
+                         for field, a, b in _fields(view, start, stop)}  # {1: key, 2: value}
+                props[entry.get(1, "")] = entry.get(2, "")
+    _read(path, read)
+    return props
+
+
+def _read(path: str | Path, visit) -> None:
+    """``visit(memoryview)`` over the file's bytes, mapped (an empty file: not visited)."""
     with open(path, "rb") as fh:
         if fh.seek(0, 2) == 0:
-            return []
-        found: list[str] = []
+            return
         problem = None
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
             view = memoryview(data)
             try:
-                _walk(view, 0, len(data), "ModelProto", found)
+                visit(view)
             except NotAGraph as exc:  # raised again below: its traceback would keep the map open
                 problem = str(exc)
             finally:
                 view.release()
     if problem:
         raise NotAGraph(problem)
-    return list(dict.fromkeys(found))
 
 
 def _varint(data: memoryview, pos: int, end: int) -> tuple[int, int]:

@@ -40,6 +40,8 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
          ["run", str(t / "reaching"), "--source", "x.mp4", "--query", Q]),
         ("bundle of a newer format", ["run", str(t / "newer"), "--source", "x.mp4", "--query", Q]),
         ("manifest with a NaN fps", ["run", str(t / "nan-fps"), "--source", "x.mp4", "--query", Q]),
+        ("manifest edited to another image size than its graph's",
+         ["run", str(t / "resized"), "--source", "x.mp4", "--query", Q]),
         ("video file missing", ["run", str(b), "--source", str(t / "missing.mp4"), "--query", Q]),
         ("video unreadable", ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", Q]),
         ("a still image as the source", ["run", str(b), "--source", str(t / "photo.jpg"), "--query", Q]),
@@ -173,7 +175,7 @@ def prepare(t: Path) -> Path:
     _annotation_files(t)
     (t / "mine").mkdir()
     (t / "mine" / "alerts.jsonl").write_text("{}\n")
-    for name in ("garbled", "changed", "escaping", "reaching", "newer", "blocked", "nan-fps"):
+    for name in ("garbled", "changed", "escaping", "reaching", "newer", "blocked", "nan-fps", "resized"):
         shutil.copytree(b, t / name)
     _read_weights_from(t / "reaching", "../weights.bin")
     (t / "blocked" / "engines").write_text("a file where the engines folder goes")
@@ -188,6 +190,9 @@ def prepare(t: Path) -> Path:
     m = json.loads((b / "manifest.json").read_text())
     m["fps"] = float("nan")
     (t / "nan-fps" / "manifest.json").write_text(json.dumps(m))  # Python's json writes NaN; JSON has none
+    m = json.loads((b / "manifest.json").read_text())
+    m["image_size"] = 2 * m["image_size"]
+    (t / "resized" / "manifest.json").write_text(json.dumps(m))
     return b
 
 
