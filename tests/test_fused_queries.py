@@ -143,3 +143,12 @@ def test_score_refuses_up_front_a_corpus_whose_videos_ask_more_queries_than_a_fu
         "--fuse-queries), but synthetic-000000 asks 5; re-export the bundle without --fuse-queries to score this "
         "corpus"]
     assert not (tmp_path / "scores").exists()
+
+
+def test_inspect_points_a_fused_bundle_to_run_and_never_to_build_engine_which_refuses_it(bundles, capsys):
+    fused, plain, _ = bundles
+    for bundle, engine in ((fused, False), (plain, True)):
+        assert run(["inspect", str(bundle), "--frames", "2"]) == 0
+        next_line = capsys.readouterr().out.strip().splitlines()[-1]
+        assert next_line.startswith(f"next: sdqes-edge run {bundle} --source VIDEO")
+        assert ("build-engine" in next_line) == engine

@@ -208,8 +208,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{ms:.1f} ms/frame, embedding norm {float(np.linalg.norm(result.embedding[0])):.4f}")
     _print_kernels(bundle, args.precision)
     precision = "" if args.precision == REFERENCE_PRECISION else f" --precision {args.precision}"
-    print(f"\nnext: {run_hint(args.bundle, m, '--source VIDEO' + precision)}   (on an NVIDIA device: {PROG} "
-          f"build-engine {args.bundle})")
+    # The TensorRT engines bind no query input: a graph that scores its queries (--fuse-queries) runs on ORT alone.
+    engine = "" if m.get("query_count") else f"   (on an NVIDIA device: {PROG} build-engine {args.bundle})"
+    print(f"\nnext: {run_hint(args.bundle, m, '--source VIDEO' + precision)}{engine}")
     return 0
 
 
