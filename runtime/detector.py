@@ -280,8 +280,8 @@ class StreamingDetector:
                 raise UserError(f"step takes one Frame (or None, for an idle stream) per stream, not a "
                                 f"{type(frame).__name__}: wrap an image as sdqes_edge.runtime.Frame(image=bgr, "
                                 "time=seconds, index=n)")
-            if frame is not None and not math.isfinite(frame.time):  # alerts and cooldowns are timed by it
-                raise UserError(f"a Frame's time is seconds into its stream, a finite number, not {frame.time}")
+            if frame is not None and not (isinstance(frame.time, numbers.Real) and math.isfinite(frame.time)):
+                raise UserError(f"a Frame's time is seconds into its stream, a finite number, not {frame.time!r}")
 
     def _frame_batch(self, frames: list[Frame | None]) -> np.ndarray:
         """The frames as one batch [B, 3, R, R]. One frame prepared by the reader thread goes as it is (a view:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import abc
 import atexit
-import math
-import numbers
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +22,7 @@ import numpy as np
 from sdqes_edge.errors import UserError
 
 from .cores import usable_cores
-from .sampling import samples_served
+from .sampling import checked_rate, samples_served
 
 # Threads preprocessing a file's frames while the reader decodes the next ones (numpy releases the GIL in its
 # products): one core is left to the decoder, and beyond four the step, not the source, is the bottleneck.
@@ -78,11 +76,8 @@ class FrameSource(abc.ABC):
     end_time: float | None = None  # a file's: no sample time past it (sampling.samples_served)
 
     def __init__(self, name: str, fps: float):
-        if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not 0 < fps < math.inf:
-            raise UserError(f"a source samples at a positive number of frames per second, not {fps!r}; give the "
-                            "bundle's (detector.fps)")
+        self.fps = checked_rate(fps, "a source samples")
         self.name = name
-        self.fps = float(fps)
         self.stats = SourceStats()
         self.start_index = 0  # samples before it are not stepped: a resumed run goes on after them (start_at)
         self.log: Callable[[str], None] = lambda message: None

@@ -14,14 +14,27 @@ follows the same rule; ``tests/vectors/sampling.json`` holds both to it.
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from pathlib import Path
+
+from sdqes_edge.errors import UserError
 
 # A container's millisecond timestamps may land a hair below the sample time they stand for (999.9999 ms).
 STAMP_TOLERANCE_S = 1e-6
 # How far past the end its container states a file's timestamps may run before they are taken as broken: a
 # frame stamped far beyond the end (a damaged index) would otherwise be repeated up to its stamp.
 END_SLACK_S = 1.0
+
+
+def checked_rate(fps: object, what: str) -> float:
+    """``fps`` as a float, refused unless it is a positive, finite number of frames per second; ``what`` samples or
+    records at it ("a source samples", "ScoreTraceRecorder records")."""
+    if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not 0 < fps < math.inf:
+        raise UserError(f"{what} at a positive number of frames per second, not {fps!r}; give the bundle's "
+                        "(detector.fps)")
+    return float(fps)
 
 
 def samples_served(stamp: float, next_index: int, period: float, end_time: float | None = None) -> int:

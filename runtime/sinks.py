@@ -29,6 +29,8 @@ from sdqes_edge.files import (
 from sdqes_edge.metrics import above_threshold
 from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, read_chunks, save_scores
 
+from .sampling import checked_rate
+
 
 @dataclass
 class AlertEvent:
@@ -148,7 +150,7 @@ class AnnotatedVideoSink(Sink):
     def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]], stream: int = 0):
         """``stream``: which of the detector's streams this video shows (one sink per stream to annotate)."""
         self.path = check_annotation_path(path, "AnnotatedVideoSink")
-        self.fps = fps
+        self.fps = checked_rate(fps, "AnnotatedVideoSink writes")
         self.stream = stream
         self.thresholds = thresholds
         self._writer = None
@@ -244,7 +246,8 @@ class ScoreTraceRecorder(Sink):
         stream goes on at (``source.start_index``): the trace the stopped run left at ``path`` gives the rows
         before it, so this one is still the whole stream, each row at its own frame."""
         self.path = check_output_file(path, "ScoreTraceRecorder", SCORE_TRACE_EXAMPLE)
-        self.stream_name, self.fps, self.stream, self.model = stream_name, fps, stream, model
+        self.stream_name, self.stream, self.model = stream_name, stream, model
+        self.fps = checked_rate(fps, "ScoreTraceRecorder records")
         self._rows: list[dict[str, float]] = []
         self._texts: dict[str, str] = {}
         self._asked: dict[str, float] = {}

@@ -58,6 +58,8 @@ def test_a_frame_without_a_finite_time_is_refused(detector):
     """Alerts, their cooldowns and the traces are timed by the frame's time: a NaN would pass every comparison."""
     with pytest.raises(UserError, match="a Frame's time is seconds into its stream, a finite number, not nan"):
         detector.step([Frame(image=np.zeros((48, 64, 3), np.uint8), time=float("nan"), index=0)])
+    with pytest.raises(UserError, match="a Frame's time is seconds into its stream, a finite number, not '1.5'"):
+        detector.step([Frame(image=np.zeros((48, 64, 3), np.uint8), time="1.5", index=0)])  # was a TypeError
 
 
 def test_a_folder_given_to_save_state_is_refused_rather_than_written_beside(detector, tmp_path):
@@ -196,6 +198,12 @@ def test_a_state_snapshot_that_cannot_be_written_is_one_line(detector, tmp_path)
     (lambda t: AnnotatedVideoSink(t / "out.txt", 1.0, dict), r"^AnnotatedVideoSink .*out.txt: OpenCV writes videos as"),
     (lambda t: ScoreTraceRecorder("/proc/s.npz", "s", 1.0), r"^ScoreTraceRecorder /proc/s.npz cannot be written"),
     (lambda t: CallbackSink("print"), r"^CallbackSink takes a function of each alert .* not a str"),
+    # A rate of 0 was taken: the video then failed at its first frame as a path "to end in .avi, .mp4, ...",
+    # and the trace recorded fps 0, which no evaluation can time.
+    (lambda t: AnnotatedVideoSink(t / "out.mp4", 0.0, dict), r"^AnnotatedVideoSink writes at a positive number of "
+                                                             r"frames per second, not 0.0; give the bundle's"),
+    (lambda t: ScoreTraceRecorder(t / "s.npz", "s", "1"), r"^ScoreTraceRecorder records at a positive number of "
+                                                          r"frames per second, not '1'"),
 ])
 def test_a_sink_that_could_never_write_is_refused_when_made_not_at_its_first_alert(make, says, tmp_path):
     """They were accepted and failed later with an OSError or a TypeError: at the first alert, maybe hours in."""
