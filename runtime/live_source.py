@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 import time
 
 import cv2
@@ -11,6 +13,34 @@ from sdqes_edge.errors import UserError
 from .frame_source import FrameSource
 
 RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; then the source gives up
+URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
+GSTREAMER_LINK = "!"  # joins a GStreamer pipeline's elements: "nvarguscamerasrc ! ... ! appsink"
+
+
+def is_gstreamer_pipeline(target: int | str) -> bool:
+    return isinstance(target, str) and GSTREAMER_LINK in target and not target.startswith(URL_PREFIXES)
+
+
+@functools.cache
+def opencv_has_gstreamer() -> bool:
+    """Whether this OpenCV was built with GStreamer ("GStreamer: YES (1.20.3)" in its build information). pip's
+    opencv-python wheels never are; JetPack's OpenCV is."""
+    found = re.search(r"GStreamer:\s*(\S+)", cv2.getBuildInformation())
+    return bool(found) and found.group(1).upper() != "NO"
+
+
+def open_failure_words(target: int | str) -> str:
+    """Why OpenCV could not open ``target``, and what to check, in one line."""
+    if is_gstreamer_pipeline(target):
+        if not opencv_has_gstreamer():
+            return (f"this OpenCV ({cv2.__version__}) was built without GStreamer, so it cannot run the pipeline "
+                    f"{target!r} (pip's opencv-python wheels never have it); use an OpenCV built with GStreamer (on "
+                    "a Jetson, JetPack's own), or give a camera index or a stream URL")
+        return (f"OpenCV cannot open the GStreamer pipeline {target!r}; check it runs in gst-launch-1.0 and ends in "
+                "appsink (OpenCV takes its frames there, as BGR)")
+    what = f"camera index {target}" if isinstance(target, int) else f"stream {target}"
+    return (f"OpenCV cannot open {what}; check it is connected (ls /dev/video*) or the URL plays (e.g. in ffplay), "
+            "and that no other program holds it")
 
 
 class LiveSource(FrameSource):
@@ -22,11 +52,11 @@ class LiveSource(FrameSource):
         super().__init__(f"camera{target}" if isinstance(target, int) else str(target), fps)
         self.target = target
         self.reconnect_delays = reconnect_delays
+        if is_gstreamer_pipeline(target) and not opencv_has_gstreamer():  # refused without trying: OpenCV
+            raise UserError(open_failure_words(target))                    # would only fail to open it
         capture = self._open()
         if capture is None:
-            what = f"camera index {target}" if isinstance(target, int) else f"stream {target}"
-            raise UserError(f"OpenCV cannot open {what}; check it is connected (ls /dev/video*) or the URL plays "
-                            "(e.g. in ffplay), and that no other program holds it")
+            raise UserError(open_failure_words(target))
         self._capture = capture
 
     def _open(self):

@@ -18,11 +18,10 @@ import numpy as np
 from sdqes_edge.errors import UserError
 
 from .frame_source import Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
-from .live_source import LiveSource
+from .live_source import URL_PREFIXES, LiveSource, is_gstreamer_pipeline
 from .sampling import STAMP_TOLERANCE_S, frame_order, samples_served, stated_end_time
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
 OPENCV_LOG_LEVEL_SILENT = 0  # cv::utils::logging::LOG_LEVEL_SILENT, for OpenCV releases without cv2.utils.logging
 TRUNCATION_SLACK_FRAMES = 2  # a file may decode this many frames (or 1%) fewer than its container lists
 
@@ -161,6 +160,13 @@ def give_distinct_names(sources: list[FrameSource]) -> list[str]:
     return renamed
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name longer than a file's may be (a long GStreamer pipeline) names no file
+        return False
+
+
 def open_source(spec: str | Path | int, fps: float) -> FrameSource:
     """A camera index ("0" or 0), a URL or GStreamer pipeline, an image folder, or a video file."""
     if isinstance(spec, bool) or not isinstance(spec, (str, Path, int)):
@@ -168,13 +174,14 @@ def open_source(spec: str | Path | int, fps: float) -> FrameSource:
     spec = str(spec)
     if spec.isdigit():
         return LiveSource(int(spec), fps)
-    if spec.startswith(URL_PREFIXES) or "!" in spec:  # "!" joins GStreamer pipeline elements
-        return LiveSource(spec, fps)
     path = Path(spec)
+    exists = _exists(path)
+    if spec.startswith(URL_PREFIXES) or (is_gstreamer_pipeline(spec) and not exists):  # clip!.mp4 is a file
+        return LiveSource(spec, fps)
+    if not exists:
+        raise UserError(f"source {spec} is neither a file, a folder, a camera index nor a URL")
     if path.is_dir():
         return ImageFolderSource(path, fps)
-    if not path.exists():
-        raise UserError(f"source {spec} is neither a file, a folder, a camera index nor a URL")
     if path.suffix.lower() in IMAGE_SUFFIXES:  # OpenCV opens it as a one-frame video: one score, no event start
         raise UserError(f"source {spec} is a still image; the model watches frames over time for the moment an "
                         f"event starts: give a video, a camera or a URL, or the folder of frames ({path.parent}) "
