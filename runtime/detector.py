@@ -10,11 +10,12 @@ holds the model, the queries and the batched state; each stream's own data
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import threading
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -29,43 +30,16 @@ from .backend import BACKENDS, StepBackend, warm_up
 from .bundle import Bundle, load_bundle
 from .pacing import StreamPace
 from .preprocess import Preprocessor
-from .queries import Query, QueryBank, TextEncoder
+from .queries import Query, QueryBank, TextEncoder, text_encoder_for
 from .run_stats import RunStats
 from .sinks import AlertEvent, Sink
 from .snapshots import SavedAlert, Snapshot, StreamRecord, policy_key, read_snapshot, snapshot_path, write_snapshot
 from .sources import Frame, FrameSource
+from .stream_slot import StreamSlot
 
 
 class NonFiniteScoreError(UserError):
     """The model produced NaN or Inf for a stream; the stream is stopped (its state would stay poisoned)."""
-
-
-@dataclass
-class StreamSlot:
-    """One stream's place in the batch, and everything the detector keeps for it but its rows of the state."""
-    index: int  # the row (axis 0) of the batched state this stream occupies
-    name: str
-    frames: int = 0  # frames stepped (counted on from a restored snapshot)
-    time: float = 0.0  # stream time of its last frame, seconds
-    alerts: dict[str, AlertState] = field(default_factory=dict)  # query id -> this stream's alert state
-    source: str = ""  # the identity of the source it reads (FrameSource.identity)
-    position: int = 0  # the sample index of that source after its last frame
-    resumed: StreamRecord | None = None  # from a snapshot, until ``attach`` decides where its source goes on
-    attached: FrameSource | None = field(default=None, repr=False)  # the source ``attach`` gave this stream
-    pace: StreamPace | None = None  # its frame times against the model's rate (None: a model without state)
-
-    def restore_alert(self, query_id: str, text: str) -> None:
-        """A query's alert state as the snapshot this stream was restored from left it (``saved_alert``)."""
-        saved = self.resumed.saved_alert(text, self.alerts[query_id].policy) if self.resumed else None
-        if saved is not None:
-            saved.apply(self.alerts[query_id], self.time)
-
-    def reset(self) -> None:
-        """What a new scene forgets: the alert states, and the frame times its pace is measured over."""
-        for state in self.alerts.values():
-            state.reset()
-        if self.pace is not None:
-            self.pace.restart()
 
 
 def make_backend(bundle: Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
@@ -84,14 +58,16 @@ def make_backend(bundle: Bundle, backend: str = "ort", precision: str = REFERENC
     raise UserError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
 
 
-def text_encoder_for(bundle: Bundle, truncate_queries: bool = False, threads: int | None = None) -> TextEncoder:
-    """The bundle's text graph and tokenizer, with its pre-encoded queries already in the cache."""
-    encoder = TextEncoder(bundle.text_graph, bundle.tokenizer_vocab, bundle.manifest["tokenizer"]["context_length"],
-                          on_overflow="truncate" if truncate_queries else "error", threads=threads)
-    pre = bundle.queries()
-    if pre:
-        encoder.seed([q["text"] for q in pre[0]], pre[1])
-    return encoder
+def _exclusive(method):
+    """``method`` run holding the detector's lock. A program may add or remove queries, reset, save or load the
+    state from another thread (a voice command, a ROS callback) while a stream runs: a step then never sees half
+    of such a change (the ids of one query set scored against the matrix of another: another query's score, or
+    a KeyError). Reentrant, since ``add_bundle_queries`` adds each query through ``add_query``."""
+    @functools.wraps(method)
+    def exclusive(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return exclusive
 
 
 class StreamingDetector:
@@ -118,7 +94,9 @@ class StreamingDetector:
         size = self.bundle.image_size
         self._batch = np.zeros((self.batch, 3, size, size), np.float32)  # the frames of one step, reused
         self.last_embeddings: np.ndarray | None = None
+        self._lock = threading.RLock()  # see _exclusive
 
+    @_exclusive
     def add_sink(self, sink: Sink) -> Sink:
         if not isinstance(sink, Sink):  # a bare function failed on the first query or frame
             raise UserError(f"add_sink takes a Sink, not a {type(sink).__name__}; for a function of each alert, "
@@ -148,6 +126,11 @@ class StreamingDetector:
     def add_query(self, text: str, message: str | None = None, threshold: float | None = None,
                   query_id: str | None = None, **policy_options) -> Query:
         policy = self.default_policy(threshold, **policy_options)
+        self.queries.encoder.encode(text)  # the text graph runs before the lock is taken: no step waits on it
+        with self._lock:
+            return self._add_query(text, message, policy, query_id)
+
+    def _add_query(self, text: str, message: str | None, policy: AlertPolicy, query_id: str | None) -> Query:
         if self.query_capacity is not None and len(self.queries.queries) >= self.query_capacity:
             raise UserError(f"this bundle scores at most {self.query_capacity} queries at once, inside its step graph "
                             f"(exported with --fuse-queries), and {self.query_capacity} are active: remove one first, "
@@ -160,6 +143,7 @@ class StreamingDetector:
             sink.on_query_added(query.id, query.text, query.added_at)
         return query
 
+    @_exclusive
     def remove_query(self, query_id: str) -> None:
         self.queries.remove(query_id)
         for slot in self.streams:
@@ -171,6 +155,7 @@ class StreamingDetector:
                 for q in (pre[0] if pre else [])]
 
     # --- state -----------------------------------------------------------------------
+    @_exclusive
     def warm_up(self) -> float:
         """Step blank frames and throw the results away, the state left as it was -> the ms it took.
 
@@ -187,6 +172,7 @@ class StreamingDetector:
         self.state = self.backend.state_from_numpy(kept)
         return elapsed_ms
 
+    @_exclusive
     def reset(self, stream: int | None = None) -> None:
         """Forget the past (a new scene): the state of one stream (or all) back to its initial value."""
         if stream is not None and (not isinstance(stream, numbers.Integral) or isinstance(stream, bool)):
@@ -197,6 +183,7 @@ class StreamingDetector:
         for slot in self.streams if stream is None else [self.streams[stream]]:
             slot.reset()
 
+    @_exclusive
     def save_state(self, path: str | Path) -> Path:
         """Snapshot the streaming state to an .npz, to resume after a restart: the model's state and, per stream,
         its frame count, time, source position and alert states (``snapshots``)."""
@@ -212,6 +199,7 @@ class StreamingDetector:
         return write_snapshot(path, Snapshot(self.bundle.model_identity, self.backend.state_to_numpy(self.state),
                                              records))
 
+    @_exclusive
     def load_state(self, path: str | Path) -> None:
         snapshot = read_snapshot(path)
         loaded, identity = snapshot.state, snapshot.model_identity
@@ -231,6 +219,7 @@ class StreamingDetector:
                 slot.restore_alert(qid, self.queries.queries[qid].text)
 
     # --- one step --------------------------------------------------------------------
+    @_exclusive
     def step(self, frames: list[Frame | None]) -> list[list[AlertEvent]]:
         """One frame per stream (None for an idle slot) -> the alerts each stream raised.
 

@@ -23,6 +23,7 @@ from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
 from sdqes_edge.traces import query_key
 
 from .alerts import AlertPolicy
+from .bundle import Bundle
 from .onnxruntime_backend import load_refusal, session_options
 
 
@@ -93,7 +94,7 @@ class TextEncoder:
 
 class QueryBank:
     """Queries with their embeddings [Q, E] (rebuilt only when the set changes); each stream keeps its own alert
-    state per query (``detector.StreamSlot``)."""
+    state per query (``stream_slot.StreamSlot``)."""
 
     def __init__(self, encoder: TextEncoder):
         self.encoder = encoder
@@ -165,3 +166,13 @@ class QueryBank:
             cosines = logits[:, : len(self.queries)]
             return cosines, probabilities(cosines)
         return score(embeddings, self.matrix)
+
+
+def text_encoder_for(bundle: Bundle, truncate_queries: bool = False, threads: int | None = None) -> TextEncoder:
+    """The bundle's text graph and tokenizer, with its pre-encoded queries already in the cache."""
+    encoder = TextEncoder(bundle.text_graph, bundle.tokenizer_vocab, bundle.manifest["tokenizer"]["context_length"],
+                          on_overflow="truncate" if truncate_queries else "error", threads=threads)
+    pre = bundle.queries()
+    if pre:
+        encoder.seed([q["text"] for q in pre[0]], pre[1])
+    return encoder

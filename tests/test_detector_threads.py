@@ -1,0 +1,78 @@
+"""A program may change the detector from another thread while a stream runs: add and remove queries (a voice
+command, a ROS callback), reset a stream, save the state. Every such change happens between two steps, never
+inside one: each frame's score of each query is that query's own (sigmoid of the frame's embedding against its
+text's), and no step fails on a query removed under it. Before, a step read the query ids, then the embedding
+matrix, and a removal between the two gave one query another's score, or a KeyError."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from sdqes_edge.demo import DEMO_BUNDLE
+from sdqes_edge.runtime import Frame, StreamingDetector
+from sdqes_edge.runtime.sinks import Sink
+
+TEXTS = ("Tell me when the lamp turns on.", "When the door opens", "a ball starts rolling", "a red square appears")
+STEPS = 300
+
+
+class Consistency(Sink):
+    """Each frame's reported p of each query against the one its own text gives with this frame's embedding."""
+
+    def __init__(self, detector: StreamingDetector):
+        self.detector, self.worst, self.frames = detector, 0.0, 0
+
+    def on_frame(self, stream, frame_bgr, time_s, probs, events):
+        embedding = self.detector.last_embeddings[stream]
+        for qid, p in probs.items():
+            own = self.detector.queries.encoder.encode(self.detector.queries.queries[qid].text)
+            self.worst = max(self.worst, abs(p - 1.0 / (1.0 + np.exp(-float(embedding @ own)))))
+        self.frames += 1
+
+
+@pytest.fixture
+def fast_thread_switches():
+    """Python switches threads every 5 ms by default; every 10 us here, so a step and a change interleave."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(before)
+
+
+def test_queries_changed_from_another_thread_never_land_inside_a_step(fast_thread_switches):
+    detector = StreamingDetector(DEMO_BUNDLE)
+    for text in TEXTS:
+        detector.queries.encoder.encode(text)  # the texts' embeddings cached: the changes are then instant
+    check = detector.add_sink(Consistency(detector))
+    detector.add_query(TEXTS[0])
+    stop, failures = threading.Event(), []
+
+    def change_queries():
+        try:
+            k = 0
+            while not stop.is_set():
+                query = detector.add_query(TEXTS[1 + k % 3])
+                detector.remove_query(query.id)
+                if k % 50 == 0:
+                    detector.reset()
+                k += 1
+        except Exception as exc:  # reported by the test, not lost in the thread
+            failures.append(exc)
+
+    changer = threading.Thread(target=change_queries)
+    changer.start()
+    rng = np.random.default_rng(0)
+    try:
+        for t in range(STEPS):
+            image = rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)
+            detector.step([Frame(image=image, time=t / detector.fps, index=t)])
+    finally:
+        stop.set()
+        changer.join()
+    assert failures == []
+    assert check.frames == STEPS and check.worst < 1e-6
+    assert [q.text for q in detector.queries.queries.values()] == [TEXTS[0]]
