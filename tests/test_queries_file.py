@@ -1,12 +1,14 @@
-"""`sdqes-edge export --queries-file`: the queries and their alert messages a bundle is exported with, read from
-.txt (one query a line), .json or .csv, and every file that is not one of those refused in one line; the command
-to run next uses them."""
+"""`--queries-file`: the queries and their alert messages a bundle is exported with (`export`) or a stream is
+watched for (`run`), read from .txt (one query a line), .json or .csv, and every file that is not one of those
+refused in one line; the command to run next uses them."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from sdqes_edge.cli.export import read_queries_file
+from sdqes_edge.cli.queries_file import read_queries_file
 from sdqes_edge.errors import UserError
 
 COOK = "When I start cooking, remind me to wash my hands."
@@ -64,3 +66,30 @@ def test_a_bundle_exported_with_its_queries_is_next_run_on_them_not_on_a_query_t
     assert run(["export", "--preset", "tiny", "--queries-file", str(tmp_path / "q.txt"), "--verify-frames", "16",
                 "--drift-frames", "16", "--quiet", "--out", str(tmp_path / "b")]) == 0
     assert capsys.readouterr().out.splitlines()[-1].endswith(f"then: sdqes-edge run {tmp_path / 'b'} --source VIDEO")
+
+
+def test_run_watches_a_queries_files_queries_with_their_messages_beside_the_command_lines(exported, tmp_path, capsys):
+    """`run` had only --query (and --message by position): a hundred queries with their alert messages were a
+    command line of two hundred options."""
+    from runtime_fixtures import FPS, write_video
+
+    from sdqes_edge.cli import run
+    from sdqes_edge.sample import sample_frames
+
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(10, 48, 64), fps=FPS)
+    queries = tmp_path / "queries.csv"
+    queries.write_text(f'query,response\n"{COOK}",Wash your hands!\nwhen I run\nwhen I open the fridge,Close it\n')
+    events = tmp_path / "alerts.jsonl"
+    assert run(["run", str(bundle), "--source", str(video), "--query", "when I open the fridge", "--message",
+                "Fridge!", "--queries-file", str(queries), "--threshold", "0.01", "--events", str(events),
+                "--quiet"]) == 0
+    alerted = sorted((e["query"], e["message"]) for e in map(json.loads, events.read_text().splitlines()))
+    # Each query once: the fridge, asked on the command line and in the file, keeps the command line's message.
+    assert alerted == sorted([(COOK, "Wash your hands!"), ("when I run", "when I run"),
+                              ("when I open the fridge", "Fridge!")])
+    capsys.readouterr()
+    assert run(["run", str(bundle), "--source", str(video), "--queries-file", str(tmp_path / "none.txt")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"sdqes-edge: error: queries file {tmp_path / 'none.txt'} does not exist; give a .txt, .json or .csv file "
+        "of queries"]

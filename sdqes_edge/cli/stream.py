@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, unique_queries, warn
+from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
 from sdqes_edge.contract import INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import (
@@ -99,6 +100,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
                         "its query")
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
+    args.file_queries = read_queries_file(args.queries_file) if args.queries_file else []
     if args.max_frames is not None and args.max_frames < 1:
         raise UserError(f"--max-frames {args.max_frames}: give a positive number of steps (or leave it out to "
                         "stream to the end)")
@@ -127,14 +129,15 @@ def _check_run_args(args: argparse.Namespace) -> None:
 
 
 def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
-    """The --query texts with their --message (by position), else the bundle's pre-encoded queries."""
+    """The --query texts with their --message (by position) and the --queries-file's, else the bundle's
+    pre-encoded queries."""
     queries, messages = args.query or [], args.message or []
     policy = dict(exit_threshold=args.exit_threshold, cooldown_s=args.cooldown, max_alerts=args.max_alerts)
     paired = [(text, messages[i] if i < len(messages) else None) for i, text in enumerate(queries)]
-    for text, message in unique_queries(paired):
+    for text, message in unique_queries(paired + args.file_queries):
         detector.add_query(text, message, args.threshold, **policy)
-    if not queries and not detector.add_bundle_queries(args.threshold, **policy):
-        raise UserError("no queries: give --query TEXT (or export the bundle with --query)")
+    if not paired + args.file_queries and not detector.add_bundle_queries(args.threshold, **policy):
+        raise UserError("no queries: give --query TEXT or --queries-file FILE (or export the bundle with --query)")
 
 
 def paths_per_source(path: str | Path, sources: list) -> list[Path]:
@@ -254,6 +257,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "--batch N)")
     run.add_argument("--query", action="append", help="event to wait for (repeatable); default: the bundle's")
     run.add_argument("--message", action="append", help="alert message for the query of the same position")
+    run.add_argument("--queries-file", help=f"more queries with their alert messages: {QUERIES_FILE_HELP}")
     run.add_argument("--threshold", type=finite_number, help="alert threshold on sigmoid(cos); default: the bundle's")
     run.add_argument("--exit-threshold", type=finite_number, help="hysteresis: stay 'on' until p falls to this "
                                                            "(default: the bundle's policy, else the threshold)")

@@ -1,0 +1,62 @@
+"""Queries with their alert messages from a file: `export --queries-file` and `run --queries-file`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from sdqes_edge.annotations import other_separator_words
+from sdqes_edge.errors import UserError
+from sdqes_edge.files import USER_TEXT_ENCODING, path_problem
+
+QUERIES_FILE_HELP = ".txt (one query a line), .json or .csv (query,response columns)"
+
+
+def read_queries_file(path: str) -> list[tuple[str, str]]:
+    """Queries with their alert messages from .txt (one query a line), .json or .csv (query[,response])."""
+    p = Path(path)
+    problem = path_problem(p, "file")
+    if problem:
+        raise UserError(f"queries file {p} {problem}; give a .txt, .json or .csv file of queries")
+    try:
+        text = p.read_text(encoding=USER_TEXT_ENCODING)
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p} is not UTF-8 text ({exc}); save it as UTF-8") from None
+    kind = p.suffix.lower()  # QUERIES.CSV too: read as lines, its header was taken for the first query
+    if kind == ".json":
+        queries = _json_queries(text, p)
+    elif kind == ".csv":
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        if not reader.fieldnames or "query" not in reader.fieldnames:
+            raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)"
+                            + other_separator_words(reader.fieldnames))
+        queries = [(row["query"] or "", row.get("response") or row["query"] or "") for row in reader]
+    else:
+        queries = [(line.strip(), line.strip()) for line in text.splitlines() if line.strip()]
+    if not queries:
+        raise UserError(f"{p} holds no queries; give one query a line (.txt), a JSON list or a CSV with a 'query' "
+                        "column")
+    return queries
+
+
+def _json_queries(text: str, p: Path) -> list[tuple[str, str]]:
+    shape = 'a JSON list of strings or of {"text": ..., "response": ...}'
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{p} is not valid JSON ({exc}); give {shape}") from None
+    if not isinstance(items, list):
+        raise UserError(f"{p} holds a JSON {type(items).__name__}; give {shape}")
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append((item, item))
+        elif isinstance(item, dict) and all(isinstance(item.get(k, ""), str) for k in ("text", "response")) \
+                and "text" in item:
+            out.append((item["text"], item.get("response", item["text"])))
+        else:
+            raise UserError(f"{p}: each entry must be a string or {{\"text\": ..., \"response\": ...}} of strings, "
+                            f"got {item!r}")
+    return out
