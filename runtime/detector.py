@@ -62,7 +62,7 @@ def _exclusive(method):
     """``method`` run holding the detector's lock. A program may add or remove queries, reset, save or load the
     state from another thread (a voice command, a ROS callback) while a stream runs: a step then never sees half
     of such a change (the ids of one query set scored against the matrix of another: another query's score, or
-    a KeyError). Reentrant, since ``add_bundle_queries`` adds each query through ``add_query``."""
+    a KeyError). Reentrant: a sink, called inside a step, may add or remove queries itself."""
     @functools.wraps(method)
     def exclusive(self, *args, **kwargs):
         with self._lock:
