@@ -244,7 +244,7 @@ class StreamingDetector:
                                           f"{frame.index} ({frame.time:.1f} s); stopping this stream. Check the "
                                           "bundle with `sdqes-edge inspect` (fp16 overflow?)")
             events = self._alerts(slot, frame, ids, probs[slot.index], cosines[slot.index], start)
-            by_id = {qid: float(probs[slot.index, q]) for q, qid in enumerate(ids)}
+            by_id = {qid: float(probs[slot.index, q]) for q, qid in enumerate(ids) if qid in slot.alerts}
             for sink in self.sinks:
                 sink.on_frame(slot.index, frame.image, frame.time, by_id, events)
                 for event in events:
@@ -296,7 +296,8 @@ class StreamingDetector:
         latency = (time.perf_counter() - start) * 1e3
         events = []
         for q, qid in enumerate(ids):
-            if slot.alerts[qid].update(float(probs[q]), frame.time):
+            state = slot.alerts.get(qid)  # None: removed by a sink of an earlier stream in this step
+            if state is not None and state.update(float(probs[q]), frame.time):
                 query = self.queries.queries[qid]
                 events.append(AlertEvent(qid, query.text, query.message, slot.name, frame.time, frame.index,
                                          float(probs[q]), float(cosines[q]), latency))

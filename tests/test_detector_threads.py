@@ -2,7 +2,8 @@
 command, a ROS callback), reset a stream, save the state. Every such change happens between two steps, never
 inside one: each frame's score of each query is that query's own (sigmoid of the frame's embedding against its
 text's), and no step fails on a query removed under it. Before, a step read the query ids, then the embedding
-matrix, and a removal between the two gave one query another's score, or a KeyError."""
+matrix, and a removal between the two gave one query another's score, or a KeyError. A sink may change the
+queries too, from inside the step that called it: a one-shot reminder removing its query at its alert."""
 
 from __future__ import annotations
 
@@ -76,3 +77,29 @@ def test_queries_changed_from_another_thread_never_land_inside_a_step(fast_threa
     assert failures == []
     assert check.frames == STEPS and check.worst < 1e-6
     assert [q.text for q in detector.queries.queries.values()] == [TEXTS[0]]
+
+
+def test_a_one_shot_reminder_whose_sink_removes_its_query_at_its_alert_stops_every_stream_cleanly(tmp_path):
+    """'Remind me once': a callback removing its query at the first alert. With several streams alerting on the
+    same frame, the next stream's alerts then looked the removed query up, a KeyError mid-step."""
+    from conftest import random_model
+
+    from sdqes_edge.export import ExportOptions, export_bundle
+    from sdqes_edge.runtime import CallbackSink
+
+    bundle = tmp_path / "two-streams"
+    export_bundle(random_model("qrnn"), bundle, ExportOptions(batch=2, show_progress=False), log=lambda m: None)
+    detector = StreamingDetector(bundle)
+    seen = []
+
+    def remind_once(alert):
+        seen.append((alert.stream, alert.frame_index))
+        detector.remove_query(alert.query_id)
+
+    detector.add_sink(CallbackSink(remind_once))
+    detector.add_query(TEXTS[0], threshold=0.01)  # every frame passes: both streams alert on the first
+    image = np.zeros((48, 64, 3), np.uint8)
+    for t in range(3):
+        frame = Frame(image=image, time=t / detector.fps, index=t)
+        detector.step([frame, frame])
+    assert seen == [("stream0", 0)] and detector.queries.queries == {}
