@@ -62,7 +62,8 @@ def _exclusive(method):
     """``method`` run holding the detector's lock. A program may add or remove queries, reset, save or load the
     state from another thread (a voice command, a ROS callback) while a stream runs: a step then never sees half
     of such a change (the ids of one query set scored against the matrix of another: another query's score, or
-    a KeyError). Reentrant: a sink, called inside a step, may add or remove queries itself."""
+    a KeyError). Reentrant: a sink, called inside a step, may add or remove queries itself. ``step`` and
+    ``add_query`` take the lock inline instead: the warnings they raise point at their caller (stacklevel)."""
     @functools.wraps(method)
     def exclusive(self, *args, **kwargs):
         with self._lock:
@@ -127,21 +128,18 @@ class StreamingDetector:
                   query_id: str | None = None, **policy_options) -> Query:
         policy = self.default_policy(threshold, **policy_options)
         self.queries.encoder.encode(text)  # the text graph runs before the lock is taken: no step waits on it
-        with self._lock:
-            return self._add_query(text, message, policy, query_id)
-
-    def _add_query(self, text: str, message: str | None, policy: AlertPolicy, query_id: str | None) -> Query:
-        if self.query_capacity is not None and len(self.queries.queries) >= self.query_capacity:
-            raise UserError(f"this bundle scores at most {self.query_capacity} queries at once, inside its step graph "
-                            f"(exported with --fuse-queries), and {self.query_capacity} are active: remove one first, "
-                            "or re-export the bundle without --fuse-queries to ask any number")
-        query = self.queries.add(text, policy, message, query_id, stream_time=self.streams[0].time)
-        for slot in self.streams:
-            slot.alerts[query.id] = AlertState(policy)
-            slot.restore_alert(query.id, text)  # a query asked again after a restart
-        for sink in self.sinks:
-            sink.on_query_added(query.id, query.text, query.added_at)
-        return query
+        with self._lock:  # not a decorator: warnings raised below point at the caller (stacklevel)
+            if self.query_capacity is not None and len(self.queries.queries) >= self.query_capacity:
+                raise UserError(f"this bundle scores at most {self.query_capacity} queries at once, inside its step "
+                                f"graph (exported with --fuse-queries), and {self.query_capacity} are active: remove "
+                                "one first, or re-export the bundle without --fuse-queries to ask any number")
+            query = self.queries.add(text, policy, message, query_id, stream_time=self.streams[0].time)
+            for slot in self.streams:
+                slot.alerts[query.id] = AlertState(policy)
+                slot.restore_alert(query.id, text)  # a query asked again after a restart
+            for sink in self.sinks:
+                sink.on_query_added(query.id, query.text, query.added_at)
+            return query
 
     @_exclusive
     def remove_query(self, query_id: str) -> None:
@@ -219,38 +217,38 @@ class StreamingDetector:
                 slot.restore_alert(qid, self.queries.queries[qid].text)
 
     # --- one step --------------------------------------------------------------------
-    @_exclusive
     def step(self, frames: list[Frame | None]) -> list[list[AlertEvent]]:
         """One frame per stream (None for an idle slot) -> the alerts each stream raised.
 
         An alert's latency runs from this call to the alert: preprocessing (unless the reader thread did
         it), the model step and the scoring.
         """
-        start = time.perf_counter()
-        self._check_frames(frames)
-        result = self.backend.step(self._frame_batch(frames), self.state, self._fused_query_input())
-        self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
-        idle = [i for i, f in enumerate(frames) if f is None]
-        self.state = self.backend.keep_streams(result.state, self.state, idle) if idle else result.state
-        ids = self.queries.ids
-        cosines, probs = self.queries.scores(result.embedding, result.logits)
-        events_per_stream: list[list[AlertEvent]] = []
-        for slot, frame in zip(self.streams, frames):
-            if frame is None:
-                events_per_stream.append([])
-                continue
-            if not np.isfinite(result.embedding[slot.index]).all():
-                raise NonFiniteScoreError(f"{slot.name}: the model produced a non-finite score at frame "
-                                          f"{frame.index} ({frame.time:.1f} s); stopping this stream. Check the "
-                                          "bundle with `sdqes-edge inspect` (fp16 overflow?)")
-            events = self._alerts(slot, frame, ids, probs[slot.index], cosines[slot.index], start)
-            by_id = {qid: float(probs[slot.index, q]) for q, qid in enumerate(ids) if qid in slot.alerts}
-            for sink in self.sinks:
-                sink.on_frame(slot.index, frame.image, frame.time, by_id, events)
-                for event in events:
-                    sink.on_event(event)
-            events_per_stream.append(events)
-        return events_per_stream
+        with self._lock:  # see _exclusive; not a decorator: FrameRateWarning points at the caller of step
+            start = time.perf_counter()
+            self._check_frames(frames)
+            result = self.backend.step(self._frame_batch(frames), self.state, self._fused_query_input())
+            self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
+            idle = [i for i, f in enumerate(frames) if f is None]
+            self.state = self.backend.keep_streams(result.state, self.state, idle) if idle else result.state
+            ids = self.queries.ids
+            cosines, probs = self.queries.scores(result.embedding, result.logits)
+            events_per_stream: list[list[AlertEvent]] = []
+            for slot, frame in zip(self.streams, frames):
+                if frame is None:
+                    events_per_stream.append([])
+                    continue
+                if not np.isfinite(result.embedding[slot.index]).all():
+                    raise NonFiniteScoreError(f"{slot.name}: the model produced a non-finite score at frame "
+                                              f"{frame.index} ({frame.time:.1f} s); stopping this stream. Check the "
+                                              "bundle with `sdqes-edge inspect` (fp16 overflow?)")
+                events = self._alerts(slot, frame, ids, probs[slot.index], cosines[slot.index], start)
+                by_id = {qid: float(probs[slot.index, q]) for q, qid in enumerate(ids) if qid in slot.alerts}
+                for sink in self.sinks:
+                    sink.on_frame(slot.index, frame.image, frame.time, by_id, events)
+                    for event in events:
+                        sink.on_event(event)
+                events_per_stream.append(events)
+            return events_per_stream
 
     def _fused_query_input(self) -> np.ndarray | None:
         """A fused graph's query input (``QueryBank.graph_input``); None for a graph that leaves scoring to us."""

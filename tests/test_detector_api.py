@@ -174,8 +174,9 @@ def test_a_query_added_again_while_active_warns_that_each_event_would_alert_twic
 
     detector = StreamingDetector(exported[1])
     first = detector.add_query("When I open the fridge")
-    with pytest.warns(DuplicateQueryWarning, match=f"already active as {first.id} under the same alert policy"):
+    with pytest.warns(DuplicateQueryWarning, match=f"already active as {first.id} under the same alert policy") as seen:
         detector.add_query("when I  open the fridge ")  # case and spacing aside, the same query
+    assert seen[0].filename == __file__  # pointing at the program's call of add_query
     with warnings.catch_warnings():
         warnings.simplefilter("error", DuplicateQueryWarning)
         detector.add_query("When I open the fridge", threshold=0.9)  # another policy: asked on purpose
