@@ -86,6 +86,7 @@ class StreamingDetector:
                                      or make_backend(self.bundle, backend, precision, threads, ort_device))
         # --fuse-queries: the graph scores up to Q queries itself, their embeddings [Q, E] in with every frame.
         self.query_capacity: int | None = m["query_count"] if getattr(self.backend, "fused_queries", False) else None
+        self._query_width = int(m["embed_dim"])  # the query input's rows are embeddings
         self.queries = QueryBank(text_encoder or text_encoder_for(self.bundle, truncate_queries))
         self.sinks: list[Sink] = []
         self.state = self.backend.initial_state()  # every stream's, batched (the backend's representation)
@@ -230,7 +231,7 @@ class StreamingDetector:
             self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
             idle = [i for i, f in enumerate(frames) if f is None]
             self.state = self.backend.keep_streams(result.state, self.state, idle) if idle else result.state
-            ids = self.queries.ids
+            ids, changes = self.queries.ids, self.queries.changes
             cosines, probs = self.queries.scores(result.embedding, result.logits)
             events_per_stream: list[list[AlertEvent]] = []
             for slot, frame in zip(self.streams, frames):
@@ -241,8 +242,11 @@ class StreamingDetector:
                     raise NonFiniteScoreError(f"{slot.name}: the model produced a non-finite score at frame "
                                               f"{frame.index} ({frame.time:.1f} s); stopping this stream. Check the "
                                               "bundle with `sdqes-edge inspect` (fp16 overflow?)")
-                events = self._alerts(slot, frame, ids, probs[slot.index], cosines[slot.index], start)
-                by_id = {qid: float(probs[slot.index, q]) for q, qid in enumerate(ids) if qid in slot.alerts}
+                stream_probs = probs[slot.index].tolist()  # Python floats, converted once per stream
+                events = self._alerts(slot, frame, ids, stream_probs, cosines[slot.index], start)
+                by_id = dict(zip(ids, stream_probs))
+                if self.queries.changes != changes:  # a sink changed the queries in this step: those still asked
+                    by_id = {qid: p for qid, p in by_id.items() if qid in slot.alerts}
                 for sink in self.sinks:
                     sink.on_frame(slot.index, frame.image, frame.time, by_id, events)
                     for event in events:
@@ -254,7 +258,7 @@ class StreamingDetector:
         """A fused graph's query input (``QueryBank.graph_input``); None for a graph that leaves scoring to us."""
         if self.query_capacity is None:
             return None
-        return self.queries.graph_input(self.query_capacity, int(self.bundle.manifest["embed_dim"]))
+        return self.queries.graph_input(self.query_capacity, self._query_width)
 
     def _check_frames(self, frames: list[Frame | None]) -> None:
         if not isinstance(frames, (list, tuple)):
@@ -284,7 +288,7 @@ class StreamingDetector:
                 self._batch[i] = frame.tensor if frame.tensor is not None else self.preprocess(frame.image)
         return self._batch
 
-    def _alerts(self, slot: StreamSlot, frame: Frame, ids: list[str], probs: np.ndarray, cosines: np.ndarray,
+    def _alerts(self, slot: StreamSlot, frame: Frame, ids: list[str], probs: list[float], cosines: np.ndarray,
                 start: float) -> list[AlertEvent]:
         """One stream's frame through its per-query alert states: the alerts it raises."""
         if slot.pace is not None:
@@ -293,12 +297,12 @@ class StreamingDetector:
         slot.frames += 1
         latency = (time.perf_counter() - start) * 1e3
         events = []
-        for q, qid in enumerate(ids):
+        for q, (qid, p) in enumerate(zip(ids, probs)):
             state = slot.alerts.get(qid)  # None: removed by a sink of an earlier stream in this step
-            if state is not None and state.update(float(probs[q]), frame.time):
+            if state is not None and state.update(p, frame.time):
                 query = self.queries.queries[qid]
                 events.append(AlertEvent(qid, query.text, query.message, slot.name, frame.time, frame.index,
-                                         float(probs[q]), float(cosines[q]), latency))
+                                         p, float(cosines[q]), latency))
         return events
 
     # --- whole streams ------------------------------------------------------------------

@@ -101,6 +101,7 @@ class QueryBank:
         self.queries: dict[str, Query] = {}
         self._matrix: np.ndarray | None = None
         self._graph_input: tuple[np.ndarray, np.ndarray] | None = None  # (``matrix``, it as a graph's input)
+        self.changes = 0  # queries added or removed so far: whether the set changed since a given moment
         self._ids = (f"q{i}" for i in itertools.count(1))
         # (query_key, the policy) -> the active ids asking it. Not CLIP's full cleaning (ftfy): that tripled the
         # set-up time of a bundle of 10,000 queries.
@@ -124,6 +125,7 @@ class QueryBank:
         query = Query(query_id, text, message or text, policy, stream_time)
         self.queries[query_id] = query
         self._matrix = None
+        self.changes += 1
         return query
 
     def remove(self, query_id: str) -> None:
@@ -132,6 +134,7 @@ class QueryBank:
         query = self.queries.pop(query_id)
         self._same[(query_key(query.text), dataclasses.astuple(query.policy))].remove(query_id)
         self._matrix = None
+        self.changes += 1
 
     @property
     def ids(self) -> list[str]:
