@@ -42,6 +42,7 @@ from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
 from sdqes_edge.runtime.bundle import Bundle, inside_bundle, load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.preprocess import Preprocessor
+from sdqes_edge.runtime.queries import text_encoder_for
 from sdqes_edge.runtime.tensorrt_backend import (
     DeviceInfo,
     TensorRTStep,
@@ -287,8 +288,6 @@ def check_engine(engine_step, bundle: Bundle, precision: str, frames: np.ndarray
     if shipped:
         query_embeddings = shipped[1]
     else:
-        from sdqes_edge.runtime.detector import text_encoder_for  # loads OpenCV: not for build-engine --help
-
         encoder = text_encoder_for(bundle, truncate_queries=True)
         query_embeddings = np.stack([encoder.encode(text) for text, _ in EXAMPLE_QUERIES])
     log(f"checking the {precision} engine against the fp32 graph (ONNX Runtime, {device}) over {len(frames)} "

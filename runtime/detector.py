@@ -30,7 +30,7 @@ from .backend import BACKENDS, StepBackend, warm_up
 from .bundle import Bundle, load_bundle
 from .pacing import StreamPace
 from .preprocess import Preprocessor
-from .queries import Query, QueryBank, TextEncoder, text_encoder_for
+from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_encoder_for
 from .run_stats import RunStats
 from .sinks import AlertEvent, Sink
 from .snapshots import SavedAlert, Snapshot, StreamRecord, policy_key, read_snapshot, snapshot_path, write_snapshot
@@ -131,9 +131,9 @@ class StreamingDetector:
         self.queries.encoder.encode(text)  # the text graph runs before the lock is taken: no step waits on it
         with self._lock:  # not a decorator: warnings raised below point at the caller (stacklevel)
             if self.query_capacity is not None and len(self.queries.queries) >= self.query_capacity:
-                raise UserError(f"this bundle scores at most {self.query_capacity} queries at once, inside its step "
-                                f"graph (exported with --fuse-queries), and {self.query_capacity} are active: remove "
-                                "one first, or re-export the bundle without --fuse-queries to ask any number")
+                raise UserError(f"this bundle {fused_capacity_words(self.query_capacity)}, and {self.query_capacity} "
+                                "are active: remove one first, or re-export the bundle without --fuse-queries to ask "
+                                "any number")
             query = self.queries.add(text, policy, message, query_id, stream_time=self.streams[0].time)
             for slot in self.streams:
                 slot.alerts[query.id] = AlertState(policy)

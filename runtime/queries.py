@@ -50,6 +50,11 @@ def score(embeddings: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.n
     return cosines, probabilities(cosines)
 
 
+def fused_capacity_words(capacity: int) -> str:
+    """What a step graph exported with --fuse-queries allows, for the refusals of one query too many."""
+    return f"scores at most {capacity} queries at once, inside its step graph (exported with --fuse-queries)"
+
+
 def probabilities(cosines: np.ndarray) -> np.ndarray:
     """p = sigmoid(cos), what alert thresholds apply to."""
     return 1.0 / (1.0 + np.exp(-cosines))

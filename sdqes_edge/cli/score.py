@@ -77,12 +77,13 @@ def _check_score_args(args: argparse.Namespace) -> None:
 def _check_query_capacity(tasks: list, bundle) -> None:
     """A bundle exported with --fuse-queries scores at most the queries given at export at once: a video asking
     more would fail after loading, and again on every re-run."""
+    from sdqes_edge.runtime.queries import fused_capacity_words
+
     capacity = bundle.manifest.get("query_count")
     busiest = max(tasks, key=lambda task: len(task.queries), default=None)
     if capacity is not None and busiest is not None and len(busiest.queries) > capacity:
-        raise UserError(f"{bundle.root} scores at most {capacity} queries at once, inside its step graph (exported "
-                        f"with --fuse-queries), but {busiest.stream} asks {len(busiest.queries)}; re-export the "
-                        "bundle without --fuse-queries to score this corpus")
+        raise UserError(f"{bundle.root} {fused_capacity_words(capacity)}, but {busiest.stream} asks "
+                        f"{len(busiest.queries)}; re-export the bundle without --fuse-queries to score this corpus")
 
 
 def _checked_query_lengths(tasks: list, bundle, args: argparse.Namespace) -> list:
@@ -91,7 +92,7 @@ def _checked_query_lengths(tasks: list, bundle, args: argparse.Namespace) -> lis
     from dataclasses import replace
 
     from sdqes_edge.corpus import over_long_queries
-    from sdqes_edge.runtime.detector import text_encoder_for
+    from sdqes_edge.runtime.queries import text_encoder_for
 
     tokenizer = text_encoder_for(bundle).tokenizer  # the bundle's, as the workers' detectors read queries
     limit = tokenizer.context_length
