@@ -117,6 +117,18 @@ def check_engine_matches(sidecar: dict, device: DeviceInfo, bundle_root: Path, p
                         f"machine has {device.tensorrt_version}; {rebuild}")
 
 
+def check_engine_source(sidecar: dict, bundle: Bundle, precision: str) -> None:
+    """Refuse an engine built from a step graph that is not this bundle's (an engines folder copied in from another
+    export of the model): it would run the other model's weights, silently. The sidecar records the sha256 of the
+    graph it was built from; the manifest lists the sha256 of each of the bundle's files."""
+    built_from, source = sidecar.get("source_graph_sha256"), sidecar.get("source_graph")
+    listed = bundle.manifest["files"].get(source, {}).get("sha256") if isinstance(source, str) else None
+    if built_from is not None and built_from != listed:
+        raise UserError(f"the {precision} engine in {bundle.root} was built from a {source or 'step graph'} that is "
+                        "not this bundle's (an engines folder copied from another export?); rebuild it here: "
+                        f"sdqes-edge build-engine {bundle.root} --precision {precision}")
+
+
 def find_engine(bundle: Bundle, precision: str, device: DeviceInfo) -> tuple[Path, dict]:
     engine = inside_bundle(bundle.root, f"{ENGINES_FOLDER}/{device.folder}/{engine_name(precision)}")
     if not engine.is_file():
@@ -126,6 +138,7 @@ def find_engine(bundle: Bundle, precision: str, device: DeviceInfo) -> tuple[Pat
                         f"sdqes-edge build-engine {bundle.root} --precision {precision}")
     sidecar = json.loads(engine.with_suffix(".json").read_text())
     check_engine_matches(sidecar, device, bundle.root, precision)
+    check_engine_source(sidecar, bundle, precision)
     if not sidecar.get("verification"):  # built with --verify-frames 0, or by a version that did not check
         warnings.warn(f"the {precision} engine was never checked against the bundle's fp32 graph; rebuild it to "
                       f"check it: sdqes-edge build-engine {bundle.root} --precision {precision}", SetupWarning,

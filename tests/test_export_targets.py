@@ -209,6 +209,35 @@ def test_an_engine_never_checked_against_the_fp32_graph_is_used_with_a_one_line_
         find_engine(load_bundle(copy), "fp16", here)
 
 
+def test_an_engine_built_from_another_exports_step_graph_is_refused_not_run_with_the_other_weights(fp16_bundle,
+                                                                                                     tmp_path):
+    import json
+    import shutil
+
+    from sdqes_edge.contract import ENGINES_FOLDER, engine_name
+    from sdqes_edge.errors import UserError
+    from sdqes_edge.files import file_sha256
+    from sdqes_edge.runtime.bundle import load_bundle
+    from sdqes_edge.runtime.tensorrt_backend import find_engine
+
+    bundle, other_graph = fp16_bundle
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle.root, copy, ignore=shutil.ignore_patterns(ENGINES_FOLDER))
+    here = _device()
+    engine = copy / ENGINES_FOLDER / here.folder / engine_name("fp16")
+    engine.parent.mkdir(parents=True)
+    engine.write_bytes(b"engine")
+    built = {"gpu": here.name, "compute_capability": [8, 7], "tensorrt_version": "10.3.0",
+             "verification": {"passed": True}, "source_graph": "step.fp16.onnx"}
+    engine.with_suffix(".json").write_text(json.dumps(dict(built, source_graph_sha256=file_sha256(other_graph))))
+    with pytest.raises(UserError, match="not this bundle's.*build-engine") as refused:
+        find_engine(load_bundle(copy), "fp16", here)
+    assert "\n" not in str(refused.value)
+    own = file_sha256(copy / "step.fp16.onnx")
+    engine.with_suffix(".json").write_text(json.dumps(dict(built, source_graph_sha256=own)))
+    assert find_engine(load_bundle(copy), "fp16", here)[0] == engine
+
+
 def test_build_engine_is_torch_free_so_a_jetson_with_the_runtime_and_tensorrt_can_run_it():
     code = "import sys, sdqes_edge.export.tensorrt_engine; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
