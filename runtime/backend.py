@@ -9,12 +9,15 @@ handle on one of two device buffer sets. The detector only passes the handle bac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from sdqes_edge.errors import UserError
 from sdqes_edge.state import StateSpec
+
+from .bundle import Bundle
 
 # What ``--backend`` names: ONNX Runtime (the default) and TensorRT.
 BACKENDS = ("ort", "trt")
@@ -99,3 +102,23 @@ def warm_up(backend: StepBackend, frame: np.ndarray, state: Any, query_embedding
     for _ in range(backend.warm_up_steps):
         state = backend.step(frame, state, query_embeddings).state
     return state
+
+
+def check_parts_from(bundle: Bundle, backend: StepBackend | None, text_graph: Path | None) -> None:
+    """Refuse a backend or a text encoder loaded from another bundle and handed to a detector of ``bundle`` (to load
+    the graphs once for many streams): another export's graphs of the same shapes would run the other weights
+    silently, and other shapes failed deep inside ONNX Runtime. ``text_graph``: the text encoder's graph."""
+    fix = f"make it from this bundle ({bundle.root}): "
+    if backend is not None:
+        own = [(t.name, tuple(t.shape)) for t in bundle.state_spec]
+        if [(t.name, tuple(t.shape)) for t in backend.spec] != own:
+            raise UserError(f"backend_instance carries another state than this bundle's (another model or batch "
+                            f"size); {fix}make_backend(bundle, ...)")
+        graph = getattr(backend, "path", None)  # the graph an ONNX Runtime step runs
+        steps = [entry["file"] for entry in bundle.manifest["graphs"]["step"].values()]
+        if graph is not None and not bundle.holds(graph, steps):
+            raise UserError(f"backend_instance runs {graph}, which is none of this bundle's step graphs; "
+                            f"{fix}make_backend(bundle, ...)")
+    if text_graph is not None and not bundle.holds(text_graph, [bundle.manifest["graphs"]["text"]["file"]]):
+        raise UserError(f"text_encoder runs {text_graph}, which is not this bundle's text graph; "
+                        f"{fix}text_encoder_for(bundle)")

@@ -105,6 +105,17 @@ class Bundle:
                               f"re-export with --precision {precision}")
         return inside_bundle(self.root, graphs[precision]["file"])
 
+    def holds(self, path: str | Path, names: list[str]) -> bool:
+        """Whether ``path`` is one of this bundle's files ``names`` (manifest names): that very file, or a copy of it
+        (its sha256 the one the manifest lists; hashed only when the paths differ)."""
+        try:
+            if any(Path(path).resolve() == inside_bundle(self.root, name).resolve() for name in names):
+                return True
+            digest = file_sha256(path)
+        except OSError:
+            return False
+        return any(self.manifest["files"].get(name, {}).get("sha256") == digest for name in names)
+
     def step_io(self, precision: str = REFERENCE_PRECISION) -> tuple[list[str], list[str]]:
         entry = self.manifest["graphs"]["step"][precision]
         return list(entry["inputs"]), list(entry["outputs"])

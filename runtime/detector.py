@@ -26,7 +26,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import SNAPSHOT_EXAMPLE, check_output_file
 
 from .alerts import AlertPolicy, AlertState
-from .backend import BACKENDS, StepBackend, warm_up
+from .backend import BACKENDS, StepBackend, check_parts_from, warm_up
 from .bundle import Bundle, load_bundle
 from .pacing import StreamPace
 from .preprocess import Preprocessor
@@ -78,6 +78,7 @@ class StreamingDetector:
         """``backend_instance`` and ``text_encoder``: ones already loaded from this bundle, so a program that
         scores many streams one after another loads the graphs once."""
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
+        check_parts_from(self.bundle, backend_instance, text_encoder.text_graph if text_encoder else None)
         m = self.bundle.manifest
         self.batch = int(m["batch"])
         self.fps = self.bundle.fps

@@ -1,0 +1,69 @@
+"""A program that scores many streams loads a bundle's graphs once and hands them to each detector
+(``backend_instance``, ``text_encoder``). Parts loaded from another bundle are refused in one line: another export
+of the same shapes ran the other model's weights silently, and other shapes failed deep inside ONNX Runtime.
+A copy of the same bundle is the same model, and is accepted.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from conftest import random_model
+
+from sdqes_edge.errors import UserError
+from sdqes_edge.export import ExportOptions, export_bundle
+from sdqes_edge.runtime.bundle import load_bundle
+from sdqes_edge.runtime.detector import StreamingDetector, make_backend
+from sdqes_edge.runtime.queries import text_encoder_for
+from sdqes_edge.runtime.sources import Frame
+
+QUERY = "When I start to cut the onion, remind me to turn on the fan."
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """Two exports of one tiny architecture with other weights, and the first again for two streams."""
+    root = tmp_path_factory.mktemp("parts")
+    made = {}
+    for name, seed, batch in (("ours", 0, 1), ("other", 1, 1), ("ours_batch2", 0, 2)):
+        export_bundle(random_model("qrnn", seed=seed), root / name, ExportOptions(batch=batch, show_progress=False),
+                      log=lambda m: None)
+        made[name] = load_bundle(root / name)
+    return made
+
+
+def refusal(bundle, **parts) -> str:
+    with pytest.raises(UserError) as refused:
+        StreamingDetector(bundle, **parts)
+    assert "\n" not in str(refused.value)
+    return str(refused.value)
+
+
+def test_a_step_graph_of_another_export_with_the_same_shapes_is_refused(bundles):
+    words = refusal(bundles["ours"], backend_instance=make_backend(bundles["other"]))
+    assert "none of this bundle's step graphs" in words and "make_backend(bundle" in words
+
+
+def test_a_text_encoder_of_another_export_is_refused(bundles):
+    words = refusal(bundles["ours"], text_encoder=text_encoder_for(bundles["other"]))
+    assert "not this bundle's text graph" in words and "text_encoder_for(bundle)" in words
+
+
+def test_a_step_graph_for_another_batch_is_refused_before_onnx_runtime_sees_a_frame(bundles):
+    words = refusal(bundles["ours_batch2"], backend_instance=make_backend(bundles["ours"]))
+    assert "another state than this bundle's" in words
+
+
+def test_parts_loaded_from_a_copy_of_the_same_bundle_are_the_same_model(bundles, tmp_path):
+    copy = load_bundle(shutil.copytree(bundles["ours"].root, tmp_path / "copy"))
+    shared = StreamingDetector(bundles["ours"], backend_instance=make_backend(copy),
+                               text_encoder=text_encoder_for(copy))
+    own = StreamingDetector(bundles["ours"])
+    frame = Frame(image=np.full((40, 48, 3), 90, np.uint8), time=0.0, index=0)
+    for detector in (shared, own):
+        detector.add_query(QUERY)
+        detector.step([frame])
+    np.testing.assert_array_equal(shared.last_embeddings, own.last_embeddings)
+    np.testing.assert_array_equal(shared.queries.matrix, own.queries.matrix)
