@@ -346,6 +346,8 @@ class StreamingDetector:
             max_frames: int | None = None) -> Iterator[list[AlertEvent]]:
         """Step every source until all end (or ``max_frames``); yields each step's alerts. Sinks closed at the end."""
         sources = list(sources) if isinstance(sources, (list, tuple)) else [sources]
+        if not sources:  # it ended at once, nothing streamed and no word why
+            raise UserError("run takes at least one source: detector.run([open_source(path, detector.fps)])")
         for source in sources:
             if not isinstance(source, FrameSource):  # a path failed with "'str' object has no attribute 'name'"
                 raise UserError(f"run takes sources, not a {type(source).__name__}: open_source({source!r}, "

@@ -147,6 +147,8 @@ def test_each_call_names_what_it_takes_when_given_something_else(detector):
         detector.reset("0")
     with pytest.raises(UserError, match=r"run takes sources, not a str: open_source\('clip.mp4', detector.fps\)"):
         next(detector.run("clip.mp4"))
+    with pytest.raises(UserError, match=r"run takes at least one source: detector.run\(\[open_source"):
+        next(detector.run([]))  # it ended at once, silently
     assert detector.queries.ids == [] and detector.sinks == []  # nothing half-added
 
 
