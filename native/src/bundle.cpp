@@ -234,6 +234,25 @@ std::string release_of(const std::string& version) {
   return version.substr(0, end);
 }
 
+// An engine built from a step graph that is not this bundle's (an engines folder copied in from another export of
+// the model) would run the other model's weights, silently: the sidecar records the sha256 of the graph it was built
+// from, the manifest lists each of the bundle's files' sha256.
+void check_engine_source(const Bundle& bundle, const json& sidecar, const std::string& precision) {
+  const json built_from = sidecar.value("source_graph_sha256", json());
+  if (!built_from.is_string()) return;  // a sidecar that records none (hand-made): nothing to compare
+  const json source = sidecar.value("source_graph", json());
+  std::string listed;
+  if (source.is_string() && bundle.manifest["files"].contains(source.get<std::string>())) {
+    listed = bundle.manifest["files"][source.get<std::string>()].value("sha256", std::string());
+  }
+  if (built_from.get<std::string>() != listed) {
+    throw Error("the " + precision + " engine in " + bundle.root.string() + " was built from a " +
+                (source.is_string() ? source.get<std::string>() : std::string("step graph")) +
+                " that is not this bundle's (an engines folder copied from another export?); rebuild it here: "
+                "sdqes-edge build-engine " + bundle.root.string() + " --precision " + precision);
+  }
+}
+
 }  // namespace
 
 fs::path find_engine(const Bundle& bundle, const std::string& precision, const EngineTarget& target) {
@@ -265,6 +284,7 @@ fs::path find_engine(const Bundle& bundle, const std::string& precision, const E
       }
       if (cc[0].get<int>() == target.cc_major && cc[1].get<int>() == target.cc_minor &&
           release_of(built) == release_of(target.tensorrt_version)) {
+        check_engine_source(bundle, sidecar, precision);
         return path;
       }
       seen.push_back(folder.string() + " (sm" + std::to_string(cc[0].get<int>()) + std::to_string(cc[1].get<int>()) +

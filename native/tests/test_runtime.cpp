@@ -229,6 +229,36 @@ TEST(Bundle, TheEngineForThisGpuAndTensorRTIsChosenByItsSidecar) {
   fs::remove_all(root);
 }
 
+// An engines folder copied in from another export of the model: its sidecar names the graph it was built from by its
+// sha256, which is not this bundle's, so the engine is refused rather than run with the other model's weights.
+TEST(Bundle, AnEngineBuiltFromAnotherExportsStepGraphIsRefused) {
+  const fs::path root = copy_bundle("stale-engine");
+  const sdqes::Bundle b = sdqes::load_bundle(root);
+  const std::string graph = b.step_graph("fp32").filename().string();
+  const std::string own = b.manifest["files"][graph]["sha256"].get<std::string>();
+  const auto plant = [&](const std::string& built_from) {
+    fs::create_directories(root / "engines" / "jetson-orin-sm87-trt10.3.0");
+    std::ofstream(root / "engines" / "jetson-orin-sm87-trt10.3.0" / "step.fp16.engine") << "engine";
+    std::ofstream(root / "engines" / "jetson-orin-sm87-trt10.3.0" / "step.fp16.json")
+        << json{{"compute_capability", {8, 7}}, {"tensorrt_version", "10.3.0"}, {"source_graph", graph},
+                {"source_graph_sha256", built_from}}.dump();
+  };
+  const sdqes::EngineTarget orin{8, 7, "10.3.0"};
+  plant(std::string(64, '0'));
+  try {
+    sdqes::find_engine(b, "fp16", orin);
+    FAIL() << "an engine built from another graph must not be chosen";
+  } catch (const sdqes::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("that is not this bundle's"), std::string::npos) << message;
+    EXPECT_NE(message.find("sdqes-edge build-engine " + root.string() + " --precision fp16"), std::string::npos);
+    EXPECT_EQ(message.find('\n'), std::string::npos);
+  }
+  plant(own);
+  EXPECT_EQ(sdqes::find_engine(b, "fp16", orin).parent_path().filename(), "jetson-orin-sm87-trt10.3.0");
+  fs::remove_all(root);
+}
+
 TEST(CApi, OpensABundleAndReportsErrorsAsText) {
   char error[512] = {0};
   sdqes_bundle* b = sdqes_bundle_open((kVectors / "bundle").c_str(), error, sizeof error);
