@@ -1,15 +1,17 @@
 """The active queries of a stream: encoded once with the bundle's text graph, scored in one product.
 
 Texts are tokenized with the bundle's own CLIP vocabulary and encoded by its
-text-encoder graph under ONNX Runtime (no torch); embeddings are cached by text,
-so re-adding a query costs nothing. Queries can be added and removed between frames.
+text-encoder graph under ONNX Runtime (no torch); the embeddings of recently asked texts are kept
+(``TEXT_CACHE_SIZE``), so re-adding a query costs nothing. Queries can be added and removed between frames.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,11 @@ from sdqes_edge.traces import query_key
 from .alerts import AlertPolicy
 from .bundle import Bundle
 from .onnxruntime_backend import load_refusal, session_options
+
+# Texts encoded at run time whose embeddings are kept for a query asked again (the least recently asked go first):
+# a program that runs for months, asking new texts all along, keeps a bounded memory. The bundle's pre-encoded
+# queries and the active ones (``QueryBank`` holds their rows) are never encoded again, whatever this bound.
+TEXT_CACHE_SIZE = 4096
 
 
 class DuplicateQueryWarning(UserWarning):
@@ -64,11 +71,14 @@ class TextEncoder:
     """Query text -> L2-normalized embedding [E], with the bundle's tokenizer and text graph."""
 
     def __init__(self, text_graph: Path, vocab: Path, context_length: int, on_overflow: str = "error",
-                 threads: int | None = None):
+                 threads: int | None = None, cache_size: int = TEXT_CACHE_SIZE):
         self.text_graph, self.vocab, self.context_length = text_graph, vocab, context_length
         self.on_overflow = on_overflow
         self.threads = threads  # ONNX Runtime intra-op threads (None: all cores)
-        self._cache: dict[str, np.ndarray] = {}
+        self.cache_size = cache_size
+        self._seeded: dict[str, np.ndarray] = {}  # the bundle's pre-encoded queries, kept
+        self._cache: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()  # least recent first
+        self._cache_lock = threading.Lock()
 
     # Loaded on the first query that is not pre-encoded: a ViT-B/16 text graph is 240 MB.
     @functools.cached_property
@@ -87,14 +97,23 @@ class TextEncoder:
     def seed(self, texts: list[str], embeddings: np.ndarray) -> None:
         """Pre-encoded queries from the bundle."""
         for text, emb in zip(texts, embeddings):
-            self._cache[text] = np.asarray(emb, np.float32)
+            self._seeded[text] = np.asarray(emb, np.float32)
 
     def encode(self, text: str) -> np.ndarray:
         check_query_text(text)
-        if text not in self._cache:
-            ids = self.tokenizer.tokenize([text], on_overflow=self.on_overflow)
-            self._cache[text] = self.session.run(None, {TOKEN_INPUT: ids})[0][0]
-        return self._cache[text]
+        if text in self._seeded:
+            return self._seeded[text]
+        with self._cache_lock:  # a detector's queries are added from any thread, outside its step lock
+            if (hit := self._cache.get(text)) is not None:
+                self._cache.move_to_end(text)
+                return hit
+        ids = self.tokenizer.tokenize([text], on_overflow=self.on_overflow)
+        embedding = self.session.run(None, {TOKEN_INPUT: ids})[0][0]
+        with self._cache_lock:
+            self._cache[text] = embedding
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return embedding
 
 
 class QueryBank:
@@ -104,6 +123,7 @@ class QueryBank:
     def __init__(self, encoder: TextEncoder):
         self.encoder = encoder
         self.queries: dict[str, Query] = {}
+        self._rows: dict[str, np.ndarray] = {}  # each active query's embedding, by id (the encoder's cache is bounded)
         self._matrix: np.ndarray | None = None
         self._graph_input: tuple[np.ndarray, np.ndarray] | None = None  # (``matrix``, it as a graph's input)
         self.changes = 0  # queries added or removed so far: whether the set changed since a given moment
@@ -114,7 +134,7 @@ class QueryBank:
 
     def add(self, text: str, policy: AlertPolicy, message: str | None = None, query_id: str | None = None,
             stream_time: float = 0.0) -> Query:
-        self.encoder.encode(text)  # refuses an empty or too long query before anything changes (and caches it)
+        embedding = self.encoder.encode(text)  # refuses an empty or too long query before anything changes
         for name, value in (("message", message), ("query_id", query_id)):  # sinks write them as text
             if value is not None and not isinstance(value, str):
                 raise UserError(f"a query's {name} is text (or None), not {type(value).__name__}")
@@ -128,7 +148,7 @@ class QueryBank:
                           "again", DuplicateQueryWarning, stacklevel=3)
         same.append(query_id)
         query = Query(query_id, text, message or text, policy, stream_time)
-        self.queries[query_id] = query
+        self.queries[query_id], self._rows[query_id] = query, embedding
         self._matrix = None
         self.changes += 1
         return query
@@ -137,7 +157,11 @@ class QueryBank:
         if query_id not in self.queries:
             raise UserError(f"no query with id {query_id!r}; active ids: {', '.join(self.queries) or 'none'}")
         query = self.queries.pop(query_id)
-        self._same[(query_key(query.text), dataclasses.astuple(query.policy))].remove(query_id)
+        del self._rows[query_id]
+        key = (query_key(query.text), dataclasses.astuple(query.policy))
+        self._same[key].remove(query_id)
+        if not self._same[key]:  # a program asking new texts for months keeps no trace of the removed ones
+            del self._same[key]
         self._matrix = None
         self.changes += 1
 
@@ -149,7 +173,7 @@ class QueryBank:
     def matrix(self) -> np.ndarray:
         """[Q, E] in ``ids`` order."""
         if self._matrix is None:
-            rows = [self.encoder.encode(q.text) for q in self.queries.values()]
+            rows = [self._rows[qid] for qid in self.queries]
             self._matrix = np.stack(rows).astype(np.float32) if rows else np.zeros((0, 1), np.float32)
         return self._matrix
 
