@@ -11,6 +11,7 @@ With none of them set, the alerts are exactly the predictions that SR@k and SMD@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,20 @@ class AlertPolicy:
     max_alerts: int | None = None
 
     def __post_init__(self) -> None:
+        for name, value in (("threshold", self.threshold), ("exit threshold", self.exit_threshold),
+                            ("cooldown", self.cooldown_s), ("max alerts", self.max_alerts)):
+            # A string from a config file or a form failed in a comparison below (TypeError), a bool passed as 0/1.
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+                raise UserError(f"{name} is a number, not {value!r}")
+        if self.max_alerts is not None and not isinstance(self.max_alerts, numbers.Integral):
+            raise UserError(f"max alerts is a whole number of alerts, not {self.max_alerts!r}")
+        # Plain Python numbers from here on: numpy's (a threshold read from an array) broke the JSON of a state
+        # snapshot and of the alert log.
+        for name in ("threshold", "exit_threshold", "cooldown_s"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, float(getattr(self, name)))
+        if self.max_alerts is not None:
+            object.__setattr__(self, "max_alerts", int(self.max_alerts))
         if not 0.0 < self.threshold < 1.0:
             raise UserError(f"threshold {self.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
         if self.exit_threshold is not None and not 0.0 <= self.exit_threshold <= self.threshold:  # NaN too

@@ -274,6 +274,9 @@ class StreamingDetector:
                                 "time=seconds, index=n)")
             if frame is not None and not (isinstance(frame.time, numbers.Real) and math.isfinite(frame.time)):
                 raise UserError(f"a Frame's time is seconds into its stream, a finite number, not {frame.time!r}")
+            if frame is not None and (isinstance(frame.index, bool) or not isinstance(frame.index, numbers.Integral)
+                                      or frame.index < 0):  # a snapshot resumes a file at the frame after it
+                raise UserError(f"a Frame's index counts the stream's frames from 0, not {frame.index!r}")
 
     def _frame_batch(self, frames: list[Frame | None]) -> np.ndarray:
         """The frames as one batch [B, 3, R, R]. One frame prepared by the reader thread goes as it is (a view:

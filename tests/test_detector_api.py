@@ -62,6 +62,43 @@ def test_a_frame_without_a_finite_time_is_refused(detector):
         detector.step([Frame(image=np.zeros((48, 64, 3), np.uint8), time="1.5", index=0)])  # was a TypeError
 
 
+def test_a_frame_index_that_is_no_count_from_0_is_refused(detector):
+    """The index is where a resumed file goes on (a snapshot records the frame after it): a string failed in an
+    addition (TypeError), a negative one was saved as the place to resume."""
+    stepped = detector.streams[0].frames
+    for index in ("7", -5, 2.0, True):
+        with pytest.raises(UserError, match=f"a Frame's index counts the stream's frames from 0, not {index!r}"):
+            detector.step([Frame(image=np.zeros((48, 64, 3), np.uint8), time=0.0, index=index)])
+    assert detector.streams[0].frames == stepped  # nothing stepped
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("threshold", "0.6", "threshold is a number, not '0.6'"), ("cooldown_s", "5", "cooldown is a number, not '5'"),
+    ("exit_threshold", True, "exit threshold is a number, not True"),
+    ("max_alerts", 1.5, "max alerts is a whole number of alerts, not 1.5"),
+])
+def test_an_alert_policy_of_text_or_fractions_is_refused_in_words(detector, option, value, words):
+    """A value read from a config file as text failed in a comparison (TypeError: '<' not supported)."""
+    with pytest.raises(UserError, match=words):
+        detector.add_query("when the kettle boils", **{option: value})
+    assert detector.queries.ids == []
+
+
+def test_an_alert_policy_of_numpy_numbers_is_kept_as_plain_numbers_that_a_snapshot_can_save(exported, tmp_path):
+    """A threshold read from an array (np.float32) made save_state fail on its JSON, at the end of the run."""
+    _, bundle = exported
+    detector = StreamingDetector(bundle)
+    query = detector.add_query("when the kettle boils", threshold=np.float32(0.6), cooldown_s=np.float64(2.0),
+                               max_alerts=np.int64(3))
+    assert [type(v) for v in (query.policy.threshold, query.policy.cooldown_s, query.policy.max_alerts)] == \
+        [float, float, int]
+    detector.step([Frame(image=np.zeros((48, 64, 3), np.uint8), time=0.0, index=0)])
+    resumed = StreamingDetector(bundle)
+    resumed.add_query("when the kettle boils", threshold=float(np.float32(0.6)), cooldown_s=2.0, max_alerts=3)
+    resumed.load_state(detector.save_state(tmp_path / "state.npz"))
+    assert resumed.streams[0].frames == 1
+
+
 def test_a_folder_given_to_save_state_is_refused_rather_than_written_beside(detector, tmp_path):
     with pytest.raises(UserError, match=r"is a folder; give save_state a file path \(e.g. .*state.npz\)"):
         detector.save_state(tmp_path)
