@@ -28,6 +28,7 @@ from sdqes_edge.files import SNAPSHOT_EXAMPLE, check_output_file
 from .alerts import AlertPolicy, AlertState
 from .backend import BACKENDS, StepBackend, check_parts_from, warm_up
 from .bundle import Bundle, load_bundle
+from .frame_source import check_frames
 from .pacing import StreamPace
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_encoder_for
@@ -104,6 +105,10 @@ class StreamingDetector:
         if not isinstance(sink, Sink):  # a bare function failed on the first query or frame
             raise UserError(f"add_sink takes a Sink, not a {type(sink).__name__}; for a function of each alert, "
                             "pass CallbackSink(function)")
+        stream = getattr(sink, "stream", None)  # a sink that records one stream: one this bundle steps
+        if isinstance(stream, int) and not 0 <= stream < self.batch:  # else it records nothing, without a word
+            raise UserError(f"{type(sink).__name__} records stream {stream}, but this bundle steps "
+                            f"{self.batch} stream(s), 0 to {self.batch - 1}")
         self.sinks.append(sink)
         for query in self.queries.queries.values():
             sink.on_query_added(query.id, query.text, query.added_at)
@@ -227,7 +232,7 @@ class StreamingDetector:
         """
         with self._lock:  # see _exclusive; not a decorator: FrameRateWarning points at the caller of step
             start = time.perf_counter()
-            self._check_frames(frames)
+            check_frames(frames, self.batch)
             result = self.backend.step(self._frame_batch(frames), self.state, self._fused_query_input())
             self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
             idle = [i for i, f in enumerate(frames) if f is None]
@@ -260,23 +265,6 @@ class StreamingDetector:
         if self.query_capacity is None:
             return None
         return self.queries.graph_input(self.query_capacity, self._query_width)
-
-    def _check_frames(self, frames: list[Frame | None]) -> None:
-        if not isinstance(frames, (list, tuple)):
-            raise UserError(f"step takes a list of frames, one per stream (None for an idle one), not a "
-                            f"{type(frames).__name__}: detector.step([frame])")
-        if len(frames) != self.batch:
-            raise UserError(f"this bundle steps {self.batch} stream(s) at once; got {len(frames)} frames")
-        for frame in frames:
-            if frame is not None and not isinstance(frame, Frame):
-                raise UserError(f"step takes one Frame (or None, for an idle stream) per stream, not a "
-                                f"{type(frame).__name__}: wrap an image as sdqes_edge.runtime.Frame(image=bgr, "
-                                "time=seconds, index=n)")
-            if frame is not None and not (isinstance(frame.time, numbers.Real) and math.isfinite(frame.time)):
-                raise UserError(f"a Frame's time is seconds into its stream, a finite number, not {frame.time!r}")
-            if frame is not None and (isinstance(frame.index, bool) or not isinstance(frame.index, numbers.Integral)
-                                      or frame.index < 0):  # a snapshot resumes a file at the frame after it
-                raise UserError(f"a Frame's index counts the stream's frames from 0, not {frame.index!r}")
 
     def _frame_batch(self, frames: list[Frame | None]) -> np.ndarray:
         """The frames as one batch [B, 3, R, R]. One frame prepared by the reader thread goes as it is (a view:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import abc
 import atexit
+import math
+import numbers
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +53,26 @@ class Frame:
     time: float  # stream time in seconds
     index: int  # sampled frame index (time * fps for files)
     tensor: np.ndarray | None = None  # the preprocessed frame, when the reader thread prepared it
+
+
+def check_frames(frames: list[Frame | None], batch: int) -> None:
+    """What ``StreamingDetector.step`` takes: one Frame (or None, for an idle stream) per stream of a bundle that
+    steps ``batch`` at once, each timed and counted so that alerts, cooldowns and resumes hold."""
+    if not isinstance(frames, (list, tuple)):
+        raise UserError(f"step takes a list of frames, one per stream (None for an idle one), not a "
+                        f"{type(frames).__name__}: detector.step([frame])")
+    if len(frames) != batch:
+        raise UserError(f"this bundle steps {batch} stream(s) at once; got {len(frames)} frames")
+    for frame in frames:
+        if frame is not None and not isinstance(frame, Frame):
+            raise UserError(f"step takes one Frame (or None, for an idle stream) per stream, not a "
+                            f"{type(frame).__name__}: wrap an image as sdqes_edge.runtime.Frame(image=bgr, "
+                            "time=seconds, index=n)")
+        if frame is not None and not (isinstance(frame.time, numbers.Real) and math.isfinite(frame.time)):
+            raise UserError(f"a Frame's time is seconds into its stream, a finite number, not {frame.time!r}")
+        if frame is not None and (isinstance(frame.index, bool) or not isinstance(frame.index, numbers.Integral)
+                                  or frame.index < 0):  # a snapshot resumes a file at the frame after it
+            raise UserError(f"a Frame's index counts the stream's frames from 0, not {frame.index!r}")
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import numbers
 import os
 import shutil
 import time
@@ -111,6 +112,9 @@ class JsonlSink(Sink):
 
 class ConsoleSink(Sink):
     def __init__(self, write: Callable[[str], None] = print):
+        if not callable(write):  # else the first alert fails with a TypeError
+            raise UserError(f"ConsoleSink takes a function that writes a line (print, logger.info), not a "
+                            f"{type(write).__name__}")
         self.write = write
 
     def on_event(self, event: AlertEvent) -> None:
@@ -134,6 +138,13 @@ def check_annotation_path(path: str | Path, flag: str = "--annotate") -> Path:
     return check_output_file(path, flag, ANNOTATED_VIDEO_EXAMPLE)
 
 
+def checked_stream(stream: object, sink: str) -> int:
+    """The index of the detector's stream a sink records, refused unless it is one (a string never matched)."""
+    if isinstance(stream, bool) or not isinstance(stream, numbers.Integral) or stream < 0:
+        raise UserError(f"{sink} records one of the detector's streams, by its index from 0, not {stream!r}")
+    return int(stream)
+
+
 class IncompleteOutput(UserError):
     """An output the machine would not let us finish (a full disk): exit 1, as the command line's disk-full
     error, since the user's input was fine."""
@@ -151,7 +162,10 @@ class AnnotatedVideoSink(Sink):
         """``stream``: which of the detector's streams this video shows (one sink per stream to annotate)."""
         self.path = check_annotation_path(path, "AnnotatedVideoSink")
         self.fps = checked_rate(fps, "AnnotatedVideoSink writes")
-        self.stream = stream
+        self.stream = checked_stream(stream, "AnnotatedVideoSink")
+        if not callable(thresholds):  # it is asked every frame, for the thresholds of the queries then active
+            raise UserError(f"AnnotatedVideoSink takes thresholds as a function (detector.thresholds), not a "
+                            f"{type(thresholds).__name__}")
         self.thresholds = thresholds
         self._writer = None
         self._size: tuple[int, int] | None = None  # (width, height) of the video, set by its first frame
@@ -246,7 +260,7 @@ class ScoreTraceRecorder(Sink):
         stream goes on at (``source.start_index``): the trace the stopped run left at ``path`` gives the rows
         before it, so this one is still the whole stream, each row at its own frame."""
         self.path = check_output_file(path, "ScoreTraceRecorder", SCORE_TRACE_EXAMPLE)
-        self.stream_name, self.stream, self.model = stream_name, stream, model
+        self.stream_name, self.stream, self.model = stream_name, checked_stream(stream, "ScoreTraceRecorder"), model
         self.fps = checked_rate(fps, "ScoreTraceRecorder records")
         self._rows: list[dict[str, float]] = []
         self._texts: dict[str, str] = {}

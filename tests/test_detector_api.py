@@ -10,6 +10,7 @@ from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.runtime import (
     AnnotatedVideoSink,
     CallbackSink,
+    ConsoleSink,
     Frame,
     JsonlSink,
     ScoreTraceRecorder,
@@ -244,8 +245,25 @@ def test_a_state_snapshot_that_cannot_be_written_is_one_line(detector, tmp_path)
                                                              r"frames per second, not 0.0; give the bundle's"),
     (lambda t: ScoreTraceRecorder(t / "s.npz", "s", "1"), r"^ScoreTraceRecorder records at a positive number of "
                                                           r"frames per second, not '1'"),
+    (lambda t: ConsoleSink(5), r"^ConsoleSink takes a function that writes a line .* not a int$"),
+    (lambda t: AnnotatedVideoSink(t / "out.mp4", 1.0, {"q1": 0.6}),
+     r"^AnnotatedVideoSink takes thresholds as a function \(detector.thresholds\), not a dict$"),
+    # A stream named by a string never matched one: the video or the trace stayed empty, without a word.
+    (lambda t: AnnotatedVideoSink(t / "out.mp4", 1.0, dict, stream="0"),
+     r"^AnnotatedVideoSink records one of the detector's streams, by its index from 0, not '0'$"),
+    (lambda t: ScoreTraceRecorder(t / "s.npz", "s", 1.0, stream=-1), r"^ScoreTraceRecorder records one of the "),
 ])
 def test_a_sink_that_could_never_write_is_refused_when_made_not_at_its_first_alert(make, says, tmp_path):
     """They were accepted and failed later with an OSError or a TypeError: at the first alert, maybe hours in."""
     with pytest.raises(UserError, match=says):
         make(tmp_path)
+
+
+def test_a_sink_of_a_stream_the_bundle_does_not_step_is_refused_when_added(detector, tmp_path):
+    """It was added, and recorded nothing: no video was written, the trace held no frame."""
+    for sink in (AnnotatedVideoSink(tmp_path / "out.mp4", detector.fps, detector.thresholds, stream=1),
+                 ScoreTraceRecorder(tmp_path / "s.npz", "s", detector.fps, stream=3)):
+        with pytest.raises(UserError, match=f"^{type(sink).__name__} records stream {sink.stream}, but this bundle "
+                                            r"steps 1 stream\(s\), 0 to 0$"):
+            detector.add_sink(sink)
+    assert detector.sinks == []
