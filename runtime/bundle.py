@@ -27,7 +27,7 @@ from sdqes_edge.contract import (
     state_names_in,
 )
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import file_sha256, path_problem, write_text_atomically
+from sdqes_edge.files import as_path, file_sha256, path_problem, write_text_atomically
 from sdqes_edge.state import StateSpec
 
 from .graph_files import NotAGraph, external_data_locations, metadata_props
@@ -145,7 +145,7 @@ def _refuse_non_numbers(token: str):
 
 def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     """Open a bundle directory, refusing one whose manifest or files are not what the exporter wrote."""
-    root = Path(path)
+    root = as_path(path, "a bundle is")
     manifest_path = root / MANIFEST_NAME
     problem = path_problem(root, "folder")
     if problem:  # a bundle is a folder

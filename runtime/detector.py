@@ -23,7 +23,7 @@ import numpy as np
 
 from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import SNAPSHOT_EXAMPLE, check_output_file
+from sdqes_edge.files import SNAPSHOT_EXAMPLE, as_path, check_output_file
 
 from .alerts import AlertPolicy, AlertState
 from .backend import BACKENDS, StepBackend, check_parts_from, warm_up
@@ -192,7 +192,7 @@ class StreamingDetector:
     def save_state(self, path: str | Path) -> Path:
         """Snapshot the streaming state to an .npz, to resume after a restart: the model's state and, per stream,
         its frame count, time, source position and alert states (``snapshots``)."""
-        path = Path(path)
+        path = as_path(path, "save_state takes")
         if path.is_dir():  # numpy would write FOLDER.npz beside it
             raise UserError(f"{path} is a folder; give save_state a file path (e.g. {path / SNAPSHOT_EXAMPLE})")
         # A one-line error, not numpy's OSError.
@@ -336,6 +336,10 @@ class StreamingDetector:
     def run(self, sources: FrameSource | list[FrameSource], stats: RunStats | None = None,
             max_frames: int | None = None) -> Iterator[list[AlertEvent]]:
         """Step every source until all end (or ``max_frames``); yields each step's alerts. Sinks closed at the end."""
+        if max_frames is not None and (isinstance(max_frames, bool) or not isinstance(max_frames, numbers.Integral)
+                                       or max_frames < 1):  # 0 and -1 stepped one frame, "3" failed after it
+            raise UserError(f"max_frames is a number of steps, at least 1 (or None for the whole stream), not "
+                            f"{max_frames!r}")
         sources = list(sources) if isinstance(sources, (list, tuple)) else [sources]
         if not sources:  # it ended at once, nothing streamed and no word why
             raise UserError("run takes at least one source: detector.run([open_source(path, detector.fps)])")

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import npz_problem, path_problem, replaced_atomically
+from sdqes_edge.files import as_path, npz_problem, path_problem, replaced_atomically
 
 from .alerts import AlertPolicy, AlertState
 
@@ -126,6 +126,7 @@ def write_snapshot(path: Path, snapshot: Snapshot) -> Path:
 
 
 def read_snapshot(path: str | Path) -> Snapshot:
+    path = as_path(path, "load_state takes")
     if not Path(path).exists() and snapshot_path(path).is_file():  # named as it was asked for, not as written
         path = snapshot_path(path)
     problem = path_problem(path, "file")

@@ -194,6 +194,14 @@ def npz_problem(exc: BaseException) -> str:
     return str(exc)
 
 
+def as_path(path: object, what: str) -> Path:
+    """``path`` (a str or an os.PathLike) as a Path; anything else refused naming ``what`` takes it ("save_state
+    takes"), not Path's TypeError ("expected str, bytes or os.PathLike object, not int")."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise UserError(f"{what} a path (a str or a pathlib.Path), not a {type(path).__name__}")
+    return Path(path)
+
+
 def path_problem(path: str | os.PathLike, want: str) -> str | None:
     """Why ``path`` is not an existing ``want`` ("file" or "folder"), in words that finish a sentence naming it
     ("does not exist", "is a folder, not a file"), or None when it is one. A folder given for a file is told as
@@ -239,7 +247,7 @@ def check_output_file(path: str | os.PathLike, flag: str, example: str) -> Path:
     Nothing is created or changed: an existing file is opened for appending and closed; for a new one, the
     nearest existing folder must accept a new file (missing folders below it are made when writing).
     """
-    path = Path(path)
+    path = as_path(path, f"{flag} takes")
     if path.is_dir():
         raise UserError(f"{flag} {path} is a folder; give a file path in it (e.g. {path / example})")
     if path.exists():
@@ -255,7 +263,7 @@ def check_output_file(path: str | os.PathLike, flag: str, example: str) -> Path:
 
 def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
     """Refuse, before any work, an output folder that is a file or lies where nothing can be written."""
-    path = Path(path)
+    path = as_path(path, f"{flag} takes")
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag} {path} is a file; give a folder (it is created if missing)")
     _probe_folder(_nearest_existing(path), flag, path)
