@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -70,9 +71,35 @@ class ExportOptions:
     show_progress: bool = True
 
 
+# ExportOptions' numbers, as the Python API may give them: a string ("2", read from a config file) failed in a
+# comparison below with a TypeError, a fraction (batch 1.5) deep inside the export.
+_WHOLE_NUMBERS = ("batch", "opset", "verify_frames", "drift_frames", "calibration_frames")
+_NUMBERS = ("fps", "threshold")
+
+
+def _type_problems(options: ExportOptions) -> list[str]:
+    """What the Python API was given of the wrong type; the checks of the values need the right ones."""
+    problems = [f"{name} is a whole number, not {getattr(options, name)!r}" for name in _WHOLE_NUMBERS
+                if isinstance(getattr(options, name), bool) or not isinstance(getattr(options, name), numbers.Integral)]
+    problems += [f"{name} is a number, not {getattr(options, name)!r}" for name in _NUMBERS
+                 if isinstance(getattr(options, name), bool) or not isinstance(getattr(options, name), numbers.Real)]
+    if isinstance(options.precisions, str):  # its letters read as precision names
+        problems.append(f"precisions is a tuple of names, not the text {options.precisions!r}: "
+                        f"precisions=({options.precisions!r},)")
+    if isinstance(options.queries, str) or not all(isinstance(q, Query) for q in options.queries):
+        problems.append("queries are Query(text, response) items: ExportOptions(queries=(Query('when I start "
+                        "cooking', 'Wash your hands!'),)), with Query from sdqes_edge.export")
+    return problems
+
+
 def check_options(options: ExportOptions, warn: Callable[[str], None]) -> ExportOptions:
     """Refuse impossible options up front; resolve conflicts with a warning. Returns the options to use."""
-    problems = []
+    problems = _type_problems(options)
+    if problems:
+        raise UserError("; ".join(problems))
+    # Plain Python numbers from here on: numpy's (np.int64 from an array) would break the manifest's JSON.
+    options = dataclasses.replace(options, **{name: int(getattr(options, name)) for name in _WHOLE_NUMBERS},
+                                  **{name: float(getattr(options, name)) for name in _NUMBERS})
     if options.batch < 1:
         problems.append(f"--batch must be >= 1, not {options.batch}")
     if options.opset not in SUPPORTED_OPSETS:

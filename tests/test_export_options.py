@@ -1,0 +1,35 @@
+"""``ExportOptions`` from the Python API is checked as the command line's arguments are, before any work: a value
+of the wrong type (a config file's "2", a fraction, a precision name not in a tuple, a bare query text) is a
+one-line error saying what to pass, not a TypeError from a comparison or an AttributeError deep in the export."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdqes_edge.errors import UserError
+from sdqes_edge.export.options import ExportOptions, Query, check_options
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(batch="2"), r"^batch is a whole number, not '2'$"),
+    (dict(batch=1.5), r"^batch is a whole number, not 1.5$"),
+    (dict(verify_frames="32"), r"^verify_frames is a whole number, not '32'$"),
+    (dict(fps="1"), r"^fps is a number, not '1'$"),
+    (dict(threshold=True), r"^threshold is a number, not True$"),
+    (dict(precisions="fp16"), r"^precisions is a tuple of names, not the text 'fp16': precisions=\('fp16',\)$"),
+    (dict(queries=["when I start cooking"]), r"^queries are Query\(text, response\) items: .*sdqes_edge.export$"),
+    (dict(queries="when I start cooking"), r"^queries are Query\(text, response\) items"),
+])
+def test_an_option_of_the_wrong_type_is_refused_in_one_line(options, words):
+    with pytest.raises(UserError, match=words):
+        check_options(ExportOptions(**options), lambda message: None)
+
+
+def test_lists_and_numpy_numbers_of_the_right_kind_are_taken_as_plain_python_values():
+    import numpy as np
+
+    checked = check_options(ExportOptions(batch=np.int64(2), fps=np.float32(2.0), precisions=["fp16"],
+                                          queries=[Query("when I start cooking", "Wash your hands!")]),
+                            lambda message: None)
+    assert checked.precisions == ("fp32", "fp16")
+    assert (type(checked.batch), type(checked.fps)) == (int, float)  # the manifest's JSON takes them
