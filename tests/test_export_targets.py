@@ -180,25 +180,32 @@ def test_verify_frames_0_keeps_the_engine_unchecked_and_says_so(fp16_bundle):
     assert any("without a check" in m for m in messages)
 
 
-def test_an_engine_never_checked_against_the_fp32_graph_is_used_with_a_one_line_warning(fp16_bundle, tmp_path):
-    import json
+def _planted_engine(bundle, tmp_path) -> tuple:
+    """A copy of ``bundle`` with an fp16 engine file for ``_device()`` planted in it -> (copy, engine, device, a
+    sidecar as build-engine writes it, to which each test adds what it checks)."""
     import shutil
-    import warnings
 
     from sdqes_edge.contract import ENGINES_FOLDER, engine_name
-    from sdqes_edge.errors import SetupWarning
-    from sdqes_edge.runtime.bundle import load_bundle
-    from sdqes_edge.runtime.tensorrt_backend import find_engine
 
-    bundle, _ = fp16_bundle
     copy = tmp_path / "bundle"
     shutil.copytree(bundle.root, copy, ignore=shutil.ignore_patterns(ENGINES_FOLDER))
     here = _device()
     engine = copy / ENGINES_FOLDER / here.folder / engine_name("fp16")
     engine.parent.mkdir(parents=True)
     engine.write_bytes(b"engine")
-    sidecar = {"gpu": here.name, "compute_capability": [8, 7], "tensorrt_version": "10.3.0", "verification": None}
-    engine.with_suffix(".json").write_text(json.dumps(sidecar))
+    return copy, engine, here, {"gpu": here.name, "compute_capability": [8, 7], "tensorrt_version": "10.3.0"}
+
+
+def test_an_engine_never_checked_against_the_fp32_graph_is_used_with_a_one_line_warning(fp16_bundle, tmp_path):
+    import json
+    import warnings
+
+    from sdqes_edge.errors import SetupWarning
+    from sdqes_edge.runtime.bundle import load_bundle
+    from sdqes_edge.runtime.tensorrt_backend import find_engine
+
+    copy, engine, here, sidecar = _planted_engine(fp16_bundle[0], tmp_path)
+    engine.with_suffix(".json").write_text(json.dumps(dict(sidecar, verification=None)))
     with pytest.warns(SetupWarning) as caught:
         assert find_engine(load_bundle(copy), "fp16", here)[0] == engine
     warning = str(caught[0].message)
@@ -212,23 +219,15 @@ def test_an_engine_never_checked_against_the_fp32_graph_is_used_with_a_one_line_
 def test_an_engine_built_from_another_exports_step_graph_is_refused_not_run_with_the_other_weights(fp16_bundle,
                                                                                                      tmp_path):
     import json
-    import shutil
 
-    from sdqes_edge.contract import ENGINES_FOLDER, engine_name
     from sdqes_edge.errors import UserError
     from sdqes_edge.files import file_sha256
     from sdqes_edge.runtime.bundle import load_bundle
     from sdqes_edge.runtime.tensorrt_backend import find_engine
 
     bundle, other_graph = fp16_bundle
-    copy = tmp_path / "bundle"
-    shutil.copytree(bundle.root, copy, ignore=shutil.ignore_patterns(ENGINES_FOLDER))
-    here = _device()
-    engine = copy / ENGINES_FOLDER / here.folder / engine_name("fp16")
-    engine.parent.mkdir(parents=True)
-    engine.write_bytes(b"engine")
-    built = {"gpu": here.name, "compute_capability": [8, 7], "tensorrt_version": "10.3.0",
-             "verification": {"passed": True}, "source_graph": "step.fp16.onnx"}
+    copy, engine, here, sidecar = _planted_engine(bundle, tmp_path)
+    built = dict(sidecar, verification={"passed": True}, source_graph="step.fp16.onnx")
     engine.with_suffix(".json").write_text(json.dumps(dict(built, source_graph_sha256=file_sha256(other_graph))))
     with pytest.raises(UserError, match="not this bundle's.*build-engine") as refused:
         find_engine(load_bundle(copy), "fp16", here)
