@@ -71,7 +71,7 @@ class Bundle:
     @property
     def training_record(self) -> dict[str, Any] | None:
         """The record `sdqes-edge train` wrote, where the bundle carries one (the demo's does); else None."""
-        record = self.root / TRAINING_RECORD_NAME
+        record = inside_bundle(self.root, TRAINING_RECORD_NAME, named_by_manifest=False)
         if not record.is_file():
             return None
         try:
@@ -146,12 +146,12 @@ def _refuse_non_numbers(token: str):
 def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     """Open a bundle directory, refusing one whose manifest or files are not what the exporter wrote."""
     root = as_path(path, "a bundle is")
-    manifest_path = root / MANIFEST_NAME
     problem = path_problem(root, "folder")
     if problem:  # a bundle is a folder
         fix = (f"make one with `sdqes-edge export --out {root}`" if problem == "does not exist" else
                f"give the folder `sdqes-edge export --out` wrote, the one holding {MANIFEST_NAME}")
         raise BundleError(f"bundle {root} {problem}; {fix}")
+    manifest_path = inside_bundle(root, MANIFEST_NAME, named_by_manifest=False)
     if not manifest_path.is_file():
         raise BundleError(f"{root} has no {MANIFEST_NAME}, so it is not a finished bundle; {_reexport_hint(root)}")
     try:
@@ -179,21 +179,25 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     return bundle
 
 
-def inside_bundle(root: Path, name: str) -> Path:
+def inside_bundle(root: Path, name: str, named_by_manifest: bool = True) -> Path:
     """``root / name``, refused unless it stays inside the bundle: a bundle is someone else's data.
 
     Absolute names and any ``..`` are refused as written, before the file system is touched; what remains
     is resolved (symlinks followed) and must still lie under the resolved bundle directory.
+    ``named_by_manifest``: False for the names the runtime itself looks for (the manifest, the training record,
+    engines and their sidecars), which only a symlink can lead out.
     """
     pure = PurePosixPath(name)
     outside = pure.is_absolute() or PureWindowsPath(name).is_absolute() or ".." in pure.parts or "\\" in name
     if not outside:
         resolved = (root / name).resolve()
         outside = not resolved.is_relative_to(root.resolve())
+    trust = "nothing outside a bundle is read: get the bundle again from a source you trust or re-export it"
+    if outside and not named_by_manifest:
+        raise BundleError(f"{root / name} leads outside the bundle through a symlink; {trust}")
     if outside:
         raise BundleError(f"{MANIFEST_NAME} of {root} names {name!r}, which lies outside the bundle (absolute, "
-                          "'..' or a symlink leading out); nothing outside a bundle is read: get the bundle again "
-                          "from a source you trust or re-export it")
+                          f"'..' or a symlink leading out); {trust}")
     return root / name
 
 

@@ -19,7 +19,7 @@ import json
 import re
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -130,13 +130,23 @@ def check_engine_source(sidecar: dict, bundle: Bundle, precision: str) -> None:
 
 
 def find_engine(bundle: Bundle, precision: str, device: DeviceInfo) -> tuple[Path, dict]:
-    engine = inside_bundle(bundle.root, f"{ENGINES_FOLDER}/{device.folder}/{engine_name(precision)}")
+    name = f"{ENGINES_FOLDER}/{device.folder}/{engine_name(precision)}"
+    engine = inside_bundle(bundle.root, name, named_by_manifest=False)
+    rebuild = f"sdqes-edge build-engine {bundle.root} --precision {precision}"
     if not engine.is_file():
-        others = sorted(p.name for p in (bundle.root / ENGINES_FOLDER).glob("*") if p.is_dir())
+        engines = inside_bundle(bundle.root, ENGINES_FOLDER, named_by_manifest=False)
+        others = sorted(p.name for p in engines.glob("*") if p.is_dir())
         where = f" (it has engines for: {', '.join(others)})" if others else ""
         raise UserError(f"{bundle.root} has no {precision} engine for {device.folder}{where}; build one here: "
-                        f"sdqes-edge build-engine {bundle.root} --precision {precision}")
-    sidecar = json.loads(engine.with_suffix(".json").read_text())
+                        f"{rebuild}")
+    sidecar_path = inside_bundle(bundle.root, str(PurePosixPath(name).with_suffix(".json")), named_by_manifest=False)
+    try:
+        sidecar = json.loads(sidecar_path.read_text())
+    except (OSError, ValueError):  # build-engine writes it beside the engine; without it nothing says what it is
+        raise UserError(f"{sidecar_path}, which says what the {precision} engine was built for and from, is missing "
+                        f"or unreadable; rebuild the engine: {rebuild}") from None
+    if not isinstance(sidecar, dict):
+        raise UserError(f"{sidecar_path} is not the record build-engine writes; rebuild the engine: {rebuild}")
     check_engine_matches(sidecar, device, bundle.root, precision)
     check_engine_source(sidecar, bundle, precision)
     if not sidecar.get("verification"):  # built with --verify-frames 0, or by a version that did not check

@@ -182,3 +182,32 @@ def test_a_listed_graph_that_is_not_protobuf_is_refused_in_one_line(bundle, tmp_
     with pytest.raises(BundleError, match=f"{STEP} is not an ONNX graph") as refused:
         load_bundle(copy)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "training.json", "engines"])
+def test_a_name_the_runtime_looks_for_itself_is_not_followed_out_of_the_bundle_by_a_symlink(name, bundle, tmp_path):
+    """The manifest, the training record and the engines folder are found by their names, not through the
+    manifest: a symlink in their place led the loader to read the file it points to, wherever that was."""
+    from sdqes_edge.contract import ENGINES_FOLDER, TRAINING_RECORD_NAME
+    from sdqes_edge.runtime.tensorrt_backend import DeviceInfo, find_engine
+
+    name = {"training.json": TRAINING_RECORD_NAME, "engines": ENGINES_FOLDER}.get(name, name)
+    copy, outside = tmp_path / "bundle", tmp_path / "outside"
+    shutil.copytree(bundle, copy)
+    outside.mkdir()
+    if name == "manifest.json":
+        shutil.move(copy / name, outside / name)
+    elif name == TRAINING_RECORD_NAME:
+        (outside / name).write_text(json.dumps({"steps": 1}))
+    else:
+        (outside / "jetson-orin-sm87-trt10.3.0").mkdir()
+    (copy / name).symlink_to(outside / name if name != ENGINES_FOLDER else outside)
+    with pytest.raises(BundleError, match=f"/bundle/{name}.* leads outside the bundle through a symlink; nothing "
+                                          "outside a bundle is read") as refused:
+        if name == "manifest.json":
+            load_bundle(copy)
+        elif name == TRAINING_RECORD_NAME:
+            load_bundle(copy).training_record
+        else:
+            find_engine(load_bundle(copy), "fp16", DeviceInfo("Orin", (8, 7), "10.3.0"))
+    assert "\n" not in str(refused.value)

@@ -237,6 +237,32 @@ def test_an_engine_built_from_another_exports_step_graph_is_refused_not_run_with
     assert find_engine(load_bundle(copy), "fp16", here)[0] == engine
 
 
+def test_an_engine_whose_sidecar_is_missing_garbled_or_a_symlink_out_is_refused_in_one_line(fp16_bundle, tmp_path):
+    """The sidecar says what the engine was built for and from: without it find_engine raised FileNotFoundError
+    or a JSON traceback, and a symlink in its place was followed out of the bundle."""
+    from sdqes_edge.errors import UserError
+    from sdqes_edge.runtime.bundle import BundleError, load_bundle
+    from sdqes_edge.runtime.tensorrt_backend import find_engine
+
+    copy, engine, here, _ = _planted_engine(fp16_bundle[0], tmp_path)
+    sidecar = engine.with_suffix(".json")
+    for state, words in (("missing", "is missing or unreadable; rebuild the engine: sdqes-edge build-engine"),
+                         ("garbled", "is missing or unreadable; rebuild the engine"),
+                         ("a list", "is not the record build-engine writes"),
+                         ("a symlink out", "leads outside the bundle through a symlink")):
+        if state == "garbled":
+            sidecar.write_text("{not json")
+        elif state == "a list":
+            sidecar.write_text("[]")
+        elif state == "a symlink out":
+            sidecar.unlink()
+            (tmp_path / "elsewhere.json").write_text("{}")
+            sidecar.symlink_to(tmp_path / "elsewhere.json")
+        with pytest.raises(BundleError if state == "a symlink out" else UserError, match=words) as refused:
+            find_engine(load_bundle(copy), "fp16", here)
+        assert "\n" not in str(refused.value), state
+
+
 def test_build_engine_is_torch_free_so_a_jetson_with_the_runtime_and_tensorrt_can_run_it():
     code = "import sys, sdqes_edge.export.tensorrt_engine; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -61,7 +61,7 @@ std::string sha256_file(const fs::path& path) {
   return hex.str();
 }
 
-fs::path inside_bundle(const fs::path& root, const std::string& name) {
+fs::path inside_bundle(const fs::path& root, const std::string& name, bool named_by_manifest) {
   // Refused as written (absolute, any "..", a backslash), before the file system is touched; what remains is
   // resolved with symlinks followed and must still lie under the resolved bundle directory.
   const fs::path pure(name);
@@ -72,10 +72,14 @@ fs::path inside_bundle(const fs::path& root, const std::string& name) {
     const fs::path relative = fs::weakly_canonical(root / pure).lexically_relative(base);
     outside = relative.empty() || *relative.begin() == "..";
   }
+  const std::string trust =
+      "nothing outside a bundle is read: get the bundle again from a source you trust or re-export it";
+  if (outside && !named_by_manifest) {
+    throw Error((root / pure).string() + " leads outside the bundle through a symlink; " + trust);
+  }
   if (outside) {
     throw Error("manifest.json of " + root.string() + " names '" + name +
-                "', which lies outside the bundle (absolute, '..' or a symlink leading out); nothing outside a "
-                "bundle is read: get the bundle again from a source you trust or re-export it");
+                "', which lies outside the bundle (absolute, '..' or a symlink leading out); " + trust);
   }
   return root / pure;
 }
@@ -111,7 +115,6 @@ fs::path Bundle::step_graph(const std::string& precision) const {
 }
 
 Bundle load_bundle(const fs::path& root, bool verify_hashes) {
-  const fs::path manifest_path = root / "manifest.json";
   if (!fs::is_directory(root)) {  // worded as the Python loader words it (runtime/bundle.py)
     if (!fs::exists(root)) {
       throw Error("bundle " + root.string() + " does not exist; make one with `sdqes-edge export --out " +
@@ -121,6 +124,7 @@ Bundle load_bundle(const fs::path& root, bool verify_hashes) {
     throw Error("bundle " + root.string() + " is a " + kind +
                 ", not a folder; give the folder `sdqes-edge export --out` wrote, the one holding manifest.json");
   }
+  const fs::path manifest_path = inside_bundle(root, "manifest.json", false);
   if (!fs::is_regular_file(manifest_path)) {
     throw Error(root.string() + " has no manifest.json, so it is not a finished bundle; " + reexport_hint(root));
   }
@@ -208,14 +212,15 @@ Bundle load_bundle(const fs::path& root, bool verify_hashes) {
 }
 
 fs::path find_engine(const Bundle& bundle, const std::string& precision, const std::string& device_folder) {
-  const fs::path engines = inside_bundle(bundle.root, "engines");
+  const fs::path engines = inside_bundle(bundle.root, "engines", false);
   const std::string file = "step." + precision + ".engine";
   if (!device_folder.empty()) {
-    const fs::path path = inside_bundle(bundle.root, "engines/" + device_folder + "/" + file);
+    const fs::path path = inside_bundle(bundle.root, "engines/" + device_folder + "/" + file, false);
     if (fs::is_regular_file(path)) return path;
   } else if (fs::is_directory(engines)) {
     for (const auto& dir : fs::directory_iterator(engines)) {
-      const fs::path path = inside_bundle(bundle.root, "engines/" + dir.path().filename().string() + "/" + file);
+      const fs::path path =
+          inside_bundle(bundle.root, "engines/" + dir.path().filename().string() + "/" + file, false);
       if (fs::is_regular_file(path)) return path;
     }
   }
@@ -256,7 +261,7 @@ void check_engine_source(const Bundle& bundle, const json& sidecar, const std::s
 }  // namespace
 
 fs::path find_engine(const Bundle& bundle, const std::string& precision, const EngineTarget& target) {
-  const fs::path engines = inside_bundle(bundle.root, "engines");
+  const fs::path engines = inside_bundle(bundle.root, "engines", false);
   const std::string file = "step." + precision + ".engine";
   const std::string wanted = "sm" + std::to_string(target.cc_major) + std::to_string(target.cc_minor) +
                              " with TensorRT " + release_of(target.tensorrt_version);
@@ -266,11 +271,13 @@ fs::path find_engine(const Bundle& bundle, const std::string& precision, const E
     for (const auto& dir : fs::directory_iterator(engines)) folders.push_back(dir.path().filename());
     std::sort(folders.begin(), folders.end());  // the same answer whatever order the file system lists
     for (const auto& folder : folders) {
-      const fs::path path = inside_bundle(bundle.root, "engines/" + folder.string() + "/" + file);
+      const fs::path path = inside_bundle(bundle.root, "engines/" + folder.string() + "/" + file, false);
       if (!fs::is_regular_file(path)) continue;
+      const fs::path sidecar_path = inside_bundle(
+          bundle.root, "engines/" + folder.string() + "/" + fs::path(file).replace_extension(".json").string(), false);
       json sidecar;
       try {
-        std::ifstream in(fs::path(path).replace_extension(".json"));
+        std::ifstream in(sidecar_path);
         sidecar = json::parse(in);
       } catch (const std::exception&) {
         seen.push_back(folder.string() + " (no readable sidecar)");

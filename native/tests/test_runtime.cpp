@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -257,6 +258,37 @@ TEST(Bundle, AnEngineBuiltFromAnotherExportsStepGraphIsRefused) {
   plant(own);
   EXPECT_EQ(sdqes::find_engine(b, "fp16", orin).parent_path().filename(), "jetson-orin-sm87-trt10.3.0");
   fs::remove_all(root);
+}
+
+// The manifest and an engine's sidecar are found by their names, not through the manifest: a symlink in their place
+// led the loader to read whatever it pointed to. Refused, as the Python loader refuses them.
+TEST(Bundle, ANameTheRuntimeLooksForItselfIsNotFollowedOutOfTheBundleByASymlink) {
+  const fs::path root = copy_bundle("symlinked-names");
+  const fs::path outside = root.parent_path() / "symlinked-names-outside";
+  fs::remove_all(outside);
+  fs::create_directories(outside);
+  const auto expect_refused = [&](const std::function<void()>& load, const std::string& what) {
+    try {
+      load();
+      FAIL() << what << " behind a symlink leading out must be refused";
+    } catch (const sdqes::Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(what), std::string::npos) << message;
+      EXPECT_NE(message.find("leads outside the bundle through a symlink"), std::string::npos) << message;
+    }
+  };
+  const fs::path folder = root / "engines" / "jetson-orin-sm87-trt10.3.0";
+  fs::create_directories(folder);
+  std::ofstream(folder / "step.fp16.engine") << "engine";
+  std::ofstream(outside / "sidecar.json") << json{{"compute_capability", {8, 7}}, {"tensorrt_version", "10.3.0"}}.dump();
+  fs::create_symlink(outside / "sidecar.json", folder / "step.fp16.json");
+  const sdqes::Bundle b = sdqes::load_bundle(root);
+  expect_refused([&] { sdqes::find_engine(b, "fp16", sdqes::EngineTarget{8, 7, "10.3.0"}); }, "step.fp16.json");
+  fs::rename(root / "manifest.json", outside / "manifest.json");
+  fs::create_symlink(outside / "manifest.json", root / "manifest.json");
+  expect_refused([&] { sdqes::load_bundle(root); }, "manifest.json");
+  fs::remove_all(root);
+  fs::remove_all(outside);
 }
 
 TEST(CApi, OpensABundleAndReportsErrorsAsText) {

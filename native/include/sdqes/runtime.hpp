@@ -68,7 +68,10 @@ struct Bundle {
 Bundle load_bundle(const std::filesystem::path& root, bool verify_hashes = true);
 std::string sha256_file(const std::filesystem::path& path);
 // root / name, or an Error when name is absolute, contains "..", or resolves (symlinks followed) outside root.
-std::filesystem::path inside_bundle(const std::filesystem::path& root, const std::string& name);
+// named_by_manifest: false for the names the runtime looks for itself (the manifest, engines and their sidecars),
+// which only a symlink can lead out; the error then says so.
+std::filesystem::path inside_bundle(const std::filesystem::path& root, const std::string& name,
+                                    bool named_by_manifest = true);
 std::vector<StateTensor> parse_state_spec(const nlohmann::json& items);
 
 // Pre-encoded queries shipped in the bundle: texts, alert messages and embeddings [Q, E].
