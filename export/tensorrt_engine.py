@@ -110,8 +110,11 @@ def plan_engine(precision: str, available: Collection[str], weak_typing: bool, t
     return plan
 
 
+TIMING_CACHE_NAME = "timing.cache"  # TensorRT's kernel timings, kept beside the engines of one device
+
+
 def engine_dir(bundle: Bundle, device: DeviceInfo) -> Path:
-    return inside_bundle(bundle.root, f"{ENGINES_FOLDER}/{device.folder}")
+    return inside_bundle(bundle.root, f"{ENGINES_FOLDER}/{device.folder}", named_by_manifest=False)
 
 
 def network_flags(trt, plan: EnginePlan) -> int:
@@ -166,7 +169,7 @@ def _check_symmetric_activations(bundle) -> None:
 def _check_engines_writable(bundle: Bundle) -> None:
     """Refuse, before minutes of building, a bundle whose engines cannot be stored (a read-only mount, a file
     where the engines folder goes); nothing is created here."""
-    engines = bundle.root / ENGINES_FOLDER
+    engines = inside_bundle(bundle.root, ENGINES_FOLDER, named_by_manifest=False)  # no probe file made outside
 
     def refuse(why: str):
         raise UserError(f"cannot store engines in {engines} ({why}): engines live inside the bundle, so copy it to "
@@ -213,7 +216,9 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
     log(f"building the {precision} engine from {graph.name} ({plan.typing} typing) for {device.name} "
         f"(sm{device.compute_capability[0]}{device.compute_capability[1]}, TensorRT {device.tensorrt_version}); "
         "this takes minutes ...")
-    serialized, seconds = build_serialized_engine(graph, plan, workspace_mib, out_dir / "timing.cache", log)
+    timing_cache = inside_bundle(bundle.root, f"{ENGINES_FOLDER}/{device.folder}/{TIMING_CACHE_NAME}",
+                                 named_by_manifest=False)  # read and rewritten: never through a symlink out
+    serialized, seconds = build_serialized_engine(graph, plan, workspace_mib, timing_cache, log)
     record = {"source_graph": graph.name, "source_graph_sha256": file_sha256(graph), "typing": plan.typing,
               "state_dtype": plan.state_dtype, "workspace_mib": workspace_mib, "build_seconds": round(seconds, 1)}
     engine_path = keep_checked_engine(bundle, serialized, precision, device, record, verify_frames, log)

@@ -211,3 +211,17 @@ def test_a_name_the_runtime_looks_for_itself_is_not_followed_out_of_the_bundle_b
         else:
             find_engine(load_bundle(copy), "fp16", DeviceInfo("Orin", (8, 7), "10.3.0"))
     assert "\n" not in str(refused.value)
+
+
+def test_build_engine_writes_nothing_through_an_engines_folder_that_is_a_symlink_out(bundle, tmp_path):
+    """It probed the folder with a file of its own and then kept its engine and timing cache there: outside."""
+    from sdqes_edge.contract import ENGINES_FOLDER
+    from sdqes_edge.export.tensorrt_engine import build_engine
+
+    copy, outside = tmp_path / "bundle", tmp_path / "outside"
+    shutil.copytree(bundle, copy)
+    outside.mkdir()
+    (copy / ENGINES_FOLDER).symlink_to(outside)
+    with pytest.raises(BundleError, match=f"{ENGINES_FOLDER} leads outside the bundle through a symlink"):
+        build_engine(copy, log=lambda m: None)  # refused before it looks for a GPU
+    assert list(outside.iterdir()) == []
