@@ -64,3 +64,11 @@ def test_malformed_config_json_is_a_user_error():
 def test_unknown_preset_lists_the_choices():
     with pytest.raises(UserError, match="choose one of: clip-vit-b16"):
         preset("vit-huge")
+
+
+def test_a_model_made_from_a_presets_name_is_told_to_build_its_config_first():
+    from sdqes_edge.model import SDQESModel
+
+    with pytest.raises(UserError, match=r"^SDQESModel takes a ModelConfig, not a str: "
+                                        r"SDQESModel\(preset\('tiny\+qrnn'\)\)$"):
+        SDQESModel("tiny+qrnn")  # it failed with "'str' object has no attribute 'vision'"

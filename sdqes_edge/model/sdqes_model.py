@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from sdqes_edge.config import ModelConfig
+from sdqes_edge.errors import UserError
 from sdqes_edge.tokenizer import default_tokenizer
 
 from .image_tower import ImageTower
@@ -33,6 +34,9 @@ def probability(logits: torch.Tensor) -> torch.Tensor:
 
 class SDQESModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
+        if not isinstance(cfg, ModelConfig):  # a preset's name failed with "'str' object has no attribute 'vision'"
+            example = f"preset({cfg!r})" if isinstance(cfg, str) else "preset('tiny+qrnn')"
+            raise UserError(f"SDQESModel takes a ModelConfig, not a {type(cfg).__name__}: SDQESModel({example})")
         super().__init__()
         self.cfg = cfg
         self.visual = ImageTower(cfg)
