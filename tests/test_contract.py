@@ -69,3 +69,12 @@ def test_the_native_runtime_reads_the_bundle_format_this_code_writes():
     assert f"kBundleFormatVersion = {contract.BUNDLE_FORMAT_VERSION};" in header
     assert f'kBundleFormat = "{contract.BUNDLE_FORMAT}";' in header
     assert f'kStateInputPrefix = "{contract.STATE_INPUT_PREFIX}";' in header
+    assert f'kMetadataKey = "{contract.METADATA_KEY}";' in header
+
+
+def test_the_native_runtime_checks_the_same_manifest_fields_against_the_step_graph_as_the_python_one():
+    from sdqes_edge.runtime.bundle import DESCRIBED_BY_THE_GRAPH
+
+    header = (REPO / "native" / "include" / "sdqes" / "runtime.hpp").read_text()
+    listed = ", ".join(f'"{key}"' for key in DESCRIBED_BY_THE_GRAPH)
+    assert f"kDescribedByTheGraph[] = {{{listed}}};" in header

@@ -34,7 +34,73 @@ const json& require(const json& object, const char* key, const fs::path& manifes
   return object.at(key);
 }
 
+// One field of a protobuf message on the wire: varint key, then a varint, 8 or 4 bytes, or a length and as many.
+constexpr int kVarint = 0, kFixed64 = 1, kLength = 2, kFixed32 = 5;
+constexpr uint64_t kModelMetadataProps = 14;  // ModelProto.metadata_props: StringStringEntryProto {key 1, value 2}
+
+uint64_t read_varint(std::istream& in, const fs::path& graph) {
+  uint64_t value = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    const int byte = in.get();
+    if (byte == std::char_traits<char>::eof()) throw Error(graph.string() + " is not an ONNX graph (cut short)");
+    value |= static_cast<uint64_t>(byte & 0x7F) << shift;
+    if (byte < 0x80) return value;
+  }
+  throw Error(graph.string() + " is not an ONNX graph (a varint runs on)");
+}
+
+// The key and value of a StringStringEntryProto held in ``bytes``.
+std::pair<std::string, std::string> string_entry(const std::string& bytes, const fs::path& graph) {
+  std::istringstream in(bytes);
+  std::string fields[3];
+  while (in.peek() != std::char_traits<char>::eof()) {
+    const uint64_t key = read_varint(in, graph);
+    if ((key & 7) != kLength) throw Error(graph.string() + " is not an ONNX graph (a metadata entry is malformed)");
+    const uint64_t size = read_varint(in, graph);
+    std::string value(size, '\0');
+    if (!in.read(value.data(), static_cast<std::streamsize>(size))) {
+      throw Error(graph.string() + " is not an ONNX graph (a metadata entry runs past its end)");
+    }
+    if ((key >> 3) == 1 || (key >> 3) == 2) fields[key >> 3] = value;
+  }
+  return {fields[1], fields[2]};
+}
+
 }  // namespace
+
+std::map<std::string, std::string> metadata_props(const fs::path& graph) {
+  std::ifstream in(graph, std::ios::binary);
+  if (!in) throw Error("cannot read " + graph.string());
+  const std::streamoff end = static_cast<std::streamoff>(fs::file_size(graph));
+  std::map<std::string, std::string> props;
+  while (in.tellg() < end) {
+    const uint64_t key = read_varint(in, graph);
+    const int wire = static_cast<int>(key & 7);
+    if (wire == kVarint) {
+      read_varint(in, graph);
+    } else if (wire == kFixed64 || wire == kFixed32) {
+      const std::streamoff width = wire == kFixed64 ? 8 : 4;
+      if (width > end - in.tellg()) throw Error(graph.string() + " is not an ONNX graph (cut short)");
+      in.seekg(width, std::ios::cur);
+    } else if (wire == kLength) {
+      const uint64_t size = read_varint(in, graph);
+      if (size > static_cast<uint64_t>(end - in.tellg())) {
+        throw Error(graph.string() + " is not an ONNX graph (a field runs past the end of the file)");
+      }
+      if ((key >> 3) == kModelMetadataProps) {
+        std::string bytes(size, '\0');
+        in.read(bytes.data(), static_cast<std::streamsize>(size));
+        props.insert(string_entry(bytes, graph));
+      } else {
+        in.seekg(static_cast<std::streamoff>(size), std::ios::cur);  // the graph itself: its weights never read
+      }
+    } else {
+      throw Error(graph.string() + " is not an ONNX graph (wire type " + std::to_string(wire) + ")");
+    }
+    if (!in) throw Error(graph.string() + " is not an ONNX graph (cut short)");
+  }
+  return props;
+}
 
 int64_t StateTensor::elements() const {
   int64_t n = 1;
@@ -113,6 +179,35 @@ fs::path Bundle::step_graph(const std::string& precision) const {
   }
   return inside_bundle(root, step[precision]["file"].get<std::string>());
 }
+
+namespace {
+
+// The manifest carries no hash, and this runtime builds the frame, the batch and the normalization from it: each
+// field a step graph's own description (its metadata, hashed with the graph) fixes must agree with it. As
+// runtime/bundle.py _check_against_graphs words it.
+void check_against_graphs(const Bundle& b) {
+  for (auto& [precision, entry] : b.manifest.at("graphs").at("step").items()) {
+    const std::string file = entry.at("file").get<std::string>();
+    const auto props = metadata_props(b.root / file);  // confined and hashed above
+    const auto found = props.find(kMetadataKey);
+    if (found == props.end()) continue;
+    const json description = json::parse(found->second, nullptr, /*allow_exceptions=*/false);
+    if (!description.is_object()) continue;  // not one of ours: the Python runtime names it when it opens it
+    for (const char* key : kDescribedByTheGraph) {
+      if (!description.contains(key)) continue;
+      const json& exported = description.at(key);
+      const json said = b.manifest.contains(key) ? b.manifest.at(key) : json();
+      if (exported == said) continue;
+      const std::string what = exported.is_object()
+          ? std::string("another ") + key + " than " + file + " was exported with"
+          : std::string(key) + " " + said.dump() + ", but " + file + " was exported with " + exported.dump();
+      throw Error("manifest.json of " + b.root.string() + " says " + what +
+                  ": the manifest was edited or damaged after export; restore it, or " + reexport_hint(b.root));
+    }
+  }
+}
+
+}  // namespace
 
 Bundle load_bundle(const fs::path& root, bool verify_hashes) {
   if (!fs::is_directory(root)) {  // worded as the Python loader words it (runtime/bundle.py)
@@ -208,6 +303,7 @@ Bundle load_bundle(const fs::path& root, bool verify_hashes) {
                   "manifest.json; " + reexport_hint(root));
     }
   }
+  check_against_graphs(b);
   return b;
 }
 

@@ -291,6 +291,61 @@ TEST(Bundle, ANameTheRuntimeLooksForItselfIsNotFollowedOutOfTheBundleByASymlink)
   fs::remove_all(outside);
 }
 
+// The manifest carries no hash; the step graph's own description (its metadata, hashed with the graph) says which
+// frame, batch and normalization it was exported for. A manifest edited after export is refused, naming the field,
+// as the Python loader refuses it; before, the native runtime normalized with an edited mean and std, silently.
+TEST(Bundle, AManifestThatDisagreesWithItsStepGraphIsRefusedNamingTheField) {
+  // The shared bundle's graphs are stubs; this one is a ModelProto with a doc string (field 6) and the description
+  // an export writes (metadata_props, field 14: {key 1, value 2}), made from the shared manifest.
+  const auto field = [](int number, const std::string& bytes) {
+    std::string out(1, static_cast<char>((number << 3) | 2));
+    for (uint64_t n = bytes.size(); ; n >>= 7) {
+      out += static_cast<char>((n & 0x7F) | (n > 0x7F ? 0x80 : 0));
+      if (n <= 0x7F) break;
+    }
+    return out + bytes;
+  };
+  const auto with_described_graph = [&](const std::string& name) {
+    const fs::path root = copy_bundle(name);
+    json manifest = json::parse(std::ifstream(root / "manifest.json"));
+    json description = {{"image_size", manifest["image_size"]}, {"embed_dim", manifest["embed_dim"]},
+                        {"batch", manifest["batch"]}, {"query_count", nullptr},
+                        {"preprocess", manifest["preprocess"]}};
+    const std::string graph = manifest["graphs"]["step"]["fp32"]["file"].get<std::string>();
+    std::ofstream(root / graph, std::ios::binary)
+        << field(6, std::string(300, 'd')) << field(14, field(1, sdqes::kMetadataKey) + field(2, description.dump()));
+    manifest["files"][graph]["sha256"] = sdqes::sha256_file(root / graph);
+    std::ofstream(root / "manifest.json") << manifest.dump(2);
+    return std::make_pair(root, manifest);
+  };
+
+  const auto [intact, manifest] = with_described_graph("described");
+  const sdqes::Bundle b = sdqes::load_bundle(intact);  // the manifest agrees with its graph
+  const auto props = sdqes::metadata_props(b.step_graph("fp32"));
+  ASSERT_EQ(props.count(sdqes::kMetadataKey), 1u);
+  EXPECT_EQ(json::parse(props.at(sdqes::kMetadataKey)).at("preprocess"), manifest.at("preprocess"));
+  fs::remove_all(intact);
+
+  const int size = manifest.at("image_size").get<int>();
+  const auto edited = [&](const std::string& name, const std::function<void(json&)>& change) {
+    auto [root, m] = with_described_graph(name);
+    change(m);
+    std::ofstream(root / "manifest.json") << m.dump(2);
+    return root;
+  };
+  for (const auto& [root, words] : std::vector<std::pair<fs::path, std::string>>{
+           {edited("edited-size", [&](json& m) { m["image_size"] = size * 2; }),
+            "says image_size " + std::to_string(size * 2) + ", but step.fp32.onnx was exported with " +
+                std::to_string(size)},
+           {edited("edited-mean", [](json& m) { m["preprocess"]["mean"][0] = 0.5; }),
+            "says another preprocess than step.fp32.onnx was exported with"}}) {
+    const std::string message = error_of(root);
+    EXPECT_NE(message.find(words), std::string::npos) << message;
+    EXPECT_NE(message.find("the manifest was edited or damaged after export"), std::string::npos) << message;
+    fs::remove_all(root);
+  }
+}
+
 TEST(CApi, OpensABundleAndReportsErrorsAsText) {
   char error[512] = {0};
   sdqes_bundle* b = sdqes_bundle_open((kVectors / "bundle").c_str(), error, sizeof error);

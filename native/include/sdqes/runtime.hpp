@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,10 @@ constexpr int kBundleFormatVersion = 2;  // sdqes_edge/contract.py BUNDLE_FORMAT
 constexpr const char* kBundleFormat = "sdqes-edge-bundle";
 constexpr const char* kStateInputPrefix = "state_in.";
 constexpr const char* kStateOutputPrefix = "state_out.";
+// The metadata_props key a step graph's JSON description lives under, and the manifest fields that description
+// fixes (sdqes_edge/contract.py METADATA_KEY, runtime/bundle.py DESCRIBED_BY_THE_GRAPH; tested).
+constexpr const char* kMetadataKey = "sdqes_edge";
+constexpr const char* kDescribedByTheGraph[] = {"image_size", "embed_dim", "batch", "query_count", "preprocess"};
 
 struct StateTensor {
   std::string name;               // where it lives, e.g. "block03.adapter1.qrnn0_h"
@@ -67,6 +72,9 @@ struct Bundle {
 // Opens and validates a bundle directory (schema, format version, listed files, sha256, state wiring).
 Bundle load_bundle(const std::filesystem::path& root, bool verify_hashes = true);
 std::string sha256_file(const std::filesystem::path& path);
+// An ONNX graph's metadata_props (key -> value), read from the protobuf wire format without reading the graph
+// itself (skipped by its length); an Error when the file is not protobuf.
+std::map<std::string, std::string> metadata_props(const std::filesystem::path& graph);
 // root / name, or an Error when name is absolute, contains "..", or resolves (symlinks followed) outside root.
 // named_by_manifest: false for the names the runtime looks for itself (the manifest, engines and their sidecars),
 // which only a symlink can lead out; the error then says so.
