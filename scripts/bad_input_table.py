@@ -42,6 +42,8 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("manifest with a NaN fps", ["run", str(t / "nan-fps"), "--source", "x.mp4", "--query", Q]),
         ("manifest edited to another image size than its graph's",
          ["run", str(t / "resized"), "--source", "x.mp4", "--query", Q]),
+        ("manifest.json a symlink to a file outside the bundle",
+         ["run", str(t / "linked"), "--source", "x.mp4", "--query", Q]),
         ("video file missing", ["run", str(b), "--source", str(t / "missing.mp4"), "--query", Q]),
         ("video unreadable", ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", Q]),
         ("a still image as the source", ["run", str(b), "--source", str(t / "photo.jpg"), "--query", Q]),
@@ -193,6 +195,8 @@ def prepare(t: Path) -> Path:
     m = json.loads((b / "manifest.json").read_text())
     m["image_size"] = 2 * m["image_size"]
     (t / "resized" / "manifest.json").write_text(json.dumps(m))
+    shutil.copytree(b, t / "linked", ignore=shutil.ignore_patterns("manifest.json"))
+    (t / "linked" / "manifest.json").symlink_to(b / "manifest.json")
     return b
 
 
