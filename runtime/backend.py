@@ -95,6 +95,21 @@ class StepBackend(Protocol):
         """The rows of ``streams`` (all when None) back to their initial value."""
 
 
+def check_state_arrays(spec: StateSpec, arrays: State) -> None:
+    """Refuse host arrays that are not the state ``spec`` describes, before a backend loads them: a tensor missing
+    was a KeyError, one of another shape failed in a reshape, or (TensorRT) was copied past its device buffer."""
+    if not isinstance(arrays, dict):
+        raise UserError(f"state_from_numpy takes the state tensors by name (a dict, as state_to_numpy returns "
+                        f"them), not a {type(arrays).__name__}")
+    for tensor in spec:
+        if tensor.name not in arrays:
+            raise UserError(f"state_from_numpy: no {tensor.name!r}; give every state tensor by name, as "
+                            "state_to_numpy returns them")
+        if tuple(np.shape(arrays[tensor.name])) != tuple(tensor.shape):
+            raise UserError(f"state_from_numpy: {tensor.name} is {list(np.shape(arrays[tensor.name]))}, but this "
+                            f"graph's is {list(tensor.shape)} (a state of another model or batch size?)")
+
+
 def warm_up(backend: StepBackend, frame: np.ndarray, state: Any, query_embeddings: np.ndarray | None = None) -> Any:
     """Step ``frame`` from ``state`` ``backend.warm_up_steps`` times -> the state after: the one-off work of the
     first steps (arenas, each binding's first use, CUDA graph capture) done before anything is streamed or timed.

@@ -32,7 +32,7 @@ from sdqes_edge.files import file_sha256, user_cache_dir
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words, update_command
 from sdqes_edge.state import StateSpec
 
-from .backend import STATE_BUFFER_SETS, State, StepResult
+from .backend import STATE_BUFFER_SETS, State, StepResult, check_state_arrays
 from .bound_step import BoundState, DeviceBuffers, runs_to_steady
 from .cores import checked_threads
 
@@ -151,6 +151,7 @@ class OnnxRuntimeStep:
         return {name: np.array(value, copy=True) for name, value in state.items()}
 
     def state_from_numpy(self, arrays: State):
+        check_state_arrays(self.spec, arrays)
         host = {t.name: np.ascontiguousarray(arrays[t.name], dtype=t.dtype) for t in self.spec}
         if self.buffers is not None:
             return self.buffers.write(host)

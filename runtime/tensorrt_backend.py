@@ -34,7 +34,7 @@ from sdqes_edge.contract import (
 )
 from sdqes_edge.errors import SetupWarning, UserError, first_line, install_command
 
-from .backend import STATE_BUFFER_SETS, BoundState, BufferSetLedger, StepResult
+from .backend import STATE_BUFFER_SETS, BoundState, BufferSetLedger, StepResult, check_state_arrays
 from .bound_step import RowCopier
 from .bundle import Bundle, inside_bundle
 
@@ -288,6 +288,7 @@ class TensorRTStep:
         return out
 
     def state_from_numpy(self, arrays: dict[str, np.ndarray]) -> BoundState:
+        check_state_arrays(self.spec, arrays)  # an array of another size would be copied past its buffer
         for spec, buffer, initial in zip(self.spec, self.sets[0], self.initial):
             self.cuda.memcpy_htod(buffer, np.ascontiguousarray(arrays[spec.name], dtype=initial.dtype))
         return self.ledger.loaded()
