@@ -51,21 +51,6 @@ def test_bound_step_gives_the_plain_steps_stream_and_next_state(step_graphs):
 
 
 @pytest.mark.parametrize("io_binding", [False, True], ids=["plain", "bound"])
-def test_a_state_to_load_that_is_not_this_graphs_is_refused_naming_the_tensor(step_graphs, io_binding):
-    """A tensor missing was a KeyError, one of another batch a reshape error (on TensorRT a copy past its buffer)."""
-    paths, _ = step_graphs
-    runner = OnnxRuntimeStep(paths[1], io_binding=io_binding)
-    state = runner.state_to_numpy(runner.initial_state())
-    name = next(iter(state))
-    with pytest.raises(UserError, match=f"state_from_numpy: no '{name}'; give every state tensor by name"):
-        runner.state_from_numpy({k: v for k, v in state.items() if k != name})
-    wider = dict(state, **{name: np.concatenate([state[name]] * 4)})  # four streams' rows for one stream
-    with pytest.raises(UserError, match=rf"state_from_numpy: {name} is \[4, .*but this graph's is \[1, "):
-        runner.state_from_numpy(wider)
-    runner.state_from_numpy(state)  # what state_to_numpy gave loads
-
-
-@pytest.mark.parametrize("io_binding", [False, True], ids=["plain", "bound"])
 def test_what_a_step_returns_is_the_callers_and_later_steps_leave_it_alone(step_graphs, io_binding):
     """On the CPU an OrtValue's ``numpy()`` is a view of the bound buffer (on a GPU, a copy): returned as it
     is, an embedding or a saved state would change under the caller at the next step."""

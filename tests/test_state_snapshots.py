@@ -19,6 +19,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import file_sha256
 from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.runtime.detector import StreamingDetector
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.sources import VideoFileSource
 from sdqes_edge.sample import sample_frames
 from sdqes_edge.traces import load_scores
@@ -154,3 +155,18 @@ def test_a_score_trace_given_as_a_snapshot_is_named_as_another_archive_with_the_
                                         r"save_state \(a score trace from --scores.*\); give the file save_state "
                                         r"\(run --save-state\) wrote$"):
         StreamingDetector(bundles["seed0"]).load_state(trace)
+
+
+@pytest.mark.parametrize("io_binding", [False, True], ids=["plain", "bound"])
+def test_a_state_to_load_that_is_not_this_graphs_is_refused_naming_the_tensor(step_graphs, io_binding):
+    """A tensor missing was a KeyError, one of another batch a reshape error (on TensorRT a copy past its buffer)."""
+    paths, _ = step_graphs
+    runner = OnnxRuntimeStep(paths[1], io_binding=io_binding)
+    state = runner.state_to_numpy(runner.initial_state())
+    name = next(iter(state))
+    with pytest.raises(UserError, match=f"state_from_numpy: no '{name}'; give every state tensor by name"):
+        runner.state_from_numpy({k: v for k, v in state.items() if k != name})
+    wider = dict(state, **{name: np.concatenate([state[name]] * 4)})  # four streams' rows for one stream
+    with pytest.raises(UserError, match=rf"state_from_numpy: {name} is \[4, .*but this graph's is \[1, "):
+        runner.state_from_numpy(wider)
+    runner.state_from_numpy(state)  # what state_to_numpy gave loads
