@@ -202,6 +202,8 @@ class QueryBank:
 
 def text_encoder_for(bundle: Bundle, truncate_queries: bool = False, threads: int | None = None) -> TextEncoder:
     """The bundle's text graph and tokenizer, with its pre-encoded queries already in the cache."""
+    if not isinstance(truncate_queries, bool):  # "no" was taken as yes
+        raise UserError(f"truncate_queries is True or False, not {truncate_queries!r}")
     encoder = TextEncoder(bundle.text_graph, bundle.tokenizer_vocab, bundle.manifest["tokenizer"]["context_length"],
                           on_overflow="truncate" if truncate_queries else "error", threads=threads)
     pre = bundle.queries()

@@ -190,6 +190,8 @@ def test_each_call_names_what_it_takes_when_given_something_else(detector):
     for max_frames in (0, -1, "3"):  # 0 and -1 stepped one frame; "3" failed after it (TypeError)
         with pytest.raises(UserError, match=f"max_frames is a number of steps, at least 1 .*, not {max_frames!r}"):
             next(detector.run([], max_frames=max_frames))
+    with pytest.raises(UserError, match="truncate_queries is True or False, not 'no'"):
+        StreamingDetector(detector.bundle, truncate_queries="no")  # "no" was taken as yes
     for call, name in ((detector.save_state, "save_state"), (detector.load_state, "load_state"),
                        (StreamingDetector, "a bundle is"), (JsonlSink, "JsonlSink takes")):
         with pytest.raises(UserError, match=f"^{name}.* a path \\(a str or a pathlib.Path\\), not a int$"):
