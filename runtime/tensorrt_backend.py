@@ -151,8 +151,7 @@ def find_engine(bundle: Bundle, precision: str, device: DeviceInfo) -> tuple[Pat
     check_engine_source(sidecar, bundle, precision)
     if not sidecar.get("verification"):  # built with --verify-frames 0, or by a version that did not check
         warnings.warn(f"the {precision} engine was never checked against the bundle's fp32 graph; rebuild it to "
-                      f"check it: sdqes-edge build-engine {bundle.root} --precision {precision}", SetupWarning,
-                      stacklevel=2)
+                      f"check it: {rebuild}", SetupWarning, stacklevel=2)
     return engine, sidecar
 
 
