@@ -8,13 +8,14 @@ handle on one of two device buffer sets. The detector only passes the handle bac
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.state import StateSpec
 
 from .bundle import Bundle
@@ -119,10 +120,25 @@ def warm_up(backend: StepBackend, frame: np.ndarray, state: Any, query_embedding
     return state
 
 
-def check_parts_from(bundle: Bundle, backend: StepBackend | None, text_graph: Path | None) -> None:
+# The detector's options that choose how it makes its text encoder; the others choose its backend.
+TEXT_ENCODER_OPTIONS = ("truncate_queries",)
+
+
+def check_parts_from(bundle: Bundle, backend: StepBackend | None, text_graph: Path | None,
+                     options: dict[str, tuple]) -> None:
     """Refuse a backend or a text encoder loaded from another bundle and handed to a detector of ``bundle`` (to load
     the graphs once for many streams): another export's graphs of the same shapes would run the other weights
-    silently, and other shapes failed deep inside ONNX Runtime. ``text_graph``: the text encoder's graph."""
+    silently, and other shapes failed deep inside ONNX Runtime. ``text_graph``: the text encoder's graph.
+
+    ``options``: the detector's options that choose how it makes a backend or a text encoder itself, name ->
+    (value, default); given one made already, those not at their default are ignored, which a warning says
+    (precision="fp16" beside an fp32 backend ran fp32 without a word)."""
+    ignored = [f"{name}={value!r}" for name, (value, default) in options.items() if value != default
+               and (text_graph if name in TEXT_ENCODER_OPTIONS else backend) is not None]
+    if ignored:
+        warnings.warn(f"{', '.join(ignored)} ignored: the detector was given its backend_instance or text_encoder "
+                      "already made; choose them where you make those (make_backend(bundle, ...), "
+                      "text_encoder_for(bundle, ...))", SetupWarning, stacklevel=3)  # at StreamingDetector(...)
     fix = f"make it from this bundle ({bundle.root}): "
     if backend is not None:
         own = [(t.name, tuple(t.shape)) for t in bundle.state_spec]

@@ -11,6 +11,7 @@ holds the model, the queries and the batched state; each stream's own data
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import numbers
 import threading
@@ -79,7 +80,10 @@ class StreamingDetector:
         """``backend_instance`` and ``text_encoder``: ones already loaded from this bundle, so a program that
         scores many streams one after another loads the graphs once."""
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
-        check_parts_from(self.bundle, backend_instance, text_encoder.text_graph if text_encoder else None)
+        chosen = {name: (value, _DEFAULTS[name]) for name, value in (
+            ("backend", backend), ("precision", precision), ("threads", threads), ("ort_device", ort_device),
+            ("truncate_queries", truncate_queries))}  # name -> (value, default): what makes a backend or encoder
+        check_parts_from(self.bundle, backend_instance, text_encoder.text_graph if text_encoder else None, chosen)
         m = self.bundle.manifest
         self.batch = int(m["batch"])
         self.fps = self.bundle.fps
@@ -388,3 +392,6 @@ class StreamingDetector:
                 failures.append(exc)
         if failures:
             raise failures[0]
+
+
+_DEFAULTS = {name: p.default for name, p in inspect.signature(StreamingDetector.__init__).parameters.items()}

@@ -67,3 +67,24 @@ def test_parts_loaded_from_a_copy_of_the_same_bundle_are_the_same_model(bundles,
         detector.step([frame])
     np.testing.assert_array_equal(shared.last_embeddings, own.last_embeddings)
     np.testing.assert_array_equal(shared.queries.matrix, own.queries.matrix)
+
+
+def test_options_that_choose_a_part_the_detector_was_given_are_named_as_ignored(bundles):
+    """precision="fp16" beside a backend made for fp32 ran fp32 without a word; only the options that choose the
+    part given are named, each once, at the program's line."""
+    import warnings
+
+    from sdqes_edge.errors import SetupWarning
+
+    ours = bundles["ours"]
+    with pytest.warns(SetupWarning) as caught:
+        StreamingDetector(ours, precision="fp16", threads=2, truncate_queries=True,
+                          backend_instance=make_backend(ours))
+    assert len(caught) == 1 and caught[0].filename == __file__
+    words = str(caught[0].message)
+    assert words.startswith("precision='fp16', threads=2 ignored: ") and "make_backend(bundle, ...)" in words
+    with pytest.warns(SetupWarning, match=r"^truncate_queries=True ignored"):
+        StreamingDetector(ours, truncate_queries=True, text_encoder=text_encoder_for(ours))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SetupWarning)  # the defaults beside given parts: nothing to say
+        StreamingDetector(ours, backend_instance=make_backend(ours), text_encoder=text_encoder_for(ours))
