@@ -34,7 +34,7 @@ from .pacing import StreamPace
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_encoder_for
 from .run_stats import RunStats
-from .sinks import AlertEvent, Sink
+from .sinks import AlertEvent, Sink, check_sink_fits
 from .snapshots import SavedAlert, Snapshot, StreamRecord, policy_key, read_snapshot, snapshot_path, write_snapshot
 from .sources import Frame, FrameSource
 from .stream_slot import StreamSlot
@@ -109,10 +109,7 @@ class StreamingDetector:
         if not isinstance(sink, Sink):  # a bare function failed on the first query or frame
             raise UserError(f"add_sink takes a Sink, not a {type(sink).__name__}; for a function of each alert, "
                             "pass CallbackSink(function)")
-        stream = getattr(sink, "stream", None)  # a sink that records one stream: one this bundle steps
-        if isinstance(stream, int) and not 0 <= stream < self.batch:  # else it records nothing, without a word
-            raise UserError(f"{type(sink).__name__} records stream {stream}, but this bundle steps "
-                            f"{self.batch} stream(s), 0 to {self.batch - 1}")
+        check_sink_fits(sink, self.batch, self.fps)
         self.sinks.append(sink)
         for query in self.queries.queries.values():
             sink.on_query_added(query.id, query.text, query.added_at)

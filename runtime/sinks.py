@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import numbers
 import os
 import shutil
@@ -343,3 +344,16 @@ class ScoreTraceRecorder(Sink):
         else:  # no frame at all: an empty trace still says which queries were asked
             save_scores(self.path, empty)
         self._chunks = []
+
+
+def check_sink_fits(sink: Sink, batch: int, fps: float) -> None:
+    """Refuse, as it is added to a detector stepping ``batch`` streams at ``fps``, a sink that would record nothing
+    (a stream the bundle does not step) or record wrong times (a score trace made at another rate: eval places its
+    row k at k / fps), each without a word."""
+    stream = getattr(sink, "stream", None)  # a sink of one stream (a custom sink may use the name otherwise)
+    if isinstance(stream, int) and not 0 <= stream < batch:
+        raise UserError(f"{type(sink).__name__} records stream {stream}, but this bundle steps {batch} stream(s), "
+                        f"0 to {batch - 1}")
+    if isinstance(sink, ScoreTraceRecorder) and not math.isclose(sink.fps, fps, rel_tol=1e-9):
+        raise UserError(f"ScoreTraceRecorder records at {sink.fps:g} frames per second, but the detector steps at "
+                        f"{fps:g}: eval would time every score wrong; make it at detector.fps")

@@ -276,3 +276,12 @@ def test_a_sink_of_a_stream_the_bundle_does_not_step_is_refused_when_added(detec
                                             r"steps 1 stream\(s\), 0 to 0$"):
             detector.add_sink(sink)
     assert detector.sinks == []
+
+
+def test_a_score_trace_made_at_another_rate_than_the_detector_steps_is_refused_when_added(detector, tmp_path):
+    """Its row k is the score at k / fps: made at 5 fps for a detector stepping at 1, eval timed every score wrong."""
+    other = detector.fps * 5
+    with pytest.raises(UserError, match=f"^ScoreTraceRecorder records at {other:g} frames per second, but the "
+                                        f"detector steps at {detector.fps:g}: .*make it at detector.fps$"):
+        detector.add_sink(ScoreTraceRecorder(tmp_path / "s.npz", "s", other))
+    assert detector.sinks == []
