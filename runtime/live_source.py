@@ -38,9 +38,11 @@ def open_failure_words(target: int | str) -> str:
                     "a Jetson, JetPack's own), or give a camera index or a stream URL")
         return (f"OpenCV cannot open the GStreamer pipeline {target!r}; check it runs in gst-launch-1.0 and ends in "
                 "appsink (OpenCV takes its frames there, as BGR)")
-    what = f"camera index {target}" if isinstance(target, int) else f"stream {target}"
-    return (f"OpenCV cannot open {what}; check it is connected (ls /dev/video*) or the URL plays (e.g. in ffplay), "
-            "and that no other program holds it")
+    if isinstance(target, int):
+        return (f"OpenCV cannot open camera index {target}; check it is connected (ls /dev/video*) and that no "
+                "other program holds it")
+    return (f"OpenCV cannot open stream {target}; check the URL plays (ffplay '{target}') from this machine: the "
+            "server is up, the path and any credentials are right, and no firewall is in the way")
 
 
 class LiveSource(FrameSource):

@@ -172,6 +172,8 @@ def open_source(spec: str | Path | int, fps: float) -> FrameSource:
     if isinstance(spec, bool) or not isinstance(spec, (str, Path, int)):
         raise UserError(f"a source is a path, a camera index or a URL, not a {type(spec).__name__}")
     spec = str(spec)
+    if not spec.strip():  # an unset shell variable ("$VIDEO"): Path("") is ".", whose images were streamed
+        raise UserError("the source is empty; give a video file, an image folder, a camera index or a URL")
     if spec.isdigit():
         return LiveSource(int(spec), fps)
     path = Path(spec)

@@ -35,6 +35,27 @@ def test_a_pipeline_that_gstreamer_cannot_open_is_pointed_to_gst_launch(monkeypa
         open_source(CSI_CAMERA, FPS)
 
 
+def test_a_stream_url_that_does_not_open_is_pointed_to_the_url_not_to_a_cameras_device():
+    """It was told to "check it is connected (ls /dev/video*)", which is about cameras."""
+    url = "rtsp://127.0.0.1:9/nothing-listens-here"  # port 9 (discard): refused at once
+    with pytest.raises(UserError, match=rf"^OpenCV cannot open stream {url}; check the URL plays \(ffplay '{url}'\)") \
+            as refused:
+        open_source(url, FPS)
+    assert "/dev/video" not in str(refused.value)
+
+
+@pytest.mark.parametrize("spec", ["", "  "])
+def test_an_empty_source_is_refused_not_read_as_the_current_folder(spec, tmp_path, monkeypatch):
+    """An unset shell variable (--source "$VIDEO") became Path(""), the current folder: its images were streamed."""
+    import cv2
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    cv2.imwrite(str(tmp_path / "frame_1.jpg"), np.zeros((32, 32, 3), np.uint8))
+    with pytest.raises(UserError, match="^the source is empty; give a video file, an image folder, a camera index"):
+        open_source(spec, FPS)
+
+
 def test_this_opencvs_build_information_is_read_for_gstreamer():
     import cv2
 
