@@ -98,6 +98,7 @@ def export_cases(t: Path) -> list[tuple[str, list[str]]]:
                                                     str(t / "x")]),
         ("export: --fps inf", ["export", "--preset", "tiny", "--fps", "inf", "--out", str(t / "x")]),
         ("export: --out is a file", ["export", "--preset", "tiny", "--out", str(t / "garbage.mp4")]),
+        ("export: --out empty (an unset shell variable)", ["export", "--preset", "tiny", "--out", ""]),
         ("export: over a folder that is not a bundle", ["export", "--preset", "tiny", "--out", str(t / "photos")]),
     ]
 

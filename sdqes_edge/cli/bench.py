@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from sdqes_edge.benchmarks.config import QUICK, BenchConfig
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, path_text
 from sdqes_edge.config import preset
 from sdqes_edge.errors import UserError
 
@@ -61,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--threads", type=at_least(1),
                        help="intra-op threads of ONNX Runtime and of PyTorch alike (default: all cores)")
     bench.add_argument("--no-int8", action="store_true", help="skip the int8 column (saves the quantization)")
-    bench.add_argument("--out", help=f"results folder (default {BenchConfig.out})")
+    bench.add_argument("--out", type=path_text, help=f"results folder (default {BenchConfig.out})")
     bench.add_argument("--device", choices=("cuda",),
                        help="also measure on this device, side by side: PyTorch eager fp32/fp16, the ONNX Runtime "
                             "step fp32/fp16 (state bound on the device, CUDA graphs), the sliding window with the "

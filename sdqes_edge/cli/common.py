@@ -97,6 +97,14 @@ def seed_number(text: str) -> int:
     return value
 
 
+def path_text(text: str) -> str:
+    """A path option's value, refused when empty: an unset shell variable (--out "$OUT") became Path(""), the
+    current folder, which an export would then replace, a score search and an inspect read."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty (an unset shell variable?); give one")
+    return text
+
+
 def finite_number(text: str) -> float:
     """An argparse type for a real number: NaN and infinities, which Python's float() reads, are refused (no
     range check can catch a NaN: every comparison with it is false)."""

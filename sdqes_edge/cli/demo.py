@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, seed_number, warn
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, path_text, seed_number, warn
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.train_options import DEMO_SEED, SPLIT_SEED_BASE, is_training_seed
@@ -34,8 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "video, the alert log and a score-curve plot.", examples=("", "--seed 11 --out /tmp/demo11"))
     demo.add_argument("--seed", type=seed_number, default=DEMO_SEED,
                       help="stream seed (default %(default)s; training uses seeds from 100000 on)")
-    demo.add_argument("--out", default="sdqes-demo", help="output folder (default %(default)s)")
-    demo.add_argument("--bundle", help="another bundle to run instead of the shipped one")
+    demo.add_argument("--out", type=path_text, default="sdqes-demo", help="output folder (default %(default)s)")
+    demo.add_argument("--bundle", type=path_text, help="another bundle to run instead of the shipped one")
     demo.add_argument("--threads", type=at_least(1), help="ONNX Runtime intra-op threads (default: all cores)")
     demo.add_argument("--precision", choices=PRECISIONS, default=REFERENCE_PRECISION,
                       help="step graph to run (default %(default)s; the shipped bundle also has int8, about twice "

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import UniqueValues, add_subcommand, at_least, finite_number, seed_number, warn
+from sdqes_edge.cli.common import UniqueValues, add_subcommand, at_least, finite_number, path_text, seed_number, warn
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.errors import UserError
 from sdqes_edge.metrics import THRESHOLD_CANDIDATES
@@ -223,11 +223,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "reference code define them. Writes eval.json, eval.md and PNG plots of the best and worst queries.",
         examples=("--annotations egosdqes_all.csv --split val --baseline oracle random",
                   "--annotations egosdqes_all.csv --scores traces/ --calibrate --write-threshold bundle/"))
-    ev.add_argument("--annotations", required=True, help="EgoSDQES CSV (egosdqes_all.csv) or one with its columns")
+    ev.add_argument("--annotations", type=path_text,
+                    required=True, help="EgoSDQES CSV (egosdqes_all.csv) or one with its columns")
     ev.add_argument("--split", default="val", help="annotation split to score (default %(default)s; '' for all)")
     ev.add_argument("--source", help="only annotations from this source (EgoSDQES: moments, nlq; synth: temporal, "
                                      "single_frame)")
-    ev.add_argument("--scores", help="folder of *.npz score traces written by the runtime")
+    ev.add_argument("--scores", type=path_text, help="folder of *.npz score traces written by the runtime")
     ev.add_argument("--baseline", nargs="+", action=UniqueValues, choices=["oracle", "random"],
                     help="baselines that need no video: oracle (must give 100 / 0) and seeded random scores")
     ev.add_argument("--fps", type=finite_number, default=DEFAULT_FPS, help="sampling rate of the baselines (default "
@@ -242,11 +243,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--calibrate-policy", action="store_true",
                     help="also choose the alert policy (hysteresis margin, cooldown) with the best F1 of useful "
                          "alerts (the first in an event's window) at the (calibrated or given) threshold")
-    ev.add_argument("--write-threshold", metavar="BUNDLE",
+    ev.add_argument("--write-threshold", type=path_text, metavar="BUNDLE",
                     help="write the calibrated threshold and/or policy into BUNDLE (the runtime's defaults)")
     ev.add_argument("--seed", type=seed_number, default=0, help="seed of the random baseline (default %(default)s)")
     ev.add_argument("--plots", type=at_least(0), default=3, metavar="N",
                     help="plot the N best and N worst queries (default %(default)s)")
-    ev.add_argument("--out", default="sdqes-eval", help="folder for eval.json, eval.md, plots/ (default %(default)s)")
+    ev.add_argument("--out", type=path_text,
+                    default="sdqes-eval", help="folder for eval.json, eval.md, plots/ (default %(default)s)")
     ev.set_defaults(func=cmd_eval, output_dirs=("out",))
 

@@ -18,6 +18,7 @@ from sdqes_edge.cli.common import (
     finite_number,
     given_flags,
     model_from_args,
+    path_text,
     progress_log,
     run_hint,
     seed_number,
@@ -222,7 +223,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                              "Load a bundle as the runtime does (schema, hashes, state wiring) and stream a few "
                              "sample frames through its step graph with ONNX Runtime; count the kernels one step "
                              "executes.", examples=("bundles/qrnn", "bundles/qrnn --precision int8"))
-    inspect.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
+    inspect.add_argument("bundle", type=path_text, help="bundle directory made by `sdqes-edge export`")
     inspect.add_argument("--precision", default=REFERENCE_PRECISION, choices=PRECISIONS,
                          help="step graph to run (default %(default)s)")
     inspect.add_argument("--frames", type=at_least(1), default=8, help="sample frames to stream (default %(default)s)")
@@ -235,7 +236,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                             "its precision's tolerance, the state carried; an engine that fails never replaces an "
                             "earlier one. Needs an NVIDIA GPU, TensorRT >= 8.5 and pycuda.",
                             examples=("bundles/qrnn --precision fp16",))
-    engine.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
+    engine.add_argument("bundle", type=path_text, help="bundle directory made by `sdqes-edge export`")
     engine.add_argument("--precision", default=FP16, choices=PRECISIONS,
                         help="int8 from the bundle's QDQ graph; fp16 and fp32 from the fp32 graph on TensorRT "
                              "8.5-10, from their own graphs on TensorRT 11 (fp16 then needs a bundle exported with "
@@ -260,7 +261,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
                   "--preset clip-vit-b16 --adapter qrnn --query 'When I start cooking, remind me to wash my hands.' "
                   "--out bundles/b16"))
     _add_model_options(export)
-    export.add_argument("--out", required=True, help="bundle directory to write (replaced only after verification)")
+    export.add_argument("--out", type=path_text,
+                        required=True, help="bundle directory to write (replaced only after verification)")
     export.add_argument("--batch", type=int, default=1, help="streams per step, fixed in the graph (default "
                                                              "%(default)s)")
     export.add_argument("--opset", type=int, default=DEFAULT_OPSET,
@@ -271,7 +273,7 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
                         help=f"graphs to write; {REFERENCE_PRECISION} is always written and is the reference "
                              "(default %(default)s)")
     export.add_argument("--query", action="append", metavar="TEXT", help="a query to pre-encode (repeatable)")
-    export.add_argument("--queries-file", help=QUERIES_FILE_HELP)
+    export.add_argument("--queries-file", type=path_text, help=QUERIES_FILE_HELP)
     export.add_argument("--fuse-queries", action="store_true",
                         help="score queries inside the step graph (query_embeddings in, logits out): as many "
                              "at once as given here, any texts")
@@ -296,9 +298,10 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint from the authors' training code, OpenAI CLIP, open_clip or "
-                                          "transformers' CLIPModel; "
-                                          "dimensions and adapters are inferred from it")
+    src.add_argument("--checkpoint", type=path_text,
+                     help="a checkpoint from the authors' training code, OpenAI CLIP, open_clip or "
+                          "transformers' CLIPModel; "
+                          "dimensions and adapters are inferred from it")
     src.add_argument("--preset", help="a preset with random weights (for benchmarking); see `info --list-presets`")
     add_adapter_option(parser, help="with --preset: swap in this adapter kind")
     parser.add_argument("--vision-heads", type=int, help="with --checkpoint: image tower attention heads (a "
@@ -309,10 +312,10 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="with --checkpoint: the towers' MLP activation, which a checkpoint does not store either "
                              "(default: from a model config beside it, whose quick_gelu or hidden_act says which, "
                              "else CLIP's quick_gelu; open_clip's own models use gelu)")
-    parser.add_argument("--model-config", help="with --checkpoint: open_clip's model JSON for it, or a "
-                                               "transformers CLIP config.json (default: open_clip_config.json or "
-                                               "CHECKPOINT_STEM.json beside it; config.json beside a transformers "
-                                               "CLIPModel checkpoint)")
+    parser.add_argument("--model-config", type=path_text,
+                        help="with --checkpoint: open_clip's model JSON for it, or a transformers CLIP config.json "
+                             "(default: open_clip_config.json or CHECKPOINT_STEM.json beside it; config.json beside "
+                             "a transformers CLIPModel checkpoint)")
 
 
 def _float_blocks(text: str) -> int | str:
@@ -325,9 +328,10 @@ def _float_blocks(text: str) -> int | str:
 
 
 def _add_int8_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--calibration-video", help="int8: calibrate and measure drift on frames of this video, "
-                                                    "ideally footage like the deployment's, with many of its scenes "
-                                                    "(default: the built-in sample clip)")
+    parser.add_argument("--calibration-video", type=path_text,
+                        help="int8: calibrate and measure drift on frames of this video, "
+                             "ideally footage like the deployment's, with many of its scenes "
+                             "(default: the built-in sample clip)")
     parser.add_argument("--calibration-frames", type=int, default=DEFAULT_CALIBRATION_FRAMES,
                         help="int8 calibration frames, streamed with the state carried (default %(default)s)")
     parser.add_argument("--int8-policy", choices=list(INT8_POLICIES), default=DEFAULT_INT8_POLICY,

@@ -13,6 +13,7 @@ from sdqes_edge.cli.common import (
     add_subcommand,
     at_least,
     model_from_args,
+    path_text,
     seed_number,
 )
 from sdqes_edge.config import ADAPTER_KINDS, PRESETS, ModelConfig, preset, with_authors_adapter
@@ -166,8 +167,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                     "--list-presets"))
     src = info.add_mutually_exclusive_group()
     src.add_argument("--preset", default="clip-vit-b16", help="preset name (default %(default)s)")
-    src.add_argument("--checkpoint", help="OpenAI CLIP / open_clip / transformers CLIPModel / SDQES Lightning "
-                                          "checkpoint; config inferred")
+    src.add_argument("--checkpoint", type=path_text,
+                     help="OpenAI CLIP / open_clip / transformers CLIPModel / SDQES Lightning "
+                          "checkpoint; config inferred")
     add_adapter_option(info)
     info.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     info.add_argument("--show-state", type=at_least(0), default=6, metavar="N", help="state tensors to list (default "

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, given_flags, warn
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, given_flags, path_text, warn
 from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.progress import progress_bar
 
@@ -230,13 +230,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                   "data/synth/videos --out runs/score",
                   "bundles/qrnn --annotations egosdqes_all.csv --split val --videos /data/ego4d/v2/full_scale "
                   "--ray auto --shared-bundle"))
-    score.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
-    score.add_argument("--annotations", required=True, help="EgoSDQES CSV, or the annotations.csv `synth` writes")
-    score.add_argument("--videos", required=True, help="folder of the videos (searched recursively)")
+    score.add_argument("bundle", type=path_text, help="bundle directory made by `sdqes-edge export`")
+    score.add_argument("--annotations", type=path_text,
+                       required=True, help="EgoSDQES CSV, or the annotations.csv `synth` writes")
+    score.add_argument("--videos", type=path_text, required=True, help="folder of the videos (searched recursively)")
     score.add_argument("--split", default="", help="only this annotation split (default: all)")
     score.add_argument("--source", help="only annotations from this source (moments, nlq, ...)")
-    score.add_argument("--out", default="sdqes-score", help="folder for traces/, eval.json, eval.md "
-                                                            "(default %(default)s)")
+    score.add_argument("--out", type=path_text, default="sdqes-score", help="folder for traces/, eval.json, eval.md "
+                                                                            "(default %(default)s)")
     score.add_argument("--workers", type=at_least(1), help="worker processes (default: one per core)")
     score.add_argument("--threads", type=at_least(1), help="ONNX Runtime threads per worker (default: cores / workers)")
     score.add_argument("--threshold", type=finite_number, help="alert threshold of the report (default: the bundle's)")

@@ -9,7 +9,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, unique_queries, warn
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, path_text, unique_queries, warn
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
 from sdqes_edge.contract import INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
@@ -250,14 +250,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                   "--message 'Wash your hands!' --events alerts.jsonl",
                   "bundles/qrnn --source 0 --query 'when I open the fridge'     (camera 0)",
                   "bundles/qrnn --source rtsp://cam/stream --backend trt --precision fp16"))
-    run.add_argument("bundle", help="bundle directory made by `sdqes-edge export`")
-    run.add_argument("--source", action="append", required=True,
+    run.add_argument("bundle", type=path_text, help="bundle directory made by `sdqes-edge export`")
+    run.add_argument("--source", type=path_text, action="append", required=True,
                      help="video file, image folder (frames in number order, one per sample), camera index (0) "
                           "or URL / GStreamer pipeline; repeat for several streams (needs a bundle exported with "
                           "--batch N)")
     run.add_argument("--query", action="append", help="event to wait for (repeatable); default: the bundle's")
     run.add_argument("--message", action="append", help="alert message for the query of the same position")
-    run.add_argument("--queries-file", help=f"more queries with their alert messages: {QUERIES_FILE_HELP}")
+    run.add_argument("--queries-file", type=path_text,
+                     help=f"more queries with their alert messages: {QUERIES_FILE_HELP}")
     run.add_argument("--threshold", type=finite_number, help="alert threshold on sigmoid(cos); default: the bundle's")
     run.add_argument("--exit-threshold", type=finite_number, help="hysteresis: stay 'on' until p falls to this "
                                                            "(default: the bundle's policy, else the threshold)")
@@ -272,15 +273,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--ort-device", choices=list(DEVICE_PROVIDERS), default="cpu",
                      help="ONNX Runtime execution provider (cuda/tensorrt need onnxruntime-gpu; the state then "
                           "stays on the GPU between frames)")
-    run.add_argument("--events", help="append alerts to this JSONL file (flushed per alert)")
-    run.add_argument("--scores", help="per-frame score trace: FILE.npz (with several sources, FILE.SOURCE.npz "
-                     "for each), or a folder of SOURCE.npz")
-    run.add_argument("--annotate", help="write the stream with score bars and alert banners to this video (with "
-                                        "several sources, one video each: out.mp4 -> out.SOURCE.mp4)")
-    run.add_argument("--resume", help="state snapshot (.npz) to resume from: the file it stopped in goes on at the "
-                                      "next sample; another file or a camera starts at its beginning, the state and "
-                                      "alert states carried on")
-    run.add_argument("--save-state", help="write the state to this .npz when the stream ends or is stopped")
+    run.add_argument("--events", type=path_text, help="append alerts to this JSONL file (flushed per alert)")
+    run.add_argument("--scores", type=path_text,
+                     help="per-frame score trace: FILE.npz (with several sources, FILE.SOURCE.npz "
+                          "for each), or a folder of SOURCE.npz")
+    run.add_argument("--annotate", type=path_text,
+                     help="write the stream with score bars and alert banners to this video (with "
+                          "several sources, one video each: out.mp4 -> out.SOURCE.mp4)")
+    run.add_argument("--resume", type=path_text,
+                     help="state snapshot (.npz) to resume from: the file it stopped in goes on at the "
+                          "next sample; another file or a camera starts at its beginning, the state and "
+                          "alert states carried on")
+    run.add_argument("--save-state", type=path_text,
+                     help="write the state to this .npz when the stream ends or is stopped")
     run.add_argument("--max-frames", type=int, help="stop after this many steps")
     run.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens")
     run.add_argument("--quiet", action="store_true", help="no console alerts or progress")

@@ -9,7 +9,16 @@ import json
 import time
 from pathlib import Path
 
-from sdqes_edge.cli.common import PROG, UniqueValues, add_subcommand, at_least, finite_number, seed_number, warn
+from sdqes_edge.cli.common import (
+    PROG,
+    UniqueValues,
+    add_subcommand,
+    at_least,
+    finite_number,
+    path_text,
+    seed_number,
+    warn,
+)
 from sdqes_edge.config import ADAPTER_KINDS
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import staged_directory
@@ -154,7 +163,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "rolling, the lamp turns on after the door opened, a ball shows up a second time). Writes videos/*.avi "
         "and annotations.csv in the EgoSDQES columns, each stream in one split.",
         examples=("--out data/synthetic", "--out data/corpus --train 0 --val 0 --test 40"))
-    synth.add_argument("--out", required=True, help="new folder for videos/ and annotations.csv")
+    synth.add_argument("--out", type=path_text, required=True, help="new folder for videos/ and annotations.csv")
     synth.add_argument("--train", type=at_least(0), default=20, help="training streams (default %(default)s)")
     synth.add_argument("--val", type=at_least(0), default=5, help="validation streams (default %(default)s)")
     synth.add_argument("--test", type=at_least(0), default=5, help="test streams (default %(default)s)")
@@ -173,8 +182,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "validation streams; the test streams are scored once. Writes <model>.pt (a checkpoint `export "
         "--checkpoint` reads) and <model>.record.json.", examples=("--adapter qrnn --out runs/qrnn",))
     _add_train_options(train)
-    train.add_argument("--out", default="runs/synthetic", help="folder for the checkpoint and record "
-                                                               "(default %(default)s)")
+    train.add_argument("--out", type=path_text, default="runs/synthetic", help="folder for the checkpoint and record "
+                                                                               "(default %(default)s)")
     train.set_defaults(func=cmd_train, output_dirs=("out",))
 
     acc = add_subcommand(
@@ -191,6 +200,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     acc.add_argument("--formats", nargs="*", action=UniqueValues, choices=ADAPTER_KINDS, default=["qrnn"],
                      help="kinds whose first-seed models are scored per deployment format, e.g. --formats qrnn st "
                           "retnet (default qrnn)")
-    acc.add_argument("--out", default="accuracy-results", help="results folder (default %(default)s)")
+    acc.add_argument("--out", type=path_text, default="accuracy-results", help="results folder (default %(default)s)")
     _add_train_options(acc, skip=("adapter", "seed"))
     acc.set_defaults(func=cmd_accuracy, output_dirs=("out",))
