@@ -141,7 +141,11 @@ def replace_directory(staging: Path, target: Path) -> None:
 def staged_directory(target: Path) -> Iterator[Path]:
     """Write a folder's contents into the staging folder this yields; it replaces ``target`` only once the block
     ends without error. On any error, Ctrl-C included, the staging folder is removed and ``target`` is as it was:
-    a failed or interrupted run leaves neither half a result nor a folder that blocks the next run."""
+    a failed or interrupted run leaves neither half a result nor a folder that blocks the next run.
+
+    ``target`` is made absolute first: "." (an export run inside the bundle it replaces) had no name to stage beside,
+    so its staging folder went inside it and the final rename of "." failed (EBUSY) after all the work."""
+    target = Path(os.path.abspath(target))
     staging = staging_directory(target)
     try:
         yield staging

@@ -43,3 +43,18 @@ def test_an_empty_path_is_refused_in_one_line_before_any_work(command, action, e
     option = action.option_strings[0] if action.option_strings else action.dest
     assert f"argument {option}" in err and "the path is empty (an unset shell variable?)" in err
     assert err.count("\n") == 1
+
+
+def test_an_export_to_the_current_folder_replaces_the_bundle_it_was_run_in(tmp_path, monkeypatch, capsys):
+    """`--out .` inside a bundle (what an empty --out had meant) staged its new bundle inside the old one and then
+    failed renaming "." (OSError: Device or resource busy), in a traceback, after all the work."""
+    import json
+
+    bundle = tmp_path / "bundle"
+    assert run(["export", "--preset", "tiny", "--adapter", "qrnn", "--out", str(bundle), "--quiet"]) == 0
+    monkeypatch.chdir(bundle)
+    assert run(["export", "--preset", "tiny", "--adapter", "st", "--out", ".", "--quiet"]) == 0
+    assert json.loads((bundle / "manifest.json").read_text())["model"]["adapter"]["kind"] == "st"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # no staging or retired folder left
+    assert not [p for p in bundle.iterdir() if p.name.startswith(".")]
+    capsys.readouterr()
