@@ -6,6 +6,7 @@ Torch-free, so the command line checks its arguments before loading a checkpoint
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 from dataclasses import dataclass
@@ -15,11 +16,13 @@ from typing import Callable
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.contract import (
     DEFAULT_OPSET,
+    ENGINES_FOLDER,
     INT8,
     MANIFEST_NAME,
     PRECISIONS,
     REFERENCE_PRECISION,
     SUPPORTED_OPSETS,
+    TRAINING_RECORD_NAME,
 )
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import path_problem
@@ -185,3 +188,20 @@ def check_target(out: Path) -> None:
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
         raise UserError(f"--out {out} is a non-empty directory that is not a bundle; choose a new path "
                         "(export only replaces an earlier bundle)")
+    if out.is_dir() and (foreign := _files_export_did_not_write(out)):
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UserError(f"--out {out} is a bundle that also holds files export did not write ({shown}); export "
+                        "replaces the folder whole, so they would be deleted: move them out, or choose another --out")
+
+
+def _files_export_did_not_write(bundle: Path) -> list[str]:
+    """Files in an earlier bundle that are none of its own: not the manifest or a file it lists, not the training
+    record, not an engine (derived from the graphs being replaced). A checkpoint kept beside the bundle's files,
+    the very one being exported, was deleted with the folder."""
+    try:
+        listed = set(json.loads((bundle / MANIFEST_NAME).read_text()).get("files", {}))
+    except (OSError, ValueError, AttributeError):  # a damaged manifest: a bundle to replace all the same
+        listed = set()
+    own = listed | {MANIFEST_NAME, TRAINING_RECORD_NAME}
+    return sorted(name for name in (p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file())
+                  if name not in own and not name.startswith(f"{ENGINES_FOLDER}/"))

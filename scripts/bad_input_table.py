@@ -100,6 +100,8 @@ def export_cases(t: Path) -> list[tuple[str, list[str]]]:
         ("export: --out is a file", ["export", "--preset", "tiny", "--out", str(t / "garbage.mp4")]),
         ("export: --out empty (an unset shell variable)", ["export", "--preset", "tiny", "--out", ""]),
         ("export: over a folder that is not a bundle", ["export", "--preset", "tiny", "--out", str(t / "photos")]),
+        ("export: over a bundle that holds the checkpoint being exported",
+         ["export", "--checkpoint", str(t / "kept" / "tiny.pt"), "--out", str(t / "kept")]),
     ]
 
 
@@ -196,6 +198,8 @@ def prepare(t: Path) -> Path:
     m = json.loads((b / "manifest.json").read_text())
     m["image_size"] = 2 * m["image_size"]
     (t / "resized" / "manifest.json").write_text(json.dumps(m))
+    shutil.copytree(b, t / "kept")
+    shutil.copy(t / "tiny.pt", t / "kept" / "tiny.pt")
     shutil.copytree(b, t / "linked", ignore=shutil.ignore_patterns("manifest.json"))
     (t / "linked" / "manifest.json").symlink_to(b / "manifest.json")
     return b

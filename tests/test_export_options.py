@@ -1,6 +1,7 @@
-"""``ExportOptions`` from the Python API is checked as the command line's arguments are, before any work: a value
-of the wrong type (a config file's "2", a fraction, a precision name not in a tuple, a bare query text) is a
-one-line error saying what to pass, not a TypeError from a comparison or an AttributeError deep in the export."""
+"""What an export is asked is checked before any work. ``ExportOptions`` from the Python API as the command line's
+arguments are: a value of the wrong type (a config file's "2", a fraction, a precision name not in a tuple, a bare
+query text) is a one-line error saying what to pass, not a TypeError from a comparison or an AttributeError deep in
+the export. And the folder it replaces holds nothing of the user's but the earlier bundle."""
 
 from __future__ import annotations
 
@@ -33,3 +34,23 @@ def test_lists_and_numpy_numbers_of_the_right_kind_are_taken_as_plain_python_val
                             lambda message: None)
     assert checked.precisions == ("fp32", "fp16")
     assert (type(checked.batch), type(checked.fps)) == (int, float)  # the manifest's JSON takes them
+
+
+def test_a_bundle_folder_holding_files_export_did_not_write_is_not_replaced(tmp_path):
+    """A checkpoint kept beside the bundle's files (the very one being exported) was deleted with the folder when
+    the new bundle replaced it whole. The bundle's own files, its training record and its engines (derived from
+    the graphs being replaced) are not the user's."""
+    import json
+
+    from sdqes_edge.export.options import check_target
+
+    bundle = tmp_path / "bundle"
+    (bundle / "engines" / "orin").mkdir(parents=True)
+    (bundle / "manifest.json").write_text(json.dumps({"files": {"step.fp32.onnx": {}}}))
+    for name in ("step.fp32.onnx", "training_record.json", "engines/orin/step.fp16.engine"):
+        (bundle / name).write_bytes(b"x")
+    check_target(bundle)  # an earlier bundle: replaced
+    (bundle / "model.ckpt").write_bytes(b"the user's weights")
+    with pytest.raises(UserError, match=r"^--out .*bundle is a bundle that also holds files export did not write "
+                                        r"\(model.ckpt\); .* they would be deleted: move them out"):
+        check_target(bundle)
