@@ -24,7 +24,7 @@ from sdqes_edge.sample import EXAMPLE_QUERIES
 from . import graphs
 from .drift import VariantReport
 from .exporter import _add_variants, _encode_queries, _file_list, _Traced
-from .options import ExportOptions, Query, check_options
+from .options import ExportOptions, Query, check_options, check_target
 
 
 def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOptions | None = None, *,
@@ -48,6 +48,8 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
         threshold=float(manifest["thresholds"]["default"]), queries=queries,
         fuse_queries=manifest.get("query_count") is not None), lambda m: log(f"{WARNING_PREFIX}{m}"))
     out = Path(out)
+    if out.resolve() != bundle.root.resolve():  # another folder is replaced whole: never one of the user's
+        check_target(out)
     with staged_directory(out) as staging:
         _copy_regular_files(bundle.root, staging, log)
         previous = manifest["graphs"]["step"].pop(INT8, None)

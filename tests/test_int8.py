@@ -291,6 +291,11 @@ def test_requantizing_remakes_only_the_int8_graph_of_a_bundle_and_keeps_the_orig
     before = {p.name: p.read_bytes() for p in original.iterdir() if p.is_file() and not p.is_symlink()}
 
     options = ExportOptions(drift_frames=64, calibration_frames=16, show_progress=False)
+    (tmp_path / "photos").mkdir()  # a folder of the user's is never the one replaced
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(UserError, match="is a non-empty directory that is not a bundle"):
+        requantize_int8(original, tmp_path / "photos", options, log=lambda m: None)
+    assert (tmp_path / "photos" / "cat.jpg").is_file()
     report = requantize_int8(original, tmp_path / "new", options, log=lambda m: None)
     assert report.passed and report.frames == 64
     bundle = load_bundle(tmp_path / "new")  # every file matches the manifest's sha256
