@@ -129,12 +129,34 @@ class Bundle:
         return inside_bundle(self.root, self.manifest["tokenizer"]["file"])
 
     def queries(self) -> tuple[list[dict[str, Any]], np.ndarray] | None:
-        """Pre-encoded queries: ([{"text", "response"}...], embeddings [Q, E]) or None."""
+        """Pre-encoded queries: ([{"text", "response"}...], embeddings [Q, E]) or None.
+
+        Row q of the embeddings is taken as the embedding of text q, so the two files must agree: a query added to
+        one file only would hand each text its neighbour's embedding, and every alert would answer another query.
+        """
         entry = self.manifest.get("queries")
         if not entry:
             return None
-        items = json.loads(inside_bundle(self.root, entry["file"]).read_text())
-        return items, np.load(inside_bundle(self.root, entry["embeddings"]), allow_pickle=False)
+        texts_file, embeddings_file = (inside_bundle(self.root, entry[key]) for key in ("file", "embeddings"))
+        damaged = f"the pre-encoded queries of {self.root} are unusable ({{}}); {_reexport_hint(self.root)}"
+        try:
+            items = json.loads(texts_file.read_text())
+            embeddings = np.load(embeddings_file, allow_pickle=False)
+        except (OSError, ValueError) as exc:  # not JSON, not a .npy, or one that needs pickle
+            raise BundleError(damaged.format(exc)) from None
+        if not isinstance(items, list) or not all(isinstance(q, dict) and isinstance(q.get("text"), str)
+                                                  and isinstance(q.get("response", ""), str) for q in items):
+            raise BundleError(damaged.format(f"{texts_file.name} is not a list of {{text, response}} objects"))
+        if len(items) != entry.get("count", len(items)):
+            raise BundleError(damaged.format(f"{texts_file.name} holds {len(items)} queries, {MANIFEST_NAME} says "
+                                             f"{entry['count']}"))
+        expected = (len(items), self.manifest["embed_dim"])
+        if embeddings.dtype != np.float32 or embeddings.shape != expected:
+            raise BundleError(damaged.format(f"{embeddings_file.name} is {embeddings.dtype} {embeddings.shape}, not "
+                                             f"float32 {expected}: one embedding per query of {texts_file.name}"))
+        if not np.isfinite(embeddings).all():
+            raise BundleError(damaged.format(f"{embeddings_file.name} holds NaN or infinite values"))
+        return items, embeddings
 
 
 def _refuse_non_numbers(token: str):
@@ -176,6 +198,7 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     _check_external_data(bundle)
     _check_state_io(bundle)
     _check_against_graphs(bundle)
+    bundle.queries()  # refused now, naming what disagrees, rather than at the first query
     return bundle
 
 

@@ -227,13 +227,30 @@ QueryTable load_queries(const Bundle& bundle) {
     throw Error(bundle.root.string() + " carries no pre-encoded queries; export it with --query TEXT "
                 "(the native runtime has no text encoder)");
   }
+  // Row q of the embeddings is the embedding of text q (runtime/bundle.py's Bundle.queries checks the same):
+  // files that disagree would hand each text its neighbour's embedding, and alerts would answer other queries.
+  const std::string unusable = "the pre-encoded queries of " + bundle.root.string() + " are unusable (";
+  const std::string fix = "); re-export it (sdqes-edge export ... --out " + bundle.root.string() + ")";
   QueryTable q;
   std::ifstream texts(inside_bundle(bundle.root, entry.at("file").get<std::string>()));
-  for (const json& item : json::parse(texts)) {
+  const json items = json::parse(texts, nullptr, false);
+  const auto is_query = [](const json& item) {
+    return item.is_object() && item.contains("text") && item["text"].is_string() &&
+           item.value("response", json("")).is_string();
+  };
+  if (!items.is_array() || !std::all_of(items.begin(), items.end(), is_query)) {
+    throw Error(unusable + "queries.json is not a list of {text, response} objects" + fix);
+  }
+  for (const json& item : items) {
     q.texts.push_back(item.at("text").get<std::string>());
     q.messages.push_back(item.value("response", q.texts.back()));
   }
+  if (entry.contains("count") && entry["count"] != json(q.texts.size())) {
+    throw Error(unusable + "queries.json holds " + std::to_string(q.texts.size()) + " queries, manifest.json says " +
+                entry["count"].dump() + fix);
+  }
   // query_embeddings.npy: a little-endian float32 C-order array [Q, E] (numpy's format 1.0 header).
+  q.dim = bundle.embed_dim;
   std::ifstream npy(inside_bundle(bundle.root, entry.at("embeddings").get<std::string>()), std::ios::binary);
   char magic[8];
   npy.read(magic, 8);
@@ -241,14 +258,19 @@ QueryTable load_queries(const Bundle& bundle) {
   npy.read(reinterpret_cast<char*>(&header_length), 2);
   std::string header(header_length, ' ');
   npy.read(header.data(), header_length);
-  if (std::string(magic + 1, 5) != "NUMPY" || header.find("'<f4'") == std::string::npos ||
-      header.find("'fortran_order': False") == std::string::npos) {
-    throw Error("query_embeddings.npy of " + bundle.root.string() + " is not a float32 C-order array; re-export it");
+  const std::string shape = "(" + std::to_string(q.texts.size()) + ", " + std::to_string(q.dim) + ")";
+  if (!npy || std::string(magic + 1, 5) != "NUMPY" || header.find("'<f4'") == std::string::npos ||
+      header.find("'fortran_order': False") == std::string::npos ||
+      header.find("'shape': " + shape) == std::string::npos) {
+    throw Error(unusable + "query_embeddings.npy is not float32 " + shape + ": one embedding per query of "
+                "queries.json" + fix);
   }
-  q.dim = bundle.embed_dim;
   q.embeddings.resize(q.texts.size() * static_cast<size_t>(q.dim));
   npy.read(reinterpret_cast<char*>(q.embeddings.data()), static_cast<std::streamsize>(q.embeddings.size() * 4));
-  if (!npy) throw Error("query_embeddings.npy of " + bundle.root.string() + " is truncated; re-export it");
+  if (!npy) throw Error(unusable + "query_embeddings.npy is truncated" + fix);
+  if (!std::all_of(q.embeddings.begin(), q.embeddings.end(), [](float v) { return std::isfinite(v); })) {
+    throw Error(unusable + "query_embeddings.npy holds NaN or infinite values" + fix);
+  }
   return q;
 }
 

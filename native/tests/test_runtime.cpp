@@ -139,6 +139,59 @@ TEST(Bundle, ParsesTheManifestAsThePythonLoaderDoes) {
   for (size_t e = 0; e < rows[0].size(); ++e) EXPECT_FLOAT_EQ(q.embeddings[e], rows[0][e]);
 }
 
+namespace {
+
+// numpy's .npy format 1.0 for a float32 C-order array [rows, cols], every value `value`.
+void write_npy(const fs::path& path, int rows, int cols, float value) {
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(rows) + ", " +
+                       std::to_string(cols) + "), }";
+  header += std::string(63 - (10 + header.size()) % 64, ' ') + "\n";  // numpy pads the header to 64 bytes
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write("\x93NUMPY\x01\x00", 8);
+  const auto length = static_cast<uint16_t>(header.size());
+  out.write(reinterpret_cast<const char*>(&length), 2);
+  out << header;
+  const std::vector<float> values(static_cast<size_t>(rows) * cols, value);
+  out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * 4));
+}
+
+std::string queries_error_of(const sdqes::Bundle& bundle) {
+  try {
+    sdqes::load_queries(bundle);
+  } catch (const sdqes::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// The texts and their embeddings must agree row for row (tests/test_bundle_queries.py, the Python side): a query
+// added to queries.json only would hand each text its neighbour's embedding. Here the files are changed after the
+// bundle loaded, which is what the sha256 in a resealed manifest would let through.
+TEST(Bundle, QueriesWhoseTextsAndEmbeddingsDisagreeAreRefused) {
+  const fs::path root = copy_bundle("queries");
+  const sdqes::Bundle b = sdqes::load_bundle(root);
+  const auto expect_refused = [&](const std::string& says) {
+    const std::string message = queries_error_of(b);
+    EXPECT_NE(message.find("the pre-encoded queries of " + root.string() + " are unusable (" + says),
+              std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos);
+  };
+  EXPECT_EQ(queries_error_of(b), "");
+  write_npy(root / "query_embeddings.npy", 1, b.embed_dim + 16, 1.0f);
+  expect_refused("query_embeddings.npy is not float32 (1, " + std::to_string(b.embed_dim) + ")");
+  write_npy(root / "query_embeddings.npy", 1, b.embed_dim, std::nanf(""));
+  expect_refused("query_embeddings.npy holds NaN or infinite values");
+  write_npy(root / "query_embeddings.npy", 1, b.embed_dim, 0.5f);
+  EXPECT_EQ(queries_error_of(b), "");  // the helper writes what numpy writes
+  std::ofstream(root / "queries.json", std::ios::trunc) << R"([{"text": "a"}, {"text": "b"}])";
+  expect_refused("queries.json holds 2 queries, manifest.json says 1");
+  std::ofstream(root / "queries.json", std::ios::trunc) << R"([{"text": 3}])";
+  expect_refused("queries.json is not a list of {text, response} objects");
+  fs::remove_all(root);
+}
+
 TEST(Bundle, RefusesDamageNamingTheFile) {
   const fs::path corrupted = copy_bundle("hash");
   std::ofstream(corrupted / "step.fp32.onnx", std::ios::app) << "x";
