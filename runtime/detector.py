@@ -29,7 +29,7 @@ from sdqes_edge.files import SNAPSHOT_EXAMPLE, as_path, check_output_file
 from .alerts import AlertPolicy, AlertState
 from .backend import BACKENDS, StepBackend, check_parts_from, warm_up
 from .bundle import Bundle, load_bundle
-from .frame_source import check_frames
+from .frame_source import check_frames, check_run_arguments
 from .pacing import StreamPace
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_encoder_for
@@ -103,6 +103,7 @@ class StreamingDetector:
         self._batch = np.zeros((self.batch, 3, size, size), np.float32)  # the frames of one step, reused
         self.last_embeddings: np.ndarray | None = None
         self._lock = threading.RLock()  # see _exclusive
+        self._running = False  # a run is stepping the streams (see run)
 
     @_exclusive
     def add_sink(self, sink: Sink) -> Sink:
@@ -336,20 +337,24 @@ class StreamingDetector:
 
     def run(self, sources: FrameSource | list[FrameSource], stats: RunStats | None = None,
             max_frames: int | None = None) -> Iterator[list[AlertEvent]]:
-        """Step every source until all end (or ``max_frames``); yields each step's alerts. Sinks closed at the end."""
-        if max_frames is not None and (isinstance(max_frames, bool) or not isinstance(max_frames, numbers.Integral)
-                                       or max_frames < 1):  # 0 and -1 stepped one frame, "3" failed after it
-            raise UserError(f"max_frames is a number of steps, at least 1 (or None for the whole stream), not "
-                            f"{max_frames!r}")
-        sources = list(sources) if isinstance(sources, (list, tuple)) else [sources]
-        if not sources:  # it ended at once, nothing streamed and no word why
-            raise UserError("run takes at least one source: detector.run([open_source(path, detector.fps)])")
-        for source in sources:
-            if not isinstance(source, FrameSource):  # a path failed with "'str' object has no attribute 'name'"
-                raise UserError(f"run takes sources, not a {type(source).__name__}: open_source({source!r}, "
-                                "detector.fps)")
+        """Step every source until all end (or ``max_frames``); yields each step's alerts. Sinks closed at the end.
+
+        One run at a time: a second, from another thread, stepped the same streams with its own frames between
+        the first's (each stream's state and alerts a mix of two videos), and the first to end closed the sinks
+        of both."""
+        sources = check_run_arguments(sources, max_frames)
+        with self._lock:
+            if self._running:
+                raise UserError("this detector is already running (a run not ended: iterate it to the end or close "
+                                "it); to stream sources side by side give them to one run, or make a detector each")
+            self._running = True
+        try:
+            yield from self._run(sources, stats or RunStats(), max_frames)
+        finally:
+            self._running = False
+
+    def _run(self, sources: list[FrameSource], stats: RunStats, max_frames: int | None) -> Iterator[list[AlertEvent]]:
         self.attach(sources)
-        stats = stats or RunStats()
         iterators: list[Iterator[Frame] | None] = [s.threaded(prepare=self.preprocess) for s in sources]
         iterators += [None] * (self.batch - len(sources))
         try:

@@ -75,6 +75,22 @@ def check_frames(frames: list[Frame | None], batch: int) -> None:
             raise UserError(f"a Frame's index counts the stream's frames from 0, not {frame.index!r}")
 
 
+def check_run_arguments(sources, max_frames) -> list[FrameSource]:
+    """``StreamingDetector.run``'s arguments checked before anything opens -> the sources as a list."""
+    if max_frames is not None and (isinstance(max_frames, bool) or not isinstance(max_frames, numbers.Integral)
+                                   or max_frames < 1):  # 0 and -1 stepped one frame, "3" failed after it
+        raise UserError(f"max_frames is a number of steps, at least 1 (or None for the whole stream), not "
+                        f"{max_frames!r}")
+    sources = list(sources) if isinstance(sources, (list, tuple)) else [sources]
+    if not sources:  # it ended at once, nothing streamed and no word why
+        raise UserError("run takes at least one source: detector.run([open_source(path, detector.fps)])")
+    for source in sources:
+        if not isinstance(source, FrameSource):  # a path failed with "'str' object has no attribute 'name'"
+            raise UserError(f"run takes sources, not a {type(source).__name__}: open_source({source!r}, "
+                            "detector.fps)")
+    return sources
+
+
 @dataclass
 class SourceStats:
     read: int = 0  # frames decoded

@@ -103,3 +103,33 @@ def test_a_one_shot_reminder_whose_sink_removes_its_query_at_its_alert_stops_eve
         frame = Frame(image=image, time=t / detector.fps, index=t)
         detector.step([frame, frame])
     assert seen == [("stream0", 0)] and detector.queries.queries == {}
+
+
+def test_one_run_at_a_time_a_second_from_another_thread_is_refused_and_the_first_goes_on():
+    """Two runs of one detector stepped the same streams, each with its own frames between the other's (a stream's
+    state and alerts a mix of two videos), and the first to end closed the sinks of both. The second is refused
+    in one line; the first streams to its end, and the detector runs again once it has."""
+    from sdqes_edge.errors import UserError
+    from sdqes_edge.runtime.soak import NoiseSource
+
+    detector = StreamingDetector(DEMO_BUNDLE)
+    first = detector.run(NoiseSource(detector.fps, 20))
+    next(first)  # the first run is streaming
+    refused = []
+
+    def second_run():
+        try:
+            next(detector.run(NoiseSource(detector.fps, 20)))
+        except UserError as exc:
+            refused.append(str(exc))
+
+    worker = threading.Thread(target=second_run)
+    worker.start()
+    worker.join()
+    assert len(refused) == 1 and refused[0].startswith("this detector is already running (a run not ended")
+    assert 1 + sum(1 for _ in first) == 20  # the first run went on to its last frame
+    assert sum(1 for _ in detector.run(NoiseSource(detector.fps, 5))) == 5
+    abandoned = detector.run(NoiseSource(detector.fps, 20))
+    next(abandoned)
+    abandoned.close()  # a run closed part way through ends too
+    assert sum(1 for _ in detector.run(NoiseSource(detector.fps, 5))) == 5
