@@ -44,6 +44,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
          ["run", str(t / "resized"), "--source", "x.mp4", "--query", Q]),
         ("manifest.json a symlink to a file outside the bundle",
          ["run", str(t / "linked"), "--source", "x.mp4", "--query", Q]),
+        ("a query added to queries.json alone (sha256 resealed)", ["run", str(t / "requeried"), "--source", "x.mp4"]),
         ("video file missing", ["run", str(b), "--source", str(t / "missing.mp4"), "--query", Q]),
         ("video unreadable", ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", Q]),
         ("a still image as the source", ["run", str(b), "--source", str(t / "photo.jpg"), "--query", Q]),
@@ -202,7 +203,20 @@ def prepare(t: Path) -> Path:
     shutil.copy(t / "tiny.pt", t / "kept" / "tiny.pt")
     shutil.copytree(b, t / "linked", ignore=shutil.ignore_patterns("manifest.json"))
     (t / "linked" / "manifest.json").symlink_to(b / "manifest.json")
+    _add_query_to_texts_alone(t / "fused", t / "requeried")
     return b
+
+
+def _add_query_to_texts_alone(bundle: Path, out: Path) -> None:
+    """A copy of ``bundle`` with a second query in queries.json but not in its embeddings, the sha256 made right."""
+    from sdqes_edge.files import file_sha256
+
+    shutil.copytree(bundle, out)
+    texts = json.loads((out / "queries.json").read_text())
+    (out / "queries.json").write_text(json.dumps(texts + [{"text": "when I open the fridge", "response": "Close it"}]))
+    m = json.loads((out / "manifest.json").read_text())
+    m["files"]["queries.json"]["sha256"] = file_sha256(out / "queries.json")
+    (out / "manifest.json").write_text(json.dumps(m))
 
 
 def _checkpoint_files(t: Path, clip_state: dict) -> None:
