@@ -5,7 +5,8 @@ Formats read:
 - open_clip: a state dict, or a training checkpoint ``{"state_dict": {"module.visual...": ...}}``.
 - safetensors: a state dict in CLIP layout (open_clip's ``open_clip_model.safetensors`` on the Hugging Face hub).
 - Hugging Face transformers: a ``CLIPModel``'s ``model.safetensors`` or ``pytorch_model.bin``, renamed into CLIP
-  layout by ``transformers_layout``.
+  layout by ``transformers_layout``; weights sharded by ``save_pretrained`` through the index that lists their
+  shards (``model.safetensors.index.json``).
 - sdqes_baselines (PyTorch Lightning): ``{"state_dict": {"backbone.visual...": ...}, ...}``.
 
 All reach the same CLIP key layout (``visual.*`` plus the text tower at the
@@ -19,11 +20,15 @@ a safetensors file holds tensors alone by its format.
 from __future__ import annotations
 
 import codecs
+import hashlib
+import json
 import os
+import re
 import struct
 import warnings
 import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +47,10 @@ LIGHTNING_PREFIX = "backbone."  # the SDQES authors' LightningModule
 DDP_PREFIX = "module."  # open_clip training checkpoints
 # What the weights files of CLIP models are called: named when a folder is given for one.
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
+# Weights that save_pretrained split: shards model-00001-of-00003.safetensors ..., each tensor's shard named in an
+# index beside them (model.safetensors.index.json, pytorch_model.bin.index.json), which stands for the checkpoint.
+SHARD_INDEX_SUFFIX = ".index.json"
+SHARD_NAME = re.compile(r"-\d{5}-of-\d{5}\.(safetensors|bin)$")
 TRANSFORMERS_FORMAT = "transformers-clip"  # Hugging Face transformers' CLIPModel, renamed into CLIP's layout
 
 
@@ -180,11 +189,20 @@ def read_checkpoint(path: str) -> LoadedCheckpoint:
             raise UserError(f"checkpoint {path} is a bundle made by `sdqes-edge export`, not a checkpoint; give the "
                             f".pt/.ckpt/.safetensors file it was exported from (`sdqes-edge inspect {path}` "
                             "describes the bundle)")
+        if index := _shard_index_in(path):
+            raise UserError(f"checkpoint {path} is a folder of sharded weights; pass the index that lists the "
+                            f"shards, {index}")
         holds = _weights_named(path)
         raise UserError(f"checkpoint {path} is a folder; pass the .pt/.ckpt/.safetensors file inside it"
                         f"{f' (it {holds})' if holds else ''}")
     if not os.path.isfile(path):
         raise UserError(f"checkpoint not found: {path}; pass the path of a .pt/.ckpt/.safetensors file")
+    if path.endswith(SHARD_INDEX_SUFFIX):
+        return _plain_state(*_read_shards(path))
+    if SHARD_NAME.search(os.path.basename(path)):  # alone it lacks most tensors: "missing visual.proj" told nothing
+        index = _shard_index_in(os.path.dirname(os.path.abspath(path)))
+        raise UserError(f"{path} is one shard of sharded weights; pass the index that lists them all"
+                        f"{f', {index}' if index else ' (model.safetensors.index.json, saved beside the shards)'}")
     sha = file_sha256(path)
     if is_safetensors(path):
         state = _read_safetensors(path)
@@ -214,6 +232,46 @@ def read_checkpoint(path: str) -> LoadedCheckpoint:
         f"{path} holds no model weights (found {type(obj).__name__}); expected a state dict, "
         "a checkpoint with a 'state_dict' entry, an OpenAI CLIP TorchScript archive or a safetensors file"
     )
+
+
+def _shard_index_in(folder: str) -> str | None:
+    """The path of the one shard index in ``folder`` (None when there is none, or several)."""
+    try:
+        found = [name for name in os.listdir(folder) if name.endswith(SHARD_INDEX_SUFFIX)]
+    except OSError:
+        return None
+    return os.path.join(folder, found[0]) if len(found) == 1 else None
+
+
+def _read_shards(index_path: str) -> tuple[dict[str, torch.Tensor], str, str]:
+    """Every shard an index lists, merged -> (state dict, format, sha256 of the index and of each shard in turn).
+    A shard is a file beside the index, by its plain name: nothing else is read."""
+    try:
+        weight_map = json.loads(Path(index_path).read_text(encoding="utf-8"))["weight_map"]
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"cannot read the shard index {index_path}: expected JSON with a 'weight_map' from each "
+                        "tensor to its shard, as save_pretrained writes it; download it again") from None
+    folder, digest, state, formats = os.path.dirname(os.path.abspath(index_path)), hashlib.sha256(), {}, set()
+    digest.update(Path(index_path).read_bytes())
+    for shard in sorted(set(weight_map.values())):
+        path = os.path.join(folder, shard)
+        if os.path.basename(shard) != shard or shard in ("", ".", ".."):
+            raise UserError(f"the shard index {index_path} names {shard!r}, which is not a file beside it; shards "
+                            "are read from the index's folder only")
+        if not os.path.isfile(path):
+            raise UserError(f"shard {shard}, listed in {index_path}, is missing; download every file the index lists")
+        part = _read_safetensors(path) if is_safetensors(path) else _safe_load(path)
+        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+            raise UserError(f"shard {path} holds no plain tensors (found {type(part).__name__}); download it again")
+        formats.add("safetensors" if is_safetensors(path) else "state-dict")
+        digest.update(file_sha256(path).encode())
+        state.update(part)
+    if absent := sorted(set(weight_map) - set(state)):
+        raise UserError(f"{index_path} lists {len(absent)} tensor(s) that its shards lack ({absent[0]} first); a "
+                        "shard is incomplete or from another save: download the shards again")
+    return state, "safetensors" if formats == {"safetensors"} else "state-dict", digest.hexdigest()
 
 
 def _plain_state(state: dict, fmt: str, sha: str, prefix: str = "") -> LoadedCheckpoint:

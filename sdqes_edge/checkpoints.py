@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint_files import LoadedCheckpoint, read_checkpoint
+from .checkpoint_files import SHARD_INDEX_SUFFIX, LoadedCheckpoint, read_checkpoint
 from .config import (
     CLIP_MLP_ACTIVATION,
     AdapterConfig,
@@ -187,7 +187,8 @@ HUB_CACHE_SNAPSHOT = re.compile(r"models--[^/]+--(?P<name>[^/]+)/snapshots/[0-9a
 def model_name(path: str) -> str:
     """A model's name from its checkpoint's path: the file's stem (ViT-B-16.pt, epoch=9.ckpt), or for a hub file
     (model.safetensors) its folder's name, the repository's for a file in huggingface_hub's cache."""
-    file = Path(path).absolute()
+    # Sharded weights are named by their index: model.safetensors.index.json as model.safetensors.
+    file = Path(str(path).removesuffix(SHARD_INDEX_SUFFIX)).absolute()
     if file.stem not in HUB_FILE_STEMS:
         return file.stem
     cached = HUB_CACHE_SNAPSHOT.search(file.parent.as_posix())
