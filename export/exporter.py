@@ -119,7 +119,8 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     """
     started = time.perf_counter()
     out = Path(out)
-    options = check_options(options or ExportOptions(), lambda m: log(f"{WARNING_PREFIX}{m}"))
+    options = check_options(options or ExportOptions(), lambda m: log(f"{WARNING_PREFIX}{m}"),
+                            model.cfg.text.context_length)
     check_target(out)
     model = model.eval()
     cfg: ModelConfig = model.cfg

@@ -26,7 +26,7 @@ from sdqes_edge.contract import (
 )
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import path_problem
-from sdqes_edge.tokenizer import default_tokenizer
+from sdqes_edge.tokenizer import CONTEXT_LENGTH, check_query_text, default_tokenizer
 from sdqes_edge.tolerances import DRIFT_FRAMES, VERIFY_FRAMES
 
 from .precision import (
@@ -95,8 +95,12 @@ def _type_problems(options: ExportOptions) -> list[str]:
     return problems
 
 
-def check_options(options: ExportOptions, warn: Callable[[str], None]) -> ExportOptions:
-    """Refuse impossible options up front; resolve conflicts with a warning. Returns the options to use."""
+def check_options(options: ExportOptions, warn: Callable[[str], None],
+                  context_length: int | None = CONTEXT_LENGTH) -> ExportOptions:
+    """Refuse impossible options up front; resolve conflicts with a warning. Returns the options to use.
+
+    ``context_length``: the model's text positions, which bound a query's tokens (CLIP's 77, Long-CLIP's 248);
+    None before the model is known (a checkpoint not yet read), when only empty queries are refused."""
     problems = _type_problems(options)
     if problems:
         raise UserError("; ".join(problems))
@@ -130,8 +134,12 @@ def check_options(options: ExportOptions, warn: Callable[[str], None]) -> Export
     if problems:
         raise UserError("; ".join(problems))
     # The queries as the runtime will take them (one function: empty or too long is refused the same way).
-    default_tokenizer().tokenize([q.text for q in options.queries],
-                                 on_overflow="truncate" if options.truncate_queries else "error")
+    if context_length is None:
+        for query in options.queries:
+            check_query_text(query.text)
+    else:
+        default_tokenizer(context_length).tokenize([q.text for q in options.queries],
+                                                   on_overflow="truncate" if options.truncate_queries else "error")
     precisions = tuple(p for p in PRECISIONS if p in options.precisions)
     if REFERENCE_PRECISION not in precisions:
         warn(f"{REFERENCE_PRECISION} is always exported: it is the reference the other precisions are verified "

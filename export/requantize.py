@@ -46,7 +46,8 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
     options = check_options(dataclasses.replace(
         options or ExportOptions(), precisions=(REFERENCE_PRECISION, INT8), batch=int(manifest["batch"]),
         threshold=float(manifest["thresholds"]["default"]), queries=queries,
-        fuse_queries=manifest.get("query_count") is not None), lambda m: log(f"{WARNING_PREFIX}{m}"))
+        fuse_queries=manifest.get("query_count") is not None), lambda m: log(f"{WARNING_PREFIX}{m}"),
+        cfg.text.context_length)
     out = Path(out)
     if out.resolve() != bundle.root.resolve():  # another folder is replaced whole: never one of the user's
         check_target(out)

@@ -7,6 +7,7 @@ Formats read:
 - Hugging Face transformers: a ``CLIPModel``'s ``model.safetensors`` or ``pytorch_model.bin``, renamed into CLIP
   layout by ``transformers_layout``; weights sharded by ``save_pretrained`` through the index that lists their
   shards (``model.safetensors.index.json``).
+- Long-CLIP: a state dict whose text positions come in two tables, joined on reading (``LONG_CLIP_FORMAT``).
 - sdqes_baselines (PyTorch Lightning): ``{"state_dict": {"backbone.visual...": ...}, ...}``.
 
 All reach the same CLIP key layout (``visual.*`` plus the text tower at the
@@ -52,13 +53,20 @@ CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
 SHARD_INDEX_SUFFIX = ".index.json"
 SHARD_NAME = re.compile(r"-\d{5}-of-\d{5}\.(safetensors|bin)$")
 TRANSFORMERS_FORMAT = "transformers-clip"  # Hugging Face transformers' CLIPModel, renamed into CLIP's layout
+# Long-CLIP (Zhang et al., ECCV 2024) stretches CLIP's text positions from 77 to 248. Its encode_text adds
+# ``positional_embedding`` to the first 20 tokens and ``positional_embedding_res`` to the others (two masks made in
+# its __init__, never saved): one position table, which CLIP's text tower takes as it is, so the two are joined on
+# reading. Adding the masked-out table's zeros changes no bit, so the join is exact.
+LONG_CLIP_FORMAT = "long-clip"
+LONG_CLIP_RESIDUAL_KEY = "positional_embedding_res"
+LONG_CLIP_KEPT_POSITIONS = 20
 
 
 @dataclass
 class LoadedCheckpoint:
     state_dict: dict[str, torch.Tensor]  # CLIP layout
     source_format: str  # "openai-torchscript" | "state-dict" | "safetensors" | "open_clip-training"
-    #                     | "sdqes-lightning" | "sdqes-edge-training" | "transformers-clip"
+    #                     | "sdqes-lightning" | "sdqes-edge-training" | "transformers-clip" | "long-clip"
     sha256: str
     dropped_keys: list[str]  # training-only keys outside the model (Lightning heads, logit_scale...)
 
@@ -295,6 +303,18 @@ def _normalize(state: dict, fmt: str, sha: str, prefix: str = "") -> LoadedCheck
             dropped.append(key)
             continue
         kept[key] = value.float()  # OpenAI ships fp16 weights; the model is defined in fp32
+    if LONG_CLIP_RESIDUAL_KEY in kept:
+        kept["positional_embedding"], fmt = _long_clip_positions(kept), LONG_CLIP_FORMAT
     return LoadedCheckpoint(kept, fmt, sha, dropped)
+
+
+def _long_clip_positions(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Long-CLIP's two text position tables as the one its encode_text adds (``LONG_CLIP_RESIDUAL_KEY``)."""
+    kept, stretched = state.get("positional_embedding"), state.pop(LONG_CLIP_RESIDUAL_KEY)
+    if kept is None or kept.shape != stretched.shape or kept.shape[0] <= LONG_CLIP_KEPT_POSITIONS:
+        raise UserError(f"a Long-CLIP checkpoint has positional_embedding and {LONG_CLIP_RESIDUAL_KEY} of one shape, "
+                        f"over {LONG_CLIP_KEPT_POSITIONS} positions; this one has "
+                        f"{None if kept is None else tuple(kept.shape)} and {tuple(stretched.shape)}: is it complete?")
+    return torch.cat([kept[:LONG_CLIP_KEPT_POSITIONS], stretched[LONG_CLIP_KEPT_POSITIONS:]])
 
 

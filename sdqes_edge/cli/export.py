@@ -45,6 +45,7 @@ from sdqes_edge.export.precision import (
 from sdqes_edge.export.tensorrt_engine import DEFAULT_WORKSPACE_MIB
 from sdqes_edge.files import format_bytes
 from sdqes_edge.package_builds import load_onnxruntime
+from sdqes_edge.tokenizer import CONTEXT_LENGTH
 from sdqes_edge.tolerances import DRIFT_FRAMES, ENGINE_VERIFY_FRAMES, VERIFY_FRAMES
 
 # --- export ---------------------------------------------------------------------------
@@ -78,7 +79,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         calibration_method=args.calibration_method, int8_activations=args.int8_activations,
         int8_float_blocks=args.int8_float_blocks, truncate_queries=args.truncate_queries,
         show_progress=not args.quiet)
-    check_options(options, lambda message: None)  # before the (possibly slow) checkpoint load
+    # Before the (possibly slow) checkpoint load; a query's length is checked once its text positions are known.
+    check_options(options, lambda message: None, context_length=None if args.checkpoint else CONTEXT_LENGTH)
     check_target(Path(args.out))
     checkpoint = None
     if args.checkpoint:
