@@ -141,7 +141,7 @@ def _likely_cause(missing: list[str], unexpected: list[str], wrong_shape: list[s
         return (f"wrong adapter kind: the checkpoint has '{found_kind}' adapters, the config expects "
                 f"'{cfg.adapter.kind}' (drop the config to infer it from the checkpoint)")
     has_second = detect_adapter_kind(checkpoint_keys, "adapter2") != "none"
-    if has_second != (cfg.adapter.per_block == 2):
+    if found_kind != "none" and has_second != (cfg.adapter.per_block == 2):  # a model without adapters has no count
         return (f"wrong adapter count: the checkpoint has {2 if has_second else 1} adapter(s) per block, "
                 f"the config {cfg.adapter.per_block}")
     if wrong_shape and all(".adapter" in k for k in wrong_shape):
