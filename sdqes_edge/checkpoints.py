@@ -146,7 +146,8 @@ def _likely_cause(missing: list[str], unexpected: list[str], wrong_shape: list[s
                 f"the config {cfg.adapter.per_block}")
     if wrong_shape and all(".adapter" in k for k in wrong_shape):
         return "wrong adapter ratio or lookback: adapter shapes differ from the config's bottleneck widths"
-    if any(k.startswith("visual.transformer.resblocks.") for k in missing + unexpected):
+    blocks = ("visual.transformer.resblocks.", "text.transformer.resblocks.")
+    if any(k.startswith(blocks) for k in missing + unexpected):
         return "different number of layers: the checkpoint is another model size than the config"
     if wrong_shape:
         return "different model size: tensor shapes differ from the config's widths"

@@ -229,7 +229,7 @@ def train(options: TrainOptions, out_dir: str | Path, log: Callable[[str], None]
     data_seconds = time.perf_counter() - started
 
     model = build_model(options)
-    token_ids = torch.from_numpy(default_tokenizer().tokenize([q.text for q in catalogue]))
+    token_ids = torch.from_numpy(default_tokenizer(cfg.text.context_length).tokenize([q.text for q in catalogue]))
     pos_weight = torch.tensor(options.pos_weight or balanced_pos_weight(data["train"].labels))
     losses = _fit(model, options, data["train"], token_ids, pos_weight, progress)
     train_seconds = time.perf_counter() - started - data_seconds

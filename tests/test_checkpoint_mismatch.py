@@ -44,3 +44,5 @@ def test_another_model_size_is_named():
     cfg = preset("tiny")
     deeper = SDQESModel(dataclasses.replace(cfg, vision=dataclasses.replace(cfg.vision, layers=cfg.vision.layers + 1)))
     assert "different number of layers" in refusal(deeper, SDQESModel(cfg).clip_state_dict())
+    longer_text = SDQESModel(dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, layers=cfg.text.layers + 1)))
+    assert "different number of layers" in refusal(longer_text, SDQESModel(cfg).clip_state_dict())
