@@ -101,3 +101,15 @@ def test_the_command_line_takes_a_query_over_77_tokens_for_a_long_clip_checkpoin
                 str(tmp_path / "other"), "--quiet"])
     assert code == 2 and not (tmp_path / "other").exists()
     assert "error: query is 252 tokens, over the model's limit of 248" in capsys.readouterr().err
+
+
+def test_tokenize_counts_against_a_bundles_own_positions(tmp_path, capsys):
+    from sdqes_edge.cli import run
+
+    long_clip_checkpoint(tmp_path / "longclip-tiny.pt")
+    run(["export", "--checkpoint", str(tmp_path / "longclip-tiny.pt"), "--out", str(tmp_path / "bundle"), "--quiet"])
+    capsys.readouterr()
+    assert run(["tokenize", "--bundle", str(tmp_path / "bundle"), LONG_QUERY]) == 0
+    assert capsys.readouterr().out.startswith("148 tokens")
+    assert run(["tokenize", LONG_QUERY]) == 2  # CLIP's 77
+    assert "query is 148 tokens, over the model's limit of 77" in capsys.readouterr().err

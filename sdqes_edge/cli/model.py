@@ -148,9 +148,15 @@ def _soak_table(base: ModelConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from sdqes_edge.tokenizer import default_tokenizer
+    from sdqes_edge.tokenizer import ClipTokenizer, default_tokenizer
 
-    tok = default_tokenizer()
+    if args.bundle:
+        from sdqes_edge.runtime.bundle import load_bundle
+
+        bundle = load_bundle(args.bundle)
+        tok = ClipTokenizer(str(bundle.tokenizer_vocab), bundle.manifest["tokenizer"]["context_length"])
+    else:
+        tok = default_tokenizer()
     ids = tok.tokenize(args.text, on_overflow="truncate" if args.truncate_queries else "error")
     for text, row in zip(args.text, ids):
         used = [int(i) for i in row if i != 0]
@@ -197,9 +203,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     check.set_defaults(func=cmd_check)
 
     tok = add_subcommand(sub, "tokenize", "show CLIP token ids of queries",
-                         "Tokenize queries exactly as CLIP does (77 positions, start/end tokens).",
-                         examples=("'When I start cooking, remind me to wash my hands.'",))
+                         "Tokenize queries exactly as CLIP does (start/end tokens; 77 positions, or as many as a "
+                         "bundle's text tower has: 248 for Long-CLIP).",
+                         examples=("'When I start cooking, remind me to wash my hands.'",
+                                   "--bundle bundles/longclip 'a query of up to 248 tokens'"))
     tok.add_argument("text", nargs="+", help="one or more queries")
+    tok.add_argument("--bundle", type=path_text, help="count against this bundle's text positions (default: CLIP's 77)")
     tok.add_argument("--truncate-queries", action="store_true",
-                     help="cut queries over 77 tokens (with a warning) instead of refusing them")
+                     help="cut queries over the limit (with a warning) instead of refusing them")
     tok.set_defaults(func=cmd_tokenize)
