@@ -44,13 +44,18 @@ fs::path copy_bundle(const std::string& name) {
   return target;
 }
 
-std::string error_of(const fs::path& bundle) {
+// The message of the sdqes::Error that `call` throws ("" when it throws none).
+std::string message_of(const std::function<void()>& call) {
   try {
-    sdqes::load_bundle(bundle);
+    call();
   } catch (const sdqes::Error& e) {
     return e.what();
   }
   return "";
+}
+
+std::string error_of(const fs::path& bundle) {
+  return message_of([&] { sdqes::load_bundle(bundle); });
 }
 
 }  // namespace
@@ -156,12 +161,7 @@ void write_npy(const fs::path& path, int rows, int cols, float value) {
 }
 
 std::string queries_error_of(const sdqes::Bundle& bundle) {
-  try {
-    sdqes::load_queries(bundle);
-  } catch (const sdqes::Error& e) {
-    return e.what();
-  }
-  return "";
+  return message_of([&] { sdqes::load_queries(bundle); });
 }
 
 }  // namespace
