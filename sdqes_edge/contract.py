@@ -8,7 +8,8 @@ Step graph: inputs ``frame`` [B,3,R,R], then ``state_in.<name>`` in state-spec o
 ``state_out.<name>`` in the same order. A state tensor crosses the graph's boundary with its streams and
 tokens axes merged, [B*L, ...] (``StateTensorSpec.graph_shape``: stream-major, the same bytes as the spec's
 [B, L, ...]), so the step reads it without a reshape; graphs exported before that take the spec's shape.
-Text graph: ``token_ids`` [Q,77] -> ``query_embedding`` [Q,E].
+Text graph: ``token_ids`` [Q,C] -> ``query_embedding`` [Q,E], C the manifest's ``tokenizer.context_length``
+(CLIP's 77, Long-CLIP's 248).
 Each graph describes itself as JSON in ONNX ``metadata_props`` under ``METADATA_KEY``.
 
 A bundle is a directory::

@@ -71,7 +71,7 @@ class QueryTruncatedWarning(UserWarning):
 
 
 class ClipTokenizer:
-    """CLIP BPE tokenizer. ``tokenize(["a photo of a cat"])`` gives ids of shape [N, 77]."""
+    """CLIP BPE tokenizer. ``tokenize(["a photo of a cat"])`` gives ids of shape [N, context_length] (CLIP's 77)."""
 
     def __init__(self, vocab_path: str | None = None, context_length: int = CONTEXT_LENGTH):
         if vocab_path is None:
