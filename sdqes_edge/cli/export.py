@@ -301,7 +301,7 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", type=path_text,
-                     help="a checkpoint from the authors' training code, OpenAI CLIP, open_clip or "
+                     help="a checkpoint from the authors' training code, OpenAI CLIP, open_clip, Long-CLIP or "
                           "transformers' CLIPModel (sharded weights: their model.safetensors.index.json); "
                           "dimensions and adapters are inferred from it")
     src.add_argument("--preset", help="a preset with random weights (for benchmarking); see `info --list-presets`")

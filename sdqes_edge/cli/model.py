@@ -174,8 +174,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     src = info.add_mutually_exclusive_group()
     src.add_argument("--preset", default="clip-vit-b16", help="preset name (default %(default)s)")
     src.add_argument("--checkpoint", type=path_text,
-                     help="OpenAI CLIP / open_clip / transformers CLIPModel (sharded: its .index.json) / SDQES "
-                          "Lightning checkpoint; config inferred")
+                     help="OpenAI CLIP / open_clip / Long-CLIP / transformers CLIPModel (sharded: its .index.json) "
+                          "/ SDQES Lightning checkpoint; config inferred")
     add_adapter_option(info)
     info.add_argument("--list-presets", action="store_true", help="list the presets and exit")
     info.add_argument("--show-state", type=at_least(0), default=6, metavar="N", help="state tensors to list (default "
