@@ -80,6 +80,8 @@ def export_cases(t: Path) -> list[tuple[str, list[str]]]:
         ("export: checkpoint cut short", ["export", "--checkpoint", str(t / "half.pt"), "--out", str(t / "x")]),
         ("export: a folder given as the checkpoint", ["export", "--checkpoint", str(t / "photos"),
                                                       "--out", str(t / "x")]),
+        ("export: one shard of sharded weights given as the checkpoint",
+         ["export", "--checkpoint", str(t / "sharded" / "model-00001-of-00002.safetensors"), "--out", str(t / "x")]),
         ("export: a transformers CLIP vision tower alone", ["export", "--checkpoint",
                                                             str(t / "hf-vision" / "model.safetensors"),
                                                             "--out", str(t / "x")]),
@@ -235,6 +237,12 @@ def _checkpoint_files(t: Path, clip_state: dict) -> None:
         {"model_cfg": model_cfg, "preprocess_cfg": {"interpolation": "bilinear"}}))
     torch.save(dict(clip_state, **{"token_embedding.weight": clip_state["token_embedding.weight"][:1000]}),
                t / "other-vocab.pt")
+    (t / "sharded").mkdir()  # what save_pretrained writes for large weights: shards and the index listing them
+    halves = [dict(list(clip_state.items())[k::2]) for k in range(2)]
+    for k, half in enumerate(halves):
+        save_file(half, str(t / "sharded" / f"model-0000{k + 1}-of-00002.safetensors"))
+    weight_map = {name: f"model-0000{k + 1}-of-00002.safetensors" for k, half in enumerate(halves) for name in half}
+    (t / "sharded" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
 
 def _annotation_files(t: Path) -> None:
