@@ -149,6 +149,9 @@ def _likely_cause(missing: list[str], unexpected: list[str], wrong_shape: list[s
     blocks = ("visual.transformer.resblocks.", "text.transformer.resblocks.")
     if any(k.startswith(blocks) for k in missing + unexpected):
         return "different number of layers: the checkpoint is another model size than the config"
+    if wrong_shape and all(".mlp.c_" in k for k in wrong_shape):
+        return ("an MLP width other than 4 times the model width (open_clip's ViT-g-14 and ViT-bigG-14 use 4.92), "
+                "which sdqes-edge does not build: it builds CLIP's 4x")
     if wrong_shape:
         return "different model size: tensor shapes differ from the config's widths"
     return "the checkpoint's layout differs from the model (was it saved by another architecture?)"

@@ -46,3 +46,13 @@ def test_another_model_size_is_named():
     assert "different number of layers" in refusal(deeper, SDQESModel(cfg).clip_state_dict())
     longer_text = SDQESModel(dataclasses.replace(cfg, text=dataclasses.replace(cfg.text, layers=cfg.text.layers + 1)))
     assert "different number of layers" in refusal(longer_text, SDQESModel(cfg).clip_state_dict())
+
+
+def test_an_mlp_wider_than_clips_four_times_is_named():
+    """open_clip's ViT-g-14 and ViT-bigG-14 widen their MLPs to 4.92 times the width; the model builds CLIP's 4."""
+    state = SDQESModel(preset("tiny")).clip_state_dict()
+    for key in [k for k in state if ".mlp.c_fc." in k or ".mlp.c_proj.weight" in k]:
+        grown = list(state[key].shape)
+        grown[0 if ".c_fc." in key else 1] = grown[0 if ".c_fc." in key else 1] * 5 // 4
+        state[key] = torch.zeros(grown)
+    assert "an MLP width other than 4 times the model width" in refusal(SDQESModel(preset("tiny")), state)
