@@ -103,7 +103,7 @@ def test_the_command_line_takes_a_query_over_77_tokens_for_a_long_clip_checkpoin
     assert "error: query is 252 tokens, over the model's limit of 248" in capsys.readouterr().err
 
 
-def test_tokenize_counts_against_a_bundles_own_positions(tmp_path, capsys):
+def test_tokenize_and_inspect_count_against_a_bundles_own_positions(tmp_path, capsys):
     from sdqes_edge.cli import run
 
     long_clip_checkpoint(tmp_path / "longclip-tiny.pt")
@@ -113,3 +113,5 @@ def test_tokenize_counts_against_a_bundles_own_positions(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("148 tokens")
     assert run(["tokenize", LONG_QUERY]) == 2  # CLIP's 77
     assert "query is 148 tokens, over the model's limit of 77" in capsys.readouterr().err
+    assert run(["inspect", str(tmp_path / "bundle"), "--frames", "1"]) == 0
+    assert "text encoder: text.onnx (queries up to 248 tokens)" in capsys.readouterr().out

@@ -136,7 +136,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{m['image_size']}px, embed {m['embed_dim']}, batch {m['batch']}, opset {m.get('opset')}")
     print(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']:.4f}, "
           f"state {len(m['state'])} tensors ({format_bytes(m['state_bytes'])})")
-    print(f"graphs     step: {', '.join(bundle.precisions)}; text encoder: {m['graphs']['text']['file']}")
+    print(f"graphs     step: {', '.join(bundle.precisions)}; text encoder: {m['graphs']['text']['file']} "
+          f"(queries up to {m['tokenizer']['context_length']} tokens)")
     queries = bundle.queries()
     if queries:
         print(f"queries    {len(queries[0])} pre-encoded" + (" (fused into the graph)" if m.get("query_count") else ""))
