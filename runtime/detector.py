@@ -34,7 +34,7 @@ from .pacing import StreamPace
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_encoder_for
 from .run_stats import RunStats
-from .sinks import AlertEvent, Sink, check_sink_fits
+from .sinks import AlertEvent, Sink, check_sink_fits, close_all
 from .snapshots import SavedAlert, Snapshot, StreamRecord, policy_key, read_snapshot, snapshot_path, write_snapshot
 from .sources import Frame, FrameSource
 from .stream_slot import StreamSlot
@@ -103,7 +103,7 @@ class StreamingDetector:
         self._batch = np.zeros((self.batch, 3, size, size), np.float32)  # the frames of one step, reused
         self.last_embeddings: np.ndarray | None = None
         self._lock = threading.RLock()  # see _exclusive
-        self._running = False  # a run is stepping the streams (see run)
+        self._running, self._run_thread = False, 0  # a run is stepping the streams, from this thread (see run)
 
     @_exclusive
     def add_sink(self, sink: Sink) -> Sink:
@@ -233,6 +233,9 @@ class StreamingDetector:
         it), the model step and the scoring.
         """
         with self._lock:  # see _exclusive; not a decorator: FrameRateWarning points at the caller of step
+            if self._running and threading.get_ident() != self._run_thread:  # its frames among the run's
+                raise UserError("a run is streaming on this detector (in another thread): its streams take that "
+                                "run's frames; step a detector of your own, or give the source to the run")
             start = time.perf_counter()
             check_frames(frames, self.batch)
             result = self.backend.step(self._frame_batch(frames), self.state, self._fused_query_input())
@@ -368,6 +371,7 @@ class StreamingDetector:
                 if all(f is None for f in frames):
                     break
                 started = time.perf_counter()
+                self._run_thread = threading.get_ident()  # the thread iterating the run now: its steps are the run's
                 events = self.step(frames)
                 stats.frames += 1
                 stats.latencies.add((time.perf_counter() - started) * 1e3)
@@ -386,14 +390,7 @@ class StreamingDetector:
         """Finish every sink's output; one that fails (a full disk) does not stop the others finishing theirs,
         and the first failure is raised after."""
         sinks, self.sinks = self.sinks, []
-        failures = []
-        for sink in sinks:
-            try:
-                sink.close()
-            except Exception as exc:  # noqa: BLE001  (raised below, once every other output is complete)
-                failures.append(exc)
-        if failures:
-            raise failures[0]
+        close_all(sinks)
 
 
 _DEFAULTS = {name: p.default for name, p in inspect.signature(StreamingDetector.__init__).parameters.items()}

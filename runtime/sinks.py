@@ -357,3 +357,16 @@ def check_sink_fits(sink: Sink, batch: int, fps: float) -> None:
     if isinstance(sink, ScoreTraceRecorder) and not math.isclose(sink.fps, fps, rel_tol=1e-9):
         raise UserError(f"ScoreTraceRecorder records at {sink.fps:g} frames per second, but the detector steps at "
                         f"{fps:g}: eval would time every score wrong; make it at detector.fps")
+
+
+def close_all(sinks: list[Sink]) -> None:
+    """Finish every sink's output; one that fails (a full disk) does not stop the others finishing theirs, and the
+    first failure is raised after."""
+    failures = []
+    for sink in sinks:
+        try:
+            sink.close()
+        except Exception as exc:  # noqa: BLE001  (raised below, once every other output is complete)
+            failures.append(exc)
+    if failures:
+        raise failures[0]

@@ -133,3 +133,38 @@ def test_one_run_at_a_time_a_second_from_another_thread_is_refused_and_the_first
     next(abandoned)
     abandoned.close()  # a run closed part way through ends too
     assert sum(1 for _ in detector.run(NoiseSource(detector.fps, 5))) == 5
+
+
+def test_while_a_run_streams_a_step_from_another_thread_is_refused():
+    """A step from another thread put its frames among the run's, in the same streams (their state and alerts a
+    mix of two sources). Changes between steps (queries, reset, save) stay welcome from any thread."""
+    from sdqes_edge.errors import UserError
+    from sdqes_edge.runtime.soak import NoiseSource
+
+    detector = StreamingDetector(DEMO_BUNDLE)
+    frame = Frame(image=np.zeros((48, 64, 3), np.uint8), time=0.0, index=0)
+    run = detector.run(NoiseSource(detector.fps, 10))
+    next(run)
+    outcomes = []
+
+    def from_another_thread(call):
+        try:
+            call()
+            outcomes.append("done")
+        except UserError as exc:
+            outcomes.append(str(exc))
+        except Exception as exc:  # noqa: BLE001  (any other failure shows in the assertions, not lost in the thread)
+            outcomes.append(repr(exc))
+
+    for call in (lambda: detector.step([frame]), lambda: detector.add_query(TEXTS[0]), detector.reset):
+        worker = threading.Thread(target=from_another_thread, args=(call,))
+        worker.start()
+        worker.join()
+    assert outcomes[0].startswith("a run is streaming on this detector (in another thread)")
+    assert outcomes[1:] == ["done", "done"]
+    assert 1 + sum(1 for _ in run) == 10
+    later = Frame(image=frame.image, time=10 / detector.fps, index=10)  # the stream's time goes on
+    worker = threading.Thread(target=from_another_thread, args=(lambda: detector.step([later]),))
+    worker.start()
+    worker.join()
+    assert outcomes[3:] == ["done"]  # the run has ended
