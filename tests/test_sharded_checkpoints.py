@@ -117,3 +117,20 @@ def test_an_index_that_is_not_one_is_refused(sharded):
     (sharded / "model.safetensors.index.json").write_text('{"metadata": {}}')
     with pytest.raises(UserError, match="^cannot read the shard index .*: expected JSON with a 'weight_map'"):
         load_resolving_unstored(str(sharded / "model.safetensors.index.json"))
+
+
+def test_huggingface_hubs_cache_of_sharded_weights_loads_through_its_links(tmp_path):
+    """huggingface_hub keeps each file once under blobs/ and links it into snapshots/<revision>/ by its plain name:
+    the shards the index names are links beside it, which are followed; the bundle is named for the repository."""
+    saved = tmp_path / "saved"
+    transformers_clip().save_pretrained(saved, max_shard_size=SHARD_SIZE)
+    repo = tmp_path / "hub" / "models--openai--clip-tiny"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for k, file in enumerate(sorted(saved.iterdir())):
+        blob = repo / "blobs" / f"blob{k}"
+        file.rename(blob)
+        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
+    model, loaded, _ = load_resolving_unstored(str(snapshot / "model.safetensors.index.json"))
+    assert loaded.source_format == "transformers-clip" and model.cfg.name == "clip-tiny"
