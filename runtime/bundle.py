@@ -6,6 +6,7 @@ Torch-free: numpy and jsonschema only.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -129,10 +130,14 @@ class Bundle:
         return inside_bundle(self.root, self.manifest["tokenizer"]["file"])
 
     def queries(self) -> tuple[list[dict[str, Any]], np.ndarray] | None:
-        """Pre-encoded queries: ([{"text", "response"}...], embeddings [Q, E]) or None.
+        """Pre-encoded queries: ([{"text", "response"}...], embeddings [Q, E]) or None; read and checked once (as
+        the bundle loads), then shared by the text encoder, the detector and ``inspect``."""
+        return self._queries
 
-        Row q of the embeddings is taken as the embedding of text q, so the two files must agree: a query added to
-        one file only would hand each text its neighbour's embedding, and every alert would answer another query.
+    @functools.cached_property
+    def _queries(self) -> tuple[list[dict[str, Any]], np.ndarray] | None:
+        """Row q of the embeddings is taken as the embedding of text q, so the two files must agree: a query added
+        to one file only would hand each text its neighbour's embedding, and every alert would answer another one.
         """
         entry = self.manifest.get("queries")
         if not entry:
