@@ -270,10 +270,11 @@ def _read_shards(index_path: str) -> tuple[dict[str, torch.Tensor], str, str]:
                             "are read from the index's folder only")
         if not os.path.isfile(path):
             raise UserError(f"shard {shard}, listed in {index_path}, is missing; download every file the index lists")
-        part = _read_safetensors(path) if is_safetensors(path) else _safe_load(path)
+        safetensors = is_safetensors(path)
+        part = _read_safetensors(path) if safetensors else _safe_load(path)
         if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
             raise UserError(f"shard {path} holds no plain tensors (found {type(part).__name__}); download it again")
-        formats.add("safetensors" if is_safetensors(path) else "state-dict")
+        formats.add("safetensors" if safetensors else "state-dict")
         digest.update(file_sha256(path).encode())
         state.update(part)
     if absent := sorted(set(weight_map) - set(state)):
