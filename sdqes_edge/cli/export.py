@@ -290,8 +290,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
                         help="frames over which fp16/int8 are streamed beside fp32 with the state carried and "
                              "refused if they drift (default %(default)s)")
     _add_int8_options(export)
-    export.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens instead of "
-                                                                        "refusing them")
+    export.add_argument("--truncate-queries", action="store_true", help="cut queries over the model's token limit "
+                                                                        "(CLIP's 77) instead of refusing them")
     export.add_argument("--seed", type=seed_number, help="with --preset: seed of the random weights, so an export "
                                                        "can be repeated (default 0)")
     export.add_argument("--quiet", action="store_true",

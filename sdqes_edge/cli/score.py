@@ -254,7 +254,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="instead: score the corpus with one process (all threads), the local pool and Ray "
                             "(when installed), side by side, and report videos per minute (OUT/bench.md)")
     score.add_argument("--truncate-queries", action="store_true",
-                       help="cut annotation queries over the model's 77 tokens (their traces keep the full text, "
-                            "so eval still matches them); without it such a query is refused before any video")
+                       help="cut annotation queries over the bundle's token limit (CLIP's 77; `sdqes-edge inspect` "
+                            "says a bundle's); their traces keep the full text, so eval still matches them; "
+                            "without it such a query is refused before any video")
     score.add_argument("--quiet", action="store_true", help="no progress bar")
     score.set_defaults(func=cmd_score, output_dirs=("out",))

@@ -287,7 +287,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--save-state", type=path_text,
                      help="write the state to this .npz when the stream ends or is stopped")
     run.add_argument("--max-frames", type=int, help="stop after this many steps")
-    run.add_argument("--truncate-queries", action="store_true", help="cut queries over 77 tokens")
+    run.add_argument("--truncate-queries", action="store_true", help="cut queries over the bundle's token limit "
+                     "(CLIP's 77; `sdqes-edge inspect` says a bundle's) instead of refusing them")
     run.add_argument("--quiet", action="store_true", help="no console alerts or progress")
     # --annotate and --scores are checked in cmd_run (their kind depends on the name)
     run.set_defaults(func=cmd_run, output_files={"events": ALERT_LOG_EXAMPLE, "save_state": SNAPSHOT_EXAMPLE})
