@@ -69,6 +69,11 @@ def slow_precision_words(precision: str, device: str, bundle: str | Path) -> str
 
 # The first ONNX Runtime release whose memory plan (SessionOptions.enable_mem_pattern) keeps fp16 graphs right.
 MEM_PATTERN_FIXED_IN = (1, 19)
+# The first ONNX Runtime release that keeps a CUDA graph per run option ``gpu_graph_id`` (its "multiple CUDA
+# graphs" work). Before it the option is ignored: a session captures one graph and replays it for every run,
+# so the bound step's second binding (state set 1 -> set 0) would replay the first's (set 0 -> set 1) and the
+# state would never move on, silently.
+CUDA_GRAPH_IDS_SINCE = (1, 18)
 
 
 class OnnxRuntimeStep:
@@ -252,6 +257,12 @@ def create_session(path: Path, device: str, threads: int | None = None, cuda_gra
     """
     ort = load_onnxruntime()
 
+    if cuda_graph and onnxruntime_release(ort.__version__) < CUDA_GRAPH_IDS_SINCE:
+        warnings.warn(f"ONNX Runtime {ort.__version__} replays one CUDA graph per session, and the step alternates "
+                      "two bindings (one per state buffer set): stepping without CUDA graphs; ONNX Runtime "
+                      f"{'.'.join(map(str, CUDA_GRAPH_IDS_SINCE))} and newer replay one per binding "
+                      f"({update_command()})", SetupWarning, stacklevel=2)
+        cuda_graph = False
     options = session_options(threads, spin_wait)
     providers: list = list(DEVICE_PROVIDERS[device])
     if device == "tensorrt":

@@ -15,8 +15,9 @@ import pytest
 from conftest import random_model
 
 from sdqes_edge.demo import DEMO_BUNDLE
+from sdqes_edge.errors import SetupWarning
 from sdqes_edge.export import ExportOptions, export_bundle
-from sdqes_edge.runtime.onnxruntime_backend import load_refusal, onnxruntime_release, session_options
+from sdqes_edge.runtime.onnxruntime_backend import create_session, load_refusal, onnxruntime_release, session_options
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,20 @@ def test_the_memory_plan_is_off_only_where_it_breaks_fp16_graphs(version, memory
 
     monkeypatch.setattr(onnxruntime, "__version__", version)
     assert session_options().enable_mem_pattern is memory_plan
+
+
+@pytest.mark.parametrize("version", ["1.17.0", "1.17.3"])
+def test_onnx_runtime_before_graph_ids_steps_uncaptured_rather_than_replay_one_binding_for_both(version, monkeypatch):
+    """Before 1.18 ONNX Runtime ignored ``gpu_graph_id`` and replayed its one captured graph for every run: the
+    bound step's second binding would have replayed the first's, reading and writing the same state sets forever."""
+    import onnxruntime
+
+    monkeypatch.setattr(onnxruntime, "__version__", version)
+    with pytest.warns(SetupWarning, match="one CUDA graph per session") as caught:
+        session, captured = create_session(DEMO_BUNDLE / "step.fp32.onnx", "cpu", cuda_graph=True)
+    assert captured is False and session.get_providers() == ["CPUExecutionProvider"]
+    warning = str(caught[0].message)
+    assert len(caught) == 1 and "\n" not in warning and "1.18" in warning and "pip install" in warning
 
 
 def test_a_graph_newer_than_this_onnx_runtime_is_named_so_not_called_damaged(tmp_path):
