@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Dict, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -23,7 +23,9 @@ from .bundle import Bundle
 # What ``--backend`` names: ONNX Runtime (the default) and TensorRT.
 BACKENDS = ("ort", "trt")
 
-State = dict[str, np.ndarray]  # state tensor name (as in the spec, no prefix) -> array, batch on axis 0
+# State tensor name (as in the spec, no prefix) -> array, batch on axis 0. typing's Dict: an alias is evaluated at
+# import, and Python 3.8 (JetPack 5) has no dict[...] there.
+State = Dict[str, np.ndarray]
 
 # A device backend's state buffer sets: a step reads one and writes the other (a state input and its output are
 # never the same buffer), so steps alternate between two bindings, each captured once as a CUDA graph.

@@ -220,7 +220,7 @@ def _check_cuda(cudart, code: int, call: str) -> None:
 CUDA_RUNTIME_LIBRARIES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so")
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None)
 def cuda_runtime() -> ctypes.CDLL | None:
     """The CUDA runtime library, or None: the one already loaded in this process (ONNX Runtime's CUDA provider
     loads its own when a session is made) before any other a search finds, so that the buffers ONNX Runtime

@@ -218,8 +218,8 @@ def inside_bundle(root: Path, name: str, named_by_manifest: bool = True) -> Path
     pure = PurePosixPath(name)
     outside = pure.is_absolute() or PureWindowsPath(name).is_absolute() or ".." in pure.parts or "\\" in name
     if not outside:
-        resolved = (root / name).resolve()
-        outside = not resolved.is_relative_to(root.resolve())
+        resolved, inside = (root / name).resolve(), root.resolve()
+        outside = resolved != inside and inside not in resolved.parents  # Path.is_relative_to: Python 3.9
     trust = "nothing outside a bundle is read: get the bundle again from a source you trust or re-export it"
     if outside and not named_by_manifest:
         raise BundleError(f"{root / name} leads outside the bundle through a symlink; {trust}")

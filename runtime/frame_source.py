@@ -21,6 +21,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from sdqes_edge.compat import shutdown_cancelling
 from sdqes_edge.errors import UserError
 
 from .cores import usable_cores
@@ -242,4 +243,4 @@ class FrameSource(abc.ABC):
             if not thread.is_alive():  # else it stays listed, to be joined again before Python exits
                 _LIVE_READERS.pop(thread, None)
             if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+                shutdown_cancelling(pool, wait=False)

@@ -21,7 +21,7 @@ def is_gstreamer_pipeline(target: int | str) -> bool:
     return isinstance(target, str) and GSTREAMER_LINK in target and not target.startswith(URL_PREFIXES)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None)
 def opencv_has_gstreamer() -> bool:
     """Whether this OpenCV was built with GStreamer ("GStreamer: YES (1.20.3)" in its build information). pip's
     opencv-python wheels never are; JetPack's OpenCV is."""

@@ -5,7 +5,7 @@
 #
 #   scripts/oldest_stack_check.sh [PYTHON] [DIR]     (defaults: python3.10, /tmp/sdqes-oldest)
 #
-# PYTHON is the interpreter of the device's Python (3.10 is the oldest pyproject.toml accepts). Each base and
+# PYTHON is the interpreter of the device's Python (3.8, JetPack 5's, is the oldest pyproject.toml accepts). Each base and
 # runtime dependency is installed at the oldest release its lower bound allows; the bundles are exported by this
 # checkout's .venv (run scripts/setup.sh first).
 set -euo pipefail
@@ -33,9 +33,14 @@ PY
 )
 echo "oldest_stack_check: $("$python" --version) with" $pins >&2
 "$dir/venv/bin/pip" install --quiet --disable-pip-version-check $pins 2>&1 | grep -v "^WARNING: Location" || true
-# The working tree as it is (tracked and new files), built outside the checkout so no build/ folder is left in it.
+# The working tree as it is (tracked and new files), built outside the checkout so no build/ folder is left in it,
+# into a wheel by this checkout's Python (a source build needs Python 3.9: setuptools 77 reads the SPDX licence),
+# which the device's Python installs, as a device gets it.
 git ls-files --cached --others --exclude-standard -z | xargs -0 tar -cf - | tar -xf - -C "$dir/src"
-"$dir/venv/bin/pip" install --quiet --no-deps "$dir/src" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip wheel --quiet --disable-pip-version-check --no-deps -w "$dir/wheel" "$dir/src" 2>&1 \
+  | grep -v "^WARNING: Location" || true
+"$dir/venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$dir"/wheel/sdqes_edge-*.whl 2>&1 \
+  | grep -v "^WARNING: Location" || true
 
 old="$dir/venv/bin/sdqes-edge"
 failures=0

@@ -192,7 +192,8 @@ def model_name(path: str) -> str:
     """A model's name from its checkpoint's path: the file's stem (ViT-B-16.pt, epoch=9.ckpt), or for a hub file
     (model.safetensors) its folder's name, the repository's for a file in huggingface_hub's cache."""
     # Sharded weights are named by their index: model.safetensors.index.json as model.safetensors.
-    file = Path(str(path).removesuffix(SHARD_INDEX_SUFFIX)).absolute()
+    text = str(path)
+    file = Path(text[: -len(SHARD_INDEX_SUFFIX)] if text.endswith(SHARD_INDEX_SUFFIX) else text).absolute()
     if file.stem not in HUB_FILE_STEMS:
         return file.stem
     cached = HUB_CACHE_SNAPSHOT.search(file.parent.as_posix())

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import json
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 # --- graph inputs and outputs ----------------------------------------------------------------
@@ -58,10 +58,10 @@ TRAINING_RECORD_NAME = "training_record.json"  # written by `sdqes-edge train`, 
 ENGINES_FOLDER = "engines"
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None)
 def manifest_schema() -> dict[str, Any]:
     """The manifest's JSON Schema, read from its file (the one the native runtime is tested against)."""
-    return json.loads(resources.files(__package__).joinpath(MANIFEST_SCHEMA_FILE).read_text())
+    return json.loads((Path(__file__).parent / MANIFEST_SCHEMA_FILE).read_text())
 
 
 # The format name and the precisions are written once, in the schema; read from there.

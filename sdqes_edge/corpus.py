@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from sdqes_edge.annotations import Annotation, by_video
+from sdqes_edge.compat import shutdown_cancelling
 from sdqes_edge.errors import UserError, first_line
 from sdqes_edge.files import path_problem, scratch, write_text_atomically
 from sdqes_edge.tokenizer import QueryTruncatedWarning
@@ -247,7 +248,7 @@ def score_in_pool(tasks: list[StreamTask], bundle: Path, workers: int, threads: 
         _end_workers(pool)
         raise
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        shutdown_cancelling(pool, wait=True)
 
 
 def _end_workers(pool: ProcessPoolExecutor) -> None:

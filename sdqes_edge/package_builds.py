@@ -26,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
+from sdqes_edge.compat import packages_distributions
 from sdqes_edge.errors import UserError, install_command
 
 ONNXRUNTIME = "onnxruntime"  # the folder every ONNX Runtime build installs
@@ -47,7 +48,7 @@ def installed_builds(package: str = ONNXRUNTIME) -> dict[str, str]:
     from importlib import metadata
 
     builds = {}
-    for name in metadata.packages_distributions().get(package, []):
+    for name in packages_distributions().get(package, []):
         try:
             builds.setdefault(name, metadata.version(name))
         except metadata.PackageNotFoundError:

@@ -16,7 +16,6 @@ import functools
 import gzip
 import html
 import warnings
-from importlib import resources
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -27,6 +26,7 @@ import regex
 from .errors import UserError
 
 VOCAB_FILE = "bpe_simple_vocab_16e6.txt.gz"
+SHIPPED_VOCAB = Path(__file__).parent / "data" / VOCAB_FILE  # in the package (bundles carry a copy)
 START_TOKEN = "<|startoftext|>"
 END_TOKEN = "<|endoftext|>"
 CONTEXT_LENGTH = 77
@@ -75,7 +75,7 @@ class ClipTokenizer:
 
     def __init__(self, vocab_path: str | None = None, context_length: int = CONTEXT_LENGTH):
         if vocab_path is None:
-            data = resources.files(__package__).joinpath("data", VOCAB_FILE).read_bytes()
+            data = SHIPPED_VOCAB.read_bytes()
         else:
             with open(vocab_path, "rb") as fh:
                 data = fh.read()
@@ -177,7 +177,7 @@ def check_query_text(text: str) -> str:
 
 def vocab_path() -> Path:
     """The BPE vocabulary shipped in the package (bundles carry a copy)."""
-    return Path(str(resources.files(__package__).joinpath("data", VOCAB_FILE)))
+    return SHIPPED_VOCAB
 
 
 @functools.lru_cache(maxsize=4)

@@ -7,13 +7,15 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Dict, List, Tuple
 
 from sdqes_edge.cli.common import UniqueValues, add_subcommand, at_least, finite_number, path_text, seed_number, warn
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.errors import UserError
 from sdqes_edge.metrics import THRESHOLD_CANDIDATES
 
-Methods = dict[str, tuple[list, list]]  # method name -> (annotations, score traces), in the same order
+# Method name -> (annotations, score traces), in the same order (typing's Dict: Python 3.8 evaluates no dict[...]).
+Methods = Dict[str, Tuple[List, List]]
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
