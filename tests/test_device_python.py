@@ -1,8 +1,10 @@
 """What a device runs keeps to the oldest Python pyproject.toml accepts (3.8: JetPack 5, the last JetPack for a
 Jetson Xavier, and the only Python NVIDIA builds its onnxruntime-gpu and TensorRT wheels for there).
 
-Two checks hold it in CI, which runs a newer Python: ruff (target-version py38) refuses syntax 3.8 lacks, and
-vermin, here, the standard-library calls (functools.cache, str.removesuffix, importlib.resources.files ...).
+Three checks hold it in CI, which runs a newer Python: ruff (target-version py38) refuses syntax 3.8 lacks and
+(rule FA102) annotations it cannot evaluate in a module without the annotations future import; vermin, here, the
+standard-library calls (functools.cache, str.removesuffix, importlib.resources.files ...); and the test of
+module-level aliases below.
 Neither sees a method of an object whose type it cannot infer (Path.is_relative_to, an executor's
 cancel_futures): `scripts/oldest_stack_check.sh python3.8` runs the demo, inspect and run on a real Python 3.8.
 """
