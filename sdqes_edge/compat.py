@@ -2,7 +2,7 @@
 
 JetPack 5, the last JetPack for a Jetson Xavier (TensorRT 8.5), ships Python 3.8, and NVIDIA's onnxruntime-gpu and
 TensorRT wheels for it are built for that Python alone, so the runtime, and everything a device runs, keeps to
-Python 3.8 (``tests/test_device_python.py`` holds it there; the workstation side is tested on 3.10 and newer).
+Python 3.8 (``tests/test_device_python.py`` holds it there; the workstation side is tested on CI's Python, 3.11).
 """
 
 from __future__ import annotations
