@@ -55,6 +55,7 @@ from sdqes_edge.tolerances import ENGINE_TOLERANCES, ENGINE_VERIFY_FRAMES
 
 from .drift import VariantDriftError, VariantReport, compare_variant, run_stream
 from .precision import SYMMETRIC_ACTIVATIONS
+from .tensorrt_ops import LAYERNORM_OPSET, check_opset_readable
 
 __all__ = ["EnginePlan", "build_engine", "check_engine", "engine_dir", "nvidia_gpu_present", "plan_engine",
            "require_tensorrt"]
@@ -209,6 +210,7 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
     device = current_device()  # refuses a machine without an NVIDIA GPU, TensorRT or pycuda
     plan = plan_engine(precision, bundle.precisions, weak_typing_available(require_tensorrt()),
                        device.tensorrt_version, bundle.root)
+    check_opset_readable(int(bundle.manifest.get("opset", LAYERNORM_OPSET)), device.tensorrt_version, bundle.root)
     graph = bundle.step_graph(plan.graph_precision)
     out_dir = engine_dir(bundle, device)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,12 @@ symmetric for this reason); Conv needs its weights as an initializer.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from sdqes_edge.errors import UserError
+
 MIN_TENSORRT = (8, 5)
+LAYERNORM_OPSET = 17  # the ONNX opset from which LayerNorm is one LayerNormalization node (16: plain nodes)
 
 TENSORRT_ONNX_OPS: dict[str, tuple[int, int]] = {op: MIN_TENSORRT for op in (
     "Abs", "Add", "And", "ArgMax", "ArgMin", "Cast", "Ceil", "Clip", "Concat", "Constant", "ConstantOfShape",
@@ -36,3 +41,14 @@ def unsupported_ops(op_types: set[str], tensorrt_version: tuple[int, int] = MIN_
             needed = ".".join(map(str, TENSORRT_ONNX_OPS[op]))
             problems[op] = f"needs TensorRT {needed} (export with --opset 16 for older TensorRT)"
     return problems
+
+
+def check_opset_readable(opset: int, tensorrt_version: str, bundle_root: Path | str = "the bundle") -> None:
+    """Refuse, before minutes of parsing, a bundle whose graphs hold LayerNormalization where this TensorRT
+    (``trt.__version__``, "8.5.2.2") cannot read it."""
+    needed = TENSORRT_ONNX_OPS["LayerNormalization"]
+    if opset >= LAYERNORM_OPSET and tuple(int(part) for part in tensorrt_version.split(".")[:2]) < needed:
+        raise UserError(f"TensorRT {tensorrt_version} cannot read LayerNormalization, which the graphs of "
+                        f"{bundle_root} (ONNX opset {opset}) use: TensorRT reads it from {'.'.join(map(str, needed))} "
+                        "on; re-export the bundle with --opset 16 (LayerNorm as plain nodes), or build on a newer "
+                        "TensorRT")

@@ -11,11 +11,12 @@ import pytest
 from conftest import random_model
 
 from sdqes_edge.config import preset
+from sdqes_edge.errors import UserError
 from sdqes_edge.export import ExportOptions, export_bundle
 from sdqes_edge.export.complexity import count_graph
 from sdqes_edge.export.graphs import export_step_graph
 from sdqes_edge.export.tensorrt_engine import nvidia_gpu_present
-from sdqes_edge.export.tensorrt_ops import unsupported_ops
+from sdqes_edge.export.tensorrt_ops import check_opset_readable, unsupported_ops
 from sdqes_edge.model import SDQESModel
 
 # Published figures for CLIP ViT-B/16's image tower at 224px (DESIGN.md section 3).
@@ -70,6 +71,11 @@ def test_every_operator_of_every_graph_is_one_tensorrt_parses(opset, tensorrt, t
 def test_an_operator_tensorrt_lacks_is_reported_with_the_fix():
     assert "not supported" in unsupported_ops({"NonZero"})["NonZero"]
     assert "--opset 16" in unsupported_ops({"LayerNormalization"}, (8, 5))["LayerNormalization"]
+    # build-engine says it of an opset-17 bundle before parsing, on TensorRT 8.5 (JetPack 5, a Xavier's last)
+    with pytest.raises(UserError, match=r"^TensorRT 8\.5\.2\.2 cannot read LayerNormalization.*--opset 16"):
+        check_opset_readable(17, "8.5.2.2", "bundles/qrnn")
+    for opset, tensorrt in ((16, "8.5.2.2"), (17, "8.6.1.6"), (17, "10.3.0")):
+        check_opset_readable(opset, tensorrt)
 
 
 def tensorrt_available() -> bool:
