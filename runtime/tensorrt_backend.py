@@ -163,11 +163,27 @@ class Binding:
     dtype: np.dtype
 
 
-def engine_bindings(engine, trt) -> dict[str, Binding]:
+# TensorRT's I/O types as numpy's, by the DataType's name. Not ``trt.nptype``: TensorRT 8.5's (JetPack 5's, a Jetson
+# Xavier's last) builds its table with ``np.bool``, which numpy 1.24, the oldest this project takes, removed, so
+# every call of it raised AttributeError.
+NUMPY_DTYPE_OF_TENSORRT = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32,
+                           "INT64": np.int64, "UINT8": np.uint8, "BOOL": np.bool_}
+
+
+def numpy_dtype(tensorrt_dtype) -> np.dtype:
+    """``trt.DataType.HALF`` -> float16; a type numpy lacks (BF16, FP8, INT4) is refused in one line."""
+    name = getattr(tensorrt_dtype, "name", str(tensorrt_dtype).rpartition(".")[2])
+    if name not in NUMPY_DTYPE_OF_TENSORRT:
+        raise UserError(f"the engine has an input or output of TensorRT type {name}, which numpy cannot hold; "
+                        "rebuild the engine with `sdqes-edge build-engine` from the bundle's own graphs")
+    return np.dtype(NUMPY_DTYPE_OF_TENSORRT[name])
+
+
+def engine_bindings(engine) -> dict[str, Binding]:
     """An engine's I/O tensors by name (TensorRT's named-tensor API, 8.5 and newer)."""
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     return {name: Binding(tuple(int(d) for d in engine.get_tensor_shape(name)),
-                          np.dtype(trt.nptype(engine.get_tensor_dtype(name)))) for name in names}
+                          numpy_dtype(engine.get_tensor_dtype(name))) for name in names}
 
 
 def expected_bindings(spec, embed_dim: int, image_size: int, batch: int) -> dict[str, set[tuple[int, ...]]]:
@@ -215,7 +231,7 @@ class TensorRTStep:
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(Path(engine_path).read_bytes())
         if self.engine is None:
             raise UserError(f"TensorRT cannot load {engine_path}; {rebuild}")
-        bindings = engine_bindings(self.engine, trt)
+        bindings = engine_bindings(self.engine)
         check_bindings(bindings, expected_bindings(spec, embed_dim, image_size, batch), Path(engine_path).name,
                        rebuild)
         self.context = self.engine.create_execution_context()

@@ -9,13 +9,15 @@ them and only for them.
 
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 import onnx
 import pytest
 from conftest import random_model
 
 from sdqes_edge.demo import DEMO_BUNDLE
-from sdqes_edge.errors import SetupWarning
+from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.export import ExportOptions, export_bundle
 from sdqes_edge.runtime.onnxruntime_backend import create_session, load_refusal, onnxruntime_release, session_options
 
@@ -148,3 +150,15 @@ def test_inspect_fails_on_a_non_finite_embedding_instead_of_printing_its_norm(mo
     err = capsys.readouterr().err
     assert "the fp32 graph gave a non-finite embedding at sample frame 2 on ONNX Runtime" in err
     assert err.count("\n") == 1
+
+
+def test_tensorrt_types_are_read_without_trt_nptype_which_fails_on_tensorrt_8_5_with_numpy_1_24():
+    """TensorRT 8.5's nptype (JetPack 5's) builds its table with np.bool, gone from numpy 1.24: every engine load
+    raised AttributeError there. The runtime reads a DataType by its name instead."""
+    from sdqes_edge.runtime.tensorrt_backend import numpy_dtype
+
+    DataType = enum.Enum("DataType", "FLOAT HALF INT8 INT32 BOOL BF16")  # the names TensorRT's enum has
+    assert [numpy_dtype(t) for t in list(DataType)[:5]] == [np.float32, np.float16, np.int8, np.int32, np.bool_]
+    assert numpy_dtype("DataType.HALF") == np.float16  # an enum without .name is read from its text
+    with pytest.raises(UserError, match="TensorRT type BF16, which numpy cannot hold; rebuild"):
+        numpy_dtype(DataType.BF16)
