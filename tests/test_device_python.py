@@ -1,12 +1,12 @@
 """What a device runs keeps to the oldest Python pyproject.toml accepts (3.8: JetPack 5, the last JetPack for a
 Jetson Xavier, and the only Python NVIDIA builds its onnxruntime-gpu and TensorRT wheels for there).
 
-Three checks hold it in CI, which runs a newer Python: ruff (target-version py38) refuses syntax 3.8 lacks and
-(rule FA102) annotations it cannot evaluate in a module without the annotations future import; vermin, here, the
-standard-library calls (functools.cache, str.removesuffix, importlib.resources.files ...); and the test of
-module-level aliases below.
-Neither sees a method of an object whose type it cannot infer (Path.is_relative_to, an executor's
-cancel_futures): `scripts/oldest_stack_check.sh python3.8` runs the demo, inspect and run on a real Python 3.8.
+In CI, which runs a newer Python: ruff (target-version py38) refuses syntax 3.8 lacks and (rule FA102) annotations
+it cannot evaluate in a module without the annotations future import; here, vermin finds the standard-library calls
+(functools.cache, str.removesuffix, importlib.resources.files ...), and two searches what vermin cannot see:
+builtin generics in module-level aliases, and methods of objects whose type it cannot infer (Path.is_relative_to,
+an executor's cancel_futures). By hand, `scripts/oldest_stack_check.sh python3.8` runs the demo, inspect and run on
+a real Python 3.8.
 """
 
 from __future__ import annotations
@@ -60,3 +60,20 @@ def test_module_level_aliases_evaluate_on_the_oldest_python():
              for folder in DEVICE_SIDE for path in sorted((REPO / folder).rglob("*.py"))
              for match in alias.finditer(path.read_text())]
     assert not found, "use typing's Dict, List, Tuple for these: " + "; ".join(found)
+
+
+# Methods of objects whose type vermin cannot infer, with the Python that brought them: a name here in the device
+# side is a call the oldest Python lacks (each was, or is easy to write, in this project's kind of code).
+NEWER_METHODS = {r"\.is_relative_to\(": "3.9", r"\.with_stem\(": "3.9", r"\.readlink\(": "3.9",
+                 r"cancel_futures\s*=": "3.9", r"\.hardlink_to\(": "3.10", r"\bzip\([^)]*\bstrict\s*=": "3.10",
+                 r"\.bit_count\(": "3.10", r"\.walk\(\s*(top_down|on_error|follow_symlinks)": "3.12"}
+
+
+def test_the_device_side_calls_no_method_the_oldest_python_lacks_where_vermin_cannot_see_the_type():
+    """sdqes_edge/compat.py, the one place that asks the Python's version, may call them behind that check."""
+    paths = [path for folder in DEVICE_SIDE for path in sorted((REPO / folder).rglob("*.py"))
+             if path != REPO / "sdqes_edge" / "compat.py"]
+    found = [f"{path.relative_to(REPO)}:{number} ({since}): {line.strip()}"
+             for path in paths for number, line in enumerate(path.read_text().splitlines(), 1)
+             for pattern, since in NEWER_METHODS.items() if re.search(pattern, line.split("#")[0])]
+    assert not found, f"Python {oldest_python()} lacks: " + "; ".join(found)
