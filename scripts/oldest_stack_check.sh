@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run the device side (demo, inspect, run) on the oldest releases pyproject.toml accepts, as on a device with an
-# older software stack (a Jetson's ONNX Runtime build, an OpenCV made for numpy 1.x). CI runs on the newest
-# releases only; this is how tests/test_older_stacks.py's facts were found. About 2 minutes, with the registry.
+# Run the device side (demo, inspect, run, tokenize, synth, score, eval) on the oldest releases pyproject.toml
+# accepts, as on a device with an older software stack (a Jetson's ONNX Runtime build, an OpenCV made for numpy
+# 1.x). CI runs on the newest releases only; this is how tests/test_older_stacks.py's facts were found. A few
+# minutes with the registry (4-5 on a 2-core machine, most of it exporting the bundles).
 #
 #   scripts/oldest_stack_check.sh [PYTHON] [DIR]     (defaults: python3.10, /tmp/sdqes-oldest)
 #
@@ -62,5 +63,12 @@ for kind in qrnn retnet st; do
   check "run $kind" "$old" run "$dir/$kind" --source "$dir/demo/stream.avi" --query "Tell me when the lamp turns on." \
     || true
 done
+# The rest of what a device runs: tokenizing, synthetic streams, scoring a corpus, and evaluating it.
+check "tokenize" "$old" tokenize "Remind me to wash my hands when I start cooking" || true
+check "synth" "$old" synth --out "$dir/synth" --train 0 --val 0 --test 2 --seconds 20 || true
+check "score" "$old" score "$dir/qrnn" --videos "$dir/synth/videos" --annotations "$dir/synth/annotations.csv" \
+  --split test --out "$dir/scored" --quiet || true
+check "eval (oracle, random)" "$old" eval --annotations "$dir/synth/annotations.csv" --split test --fps 2 \
+  --baseline oracle random --out "$dir/eval" || true
 echo "oldest_stack_check: $failures failure(s); outputs under $dir" >&2
 exit $((failures > 0))
