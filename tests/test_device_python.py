@@ -24,6 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 DEVICE_SIDE = ("sdqes_edge", "runtime", "export")
 
 
+def device_sources() -> list[Path]:
+    return [path for folder in DEVICE_SIDE for path in sorted((REPO / folder).rglob("*.py"))]
+
+
 def oldest_python() -> str:
     """pyproject.toml's lowest Python, '3.8' from '>=3.8'."""
     return re.search(r'^requires-python = ">=(\d+\.\d+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE).group(1)
@@ -57,8 +61,7 @@ def test_module_level_aliases_evaluate_on_the_oldest_python():
     (annotations stay strings); vermin does not flag it when the file imports annotations from the future."""
     alias = re.compile(r"^[A-Z]\w* = (dict|list|tuple|set|frozenset|type)\[", re.MULTILINE)
     found = [f"{path.relative_to(REPO)}: {match.group(0)}"
-             for folder in DEVICE_SIDE for path in sorted((REPO / folder).rglob("*.py"))
-             for match in alias.finditer(path.read_text())]
+             for path in device_sources() for match in alias.finditer(path.read_text())]
     assert not found, "use typing's Dict, List, Tuple for these: " + "; ".join(found)
 
 
@@ -71,8 +74,7 @@ NEWER_METHODS = {r"\.is_relative_to\(": "3.9", r"\.with_stem\(": "3.9", r"\.read
 
 def test_the_device_side_calls_no_method_the_oldest_python_lacks_where_vermin_cannot_see_the_type():
     """sdqes_edge/compat.py, the one place that asks the Python's version, may call them behind that check."""
-    paths = [path for folder in DEVICE_SIDE for path in sorted((REPO / folder).rglob("*.py"))
-             if path != REPO / "sdqes_edge" / "compat.py"]
+    paths = [path for path in device_sources() if path != REPO / "sdqes_edge" / "compat.py"]
     found = [f"{path.relative_to(REPO)}:{number} ({since}): {line.strip()}"
              for path in paths for number, line in enumerate(path.read_text().splitlines(), 1)
              for pattern, since in NEWER_METHODS.items() if re.search(pattern, line.split("#")[0])]

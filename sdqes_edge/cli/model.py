@@ -148,13 +148,13 @@ def _soak_table(base: ModelConfig, args: argparse.Namespace) -> int:
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from sdqes_edge.tokenizer import ClipTokenizer, default_tokenizer
+    from sdqes_edge.tokenizer import default_tokenizer
 
-    if args.bundle:
+    if args.bundle:  # the bundle's own tokenizer, as its text encoder builds it (the text graph is not loaded)
         from sdqes_edge.runtime.bundle import load_bundle
+        from sdqes_edge.runtime.queries import text_encoder_for
 
-        bundle = load_bundle(args.bundle)
-        tok = ClipTokenizer(str(bundle.tokenizer_vocab), bundle.manifest["tokenizer"]["context_length"])
+        tok = text_encoder_for(load_bundle(args.bundle)).tokenizer
     else:
         tok = default_tokenizer()
     ids = tok.tokenize(args.text, on_overflow="truncate" if args.truncate_queries else "error")
