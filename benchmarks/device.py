@@ -164,13 +164,13 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
         kernels[name] = {"per_step": counted.per_step, "views": counted.views,
                          "fp16_graph_casts": graph_casts(work / f"{device}-{name}-b1.{FP16}.onnx")}
     return {"device": device, "latency": timings, "ratios": ratios, "kernels_cpu_profile": kernels,
-            "cuda_graph_replayed": replayed,
-            "batches": _batches(cfg, models, frame_of, work, log), "scaling": _scaling(cfg, models[kind], work, log)}
+            "cuda_graph_replayed": replayed}
 
 
-def _batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
+def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
     """Several streams per step; at the most streams, also the adapted fp16 step with one stream idle (its
-    state kept, rows copied on the device), against the same step with every stream busy."""
+    state kept, rows copied on the device), against the same step with every stream busy. A section of its
+    own, saved as soon as measured: a run cut short (a lent GPU's time limit) keeps the batch-1 rows."""
     kind, top = cfg.window_adapter, max(cfg.device_batches)
     candidates, frames = {}, {}
     for batch in cfg.device_batches:
@@ -200,8 +200,9 @@ def _batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
     return {"rows": rows, "ratios": ratios}
 
 
-def _scaling(cfg, model, work: Path, log) -> dict:
-    """Per-frame latency at the start and at the end of a long stream (fp16, bound, CUDA graphs on a GPU)."""
+def bench_device_scaling(cfg, work: Path, log) -> dict:
+    """Per-frame latency at the start and at the end of a long stream (fp16, bound, CUDA graphs on a GPU), on
+    the step graph that ``bench_device`` exported into ``work``."""
     path = work / f"{cfg.device}-{cfg.window_adapter}-b1.fp16.onnx"
     runner = OnnxRuntimeStep(path, device=cfg.device, threads=cfg.threads, io_binding=True)
     frame = np.zeros(runner.buffers.host_frame.shape, np.float32)

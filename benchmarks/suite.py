@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from sdqes_edge.benchmarks.config import BACKENDS, BenchConfig
-from sdqes_edge.benchmarks.device import bench_device, check_device
+from sdqes_edge.benchmarks.device import bench_device, bench_device_batches, bench_device_scaling, check_device
 from sdqes_edge.benchmarks.end_to_end import bench_end_to_end, bench_precisions
 from sdqes_edge.benchmarks.machine_load import other_processes_cores, read_cpu_clock
 from sdqes_edge.benchmarks.models import bench_config, bench_frame, bench_model, ort_step
@@ -241,12 +241,22 @@ def bench_batches(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> d
 
 # --- reports -----------------------------------------------------------------------------------
 
-def run_device_section(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
-    """The rows measured on ``cfg.device`` (the runtime loop on it is measured after, as ``device.end_to_end``):
-    backbone and the window adapter's model, same random weights."""
+def device_models(cfg: BenchConfig) -> dict:
+    """What the device's rows compare: the backbone and the window adapter's model, same random weights."""
     base = preset(cfg.preset)
-    models = {"none": bench_model(base), cfg.window_adapter: bench_model(bench_config(base, cfg.window_adapter))}
-    return bench_device(cfg, models, lambda batch: bench_frame(base, batch), work, log)
+    return {"none": bench_model(base), cfg.window_adapter: bench_model(bench_config(base, cfg.window_adapter))}
+
+
+def run_device_section(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
+    """The batch-1 rows measured on ``cfg.device``; several streams per step, the long stream and the runtime
+    loop on it are sections of their own after it (``device.batches``, ``device.scaling``, ``device.end_to_end``)."""
+    base = preset(cfg.preset)
+    return bench_device(cfg, device_models(cfg), lambda batch: bench_frame(base, batch), work, log)
+
+
+def run_device_batches(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
+    base = preset(cfg.preset)
+    return bench_device_batches(cfg, device_models(cfg), lambda batch: bench_frame(base, batch), work, log)
 
 
 # What a run measures, in order: (where in the results, how). Each is saved as soon as it is measured.
@@ -263,6 +273,8 @@ def _sections(cfg: BenchConfig, log: Callable[[str], None]) -> list[Section]:
                      (("end_to_end",), lambda work: bench_end_to_end(cfg, work, log))]
     if cfg.device:
         sections += [(("device",), lambda work: run_device_section(cfg, work, log)),
+                     (("device", "batches"), lambda work: run_device_batches(cfg, work, log)),
+                     (("device", "scaling"), lambda work: bench_device_scaling(cfg, work, log)),
                      (("device", "end_to_end"), lambda work: bench_end_to_end(cfg, work, log, ort_device=cfg.device,
                                                                               precisions=(FP32,)))]
     return sections
