@@ -19,7 +19,13 @@ from conftest import random_model
 from sdqes_edge.demo import DEMO_BUNDLE
 from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.export import ExportOptions, export_bundle
-from sdqes_edge.runtime.onnxruntime_backend import create_session, load_refusal, onnxruntime_release, session_options
+from sdqes_edge.runtime.onnxruntime_backend import (
+    create_session,
+    cuda_options,
+    load_refusal,
+    onnxruntime_release,
+    session_options,
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +72,14 @@ def test_the_memory_plan_is_off_only_where_it_breaks_fp16_graphs(version, memory
 
     monkeypatch.setattr(onnxruntime, "__version__", version)
     assert session_options().enable_mem_pattern is memory_plan
+
+
+@pytest.mark.parametrize("version, options", [("1.17.0", {}), ("1.17.3", {}), ("1.18.0", {"use_tf32": "0"}),
+                                              ("1.31.1", {"use_tf32": "0"})])
+def test_float32_stays_float32_on_a_gpu_where_onnx_runtime_can_be_told(version, options):
+    """TF32 products are on by default in ONNX Runtime's CUDA provider; ``use_tf32`` turns them off from 1.18, and
+    an option a release does not know fails its session, so older ones are not given it."""
+    assert cuda_options(version) == options
 
 
 @pytest.mark.parametrize("version", ["1.17.0", "1.17.3"])

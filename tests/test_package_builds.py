@@ -151,7 +151,8 @@ def test_a_provider_whose_library_will_not_load_is_named_with_the_library_it_lac
     monkeypatch.setattr(backend, "provider_library_problem", lambda provider: missing)
     with pytest.raises(UserError) as refused:
         backend._check_providers("cuda", ["CPUExecutionProvider"])
-    assert f"could not create the CUDAExecutionProvider (its library will not load: {missing})" in str(refused.value)
+    assert ("could not create the CUDA execution provider, CUDAExecutionProvider (its library will not load: "
+            f"{missing})") in str(refused.value)
 
 
 class RecordingOrt:
