@@ -31,6 +31,9 @@ class BenchConfig:
     device_only: bool = False  # measure only the device's rows (the CPU sections take minutes at clip-vit-b16)
     device_batches: tuple[int, ...] = (1, 8, 32)
     device_scaling_frames: int = 3000
+    # Sampled frames of the runtime loop on the device: a GPU step takes milliseconds, so over 30 frames the
+    # loop's start (opening the video, the first frame's decoding) weighs as much as its steady state.
+    device_e2e_frames: int = 200
 
 
 QUICK = dict(preset="tiny", repetitions=5, scaling_frames=300, scaling_probe=50, growing_window_samples=5,

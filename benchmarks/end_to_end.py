@@ -21,23 +21,27 @@ from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import sample_frames
 
 
-def _end_to_end_bundle(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> tuple[Path, Path, np.ndarray]:
-    """(bundle with fp32/fp16/int8 step graphs, a 640x360 mp4 at 10 fps, its 1-fps frames preprocessed)."""
+def _end_to_end_bundle(cfg: BenchConfig, work: Path, log: Callable[[str], None], sampled: int | None = None
+                       ) -> tuple[Path, Path, np.ndarray]:
+    """(bundle with fp32/fp16/int8 step graphs, a 640x360 mp4 at 10 fps, its ``sampled`` 1-fps frames
+    preprocessed; default ``cfg.e2e_frames``)."""
     import cv2
 
     from sdqes_edge.export import ExportOptions, export_bundle
 
     mcfg = bench_config(preset(cfg.preset), cfg.window_adapter)
     bundle = work / "bundle"
-    video = work / "stream.mp4"
-    frames = sample_frames(cfg.e2e_frames * 10, 360, 640)  # 10 fps video, sampled at the bundle's 1 fps
-    if not bundle.exists():  # the CPU and the device loops share one bundle and one video
+    sampled = sampled or cfg.e2e_frames
+    video = work / f"stream-{sampled}.mp4"
+    frames = sample_frames(sampled * 10, 360, 640)  # 10 fps video, sampled at the bundle's 1 fps
+    if not bundle.exists():  # the CPU and the device loops share one bundle
         precisions = PRECISIONS if cfg.int8 else (FP32, FP16)
         log(f"exporting a {mcfg.name} bundle ({', '.join(precisions)}) for the precision and end-to-end rows ...")
         # Random weights and a speed measurement: calibration and drift frames change no timing, so few.
         options = ExportOptions(precisions=precisions, verify_frames=16, drift_frames=16,
                                 calibration_frames=cfg.calibration_frames, show_progress=False)
         export_bundle(bench_model(mcfg), bundle, options, log=lambda m: None)
+    if not video.exists():
         writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (640, 360))
         for f in frames:
             writer.write(f)
@@ -62,13 +66,13 @@ def bench_precisions(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -
 
 
 def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], ort_device: str = "cpu",
-                     precisions: tuple[str, ...] = PRECISIONS) -> dict:
-    """The whole runtime loop on an mp4 (decode, preprocess, step, score, alert) at each precision, against the
-    bare fp32 step on the same frames preprocessed beforehand."""
+                     precisions: tuple[str, ...] = PRECISIONS, sampled: int | None = None) -> dict:
+    """The whole runtime loop on an mp4 of ``sampled`` frames (decode, preprocess, step, score, alert) at each
+    precision, against the bare fp32 step on the same frames preprocessed beforehand."""
     from sdqes_edge.runtime.detector import StreamingDetector
     from sdqes_edge.runtime.sources import open_source
 
-    bundle, video, inputs = _end_to_end_bundle(cfg, work, log)
+    bundle, video, inputs = _end_to_end_bundle(cfg, work, log, sampled)
     precisions = tuple(p for p in precisions if (bundle / step_graph_name(p)).is_file())
 
     def loop(precision: str) -> float:

@@ -276,7 +276,8 @@ def _sections(cfg: BenchConfig, log: Callable[[str], None]) -> list[Section]:
                      (("device", "batches"), lambda work: run_device_batches(cfg, work, log)),
                      (("device", "scaling"), lambda work: bench_device_scaling(cfg, work, log)),
                      (("device", "end_to_end"), lambda work: bench_end_to_end(cfg, work, log, ort_device=cfg.device,
-                                                                              precisions=(FP32,)))]
+                                                                              precisions=(FP32,),
+                                                                              sampled=cfg.device_e2e_frames))]
     return sections
 
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 
 def test_bench_quick_writes_every_section_with_the_machine_description(tmp_path):
     done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "bench", "--quick", "--repetitions", "3",
@@ -47,7 +49,7 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
 
     cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, device="cpu", device_only=True, int8=False,
                               device_batches=(1, 2), device_scaling_frames=20, scaling_probe=5, e2e_frames=4,
-                              out=str(tmp_path))
+                              device_e2e_frames=6, out=str(tmp_path))
     results, files = run(cfg, log=lambda m: None)
     section = results["device"]
     for name in ("none", "qrnn"):
@@ -58,6 +60,7 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
                                               for b in (1, 2)} | {"qrnn/fp16/2, 1 idle"}
     assert "qrnn fp16 at 2 streams: one idle (state kept) / all busy" in section["batches"]["ratios"]
     assert section["scaling"]["frames"] == 20 and section["end_to_end"]["ort_device"] == "cpu"
+    assert section["end_to_end"]["frames"] == 6  # the device's own stream length, not the CPU loop's
     assert section["kernels_cpu_profile"]["qrnn"]["per_step"] > section["kernels_cpu_profile"]["none"]["per_step"]
     assert {v["fp16_graph_casts"] for v in section["kernels_cpu_profile"].values()} == {2}  # frame in, embedding out
     # Only the device's rows: no CPU table, scaling or plots.
@@ -89,7 +92,11 @@ def test_the_pytorch_rows_step_a_copy_and_leave_the_model_where_it_was():
         assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
-def test_a_bench_cut_short_keeps_every_section_it_finished(tmp_path):
+@pytest.mark.parametrize("stop_at, kept, lost", [
+    ("at batch", (), ("batches", "scaling", "end_to_end")),  # several streams per step: the batch-1 rows are kept
+    ("bundle", ("batches", "scaling"), ("end_to_end",)),  # the device's runtime loop starts by exporting its bundle
+])
+def test_a_bench_cut_short_keeps_every_section_it_finished(stop_at, kept, lost, tmp_path):
     """A lent GPU's time limit, or Ctrl-C, stops a long bench: bench.json already holds what was measured."""
     import dataclasses
     import json
@@ -101,17 +108,18 @@ def test_a_bench_cut_short_keeps_every_section_it_finished(tmp_path):
 
     cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, device="cpu", device_only=True, int8=False,
                               device_batches=(1,), device_scaling_frames=10, scaling_probe=5, e2e_frames=4,
-                              out=str(tmp_path))
+                              device_e2e_frames=4, out=str(tmp_path))
 
-    def stop_at_the_runtime_loop(message: str) -> None:
-        if "bundle" in message:  # the device's runtime loop starts by exporting its bundle
+    def stop(message: str) -> None:
+        if stop_at in message:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run(cfg, log=stop_at_the_runtime_loop)
+        run(cfg, log=stop)
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["complete"] is False and saved["device"]["latency"]["qrnn/ort_fp32"]["p50_ms"] > 0
-    assert "end_to_end" not in saved["device"] and not (tmp_path / "bench.json.tmp").exists()
+    assert set(kept) <= set(saved["device"]) and not set(lost) & set(saved["device"])
+    assert not (tmp_path / "bench.json.tmp").exists()
 
 
 def test_bench_device_only_without_a_device_is_refused_with_the_fix(tmp_path):
