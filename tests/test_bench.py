@@ -63,6 +63,9 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     assert section["end_to_end"]["frames"] == 6  # the device's own stream length, not the CPU loop's
     assert section["kernels_cpu_profile"]["qrnn"]["per_step"] > section["kernels_cpu_profile"]["none"]["per_step"]
     assert {v["fp16_graph_casts"] for v in section["kernels_cpu_profile"].values()} == {2}  # frame in, embedding out
+    on_device = section["kernels_on_device"]
+    assert on_device["qrnn"]["ort_nodes"] > on_device["none"]["ort_nodes"] > 0
+    assert on_device["qrnn"]["gpu_kernels"] is None  # no GPU here: ONNX Runtime's nodes are what runs
     # Only the device's rows: no CPU table, scaling or plots.
     assert not {"table", "scaling", "batches", "precisions", "end_to_end"} & set(results)
     assert files == [tmp_path / "bench.json", tmp_path / "bench.md"] and not list(tmp_path.glob("*.png"))
