@@ -15,7 +15,7 @@ import json
 import platform
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -37,6 +37,8 @@ from sdqes_edge.contract import (
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.model.layers import cast
 from sdqes_edge.package_builds import load_onnxruntime
+
+from .gemm_bias import split_gemm_bias
 
 PRECISION_DTYPES = {FP32: torch.float32, FP16: torch.float16}
 
@@ -154,6 +156,14 @@ def _drop_unused_opsets(graph) -> None:
     graph.opset_import.extend(kept)
 
 
+def _rewrite(path: Path, rewrite: Callable[[Any], object]) -> None:
+    import onnx
+
+    graph = onnx.load(str(path))
+    rewrite(graph)
+    onnx.save(graph, str(path))
+
+
 def read_metadata(path: Path) -> dict[str, Any]:
     import onnx
 
@@ -189,6 +199,8 @@ def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: i
     inputs, outputs = step_io_names(spec.names, query_count is not None)
     _torch_export(*step_graph_trace(model, batch, precision, query_count, trace_device), path, opset, inputs,
                   outputs)
+    if precision == FP16:  # the GPU format: a bias after its product runs faster there (export/gemm_bias.py)
+        _rewrite(path, split_gemm_bias)
     description = describe_step_graph(model, batch=batch, opset=opset, precision=precision, fps=fps,
                                       query_count=query_count, checkpoint_sha256=checkpoint_sha256)
     attach_metadata(path, description)

@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from sdqes_edge.errors import UserError
-from sdqes_edge.package_builds import load_onnxruntime
+from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
 
 from .onnxruntime_backend import session_options
+from .ort_releases import session_keywords
 
 # Operators ONNX Runtime executes as a new view of the same buffer (no data moved, no device launch
 # unless the output is a buffer bound by the caller).
@@ -71,7 +72,8 @@ def count_kernels(path: str | Path, providers: list[str] | None = None, steps: i
         options = session_options()
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(tmp) / "step")
-        session = ort.InferenceSession(str(path), options, providers=providers)
+        device = "cuda" if providers[0] == CUDA_PROVIDER else "cpu"  # the session the runtime would make there
+        session = ort.InferenceSession(str(path), options, providers=providers, **session_keywords(device))
         feeds = _zero_feeds(session)
         for _ in range(steps):
             session.run(None, feeds)

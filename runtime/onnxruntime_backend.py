@@ -35,6 +35,13 @@ from sdqes_edge.state import StateSpec
 from .backend import STATE_BUFFER_SETS, State, StepResult, check_state_arrays
 from .bound_step import BoundState, DeviceBuffers, runs_to_steady
 from .cores import checked_threads
+from .ort_releases import (
+    CUDA_GRAPH_IDS_SINCE,
+    MEM_PATTERN_FIXED_IN,
+    cuda_options,
+    onnxruntime_release,
+    session_keywords,
+)
 
 __all__ = ["OnnxRuntimeStep", "BoundState", "DeviceBuffers", "State", "StepResult", "create_session"]
 
@@ -65,26 +72,6 @@ def slow_precision_words(precision: str, device: str, bundle: str | Path) -> str
                 "operators and runs them in float32 between Casts it adds, no faster than fp32 (`sdqes-edge inspect "
                 f"{bundle} --precision fp16` counts them); on a CPU use fp32 or int8")
     return None
-
-
-# The first ONNX Runtime release whose memory plan (SessionOptions.enable_mem_pattern) keeps fp16 graphs right.
-MEM_PATTERN_FIXED_IN = (1, 19)
-# The first ONNX Runtime release that keeps a CUDA graph per run option ``gpu_graph_id`` (its "multiple CUDA
-# graphs" work). Before it the option is ignored: a session captures one graph and replays it for every run,
-# so the bound step's second binding (state set 1 -> set 0) would replay the first's (set 0 -> set 1) and the
-# state would never move on, silently.
-CUDA_GRAPH_IDS_SINCE = (1, 18)
-# The first release with the CUDA provider option ``use_tf32`` (an unknown option fails the session before it).
-USE_TF32_OPTION_SINCE = (1, 18)
-
-
-def cuda_options(version: str) -> dict[str, str]:
-    """The CUDA provider's options for every session: float32 products in float32. ONNX Runtime multiplies
-    float32 in TF32 (a 10-bit mantissa) by default on Ampere and newer, and then an fp32 bundle on a GPU drifts
-    from the same bundle on a CPU by 1.5e-4 in 100 frames of the tiny preset (measured, H200), where fp32 should
-    be what export verified; PyTorch, likewise, keeps TF32 off for products unless asked. The fast GPU format is
-    the fp16 graph, which this does not touch."""
-    return {"use_tf32": "0"} if onnxruntime_release(version) >= USE_TF32_OPTION_SINCE else {}
 
 
 class OnnxRuntimeStep:
@@ -239,12 +226,6 @@ def session_options(threads: int | None = None, spin_wait: bool = False):
     return options
 
 
-def onnxruntime_release(version: str) -> tuple[int, int]:
-    """'1.18.0+cu118' -> (1, 18)."""
-    major, minor = (version.split("+")[0].split(".") + ["0"])[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
 def load_refusal(exc: BaseException, path: Path, what: str) -> UserError:
     """Why ONNX Runtime would not load the graph at ``path``, in one line. An operator or operator-set version
     this ONNX Runtime lacks means an old ONNX Runtime, not a damaged file, and says so."""
@@ -285,7 +266,7 @@ def create_session(path: Path, device: str, threads: int | None = None, cuda_gra
     def make(capture: bool):
         chosen = [(CUDA_PROVIDER, {**cuda[1], "enable_cuda_graph": "1"}), *providers[1:]] if capture else providers
         with quiet_provider_fallback(ort, device):
-            return ort.InferenceSession(str(path), options, providers=chosen)
+            return ort.InferenceSession(str(path), options, providers=chosen, **session_keywords(device))
 
     return session_with_capture_fallback(make, cuda_graph, path)
 

@@ -6,7 +6,7 @@
 #   site     install the carried project wheel and pure dependencies into /tmp/site (afresh)
 #   install  re-join the parts, check the wheel's sha256, install it into /tmp/ortgpu, and check that
 #            ONNX Runtime offers the CUDA execution provider
-#   tests    nvidia-smi, then the GPU tests (TESTS, default the device-step, lean-step, multi-stream and fused-queries tests)
+#   tests    nvidia-smi, then the GPU tests (TESTS, default the device-step, provider, lean-step, multi-stream, fused-queries tests)
 #   bench    sdqes-edge bench --device cuda (BENCH_ARGS, default --device-only --no-int8), in $OUT/bench
 # Logs go to $OUT (what a `run` call brings back). Example: scripts/gpu_check.sh stage site install tests
 set -euo pipefail
@@ -16,7 +16,7 @@ STAGE=/root/stage
 SITE=/tmp/site
 ORT_SITE=/tmp/ortgpu
 OUT=${OUT:-/tmp/gpu-out}
-TESTS=${TESTS:-"tests/test_device_step.py tests/test_lean_step.py tests/test_multi_stream.py tests/test_fused_queries.py"}
+TESTS=${TESTS:-"tests/test_device_step.py tests/test_provider_checks.py tests/test_lean_step.py tests/test_multi_stream.py tests/test_fused_queries.py"}
 BENCH_ARGS=${BENCH_ARGS:-"--device-only --no-int8"}
 mkdir -p "$STAGE" "$OUT"
 # The GPU build first, so it shadows the CPU onnxruntime the machine has; then the project.

@@ -7,8 +7,6 @@ plain replay) are skipped where it is missing, with the reason.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnxruntime
 import pytest
@@ -21,7 +19,6 @@ from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import (
     BoundState,
     OnnxRuntimeStep,
-    _check_providers,
     session_with_capture_fallback,
 )
 from sdqes_edge.tolerances import VARIANT_TOLERANCES
@@ -191,28 +188,6 @@ def test_an_fp16_graphs_state_is_carried_in_fp16_bound_or_not_and_loads_from_fp3
         np.testing.assert_array_equal(reloaded[name], value)
 
 
-@pytest.mark.parametrize("library_problem", [None, "libnvinfer.so.10: cannot open shared object file"])
-def test_a_provider_onnx_runtime_could_not_create_is_named_never_silently_replaced(library_problem, monkeypatch):
-    """Whether the provider's own library is absent (a CPU build) or will not load its dependencies (a GPU
-    build without TensorRT), the refusal names the provider in words."""
-    import sdqes_edge.runtime.onnxruntime_backend as backend
-
-    monkeypatch.setattr(backend, "provider_library_problem", lambda provider: library_problem)
-    cpu_only = ["CPUExecutionProvider"]
-    with pytest.raises(UserError, match="could not create the CUDA execution provider, CUDAExecutionProvider.*"
-                                        "--ort-device cpu"):
-        _check_providers("cuda", cpu_only)
-    with pytest.warns(SetupWarning) as caught:
-        _check_providers("tensorrt", ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    warning = str(caught[0].message)
-    assert "TensorRT execution provider" in warning and "libnvinfer" in warning and "CUDA" in warning
-    assert len(caught) == 1 and "\n" not in warning
-    with pytest.raises(UserError, match="the TensorRT execution provider, TensorrtExecutionProvider"):
-        _check_providers("tensorrt", cpu_only)
-    _check_providers("cpu", cpu_only)  # what was asked is what runs: silent
-
-
-
 def test_cuda_graphs_need_the_cuda_device_and_bound_buffers(step_graphs):
     paths, _ = step_graphs
     with pytest.raises(UserError, match="--ort-device cuda"):
@@ -307,52 +282,6 @@ def test_cuda_batch_of_four_with_an_idle_stream_and_a_reset(step_graphs):
         idle = [3] if t % 4 == 0 else []
         state_c = cpu.keep_streams(a.state, state_c, idle) if idle else a.state
         state_g = gpu.keep_streams(b.state, state_g, idle) if idle else b.state
-
-
-# --- ONNX Runtime's TensorRT provider keeps its engines on disk, keyed by the graph's bytes ------------------------
-
-def test_tensorrt_provider_engines_are_cached_per_graph_content_and_the_first_build_is_announced(
-        tmp_path, monkeypatch, capsys):
-    import sdqes_edge.runtime.onnxruntime_backend as backend
-    from sdqes_edge.runtime.onnxruntime_backend import tensorrt_cache_options
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(backend, "provider_library_problem", lambda provider: None)  # as where TensorRT loads
-    graph, same, other = tmp_path / "a.onnx", tmp_path / "copy.onnx", tmp_path / "b.onnx"
-    graph.write_bytes(b"graph one")
-    same.write_bytes(b"graph one")
-    other.write_bytes(b"graph two, re-exported")
-    options = tensorrt_cache_options(graph)
-    folder = options["trt_engine_cache_path"]
-    assert folder.startswith(str(tmp_path / "cache" / "sdqes-edge" / "ort-tensorrt"))
-    assert options["trt_engine_cache_enable"] == options["trt_timing_cache_enable"] == "True"
-    assert options["trt_timing_cache_path"] == folder
-    assert "builds engines for a.onnx on first use" in capsys.readouterr().err
-    (Path(folder) / "TRTKernel.engine").write_bytes(b"built")  # what the provider leaves there
-    assert tensorrt_cache_options(same)["trt_engine_cache_path"] == folder  # same bytes, same engines
-    assert capsys.readouterr().err == ""  # nothing to announce once engines are kept
-    assert tensorrt_cache_options(other)["trt_engine_cache_path"] != folder  # new weights never load old engines
-    assert "builds engines for b.onnx" in capsys.readouterr().err
-    monkeypatch.setattr(backend, "provider_library_problem", lambda provider: "libnvinfer.so.10: cannot open")
-    third = tmp_path / "c.onnx"
-    third.write_bytes(b"graph three")
-    tensorrt_cache_options(third)
-    assert capsys.readouterr().err == ""  # where TensorRT cannot load, no engine is built: nothing to announce
-
-
-def test_without_a_writable_cache_the_tensorrt_provider_builds_every_run_with_a_one_line_warning(
-        tmp_path, monkeypatch):
-    from sdqes_edge.runtime.onnxruntime_backend import tensorrt_cache_options
-
-    blocker = tmp_path / "not-a-folder"
-    blocker.write_text("a file where the cache folder would go")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
-    graph = tmp_path / "a.onnx"
-    graph.write_bytes(b"graph")
-    with pytest.warns(SetupWarning) as caught:
-        assert tensorrt_cache_options(graph) == {}
-    warning = str(caught[0].message)
-    assert len(caught) == 1 and "\n" not in warning and "XDG_CACHE_HOME" in warning and "every run" in warning
 
 
 @pytest.mark.parametrize("kind", ["none", "mlp", "st", "qrnn", "retnet"])
