@@ -171,10 +171,10 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
 def device_kernels(path: Path, device: str, frame: np.ndarray, steps: int = 10) -> dict:
     """What one fp16 step runs where it is deployed: ONNX Runtime's nodes on ``device`` (its profiler) and, on
     a GPU, the kernels and copies the GPU itself executed (CUPTI, through PyTorch's profiler, CUDA graph
-    replayed) and the share of the step's wall time the GPU was busy. On an H200 (November 2026) the ViT-B/16
-    + QRNN step ran 458 nodes as 606 GPU kernels, each Gemm with a bias two (ONNX Runtime writes the bias
-    into the output, then multiplies onto it), the GPU busy 1.86 ms of a 2.17 ms step: with CUDA graphs the
-    kernels themselves cost, most of them a couple of microseconds each, not their launches."""
+    replayed) and the share of the step's wall time the GPU was busy. On an H200 (November 2026, fp16 biases
+    still in Gemms) the ViT-B/16 + QRNN step ran 458 nodes as 606 GPU kernels, each Gemm with a bias two
+    (ONNX Runtime writes the bias into the output, then multiplies onto it), the GPU busy 1.86 ms of a 2.3 ms
+    step: with CUDA graphs the kernels themselves cost, most of them a couple of microseconds, not launches."""
     from sdqes_edge.runtime.onnxruntime_backend import DEVICE_PROVIDERS
 
     counted = count_kernels(path, providers=DEVICE_PROVIDERS[device])
