@@ -28,7 +28,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.export import graphs
 from sdqes_edge.export.graphs import compute_model
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words
-from sdqes_edge.runtime.backend import warm_up
+from sdqes_edge.runtime.backend import frame_batch_buffer, warm_up
 from sdqes_edge.runtime.bound_step import runs_to_steady
 from sdqes_edge.runtime.kernels import count_kernels
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, create_session
@@ -80,6 +80,8 @@ def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None, id
     -> (step, whether it replays a CUDA graph). ``idle``: streams that see no frame, and keep their state, as
     the detector keeps them."""
     runner = OnnxRuntimeStep(path, device=device, threads=threads, io_binding=True)
+    if frame.shape[0] > 1:  # several streams: assembled where the step uploads from, as the detector does
+        frame = _assembled(frame_batch_buffer(runner, frame.shape), frame)
     state = [runner.initial_state()]
     state[0] = warm_up(runner, frame, state[0])  # as the runtime does: both bindings captured before timing
 
@@ -87,6 +89,11 @@ def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None, id
         new = runner.step(frame, state[0]).state  # the embedding comes back to the host: a full sync
         state[0] = runner.keep_streams(new, state[0], list(idle)) if idle else new
     return step, runner.cuda_graph
+
+
+def _assembled(buffer: np.ndarray, frames: np.ndarray) -> np.ndarray:
+    np.copyto(buffer, frames)
+    return buffer
 
 
 def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | None

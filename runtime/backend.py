@@ -98,6 +98,17 @@ class StepBackend(Protocol):
         """The rows of ``streams`` (all when None) back to their initial value."""
 
 
+def frame_batch_buffer(backend: StepBackend, shape: tuple[int, ...]) -> np.ndarray:
+    """Where to assemble a batch of ``shape`` frames for ``backend``: the buffer it uploads from, where it has one
+    (``frame_buffer``: the bound ONNX Runtime step's page-locked frame), else a new one. A batch assembled in the
+    backend's own buffer and passed to ``step`` as it is is not copied again: at 32 streams of 224 px that copy
+    is 19 MB a step (1.5 ms on one core of a 2-core Xeon), beside a GPU step of about 13 ms."""
+    buffer = getattr(backend, "frame_buffer", None)
+    if buffer is not None and buffer.shape == tuple(shape) and buffer.dtype == np.float32:
+        return buffer
+    return np.zeros(shape, np.float32)
+
+
 def check_state_arrays(spec: StateSpec, arrays: State) -> None:
     """Refuse host arrays that are not the state ``spec`` describes, before a backend loads them: a tensor missing
     was a KeyError, one of another shape failed in a reshape, or (TensorRT) was copied past its device buffer."""

@@ -135,7 +135,8 @@ class DeviceBuffers:
 
     def step(self, frame: np.ndarray, state: BoundState, query_embeddings: np.ndarray | None) -> StepResult:
         k = self.ledger.current(state)
-        np.copyto(self.host_frame, frame, casting="same_kind")
+        if frame is not self.host_frame:  # a batch assembled in place (backend.frame_batch_buffer) is not copied
+            np.copyto(self.host_frame, frame, casting="same_kind")
         self.frame.update_inplace(self.host_frame)
         if self.queries is not None:
             self.queries.update_inplace(np.ascontiguousarray(query_embeddings, dtype=np.float32))

@@ -27,7 +27,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import SNAPSHOT_EXAMPLE, as_path, check_output_file
 
 from .alerts import AlertPolicy, AlertState
-from .backend import BACKENDS, StepBackend, check_parts_from, warm_up
+from .backend import BACKENDS, StepBackend, check_parts_from, frame_batch_buffer, warm_up
 from .bundle import Bundle, load_bundle
 from .frame_source import check_frames, check_run_arguments
 from .pacing import StreamPace
@@ -100,7 +100,7 @@ class StreamingDetector:
         self.streams = [StreamSlot(i, f"stream{i}", pace=StreamPace(1.0 / self.fps) if temporal else None)
                         for i in range(self.batch)]
         size = self.bundle.image_size
-        self._batch = np.zeros((self.batch, 3, size, size), np.float32)  # the frames of one step, reused
+        self._batch = frame_batch_buffer(self.backend, (self.batch, 3, size, size))  # one step's frames, reused
         self.last_embeddings: np.ndarray | None = None
         self._lock = threading.RLock()  # see _exclusive
         self._running, self._run_thread = False, 0  # a run is stepping the streams, from this thread (see run)

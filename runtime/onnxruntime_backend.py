@@ -148,6 +148,11 @@ class OnnxRuntimeStep:
 
     # State operations every backend provides, so the detector never reaches into a backend's state
     # (with I/O binding it is a handle on one of the two device buffer sets; the TensorRT backend has its own).
+    @property
+    def frame_buffer(self) -> np.ndarray | None:
+        """The host buffer the bound step uploads its frame from (page-locked on a GPU); None unbound."""
+        return self.buffers.host_frame if self.buffers is not None else None
+
     def state_to_numpy(self, state) -> State:
         if self.buffers is not None:
             return self.buffers.read(state)

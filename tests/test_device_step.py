@@ -14,7 +14,7 @@ from conftest import random_model
 
 from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.export import ExportOptions, export_bundle
-from sdqes_edge.runtime.backend import BufferSetLedger
+from sdqes_edge.runtime.backend import BufferSetLedger, frame_batch_buffer
 from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import (
     BoundState,
@@ -115,6 +115,29 @@ def test_the_two_buffer_sets_are_allocated_once_and_alternate(step_graphs):
     assert sets_used == [1, 0, 1, 0, 1, 0]
     assert [{n: v.data_ptr() for n, v in s.items()} for s in buffers.sets] == addresses
     assert len(buffers.bindings) == 2
+
+
+def test_a_batch_assembled_in_the_bound_steps_own_buffer_steps_as_a_separate_array_would(step_graphs):
+    """The detector assembles its streams' frames where the bound step uploads from (``frame_batch_buffer``), and
+    the step then copies nothing: frame after frame, the stream and the next state are those of a copy."""
+    paths, frames = step_graphs
+    in_place, copied = (OnnxRuntimeStep(paths[4], io_binding=True) for _ in range(2))
+    shape = (4, *frames.shape[1:])
+    buffer = frame_batch_buffer(in_place, shape)
+    assert buffer is in_place.frame_buffer
+    states = [in_place.initial_state(), copied.initial_state()]
+    for frame in frames[:12]:
+        batch = np.repeat(frame[None], 4, axis=0)
+        batch[2] = 0.0  # an idle slot, as the detector zeroes it
+        buffer[...] = batch
+        a, b = in_place.step(buffer, states[0]), copied.step(batch, states[1])
+        np.testing.assert_array_equal(a.embedding, b.embedding)
+        states = [a.state, b.state]
+    want = copied.state_to_numpy(states[1])
+    for name, value in in_place.state_to_numpy(states[0]).items():
+        np.testing.assert_array_equal(value, want[name])
+    unbound = frame_batch_buffer(OnnxRuntimeStep(paths[4]), shape)  # no upload buffer: a batch of its own
+    assert unbound.shape == shape and not unbound.any() and frame_batch_buffer(in_place, (2, *shape[1:])) is not buffer
 
 
 def test_a_stale_state_handle_is_refused_not_read(step_graphs):
