@@ -293,14 +293,18 @@ def test_cuda_fp16_step_follows_the_cpu_fp32_step_over_100_frames_with_state_car
 
 @needs_cuda
 def test_cuda_batch_of_four_with_an_idle_stream_and_a_reset(step_graphs):
+    """The GPU's batch assembled in its page-locked upload buffer, as the detector assembles it."""
     paths, frames = step_graphs
     cpu, gpu = OnnxRuntimeStep(paths[4]), OnnxRuntimeStep(paths[4], device="cuda")
+    pinned = frame_batch_buffer(gpu, (4, *frames.shape[1:]))
+    assert pinned is gpu.frame_buffer
     state_c, state_g = cpu.initial_state(), gpu.initial_state()
     for t, frame in enumerate(frames):
         batch = np.repeat(frame[None], 4, axis=0)
+        pinned[...] = batch
         if t == 20:
             state_c, state_g = cpu.reset_streams(state_c, [1]), gpu.reset_streams(state_g, [1])
-        a, b = cpu.step(batch, state_c), gpu.step(batch, state_g)
+        a, b = cpu.step(batch, state_c), gpu.step(pinned, state_g)
         np.testing.assert_allclose(b.embedding, a.embedding, atol=FP32_ON_A_GPU)
         idle = [3] if t % 4 == 0 else []
         state_c = cpu.keep_streams(a.state, state_c, idle) if idle else a.state
