@@ -17,6 +17,7 @@ does not depend on weight values.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import tempfile
 import time
@@ -241,26 +242,31 @@ def bench_batches(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> d
 
 # --- reports -----------------------------------------------------------------------------------
 
+# What a run measures, in order: (where in the results, how). Each is saved as soon as it is measured.
+Section = tuple[tuple[str, ...], Callable[[Path], dict]]
+
+
 def device_models(cfg: BenchConfig) -> dict:
     """What the device's rows compare: the backbone and the window adapter's model, same random weights."""
     base = preset(cfg.preset)
     return {"none": bench_model(base), cfg.window_adapter: bench_model(bench_config(base, cfg.window_adapter))}
 
 
-def run_device_section(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
-    """The batch-1 rows measured on ``cfg.device``; several streams per step, the long stream and the runtime
-    loop on it are sections of their own after it (``device.batches``, ``device.scaling``, ``device.end_to_end``)."""
+def device_sections(cfg: BenchConfig, log: Callable[[str], None]) -> list[Section]:
+    """The rows measured on ``cfg.device``, each section saved as soon as measured: batch 1, several streams per
+    step, the long stream, the runtime loop. The two models are built once, for the first two."""
     base = preset(cfg.preset)
-    return bench_device(cfg, device_models(cfg), lambda batch: bench_frame(base, batch), work, log)
+    models = functools.lru_cache(maxsize=None)(lambda: device_models(cfg))
 
+    def frame_of(batch: int) -> np.ndarray:
+        return bench_frame(base, batch)
 
-def run_device_batches(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
-    base = preset(cfg.preset)
-    return bench_device_batches(cfg, device_models(cfg), lambda batch: bench_frame(base, batch), work, log)
-
-
-# What a run measures, in order: (where in the results, how). Each is saved as soon as it is measured.
-Section = tuple[tuple[str, ...], Callable[[Path], dict]]
+    return [(("device",), lambda work: bench_device(cfg, models(), frame_of, work, log)),
+            (("device", "batches"), lambda work: bench_device_batches(cfg, models(), frame_of, work, log)),
+            (("device", "scaling"), lambda work: bench_device_scaling(cfg, work, log)),
+            (("device", "end_to_end"), lambda work: bench_end_to_end(cfg, work, log, ort_device=cfg.device,
+                                                                     precisions=(FP32,),
+                                                                     sampled=cfg.device_e2e_frames))]
 
 
 def _sections(cfg: BenchConfig, log: Callable[[str], None]) -> list[Section]:
@@ -272,12 +278,7 @@ def _sections(cfg: BenchConfig, log: Callable[[str], None]) -> list[Section]:
                      (("precisions",), lambda work: bench_precisions(cfg, work, log)),
                      (("end_to_end",), lambda work: bench_end_to_end(cfg, work, log))]
     if cfg.device:
-        sections += [(("device",), lambda work: run_device_section(cfg, work, log)),
-                     (("device", "batches"), lambda work: run_device_batches(cfg, work, log)),
-                     (("device", "scaling"), lambda work: bench_device_scaling(cfg, work, log)),
-                     (("device", "end_to_end"), lambda work: bench_end_to_end(cfg, work, log, ort_device=cfg.device,
-                                                                              precisions=(FP32,),
-                                                                              sampled=cfg.device_e2e_frames))]
+        sections += device_sections(cfg, log)
     return sections
 
 

@@ -8,7 +8,7 @@ it is still two kernels, the Add an elementwise one that runs faster: measured o
 
 Only the fp16 graph, the GPU format, is written so. ONNX Runtime's CPU provider folds the pair back into its
 Gemm (``MatMulAddFusion``: the same kernels, the same numbers), the CUDA session keeps the two apart
-(``runtime.onnxruntime_backend.CUDA_DISABLED_OPTIMIZERS``), and TensorRT fuses the bias into its GEMM.
+(``runtime.ort_releases.CUDA_DISABLED_OPTIMIZERS``), and TensorRT fuses the bias into its GEMM.
 """
 
 from __future__ import annotations

@@ -133,10 +133,14 @@ def describe_step_graph(model: SDQESModel, *, batch: int, opset: int, precision:
     }
 
 
-def attach_metadata(path: Path, description: dict[str, Any]) -> None:
+def attach_metadata(path: Path, description: dict[str, Any], rewrite: Callable[[Any], object] | None = None) -> None:
+    """Store ``description`` in the graph at ``path``; ``rewrite`` (a function of the ``onnx.ModelProto``), if
+    given, is applied in the same load and save."""
     import onnx
 
     graph = onnx.load(str(path))
+    if rewrite is not None:
+        rewrite(graph)
     del graph.metadata_props[:]
     entry = graph.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(description, sort_keys=True, allow_nan=False)
@@ -154,14 +158,6 @@ def _drop_unused_opsets(graph) -> None:
     kept = [opset for opset in graph.opset_import if opset.domain in used]
     del graph.opset_import[:]
     graph.opset_import.extend(kept)
-
-
-def _rewrite(path: Path, rewrite: Callable[[Any], object]) -> None:
-    import onnx
-
-    graph = onnx.load(str(path))
-    rewrite(graph)
-    onnx.save(graph, str(path))
 
 
 def read_metadata(path: Path) -> dict[str, Any]:
@@ -199,11 +195,10 @@ def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: i
     inputs, outputs = step_io_names(spec.names, query_count is not None)
     _torch_export(*step_graph_trace(model, batch, precision, query_count, trace_device), path, opset, inputs,
                   outputs)
-    if precision == FP16:  # the GPU format: a bias after its product runs faster there (export/gemm_bias.py)
-        _rewrite(path, split_gemm_bias)
     description = describe_step_graph(model, batch=batch, opset=opset, precision=precision, fps=fps,
                                       query_count=query_count, checkpoint_sha256=checkpoint_sha256)
-    attach_metadata(path, description)
+    # fp16, the GPU format: each bias after its product, which runs faster there (export/gemm_bias.py).
+    attach_metadata(path, description, rewrite=split_gemm_bias if precision == FP16 else None)
     return description
 
 
