@@ -55,7 +55,7 @@ from sdqes_edge.tolerances import ENGINE_TOLERANCES, ENGINE_VERIFY_FRAMES
 
 from .drift import VariantDriftError, VariantReport, compare_variant, run_stream
 from .precision import SYMMETRIC_ACTIVATIONS
-from .tensorrt_ops import LAYERNORM_OPSET, check_opset_readable
+from .tensorrt_ops import LAYERNORM_OPSET, check_opset_readable, tensorrt_readable_bytes
 
 __all__ = ["EnginePlan", "build_engine", "check_engine", "engine_dir", "nvidia_gpu_present", "plan_engine",
            "require_tensorrt"]
@@ -137,7 +137,8 @@ def build_serialized_engine(graph: Path, plan: EnginePlan, workspace_mib: int, c
     network = builder.create_network(network_flags(trt, plan))
     parser = trt.OnnxParser(network, logger)
     log(f"parsing {graph.name} ...")
-    if not parser.parse_from_file(str(graph)):
+    plain = tensorrt_readable_bytes(graph)  # None: the file is plain ONNX already
+    if not (parser.parse_from_file(str(graph)) if plain is None else parser.parse(plain, str(graph))):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise UserError(f"TensorRT {trt.__version__} cannot parse {graph.name}: {errors}. If it names "
                         "LayerNormalization, re-export with --opset 16")

@@ -8,6 +8,9 @@ TensorRT (Xavier tops out at 8.5): LayerNorm is then decomposed.
 
 QuantizeLinear/DequantizeLinear need zero points of 0 (the int8 graphs are
 symmetric for this reason); Conv needs its weights as an initializer.
+
+The fp16 graph carries ONNX Runtime's SkipLayerNormalization (com.microsoft), which the parser does not
+know: ``as_tensorrt_reads_it`` writes it back as plain ONNX before parsing (export/skip_layer_norm.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sdqes_edge.errors import UserError
+
+from .skip_layer_norm import MS_DOMAIN, expand_skip_layer_norm
 
 MIN_TENSORRT = (8, 5)
 LAYERNORM_OPSET = 17  # the ONNX opset from which LayerNorm is one LayerNormalization node (16: plain nodes)
@@ -52,3 +57,28 @@ def check_opset_readable(opset: int, tensorrt_version: str, bundle_root: Path | 
                         f"{bundle_root} (ONNX opset {opset}) use: TensorRT reads it from {'.'.join(map(str, needed))} "
                         "on; re-export the bundle with --opset 16 (LayerNorm as plain nodes), or build on a newer "
                         "TensorRT")
+
+
+def as_tensorrt_reads_it(graph):
+    """``graph`` (an ``onnx.ModelProto``, changed in place and returned) with ONNX Runtime's operators
+    written back as the plain ONNX operators they fuse."""
+    expand_skip_layer_norm(graph)
+    return graph
+
+
+def tensorrt_readable_bytes(path: Path) -> bytes | None:
+    """The graph at ``path`` serialized as TensorRT's parser can read it, or None when the file already is.
+
+    Only an fp16 graph built strongly typed (TensorRT 11) holds such operators; a device that builds from the
+    fp32 graph (TensorRT 8.5-10, a Jetson) needs no onnx package for this."""
+    try:
+        import onnx
+    except ImportError:
+        if MS_DOMAIN.encode() in path.read_bytes():
+            raise UserError(f"{path.name} uses ONNX Runtime's fused operators, which build-engine writes back as "
+                            "plain ONNX for TensorRT with the onnx package: pip install onnx") from None
+        return None
+    graph = onnx.load(str(path))
+    if not any(opset.domain == MS_DOMAIN for opset in graph.opset_import):
+        return None
+    return as_tensorrt_reads_it(graph).SerializeToString()

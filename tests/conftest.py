@@ -53,3 +53,23 @@ def egosdqes_csv() -> Path:
     if not EGOSDQES_CSV.is_file():
         pytest.skip(f"EgoSDQES annotations not found at {EGOSDQES_CSV} (set SDQES_SHARED to the shared folder)")
     return EGOSDQES_CSV
+
+
+def assert_same_stream(graphs, frame_shape, frames: int = 24, atol: float = 1e-6, seed: int = 3):
+    """Two step graphs (paths) give the same embedding every frame and the same final state, over a stream
+    of random frames with each graph's own state carried."""
+    import numpy as np
+
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+
+    rng = np.random.default_rng(seed)
+    runners = [OnnxRuntimeStep(p) for p in graphs]
+    states = [r.initial_state() for r in runners]
+    for _ in range(frames):
+        frame = rng.standard_normal(frame_shape).astype(np.float32)
+        results = [r.step(frame, s) for r, s in zip(runners, states)]
+        np.testing.assert_allclose(results[1].embedding, results[0].embedding, atol=atol)
+        states = [r.state for r in results]
+    final = [r.state_to_numpy(s) for r, s in zip(runners, states)]
+    for name, value in final[0].items():
+        np.testing.assert_allclose(final[1][name], value, atol=atol, err_msg=name)

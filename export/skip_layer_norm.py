@@ -1,0 +1,138 @@
+"""fp16 step graphs add each residual into the LayerNorm that reads it: ONNX Runtime's SkipLayerNormalization.
+
+A pre-LN block reads its residual stream twice: the LayerNorm normalizes ``x + branch`` and the next residual
+adds to it. ONNX Runtime's own fusion (``SkipLayerNormFusion``) fuses an Add into the LayerNorm after it only
+when the LayerNorm is that Add's one reader and the tensors are 3-D, so it never fires on these graphs (2-D
+rows, every residual read twice), and on its CUDA provider each block ran the residual Adds, the bias Add
+before them and the LayerNorm as separate kernels. ``SkipLayerNormalization`` (com.microsoft) does all three
+in one kernel and hands out the sum for the residual's other readers (its fourth output).
+
+Per block: ``ln_1`` reads ``x + up(h) + up.bias`` (adapter 1) or ``x + c_proj(..) + c_proj.bias`` (the previous
+block's MLP, with no adapter 1), and ``ln_2`` reads ``x + a``: 3 kernels fewer a block, 36 in a ViT-B/16 step
+(606 kernels on the GPU for the QRNN step, 246 for the backbone: H200, CUPTI).
+
+Only the fp16 graph, the GPU format, is written so: on ONNX Runtime's CPU provider fp16 runs through Casts
+anyway, and the fp32 graph stays plain ONNX, the reference every format is checked against. TensorRT has no
+such operator: ``expand_skip_layer_norm`` writes the Adds and the LayerNorm back before its parser reads the
+graph (``build-engine``), and ONNX Runtime's TensorRT provider hands these nodes to its CUDA provider.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+MS_DOMAIN = "com.microsoft"
+SKIP_LAYER_NORM = "SkipLayerNormalization"
+SUM_OUTPUT = 3  # SkipLayerNormalization's outputs: normalized, mean, inverse std dev, input + skip + bias
+MS_OPSET_VERSION = 1
+LAYER_NORM_DEFAULT_EPSILON = 1e-5  # ONNX's LayerNormalization default
+
+
+def _constants(graph) -> set[str]:
+    names = {i.name for i in graph.graph.initializer}
+    names |= {n.output[0] for n in graph.graph.node if n.op_type == "Constant"}
+    # The tracer hands a constant that two layers share to the second through an Identity node.
+    return names | {n.output[0] for n in graph.graph.node if n.op_type == "Identity" and n.input[0] in names}
+
+
+def _shapes(graph) -> dict[str, tuple]:
+    """Every tensor's static shape (the step graphs are static), by name."""
+    from onnx import shape_inference
+
+    inferred = shape_inference.infer_shapes(graph, data_prop=True)  # Reshapes to computed shapes
+    infos = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
+    shapes = {v.name: tuple(d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim)
+              for v in infos}
+    return shapes | {i.name: tuple(i.dims) for i in graph.graph.initializer}
+
+
+def _bias_of(name: str, producers: dict, readers: Counter, constants: set[str], shapes: dict, width: int,
+             graph_outputs: set[str]):
+    """If ``name`` is ``Add(product, bias)`` with a constant [width] bias that nothing else reads: (that Add,
+    the product, the bias); else None."""
+    add = producers.get(name)
+    if add is None or add.op_type != "Add" or readers[name] != 1 or name in graph_outputs:
+        return None
+    for product, bias in (add.input, reversed(add.input)):
+        if bias in constants and shapes.get(bias) == (width,) and product not in constants \
+                and shapes.get(product) == shapes.get(name):
+            return add, product, bias
+    return None
+
+
+def fuse_skip_layer_norm(graph) -> int:
+    """Rewrite, in ``graph`` (an ``onnx.ModelProto``), every ``LayerNormalization(a + b)`` over the last axis, a
+    and b two computed tensors of its shape, as one ``SkipLayerNormalization``, with the constant bias of a
+    product feeding the sum folded in; returns how many were rewritten. Names are kept: the sum, where anything
+    else reads it, is the fused node's fourth output."""
+    from onnx import helper
+
+    constants, shapes = _constants(graph), _shapes(graph)
+    original = list(graph.graph.node)  # one list of the node objects: they are matched by identity below
+    producers = {out: node for node in original for out in node.output}
+    readers = Counter(name for node in original for name in node.input)
+    graph_outputs = {o.name for o in graph.graph.output}
+    fused_away, replacements = set(), {}
+    for ln in original:
+        attributes = {a.name: helper.get_attribute_value(a) for a in ln.attribute}
+        summed = ln.input[0] if ln.op_type == "LayerNormalization" else None
+        add = producers.get(summed)
+        shape = shapes.get(summed)
+        if (add is None or add.op_type != "Add" or len(ln.input) != 3 or any(ln.output[1:])
+                or not shape or len(shape) not in (2, 3) or None in shape
+                or attributes.get("axis", -1) not in (-1, len(shape) - 1) or id(add) in replacements
+                or any(i in constants or shapes.get(i) != shape for i in add.input)):
+            continue
+        inputs, bias = list(add.input), ""
+        for position, operand in enumerate(add.input):
+            found = _bias_of(operand, producers, readers, constants, shapes, shape[-1], graph_outputs)
+            if found is not None:  # the biased product first, so that the expansion adds in the same order
+                bias_add, product, bias = found
+                inputs = [product, add.input[1 - position]]
+                fused_away.add(id(bias_add))
+                break
+        keeps_sum = readers[summed] > 1 or summed in graph_outputs
+        outputs = [ln.output[0]] + (["", "", summed] if keeps_sum else [])
+        fused = helper.make_node(SKIP_LAYER_NORM, inputs + [ln.input[1], ln.input[2], bias], outputs,
+                                 name=f"{ln.name}.skip", domain=MS_DOMAIN,
+                                 epsilon=attributes.get("epsilon", LAYER_NORM_DEFAULT_EPSILON))
+        # In the residual Add's place: every input is computed by then, and the sum is read no earlier.
+        fused_away.add(id(ln))
+        replacements[id(add)] = fused
+    nodes = [replacements.get(id(n), n) for n in original if id(n) not in fused_away]
+    del graph.graph.node[:]
+    graph.graph.node.extend(nodes)
+    if replacements and not any(o.domain == MS_DOMAIN for o in graph.opset_import):
+        graph.opset_import.append(helper.make_opsetid(MS_DOMAIN, MS_OPSET_VERSION))
+    return len(replacements)
+
+
+def expand_skip_layer_norm(graph) -> int:
+    """The inverse, for a graph reader without ONNX Runtime's operators (TensorRT's parser): every
+    ``SkipLayerNormalization`` back to its bias Add, residual Add and ``LayerNormalization``; returns how many."""
+    from onnx import helper
+
+    nodes, expanded = [], 0
+    for node in graph.graph.node:
+        if node.op_type != SKIP_LAYER_NORM or node.domain != MS_DOMAIN:
+            nodes.append(node)
+            continue
+        x, skip, gamma, beta, bias = (list(node.input) + [""] * 5)[:5]
+        outputs = list(node.output) + [""] * 4
+        summed = outputs[SUM_OUTPUT] or f"{node.name}.sum"
+        if bias:
+            nodes.append(helper.make_node("Add", [x, bias], [f"{node.name}.biased"], name=f"{node.name}.bias"))
+            x = f"{node.name}.biased"
+        nodes.append(helper.make_node("Add", [x, skip], [summed], name=f"{node.name}.residual"))
+        epsilon = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"),
+                       LAYER_NORM_DEFAULT_EPSILON)
+        nodes.append(helper.make_node("LayerNormalization", [summed, gamma] + ([beta] if beta else []),
+                                      [outputs[0]], name=f"{node.name}.norm", axis=-1, epsilon=epsilon))
+        expanded += 1
+    del graph.graph.node[:]
+    graph.graph.node.extend(nodes)
+    if not any(n.domain == MS_DOMAIN for n in graph.graph.node):
+        kept = [o for o in graph.opset_import if o.domain != MS_DOMAIN]
+        del graph.opset_import[:]
+        graph.opset_import.extend(kept)
+    return expanded
