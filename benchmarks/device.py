@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from sdqes_edge.contract import FP16, FP32
+from sdqes_edge.contract import FP16, FP32, PLAIN_ONNX_OPERATORS
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import graphs
 from sdqes_edge.export.graphs import compute_model
@@ -123,11 +123,18 @@ def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | Non
     return window, captured
 
 
-def _export(model, path: Path, batch: int, precision: str, device: str) -> Path:
-    """A step graph for timing, traced on ``device`` (minutes less at fp16 and 32 streams than on a CPU)."""
+def _export(model, path: Path, batch: int, precision: str, device: str, operators: str | None = None) -> Path:
+    """A step graph for timing, traced on ``device`` (minutes less at fp16 and 32 streams than on a CPU);
+    ``operators``: ``export_step_graph``'s (default: the precision's own)."""
     if not path.exists():
-        graphs.export_step_graph(model, path, batch=batch, precision=precision, trace_device=device)
+        graphs.export_step_graph(model, path, batch=batch, precision=precision, trace_device=device,
+                                 operators=operators)
     return path
+
+
+def _plain_fp16(model, work: Path, batch: int, device: str) -> Path:
+    """The fp16 step graph in plain ONNX, beside the one with ONNX Runtime's fused operators (the default)."""
+    return _export(model, work / f"{device}-plain-b{batch}.fp16.onnx", batch, FP16, device, PLAIN_ONNX_OPERATORS)
 
 
 def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work: Path,
@@ -144,6 +151,9 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
             candidates[f"{name}/torch_{precision}"] = torch_step(model, frame, device, precision)
             candidates[f"{name}/ort_{precision}"], replayed[f"{name}/ort_{precision}"] = ort_step(
                 path, frame, device, cfg.threads)
+    plain = f"{kind}/ort_fp16_plain_onnx"  # the same fp16 graph without ONNX Runtime's fused operators
+    candidates[plain], replayed[plain] = ort_step(_plain_fp16(models[kind], work, 1, device), frame, device,
+                                                  cfg.threads)
     window_path = work / f"{device}-window{cfg.window}.onnx"
     graphs.export_window_graph(models[kind], window_path, window=cfg.window)
     window_key = f"window{cfg.window}/ort_fp32"
@@ -161,6 +171,7 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
         f"{kind} / backbone (ort_fp16)": p50(f"{kind}/ort_fp16") / p50("none/ort_fp16"),
         f"{kind}: torch_fp16 / ort_fp16": p50(f"{kind}/torch_fp16") / p50(f"{kind}/ort_fp16"),
         f"{kind}: ort_fp32 / ort_fp16": p50(f"{kind}/ort_fp32") / p50(f"{kind}/ort_fp16"),
+        f"{kind}: ort_fp16 plain ONNX / with ONNX Runtime's fused operators": p50(plain) / p50(f"{kind}/ort_fp16"),
     }
     kernels = {}
     from sdqes_edge.export.complexity import graph_casts
@@ -171,6 +182,7 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
         kernels[name] = {"per_step": counted.per_step, "views": counted.views,
                          "fp16_graph_casts": graph_casts(work / f"{device}-{name}-b1.{FP16}.onnx")}
     on_device = {name: device_kernels(work / f"{device}-{name}-b1.{FP16}.onnx", device, frame) for name in models}
+    on_device[plain] = device_kernels(_plain_fp16(models[kind], work, 1, device), device, frame)
     return {"device": device, "latency": timings, "ratios": ratios, "kernels_cpu_profile": kernels,
             "kernels_on_device": on_device, "cuda_graph_replayed": replayed}
 
@@ -222,6 +234,10 @@ def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
                 key = f"{name}/{precision}/{batch}"
                 candidates[key], _ = ort_step(path, frame_of(batch), cfg.device, cfg.threads)
                 frames[key] = batch
+    plain = f"{kind}/fp16 plain ONNX/{top}"
+    candidates[plain], _ = ort_step(_plain_fp16(models[kind], work, top, cfg.device), frame_of(top), cfg.device,
+                                    cfg.threads)
+    frames[plain] = top
     idle_key = f"{kind}/fp16/{top}, 1 idle"
     if top > 1:
         candidates[idle_key], _ = ort_step(work / f"{cfg.device}-{kind}-b{top}.fp16.onnx", frame_of(top),
@@ -233,7 +249,9 @@ def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
     ratios = {f"{kind} / backbone at {top} streams (fp16)": rows[f"{kind}/fp16/{top}"]["step_ms"]
               / rows[f"none/fp16/{top}"]["step_ms"],
               f"{kind} fp32 / fp16 at {top} streams": rows[f"{kind}/fp32/{top}"]["step_ms"]
-              / rows[f"{kind}/fp16/{top}"]["step_ms"]}
+              / rows[f"{kind}/fp16/{top}"]["step_ms"],
+              f"{kind} fp16 at {top} streams: plain ONNX / ONNX Runtime's fused operators":
+                  rows[plain]["step_ms"] / rows[f"{kind}/fp16/{top}"]["step_ms"]}
     if idle_key in rows:
         ratios[f"{kind} fp16 at {top} streams: one idle (state kept) / all busy"] = (
             rows[idle_key]["step_ms"] / rows[f"{kind}/fp16/{top}"]["step_ms"])

@@ -152,6 +152,7 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
     step_entries = {REFERENCE_PRECISION: {"file": traced.step.name, "inputs": traced.description["inputs"],
                                           "outputs": traced.description["outputs"],
                                           "state_dtype": STATE_DTYPES[REFERENCE_PRECISION],
+                                          "operators": traced.description["operators"],
                                           "verification": verification.to_dict()}}
     reduced = [p for p in options.precisions if p != REFERENCE_PRECISION]
     variants = _add_variants(model, cfg, reduced, step_entries, staging, traced, options, sha, fp32, fused,
@@ -185,6 +186,7 @@ def _add_variants(model: SDQESModel | None, cfg: ModelConfig, precisions: list[s
         step_entries[precision] = {"file": path.name, "inputs": traced.description["inputs"],
                                    "outputs": traced.description["outputs"],
                                    "state_dtype": STATE_DTYPES[precision],
+                                   "operators": graphs.read_metadata(path)["operators"],
                                    "verification": dict(report.to_dict(), frames_from=drift_source)}
         if quantization is not None:
             step_entries[precision]["quantization"] = quantization.to_dict()
@@ -275,7 +277,8 @@ def _make_variant(model: SDQESModel | None, precision: str, staging: Path, trace
     if precision == FP16:
         log("tracing the fp16 step graph ...")
         graphs.export_step_graph(model, path, batch=options.batch, opset=options.opset, precision=FP16,
-                                 query_count=_query_count(options), fps=options.fps, checkpoint_sha256=sha)
+                                 query_count=_query_count(options), fps=options.fps, checkpoint_sha256=sha,
+                                 operators=options.fp16_operators)
     else:
         source = "the built-in sample" if options.calibration_video is None else options.calibration_video
         log(f"quantizing to int8 (QDQ, {options.int8_policy} policy), calibrated on "

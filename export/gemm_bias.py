@@ -6,6 +6,9 @@ of the GPU's time at one stream and 27% at 32 (ViT-B/16 + QRNN fp16 step, H200, 
 it is still two kernels, the Add an elementwise one that runs faster: measured on that H200, interleaved, the
 32-stream step 14.88 -> 13.42 ms (1.11x), the backbone's 11.25 -> 10.47 ms, one stream 2.17 against 2.15 ms.
 
+Linear layers that read the same input (the QRNN's two gates) are then one product, one bias Add and a Split
+(``merge_sibling_products``): three kernels instead of four.
+
 Only the fp16 graph, the GPU format, is written so. ONNX Runtime's CPU provider folds the pair back into its
 Gemm (``MatMulAddFusion``: the same kernels, the same numbers), the CUDA session keeps the two apart
 (``runtime.ort_releases.CUDA_DISABLED_OPTIMIZERS``), and TensorRT fuses the bias into its GEMM.
@@ -16,16 +19,22 @@ from __future__ import annotations
 import numpy as np
 
 
+def constant_tensors(graph) -> dict:
+    """The graph's initializers by the names nodes read them under: the tracer hands a constant that two layers
+    share (equal values: the QRNN forget gates' initial bias) to the second through an Identity node."""
+    initializers = {i.name: i for i in graph.graph.initializer}
+    initializers.update({n.output[0]: initializers[n.input[0]] for n in graph.graph.node
+                         if n.op_type == "Identity" and n.input[0] in initializers})
+    return initializers
+
+
 def split_gemm_bias(graph) -> int:
     """Rewrite, in ``graph`` (an ``onnx.ModelProto``), every ``Gemm(A, W, b)`` whose weight and 1-D bias are
     constants (alpha = beta = 1, A not transposed) as ``Add(MatMul(A, W'), b)``, W' in the [in, out] layout
     MatMul takes; returns how many were rewritten. Output names are kept, so nothing downstream changes."""
     from onnx import helper, numpy_helper
 
-    initializers = {i.name: i for i in graph.graph.initializer}
-    # The tracer hands a constant that two layers share to the second through an Identity node.
-    initializers.update({n.output[0]: initializers[n.input[0]] for n in graph.graph.node
-                         if n.op_type == "Identity" and n.input[0] in initializers})
+    initializers = constant_tensors(graph)
     nodes, rewritten, transposed = [], 0, {}
     for node in graph.graph.node:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -55,3 +64,59 @@ def split_gemm_bias(graph) -> int:
     del graph.graph.initializer[:]
     graph.graph.initializer.extend(kept)
     return rewritten
+
+
+def merge_sibling_products(graph) -> int:
+    """Rewrite, in ``graph`` (an ``onnx.ModelProto`` whose linear layers are MatMul then Add of a bias, as
+    ``split_gemm_bias`` leaves them), each set of linear layers reading the same input as one product, one Add
+    of their biases side by side and a Split; returns how many products were removed. Output names are kept.
+
+    The QRNN's gates are such a pair (``QRNNLayer.gates``: Z and F over the same frames), two products and two
+    bias kernels on a GPU where one of each and a Split do; the PyTorch model keeps them apart because on the CPU
+    the forget gate's sigmoid fuses into its own Gemm, and the fp32 graph keeps that.
+    """
+    from onnx import helper, numpy_helper
+
+    initializers = constant_tensors(graph)
+    nodes = list(graph.graph.node)
+    readers: dict[str, list] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in graph.graph.output}
+    siblings: dict[str, list] = {}  # input -> [(MatMul, its bias Add, weight, bias)]
+    for node in nodes:
+        weight = node.input[1] if node.op_type == "MatMul" else None
+        after = readers.get(node.output[0], []) if weight else []
+        if (weight not in initializers or len(initializers[weight].dims) != 2 or len(after) != 1
+                or after[0].op_type != "Add" or node.output[0] in graph_outputs):
+            continue
+        bias = next((b for b in after[0].input if b != node.output[0]), None)
+        if bias in initializers and list(initializers[bias].dims) == [initializers[weight].dims[1]]:
+            siblings.setdefault(node.input[0], []).append((node, after[0], weight, bias))
+    removed, replaced, new_initializers = set(), {}, []
+    for source, group in siblings.items():
+        if len(group) < 2:
+            continue
+        name = f"{group[0][0].name}.merged"
+        weights = [numpy_helper.to_array(initializers[w]) for _, _, w, _ in group]
+        biases = [numpy_helper.to_array(initializers[b]) for _, _, _, b in group]
+        new_initializers += [numpy_helper.from_array(np.concatenate(weights, axis=1), f"{name}.weight"),
+                             numpy_helper.from_array(np.concatenate(biases), f"{name}.bias"),
+                             numpy_helper.from_array(np.array([w.shape[1] for w in weights], np.int64),
+                                                     f"{name}.sizes")]
+        replaced[id(group[0][0])] = [
+            helper.make_node("MatMul", [source, f"{name}.weight"], [f"{name}.product"], name=f"{name}.product"),
+            helper.make_node("Add", [f"{name}.product", f"{name}.bias"], [f"{name}.biased"], name=f"{name}.bias"),
+            helper.make_node("Split", [f"{name}.biased", f"{name}.sizes"], [add.output[0] for _, add, _, _ in group],
+                             name=f"{name}.split", axis=-1)]
+        removed |= {id(n) for product, add, _, _ in group for n in (product, add)}
+    rewritten = [new for node in nodes for new in replaced.get(id(node), [] if id(node) in removed else [node])]
+    del graph.graph.node[:]
+    graph.graph.node.extend(rewritten)
+    graph.graph.initializer.extend(new_initializers)
+    used = {name for node in rewritten for name in node.input}
+    kept = [i for i in graph.graph.initializer if i.name in used or i.name in graph_outputs]
+    del graph.graph.initializer[:]
+    graph.graph.initializer.extend(kept)
+    return sum(len(group) - 1 for group in siblings.values() if len(group) >= 2)

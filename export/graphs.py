@@ -28,7 +28,10 @@ from sdqes_edge.contract import (
     FP16,
     FP32,
     GRAPH_FORMAT_VERSION,
+    GRAPH_OPERATORS,
     METADATA_KEY,
+    ONNX_RUNTIME_OPERATORS,
+    PLAIN_ONNX_OPERATORS,
     QUERY_EMBEDDING_OUTPUT,
     STATE_DTYPES,
     TOKEN_INPUT,
@@ -38,8 +41,9 @@ from sdqes_edge.model import SDQESModel
 from sdqes_edge.model.layers import cast
 from sdqes_edge.package_builds import load_onnxruntime
 
-from .gemm_bias import split_gemm_bias
-from .skip_layer_norm import fuse_skip_layer_norm
+from .attention_op import use_onnx_runtime_attention
+from .gemm_bias import merge_sibling_products, split_gemm_bias
+from .onnx_runtime_ops import fuse_skip_layer_norm
 
 PRECISION_DTYPES = {FP32: torch.float32, FP16: torch.float16}
 
@@ -183,39 +187,58 @@ def _torch_export(module: nn.Module, args: tuple, path: Path, opset: int, inputs
 
 def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: int = DEFAULT_OPSET,
                       precision: str = FP32, query_count: int | None = None, fps: float = 1.0,
-                      checkpoint_sha256: str | None = None, trace_device: str = "cpu") -> dict[str, Any]:
+                      checkpoint_sha256: str | None = None, trace_device: str = "cpu",
+                      operators: str | None = None) -> dict[str, Any]:
     """Trace the single-step graph to ``path``; returns its description (also stored in the graph).
 
     ``trace_device``: where the trace runs the model once. The graph is the same wherever it is traced, but an
     fp16 trace on a CPU is slow (PyTorch emulates fp16 products there: 2 minutes for ViT-B/16 at 32 streams on
     two cores), so the GPU benchmark traces on its GPU. Exports whose weights are checked stay on the CPU.
+
+    ``operators`` (``GRAPH_OPERATORS``; default: ``default_operators(precision)``): with ONNX Runtime's fused
+    operators, each block's attention is one Attention node (export/attention_op.py) and each residual is added
+    inside the LayerNorm that reads it (export/onnx_runtime_ops.py); else plain ONNX only.
     """
     if precision not in PRECISION_DTYPES:
         raise ValueError(f"traced precisions are {sorted(PRECISION_DTYPES)}; int8 is made by quantizing fp32")
+    operators = operators or default_operators(precision)
+    if operators not in GRAPH_OPERATORS:
+        raise ValueError(f"operators are one of {GRAPH_OPERATORS}, not {operators!r}")
     spec = model.state_spec(batch, STATE_DTYPES[precision])
     inputs, outputs = step_io_names(spec.names, query_count is not None)
-    _torch_export(*step_graph_trace(model, batch, precision, query_count, trace_device), path, opset, inputs,
-                  outputs)
+    _torch_export(*step_graph_trace(model, batch, precision, query_count, trace_device, operators), path, opset,
+                  inputs, outputs)
     description = describe_step_graph(model, batch=batch, opset=opset, precision=precision, fps=fps,
                                       query_count=query_count, checkpoint_sha256=checkpoint_sha256)
-    attach_metadata(path, description, rewrite=gpu_rewrites if precision == FP16 else None)
+    description["operators"] = operators
+
+    def rewrite(graph) -> None:
+        if precision == FP16:  # the GPU format: each bias after its product, sibling products as one (gemm_bias)
+            split_gemm_bias(graph)
+            merge_sibling_products(graph)
+        if operators == ONNX_RUNTIME_OPERATORS:  # then each residual, with such a bias, inside its LayerNorm
+            fuse_skip_layer_norm(graph)
+
+    attach_metadata(path, description, rewrite=rewrite)
     return description
 
 
-def gpu_rewrites(graph) -> None:
-    """fp16, the GPU format, in fewer and faster kernels on ONNX Runtime's CUDA provider: each bias after its
-    product (export/gemm_bias.py), then each residual Add (with such a bias) inside the LayerNorm that reads it
-    (export/skip_layer_norm.py)."""
-    split_gemm_bias(graph)
-    fuse_skip_layer_norm(graph)
+def default_operators(precision: str) -> str:
+    """fp16, the GPU format, carries ONNX Runtime's fused operators (fewer kernels on its CUDA provider); fp32,
+    the reference every format is checked against and TensorRT's source on 8.5-10, stays plain ONNX."""
+    return ONNX_RUNTIME_OPERATORS if precision == FP16 else PLAIN_ONNX_OPERATORS
 
 
 def step_graph_trace(model: SDQESModel, batch: int, precision: str, query_count: int | None,
-                     trace_device: str) -> tuple[StepGraph, tuple[torch.Tensor, ...]]:
+                     trace_device: str, operators: str = PLAIN_ONNX_OPERATORS
+                     ) -> tuple[StepGraph, tuple[torch.Tensor, ...]]:
     """The module the step graph is traced from and the inputs it is traced with, all on ``trace_device``;
-    ``model`` itself is left where it is, in fp32."""
+    ``model`` itself is left where it is, in fp32, and as it is."""
     cfg = model.cfg
     traced = compute_model(model, precision, trace_device)
+    if operators == ONNX_RUNTIME_OPERATORS:
+        traced = copy.deepcopy(model).eval() if traced is model else traced
+        use_onnx_runtime_attention(traced)
     spec = model.state_spec(batch, STATE_DTYPES[precision])
     r = cfg.vision.image_size
     args: list[torch.Tensor] = [torch.zeros(batch, 3, r, r)] + [s.reshape(t.graph_shape)

@@ -17,8 +17,11 @@ from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.contract import (
     DEFAULT_OPSET,
     ENGINES_FOLDER,
+    FP16,
+    GRAPH_OPERATORS,
     INT8,
     MANIFEST_NAME,
+    ONNX_RUNTIME_OPERATORS,
     PRECISIONS,
     REFERENCE_PRECISION,
     SUPPORTED_OPSETS,
@@ -72,6 +75,8 @@ class ExportOptions:
     int8_float_blocks: int | str = DEFAULT_INT8_FLOAT_BLOCKS  # a count, or AUTO_FLOAT_BLOCKS
     truncate_queries: bool = False
     show_progress: bool = True
+    # The fp16 graph's operators (contract.GRAPH_OPERATORS): with ONNX Runtime's fused ones, fewer GPU kernels.
+    fp16_operators: str = ONNX_RUNTIME_OPERATORS
 
 
 # ExportOptions' numbers, as the Python API may give them: a string ("2", read from a config file) failed in a
@@ -125,7 +130,7 @@ def check_options(options: ExportOptions, warn: Callable[[str], None],
         problems.append(f"--threshold is a probability sigmoid(cos) in (0, 1), not {options.threshold}")
     if not 0.0 < options.fps < math.inf:  # NaN too
         problems.append(f"--fps must be a positive number, not {options.fps}")
-    problems += _int8_problems(options)
+    problems += _int8_problems(options) + _operator_problems(options)
     if options.drift_frames < MIN_VERIFY_FRAMES:
         problems.append(f"--drift-frames must be >= {MIN_VERIFY_FRAMES}, not {options.drift_frames}")
     video_problem = options.calibration_video and path_problem(options.calibration_video, "file")
@@ -149,7 +154,16 @@ def check_options(options: ExportOptions, warn: Callable[[str], None],
         warn(f"drift is measured over {options.drift_frames} frames; a recurrent state needs {DRIFT_FRAMES} or "
              "more to show drift (and fp16 LayerNorm overflow)")
     _warn_unused_int8_options(options, INT8 in precisions, warn)
+    if options.fp16_operators != ONNX_RUNTIME_OPERATORS and FP16 not in precisions:
+        warn(f"--fp16-operators is only used for fp16, which this export does not write; ignoring it (add "
+             f"--precision {FP16} to write it)")
     return dataclasses.replace(options, precisions=precisions)
+
+
+def _operator_problems(options: ExportOptions) -> list[str]:
+    if options.fp16_operators in GRAPH_OPERATORS:
+        return []
+    return [f"unknown --fp16-operators {options.fp16_operators}; choose from {', '.join(GRAPH_OPERATORS)}"]
 
 
 def _int8_problems(options: ExportOptions) -> list[str]:

@@ -9,8 +9,9 @@ TensorRT (Xavier tops out at 8.5): LayerNorm is then decomposed.
 QuantizeLinear/DequantizeLinear need zero points of 0 (the int8 graphs are
 symmetric for this reason); Conv needs its weights as an initializer.
 
-The fp16 graph carries ONNX Runtime's SkipLayerNormalization (com.microsoft), which the parser does not
-know: ``as_tensorrt_reads_it`` writes it back as plain ONNX before parsing (export/skip_layer_norm.py).
+The fp16 graph carries ONNX Runtime's Attention and SkipLayerNormalization (com.microsoft), which the parser
+does not know: ``as_tensorrt_reads_it`` writes them back as plain ONNX before parsing
+(export/onnx_runtime_ops.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from sdqes_edge.errors import UserError
 
-from .skip_layer_norm import MS_DOMAIN, expand_skip_layer_norm
+from .onnx_runtime_ops import MS_DOMAIN, expand_attention, expand_skip_layer_norm
 
 MIN_TENSORRT = (8, 5)
 LAYERNORM_OPSET = 17  # the ONNX opset from which LayerNorm is one LayerNormalization node (16: plain nodes)
@@ -63,6 +64,11 @@ def as_tensorrt_reads_it(graph):
     """``graph`` (an ``onnx.ModelProto``, changed in place and returned) with ONNX Runtime's operators
     written back as the plain ONNX operators they fuse."""
     expand_skip_layer_norm(graph)
+    expand_attention(graph)
+    if not any(node.domain == MS_DOMAIN for node in graph.graph.node):
+        kept = [opset for opset in graph.opset_import if opset.domain != MS_DOMAIN]
+        del graph.opset_import[:]
+        graph.opset_import.extend(kept)
     return graph
 
 

@@ -74,6 +74,10 @@ REFERENCE_PRECISION = FP32  # always exported; every other precision is measured
 # fp16 graph computes its state in fp16, so fp32 at its boundary held no more precision and cost a Cast kernel per
 # state tensor each way; an int8 graph computes its state (the adapters) in fp32.
 STATE_DTYPES: dict[str, str] = {FP32: "float32", FP16: "float16", INT8: "float32"}
+# The operators a step graph may use, in the schema: plain ONNX, or also ONNX Runtime's fused ones (com.microsoft).
+GRAPH_OPERATORS: tuple[str, ...] = tuple(manifest_schema()["properties"]["graphs"]["properties"]["step"][
+    "additionalProperties"]["properties"]["operators"]["enum"])
+PLAIN_ONNX_OPERATORS, ONNX_RUNTIME_OPERATORS = GRAPH_OPERATORS
 
 
 def step_graph_name(precision: str) -> str:

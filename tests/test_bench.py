@@ -56,8 +56,11 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
         for backend in ("torch_fp32", "torch_fp16", "ort_fp32", "ort_fp16"):
             assert section["latency"][f"{name}/{backend}"]["p50_ms"] > 0
     assert "window4 / streaming qrnn (ort_fp32, same treatment)" in section["ratios"]
+    # The fp16 graph with ONNX Runtime's fused operators (the default) beside the same graph in plain ONNX.
+    assert section["latency"]["qrnn/ort_fp16_plain_onnx"]["p50_ms"] > 0
+    assert "qrnn: ort_fp16 plain ONNX / with ONNX Runtime's fused operators" in section["ratios"]
     assert set(section["batches"]["rows"]) == {f"{n}/{p}/{b}" for n in ("none", "qrnn") for p in ("fp32", "fp16")
-                                              for b in (1, 2)} | {"qrnn/fp16/2, 1 idle"}
+                                              for b in (1, 2)} | {"qrnn/fp16/2, 1 idle", "qrnn/fp16 plain ONNX/2"}
     assert "qrnn fp16 at 2 streams: one idle (state kept) / all busy" in section["batches"]["ratios"]
     assert section["scaling"]["frames"] == 20 and section["end_to_end"]["ort_device"] == "cpu"
     assert section["end_to_end"]["frames"] == 6  # the device's own stream length, not the CPU loop's
@@ -65,6 +68,7 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     assert {v["fp16_graph_casts"] for v in section["kernels_cpu_profile"].values()} == {2}  # frame in, embedding out
     on_device = section["kernels_on_device"]
     assert on_device["qrnn"]["ort_nodes"] > on_device["none"]["ort_nodes"] > 0
+    assert on_device["qrnn/ort_fp16_plain_onnx"]["ort_nodes"] > on_device["qrnn"]["ort_nodes"]
     assert on_device["qrnn"]["gpu_kernels"] is None  # no GPU here: ONNX Runtime's nodes are what runs
     # Only the device's rows: no CPU table, scaling or plots.
     assert not {"table", "scaling", "batches", "precisions", "end_to_end"} & set(results)

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from conftest import assert_same_stream, random_model
 
-from sdqes_edge.export.gemm_bias import split_gemm_bias
+from sdqes_edge.export.gemm_bias import merge_sibling_products, split_gemm_bias
 from sdqes_edge.export.graphs import export_step_graph
 from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.runtime.kernels import count_kernels
@@ -83,3 +83,23 @@ def test_a_cuda_session_keeps_product_and_bias_apart_and_a_cpu_session_folds_the
     left = biased_gemms(onnx.load(str(split)))  # the attention's output projection, which reads A transposed
     assert biased_gemms(made["cpu"]) > left  # folded back: the CPU's Gemm is one kernel
     assert biased_gemms(made["cuda"]) == left and any(n.op_type == "MatMul" for n in made["cuda"].graph.node)
+
+
+def test_the_fp16_graph_computes_the_qrnn_gates_as_one_product_then_a_split(tmp_path):
+    """Z and F read the same frames: one product and one bias Add for both, then a Split (3 GPU kernels, not 4)."""
+    export_step_graph(random_model("qrnn"), tmp_path / "fp16.onnx", precision="fp16")
+    graph = onnx.load(str(tmp_path / "fp16.onnx"))
+    initializers = {i.name for i in graph.graph.initializer}
+    weighted_inputs = [n.input[0] for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in initializers]
+    assert len(weighted_inputs) == len(set(weighted_inputs))  # no two weighted products read the same tensor
+    assert sum(n.op_type == "Split" and n.name.endswith(".merged.split") for n in graph.graph.node) == 4  # 2 x 2
+
+
+def test_merged_sibling_products_give_the_same_numbers_over_a_stream(gemm_and_split, tmp_path):
+    gemm, split, _, frame_shape = gemm_and_split
+    graph = onnx.load(str(split))
+    assert merge_sibling_products(graph) == 4  # each QRNN layer's F merged into its Z: 2 blocks x 2 adapters
+    assert merge_sibling_products(copy.deepcopy(graph)) == 0  # nothing left to merge
+    onnx.checker.check_model(graph, full_check=True)
+    onnx.save(graph, str(tmp_path / "merged.onnx"))
+    assert_same_stream((gemm, tmp_path / "merged.onnx"), frame_shape)

@@ -54,3 +54,15 @@ def test_a_bundle_folder_holding_files_export_did_not_write_is_not_replaced(tmp_
     with pytest.raises(UserError, match=r"^--out .*bundle is a bundle that also holds files export did not write "
                                         r"\(model.ckpt\); .* they would be deleted: move them out"):
         check_target(bundle)
+
+
+def test_the_fp16_graphs_operators_are_checked_and_named_where_no_fp16_graph_is_written():
+    with pytest.raises(UserError, match=r"^unknown --fp16-operators tensorrt; choose from onnx, onnxruntime$"):
+        check_options(ExportOptions(fp16_operators="tensorrt"), lambda message: None)
+    said = []
+    check_options(ExportOptions(fp16_operators="onnx"), said.append)
+    assert said == ["--fp16-operators is only used for fp16, which this export does not write; ignoring it (add "
+                    "--precision fp16 to write it)"]
+    said.clear()
+    check_options(ExportOptions(fp16_operators="onnx", precisions=("fp32", "fp16")), said.append)
+    assert said == []

@@ -1,5 +1,5 @@
 """fp16 step graphs add each residual inside the LayerNorm that reads it (ONNX Runtime's SkipLayerNormalization,
-export/skip_layer_norm.py): on its CUDA provider three kernels a block fewer. The rewrite must not change a
+export/onnx_runtime_ops.py): on its CUDA provider three kernels a block fewer. The rewrite must not change a
 number: checked here on fp32 graphs, where ONNX Runtime's CPU kernels are exact, over a stream with the state
 carried; and TensorRT, which lacks the operator, must read the graph written back as plain ONNX."""
 
@@ -15,7 +15,7 @@ from conftest import assert_same_stream, random_model
 
 from sdqes_edge.export.gemm_bias import split_gemm_bias
 from sdqes_edge.export.graphs import export_step_graph
-from sdqes_edge.export.skip_layer_norm import (
+from sdqes_edge.export.onnx_runtime_ops import (
     MS_DOMAIN,
     SKIP_LAYER_NORM,
     expand_skip_layer_norm,

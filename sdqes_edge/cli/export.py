@@ -27,7 +27,14 @@ from sdqes_edge.cli.common import (
 )
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD, MLP_ACTIVATIONS
-from sdqes_edge.contract import DEFAULT_OPSET, FP16, PRECISIONS, REFERENCE_PRECISION
+from sdqes_edge.contract import (
+    DEFAULT_OPSET,
+    FP16,
+    GRAPH_OPERATORS,
+    ONNX_RUNTIME_OPERATORS,
+    PRECISIONS,
+    REFERENCE_PRECISION,
+)
 from sdqes_edge.errors import UserError, install_command, module_absent
 from sdqes_edge.export.precision import (
     AUTO_FLOAT_BLOCKS,
@@ -78,7 +85,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         calibration_frames=args.calibration_frames, int8_policy=args.int8_policy,
         calibration_method=args.calibration_method, int8_activations=args.int8_activations,
         int8_float_blocks=args.int8_float_blocks, truncate_queries=args.truncate_queries,
-        show_progress=not args.quiet)
+        show_progress=not args.quiet, fp16_operators=args.fp16_operators)
     # Before the (possibly slow) checkpoint load; a query's length is checked once its text positions are known.
     check_options(options, lambda message: None, context_length=None if args.checkpoint else CONTEXT_LENGTH)
     check_target(Path(args.out))
@@ -136,7 +143,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{m['image_size']}px, embed {m['embed_dim']}, batch {m['batch']}, opset {m.get('opset')}")
     print(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']:.4f}, "
           f"state {len(m['state'])} tensors ({format_bytes(m['state_bytes'])})")
-    print(f"graphs     step: {', '.join(bundle.precisions)}; text encoder: {m['graphs']['text']['file']} "
+    fused_ops = [p for p in bundle.precisions if m["graphs"]["step"][p].get("operators") == ONNX_RUNTIME_OPERATORS]
+    fused_words = f" ({', '.join(fused_ops)} with ONNX Runtime's fused operators)" if fused_ops else ""
+    print(f"graphs     step: {', '.join(bundle.precisions)}{fused_words}; text encoder: {m['graphs']['text']['file']} "
           f"(queries up to {m['tokenizer']['context_length']} tokens)")
     queries = bundle.queries()
     if queries:
@@ -289,6 +298,11 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--drift-frames", type=int, default=DRIFT_FRAMES,
                         help="frames over which fp16/int8 are streamed beside fp32 with the state carried and "
                              "refused if they drift (default %(default)s)")
+    export.add_argument("--fp16-operators", choices=GRAPH_OPERATORS, default=ONNX_RUNTIME_OPERATORS,
+                        help="operators of the fp16 graph: onnxruntime runs each block's attention and each "
+                             "residual Add + LayerNorm as ONNX Runtime's fused kernels (fewer GPU kernels; "
+                             "build-engine writes them back for TensorRT); onnx keeps plain ONNX for other "
+                             "runtimes (default %(default)s)")
     _add_int8_options(export)
     export.add_argument("--truncate-queries", action="store_true", help="cut queries over the model's token limit "
                                                                         "(CLIP's 77) instead of refusing them")

@@ -49,6 +49,23 @@ class QuickGELU(nn.Module):
         return quick_gelu(x)
 
 
+def mix_heads(qkv: torch.Tensor, tokens: int, heads: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled dot-product attention of each head within each sequence of ``tokens`` rows: qkv [N*L, 3D] (q, k, v
+    side by side, as ``in_proj`` makes them) -> [N*L, D], before the output projection."""
+    width = qkv.shape[-1] // 3
+    head_dim = width // heads
+    qkv = qkv.reshape(-1, tokens, 3 * heads, head_dim).transpose(1, 2)  # [N, 3H, L, hd]
+    q, k, v = qkv.split(heads, dim=1)  # [N, H, L, hd] each (one Split kernel)
+    scores = (q * head_dim**-0.5) @ k.transpose(-2, -1)  # [N, H, L, L]
+    if mask is not None:
+        scores = scores + mask
+    # Softmax in the compute dtype: every kernel (torch's; ONNX Runtime's CPU and CUDA; TensorRT's) subtracts
+    # the row's maximum before exp, so no exp exceeds 1, and sums half in float. A scores tensor that overflowed
+    # fp16 did so in the product above, before any cast to fp32 could help; the casts were two kernels a block.
+    out = scores.softmax(dim=-1) @ v  # [N, H, L, hd]
+    return out.transpose(1, 2).reshape(-1, width)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with ``nn.MultiheadAttention``'s parameter names."""
 
@@ -72,19 +89,8 @@ class Attention(nn.Module):
         """
         if mask is None and x.shape[0] == tokens:
             return self._one_sequence(x)
-        width = x.shape[-1]
-        head_dim = width // self.heads
         qkv = nn.functional.linear(x, self.in_proj_weight, self.in_proj_bias)  # [N*L, 3D]
-        qkv = qkv.reshape(-1, tokens, 3 * self.heads, head_dim).transpose(1, 2)  # [N, 3H, L, hd]
-        q, k, v = qkv.split(self.heads, dim=1)  # [N, H, L, hd] each (one Split kernel)
-        scores = (q * head_dim**-0.5) @ k.transpose(-2, -1)  # [N, H, L, L]
-        if mask is not None:
-            scores = scores + mask
-        # Softmax in the compute dtype: every kernel (torch's; ONNX Runtime's CPU and CUDA; TensorRT's) subtracts
-        # the row's maximum before exp, so no exp exceeds 1, and sums half in float. A scores tensor that overflowed
-        # fp16 did so in the product above, before any cast to fp32 could help; the casts were two kernels a block.
-        out = scores.softmax(dim=-1) @ v  # [N, H, L, hd]
-        return self.out_proj(out.transpose(1, 2).reshape(-1, width))
+        return self.out_proj(mix_heads(qkv, tokens, self.heads, mask))
 
     def _one_sequence(self, x: torch.Tensor) -> torch.Tensor:
         """``rows`` for one sequence (a one-stream step): the same values in 6 kernels instead of 10.
