@@ -213,10 +213,12 @@ def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: i
     description["operators"] = operators
 
     def rewrite(graph) -> None:
-        if precision == FP16:  # the GPU format: each bias after its product, sibling products as one (gemm_bias)
+        # The GPU's form (fp16, or any graph with ONNX Runtime's operators, whose fp32 form the tests compare with
+        # the plain graph): each bias after its product, sibling products as one (export/gemm_bias.py) ...
+        if precision == FP16 or operators == ONNX_RUNTIME_OPERATORS:
             split_gemm_bias(graph)
             merge_sibling_products(graph)
-        if operators == ONNX_RUNTIME_OPERATORS:  # then each residual, with such a bias, inside its LayerNorm
+        if operators == ONNX_RUNTIME_OPERATORS:  # ... then each residual, with such biases, inside its LayerNorm
             fuse_skip_layer_norm(graph)
 
     attach_metadata(path, description, rewrite=rewrite)

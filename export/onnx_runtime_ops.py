@@ -53,65 +53,104 @@ def _shapes(graph) -> dict[str, tuple]:
     return shapes | {i.name: tuple(i.dims) for i in graph.graph.initializer}
 
 
-def _bias_of(name: str, producers: dict, readers: Counter, constants: set[str], shapes: dict, width: int,
-             graph_outputs: set[str]):
-    """If ``name`` is ``Add(product, bias)`` with a constant [width] bias that nothing else reads: (that Add,
-    the product, the bias); else None."""
-    add = producers.get(name)
-    if add is None or add.op_type != "Add" or readers[name] != 1 or name in graph_outputs:
+class _GraphView:
+    """What the fusion reads of a graph: its nodes (one list of the node objects, matched by identity), who
+    produces and who reads each tensor, its constants and every tensor's shape."""
+
+    def __init__(self, graph):
+        from .gemm_bias import constant_tensors
+
+        self.nodes = list(graph.graph.node)
+        self.producers = {out: node for node in self.nodes for out in node.output}
+        self.readers = Counter(name for node in self.nodes for name in node.input)
+        self.outputs = {o.name for o in graph.graph.output}
+        self.constants, self.shapes, self.values = _constants(graph), _shapes(graph), constant_tensors(graph)
+
+    def read_once(self, name: str, op_type: str = "Add"):
+        """The node making ``name`` if it is an ``op_type`` whose output only one node reads, else None."""
+        node = self.producers.get(name)
+        if node is None or node.op_type != op_type or self.readers[name] != 1 or name in self.outputs:
+            return None
+        return node
+
+    def bias_of(self, name: str, width: int):
+        """If ``name`` is ``Add(product, bias)`` with a constant [width] bias that nothing else reads: (that Add,
+        the product, the bias); else None."""
+        add = self.read_once(name)
+        for product, bias in (add.input, reversed(add.input)) if add is not None else ():
+            if bias in self.constants and self.shapes.get(bias) == (width,) and product not in self.constants \
+                    and self.shapes.get(product) == self.shapes.get(name):
+                return add, product, bias
         return None
-    for product, bias in (add.input, reversed(add.input)):
-        if bias in constants and shapes.get(bias) == (width,) and product not in constants \
-                and shapes.get(product) == shapes.get(name):
-            return add, product, bias
-    return None
+
+
+def _fold_biases(graph, view: _GraphView, add, width: int, fused_away: set, replacements: dict) -> tuple[list, str]:
+    """The SkipLayerNormalization inputs (input, skip) and bias for the residual ``add``: the constant bias of a
+    product feeding it folded in, or, where it adds a sum of branches (a block's attention and its second
+    adapter), the biases of the branches' products that nothing else reads (the adapter's up-projection; the
+    attention's output is also the adapter's input) added inside instead (``fused_away`` and ``replacements``
+    take the nodes this removes and adds)."""
+    from onnx import helper, numpy_helper
+
+    for position, operand in enumerate(add.input):
+        found = view.bias_of(operand, width)
+        if found is not None:  # the biased product first, so that the expansion adds in the same order
+            bias_add, product, bias = found
+            fused_away.add(id(bias_add))
+            return [product, add.input[1 - position]], bias
+    for position, operand in enumerate(add.input):
+        pair = view.read_once(operand)
+        parts = [view.bias_of(i, width) for i in pair.input] if pair is not None else []
+        biased = [part for part in parts if part is not None]  # a biased product that only this sum reads
+        if not biased:
+            continue
+        name = f"{pair.name}.unbiased"
+        summed = sum(numpy_helper.to_array(view.values[bias]) for _, _, bias in biased)
+        graph.graph.initializer.append(numpy_helper.from_array(summed, f"{name}.bias"))
+        terms = [part[1] if part is not None else term for part, term in zip(parts, pair.input)]
+        replacements[id(pair)] = helper.make_node("Add", terms, [name], name=name)
+        fused_away.update(id(bias_add) for bias_add, _, _ in biased)
+        return [name, add.input[1 - position]], f"{name}.bias"
+    return list(add.input), ""
 
 
 def fuse_skip_layer_norm(graph) -> int:
     """Rewrite, in ``graph`` (an ``onnx.ModelProto``), every ``LayerNormalization(a + b)`` over the last axis, a
-    and b two computed tensors of its shape, as one ``SkipLayerNormalization``, with the constant bias of a
-    product feeding the sum folded in; returns how many were rewritten. Names are kept: the sum, where anything
-    else reads it, is the fused node's fourth output."""
+    and b two computed tensors of its shape, as one ``SkipLayerNormalization``, with the constant biases of the
+    products feeding the sum folded in (``_fold_biases``); returns how many were rewritten. Names are kept: the
+    sum, where anything else reads it, is the fused node's fourth output."""
     from onnx import helper
 
-    constants, shapes = _constants(graph), _shapes(graph)
-    original = list(graph.graph.node)  # one list of the node objects: they are matched by identity below
-    producers = {out: node for node in original for out in node.output}
-    readers = Counter(name for node in original for name in node.input)
-    graph_outputs = {o.name for o in graph.graph.output}
-    fused_away, replacements = set(), {}
-    for ln in original:
+    view = _GraphView(graph)
+    fused_away, replacements, fused_count = set(), {}, 0
+    for ln in view.nodes:
         attributes = {a.name: helper.get_attribute_value(a) for a in ln.attribute}
         summed = ln.input[0] if ln.op_type == "LayerNormalization" else None
-        add = producers.get(summed)
-        shape = shapes.get(summed)
+        add, shape = view.producers.get(summed), view.shapes.get(summed)
         if (add is None or add.op_type != "Add" or len(ln.input) != 3 or any(ln.output[1:])
                 or not shape or len(shape) not in (2, 3) or None in shape
                 or attributes.get("axis", -1) not in (-1, len(shape) - 1) or id(add) in replacements
-                or any(i in constants or shapes.get(i) != shape for i in add.input)):
+                or any(i in view.constants or view.shapes.get(i) != shape for i in add.input)):
             continue
-        inputs, bias = list(add.input), ""
-        for position, operand in enumerate(add.input):
-            found = _bias_of(operand, producers, readers, constants, shapes, shape[-1], graph_outputs)
-            if found is not None:  # the biased product first, so that the expansion adds in the same order
-                bias_add, product, bias = found
-                inputs = [product, add.input[1 - position]]
-                fused_away.add(id(bias_add))
-                break
-        keeps_sum = readers[summed] > 1 or summed in graph_outputs
+        inputs, bias = _fold_biases(graph, view, add, shape[-1], fused_away, replacements)
+        keeps_sum = view.readers[summed] > 1 or summed in view.outputs
         outputs = [ln.output[0]] + (["", "", summed] if keeps_sum else [])
-        fused = helper.make_node(SKIP_LAYER_NORM, inputs + [ln.input[1], ln.input[2], bias], outputs,
-                                 name=f"{ln.name}.skip", domain=MS_DOMAIN,
-                                 epsilon=attributes.get("epsilon", LAYER_NORM_DEFAULT_EPSILON))
         # In the residual Add's place: every input is computed by then, and the sum is read no earlier.
+        replacements[id(add)] = helper.make_node(
+            SKIP_LAYER_NORM, inputs + [ln.input[1], ln.input[2], bias], outputs, name=f"{ln.name}.skip",
+            domain=MS_DOMAIN, epsilon=attributes.get("epsilon", LAYER_NORM_DEFAULT_EPSILON))
         fused_away.add(id(ln))
-        replacements[id(add)] = fused
-    nodes = [replacements.get(id(n), n) for n in original if id(n) not in fused_away]
+        fused_count += 1
+    nodes = [replacements.get(id(n), n) for n in view.nodes if id(n) not in fused_away]
     del graph.graph.node[:]
     graph.graph.node.extend(nodes)
-    if replacements and not any(o.domain == MS_DOMAIN for o in graph.opset_import):
+    read = {name for node in nodes for name in node.input} | view.outputs
+    kept = [i for i in graph.graph.initializer if i.name in read]  # biases now added as one
+    del graph.graph.initializer[:]
+    graph.graph.initializer.extend(kept)
+    if fused_count and not any(o.domain == MS_DOMAIN for o in graph.opset_import):
         graph.opset_import.append(helper.make_opsetid(MS_DOMAIN, MS_OPSET_VERSION))
-    return len(replacements)
+    return fused_count
 
 
 def expand_skip_layer_norm(graph) -> int:

@@ -13,6 +13,7 @@ import onnx
 import pytest
 from conftest import assert_same_stream, random_model
 
+from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS
 from sdqes_edge.export.gemm_bias import split_gemm_bias
 from sdqes_edge.export.graphs import export_step_graph
 from sdqes_edge.export.onnx_runtime_ops import (
@@ -76,7 +77,8 @@ def test_a_bias_feeding_the_residual_is_folded_in_and_the_sum_kept_for_its_other
     skips = [n for n in after.graph.node if n.op_type == SKIP_LAYER_NORM]
     assert fused_count == len(skips) == 2 * BLOCKS
     with_bias = [n for n in skips if len(n.input) == 5 and n.input[4]]
-    assert len(with_bias) == BLOCKS  # ln_1: x + up(h) + up.bias
+    # ln_1: x + up(h) + up.bias; ln_2: x + (a + up(h) + up.bias), the attention's a a Gemm in this plain graph
+    assert len(with_bias) == 2 * BLOCKS
     assert all(len(n.output) == 4 and n.output[3] for n in skips)  # every residual is read again later
     # Each fusion removes the LayerNorm and the residual Add, and a folded bias its Add.
     assert len(before.graph.node) - len(after.graph.node) == 2 * len(skips) - len(skips) + len(with_bias)
@@ -104,6 +106,20 @@ def test_tensorrt_reads_the_fused_graph_written_back_as_plain_onnx(plain_and_fus
     onnx.save(readable, str(expanded))
     frame = np.random.default_rng(6).standard_normal(plain_and_fused[3]).astype(np.float32)
     results = [OnnxRuntimeStep(p).step(frame, OnnxRuntimeStep(p).initial_state()) for p in (plain, expanded)]
-    np.testing.assert_array_equal(results[1].embedding, results[0].embedding)  # the very same nodes again
+    # The same operators, a bias added after the sum it was folded out of instead of before.
+    np.testing.assert_allclose(results[1].embedding, results[0].embedding, atol=1e-6)
     graph = onnx.load(str(fused))
     assert expand_skip_layer_norm(graph) == fused_count and expand_skip_layer_norm(graph) == 0
+
+
+@pytest.mark.parametrize("kind", ["qrnn", "none"])
+def test_with_the_attention_node_every_residual_bias_is_added_inside_the_layer_norm(kind, tmp_path):
+    """ln_2 reads x + attention, whose output projection is now a product and its bias: that bias is folded in;
+    with a second adapter, x + (a + up(h)), the up-projection's bias (a, the attention's output, is the
+    adapter's input too, so its bias stays)."""
+    export_step_graph(random_model(kind), tmp_path / "ort.onnx", operators=ONNX_RUNTIME_OPERATORS)
+    graph = onnx.load(str(tmp_path / "ort.onnx"))
+    skips = [n for n in graph.graph.node if n.op_type == SKIP_LAYER_NORM]
+    assert skips and all(len(n.input) == 5 and n.input[4] for n in skips)
+    merged_biases = [n for n in skips if n.input[4].endswith(".unbiased.bias")]
+    assert len(merged_biases) == (BLOCKS if kind == "qrnn" else 0)
