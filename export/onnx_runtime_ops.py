@@ -193,7 +193,9 @@ def expand_attention(graph) -> int:
     ONNX Runtime's operators (TensorRT's parser); returns how many."""
     from onnx import helper, numpy_helper
 
-    initializers = {i.name: i for i in graph.graph.initializer}
+    from .gemm_bias import constant_tensors
+
+    initializers = constant_tensors(graph)  # a weight two blocks share (equal values) reaches one through Identity
     nodes, expanded = [], 0
     for node in list(graph.graph.node):
         if node.op_type != ATTENTION or node.domain != MS_DOMAIN:
