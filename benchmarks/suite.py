@@ -71,7 +71,8 @@ def _trt_step(path: Path, model: SDQESModel, frame: np.ndarray, work: Path, log)
     if plan.graph_precision == FP16:
         path = path.with_suffix(".fp16.onnx")
         graphs.export_step_graph(model, path, precision=FP16)
-    serialized, _ = build_serialized_engine(path, plan, 4096, work / "timing.cache", log)
+    operators = graphs.default_operators(plan.graph_precision)  # as exported here
+    serialized, _ = build_serialized_engine(path, plan, 4096, work / "timing.cache", operators, log)
     engine = path.with_suffix(".engine")
     engine.write_bytes(serialized)
     runner = TensorRTStep(engine, model.state_spec(frame.shape[0]), model.cfg.embed_dim, frame.shape[-1],

@@ -186,7 +186,8 @@ def _add_variants(model: SDQESModel | None, cfg: ModelConfig, precisions: list[s
         step_entries[precision] = {"file": path.name, "inputs": traced.description["inputs"],
                                    "outputs": traced.description["outputs"],
                                    "state_dtype": STATE_DTYPES[precision],
-                                   "operators": graphs.read_metadata(path)["operators"],
+                                   "operators": (options.fp16_operators if precision == FP16
+                                                 else traced.description["operators"]),  # int8: fp32's
                                    "verification": dict(report.to_dict(), frames_from=drift_source)}
         if quantization is not None:
             step_entries[precision]["quantization"] = quantization.to_dict()

@@ -18,14 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def constant_tensors(graph) -> dict:
-    """The graph's initializers by the names nodes read them under: the tracer hands a constant that two layers
-    share (equal values: the QRNN forget gates' initial bias) to the second through an Identity node."""
-    initializers = {i.name: i for i in graph.graph.initializer}
-    initializers.update({n.output[0]: initializers[n.input[0]] for n in graph.graph.node
-                         if n.op_type == "Identity" and n.input[0] in initializers})
-    return initializers
+from .graph_edits import constant_tensors, drop_unused_initializers
 
 
 def split_gemm_bias(graph) -> int:
@@ -59,10 +52,7 @@ def split_gemm_bias(graph) -> int:
     del graph.graph.node[:]
     graph.graph.node.extend(nodes)
     graph.graph.initializer.extend(transposed.values())
-    used = {name for node in nodes for name in node.input} | {output.name for output in graph.graph.output}
-    kept = [i for i in graph.graph.initializer if i.name in used]  # the [out, in] weights no node reads now
-    del graph.graph.initializer[:]
-    graph.graph.initializer.extend(kept)
+    drop_unused_initializers(graph)  # the [out, in] weights no node reads now
     return rewritten
 
 
@@ -115,8 +105,5 @@ def merge_sibling_products(graph) -> int:
     del graph.graph.node[:]
     graph.graph.node.extend(rewritten)
     graph.graph.initializer.extend(new_initializers)
-    used = {name for node in rewritten for name in node.input}
-    kept = [i for i in graph.graph.initializer if i.name in used or i.name in graph_outputs]
-    del graph.graph.initializer[:]
-    graph.graph.initializer.extend(kept)
+    drop_unused_initializers(graph)  # the separate weights and biases
     return sum(len(group) - 1 for group in siblings.values() if len(group) >= 2)

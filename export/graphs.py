@@ -43,6 +43,7 @@ from sdqes_edge.package_builds import load_onnxruntime
 
 from .attention_op import use_onnx_runtime_attention
 from .gemm_bias import merge_sibling_products, split_gemm_bias
+from .graph_edits import drop_unused_opsets
 from .onnx_runtime_ops import fuse_skip_layer_norm
 
 PRECISION_DTYPES = {FP32: torch.float32, FP16: torch.float16}
@@ -150,19 +151,8 @@ def attach_metadata(path: Path, description: dict[str, Any], rewrite: Callable[[
     entry = graph.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(description, sort_keys=True, allow_nan=False)
     graph.producer_name, graph.producer_version = "sdqes-edge", sdqes_edge.__version__
-    _drop_unused_opsets(graph)
+    drop_unused_opsets(graph)
     onnx.save(graph, str(path))
-
-
-def _drop_unused_opsets(graph) -> None:
-    """Keep only the operator sets the graph's nodes use. ONNX Runtime's quantizer declares every domain it
-    knows (ai.onnx.ml 5, training, preview...), and an ONNX Runtime older than those versions refuses the whole
-    graph for a domain no node needs: the int8 graph made by ONNX Runtime 1.32 did not load on 1.17."""
-    used = {node.domain for node in graph.graph.node} | {
-        node.domain for function in graph.functions for node in function.node} | {""}
-    kept = [opset for opset in graph.opset_import if opset.domain in used]
-    del graph.opset_import[:]
-    graph.opset_import.extend(kept)
 
 
 def read_metadata(path: Path) -> dict[str, Any]:

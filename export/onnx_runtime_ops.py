@@ -27,19 +27,14 @@ from collections import Counter
 
 import numpy as np
 
+from .graph_edits import constant_tensors, drop_unused_initializers
+
 MS_DOMAIN = "com.microsoft"
 ATTENTION = "Attention"
 SKIP_LAYER_NORM = "SkipLayerNormalization"
 SUM_OUTPUT = 3  # SkipLayerNormalization's outputs: normalized, mean, inverse std dev, input + skip + bias
 MS_OPSET_VERSION = 1
 LAYER_NORM_DEFAULT_EPSILON = 1e-5  # ONNX's LayerNormalization default
-
-
-def _constants(graph) -> set[str]:
-    names = {i.name for i in graph.graph.initializer}
-    names |= {n.output[0] for n in graph.graph.node if n.op_type == "Constant"}
-    # The tracer hands a constant that two layers share to the second through an Identity node.
-    return names | {n.output[0] for n in graph.graph.node if n.op_type == "Identity" and n.input[0] in names}
 
 
 def _shapes(graph) -> dict[str, tuple]:
@@ -58,13 +53,12 @@ class _GraphView:
     produces and who reads each tensor, its constants and every tensor's shape."""
 
     def __init__(self, graph):
-        from .gemm_bias import constant_tensors
-
         self.nodes = list(graph.graph.node)
         self.producers = {out: node for node in self.nodes for out in node.output}
         self.readers = Counter(name for node in self.nodes for name in node.input)
         self.outputs = {o.name for o in graph.graph.output}
-        self.constants, self.shapes, self.values = _constants(graph), _shapes(graph), constant_tensors(graph)
+        self.values, self.shapes = constant_tensors(graph), _shapes(graph)
+        self.constants = set(self.values) | {n.output[0] for n in self.nodes if n.op_type == "Constant"}
 
     def read_once(self, name: str, op_type: str = "Add"):
         """The node making ``name`` if it is an ``op_type`` whose output only one node reads, else None."""
@@ -144,10 +138,7 @@ def fuse_skip_layer_norm(graph) -> int:
     nodes = [replacements.get(id(n), n) for n in view.nodes if id(n) not in fused_away]
     del graph.graph.node[:]
     graph.graph.node.extend(nodes)
-    read = {name for node in nodes for name in node.input} | view.outputs
-    kept = [i for i in graph.graph.initializer if i.name in read]  # biases now added as one
-    del graph.graph.initializer[:]
-    graph.graph.initializer.extend(kept)
+    drop_unused_initializers(graph)  # biases now added inside, as one
     if fused_count and not any(o.domain == MS_DOMAIN for o in graph.opset_import):
         graph.opset_import.append(helper.make_opsetid(MS_DOMAIN, MS_OPSET_VERSION))
     return fused_count
@@ -191,9 +182,7 @@ def expand_attention(graph) -> int:
     """Every ONNX Runtime ``Attention`` node of ``graph`` (an ``onnx.ModelProto``) written back as plain ONNX
     (``model.layers.mix_heads`` as the tracer writes it, with the in-projection before it), for a graph reader without
     ONNX Runtime's operators (TensorRT's parser); returns how many."""
-    from onnx import helper, numpy_helper
-
-    from .gemm_bias import constant_tensors
+    from onnx import helper
 
     initializers = constant_tensors(graph)  # a weight two blocks share (equal values) reaches one through Identity
     nodes, expanded = [], 0
@@ -205,7 +194,7 @@ def expand_attention(graph) -> int:
         heads = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "num_heads")
         width = initializers[weight].dims[0]
         head_dim = width // heads
-        dtype = numpy_helper.to_array(initializers[weight]).dtype
+        dtype = helper.tensor_dtype_to_np_dtype(initializers[weight].data_type)
         name = node.name or f"attention{expanded}"
         t = {k: f"{name}.{k}" for k in ("qkv", "biased", "heads", "split", "q", "k", "v", "scaled", "k_t",
                                          "scores", "weights", "mixed", "tokens_major")}

@@ -35,7 +35,16 @@ from typing import Callable, Collection
 
 import numpy as np
 
-from sdqes_edge.contract import ENGINES_FOLDER, FP16, FP32, INT8, PRECISIONS, STATE_DTYPES, engine_name
+from sdqes_edge.contract import (
+    ENGINES_FOLDER,
+    FP16,
+    FP32,
+    INT8,
+    PLAIN_ONNX_OPERATORS,
+    PRECISIONS,
+    STATE_DTYPES,
+    engine_name,
+)
 from sdqes_edge.errors import WARNING_PREFIX, UserError
 from sdqes_edge.files import file_sha256
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
@@ -128,16 +137,17 @@ def network_flags(trt, plan: EnginePlan) -> int:
     return flags
 
 
-def build_serialized_engine(graph: Path, plan: EnginePlan, workspace_mib: int, cache_path: Path,
+def build_serialized_engine(graph: Path, plan: EnginePlan, workspace_mib: int, cache_path: Path, operators: str,
                             log: Callable[[str], None] = print) -> tuple[bytes, float]:
-    """Parse an ONNX graph and build a serialized engine with the timing cache at ``cache_path`` (updated)."""
+    """Parse an ONNX graph (whose ``operators`` are its manifest entry's) and build a serialized engine with the
+    timing cache at ``cache_path`` (updated)."""
     trt = require_tensorrt()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(network_flags(trt, plan))
     parser = trt.OnnxParser(network, logger)
     log(f"parsing {graph.name} ...")
-    plain = tensorrt_readable_bytes(graph)  # None: the file is plain ONNX already
+    plain = tensorrt_readable_bytes(graph, operators)  # None: the file is plain ONNX already
     if not (parser.parse_from_file(str(graph)) if plain is None else parser.parse(plain, str(graph))):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise UserError(f"TensorRT {trt.__version__} cannot parse {graph.name}: {errors}. If it names "
@@ -221,7 +231,8 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
         "this takes minutes ...")
     timing_cache = inside_bundle(bundle.root, f"{ENGINES_FOLDER}/{device.folder}/{TIMING_CACHE_NAME}",
                                  named_by_manifest=False)  # read and rewritten: never through a symlink out
-    serialized, seconds = build_serialized_engine(graph, plan, workspace_mib, timing_cache, log)
+    operators = bundle.manifest["graphs"]["step"][plan.graph_precision].get("operators", PLAIN_ONNX_OPERATORS)
+    serialized, seconds = build_serialized_engine(graph, plan, workspace_mib, timing_cache, operators, log)
     record = {"source_graph": graph.name, "source_graph_sha256": file_sha256(graph), "typing": plan.typing,
               "state_dtype": plan.state_dtype, "workspace_mib": workspace_mib, "build_seconds": round(seconds, 1)}
     engine_path = keep_checked_engine(bundle, serialized, precision, device, record, verify_frames, log)

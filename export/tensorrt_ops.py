@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS
 from sdqes_edge.errors import UserError
 
-from .onnx_runtime_ops import MS_DOMAIN, expand_attention, expand_skip_layer_norm
+from .graph_edits import drop_unused_opsets
+from .onnx_runtime_ops import expand_attention, expand_skip_layer_norm
 
 MIN_TENSORRT = (8, 5)
 LAYERNORM_OPSET = 17  # the ONNX opset from which LayerNorm is one LayerNormalization node (16: plain nodes)
@@ -65,26 +67,21 @@ def as_tensorrt_reads_it(graph):
     written back as the plain ONNX operators they fuse."""
     expand_skip_layer_norm(graph)
     expand_attention(graph)
-    if not any(node.domain == MS_DOMAIN for node in graph.graph.node):
-        kept = [opset for opset in graph.opset_import if opset.domain != MS_DOMAIN]
-        del graph.opset_import[:]
-        graph.opset_import.extend(kept)
+    drop_unused_opsets(graph)
     return graph
 
 
-def tensorrt_readable_bytes(path: Path) -> bytes | None:
-    """The graph at ``path`` serialized as TensorRT's parser can read it, or None when the file already is.
+def tensorrt_readable_bytes(path: Path, operators: str) -> bytes | None:
+    """The graph at ``path``, whose operators are ``operators`` (its manifest entry's, contract.GRAPH_OPERATORS),
+    serialized as TensorRT's parser can read it; None when the file already is, which the parser reads itself.
 
     Only an fp16 graph built strongly typed (TensorRT 11) holds such operators; a device that builds from the
     fp32 graph (TensorRT 8.5-10, a Jetson) needs no onnx package for this."""
+    if operators != ONNX_RUNTIME_OPERATORS:
+        return None
     try:
         import onnx
     except ImportError:
-        if MS_DOMAIN.encode() in path.read_bytes():
-            raise UserError(f"{path.name} uses ONNX Runtime's fused operators, which build-engine writes back as "
-                            "plain ONNX for TensorRT with the onnx package: pip install onnx") from None
-        return None
-    graph = onnx.load(str(path))
-    if not any(opset.domain == MS_DOMAIN for opset in graph.opset_import):
-        return None
-    return as_tensorrt_reads_it(graph).SerializeToString()
+        raise UserError(f"{path.name} uses ONNX Runtime's fused operators, which build-engine writes back as "
+                        "plain ONNX for TensorRT with the onnx package: pip install onnx") from None
+    return as_tensorrt_reads_it(onnx.load(str(path))).SerializeToString()

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from conftest import assert_same_stream, random_model
 
-from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS
+from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS, PLAIN_ONNX_OPERATORS
 from sdqes_edge.export.gemm_bias import split_gemm_bias
 from sdqes_edge.export.graphs import export_step_graph
 from sdqes_edge.export.onnx_runtime_ops import (
@@ -96,8 +96,8 @@ def test_on_the_cpu_the_fused_graph_runs_fewer_kernels_and_the_same_numbers_over
 
 def test_tensorrt_reads_the_fused_graph_written_back_as_plain_onnx(plain_and_fused, tmp_path):
     plain, fused, fused_count, _ = plain_and_fused
-    assert tensorrt_readable_bytes(plain) is None  # already plain: parsed from the file itself
-    readable = onnx.load_from_string(tensorrt_readable_bytes(fused))
+    assert tensorrt_readable_bytes(plain, PLAIN_ONNX_OPERATORS) is None  # already plain: parsed from the file itself
+    readable = onnx.load_from_string(tensorrt_readable_bytes(fused, ONNX_RUNTIME_OPERATORS))
     assert all(n.domain in ("", "ai.onnx") for n in readable.graph.node)
     assert all(o.domain != MS_DOMAIN for o in readable.opset_import)
     assert ops(readable) == ops(onnx.load(str(plain)))

@@ -1,0 +1,34 @@
+"""What every rewrite of an exported graph (an ``onnx.ModelProto``) needs, in one place and torch-free, so that
+``build-engine`` on a device can use it: the constants nodes read, and the tidying after nodes are replaced."""
+
+from __future__ import annotations
+
+
+def constant_tensors(graph) -> dict:
+    """The graph's initializers by the names nodes read them under: the tracer hands a constant that two layers
+    share (equal values: the QRNN forget gates' initial bias) to the second through an Identity node."""
+    initializers = {i.name: i for i in graph.graph.initializer}
+    initializers.update({n.output[0]: initializers[n.input[0]] for n in graph.graph.node
+                         if n.op_type == "Identity" and n.input[0] in initializers})
+    return initializers
+
+
+def drop_unused_initializers(graph) -> None:
+    """Remove the initializers no node reads any more (a weight replaced by its transpose, biases now added as
+    one) and no graph output names."""
+    read = {name for node in graph.graph.node for name in node.input} | {o.name for o in graph.graph.output}
+    kept = [i for i in graph.graph.initializer if i.name in read]
+    del graph.graph.initializer[:]
+    graph.graph.initializer.extend(kept)
+
+
+def drop_unused_opsets(graph) -> None:
+    """Keep only the operator sets the graph's nodes use. ONNX Runtime's quantizer declares every domain it
+    knows (ai.onnx.ml 5, training, preview...), and an ONNX Runtime older than those versions refuses the whole
+    graph for a domain no node needs: the int8 graph made by ONNX Runtime 1.32 did not load on 1.17. And a
+    graph whose ONNX Runtime operators were written back as plain ONNX no longer needs their domain."""
+    used = {node.domain for node in graph.graph.node} | {
+        node.domain for function in graph.functions for node in function.node} | {""}
+    kept = [opset for opset in graph.opset_import if opset.domain in used]
+    del graph.opset_import[:]
+    graph.opset_import.extend(kept)
