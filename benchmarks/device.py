@@ -4,7 +4,8 @@ Rows, all timed interleaved in one run (batch 1 unless said):
 - PyTorch eager on the device, fp32 and fp16 (the peer a user wires by hand);
 - the project's ONNX Runtime step, fp32 and fp16, state bound on the device (two buffer sets), CUDA graphs;
 - the W-frame sliding window on the same backend with the same treatment (frames and output bound once,
-  CUDA graph replay): a fair baseline;
+  CUDA graph replay), fp32 and fp16, each in the step graph's form of its precision (the same operators and
+  rewrites): a fair baseline;
 - several streams per step (frames per second), backbone and adapters, fp32 and fp16, and at the most
   streams one of them idle (its state kept on the device, as the detector keeps it);
 - a long stream (first and last frames' latency);
@@ -23,7 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from sdqes_edge.contract import FP16, FP32, PLAIN_ONNX_OPERATORS
+from sdqes_edge.contract import FP16, FP32, PLAIN_ONNX_OPERATORS, WINDOW_INPUT
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import graphs
 from sdqes_edge.export.graphs import compute_model
@@ -108,7 +109,7 @@ def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | Non
     shape = session.get_outputs()[0].shape
     embedding = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, ort_device, 0)
     binding = session.io_binding()
-    binding.bind_ortvalue_input("frames", frames_value)
+    binding.bind_ortvalue_input(WINDOW_INPUT, frames_value)
     binding.bind_ortvalue_output(session.get_outputs()[0].name, embedding)
     run_options = ort.RunOptions()
     if captured:
@@ -129,6 +130,15 @@ def _export(model, path: Path, batch: int, precision: str, device: str, operator
     if not path.exists():
         graphs.export_step_graph(model, path, batch=batch, precision=precision, trace_device=device,
                                  operators=operators)
+    return path
+
+
+def _window(model, work: Path, window: int, precision: str, device: str) -> Path:
+    """The sliding-window graph of ``precision`` in the step graph's form of that precision, traced on
+    ``device`` as the step graphs are."""
+    path = work / f"{device}-window{window}.{precision}.onnx"
+    if not path.exists():
+        graphs.export_window_graph(model, path, window=window, precision=precision, trace_device=device)
     return path
 
 
@@ -154,11 +164,12 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
     plain = f"{kind}/ort_fp16_plain_onnx"  # the same fp16 graph without ONNX Runtime's fused operators
     candidates[plain], replayed[plain] = ort_step(_plain_fp16(models[kind], work, 1, device), frame, device,
                                                   cfg.threads)
-    window_path = work / f"{device}-window{cfg.window}.onnx"
-    graphs.export_window_graph(models[kind], window_path, window=cfg.window)
-    window_key = f"window{cfg.window}/ort_fp32"
-    candidates[window_key], replayed[window_key] = bound_window(
-        window_path, np.repeat(frame[:, None], cfg.window, axis=1), device, cfg.threads)
+    window_frames = np.repeat(frame[:, None], cfg.window, axis=1)
+    for precision in PRECISIONS:
+        log(f"[{device}] exporting the {cfg.window}-frame window {precision} ...")
+        window_key = f"window{cfg.window}/ort_{precision}"
+        candidates[window_key], replayed[window_key] = bound_window(
+            _window(models[kind], work, cfg.window, precision, device), window_frames, device, cfg.threads)
     log(f"[{device}] timing {len(candidates)} candidates x {cfg.repetitions} repetitions, interleaved ...")
     timings = {k: t.to_dict() for k, t in interleaved(candidates, cfg.repetitions, cfg.warmup, log).items()}
 
@@ -166,8 +177,9 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
         return timings[key]["p50_ms"]
 
     ratios = {
-        f"window{cfg.window} / streaming {kind} (ort_fp32, same treatment)": p50(f"window{cfg.window}/ort_fp32")
-        / p50(f"{kind}/ort_fp32"),
+        f"window{cfg.window} / streaming {kind} (ort_{precision}, same treatment)":
+        p50(f"window{cfg.window}/ort_{precision}") / p50(f"{kind}/ort_{precision}") for precision in PRECISIONS}
+    ratios |= {
         f"{kind} / backbone (ort_fp16)": p50(f"{kind}/ort_fp16") / p50("none/ort_fp16"),
         f"{kind}: torch_fp16 / ort_fp16": p50(f"{kind}/torch_fp16") / p50(f"{kind}/ort_fp16"),
         f"{kind}: ort_fp32 / ort_fp16": p50(f"{kind}/ort_fp32") / p50(f"{kind}/ort_fp16"),

@@ -36,7 +36,7 @@ from sdqes_edge.benchmarks.models import bench_config, bench_frame, bench_model,
 from sdqes_edge.benchmarks.report import markdown, plots
 from sdqes_edge.benchmarks.timing import interleaved, machine, peak_rss_bytes, rss_bytes
 from sdqes_edge.config import preset
-from sdqes_edge.contract import FP16, FP32
+from sdqes_edge.contract import FP16, FP32, WINDOW_INPUT
 from sdqes_edge.errors import UserError
 from sdqes_edge.eval_plots import PLOTS_NEED, plotting_available
 from sdqes_edge.export import graphs
@@ -144,15 +144,15 @@ def _window_row(cfg: BenchConfig, model: SDQESModel, name: str, frame: np.ndarra
             model.forward_clip(x)
     candidates[f"{name}/torch"] = torch_window
     window_session, _ = create_session(path, "cpu", cfg.threads)
-    candidates[f"{name}/ort_fp32"] = lambda: window_session.run(None, {"frames": window_frames})
+    candidates[f"{name}/ort_fp32"] = lambda: window_session.run(None, {WINDOW_INPUT: window_frames})
     if cfg.int8:
         log("quantizing the sliding window to int8 ...")
-        feeds = iter([{"frames": window_frames}] * cfg.calibration_frames)
+        feeds = iter([{WINDOW_INPUT: window_frames}] * cfg.calibration_frames)
         vision = model.cfg.vision
         quantize_int8(path, work / f"{name}.int8.onnx", window_frames, feeds=feeds,
                       tower=TowerShape(vision.width, vision.layers))
         window_int8, _ = create_session(work / f"{name}.int8.onnx", "cpu", cfg.threads)
-        candidates[f"{name}/ort_int8"] = lambda: window_int8.run(None, {"frames": window_frames})
+        candidates[f"{name}/ort_int8"] = lambda: window_int8.run(None, {WINDOW_INPUT: window_frames})
     # It keeps the last W frames instead of a state.
     return _counted_row(model, path, f"{cfg.window}-frame sliding window ({cfg.window_adapter})",
                         int(window_frames.nbytes))

@@ -35,6 +35,7 @@ from sdqes_edge.contract import (
     QUERY_EMBEDDING_OUTPUT,
     STATE_DTYPES,
     TOKEN_INPUT,
+    WINDOW_INPUT,
     step_io_names,
 )
 from sdqes_edge.model import SDQESModel
@@ -92,14 +93,17 @@ class StepGraph(nn.Module):
 
 
 class WindowGraph(nn.Module):
-    """The sliding-window baseline: the window form over the last W frames, keeping the newest embedding."""
+    """The sliding-window baseline: the window form over the last W frames, keeping the newest embedding; the
+    frames in and the embedding out in fp32 whatever runs inside, as in ``StepGraph``."""
 
-    def __init__(self, model: SDQESModel):
+    def __init__(self, model: SDQESModel, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.visual = model.visual
+        self.dtype = dtype
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return self.visual.forward_clip(frames)[:, -1]  # [B, W, 3, R, R] -> [B, E]
+        newest = self.visual.forward_clip(cast(frames, self.dtype))[:, -1]  # [B, W, 3, R, R] -> [B, E]
+        return cast(newest, torch.float32)
 
 
 class TextGraph(nn.Module):
@@ -189,11 +193,7 @@ def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: i
     operators, each block's attention is one Attention node (export/attention_op.py) and each residual is added
     inside the LayerNorm that reads it (export/onnx_runtime_ops.py); else plain ONNX only.
     """
-    if precision not in PRECISION_DTYPES:
-        raise ValueError(f"traced precisions are {sorted(PRECISION_DTYPES)}; int8 is made by quantizing fp32")
-    operators = operators or default_operators(precision)
-    if operators not in GRAPH_OPERATORS:
-        raise ValueError(f"operators are one of {GRAPH_OPERATORS}, not {operators!r}")
+    operators = checked_form(precision, operators)
     spec = model.state_spec(batch, STATE_DTYPES[precision])
     inputs, outputs = step_io_names(spec.names, query_count is not None)
     _torch_export(*step_graph_trace(model, batch, precision, query_count, trace_device, operators), path, opset,
@@ -201,17 +201,7 @@ def export_step_graph(model: SDQESModel, path: Path, *, batch: int = 1, opset: i
     description = describe_step_graph(model, batch=batch, opset=opset, precision=precision, fps=fps,
                                       query_count=query_count, checkpoint_sha256=checkpoint_sha256)
     description["operators"] = operators
-
-    def rewrite(graph) -> None:
-        # The GPU's form (fp16, or any graph with ONNX Runtime's operators, whose fp32 form the tests compare with
-        # the plain graph): each bias after its product, sibling products as one (export/gemm_bias.py) ...
-        if precision == FP16 or operators == ONNX_RUNTIME_OPERATORS:
-            split_gemm_bias(graph)
-            merge_sibling_products(graph)
-        if operators == ONNX_RUNTIME_OPERATORS:  # ... then each residual, with such biases, inside its LayerNorm
-            fuse_skip_layer_norm(graph)
-
-    attach_metadata(path, description, rewrite=rewrite)
+    attach_metadata(path, description, rewrite=graph_rewrites(precision, operators))
     return description
 
 
@@ -221,16 +211,47 @@ def default_operators(precision: str) -> str:
     return ONNX_RUNTIME_OPERATORS if precision == FP16 else PLAIN_ONNX_OPERATORS
 
 
+def checked_form(precision: str, operators: str | None) -> str:
+    """The operators a traced graph of ``precision`` is written with (``default_operators`` where None);
+    ValueError for a precision that is not traced or operators that are not ``GRAPH_OPERATORS``."""
+    if precision not in PRECISION_DTYPES:
+        raise ValueError(f"traced precisions are {sorted(PRECISION_DTYPES)}; int8 is made by quantizing fp32")
+    operators = operators or default_operators(precision)
+    if operators not in GRAPH_OPERATORS:
+        raise ValueError(f"operators are one of {GRAPH_OPERATORS}, not {operators!r}")
+    return operators
+
+
+def graph_rewrites(precision: str, operators: str) -> Callable[[Any], None]:
+    """The rewrites (of an ``onnx.ModelProto``) that give a traced graph its form, step and window alike."""
+    def rewrite(graph) -> None:
+        # The GPU's form (fp16, or any graph with ONNX Runtime's operators, whose fp32 form the tests compare with
+        # the plain graph): each bias after its product, sibling products as one (export/gemm_bias.py) ...
+        if precision == FP16 or operators == ONNX_RUNTIME_OPERATORS:
+            split_gemm_bias(graph)
+            merge_sibling_products(graph)
+        if operators == ONNX_RUNTIME_OPERATORS:  # ... then each residual, with such biases, inside its LayerNorm
+            fuse_skip_layer_norm(graph)
+    return rewrite
+
+
+def traced_model(model: SDQESModel, precision: str, trace_device: str, operators: str) -> SDQESModel:
+    """The model a graph of ``precision`` and ``operators`` is traced from, on ``trace_device``; ``model``
+    itself is left where it is, in fp32, and as it is."""
+    traced = compute_model(model, precision, trace_device)
+    if operators == ONNX_RUNTIME_OPERATORS:
+        traced = copy.deepcopy(model).eval() if traced is model else traced
+        use_onnx_runtime_attention(traced)
+    return traced
+
+
 def step_graph_trace(model: SDQESModel, batch: int, precision: str, query_count: int | None,
                      trace_device: str, operators: str = PLAIN_ONNX_OPERATORS
                      ) -> tuple[StepGraph, tuple[torch.Tensor, ...]]:
     """The module the step graph is traced from and the inputs it is traced with, all on ``trace_device``;
     ``model`` itself is left where it is, in fp32, and as it is."""
     cfg = model.cfg
-    traced = compute_model(model, precision, trace_device)
-    if operators == ONNX_RUNTIME_OPERATORS:
-        traced = copy.deepcopy(model).eval() if traced is model else traced
-        use_onnx_runtime_attention(traced)
+    traced = traced_model(model, precision, trace_device, operators)
     spec = model.state_spec(batch, STATE_DTYPES[precision])
     r = cfg.vision.image_size
     args: list[torch.Tensor] = [torch.zeros(batch, 3, r, r)] + [s.reshape(t.graph_shape)
@@ -242,11 +263,24 @@ def step_graph_trace(model: SDQESModel, batch: int, precision: str, query_count:
 
 
 def export_window_graph(model: SDQESModel, path: Path, *, window: int, batch: int = 1,
-                        opset: int = DEFAULT_OPSET) -> None:
-    """frames [B, W, 3, R, R] -> embedding of the last frame [B, E]: what a stateless deployment recomputes."""
+                        opset: int = DEFAULT_OPSET, precision: str = FP32, trace_device: str = "cpu",
+                        operators: str | None = None) -> dict[str, Any]:
+    """frames [B, W, 3, R, R] -> embedding of the last frame [B, E]: what a stateless deployment recomputes.
+
+    ``precision``, ``trace_device`` and ``operators`` as for ``export_step_graph``: a window graph of a
+    precision has the step graph's form (the same operators, the same rewrites), so the two compare on equal
+    terms. Returns the description stored in the graph."""
+    operators = checked_form(precision, operators)
     r = model.cfg.vision.image_size
-    _torch_export(WindowGraph(model.eval()), (torch.zeros(batch, window, 3, r, r),), path, opset, ["frames"],
+    traced = traced_model(model, precision, trace_device, operators)
+    frames = torch.zeros(batch, window, 3, r, r, device=trace_device)
+    _torch_export(WindowGraph(traced, PRECISION_DTYPES[precision]), (frames,), path, opset, [WINDOW_INPUT],
                   [EMBEDDING_OUTPUT])
+    description = {"format_version": GRAPH_FORMAT_VERSION, "kind": "window", "window": window, "batch": batch,
+                   "opset": opset, "precision": precision, "operators": operators, "model": model.cfg.to_dict(),
+                   "inputs": [WINDOW_INPUT], "outputs": [EMBEDDING_OUTPUT], "tool_versions": tool_versions()}
+    attach_metadata(path, description, rewrite=graph_rewrites(precision, operators))
+    return description
 
 
 def export_text_graph(model: SDQESModel, path: Path, *, opset: int = DEFAULT_OPSET) -> dict[str, Any]:

@@ -122,26 +122,50 @@ def fuse_skip_layer_norm(graph) -> int:
         summed = ln.input[0] if ln.op_type == "LayerNormalization" else None
         add, shape = view.producers.get(summed), view.shapes.get(summed)
         if (add is None or add.op_type != "Add" or len(ln.input) != 3 or any(ln.output[1:])
-                or not shape or len(shape) not in (2, 3) or None in shape
+                or not shape or len(shape) < 2 or None in shape
                 or attributes.get("axis", -1) not in (-1, len(shape) - 1) or id(add) in replacements
                 or any(i in view.constants or view.shapes.get(i) != shape for i in add.input)):
             continue
         inputs, bias = _fold_biases(graph, view, add, shape[-1], fused_away, replacements)
         keeps_sum = view.readers[summed] > 1 or summed in view.outputs
         outputs = [ln.output[0]] + (["", "", summed] if keeps_sum else [])
-        # In the residual Add's place: every input is computed by then, and the sum is read no earlier.
-        replacements[id(add)] = helper.make_node(
+        inputs, outputs, before, after = _as_three_axes(graph, shape, inputs, outputs, ln.name)
+        fused = helper.make_node(
             SKIP_LAYER_NORM, inputs + [ln.input[1], ln.input[2], bias], outputs, name=f"{ln.name}.skip",
             domain=MS_DOMAIN, epsilon=attributes.get("epsilon", LAYER_NORM_DEFAULT_EPSILON))
+        # In the residual Add's place: every input is computed by then, and the sum is read no earlier.
+        replacements[id(add)] = before + [fused] + after
         fused_away.add(id(ln))
         fused_count += 1
-    nodes = [replacements.get(id(n), n) for n in view.nodes if id(n) not in fused_away]
+    nodes = []
+    for node in view.nodes:
+        if id(node) not in fused_away:
+            replacement = replacements.get(id(node), node)
+            nodes.extend(replacement if isinstance(replacement, list) else [replacement])
     del graph.graph.node[:]
     graph.graph.node.extend(nodes)
     drop_unused_initializers(graph)  # biases now added inside, as one
     if fused_count and not any(o.domain == MS_DOMAIN for o in graph.opset_import):
         graph.opset_import.append(helper.make_opsetid(MS_DOMAIN, MS_OPSET_VERSION))
     return fused_count
+
+
+def _as_three_axes(graph, shape: tuple, inputs: list, outputs: list, name: str) -> tuple[list, list, list, list]:
+    """SkipLayerNormalization takes [rows, hidden] or [batch, sequence, hidden] tensors. Those of more axes (the
+    sliding window's [B, W, L, D]) go in with their leading axes as one and come out in their own shape again:
+    Reshapes, views that run no kernel. -> (inputs, outputs, the Reshapes before, the Reshapes after)."""
+    if len(shape) <= 3:
+        return inputs, outputs, [], []
+    from onnx import helper, numpy_helper
+
+    flat, own = f"{name}.skip.three_axes", f"{name}.skip.shape"
+    graph.graph.initializer.extend([numpy_helper.from_array(np.array([-1, *shape[-2:]], np.int64), flat),
+                                    numpy_helper.from_array(np.array(shape, np.int64), own)])
+    flat_inputs = [f"{name}.skip.in{k}" for k in range(len(inputs))]  # a residual two LayerNorms read: two views
+    flat_outputs = [f"{name}.skip.out{k}" if o else "" for k, o in enumerate(outputs)]
+    before = [helper.make_node("Reshape", [i, flat], [f], name=f) for i, f in zip(inputs, flat_inputs)]
+    after = [helper.make_node("Reshape", [f, own], [o], name=f) for o, f in zip(outputs, flat_outputs) if o]
+    return flat_inputs, flat_outputs, before, after
 
 
 def expand_skip_layer_norm(graph) -> int:

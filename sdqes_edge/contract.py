@@ -40,6 +40,7 @@ LOGITS_OUTPUT = "logits"
 STATE_OUTPUT_PREFIX = "state_out."
 TOKEN_INPUT = "token_ids"
 QUERY_EMBEDDING_OUTPUT = "query_embedding"
+WINDOW_INPUT = "frames"  # the sliding-window baseline's graph (benchmarks only): [B, W, 3, R, R]
 
 METADATA_KEY = "sdqes_edge"  # the one metadata_props key a graph's JSON description lives under
 GRAPH_FORMAT_VERSION = 2  # 2: state tensors as rows [B*L, ...] (graph_shape); 1: in the spec's shape

@@ -55,7 +55,10 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     for name in ("none", "qrnn"):
         for backend in ("torch_fp32", "torch_fp16", "ort_fp32", "ort_fp16"):
             assert section["latency"][f"{name}/{backend}"]["p50_ms"] > 0
-    assert "window4 / streaming qrnn (ort_fp32, same treatment)" in section["ratios"]
+    # The window at each precision in that precision's step graph form (tests/test_window_graph.py).
+    assert {"window4 / streaming qrnn (ort_fp32, same treatment)",
+            "window4 / streaming qrnn (ort_fp16, same treatment)"} <= set(section["ratios"])
+    assert section["latency"]["window4/ort_fp16"]["p50_ms"] > 0
     # The fp16 graph with ONNX Runtime's fused operators (the default) beside the same graph in plain ONNX.
     assert section["latency"]["qrnn/ort_fp16_plain_onnx"]["p50_ms"] > 0
     assert "qrnn: ort_fp16 plain ONNX / with ONNX Runtime's fused operators" in section["ratios"]
@@ -82,8 +85,8 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
 
 
 def test_the_pytorch_rows_step_a_copy_and_leave_the_model_where_it_was():
-    """On a GPU the window graph is traced from the same model after its PyTorch rows, with inputs on the CPU;
-    a row that moved the model (``Module.to`` moves in place) made that trace fail. PyTorch's ``meta`` device
+    """On a GPU the window and step graphs are traced from the same model after its PyTorch rows; a row that
+    moved the model (``Module.to`` moves in place) made that trace fail. PyTorch's ``meta`` device
     runs the same code here: shapes only, no arithmetic, and a real move if one happens."""
     import torch
 
