@@ -37,6 +37,7 @@ from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, create_sessi
 from .timing import interleaved
 
 PRECISIONS = (FP32, FP16)  # int8 QDQ graphs are a CPU (and TensorRT) format
+UPLOAD = "frame upload alone"  # a candidate timed among the steps at the most streams, not a row of its own
 
 
 def check_device(device: str) -> None:
@@ -76,10 +77,10 @@ def torch_step(model, frame: np.ndarray, device: str, precision: str) -> Callabl
 
 
 def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None, idle: tuple[int, ...] = ()
-             ) -> tuple[Callable[[], object], bool]:
+             ) -> tuple[Callable[[], object], OnnxRuntimeStep]:
     """The project's ONNX Runtime step as the runtime uses it (bound state; CUDA graphs on a GPU)
-    -> (step, whether it replays a CUDA graph). ``idle``: streams that see no frame, and keep their state, as
-    the detector keeps them."""
+    -> (step, the runner: ``cuda_graph`` says whether it replays a CUDA graph). ``idle``: streams that see no
+    frame, and keep their state, as the detector keeps them."""
     runner = OnnxRuntimeStep(path, device=device, threads=threads, io_binding=True)
     if frame.shape[0] > 1:  # several streams: assembled where the step uploads from, as the detector does
         frame = _assembled(frame_batch_buffer(runner, frame.shape), frame)
@@ -89,7 +90,7 @@ def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None, id
     def step():
         new = runner.step(frame, state[0]).state  # the embedding comes back to the host: a full sync
         state[0] = runner.keep_streams(new, state[0], list(idle)) if idle else new
-    return step, runner.cuda_graph
+    return step, runner
 
 
 def _assembled(buffer: np.ndarray, frames: np.ndarray) -> np.ndarray:
@@ -159,11 +160,11 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
             log(f"[{device}] exporting {name} {precision} ...")
             path = _export(model, work / f"{device}-{name}-b1.{precision}.onnx", 1, precision, device)
             candidates[f"{name}/torch_{precision}"] = torch_step(model, frame, device, precision)
-            candidates[f"{name}/ort_{precision}"], replayed[f"{name}/ort_{precision}"] = ort_step(
-                path, frame, device, cfg.threads)
+            candidates[f"{name}/ort_{precision}"], runner = ort_step(path, frame, device, cfg.threads)
+            replayed[f"{name}/ort_{precision}"] = runner.cuda_graph
     plain = f"{kind}/ort_fp16_plain_onnx"  # the same fp16 graph without ONNX Runtime's fused operators
-    candidates[plain], replayed[plain] = ort_step(_plain_fp16(models[kind], work, 1, device), frame, device,
-                                                  cfg.threads)
+    candidates[plain], runner = ort_step(_plain_fp16(models[kind], work, 1, device), frame, device, cfg.threads)
+    replayed[plain] = runner.cuda_graph
     window_frames = np.repeat(frame[:, None], cfg.window, axis=1)
     for precision in PRECISIONS:
         log(f"[{device}] exporting the {cfg.window}-frame window {precision} ...")
@@ -236,7 +237,7 @@ def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
     state kept, rows copied on the device), against the same step with every stream busy. A section of its
     own, saved as soon as measured: a run cut short (a lent GPU's time limit) keeps the batch-1 rows."""
     kind, top = cfg.window_adapter, max(cfg.device_batches)
-    candidates, frames = {}, {}
+    candidates, frames, runners = {}, {}, {}
     for batch in cfg.device_batches:
         for name, model in models.items():
             for precision in PRECISIONS:
@@ -244,7 +245,7 @@ def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
                 path = _export(model, work / f"{cfg.device}-{name}-b{batch}.{precision}.onnx", batch, precision,
                                cfg.device)
                 key = f"{name}/{precision}/{batch}"
-                candidates[key], _ = ort_step(path, frame_of(batch), cfg.device, cfg.threads)
+                candidates[key], runners[key] = ort_step(path, frame_of(batch), cfg.device, cfg.threads)
                 frames[key] = batch
     plain = f"{kind}/fp16 plain ONNX/{top}"
     candidates[plain], _ = ort_step(_plain_fp16(models[kind], work, top, cfg.device), frame_of(top), cfg.device,
@@ -255,7 +256,10 @@ def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
         candidates[idle_key], _ = ort_step(work / f"{cfg.device}-{kind}-b{top}.fp16.onnx", frame_of(top),
                                            cfg.device, cfg.threads, idle=(top // 2,))
         frames[idle_key] = top - 1  # the idle stream's frame is not one
+    busiest = runners[f"{kind}/fp16/{top}"].buffers  # its frame upload alone, timed among the steps
+    candidates[UPLOAD] = lambda: busiest.frame.update_inplace(busiest.host_frame)
     timings = interleaved(candidates, max(3, cfg.repetitions // 2), cfg.warmup)
+    upload = timings.pop(UPLOAD).median
     rows = {key: {"step_ms": t.median, "frames_per_s": frames[key] * 1000.0 / t.median}
             for key, t in timings.items()}
     ratios = {f"{kind} / backbone at {top} streams (fp16)": rows[f"{kind}/fp16/{top}"]["step_ms"]
@@ -267,7 +271,9 @@ def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
     if idle_key in rows:
         ratios[f"{kind} fp16 at {top} streams: one idle (state kept) / all busy"] = (
             rows[idle_key]["step_ms"] / rows[f"{kind}/fp16/{top}"]["step_ms"])
-    return {"rows": rows, "ratios": ratios}
+    return {"rows": rows, "ratios": ratios,
+            "frame_upload": {"streams": top, "bytes": busiest.host_frame.nbytes, "page_locked": busiest.pinned,
+                             "ms": upload, "share_of_step": upload / rows[f"{kind}/fp16/{top}"]["step_ms"]}}
 
 
 def bench_device_scaling(cfg, work: Path, log) -> dict:
@@ -310,6 +316,10 @@ def markdown(section: dict) -> list[str]:
     lines += ["", "| model / precision / streams | step ms | frames/s |", "|---|---|---|"]
     lines += [f"| {k} | {v['step_ms']:.2f} | {v['frames_per_s']:.0f} |" for k, v in section["batches"]["rows"].items()]
     lines += [""] + [f"- {k}: **{v:.2f}x**" for k, v in section["batches"]["ratios"].items()]
+    up = section["batches"]["frame_upload"]
+    lines += [f"- the frame upload alone at {up['streams']} streams ({up['bytes'] / 2**20:.1f} MiB from "
+              f"{'page-locked' if up['page_locked'] else 'pageable'} host memory): {up['ms']:.2f} ms, "
+              f"{100 * up['share_of_step']:.0f}% of the fp16 step"]
     sc = section["scaling"]
     lines += [f"- {sc['frames']}-frame stream: first frames {sc['early_ms']:.2f} ms, last {sc['late_ms']:.2f} ms "
               f"(**{sc['late_over_early']:.3f}x**)"]

@@ -65,6 +65,10 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     assert set(section["batches"]["rows"]) == {f"{n}/{p}/{b}" for n in ("none", "qrnn") for p in ("fp32", "fp16")
                                               for b in (1, 2)} | {"qrnn/fp16/2, 1 idle", "qrnn/fp16 plain ONNX/2"}
     assert "qrnn fp16 at 2 streams: one idle (state kept) / all busy" in section["batches"]["ratios"]
+    upload = section["batches"]["frame_upload"]  # the frame going up alone, against the step it is part of
+    assert upload["streams"] == 2 and upload["page_locked"] is False  # no CUDA runtime: nothing to lock with
+    assert upload["bytes"] == 2 * 3 * 32 * 32 * 4 and 0 < upload["share_of_step"] < 1
+    assert "the frame upload alone at 2 streams" in (tmp_path / "bench.md").read_text()
     assert section["scaling"]["frames"] == 20 and section["end_to_end"]["ort_device"] == "cpu"
     assert section["end_to_end"]["frames"] == 6  # the device's own stream length, not the CPU loop's
     assert section["kernels_cpu_profile"]["qrnn"]["per_step"] > section["kernels_cpu_profile"]["none"]["per_step"]
