@@ -39,6 +39,7 @@ from .ort_releases import (
     CUDA_GRAPH_IDS_SINCE,
     MEM_PATTERN_FIXED_IN,
     cuda_options,
+    fused_operators_warning,
     onnxruntime_release,
     session_keywords,
 )
@@ -113,6 +114,8 @@ class OnnxRuntimeStep:
             raise UserError(f"{path} carries no {METADATA_KEY!r} description, so it was not made by "
                             "`sdqes-edge export`; re-export it")
         self.description: dict[str, Any] = json.loads(meta[METADATA_KEY])
+        if warning := fused_operators_warning(device, self.description.get("operators"), path.name):
+            warnings.warn(warning, SetupWarning, stacklevel=2)
         self.spec = StateSpec.from_list(self.description["state"])
         self._output_names = [o.name for o in self.session.get_outputs()]
         self._input_names = {i.name for i in self.session.get_inputs()}

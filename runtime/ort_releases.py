@@ -1,7 +1,9 @@
 """What differs between ONNX Runtime releases and between its providers, in one place: the release a
-workaround starts or stops at, and the options every CUDA session is given."""
+workaround starts or stops at, the options every CUDA session is given, and the graphs a provider runs whole."""
 
 from __future__ import annotations
+
+from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS
 
 
 def onnxruntime_release(version: str) -> tuple[int, int]:
@@ -37,3 +39,20 @@ def cuda_options(version: str) -> dict[str, str]:
 def session_keywords(device: str) -> dict:
     """``InferenceSession``'s keyword arguments beyond providers, for a session on ``device``."""
     return {"disabled_optimizers": list(CUDA_DISABLED_OPTIMIZERS)} if device == "cuda" else {}
+
+
+def fused_operators_warning(device: str, operators: str | None, graph_name: str) -> str | None:
+    """Where a step graph with ONNX Runtime's fused operators (com.microsoft Attention and
+    SkipLayerNormalization, the fp16 graph's default form: ``description["operators"]``) meets a provider that
+    cannot run it whole, what to say; else None.
+
+    ONNX Runtime's TensorRT provider builds TensorRT engines from what TensorRT's parser reads, and the parser
+    has neither operator: ONNX Runtime hands those nodes to its CUDA provider and builds an engine for each
+    piece between them (a ViT-B/16 step: three nodes a block, about 37 pieces), where the plain graph is one
+    engine that fuses across blocks. It runs, but not as the one engine a TensorRT user asks for."""
+    if device != "tensorrt" or operators != ONNX_RUNTIME_OPERATORS:
+        return None
+    return (f"{graph_name} carries ONNX Runtime's fused operators, which TensorRT lacks: ONNX Runtime's TensorRT "
+            "provider runs them on its CUDA provider and the graph between them as many TensorRT engines. For one "
+            "engine, re-export with --fp16-operators onnx, or build an engine with `sdqes-edge build-engine` and "
+            "run it with --backend trt (it writes them back as plain ONNX)")

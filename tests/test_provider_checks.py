@@ -77,3 +77,28 @@ def test_without_a_writable_cache_the_tensorrt_provider_builds_every_run_with_a_
         assert tensorrt_cache_options(graph) == {}
     warning = str(caught[0].message)
     assert len(caught) == 1 and "\n" not in warning and "XDG_CACHE_HOME" in warning and "every run" in warning
+
+
+# --- a graph ONNX Runtime's TensorRT provider cannot run whole ------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "tensorrt"])
+@pytest.mark.parametrize("operators", ["onnx", "onnxruntime", None])
+def test_only_the_tensorrt_provider_meeting_onnx_runtimes_fused_operators_is_warned_with_the_fixes(device, operators):
+    """The fp16 graph's default form carries com.microsoft operators that TensorRT's parser lacks: ONNX Runtime's
+    TensorRT provider then runs the graph in pieces, not as one engine. Said in one line naming both ways to one
+    engine, each an option that exists; graphs from before the manifest recorded operators (None) are plain."""
+    import argparse
+
+    from sdqes_edge.cli import build_parser
+    from sdqes_edge.runtime.ort_releases import fused_operators_warning
+
+    warning = fused_operators_warning(device, operators, "step.fp16.onnx")
+    if (device, operators) != ("tensorrt", "onnxruntime"):
+        assert warning is None
+        return
+    assert warning.startswith("step.fp16.onnx carries ONNX Runtime's fused operators") and "\n" not in warning
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert "--fp16-operators onnx" in warning and "onnx" in commands["export"]._option_string_actions[
+        "--fp16-operators"].choices
+    assert "sdqes-edge build-engine" in warning and "build-engine" in commands
+    assert "--backend trt" in warning and "trt" in commands["run"]._option_string_actions["--backend"].choices
