@@ -298,6 +298,9 @@ def test_cuda_batch_of_four_with_an_idle_stream_and_a_reset(step_graphs):
     cpu, gpu = OnnxRuntimeStep(paths[4]), OnnxRuntimeStep(paths[4], device="cuda")
     pinned = frame_batch_buffer(gpu, (4, *frames.shape[1:]))
     assert pinned is gpu.frame_buffer
+    # Page-locked with the CUDA runtime ONNX Runtime's CUDA provider loaded: else every upload is a pageable copy
+    # (correct, slower), which only the bench's frame-upload line would show.
+    assert gpu.buffers.pinned, "the frame upload buffer is not page-locked: no CUDA runtime could be loaded"
     state_c, state_g = cpu.initial_state(), gpu.initial_state()
     for t, frame in enumerate(frames):
         batch = np.repeat(frame[None], 4, axis=0)
