@@ -82,8 +82,8 @@ def _fold_biases(graph, view: _GraphView, add, width: int, fused_away: set, repl
     """The SkipLayerNormalization inputs (input, skip) and bias for the residual ``add``: the constant bias of a
     product feeding it folded in, or, where it adds a sum of branches (a block's attention and its second
     adapter), the biases of the branches' products that nothing else reads (the adapter's up-projection; the
-    attention's output is also the adapter's input) added inside instead (``fused_away`` and ``replacements``
-    take the nodes this removes and adds)."""
+    attention's output is also the adapter's input) added inside instead (``fused_away`` takes the nodes this
+    removes, ``replacements`` the nodes it puts in a node's place)."""
     from onnx import helper, numpy_helper
 
     for position, operand in enumerate(add.input):
@@ -102,7 +102,7 @@ def _fold_biases(graph, view: _GraphView, add, width: int, fused_away: set, repl
         summed = sum(numpy_helper.to_array(view.values[bias]) for _, _, bias in biased)
         graph.graph.initializer.append(numpy_helper.from_array(summed, f"{name}.bias"))
         terms = [part[1] if part is not None else term for part, term in zip(parts, pair.input)]
-        replacements[id(pair)] = helper.make_node("Add", terms, [name], name=name)
+        replacements[id(pair)] = [helper.make_node("Add", terms, [name], name=name)]
         fused_away.update(id(bias_add) for bias_add, _, _ in biased)
         return [name, add.input[1 - position]], f"{name}.bias"
     return list(add.input), ""
@@ -137,11 +137,7 @@ def fuse_skip_layer_norm(graph) -> int:
         replacements[id(add)] = before + [fused] + after
         fused_away.add(id(ln))
         fused_count += 1
-    nodes = []
-    for node in view.nodes:
-        if id(node) not in fused_away:
-            replacement = replacements.get(id(node), node)
-            nodes.extend(replacement if isinstance(replacement, list) else [replacement])
+    nodes = [new for node in view.nodes if id(node) not in fused_away for new in replacements.get(id(node), [node])]
     del graph.graph.node[:]
     graph.graph.node.extend(nodes)
     drop_unused_initializers(graph)  # biases now added inside, as one
@@ -156,11 +152,10 @@ def _as_three_axes(graph, shape: tuple, inputs: list, outputs: list, name: str) 
     Reshapes, views that run no kernel. -> (inputs, outputs, the Reshapes before, the Reshapes after)."""
     if len(shape) <= 3:
         return inputs, outputs, [], []
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
-    flat, own = f"{name}.skip.three_axes", f"{name}.skip.shape"
-    graph.graph.initializer.extend([numpy_helper.from_array(np.array([-1, *shape[-2:]], np.int64), flat),
-                                    numpy_helper.from_array(np.array(shape, np.int64), own)])
+    flat = _constant(graph, f"{name}.skip.three_axes", np.array([-1, *shape[-2:]], np.int64))
+    own = _constant(graph, f"{name}.skip.shape", np.array(shape, np.int64))
     flat_inputs = [f"{name}.skip.in{k}" for k in range(len(inputs))]  # a residual two LayerNorms read: two views
     flat_outputs = [f"{name}.skip.out{k}" if o else "" for k, o in enumerate(outputs)]
     before = [helper.make_node("Reshape", [i, flat], [f], name=f) for i, f in zip(inputs, flat_inputs)]

@@ -55,6 +55,15 @@ def egosdqes_csv() -> Path:
     return EGOSDQES_CSV
 
 
+def op_counts(path):
+    """How many nodes of each operator type the ONNX graph at ``path`` has (a ``collections.Counter``)."""
+    from collections import Counter
+
+    import onnx
+
+    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
 def assert_same_stream(graphs, frame_shape, frames: int = 24, atol: float = 1e-6, seed: int = 3):
     """Two step graphs (paths) give the same embedding every frame and the same final state, over a stream
     of random frames with each graph's own state carried."""

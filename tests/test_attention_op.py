@@ -6,11 +6,11 @@ on fp32 graphs, where ONNX Runtime's CPU kernels are exact, over a stream with t
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import onnx
 import pytest
 from conftest import assert_same_stream, random_model
+from conftest import op_counts as ops
 
 from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS
 from sdqes_edge.export.graphs import export_step_graph
@@ -20,10 +20,6 @@ from sdqes_edge.model.layers import Attention
 from sdqes_edge.runtime.kernels import count_kernels
 
 BLOCKS = 2  # the tiny preset's image tower
-
-
-def ops(path) -> Counter:
-    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
 
 
 @pytest.mark.parametrize("kind, batch", [("qrnn", 1), ("qrnn", 3), ("st", 1), ("none", 2)])

@@ -6,12 +6,11 @@ in as views of three axes. None of it may change a number."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import op_counts as ops
 from conftest import random_model
 
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FP16, ONNX_RUNTIME_OPERATORS, PLAIN_ONNX_OPERATORS, WINDOW_INPUT
@@ -25,10 +24,6 @@ from sdqes_edge.tolerances import VARIANT_TOLERANCES
 BLOCKS = 2  # the tiny preset's image tower
 WINDOW = 4
 STREAMS = 2
-
-
-def ops(path) -> Counter:
-    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
 
 
 def run_window(path, frames: np.ndarray) -> np.ndarray:
