@@ -37,6 +37,8 @@ from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, create_sessi
 from .timing import interleaved
 
 PRECISIONS = (FP32, FP16)  # int8 QDQ graphs are a CPU (and TensorRT) format
+TOP_KERNELS = 12  # kernel names kept per graph in bench.json, costliest first
+KERNEL_NAME_CHARS = 120  # a templated kernel's name runs to thousands of characters; its head says what it is
 UPLOAD = "frame upload alone"  # a candidate timed among the steps at the most streams, not a row of its own
 
 
@@ -228,8 +230,21 @@ def device_kernels(path: Path, device: str, frame: np.ndarray, steps: int = 10) 
     executed = [e for e in trace.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy_ms = sum(e.device_time for e in executed) / 1e3 / steps  # device_time: microseconds
     row.update(gpu_kernels=len(executed) / steps, gpu_busy_ms=busy_ms, gpu_busy_share=busy_ms / wall_ms,
-               cuda_graph=runner.cuda_graph)
+               cuda_graph=runner.cuda_graph, costliest_kernels=costliest_kernels(executed, steps))
     return row
+
+
+def costliest_kernels(executed: list, steps: int, top: int = TOP_KERNELS) -> list[dict]:
+    """The GPU kernels that took the most time, by name: {name, per_step, us_per_step}, costliest first. How the
+    unaligned fp16 GEMM (a ``cutlass ... align2`` kernel, 24 a step) showed itself on an H200."""
+    by_name: dict[str, list] = {}
+    for event in executed:
+        entry = by_name.setdefault(event.name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += event.device_time
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:top]
+    return [{"name": name[:KERNEL_NAME_CHARS], "per_step": count / steps, "us_per_step": total / steps}
+            for name, (count, total) in ranked]
 
 
 def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:

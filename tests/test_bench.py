@@ -268,3 +268,18 @@ def test_the_report_warns_when_other_processes_kept_the_machine_busy():
     results["machine"]["other_processes_cores"] = 1.31
     assert ("**Warning: other processes kept 1.31 cores busy on average during this run, so its times and ratios are "
             "not an idle machine's. Run it again with nothing else running.**") in markdown(results)
+
+
+def test_the_costliest_gpu_kernels_are_ranked_by_their_time_per_step_with_names_cut_short():
+    from types import SimpleNamespace
+
+    from sdqes_edge.benchmarks.device import KERNEL_NAME_CHARS, costliest_kernels
+
+    def kernel(name, us):  # what PyTorch's profiler gives for one executed kernel: its name and device time
+        return SimpleNamespace(name=name, device_time=us)
+
+    long_name = "void cutlass::Kernel2<cutlass_80_wmma_tensorop_f16_s161616gemm_f16_32x32_128x2_nn_align2>" * 20
+    executed = [kernel("bias add", 2.0)] * 8 + [kernel(long_name, 8.0)] * 4 + [kernel("split", 1.0)] * 2
+    ranked = costliest_kernels(executed, steps=2, top=2)
+    assert ranked == [{"name": long_name[:KERNEL_NAME_CHARS], "per_step": 2.0, "us_per_step": 16.0},
+                      {"name": "bias add", "per_step": 4.0, "us_per_step": 8.0}]

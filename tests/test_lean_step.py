@@ -21,6 +21,7 @@ from sdqes_edge.contract import (
 )
 from sdqes_edge.export import graphs
 from sdqes_edge.export.complexity import runtime_casts
+from sdqes_edge.model.adapters import STEP_WIDTH_MULTIPLE
 from sdqes_edge.runtime.kernels import count_kernels
 
 MAX_KERNELS_PER_ADAPTER = 10  # issue 13's target for the QRNN and ST adapters
@@ -124,3 +125,19 @@ def test_the_one_sequence_attention_computes_what_the_general_one_does():
         together = attention.rows(sequences, tokens)  # two sequences: the general form
         alone = torch.cat([attention.rows(sequences[:tokens], tokens), attention.rows(sequences[tokens:], tokens)])
     torch.testing.assert_close(alone, together, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["qrnn", "st"])
+def test_every_matrix_product_of_the_step_graph_writes_rows_a_whole_number_of_16_byte_pieces_wide(kind, tmp_path):
+    # A product whose fp16 output rows are not a multiple of 8 features runs as an unaligned GPU kernel, twice as
+    # slow (ViT-B/16's QRNN down-projection, 268 wide, on an H200); tiny's bottleneck is 44 wide.
+    _, path = exported(kind, tmp_path / f"{kind}.onnx", per_block=2, ratio=0.35)
+    graph = onnx.load(str(path)).graph
+    weights = {w.name: tuple(w.dims) for w in graph.initializer}
+    widths = {}
+    for node in graph.node:
+        if node.op_type in ("MatMul", "Gemm") and node.input[1] in weights:
+            transposed = any(a.name == "transB" and a.i for a in node.attribute)
+            widths[node.name] = weights[node.input[1]][0 if transposed else -1]
+    assert 44 not in widths.values() and len(widths) > 8
+    assert {name: width for name, width in widths.items() if width % STEP_WIDTH_MULTIPLE} == {}

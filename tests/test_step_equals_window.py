@@ -8,6 +8,7 @@ from conftest import ADAPTER_CASES, case_id, random_model, tiny_config
 
 from sdqes_edge.config import TEMPORAL_ADAPTER_KINDS
 from sdqes_edge.model import SDQESModel
+from sdqes_edge.model.adapters import STEP_WIDTH_MULTIPLE, step_width
 from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL
 
 BATCH, FRAMES = 2, 12
@@ -100,3 +101,21 @@ def test_embeddings_are_l2_normalized_in_both_forms():
         emb, _ = model.step(frames[:, 0], model.init_state(2))
     assert torch.allclose(window.norm(dim=-1), torch.ones(2, 3), atol=1e-5)
     assert torch.allclose(emb.norm(dim=-1), torch.ones(2), atol=1e-5)
+
+
+@pytest.mark.parametrize("kind, lookback", [("qrnn", 1), ("st", 1), ("st", 3)])
+def test_the_step_carries_its_bottleneck_widened_to_whole_16_byte_rows_with_columns_that_stay_zero(kind, lookback):
+    # At the QR-Adapter's ratio tiny's bottleneck is 44 features (0.35 x 128), as ViT-B/16's is 268: the step
+    # form carries 48 (272), so the product writing them is aligned for a GPU's fp16 kernels, and the extra
+    # columns are exactly zero
+    model = random_model(kind, lookback=lookback, ratio=0.35)
+    bottleneck = model.cfg.adapter.bottleneck(model.cfg.vision.width)
+    assert bottleneck % STEP_WIDTH_MULTIPLE != 0  # the case this test is about
+    history = next(iter(model.state_spec(batch=2)))
+    assert history.shape[-1] == lookback * step_width(bottleneck) and history.shape[-1] % STEP_WIDTH_MULTIPLE == 0
+    frames = torch.randn(2, 6, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        _, state = run_steps(model, frames)
+    carried = state[0].reshape(2, -1, lookback, step_width(bottleneck))  # [B, L, frames, widened features]
+    assert float(carried[..., :bottleneck].abs().max()) > 0.0
+    assert float(carried[..., bottleneck:].abs().max()) == 0.0
