@@ -105,10 +105,11 @@ def bench_table(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dic
 
 
 def _counted_row(model: SDQESModel, path: Path, form: str, state_bytes: int) -> dict:
-    """Parameters, MACs and FLOPs counted on the exported graph, state bytes and kernels per step."""
+    """Parameters (the model's), MACs and FLOPs counted on the exported graph, state bytes and kernels per step."""
     counted = count_graph(path)
-    tower = sum(p.numel() for n, p in model.visual.named_parameters() if ".adapter" not in n)
-    return {"form": form, "parameters": counted.parameters, "adapter_parameters": counted.parameters - tower,
+    adapters = model.visual.adapter_parameters()
+    backbone = sum(p.numel() for p in model.visual.parameters()) - adapters
+    return {"form": form, "parameters": backbone + adapters, "adapter_parameters": adapters,
             "macs": counted.macs, "flops": counted.flops, "state_bytes": state_bytes,
             "kernels": count_kernels(path).per_step}
 

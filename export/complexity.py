@@ -5,7 +5,10 @@ MACs are counted for the operators that carry the arithmetic: MatMul and Gemm
 attention's q·kᵀ and p·v or retention's state updates) and Conv. FLOPs are
 2 x MACs, the convention behind the published CLIP figures (17.6 GMACs,
 35.1 GFLOPs). Element-wise operators are not counted (they are a fraction of a
-percent). Parameters are the elements of the graph's floating-point weights.
+percent). Parameters are the elements of the graph's floating-point weights: in a step graph with adapters
+they include the zero weights the step form widens bottlenecks with (``model.adapters.STEP_WIDTH_MULTIPLE``),
+so the adapters' parameters are counted on the model (``ImageTower.adapter_parameters``), and the MACs here are
+the ones the step executes, the widening's included.
 """
 
 from __future__ import annotations

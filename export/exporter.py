@@ -323,7 +323,7 @@ def _complexity(model: SDQESModel, traced: _Traced, options: ExportOptions, log:
                                   if model.cfg.adapter.kind != "none" else (step_count, step_kernels))
     return {
         "per_frame": {"batch": options.batch, "image_tower": backbone.to_dict(), "step_graph": step_count.to_dict(),
-                      "adapters": {"parameters": step_count.parameters - backbone.parameters,
+                      "adapters": {"parameters": model.visual.adapter_parameters(),
                                    "macs": step_count.macs - backbone.macs,
                                    "flops": step_count.flops - backbone.flops}},
         "per_query": {"text_graph": count_graph(traced.text).to_dict()},

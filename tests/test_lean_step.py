@@ -127,7 +127,7 @@ def test_the_one_sequence_attention_computes_what_the_general_one_does():
     torch.testing.assert_close(alone, together, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["qrnn", "st"])
+@pytest.mark.parametrize("kind", ["qrnn", "st", "mlp"])
 def test_every_matrix_product_of_the_step_graph_writes_rows_a_whole_number_of_16_byte_pieces_wide(kind, tmp_path):
     # A product whose fp16 output rows are not a multiple of 8 features runs as an unaligned GPU kernel, twice as
     # slow (ViT-B/16's QRNN down-projection, 268 wide, on an H200); tiny's bottleneck is 44 wide.

@@ -33,7 +33,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     model, source = model_from_args(args)
     cfg: ModelConfig = model.cfg
     visual_params = sum(p.numel() for p in model.visual.parameters())
-    adapter_params = sum(p.numel() for n, p in model.visual.named_parameters() if ".adapter" in n)
+    adapter_params = model.visual.adapter_parameters()
     text_params = sum(p.numel() for p in model.text.parameters())
     spec = model.state_spec(1)
     if args.json:

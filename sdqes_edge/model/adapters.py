@@ -9,9 +9,9 @@ makes the step cheap on a GPU, where a step costs per kernel, not per FLOP.
 State tensors are declared tokens-major, ``[B, L, k]`` (``state_shapes``, the
 state spec), and a step takes and gives them as rows, ``[B*L, k]``: the same
 bytes, so the exported graph needs no reshape at its state inputs and outputs
-(``ImageTower.step`` converts for callers that hold the spec's layout). A down-projected bottleneck that the
-step carries is widened with zero features to a multiple of ``STEP_WIDTH_MULTIPLE`` (``step_width``), so that
-the product writing it is aligned for a GPU's fp16 kernels; the window form, like the checkpoint, has d'.
+(``ImageTower.step`` converts for callers that hold the spec's layout). The step form widens a bottleneck
+that a product writes with zero features to a multiple of ``STEP_WIDTH_MULTIPLE`` (``step_width``), so that the
+product is aligned for a GPU's fp16 kernels, and carries it so; the window form, like the checkpoint, has d'.
 
 Both forms share the code that does the arithmetic, so they cannot drift apart;
 only the source of the past frames differs (zero padding inside the window, or
@@ -139,14 +139,16 @@ class MLPAdapter(StreamingAdapter):
         nn.init.zeros_(self.D_fc2.weight)
         nn.init.zeros_(self.D_fc2.bias)
 
-    def _residual(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.D_fc2(quick_gelu(self.D_fc1(x)))
+    def _residual(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """x + the adapter's update, its bottleneck ``width`` >= d' wide (zero features past d': QuickGELU(0) = 0)."""
+        hidden = quick_gelu(F.linear(x, *widened_outputs(self.D_fc1, width)))
+        return x + F.linear(hidden, widened(self.D_fc2.weight, width), self.D_fc2.bias)
 
     def window(self, x):
-        return self._residual(x)
+        return self._residual(x, self.D_fc1.out_features)
 
     def step(self, x, state, tokens):
-        return self._residual(x), []
+        return self._residual(x, step_width(self.D_fc1.out_features)), []
 
 
 class STAdapter(StreamingAdapter):

@@ -113,6 +113,13 @@ class ImageTower(nn.Module):
             sum(len(a.state_shapes(tokens)) for _, a in block.adapters()) for block in self.transformer.resblocks
         ]
 
+    def adapter_parameters(self) -> int:
+        """The adapters' parameters, as the checkpoint holds them (the rest of the tower's are the backbone's).
+
+        Counted on the model, not on a step graph: the step form widens bottlenecks with zero weights
+        (``adapters.STEP_WIDTH_MULTIPLE``) that a graph carries but no checkpoint has."""
+        return sum(p.numel() for name, p in self.named_parameters() if ".adapter" in name)
+
     # --- the shared ends of both forms -----------------------------------
     def _tokens(self, images: torch.Tensor) -> torch.Tensor:
         """images [N,3,R,R] -> tokens [N, L, D] (class token first)."""
