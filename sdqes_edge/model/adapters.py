@@ -64,14 +64,15 @@ def step_width(width: int) -> int:
 def widened(tensor: torch.Tensor, width: int, dim: int = -1) -> torch.Tensor:
     """``tensor`` with zeros appended along ``dim`` up to ``width``; ``tensor`` itself where it is that wide.
 
-    A Concat with constant zeros, not ``F.pad``: traced from parameters, the exporter folds it into one
-    constant (``F.pad`` traces as a Pad whose amounts are computed by a dozen shape operators)."""
+    Traced from parameters, the exporter folds this into one constant. The zeros are made from the tensor itself
+    (a slice of it times 0): a new tensor (``new_zeros``) is made on the CPU by the exporter's constant folding,
+    which then cannot join it to weights traced on a GPU; ``F.pad`` traces as a Pad whose amounts a dozen shape
+    operators compute, and is not folded at all."""
     extra = width - tensor.shape[dim]
     if extra == 0:
         return tensor
-    zeros_shape = list(tensor.shape)
-    zeros_shape[dim] = extra
-    return torch.cat((tensor, tensor.new_zeros(zeros_shape)), dim=dim)
+    zero = tensor.narrow(dim, 0, 1) * 0  # zeros for finite weights (an infinite one spoils every embedding anyway)
+    return torch.cat((tensor,) + (zero,) * extra, dim=dim)
 
 
 def widened_outputs(layer: nn.Linear, width: int) -> tuple[torch.Tensor, torch.Tensor]:
