@@ -328,6 +328,7 @@ def markdown(section: dict) -> list[str]:
         + (f", {v['gpu_kernels']:.0f} GPU kernels, GPU busy {v['gpu_busy_ms']:.2f} ms "
            f"({100 * v['gpu_busy_share']:.0f}% of the step)" if v["gpu_kernels"] is not None else "")
         for k, v in section["kernels_on_device"].items())]
+    lines += costliest_lines(section["kernels_on_device"])
     lines += ["", "| model / precision / streams | step ms | frames/s |", "|---|---|---|"]
     lines += [f"| {k} | {v['step_ms']:.2f} | {v['frames_per_s']:.0f} |" for k, v in section["batches"]["rows"].items()]
     lines += [""] + [f"- {k}: **{v:.2f}x**" for k, v in section["batches"]["ratios"].items()]
@@ -339,3 +340,11 @@ def markdown(section: dict) -> list[str]:
     lines += [f"- {sc['frames']}-frame stream: first frames {sc['early_ms']:.2f} ms, last {sc['late_ms']:.2f} ms "
               f"(**{sc['late_over_early']:.3f}x**)"]
     return lines
+
+
+def costliest_lines(on_device: dict, shown: int = 3) -> list[str]:
+    """One Markdown line per fp16 step measured on a GPU: its costliest kernels, by name (on a CPU, none)."""
+    return [f"- costliest GPU kernels, {graph}: " + "; ".join(
+        f"`{kernel['name'][:60]}` {kernel['per_step']:.0f}/step, {kernel['us_per_step']:.0f} us"
+        for kernel in row["costliest_kernels"][:shown])
+        for graph, row in on_device.items() if row.get("costliest_kernels")]

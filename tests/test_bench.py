@@ -273,7 +273,7 @@ def test_the_report_warns_when_other_processes_kept_the_machine_busy():
 def test_the_costliest_gpu_kernels_are_ranked_by_their_time_per_step_with_names_cut_short():
     from types import SimpleNamespace
 
-    from sdqes_edge.benchmarks.device import KERNEL_NAME_CHARS, costliest_kernels
+    from sdqes_edge.benchmarks.device import KERNEL_NAME_CHARS, costliest_kernels, costliest_lines
 
     def kernel(name, us):  # what PyTorch's profiler gives for one executed kernel: its name and device time
         return SimpleNamespace(name=name, device_time=us)
@@ -283,3 +283,5 @@ def test_the_costliest_gpu_kernels_are_ranked_by_their_time_per_step_with_names_
     ranked = costliest_kernels(executed, steps=2, top=2)
     assert ranked == [{"name": long_name[:KERNEL_NAME_CHARS], "per_step": 2.0, "us_per_step": 16.0},
                       {"name": "bias add", "per_step": 4.0, "us_per_step": 8.0}]
+    lines = costliest_lines({"qrnn": {"costliest_kernels": ranked}, "none": {"gpu_kernels": None}}, shown=1)
+    assert lines == [f"- costliest GPU kernels, qrnn: `{long_name[:60]}` 2/step, 16 us"]
