@@ -50,9 +50,10 @@ QRNN_FORGET_BIAS = 5.0  # the reference's init: sigmoid(5) ~ 0.993, the gate pas
 # A GPU's fp16 matrix products read and write rows in 16-byte pieces: a product whose output rows are not a
 # multiple of 8 halves wide falls back to an unaligned kernel. ViT-B/16's bottleneck is 268 (0.35 x 768), so
 # the step form widens the down-projected features it carries to 272 with zero columns (exact: zero weights
-# and biases make them zero, and the products that read them have zero rows there). Measured on an H200
-# (ONNX Runtime CUDA, fp16, CUDA graphs, interleaved): QRNN step 1.87 -> 1.76 ms at one stream, 6.68 -> 6.34 ms
-# at 32; the 24 unaligned GEMMs (7.9 us each) became aligned ones (4.0 us).
+# and biases make them zero, and the products that read them have zero rows there). Measured on an H200 with
+# the same widening made as a rewrite of the traced graph (ONNX Runtime CUDA, fp16, CUDA graphs, interleaved):
+# QRNN step 1.87 -> 1.76 ms at one stream, 6.68 -> 6.34 ms at 32; the 24 unaligned GEMMs (7.9 us each) became
+# aligned ones (4.0 us). PyTorch eager pays a few small ops per adapter for it; the exported graphs fold it.
 STEP_WIDTH_MULTIPLE = 8
 
 
