@@ -9,7 +9,7 @@ Rows, all timed interleaved in one run (batch 1 unless said):
 - several streams per step (frames per second), backbone and adapters, fp32 and fp16, and at the most
   streams one of them idle (its state kept on the device, as the detector keeps it);
 - a long stream (first and last frames' latency);
-- the runtime loop on an mp4 against the bare step on the same device.
+- the runtime loop on an mp4 against the bare step on the same device, fp32 and fp16 (each against its own).
 
 The section is written for any ONNX Runtime device: ``--device cpu`` runs the same code (without CUDA
 graphs), which is how it is tested on machines without a GPU.

@@ -68,7 +68,8 @@ def bench_precisions(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -
 def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], ort_device: str = "cpu",
                      precisions: tuple[str, ...] = PRECISIONS, sampled: int | None = None) -> dict:
     """The whole runtime loop on an mp4 of ``sampled`` frames (decode, preprocess, step, score, alert) at each
-    precision, against the bare fp32 step on the same frames preprocessed beforehand."""
+    precision, against the bare step of the same precision on the same frames preprocessed beforehand (the
+    top-level figures are fp32's; ``by_precision`` has each one's, fp16 being the GPU's format)."""
     from sdqes_edge.runtime.detector import StreamingDetector
     from sdqes_edge.runtime.sources import open_source
 
@@ -94,8 +95,10 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
         frames = sum(1 for _ in open_source(str(video), source_side.fps).threaded(prepare=source_side.preprocess))
         return (time.perf_counter() - start) * 1e3 / frames
 
-    def bare() -> float:
-        runner = OnnxRuntimeStep(bundle / step_graph_name(FP32), threads=cfg.threads, device=ort_device)
+    def bare(precision: str) -> float:
+        with warnings.catch_warnings():  # as the loop's
+            warnings.simplefilter("ignore", SlowPrecisionWarning)
+            runner = OnnxRuntimeStep(bundle / step_graph_name(precision), threads=cfg.threads, device=ort_device)
         state = runner.initial_state()
         warm_up(runner, inputs[0], state)  # as the loop's warm-up
         state = runner.initial_state()
@@ -106,14 +109,16 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
 
     log(f"timing the runtime loop ({', '.join(precisions)}) against the bare step (alternating) ...")
     loop_ms: dict[str, list[float]] = {p: [] for p in precisions}
-    bare_ms, reader_ms = [], []
+    bare_ms: dict[str, list[float]] = {p: [] for p in precisions}
+    reader_ms = []
     for _ in range(3):
         for precision in precisions:
             loop_ms[precision].append(loop(precision))
-        bare_ms.append(bare())
+            bare_ms[precision].append(bare(precision))
         reader_ms.append(reader())
     loops = {p: float(np.median(v)) for p, v in loop_ms.items()}
-    lm, bm, rm = loops[FP32], float(np.median(bare_ms)), float(np.median(reader_ms))
+    bares = {p: float(np.median(v)) for p, v in bare_ms.items()}
+    lm, bm, rm = loops[FP32], bares[FP32], float(np.median(reader_ms))
     return {"preset": bench_config(preset(cfg.preset), cfg.window_adapter).name,
             "video": "640x360 mp4 at 10 fps, sampled at 1 fps", "frames": len(inputs), "ort_device": ort_device,
             "loop_ms_per_frame": lm, "bare_step_ms_per_frame": bm, "overhead": lm / bm - 1.0,
@@ -122,4 +127,7 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
             # that floor is what the runtime's own mechanics cost (1.0: none); decoding 10 frames per sample may
             # make the source, not the step, the floor.
             "loop_over_slower_half": lm / max(bm, rm),
-            "loop_fps": {p: 1e3 / ms for p, ms in loops.items()}}
+            "loop_fps": {p: 1e3 / ms for p, ms in loops.items()},
+            "by_precision": {p: {"loop_ms_per_frame": loops[p], "bare_step_ms_per_frame": bares[p],
+                                 "loop_over_step": loops[p] / bares[p],
+                                 "loop_over_slower_half": loops[p] / max(bares[p], rm)} for p in precisions}}

@@ -9,6 +9,7 @@ import numpy as np
 from sdqes_edge.benchmarks.config import BACKEND_TITLES, BACKENDS
 from sdqes_edge.benchmarks.device import markdown as device_markdown
 from sdqes_edge.benchmarks.machine_load import busy_machine_words
+from sdqes_edge.contract import FP32
 from sdqes_edge.eval_plots import _pyplot
 from sdqes_edge.files import format_bytes
 
@@ -36,6 +37,10 @@ def markdown(results: dict) -> str:
                   f"{e2e['bare_step_ms_per_frame']:.2f} ms/frame; loop / step **{1 + e2e['overhead']:.2f}x**; the "
                   f"source alone (decode, sample, preprocess) {e2e['reader_ms_per_frame']:.2f} ms/frame; loop over "
                   f"the slower of the two **{e2e['loop_over_slower_half']:.2f}x** (1.00x: they overlap fully)"]
+        lines += [f"- runtime loop on {e2e['ort_device']}, {p}: {row['loop_ms_per_frame']:.2f} ms/frame; bare {p} "
+                  f"step {row['bare_step_ms_per_frame']:.2f} ms/frame; loop / step **{row['loop_over_step']:.2f}x**; "
+                  f"over the slower of the step and the source **{row['loop_over_slower_half']:.2f}x**"
+                  for p, row in e2e.get("by_precision", {}).items() if p != FP32]
     return "\n".join(lines) + "\n"
 
 

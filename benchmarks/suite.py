@@ -267,7 +267,7 @@ def device_sections(cfg: BenchConfig, log: Callable[[str], None]) -> list[Sectio
             (("device", "batches"), lambda work: bench_device_batches(cfg, models(), frame_of, work, log)),
             (("device", "scaling"), lambda work: bench_device_scaling(cfg, work, log)),
             (("device", "end_to_end"), lambda work: bench_end_to_end(cfg, work, log, ort_device=cfg.device,
-                                                                     precisions=(FP32,),
+                                                                     precisions=(FP32, FP16),
                                                                      sampled=cfg.device_e2e_frames))]
 
 

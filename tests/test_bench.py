@@ -86,6 +86,12 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     e2e = section["end_to_end"]  # the loop against its floor: the slower of the source and the step
     floor = max(e2e["reader_ms_per_frame"], e2e["bare_step_ms_per_frame"])
     assert e2e["loop_over_slower_half"] == e2e["loop_ms_per_frame"] / floor and "the slower of the two" in report
+    # fp16, the GPU's format, against its own bare step too (the top-level figures are fp32's)
+    assert set(e2e["by_precision"]) == {"fp32", "fp16"}
+    fp16 = e2e["by_precision"]["fp16"]
+    assert fp16["loop_over_step"] == fp16["loop_ms_per_frame"] / fp16["bare_step_ms_per_frame"]
+    assert e2e["by_precision"]["fp32"]["loop_ms_per_frame"] == e2e["loop_ms_per_frame"]
+    assert "runtime loop on cpu, fp16:" in report
 
 
 def test_the_pytorch_rows_step_a_copy_and_leave_the_model_where_it_was():
