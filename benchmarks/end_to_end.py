@@ -65,6 +65,19 @@ def bench_precisions(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -
             "rows": rows}
 
 
+def _bare_step_ms(graph: Path, inputs: list, threads: int | None, ort_device: str) -> float:
+    """The bare step of ``graph`` over the loop's frames, preprocessed beforehand: ms per frame."""
+    with warnings.catch_warnings():  # every precision on purpose, as the loop's
+        warnings.simplefilter("ignore", SlowPrecisionWarning)
+        runner = OnnxRuntimeStep(graph, threads=threads, device=ort_device)
+    warm_up(runner, inputs[0], runner.initial_state())  # as the loop's warm-up
+    state = runner.initial_state()
+    start = time.perf_counter()
+    for x in inputs:
+        state = runner.step(x, state).state
+    return (time.perf_counter() - start) * 1e3 / len(inputs)
+
+
 def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], ort_device: str = "cpu",
                      precisions: tuple[str, ...] = PRECISIONS, sampled: int | None = None) -> dict:
     """The whole runtime loop on an mp4 of ``sampled`` frames (decode, preprocess, step, score, alert) at each
@@ -95,18 +108,6 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
         frames = sum(1 for _ in open_source(str(video), source_side.fps).threaded(prepare=source_side.preprocess))
         return (time.perf_counter() - start) * 1e3 / frames
 
-    def bare(precision: str) -> float:
-        with warnings.catch_warnings():  # as the loop's
-            warnings.simplefilter("ignore", SlowPrecisionWarning)
-            runner = OnnxRuntimeStep(bundle / step_graph_name(precision), threads=cfg.threads, device=ort_device)
-        state = runner.initial_state()
-        warm_up(runner, inputs[0], state)  # as the loop's warm-up
-        state = runner.initial_state()
-        start = time.perf_counter()
-        for x in inputs:
-            state = runner.step(x, state).state
-        return (time.perf_counter() - start) * 1e3 / len(inputs)
-
     log(f"timing the runtime loop ({', '.join(precisions)}) against the bare step (alternating) ...")
     loop_ms: dict[str, list[float]] = {p: [] for p in precisions}
     bare_ms: dict[str, list[float]] = {p: [] for p in precisions}
@@ -114,7 +115,8 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
     for _ in range(3):
         for precision in precisions:
             loop_ms[precision].append(loop(precision))
-            bare_ms[precision].append(bare(precision))
+            bare_ms[precision].append(_bare_step_ms(bundle / step_graph_name(precision), inputs, cfg.threads,
+                                                    ort_device))
         reader_ms.append(reader())
     loops = {p: float(np.median(v)) for p, v in loop_ms.items()}
     bares = {p: float(np.median(v)) for p, v in bare_ms.items()}
