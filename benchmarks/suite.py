@@ -107,9 +107,8 @@ def bench_table(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dic
 def _counted_row(model: SDQESModel, path: Path, form: str, state_bytes: int) -> dict:
     """Parameters (the model's), MACs and FLOPs counted on the exported graph, state bytes and kernels per step."""
     counted = count_graph(path)
-    adapters = model.visual.adapter_parameters()
-    backbone = sum(p.numel() for p in model.visual.parameters()) - adapters
-    return {"form": form, "parameters": backbone + adapters, "adapter_parameters": adapters,
+    return {"form": form, "parameters": sum(p.numel() for p in model.visual.parameters()),
+            "adapter_parameters": model.visual.adapter_parameters(),
             "macs": counted.macs, "flops": counted.flops, "state_bytes": state_bytes,
             "kernels": count_kernels(path).per_step}
 

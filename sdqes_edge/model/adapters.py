@@ -76,10 +76,17 @@ def widened(tensor: torch.Tensor, width: int, dim: int = -1) -> torch.Tensor:
     return torch.cat((tensor,) + (zero,) * extra, dim=dim)
 
 
-def widened_outputs(layer: nn.Linear, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``layer``'s weight [out, in] and bias [out] with zero rows appended up to ``width`` outputs: assembled on
-    every call from the checkpoint's parameters (the exporter folds it into a constant)."""
-    return widened(layer.weight, width, dim=0), widened(layer.bias, width)
+def widened_linear(x: torch.Tensor, layer: nn.Linear, *, outputs: int | None = None,
+                   inputs: int | None = None) -> torch.Tensor:
+    """``layer`` on ``x`` with zero outputs appended up to ``outputs`` (zero weight rows and biases) and zero-weight
+    inputs up to ``inputs``: its weight assembled on every call from the checkpoint's parameters (the exporter
+    folds it into a constant)."""
+    weight, bias = layer.weight, layer.bias
+    if outputs is not None:
+        weight, bias = widened(weight, outputs, dim=0), widened(bias, outputs)
+    if inputs is not None:
+        weight = widened(weight, inputs)
+    return F.linear(x, weight, bias)
 
 
 def widened_frames(weight: torch.Tensor, width: int) -> torch.Tensor:
@@ -143,8 +150,8 @@ class MLPAdapter(StreamingAdapter):
 
     def _residual(self, x: torch.Tensor, width: int) -> torch.Tensor:
         """x + the adapter's update, its bottleneck ``width`` >= d' wide (zero features past d': QuickGELU(0) = 0)."""
-        hidden = quick_gelu(F.linear(x, *widened_outputs(self.D_fc1, width)))
-        return x + F.linear(hidden, widened(self.D_fc2.weight, width), self.D_fc2.bias)
+        hidden = quick_gelu(widened_linear(x, self.D_fc1, outputs=width))
+        return x + widened_linear(hidden, self.D_fc2, inputs=width)
 
     def window(self, x):
         return self._residual(x, self.D_fc1.out_features)
@@ -190,15 +197,14 @@ class STAdapter(StreamingAdapter):
         mixed = torch.einsum("nkc,kc->nc", frames, kernel)  # [N, c]
         if windows.dim() > 2:  # window form: back to [B, T, L, d'] (the step's rows need no reshape)
             mixed = mixed.reshape(windows.shape[:-1] + (channels,))
-        return F.linear(mixed + widened(self.conv.bias, channels), widened(self.D_fc2.weight, channels),
-                        self.D_fc2.bias)
+        return widened_linear(mixed + widened(self.conv.bias, channels), self.D_fc2, inputs=channels)
 
     def window(self, x):
         update = self._update(causal_windows(self.D_fc1(x), self.lookback))  # [B, T, L, D]
         return x + update * self.patch_mask
 
     def step(self, x, state, tokens):
-        down = F.linear(x, *widened_outputs(self.D_fc1, step_width(self.D_fc1.out_features)))
+        down = widened_linear(x, self.D_fc1, outputs=step_width(self.D_fc1.out_features))
         windows, history = step_windows(state[0], down)
         update = as_tokens_major(self._update(windows), tokens) * self.patch_mask  # [B, L, D]
         return x + as_rows(update), [history]
@@ -298,7 +304,7 @@ class QRNNAdapter(StreamingAdapter):
     def _down_step(self, x):
         if self.qrnn_down is None:
             return x
-        return F.linear(x, *widened_outputs(self.qrnn_down, self._step_input_width(0)))
+        return widened_linear(x, self.qrnn_down, outputs=self._step_input_width(0))
 
     def window(self, x):
         h = self._down(x)
