@@ -36,8 +36,8 @@ Which products are quantized is a named policy (``INT8_POLICIES``):
   gates let the QRNN state of the shipped model drift to a cosine of -0.85
   against fp32 in 500 frames. The patch embedding stays float because
   quantizing it rounds the frame itself (alone it took the demo model's
-  minimum cosine to 0.84) and ONNX Runtime runs a Conv with a float output in
-  float anyway, dequantizing its weight every frame.
+  minimum cosine to 0.84); on a ViT-B/16 its product has a block's shape
+  ([768, 768]), so it is recognised by where it is, the first the frame reaches.
 - ``all-weights``: every product with a weight (adapters included), the
   policy before ``backbone``; kept for models without recurrent state and for
   comparison.
@@ -185,20 +185,35 @@ class _FeedReader:
         return next(self._feeds, None)
 
 
-def _embedding_projection(products: list, producers: dict) -> str | None:
-    """The weight product nearest the ``embedding`` output (the tower's final projection), walking back from it."""
-
+def _nearest_product(products: list, start: str, next_nodes, next_tensors) -> str | None:
+    """The weight product nearest the tensor ``start``, walking the graph from it: ``next_nodes(tensor)`` gives
+    the nodes one step on, ``next_tensors(node)`` the tensors beyond them (back: producers and inputs; forward:
+    readers and outputs)."""
     names = {n.name for n in products}
-    frontier, seen = [EMBEDDING_OUTPUT], set()
+    frontier, seen = [start], set()
     while frontier:
-        node = producers.get(frontier.pop())
-        if node is None or node.name in seen:
-            continue
-        if node.name in names:
-            return node.name
-        seen.add(node.name)
-        frontier.extend(node.input)
+        for node in next_nodes(frontier.pop(0)):
+            if node.name in names:
+                return node.name
+            if node.name not in seen:
+                seen.add(node.name)
+                frontier.extend(next_tensors(node))
     return None
+
+
+def _tower_ends(graph, products: list) -> set[str]:
+    """The products at the tower's two ends, no block's though either may have a block's shape: the patch
+    embedding (the first the frame reaches; [3*P*P, w] is [w, w] for ViT-B/16, [4w, w] for ViT-B/32) and
+    the embedding projection (the last before the ``embedding`` output; [w, E] is [w, w] where E == w)."""
+    producers = {out: n for n in graph.graph.node for out in n.output}
+    readers: dict[str, list] = {}
+    for node in graph.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    patch_embedding = _nearest_product(products, FRAME_INPUT, lambda t: readers.get(t, []), lambda n: n.output)
+    projection = _nearest_product(products, EMBEDDING_OUTPUT, lambda t: [producers[t]] if t in producers else [],
+                                  lambda n: n.input)
+    return {name for name in (patch_embedding, projection) if name is not None}
 
 
 def select_products(graph, policy: str, tower: TowerShape | None,
@@ -221,9 +236,8 @@ def select_products(graph, policy: str, tower: TowerShape | None,
     if tower is None:
         raise QuantizationPolicyError("the backbone int8 policy needs the image tower's width and depth "
                                       "(the step graph's metadata carries them)")
-    # The embedding projection [w, E] is no block's product, but has a block's shape where E == w.
+    ends = _tower_ends(graph, products)
     producers = {out: n for n in graph.graph.node for out in n.output}
-    projection = _embedding_projection(products, producers)
     initializers = {init.name: list(init.dims) for init in graph.graph.initializer}
     weights = set(initializers)
 
@@ -231,7 +245,7 @@ def select_products(graph, policy: str, tower: TowerShape | None,
         sources = (weight_source(name, weights, producers) for name in node.input[:2])
         return next((initializers[s] for s in sources if s is not None), [])
 
-    blocks = [n for n in products if n.name != projection and tower.is_block_weight(weight_dims(n))]
+    blocks = [n for n in products if n.name not in ends and tower.is_block_weight(weight_dims(n))]
     widths = [max(weight_dims(n)) // tower.width for n in blocks]
     if widths != list(BLOCK_PRODUCT_WIDTHS) * tower.layers:
         raise QuantizationPolicyError(

@@ -177,6 +177,23 @@ def test_a_graph_that_is_not_the_towers_is_refused_by_the_backbone_policy(fp32_g
         quantize_int8(fp32, tmp_path / "int8.onnx", frames_for(model, 4), tower=wrong)
 
 
+@pytest.mark.parametrize("width", [192, 48])  # 3 * 8 * 8 pixels a patch: the width (ViT-B/16's case), 4x it (B/32's)
+def test_the_patch_embedding_stays_float_where_it_has_a_blocks_shape(tmp_path, width):
+    from sdqes_edge.model import SDQESModel
+
+    cfg = random_model("qrnn").cfg
+    cfg = dataclasses.replace(cfg, vision=dataclasses.replace(cfg.vision, width=width))
+    model = SDQESModel(cfg).eval()
+    graphs.export_step_graph(model, tmp_path / "fp32.onnx")
+    result = quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", frames_for(model, 4))
+    assert result.quantized_products == BACKBONE_PRODUCTS_PER_BLOCK * cfg.vision.layers
+    fp32 = onnx.load(str(tmp_path / "fp32.onnx")).graph
+    first_product = next(n for n in fp32.node if n.op_type == "MatMul")
+    weight = next(i for i in fp32.initializer if i.name == first_product.input[1])
+    assert list(weight.dims) == [3 * 8 * 8, width]  # the patch embedding, a block's shape
+    assert first_product.name not in quantized_nodes(onnx.load(str(tmp_path / "int8.onnx")).graph)
+
+
 @pytest.mark.parametrize("kind", RECURRENT_KINDS)
 def test_int8_follows_fp32_over_2000_frames_with_the_state_carried(fp32_graphs, tmp_path, kind):
     model, fp32 = fp32_graphs[kind]

@@ -106,10 +106,25 @@ def test_inspect_prints_the_casts_an_fp16_step_runs(tmp_path):
 
 
 def test_a_one_stream_steps_attention_runs_no_transpose(tmp_path):
-    # The patch embedding's flatten is the one Transpose left: every matrix transpose of the attention is
-    # folded into its neighbouring products (10 kernels an attention became 6).
+    # The patch embedding's reordering of pixels into patch rows is the one Transpose left: every matrix
+    # transpose of the attention is folded into its neighbouring products (10 kernels an attention became 6).
     _, path = exported("none", tmp_path / "none.onnx")
     assert count_kernels(path).by_op.get("Transpose", 0) <= 1
+
+
+def test_the_patch_embedding_is_a_matrix_product_of_patch_rows_not_a_convolution(tmp_path):
+    # cuDNN runs a 3-channel Conv without tensor cores: on an H200 it was an fp16 step's costliest kernel.
+    import torch
+
+    from sdqes_edge.model.layers import patch_embedding
+
+    _, path = exported("none", tmp_path / "none.onnx")
+    assert "Conv" not in {n.op_type for n in onnx.load(str(path)).graph.node}
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 24, kernel_size=8, stride=8, bias=False)  # the checkpoint's visual.conv1
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(patch_embedding(images, conv), conv(images).flatten(2).transpose(1, 2))
 
 
 def test_the_one_sequence_attention_computes_what_the_general_one_does():

@@ -26,7 +26,7 @@ from sdqes_edge.config import ModelConfig
 from sdqes_edge.state import StateSpec, StateTensorSpec
 
 from .adapters import StreamingAdapter, as_rows, as_tokens_major, build_adapter
-from .layers import Attention, LayerNorm, clip_mlp
+from .layers import Attention, LayerNorm, clip_mlp, patch_embedding
 
 
 class AdaptedBlock(nn.Module):
@@ -123,7 +123,7 @@ class ImageTower(nn.Module):
     # --- the shared ends of both forms -----------------------------------
     def _tokens(self, images: torch.Tensor) -> torch.Tensor:
         """images [N,3,R,R] -> tokens [N, L, D] (class token first)."""
-        x = self.conv1(images).flatten(2).transpose(1, 2)  # [N, grid*grid, D]
+        x = patch_embedding(images, self.conv1)  # [N, grid*grid, D]
         cls = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
         x = torch.cat((cls, x), dim=1) + self.positional_embedding.to(x.dtype)
         return self.ln_pre(x)
