@@ -286,7 +286,10 @@ def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
     if idle_key in rows:
         ratios[f"{kind} fp16 at {top} streams: one idle (state kept) / all busy"] = (
             rows[idle_key]["step_ms"] / rows[f"{kind}/fp16/{top}"]["step_ms"])
-    return {"rows": rows, "ratios": ratios,
+    # What the fp16 steps run at the most streams, where the GPU is bound by memory more than by launches.
+    on_device = {f"{name} at {top} streams": device_kernels(work / f"{cfg.device}-{name}-b{top}.fp16.onnx",
+                                                            cfg.device, frame_of(top)) for name in models}
+    return {"rows": rows, "ratios": ratios, "kernels_on_device": on_device,
             "frame_upload": {"streams": top, "bytes": busiest.host_frame.nbytes, "page_locked": busiest.pinned,
                              "ms": upload, "share_of_step": upload / rows[f"{kind}/fp16/{top}"]["step_ms"]}}
 
@@ -323,15 +326,11 @@ def markdown(section: dict) -> list[str]:
                           for k, v in section["kernels_cpu_profile"].items())]
     lines += ["- Casts the fp16 step graph runs: "
               + ", ".join(f"{k} {v['fp16_graph_casts']}" for k, v in section["kernels_cpu_profile"].items())]
-    lines += [f"- fp16 step on {section['device']}: " + ", ".join(
-        f"{k} {v['ort_nodes']} ONNX Runtime nodes"
-        + (f", {v['gpu_kernels']:.0f} GPU kernels, GPU busy {v['gpu_busy_ms']:.2f} ms "
-           f"({100 * v['gpu_busy_share']:.0f}% of the step)" if v["gpu_kernels"] is not None else "")
-        for k, v in section["kernels_on_device"].items())]
-    lines += costliest_lines(section["kernels_on_device"])
+    lines += on_device_lines(section["kernels_on_device"], section["device"])
     lines += ["", "| model / precision / streams | step ms | frames/s |", "|---|---|---|"]
     lines += [f"| {k} | {v['step_ms']:.2f} | {v['frames_per_s']:.0f} |" for k, v in section["batches"]["rows"].items()]
     lines += [""] + [f"- {k}: **{v:.2f}x**" for k, v in section["batches"]["ratios"].items()]
+    lines += on_device_lines(section["batches"].get("kernels_on_device", {}), section["device"])  # older runs lack it
     up = section["batches"]["frame_upload"]
     lines += [f"- the frame upload alone at {up['streams']} streams ({up['bytes'] / 2**20:.1f} MiB from "
               f"{'page-locked' if up['page_locked'] else 'pageable'} host memory): {up['ms']:.2f} ms, "
@@ -340,6 +339,17 @@ def markdown(section: dict) -> list[str]:
     lines += [f"- {sc['frames']}-frame stream: first frames {sc['early_ms']:.2f} ms, last {sc['late_ms']:.2f} ms "
               f"(**{sc['late_over_early']:.3f}x**)"]
     return lines
+
+
+def on_device_lines(on_device: dict, device: str) -> list[str]:
+    """What each fp16 step ran on the device (``device_kernels``): a line of counts, then its costliest kernels."""
+    if not on_device:
+        return []
+    return [f"- fp16 step on {device}: " + ", ".join(
+        f"{k} {v['ort_nodes']} ONNX Runtime nodes"
+        + (f", {v['gpu_kernels']:.0f} GPU kernels, GPU busy {v['gpu_busy_ms']:.2f} ms "
+           f"({100 * v['gpu_busy_share']:.0f}% of the step)" if v["gpu_kernels"] is not None else "")
+        for k, v in on_device.items())] + costliest_lines(on_device)
 
 
 def costliest_lines(on_device: dict, shown: int = 3) -> list[str]:

@@ -77,6 +77,8 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     assert on_device["qrnn"]["ort_nodes"] > on_device["none"]["ort_nodes"] > 0
     assert on_device["qrnn/ort_fp16_plain_onnx"]["ort_nodes"] > on_device["qrnn"]["ort_nodes"]
     assert on_device["qrnn"]["gpu_kernels"] is None  # no GPU here: ONNX Runtime's nodes are what runs
+    at_most_streams = section["batches"]["kernels_on_device"]  # the same, at the most streams a step takes
+    assert at_most_streams["qrnn at 2 streams"]["ort_nodes"] > at_most_streams["none at 2 streams"]["ort_nodes"] > 0
     # Only the device's rows: no CPU table, scaling or plots.
     assert not {"table", "scaling", "batches", "precisions", "end_to_end"} & set(results)
     assert files == [tmp_path / "bench.json", tmp_path / "bench.md"] and not list(tmp_path.glob("*.png"))
@@ -92,6 +94,7 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     assert fp16["loop_over_step"] == fp16["loop_ms_per_frame"] / fp16["bare_step_ms_per_frame"]
     assert e2e["by_precision"]["fp32"]["loop_ms_per_frame"] == e2e["loop_ms_per_frame"]
     assert "runtime loop on cpu, fp16:" in report
+    assert "qrnn at 2 streams" in report
 
 
 def test_the_pytorch_rows_step_a_copy_and_leave_the_model_where_it_was():
