@@ -9,6 +9,10 @@ it is still two kernels, the Add an elementwise one that runs faster: measured o
 Linear layers that read the same input (the QRNN's two gates) are then one product, one bias Add and a Split
 (``merge_sibling_products``): three kernels instead of four.
 
+A product that reads a Concat (a QRNN gate over the remembered and the current frame) then takes its bias
+inside: the Concat, a kernel anyway, appends a constant column of ones and the weight gains the bias as the
+row that meets it (``fold_bias_into_concat``): one bias kernel fewer per adapter.
+
 Only the fp16 graph, the GPU format, is written so. ONNX Runtime's CPU provider folds the pair back into its
 Gemm (``MatMulAddFusion``: the same kernels, the same numbers), the CUDA session keeps the two apart
 (``runtime.ort_releases.CUDA_DISABLED_OPTIMIZERS``), and TensorRT fuses the bias into its GEMM.
@@ -18,7 +22,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph_edits import constant_tensors, drop_unused_initializers
+from sdqes_edge.model.adapters import STEP_WIDTH_MULTIPLE
+
+from .graph_edits import constant_tensors, drop_unused_initializers, static_shapes
+
+# The columns a Concat gains to carry a bias: a 1, then zeros, so that its fp16 rows stay as aligned as the step
+# form made them (a whole number of 16-byte pieces).
+BIAS_COLUMNS = STEP_WIDTH_MULTIPLE
 
 
 def split_gemm_bias(graph) -> int:
@@ -107,3 +117,69 @@ def merge_sibling_products(graph) -> int:
     graph.graph.initializer.extend(new_initializers)
     drop_unused_initializers(graph)  # the separate weights and biases
     return sum(len(group) - 1 for group in siblings.values() if len(group) >= 2)
+
+
+def _biased_concat_products(graph, initializers: dict) -> list[tuple]:
+    """(Concat, MatMul, Add, bias name) for each ``Add(MatMul(Concat(.., last axis), W), b)`` with a constant
+    2-D W and [out] b, where only the MatMul reads the Concat and only the Add reads the product."""
+    from onnx import helper
+
+    nodes = list(graph.graph.node)
+    producers = {out: node for node in nodes for out in node.output}
+    readers: dict[str, list] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in graph.graph.output}
+    found = []
+    for add in nodes:
+        if add.op_type != "Add" or add.output[0] in graph_outputs:
+            continue
+        for product_name, bias in (add.input, tuple(reversed(add.input))):
+            product, weight = producers.get(product_name), None
+            if product is not None and product.op_type == "MatMul":
+                weight = initializers.get(product.input[1])
+            concat = producers.get(product.input[0]) if weight is not None else None
+            if (concat is None or concat.op_type != "Concat" or bias not in initializers
+                    or len(weight.dims) != 2 or list(initializers[bias].dims) != [weight.dims[1]]
+                    or len(readers[concat.output[0]]) != 1 or len(readers[product_name]) != 1):
+                continue
+            axis = next((helper.get_attribute_value(a) for a in concat.attribute if a.name == "axis"), 0)
+            found.append((concat, product, add, bias, axis))
+            break
+    return found
+
+
+def fold_bias_into_concat(graph) -> int:
+    """Rewrite, in ``graph`` (an ``onnx.ModelProto`` with static shapes, linear layers as MatMul then Add of a
+    bias), each product of a Concat along the last axis ``Add(MatMul(Concat(a, b), W), bias)`` as
+    ``MatMul(Concat(a, b, E), [W; bias; 0])``, E a constant [rows, BIAS_COLUMNS] whose first column is 1: the
+    bias enters through the product, and its Add kernel is gone. Returns how many. Output names are kept."""
+    from onnx import numpy_helper
+
+    initializers = constant_tensors(graph)
+    candidates = _biased_concat_products(graph, initializers)
+    shapes = static_shapes(graph) if candidates else {}
+    removed, added = set(), []
+    for concat, product, add, bias, axis in candidates:
+        shape = shapes.get(concat.output[0])
+        if not shape or None in shape or axis not in (-1, len(shape) - 1):
+            continue
+        weight = numpy_helper.to_array(initializers[product.input[1]])
+        ones = np.zeros(shape[:-1] + (BIAS_COLUMNS,), weight.dtype)
+        ones[..., 0] = 1
+        rows = np.zeros((BIAS_COLUMNS, weight.shape[1]), weight.dtype)
+        rows[0] = numpy_helper.to_array(initializers[bias])
+        name = f"{product.name}.bias_in_product"
+        added += [numpy_helper.from_array(ones, f"{name}.ones"),
+                  numpy_helper.from_array(np.concatenate((weight, rows)), f"{name}.weight")]
+        concat.input.append(f"{name}.ones")
+        product.input[1] = f"{name}.weight"
+        product.output[0] = add.output[0]
+        removed.add(id(add))
+    kept = [node for node in graph.graph.node if id(node) not in removed]
+    del graph.graph.node[:]
+    graph.graph.node.extend(kept)
+    graph.graph.initializer.extend(added)
+    drop_unused_initializers(graph)  # the weights and biases the products took in
+    return len(removed)

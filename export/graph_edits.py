@@ -13,6 +13,17 @@ def constant_tensors(graph) -> dict:
     return initializers
 
 
+def static_shapes(graph) -> dict[str, tuple]:
+    """Every tensor's static shape (the step graphs are static), by name."""
+    from onnx import shape_inference
+
+    inferred = shape_inference.infer_shapes(graph, data_prop=True)  # Reshapes to computed shapes
+    infos = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
+    shapes = {v.name: tuple(d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim)
+              for v in infos}
+    return shapes | {i.name: tuple(i.dims) for i in graph.graph.initializer}
+
+
 def drop_unused_initializers(graph) -> None:
     """Remove the initializers no node reads any more (a weight replaced by its transpose, biases now added as
     one) and no graph output names."""

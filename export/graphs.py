@@ -43,7 +43,7 @@ from sdqes_edge.model.layers import cast
 from sdqes_edge.package_builds import load_onnxruntime
 
 from .attention_op import use_onnx_runtime_attention
-from .gemm_bias import merge_sibling_products, split_gemm_bias
+from .gemm_bias import fold_bias_into_concat, merge_sibling_products, split_gemm_bias
 from .graph_edits import drop_unused_opsets
 from .onnx_runtime_ops import fuse_skip_layer_norm
 
@@ -226,10 +226,12 @@ def graph_rewrites(precision: str, operators: str) -> Callable[[Any], None]:
     """The rewrites (of an ``onnx.ModelProto``) that give a traced graph its form, step and window alike."""
     def rewrite(graph) -> None:
         # The GPU's form (fp16, or any graph with ONNX Runtime's operators, whose fp32 form the tests compare with
-        # the plain graph): each bias after its product, sibling products as one (export/gemm_bias.py) ...
+        # the plain graph): each bias after its product, sibling products as one, a Concat's product with its bias
+        # inside (export/gemm_bias.py) ...
         if precision == FP16 or operators == ONNX_RUNTIME_OPERATORS:
             split_gemm_bias(graph)
             merge_sibling_products(graph)
+            fold_bias_into_concat(graph)
         if operators == ONNX_RUNTIME_OPERATORS:  # ... then each residual, with such biases, inside its LayerNorm
             fuse_skip_layer_norm(graph)
     return rewrite

@@ -27,7 +27,7 @@ from collections import Counter
 
 import numpy as np
 
-from .graph_edits import constant_tensors, drop_unused_initializers
+from .graph_edits import constant_tensors, drop_unused_initializers, static_shapes
 
 MS_DOMAIN = "com.microsoft"
 ATTENTION = "Attention"
@@ -35,17 +35,6 @@ SKIP_LAYER_NORM = "SkipLayerNormalization"
 SUM_OUTPUT = 3  # SkipLayerNormalization's outputs: normalized, mean, inverse std dev, input + skip + bias
 MS_OPSET_VERSION = 1
 LAYER_NORM_DEFAULT_EPSILON = 1e-5  # ONNX's LayerNormalization default
-
-
-def _shapes(graph) -> dict[str, tuple]:
-    """Every tensor's static shape (the step graphs are static), by name."""
-    from onnx import shape_inference
-
-    inferred = shape_inference.infer_shapes(graph, data_prop=True)  # Reshapes to computed shapes
-    infos = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
-    shapes = {v.name: tuple(d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim)
-              for v in infos}
-    return shapes | {i.name: tuple(i.dims) for i in graph.graph.initializer}
 
 
 class _GraphView:
@@ -57,7 +46,7 @@ class _GraphView:
         self.producers = {out: node for node in self.nodes for out in node.output}
         self.readers = Counter(name for node in self.nodes for name in node.input)
         self.outputs = {o.name for o in graph.graph.output}
-        self.values, self.shapes = constant_tensors(graph), _shapes(graph)
+        self.values, self.shapes = constant_tensors(graph), static_shapes(graph)
         self.constants = set(self.values) | {n.output[0] for n in self.nodes if n.op_type == "Constant"}
 
     def read_once(self, name: str, op_type: str = "Add"):

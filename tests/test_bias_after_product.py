@@ -10,7 +10,12 @@ import onnx
 import pytest
 from conftest import assert_same_stream, random_model
 
-from sdqes_edge.export.gemm_bias import merge_sibling_products, split_gemm_bias
+from sdqes_edge.export.gemm_bias import (
+    BIAS_COLUMNS,
+    fold_bias_into_concat,
+    merge_sibling_products,
+    split_gemm_bias,
+)
 from sdqes_edge.export.graphs import export_step_graph
 from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.runtime.kernels import count_kernels
@@ -103,3 +108,45 @@ def test_merged_sibling_products_give_the_same_numbers_over_a_stream(gemm_and_sp
     onnx.checker.check_model(graph, full_check=True)
     onnx.save(graph, str(tmp_path / "merged.onnx"))
     assert_same_stream((gemm, tmp_path / "merged.onnx"), frame_shape)
+
+
+def test_a_gate_product_over_concatenated_frames_takes_its_bias_through_a_column_of_ones(tmp_path):
+    """The Concat of the remembered and the current frame appends a constant [rows, 8] block (a 1, then zeros)
+    and the gate weight gains the bias as the row that meets the 1: one bias kernel fewer per QRNN adapter."""
+    model = random_model("qrnn", per_block=2)
+    export_step_graph(model, tmp_path / "fp16.onnx", precision="fp16")
+    graph = onnx.load(str(tmp_path / "fp16.onnx"))
+    constants = {i.name: onnx.numpy_helper.to_array(i) for i in graph.graph.initializer}
+    producers = {out: n for n in graph.graph.node for out in n.output}
+    gates = [n for n in graph.graph.node if n.op_type == "MatMul" and producers[n.input[0]].op_type == "Concat"]
+    assert len(gates) == 2 * model.cfg.vision.layers
+    for gate in gates:
+        concat = producers[gate.input[0]]
+        ones = constants[concat.input[-1]]
+        assert ones.shape == (model.cfg.vision.num_tokens, BIAS_COLUMNS) and ones[:, 0].tolist() == [1] * len(ones)
+        assert not ones[:, 1:].any() and constants[gate.input[1]].shape[0] % BIAS_COLUMNS == 0
+        readers = [n.op_type for n in graph.graph.node if gate.output[0] in n.input]
+        assert readers == ["Split"]  # Z and F, no Add of a bias between
+
+
+def test_the_bias_taken_through_the_product_gives_the_same_numbers_over_a_stream(tmp_path):
+    model = random_model("qrnn", per_block=2)
+    export_step_graph(model, tmp_path / "gemm.onnx", batch=2)
+    graph = onnx.load(str(tmp_path / "gemm.onnx"))
+    split_gemm_bias(graph)
+    merge_sibling_products(graph)
+    assert fold_bias_into_concat(graph) == 4  # 2 blocks x 2 adapters
+    assert fold_bias_into_concat(copy.deepcopy(graph)) == 0  # nothing left to fold
+    onnx.checker.check_model(graph, full_check=True)
+    onnx.save(graph, str(tmp_path / "folded.onnx"))
+    size = model.cfg.vision.image_size
+    assert_same_stream((tmp_path / "gemm.onnx", tmp_path / "folded.onnx"), (2, 3, size, size))
+
+
+def test_a_concatenation_that_another_node_also_reads_keeps_its_width(gemm_and_split):
+    # With 2 remembered frames the next history is a slice of the concatenated frames: a column appended there
+    # would be carried into the state.
+    _, split, _, _ = gemm_and_split
+    graph = onnx.load(str(split))
+    merge_sibling_products(graph)
+    assert fold_bias_into_concat(graph) == 0
