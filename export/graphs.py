@@ -43,6 +43,7 @@ from sdqes_edge.model.layers import cast
 from sdqes_edge.package_builds import load_onnxruntime
 
 from .attention_op import use_onnx_runtime_attention
+from .carried_biases import carry_biases_to_readers
 from .gemm_bias import fold_bias_into_concat, merge_sibling_products, split_gemm_bias
 from .graph_edits import drop_unused_opsets
 from .onnx_runtime_ops import fuse_skip_layer_norm
@@ -232,8 +233,9 @@ def graph_rewrites(precision: str, operators: str) -> Callable[[Any], None]:
             split_gemm_bias(graph)
             merge_sibling_products(graph)
             fold_bias_into_concat(graph)
-        if operators == ONNX_RUNTIME_OPERATORS:  # ... then each residual, with such biases, inside its LayerNorm
+        if operators == ONNX_RUNTIME_OPERATORS:  # ... then each residual, with such biases, inside its LayerNorm,
             fuse_skip_layer_norm(graph)
+            carry_biases_to_readers(graph)  # ... and the biases it could not take, into their sums' readers
     return rewrite
 
 

@@ -116,10 +116,11 @@ def test_tensorrt_reads_the_fused_graph_written_back_as_plain_onnx(plain_and_fus
 def test_with_the_attention_node_every_residual_bias_is_added_inside_the_layer_norm(kind, tmp_path):
     """ln_2 reads x + attention, whose output projection is now a product and its bias: that bias is folded in;
     with a second adapter, x + (a + up(h)), the up-projection's bias (a, the attention's output, is the
-    adapter's input too, so its bias stays)."""
+    adapter's input too: its bias is then carried to a's readers, this LayerNorm among them,
+    tests/test_carried_biases.py)."""
     export_step_graph(random_model(kind), tmp_path / "ort.onnx", operators=ONNX_RUNTIME_OPERATORS)
     graph = onnx.load(str(tmp_path / "ort.onnx"))
     skips = [n for n in graph.graph.node if n.op_type == SKIP_LAYER_NORM]
     assert skips and all(len(n.input) == 5 and n.input[4] for n in skips)
-    merged_biases = [n for n in skips if n.input[4].endswith(".unbiased.bias")]
+    merged_biases = [n for n in skips if n.input[4].endswith((".unbiased.bias", ".unbiased.bias.carried"))]
     assert len(merged_biases) == (BLOCKS if kind == "qrnn" else 0)
