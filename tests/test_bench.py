@@ -208,7 +208,8 @@ def test_every_onnx_runtime_session_the_bench_makes_keeps_its_workers_from_spinn
     monkeypatch.setattr(onnxruntime, "InferenceSession", RecordedSession)
     cfg = dataclasses.replace(BenchConfig(**QUICK), adapters=("none", "qrnn"), repetitions=3, scaling_frames=20,
                               scaling_probe=5, growing_window_samples=2, batches=(1,), e2e_frames=4,
-                              device="cpu", device_batches=(1,), device_scaling_frames=10, out=str(tmp_path))
+                              device="cpu", device_batches=(1,), device_scaling_frames=10, device_e2e_frames=4,
+                              out=str(tmp_path))
     run(cfg, log=lambda message: None)
     graphs = {path.rsplit("/", 1)[-1] for path, _ in made}
     assert {"window4.onnx", "window4.int8.onnx", "qrnn.int8.onnx", "text.onnx"} <= graphs, graphs
@@ -229,7 +230,7 @@ def test_bench_threads_limits_pytorch_as_it_limits_onnx_runtime_and_gives_the_co
     seen = []
     cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, threads=1, device="cpu", device_only=True,
                               int8=False, device_batches=(1,), device_scaling_frames=10, scaling_probe=5,
-                              e2e_frames=4, out=str(tmp_path))
+                              e2e_frames=4, device_e2e_frames=4, out=str(tmp_path))
     results, _ = run(cfg, log=lambda message: seen.append(torch.get_num_threads()))
     assert set(seen) == {1} and results["machine"]["torch_threads"] == 1
     assert "1 thread each" in (tmp_path / "bench.md").read_text()
