@@ -120,8 +120,8 @@ def merge_sibling_products(graph) -> int:
 
 
 def _biased_concat_products(graph, initializers: dict) -> list[tuple]:
-    """(Concat, MatMul, Add, bias name) for each ``Add(MatMul(Concat(.., last axis), W), b)`` with a constant
-    2-D W and [out] b, where only the MatMul reads the Concat and only the Add reads the product."""
+    """(Concat, MatMul, Add, bias name, the Concat's axis) for each ``Add(MatMul(Concat(..), W), b)`` with a
+    constant 2-D W and [out] b, where only the MatMul reads the Concat and only the Add reads the product."""
     from onnx import helper
 
     nodes = list(graph.graph.node)
