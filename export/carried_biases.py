@@ -18,22 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph_edits import constant_tensors, drop_unused_initializers
+from .graph_edits import constant_tensors, drop_unused_initializers, product_and_bias, readers_of
 from .onnx_runtime_ops import SKIP_LAYER_NORM
 
 SKIP_BIAS_INPUT = 4  # SkipLayerNormalization's inputs: input, skip, gamma, beta, bias
-
-
-def _bias_of_product(add, constants: dict, producers: dict):
-    """(product, bias) if ``add`` is ``Add(MatMul(..), b)`` with a constant 1-D b; else None."""
-    if add.op_type != "Add":
-        return None
-    for product, bias in (add.input, tuple(reversed(add.input))):
-        made_by = producers.get(product)
-        if made_by is not None and made_by.op_type == "MatMul" and bias in constants \
-                and len(constants[bias].dims) == 1:
-            return product, bias
-    return None
 
 
 class _Graph:
@@ -41,10 +29,7 @@ class _Graph:
         self.nodes = list(graph.graph.node)
         self.constants = constant_tensors(graph)
         self.producers = {out: n for n in self.nodes for out in n.output}
-        self.readers: dict[str, list] = {}
-        for node in self.nodes:
-            for name in node.input:
-                self.readers.setdefault(name, []).append(node)
+        self.readers = readers_of(graph)
         self.outputs = {o.name for o in graph.graph.output}
 
     def linear_bias(self, product):
@@ -54,7 +39,7 @@ class _Graph:
         if product.input[1] not in self.constants or len(self.constants[product.input[1]].dims) != 2 \
                 or len(after) != 1 or product.output[0] in self.outputs:
             return None
-        found = _bias_of_product(after[0], self.constants, self.producers)
+        found = product_and_bias(after[0], self.constants, self.producers)
         return after[0] if found is not None and found[0] == product.output[0] else None
 
 
@@ -91,41 +76,39 @@ def carry_biases_to_readers(graph) -> int:
     from onnx import numpy_helper
 
     view = _Graph(graph)
-    gone, renamed, added = set(), {}, []
-    biases = {}  # a bias constant's name -> its current value, as this rewrite has summed it
+    gone, renamed = set(), {}
+    biases = {}  # the new bias constants ("<old name>.carried") -> their values
 
-    def value(name: str) -> np.ndarray:
-        return biases[name] if name in biases else numpy_helper.to_array(view.constants[name])
-
-    def summed(name: str, extra: np.ndarray) -> str:
-        new = f"{name}.carried" if not name.endswith(".carried") else name
-        biases[new] = (value(name).astype(np.float32) + extra).astype(value(name).dtype)
+    def summed(name: str, extra: np.ndarray, dtype, fresh: str) -> str:
+        """A new constant, the bias ``name`` ("" for none) plus ``extra``; its name (``fresh`` where there was none).
+        A bias made here is no constant of ``view``'s, so no later plan adds to it again (it stops there)."""
+        old = numpy_helper.to_array(view.constants[name]).astype(np.float32) if name else 0
+        new = f"{name}.carried" if name else fresh
+        biases[new] = (old + extra).astype(dtype)
         return new
 
     touched = set()  # the bias Adds of linear layers this rewrite changed: none of them is also removed
     for add in view.nodes:
-        found = _bias_of_product(add, view.constants, view.producers) if id(add) not in touched else None
+        found = product_and_bias(add, view.constants, view.producers) if id(add) not in touched else None
         plan = _readers_plan(view, add.output[0]) if found is not None else None
         targets = {id(view.linear_bias(r)) for kind, r in plan or () if kind == "linear"}
         if not plan or targets & gone:
             continue
         touched |= targets
         product, bias = found
-        carried = numpy_helper.to_array(view.constants[bias]).astype(np.float32)
+        own = numpy_helper.to_array(view.constants[bias])
+        dtype, carried = own.dtype, own.astype(np.float32)
         for kind, reader in plan:
             if kind == "linear":
                 bias_add = view.linear_bias(reader)
                 position = 1 if bias_add.input[0] == reader.output[0] else 0
                 weight = numpy_helper.to_array(view.constants[reader.input[1]]).astype(np.float32)
-                bias_add.input[position] = summed(bias_add.input[position], carried @ weight)
+                bias_add.input[position] = summed(bias_add.input[position], carried @ weight, dtype, fresh="")
             else:
                 while len(reader.input) <= SKIP_BIAS_INPUT:
                     reader.input.append("")
-                current = reader.input[SKIP_BIAS_INPUT]
-                if not current:
-                    current = f"{reader.name}.bias"
-                    biases[current] = np.zeros_like(carried).astype(value(bias).dtype)
-                reader.input[SKIP_BIAS_INPUT] = summed(current, carried)
+                reader.input[SKIP_BIAS_INPUT] = summed(reader.input[SKIP_BIAS_INPUT], carried, dtype,
+                                                       fresh=f"{reader.name}.bias.carried")
         renamed[add.output[0]] = product
         gone.add(id(add))
     for node in view.nodes:
@@ -134,11 +117,6 @@ def carry_biases_to_readers(graph) -> int:
     kept = [n for n in view.nodes if id(n) not in gone]
     del graph.graph.node[:]
     graph.graph.node.extend(kept)
-    existing = {i.name for i in graph.graph.initializer}
-    for name, array in biases.items():
-        if name in existing:
-            graph.graph.initializer.remove(next(i for i in graph.graph.initializer if i.name == name))
-        added.append(numpy_helper.from_array(array, name))
-    graph.graph.initializer.extend(added)
-    drop_unused_initializers(graph)
+    graph.graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in biases.items())
+    drop_unused_initializers(graph)  # the biases summed into new ones
     return len(gone)

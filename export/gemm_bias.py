@@ -24,7 +24,7 @@ import numpy as np
 
 from sdqes_edge.model.adapters import STEP_WIDTH_MULTIPLE
 
-from .graph_edits import constant_tensors, drop_unused_initializers, static_shapes
+from .graph_edits import constant_tensors, drop_unused_initializers, product_and_bias, readers_of, static_shapes
 
 # The columns a Concat gains to carry a bias: a 1, then zeros, so that its fp16 rows stay as aligned as the step
 # form made them (a whole number of 16-byte pieces).
@@ -79,10 +79,7 @@ def merge_sibling_products(graph) -> int:
 
     initializers = constant_tensors(graph)
     nodes = list(graph.graph.node)
-    readers: dict[str, list] = {}
-    for node in nodes:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(graph)
     graph_outputs = {o.name for o in graph.graph.output}
     siblings: dict[str, list] = {}  # input -> [(MatMul, its bias Add, weight, bias)]
     for node in nodes:
@@ -124,29 +121,23 @@ def _biased_concat_products(graph, initializers: dict) -> list[tuple]:
     constant 2-D W and [out] b, where only the MatMul reads the Concat and only the Add reads the product."""
     from onnx import helper
 
-    nodes = list(graph.graph.node)
-    producers = {out: node for node in nodes for out in node.output}
-    readers: dict[str, list] = {}
-    for node in nodes:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    producers = {out: node for node in graph.graph.node for out in node.output}
+    readers = readers_of(graph)
     graph_outputs = {o.name for o in graph.graph.output}
     found = []
-    for add in nodes:
-        if add.op_type != "Add" or add.output[0] in graph_outputs:
+    for add in graph.graph.node:
+        biased = product_and_bias(add, initializers, producers) if add.output[0] not in graph_outputs else None
+        if biased is None:
             continue
-        for product_name, bias in (add.input, tuple(reversed(add.input))):
-            product, weight = producers.get(product_name), None
-            if product is not None and product.op_type == "MatMul":
-                weight = initializers.get(product.input[1])
-            concat = producers.get(product.input[0]) if weight is not None else None
-            if (concat is None or concat.op_type != "Concat" or bias not in initializers
-                    or len(weight.dims) != 2 or list(initializers[bias].dims) != [weight.dims[1]]
-                    or len(readers[concat.output[0]]) != 1 or len(readers[product_name]) != 1):
-                continue
-            axis = next((helper.get_attribute_value(a) for a in concat.attribute if a.name == "axis"), 0)
-            found.append((concat, product, add, bias, axis))
-            break
+        product_name, bias = biased
+        product = producers[product_name]
+        weight, concat = initializers.get(product.input[1]), producers.get(product.input[0])
+        if (weight is None or concat is None or concat.op_type != "Concat" or len(weight.dims) != 2
+                or list(initializers[bias].dims) != [weight.dims[1]]
+                or len(readers[concat.output[0]]) != 1 or len(readers[product_name]) != 1):
+            continue
+        axis = next((helper.get_attribute_value(a) for a in concat.attribute if a.name == "axis"), 0)
+        found.append((concat, product, add, bias, axis))
     return found
 
 

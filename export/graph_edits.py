@@ -13,6 +13,29 @@ def constant_tensors(graph) -> dict:
     return initializers
 
 
+def readers_of(graph) -> dict[str, list]:
+    """Every tensor's readers, by name: the nodes that take it as an input, in graph order (a node reading it
+    twice is listed twice)."""
+    readers: dict[str, list] = {}
+    for node in graph.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
+def product_and_bias(add, constants: dict, producers: dict) -> tuple[str, str] | None:
+    """(product, bias) if ``add`` is ``Add(MatMul(..), b)``, b a constant 1-D tensor (either input order); else
+    None: a linear layer's bias, as ``gemm_bias.split_gemm_bias`` writes it after its product."""
+    if add.op_type != "Add":
+        return None
+    for product, bias in (add.input, tuple(reversed(add.input))):
+        made_by = producers.get(product)
+        if made_by is not None and made_by.op_type == "MatMul" and bias in constants \
+                and len(constants[bias].dims) == 1:
+            return product, bias
+    return None
+
+
 def static_shapes(graph) -> dict[str, tuple]:
     """Every tensor's static shape (the step graphs are static), by name."""
     from onnx import shape_inference

@@ -71,6 +71,8 @@ import numpy as np
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FRAME_INPUT, QUERY_INPUT
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 
+from .graph_edits import readers_of
+
 WEIGHT_PRODUCT_OPS = ("MatMul", "Gemm", "Conv")
 INT8_POLICIES = {
     "backbone": "the frozen image tower's block products (attention in/out projections, MLP) but the first "
@@ -201,15 +203,11 @@ def _nearest_product(products: list, start: str, next_nodes, next_tensors) -> st
     return None
 
 
-def _tower_ends(graph, products: list) -> set[str]:
+def _tower_ends(graph, products: list, producers: dict) -> set[str]:
     """The products at the tower's two ends, no block's though either may have a block's shape: the patch
     embedding (the first the frame reaches; [3*P*P, w] is [w, w] for ViT-B/16, [4w, w] for ViT-B/32) and
     the embedding projection (the last before the ``embedding`` output; [w, E] is [w, w] where E == w)."""
-    producers = {out: n for n in graph.graph.node for out in n.output}
-    readers: dict[str, list] = {}
-    for node in graph.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(graph)
     patch_embedding = _nearest_product(products, FRAME_INPUT, lambda t: readers.get(t, []), lambda n: n.output)
     projection = _nearest_product(products, EMBEDDING_OUTPUT, lambda t: [producers[t]] if t in producers else [],
                                   lambda n: n.input)
@@ -236,8 +234,8 @@ def select_products(graph, policy: str, tower: TowerShape | None,
     if tower is None:
         raise QuantizationPolicyError("the backbone int8 policy needs the image tower's width and depth "
                                       "(the step graph's metadata carries them)")
-    ends = _tower_ends(graph, products)
     producers = {out: n for n in graph.graph.node for out in n.output}
+    ends = _tower_ends(graph, products, producers)
     initializers = {init.name: list(init.dims) for init in graph.graph.initializer}
     weights = set(initializers)
 
