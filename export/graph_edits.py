@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+# What ``fold_constant_arithmetic`` computes when every input is a constant.
+FOLDED_OPERATORS = {"MatMul": np.matmul, "Add": np.add}
+
 
 def constant_tensors(graph) -> dict:
     """The graph's initializers by the names nodes read them under: the tracer hands a constant that two layers
@@ -45,6 +50,30 @@ def static_shapes(graph) -> dict[str, tuple]:
     shapes = {v.name: tuple(d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim)
               for v in infos}
     return shapes | {i.name: tuple(i.dims) for i in graph.graph.initializer}
+
+
+def fold_constant_arithmetic(graph) -> int:
+    """Replace each MatMul and Add whose inputs are all constants with a constant of its value, in graph order (a
+    chain folds whole); returns how many. The tracer folds no products, so a bias made from two layers' parameters
+    (model/adapters.py: ``STAdapter._update_product``) reached the graph as a MatMul and an Add of constants, which
+    the rewrites that take a constant bias would not see. Computed in at least float32, kept in the graph's dtype."""
+    from onnx import numpy_helper
+
+    constants = constant_tensors(graph)
+    kept = []
+    for node in graph.graph.node:
+        if node.op_type not in FOLDED_OPERATORS or not all(name in constants for name in node.input):
+            kept.append(node)
+            continue
+        arrays = [numpy_helper.to_array(constants[name]) for name in node.input]
+        value = FOLDED_OPERATORS[node.op_type](*(a.astype(np.promote_types(a.dtype, np.float32)) for a in arrays))
+        constants[node.output[0]] = numpy_helper.from_array(value.astype(arrays[0].dtype), node.output[0])
+        graph.graph.initializer.append(constants[node.output[0]])
+    folded = len(graph.graph.node) - len(kept)
+    del graph.graph.node[:]
+    graph.graph.node.extend(kept)
+    drop_unused_initializers(graph)
+    return folded
 
 
 def drop_unused_initializers(graph) -> None:

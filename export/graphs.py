@@ -39,13 +39,14 @@ from sdqes_edge.contract import (
     step_io_names,
 )
 from sdqes_edge.model import SDQESModel
+from sdqes_edge.model.adapters import STAdapter
 from sdqes_edge.model.layers import cast
 from sdqes_edge.package_builds import load_onnxruntime
 
 from .attention_op import use_onnx_runtime_attention
 from .carried_biases import carry_biases_to_readers
 from .gemm_bias import fold_bias_into_concat, merge_sibling_products, split_gemm_bias
-from .graph_edits import drop_unused_opsets
+from .graph_edits import drop_unused_opsets, fold_constant_arithmetic
 from .onnx_runtime_ops import fuse_skip_layer_norm
 
 PRECISION_DTYPES = {FP32: torch.float32, FP16: torch.float16}
@@ -223,13 +224,20 @@ def checked_form(precision: str, operators: str | None) -> str:
     return operators
 
 
+def gpu_form(precision: str, operators: str) -> bool:
+    """Whether a graph has the GPU's form: fp16 (the GPU's precision), or any graph with ONNX Runtime's operators,
+    whose fp32 form the tests compare with the plain graph."""
+    return precision == FP16 or operators == ONNX_RUNTIME_OPERATORS
+
+
 def graph_rewrites(precision: str, operators: str) -> Callable[[Any], None]:
     """The rewrites (of an ``onnx.ModelProto``) that give a traced graph its form, step and window alike."""
     def rewrite(graph) -> None:
         # The GPU's form (fp16, or any graph with ONNX Runtime's operators, whose fp32 form the tests compare with
         # the plain graph): each bias after its product, sibling products as one, a Concat's product with its bias
         # inside (export/gemm_bias.py) ...
-        if precision == FP16 or operators == ONNX_RUNTIME_OPERATORS:
+        if gpu_form(precision, operators):
+            fold_constant_arithmetic(graph)
             split_gemm_bias(graph)
             merge_sibling_products(graph)
             fold_bias_into_concat(graph)
@@ -243,8 +251,12 @@ def traced_model(model: SDQESModel, precision: str, trace_device: str, operators
     """The model a graph of ``precision`` and ``operators`` is traced from, on ``trace_device``; ``model``
     itself is left where it is, in fp32, and as it is."""
     traced = compute_model(model, precision, trace_device)
-    if operators == ONNX_RUNTIME_OPERATORS:
+    if gpu_form(precision, operators):
         traced = copy.deepcopy(model).eval() if traced is model else traced
+        for module in traced.modules():
+            if isinstance(module, STAdapter):
+                module.update_as_one_product = True
+    if operators == ONNX_RUNTIME_OPERATORS:
         use_onnx_runtime_attention(traced)
     return traced
 

@@ -14,6 +14,7 @@ from conftest import random_model
 
 from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.export import ExportOptions, export_bundle
+from sdqes_edge.export.graphs import export_step_graph
 from sdqes_edge.runtime.backend import BufferSetLedger, frame_batch_buffer
 from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import (
@@ -285,10 +286,28 @@ def test_cuda_fp16_step_follows_the_cpu_fp32_step_over_100_frames_with_state_car
     reference, _ = stream(OnnxRuntimeStep(fp16_graph.parent / "step.fp32.onnx"), frames)
     gpu = OnnxRuntimeStep(fp16_graph, device="cuda")
     assert gpu.cuda_graph, "the CUDA graph capture was refused for the fp16 step graph"
-    got, _ = stream(gpu, frames)
+    assert_within_fp16_tolerance(stream(gpu, frames)[0], reference)
+
+
+def assert_within_fp16_tolerance(got: np.ndarray, reference: np.ndarray) -> None:
     cosine = (got * reference).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(reference, axis=-1))
     assert cosine.min() >= VARIANT_TOLERANCES["fp16"]["min_cosine"]
     assert np.abs(got - reference).max() <= VARIANT_TOLERANCES["fp16"]["max_abs_embedding"]
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["none", "mlp", "st", "qrnn", "retnet"])
+def test_every_kinds_fp16_step_is_captured_on_the_gpu_and_follows_the_cpu_fp32_step(kind, step_graphs, tmp_path):
+    """Each adapter's GPU form (the ST adapter's update as one product, retention's gathers) runs on the CUDA
+    provider alone, in a CUDA graph, over 40 frames with the state carried."""
+    _, frames = step_graphs
+    model, fp32, fp16 = random_model(kind), tmp_path / "step.fp32.onnx", tmp_path / "step.fp16.onnx"
+    export_step_graph(model, fp32)
+    export_step_graph(model, fp16, precision="fp16")
+    reference, _ = stream(OnnxRuntimeStep(fp32), frames)
+    gpu = OnnxRuntimeStep(fp16, device="cuda")
+    assert gpu.cuda_graph, f"the CUDA graph capture was refused for the {kind} fp16 step graph"
+    assert_within_fp16_tolerance(stream(gpu, frames)[0], reference)
 
 
 @needs_cuda
@@ -344,8 +363,6 @@ def _torch_has_cuda() -> bool:
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_a_step_graph_traced_on_the_gpu_is_the_graph_traced_on_the_cpu(precision, step_graphs, tmp_path):
     import onnx
-
-    from sdqes_edge.export.graphs import export_step_graph
 
     model = random_model("qrnn", lookback=2)
     paths = {device: tmp_path / f"{device}.onnx" for device in ("cpu", "cuda")}

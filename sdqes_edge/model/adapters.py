@@ -165,6 +165,10 @@ class STAdapter(StreamingAdapter):
 
     Both forms project every token, the class token too, and zero the class token's update with a mask:
     the class token's row then costs 1/L more arithmetic but the step needs no gather of patch rows.
+
+    ``update_as_one_product`` (off: the form the CPU runs fastest) computes the convolution over time and
+    ``D_fc2`` as one product over the concatenated frames; the exporter turns it on in the graphs it makes for a
+    GPU (export/graphs.py: ``traced_model``).
     """
 
     def __init__(self, width: int, bottleneck: int, lookback: int, tokens: int):
@@ -179,6 +183,7 @@ class STAdapter(StreamingAdapter):
         patch_mask = torch.ones(tokens, 1)
         patch_mask[0] = 0.0  # the class token gets no update (the reference adds to x[1:] only)
         self.register_buffer("patch_mask", patch_mask, persistent=False)
+        self.update_as_one_product = False
 
     def state_shapes(self, tokens):
         return [("st_history", (tokens, self.lookback * step_width(self.D_fc1.out_features)))]
@@ -193,11 +198,29 @@ class STAdapter(StreamingAdapter):
         frame_count = self.lookback + 1
         channels = windows.shape[-1] // frame_count
         kernel = widened(self.conv.weight.reshape(self.conv.out_channels, -1).t(), channels)  # [k, c], oldest first
+        conv_bias = widened(self.conv.bias, channels)
+        if self.update_as_one_product:
+            return self._update_product(windows, kernel, conv_bias)
         frames = windows.reshape(-1, frame_count, channels)  # [N, k, c] (a view)
         mixed = torch.einsum("nkc,kc->nc", frames, kernel)  # [N, c]
         if windows.dim() > 2:  # window form: back to [B, T, L, d'] (the step's rows need no reshape)
             mixed = mixed.reshape(windows.shape[:-1] + (channels,))
-        return widened_linear(mixed + widened(self.conv.bias, channels), self.D_fc2, inputs=channels)
+        return widened_linear(mixed + conv_bias, self.D_fc2, inputs=channels)
+
+    def _update_product(self, windows: torch.Tensor, kernel: torch.Tensor, conv_bias: torch.Tensor) -> torch.Tensor:
+        """``_update`` as one product: mixing the frames with the taps and projecting the mix are both linear, so
+        ``D_fc2``'s weight with its columns scaled by frame j's taps projects frame j, and the k frames'
+        projections sum inside one product over the concatenated frames:
+        sum_j (frame_j * k_j) W2^T + cb W2^T + b2 = windows [W2 diag(k_1) | .. | W2 diag(k_k)]^T + (cb W2^T + b2).
+
+        On a GPU one GEMM (which takes its bias through the frames' Concat, export/gemm_bias.py) replaces the
+        Einsum (ONNX Runtime's CUDA Einsum transposes and runs a batched product per channel), the conv's bias Add,
+        ``D_fc2``'s GEMM and its bias Add. It does k times ``D_fc2``'s arithmetic, which a CPU would notice and a
+        GPU at these sizes does not. Equal to the other form up to the order of the sums.
+        """
+        up = widened(self.D_fc2.weight, kernel.shape[1])  # [D, c]
+        weight = (up[:, None, :] * kernel[None]).reshape(up.shape[0], -1)  # [D, k*c], frame j's columns W2 diag(k_j)
+        return F.linear(windows, weight, F.linear(conv_bias, up, self.D_fc2.bias))
 
     def window(self, x):
         update = self._update(causal_windows(self.D_fc1(x), self.lookback))  # [B, T, L, D]
