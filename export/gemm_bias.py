@@ -29,6 +29,11 @@ from .graph_edits import constant_tensors, drop_unused_initializers, product_and
 # The columns a Concat gains to carry a bias: a 1, then zeros, so that its fp16 rows stay as aligned as the step
 # form made them (a whole number of 16-byte pieces).
 BIAS_COLUMNS = STEP_WIDTH_MULTIPLE
+# A product whose output is at least this many times wider than its input takes its bias through a new Concat of
+# its input with those columns (``fold_bias_into_wide_products``): the Concat reads and writes about the input's
+# width, the bias Add it replaces the output's. On the H200 at 32 streams the MLP's bias Add over [6304, 3072] took
+# 31 us, and a Concat to [6304, 552] 7 us; at one stream both are a couple of microseconds.
+WIDE_PRODUCT_RATIO = 2
 
 
 def split_gemm_bias(graph) -> int:
@@ -156,14 +161,9 @@ def fold_bias_into_concat(graph) -> int:
         shape = shapes.get(concat.output[0])
         if not shape or None in shape or axis not in (-1, len(shape) - 1):
             continue
-        weight = numpy_helper.to_array(initializers[product.input[1]])
-        ones = np.zeros(shape[:-1] + (BIAS_COLUMNS,), weight.dtype)
-        ones[..., 0] = 1
-        rows = np.zeros((BIAS_COLUMNS, weight.shape[1]), weight.dtype)
-        rows[0] = numpy_helper.to_array(initializers[bias])
         name = f"{product.name}.bias_in_product"
-        added += [numpy_helper.from_array(ones, f"{name}.ones"),
-                  numpy_helper.from_array(np.concatenate((weight, rows)), f"{name}.weight")]
+        weight, ones = _bias_in_product(initializers[product.input[1]], initializers[bias], shape)
+        added += [numpy_helper.from_array(ones, f"{name}.ones"), numpy_helper.from_array(weight, f"{name}.weight")]
         concat.input.append(f"{name}.ones")
         product.input[1] = f"{name}.weight"
         product.output[0] = add.output[0]
@@ -172,5 +172,59 @@ def fold_bias_into_concat(graph) -> int:
     del graph.graph.node[:]
     graph.graph.node.extend(kept)
     graph.graph.initializer.extend(added)
+    drop_unused_initializers(graph)  # the weights and biases the products took in
+    return len(removed)
+
+
+def _bias_in_product(weight, bias, input_shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(the weight [W; bias; 0], the constant block E [rows.., BIAS_COLUMNS] whose first column is 1) that carry
+    ``bias`` through a product of ``input_shape`` concatenated with E: ``[x, E] @ [W; bias; 0] = x @ W + bias``."""
+    from onnx import numpy_helper
+
+    weight = numpy_helper.to_array(weight)
+    ones = np.zeros(tuple(input_shape[:-1]) + (BIAS_COLUMNS,), weight.dtype)
+    ones[..., 0] = 1
+    rows = np.zeros((BIAS_COLUMNS, weight.shape[1]), weight.dtype)
+    rows[0] = numpy_helper.to_array(bias)
+    return np.concatenate((weight, rows)), ones
+
+
+def fold_bias_into_wide_products(graph, shapes: dict[str, tuple] | None = None) -> int:
+    """Rewrite, in ``graph`` (an ``onnx.ModelProto`` with static shapes, linear layers as MatMul then Add of a
+    bias), each ``Add(MatMul(x, W), bias)`` whose W is [K, N] with N >= WIDE_PRODUCT_RATIO * K (the MLP's first
+    product, 768 -> 3072) as ``MatMul(Concat(x, E), [W; bias; 0])``, E as in ``fold_bias_into_concat``: a Concat
+    over the narrow input replaces the bias Add over the wide output. Returns how many. Output names are kept.
+    ``shapes``: the tensors' static shapes where ONNX cannot infer them (past ONNX Runtime's operators)."""
+    from onnx import helper, numpy_helper
+
+    initializers = constant_tensors(graph)
+    producers = {out: node for node in graph.graph.node for out in node.output}
+    readers, graph_outputs = readers_of(graph), {o.name for o in graph.graph.output}
+    shapes = static_shapes(graph) if shapes is None else shapes
+    added, concats, removed = {}, {}, set()
+    for add in graph.graph.node:
+        biased = product_and_bias(add, initializers, producers) if add.output[0] not in graph_outputs else None
+        product = producers[biased[0]] if biased else None
+        weight = initializers.get(product.input[1]) if product is not None else None
+        if (weight is None or len(weight.dims) != 2 or weight.dims[1] < WIDE_PRODUCT_RATIO * weight.dims[0]
+                or len(readers[biased[0]]) != 1):
+            continue
+        shape = shapes.get(product.input[0])
+        if not shape or None in shape:
+            continue
+        name = f"{product.name}.bias_in_product"
+        weight, ones = _bias_in_product(weight, initializers[biased[1]], shape)
+        ones_name = "bias_columns." + "x".join(map(str, ones.shape))  # one block for every product of its rows
+        added.setdefault(ones_name, numpy_helper.from_array(ones, ones_name))
+        added[f"{name}.weight"] = numpy_helper.from_array(weight, f"{name}.weight")
+        concats[id(product)] = helper.make_node("Concat", [product.input[0], ones_name], [f"{name}.input"],
+                                                name=f"{name}.concat", axis=-1)
+        product.input[0], product.input[1], product.output[0] = f"{name}.input", f"{name}.weight", add.output[0]
+        removed.add(id(add))
+    nodes = [new for node in graph.graph.node if id(node) not in removed
+             for new in ([concats[id(node)]] if id(node) in concats else []) + [node]]
+    del graph.graph.node[:]
+    graph.graph.node.extend(nodes)
+    graph.graph.initializer.extend(added.values())
     drop_unused_initializers(graph)  # the weights and biases the products took in
     return len(removed)

@@ -45,8 +45,13 @@ from sdqes_edge.package_builds import load_onnxruntime
 
 from .attention_op import use_onnx_runtime_attention
 from .carried_biases import carry_biases_to_readers
-from .gemm_bias import fold_bias_into_concat, merge_sibling_products, split_gemm_bias
-from .graph_edits import drop_unused_opsets, fold_constant_arithmetic
+from .gemm_bias import (
+    fold_bias_into_concat,
+    fold_bias_into_wide_products,
+    merge_sibling_products,
+    split_gemm_bias,
+)
+from .graph_edits import drop_unused_opsets, fold_constant_arithmetic, static_shapes
 from .onnx_runtime_ops import fuse_skip_layer_norm
 
 PRECISION_DTYPES = {FP32: torch.float32, FP16: torch.float16}
@@ -242,8 +247,11 @@ def graph_rewrites(precision: str, operators: str) -> Callable[[Any], None]:
             merge_sibling_products(graph)
             fold_bias_into_concat(graph)
         if operators == ONNX_RUNTIME_OPERATORS:  # ... then each residual, with such biases, inside its LayerNorm,
+            shapes = static_shapes(graph)  # (ONNX infers none past ONNX Runtime's operators)
             fuse_skip_layer_norm(graph)
-            carry_biases_to_readers(graph)  # ... and the biases it could not take, into their sums' readers
+            carry_biases_to_readers(graph)  # ... and the biases it could not take, into their sums' readers, and a
+            fold_bias_into_wide_products(graph, shapes)  # wide product's through its input (not for TensorRT, which
+            # adds a bias inside its GEMM: the Concat would be a kernel more)
     return rewrite
 
 

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import onnx
 import pytest
 from conftest import assert_same_stream, random_model
+from onnx import TensorProto, helper, numpy_helper
 
+from sdqes_edge.contract import STATE_INPUT_PREFIX
 from sdqes_edge.export.gemm_bias import (
     BIAS_COLUMNS,
+    WIDE_PRODUCT_RATIO,
     fold_bias_into_concat,
+    fold_bias_into_wide_products,
     merge_sibling_products,
     split_gemm_bias,
 )
@@ -118,7 +123,8 @@ def test_a_gate_product_over_concatenated_frames_takes_its_bias_through_a_column
     graph = onnx.load(str(tmp_path / "fp16.onnx"))
     constants = {i.name: onnx.numpy_helper.to_array(i) for i in graph.graph.initializer}
     producers = {out: n for n in graph.graph.node for out in n.output}
-    gates = [n for n in graph.graph.node if n.op_type == "MatMul" and producers[n.input[0]].op_type == "Concat"]
+    gates = [n for n in graph.graph.node if n.op_type == "MatMul" and producers[n.input[0]].op_type == "Concat"
+             and producers[n.input[0]].input[0].startswith(STATE_INPUT_PREFIX)]  # over the remembered frames
     assert len(gates) == 2 * model.cfg.vision.layers
     for gate in gates:
         concat = producers[gate.input[0]]
@@ -150,3 +156,57 @@ def test_a_concatenation_that_another_node_also_reads_keeps_its_width(gemm_and_s
     graph = onnx.load(str(split))
     merge_sibling_products(graph)
     assert fold_bias_into_concat(graph) == 0
+
+
+@pytest.mark.parametrize("precision, operators", [("fp16", None), ("fp32", "onnxruntime"), ("fp16", "onnx")])
+def test_the_mlps_widening_product_takes_its_bias_through_its_input_with_onnx_runtimes_operators(precision,
+                                                                                                 operators, tmp_path):
+    """c_fc (width -> 4 x width) reads its input with the [rows, 8] block appended: a Concat over the width
+    replaces the bias Add over four times the width. Not in the plain-ONNX fp16 graph, TensorRT's, which adds a
+    bias inside its GEMM."""
+    model = random_model("qrnn", per_block=2)
+    export_step_graph(model, tmp_path / "g.onnx", precision=precision, operators=operators)
+    graph = onnx.load(str(tmp_path / "g.onnx"))
+    producers = {out: n for n in graph.graph.node for out in n.output}
+    c_fc = [n for n in graph.graph.node if n.op_type == "MatMul" and "c_fc" in n.name]
+    taken_in = [n for n in c_fc if producers[n.input[0]].op_type == "Concat"]
+    assert len(c_fc) == model.cfg.vision.layers
+    assert len(taken_in) == (0 if operators == "onnx" else len(c_fc))
+    for product in taken_in:
+        readers = {n.op_type for n in graph.graph.node if product.output[0] in n.input}
+        assert "Add" not in readers
+    if taken_in:  # every block's product shares one constant block
+        assert len({producers[n.input[0]].input[1] for n in taken_in}) == 1
+
+
+def small_products(widths: dict[str, int], read_twice: str = "") -> onnx.ModelProto:
+    """x [4, 8] -> each named product x @ W (to ``widths[name]`` features) + b, then a Relu, an output each;
+    ``read_twice``: that product's output is read by a second node too."""
+    rng = np.random.default_rng(1)
+    nodes, initializers, outputs = [], [], []
+    for name, width in widths.items():
+        initializers += [numpy_helper.from_array(rng.standard_normal((8, width)).astype(np.float32), f"W{name}"),
+                         numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), f"b{name}")]
+        nodes += [helper.make_node("MatMul", ["x", f"W{name}"], [f"p{name}"]),
+                  helper.make_node("Add", [f"p{name}", f"b{name}"], [f"s{name}"]),
+                  helper.make_node("Relu", [f"s{name}"], [f"y{name}"])]
+        if name == read_twice:
+            nodes.append(helper.make_node("Relu", [f"p{name}"], [f"r{name}"]))
+            outputs.append(helper.make_tensor_value_info(f"r{name}", TensorProto.FLOAT, [4, width]))
+        outputs.append(helper.make_tensor_value_info(f"y{name}", TensorProto.FLOAT, [4, width]))
+    return helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [4, 8])], outputs, initializers), opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_only_a_product_wide_enough_and_read_by_its_bias_alone_takes_its_bias_through_its_input():
+    widths = {"narrow": 8, "wide": 8 * WIDE_PRODUCT_RATIO, "shared": 32}
+    graph = small_products(widths, read_twice="shared")
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
+    ort = load_onnxruntime()
+    before = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert fold_bias_into_wide_products(graph) == 1
+    onnx.checker.check_model(graph, full_check=True)
+    assert [n.op_type for n in graph.graph.node].count("Add") == 2  # the narrow and the shared products keep theirs
+    after = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for got, want in zip(after, before):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -16,7 +16,7 @@ import torch
 from conftest import assert_same_stream, op_counts, random_model
 from onnx import TensorProto, helper, numpy_helper
 
-from sdqes_edge.contract import FP16, ONNX_RUNTIME_OPERATORS
+from sdqes_edge.contract import FP16, ONNX_RUNTIME_OPERATORS, STATE_INPUT_PREFIX
 from sdqes_edge.export.gemm_bias import BIAS_COLUMNS
 from sdqes_edge.export.graph_edits import fold_constant_arithmetic
 from sdqes_edge.export.graphs import export_step_graph, export_window_graph
@@ -51,9 +51,9 @@ def test_one_product_gives_the_checkpoints_form_in_the_step_and_the_window_form(
 
 
 def adapter_products(path) -> list:
-    """The MatMuls of an ST step graph that read a Concat: one per adapter, the update over the frames."""
+    """The MatMuls of an ST step graph that read a Concat of the remembered frames: one per adapter, the update."""
     nodes = onnx.load(str(path)).graph.node
-    concats = {n.output[0]: n for n in nodes if n.op_type == "Concat"}
+    concats = {n.output[0]: n for n in nodes if n.op_type == "Concat" and n.input[0].startswith(STATE_INPUT_PREFIX)}
     return [(n, concats[n.input[0]]) for n in nodes if n.op_type == "MatMul" and n.input[0] in concats]
 
 
