@@ -11,7 +11,11 @@ Linear layers that read the same input (the QRNN's two gates) are then one produ
 
 A product that reads a Concat (a QRNN gate over the remembered and the current frame) then takes its bias
 inside: the Concat, a kernel anyway, appends a constant column of ones and the weight gains the bias as the
-row that meets it (``fold_bias_into_concat``): one bias kernel fewer per adapter.
+row that meets it (``fold_bias_into_concat``): one bias kernel fewer per adapter. A product much wider out than
+in (the MLP's first, 768 -> 3072) takes its bias the same way through a Concat of its input made for it
+(``fold_bias_into_wide_products``): as many kernels, but the Concat moves the input's width where the bias Add moved
+the output's; only with ONNX Runtime's operators, since TensorRT adds a bias inside its GEMM for nothing and would
+run the Concat as a kernel more.
 
 Only the fp16 graph, the GPU format, is written so. ONNX Runtime's CPU provider folds the pair back into its
 Gemm (``MatMulAddFusion``: the same kernels, the same numbers), the CUDA session keeps the two apart

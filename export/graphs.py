@@ -52,6 +52,7 @@ from .gemm_bias import (
     split_gemm_bias,
 )
 from .graph_edits import drop_unused_opsets, fold_constant_arithmetic, static_shapes
+from .joined_products import join_summed_products
 from .onnx_runtime_ops import fuse_skip_layer_norm
 
 PRECISION_DTYPES = {FP32: torch.float32, FP16: torch.float16}
@@ -247,11 +248,11 @@ def graph_rewrites(precision: str, operators: str) -> Callable[[Any], None]:
             merge_sibling_products(graph)
             fold_bias_into_concat(graph)
         if operators == ONNX_RUNTIME_OPERATORS:  # ... then each residual, with such biases, inside its LayerNorm,
-            shapes = static_shapes(graph)  # (ONNX infers none past ONNX Runtime's operators)
+            shapes = static_shapes(graph)  # (ONNX infers no shape past ONNX Runtime's operators)
             fuse_skip_layer_norm(graph)
-            carry_biases_to_readers(graph)  # ... and the biases it could not take, into their sums' readers, and a
-            fold_bias_into_wide_products(graph, shapes)  # wide product's through its input (not for TensorRT, which
-            # adds a bias inside its GEMM: the Concat would be a kernel more)
+            carry_biases_to_readers(graph)  # ... the biases it could not take, into their sums' readers ...
+            fold_bias_into_wide_products(graph, shapes)  # ... and a wide product's, through its input; and the
+            join_summed_products(graph)  # attention's output summed with an adapter's update as one product
     return rewrite
 
 
