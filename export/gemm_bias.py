@@ -15,7 +15,7 @@ row that meets it (``fold_bias_into_concat``): one bias kernel fewer per adapter
 in (the MLP's first, 768 -> 3072) takes its bias the same way through a Concat of its input made for it
 (``fold_bias_into_wide_products``): as many kernels, but the Concat moves the input's width where the bias Add moved
 the output's; only with ONNX Runtime's operators, since TensorRT adds a bias inside its GEMM for nothing and would
-run the Concat as a kernel more.
+run the Concat as a kernel more (``build-engine`` undoes it: ``onnx_runtime_ops.bias_after_wide_products``).
 
 Only the fp16 graph, the GPU format, is written so. ONNX Runtime's CPU provider folds the pair back into its
 Gemm (``MatMulAddFusion``: the same kernels, the same numbers), the CUDA session keeps the two apart

@@ -27,7 +27,7 @@ from collections import Counter
 
 import numpy as np
 
-from .graph_edits import constant_tensors, drop_unused_initializers, static_shapes
+from .graph_edits import constant_tensors, drop_unused_initializers, readers_of, static_shapes
 
 MS_DOMAIN = "com.microsoft"
 ATTENTION = "Attention"
@@ -228,3 +228,46 @@ def expand_attention(graph) -> int:
     del graph.graph.node[:]
     graph.graph.node.extend(nodes)
     return expanded
+
+
+
+def _a_bias_block(block: np.ndarray, weight: np.ndarray) -> bool:
+    """Whether ``[x, block] @ weight`` is ``x @ W + b``: the block a column of ones then zero columns, and the
+    weight's rows that meet the zeros zero (``gemm_bias._bias_in_product``)."""
+    padding_rows = weight[len(weight) - block.shape[-1] + 1:]
+    return bool((block[..., 0] == 1).all() and not block[..., 1:].any() and not padding_rows.any())
+
+
+def bias_after_wide_products(graph) -> int:
+    """Undo ``gemm_bias.fold_bias_into_wide_products`` for TensorRT, which adds a bias inside its GEMM for nothing
+    and would copy the input into the Concat: each ``MatMul(Concat(x, E), [W; b; 0])``, E a constant bias block
+    (``_a_bias_block``) that only that product reads, back to ``Add(MatMul(x, W), b)``; returns how many. (A QRNN
+    gate's Concat of the frames, which its product needs anyway, keeps its block.)"""
+    from onnx import helper, numpy_helper
+
+    constants, readers = constant_tensors(graph), readers_of(graph)
+    producers = {out: node for node in graph.graph.node for out in node.output}
+    removed, bias_adds, added = set(), {}, []
+    for product in graph.graph.node:
+        concat = producers.get(product.input[0]) if product.op_type == "MatMul" else None
+        if (concat is None or concat.op_type != "Concat" or len(concat.input) != 2 or concat.input[1] not in constants
+                or product.input[1] not in constants or len(readers[concat.output[0]]) != 1):
+            continue
+        block = numpy_helper.to_array(constants[concat.input[1]])
+        weight = numpy_helper.to_array(constants[product.input[1]])
+        if not _a_bias_block(block, weight):
+            continue
+        name, columns = f"{product.name}.bias_after", block.shape[-1]
+        added += [numpy_helper.from_array(weight[:-columns], f"{name}.weight"),
+                  numpy_helper.from_array(weight[-columns], f"{name}.bias")]
+        bias_adds[id(product)] = helper.make_node("Add", [f"{name}.product", f"{name}.bias"], [product.output[0]],
+                                                  name=f"{name}.add")
+        product.input[0], product.input[1], product.output[0] = concat.input[0], f"{name}.weight", f"{name}.product"
+        removed.add(id(concat))
+    nodes = [new for node in graph.graph.node if id(node) not in removed
+             for new in [node] + ([bias_adds[id(node)]] if id(node) in bias_adds else [])]
+    del graph.graph.node[:]
+    graph.graph.node.extend(nodes)
+    graph.graph.initializer.extend(added)
+    drop_unused_initializers(graph)
+    return len(removed)

@@ -22,7 +22,7 @@ from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS
 from sdqes_edge.errors import UserError
 
 from .graph_edits import drop_unused_opsets
-from .onnx_runtime_ops import expand_attention, expand_skip_layer_norm
+from .onnx_runtime_ops import bias_after_wide_products, expand_attention, expand_skip_layer_norm
 
 MIN_TENSORRT = (8, 5)
 LAYERNORM_OPSET = 17  # the ONNX opset from which LayerNorm is one LayerNormalization node (16: plain nodes)
@@ -64,9 +64,11 @@ def check_opset_readable(opset: int, tensorrt_version: str, bundle_root: Path | 
 
 def as_tensorrt_reads_it(graph):
     """``graph`` (an ``onnx.ModelProto``, changed in place and returned) with ONNX Runtime's operators
-    written back as the plain ONNX operators they fuse."""
+    written back as the plain ONNX operators they fuse, and the biases taken through a Concat for ONNX Runtime's
+    sake after their products again."""
     expand_skip_layer_norm(graph)
     expand_attention(graph)
+    bias_after_wide_products(graph)  # TensorRT adds a bias inside its GEMM for nothing
     drop_unused_opsets(graph)
     return graph
 

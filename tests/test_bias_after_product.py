@@ -210,3 +210,19 @@ def test_only_a_product_wide_enough_and_read_by_its_bias_alone_takes_its_bias_th
     after = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     for got, want in zip(after, before):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_tensorrt_reads_each_wide_products_bias_after_it_again(tmp_path):
+    """TensorRT adds a bias inside its GEMM for nothing: the graph build-engine parses has c_fc reading its input
+    and an Add of its bias, and no Concat of a bias block but the gates' (whose frames need their Concat)."""
+    from sdqes_edge.export.tensorrt_ops import as_tensorrt_reads_it
+
+    model = random_model("qrnn", per_block=2)
+    export_step_graph(model, tmp_path / "fp16.onnx", precision="fp16")
+    graph = as_tensorrt_reads_it(onnx.load(str(tmp_path / "fp16.onnx")))
+    onnx.checker.check_model(graph, full_check=True)
+    producers = {out: n for n in graph.graph.node for out in n.output}
+    c_fc = [n for n in graph.graph.node if n.op_type == "MatMul" and "c_fc" in n.name]
+    assert len(c_fc) == model.cfg.vision.layers
+    assert all(producers[n.input[0]].op_type != "Concat" for n in c_fc)
+    assert all({r.op_type for r in graph.graph.node if n.output[0] in r.input} == {"Add"} for n in c_fc)
