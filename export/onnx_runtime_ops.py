@@ -255,7 +255,8 @@ def bias_after_wide_products(graph) -> int:
             continue
         block = numpy_helper.to_array(constants[concat.input[1]])
         weight = numpy_helper.to_array(constants[product.input[1]])
-        if not _a_bias_block(block, weight):
+        axis = next((helper.get_attribute_value(a) for a in concat.attribute if a.name == "axis"), 0)
+        if axis not in (-1, block.ndim - 1) or not _a_bias_block(block, weight):
             continue
         name, columns = f"{product.name}.bias_after", block.shape[-1]
         added += [numpy_helper.from_array(weight[:-columns], f"{name}.weight"),
