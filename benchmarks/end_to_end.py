@@ -18,7 +18,7 @@ from sdqes_edge.contract import FP16, FP32, PRECISIONS, step_graph_name
 from sdqes_edge.runtime.backend import warm_up
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, SlowPrecisionWarning
 from sdqes_edge.runtime.preprocess import Preprocessor
-from sdqes_edge.sample import sample_frames
+from sdqes_edge.sample import sample_frames_in_parallel
 
 
 def _end_to_end_bundle(cfg: BenchConfig, work: Path, log: Callable[[str], None], sampled: int | None = None
@@ -33,7 +33,7 @@ def _end_to_end_bundle(cfg: BenchConfig, work: Path, log: Callable[[str], None],
     bundle = work / "bundle"
     sampled = sampled or cfg.e2e_frames
     video = work / f"stream-{sampled}.mp4"
-    frames = sample_frames(sampled * 10, 360, 640)  # 10 fps video, sampled at the bundle's 1 fps
+    frames = sample_frames_in_parallel(sampled * 10, 360, 640)  # 10 fps video, sampled at the bundle's 1 fps
     if not bundle.exists():  # the CPU and the device loops share one bundle
         precisions = PRECISIONS if cfg.int8 else (FP32, FP16)
         log(f"exporting a {mcfg.name} bundle ({', '.join(precisions)}) for the precision and end-to-end rows ...")

@@ -13,6 +13,8 @@ need the dataset.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 EXAMPLE_QUERIES: tuple[tuple[str, str], ...] = (
@@ -28,32 +30,78 @@ EXAMPLE_QUERIES: tuple[tuple[str, str], ...] = (
 
 SAMPLE_HEIGHT = 240
 SAMPLE_WIDTH = 320
+SENSOR_NOISE = 6.0  # standard deviation of the per-pixel noise, in grey levels
+PARALLEL_CHUNK_FRAMES = 100  # frames per process task in sample_frames_in_parallel
+
+
+def _scene_frame(t: int, count: int, xx: np.ndarray, yy: np.ndarray, base_colour: np.ndarray) -> np.ndarray:
+    """Frame ``t`` of ``count`` without its sensor noise, float32 [H, W, 3] (BGR)."""
+    height, width = xx.shape
+    phase = 2 * np.pi * t / max(count, 8)
+    frame = np.empty((height, width, 3), dtype=np.float32)
+    for c in range(3):
+        frame[..., c] = (base_colour[c] + 40 * np.sin(xx / width * 3 + phase + c)
+                         + 30 * np.cos(yy / height * 2 - phase))
+    # A disk crossing the scene.
+    cx = (0.1 + 0.8 * ((t * 0.07) % 1.0)) * width
+    cy = height * (0.5 + 0.25 * np.sin(phase))
+    disk = (xx - cx) ** 2 + (yy - cy) ** 2 < (0.12 * min(height, width)) ** 2
+    frame[disk] = (30, 160, 230)
+    # The "event": a square appears in the second half of the clip.
+    if t >= count // 2:
+        side = int(0.25 * min(height, width))
+        top, left = height // 5, width // 2
+        frame[top : top + side, left : left + side] = (200, 60, 40)
+    return frame
+
+
+def _with_noise(frame: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    frame += rng.normal(0, SENSOR_NOISE, size=frame.shape).astype(np.float32)
+    return np.clip(frame, 0, 255).astype(np.uint8)
+
+
+def _scene_grid(height: int, width: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator, np.ndarray]:
+    """(x, y pixel grids, the sample's generator, its background colour: the generator's first draw)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    return xx, yy, rng, rng.uniform(40, 200, size=3).astype(np.float32)
 
 
 def iter_sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_WIDTH, seed: int = 0):
     """The ``count`` frames of the sample one at a time, [H, W, 3] uint8 in BGR order (what OpenCV delivers):
     a long sample streams in constant memory."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    base_colour = rng.uniform(40, 200, size=3).astype(np.float32)
+    xx, yy, rng, base_colour = _scene_grid(height, width, seed)
     for t in range(count):
-        phase = 2 * np.pi * t / max(count, 8)
-        frame = np.empty((height, width, 3), dtype=np.float32)
-        for c in range(3):
-            frame[..., c] = (base_colour[c] + 40 * np.sin(xx / width * 3 + phase + c)
-                             + 30 * np.cos(yy / height * 2 - phase))
-        # A disk crossing the scene.
-        cx = (0.1 + 0.8 * ((t * 0.07) % 1.0)) * width
-        cy = height * (0.5 + 0.25 * np.sin(phase))
-        disk = (xx - cx) ** 2 + (yy - cy) ** 2 < (0.12 * min(height, width)) ** 2
-        frame[disk] = (30, 160, 230)
-        # The "event": a square appears in the second half of the clip.
-        if t >= count // 2:
-            side = int(0.25 * min(height, width))
-            top, left = height // 5, width // 2
-            frame[top : top + side, left : left + side] = (200, 60, 40)
-        frame += rng.normal(0, 6, size=frame.shape).astype(np.float32)  # sensor noise
-        yield np.clip(frame, 0, 255).astype(np.uint8)
+        yield _with_noise(_scene_frame(t, count, xx, yy, base_colour), rng)
+
+
+def _sample_chunk(count: int, first: int, stop: int, height: int, width: int, seed: int) -> np.ndarray:
+    """Frames ``first .. stop - 1`` of a clip of ``count`` for ``sample_frames_in_parallel``: the sample's scene,
+    with noise from a generator of their own."""
+    xx, yy, _, base_colour = _scene_grid(height, width, seed)
+    rng = np.random.default_rng([seed, first])
+    return np.stack([_with_noise(_scene_frame(t, count, xx, yy, base_colour), rng) for t in range(first, stop)])
+
+
+def sample_frames_in_parallel(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_WIDTH, seed: int = 0,
+                              workers: int | None = None) -> np.ndarray:
+    """``count`` frames of the sample's scene, [count, H, W, 3] uint8 BGR, made by ``workers`` processes (default:
+    every core), for a long clip only its timing needs (the GPU bench's 2,000-frame video took 45 s of one core,
+    most of it drawing the noise). Each block of ``PARALLEL_CHUNK_FRAMES`` frames draws its noise from a generator
+    of its own, so the frames are not ``sample_frames``' (which tests and golden vectors read), but the same scene
+    with noise of the same statistics."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    check_fits_in_memory(image_bytes(count, height, width), f"{count} sample frames of {width}x{height}")
+    starts = range(0, count, PARALLEL_CHUNK_FRAMES)
+    chunks = [(count, a, min(a + PARALLEL_CHUNK_FRAMES, count), height, width, seed) for a in starts]
+    workers = min(workers or os.cpu_count() or 1, len(chunks))
+    if workers <= 1:
+        return np.concatenate([_sample_chunk(*chunk) for chunk in chunks])
+    # "spawn": a child of a process holding a CUDA context (the GPU bench) must not inherit it by fork.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return np.concatenate(list(pool.map(_sample_chunk, *zip(*chunks))))
 
 
 def sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_WIDTH, seed: int = 0) -> np.ndarray:

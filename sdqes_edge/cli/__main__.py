@@ -2,4 +2,5 @@
 
 from sdqes_edge.cli import main
 
-main()
+if __name__ == "__main__":  # not again in a process the command starts (sample.sample_frames_in_parallel)
+    main()
