@@ -90,6 +90,7 @@ def sample_frames_in_parallel(count: int, height: int = SAMPLE_HEIGHT, width: in
     most of it drawing the noise). Each block of ``PARALLEL_CHUNK_FRAMES`` frames draws its noise from a generator
     of its own, so the frames are not ``sample_frames``' (which tests and golden vectors read), but the same scene
     with noise of the same statistics."""
+    import contextlib
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -97,11 +98,15 @@ def sample_frames_in_parallel(count: int, height: int = SAMPLE_HEIGHT, width: in
     starts = range(0, count, PARALLEL_CHUNK_FRAMES)
     chunks = [(count, a, min(a + PARALLEL_CHUNK_FRAMES, count), height, width, seed) for a in starts]
     workers = min(workers or os.cpu_count() or 1, len(chunks))
-    if workers <= 1:
-        return np.concatenate([_sample_chunk(*chunk) for chunk in chunks])
+    frames = np.empty((count, height, width, 3), dtype=np.uint8)
     # "spawn": a child of a process holding a CUDA context (the GPU bench) must not inherit it by fork.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return np.concatenate(list(pool.map(_sample_chunk, *zip(*chunks))))
+    pool = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1
+            else contextlib.nullcontext())
+    with pool:
+        made = (pool.map if workers > 1 else map)(_sample_chunk, *zip(*chunks))
+        for first, block in zip(starts, made):
+            frames[first : first + len(block)] = block  # one block at a time beside the frames, not a second copy
+    return frames
 
 
 def sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_WIDTH, seed: int = 0) -> np.ndarray:
