@@ -28,7 +28,15 @@ import numpy as np
 
 from sdqes_edge.model.adapters import STEP_WIDTH_MULTIPLE
 
-from .graph_edits import constant_tensors, drop_unused_initializers, product_and_bias, readers_of, static_shapes
+from .graph_edits import (
+    constant_tensors,
+    drop_unused_initializers,
+    product_and_bias,
+    readers_of,
+    spliced,
+    static_shapes,
+    with_nodes,
+)
 
 # The columns a Concat gains to carry a bias: a 1, then zeros, so that its fp16 rows stay as aligned as the step
 # form made them (a whole number of 16-byte pieces).
@@ -221,14 +229,9 @@ def fold_bias_into_wide_products(graph, shapes: dict[str, tuple] | None = None) 
         ones_name = "bias_columns." + "x".join(map(str, ones.shape))  # one block for every product of its rows
         added.setdefault(ones_name, numpy_helper.from_array(ones, ones_name))
         added[f"{name}.weight"] = numpy_helper.from_array(weight, f"{name}.weight")
-        concats[id(product)] = helper.make_node("Concat", [product.input[0], ones_name], [f"{name}.input"],
-                                                name=f"{name}.concat", axis=-1)
+        concats[id(product)] = [helper.make_node("Concat", [product.input[0], ones_name], [f"{name}.input"],
+                                                 name=f"{name}.concat", axis=-1)]
         product.input[0], product.input[1], product.output[0] = f"{name}.input", f"{name}.weight", add.output[0]
         removed.add(id(add))
-    nodes = [new for node in graph.graph.node if id(node) not in removed
-             for new in ([concats[id(node)]] if id(node) in concats else []) + [node]]
-    del graph.graph.node[:]
-    graph.graph.node.extend(nodes)
-    graph.graph.initializer.extend(added.values())
-    drop_unused_initializers(graph)  # the weights and biases the products took in
+    with_nodes(graph, spliced(graph.graph.node, removed, before=concats), added.values())
     return len(removed)

@@ -76,6 +76,22 @@ def fold_constant_arithmetic(graph) -> int:
     return folded
 
 
+def spliced(nodes, removed: set, before: dict | None = None, after: dict | None = None) -> list:
+    """``nodes`` in order without those whose ``id`` is in ``removed``, each node's ``before[id]`` (a list of new
+    nodes) put in front of its place and its ``after[id]`` behind it, whether it stays or not."""
+    before, after = before or {}, after or {}
+    return [new for node in nodes for new in before.get(id(node), []) + ([] if id(node) in removed else [node])
+            + after.get(id(node), [])]
+
+
+def with_nodes(graph, nodes: list, initializers=()) -> None:
+    """Give ``graph`` the nodes ``nodes``, add ``initializers``, and drop the initializers no node reads any more."""
+    del graph.graph.node[:]
+    graph.graph.node.extend(nodes)
+    graph.graph.initializer.extend(initializers)
+    drop_unused_initializers(graph)
+
+
 def drop_unused_initializers(graph) -> None:
     """Remove the initializers no node reads any more (a weight replaced by its transpose, biases now added as
     one) and no graph output names."""

@@ -52,7 +52,7 @@ from .gemm_bias import (
     split_gemm_bias,
 )
 from .graph_edits import drop_unused_opsets, fold_constant_arithmetic, static_shapes
-from .joined_products import join_summed_products
+from .joined_products import join_summed_products, mask_rows_before_products
 from .onnx_runtime_ops import fuse_skip_layer_norm
 
 PRECISION_DTYPES = {FP32: torch.float32, FP16: torch.float16}
@@ -252,7 +252,8 @@ def graph_rewrites(precision: str, operators: str) -> Callable[[Any], None]:
             fuse_skip_layer_norm(graph)
             carry_biases_to_readers(graph)  # ... the biases it could not take, into their sums' readers ...
             fold_bias_into_wide_products(graph, shapes)  # ... and a wide product's, through its input; and the
-            join_summed_products(graph)  # attention's output summed with an adapter's update as one product
+            mask_rows_before_products(graph)  # attention's output summed with an adapter's update (its class-token
+            join_summed_products(graph)  # mask moved before its product) as one product
     return rewrite
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph_edits import constant_tensors, drop_unused_initializers, readers_of, static_shapes
+from .graph_edits import constant_tensors, readers_of, spliced, static_shapes, with_nodes
 
 
 def _weight_product(node, constants: dict) -> bool:
@@ -41,6 +41,52 @@ def _joinable(add, constants: dict, producers: dict, readers: dict, shapes: dict
         if y and h and None not in y + h and len(y) == len(h) and y[:-1] == h[:-1]:
             return shared, other, others
     return None
+
+
+def _constant_value(name: str, constants: dict, producers: dict) -> np.ndarray | None:
+    """The value of ``name`` if it is an initializer or a Constant node's output, else None."""
+    from onnx import numpy_helper
+
+    if name in constants:
+        return numpy_helper.to_array(constants[name])
+    node = producers.get(name)
+    if node is not None and node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+        return numpy_helper.to_array(node.attribute[0].t)
+    return None
+
+
+def mask_rows_before_products(graph) -> int:
+    """Rewrite, in ``graph`` (an ``onnx.ModelProto`` with static shapes), each ``(x @ W)`` viewed as [B, L, D],
+    multiplied by a constant [L, 1] mask and viewed back as rows [B*L, D] (the ST adapter's update, its class token
+    zeroed) as ``(x * mask_rows) @ W``: scaling rows commutes with the product, the mask then multiplies the narrow
+    input (where a bias taken through a column of ones is masked with it), and the update is a product that
+    ``join_summed_products`` can join with the attention's output. Returns how many. Output names are kept."""
+    from onnx import numpy_helper
+
+    constants = constant_tensors(graph)
+    producers = {out: node for node in graph.graph.node for out in node.output}
+    readers, shapes = readers_of(graph), static_shapes(graph)
+    removed, after, added = set(), {}, []
+    for mul in graph.graph.node:
+        view = producers.get(mul.input[0]) if mul.op_type == "Mul" else None
+        product = producers.get(view.input[0]) if view is not None and view.op_type == "Reshape" else None
+        mask = _constant_value(mul.input[1], constants, producers) if product is not None else None
+        back = readers.get(mul.output[0], [])
+        rows = shapes.get(product.input[0]) if product is not None else None
+        if (mask is None or product.op_type != "MatMul" or mask.ndim != 2 or mask.shape[1] != 1 or len(back) != 1
+                or back[0].op_type != "Flatten" or len(readers[product.output[0]]) != 1
+                or len(readers[view.output[0]]) != 1 or not rows or len(rows) != 2 or None in rows
+                or rows[0] % mask.shape[0]):
+            continue
+        flatten = back[0]
+        name = f"{mul.name}.before_product"
+        added.append(numpy_helper.from_array(np.tile(mask, (rows[0] // mask.shape[0], 1)), f"{name}.rows"))
+        mul.input[0], mul.input[1], mul.output[0] = product.input[0], f"{name}.rows", f"{name}.masked"
+        product.input[0], product.output[0] = f"{name}.masked", flatten.output[0]
+        removed |= {id(view), id(flatten), id(product)}
+        after[id(mul)] = [product]  # which now reads the Mul
+    with_nodes(graph, spliced(graph.graph.node, removed, after=after), added)
+    return len(after)
 
 
 def join_summed_products(graph) -> int:
@@ -73,11 +119,6 @@ def join_summed_products(graph) -> int:
                                   name=f"{name}.concat", axis=-1)
         replaced[id(add)] = [concat, helper.make_node("MatMul", [f"{name}.input", f"{name}.weight"],
                                                       list(add.output), name=f"{name}.product")]
-        removed |= {id(shared), id(other)}
-    nodes = [new for node in graph.graph.node if id(node) not in removed
-             for new in replaced.get(id(node), [node])]
-    del graph.graph.node[:]
-    graph.graph.node.extend(nodes)
-    graph.graph.initializer.extend(added)
-    drop_unused_initializers(graph)
+        removed |= {id(shared), id(other), id(add)}
+    with_nodes(graph, spliced(graph.graph.node, removed, before=replaced), added)
     return len(replaced)

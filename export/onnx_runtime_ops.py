@@ -27,7 +27,7 @@ from collections import Counter
 
 import numpy as np
 
-from .graph_edits import constant_tensors, drop_unused_initializers, readers_of, static_shapes
+from .graph_edits import constant_tensors, drop_unused_initializers, readers_of, spliced, static_shapes, with_nodes
 
 MS_DOMAIN = "com.microsoft"
 ATTENTION = "Attention"
@@ -261,14 +261,9 @@ def bias_after_wide_products(graph) -> int:
         name, columns = f"{product.name}.bias_after", block.shape[-1]
         added += [numpy_helper.from_array(weight[:-columns], f"{name}.weight"),
                   numpy_helper.from_array(weight[-columns], f"{name}.bias")]
-        bias_adds[id(product)] = helper.make_node("Add", [f"{name}.product", f"{name}.bias"], [product.output[0]],
-                                                  name=f"{name}.add")
+        bias_adds[id(product)] = [helper.make_node("Add", [f"{name}.product", f"{name}.bias"], [product.output[0]],
+                                                   name=f"{name}.add")]
         product.input[0], product.input[1], product.output[0] = concat.input[0], f"{name}.weight", f"{name}.product"
         removed.add(id(concat))
-    nodes = [new for node in graph.graph.node if id(node) not in removed
-             for new in [node] + ([bias_adds[id(node)]] if id(node) in bias_adds else [])]
-    del graph.graph.node[:]
-    graph.graph.node.extend(nodes)
-    graph.graph.initializer.extend(added)
-    drop_unused_initializers(graph)
+    with_nodes(graph, spliced(graph.graph.node, removed, after=bias_adds), added)
     return len(removed)

@@ -51,10 +51,22 @@ def test_one_product_gives_the_checkpoints_form_in_the_step_and_the_window_form(
 
 
 def adapter_products(path) -> list:
-    """The MatMuls of an ST step graph that read a Concat of the remembered frames: one per adapter, the update."""
+    """(update product, the Concat of the remembered frames it reads) of an ST step graph, one per adapter: the
+    MatMul that reads the Concat, through the class-token mask (a Mul) and the Concat that joins it with the
+    attention's output where there are such (export/joined_products.py)."""
     nodes = onnx.load(str(path)).graph.node
-    concats = {n.output[0]: n for n in nodes if n.op_type == "Concat" and n.input[0].startswith(STATE_INPUT_PREFIX)}
-    return [(n, concats[n.input[0]]) for n in nodes if n.op_type == "MatMul" and n.input[0] in concats]
+    readers: dict = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    found = []
+    for concat in (n for n in nodes if n.op_type == "Concat" and n.input[0].startswith(STATE_INPUT_PREFIX)):
+        reader = readers[concat.output[0]][0]
+        while reader.op_type != "MatMul":
+            assert reader.op_type in ("Mul", "Concat"), reader.op_type
+            reader = readers[reader.output[0]][0]
+        found.append((reader, concat))
+    return found
 
 
 @pytest.mark.parametrize("precision, operators", [(FP16, None), (FP16, "onnx"), ("fp32", ONNX_RUNTIME_OPERATORS)])
@@ -106,3 +118,20 @@ def test_constant_arithmetic_folds_to_one_constant_and_leaves_what_reads_an_inpu
     folded = {i.name: numpy_helper.to_array(i) for i in graph.graph.initializer}
     assert set(folded) == {"b", "abc"} and folded["abc"].dtype == np.float16
     np.testing.assert_array_equal(folded["abc"], a.astype(np.float32) @ b + 0.5)
+
+
+def test_with_onnx_runtimes_operators_the_class_token_mask_scales_the_frames_and_the_second_update_is_joined(
+        tmp_path):
+    """Scaling rows commutes with the product: the mask multiplies the narrow Concat of the frames (and the bias
+    column with them), and the second adapter's update, now a product, is summed with the attention's output
+    inside one product."""
+    model = random_model("st", per_block=2)
+    export_step_graph(model, tmp_path / "fp16.onnx", precision=FP16)
+    graph = onnx.load(str(tmp_path / "fp16.onnx")).graph
+    producers = {out: n for n in graph.node for out in n.output}
+    for product, frames in adapter_products(tmp_path / "fp16.onnx"):
+        mask = producers[product.input[0]]
+        mask = producers[mask.input[0]] if mask.op_type == "Concat" else mask  # the joined sum's Concat
+        assert mask.op_type == "Mul" and mask.input[0] == frames.output[0]
+    joined = [p for p, _ in adapter_products(tmp_path / "fp16.onnx") if producers[p.input[0]].op_type == "Concat"]
+    assert len(joined) == BLOCKS
