@@ -55,6 +55,15 @@ def _constant_value(name: str, constants: dict, producers: dict) -> np.ndarray |
     return None
 
 
+def _tokens_view_and_back(view, back, tokens: int, shapes: dict) -> bool:
+    """Whether ``view`` makes rows [B*L, D] into [B, L, D] (L = ``tokens``) and ``back`` (a Flatten) undoes it."""
+    from onnx import helper
+
+    shape = shapes.get(view.output[0])
+    axis = next((helper.get_attribute_value(a) for a in back.attribute if a.name == "axis"), 1)
+    return back.op_type == "Flatten" and axis == 2 and shape is not None and len(shape) == 3 and shape[1] == tokens
+
+
 def mask_rows_before_products(graph) -> int:
     """Rewrite, in ``graph`` (an ``onnx.ModelProto`` with static shapes), each ``(x @ W)`` viewed as [B, L, D],
     multiplied by a constant [L, 1] mask and viewed back as rows [B*L, D] (the ST adapter's update, its class token
@@ -74,9 +83,9 @@ def mask_rows_before_products(graph) -> int:
         back = readers.get(mul.output[0], [])
         rows = shapes.get(product.input[0]) if product is not None else None
         if (mask is None or product.op_type != "MatMul" or mask.ndim != 2 or mask.shape[1] != 1 or len(back) != 1
-                or back[0].op_type != "Flatten" or len(readers[product.output[0]]) != 1
-                or len(readers[view.output[0]]) != 1 or not rows or len(rows) != 2 or None in rows
-                or rows[0] % mask.shape[0]):
+                or len(readers[product.output[0]]) != 1 or len(readers[view.output[0]]) != 1
+                or not rows or len(rows) != 2 or None in rows or rows[0] % mask.shape[0]
+                or not _tokens_view_and_back(view, back[0], mask.shape[0], shapes)):
             continue
         flatten = back[0]
         name = f"{mul.name}.before_product"
