@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph_edits import constant_tensors, drop_unused_initializers, product_and_bias, readers_of
+from .graph_edits import constant_tensors, product_and_bias, readers_of, spliced, with_nodes
 from .onnx_runtime_ops import SKIP_LAYER_NORM
 
 SKIP_BIAS_INPUT = 4  # SkipLayerNormalization's inputs: input, skip, gamma, beta, bias
@@ -114,9 +114,6 @@ def carry_biases_to_readers(graph) -> int:
     for node in view.nodes:
         for k, name in enumerate(node.input):
             node.input[k] = renamed.get(name, name)
-    kept = [n for n in view.nodes if id(n) not in gone]
-    del graph.graph.node[:]
-    graph.graph.node.extend(kept)
-    graph.graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in biases.items())
-    drop_unused_initializers(graph)  # the biases summed into new ones
+    # the biases summed into new ones are dropped with the initializers no node reads
+    with_nodes(graph, spliced(view.nodes, gone), [numpy_helper.from_array(a, name) for name, a in biases.items()])
     return len(gone)

@@ -180,11 +180,7 @@ def fold_bias_into_concat(graph) -> int:
         product.input[1] = f"{name}.weight"
         product.output[0] = add.output[0]
         removed.add(id(add))
-    kept = [node for node in graph.graph.node if id(node) not in removed]
-    del graph.graph.node[:]
-    graph.graph.node.extend(kept)
-    graph.graph.initializer.extend(added)
-    drop_unused_initializers(graph)  # the weights and biases the products took in
+    with_nodes(graph, spliced(graph.graph.node, removed), added)  # (dropping the weights and biases taken in)
     return len(removed)
 
 

@@ -59,26 +59,24 @@ def fold_constant_arithmetic(graph) -> int:
     the rewrites that take a constant bias would not see. Computed in at least float32, kept in the graph's dtype."""
     from onnx import numpy_helper
 
-    constants = constant_tensors(graph)
-    kept = []
-    for node in graph.graph.node:
-        if node.op_type not in FOLDED_OPERATORS or not all(name in constants for name in node.input):
-            kept.append(node)
-            continue
-        arrays = [numpy_helper.to_array(constants[name]) for name in node.input]
-        value = FOLDED_OPERATORS[node.op_type](*(a.astype(np.promote_types(a.dtype, np.float32)) for a in arrays))
-        constants[node.output[0]] = numpy_helper.from_array(value.astype(arrays[0].dtype), node.output[0])
-        graph.graph.initializer.append(constants[node.output[0]])
-    folded = len(graph.graph.node) - len(kept)
-    del graph.graph.node[:]
-    graph.graph.node.extend(kept)
-    drop_unused_initializers(graph)
-    return folded
+    constants, nodes = constant_tensors(graph), list(graph.graph.node)
+    folded, values = set(), []
+    for node in nodes:
+        if node.op_type in FOLDED_OPERATORS and all(name in constants for name in node.input):
+            arrays = [numpy_helper.to_array(constants[name]) for name in node.input]
+            value = FOLDED_OPERATORS[node.op_type](*(a.astype(np.promote_types(a.dtype, np.float32)) for a in arrays))
+            constants[node.output[0]] = numpy_helper.from_array(value.astype(arrays[0].dtype), node.output[0])
+            values.append(constants[node.output[0]])
+            folded.add(id(node))
+    with_nodes(graph, spliced(nodes, folded), values)
+    return len(folded)
 
 
 def spliced(nodes, removed: set, before: dict | None = None, after: dict | None = None) -> list:
     """``nodes`` in order without those whose ``id`` is in ``removed``, each node's ``before[id]`` (a list of new
-    nodes) put in front of its place and its ``after[id]`` behind it, whether it stays or not."""
+    nodes) put in front of its place and its ``after[id]`` behind it, whether it stays or not. The ids are those of
+    node objects the caller has held since it took them (a list or a map of the nodes): protobuf hands out a new
+    object for a node whose last one was freed, and its id may be another's."""
     before, after = before or {}, after or {}
     return [new for node in nodes for new in before.get(id(node), []) + ([] if id(node) in removed else [node])
             + after.get(id(node), [])]

@@ -252,8 +252,8 @@ def graph_rewrites(precision: str, operators: str) -> Callable[[Any], None]:
             fuse_skip_layer_norm(graph)
             carry_biases_to_readers(graph)  # ... the biases it could not take, into their sums' readers ...
             fold_bias_into_wide_products(graph, shapes)  # ... and a wide product's, through its input; and the
-            mask_rows_before_products(graph)  # attention's output summed with an adapter's update (its class-token
-            join_summed_products(graph)  # mask moved before its product) as one product
+            mask_rows_before_products(graph, shapes)  # attention's output summed with an adapter's update (its
+            join_summed_products(graph, shapes)  # class-token mask moved before its product) as one product
     return rewrite
 
 

@@ -64,17 +64,18 @@ def _tokens_view_and_back(view, back, tokens: int, shapes: dict) -> bool:
     return back.op_type == "Flatten" and axis == 2 and shape is not None and len(shape) == 3 and shape[1] == tokens
 
 
-def mask_rows_before_products(graph) -> int:
+def mask_rows_before_products(graph, shapes: dict[str, tuple] | None = None) -> int:
     """Rewrite, in ``graph`` (an ``onnx.ModelProto`` with static shapes), each ``(x @ W)`` viewed as [B, L, D],
     multiplied by a constant [L, 1] mask and viewed back as rows [B*L, D] (the ST adapter's update, its class token
     zeroed) as ``(x * mask_rows) @ W``: scaling rows commutes with the product, the mask then multiplies the narrow
     input (where a bias taken through a column of ones is masked with it), and the update is a product that
-    ``join_summed_products`` can join with the attention's output. Returns how many. Output names are kept."""
+    ``join_summed_products`` can join with the attention's output. Returns how many. Output names are kept.
+    ``shapes``: as for ``gemm_bias.fold_bias_into_wide_products``; the masked inputs' shapes are added to it."""
     from onnx import numpy_helper
 
     constants = constant_tensors(graph)
     producers = {out: node for node in graph.graph.node for out in node.output}
-    readers, shapes = readers_of(graph), static_shapes(graph)
+    readers, shapes = readers_of(graph), static_shapes(graph) if shapes is None else shapes
     removed, after, added = set(), {}, []
     for mul in graph.graph.node:
         view = producers.get(mul.input[0]) if mul.op_type == "Mul" else None
@@ -91,6 +92,7 @@ def mask_rows_before_products(graph) -> int:
         name = f"{mul.name}.before_product"
         added.append(numpy_helper.from_array(np.tile(mask, (rows[0] // mask.shape[0], 1)), f"{name}.rows"))
         mul.input[0], mul.input[1], mul.output[0] = product.input[0], f"{name}.rows", f"{name}.masked"
+        shapes[f"{name}.masked"] = rows
         product.input[0], product.output[0] = f"{name}.masked", flatten.output[0]
         removed |= {id(view), id(flatten), id(product)}
         after[id(mul)] = [product]  # which now reads the Mul
@@ -98,16 +100,17 @@ def mask_rows_before_products(graph) -> int:
     return len(after)
 
 
-def join_summed_products(graph) -> int:
+def join_summed_products(graph, shapes: dict[str, tuple] | None = None) -> int:
     """Rewrite, in ``graph`` (an ``onnx.ModelProto`` with static shapes), each ``Add(y @ W, h @ V)`` whose
     ``y @ W`` is otherwise read only by products ``(y @ W) @ U`` as ``Concat(h, y) @ [V; W]``, those readers as
-    ``y @ (W U)``; returns how many sums. Output names are kept."""
+    ``y @ (W U)``; returns how many sums. Output names are kept. ``shapes``: as for ``mask_rows_before_products``."""
     from onnx import helper, numpy_helper
 
     constants = constant_tensors(graph)
     producers = {out: node for node in graph.graph.node for out in node.output}
     readers, graph_outputs = readers_of(graph), {o.name for o in graph.graph.output}
-    shapes, removed, replaced, added = static_shapes(graph), set(), {}, []
+    shapes = static_shapes(graph) if shapes is None else shapes
+    removed, replaced, added = set(), {}, []
 
     def array(name: str) -> np.ndarray:
         return numpy_helper.to_array(constants[name])
