@@ -41,6 +41,18 @@ def product_and_bias(add, constants: dict, producers: dict) -> tuple[str, str] |
     return None
 
 
+def constant_value(name: str, constants: dict, producers: dict) -> np.ndarray | None:
+    """The value of ``name`` if it is an initializer or a Constant node's output, else None."""
+    from onnx import numpy_helper
+
+    if name in constants:
+        return numpy_helper.to_array(constants[name])
+    node = producers.get(name)
+    if node is not None and node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+        return numpy_helper.to_array(node.attribute[0].t)
+    return None
+
+
 def static_shapes(graph) -> dict[str, tuple]:
     """Every tensor's static shape (the step graphs are static), by name."""
     from onnx import shape_inference

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph_edits import constant_tensors, readers_of, spliced, static_shapes, with_nodes
+from .graph_edits import constant_tensors, constant_value, readers_of, spliced, static_shapes, with_nodes
 
 
 def _weight_product(node, constants: dict) -> bool:
@@ -40,18 +40,6 @@ def _joinable(add, constants: dict, producers: dict, readers: dict, shapes: dict
         y, h = shapes.get(shared.input[0]), shapes.get(other.input[0])
         if y and h and None not in y + h and len(y) == len(h) and y[:-1] == h[:-1]:
             return shared, other, others
-    return None
-
-
-def _constant_value(name: str, constants: dict, producers: dict) -> np.ndarray | None:
-    """The value of ``name`` if it is an initializer or a Constant node's output, else None."""
-    from onnx import numpy_helper
-
-    if name in constants:
-        return numpy_helper.to_array(constants[name])
-    node = producers.get(name)
-    if node is not None and node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-        return numpy_helper.to_array(node.attribute[0].t)
     return None
 
 
@@ -80,7 +68,7 @@ def mask_rows_before_products(graph, shapes: dict[str, tuple] | None = None) -> 
     for mul in graph.graph.node:
         view = producers.get(mul.input[0]) if mul.op_type == "Mul" else None
         product = producers.get(view.input[0]) if view is not None and view.op_type == "Reshape" else None
-        mask = _constant_value(mul.input[1], constants, producers) if product is not None else None
+        mask = constant_value(mul.input[1], constants, producers) if product is not None else None
         back = readers.get(mul.output[0], [])
         rows = shapes.get(product.input[0]) if product is not None else None
         if (mask is None or product.op_type != "MatMul" or mask.ndim != 2 or mask.shape[1] != 1 or len(back) != 1

@@ -21,6 +21,7 @@ from pathlib import Path
 from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS
 from sdqes_edge.errors import UserError
 
+from .fused_ops import inline_fused_functions
 from .graph_edits import drop_unused_opsets
 from .onnx_runtime_ops import bias_after_wide_products, expand_attention, expand_skip_layer_norm
 
@@ -66,6 +67,7 @@ def as_tensorrt_reads_it(graph):
     """``graph`` (an ``onnx.ModelProto``, changed in place and returned) with ONNX Runtime's operators
     written back as the plain ONNX operators they fuse, and the biases taken through a Concat for ONNX Runtime's
     sake after their products again."""
+    inline_fused_functions(graph)  # TensorRT's parser reads no model-local functions
     expand_skip_layer_norm(graph)
     expand_attention(graph)
     bias_after_wide_products(graph)  # TensorRT adds a bias inside its GEMM for nothing

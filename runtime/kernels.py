@@ -21,6 +21,7 @@ import numpy as np
 from sdqes_edge.errors import UserError
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
 
+from .fused_ops import FusedOps, register_fused_ops
 from .onnxruntime_backend import session_options
 from .ort_releases import session_keywords
 
@@ -64,8 +65,10 @@ def _zero_feeds(session) -> dict[str, np.ndarray]:
     return feeds
 
 
-def count_kernels(path: str | Path, providers: list[str] | None = None, steps: int = PROFILED_STEPS) -> KernelCount:
-    """Run the graph ``steps`` times (zero inputs) under ONNX Runtime's profiler and count kernels per step."""
+def count_kernels(path: str | Path, providers: list[str] | None = None, steps: int = PROFILED_STEPS,
+                  fused_ops: FusedOps | None = None) -> KernelCount:
+    """Run the graph ``steps`` times (zero inputs) under ONNX Runtime's profiler and count kernels per step;
+    ``fused_ops``: this project's kernel library, registered as the runtime would (runtime/fused_ops.py)."""
     ort = load_onnxruntime()
     providers = providers or ["CPUExecutionProvider"]
     with tempfile.TemporaryDirectory(prefix="sdqes-kernels-") as tmp:
@@ -73,6 +76,8 @@ def count_kernels(path: str | Path, providers: list[str] | None = None, steps: i
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(tmp) / "step")
         device = "cuda" if providers[0] == CUDA_PROVIDER else "cpu"  # the session the runtime would make there
+        if fused_ops is not None:
+            register_fused_ops(options, fused_ops, device)
         session = ort.InferenceSession(str(path), options, providers=providers, **session_keywords(device))
         feeds = _zero_feeds(session)
         for _ in range(steps):

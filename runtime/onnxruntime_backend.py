@@ -35,6 +35,7 @@ from sdqes_edge.state import StateSpec
 from .backend import STATE_BUFFER_SETS, State, StepResult, check_state_arrays
 from .bound_step import BoundState, DeviceBuffers, runs_to_steady
 from .cores import checked_threads
+from .fused_ops import FusedOps, load_fused_ops, register_fused_ops
 from .ort_releases import (
     CUDA_GRAPH_IDS_SINCE,
     MEM_PATTERN_FIXED_IN,
@@ -83,30 +84,31 @@ class OnnxRuntimeStep:
     for a GPU) keeps the state in device buffers bound once; ``cuda_graph`` (default: on for "cuda")
     replays each binding as a CUDA graph. ``spin_wait``: ONNX Runtime's worker threads busy-wait between
     runs (ORT's own default); off here, as in every session of the project (``session_options`` says why).
+    ``fused_ops``: the path of this project's kernel library (runtime/fused_ops.py), registered in the session.
     """
 
     def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
-                 io_binding: bool | None = None, cuda_graph: bool | None = None, spin_wait: bool = False):
+                 io_binding: bool | None = None, cuda_graph: bool | None = None, spin_wait: bool = False,
+                 fused_ops: str | Path | None = None):
         ort = load_onnxruntime()
         if device not in DEVICE_PROVIDERS:
             raise UserError(f"ONNX Runtime device {device!r} is not one of {', '.join(DEVICE_PROVIDERS)}")
         wanted = DEVICE_PROVIDERS[device][0]
         if wanted not in ort.get_available_providers():
             raise UserError(missing_provider_words(wanted, ort))
-        self.device = device
-        self.io_binding = device != "cpu" if io_binding is None else io_binding
+        self.device, self.io_binding = device, (device != "cpu" if io_binding is None else io_binding)
         self.cuda_graph = (device == "cuda") if cuda_graph is None else cuda_graph
         if self.cuda_graph and device != "cuda":
             raise UserError("CUDA graphs are replayed by the CUDA execution provider: use --ort-device cuda")
         if self.cuda_graph and not self.io_binding:
             raise UserError("a CUDA graph replays fixed device buffers: it needs io_binding")
-        self._ort_device = "cpu" if device == "cpu" else "cuda"
-        self._ort = ort
+        self._ort_device, self._ort = ("cpu" if device == "cpu" else "cuda"), ort
         path = Path(path)
         if not path.is_file():
             raise UserError(f"step graph {path} does not exist; export a bundle with `sdqes-edge export`")
-        self.path = path
-        self.session, self.cuda_graph = create_session(path, device, threads, self.cuda_graph, spin_wait)
+        self.path, self.fused_ops = path, load_fused_ops(fused_ops) if fused_ops else None
+        self.session, self.cuda_graph = create_session(path, device, threads, self.cuda_graph, spin_wait,
+                                                       self.fused_ops)
         self.providers = self.session.get_providers()
         _check_providers(device, self.providers)
         meta = self.session.get_modelmeta().custom_metadata_map
@@ -248,7 +250,7 @@ def load_refusal(exc: BaseException, path: Path, what: str) -> UserError:
 
 
 def create_session(path: Path, device: str, threads: int | None = None, cuda_graph: bool = False,
-                   spin_wait: bool = False):
+                   spin_wait: bool = False, fused_ops: FusedOps | None = None):
     """An ``InferenceSession`` for ``path`` on ``device``'s providers -> (session, whether it replays CUDA graphs).
 
     ONNX Runtime refuses CUDA graph capture when making the session (a node left on the CPU, control flow),
@@ -264,6 +266,8 @@ def create_session(path: Path, device: str, threads: int | None = None, cuda_gra
                       f"({update_command()})", SetupWarning, stacklevel=2)
         cuda_graph = False
     options = session_options(threads, spin_wait)
+    if fused_ops is not None:
+        register_fused_ops(options, fused_ops, device)
     cuda = (CUDA_PROVIDER, cuda_options(ort.__version__))
     providers: list = [cuda if p == CUDA_PROVIDER else p for p in DEVICE_PROVIDERS[device]]
     if device == "tensorrt":

@@ -79,6 +79,9 @@ STATE_DTYPES: dict[str, str] = {FP32: "float32", FP16: "float16", INT8: "float32
 GRAPH_OPERATORS: tuple[str, ...] = tuple(manifest_schema()["properties"]["graphs"]["properties"]["step"][
     "additionalProperties"]["properties"]["operators"]["enum"])
 PLAIN_ONNX_OPERATORS, ONNX_RUNTIME_OPERATORS = GRAPH_OPERATORS
+# The operator domain of this project's own fused operators: model-local ONNX functions in the graphs for ONNX
+# Runtime (export/fused_ops.py), one kernel each where the kernel library is registered (runtime/fused_ops.py).
+FUSED_OPS_DOMAIN = "sdqes_edge"
 
 
 def step_graph_name(precision: str) -> str:

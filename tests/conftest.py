@@ -64,17 +64,18 @@ def op_counts(path):
     return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
 
 
-def assert_same_stream(graphs, frame_shape, frames: int = 24, atol: float = 1e-6, seed: int = 3):
+def assert_same_stream(graphs, frame_shape, frames: int = 24, atol: float = 1e-6, seed: int = 3,
+                       second_options: dict | None = None):
     """Two step graphs (paths) give the same embedding every frame and the same final state, over a stream
     of random frames with each graph's own state carried. ``atol`` holds the (normalized) embeddings; the states,
     not normalized, are held to it absolutely up to magnitude 1 and relatively above (as export.verify.state_error
-    holds them)."""
+    holds them). ``second_options``: keywords of the second graph's ``OnnxRuntimeStep``."""
     import numpy as np
 
     from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 
     rng = np.random.default_rng(seed)
-    runners = [OnnxRuntimeStep(p) for p in graphs]
+    runners = [OnnxRuntimeStep(graphs[0]), OnnxRuntimeStep(graphs[1], **(second_options or {}))]
     states = [r.initial_state() for r in runners]
     for _ in range(frames):
         frame = rng.standard_normal(frame_shape).astype(np.float32)

@@ -13,6 +13,7 @@ from conftest import assert_same_stream, random_model
 from onnx import TensorProto, helper, numpy_helper
 
 from sdqes_edge.contract import STATE_INPUT_PREFIX
+from sdqes_edge.export.fused_ops import QRNN_POOL
 from sdqes_edge.export.gemm_bias import (
     BIAS_COLUMNS,
     WIDE_PRODUCT_RATIO,
@@ -96,13 +97,17 @@ def test_a_cuda_session_keeps_product_and_bias_apart_and_a_cpu_session_folds_the
 
 
 def test_the_fp16_graph_computes_the_qrnn_gates_as_one_product_then_a_split(tmp_path):
-    """Z and F read the same frames: one product and one bias Add for both, then a Split (3 GPU kernels, not 4)."""
+    """Z and F read the same frames: one product and one bias for both, then a Split (3 GPU kernels, not 4), which
+    is now the first operator of the pooling step's function (export/fused_ops.py)."""
     export_step_graph(random_model("qrnn"), tmp_path / "fp16.onnx", precision="fp16")
     graph = onnx.load(str(tmp_path / "fp16.onnx"))
     initializers = {i.name for i in graph.graph.initializer}
     weighted_inputs = [n.input[0] for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in initializers]
     assert len(weighted_inputs) == len(set(weighted_inputs))  # no two weighted products read the same tensor
-    assert sum(n.op_type == "Split" and n.name.endswith(".merged.split") for n in graph.graph.node) == 4  # 2 x 2
+    producers = {out: n for n in graph.graph.node for out in n.output}
+    pools = [n for n in graph.graph.node if n.op_type == QRNN_POOL]
+    assert len(pools) == 4 and all(".merged" in producers[n.input[0]].name for n in pools)  # 2 blocks x 2
+    assert [n.op_type for n in next(f for f in graph.functions if f.name == QRNN_POOL).node][0] == "Split"
 
 
 def test_merged_sibling_products_give_the_same_numbers_over_a_stream(gemm_and_split, tmp_path):
@@ -132,7 +137,7 @@ def test_a_gate_product_over_concatenated_frames_takes_its_bias_through_a_column
         assert ones.shape == (model.cfg.vision.num_tokens, BIAS_COLUMNS) and ones[:, 0].tolist() == [1] * len(ones)
         assert not ones[:, 1:].any() and constants[gate.input[1]].shape[0] % BIAS_COLUMNS == 0
         readers = [n.op_type for n in graph.graph.node if gate.output[0] in n.input]
-        assert readers == ["Split"]  # Z and F, no Add of a bias between
+        assert readers == [QRNN_POOL]  # the pooling step, which splits Z and F; no Add of a bias between
 
 
 def test_the_bias_taken_through_the_product_gives_the_same_numbers_over_a_stream(tmp_path):

@@ -1,0 +1,63 @@
+"""This project's own ONNX Runtime kernels (native/ort_ops): loading the library and registering it in a session.
+
+The graphs for ONNX Runtime write each QRNN adapter's pooling step as the model-local ONNX function
+``sdqes_edge.QrnnPool`` (export/fused_ops.py). ONNX Runtime runs a function by its body (six kernels) unless a
+registered kernel claims it; ``libsdqes_ort_ops.so`` has one kernel for it on the CPU and, where built with CUDA,
+on the CUDA provider. The library is built from source on the machine that runs it (scripts/build_ort_ops.sh)
+and used only where the user names it (``--ort-ops PATH``, ``OnnxRuntimeStep(fused_ops=PATH)``): a bundle never
+makes us load code, and nothing is picked up from the environment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+from sdqes_edge.errors import UserError
+
+BUILD_COMMAND = "scripts/build_ort_ops.sh"
+DEFAULT_LIBRARY = Path("build/ort_ops/libsdqes_ort_ops.so")  # where BUILD_COMMAND writes it, in a checkout
+
+
+@dataclass(frozen=True)
+class FusedOps:
+    """A loadable kernel library: its path, and whether its kernels include the CUDA provider's."""
+
+    path: Path
+    with_cuda: bool
+
+    def usable_on(self, device: str) -> str | None:
+        """Why the library cannot serve a session on ``device`` ("cpu", "cuda", "tensorrt"), or None."""
+        if device != "cpu" and not self.with_cuda:
+            return (f"{self.path} was built without CUDA kernels: on {device} its CPU kernel would take each QRNN "
+                    f"pooling step off the GPU (copies around it, no CUDA graph); rebuild it where nvcc is "
+                    f"({BUILD_COMMAND}) or run without --ort-ops")
+        return None
+
+
+def load_fused_ops(path: str | Path) -> FusedOps:
+    """The library at ``path``, loaded once to ask what it was built with; a one-line UserError if it is missing
+    or does not load (built for another machine, or with CUDA where no CUDA runtime is)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"no kernel library at {path}: build it with {BUILD_COMMAND} (a C++ compiler; nvcc for the "
+                        "CUDA kernels), or run without --ort-ops")
+    try:
+        library = ctypes.CDLL(str(path.resolve()))
+        with_cuda = bool(library.sdqes_ort_ops_with_cuda())
+    except (OSError, AttributeError) as exc:
+        raise UserError(f"cannot load the kernel library {path} ({exc}): rebuild it on this machine with "
+                        f"{BUILD_COMMAND}, or run without --ort-ops") from None
+    return FusedOps(path.resolve(), with_cuda)
+
+
+def register_fused_ops(options, fused: FusedOps, device: str) -> None:
+    """Register ``fused`` in ``options`` (an ``onnxruntime.SessionOptions``) for a session on ``device``."""
+    if why := fused.usable_on(device):
+        raise UserError(why)
+    try:
+        options.register_custom_ops_library(str(fused.path))
+    except Exception as exc:  # ONNX Runtime raises its own types; the library says why (an old ONNX Runtime)
+        raise UserError(f"ONNX Runtime refused the kernel library {fused.path}: {str(exc).strip().splitlines()[-1]}"
+                        ) from None

@@ -1,0 +1,150 @@
+"""Each QRNN adapter's pooling step is one node of the ONNX function ``sdqes_edge.QrnnPool`` in the graphs for
+ONNX Runtime (export/fused_ops.py). ONNX Runtime runs the function's body where no kernel claims the node: the
+same kernels and numbers as before. This project's kernel library (native/ort_ops, scripts/build_ort_ops.sh,
+runtime/fused_ops.py) runs it as one kernel: on the CPU here, on the CUDA provider in tests/test_device_step.py."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import assert_same_stream, random_model
+from onnx import TensorProto, helper, numpy_helper
+
+from sdqes_edge.contract import FUSED_OPS_DOMAIN, ONNX_RUNTIME_OPERATORS
+from sdqes_edge.errors import UserError
+from sdqes_edge.export.fused_ops import QRNN_POOL, fuse_qrnn_pools, inline_fused_functions
+from sdqes_edge.export.graphs import export_step_graph
+from sdqes_edge.export.tensorrt_ops import as_tensorrt_reads_it
+from sdqes_edge.runtime.fused_ops import FusedOps, load_fused_ops
+from sdqes_edge.runtime.kernels import count_kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCKS, PER_BLOCK = 2, 2  # the tiny preset's image tower, two adapters a block
+ADAPTERS = BLOCKS * PER_BLOCK
+POOL_BODY_KERNELS = 6  # Split, QuickGelu (fused by ONNX Runtime), Sigmoid, Sub, Mul, Add
+
+
+@pytest.fixture(scope="module")
+def kernel_library(tmp_path_factory) -> FusedOps:
+    """The library's CPU kernels, built here as a user builds them; skipped, with the reason, where they cannot be."""
+    out = tmp_path_factory.mktemp("ort_ops")
+    built = subprocess.run([str(ROOT / "scripts/build_ort_ops.sh"), "--cpu", "--out", str(out)],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        pytest.skip(f"the kernel library did not build here: {built.stderr.strip().splitlines()[-1:]}")
+    return load_fused_ops(out / "libsdqes_ort_ops.so")
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory) -> dict[str, Path]:
+    """tiny + QRNN, two adapters a block: the plain fp32 graph, fp32 with ONNX Runtime's operators, and fp16."""
+    model, folder = random_model("qrnn", per_block=PER_BLOCK), tmp_path_factory.mktemp("graphs")
+    paths = {"plain": folder / "plain.onnx", "fp32": folder / "fp32.onnx", "fp16": folder / "fp16.onnx"}
+    export_step_graph(model, paths["plain"], batch=2)
+    export_step_graph(model, paths["fp32"], batch=2, operators=ONNX_RUNTIME_OPERATORS)
+    export_step_graph(model, paths["fp16"], batch=2, precision="fp16")
+    return paths
+
+
+def pool_nodes(path: Path) -> list:
+    return [n for n in onnx.load(str(path)).graph.node if n.domain == FUSED_OPS_DOMAIN and n.op_type == QRNN_POOL]
+
+
+def frame_shape(path: Path) -> tuple:
+    size = random_model("qrnn").cfg.vision.image_size
+    return (2, 3, size, size)
+
+
+def test_each_pooling_step_is_one_function_node_in_the_graphs_for_onnx_runtime_and_none_in_the_plain_graph(graphs):
+    for form in ("fp32", "fp16"):
+        graph = onnx.load(str(graphs[form]))
+        assert len(pool_nodes(graphs[form])) == ADAPTERS, form
+        assert [(f.domain, f.name) for f in graph.functions] == [(FUSED_OPS_DOMAIN, QRNN_POOL)]
+        assert not any(n.op_type in ("Split", "Sub") for n in graph.graph.node), form  # all inside the function
+        onnx.checker.check_model(graph, full_check=True)
+    assert not pool_nodes(graphs["plain"]) and not onnx.load(str(graphs["plain"])).functions
+
+
+def test_without_the_library_onnx_runtime_runs_the_functions_body_with_the_same_numbers(graphs):
+    assert_same_stream((graphs["plain"], graphs["fp32"]), frame_shape(graphs["plain"]), frames=16, atol=2e-6)
+    by_op = count_kernels(graphs["fp32"]).by_op
+    assert by_op.get("Split", 0) == ADAPTERS and QRNN_POOL not in by_op
+
+
+def test_with_the_library_each_pooling_step_is_one_kernel_and_the_numbers_are_the_same(graphs, kernel_library):
+    inlined, fused = count_kernels(graphs["fp32"]), count_kernels(graphs["fp32"], fused_ops=kernel_library)
+    assert fused.by_op[QRNN_POOL] == ADAPTERS and "Split" not in fused.by_op
+    assert inlined.per_step - fused.per_step == ADAPTERS * (POOL_BODY_KERNELS - 1)
+    assert_same_stream((graphs["plain"], graphs["fp32"]), frame_shape(graphs["plain"]), frames=16, atol=2e-6,
+                       second_options={"fused_ops": kernel_library.path})
+
+
+def test_the_fp16_kernel_follows_the_fp16_body_over_a_stream(graphs, kernel_library):
+    """One rounding to fp16 instead of one per operator: within fp16's tolerance of the body, state carried."""
+    assert_same_stream((graphs["fp16"], graphs["fp16"]), frame_shape(graphs["fp16"]), frames=16, atol=2e-3,
+                       second_options={"fused_ops": kernel_library.path})
+
+
+def test_tensorrt_gets_the_functions_body_in_its_place_with_the_same_numbers(graphs, tmp_path):
+    readable = as_tensorrt_reads_it(onnx.load(str(graphs["fp32"])))
+    assert not readable.functions and all(n.domain != FUSED_OPS_DOMAIN for n in readable.graph.node)
+    assert FUSED_OPS_DOMAIN not in {o.domain for o in readable.opset_import}
+    onnx.save(readable, str(tmp_path / "tensorrt.onnx"))
+    assert_same_stream((graphs["plain"], tmp_path / "tensorrt.onnx"), frame_shape(graphs["plain"]), frames=8,
+                       atol=2e-6)
+
+
+def pool_graph(z_read_elsewhere: bool) -> onnx.ModelProto:
+    """h' = h + sigmoid(f) * (z sigmoid(1.702 z) - h) over the halves of gates [3, 8]; optionally z also an output."""
+    alpha = numpy_helper.from_array(np.array(1.702, np.float32), "alpha")
+    nodes = [helper.make_node("Split", ["gates"], ["z", "f"], axis=-1),
+             helper.make_node("Mul", ["z", "alpha"], ["az"]), helper.make_node("Sigmoid", ["az"], ["sz"]),
+             helper.make_node("Mul", ["z", "sz"], ["c"]), helper.make_node("Sigmoid", ["f"], ["sf"]),
+             helper.make_node("Sub", ["c", "h"], ["d"]), helper.make_node("Mul", ["sf", "d"], ["m"]),
+             helper.make_node("Add", ["h", "m"], ["h_next"], name="pool_add")]
+    value = helper.make_tensor_value_info
+    outputs = [value("h_next", TensorProto.FLOAT, [3, 4])] + ([value("z", TensorProto.FLOAT, [3, 4])]
+                                                             if z_read_elsewhere else [])
+    graph = helper.make_graph(nodes, "g", [value("gates", TensorProto.FLOAT, [3, 8]), value("h", TensorProto.FLOAT,
+                                                                                           [3, 4])], outputs, [alpha])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def run(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        ["h_next"], feeds)[0]
+
+
+def test_a_hand_made_pooling_step_is_fused_and_inlined_back_to_the_same_numbers():
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in (("gates", (3, 8)), ("h", (3, 4)))}
+    model = pool_graph(z_read_elsewhere=False)
+    expected = run(model, feeds)
+    assert fuse_qrnn_pools(model) == 1
+    assert [n.op_type for n in model.graph.node] == [QRNN_POOL]
+    np.testing.assert_allclose(run(model, feeds), expected, atol=1e-6)
+    assert inline_fused_functions(model) == 1 and not model.functions
+    np.testing.assert_allclose(run(model, feeds), expected, atol=1e-6)
+
+
+def test_a_pooling_step_whose_tensors_are_read_elsewhere_is_left_alone():
+    model = pool_graph(z_read_elsewhere=True)
+    assert fuse_qrnn_pools(model) == 0 and not model.functions
+
+
+def test_a_missing_or_foreign_library_and_a_cpu_build_on_a_gpu_are_refused_in_one_line(tmp_path):
+    with pytest.raises(UserError, match="build_ort_ops.sh") as missing:
+        load_fused_ops(tmp_path / "libsdqes_ort_ops.so")
+    (tmp_path / "junk.so").write_bytes(b"not a library")
+    with pytest.raises(UserError, match="rebuild it on this machine") as junk:
+        load_fused_ops(tmp_path / "junk.so")
+    cpu_build = FusedOps(tmp_path / "lib.so", with_cuda=False)
+    assert cpu_build.usable_on("cpu") is None
+    assert "without CUDA kernels" in cpu_build.usable_on("cuda")
+    assert all("\n" not in str(e.value) for e in (missing, junk))
