@@ -30,6 +30,9 @@ class BenchConfig:
     device: str | None = None  # "cuda": add the rows measured on the GPU (benchmarks/device.py)
     device_only: bool = False  # measure only the device's rows (the CPU sections take minutes at clip-vit-b16)
     device_batches: tuple[int, ...] = (1, 8, 32)
+    # This project's ONNX Runtime kernels (runtime/fused_ops.py): with a path, the device's fp16 QRNN steps are
+    # timed with them too, beside the same graphs without.
+    ort_ops: str | None = None
     device_scaling_frames: int = 3000
     # Sampled frames of the runtime loop on the device: a GPU step takes milliseconds, so over 30 frames the
     # loop's start (opening the video, the first frame's decoding) weighs as much as its steady state.

@@ -31,6 +31,7 @@ from sdqes_edge.export.graphs import compute_model
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words
 from sdqes_edge.runtime.backend import frame_batch_buffer, warm_up
 from sdqes_edge.runtime.bound_step import runs_to_steady
+from sdqes_edge.runtime.fused_ops import load_fused_ops
 from sdqes_edge.runtime.kernels import count_kernels
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, create_session
 
@@ -78,12 +79,12 @@ def torch_step(model, frame: np.ndarray, device: str, precision: str) -> Callabl
     return step
 
 
-def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None, idle: tuple[int, ...] = ()
-             ) -> tuple[Callable[[], object], OnnxRuntimeStep]:
+def ort_step(path: Path, frame: np.ndarray, device: str, threads: int | None, idle: tuple[int, ...] = (),
+             fused_ops: str | None = None) -> tuple[Callable[[], object], OnnxRuntimeStep]:
     """The project's ONNX Runtime step as the runtime uses it (bound state; CUDA graphs on a GPU)
     -> (step, the runner: ``cuda_graph`` says whether it replays a CUDA graph). ``idle``: streams that see no
-    frame, and keep their state, as the detector keeps them."""
-    runner = OnnxRuntimeStep(path, device=device, threads=threads, io_binding=True)
+    frame, and keep their state, as the detector keeps them. ``fused_ops``: this project's kernel library."""
+    runner = OnnxRuntimeStep(path, device=device, threads=threads, io_binding=True, fused_ops=fused_ops)
     if frame.shape[0] > 1:  # several streams: assembled where the step uploads from, as the detector does
         frame = _assembled(frame_batch_buffer(runner, frame.shape), frame)
     state = [runner.initial_state()]
@@ -167,6 +168,11 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
     plain = f"{kind}/ort_fp16_plain_onnx"  # the same fp16 graph without ONNX Runtime's fused operators
     candidates[plain], runner = ort_step(_plain_fp16(models[kind], work, 1, device), frame, device, cfg.threads)
     replayed[plain] = runner.cuda_graph
+    ops = f"{kind}/ort_fp16_sdqes_kernels"  # the same fp16 graph, its QRNN pooling steps one kernel each
+    if cfg.ort_ops:
+        candidates[ops], runner = ort_step(work / f"{device}-{kind}-b1.{FP16}.onnx", frame, device, cfg.threads,
+                                           fused_ops=cfg.ort_ops)
+        replayed[ops] = runner.cuda_graph
     window_frames = np.repeat(frame[:, None], cfg.window, axis=1)
     for precision in PRECISIONS:
         log(f"[{device}] exporting the {cfg.window}-frame window {precision} ...")
@@ -188,6 +194,12 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
         f"{kind}: ort_fp32 / ort_fp16": p50(f"{kind}/ort_fp32") / p50(f"{kind}/ort_fp16"),
         f"{kind}: ort_fp16 plain ONNX / with ONNX Runtime's fused operators": p50(plain) / p50(f"{kind}/ort_fp16"),
     }
+    if cfg.ort_ops:  # the window's own recurrence (a scan over its frames) has no such kernel: said in its name
+        ratios |= {
+            f"window{cfg.window} (ort_fp16) / streaming {kind} (ort_fp16 with sdqes_edge kernels)":
+                p50(f"window{cfg.window}/ort_fp16") / p50(ops),
+            f"{kind} with sdqes_edge kernels / backbone (ort_fp16)": p50(ops) / p50("none/ort_fp16"),
+            f"{kind}: ort_fp16 / with sdqes_edge kernels": p50(f"{kind}/ort_fp16") / p50(ops)}
     kernels = {}
     from sdqes_edge.export.complexity import graph_casts
 
@@ -198,11 +210,14 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
                          "fp16_graph_casts": graph_casts(work / f"{device}-{name}-b1.{FP16}.onnx")}
     on_device = {name: device_kernels(work / f"{device}-{name}-b1.{FP16}.onnx", device, frame) for name in models}
     on_device[plain] = device_kernels(_plain_fp16(models[kind], work, 1, device), device, frame)
+    if cfg.ort_ops:
+        on_device[ops] = device_kernels(work / f"{device}-{kind}-b1.{FP16}.onnx", device, frame, fused_ops=cfg.ort_ops)
     return {"device": device, "latency": timings, "ratios": ratios, "kernels_cpu_profile": kernels,
             "kernels_on_device": on_device, "cuda_graph_replayed": replayed}
 
 
-def device_kernels(path: Path, device: str, frame: np.ndarray, steps: int = 10) -> dict:
+def device_kernels(path: Path, device: str, frame: np.ndarray, steps: int = 10, fused_ops: str | None = None
+                   ) -> dict:
     """What one fp16 step runs where it is deployed: ONNX Runtime's nodes on ``device`` (its profiler) and, on
     a GPU, the kernels and copies the GPU itself executed (CUPTI, through PyTorch's profiler, CUDA graph
     replayed) and the share of the step's wall time the GPU was busy. On an H200 (November 2026, fp16 biases
@@ -211,14 +226,15 @@ def device_kernels(path: Path, device: str, frame: np.ndarray, steps: int = 10) 
     step: with CUDA graphs the kernels themselves cost, most of them a couple of microseconds, not launches."""
     from sdqes_edge.runtime.onnxruntime_backend import DEVICE_PROVIDERS
 
-    counted = count_kernels(path, providers=DEVICE_PROVIDERS[device])
+    counted = count_kernels(path, providers=DEVICE_PROVIDERS[device],
+                            fused_ops=load_fused_ops(fused_ops) if fused_ops else None)
     row: dict = {"ort_nodes": counted.per_step, "ort_views": counted.views, "provider": counted.provider}
     if device != "cuda":
         row["gpu_kernels"] = None  # no GPU: ONNX Runtime's nodes are the kernels
         return row
     from torch.profiler import ProfilerActivity, profile
 
-    runner = OnnxRuntimeStep(path, device=device, io_binding=True)
+    runner = OnnxRuntimeStep(path, device=device, io_binding=True, fused_ops=fused_ops)
     state = warm_up(runner, frame, runner.initial_state())
     start = time.perf_counter()  # the step's wall time without the profiler, which slows the host side
     for _ in range(steps):
@@ -266,6 +282,11 @@ def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
     candidates[plain], _ = ort_step(_plain_fp16(models[kind], work, top, cfg.device), frame_of(top), cfg.device,
                                     cfg.threads)
     frames[plain] = top
+    ops = f"{kind}/fp16 with sdqes_edge kernels/{top}"
+    if cfg.ort_ops:
+        candidates[ops], _ = ort_step(work / f"{cfg.device}-{kind}-b{top}.fp16.onnx", frame_of(top), cfg.device,
+                                      cfg.threads, fused_ops=cfg.ort_ops)
+        frames[ops] = top
     idle_key = f"{kind}/fp16/{top}, 1 idle"
     if top > 1:
         candidates[idle_key], _ = ort_step(work / f"{cfg.device}-{kind}-b{top}.fp16.onnx", frame_of(top),
@@ -283,6 +304,9 @@ def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
               / rows[f"{kind}/fp16/{top}"]["step_ms"],
               f"{kind} fp16 at {top} streams: plain ONNX / ONNX Runtime's fused operators":
                   rows[plain]["step_ms"] / rows[f"{kind}/fp16/{top}"]["step_ms"]}
+    if ops in rows:
+        ratios[f"{kind} with sdqes_edge kernels / backbone at {top} streams (fp16)"] = (
+            rows[ops]["step_ms"] / rows[f"none/fp16/{top}"]["step_ms"])
     if idle_key in rows:
         ratios[f"{kind} fp16 at {top} streams: one idle (state kept) / all busy"] = (
             rows[idle_key]["step_ms"] / rows[f"{kind}/fp16/{top}"]["step_ms"])

@@ -44,6 +44,7 @@ from sdqes_edge.export.complexity import count_graph
 from sdqes_edge.export.precision import TowerShape, quantize_int8
 from sdqes_edge.files import write_text_atomically
 from sdqes_edge.model import SDQESModel
+from sdqes_edge.runtime.fused_ops import load_fused_ops
 from sdqes_edge.runtime.kernels import count_kernels
 from sdqes_edge.runtime.onnxruntime_backend import create_session
 from sdqes_edge.runtime.tensorrt_backend import tensorrt_ready
@@ -293,6 +294,12 @@ def check_config(cfg: BenchConfig) -> None:
         raise UserError("the scaling stream must hold two probes: --scaling-frames >= 2 x probe")
     if cfg.device_only and not cfg.device:
         raise UserError("--device-only measures only the rows of --device; add --device cuda")
+    if cfg.ort_ops and not cfg.device:
+        raise UserError("--ort-ops times the device's steps with those kernels; add --device cuda")
+    if cfg.ort_ops:
+        usable = load_fused_ops(cfg.ort_ops).usable_on(cfg.device)  # a library that will not load, refused now
+        if usable is not None:
+            raise UserError(usable)
     if cfg.device:
         check_device(cfg.device)  # before minutes of CPU work
 

@@ -45,11 +45,13 @@ class NonFiniteScoreError(UserError):
 
 
 def make_backend(bundle: Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
-                 threads: int | None = None, ort_device: str = "cpu") -> StepBackend:
+                 threads: int | None = None, ort_device: str = "cpu", ort_ops: str | Path | None = None
+                 ) -> StepBackend:
+    """``ort_ops``: this project's ONNX Runtime kernel library (runtime/fused_ops.py), for backend "ort"."""
     if backend == "ort":
         from .onnxruntime_backend import OnnxRuntimeStep, SlowPrecisionWarning, slow_precision_words
 
-        step = OnnxRuntimeStep(bundle.step_graph(precision), device=ort_device, threads=threads)
+        step = OnnxRuntimeStep(bundle.step_graph(precision), device=ort_device, threads=threads, fused_ops=ort_ops)
         if (words := slow_precision_words(precision, ort_device, bundle.root)) is not None:
             warnings.warn(words, SlowPrecisionWarning, stacklevel=3)  # at the program's StreamingDetector(...)
         return step
@@ -76,20 +78,21 @@ def _exclusive(method):
 class StreamingDetector:
     def __init__(self, bundle: str | Path | Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
                  threads: int | None = None, ort_device: str = "cpu", truncate_queries: bool = False,
-                 backend_instance: StepBackend | None = None, text_encoder: TextEncoder | None = None):
+                 backend_instance: StepBackend | None = None, text_encoder: TextEncoder | None = None,
+                 ort_ops: str | Path | None = None):
         """``backend_instance`` and ``text_encoder``: ones already loaded from this bundle, so a program that
-        scores many streams one after another loads the graphs once."""
+        scores many streams one after another loads the graphs once. ``ort_ops``: as for ``make_backend``."""
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
-        chosen = {name: (value, _DEFAULTS[name]) for name, value in (
+        chosen = {name: (value, _DEFAULTS[name]) for name, value in (  # name -> (value, default): what makes them
             ("backend", backend), ("precision", precision), ("threads", threads), ("ort_device", ort_device),
-            ("truncate_queries", truncate_queries))}  # name -> (value, default): what makes a backend or encoder
+            ("truncate_queries", truncate_queries), ("ort_ops", ort_ops))}
         check_parts_from(self.bundle, backend_instance, text_encoder.text_graph if text_encoder else None, chosen)
         m = self.bundle.manifest
         self.batch = int(m["batch"])
         self.fps = self.bundle.fps
         self.preprocess = Preprocessor.from_description(self.bundle.image_size, m["preprocess"])
         self.backend: StepBackend = (backend_instance
-                                     or make_backend(self.bundle, backend, precision, threads, ort_device))
+                                     or make_backend(self.bundle, backend, precision, threads, ort_device, ort_ops))
         # --fuse-queries: the graph scores up to Q queries itself, their embeddings [Q, E] in with every frame.
         self.query_capacity: int | None = m["query_count"] if getattr(self.backend, "fused_queries", False) else None
         self._query_width = int(m["embed_dim"])  # the query input's rows are embeddings

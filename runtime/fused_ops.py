@@ -14,6 +14,7 @@ import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
+from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS
 from sdqes_edge.errors import UserError
 
 BUILD_COMMAND = "scripts/build_ort_ops.sh"
@@ -61,3 +62,13 @@ def register_fused_ops(options, fused: FusedOps, device: str) -> None:
     except Exception as exc:  # ONNX Runtime raises its own types; the library says why (an old ONNX Runtime)
         raise UserError(f"ONNX Runtime refused the kernel library {fused.path}: {str(exc).strip().splitlines()[-1]}"
                         ) from None
+
+
+def idle_library_words(fused: FusedOps | None, operators: str | None, graph_name: str) -> str | None:
+    """What to say where the library is registered for a graph that cannot use it: only the graphs written with
+    ONNX Runtime's operators (``description["operators"]``; the fp16 graph by default) hold the functions it
+    runs. None where there is nothing to say."""
+    if fused is None or operators == ONNX_RUNTIME_OPERATORS:
+        return None
+    return (f"{graph_name} is plain ONNX, which holds none of the operators {fused.path.name} runs; they are in the "
+            "graphs with ONNX Runtime's operators (the fp16 graph by default: --precision fp16)")

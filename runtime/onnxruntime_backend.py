@@ -35,7 +35,7 @@ from sdqes_edge.state import StateSpec
 from .backend import STATE_BUFFER_SETS, State, StepResult, check_state_arrays
 from .bound_step import BoundState, DeviceBuffers, runs_to_steady
 from .cores import checked_threads
-from .fused_ops import FusedOps, load_fused_ops, register_fused_ops
+from .fused_ops import FusedOps, idle_library_words, load_fused_ops, register_fused_ops
 from .ort_releases import (
     CUDA_GRAPH_IDS_SINCE,
     MEM_PATTERN_FIXED_IN,
@@ -103,8 +103,7 @@ class OnnxRuntimeStep:
         if self.cuda_graph and not self.io_binding:
             raise UserError("a CUDA graph replays fixed device buffers: it needs io_binding")
         self._ort_device, self._ort = ("cpu" if device == "cpu" else "cuda"), ort
-        path = Path(path)
-        if not path.is_file():
+        if not (path := Path(path)).is_file():
             raise UserError(f"step graph {path} does not exist; export a bundle with `sdqes-edge export`")
         self.path, self.fused_ops = path, load_fused_ops(fused_ops) if fused_ops else None
         self.session, self.cuda_graph = create_session(path, device, threads, self.cuda_graph, spin_wait,
@@ -116,7 +115,9 @@ class OnnxRuntimeStep:
             raise UserError(f"{path} carries no {METADATA_KEY!r} description, so it was not made by "
                             "`sdqes-edge export`; re-export it")
         self.description: dict[str, Any] = json.loads(meta[METADATA_KEY])
-        if warning := fused_operators_warning(device, self.description.get("operators"), path.name):
+        operators = self.description.get("operators")
+        if warning := (fused_operators_warning(device, operators, path.name)  # (the two exclude each other)
+                       or idle_library_words(self.fused_ops, operators, path.name)):
             warnings.warn(warning, SetupWarning, stacklevel=2)
         self.spec = StateSpec.from_list(self.description["state"])
         self._output_names = [o.name for o in self.session.get_outputs()]

@@ -41,7 +41,8 @@ if [ ! -f "$include/onnxruntime_cxx_api.h" ]; then
     || (cd "$out" && ar x "$headers_deb" data.tar.xz && mkdir -p headers && tar -xJf data.tar.xz -C headers)
 fi
 
-flags=(-O3 -std=c++17 -fPIC -Wall -Wextra -I"$include" -Inative/ort_ops)
+# libstdc++ linked in too, so the library loads beside any ONNX Runtime build (only its C API crosses over).
+flags=(-O3 -std=c++17 -fPIC -Wall -Wextra -static-libstdc++ -static-libgcc -I"$include" -Inative/ort_ops)
 objects=()
 if [ "$with_cuda" = 1 ] && command -v nvcc >/dev/null; then
   gencode=()
@@ -54,7 +55,9 @@ if [ "$with_cuda" = 1 ] && command -v nvcc >/dev/null; then
   cuda_root=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
   [ -f "$cuda_root/include/cuda_runtime.h" ] || cuda_root=/usr/local/cuda  # nvcc on PATH may be a wrapper script
   flags+=(-DSDQES_WITH_CUDA -I"$cuda_root/include")
-  objects+=("$out/qrnn_pool_cuda.o" -L"$cuda_root/lib64" -lcudart)
+  # The CUDA runtime linked in: the library loads before ONNX Runtime has loaded its own (which onnxruntime-gpu
+  # may find in pip's nvidia packages, off the loader's path); both launch on the same driver context and stream.
+  objects+=("$out/qrnn_pool_cuda.o" -L"$cuda_root/lib64" -lcudart_static -lrt -lpthread -ldl)
 elif [ "$with_cuda" = 1 ]; then
   echo "build_ort_ops: no nvcc: CPU kernels only (the library will refuse CUDA sessions)" >&2
 fi

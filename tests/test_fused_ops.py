@@ -148,3 +148,103 @@ def test_a_missing_or_foreign_library_and_a_cpu_build_on_a_gpu_are_refused_in_on
     assert cpu_build.usable_on("cpu") is None
     assert "without CUDA kernels" in cpu_build.usable_on("cuda")
     assert all("\n" not in str(e.value) for e in (missing, junk))
+
+
+def test_run_takes_the_library_and_says_so_the_scores_unchanged_and_a_plain_graph_is_warned_about(kernel_library,
+                                                                                                 tmp_path):
+    """``sdqes-edge run --ort-ops`` as a user runs it: the fp16 graph's pooling steps on the library's kernel, the
+    scores those of the graph without it (fp16's tolerance), and the fp32 graph, which has none, named in a
+    warning rather than run as if the library did something."""
+    import sys
+
+    from runtime_fixtures import FPS, QUERY, write_video
+
+    from sdqes_edge.export import ExportOptions, export_bundle
+    from sdqes_edge.sample import sample_frames
+    from sdqes_edge.traces import load_scores
+
+    bundle = tmp_path / "bundle"
+    export_bundle(random_model("qrnn", per_block=PER_BLOCK), bundle,
+                  ExportOptions(fps=FPS, precisions=("fp32", "fp16"), drift_frames=16, show_progress=False),
+                  log=lambda m: None)
+    video = write_video(tmp_path / "clip.mp4", sample_frames(40, 120, 160))
+
+    def run_cli(precision: str, *extra: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
+                               "--query", QUERY, "--precision", precision, "--scores",
+                               str(tmp_path / f"{precision}{len(extra)}.npz"), *extra], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    library = ("--ort-ops", str(kernel_library.path))
+    fused, inlined = run_cli("fp16", *library), run_cli("fp16")
+    assert "sdqes_edge kernels from libsdqes_ort_ops.so" in fused.stderr
+    assert "sdqes_edge kernels" not in inlined.stderr
+    np.testing.assert_allclose(load_scores(tmp_path / "fp162.npz").probs, load_scores(tmp_path / "fp160.npz").probs,
+                               atol=2e-3)
+    assert "plain ONNX, which holds none of the operators" in run_cli("fp32", *library).stderr
+
+
+CUDA_LIBRARY = ROOT / "build/ort_ops/libsdqes_ort_ops.so"  # scripts/build_ort_ops.sh's; the GPU kit carries it
+
+
+def cuda_kernel_library() -> FusedOps:
+    """The library with its CUDA kernels, where a CUDA provider is; else the test is skipped with the reason."""
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        pytest.skip("needs onnxruntime-gpu with the CUDA execution provider (an NVIDIA GPU); the CPU kernels are "
+                    "tested here")
+    if not CUDA_LIBRARY.is_file():
+        pytest.skip(f"no kernel library at {CUDA_LIBRARY}: build it with scripts/build_ort_ops.sh where nvcc is")
+    library = load_fused_ops(CUDA_LIBRARY)
+    if not library.with_cuda:
+        pytest.skip(f"{CUDA_LIBRARY} was built without nvcc: no CUDA kernels to test")
+    return library
+
+
+def test_on_the_gpu_each_pooling_step_is_one_kernel_in_a_cuda_graph_and_follows_the_cpu_fp32_step(graphs):
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+    from sdqes_edge.tolerances import VARIANT_TOLERANCES
+
+    library = cuda_kernel_library()
+    counted = count_kernels(graphs["fp16"], providers=["CUDAExecutionProvider", "CPUExecutionProvider"],
+                            fused_ops=library)
+    assert counted.by_op[QRNN_POOL] == ADAPTERS and "Split" not in counted.by_op
+    gpu, cpu = OnnxRuntimeStep(graphs["fp16"], device="cuda", fused_ops=library.path), OnnxRuntimeStep(graphs["plain"])
+    assert gpu.cuda_graph, "CUDA graph capture was refused with the library's kernels in the graph"
+    rng, tolerance = np.random.default_rng(5), VARIANT_TOLERANCES["fp16"]
+    state_gpu, state_cpu = gpu.initial_state(), cpu.initial_state()
+    for _ in range(40):  # both bindings replayed many times over, the state carried on the device
+        frame = rng.standard_normal(frame_shape(graphs["fp16"])).astype(np.float32)
+        got, want = gpu.step(frame, state_gpu), cpu.step(frame, state_cpu)
+        cosine = (got.embedding * want.embedding).sum(-1) / (np.linalg.norm(got.embedding, axis=-1)
+                                                            * np.linalg.norm(want.embedding, axis=-1))
+        assert cosine.min() >= tolerance["min_cosine"]
+        assert np.abs(got.embedding - want.embedding).max() <= tolerance["max_abs_embedding"]
+        state_gpu, state_cpu = got.state, want.state
+
+
+def test_the_bench_times_the_steps_with_the_library_beside_the_same_graphs_without(kernel_library, tmp_path):
+    """``bench --device ... --ort-ops``: rows and ratios of their own; the window, whose recurrence is a scan
+    over its frames with no such kernel, says so in the ratio's name. Here on the CPU, as --device cpu runs."""
+    import dataclasses
+
+    from sdqes_edge.benchmarks.config import QUICK, BenchConfig
+    from sdqes_edge.benchmarks.suite import check_config, run
+
+    with pytest.raises(UserError, match="add --device cuda"):
+        check_config(dataclasses.replace(BenchConfig(**QUICK), ort_ops=str(kernel_library.path)))
+    with pytest.raises(UserError, match="build_ort_ops.sh"):
+        check_config(dataclasses.replace(BenchConfig(**QUICK), device="cpu", ort_ops=str(tmp_path / "none.so")))
+    cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, device="cpu", device_only=True, int8=False,
+                              device_batches=(2,), device_scaling_frames=10, scaling_probe=5, e2e_frames=4,
+                              device_e2e_frames=4, out=str(tmp_path), ort_ops=str(kernel_library.path))
+    section = run(cfg, log=lambda m: None)[0]["device"]
+    assert section["latency"]["qrnn/ort_fp16_sdqes_kernels"]["p50_ms"] > 0
+    assert {"window4 (ort_fp16) / streaming qrnn (ort_fp16 with sdqes_edge kernels)",
+            "qrnn: ort_fp16 / with sdqes_edge kernels"} <= set(section["ratios"])
+    with_kernels, without = (section["kernels_on_device"][k]["ort_nodes"] for k in ("qrnn/ort_fp16_sdqes_kernels",
+                                                                                  "qrnn"))
+    assert without - with_kernels >= BLOCKS * (POOL_BODY_KERNELS - 1)  # the tiny preset's one adapter a block
+    assert section["batches"]["rows"]["qrnn/fp16 with sdqes_edge kernels/2"]["frames_per_s"] > 0

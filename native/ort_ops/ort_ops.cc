@@ -9,8 +9,10 @@
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
+#include <exception>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "qrnn_pool.h"
@@ -56,12 +58,28 @@ Extent checked_extent(const std::vector<int64_t>& gates, const std::vector<int64
   return {count, h.back()};
 }
 
+// An error inside a kernel goes back to ONNX Runtime as a status: no C++ exception crosses its C API.
+template <typename Body>
+OrtStatusPtr as_status(Body&& body) {
+  try {
+    body();
+    return nullptr;
+  } catch (const Ort::Exception& error) {
+    return Ort::GetApi().CreateStatus(error.GetOrtErrorCode(), error.what());
+  } catch (const std::exception& error) {
+    return Ort::GetApi().CreateStatus(ORT_FAIL, error.what());
+  }
+}
+
 template <typename T, bool kOnCuda>
 struct QrnnPoolKernel {
   float alpha;
 
-  QrnnPoolKernel(const OrtApi&, const OrtKernelInfo* info)
-      : alpha(Ort::ConstKernelInfo(info).GetAttribute<float>("alpha")) {}
+  explicit QrnnPoolKernel(const OrtKernelInfo* info) : alpha(Ort::ConstKernelInfo(info).GetAttribute<float>("alpha")) {}
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
+    return as_status([&] { Compute(raw); });
+  }
 
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext context(raw);
@@ -104,9 +122,9 @@ struct QrnnPoolKernel {
 };
 
 template <typename T, bool kOnCuda>
-struct QrnnPoolOp : Ort::CustomOpBase<QrnnPoolOp<T, kOnCuda>, QrnnPoolKernel<T, kOnCuda>> {
-  void* CreateKernel(const OrtApi& api, const OrtKernelInfo* info) const {
-    return new QrnnPoolKernel<T, kOnCuda>(api, info);
+struct QrnnPoolOp : Ort::CustomOpBase<QrnnPoolOp<T, kOnCuda>, QrnnPoolKernel<T, kOnCuda>, /*WithStatus=*/true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    return as_status([&] { *kernel = new QrnnPoolKernel<T, kOnCuda>(info); });
   }
   const char* GetName() const { return "QrnnPool"; }
   const char* GetExecutionProviderType() const { return kOnCuda ? kCudaProvider : nullptr; }

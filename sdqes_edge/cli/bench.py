@@ -21,7 +21,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = BenchConfig(**QUICK) if args.quick else BenchConfig()
     args.threads = checked_threads(args.threads)  # above the cores: brought down once, with one warning
     changes = {k: v for k, v in (("preset", args.preset), ("window", args.window), ("repetitions", args.repetitions),
-                                 ("threads", args.threads), ("out", args.out), ("device", args.device))
+                                 ("threads", args.threads), ("out", args.out), ("device", args.device),
+                                 ("ort_ops", args.ort_ops))
                if v is not None}
     cfg = dataclasses.replace(cfg, **changes)
     if args.no_int8:
@@ -69,4 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--device-only", action="store_true",
                        help="with --device: measure only the device's rows, not the CPU sections (which take "
                             "minutes at clip-vit-b16)")
+    bench.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
+                       help="with --device: also time the fp16 steps with this project's ONNX Runtime kernels "
+                            "(scripts/build_ort_ops.sh), each QRNN pooling step one kernel")
     bench.set_defaults(func=cmd_bench, output_dirs=("out",))

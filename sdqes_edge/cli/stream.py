@@ -41,6 +41,8 @@ def _backend_words(backend, args: argparse.Namespace) -> str:
         words += f", {providers[0]}"
         if getattr(backend, "buffers", None) is not None:
             words += ", state bound on the device" + (" with CUDA graphs" if backend.cuda_graph else "")
+        if getattr(backend, "fused_ops", None) is not None:
+            words += f", sdqes_edge kernels from {backend.fused_ops.path.name}"
     return words
 
 
@@ -56,7 +58,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _check_run_args(args)
     detector = StreamingDetector(args.bundle, backend=args.backend, precision=args.precision, threads=args.threads,
-                                 ort_device=args.ort_device, truncate_queries=args.truncate_queries)
+                                 ort_device=args.ort_device, truncate_queries=args.truncate_queries,
+                                 ort_ops=args.ort_ops)
     detector.check_source_count(len(args.source))  # before any source is opened or output started
     _add_queries(detector, args)
     detector.warm_up()  # before a camera opens: the first real frame's latency is a steady one
@@ -126,6 +129,10 @@ def _check_run_args(args: argparse.Namespace) -> None:
             warn(f"--save-state {args.save_state} does not end in {SNAPSHOT_SUFFIX}, so the "
                  f"snapshot goes to {written} (--resume finds it by either name)")
             args.save_state = written
+    if args.ort_ops and args.backend != BACKENDS[0]:
+        warn(f"--ort-ops is ONNX Runtime's (--backend {BACKENDS[0]}); a TensorRT engine fuses these steps "
+             "itself: ignored")
+        args.ort_ops = None
 
 
 def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
@@ -273,6 +280,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--ort-device", choices=list(DEVICE_PROVIDERS), default="cpu",
                      help="ONNX Runtime execution provider (cuda/tensorrt need onnxruntime-gpu; the state then "
                           "stays on the GPU between frames)")
+    run.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
+                     help="this project's ONNX Runtime kernels (build them with scripts/build_ort_ops.sh; nvcc "
+                          "for cuda): each QRNN adapter's pooling step one kernel instead of six")
     run.add_argument("--events", type=path_text, help="append alerts to this JSONL file (flushed per alert)")
     run.add_argument("--scores", type=path_text,
                      help="per-frame score trace: FILE.npz (with several sources, FILE.SOURCE.npz "
