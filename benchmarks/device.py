@@ -182,24 +182,7 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
     log(f"[{device}] timing {len(candidates)} candidates x {cfg.repetitions} repetitions, interleaved ...")
     timings = {k: t.to_dict() for k, t in interleaved(candidates, cfg.repetitions, cfg.warmup, log).items()}
 
-    def p50(key: str) -> float:
-        return timings[key]["p50_ms"]
-
-    ratios = {
-        f"window{cfg.window} / streaming {kind} (ort_{precision}, same treatment)":
-        p50(f"window{cfg.window}/ort_{precision}") / p50(f"{kind}/ort_{precision}") for precision in PRECISIONS}
-    ratios |= {
-        f"{kind} / backbone (ort_fp16)": p50(f"{kind}/ort_fp16") / p50("none/ort_fp16"),
-        f"{kind}: torch_fp16 / ort_fp16": p50(f"{kind}/torch_fp16") / p50(f"{kind}/ort_fp16"),
-        f"{kind}: ort_fp32 / ort_fp16": p50(f"{kind}/ort_fp32") / p50(f"{kind}/ort_fp16"),
-        f"{kind}: ort_fp16 plain ONNX / with ONNX Runtime's fused operators": p50(plain) / p50(f"{kind}/ort_fp16"),
-    }
-    if cfg.ort_ops:  # the window's own recurrence (a scan over its frames) has no such kernel: said in its name
-        ratios |= {
-            f"window{cfg.window} (ort_fp16) / streaming {kind} (ort_fp16 with sdqes_edge kernels)":
-                p50(f"window{cfg.window}/ort_fp16") / p50(ops),
-            f"{kind} with sdqes_edge kernels / backbone (ort_fp16)": p50(ops) / p50("none/ort_fp16"),
-            f"{kind}: ort_fp16 / with sdqes_edge kernels": p50(f"{kind}/ort_fp16") / p50(ops)}
+    ratios = _batch_one_ratios(timings, kind, cfg.window, plain, ops if cfg.ort_ops else None)
     kernels = {}
     from sdqes_edge.export.complexity import graph_casts
 
@@ -214,6 +197,30 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
         on_device[ops] = device_kernels(work / f"{device}-{kind}-b1.{FP16}.onnx", device, frame, fused_ops=cfg.ort_ops)
     return {"device": device, "latency": timings, "ratios": ratios, "kernels_cpu_profile": kernels,
             "kernels_on_device": on_device, "cuda_graph_replayed": replayed}
+
+
+def _batch_one_ratios(timings: dict, kind: str, window: int, plain: str, ops: str | None) -> dict[str, float]:
+    """The batch-1 ratios from the interleaved ``timings``; ``plain``: the fp16 step in plain ONNX; ``ops``: the
+    fp16 step with this project's kernels, if timed."""
+    def p50(key: str) -> float:
+        return timings[key]["p50_ms"]
+
+    ratios = {
+        f"window{window} / streaming {kind} (ort_{precision}, same treatment)":
+        p50(f"window{window}/ort_{precision}") / p50(f"{kind}/ort_{precision}") for precision in PRECISIONS}
+    ratios |= {
+        f"{kind} / backbone (ort_fp16)": p50(f"{kind}/ort_fp16") / p50("none/ort_fp16"),
+        f"{kind}: torch_fp16 / ort_fp16": p50(f"{kind}/torch_fp16") / p50(f"{kind}/ort_fp16"),
+        f"{kind}: ort_fp32 / ort_fp16": p50(f"{kind}/ort_fp32") / p50(f"{kind}/ort_fp16"),
+        f"{kind}: ort_fp16 plain ONNX / with ONNX Runtime's fused operators": p50(plain) / p50(f"{kind}/ort_fp16"),
+    }
+    if ops:  # the window's own recurrence (a scan over its frames) has no such kernel: said in its name
+        ratios |= {
+            f"window{window} (ort_fp16) / streaming {kind} (ort_fp16 with sdqes_edge kernels)":
+                p50(f"window{window}/ort_fp16") / p50(ops),
+            f"{kind} with sdqes_edge kernels / backbone (ort_fp16)": p50(ops) / p50("none/ort_fp16"),
+            f"{kind}: ort_fp16 / with sdqes_edge kernels": p50(f"{kind}/ort_fp16") / p50(ops)}
+    return ratios
 
 
 def device_kernels(path: Path, device: str, frame: np.ndarray, steps: int = 10, fused_ops: str | None = None
