@@ -3,7 +3,8 @@
 # what scripts/gpu_stage.sh staged here and the call carried. Steps, done in the order given:
 #   stage    keep the onnxruntime-gpu parts carried this call (in /root/stage, which outlives the call
 #            while the machine stays warm)
-#   site     install the carried project wheel and pure dependencies into /tmp/site (afresh)
+#   site     install the carried project wheel and pure dependencies into /tmp/site (afresh), and put the
+#            carried kernel library where the tests look for it (build/ort_ops/)
 #   install  re-join the parts, check the wheel's sha256, install it into /tmp/ortgpu, and check that
 #            ONNX Runtime offers the CUDA execution provider
 #   tests    nvidia-smi, then the GPU tests (TESTS, default the device-step, provider, lean-step, multi-stream, fused-queries tests)
@@ -16,7 +17,8 @@ STAGE=/root/stage
 SITE=/tmp/site
 ORT_SITE=/tmp/ortgpu
 OUT=${OUT:-/tmp/gpu-out}
-TESTS=${TESTS:-"tests/test_device_step.py tests/test_provider_checks.py tests/test_lean_step.py tests/test_multi_stream.py tests/test_fused_queries.py"}
+TESTS=${TESTS:-"tests/test_device_step.py tests/test_provider_checks.py tests/test_lean_step.py tests/test_multi_stream.py tests/test_fused_queries.py tests/test_fused_ops.py"}
+KERNELS=build/ort_ops/libsdqes_ort_ops.so  # where site puts the carried kernel library (tests/test_fused_ops.py)
 BENCH_ARGS=${BENCH_ARGS:-"--device-only --no-int8"}
 mkdir -p "$STAGE" "$OUT"
 # The GPU build first, so it shadows the CPU onnxruntime the machine has; then the project.
@@ -40,6 +42,10 @@ do_site() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/w/*.whl
   cp .gpu/w/onnxruntime-gpu.sha256 "$STAGE/" 2>/dev/null || true
   echo "gpu_check: installed $(ls .gpu/w/*.whl | wc -l) wheels into $SITE"
+  if [ -f .gpu/w/libsdqes_ort_ops.so ]; then
+    mkdir -p "$(dirname "$KERNELS")" && cp .gpu/w/libsdqes_ort_ops.so "$KERNELS"
+    echo "gpu_check: kernel library in $KERNELS"
+  fi
 }
 
 do_install() {
@@ -64,12 +70,15 @@ do_tests() {
 }
 
 do_bench() {
+  local kernels=()
+  [ -f "$KERNELS" ] && kernels=(--ort-ops "$KERNELS")  # the fp16 steps timed with the kernel library too
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
-  python3 -m sdqes_edge.cli bench --device cuda $BENCH_ARGS --out "$OUT/bench" 2>&1 | tee "$OUT/bench.txt"
+  python3 -m sdqes_edge.cli bench --device cuda $BENCH_ARGS "${kernels[@]}" --out "$OUT/bench" 2>&1 \
+    | tee "$OUT/bench.txt"
   return "${PIPESTATUS[0]}"
 }
 
-[ $# -gt 0 ] || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 failed=()  # a failing test run does not keep the bench from running; the exit status says it failed
 for step in "$@"; do
   case "$step" in
@@ -78,7 +87,7 @@ for step in "$@"; do
     install) do_install ;;
     tests) do_tests || failed+=(tests) ;;
     bench) do_bench || failed+=(bench) ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) fail "unknown step '$step'; steps are: stage site install tests bench" ;;
   esac
 done
