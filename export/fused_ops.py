@@ -152,7 +152,7 @@ def inline_fused_functions(graph) -> int:
 def _instantiated(function, node, helper) -> list:
     """``function``'s body for the call ``node``: formal inputs and outputs renamed to the node's, every other
     tensor prefixed with the node's name, attribute references resolved from the node's attributes."""
-    names = dict(zip(function.input, node.input)) | dict(zip(function.output, node.output))
+    names = {**dict(zip(function.input, node.input)), **dict(zip(function.output, node.output))}
     values = {a.name: a for a in node.attribute}
     body = []
     for i, inner in enumerate(function.node):
