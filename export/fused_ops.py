@@ -25,10 +25,11 @@ QRNN_POOL = "QrnnPool"
 FUSED_OPS_VERSION = 1
 
 
-def qrnn_pool_function(opset: int):
+def qrnn_pool_function(opset: int, dtype: int):
     """The ``FunctionProto`` of ``QrnnPool(gates [..., 2r], h [..., r]) -> h' [..., r]``, attribute ``alpha``
-    (QuickGELU's), written with the default domain's operators of ``opset``: the arithmetic of the graph it
-    replaces, operator for operator, so the inlined body computes what the graph did."""
+    (QuickGELU's), for tensors of ONNX element type ``dtype``, written with the default domain's operators of
+    ``opset``: the arithmetic of the graph it replaces, operator for operator, so the inlined body computes what
+    the graph did. (A Cast to the graph's type, not CastLike, which TensorRT 8.5 and 8.6 cannot parse.)"""
     from onnx import AttributeProto, helper
 
     alpha = helper.make_node("Constant", [], ["alpha"])
@@ -37,7 +38,7 @@ def qrnn_pool_function(opset: int):
     return helper.make_function(FUSED_OPS_DOMAIN, QRNN_POOL, ["gates", "h"], ["h_next"], [
         helper.make_node("Split", ["gates"], ["z", "f"], axis=-1, **halves),
         alpha,
-        helper.make_node("CastLike", ["alpha", "z"], ["alpha_typed"]),
+        helper.make_node("Cast", ["alpha"], ["alpha_typed"], to=dtype),
         helper.make_node("Mul", ["z", "alpha_typed"], ["alpha_z"]),
         helper.make_node("Sigmoid", ["alpha_z"], ["z_gate"]),
         helper.make_node("Mul", ["z", "z_gate"], ["candidate"]),
@@ -82,7 +83,7 @@ def _pool_nodes(add, producers: dict, readers: dict, constants_of) -> tuple | No
         single = [(t, 1) for t in (forget.input[0], alpha_z.output[0], z_gate.output[0], candidate.output[0],
                                    forget.output[0], step.output[0], moved.output[0])] + [(z, 2)]
         if all(len(readers.get(t, [])) == n for t, n in single):
-            return split, nodes, h, float(alpha.reshape(()))
+            return split, nodes, h, alpha
     return None
 
 
@@ -114,19 +115,22 @@ def fuse_qrnn_pools(graph, shapes: dict[str, tuple] | None = None) -> int:
     def constants_of(name: str):
         return constant_value(name, initializers, producers)
 
-    removed, replaced = set(), {}
+    removed, replaced, dtypes = set(), {}, set()  # the graph's float type, from QuickGELU's constant
     for add in nodes:
         found = _pool_nodes(add, producers, readers, constants_of)
         if found is None or not _halves_of_last_axis(found[0], found[2], shapes):
             continue
         split, step_nodes, h, alpha = found
+        dtypes.add(helper.np_dtype_to_tensor_dtype(alpha.dtype))
         replaced[id(add)] = [helper.make_node(QRNN_POOL, [split.input[0], h], list(add.output), name=f"{add.name}.pool",
-                                              domain=FUSED_OPS_DOMAIN, alpha=alpha)]
+                                              domain=FUSED_OPS_DOMAIN, alpha=float(alpha.reshape(())))]
         removed |= {id(node) for node in (split, *step_nodes)}
+    if len(dtypes) > 1:  # one function per graph, of one type: a graph of mixed types is left as it is
+        return 0
     if replaced:
         with_nodes(graph, spliced(nodes, removed, before=replaced))
         opset = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
-        graph.functions.append(qrnn_pool_function(opset))
+        graph.functions.append(qrnn_pool_function(opset, dtypes.pop()))
         graph.opset_import.append(helper.make_opsetid(FUSED_OPS_DOMAIN, FUSED_OPS_VERSION))
     return len(replaced)
 

@@ -55,6 +55,8 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("--max-frames 0", [*run, "--max-frames", "0"]),
         ("--threads 0", [*run, "--threads", "0"]),
         ("--ort-device cuda where ONNX Runtime is the CPU build", [*run, "--ort-device", "cuda"]),
+        ("--ort-ops names no kernel library", [*run, "--ort-ops", str(t / "libsdqes_ort_ops.so")]),
+        ("--ort-ops names a file that is not a library", [*run, "--ort-ops", str(t / "garbage.mp4")]),
         ("--cooldown nan", [*run, "--cooldown", "nan"]),
         ("an option the command does not have", [*run, "--treshold", "0.5"]),
         ("a misspelt command", ["exprot", "--preset", "tiny"]),
