@@ -101,12 +101,13 @@ def _assembled(buffer: np.ndarray, frames: np.ndarray) -> np.ndarray:
     return buffer
 
 
-def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | None
+def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | None, fused_ops: str | None = None
                  ) -> tuple[Callable[[], object], bool]:
-    """The sliding-window graph with the step's treatment: input and output bound once, CUDA graph replay
-    -> (window step, whether it replays a CUDA graph)."""
+    """The sliding-window graph with the step's treatment: input and output bound once, CUDA graph replay,
+    this project's kernel library where the step has it -> (window step, whether it replays a CUDA graph)."""
     ort = load_onnxruntime()
-    session, captured = create_session(path, device, threads, cuda_graph=device == "cuda")
+    session, captured = create_session(path, device, threads, cuda_graph=device == "cuda",
+                                       fused_ops=load_fused_ops(fused_ops) if fused_ops else None)
     ort_device = "cuda" if device == "cuda" else "cpu"
     host = np.ascontiguousarray(frames, dtype=np.float32)
     frames_value = ort.OrtValue.ortvalue_from_numpy(host, ort_device, 0)
@@ -179,6 +180,10 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
         window_key = f"window{cfg.window}/ort_{precision}"
         candidates[window_key], replayed[window_key] = bound_window(
             _window(models[kind], work, cfg.window, precision, device), window_frames, device, cfg.threads)
+    if cfg.ort_ops:  # its scan over the frames one kernel, as the step's pooling is
+        window_key = f"window{cfg.window}/ort_fp16_sdqes_kernels"
+        candidates[window_key], replayed[window_key] = bound_window(
+            _window(models[kind], work, cfg.window, FP16, device), window_frames, device, cfg.threads, cfg.ort_ops)
     log(f"[{device}] timing {len(candidates)} candidates x {cfg.repetitions} repetitions, interleaved ...")
     timings = {k: t.to_dict() for k, t in interleaved(candidates, cfg.repetitions, cfg.warmup, log).items()}
 
@@ -214,10 +219,10 @@ def _batch_one_ratios(timings: dict, kind: str, window: int, plain: str, ops: st
         f"{kind}: ort_fp32 / ort_fp16": p50(f"{kind}/ort_fp32") / p50(f"{kind}/ort_fp16"),
         f"{kind}: ort_fp16 plain ONNX / with ONNX Runtime's fused operators": p50(plain) / p50(f"{kind}/ort_fp16"),
     }
-    if ops:  # the window's own recurrence (a scan over its frames) has no such kernel: said in its name
+    if ops:  # both with the kernel library: the step's pooling and the window's scan one kernel each
         ratios |= {
-            f"window{window} (ort_fp16) / streaming {kind} (ort_fp16 with sdqes_edge kernels)":
-                p50(f"window{window}/ort_fp16") / p50(ops),
+            f"window{window} / streaming {kind} (ort_fp16 with sdqes_edge kernels, same treatment)":
+                p50(f"window{window}/ort_fp16_sdqes_kernels") / p50(ops),
             f"{kind} with sdqes_edge kernels / backbone (ort_fp16)": p50(ops) / p50("none/ort_fp16"),
             f"{kind}: ort_fp16 / with sdqes_edge kernels": p50(f"{kind}/ort_fp16") / p50(ops)}
     return ratios

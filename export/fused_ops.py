@@ -1,10 +1,13 @@
-"""The QRNN adapter's pooling step as one operator, ``sdqes_edge.QrnnPool``, in the graphs for ONNX Runtime.
+"""The QRNN adapter's pooling as one operator in the graphs for ONNX Runtime: ``sdqes_edge.QrnnPool`` (the step
+form's, one frame) and ``sdqes_edge.QrnnScan`` (the sliding window's, its frames from ``h = 0``).
 
 On ONNX Runtime's CUDA provider a QRNN adapter's pooling step,
 ``h' = h + sigmoid(f) * (QuickGELU(z) - h)`` over the gates ``[z | f]``, is six kernels (Split, QuickGelu,
 Sigmoid, Sub, Mul, Add), a few microseconds each at batch 1 and each moving the whole state at 32 streams; no
-ONNX or com.microsoft operator does it in one. So the exporter writes it as one node of a model-local ONNX
-function (``FunctionProto``) whose body is those operators:
+ONNX or com.microsoft operator does it in one. The window's pooling over T frames is the activations once and
+then, frame by frame, the rest (3 + 5 T kernels, and the frames stacked). So the exporter writes each as one
+node of a model-local ONNX function (``FunctionProto``) whose body is those operators, step and window alike
+(the window is what the step is measured against, and gets the same treatment):
 
 - ONNX Runtime runs a function node by its body when no kernel claims the node (it inlines it before its
   optimizer, which still fuses the QuickGELU), so the graph runs everywhere as before, with the same numbers;
@@ -17,92 +20,88 @@ The rewrite applies to graphs written with ONNX Runtime's operators alone (the f
 
 from __future__ import annotations
 
+import numpy as np
+
 from sdqes_edge.contract import FUSED_OPS_DOMAIN
 
 from .graph_edits import constant_tensors, constant_value, readers_of, spliced, static_shapes, with_nodes
+from .qrnn_patterns import pooling_scan, pooling_step
 
-QRNN_POOL = "QrnnPool"
+QRNN_POOL = "QrnnPool"  # the step form's: one frame
+QRNN_SCAN = "QrnnScan"  # the window form's: its frames, from h = 0
 FUSED_OPS_VERSION = 1
+
+
+def _activations_body(dtype: int) -> list:
+    """The function body's first nodes: the gates' halves and their activations, ``candidate`` and ``forget``.
+    QuickGELU's constant is cast to the graph's type with Cast, not CastLike, which TensorRT 8.5/8.6 lack."""
+    from onnx import AttributeProto, helper
+
+    alpha = helper.make_node("Constant", [], ["alpha"])
+    alpha.attribute.append(AttributeProto(name="value_float", ref_attr_name="alpha", type=AttributeProto.FLOAT))
+    return [alpha, helper.make_node("Cast", ["alpha"], ["alpha_typed"], to=dtype),
+            helper.make_node("Mul", ["z", "alpha_typed"], ["alpha_z"]),
+            helper.make_node("Sigmoid", ["alpha_z"], ["z_gate"]),
+            helper.make_node("Mul", ["z", "z_gate"], ["candidate"]),
+            helper.make_node("Sigmoid", ["f"], ["forget"])]
+
+
+def _split(opset: int):
+    from onnx import helper
+
+    halves = {"num_outputs": 2} if opset >= 18 else {}  # from opset 18 a Split without sizes says how many
+    return helper.make_node("Split", ["gates"], ["z", "f"], axis=-1, **halves)
 
 
 def qrnn_pool_function(opset: int, dtype: int):
     """The ``FunctionProto`` of ``QrnnPool(gates [..., 2r], h [..., r]) -> h' [..., r]``, attribute ``alpha``
     (QuickGELU's), for tensors of ONNX element type ``dtype``, written with the default domain's operators of
-    ``opset``: the arithmetic of the graph it replaces, operator for operator, so the inlined body computes what
-    the graph did. (A Cast to the graph's type, not CastLike, which TensorRT 8.5 and 8.6 cannot parse.)"""
-    from onnx import AttributeProto, helper
+    ``opset``: the arithmetic of the graph it replaces, operator for operator, so the inlined body computes
+    what the graph did."""
+    from onnx import helper
 
-    alpha = helper.make_node("Constant", [], ["alpha"])
-    alpha.attribute.append(AttributeProto(name="value_float", ref_attr_name="alpha", type=AttributeProto.FLOAT))
-    halves = {"num_outputs": 2} if opset >= 18 else {}  # from opset 18 a Split without sizes says how many
     return helper.make_function(FUSED_OPS_DOMAIN, QRNN_POOL, ["gates", "h"], ["h_next"], [
-        helper.make_node("Split", ["gates"], ["z", "f"], axis=-1, **halves),
-        alpha,
-        helper.make_node("Cast", ["alpha"], ["alpha_typed"], to=dtype),
-        helper.make_node("Mul", ["z", "alpha_typed"], ["alpha_z"]),
-        helper.make_node("Sigmoid", ["alpha_z"], ["z_gate"]),
-        helper.make_node("Mul", ["z", "z_gate"], ["candidate"]),
-        helper.make_node("Sigmoid", ["f"], ["forget"]),
+        _split(opset), *_activations_body(dtype),
         helper.make_node("Sub", ["candidate", "h"], ["step"]),
         helper.make_node("Mul", ["forget", "step"], ["moved"]),
         helper.make_node("Add", ["h", "moved"], ["h_next"]),
     ], opset_imports=[helper.make_opsetid("", opset)], attributes=["alpha"])
 
 
-def _other(node, name: str) -> str | None:
-    """The input of the binary ``node`` that is not ``name`` (None if ``name`` is not one of them)."""
-    return node.input[1] if node.input[0] == name else node.input[0] if node.input[1] == name else None
+def qrnn_scan_function(opset: int, dtype: int, frames: int, axis: int):
+    """The ``FunctionProto`` of ``QrnnScan(gates [.., T, .., 2r]) -> h [.., T, .., r]`` (attributes ``alpha``,
+    and ``axis``, the time axis, which the kernel reads): the window form's pooling from ``h = 0`` over its
+    ``frames`` frames along ``axis``, unrolled as the graph had it (a model-local function is the graph's own,
+    and one graph has one window). The first frame is ``forget * candidate``, which is ``0 + forget *
+    (candidate - 0)`` exactly, two kernels fewer than the trace."""
+    from onnx import helper, numpy_helper
 
+    def constant(name: str, value) -> object:
+        tensor = numpy_helper.from_array(np.asarray(value, np.int64), name)
+        return helper.make_node("Constant", [], [name], value=tensor)
 
-def _made(name: str, op_type: str, producers: dict):
-    node = producers.get(name)
-    return node if node is not None and node.op_type == op_type else None
-
-
-def _pool_nodes(add, producers: dict, readers: dict, constants_of) -> tuple | None:
-    """(Split, nodes of the pooling step, h, alpha) if ``add`` ends ``h + sigmoid(f) * (z * sigmoid(alpha z) - h)``
-    with z, f the halves of one Split and every tensor in between read inside the step alone; else None."""
-    if add.op_type != "Add":
-        return None
-    for moved_name in add.input:
-        h, moved = _other(add, moved_name), _made(moved_name, "Mul", producers)
-        forget = next((n for n in (_made(i, "Sigmoid", producers) for i in moved.input) if n), None) if moved else None
-        step = _made(_other(moved, forget.output[0]) or "", "Sub", producers) if forget else None
-        if step is None or step.input[1] != h:
-            continue
-        candidate = _made(step.input[0], "Mul", producers)
-        z_gate = next((n for n in (_made(i, "Sigmoid", producers) for i in candidate.input) if n), None) \
-            if candidate else None
-        alpha_z = _made(z_gate.input[0], "Mul", producers) if z_gate else None
-        z = _other(candidate, z_gate.output[0]) if alpha_z else None
-        alpha = constants_of(_other(alpha_z, z) or "") if z else None
-        split = producers.get(z) if alpha is not None and alpha.size == 1 else None
-        if split is None or split.op_type != "Split" or list(split.output) != [z, forget.input[0]]:
-            continue
-        nodes = (alpha_z, z_gate, candidate, forget, step, moved, add)
-        single = [(t, 1) for t in (forget.input[0], alpha_z.output[0], z_gate.output[0], candidate.output[0],
-                                   forget.output[0], step.output[0], moved.output[0])] + [(z, 2)]
-        if all(len(readers.get(t, [])) == n for t, n in single):
-            return split, nodes, h, alpha
-    return None
-
-
-def _halves_of_last_axis(split, h: str, shapes: dict) -> bool:
-    """Whether ``split`` cuts its input's last axis into two halves shaped like ``h``."""
-    from onnx import helper
-
-    gates, state = shapes.get(split.input[0]), shapes.get(h)
-    axis = next((helper.get_attribute_value(a) for a in split.attribute if a.name == "axis"), 0)
-    return (bool(gates) and bool(state) and None not in gates + state and len(gates) == len(state)
-            and axis in (-1, len(gates) - 1) and gates[:-1] == state[:-1] and gates[-1] == 2 * state[-1]
-            and shapes.get(split.output[0]) == shapes.get(split.output[1]) == state)
+    body = [_split(opset), *_activations_body(dtype), constant("axes", [axis])]
+    for t in range(frames):
+        body += [constant(f"t{t}", t), helper.make_node("Gather", ["candidate", f"t{t}"], [f"c{t}"], axis=axis),
+                 helper.make_node("Gather", ["forget", f"t{t}"], [f"f{t}"], axis=axis)]
+        if t == 0:
+            body.append(helper.make_node("Mul", ["f0", "c0"], ["h0"]))
+        else:
+            body += [helper.make_node("Sub", [f"c{t}", f"h{t - 1}"], [f"step{t}"]),
+                     helper.make_node("Mul", [f"f{t}", f"step{t}"], [f"moved{t}"]),
+                     helper.make_node("Add", [f"h{t - 1}", f"moved{t}"], [f"h{t}"])]
+        body.append(helper.make_node("Unsqueeze", [f"h{t}", "axes"], [f"stacked{t}"]))
+    body.append(helper.make_node("Concat", [f"stacked{t}" for t in range(frames)], ["h"], axis=axis))
+    return helper.make_function(FUSED_OPS_DOMAIN, QRNN_SCAN, ["gates"], ["h"], body,
+                                opset_imports=[helper.make_opsetid("", opset)], attributes=["alpha", "axis"])
 
 
 def fuse_qrnn_pools(graph, shapes: dict[str, tuple] | None = None) -> int:
     """Rewrite, in ``graph`` (an ``onnx.ModelProto`` with static shapes), each QRNN pooling step as one
-    ``sdqes_edge.QrnnPool`` node, and add the function once; returns how many. Output names are kept.
-    ``shapes``: every tensor's static shape where the caller has them (ONNX infers none past ONNX Runtime's
-    operators), else inferred here."""
+    ``sdqes_edge.QrnnPool`` node and each window's pooling over its frames as one ``sdqes_edge.QrnnScan`` node
+    (export/qrnn_patterns.py finds them), and add their functions; returns how many nodes. Output names are
+    kept. ``shapes``: every tensor's static shape where the caller has them (ONNX infers none past ONNX
+    Runtime's operators), else inferred here."""
     from onnx import helper
 
     nodes = list(graph.graph.node)  # held: ``spliced`` knows nodes by id
@@ -115,24 +114,38 @@ def fuse_qrnn_pools(graph, shapes: dict[str, tuple] | None = None) -> int:
     def constants_of(name: str):
         return constant_value(name, initializers, producers)
 
-    removed, replaced, dtypes = set(), {}, set()  # the graph's float type, from QuickGELU's constant
-    for add in nodes:
-        found = _pool_nodes(add, producers, readers, constants_of)
-        if found is None or not _halves_of_last_axis(found[0], found[2], shapes):
+    removed, replaced, kinds = set(), {}, set()  # kinds: (function, element type, frames, axis)
+    for node in nodes:
+        found = (pooling_step(node, producers, readers, constants_of, shapes) if node.op_type == "Add" else
+                 pooling_scan(node, producers, readers, constants_of, shapes) if node.op_type == "Concat" else None)
+        if found is None or removed & {id(n) for n in found.nodes}:
             continue
-        split, step_nodes, h, alpha = found
-        dtypes.add(helper.np_dtype_to_tensor_dtype(alpha.dtype))
-        replaced[id(add)] = [helper.make_node(QRNN_POOL, [split.input[0], h], list(add.output), name=f"{add.name}.pool",
-                                              domain=FUSED_OPS_DOMAIN, alpha=float(alpha.reshape(())))]
-        removed |= {id(node) for node in (split, *step_nodes)}
-    if len(dtypes) > 1:  # one function per graph, of one type: a graph of mixed types is left as it is
-        return 0
-    if replaced:
-        with_nodes(graph, spliced(nodes, removed, before=replaced))
-        opset = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
-        graph.functions.append(qrnn_pool_function(opset, dtypes.pop()))
-        graph.opset_import.append(helper.make_opsetid(FUSED_OPS_DOMAIN, FUSED_OPS_VERSION))
+        dtype = helper.np_dtype_to_tensor_dtype(found.alpha.dtype)
+        alpha = float(found.alpha.reshape(()))
+        if found.h is not None:
+            fused = helper.make_node(QRNN_POOL, [found.split.input[0], found.h], list(node.output),
+                                     name=f"{node.name}.pool", domain=FUSED_OPS_DOMAIN, alpha=alpha)
+        else:
+            fused = helper.make_node(QRNN_SCAN, [found.split.input[0]], list(node.output), name=f"{node.name}.scan",
+                                     domain=FUSED_OPS_DOMAIN, alpha=alpha, axis=found.axis)
+        kinds.add((fused.op_type, dtype, found.frames, found.axis))
+        replaced[id(node)] = [fused]
+        removed |= {id(n) for n in found.nodes}
+    if not replaced or len({k[1] for k in kinds}) > 1 or len({k for k in kinds if k[0] == QRNN_SCAN}) > 1:
+        return 0  # one function of each, of one type (and one window) per graph: anything else is left as it is
+    with_nodes(graph, _without_unread_constants(spliced(nodes, removed, before=replaced), graph))
+    opset = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
+    for op_type, dtype, frames, axis in sorted(kinds, key=str):
+        graph.functions.append(qrnn_pool_function(opset, dtype) if op_type == QRNN_POOL
+                               else qrnn_scan_function(opset, dtype, frames, axis))
+    graph.opset_import.append(helper.make_opsetid(FUSED_OPS_DOMAIN, FUSED_OPS_VERSION))
     return len(replaced)
+
+
+def _without_unread_constants(nodes: list, graph) -> list:
+    """``nodes`` without the Constant nodes nothing reads any more (the zeros a window's pooling started from)."""
+    read = {name for node in nodes for name in node.input} | {o.name for o in graph.graph.output}
+    return [n for n in nodes if n.op_type != "Constant" or any(out in read for out in n.output)]
 
 
 def inline_fused_functions(graph) -> int:

@@ -1,9 +1,10 @@
 """This project's own ONNX Runtime kernels (native/ort_ops): loading the library and registering it in a session.
 
 The graphs for ONNX Runtime write each QRNN adapter's pooling step as the model-local ONNX function
-``sdqes_edge.QrnnPool`` (export/fused_ops.py). ONNX Runtime runs a function by its body (six kernels) unless a
-registered kernel claims it; ``libsdqes_ort_ops.so`` has one kernel for it on the CPU and, where built with CUDA,
-on the CUDA provider. The library is built from source on the machine that runs it (scripts/build_ort_ops.sh)
+``sdqes_edge.QrnnPool``, and a sliding window's pooling over its frames as ``sdqes_edge.QrnnScan``
+(export/fused_ops.py). ONNX Runtime runs a function by its body (six kernels for a step) unless a registered
+kernel claims it; ``libsdqes_ort_ops.so`` has one kernel for each on the CPU and, where built with CUDA, on the
+CUDA provider. The library is built from source on the machine that runs it (scripts/build_ort_ops.sh)
 and used only where the user names it (``--ort-ops PATH``, ``OnnxRuntimeStep(fused_ops=PATH)``): a bundle never
 makes us load code, and nothing is picked up from the environment.
 """

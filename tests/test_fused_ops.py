@@ -16,14 +16,15 @@ from onnx import TensorProto, helper, numpy_helper
 
 from sdqes_edge.contract import FUSED_OPS_DOMAIN, ONNX_RUNTIME_OPERATORS
 from sdqes_edge.errors import UserError
-from sdqes_edge.export.fused_ops import QRNN_POOL, fuse_qrnn_pools, inline_fused_functions
-from sdqes_edge.export.graphs import export_step_graph
-from sdqes_edge.export.tensorrt_ops import as_tensorrt_reads_it
+from sdqes_edge.export.fused_ops import QRNN_POOL, QRNN_SCAN, fuse_qrnn_pools, inline_fused_functions
+from sdqes_edge.export.graphs import export_step_graph, export_window_graph
+from sdqes_edge.export.tensorrt_ops import as_tensorrt_reads_it, unsupported_ops
 from sdqes_edge.runtime.fused_ops import FusedOps, load_fused_ops
 from sdqes_edge.runtime.kernels import count_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKS, PER_BLOCK = 2, 2  # the tiny preset's image tower, two adapters a block
+WINDOW = 4  # frames of the sliding window
 ADAPTERS = BLOCKS * PER_BLOCK
 POOL_BODY_KERNELS = 6  # Split, QuickGelu (fused by ONNX Runtime), Sigmoid, Sub, Mul, Add
 
@@ -96,6 +97,57 @@ def test_tensorrt_gets_the_functions_body_in_its_place_with_the_same_numbers(gra
     onnx.save(readable, str(tmp_path / "tensorrt.onnx"))
     assert_same_stream((graphs["plain"], tmp_path / "tensorrt.onnx"), frame_shape(graphs["plain"]), frames=8,
                        atol=2e-6)
+
+
+@pytest.fixture(scope="module")
+def windows(tmp_path_factory) -> dict[str, Path]:
+    """The 4-frame sliding window of the same model: plain fp32, fp32 with ONNX Runtime's operators, fp16."""
+    model, folder = random_model("qrnn", per_block=PER_BLOCK), tmp_path_factory.mktemp("windows")
+    paths = {form: folder / f"{form}.onnx" for form in ("plain", "fp32", "fp16")}
+    export_window_graph(model, paths["plain"], window=WINDOW)
+    export_window_graph(model, paths["fp32"], window=WINDOW, operators=ONNX_RUNTIME_OPERATORS)
+    export_window_graph(model, paths["fp16"], window=WINDOW, precision="fp16")
+    return paths
+
+
+def window_outputs(path: Path, fused_ops: FusedOps | None = None) -> np.ndarray:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if fused_ops is not None:
+        options.register_custom_ops_library(str(fused_ops.path))
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    frames = session.get_inputs()[0]
+    x = np.random.default_rng(7).standard_normal(frames.shape).astype(np.float32)
+    return session.run(None, {frames.name: x})[0].astype(np.float32)
+
+
+def test_the_windows_pooling_over_its_frames_is_one_function_node_with_the_same_numbers(windows):
+    """The sliding window the step is measured against gets the same treatment: its scan over the frames (the
+    activations once, then per frame two Gathers, Sub, Mul, Add; the frames stacked) is one node."""
+    for form in ("fp32", "fp16"):
+        scans = [n for n in onnx.load(str(windows[form])).graph.node if n.op_type == QRNN_SCAN]
+        assert len(scans) == ADAPTERS and {helper.get_attribute_value(a) for n in scans for a in n.attribute
+                                           if a.name == "axis"} == {1}, form
+    np.testing.assert_allclose(window_outputs(windows["fp32"]), window_outputs(windows["plain"]), atol=2e-6)
+
+
+def test_with_the_library_each_windows_scan_is_one_kernel_and_the_numbers_are_the_same(windows, kernel_library):
+    inlined, fused = count_kernels(windows["fp32"]), count_kernels(windows["fp32"], fused_ops=kernel_library)
+    assert fused.by_op[QRNN_SCAN] == ADAPTERS and "Sub" not in fused.by_op  # the scans' own arithmetic is gone
+    # per adapter at least each frame's Mul and each later frame's Sub and Add, and the activations' three (ONNX
+    # Runtime writes the frames' Gathers as a Split and views, so their count is its own)
+    assert inlined.computing - fused.computing >= ADAPTERS * (3 + WINDOW + 2 * (WINDOW - 1) - 1)
+    np.testing.assert_allclose(window_outputs(windows["fp32"], kernel_library), window_outputs(windows["plain"]),
+                               atol=2e-6)
+    np.testing.assert_allclose(window_outputs(windows["fp16"], kernel_library), window_outputs(windows["fp16"]),
+                               atol=2e-3)
+
+
+def test_tensorrt_reads_the_windows_scan_as_operators_it_parses(windows):
+    readable = as_tensorrt_reads_it(onnx.load(str(windows["fp16"])))
+    assert not readable.functions
+    assert unsupported_ops({n.op_type for n in readable.graph.node}, (8, 6)) == {}  # opset 17: LayerNormalization
 
 
 def pool_graph(z_read_elsewhere: bool) -> onnx.ModelProto:
@@ -226,8 +278,8 @@ def test_on_the_gpu_each_pooling_step_is_one_kernel_in_a_cuda_graph_and_follows_
 
 
 def test_the_bench_times_the_steps_with_the_library_beside_the_same_graphs_without(kernel_library, tmp_path):
-    """``bench --device ... --ort-ops``: rows and ratios of their own; the window, whose recurrence is a scan
-    over its frames with no such kernel, says so in the ratio's name. Here on the CPU, as --device cpu runs."""
+    """``bench --device ... --ort-ops``: rows and ratios of their own, the window with the library too (its scan
+    one kernel, as the step's pooling is). Here on the CPU, as --device cpu runs."""
     import dataclasses
 
     from sdqes_edge.benchmarks.config import QUICK, BenchConfig
@@ -242,9 +294,25 @@ def test_the_bench_times_the_steps_with_the_library_beside_the_same_graphs_witho
                               device_e2e_frames=4, out=str(tmp_path), ort_ops=str(kernel_library.path))
     section = run(cfg, log=lambda m: None)[0]["device"]
     assert section["latency"]["qrnn/ort_fp16_sdqes_kernels"]["p50_ms"] > 0
-    assert {"window4 (ort_fp16) / streaming qrnn (ort_fp16 with sdqes_edge kernels)",
+    assert section["latency"]["window4/ort_fp16_sdqes_kernels"]["p50_ms"] > 0
+    assert {"window4 / streaming qrnn (ort_fp16 with sdqes_edge kernels, same treatment)",
             "qrnn: ort_fp16 / with sdqes_edge kernels"} <= set(section["ratios"])
     with_kernels, without = (section["kernels_on_device"][k]["ort_nodes"] for k in ("qrnn/ort_fp16_sdqes_kernels",
                                                                                   "qrnn"))
     assert without - with_kernels >= BLOCKS * (POOL_BODY_KERNELS - 1)  # the tiny preset's one adapter a block
     assert section["batches"]["rows"]["qrnn/fp16 with sdqes_edge kernels/2"]["frames_per_s"] > 0
+
+
+def test_on_the_gpu_each_windows_scan_is_one_kernel_in_a_cuda_graph_and_follows_the_cpu_fp32_window(windows):
+    from sdqes_edge.runtime.onnxruntime_backend import create_session
+    from sdqes_edge.tolerances import VARIANT_TOLERANCES
+
+    library = cuda_kernel_library()
+    counted = count_kernels(windows["fp16"], providers=["CUDAExecutionProvider", "CPUExecutionProvider"],
+                            fused_ops=library)
+    assert counted.by_op[QRNN_SCAN] == ADAPTERS and "Sub" not in counted.by_op
+    session, captured = create_session(windows["fp16"], "cuda", cuda_graph=False, fused_ops=library)
+    frames = session.get_inputs()[0]
+    x = np.random.default_rng(7).standard_normal(frames.shape).astype(np.float32)
+    got = session.run(None, {frames.name: x})[0].astype(np.float32)
+    assert np.abs(got - window_outputs(windows["plain"])).max() <= VARIANT_TOLERANCES["fp16"]["max_abs_embedding"]

@@ -1,9 +1,10 @@
 // libsdqes_ort_ops: ONNX Runtime kernels for the sdqes_edge operator domain.
 //
-// An exported GPU-form step graph writes each QRNN adapter's pooling step as the model-local ONNX function
-// sdqes_edge.QrnnPool (export/fused_ops.py). ONNX Runtime inlines a function no kernel claims, so a graph runs
-// everywhere without this library; with it registered (SessionOptions.register_custom_ops_library), the
-// function is one kernel here instead of six, on the CPU and, where built with CUDA, on the CUDA provider.
+// The graphs for ONNX Runtime write each QRNN adapter's pooling step as the model-local ONNX function
+// sdqes_edge.QrnnPool, and a sliding window's pooling over its frames as sdqes_edge.QrnnScan
+// (export/fused_ops.py). ONNX Runtime inlines a function no kernel claims, so a graph runs everywhere without
+// this library; with it registered (SessionOptions.register_custom_ops_library), each is one kernel here, on
+// the CPU and, where built with CUDA, on the CUDA provider.
 //
 // Built by scripts/build_ort_ops.sh against ONNX Runtime's C API headers; needs no ONNX Runtime library to link.
 #define ORT_API_MANUAL_INIT
@@ -12,6 +13,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -71,8 +73,20 @@ OrtStatusPtr as_status(Body&& body) {
   }
 }
 
-template <typename T, bool kOnCuda>
+#ifdef SDQES_WITH_CUDA
+// A CUDA launch that failed, returned to ONNX Runtime as an error of the op.
+void check_launch(int error, const char* op) {
+  if (error != 0) ORT_CXX_API_THROW(std::string("sdqes_edge.") + op + ": CUDA launch failed, error " +
+                                    std::to_string(error), ORT_FAIL);
+}
+#endif
+
+template <typename T, bool kCuda>
 struct QrnnPoolKernel {
+  using Type = T;
+  static constexpr bool kOnCuda = kCuda;
+  static constexpr const char* kName = "QrnnPool";
+  static constexpr size_t kInputs = 2;  // gates [..., 2r], h [..., r]
   float alpha;
 
   explicit QrnnPoolKernel(const OrtKernelInfo* info) : alpha(Ort::ConstKernelInfo(info).GetAttribute<float>("alpha")) {}
@@ -92,7 +106,16 @@ struct QrnnPoolKernel {
     const T* prev = h.GetTensorData<T>();
     T* next = out.GetTensorMutableData<T>();
     if constexpr (kOnCuda) {
-      launch(context.GetGPUComputeStream(), g, prev, next, extent);
+#ifdef SDQES_WITH_CUDA
+      void* stream = context.GetGPUComputeStream();
+      if constexpr (std::is_same_v<T, float>) {
+        check_launch(sdqes_qrnn_pool_cuda_float(stream, g, prev, next, extent.count, extent.width, alpha), kName);
+      } else {
+        check_launch(sdqes_qrnn_pool_cuda_half(stream, reinterpret_cast<const uint16_t*>(g),
+                                               reinterpret_cast<const uint16_t*>(prev), reinterpret_cast<uint16_t*>(next),
+                                               extent.count, extent.width, alpha), kName);
+      }
+#endif
     } else {
       for (int64_t k = 0; k < extent.count; ++k) {
         const int64_t z = sdqes::z_offset(k, extent.width);
@@ -101,58 +124,100 @@ struct QrnnPoolKernel {
       }
     }
   }
+};
 
-  void launch(void* stream, const T* g, const T* prev, T* next, Extent extent) const {
+// gates [outer..., T, inner..., 2r] with T on ``axis``: the extent of the scan over it.
+sdqes::ScanExtent checked_scan_extent(const std::vector<int64_t>& gates, int64_t axis) {
+  const int64_t rank = static_cast<int64_t>(gates.size());
+  if (axis < 0) axis += rank;
+  if (rank < 2 || axis < 0 || axis >= rank - 1 || gates.back() % 2 != 0)
+    ORT_CXX_API_THROW("sdqes_edge.QrnnScan: gates must be [..., T, ..., 2r] with the time axis before the last",
+                      ORT_INVALID_ARGUMENT);
+  sdqes::ScanExtent extent{1, gates[axis], 1, gates.back() / 2};
+  for (int64_t i = 0; i < axis; ++i) extent.outer *= gates[i];
+  for (int64_t i = axis + 1; i < rank - 1; ++i) extent.inner *= gates[i];
+  return extent;
+}
+
+template <typename T, bool kCuda>
+struct QrnnScanKernel {
+  using Type = T;
+  static constexpr bool kOnCuda = kCuda;
+  static constexpr const char* kName = "QrnnScan";
+  static constexpr size_t kInputs = 1;  // gates [..., T, ..., 2r]; h starts at 0
+  float alpha;
+  int64_t axis;
+
+  explicit QrnnScanKernel(const OrtKernelInfo* info)
+      : alpha(Ort::ConstKernelInfo(info).GetAttribute<float>("alpha")),
+        axis(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("axis")) {}
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
+    return as_status([&] { Compute(raw); });
+  }
+
+  void Compute(OrtKernelContext* raw) {
+    Ort::KernelContext context(raw);
+    auto gates = context.GetInput(0);
+    auto shape = gates.GetTensorTypeAndShapeInfo().GetShape();
+    const sdqes::ScanExtent extent = checked_scan_extent(shape, axis);
+    shape.back() = extent.width;
+    auto out = context.GetOutput(0, shape);
+    const T* g = gates.GetTensorData<T>();
+    T* h = out.GetTensorMutableData<T>();
+    if constexpr (kOnCuda) {
 #ifdef SDQES_WITH_CUDA
-    int error;
-    if constexpr (std::is_same_v<T, float>) {
-      error = sdqes_qrnn_pool_cuda_float(stream, g, prev, next, extent.count, extent.width, alpha);
+      void* stream = context.GetGPUComputeStream();
+      if constexpr (std::is_same_v<T, float>) {
+        check_launch(sdqes_qrnn_scan_cuda_float(stream, g, h, extent, alpha), kName);
+      } else {
+        check_launch(sdqes_qrnn_scan_cuda_half(stream, reinterpret_cast<const uint16_t*>(g),
+                                               reinterpret_cast<uint16_t*>(h), extent, alpha), kName);
+      }
+#endif
     } else {
-      error = sdqes_qrnn_pool_cuda_half(stream, reinterpret_cast<const uint16_t*>(g),
-                                        reinterpret_cast<const uint16_t*>(prev), reinterpret_cast<uint16_t*>(next),
-                                        extent.count, extent.width, alpha);
+      for (int64_t lane = 0; lane < extent.outer * extent.inner * extent.width; ++lane) {
+        float pooled = 0.0f;
+        for (int64_t t = 0; t < extent.frames; ++t) {
+          const int64_t o = sdqes::frame_offset(extent, lane, t);
+          const int64_t z = sdqes::z_offset(o, extent.width);
+          pooled = sdqes::qrnn_pool(Element<T>::load(g[z]), Element<T>::load(g[z + extent.width]), pooled, alpha);
+          h[o] = Element<T>::store(pooled);
+        }
+      }
     }
-    if (error != 0)
-      ORT_CXX_API_THROW("sdqes_edge.QrnnPool: CUDA launch failed, error " + std::to_string(error), ORT_FAIL);
-#else
-    (void)stream, (void)g, (void)prev, (void)next, (void)extent;
-    ORT_CXX_API_THROW("sdqes_edge.QrnnPool: this library was built without CUDA", ORT_FAIL);
-#endif
   }
 };
 
-template <typename T, bool kOnCuda>
-struct QrnnPoolOp : Ort::CustomOpBase<QrnnPoolOp<T, kOnCuda>, QrnnPoolKernel<T, kOnCuda>, /*WithStatus=*/true> {
+// One operator of the domain, for one kernel (its type and provider); errors return as statuses (WithStatus).
+template <typename Kernel>
+struct FusedOp : Ort::CustomOpBase<FusedOp<Kernel>, Kernel, /*WithStatus=*/true> {
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    return as_status([&] { *kernel = new QrnnPoolKernel<T, kOnCuda>(info); });
+    return as_status([&] { *kernel = new Kernel(info); });
   }
-  const char* GetName() const { return "QrnnPool"; }
-  const char* GetExecutionProviderType() const { return kOnCuda ? kCudaProvider : nullptr; }
-  size_t GetInputTypeCount() const { return 2; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return Element<T>::type; }
+  const char* GetName() const { return Kernel::kName; }
+  const char* GetExecutionProviderType() const { return Kernel::kOnCuda ? kCudaProvider : nullptr; }
+  size_t GetInputTypeCount() const { return Kernel::kInputs; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return Element<typename Kernel::Type>::type; }
   size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return Element<T>::type; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return Element<typename Kernel::Type>::type; }
 };
 
-QrnnPoolOp<float, false> cpu_float;
-QrnnPoolOp<Ort::Float16_t, false> cpu_half;
+using Half = Ort::Float16_t;
+// CPU kernels always; the CUDA provider's where built with nvcc (a CUDA op without them would only throw).
+std::tuple<FusedOp<QrnnPoolKernel<float, false>>, FusedOp<QrnnPoolKernel<Half, false>>,
+           FusedOp<QrnnScanKernel<float, false>>, FusedOp<QrnnScanKernel<Half, false>>
 #ifdef SDQES_WITH_CUDA
-QrnnPoolOp<float, true> cuda_float;
-QrnnPoolOp<Ort::Float16_t, true> cuda_half;
+           , FusedOp<QrnnPoolKernel<float, true>>, FusedOp<QrnnPoolKernel<Half, true>>,
+           FusedOp<QrnnScanKernel<float, true>>, FusedOp<QrnnScanKernel<Half, true>>
 #endif
+           > ops;
 
 // One domain for every session that registers the library (ONNX Runtime holds it by reference).
 Ort::CustomOpDomain& domain() {
   static Ort::CustomOpDomain made(kDomain);
   static std::once_flag filled;
-  std::call_once(filled, [] {
-    made.Add(&cpu_float);
-    made.Add(&cpu_half);
-#ifdef SDQES_WITH_CUDA
-    made.Add(&cuda_float);
-    made.Add(&cuda_half);
-#endif
-  });
+  std::call_once(filled, [] { std::apply([](auto&... op) { (made.Add(&op), ...); }, ops); });
   return made;
 }
 

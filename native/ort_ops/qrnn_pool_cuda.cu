@@ -1,5 +1,6 @@
-// sdqes_edge.QrnnPool on ONNX Runtime's CUDA provider: one kernel for the six (Split, QuickGelu, Sigmoid, Sub,
-// Mul, Add) that the inlined function runs.
+// sdqes_edge.QrnnPool and QrnnScan on ONNX Runtime's CUDA provider: one kernel for the six (Split, QuickGelu,
+// Sigmoid, Sub, Mul, Add) that the inlined step runs, and for the 3 + 5 T (and T Unsqueezes, a Concat) of a
+// window of T frames.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -24,13 +25,42 @@ __global__ void qrnn_pool_kernel(const T* gates, const T* h, T* out, int64_t cou
   }
 }
 
+// Lane k (outer * inner * r of them) walks the frames; an output element's z sits at output offset o's row
+// (o / r) times 2r plus its column, as in the step (z_offset), f r further on.
+template <typename T>
+__global__ void qrnn_scan_kernel(const T* gates, T* out, sdqes::ScanExtent extent, float alpha) {
+  const int64_t lanes = extent.outer * extent.inner * extent.width;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < lanes;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float h = 0.0f;
+    for (int64_t t = 0; t < extent.frames; ++t) {
+      const int64_t o = sdqes::frame_offset(extent, k, t);
+      const int64_t z = sdqes::z_offset(o, extent.width);
+      h = sdqes::qrnn_pool(load(gates, z), load(gates, z + extent.width), h, alpha);
+      store(out, o, h);
+    }
+  }
+}
+
+int64_t blocks_for(int64_t count) {
+  const int64_t blocks = (count + kThreads - 1) / kThreads;
+  return blocks > kMaxBlocks ? kMaxBlocks : blocks;
+}
+
 template <typename T>
 int launch(void* stream, const T* gates, const T* h, T* out, int64_t count, int64_t width, float alpha) {
   if (count == 0) return 0;
-  int64_t blocks = (count + kThreads - 1) / kThreads;
-  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-  qrnn_pool_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  qrnn_pool_kernel<T><<<static_cast<unsigned>(blocks_for(count)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       gates, h, out, count, width, alpha);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <typename T>
+int launch_scan(void* stream, const T* gates, T* out, sdqes::ScanExtent extent, float alpha) {
+  const int64_t lanes = extent.outer * extent.inner * extent.width;
+  if (lanes == 0) return 0;
+  qrnn_scan_kernel<T><<<static_cast<unsigned>(blocks_for(lanes)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      gates, out, extent, alpha);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -45,4 +75,14 @@ extern "C" int sdqes_qrnn_pool_cuda_half(void* stream, const uint16_t* gates, co
                                          int64_t count, int64_t width, float alpha) {
   return launch(stream, reinterpret_cast<const __half*>(gates), reinterpret_cast<const __half*>(h),
                 reinterpret_cast<__half*>(out), count, width, alpha);
+}
+
+extern "C" int sdqes_qrnn_scan_cuda_float(void* stream, const float* gates, float* out, sdqes::ScanExtent extent,
+                                          float alpha) {
+  return launch_scan(stream, gates, out, extent, alpha);
+}
+
+extern "C" int sdqes_qrnn_scan_cuda_half(void* stream, const uint16_t* gates, uint16_t* out,
+                                         sdqes::ScanExtent extent, float alpha) {
+  return launch_scan(stream, reinterpret_cast<const __half*>(gates), reinterpret_cast<__half*>(out), extent, alpha);
 }
