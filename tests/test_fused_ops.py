@@ -316,3 +316,17 @@ def test_on_the_gpu_each_windows_scan_is_one_kernel_in_a_cuda_graph_and_follows_
     x = np.random.default_rng(7).standard_normal(frames.shape).astype(np.float32)
     got = session.run(None, {frames.name: x})[0].astype(np.float32)
     assert np.abs(got - window_outputs(windows["plain"])).max() <= VARIANT_TOLERANCES["fp16"]["max_abs_embedding"]
+
+
+def test_inspect_counts_a_steps_kernels_with_the_library_too(kernel_library, tmp_path):
+    import sys
+
+    from sdqes_edge.export import ExportOptions, export_bundle
+
+    bundle = tmp_path / "bundle"
+    export_bundle(random_model("qrnn", per_block=PER_BLOCK), bundle,
+                  ExportOptions(precisions=("fp32", "fp16"), drift_frames=16, show_progress=False), log=lambda m: None)
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "inspect", str(bundle), "--precision", "fp16",
+                           "--frames", "2", "--ort-ops", str(kernel_library.path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "with libsdqes_ort_ops.so: " in done.stdout and f"QrnnPool {ADAPTERS})" in done.stdout

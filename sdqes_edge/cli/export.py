@@ -30,6 +30,7 @@ from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD, MLP_ACTIVATIONS
 from sdqes_edge.contract import (
     DEFAULT_OPSET,
     FP16,
+    FUSED_OPS,
     GRAPH_OPERATORS,
     ONNX_RUNTIME_OPERATORS,
     PRECISIONS,
@@ -150,7 +151,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     queries = bundle.queries()
     if queries:
         print(f"queries    {len(queries[0])} pre-encoded" + (" (fused into the graph)" if m.get("query_count") else ""))
-    runner = OnnxRuntimeStep(bundle.step_graph(args.precision))
+    runner = OnnxRuntimeStep(bundle.step_graph(args.precision), fused_ops=args.ort_ops)
     pre = Preprocessor.from_description(bundle.image_size, m["preprocess"])
     state = runner.initial_state()
     q = queries[1] if (queries and runner.fused_queries) else None
@@ -167,8 +168,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     ms = stepping / args.frames * 1e3
     print(f"ran        {args.frames} sample frames through the {args.precision} graph with ONNX Runtime (CPU): "
           f"{ms:.1f} ms/frame, embedding norm {float(np.linalg.norm(result.embedding[0])):.4f}")
-    _print_kernels(bundle, args.precision)
+    _print_kernels(bundle, args.precision, runner.fused_ops)
     precision = "" if args.precision == REFERENCE_PRECISION else f" --precision {args.precision}"
+    precision += f" --ort-ops {args.ort_ops}" if args.ort_ops else ""  # as it was inspected
     # The TensorRT engines bind no query input: a graph that scores its queries (--fuse-queries) runs on ORT alone.
     engine = "" if m.get("query_count") else f"   (on an NVIDIA device: {PROG} build-engine {args.bundle})"
     print(f"\nnext: {run_hint(args.bundle, m, '--source VIDEO' + precision)}{engine}")
@@ -186,9 +188,9 @@ def _refuse_non_finite(embedding, frame: int, precision: str) -> None:
                         "Runtime, and if fp32 fails too, re-export the bundle")
 
 
-def _print_kernels(bundle, precision: str) -> None:
+def _print_kernels(bundle, precision: str, fused_ops=None) -> None:
     """Kernels one step executes (ONNX Runtime's profiler, CPU), the graph's own node and Cast counts, and per
-    adapter where the manifest says."""
+    adapter where the manifest says; with ``fused_ops`` (this project's kernel library), a step's kernels with it."""
     from sdqes_edge.export.complexity import graph_kernels
     from sdqes_edge.runtime.kernels import count_kernels
 
@@ -205,6 +207,10 @@ def _print_kernels(bundle, precision: str) -> None:
               f"{cpu_casts}")
     else:
         print(f"           (the graph's ONNX node and Cast counts need onnx: {install_command('onnx')})")
+    if fused_ops is not None:
+        fused = count_kernels(path, fused_ops=fused_ops)
+        ops = ", ".join(f"{op} {n}" for op, n in fused.by_op.items() if op in FUSED_OPS) or "none of its operators"
+        print(f"           with {fused_ops.path.name}: {fused.per_step} per step ({ops})")
     recorded = bundle.manifest.get("complexity", {}).get("kernels")
     if recorded and recorded.get("per_adapter"):
         per = recorded["per_adapter"]
@@ -239,6 +245,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     inspect.add_argument("--precision", default=REFERENCE_PRECISION, choices=PRECISIONS,
                          help="step graph to run (default %(default)s)")
     inspect.add_argument("--frames", type=at_least(1), default=8, help="sample frames to stream (default %(default)s)")
+    inspect.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
+                         help="also run and count with this project's ONNX Runtime kernels (scripts/build_ort_ops.sh)")
     inspect.set_defaults(func=cmd_inspect)
 
     engine = add_subcommand(sub, "build-engine", "build a TensorRT engine for this NVIDIA device",
