@@ -32,7 +32,7 @@ FUSED_OPS_VERSION = 1
 
 
 def _activations_body(dtype: int) -> list:
-    """The function body's first nodes: the gates' halves and their activations, ``candidate`` and ``forget``.
+    """The function body's nodes after its Split: the halves' activations, ``candidate`` and ``forget``.
     QuickGELU's constant is cast to the graph's type with Cast, not CastLike, which TensorRT 8.5/8.6 lack."""
     from onnx import AttributeProto, helper
 
