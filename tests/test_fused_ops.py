@@ -84,6 +84,21 @@ def test_with_the_library_each_pooling_step_is_one_kernel_and_the_numbers_are_th
                        second_options={"fused_ops": kernel_library.path})
 
 
+def test_a_longer_lookback_and_stacked_qrnn_layers_are_fused_step_and_window_with_the_same_numbers(
+        kernel_library, tmp_path):
+    """Lookback 2 (the history shifts) and two QRNN layers an adapter (one pooling feeding the next)."""
+    model = random_model("qrnn", lookback=2, qrnn_layers=2)
+    plain, ort_ops, window = tmp_path / "plain.onnx", tmp_path / "ort.onnx", tmp_path / "window.onnx"
+    export_step_graph(model, plain, batch=2)
+    export_step_graph(model, ort_ops, batch=2, operators=ONNX_RUNTIME_OPERATORS)
+    export_window_graph(model, window, window=WINDOW, operators=ONNX_RUNTIME_OPERATORS)
+    layers = BLOCKS * model.cfg.adapter.per_block * 2  # two layers an adapter
+    assert len(pool_nodes(ort_ops)) == layers
+    assert sum(n.op_type == QRNN_SCAN for n in onnx.load(str(window)).graph.node) == layers
+    assert_same_stream((plain, ort_ops), frame_shape(plain), frames=12, atol=2e-6,
+                       second_options={"fused_ops": kernel_library.path})
+
+
 def test_the_fp16_kernel_follows_the_fp16_body_over_a_stream(graphs, kernel_library):
     """One rounding to fp16 instead of one per operator: within fp16's tolerance of the body, state carried."""
     assert_same_stream((graphs["fp16"], graphs["fp16"]), frame_shape(graphs["fp16"]), frames=16, atol=2e-3,
@@ -299,7 +314,7 @@ def test_the_bench_times_the_steps_with_the_library_beside_the_same_graphs_witho
             "qrnn: ort_fp16 / with sdqes_edge kernels"} <= set(section["ratios"])
     with_kernels, without = (section["kernels_on_device"][k]["ort_nodes"] for k in ("qrnn/ort_fp16_sdqes_kernels",
                                                                                   "qrnn"))
-    assert without - with_kernels >= BLOCKS * (POOL_BODY_KERNELS - 1)  # the tiny preset's one adapter a block
+    assert without - with_kernels >= BLOCKS * (POOL_BODY_KERNELS - 1)  # at least one QRNN adapter a block
     assert section["batches"]["rows"]["qrnn/fp16 with sdqes_edge kernels/2"]["frames_per_s"] > 0
 
 
