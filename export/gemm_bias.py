@@ -29,6 +29,7 @@ import numpy as np
 from sdqes_edge.model.adapters import STEP_WIDTH_MULTIPLE
 
 from .graph_edits import (
+    attribute_value,
     constant_tensors,
     drop_unused_initializers,
     product_and_bias,
@@ -136,8 +137,6 @@ def merge_sibling_products(graph) -> int:
 def _biased_concat_products(graph, initializers: dict) -> list[tuple]:
     """(Concat, MatMul, Add, bias name, the Concat's axis) for each ``Add(MatMul(Concat(..), W), b)`` with a
     constant 2-D W and [out] b, where only the MatMul reads the Concat and only the Add reads the product."""
-    from onnx import helper
-
     producers = {out: node for node in graph.graph.node for out in node.output}
     readers = readers_of(graph)
     graph_outputs = {o.name for o in graph.graph.output}
@@ -153,7 +152,7 @@ def _biased_concat_products(graph, initializers: dict) -> list[tuple]:
                 or list(initializers[bias].dims) != [weight.dims[1]]
                 or len(readers[concat.output[0]]) != 1 or len(readers[product_name]) != 1):
             continue
-        axis = next((helper.get_attribute_value(a) for a in concat.attribute if a.name == "axis"), 0)
+        axis = attribute_value(concat, "axis", 0)
         found.append((concat, product, add, bias, axis))
     return found
 

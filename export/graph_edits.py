@@ -53,6 +53,13 @@ def constant_value(name: str, constants: dict, producers: dict) -> np.ndarray | 
     return None
 
 
+def attribute_value(node, name: str, default=None):
+    """The value of ``node``'s attribute ``name``, or ``default`` where the node does not set it."""
+    from onnx import helper
+
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
 def static_shapes(graph) -> dict[str, tuple]:
     """Every tensor's static shape (the step graphs are static), by name."""
     from onnx import shape_inference

@@ -15,7 +15,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph_edits import constant_tensors, constant_value, readers_of, spliced, static_shapes, with_nodes
+from .graph_edits import (
+    attribute_value,
+    constant_tensors,
+    constant_value,
+    readers_of,
+    spliced,
+    static_shapes,
+    with_nodes,
+)
 
 
 def _weight_product(node, constants: dict) -> bool:
@@ -45,10 +53,8 @@ def _joinable(add, constants: dict, producers: dict, readers: dict, shapes: dict
 
 def _tokens_view_and_back(view, back, tokens: int, shapes: dict) -> bool:
     """Whether ``view`` makes rows [B*L, D] into [B, L, D] (L = ``tokens``) and ``back`` (a Flatten) undoes it."""
-    from onnx import helper
-
     shape = shapes.get(view.output[0])
-    axis = next((helper.get_attribute_value(a) for a in back.attribute if a.name == "axis"), 1)
+    axis = attribute_value(back, "axis", 1)
     return back.op_type == "Flatten" and axis == 2 and shape is not None and len(shape) == 3 and shape[1] == tokens
 
 

@@ -27,7 +27,15 @@ from collections import Counter
 
 import numpy as np
 
-from .graph_edits import constant_tensors, drop_unused_initializers, readers_of, spliced, static_shapes, with_nodes
+from .graph_edits import (
+    attribute_value,
+    constant_tensors,
+    drop_unused_initializers,
+    readers_of,
+    spliced,
+    static_shapes,
+    with_nodes,
+)
 
 MS_DOMAIN = "com.microsoft"
 ATTENTION = "Attention"
@@ -169,8 +177,7 @@ def expand_skip_layer_norm(graph) -> int:
             nodes.append(helper.make_node("Add", [x, bias], [f"{node.name}.biased"], name=f"{node.name}.bias"))
             x = f"{node.name}.biased"
         nodes.append(helper.make_node("Add", [x, skip], [summed], name=f"{node.name}.residual"))
-        epsilon = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"),
-                       LAYER_NORM_DEFAULT_EPSILON)
+        epsilon = attribute_value(node, "epsilon", LAYER_NORM_DEFAULT_EPSILON)
         nodes.append(helper.make_node("LayerNormalization", [summed, gamma] + ([beta] if beta else []),
                                       [outputs[0]], name=f"{node.name}.norm", axis=-1, epsilon=epsilon))
         expanded += 1
@@ -255,7 +262,7 @@ def bias_after_wide_products(graph) -> int:
             continue
         block = numpy_helper.to_array(constants[concat.input[1]])
         weight = numpy_helper.to_array(constants[product.input[1]])
-        axis = next((helper.get_attribute_value(a) for a in concat.attribute if a.name == "axis"), 0)
+        axis = attribute_value(concat, "axis", 0)
         if axis not in (-1, block.ndim - 1) or not _a_bias_block(block, weight):
             continue
         name, columns = f"{product.name}.bias_after", block.shape[-1]

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .graph_edits import attribute_value
+
 
 @dataclass(frozen=True)
 class Pooling:
@@ -25,12 +27,6 @@ class Pooling:
     h: str | None = None  # the step's previous state; None for a scan (which starts from zeros)
     axis: int | None = None
     frames: int | None = None
-
-
-def attribute(node, name: str, default=None):
-    from onnx import helper
-
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 def _other(node, name: str) -> str | None:
@@ -94,7 +90,7 @@ def _halves(split, state: tuple | None, shapes: dict) -> bool:
     """Whether ``split`` cuts its input's last axis into two halves of ``state``'s shape."""
     gates = shapes.get(split.input[0])
     return (bool(gates) and bool(state) and None not in gates + state and len(gates) == len(state)
-            and attribute(split, "axis", 0) in (-1, len(gates) - 1) and gates[:-1] == state[:-1]
+            and attribute_value(split, "axis", 0) in (-1, len(gates) - 1) and gates[:-1] == state[:-1]
             and gates[-1] == 2 * state[-1] and shapes.get(split.output[0]) == shapes.get(split.output[1]) == state)
 
 
@@ -102,7 +98,8 @@ def _frame_of(name: str, producers: dict, constants_of, axis: int, frame: int) -
     """(the Gather, its source) if ``name`` is frame ``frame`` gathered along ``axis``; else None."""
     gather = _made(name, "Gather", producers)
     index = constants_of(gather.input[1]) if gather is not None else None
-    if index is None or index.size != 1 or int(index.reshape(())) != frame or attribute(gather, "axis", 0) != axis:
+    if (index is None or index.size != 1 or int(index.reshape(())) != frame
+            or attribute_value(gather, "axis", 0) != axis):
         return None
     return gather, gather.input[0]
 
@@ -112,7 +109,7 @@ def pooling_scan(concat, producers: dict, readers: dict, constants_of, shapes: d
     out = shapes.get(concat.output[0])
     if concat.op_type != "Concat" or len(concat.input) < 2 or not out or None in out:
         return None
-    axis = attribute(concat, "axis", 0) % len(out)
+    axis = attribute_value(concat, "axis", 0) % len(out)
     unsqueezes = [_made(name, "Unsqueeze", producers) for name in concat.input]
     if any(u is None or len(u.input) != 2 or constants_of(u.input[1]) is None
            or [int(a) % len(out) for a in constants_of(u.input[1]).ravel()] != [axis] for u in unsqueezes):

@@ -19,7 +19,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.export.fused_ops import QRNN_POOL, QRNN_SCAN, fuse_qrnn_pools, inline_fused_functions
 from sdqes_edge.export.graphs import export_step_graph, export_window_graph
 from sdqes_edge.export.tensorrt_ops import as_tensorrt_reads_it, unsupported_ops
-from sdqes_edge.runtime.fused_ops import FusedOps, load_fused_ops
+from sdqes_edge.runtime.fused_ops import DEFAULT_LIBRARY, FusedOps, load_fused_ops
 from sdqes_edge.runtime.kernels import count_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,7 +252,7 @@ def test_run_takes_the_library_and_says_so_the_scores_unchanged_and_a_plain_grap
     assert "plain ONNX, which holds none of the operators" in run_cli("fp32", *library).stderr
 
 
-CUDA_LIBRARY = ROOT / "build/ort_ops/libsdqes_ort_ops.so"  # scripts/build_ort_ops.sh's; the GPU kit carries it
+CUDA_LIBRARY = ROOT / DEFAULT_LIBRARY  # where scripts/build_ort_ops.sh writes it; the GPU kit carries it there
 
 
 def cuda_kernel_library() -> FusedOps:
