@@ -15,7 +15,6 @@
 #include <mutex>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 #include "qrnn_pool.h"
@@ -34,6 +33,7 @@ struct Element;
 template <>
 struct Element<float> {
   static constexpr ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  static constexpr int half = 0;  // the CUDA launchers' flag
   static float load(float v) { return v; }
   static float store(float v) { return v; }
 };
@@ -41,6 +41,7 @@ struct Element<float> {
 template <>
 struct Element<Ort::Float16_t> {
   static constexpr ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  static constexpr int half = 1;
   static float load(Ort::Float16_t v) { return v.ToFloat(); }
   static Ort::Float16_t store(float v) { return Ort::Float16_t(v); }
 };
@@ -106,8 +107,16 @@ void check_launch(int error, const char* op) {
 }
 #endif
 
+// What every kernel shares: an error inside its Compute goes back to ONNX Runtime as a status.
+template <typename Kernel>
+struct ReturnsStatus {
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
+    return as_status([&] { static_cast<Kernel*>(this)->Compute(raw); });
+  }
+};
+
 template <typename T, bool kCuda>
-struct QrnnPoolKernel {
+struct QrnnPoolKernel : ReturnsStatus<QrnnPoolKernel<T, kCuda>> {
   using Type = T;
   static constexpr bool kOnCuda = kCuda;
   static constexpr const char* kName = "QrnnPool";
@@ -115,10 +124,6 @@ struct QrnnPoolKernel {
   float alpha;
 
   explicit QrnnPoolKernel(const OrtKernelInfo* info) : alpha(Ort::ConstKernelInfo(info).GetAttribute<float>("alpha")) {}
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
-    return as_status([&] { Compute(raw); });
-  }
 
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext context(raw);
@@ -132,14 +137,8 @@ struct QrnnPoolKernel {
     T* next = out.GetTensorMutableData<T>();
     if constexpr (kOnCuda) {
 #ifdef SDQES_WITH_CUDA
-      void* stream = context.GetGPUComputeStream();
-      if constexpr (std::is_same_v<T, float>) {
-        check_launch(sdqes_qrnn_pool_cuda_float(stream, g, prev, next, extent.count, extent.width, alpha), kName);
-      } else {
-        check_launch(sdqes_qrnn_pool_cuda_half(stream, reinterpret_cast<const uint16_t*>(g),
-                                               reinterpret_cast<const uint16_t*>(prev), reinterpret_cast<uint16_t*>(next),
-                                               extent.count, extent.width, alpha), kName);
-      }
+      check_launch(sdqes_qrnn_pool_cuda(context.GetGPUComputeStream(), Element<T>::half, g, prev, next, extent.count,
+                                        extent.width, alpha), kName);
 #endif
     } else {
       parallel_blocks(context, extent.count, [&](int64_t begin, int64_t end) {
@@ -167,7 +166,7 @@ sdqes::ScanExtent checked_scan_extent(const std::vector<int64_t>& gates, int64_t
 }
 
 template <typename T, bool kCuda>
-struct QrnnScanKernel {
+struct QrnnScanKernel : ReturnsStatus<QrnnScanKernel<T, kCuda>> {
   using Type = T;
   static constexpr bool kOnCuda = kCuda;
   static constexpr const char* kName = "QrnnScan";
@@ -178,10 +177,6 @@ struct QrnnScanKernel {
   explicit QrnnScanKernel(const OrtKernelInfo* info)
       : alpha(Ort::ConstKernelInfo(info).GetAttribute<float>("alpha")),
         axis(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("axis")) {}
-
-  OrtStatusPtr ComputeV2(OrtKernelContext* raw) {
-    return as_status([&] { Compute(raw); });
-  }
 
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext context(raw);
@@ -194,13 +189,7 @@ struct QrnnScanKernel {
     T* h = out.GetTensorMutableData<T>();
     if constexpr (kOnCuda) {
 #ifdef SDQES_WITH_CUDA
-      void* stream = context.GetGPUComputeStream();
-      if constexpr (std::is_same_v<T, float>) {
-        check_launch(sdqes_qrnn_scan_cuda_float(stream, g, h, extent, alpha), kName);
-      } else {
-        check_launch(sdqes_qrnn_scan_cuda_half(stream, reinterpret_cast<const uint16_t*>(g),
-                                               reinterpret_cast<uint16_t*>(h), extent, alpha), kName);
-      }
+      check_launch(sdqes_qrnn_scan_cuda(context.GetGPUComputeStream(), Element<T>::half, g, h, extent, alpha), kName);
 #endif
     } else {
       parallel_blocks(context, extent.outer * extent.inner * extent.width, [&](int64_t begin, int64_t end) {

@@ -41,13 +41,10 @@ SDQES_HOST_DEVICE inline int64_t frame_offset(const ScanExtent& e, int64_t lane,
 }  // namespace sdqes
 
 // The CUDA launchers (qrnn_pool_cuda.cu), on the stream ONNX Runtime computes on; no allocation, so a step
-// with them can be captured in a CUDA graph.
+// with them can be captured in a CUDA graph. ``half``: the tensors are float16 (else float32).
 extern "C" {
-int sdqes_qrnn_pool_cuda_float(void* stream, const float* gates, const float* h, float* out, int64_t count,
-                               int64_t width, float alpha);
-int sdqes_qrnn_pool_cuda_half(void* stream, const uint16_t* gates, const uint16_t* h, uint16_t* out,
-                              int64_t count, int64_t width, float alpha);
-int sdqes_qrnn_scan_cuda_float(void* stream, const float* gates, float* out, sdqes::ScanExtent extent, float alpha);
-int sdqes_qrnn_scan_cuda_half(void* stream, const uint16_t* gates, uint16_t* out, sdqes::ScanExtent extent,
-                              float alpha);
+int sdqes_qrnn_pool_cuda(void* stream, int half, const void* gates, const void* h, void* out, int64_t count,
+                         int64_t width, float alpha);
+int sdqes_qrnn_scan_cuda(void* stream, int half, const void* gates, void* out, sdqes::ScanExtent extent,
+                         float alpha);
 }

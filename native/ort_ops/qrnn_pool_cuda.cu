@@ -66,23 +66,17 @@ int launch_scan(void* stream, const T* gates, T* out, sdqes::ScanExtent extent, 
 
 }  // namespace
 
-extern "C" int sdqes_qrnn_pool_cuda_float(void* stream, const float* gates, const float* h, float* out,
-                                          int64_t count, int64_t width, float alpha) {
-  return launch(stream, gates, h, out, count, width, alpha);
+extern "C" int sdqes_qrnn_pool_cuda(void* stream, int half, const void* gates, const void* h, void* out,
+                                    int64_t count, int64_t width, float alpha) {
+  if (half)
+    return launch(stream, static_cast<const __half*>(gates), static_cast<const __half*>(h), static_cast<__half*>(out),
+                  count, width, alpha);
+  return launch(stream, static_cast<const float*>(gates), static_cast<const float*>(h), static_cast<float*>(out), count,
+                width, alpha);
 }
 
-extern "C" int sdqes_qrnn_pool_cuda_half(void* stream, const uint16_t* gates, const uint16_t* h, uint16_t* out,
-                                         int64_t count, int64_t width, float alpha) {
-  return launch(stream, reinterpret_cast<const __half*>(gates), reinterpret_cast<const __half*>(h),
-                reinterpret_cast<__half*>(out), count, width, alpha);
-}
-
-extern "C" int sdqes_qrnn_scan_cuda_float(void* stream, const float* gates, float* out, sdqes::ScanExtent extent,
-                                          float alpha) {
-  return launch_scan(stream, gates, out, extent, alpha);
-}
-
-extern "C" int sdqes_qrnn_scan_cuda_half(void* stream, const uint16_t* gates, uint16_t* out,
-                                         sdqes::ScanExtent extent, float alpha) {
-  return launch_scan(stream, reinterpret_cast<const __half*>(gates), reinterpret_cast<__half*>(out), extent, alpha);
+extern "C" int sdqes_qrnn_scan_cuda(void* stream, int half, const void* gates, void* out, sdqes::ScanExtent extent,
+                                    float alpha) {
+  if (half) return launch_scan(stream, static_cast<const __half*>(gates), static_cast<__half*>(out), extent, alpha);
+  return launch_scan(stream, static_cast<const float*>(gates), static_cast<float*>(out), extent, alpha);
 }
