@@ -9,7 +9,7 @@
 #
 # Needs g++ (C++17), and nvcc for the CUDA kernels. ONNX Runtime's C API headers come from Debian's
 # libonnxruntime-dev package (pinned by sha256, fetched once into build/ort_ops/); the library links to no
-# ONNX Runtime (the runtime hands it its API when it registers it) and works with ONNX Runtime 1.21 and newer.
+# ONNX Runtime (the runtime hands it its API when it registers it) and works with ONNX Runtime 1.17 and newer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 headers_deb="libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"

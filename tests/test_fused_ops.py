@@ -5,12 +5,14 @@ runtime/fused_ops.py) runs it as one kernel: on the CPU here, on the CUDA provid
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+import tomllib
 from conftest import assert_same_stream, random_model
 from onnx import TensorProto, helper, numpy_helper
 
@@ -215,6 +217,40 @@ def test_a_missing_or_foreign_library_and_a_cpu_build_on_a_gpu_are_refused_in_on
     assert cpu_build.usable_on("cpu") is None
     assert "without CUDA kernels" in cpu_build.usable_on("cuda")
     assert all("\n" not in str(e.value) for e in (missing, junk))
+
+
+def oldest_onnxruntime() -> tuple[int, int]:
+    """The oldest ONNX Runtime the project accepts (pyproject.toml's runtime extra: "onnxruntime>=1.17")."""
+    runtime = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["runtime"]
+    version = next(r.split(">=")[1] for r in runtime if r.startswith("onnxruntime>="))
+    return tuple(int(part) for part in version.split(".")[:2])
+
+
+def test_the_library_asks_for_the_c_api_of_the_oldest_onnxruntime_the_project_supports(kernel_library):
+    """ONNX Runtime 1.N serves C API version N and every one before it. The library asks for the oldest supported
+    release's (1.17: Jetson's wheels lag), not its headers' (1.21), and an older ONNX Runtime gets a status that
+    says what to install. Driven here through a stand-in for an ONNX Runtime that serves only version 1."""
+    asked, said = [], []
+    create_status = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)(
+        lambda code, message: said.append(message.decode()) or 1)
+    version_one = (ctypes.c_void_p * 1)(ctypes.cast(create_status, ctypes.c_void_p))  # OrtApi begins: CreateStatus
+
+    def get_api(version):
+        asked.append(version)
+        return ctypes.addressof(version_one) if version == 1 else None
+
+    class OrtApiBase(ctypes.Structure):
+        _fields_ = [("GetApi", ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_uint32)),
+                    ("GetVersionString", ctypes.CFUNCTYPE(ctypes.c_char_p))]
+
+    api_base = OrtApiBase(OrtApiBase._fields_[0][1](get_api), OrtApiBase._fields_[1][1](lambda: b"1.16.3"))
+    register = ctypes.CDLL(str(kernel_library.path)).RegisterCustomOps
+    register.restype, register.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(OrtApiBase)]
+    assert register(None, ctypes.byref(api_base)) == 1  # the status made, handed back to ONNX Runtime
+    oldest = oldest_onnxruntime()
+    assert asked == [oldest[1], 1]
+    assert said == [f"libsdqes_ort_ops needs onnxruntime {oldest[0]}.{oldest[1]} or newer (its C API version "
+                    f"{oldest[1]}), which this onnxruntime is not; upgrade onnxruntime or run without the library"]
 
 
 def test_run_takes_the_library_and_says_so_the_scores_unchanged_and_a_plain_graph_is_warned_about(kernel_library,

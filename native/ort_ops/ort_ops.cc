@@ -19,12 +19,16 @@
 
 #include "qrnn_pool.h"
 
-#define SDQES_STRINGIFY_(x) #x
-#define SDQES_STRINGIFY(x) SDQES_STRINGIFY_(x)
-
 namespace {
 
 constexpr const char* kDomain = "sdqes_edge";
+// The C API version asked of ONNX Runtime, and the one each operator declares: 17, ONNX Runtime 1.17, the oldest
+// whose API has every function these kernels call (KernelContext_ParallelFor came in 1.17; the status-returning
+// CreateKernelV2/KernelComputeV2 in 1.16) and the oldest this project supports (pyproject.toml). The headers are
+// newer (1.21); asking for their version would refuse every ONNX Runtime from 1.17 to 1.20, Jetson's among them.
+// ONNX Runtime's API table only grows, so a newer one serves version 17 as it is.
+constexpr uint32_t kApiVersion = 17;
+static_assert(kApiVersion <= ORT_API_VERSION, "the headers must be at least as new as the API version asked for");
 constexpr const char* kCudaProvider = "CUDAExecutionProvider";
 
 template <typename T>
@@ -210,6 +214,8 @@ struct QrnnScanKernel : ReturnsStatus<QrnnScanKernel<T, kCuda>> {
 // One operator of the domain, for one kernel (its type and provider); errors return as statuses (WithStatus).
 template <typename Kernel>
 struct FusedOp : Ort::CustomOpBase<FusedOp<Kernel>, Kernel, /*WithStatus=*/true> {
+  // The headers' version otherwise: ONNX Runtime reads the operator's table only as far as it declares.
+  FusedOp() { this->version = kApiVersion; }
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     return as_status([&] { *kernel = new Kernel(info); });
   }
@@ -252,11 +258,11 @@ extern "C" int sdqes_ort_ops_with_cuda() {
 }
 
 extern "C" OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
-  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  const OrtApi* api = api_base->GetApi(kApiVersion);
   if (api == nullptr) {
     return api_base->GetApi(1)->CreateStatus(
-        ORT_FAIL, "libsdqes_ort_ops was built against onnxruntime 1." SDQES_STRINGIFY(ORT_API_VERSION)
-                  "'s C API, which this onnxruntime lacks; upgrade onnxruntime or run without the library");
+        ORT_FAIL, "libsdqes_ort_ops needs onnxruntime 1.17 or newer (its C API version 17), which this onnxruntime "
+                  "is not; upgrade onnxruntime or run without the library");
   }
   Ort::InitApi(api);
   try {
