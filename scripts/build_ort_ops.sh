@@ -4,6 +4,7 @@
 #   scripts/build_ort_ops.sh           CPU kernels, and the CUDA provider's where nvcc is found
 #   scripts/build_ort_ops.sh --cpu     CPU kernels only
 #   scripts/build_ort_ops.sh --out DIR    build into DIR instead
+#   scripts/build_ort_ops.sh --print-archs    say which nvcc and GPU architectures a build would use, and stop
 #   CUDA_ARCHS="80 87 90" scripts/build_ort_ops.sh    the GPU architectures to compile for (default below)
 # Then: sdqes-edge run BUNDLE --ort-device cuda --ort-ops build/ort_ops/libsdqes_ort_ops.so ...
 #
@@ -15,19 +16,51 @@ cd "$(dirname "$0")/.."
 headers_deb="libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
 headers_url="http://deb.debian.org/debian/pool/main/o/onnxruntime/$headers_deb"
 headers_sha256="14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08"
-# CUDA 13's nvcc compiles for Turing (sm_75) and newer; PTX for the newest listed lets later GPUs JIT it.
-archs=${CUDA_ARCHS:-"75 80 86 87 89 90"}
+# The GPUs compiled for unless CUDA_ARCHS says: V100 (sm_70), Jetson Xavier (72), Turing (75), A100 (80),
+# Ampere (86), Jetson Orin (87), Ada (89), Hopper (90), as far as the nvcc at hand compiles for them (CUDA 13
+# dropped 70 and 72; JetPack 5's CUDA 11.4 predates 89 and 90). PTX for the newest kept lets later GPUs JIT it.
+preferred_archs="70 72 75 80 86 87 89 90"
 with_cuda=1
+print_archs=0
 out=build/ort_ops
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) with_cuda=0 ;;
     --out) out=${2:?--out needs a folder}; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
-    *) echo "build_ort_ops: unknown argument $1 (--cpu, --out DIR)" >&2; exit 2 ;;
+    --print-archs) print_archs=1 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "build_ort_ops: unknown argument $1 (--cpu, --out DIR, --print-archs)" >&2; exit 2 ;;
   esac
   shift
 done
+
+# nvcc on PATH, else CUDA_HOME's, else /usr/local/cuda's (JetPack installs CUDA there and leaves it off PATH).
+nvcc=$(command -v nvcc || true)
+for candidate in ${CUDA_HOME:+"$CUDA_HOME/bin/nvcc"} /usr/local/cuda/bin/nvcc; do
+  if [ -z "$nvcc" ] && [ -x "$candidate" ]; then nvcc=$candidate; fi
+done
+if [ "$with_cuda" = 1 ] && [ -z "$nvcc" ]; then
+  with_cuda=0
+  [ "$print_archs" = 1 ] || echo "build_ort_ops: no nvcc (on PATH, in \$CUDA_HOME/bin or /usr/local/cuda/bin): CPU" \
+    "kernels only (the library will refuse CUDA sessions)" >&2
+fi
+archs=${CUDA_ARCHS:-}
+if [ "$with_cuda" = 1 ] && [ -z "$archs" ]; then
+  # The architectures this nvcc compiles for (CUDA 11 and newer list them); an nvcc that cannot say gets them all.
+  known=" $({ "$nvcc" --list-gpu-code 2>/dev/null || true; } | tr '\n' ' ') "
+  left_out=()
+  for a in $preferred_archs; do
+    if [ "$known" = "  " ] || [[ "$known" == *" sm_$a "* ]]; then archs+="${archs:+ }$a"; else left_out+=("sm_$a"); fi
+  done
+  [ -n "$archs" ] || { echo "build_ort_ops: $nvcc compiles for none of sm_${preferred_archs// /, sm_}; set" \
+    "CUDA_ARCHS to your GPU's (e.g. CUDA_ARCHS=\"90\")" >&2; exit 1; }
+  [ ${#left_out[@]} -eq 0 ] || echo "build_ort_ops: $nvcc cannot compile for ${left_out[*]}; the library will not" \
+    "run on those GPUs (another CUDA release's nvcc can; CUDA_ARCHS names what to build)" >&2
+fi
+if [ "$print_archs" = 1 ]; then
+  if [ "$with_cuda" = 1 ]; then echo "nvcc: $nvcc"; echo "archs: $archs"; else echo "nvcc: none (CPU kernels only)"; fi
+  exit 0
+fi
 
 mkdir -p "$out"
 include="$out/headers/usr/include/onnxruntime"
@@ -44,22 +77,20 @@ fi
 # libstdc++ linked in too, so the library loads beside any ONNX Runtime build (only its C API crosses over).
 flags=(-O3 -std=c++17 -fPIC -Wall -Wextra -static-libstdc++ -static-libgcc -I"$include" -Inative/ort_ops)
 objects=()
-if [ "$with_cuda" = 1 ] && command -v nvcc >/dev/null; then
+if [ "$with_cuda" = 1 ]; then
   gencode=()
   for a in $archs; do gencode+=(-gencode "arch=compute_$a,code=sm_$a"); done
   last=${archs##* }
   gencode+=(-gencode "arch=compute_$last,code=compute_$last")
   echo "build_ort_ops: compiling the CUDA kernels (sm_${archs// /, sm_})" >&2
-  nvcc -O3 -std=c++17 -Xcompiler -fPIC -Inative/ort_ops "${gencode[@]}" -c native/ort_ops/qrnn_pool_cuda.cu \
+  "$nvcc" -O3 -std=c++17 -Xcompiler -fPIC -Inative/ort_ops "${gencode[@]}" -c native/ort_ops/qrnn_pool_cuda.cu \
     -o "$out/qrnn_pool_cuda.o"
-  cuda_root=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
+  cuda_root=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$nvcc")")")}
   [ -f "$cuda_root/include/cuda_runtime.h" ] || cuda_root=/usr/local/cuda  # nvcc on PATH may be a wrapper script
   flags+=(-DSDQES_WITH_CUDA -I"$cuda_root/include")
   # The CUDA runtime linked in: the library loads before ONNX Runtime has loaded its own (which onnxruntime-gpu
   # may find in pip's nvidia packages, off the loader's path); both launch on the same driver context and stream.
   objects+=("$out/qrnn_pool_cuda.o" -L"$cuda_root/lib64" -lcudart_static -lrt -lpthread -ldl)
-elif [ "$with_cuda" = 1 ]; then
-  echo "build_ort_ops: no nvcc: CPU kernels only (the library will refuse CUDA sessions)" >&2
 fi
 g++ "${flags[@]}" -shared native/ort_ops/ort_ops.cc "${objects[@]}" -o "$out/libsdqes_ort_ops.so.tmp"
 mv "$out/libsdqes_ort_ops.so.tmp" "$out/libsdqes_ort_ops.so"
