@@ -11,7 +11,7 @@ node of a model-local ONNX function (``FunctionProto``) whose body is those oper
 
 - ONNX Runtime runs a function node by its body when no kernel claims the node (it inlines it before its
   optimizer, which still fuses the QuickGELU), so the graph runs everywhere as before, with the same numbers;
-- with this project's kernel library registered (native/ort_ops, built by scripts/build_ort_ops.sh;
+- with this project's kernel library registered (runtime/ort_ops, built by sdqes-edge build-ort-ops;
   ``runtime/fused_ops.py``), the node is one kernel, on the CPU and on the CUDA provider;
 - TensorRT's parser gets the body back in its place (``inline_fused_functions``), and fuses it its own way.
 

@@ -1,10 +1,10 @@
-"""This project's own ONNX Runtime kernels (native/ort_ops): loading the library and registering it in a session.
+"""This project's own ONNX Runtime kernels (runtime/ort_ops): loading the library and registering it in a session.
 
 The graphs for ONNX Runtime write each QRNN adapter's pooling step as the model-local ONNX function
 ``sdqes_edge.QrnnPool``, and a sliding window's pooling over its frames as ``sdqes_edge.QrnnScan``
 (export/fused_ops.py). ONNX Runtime runs a function by its body (six kernels for a step) unless a registered
 kernel claims it; ``libsdqes_ort_ops.so`` has one kernel for each on the CPU and, where built with CUDA, on the
-CUDA provider. The library is built from source on the machine that runs it (scripts/build_ort_ops.sh)
+CUDA provider. The library is built from source on the machine that runs it (sdqes-edge build-ort-ops)
 and used only where the user names it (``--ort-ops PATH``, ``OnnxRuntimeStep(fused_ops=PATH)``): a bundle never
 makes us load code, and nothing is picked up from the environment.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS
 from sdqes_edge.errors import UserError
 
-BUILD_COMMAND = "scripts/build_ort_ops.sh"
-DEFAULT_LIBRARY = Path("build/ort_ops/libsdqes_ort_ops.so")  # where BUILD_COMMAND writes it, in a checkout
+BUILD_COMMAND = "sdqes-edge build-ort-ops"
+DEFAULT_LIBRARY = Path("build/ort_ops/libsdqes_ort_ops.so")  # where BUILD_COMMAND writes it (current folder)
 
 
 @dataclass(frozen=True)

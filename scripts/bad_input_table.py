@@ -111,7 +111,7 @@ def export_cases(t: Path) -> list[tuple[str, list[str]]]:
 
 
 def other_cases(b: Path, t: Path) -> list[tuple]:
-    """Bad input to eval, score, synth, train, build-engine, bench and inspect."""
+    """Bad input to eval, score, synth, train, build-engine, build-ort-ops, bench and inspect."""
     return [
         ("eval: a CSV without the EgoSDQES columns",
          ["eval", "--annotations", str(t / "a.csv"), "--scores", str(t / "photos")]),
@@ -141,6 +141,7 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
         ("build-engine: an int8 engine from a bundle without an int8 graph",
          ["build-engine", str(b), "--precision", "int8"]),
         ("build-engine: a bundle where engines cannot be stored", ["build-engine", str(t / "blocked")]),
+        ("build-ort-ops: --out is a file", ["build-ort-ops", "--out", str(t / "garbage.mp4")]),
         ("bench: preset with an adapter", ["bench", "--preset", "tiny+qrnn"]),
         ("bench: --device-only without --device", ["bench", "--quick", "--device-only"]),
         ("bench --out cannot be written", ["bench", "--quick", "--out", "/proc/bench"]),

@@ -35,13 +35,13 @@ rm -f .gpu/w/sdqes_edge-*.whl
 echo "gpu_stage: building the project's wheel (the machine cannot build it)" >&2
 "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation -w .gpu/w . >/dev/null
 # The kernel library with its CUDA kernels (nvcc here; the machine has no compiler we know of), carried in .gpu/w.
-echo "gpu_stage: building the kernel library with its CUDA kernels (scripts/build_ort_ops.sh)" >&2
-if scripts/build_ort_ops.sh --out .gpu/ort_ops >/dev/null 2>&1 && cp .gpu/ort_ops/libsdqes_ort_ops.so .gpu/w/; then
+echo "gpu_stage: building the kernel library with its CUDA kernels (runtime/ort_ops/build.sh)" >&2
+if runtime/ort_ops/build.sh --out .gpu/ort_ops >/dev/null 2>&1 && cp .gpu/ort_ops/libsdqes_ort_ops.so .gpu/w/; then
   "$PYTHON" -c "import ctypes, sys; sys.exit(not ctypes.CDLL('.gpu/w/libsdqes_ort_ops.so').sdqes_ort_ops_with_cuda())" \
     || echo "gpu_stage: warning: the kernel library has no CUDA kernels (no nvcc?): its GPU rows will be skipped" >&2
 else
   rm -f .gpu/w/libsdqes_ort_ops.so
-  echo "gpu_stage: warning: the kernel library did not build (run scripts/build_ort_ops.sh to see why)" >&2
+  echo "gpu_stage: warning: the kernel library did not build (run runtime/ort_ops/build.sh to see why)" >&2
 fi
 if [ "$wheel_only" = 1 ]; then
   echo "gpu_stage: .gpu/w is ready; on a warm machine: run carry [\".gpu/w\"] \"scripts/gpu_check.sh site tests\"" >&2

@@ -1,12 +1,13 @@
 """Each QRNN adapter's pooling step is one node of the ONNX function ``sdqes_edge.QrnnPool`` in the graphs for
 ONNX Runtime (export/fused_ops.py). ONNX Runtime runs the function's body where no kernel claims the node: the
-same kernels and numbers as before. This project's kernel library (native/ort_ops, scripts/build_ort_ops.sh,
+same kernels and numbers as before. This project's kernel library (runtime/ort_ops, sdqes-edge build-ort-ops,
 runtime/fused_ops.py) runs it as one kernel: on the CPU here, on the CUDA provider in tests/test_device_step.py."""
 
 from __future__ import annotations
 
 import ctypes
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +36,10 @@ POOL_BODY_KERNELS = 6  # Split, QuickGelu (fused by ONNX Runtime), Sigmoid, Sub,
 def kernel_library(tmp_path_factory) -> FusedOps:
     """The library's CPU kernels, built here as a user builds them; skipped, with the reason, where they cannot be."""
     out = tmp_path_factory.mktemp("ort_ops")
-    built = subprocess.run([str(ROOT / "scripts/build_ort_ops.sh"), "--cpu", "--out", str(out)],
+    built = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "build-ort-ops", "--cpu", "--out", str(out)],
                            capture_output=True, text=True)
     if built.returncode != 0:
-        pytest.skip(f"the kernel library did not build here: {built.stderr.strip().splitlines()[-1:]}")
+        pytest.skip(f"the kernel library did not build here: {built.stderr.strip().splitlines()[-3:]}")
     return load_fused_ops(out / "libsdqes_ort_ops.so")
 
 
@@ -208,7 +209,7 @@ def test_a_pooling_step_whose_tensors_are_read_elsewhere_is_left_alone():
 
 
 def test_a_missing_or_foreign_library_and_a_cpu_build_on_a_gpu_are_refused_in_one_line(tmp_path):
-    with pytest.raises(UserError, match="build_ort_ops.sh") as missing:
+    with pytest.raises(UserError, match="sdqes-edge build-ort-ops") as missing:
         load_fused_ops(tmp_path / "libsdqes_ort_ops.so")
     (tmp_path / "junk.so").write_bytes(b"not a library")
     with pytest.raises(UserError, match="rebuild it on this machine") as junk:
@@ -288,7 +289,7 @@ def test_run_takes_the_library_and_says_so_the_scores_unchanged_and_a_plain_grap
     assert "plain ONNX, which holds none of the operators" in run_cli("fp32", *library).stderr
 
 
-CUDA_LIBRARY = ROOT / DEFAULT_LIBRARY  # where scripts/build_ort_ops.sh writes it; the GPU kit carries it there
+CUDA_LIBRARY = ROOT / DEFAULT_LIBRARY  # where build-ort-ops writes it; the GPU kit carries it there
 
 
 def cuda_kernel_library() -> FusedOps:
@@ -299,7 +300,7 @@ def cuda_kernel_library() -> FusedOps:
         pytest.skip("needs onnxruntime-gpu with the CUDA execution provider (an NVIDIA GPU); the CPU kernels are "
                     "tested here")
     if not CUDA_LIBRARY.is_file():
-        pytest.skip(f"no kernel library at {CUDA_LIBRARY}: build it with scripts/build_ort_ops.sh where nvcc is")
+        pytest.skip(f"no kernel library at {CUDA_LIBRARY}: build it with sdqes-edge build-ort-ops where nvcc is")
     library = load_fused_ops(CUDA_LIBRARY)
     if not library.with_cuda:
         pytest.skip(f"{CUDA_LIBRARY} was built without nvcc: no CUDA kernels to test")
@@ -338,7 +339,7 @@ def test_the_bench_times_the_steps_with_the_library_beside_the_same_graphs_witho
 
     with pytest.raises(UserError, match="add --device cuda"):
         check_config(dataclasses.replace(BenchConfig(**QUICK), ort_ops=str(kernel_library.path)))
-    with pytest.raises(UserError, match="build_ort_ops.sh"):
+    with pytest.raises(UserError, match="build-ort-ops"):
         check_config(dataclasses.replace(BenchConfig(**QUICK), device="cpu", ort_ops=str(tmp_path / "none.so")))
     cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, device="cpu", device_only=True, int8=False,
                               device_batches=(2,), device_scaling_frames=10, scaling_probe=5, e2e_frames=4,

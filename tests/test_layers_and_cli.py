@@ -53,7 +53,7 @@ def test_help_explains_the_subcommands(capsys):
         run(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("check", "info", "tokenize", "export", "inspect", "build-engine"):
+    for command in ("check", "info", "tokenize", "export", "inspect", "build-engine", "build-ort-ops"):
         assert command in out
 
 

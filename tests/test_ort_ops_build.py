@@ -1,18 +1,21 @@
-"""scripts/build_ort_ops.sh finds nvcc where CUDA installs put it and compiles the kernel library for the GPUs
-this project deploys to (V100, Jetson Xavier and Orin, Turing to Hopper) as far as that nvcc can; what it
-cannot build for is said, not skipped silently. Checked with stand-ins for the nvcc of CUDA 11.4 (JetPack 5)
-and CUDA 13, through ``--print-archs``, which stops before compiling anything."""
+"""``sdqes-edge build-ort-ops`` (runtime/ort_ops/build.sh) finds nvcc where CUDA installs put it and compiles the
+kernel library for the GPUs this project deploys to (V100, Jetson Xavier and Orin, Turing to Hopper) as far as
+that nvcc can; what it cannot build for is said, not skipped silently. Checked with stand-ins for the nvcc of
+CUDA 11.4 (JetPack 5) and CUDA 13, through ``--print-archs``, which stops before compiling anything. The sources
+travel in the package, so an installed sdqes-edge builds the library as a checkout does."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BUILD = ROOT / "scripts/build_ort_ops.sh"
+COMMAND = [sys.executable, "-m", "sdqes_edge.cli", "build-ort-ops"]
 SYSTEM_PATH = "/usr/bin:/bin"  # the tools the script uses, and no nvcc
 # What `nvcc --list-gpu-code` prints, by release.
 CUDA_11_4 = "sm_35 sm_37 sm_50 sm_52 sm_53 sm_60 sm_61 sm_62 sm_70 sm_72 sm_75 sm_80 sm_86 sm_87"
@@ -31,8 +34,7 @@ def fake_nvcc(folder: Path, codes: str | None) -> Path:
 
 def print_archs(path: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_ARCHS")}
-    return subprocess.run([str(BUILD), "--print-archs"], capture_output=True, text=True,
-                          env=clean | {"PATH": path} | env)
+    return subprocess.run([*COMMAND, "--print-archs"], capture_output=True, text=True, env=clean | {"PATH": path} | env)
 
 
 def plan(done: subprocess.CompletedProcess) -> dict[str, str]:
@@ -70,3 +72,30 @@ def test_without_any_nvcc_the_build_is_of_the_cpu_kernels_and_says_so(tmp_path):
     if Path("/usr/local/cuda/bin/nvcc").exists():
         pytest.skip("this machine has /usr/local/cuda/bin/nvcc, which the script finds whatever PATH says")
     assert plan(print_archs(SYSTEM_PATH)) == {"nvcc": "none (CPU kernels only)"}
+
+
+def test_the_package_carries_the_kernels_sources_and_builds_them_where_it_is_installed(tmp_path):
+    """The wheel a device installs holds the sources and the build script; built from there, with no checkout."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "wheel"), str(ROOT)], check=True, capture_output=True)
+    wheel = zipfile.ZipFile(next((tmp_path / "wheel").glob("sdqes_edge-*.whl")))
+    sources = sorted(n for n in wheel.namelist() if n.startswith("sdqes_edge/runtime/ort_ops/"))
+    assert [n.rsplit("/", 1)[1] for n in sources] == ["build.sh", "ort_ops.cc", "qrnn_pool.h", "qrnn_pool_cuda.cu"]
+    wheel.extractall(tmp_path / "site", members=sources)
+    built = subprocess.run(["bash", str(tmp_path / "site/sdqes_edge/runtime/ort_ops/build.sh"), "--cpu", "--out",
+                            str(tmp_path / "lib")], capture_output=True, text=True, cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    assert (tmp_path / "lib/libsdqes_ort_ops.so").is_file()
+
+
+def test_the_command_ends_with_the_run_that_uses_what_it_built(tmp_path):
+    done = subprocess.run([*COMMAND, "--cpu", "--out", str(tmp_path / "ops")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    library = tmp_path / "ops" / "libsdqes_ort_ops.so"
+    assert f"--ort-device cpu --ort-ops {library}" in done.stdout  # built without CUDA kernels: the CPU's run
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_anything_is_built(tmp_path):
+    (tmp_path / "file").write_text("")
+    done = subprocess.run([*COMMAND, "--out", str(tmp_path / "file")], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "is a file; give a folder" in done.stderr

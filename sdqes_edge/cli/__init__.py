@@ -10,6 +10,7 @@ torch; each handler imports what its job needs.
     evaluate    eval
     bench       bench
     export      export, inspect, build-engine
+    ort_ops     build-ort-ops (this project's ONNX Runtime kernels)
     stream      run (a video, camera or stream, with alerts)
     score       score (a corpus: a local worker pool or Ray)
     demo        demo
@@ -35,7 +36,7 @@ __all__ = ["PROG", "build_parser", "main", "run"]
 def build_parser() -> argparse.ArgumentParser:
     # Imported here, not at the top: this module is the entry point, and a Ctrl-C while Python imports the
     # subcommands (OpenCV, jsonschema: most of a second on a small board) must reach ``run``'s handler.
-    from sdqes_edge.cli import bench, demo, evaluate, export, model, score, stream, training
+    from sdqes_edge.cli import bench, demo, evaluate, export, model, ort_ops, score, stream, training
 
     parser = OneLineErrorParser(
         prog=PROG,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub)
     training.add_parsers(sub)
     export.add_parsers(sub)
+    ort_ops.add_parser(sub)
     stream.add_parser(sub)
     score.add_parser(sub)
     demo.add_parser(sub)

@@ -246,7 +246,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                          help="step graph to run (default %(default)s)")
     inspect.add_argument("--frames", type=at_least(1), default=8, help="sample frames to stream (default %(default)s)")
     inspect.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
-                         help="also run and count with this project's ONNX Runtime kernels (scripts/build_ort_ops.sh)")
+                         help="also run and count with this project's ONNX Runtime kernels (sdqes-edge build-ort-ops)")
     inspect.set_defaults(func=cmd_inspect)
 
     engine = add_subcommand(sub, "build-engine", "build a TensorRT engine for this NVIDIA device",

@@ -281,7 +281,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="ONNX Runtime execution provider (cuda/tensorrt need onnxruntime-gpu; the state then "
                           "stays on the GPU between frames)")
     run.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
-                     help="this project's ONNX Runtime kernels (build them with scripts/build_ort_ops.sh; nvcc "
+                     help="this project's ONNX Runtime kernels (build them with sdqes-edge build-ort-ops; nvcc "
                           "for cuda): each QRNN adapter's pooling step one kernel instead of six")
     run.add_argument("--events", type=path_text, help="append alerts to this JSONL file (flushed per alert)")
     run.add_argument("--scores", type=path_text,

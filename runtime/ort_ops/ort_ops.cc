@@ -6,7 +6,7 @@
 // this library; with it registered (SessionOptions.register_custom_ops_library), each is one kernel here, on
 // the CPU and, where built with CUDA, on the CUDA provider.
 //
-// Built by scripts/build_ort_ops.sh against ONNX Runtime's C API headers; needs no ONNX Runtime library to link.
+// Built by build.sh (sdqes-edge build-ort-ops) against ONNX Runtime's C API headers; needs no ONNX Runtime library to link.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 

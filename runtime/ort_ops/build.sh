@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
-# Build libsdqes_ort_ops.so, this project's ONNX Runtime kernels (native/ort_ops; runtime/fused_ops.py says
-# what they are for), into build/ort_ops/.
-#   scripts/build_ort_ops.sh           CPU kernels, and the CUDA provider's where nvcc is found
-#   scripts/build_ort_ops.sh --cpu     CPU kernels only
-#   scripts/build_ort_ops.sh --out DIR    build into DIR instead
-#   scripts/build_ort_ops.sh --print-archs    say which nvcc and GPU architectures a build would use, and stop
-#   CUDA_ARCHS="80 87 90" scripts/build_ort_ops.sh    the GPU architectures to compile for (default below)
-# Then: sdqes-edge run BUNDLE --ort-device cuda --ort-ops build/ort_ops/libsdqes_ort_ops.so ...
+# Build libsdqes_ort_ops.so, this project's ONNX Runtime kernels (this folder; runtime/fused_ops.py says what
+# they are for). Run through `sdqes-edge build-ort-ops`, which passes these options on:
+#   --cpu            CPU kernels only (else the CUDA provider's too, where nvcc is found)
+#   --out DIR        build into DIR (default build/ort_ops, in the current folder)
+#   --print-archs    say which nvcc and GPU architectures a build would use, and stop
+#   CUDA_ARCHS="80 87 90"    the GPU architectures to compile for (default below)
 #
 # Needs g++ (C++17), and nvcc for the CUDA kernels. ONNX Runtime's C API headers come from Debian's
-# libonnxruntime-dev package (pinned by sha256, fetched once into build/ort_ops/); the library links to no
+# libonnxruntime-dev package (pinned by sha256, fetched once into the output folder); the library links to no
 # ONNX Runtime (the runtime hands it its API when it registers it) and works with ONNX Runtime 1.17 and newer.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+sources=$(cd "$(dirname "$0")" && pwd)
 headers_deb="libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb"
 headers_url="http://deb.debian.org/debian/pool/main/o/onnxruntime/$headers_deb"
 headers_sha256="14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08"
@@ -28,8 +26,8 @@ while [ $# -gt 0 ]; do
     --cpu) with_cuda=0 ;;
     --out) out=${2:?--out needs a folder}; shift ;;
     --print-archs) print_archs=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "build_ort_ops: unknown argument $1 (--cpu, --out DIR, --print-archs)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "build-ort-ops: unknown argument $1 (--cpu, --out DIR, --print-archs)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -41,7 +39,7 @@ for candidate in ${CUDA_HOME:+"$CUDA_HOME/bin/nvcc"} /usr/local/cuda/bin/nvcc; d
 done
 if [ "$with_cuda" = 1 ] && [ -z "$nvcc" ]; then
   with_cuda=0
-  [ "$print_archs" = 1 ] || echo "build_ort_ops: no nvcc (on PATH, in \$CUDA_HOME/bin or /usr/local/cuda/bin): CPU" \
+  [ "$print_archs" = 1 ] || echo "build-ort-ops: no nvcc (on PATH, in \$CUDA_HOME/bin or /usr/local/cuda/bin): CPU" \
     "kernels only (the library will refuse CUDA sessions)" >&2
 fi
 archs=${CUDA_ARCHS:-}
@@ -52,9 +50,9 @@ if [ "$with_cuda" = 1 ] && [ -z "$archs" ]; then
   for a in $preferred_archs; do
     if [ "$known" = "  " ] || [[ "$known" == *" sm_$a "* ]]; then archs+="${archs:+ }$a"; else left_out+=("sm_$a"); fi
   done
-  [ -n "$archs" ] || { echo "build_ort_ops: $nvcc compiles for none of sm_${preferred_archs// /, sm_}; set" \
+  [ -n "$archs" ] || { echo "build-ort-ops: $nvcc compiles for none of sm_${preferred_archs// /, sm_}; set" \
     "CUDA_ARCHS to your GPU's (e.g. CUDA_ARCHS=\"90\")" >&2; exit 1; }
-  [ ${#left_out[@]} -eq 0 ] || echo "build_ort_ops: $nvcc cannot compile for ${left_out[*]}; the library will not" \
+  [ ${#left_out[@]} -eq 0 ] || echo "build-ort-ops: $nvcc cannot compile for ${left_out[*]}; the library will not" \
     "run on those GPUs (another CUDA release's nvcc can; CUDA_ARCHS names what to build)" >&2
 fi
 if [ "$print_archs" = 1 ]; then
@@ -62,28 +60,32 @@ if [ "$print_archs" = 1 ]; then
   exit 0
 fi
 
+for tool in g++ curl; do
+  command -v "$tool" >/dev/null || { echo "build-ort-ops: no $tool here; install it (Debian, Ubuntu, JetPack:" \
+    "sudo apt install $tool) and run again" >&2; exit 1; }
+done
 mkdir -p "$out"
 include="$out/headers/usr/include/onnxruntime"
 if [ ! -f "$include/onnxruntime_cxx_api.h" ]; then
-  echo "build_ort_ops: fetching ONNX Runtime's C API headers ($headers_deb)" >&2
+  echo "build-ort-ops: fetching ONNX Runtime's C API headers ($headers_deb)" >&2
   curl -sfL --retry 3 -o "$out/$headers_deb" "$headers_url" \
-    || { echo "build_ort_ops: cannot download $headers_url; place that file in $out/ and run again" >&2; exit 1; }
+    || { echo "build-ort-ops: cannot download $headers_url; place that file in $out/ and run again" >&2; exit 1; }
   echo "$headers_sha256  $out/$headers_deb" | sha256sum -c --quiet - \
-    || { echo "build_ort_ops: $out/$headers_deb is not the pinned file (sha256 differs); delete it and retry" >&2; exit 1; }
+    || { echo "build-ort-ops: $out/$headers_deb is not the pinned file (sha256 differs); delete it and retry" >&2; exit 1; }
   dpkg-deb -x "$out/$headers_deb" "$out/headers" 2>/dev/null \
     || (cd "$out" && ar x "$headers_deb" data.tar.xz && mkdir -p headers && tar -xJf data.tar.xz -C headers)
 fi
 
 # libstdc++ linked in too, so the library loads beside any ONNX Runtime build (only its C API crosses over).
-flags=(-O3 -std=c++17 -fPIC -Wall -Wextra -static-libstdc++ -static-libgcc -I"$include" -Inative/ort_ops)
+flags=(-O3 -std=c++17 -fPIC -Wall -Wextra -static-libstdc++ -static-libgcc -I"$include" -I"$sources")
 objects=()
 if [ "$with_cuda" = 1 ]; then
   gencode=()
   for a in $archs; do gencode+=(-gencode "arch=compute_$a,code=sm_$a"); done
   last=${archs##* }
   gencode+=(-gencode "arch=compute_$last,code=compute_$last")
-  echo "build_ort_ops: compiling the CUDA kernels (sm_${archs// /, sm_})" >&2
-  "$nvcc" -O3 -std=c++17 -Xcompiler -fPIC -Inative/ort_ops "${gencode[@]}" -c native/ort_ops/qrnn_pool_cuda.cu \
+  echo "build-ort-ops: compiling the CUDA kernels (sm_${archs// /, sm_})" >&2
+  "$nvcc" -O3 -std=c++17 -Xcompiler -fPIC -I"$sources" "${gencode[@]}" -c "$sources/qrnn_pool_cuda.cu" \
     -o "$out/qrnn_pool_cuda.o"
   cuda_root=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$nvcc")")")}
   [ -f "$cuda_root/include/cuda_runtime.h" ] || cuda_root=/usr/local/cuda  # nvcc on PATH may be a wrapper script
@@ -92,7 +94,6 @@ if [ "$with_cuda" = 1 ]; then
   # may find in pip's nvidia packages, off the loader's path); both launch on the same driver context and stream.
   objects+=("$out/qrnn_pool_cuda.o" -L"$cuda_root/lib64" -lcudart_static -lrt -lpthread -ldl)
 fi
-g++ "${flags[@]}" -shared native/ort_ops/ort_ops.cc "${objects[@]}" -o "$out/libsdqes_ort_ops.so.tmp"
+g++ "${flags[@]}" -shared "$sources/ort_ops.cc" "${objects[@]}" -o "$out/libsdqes_ort_ops.so.tmp"
 mv "$out/libsdqes_ort_ops.so.tmp" "$out/libsdqes_ort_ops.so"
-echo "build_ort_ops: built $out/libsdqes_ort_ops.so" >&2
-echo "next: sdqes-edge run BUNDLE --ort-device cuda --ort-ops $out/libsdqes_ort_ops.so (or --ort-device cpu)" >&2
+echo "build-ort-ops: built $out/libsdqes_ort_ops.so" >&2
