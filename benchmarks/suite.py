@@ -296,12 +296,12 @@ def check_config(cfg: BenchConfig) -> None:
         raise UserError("--device-only measures only the rows of --device; add --device cuda")
     if cfg.ort_ops and not cfg.device:
         raise UserError("--ort-ops times the device's steps with those kernels; add --device cuda")
-    if cfg.ort_ops:
-        usable = load_fused_ops(cfg.ort_ops).usable_on(cfg.device)  # a library that will not load, refused now
-        if usable is not None:
-            raise UserError(usable)
     if cfg.device:
         check_device(cfg.device)  # before minutes of CPU work
+    if cfg.ort_ops:  # a library that will not load or cannot run on the device, refused now
+        usable = load_fused_ops(cfg.ort_ops).usable_on(cfg.device)
+        if usable is not None:
+            raise UserError(usable)
 
 
 @contextlib.contextmanager

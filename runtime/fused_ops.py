@@ -12,6 +12,7 @@ makes us load code, and nothing is picked up from the environment.
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +32,48 @@ class FusedOps:
 
     def usable_on(self, device: str) -> str | None:
         """Why the library cannot serve a session on ``device`` ("cpu", "cuda", "tensorrt"), or None."""
-        if device != "cpu" and not self.with_cuda:
+        if device == "cpu":
+            return None
+        if not self.with_cuda:
             return (f"{self.path} was built without CUDA kernels: on {device} its CPU kernel would take each QRNN "
                     f"pooling step off the GPU (copies around it, no CUDA graph); rebuild it where nvcc is "
                     f"({BUILD_COMMAND}) or run without --ort-ops")
+        return cuda_problem(self.path)
+
+
+# CUDA's error codes that this check words itself (cuda_runtime_api.h's cudaError_t).
+CUDA_INSUFFICIENT_DRIVER = 35
+CUDA_NO_KERNEL_IMAGE = (98, 209)  # cudaErrorInvalidDeviceFunction, cudaErrorNoKernelImageForDevice
+
+
+def cuda_version_words(version: int) -> str:
+    """CUDA's version number in words: 12040 -> '12.4'."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_problem(path: Path) -> str | None:
+    """Why the library's CUDA kernels cannot run on this machine's GPU (the library asks CUDA itself), or None:
+    asked once per library, before a session registers it, so that the user reads why instead of a failed
+    launch in every step."""
+    library = ctypes.CDLL(str(path))
+    library.sdqes_ort_ops_cuda_error.restype = ctypes.c_char_p
+    runtime, driver, arch = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    error = library.sdqes_ort_ops_cuda_ready(ctypes.byref(runtime), ctypes.byref(driver), ctypes.byref(arch))
+    if error == 0:
         return None
+    if error == CUDA_INSUFFICIENT_DRIVER and driver.value == 0:
+        return (f"{path}'s CUDA kernels need an NVIDIA driver, which this machine lacks; run without --ort-ops, or "
+                "on an NVIDIA GPU")
+    if error == CUDA_INSUFFICIENT_DRIVER:
+        return (f"{path} was built with CUDA {cuda_version_words(runtime.value)}, newer than this machine's NVIDIA "
+                f"driver supports (CUDA {cuda_version_words(driver.value)}): rebuild it with the nvcc of a CUDA the "
+                f"driver supports ({BUILD_COMMAND}), or update the driver")
+    if error in CUDA_NO_KERNEL_IMAGE:
+        return (f"{path} has no kernels for this GPU (sm_{arch.value}): rebuild it with CUDA_ARCHS=\"{arch.value}\" "
+                f"{BUILD_COMMAND}, with an nvcc that compiles for sm_{arch.value}")
+    words = library.sdqes_ort_ops_cuda_error(error).decode(errors="replace")
+    return f"{path}'s CUDA kernels cannot run here: {words} (CUDA error {error}); run without --ort-ops"
 
 
 def load_fused_ops(path: str | Path) -> FusedOps:
