@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Run the device side (demo, inspect, run, tokenize, synth, score, eval) on the oldest releases pyproject.toml
-# accepts, as on a device with an older software stack (a Jetson's ONNX Runtime build, an OpenCV made for numpy
-# 1.x). CI runs on the newest releases only; this is how tests/test_older_stacks.py's facts were found. A few
-# minutes with the registry (4-5 on a 2-core machine, most of it exporting the bundles).
+# Run the device side (demo, inspect, run, build-ort-ops, tokenize, synth, score, eval) on the oldest releases
+# pyproject.toml accepts, as on a device with an older software stack (a Jetson's ONNX Runtime build, an OpenCV
+# made for numpy 1.x). CI runs on the newest releases only; this is how tests/test_older_stacks.py's facts were
+# found. A few minutes with the registry (4-5 on a 2-core machine, most of it exporting the bundles).
 #
 #   scripts/oldest_stack_check.sh [PYTHON] [DIR]     (defaults: python3.10, /tmp/sdqes-oldest)
 #
@@ -63,6 +63,16 @@ for kind in qrnn retnet st; do
   check "run $kind" "$old" run "$dir/$kind" --source "$dir/demo/stream.avi" --query "Tell me when the lamp turns on." \
     || true
 done
+# This project's ONNX Runtime kernels, built from the sources the installed package carries, run in the fp16 graph
+# (the one with ONNX Runtime's operators) by the oldest ONNX Runtime: the library asks for that release's C API.
+library="$dir/ort_ops/libsdqes_ort_ops.so"
+if check "build-ort-ops (CPU kernels)" "$old" build-ort-ops --cpu --out "$dir/ort_ops"; then
+  check "inspect qrnn fp16 --ort-ops" "$old" inspect "$dir/qrnn" --precision fp16 --ort-ops "$library" \
+    && { grep -q "QrnnPool" "$dir/last.txt" \
+         || { echo "FAIL  inspect --ort-ops: no QrnnPool kernel ran" >&2; failures=$((failures + 1)); }; }
+  check "run qrnn fp16 --ort-ops" "$old" run "$dir/qrnn" --precision fp16 --ort-ops "$library" \
+    --source "$dir/demo/stream.avi" --query "Tell me when the lamp turns on." || true
+fi
 # The rest of what a device runs: tokenizing, synthetic streams, scoring a corpus, and evaluating it.
 check "tokenize" "$old" tokenize "Remind me to wash my hands when I start cooking" || true
 check "synth" "$old" synth --out "$dir/synth" --train 0 --val 0 --test 2 --seconds 20 || true
