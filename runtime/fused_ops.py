@@ -21,6 +21,7 @@ from sdqes_edge.errors import UserError
 
 BUILD_COMMAND = "sdqes-edge build-ort-ops"
 DEFAULT_LIBRARY = Path("build/ort_ops/libsdqes_ort_ops.so")  # where BUILD_COMMAND writes it (current folder)
+SOURCES = Path(__file__).with_name("ort_ops")  # the kernels' sources and build.sh, in the package as in a checkout
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,18 @@ def random_model(kind: str, seed: int = 0, **fields):
 
 
 @pytest.fixture(scope="session")
+def cpu_kernel_build(tmp_path_factory):
+    """``sdqes-edge build-ort-ops --cpu`` run once, as a user runs it: (its CompletedProcess, the library's path)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("ort_ops")
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "build-ort-ops", "--cpu", "--out", str(out)],
+                          capture_output=True, text=True)
+    return done, out / "libsdqes_ort_ops.so"
+
+
+@pytest.fixture(scope="session")
 def egosdqes_csv() -> Path:
     if not EGOSDQES_CSV.is_file():
         pytest.skip(f"EgoSDQES annotations not found at {EGOSDQES_CSV} (set SDQES_SHARED to the shared folder)")

@@ -33,14 +33,12 @@ POOL_BODY_KERNELS = 6  # Split, QuickGelu (fused by ONNX Runtime), Sigmoid, Sub,
 
 
 @pytest.fixture(scope="module")
-def kernel_library(tmp_path_factory) -> FusedOps:
+def kernel_library(cpu_kernel_build) -> FusedOps:
     """The library's CPU kernels, built here as a user builds them; skipped, with the reason, where they cannot be."""
-    out = tmp_path_factory.mktemp("ort_ops")
-    built = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "build-ort-ops", "--cpu", "--out", str(out)],
-                           capture_output=True, text=True)
+    built, library = cpu_kernel_build
     if built.returncode != 0:
         pytest.skip(f"the kernel library did not build here: {built.stderr.strip().splitlines()[-3:]}")
-    return load_fused_ops(out / "libsdqes_ort_ops.so")
+    return load_fused_ops(library)
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +257,6 @@ def test_run_takes_the_library_and_says_so_the_scores_unchanged_and_a_plain_grap
     """``sdqes-edge run --ort-ops`` as a user runs it: the fp16 graph's pooling steps on the library's kernel, the
     scores those of the graph without it (fp16's tolerance), and the fp32 graph, which has none, named in a
     warning rather than run as if the library did something."""
-    import sys
 
     from runtime_fixtures import FPS, QUERY, write_video
 
@@ -371,7 +368,6 @@ def test_on_the_gpu_each_windows_scan_is_one_kernel_in_a_cuda_graph_and_follows_
 
 
 def test_inspect_counts_a_steps_kernels_with_the_library_too(kernel_library, tmp_path):
-    import sys
 
     from sdqes_edge.export import ExportOptions, export_bundle
 

@@ -88,10 +88,9 @@ def test_the_package_carries_the_kernels_sources_and_builds_them_where_it_is_ins
     assert (tmp_path / "lib/libsdqes_ort_ops.so").is_file()
 
 
-def test_the_command_ends_with_the_run_that_uses_what_it_built(tmp_path):
-    done = subprocess.run([*COMMAND, "--cpu", "--out", str(tmp_path / "ops")], capture_output=True, text=True)
+def test_the_command_ends_with_the_run_that_uses_what_it_built(cpu_kernel_build):
+    done, library = cpu_kernel_build  # build-ort-ops --cpu --out DIR
     assert done.returncode == 0, done.stderr
-    library = tmp_path / "ops" / "libsdqes_ort_ops.so"
     assert f"--ort-device cpu --ort-ops {library}" in done.stdout  # built without CUDA kernels: the CPU's run
 
 

@@ -13,19 +13,11 @@ from pathlib import Path
 
 from sdqes_edge.cli.common import PROG, add_subcommand, path_text
 from sdqes_edge.errors import UserError
-
-LIBRARY_NAME = "libsdqes_ort_ops.so"
-
-
-def build_script() -> Path:
-    """The build script beside the kernels' sources, in the installed runtime package (or the checkout)."""
-    from sdqes_edge.runtime import fused_ops
-
-    return Path(fused_ops.__file__).with_name("ort_ops") / "build.sh"
+from sdqes_edge.runtime.fused_ops import DEFAULT_LIBRARY, SOURCES, load_fused_ops
 
 
 def cmd_build_ort_ops(args: argparse.Namespace) -> int:
-    script = build_script()
+    script = SOURCES / "build.sh"
     if not script.is_file():
         raise UserError(f"this install of sdqes-edge lacks the kernels' sources ({script}); reinstall it, or build "
                         "from a checkout of the repository")
@@ -37,9 +29,7 @@ def cmd_build_ort_ops(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: the kernel library did not build; the lines above say why", file=sys.stderr)
         return 1
     if not args.print_archs:
-        from sdqes_edge.runtime.fused_ops import load_fused_ops
-
-        library = Path(args.out) / LIBRARY_NAME
+        library = Path(args.out) / DEFAULT_LIBRARY.name
         device = "cuda" if load_fused_ops(library).with_cuda else "cpu"  # as built: with CUDA kernels, or not
         print(f"next: {PROG} run BUNDLE --precision fp16 --ort-device {device} --ort-ops {library} --source VIDEO "
               f"--query TEXT   (or {PROG} inspect BUNDLE --precision fp16 --ort-ops {library})")
@@ -47,8 +37,6 @@ def cmd_build_ort_ops(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from sdqes_edge.runtime.fused_ops import DEFAULT_LIBRARY
-
     build = add_subcommand(
         sub, "build-ort-ops", "build this project's ONNX Runtime kernels for --ort-ops (C++, CUDA where nvcc is)",
         "Build libsdqes_ort_ops.so on this machine: the kernels that run each QRNN adapter's pooling step (and a "
