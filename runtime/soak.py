@@ -3,7 +3,8 @@
 What a camera that runs for months does, compressed: frames from a reader thread, preprocessing, the step
 with the state carried, scoring, alerts, a JSONL log and a score trace. Every ``sample_every`` frames the
 largest state magnitude is read; at the end of every block of frames, the process's resident memory. The
-first block is the warm-up (ONNX Runtime's arenas, OpenCV's buffers); after it the memory must stay flat.
+first block is the warm-up (ONNX Runtime's arenas, OpenCV's buffers); after it the memory must stay flat,
+and the state must stay finite and stop growing (the later half of the blocks against the earlier half).
 Torch-free.
 """
 
@@ -19,13 +20,15 @@ from typing import Callable
 
 import numpy as np
 
-from sdqes_edge.tolerances import SOAK_BLOCK_FRAMES, SOAK_RSS_GROWTH_BYTES
+from sdqes_edge.tolerances import SOAK_BLOCK_FRAMES, SOAK_RSS_GROWTH_BYTES, SOAK_STATE_GROWTH
 
 from .detector import RunStats, StreamingDetector
 from .sinks import JsonlSink, ScoreTraceRecorder
 from .sources import FrameSource
 
 SOAK_QUERIES = ("when I start cooking", "when the door opens", "when I pick up the phone")
+# State magnitudes below this are rounding noise: a tensor that stays under it is not said to grow.
+STATE_NOISE_FLOOR = 1e-6
 
 
 def rss_bytes() -> int:
@@ -54,9 +57,16 @@ class NoiseSource(FrameSource):
 @dataclass
 class SoakBlock:
     end_frame: int
-    max_state_abs: float  # largest |value| of any state tensor sampled in the block
-    largest_state: str
+    state_abs: dict[str, float]  # per state tensor, the largest |value| sampled in the block (inf where not finite)
     rss_bytes: int  # at the block's end
+
+    @property
+    def largest_state(self) -> str:
+        return max(self.state_abs, key=self.state_abs.__getitem__, default="-")
+
+    @property
+    def max_state_abs(self) -> float:
+        return max(self.state_abs.values(), default=0.0)
 
 
 @dataclass
@@ -78,8 +88,41 @@ class SoakReport:
         return self.rss_growth_bytes <= SOAK_RSS_GROWTH_BYTES
 
     @property
+    def max_state_abs(self) -> float:
+        return max((b.max_state_abs for b in self.blocks), default=0.0)
+
+    def _growth_by_state(self) -> dict[str, float]:
+        """Per state tensor, its largest magnitude in the later half of the blocks over that in the earlier half
+        (the warm-up block among them): near 1 for a state that stays in its range, 2 for one that grows
+        linearly. Each tensor on its own, so a large one cannot hide a small one's growth; a tensor that stays
+        below STATE_NOISE_FLOOR is not growing in any sense that matters."""
+        if len(self.blocks) < 2:
+            return {}
+        half = len(self.blocks) // 2
+        growth = {}
+        for name in self.blocks[0].state_abs:
+            earlier = max(b.state_abs.get(name, 0.0) for b in self.blocks[:half])
+            later = max(b.state_abs.get(name, 0.0) for b in self.blocks[half:])
+            growth[name] = 1.0 if later <= STATE_NOISE_FLOOR else later / max(earlier, STATE_NOISE_FLOOR)
+        return growth
+
+    @property
+    def state_growth(self) -> float:
+        """The fastest-growing state tensor's growth (``_growth_by_state``); 1.0 without state."""
+        return max(self._growth_by_state().values(), default=1.0)
+
+    @property
+    def growing_state(self) -> str:
+        growth = self._growth_by_state()
+        return max(growth, key=growth.__getitem__, default="-")
+
+    @property
+    def bounded(self) -> bool:
+        return self.state_growth <= SOAK_STATE_GROWTH
+
+    @property
     def ok(self) -> bool:
-        return self.finite and self.flat
+        return self.finite and self.bounded and self.flat
 
 
 def soak_bundle(bundle: str | Path, frames: int, block: int = SOAK_BLOCK_FRAMES, sample_every: int = 100,
@@ -94,20 +137,20 @@ def soak_bundle(bundle: str | Path, frames: int, block: int = SOAK_BLOCK_FRAMES,
             detector.add_query(text)
         detector.add_sink(JsonlSink(Path(work) / "events.jsonl"))
         detector.add_sink(ScoreTraceRecorder(Path(work) / "scores.npz", "soak", detector.fps))
-        peak, peak_name = 0.0, "-"
         stats = RunStats()
+        state_abs: dict[str, float] = {}
         for _ in detector.run(NoiseSource(detector.fps, frames, seed=seed), stats):
             if stats.frames % sample_every == 0 or stats.frames == frames:
                 for name, value in detector.backend.state_to_numpy(detector.state).items():
                     magnitude = float(np.abs(value).max()) if value.size else 0.0
                     if not np.isfinite(magnitude):
-                        report.finite = False
-                    if magnitude > peak or not np.isfinite(magnitude):
-                        peak, peak_name = magnitude, name
+                        report.finite, magnitude = False, float("inf")
+                    state_abs[name] = max(state_abs.get(name, 0.0), magnitude)
             if stats.frames % block == 0 or stats.frames == frames:
-                report.blocks.append(SoakBlock(stats.frames, peak, peak_name, rss_bytes()))
-                log(f"  {stats.frames:>8d} frames: max |state| {peak:.4g} ({peak_name}), "
-                    f"RSS {rss_bytes() / 2**20:.1f} MiB, {stats.fps:.0f} frames/s")
-                peak, peak_name = 0.0, "-"
+                done = SoakBlock(stats.frames, state_abs, rss_bytes())
+                report.blocks.append(done)
+                log(f"  {stats.frames:>8d} frames: max |state| {done.max_state_abs:.4g} ({done.largest_state}), "
+                    f"RSS {done.rss_bytes / 2**20:.1f} MiB, {stats.fps:.0f} frames/s")
+                state_abs = {}
     report.seconds = time.perf_counter() - started
     return report

@@ -68,21 +68,3 @@ def test_a_missing_chunk_is_named_rather_than_read_as_a_shorter_stream(tmp_path)
     chunks_of(tmp_path / "cam.npz")[1].unlink()
     with pytest.raises(Exception, match="part-000003.npz starts at frame 20.*a chunk of this trace is missing"):
         load_score_dir(tmp_path)
-
-
-@pytest.mark.parametrize("kind", ["st", "qrnn", "retnet"])
-def test_a_soak_through_the_whole_runtime_loop_keeps_the_state_finite_and_the_memory_flat(kind, tmp_path):
-    """CI's short version of `sdqes-edge check --soak 100000` (every kind, 10 blocks of 10,000 frames)."""
-    from conftest import random_model
-
-    from sdqes_edge.export import ExportOptions, export_bundle
-    from sdqes_edge.runtime.soak import soak_bundle
-
-    bundle = tmp_path / kind
-    export_bundle(random_model(kind, per_block=2), bundle, ExportOptions(show_progress=False), log=lambda m: None)
-    report = soak_bundle(bundle, frames=3_000, block=1_000, sample_every=50)
-    print(f"\n{kind}: max |state| per block {[round(b.max_state_abs, 4) for b in report.blocks]}, memory after "
-          f"warm-up {report.rss_growth_bytes / 2**20:+.2f} MiB, {report.frames / report.seconds:.0f} frames/s")
-    assert [b.end_frame for b in report.blocks] == [1_000, 2_000, 3_000]
-    assert report.finite and all(0 < b.max_state_abs < 1e3 for b in report.blocks)
-    assert report.flat, f"memory grew {report.rss_growth_bytes / 2**20:.1f} MiB after warm-up"

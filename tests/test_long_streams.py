@@ -1,4 +1,4 @@
-"""20,000 frames of streaming: every adapter's state stays finite and stops growing."""
+"""20,000 frames of streaming: every adapter's state stays finite and stops growing, and the memory stays flat."""
 
 from __future__ import annotations
 
@@ -6,22 +6,57 @@ import pytest
 import torch
 from conftest import random_model
 
-from sdqes_edge.model.checks import soak
 from sdqes_edge.model.retention import SimpleRetention
+from sdqes_edge.runtime.soak import SoakBlock, SoakReport
+from sdqes_edge.tolerances import SOAK_STATE_GROWTH
 
 LONG_STREAM = 20_000
 
 
 @pytest.mark.parametrize("kind", ["st", "qrnn", "retnet"])
-def test_twenty_thousand_steps_stay_finite_and_bounded(kind):
-    model = random_model(kind, per_block=2)
-    report = soak(model, LONG_STREAM, seed=5)
-    print(f"\n{kind}: largest state magnitude over {LONG_STREAM} frames {report.max_state_abs:.4g} "
-          f"({report.max_state_name}); first half {report.max_state_abs_first_half:.4g}, "
-          f"second half {report.max_state_abs_second_half:.4g}")
-    assert report.finite
-    # Stationary input: a bounded state reaches its range early; the second half must not exceed it much.
-    assert report.growth < 1.5
+def test_twenty_thousand_frames_through_the_runtime_keep_the_state_finite_and_bounded_and_the_memory_flat(
+        kind, tmp_path):
+    """CI's version of `sdqes-edge check --soak 100000`: the exported step graph, as a deployment runs it (reader
+    thread, preprocessing, scoring, alert log, score trace), 10 blocks of 2,000 frames."""
+    from sdqes_edge.export import ExportOptions, export_bundle
+    from sdqes_edge.runtime.soak import soak_bundle
+
+    bundle = tmp_path / kind
+    export_bundle(random_model(kind, per_block=2), bundle, ExportOptions(show_progress=False), log=lambda m: None)
+    report = soak_bundle(bundle, frames=LONG_STREAM, block=2_000, sample_every=50)
+    print(f"\n{kind}: max |state| per block {[round(b.max_state_abs, 4) for b in report.blocks]} "
+          f"(largest {report.blocks[-1].largest_state}), fastest-growing {report.growing_state} "
+          f"{report.state_growth:.3f}x, "
+          f"memory after warm-up {report.rss_growth_bytes / 2**20:+.2f} MiB, "
+          f"{report.frames / report.seconds:.0f} frames/s")
+    assert [b.end_frame for b in report.blocks] == list(range(2_000, LONG_STREAM + 1, 2_000))
+    assert report.finite and all(0 < b.max_state_abs < 1e3 for b in report.blocks)
+    assert report.bounded
+    assert report.flat, f"memory grew {report.rss_growth_bytes / 2**20:.1f} MiB after warm-up"
+    assert report.ok
+
+
+def blocks_of(magnitudes: dict[str, list[float]], blocks: int = 4) -> list[SoakBlock]:
+    """``blocks`` soak blocks of 100 frames with these per-tensor magnitudes, block by block."""
+    return [SoakBlock((i + 1) * 100, {name: series[i] for name, series in magnitudes.items()}, 0)
+            for i in range(blocks)]
+
+
+@pytest.mark.parametrize("magnitudes, growing", [
+    ({"h": [3.0, 3.2, 3.1, 3.2]}, None),  # in its range from the warm-up on
+    ({"h": [1.0, 2.0, 3.0, 4.0]}, "h"),  # sums its input without decay: twice as large in the later half
+    ({"h": [2.0, 2.0, 2.0, 2.0 * SOAK_STATE_GROWTH * 1.01]}, "h"),  # one late excursion past the bound is enough
+    ({"history": [9.0, 9.0, 9.0, 9.0], "h": [0.1, 0.2, 0.3, 0.4]}, "h"),  # a large tensor cannot hide a small one
+    ({"h": [0.0, 1e-9, 0.0, 5e-7]}, None),  # rounding noise around zero is not growth
+    ({}, None),  # no state at all (a bundle without adapters)
+])
+def test_a_soak_calls_each_state_tensor_bounded_when_its_later_half_stays_within_its_earlier_range(magnitudes,
+                                                                                                 growing):
+    report = SoakReport(400, finite=True, blocks=blocks_of(magnitudes))
+    assert report.bounded is (growing is None)
+    assert report.ok is (growing is None)
+    if growing:
+        assert report.growing_state == growing and report.state_growth > SOAK_STATE_GROWTH
 
 
 def test_retnet_step_in_fp16_stays_finite_far_past_where_absolute_xpos_overflows():
