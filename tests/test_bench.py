@@ -167,15 +167,18 @@ def test_bench_device_cuda_is_refused_up_front_where_this_onnxruntime_has_no_cud
     assert done.stderr.rstrip().endswith(", or leave out --device to measure on the CPU alone")
 
 
-def test_bench_without_matplotlib_says_so_up_front_and_still_writes_its_tables(tmp_path):
+def test_bench_without_matplotlib_says_so_up_front_and_still_writes_its_tables_for_the_adapters_asked(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None\nfrom sdqes_edge.cli import run\n"
             "sys.exit(run(sys.argv[1:]))")
     done = subprocess.run([sys.executable, "-c", code, "bench", "--quick", "--repetitions", "3", "--no-int8",
-                           "--out", str(tmp_path)], capture_output=True, text=True)
+                           "--adapters", "qrnn", "--out", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1].startswith("note: no plots: matplotlib is not installed"), done.stdout[:500]
     assert (tmp_path / "bench.json").is_file() and (tmp_path / "bench.md").is_file()
     assert not list(tmp_path.glob("*.png"))
+    table = json.loads((tmp_path / "bench.json").read_text())["table"]
+    assert list(table["rows"]) == ["qrnn", "window4"]  # the sliding window always, beside the kinds asked for
+    assert "window4 / streaming qrnn (ort_fp32)" in table["ratios"]
 
 
 def test_every_onnx_runtime_session_the_bench_makes_keeps_its_workers_from_spinning_between_runs(tmp_path,

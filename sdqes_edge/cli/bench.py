@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 
 from sdqes_edge.benchmarks.config import QUICK, BenchConfig
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, path_text
-from sdqes_edge.config import preset
+from sdqes_edge.cli.common import PROG, UniqueValues, add_subcommand, at_least, path_text, warn
+from sdqes_edge.config import ADAPTER_KINDS, preset
 from sdqes_edge.errors import UserError
 
 
@@ -22,13 +22,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     args.threads = checked_threads(args.threads)  # above the cores: brought down once, with one warning
     changes = {k: v for k, v in (("preset", args.preset), ("window", args.window), ("repetitions", args.repetitions),
                                  ("threads", args.threads), ("out", args.out), ("device", args.device),
-                                 ("ort_ops", args.ort_ops))
+                                 ("ort_ops", args.ort_ops), ("adapters", args.adapters and tuple(args.adapters)))
                if v is not None}
     cfg = dataclasses.replace(cfg, **changes)
     if args.no_int8:
         cfg = dataclasses.replace(cfg, int8=False)
     if args.device_only:
         cfg = dataclasses.replace(cfg, device_only=True)  # checked with the other settings by the suite
+        if args.adapters and args.device:
+            warn("--adapters picks the rows of the CPU table, which --device-only leaves out; ignored")
     if preset(cfg.preset).adapter.kind != "none":  # refuse before minutes of work
         raise UserError(f"--preset {cfg.preset} already has an adapter; give a base preset (tiny, clip-vit-b16)")
     check_config(cfg)  # the device too: nothing is printed as started that cannot run
@@ -55,6 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--quick", action="store_true", help="tiny preset, few repetitions (what CI runs)")
     bench.add_argument("--preset", help=f"base preset without adapter (default {BenchConfig.preset}; --quick: "
                                           f"{QUICK['preset']})")
+    bench.add_argument("--adapters", nargs="+", action=UniqueValues, choices=ADAPTER_KINDS, metavar="KIND",
+                       help=f"the table's rows: these adapter kinds (none: the backbone alone) beside the sliding "
+                            f"window, which is always measured (default: all of {', '.join(ADAPTER_KINDS)})")
     bench.add_argument("--window", type=int,
                        help=f"frames of the sliding-window baseline (default {BenchConfig.window})")
     bench.add_argument("--repetitions", type=int, help=f"timed repetitions per candidate (default "
