@@ -38,14 +38,16 @@ def _scene_frame(t: int, count: int, xx: np.ndarray, yy: np.ndarray, base_colour
     """Frame ``t`` of ``count`` without its sensor noise, float32 [H, W, 3] (BGR)."""
     height, width = xx.shape
     phase = 2 * np.pi * t / max(count, 8)
+    # Each wave, and each term of the disk's distance, varies along one axis: computed on a row [1, W] or a
+    # column [H, 1] and broadcast, the same values as over the whole grid in half the time.
+    x, y = xx[:1], yy[:, :1]
     frame = np.empty((height, width, 3), dtype=np.float32)
     for c in range(3):
-        frame[..., c] = (base_colour[c] + 40 * np.sin(xx / width * 3 + phase + c)
-                         + 30 * np.cos(yy / height * 2 - phase))
+        frame[..., c] = (base_colour[c] + 40 * np.sin(x / width * 3 + phase + c)) + 30 * np.cos(y / height * 2 - phase)
     # A disk crossing the scene.
     cx = (0.1 + 0.8 * ((t * 0.07) % 1.0)) * width
     cy = height * (0.5 + 0.25 * np.sin(phase))
-    disk = (xx - cx) ** 2 + (yy - cy) ** 2 < (0.12 * min(height, width)) ** 2
+    disk = (x - cx) ** 2 + (y - cy) ** 2 < (0.12 * min(height, width)) ** 2
     frame[disk] = (30, 160, 230)
     # The "event": a square appears in the second half of the clip.
     if t >= count // 2:
