@@ -38,6 +38,7 @@ from sdqes_edge.errors import WARNING_PREFIX, UserError
 from sdqes_edge.files import file_sha256, staged_directory
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.package_builds import load_onnxruntime
+from sdqes_edge.progress import progress_bar
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, session_options
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import (
@@ -73,17 +74,21 @@ class ExportResult:
     seconds: float = 0.0
 
 
-def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None = None) -> np.ndarray:
-    """[count, batch, 3, R, R]: ``batch`` staggered streams (``sample.staggered_streams``)."""
+def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None = None,
+            progress: str | None = None) -> np.ndarray:
+    """[count, batch, 3, R, R]: ``batch`` staggered streams (``sample.staggered_streams``) of the built-in sample
+    or of ``video``; ``progress``: a progress bar's title while they are made or read."""
     pre = Preprocessor.from_config(model_cfg)
     if video is None:
-        return sample_streams(pre.batch, count, batch, pre.image_size)
+        return sample_streams(pre.batch, count, batch, pre.image_size, progress=progress)
     from sdqes_edge.runtime.sources import frames_spread_over
 
     needed = stream_frame_count(count, batch)
     check_fits_in_memory(preprocessed_bytes(needed + count * batch, pre.image_size),
                          f"{batch} stream(s) of {count} frames of {video} at {pre.image_size} px")
-    prepared = [pre(image) for image in frames_spread_over(video, needed)]  # each frame made small as it is read
+    read = frames_spread_over(video, needed)
+    bar = progress_bar(needed, "frame", progress or "", enabled=progress is not None, iterable=read)
+    prepared = [pre(image) for image in (bar if bar is not None else read)]  # each frame made small as it is read
     if not prepared:
         raise UserError(f"--calibration-video {video} gave no frame; check it plays, or re-encode it")
     return staggered_streams(np.stack([prepared[i % len(prepared)] for i in range(needed)]), count, batch)
@@ -175,9 +180,11 @@ def _add_variants(model: SDQESModel | None, cfg: ModelConfig, precisions: list[s
         return []
     # Drift is measured on the deployment's own frames when the user gives them: a reduced precision is
     # judged on the stream it will see (a recurrent state can leave its calibrated range on other footage).
-    drift_frames = _frames(cfg, options.drift_frames, options.batch, options.calibration_video)
-    reference = run_stream(fp32, drift_frames, "fp32 stream", options.show_progress, fused)
     drift_source = "built-in sample" if options.calibration_video is None else options.calibration_video.name
+    log(f"measuring drift against fp32 over {options.drift_frames} frames of the {drift_source} ...")
+    drift_frames = _frames(cfg, options.drift_frames, options.batch, options.calibration_video,
+                           progress="drift frames" if options.show_progress else None)
+    reference = run_stream(fp32, drift_frames, "fp32 stream", options.show_progress, fused)
     reports = []
     for precision in precisions:
         path, quantization, report = _checked_variant(model, cfg, precision, staging, traced, options, sha, fused,
@@ -249,7 +256,8 @@ def _checked_variant(model: SDQESModel | None, cfg: ModelConfig, precision: str,
     --int8-float-blocks auto, each failed int8 graph is made again with one more leading block float."""
     tries = _float_block_tries(cfg, precision, options)
     # Read and preprocessed once, whatever the number of tries.
-    calibration = (_frames(cfg, options.calibration_frames, options.batch, options.calibration_video)
+    calibration = (_frames(cfg, options.calibration_frames, options.batch, options.calibration_video,
+                           progress="calibration frames" if options.show_progress else None)
                    if precision == INT8 else None)
     for float_blocks in tries:
         path, quantization = _make_variant(model, precision, staging, traced, options, sha, fused, log,

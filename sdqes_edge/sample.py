@@ -111,11 +111,17 @@ def sample_frames_in_parallel(count: int, height: int = SAMPLE_HEIGHT, width: in
     return frames
 
 
-def sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_WIDTH, seed: int = 0) -> np.ndarray:
-    """``count`` frames [count, H, W, 3] uint8 in BGR order, all in memory (checked to fit first)."""
+def sample_frames(count: int, height: int = SAMPLE_HEIGHT, width: int = SAMPLE_WIDTH, seed: int = 0,
+                  progress: str | None = None) -> np.ndarray:
+    """``count`` frames [count, H, W, 3] uint8 in BGR order, all in memory (checked to fit first). ``progress``:
+    a progress bar's title (about 6 ms a frame: an export's 2,000 drift frames take seconds)."""
+    from .progress import progress_bar
+
     check_fits_in_memory(image_bytes(count, height, width), f"{count} sample frames of {width}x{height}")
     frames = np.empty((count, height, width, 3), dtype=np.uint8)
-    for t, frame in enumerate(iter_sample_frames(count, height, width, seed)):
+    made = iter_sample_frames(count, height, width, seed)
+    bar = progress_bar(count, "frame", progress or "", enabled=progress is not None, iterable=made)
+    for t, frame in enumerate(bar if bar is not None else made):
         frames[t] = frame
     return frames
 
@@ -170,9 +176,11 @@ def stream_frame_count(count: int, batch: int) -> int:
     return count + STREAM_OFFSET_FRAMES * (batch - 1)
 
 
-def sample_streams(preprocess_batch, count: int, batch: int, image_size: int) -> np.ndarray:
+def sample_streams(preprocess_batch, count: int, batch: int, image_size: int,
+                   progress: str | None = None) -> np.ndarray:
     """The built-in sample as ``batch`` staggered streams of ``count`` frames, each frame through
     ``preprocess_batch`` (frames [N, H, W, 3] -> [N, 3, image_size, image_size] float32): [count, batch, ...]."""
     check_fits_in_memory(preprocessed_bytes(count * batch, image_size),
                          f"{batch} stream(s) of {count} frames at {image_size} px")
-    return staggered_streams(preprocess_batch(sample_frames(stream_frame_count(count, batch))), count, batch)
+    frames = sample_frames(stream_frame_count(count, batch), progress=progress)
+    return staggered_streams(preprocess_batch(frames), count, batch)

@@ -66,3 +66,28 @@ def test_the_fp16_graphs_operators_are_checked_and_named_where_no_fp16_graph_is_
     said.clear()
     check_options(ExportOptions(fp16_operators="onnx", precisions=("fp32", "fp16")), said.append)
     assert said == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "tiny", "--fuse-queries"], "--fuse-queries fixes the number of queries"),
+    (["--preset", "tiny", "--opset", "13"], "--opset must be one of"),
+    (["--preset", "tiny", "--verify-frames", "4"], "--verify-frames must be >= 16"),
+    (["--checkpoint", "/nonexistent.ckpt"], "nonexistent.ckpt"),
+    (["--preset", "tiny", "--query", ""], "a query is empty"),
+    (["--preset", "tiny", "--query", "   "], "a query is empty"),
+    (["--preset", "tiny", "--query", "wash " * 80], "over the model's limit of 77"),
+])
+def test_export_arguments_are_checked_up_front(args, message, tmp_path, capsys):
+    """In this process, as the command line runs them (a subprocess each spent 3 s importing torch): an exception
+    other than the one-line refusal fails the test as a traceback would."""
+    from sdqes_edge.cli import run
+
+    try:
+        code = run(["export", *args, "--out", str(tmp_path / "b")])
+    except SystemExit as exc:  # argparse's own refusals
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert "attention heads" not in out  # nothing about a model that was never read
+    assert not (tmp_path / "b").exists()
