@@ -36,6 +36,15 @@ def test_twenty_thousand_frames_through_the_runtime_keep_the_state_finite_and_bo
     assert report.ok
 
 
+def test_check_soak_reports_each_kinds_state_growth_and_memory_and_exits_0_when_both_hold(capsys):
+    from sdqes_edge.cli import run
+
+    assert run(["check", "--adapters", "st", "--frames", "4", "--soak", "400", "--soak-block", "100"]) == 0
+    verdict = [line for line in capsys.readouterr().out.splitlines() if line.startswith("st: state")]
+    assert len(verdict) == 1 and "finite" in verdict[0] and "(bounded)" in verdict[0] and "(flat)" in verdict[0]
+    assert verdict[0].endswith("  ok")
+
+
 def blocks_of(magnitudes: dict[str, list[float]], blocks: int = 4) -> list[SoakBlock]:
     """``blocks`` soak blocks of 100 frames with these per-tensor magnitudes, block by block."""
     return [SoakBlock((i + 1) * 100, {name: series[i] for name, series in magnitudes.items()}, 0)
