@@ -84,14 +84,20 @@ def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None =
     from sdqes_edge.runtime.sources import frames_spread_over
 
     needed = stream_frame_count(count, batch)
-    check_fits_in_memory(preprocessed_bytes(needed + count * batch, pre.image_size),
+    check_fits_in_memory(preprocessed_bytes(needed + (count * batch if batch > 1 else 0), pre.image_size),
                          f"{batch} stream(s) of {count} frames of {video} at {pre.image_size} px")
     read = frames_spread_over(video, needed)
     bar = progress_bar(needed, "frame", progress or "", enabled=progress is not None, iterable=read)
-    prepared = [pre(image) for image in (bar if bar is not None else read)]  # each frame made small as it is read
-    if not prepared:
+    prepared = np.empty((needed, 3, pre.image_size, pre.image_size), dtype=np.float32)
+    got = 0
+    for image in bar if bar is not None else read:  # each frame made small as it is read, into its place
+        prepared[got] = pre(image)
+        got += 1
+    if got == 0:
         raise UserError(f"--calibration-video {video} gave no frame; check it plays, or re-encode it")
-    return staggered_streams(np.stack([prepared[i % len(prepared)] for i in range(needed)]), count, batch)
+    for i in range(got, needed):  # a short video is cycled through
+        prepared[i] = prepared[i % got]
+    return staggered_streams(prepared, count, batch)
 
 
 def _backbone_counts(model: SDQESModel, batch: int, opset: int) -> tuple[GraphComplexity, dict]:

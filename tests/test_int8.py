@@ -332,3 +332,46 @@ def test_requantizing_remakes_only_the_int8_graph_of_a_bundle_and_keeps_the_orig
             requantize_int8(original, original, options, log=lambda m: None)
     assert {p.name: p.read_bytes() for p in original.iterdir() if p.is_file() and not p.is_symlink()} == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left behind
+
+
+@pytest.mark.parametrize("video_frames, count, batch", [(30, 20, 1), (8, 20, 2)])  # long enough; short: cycled
+def test_calibration_and_drift_frames_of_a_video_are_its_frames_preprocessed_in_order_cycled_and_staggered(
+        tmp_path, video_frames, count, batch):
+    """Read into one array as they come (a list of 2,000 ViT-B/16 frames and its stacked copy were 2.4 GB)."""
+    from runtime_fixtures import write_video
+
+    from sdqes_edge.config import preset
+    from sdqes_edge.export.exporter import _frames
+    from sdqes_edge.runtime.sources import frames_spread_over
+    from sdqes_edge.sample import STREAM_OFFSET_FRAMES
+
+    cfg = preset("tiny")
+    video = write_video(tmp_path / "kitchen.avi", sample_frames(video_frames, 96, 128, seed=4))
+    needed = count + STREAM_OFFSET_FRAMES * (batch - 1)
+    read = [Preprocessor.from_config(cfg)(image) for image in frames_spread_over(video, needed)]
+    expected = np.stack([read[i % len(read)] for i in range(needed)])
+    streams = _frames(cfg, count, batch, video)
+    assert streams.shape == (count, batch) + expected.shape[1:]
+    for b in range(batch):
+        np.testing.assert_array_equal(streams[:, b], expected[STREAM_OFFSET_FRAMES * b:][:count])
+
+
+def test_a_videos_frames_are_held_once_while_they_are_read(tmp_path):
+    import tracemalloc
+
+    from runtime_fixtures import write_video
+
+    from sdqes_edge.config import preset
+    from sdqes_edge.export.exporter import _frames
+    from sdqes_edge.sample import preprocessed_bytes
+
+    cfg = preset("clip-vit-b16")  # 224 px: the preprocessed frames outweigh everything else
+    video = write_video(tmp_path / "kitchen.avi", sample_frames(150, 96, 128, seed=4))
+    tracemalloc.start()
+    try:
+        _frames(cfg, 150, 1, video)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    held = preprocessed_bytes(150, cfg.vision.image_size)
+    assert peak < 1.5 * held, f"{peak / 2**20:.0f} MiB at the peak for {held / 2**20:.0f} MiB of frames"
