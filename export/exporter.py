@@ -7,6 +7,7 @@ export never touches an existing bundle.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import tempfile
@@ -38,16 +39,12 @@ from sdqes_edge.errors import WARNING_PREFIX, UserError
 from sdqes_edge.files import file_sha256, staged_directory
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.package_builds import load_onnxruntime
-from sdqes_edge.progress import progress_bar
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, session_options
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import (
     EXAMPLE_QUERIES,
-    check_fits_in_memory,
-    preprocessed_bytes,
+    preprocessed_streams,
     sample_streams,
-    staggered_streams,
-    stream_frame_count,
 )
 from sdqes_edge.tokenizer import default_tokenizer, vocab_path
 
@@ -80,24 +77,17 @@ def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None =
     or of ``video``; ``progress``: a progress bar's title while they are made or read."""
     pre = Preprocessor.from_config(model_cfg)
     if video is None:
-        return sample_streams(pre.batch, count, batch, pre.image_size, progress=progress)
+        return sample_streams(pre, count, batch, pre.image_size, progress=progress)
     from sdqes_edge.runtime.sources import frames_spread_over
 
-    needed = stream_frame_count(count, batch)
-    check_fits_in_memory(preprocessed_bytes(needed + (count * batch if batch > 1 else 0), pre.image_size),
-                         f"{batch} stream(s) of {count} frames of {video} at {pre.image_size} px")
-    read = frames_spread_over(video, needed)
-    bar = progress_bar(needed, "frame", progress or "", enabled=progress is not None, iterable=read)
-    prepared = np.empty((needed, 3, pre.image_size, pre.image_size), dtype=np.float32)
-    got = 0
-    for image in bar if bar is not None else read:  # each frame made small as it is read, into its place
-        prepared[got] = pre(image)
-        got += 1
-    if got == 0:
-        raise UserError(f"--calibration-video {video} gave no frame; check it plays, or re-encode it")
-    for i in range(got, needed):  # a short video is cycled through
-        prepared[i] = prepared[i % got]
-    return staggered_streams(prepared, count, batch)
+    def read(needed: int):
+        frames = frames_spread_over(video, needed)
+        first = next(frames, None)
+        if first is None:
+            raise UserError(f"--calibration-video {video} gave no frame; check it plays, or re-encode it")
+        return itertools.chain([first], frames)
+
+    return preprocessed_streams(read, pre, count, batch, pre.image_size, source=str(video), progress=progress)
 
 
 def _backbone_counts(model: SDQESModel, batch: int, opset: int) -> tuple[GraphComplexity, dict]:

@@ -287,7 +287,7 @@ def _drift_words(bundle: Bundle, precision: str, report: VariantReport, earlier:
 def engine_check_frames(bundle: Bundle, count: int) -> np.ndarray:
     """The built-in sample through the bundle's preprocessing: [count, batch, 3, R, R], staggered streams."""
     pre = Preprocessor.from_description(bundle.image_size, bundle.manifest["preprocess"])
-    return sample_streams(pre.batch, count, int(bundle.manifest["batch"]), pre.image_size)
+    return sample_streams(pre, count, int(bundle.manifest["batch"]), pre.image_size)
 
 
 def reference_device() -> str:

@@ -13,8 +13,8 @@ need the dataset.
 
 from __future__ import annotations
 
-import itertools
 import os
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -33,7 +33,6 @@ SAMPLE_HEIGHT = 240
 SAMPLE_WIDTH = 320
 SENSOR_NOISE = 6.0  # standard deviation of the per-pixel noise, in grey levels
 PARALLEL_CHUNK_FRAMES = 100  # frames per process task in sample_frames_in_parallel
-PREPROCESS_CHUNK_FRAMES = 64  # raw frames held at once while sample_streams preprocesses them
 
 
 def _scene_frame(t: int, count: int, xx: np.ndarray, yy: np.ndarray, base_colour: np.ndarray) -> np.ndarray:
@@ -175,24 +174,32 @@ def stream_frame_count(count: int, batch: int) -> int:
     return count + STREAM_OFFSET_FRAMES * (batch - 1)
 
 
-def sample_streams(preprocess_batch, count: int, batch: int, image_size: int,
-                   progress: str | None = None) -> np.ndarray:
-    """The built-in sample as ``batch`` staggered streams of ``count`` frames, each frame through
-    ``preprocess_batch`` (frames [N, H, W, 3] -> [N, 3, image_size, image_size] float32): [count, batch, ...].
-    Preprocessed as they are made, PREPROCESS_CHUNK_FRAMES at a time, so the raw frames are never all held
-    (2,000 of them are 460 MB beside the preprocessed ones); ``progress``: a progress bar's title."""
+def preprocessed_streams(read: Callable[[int], Iterable[np.ndarray]], preprocess, count: int, batch: int,
+                         image_size: int, source: str | None = None, progress: str | None = None) -> np.ndarray:
+    """``batch`` staggered streams of ``count`` frames, [count, batch, 3, R, R] (``staggered_streams``), from the
+    BGR frames ``read(n)`` yields (at most n; fewer are cycled through), each through ``preprocess`` ([H, W, 3] ->
+    [3, R, R] float32) into one array as it comes: neither every raw frame nor a list of preprocessed ones beside
+    its stacked copy is held (2,000 ViT-B/16 frames are 1.2 GB). ``read`` is called after the memory check;
+    ``source`` names where the frames come from in its message; ``progress``: a progress bar's title."""
     from .progress import progress_bar
 
     needed = stream_frame_count(count, batch)
     check_fits_in_memory(preprocessed_bytes(needed + (count * batch if batch > 1 else 0), image_size),
-                         f"{batch} stream(s) of {count} frames at {image_size} px")
+                         f"{batch} stream(s) of {count} frames{f' of {source}' if source else ''} at {image_size} px")
     prepared = np.empty((needed, 3, image_size, image_size), dtype=np.float32)
-    made = iter_sample_frames(needed)
-    bar = progress_bar(needed, "frame", progress or "", enabled=progress is not None, iterable=made)
-    frames = bar if bar is not None else made
-    for start in range(0, needed, PREPROCESS_CHUNK_FRAMES):
-        chunk = list(itertools.islice(frames, PREPROCESS_CHUNK_FRAMES))
-        prepared[start : start + len(chunk)] = preprocess_batch(np.stack(chunk))
-    if bar is not None:
-        bar.close()
+    frames = read(needed)
+    bar = progress_bar(needed, "frame", progress or "", enabled=progress is not None, iterable=frames)
+    got = 0
+    for image in bar if bar is not None else frames:
+        prepared[got] = preprocess(image)
+        got += 1
+    if got == 0:
+        raise ValueError("no frames to make streams of")  # callers name their source's problem first
+    for i in range(got, needed):  # a short source is cycled through
+        prepared[i] = prepared[i % got]
     return staggered_streams(prepared, count, batch)
+
+
+def sample_streams(preprocess, count: int, batch: int, image_size: int, progress: str | None = None) -> np.ndarray:
+    """The built-in sample as ``batch`` staggered streams of ``count`` frames (``preprocessed_streams``)."""
+    return preprocessed_streams(iter_sample_frames, preprocess, count, batch, image_size, progress=progress)

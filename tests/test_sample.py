@@ -30,15 +30,15 @@ def test_the_samples_streams_are_its_frames_preprocessed_and_staggered_without_h
     from sdqes_edge.sample import STREAM_OFFSET_FRAMES, image_bytes, sample_streams
 
     pre = Preprocessor.from_config(preset("tiny"))
-    for count, batch in [(70, 1), (66, 3)]:  # more than one chunk of PREPROCESS_CHUNK_FRAMES each
-        streams = sample_streams(pre.batch, count, batch, pre.image_size)
+    for count, batch in [(70, 1), (66, 3)]:
+        streams = sample_streams(pre, count, batch, pre.image_size)
         preprocessed = pre.batch(sample_frames(count + STREAM_OFFSET_FRAMES * (batch - 1)))
         assert streams.shape == (count, batch, 3, pre.image_size, pre.image_size)
         for b in range(batch):
             np.testing.assert_array_equal(streams[:, b], preprocessed[STREAM_OFFSET_FRAMES * b:][:count])
     tracemalloc.start()
     try:
-        sample_streams(pre.batch, 400, 1, pre.image_size)
+        sample_streams(pre, 400, 1, pre.image_size)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
