@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the device side (demo, inspect, run, build-ort-ops, tokenize, synth, score, eval) on the oldest releases
+# Run the device side (demo, inspect, run, build-ort-ops, doctor, tokenize, synth, score, eval) on the oldest releases
 # pyproject.toml accepts, as on a device with an older software stack (a Jetson's ONNX Runtime build, an OpenCV
 # made for numpy 1.x). CI runs on the newest releases only; this is how tests/test_older_stacks.py's facts were
 # found. A few minutes with the registry (4-5 on a 2-core machine, most of it exporting the bundles).
@@ -72,6 +72,7 @@ if check "build-ort-ops (CPU kernels)" "$old" build-ort-ops --cpu --out "$dir/or
          || { echo "FAIL  inspect --ort-ops: no QrnnPool kernel ran" >&2; failures=$((failures + 1)); }; }
   check "run qrnn fp16 --ort-ops" "$old" run "$dir/qrnn" --precision fp16 --ort-ops "$library" \
     --source "$dir/demo/stream.avi" --query "Tell me when the lamp turns on." || true
+  check "doctor (the library built here)" "$old" doctor --ort-ops "$library" || true
 fi
 # The rest of what a device runs: tokenizing, synthetic streams, scoring a corpus, and evaluating it.
 check "tokenize" "$old" tokenize "Remind me to wash my hands when I start cooking" || true

@@ -14,6 +14,7 @@ torch; each handler imports what its job needs.
     stream      run (a video, camera or stream, with alerts)
     score       score (a corpus: a local worker pool or Ray)
     demo        demo
+    doctor      doctor (what this machine can run)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ __all__ = ["PROG", "build_parser", "main", "run"]
 def build_parser() -> argparse.ArgumentParser:
     # Imported here, not at the top: this module is the entry point, and a Ctrl-C while Python imports the
     # subcommands (OpenCV, jsonschema: most of a second on a small board) must reach ``run``'s handler.
-    from sdqes_edge.cli import bench, demo, evaluate, export, model, ort_ops, score, stream, training
+    from sdqes_edge.cli import bench, demo, doctor, evaluate, export, model, ort_ops, score, stream, training
 
     parser = OneLineErrorParser(
         prog=PROG,
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_parser(sub)
     score.add_parser(sub)
     demo.add_parser(sub)
+    doctor.add_parser(sub)
     return parser
 
 
@@ -104,7 +106,8 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
-        _prepare_opencv()
+        if not getattr(args, "checks_its_own_packages", False):  # doctor reports a broken OpenCV, not refuses it
+            _prepare_opencv()
         check_output_paths(args)
         return args.func(args)
     except UserError as exc:
