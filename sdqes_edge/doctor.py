@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Optional
 
 from sdqes_edge import __version__, package_builds
+from sdqes_edge.contract import FP32, step_graph_name
 from sdqes_edge.errors import UserError, install_command, module_absent
 
-DEMO_STEP_GRAPH = Path(__file__).parent / "data" / "demo_bundle" / "step.fp32.onnx"  # a real bundle's graph
 NVIDIA_SMI_TIMEOUT_S = 10  # a driver in a bad state can hang nvidia-smi; the report goes on without its line
 JETSON_RELEASE = Path("/etc/nv_tegra_release")  # L4T's release line, on every Jetson
 NVCC_PLACES = ("/usr/local/cuda/bin/nvcc",)  # where build-ort-ops also looks when nvcc is not on PATH
@@ -50,7 +50,7 @@ class Report:
         return [f for f in self.findings if f.ok is False]
 
     def as_dict(self) -> dict:
-        return {"sdqes_edge": __version__, "python": platform.python_version(), "platform": _platform_words(),
+        return {"sdqes_edge_version": __version__, "python": platform.python_version(), "platform": _platform_words(),
                 "findings": [asdict(f) for f in self.findings], "can": dict(self.can)}
 
 
@@ -159,12 +159,13 @@ def cuda_session_finding(ort, gpu: Finding) -> Finding:
         return Finding(topic, None, "no CUDA execution provider",
                        package_builds.missing_provider_words(package_builds.CUDA_PROVIDER, ort,
                                                              on_cpu="run on the CPU"))
+    from sdqes_edge.demo import DEMO_BUNDLE  # a real bundle's graph, shipped in the package
     from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 
     with warnings.catch_warnings(record=True) as said:  # a capture refused: part of the finding, not a stray line
         warnings.simplefilter("always")
         try:
-            step = OnnxRuntimeStep(DEMO_STEP_GRAPH, device="cuda")
+            step = OnnxRuntimeStep(DEMO_BUNDLE / step_graph_name(FP32), device="cuda")
         except UserError as exc:
             return Finding(topic, False, "the CUDA provider is listed, but a session on it fails", str(exc))
     graphs = "with CUDA graphs" if step.cuda_graph else "without CUDA graphs"
