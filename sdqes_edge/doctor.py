@@ -190,7 +190,7 @@ def tensorrt_finding(ort, gpu: Finding) -> Finding:
         return Finding(topic, None, "not installed: no build-engine, no --backend trt" + provider,
                        f"{install_command('tensorrt')} (on a Jetson it comes with JetPack)")
     if pycuda is None:
-        return Finding(topic, None, f"{tensorrt}, without pycuda: build-engine yes, --backend trt no" + provider,
+        return Finding(topic, None, f"{tensorrt}, without pycuda: neither build-engine nor --backend trt" + provider,
                        install_command("pycuda"))
     return Finding(topic, True, f"{tensorrt}, pycuda {pycuda}: build-engine, --backend trt" + provider)
 
@@ -251,8 +251,8 @@ def diagnose(library: Path) -> Report:
     export = export_finding()
     report.findings = [numpy_finding(), opencv, ort_finding, gpu, cuda, trt, kernel_library_finding(library, gpu),
                        export]
-    runs = ort is not None and opencv.ok is not None
-    report.can = {"run bundles on the CPU": runs and ort_finding.ok is not False,
+    runs = ort is not None and opencv.ok is True  # the runtime reads sources with OpenCV; any ONNX Runtime steps
+    report.can = {"run bundles on the CPU": runs,
                   "run bundles on the GPU (--ort-device cuda)": runs and cuda.ok is True,
                   "build and run TensorRT engines (build-engine, --backend trt)": runs and trt.ok is True,
                   "export bundles (export, check, bench, train)": export.ok is True}

@@ -89,6 +89,7 @@ def test_two_onnx_runtime_builds_where_the_cpu_one_runs_are_broken(tmp_path):
     assert finding_line(result.stdout, "ONNX Runtime").startswith("  FIX")
     assert (f"pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu=={GPU_VERSION}"
             in result.stdout)
+    assert "yes run bundles on the CPU" in result.stdout  # the CPU build's files run there
 
 
 def test_an_opencv_another_uninstall_emptied_is_reported_not_refused(tmp_path):
@@ -98,6 +99,7 @@ def test_an_opencv_another_uninstall_emptied_is_reported_not_refused(tmp_path):
     assert finding_line(result.stdout, "OpenCV").startswith("  FIX") and "the cv2 folder is empty" in result.stdout
     assert "pip install --force-reinstall --no-deps opencv-python" in result.stdout
     assert finding_line(result.stdout, "ONNX Runtime").startswith("  ok")  # the rest is still reported
+    assert "no  run bundles on the CPU" in result.stdout  # the runtime reads its sources with OpenCV
 
 
 def test_the_kernel_library_is_checked_where_it_is_named(cpu_kernel_build, tmp_path, capsys):
