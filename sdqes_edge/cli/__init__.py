@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Streaming Detection of Queried Event Start on edge devices: load CLIP-style models with "
                     "streaming temporal adapters, check them, export them to verified deployment bundles, run "
                     "them on a video or camera with alerts, measure their cost and score their accuracy.",
-        epilog=f"Start with: {PROG} demo   |   {PROG} check   |   {PROG} export --preset tiny --adapter qrnn --out "
-               f"/tmp/b   |   {PROG} run /tmp/b --source VIDEO --query TEXT",
+        epilog=f"Start with: {PROG} doctor   |   {PROG} demo   |   {PROG} check   |   {PROG} export --preset tiny "
+               f"--adapter qrnn --out /tmp/b   |   {PROG} run /tmp/b --source VIDEO --query TEXT",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
