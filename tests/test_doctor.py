@@ -114,6 +114,10 @@ def test_the_kernel_library_is_checked_where_it_is_named(cpu_kernel_build, tmp_p
     code, out, err = doctor(capsys, "--ort-ops", str(garbage))
     assert code == 1 and finding_line(out, "kernel library").startswith("  FIX")
     assert "-> cannot load the kernel library" in out and "kernel library" in err
+    code, out, err = doctor(capsys, "--json", "--ort-ops", str(garbage))
+    library_finding = next(f for f in json.loads(out)["findings"] if f["topic"] == "kernel library")
+    assert code == 1 and library_finding["ok"] is False and "cannot load the kernel library" in library_finding["fix"]
+    assert err.endswith('kernel library; its "fix" in each finding with "ok": false says what to do\n')
 
     code, out, _ = doctor(capsys, "--ort-ops", str(tmp_path / "none.so"))
     assert finding_line(out, "kernel library").startswith("  --") and "-> sdqes-edge build-ort-ops" in out

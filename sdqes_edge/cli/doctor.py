@@ -19,8 +19,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print("\n".join(report_lines(report)))
     if report.broken:
+        where = "its \"fix\" in each finding with \"ok\": false" if args.json else "each FIX line above"
         print(f"{PROG}: error: {len(report.broken)} thing(s) here will fail or run elsewhere than asked: "
-              f"{', '.join(f.topic for f in report.broken)}; each FIX line above says what to do", file=sys.stderr)
+              f"{', '.join(f.topic for f in report.broken)}; {where} says what to do", file=sys.stderr)
         return 1
     if not args.json:
         print(f"\nnext: {PROG} demo   (the shipped model on a synthetic stream)" if report.can["run bundles on the CPU"]
