@@ -7,7 +7,7 @@
 #            carried kernel library where the tests look for it (build/ort_ops/)
 #   install  re-join the parts, check the wheel's sha256, install it into /tmp/ortgpu, and check that
 #            ONNX Runtime offers the CUDA execution provider
-#   tests    nvidia-smi, then the GPU tests (TESTS, default the device-step, provider, lean-step, multi-stream, fused-queries, fused-ops, doctor tests)
+#   tests    nvidia-smi and sdqes-edge doctor, then the GPU tests (TESTS, default the device-step, provider, lean-step, multi-stream, fused-queries, fused-ops, doctor tests)
 #   bench    sdqes-edge bench --device cuda (BENCH_ARGS, default --device-only --no-int8), in $OUT/bench, with
 #            --ort-ops where the kernel library was carried (and again without it if that run fails)
 # Logs go to $OUT (what a `run` call brings back). Example: scripts/gpu_check.sh stage site install tests
@@ -65,6 +65,9 @@ do_install() {
 
 do_tests() {
   nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || echo "gpu_check: nvidia-smi failed (see $OUT/nvidia-smi.txt)" >&2
+  # What the machine has, as a user's `sdqes-edge doctor` sees it (the CUDA session, the kernel library's readiness).
+  python3 -m sdqes_edge.cli doctor --ort-ops "$KERNELS" > "$OUT/doctor.txt" 2>&1 \
+    || echo "gpu_check: doctor found something broken (see $OUT/doctor.txt)" >&2
   # shellcheck disable=SC2086  # TESTS is a list of paths
   python3 -m pytest -q -rs $TESTS 2>&1 | tee "$OUT/pytest.txt"
   return "${PIPESTATUS[0]}"
