@@ -29,7 +29,6 @@ from sdqes_edge.errors import UserError, install_command, module_absent
 
 NVIDIA_SMI_TIMEOUT_S = 10  # a driver in a bad state can hang nvidia-smi; the report goes on without its line
 JETSON_RELEASE = Path("/etc/nv_tegra_release")  # L4T's release line, on every Jetson
-NVCC_PLACES = ("/usr/local/cuda/bin/nvcc",)  # where build-ort-ops also looks when nvcc is not on PATH
 
 
 @dataclass
@@ -96,7 +95,7 @@ def opencv_finding() -> Finding:
     builds = package_builds.installed_builds(package_builds.OPENCV)
     if len(builds) > 1:  # works, whichever was installed last; uninstalling either would empty the folder
         return Finding("OpenCV", True, f"{detail}; {' and '.join(builds)} share the cv2 folder",
-                       f"keep one: pip uninstall -y {' '.join(builds)} && pip install opencv-python-headless")
+                       f"keep one: {package_builds.keep_one_command(builds, package_builds.OPENCV)}")
     return Finding("OpenCV", True, detail)
 
 
@@ -115,8 +114,8 @@ def onnxruntime_finding():
     detail = f"{ort.__version__} ({names}): {', '.join(ort.get_available_providers())}"
     if len(builds) > 1:  # broken where the files in use are not the GPU build's (the CPU build won)
         gpu_build_runs = package_builds.CUDA_PROVIDER in ort.get_available_providers()
-        fix = (f"keep one: pip uninstall -y {' '.join(builds)} && pip install {package_builds.GPU_BUILD} (uninstalling "
-               "either alone empties the folder the other uses)" if gpu_build_runs else
+        fix = (f"keep one: {package_builds.keep_one_command(builds)} (uninstalling either alone empties the folder "
+               "the other uses)" if gpu_build_runs else
                package_builds.missing_provider_words(package_builds.CUDA_PROVIDER, ort))
         return Finding("ONNX Runtime", gpu_build_runs, f"{detail}; {names} are both installed", fix), ort
     return Finding("ONNX Runtime", True, detail), ort
@@ -175,6 +174,8 @@ def cuda_session_finding(ort, gpu: Finding) -> Finding:
 
 def tensorrt_finding(ort, gpu: Finding) -> Finding:
     """TensorRT for build-engine and --backend trt (tensorrt and pycuda), and ONNX Runtime's TensorRT provider."""
+    from sdqes_edge.runtime.tensorrt_backend import INSTALL_HINT
+
     topic = "TensorRT"
     tensorrt, pycuda = _version("tensorrt") or _module_version("tensorrt"), _version("pycuda")
     if gpu.ok is None:
@@ -187,8 +188,7 @@ def tensorrt_finding(ort, gpu: Finding) -> Finding:
         provider = ("; ONNX Runtime's TensorRT provider: " +
                     (f"will not load ({problem})" if problem else "loads (--ort-device tensorrt)"))
     if tensorrt is None:
-        return Finding(topic, None, "not installed: no build-engine, no --backend trt" + provider,
-                       f"{install_command('tensorrt')} (on a Jetson it comes with JetPack)")
+        return Finding(topic, None, "not installed: no build-engine, no --backend trt" + provider, INSTALL_HINT)
     if pycuda is None:
         return Finding(topic, None, f"{tensorrt}, without pycuda: neither build-engine nor --backend trt" + provider,
                        install_command("pycuda"))
@@ -211,11 +211,9 @@ def kernel_library_finding(library: Path, gpu: Finding) -> Finding:
     from sdqes_edge.runtime.fused_ops import BUILD_COMMAND, cuda_problem, load_fused_ops
 
     topic = "kernel library"
-    if not library.is_file():
-        nvcc = shutil.which("nvcc") or next((p for p in NVCC_PLACES if Path(p).is_file()), None)
-        tools = f"g++: {'yes' if shutil.which('g++') else 'no'}, nvcc: {nvcc or 'no'}"
-        return Finding(topic, None, f"none at {library} (optional: one kernel per QRNN pooling step; {tools})",
-                       BUILD_COMMAND)
+    if not library.is_file():  # which compilers a build would use is build.sh's to say (--print-archs)
+        return Finding(topic, None, f"none at {library} (optional: one kernel per QRNN pooling step)",
+                       f"{BUILD_COMMAND} (--print-archs: which nvcc and GPUs it would build for)")
     try:
         fused = load_fused_ops(library)
     except UserError as exc:

@@ -88,6 +88,12 @@ def _replace_with(builds: dict[str, str], install: str) -> str:
     return f"pip uninstall -y {' '.join(builds)} && pip install {install}"
 
 
+def keep_one_command(builds: dict[str, str], package: str = ONNXRUNTIME) -> str:
+    """The pip commands that leave one of the ``builds`` (several distributions of ``package``): the one to keep,
+    at its version."""
+    return _replace_with(builds, _pinned(builds, _kept_build(builds, package)))
+
+
 def load_onnxruntime() -> ModuleType:
     """``import onnxruntime``, refusing in one line a package whose files another build's uninstall removed."""
     import onnxruntime
@@ -127,7 +133,7 @@ def missing_provider_words(wanted: str, ort: ModuleType, on_cpu: str = "use --or
     if len(builds) > 1:  # distinct names: at least one is not the CPU build
         return (f"{_listed(builds)} are both installed and share one {ONNXRUNTIME} folder, and the files in use "
                 f"(ONNX Runtime {ort.__version__}) have no {wanted} (only {available}); keep one build: "
-                f"{_replace_with(builds, _pinned(builds, _kept_build(builds)))} "
+                f"{keep_one_command(builds)} "
                 f"({JETSON_NOTE}), and install sdqes-edge[gpu], not [runtime], which brings the CPU build")
     if CPU_BUILD in builds:
         return (f"this onnxruntime is the CPU build ({_listed(builds)}): it has no {wanted} (only {available}); on "
