@@ -120,7 +120,8 @@ def test_run_says_when_a_bundle_was_trained_on_synthetic_scenes_only(tmp_path):
     for frame in sample_frames(6, 72, 96):
         writer.write(frame)
     writer.release()
-    done = run_cli("run", str(DEMO_BUNDLE), "--source", str(video), "--query", "when I start cooking", "--quiet")
+    done = run_cli("run", str(DEMO_BUNDLE), "--source", str(video), "--query", "when I start cooking", "--quiet",
+                   "--ort-device", "cpu")
     assert done.returncode == 0, done.stderr
     notes = [line for line in done.stderr.splitlines() if "was trained on" in line]
     assert len(notes) == 1 and "synthetic scenes" in notes[0] and "alerts mean little" in notes[0]

@@ -4,12 +4,23 @@ where a later run finds them."""
 
 from __future__ import annotations
 
+import argparse
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import onnxruntime
 import pytest
 
 from sdqes_edge.errors import SetupWarning, UserError
+from sdqes_edge.package_builds import CUDA_PROVIDER
 from sdqes_edge.runtime.onnxruntime_backend import _check_providers
+from sdqes_edge.runtime.tensorrt_backend import nvidia_gpu_present
+
+GPU_RUNS_HERE = CUDA_PROVIDER in onnxruntime.get_available_providers() and nvidia_gpu_present()
+needs_a_gpu = pytest.mark.skipif(not GPU_RUNS_HERE, reason="needs onnxruntime-gpu with the CUDA execution provider "
+                                                           "and an NVIDIA GPU")
 
 
 @pytest.mark.parametrize("library_problem", [None, "libnvinfer.so.10: cannot open shared object file"])
@@ -102,3 +113,69 @@ def test_only_the_tensorrt_provider_meeting_onnx_runtimes_fused_operators_is_war
         "--fp16-operators"].choices
     assert "sdqes-edge build-engine" in warning and "build-engine" in commands
     assert "--backend trt" in warning and "trt" in commands["run"]._option_string_actions["--backend"].choices
+
+
+# --- A run left on the CPU by default, where the GPU would step it, says so -----------------------------------------
+
+def run_arguments(*argv: str) -> argparse.Namespace:
+    """``sdqes-edge run BUNDLE --source clip.mp4 ARGV...`` as the command line reads and checks it."""
+    from sdqes_edge.cli import build_parser
+    from sdqes_edge.cli.stream import _check_run_args
+
+    args = build_parser().parse_args(["run", "bundle", "--source", "clip.mp4", *argv])
+    _check_run_args(args)
+    return args
+
+
+@pytest.mark.parametrize("argv, says", [
+    ((), "--ort-device cuda steps on the GPU; add --precision fp16, which this bundle has"),
+    (("--precision", "fp16"), "--ort-device cuda steps on the GPU"),
+    (("--ort-device", "cpu"), "--precision int8"),  # the CPU was asked for: the CPU's own tip
+    (("--backend", "trt"), None),
+])
+def test_a_run_on_the_cpu_by_default_where_a_gpu_would_step_it_is_pointed_at_the_gpu(argv, says, monkeypatch):
+    """The decision and its words, on a machine made to look as if it had a GPU and onnxruntime-gpu (the real
+    command on a real one: the test below)."""
+    import sdqes_edge.runtime.tensorrt_backend as tensorrt_backend
+    from sdqes_edge.cli.stream import device_tip
+
+    monkeypatch.setattr(tensorrt_backend, "nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: [CUDA_PROVIDER, "CPUExecutionProvider"])
+    detector = SimpleNamespace(bundle=SimpleNamespace(precisions=["fp32", "fp16", "int8"]))
+    tip = device_tip(detector, run_arguments(*argv))
+    assert tip is None if says is None else says in tip
+    if argv == ("--precision", "fp16"):
+        assert "add --precision fp16" not in tip
+    without_fp16 = device_tip(SimpleNamespace(bundle=SimpleNamespace(precisions=["fp32"])), run_arguments())
+    assert "re-export with --precision fp16" in without_fp16 and "\n" not in without_fp16
+
+
+def test_without_a_gpu_a_run_says_nothing_of_one():
+    from sdqes_edge.cli.stream import device_tip
+
+    if GPU_RUNS_HERE:
+        pytest.skip("this machine has an NVIDIA GPU and onnxruntime-gpu (the test below runs here)")
+    detector = SimpleNamespace(bundle=SimpleNamespace(precisions=["fp32", "fp16"]))
+    assert device_tip(detector, run_arguments()) is None
+
+
+@needs_a_gpu
+def test_on_a_gpu_machine_run_says_it_steps_on_the_cpu_unless_asked_and_steps_on_the_gpu_when_asked(tmp_path):
+    from runtime_fixtures import write_video
+
+    from sdqes_edge.demo import DEMO_BUNDLE
+    from sdqes_edge.sample import sample_frames
+
+    video = write_video(tmp_path / "clip.avi", sample_frames(6, 72, 96), fps=2.0)
+
+    def run(*argv: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(DEMO_BUNDLE), "--source",
+                               str(video), "--query", "when the lamp turns on", "--quiet", *argv],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    by_default = run()
+    assert "CPUExecutionProvider" in by_default and "--ort-device cuda steps on the GPU" in by_default
+    asked = run("--ort-device", "cuda")
+    assert "CUDAExecutionProvider" in asked and "tip:" not in asked

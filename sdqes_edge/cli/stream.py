@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, path_text, unique_queries, warn
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
-from sdqes_edge.contract import INT8, PRECISIONS, REFERENCE_PRECISION
+from sdqes_edge.contract import FP16, INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import (
     ALERT_LOG_EXAMPLE,
@@ -52,6 +52,33 @@ def _int8_would_help(detector: StreamingDetector, args: argparse.Namespace) -> b
     return on_cpu and args.precision == REFERENCE_PRECISION and INT8 in detector.bundle.precisions
 
 
+def gpu_left_idle(args: argparse.Namespace) -> bool:
+    """Whether this run steps on the CPU only because ``--ort-device`` was left at its default, on a machine with an
+    NVIDIA GPU and ONNX Runtime's CUDA provider, where the step would run many times faster."""
+    if args.backend != BACKENDS[0] or args.ort_device_given:
+        return False
+    from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
+    from sdqes_edge.runtime.tensorrt_backend import nvidia_gpu_present
+
+    return nvidia_gpu_present() and CUDA_PROVIDER in load_onnxruntime().get_available_providers()
+
+
+def device_tip(detector: StreamingDetector, args: argparse.Namespace) -> str | None:
+    """One line pointing at a faster way to step this bundle on this machine, if there is one: the GPU a run left
+    idle (it was not asked for), else the int8 graph on a CPU."""
+    if gpu_left_idle(args):
+        fp16 = ("" if args.precision == FP16
+                else "; add --precision fp16, which this bundle has (2x fp32 on an H200)"
+                if FP16 in detector.bundle.precisions
+                else "; an fp16 graph runs 2x fp32 there: re-export with --precision fp16")
+        return (f"this machine has an NVIDIA GPU and ONNX Runtime's CUDA provider, but this run steps on the CPU "
+                f"(--ort-device cpu, the default): --ort-device cuda steps on the GPU{fp16}")
+    if _int8_would_help(detector, args):
+        return ("this bundle has an int8 step graph, checked against fp32 when it was exported; --precision int8 runs "
+                "1.4x (AVX2) to 2x (AVX-512 VNNI) as fast on a CPU")
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
     from sdqes_edge.runtime.sources import give_distinct_names, open_source
@@ -80,9 +107,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
           f"quer{'y' if count == 1 else 'ies'}, {policy.describe()} ({_backend_words(detector.backend, args)})"
           + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
-    if _int8_would_help(detector, args):
-        print(f"{PROG}: tip: this bundle has an int8 step graph, checked against fp32 when it was exported; "
-              "--precision int8 runs 1.4x (AVX2) to 2x (AVX-512 VNNI) as fast on a CPU", file=sys.stderr)
+    tip = device_tip(detector, args)
+    if tip:
+        print(f"{PROG}: tip: {tip}", file=sys.stderr)
     trained_on = training_data_words(detector.bundle.training_record)
     if trained_on:
         print(f"{PROG}: note: this model was trained on {trained_on} only; on other footage its alerts mean "
@@ -98,6 +125,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _check_run_args(args: argparse.Namespace) -> None:
     """Every mistake in the arguments refused before a bundle is loaded or a source opened."""
+    args.ort_device_given = args.ort_device is not None  # left out: the CPU, with a tip where a GPU would work
+    args.ort_device = args.ort_device or "cpu"
     if len(args.message or []) > len(args.query or []):
         raise UserError(f"{len(args.message)} --message but {len(args.query or [])} --query; each message follows "
                         "its query")
@@ -277,9 +306,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--precision", choices=PRECISIONS, default=REFERENCE_PRECISION,
                      help="step graph (or engine) to run; the bundle must have it (default %(default)s)")
     run.add_argument("--threads", type=at_least(1), help="ONNX Runtime intra-op threads (default: all cores)")
-    run.add_argument("--ort-device", choices=list(DEVICE_PROVIDERS), default="cpu",
-                     help="ONNX Runtime execution provider (cuda/tensorrt need onnxruntime-gpu; the state then "
-                          "stays on the GPU between frames)")
+    run.add_argument("--ort-device", choices=list(DEVICE_PROVIDERS),
+                     help="ONNX Runtime execution provider (default cpu; cuda/tensorrt need onnxruntime-gpu, and "
+                          "the state then stays on the GPU between frames; a run left on the CPU where they would "
+                          "work says so)")
     run.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
                      help="this project's ONNX Runtime kernels (build them with sdqes-edge build-ort-ops; nvcc "
                           "for cuda): each QRNN adapter's pooling step one kernel instead of six")
