@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.corpus import StreamOutcome, StreamTask, score_here, score_in_pool
 from sdqes_edge.errors import install_command, module_absent
 
@@ -23,12 +24,15 @@ def _run(mode: Callable[[Callable[[StreamOutcome], None]], None]) -> tuple[list[
     return outcomes, time.perf_counter() - started
 
 
-def bench_corpus(tasks: list[StreamTask], bundle: Path, cores: int, log: Callable[[str], None] = print) -> dict:
-    """Each mode scores every task; videos per minute, speed-up over one process, and whether traces agree."""
+def bench_corpus(tasks: list[StreamTask], bundle: Path, cores: int, log: Callable[[str], None] = print,
+                 precision: str = REFERENCE_PRECISION) -> dict:
+    """Each mode scores every task (the bundle's ``precision`` step graph); videos per minute, speed-up over one
+    process, and whether traces agree."""
     modes: dict[str, Callable] = {
-        f"1 process, {cores} ORT threads": lambda report: score_here(tasks, bundle, cores, report),
+        f"1 process, {cores} ORT threads": lambda report: score_here(tasks, bundle, cores, report, precision),
         f"local pool, {cores} workers x 1 thread": lambda report: score_in_pool(tasks, bundle, cores, 1, report,
-                                                                                 quiet_opencv=True),
+                                                                                 quiet_opencv=True,
+                                                                                 precision=precision),
     }
     rows: dict[str, dict] = {}
     ray_mode, ray_start = f"Ray local instance, {cores} actors x 1 thread", []  # seconds to start the instance
@@ -39,7 +43,7 @@ def bench_corpus(tasks: list[StreamTask], bundle: Path, cores: int, log: Callabl
         started = time.perf_counter()
         connect(None, {"num_cpus": cores})
         ray_start.append(time.perf_counter() - started)
-        score_on_ray(tasks, bundle, 1, report, actors=cores, quiet_opencv=True)
+        score_on_ray(tasks, bundle, 1, report, actors=cores, quiet_opencv=True, precision=precision)
 
     if not module_absent("ray"):
         modes[ray_mode] = on_ray
@@ -59,7 +63,7 @@ def bench_corpus(tasks: list[StreamTask], bundle: Path, cores: int, log: Callabl
     for name, row in rows.items():
         row["speedup"] = base / row["seconds"]
         row["same_traces_as_1_process"] = _same(results[next(iter(results))], results[name])
-    return {"streams": len(tasks), "cores": cores, "rows": rows,
+    return {"streams": len(tasks), "cores": cores, "precision": precision, "rows": rows,
             "ray_start_seconds": ray_start[0] if ray_start else None}
 
 
@@ -75,7 +79,8 @@ def _same(reference: list[StreamOutcome], other: list[StreamOutcome]) -> bool:
 
 
 def markdown(results: dict) -> str:
-    lines = [f"# Scoring a corpus: {results['streams']} streams on {results['cores']} cores", "",
+    lines = [f"# Scoring a corpus: {results['streams']} streams on {results['cores']} cores, the "
+             f"{results.get('precision', REFERENCE_PRECISION)} step graph", "",
              "| mode | seconds | videos / min | over 1 process | failed | same traces |", "|---|---|---|---|---|---|"]
     for name, row in results["rows"].items():
         lines.append(f"| {name} | {row['seconds']:.1f} | {row['videos_per_minute']:.1f} | **{row['speedup']:.2f}x** | "

@@ -26,6 +26,7 @@ from typing import Callable, Iterable
 
 from sdqes_edge.annotations import Annotation, by_video
 from sdqes_edge.compat import shutdown_cancelling
+from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError, first_line
 from sdqes_edge.files import path_problem, scratch, write_text_atomically
 from sdqes_edge.tokenizer import QueryTruncatedWarning
@@ -117,18 +118,21 @@ def trace_path(out: Path, stream: str) -> Path:
 SCORED_BY_NAME = "scored_by.json"  # in the output folder: the model its traces come from
 
 
-def claim_output(out: Path, model_identity: str, fps: float) -> None:
-    """Tie ``out`` to one model: recorded by the first run, and a re-run with another model (or frame rate)
-    refused, since it would skip the streams already scored and report two models' traces as one."""
+def claim_output(out: Path, model_identity: str, fps: float, precision: str = REFERENCE_PRECISION) -> None:
+    """Tie ``out`` to one model at one precision: recorded by the first run, and a re-run with another model, frame
+    rate or step graph refused, since it would skip the streams already scored and report two formats' traces as
+    one. A record from before precisions were recorded was written by an fp32 run (the only one there was)."""
     record = out / SCORED_BY_NAME
-    mine = {"model_identity": model_identity, "fps": fps}
+    mine = {"model_identity": model_identity, "fps": fps, "precision": precision}
     if record.is_file():
         try:
             theirs = json.loads(record.read_text())
         except (OSError, ValueError):
             theirs = None
+        if isinstance(theirs, dict):
+            theirs.setdefault("precision", REFERENCE_PRECISION)
         if not isinstance(theirs, dict) or {k: theirs.get(k) for k in mine} != mine:
-            raise UserError(f"{out} holds traces scored by another model or frame rate ({record} says "
+            raise UserError(f"{out} holds traces scored by another model, frame rate or precision ({record} says "
                             f"{theirs}); give a new --out, or remove {out} to score it again with this bundle")
         return
     out.mkdir(parents=True, exist_ok=True)
@@ -149,12 +153,15 @@ def finished(out: Path, task: StreamTask) -> bool:
 class StreamScorer:
     """One loaded bundle that scores whole streams, one after another; each worker keeps one."""
 
-    def __init__(self, bundle: str | Path, threads: int | None = None):
+    def __init__(self, bundle: str | Path, threads: int | None = None, precision: str = REFERENCE_PRECISION):
         from sdqes_edge.runtime.bundle import load_bundle
         from sdqes_edge.runtime.detector import make_backend, text_encoder_for
+        from sdqes_edge.runtime.onnxruntime_backend import SlowPrecisionWarning
 
         self.bundle = load_bundle(bundle)
-        self.backend = make_backend(self.bundle, threads=threads)
+        with warnings.catch_warnings():  # fp16 on the CPU: said once by the driver (score), not by every worker
+            warnings.simplefilter("ignore", SlowPrecisionWarning)
+            self.backend = make_backend(self.bundle, precision=precision, threads=threads)
         self.text_encoder = text_encoder_for(self.bundle, threads=threads)
 
     def score(self, task: StreamTask) -> StreamOutcome:
@@ -205,7 +212,7 @@ Report = Callable[[StreamOutcome], None]
 _worker_scorer: StreamScorer | None = None  # one per worker process, loaded by the pool's initializer
 
 
-def _load_worker(bundle: str, threads: int, quiet_opencv: bool) -> None:
+def _load_worker(bundle: str, threads: int, precision: str, quiet_opencv: bool) -> None:
     global _worker_scorer
     # Ctrl-C reaches the whole process group: the driver alone decides what stops (it ends the pool), so a
     # worker never prints a KeyboardInterrupt traceback of its own.
@@ -214,7 +221,7 @@ def _load_worker(bundle: str, threads: int, quiet_opencv: bool) -> None:
         from sdqes_edge.runtime.sources import quiet_opencv_logs
 
         quiet_opencv_logs()
-    _worker_scorer = StreamScorer(bundle, threads)
+    _worker_scorer = StreamScorer(bundle, threads, precision)
 
 
 def _score_in_worker(task: StreamTask) -> StreamOutcome:
@@ -222,21 +229,22 @@ def _score_in_worker(task: StreamTask) -> StreamOutcome:
     return _worker_scorer.score(task)
 
 
-def score_here(tasks: Iterable[StreamTask], bundle: Path, threads: int | None, report: Report) -> None:
+def score_here(tasks: Iterable[StreamTask], bundle: Path, threads: int | None, report: Report,
+               precision: str = REFERENCE_PRECISION) -> None:
     """Every stream in this process, one after another (the baseline a pool is measured against)."""
-    scorer = StreamScorer(bundle, threads)
+    scorer = StreamScorer(bundle, threads, precision)
     for task in tasks:
         report(scorer.score(task))
 
 
 def score_in_pool(tasks: list[StreamTask], bundle: Path, workers: int, threads: int, report: Report,
-                  quiet_opencv: bool = False) -> None:
-    """Streams spread over ``workers`` processes, each with one loaded bundle and ``threads`` ORT threads;
-    outcomes reported as they finish. A worker that dies fails the streams it had, not the run.
-    ``quiet_opencv``: silence OpenCV's own logs in the workers (``runtime.sources.quiet_opencv_logs``)."""
+                  quiet_opencv: bool = False, precision: str = REFERENCE_PRECISION) -> None:
+    """Streams spread over ``workers`` processes, each with one loaded bundle (its ``precision`` step graph) and
+    ``threads`` ORT threads; outcomes reported as they finish. A worker that dies fails the streams it had, not the
+    run. ``quiet_opencv``: silence OpenCV's own logs in the workers (``runtime.sources.quiet_opencv_logs``)."""
     context = multiprocessing.get_context("forkserver")  # workers start clean: no threads or sessions inherited
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_load_worker,
-                               initargs=(str(bundle), threads, quiet_opencv))
+                               initargs=(str(bundle), threads, precision, quiet_opencv))
     try:
         futures = {pool.submit(_score_in_worker, task): task for task in tasks}  # starts the workers
         for future in as_completed(futures):

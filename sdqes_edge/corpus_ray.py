@@ -18,6 +18,7 @@ import shutil
 import weakref
 from pathlib import Path
 
+from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.corpus import Report, StreamOutcome, StreamScorer, StreamTask
 from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.files import scratch_directory
@@ -47,19 +48,20 @@ class RayScorer:
     """A Ray actor's state: one bundle, materialized once in the actor's own folder on its first stream (so
     an actor Ray restarts fetches it again), and its scorer."""
 
-    def __init__(self, bundle: str, threads: int, quiet_opencv: bool = False):
+    def __init__(self, bundle: str, threads: int, quiet_opencv: bool = False, precision: str = REFERENCE_PRECISION):
         if quiet_opencv:
             from sdqes_edge.runtime.sources import quiet_opencv_logs
 
             quiet_opencv_logs()
-        self.bundle, self.threads = bundle, threads
+        self.bundle, self.threads, self.precision = bundle, threads, precision
         self.scorer: StreamScorer | None = None
 
     def score(self, task: StreamTask, files: list | None) -> StreamOutcome:
         """``files``: None (read the bundle where the driver does), or [an object ref of ``bundle_files``]:
         wrapped in a list, Ray passes the ref itself, fetched only by an actor that has no bundle yet."""
         if self.scorer is None:
-            self.scorer = StreamScorer(self._materialize(files[0]) if files else self.bundle, self.threads)
+            self.scorer = StreamScorer(self._materialize(files[0]) if files else self.bundle, self.threads,
+                                       self.precision)
         return self.scorer.score(task)
 
     def _materialize(self, ref) -> str:
@@ -91,15 +93,16 @@ def connect(address: str | None, init_args: dict | None = None):
 
 def score_on_ray(tasks: list[StreamTask], bundle: Path, threads: int, report: Report, address: str | None = None,
                  actors: int | None = None, shared_bundle: bool = False, init_args: dict | None = None,
-                 quiet_opencv: bool = False) -> int:
+                 quiet_opencv: bool = False, precision: str = REFERENCE_PRECISION) -> int:
     """Stream every task through ``actors`` Ray actors (default: the cluster's CPUs / ``threads``), each
-    asked for ``threads`` CPUs; outcomes reported as they finish. Returns the number of actors used."""
+    asked for ``threads`` CPUs and stepping the bundle's ``precision`` graph; outcomes reported as they finish.
+    Returns the number of actors used."""
     ray = connect(address, init_args)
     files = None if shared_bundle else [ray.put(bundle_files(bundle))]  # sent once, fetched by each actor
     count = actors or max(1, int(ray.cluster_resources().get("CPU", 1) // threads))
     count = min(count, len(tasks)) or 1
     remote = ray.remote(num_cpus=threads, max_restarts=ACTOR_RESTARTS, max_task_retries=TASK_RETRIES)(RayScorer)
-    pool = [remote.remote(str(bundle.resolve()), threads, quiet_opencv) for _ in range(count)]
+    pool = [remote.remote(str(bundle.resolve()), threads, quiet_opencv, precision) for _ in range(count)]
     pending = list(reversed(tasks))
     running = {}
     for actor in pool:

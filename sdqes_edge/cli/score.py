@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, given_flags, path_text, warn
+from sdqes_edge.contract import FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.progress import progress_bar
 
@@ -24,6 +25,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     _check_score_args(args)
     bundle = load_bundle(args.bundle)  # a bad bundle is refused before any worker starts
+    _check_precision(bundle, args.precision)
     annotations = require_annotations(args.annotations, split=args.split or None, source=args.source)
     out = Path(args.out)
     tasks = _checked_query_lengths(plan_streams(annotations, Path(args.videos)), bundle, args)
@@ -31,18 +33,21 @@ def cmd_score(args: argparse.Namespace) -> int:
     if (copies := copies_words(tasks)) is not None:
         warn(copies)
     if args.bench:
-        return _bench(tasks, Path(args.bundle), out)
-    claim_output(out, bundle.model_identity, bundle.fps)  # before a trace of another model counts as finished
+        return _bench(tasks, Path(args.bundle), out, args.precision)
+    # Before a trace of another model or format counts as finished.
+    claim_output(out, bundle.model_identity, bundle.fps, args.precision)
     todo = [t for t in tasks if not finished(out, t)]
     # With --ray: the actors (0: as many as the cluster's CPUs allow) and ORT threads per actor.
     workers, threads = (args.ray_actors or 0, args.threads or 1) if args.ray else _pool_size(args, len(todo))
     where = (f"Ray ({args.ray if args.ray != LOCAL_RAY else 'a local instance'}), {threads} thread(s) per actor"
              if args.ray else f"{workers} worker process(es) x {threads} ONNX Runtime thread(s)")
+    where += f", the {args.precision} step graph"
     print(f"{len(tasks)} streams ({len(annotations)} queries) in {args.annotations}; {len(tasks) - len(todo)} already "
           f"scored in {out}, {len(todo)} to score with {where}", file=sys.stderr)
     failures = _score(todo, Path(args.bundle), out, workers, threads, args)
     _write_failures(out, failures)
-    code = _report(out, tasks, annotations, bundle.default_threshold if args.threshold is None else args.threshold)
+    code = _report(out, tasks, annotations, bundle.default_threshold if args.threshold is None else args.threshold,
+                   args.precision)
     if code == 0:
         print(f"next: {_eval_command(args, out)} --calibrate (a threshold chosen on these streams)")
     if failures:
@@ -72,6 +77,15 @@ def _check_score_args(args: argparse.Namespace) -> None:
     elif given := given_flags(args, "shared_bundle", "ray_actors"):
         warn(f"{' and '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --ray; "
              f"ignoring {'it' if len(given) == 1 else 'them'}")
+
+
+def _check_precision(bundle, precision: str) -> None:
+    """The bundle has the step graph asked for (else one line naming those it has); what fp16 is on a CPU is said
+    once here, not by every worker."""
+    bundle.step_graph(precision)
+    if precision == FP16:
+        warn("the fp16 graph is a GPU format: ONNX Runtime's CPU provider, which scores here, runs most of it in "
+             "float32 between Casts it adds, slower than fp32 and not bit for bit what a GPU computes")
 
 
 def _check_query_capacity(tasks: list, bundle) -> None:
@@ -155,11 +169,13 @@ def _score(todo: list, bundle: Path, out: Path, workers: int, threads: int, args
             from sdqes_edge.corpus_ray import score_on_ray
 
             score_on_ray(todo, bundle, threads, report, address=None if args.ray == LOCAL_RAY else args.ray,
-                         actors=workers or None, shared_bundle=args.shared_bundle, quiet_opencv=True)
+                         actors=workers or None, shared_bundle=args.shared_bundle, quiet_opencv=True,
+                         precision=args.precision)
         elif workers == 1:
-            score_here(todo, bundle, threads, report)
+            score_here(todo, bundle, threads, report, args.precision)
         else:
-            score_in_pool(todo, bundle, min(workers, len(todo)), threads, report, quiet_opencv=True)
+            score_in_pool(todo, bundle, min(workers, len(todo)), threads, report, quiet_opencv=True,
+                          precision=args.precision)
     finally:
         if bar is not None:
             bar.close()
@@ -169,12 +185,13 @@ def _score(todo: list, bundle: Path, out: Path, workers: int, threads: int, args
     return failures
 
 
-def _bench(tasks: list, bundle: Path, out: Path) -> int:
+def _bench(tasks: list, bundle: Path, out: Path, precision: str) -> int:
     """The corpus scored by one process, the local pool and Ray, side by side: videos per minute."""
     from sdqes_edge.benchmarks.corpus import bench_corpus, markdown
     from sdqes_edge.runtime.cores import usable_cores
 
-    results = bench_corpus(tasks, bundle, usable_cores(), log=lambda message: print(message, file=sys.stderr))
+    results = bench_corpus(tasks, bundle, usable_cores(), log=lambda message: print(message, file=sys.stderr),
+                           precision=precision)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "bench.md").write_text(markdown(results))
@@ -195,7 +212,7 @@ def _write_failures(out: Path, failures: list[dict]) -> None:
     (out / FAILURES_NAME).write_text(json.dumps(failures, indent=2) + "\n")
 
 
-def _report(out: Path, tasks: list, annotations: list, threshold: float) -> int:
+def _report(out: Path, tasks: list, annotations: list, threshold: float, precision: str) -> int:
     """SR/SMD of every finished stream's trace against its annotations: printed, and eval.json / eval.md."""
     from sdqes_edge.corpus import trace_path
     from sdqes_edge.evaluation import evaluate_with, match_traces, text_table, write_reports
@@ -206,12 +223,13 @@ def _report(out: Path, tasks: list, annotations: list, threshold: float) -> int:
     if not matched.traces:
         print(f"{PROG}: no stream was scored, so there is nothing to evaluate", file=sys.stderr)
         return 1
-    rows = {f"{Path(str(out)).name} (threshold {threshold:.4f})":
+    rows = {f"{Path(str(out)).name} ({precision}, threshold {threshold:.4f})":
             evaluate_with(matched.traces, [a.label for a in matched.annotations], threshold)}
     print(f"\n{len(matched.annotations)} of {len(annotations)} annotations scored"
           + (f" ({len(matched.missing)} without a trace)" if matched.missing else "") + "\n")
     print(text_table(rows))
-    json_path, md_path = write_reports(out, rows, {"threshold": threshold, "streams": len(traces),
+    json_path, md_path = write_reports(out, rows, {"threshold": threshold, "precision": precision,
+                                                   "streams": len(traces),
                                                    "unscored_annotations": len(matched.missing)})
     print(f"\nwrote {len(traces)} traces under {out / 'traces'}, {json_path} and {md_path}")
     return 0
@@ -238,6 +256,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument("--source", help="only annotations from this source (moments, nlq, ...)")
     score.add_argument("--out", type=path_text, default="sdqes-score", help="folder for traces/, eval.json, eval.md "
                                                                             "(default %(default)s)")
+    score.add_argument("--precision", choices=PRECISIONS, default=REFERENCE_PRECISION,
+                       help="step graph to score with, to measure a deployment format's accuracy on the corpus; the "
+                            "bundle must have it (default %(default)s; fp16 is a GPU format, slow on a CPU)")
     score.add_argument("--workers", type=at_least(1), help="worker processes (default: one per core)")
     score.add_argument("--threads", type=at_least(1), help="ONNX Runtime threads per worker (default: cores / workers)")
     score.add_argument("--threshold", type=finite_number, help="alert threshold of the report (default: the bundle's)")
