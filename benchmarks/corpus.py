@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from sdqes_edge.contract import REFERENCE_PRECISION
-from sdqes_edge.corpus import StreamOutcome, StreamTask, score_here, score_in_pool
+from sdqes_edge.corpus import StepChoice, StreamOutcome, StreamTask, score_here, score_in_pool
 from sdqes_edge.errors import install_command, module_absent
 
 
@@ -27,12 +27,12 @@ def _run(mode: Callable[[Callable[[StreamOutcome], None]], None]) -> tuple[list[
 def bench_corpus(tasks: list[StreamTask], bundle: Path, cores: int, log: Callable[[str], None] = print,
                  precision: str = REFERENCE_PRECISION) -> dict:
     """Each mode scores every task (the bundle's ``precision`` step graph); videos per minute, speed-up over one
-    process, and whether traces agree."""
+    process, and whether traces agree. Every mode scores on the CPU: they are ways of sharing its cores."""
+    step = StepChoice(precision)
     modes: dict[str, Callable] = {
-        f"1 process, {cores} ORT threads": lambda report: score_here(tasks, bundle, cores, report, precision),
+        f"1 process, {cores} ORT threads": lambda report: score_here(tasks, bundle, cores, report, step),
         f"local pool, {cores} workers x 1 thread": lambda report: score_in_pool(tasks, bundle, cores, 1, report,
-                                                                                 quiet_opencv=True,
-                                                                                 precision=precision),
+                                                                                 quiet_opencv=True, step=step),
     }
     rows: dict[str, dict] = {}
     ray_mode, ray_start = f"Ray local instance, {cores} actors x 1 thread", []  # seconds to start the instance

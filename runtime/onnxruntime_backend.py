@@ -29,7 +29,7 @@ import numpy as np
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FP16, FRAME_INPUT, INT8, LOGITS_OUTPUT, METADATA_KEY, QUERY_INPUT
 from sdqes_edge.errors import SetupWarning, UserError, first_line
 from sdqes_edge.files import file_sha256, user_cache_dir
-from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, missing_provider_words, update_command
+from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, require_provider, update_command
 from sdqes_edge.state import StateSpec
 
 from .backend import STATE_BUFFER_SETS, State, StepResult, check_state_arrays
@@ -90,12 +90,9 @@ class OnnxRuntimeStep:
     def __init__(self, path: str | Path, device: str = "cpu", threads: int | None = None,
                  io_binding: bool | None = None, cuda_graph: bool | None = None, spin_wait: bool = False,
                  fused_ops: str | Path | None = None):
-        ort = load_onnxruntime()
         if device not in DEVICE_PROVIDERS:
             raise UserError(f"ONNX Runtime device {device!r} is not one of {', '.join(DEVICE_PROVIDERS)}")
-        wanted = DEVICE_PROVIDERS[device][0]
-        if wanted not in ort.get_available_providers():
-            raise UserError(missing_provider_words(wanted, ort))
+        ort = require_provider(DEVICE_PROVIDERS[device][0])
         self.device, self.io_binding = device, (device != "cpu" if io_binding is None else io_binding)
         self.cuda_graph = (device == "cuda") if cuda_graph is None else cuda_graph
         if self.cuda_graph and device != "cuda":

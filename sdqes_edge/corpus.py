@@ -20,7 +20,7 @@ import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -46,6 +46,13 @@ class StreamTask:
     clip_only: str | None = None  # where the video is missing: a file of one of its clips that the folder holds
     also: tuple[str, ...] = ()  # other files of the same name, not streamed (full_scale/ and video_540ss/ copies)
     truncate_queries: bool = False  # cut queries over the model's context length (score --truncate-queries)
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """Which of the bundle's step graphs scores the streams, and on which ONNX Runtime device."""
+    precision: str = REFERENCE_PRECISION
+    ort_device: str = "cpu"
 
 
 @dataclass
@@ -118,22 +125,23 @@ def trace_path(out: Path, stream: str) -> Path:
 SCORED_BY_NAME = "scored_by.json"  # in the output folder: the model its traces come from
 
 
-def claim_output(out: Path, model_identity: str, fps: float, precision: str = REFERENCE_PRECISION) -> None:
-    """Tie ``out`` to one model at one precision: recorded by the first run, and a re-run with another model, frame
-    rate or step graph refused, since it would skip the streams already scored and report two formats' traces as
-    one. A record from before precisions were recorded was written by an fp32 run (the only one there was)."""
+def claim_output(out: Path, model_identity: str, fps: float, step: StepChoice = StepChoice()) -> None:
+    """Tie ``out`` to one model, step graph and device: recorded by the first run, and a re-run with another model,
+    frame rate, precision or device refused, since it would skip the streams already scored and report two formats'
+    traces as one. A record from before precisions and devices were recorded was written by an fp32 run on the CPU
+    (the only one there was)."""
     record = out / SCORED_BY_NAME
-    mine = {"model_identity": model_identity, "fps": fps, "precision": precision}
+    mine = {"model_identity": model_identity, "fps": fps, **asdict(step)}
     if record.is_file():
         try:
             theirs = json.loads(record.read_text())
         except (OSError, ValueError):
             theirs = None
         if isinstance(theirs, dict):
-            theirs.setdefault("precision", REFERENCE_PRECISION)
+            theirs = {**asdict(StepChoice()), **theirs}
         if not isinstance(theirs, dict) or {k: theirs.get(k) for k in mine} != mine:
-            raise UserError(f"{out} holds traces scored by another model, frame rate or precision ({record} says "
-                            f"{theirs}); give a new --out, or remove {out} to score it again with this bundle")
+            raise UserError(f"{out} holds traces scored by another model, frame rate, precision or device ({record} "
+                            f"says {theirs}); give a new --out, or remove {out} to score it again with this bundle")
         return
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomically(record, json.dumps(mine, indent=2) + "\n")
@@ -153,15 +161,16 @@ def finished(out: Path, task: StreamTask) -> bool:
 class StreamScorer:
     """One loaded bundle that scores whole streams, one after another; each worker keeps one."""
 
-    def __init__(self, bundle: str | Path, threads: int | None = None, precision: str = REFERENCE_PRECISION):
+    def __init__(self, bundle: str | Path, threads: int | None = None, step: StepChoice = StepChoice()):
         from sdqes_edge.runtime.bundle import load_bundle
         from sdqes_edge.runtime.detector import make_backend, text_encoder_for
         from sdqes_edge.runtime.onnxruntime_backend import SlowPrecisionWarning
 
         self.bundle = load_bundle(bundle)
-        with warnings.catch_warnings():  # fp16 on the CPU: said once by the driver (score), not by every worker
+        with warnings.catch_warnings():  # a precision slow on its device: said once by the driver, not every worker
             warnings.simplefilter("ignore", SlowPrecisionWarning)
-            self.backend = make_backend(self.bundle, precision=precision, threads=threads)
+            self.backend = make_backend(self.bundle, precision=step.precision, threads=threads,
+                                        ort_device=step.ort_device)
         self.text_encoder = text_encoder_for(self.bundle, threads=threads)
 
     def score(self, task: StreamTask) -> StreamOutcome:
@@ -210,10 +219,11 @@ class StreamScorer:
 Report = Callable[[StreamOutcome], None]
 
 _worker_scorer: StreamScorer | None = None  # one per worker process, loaded by the pool's initializer
+_worker_load_error: str | None = None  # why it could not be (a GPU session that will not start), said to the driver
 
 
-def _load_worker(bundle: str, threads: int, precision: str, quiet_opencv: bool) -> None:
-    global _worker_scorer
+def _load_worker(bundle: str, threads: int, step: StepChoice, quiet_opencv: bool) -> None:
+    global _worker_scorer, _worker_load_error
     # Ctrl-C reaches the whole process group: the driver alone decides what stops (it ends the pool), so a
     # worker never prints a KeyboardInterrupt traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -221,30 +231,34 @@ def _load_worker(bundle: str, threads: int, precision: str, quiet_opencv: bool) 
         from sdqes_edge.runtime.sources import quiet_opencv_logs
 
         quiet_opencv_logs()
-    _worker_scorer = StreamScorer(bundle, threads, precision)
+    try:
+        _worker_scorer = StreamScorer(bundle, threads, step)
+    except Exception as exc:  # noqa: BLE001  (raised here: a traceback from every worker and a broken pool that
+        _worker_load_error = first_line(exc)  # says not why; kept, the driver says it once as the run's error)
 
 
 def _score_in_worker(task: StreamTask) -> StreamOutcome:
-    assert _worker_scorer is not None, "the pool's initializer loads the bundle"
+    if _worker_scorer is None:  # every stream would fail the same way: the run stops, saying why
+        raise UserError(f"a worker process could not load the bundle: {_worker_load_error}")
     return _worker_scorer.score(task)
 
 
 def score_here(tasks: Iterable[StreamTask], bundle: Path, threads: int | None, report: Report,
-               precision: str = REFERENCE_PRECISION) -> None:
+               step: StepChoice = StepChoice()) -> None:
     """Every stream in this process, one after another (the baseline a pool is measured against)."""
-    scorer = StreamScorer(bundle, threads, precision)
+    scorer = StreamScorer(bundle, threads, step)
     for task in tasks:
         report(scorer.score(task))
 
 
 def score_in_pool(tasks: list[StreamTask], bundle: Path, workers: int, threads: int, report: Report,
-                  quiet_opencv: bool = False, precision: str = REFERENCE_PRECISION) -> None:
-    """Streams spread over ``workers`` processes, each with one loaded bundle (its ``precision`` step graph) and
-    ``threads`` ORT threads; outcomes reported as they finish. A worker that dies fails the streams it had, not the
-    run. ``quiet_opencv``: silence OpenCV's own logs in the workers (``runtime.sources.quiet_opencv_logs``)."""
+                  quiet_opencv: bool = False, step: StepChoice = StepChoice()) -> None:
+    """Streams spread over ``workers`` processes, each with one loaded bundle (the ``step`` graph on its device)
+    and ``threads`` ORT threads; outcomes reported as they finish. A worker that dies fails the streams it had, not
+    the run. ``quiet_opencv``: silence OpenCV's own logs in the workers (``runtime.sources.quiet_opencv_logs``)."""
     context = multiprocessing.get_context("forkserver")  # workers start clean: no threads or sessions inherited
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_load_worker,
-                               initargs=(str(bundle), threads, precision, quiet_opencv))
+                               initargs=(str(bundle), threads, step, quiet_opencv))
     try:
         futures = {pool.submit(_score_in_worker, task): task for task in tasks}  # starts the workers
         for future in as_completed(futures):

@@ -19,7 +19,7 @@ import weakref
 from pathlib import Path
 
 from sdqes_edge.contract import REFERENCE_PRECISION
-from sdqes_edge.corpus import Report, StreamOutcome, StreamScorer, StreamTask
+from sdqes_edge.corpus import Report, StepChoice, StreamOutcome, StreamScorer, StreamTask
 from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.files import scratch_directory
 from sdqes_edge.stopping import handlers_kept
@@ -48,12 +48,12 @@ class RayScorer:
     """A Ray actor's state: one bundle, materialized once in the actor's own folder on its first stream (so
     an actor Ray restarts fetches it again), and its scorer."""
 
-    def __init__(self, bundle: str, threads: int, quiet_opencv: bool = False, precision: str = REFERENCE_PRECISION):
+    def __init__(self, bundle: str, threads: int, quiet_opencv: bool = False, step: StepChoice = StepChoice()):
         if quiet_opencv:
             from sdqes_edge.runtime.sources import quiet_opencv_logs
 
             quiet_opencv_logs()
-        self.bundle, self.threads, self.precision = bundle, threads, precision
+        self.bundle, self.threads, self.step = bundle, threads, step
         self.scorer: StreamScorer | None = None
 
     def score(self, task: StreamTask, files: list | None) -> StreamOutcome:
@@ -61,7 +61,7 @@ class RayScorer:
         wrapped in a list, Ray passes the ref itself, fetched only by an actor that has no bundle yet."""
         if self.scorer is None:
             self.scorer = StreamScorer(self._materialize(files[0]) if files else self.bundle, self.threads,
-                                       self.precision)
+                                       self.step)
         return self.scorer.score(task)
 
     def _materialize(self, ref) -> str:
@@ -95,14 +95,14 @@ def score_on_ray(tasks: list[StreamTask], bundle: Path, threads: int, report: Re
                  actors: int | None = None, shared_bundle: bool = False, init_args: dict | None = None,
                  quiet_opencv: bool = False, precision: str = REFERENCE_PRECISION) -> int:
     """Stream every task through ``actors`` Ray actors (default: the cluster's CPUs / ``threads``), each
-    asked for ``threads`` CPUs and stepping the bundle's ``precision`` graph; outcomes reported as they finish.
-    Returns the number of actors used."""
+    asked for ``threads`` CPUs and stepping the bundle's ``precision`` graph on them (Ray hides the GPUs from an
+    actor that asks for none); outcomes reported as they finish. Returns the number of actors used."""
     ray = connect(address, init_args)
     files = None if shared_bundle else [ray.put(bundle_files(bundle))]  # sent once, fetched by each actor
     count = actors or max(1, int(ray.cluster_resources().get("CPU", 1) // threads))
     count = min(count, len(tasks)) or 1
     remote = ray.remote(num_cpus=threads, max_restarts=ACTOR_RESTARTS, max_task_retries=TASK_RETRIES)(RayScorer)
-    pool = [remote.remote(str(bundle.resolve()), threads, quiet_opencv, precision) for _ in range(count)]
+    pool = [remote.remote(str(bundle.resolve()), threads, quiet_opencv, StepChoice(precision)) for _ in range(count)]
     pending = list(reversed(tasks))
     running = {}
     for actor in pool:

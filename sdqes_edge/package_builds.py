@@ -103,6 +103,14 @@ def load_onnxruntime() -> ModuleType:
     return onnxruntime
 
 
+def require_provider(provider: str) -> ModuleType:
+    """``load_onnxruntime()``, refusing in one line (``missing_provider_words``) a build without ``provider``."""
+    ort = load_onnxruntime()
+    if provider not in ort.get_available_providers():
+        raise UserError(missing_provider_words(provider, ort))
+    return ort
+
+
 def check_opencv() -> None:
     """Refuse in one line a ``cv2`` folder another OpenCV wheel's uninstall emptied (it imports, with nothing in)."""
     import cv2

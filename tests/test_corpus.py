@@ -247,7 +247,7 @@ def test_a_re_run_with_another_model_or_frame_rate_is_refused_rather_than_mixing
     again = cli("score", str(other), "--annotations", str(corpus / "annotations.csv"), "--videos",
                 str(corpus / "videos"), "--out", str(out), "--quiet")
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1, again.stderr
-    assert "holds traces scored by another model, frame rate or precision" in again.stderr
+    assert "holds traces scored by another model, frame rate, precision or device" in again.stderr
     assert "give a new --out" in again.stderr
 
 

@@ -8,11 +8,16 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, given_flags, path_text, warn
 from sdqes_edge.contract import FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.progress import progress_bar
+from sdqes_edge.runtime.onnxruntime_backend import DEVICE_PROVIDERS
+
+if TYPE_CHECKING:  # the corpus module is loaded where the command runs, so that --help stays light
+    from sdqes_edge.corpus import StepChoice
 
 LOCAL_RAY = "local"  # --ray with no address: start a local Ray instance (or join RAY_ADDRESS)
 FAILURES_NAME = "failures.json"
@@ -20,12 +25,13 @@ FAILURES_NAME = "failures.json"
 
 def cmd_score(args: argparse.Namespace) -> int:
     from sdqes_edge.annotations import require_annotations
-    from sdqes_edge.corpus import claim_output, copies_words, finished, plan_streams
+    from sdqes_edge.corpus import StepChoice, claim_output, copies_words, finished, plan_streams
     from sdqes_edge.runtime.bundle import load_bundle
 
     _check_score_args(args)
     bundle = load_bundle(args.bundle)  # a bad bundle is refused before any worker starts
-    _check_precision(bundle, args.precision)
+    step = StepChoice(args.precision, args.ort_device)
+    _check_step(bundle, step)
     annotations = require_annotations(args.annotations, split=args.split or None, source=args.source)
     out = Path(args.out)
     tasks = _checked_query_lengths(plan_streams(annotations, Path(args.videos)), bundle, args)
@@ -35,16 +41,16 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.bench:
         return _bench(tasks, Path(args.bundle), out, args.precision)
     # Before a trace of another model or format counts as finished.
-    claim_output(out, bundle.model_identity, bundle.fps, args.precision)
+    claim_output(out, bundle.model_identity, bundle.fps, step)
     todo = [t for t in tasks if not finished(out, t)]
     # With --ray: the actors (0: as many as the cluster's CPUs allow) and ORT threads per actor.
     workers, threads = (args.ray_actors or 0, args.threads or 1) if args.ray else _pool_size(args, len(todo))
     where = (f"Ray ({args.ray if args.ray != LOCAL_RAY else 'a local instance'}), {threads} thread(s) per actor"
              if args.ray else f"{workers} worker process(es) x {threads} ONNX Runtime thread(s)")
-    where += f", the {args.precision} step graph"
+    where += f", the {step.precision} step graph on {'the CPU' if step.ort_device == 'cpu' else step.ort_device}"
     print(f"{len(tasks)} streams ({len(annotations)} queries) in {args.annotations}; {len(tasks) - len(todo)} already "
           f"scored in {out}, {len(todo)} to score with {where}", file=sys.stderr)
-    failures = _score(todo, Path(args.bundle), out, workers, threads, args)
+    failures = _score(todo, Path(args.bundle), out, workers, threads, args, step)
     _write_failures(out, failures)
     code = _report(out, tasks, annotations, bundle.default_threshold if args.threshold is None else args.threshold,
                    args.precision)
@@ -62,11 +68,20 @@ def _check_score_args(args: argparse.Namespace) -> None:
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
     if args.bench:
-        given = given_flags(args, "workers", "threads", "ray", "ray_actors", "shared_bundle", "threshold")
+        given = given_flags(args, "workers", "threads", "ray", "ray_actors", "shared_bundle", "threshold", "ort_device")
         if given:  # the bench sizes each way of scoring itself, and reports speed, not SR/SMD
             warn(f"--bench scores the corpus each way with sizes of its own for this machine's "
                  f"cores, and reports speed, not SR/SMD: ignoring {', '.join(given)}")
+        args.ort_device = "cpu"
         return
+    if args.ort_device not in (None, "cpu"):
+        from sdqes_edge.package_builds import require_provider
+
+        if args.ray:  # Ray gives an actor that asks for no GPU none (CUDA_VISIBLE_DEVICES empty)
+            raise UserError(f"--ray scores on the cluster's CPUs; --ort-device {args.ort_device} runs with the local "
+                            "pool on this machine's GPU: leave out one of them")
+        require_provider(DEVICE_PROVIDERS[args.ort_device][0])
+    args.ort_device = args.ort_device or "cpu"
     if args.ray:
         from sdqes_edge.corpus_ray import require_ray
 
@@ -79,13 +94,17 @@ def _check_score_args(args: argparse.Namespace) -> None:
              f"ignoring {'it' if len(given) == 1 else 'them'}")
 
 
-def _check_precision(bundle, precision: str) -> None:
-    """The bundle has the step graph asked for (else one line naming those it has); what fp16 is on a CPU is said
-    once here, not by every worker."""
-    bundle.step_graph(precision)
-    if precision == FP16:
+def _check_step(bundle, step: StepChoice) -> None:
+    """The bundle has the step graph asked for (else one line naming those it has); a graph slow on its device is
+    said once here, not by every worker."""
+    from sdqes_edge.runtime.onnxruntime_backend import slow_precision_words
+
+    bundle.step_graph(step.precision)
+    if step.precision == FP16 and step.ort_device == "cpu":
         warn("the fp16 graph is a GPU format: ONNX Runtime's CPU provider, which scores here, runs most of it in "
              "float32 between Casts it adds, slower than fp32 and not bit for bit what a GPU computes")
+    elif (words := slow_precision_words(step.precision, step.ort_device, bundle.root)) is not None:
+        warn(words)
 
 
 def _check_query_capacity(tasks: list, bundle) -> None:
@@ -130,7 +149,9 @@ def _pool_size(args: argparse.Namespace, streams: int) -> tuple[int, int]:
     from sdqes_edge.runtime.cores import checked_threads, usable_cores
 
     cores = usable_cores()
-    workers = args.workers or cores
+    # On a GPU one worker: its reader and preprocessing threads keep the GPU fed, and each more would hold its own
+    # CUDA context and copy of the weights there.
+    workers = args.workers or (cores if args.ort_device == "cpu" else 1)
     if workers > cores:
         warn(f"--workers {workers} on {cores} usable core(s): each worker holds a loaded bundle and "
              f"more would only take turns; using {cores}")
@@ -143,7 +164,8 @@ def _pool_size(args: argparse.Namespace, streams: int) -> tuple[int, int]:
     return workers, threads
 
 
-def _score(todo: list, bundle: Path, out: Path, workers: int, threads: int, args: argparse.Namespace) -> list:
+def _score(todo: list, bundle: Path, out: Path, workers: int, threads: int, args: argparse.Namespace,
+           step: StepChoice) -> list:
     """Score the streams where the arguments say; each finished trace saved as it arrives; the failures."""
     from sdqes_edge.corpus import save_outcome, score_here, score_in_pool
 
@@ -172,10 +194,9 @@ def _score(todo: list, bundle: Path, out: Path, workers: int, threads: int, args
                          actors=workers or None, shared_bundle=args.shared_bundle, quiet_opencv=True,
                          precision=args.precision)
         elif workers == 1:
-            score_here(todo, bundle, threads, report, args.precision)
+            score_here(todo, bundle, threads, report, step)
         else:
-            score_in_pool(todo, bundle, min(workers, len(todo)), threads, report, quiet_opencv=True,
-                          precision=args.precision)
+            score_in_pool(todo, bundle, min(workers, len(todo)), threads, report, quiet_opencv=True, step=step)
     finally:
         if bar is not None:
             bar.close()
@@ -259,7 +280,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument("--precision", choices=PRECISIONS, default=REFERENCE_PRECISION,
                        help="step graph to score with, to measure a deployment format's accuracy on the corpus; the "
                             "bundle must have it (default %(default)s; fp16 is a GPU format, slow on a CPU)")
-    score.add_argument("--workers", type=at_least(1), help="worker processes (default: one per core)")
+    score.add_argument("--ort-device", choices=list(DEVICE_PROVIDERS),
+                       help="ONNX Runtime execution provider (default cpu; cuda/tensorrt need onnxruntime-gpu and "
+                            "score with one worker unless --workers says, the state kept on the GPU)")
+    score.add_argument("--workers", type=at_least(1), help="worker processes (default: one per core; one on a GPU)")
     score.add_argument("--threads", type=at_least(1), help="ONNX Runtime threads per worker (default: cores / workers)")
     score.add_argument("--threshold", type=finite_number, help="alert threshold of the report (default: the bundle's)")
     score.add_argument("--ray", nargs="?", const=LOCAL_RAY, metavar="ADDRESS",
