@@ -94,6 +94,7 @@ def test_on_a_gpu_a_corpus_scored_there_gives_the_cpus_traces_to_fp32s_rounding(
     done = score(corpus, on_gpu, "--ort-device", "cuda")
     assert done.returncode == 0, done.stderr
     assert "1 worker process(es)" in done.stderr and "the fp32 step graph on cuda" in done.stderr
+    assert "(fp32 on cuda, threshold" in done.stdout
     assert score(corpus, on_cpu, "--workers", "1").returncode == 0
     for trace in sorted((on_cpu / "traces").glob("*.npz")):
         np.testing.assert_allclose(load_scores(on_gpu / "traces" / trace.name).probs, load_scores(trace).probs,

@@ -53,7 +53,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     failures = _score(todo, Path(args.bundle), out, workers, threads, args, step)
     _write_failures(out, failures)
     code = _report(out, tasks, annotations, bundle.default_threshold if args.threshold is None else args.threshold,
-                   args.precision)
+                   step)
     if code == 0:
         print(f"next: {_eval_command(args, out)} --calibrate (a threshold chosen on these streams)")
     if failures:
@@ -233,7 +233,7 @@ def _write_failures(out: Path, failures: list[dict]) -> None:
     (out / FAILURES_NAME).write_text(json.dumps(failures, indent=2) + "\n")
 
 
-def _report(out: Path, tasks: list, annotations: list, threshold: float, precision: str) -> int:
+def _report(out: Path, tasks: list, annotations: list, threshold: float, step: StepChoice) -> int:
     """SR/SMD of every finished stream's trace against its annotations: printed, and eval.json / eval.md."""
     from sdqes_edge.corpus import trace_path
     from sdqes_edge.evaluation import evaluate_with, match_traces, text_table, write_reports
@@ -244,13 +244,14 @@ def _report(out: Path, tasks: list, annotations: list, threshold: float, precisi
     if not matched.traces:
         print(f"{PROG}: no stream was scored, so there is nothing to evaluate", file=sys.stderr)
         return 1
-    rows = {f"{Path(str(out)).name} ({precision}, threshold {threshold:.4f})":
+    scored = step.precision + ("" if step.ort_device == "cpu" else f" on {step.ort_device}")
+    rows = {f"{Path(str(out)).name} ({scored}, threshold {threshold:.4f})":
             evaluate_with(matched.traces, [a.label for a in matched.annotations], threshold)}
     print(f"\n{len(matched.annotations)} of {len(annotations)} annotations scored"
           + (f" ({len(matched.missing)} without a trace)" if matched.missing else "") + "\n")
     print(text_table(rows))
-    json_path, md_path = write_reports(out, rows, {"threshold": threshold, "precision": precision,
-                                                   "streams": len(traces),
+    json_path, md_path = write_reports(out, rows, {"threshold": threshold, "precision": step.precision,
+                                                   "ort_device": step.ort_device, "streams": len(traces),
                                                    "unscored_annotations": len(matched.missing)})
     print(f"\nwrote {len(traces)} traces under {out / 'traces'}, {json_path} and {md_path}")
     return 0
