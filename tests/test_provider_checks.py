@@ -150,13 +150,29 @@ def test_a_run_on_the_cpu_by_default_where_a_gpu_would_step_it_is_pointed_at_the
     assert "re-export with --precision fp16" in without_fp16 and "\n" not in without_fp16
 
 
-def test_without_a_gpu_a_run_says_nothing_of_one():
+def test_a_bench_of_the_cpu_alone_on_a_machine_whose_gpu_would_step_says_how_to_measure_it(monkeypatch):
+    import dataclasses
+
+    import sdqes_edge.runtime.tensorrt_backend as tensorrt_backend
+    from sdqes_edge.benchmarks.config import BenchConfig
+    from sdqes_edge.cli.bench import gpu_left_out_note
+
+    monkeypatch.setattr(tensorrt_backend, "nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: [CUDA_PROVIDER, "CPUExecutionProvider"])
+    assert "--device cuda measures the GPU beside them" in gpu_left_out_note(BenchConfig())
+    assert gpu_left_out_note(dataclasses.replace(BenchConfig(), device="cuda")) is None
+
+
+def test_without_a_gpu_a_run_and_a_bench_say_nothing_of_one():
+    from sdqes_edge.benchmarks.config import BenchConfig
+    from sdqes_edge.cli.bench import gpu_left_out_note
     from sdqes_edge.cli.stream import device_tip
 
     if GPU_RUNS_HERE:
         pytest.skip("this machine has an NVIDIA GPU and onnxruntime-gpu (the test below runs here)")
     detector = SimpleNamespace(bundle=SimpleNamespace(precisions=["fp32", "fp16"]))
     assert device_tip(detector, run_arguments()) is None
+    assert gpu_left_out_note(BenchConfig()) is None
 
 
 @needs_a_gpu

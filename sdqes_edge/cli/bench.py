@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from sdqes_edge.benchmarks.config import QUICK, BenchConfig
-from sdqes_edge.cli.common import PROG, UniqueValues, add_subcommand, at_least, path_text, warn
+from sdqes_edge.cli.common import PROG, UniqueValues, add_subcommand, at_least, onnxruntime_gpu_here, path_text, warn
 from sdqes_edge.config import ADAPTER_KINDS, preset
 from sdqes_edge.errors import UserError
 
@@ -34,6 +34,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if preset(cfg.preset).adapter.kind != "none":  # refuse before minutes of work
         raise UserError(f"--preset {cfg.preset} already has an adapter; give a base preset (tiny, clip-vit-b16)")
     check_config(cfg)  # the device too: nothing is printed as started that cannot run
+    if (note := gpu_left_out_note(cfg)) is not None:
+        print(f"{PROG}: note: {note}")
     print(f"benchmarking {cfg.preset} ({'quick' if args.quick else 'full'}: {cfg.repetitions} repetitions); "
           f"results go to {cfg.out}/")
     results, files = run_bench(cfg, log=print)
@@ -42,6 +44,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"wrote {', '.join(str(f) for f in files)} in {results['seconds']:.0f} s")
     print(f"\nnext: {PROG} export --preset {cfg.preset} --adapter qrnn --out bundles/{cfg.preset}")
     return 0
+
+
+def gpu_left_out_note(cfg: BenchConfig) -> str | None:
+    """What to add where a bench measures only the CPU of a machine whose GPU ONNX Runtime could step on."""
+    if cfg.device is not None or not onnxruntime_gpu_here():
+        return None
+    return ("this machine has an NVIDIA GPU and ONNX Runtime's CUDA provider, and these tables are the CPU's; "
+            "--device cuda measures the GPU beside them (--device-only: the GPU alone)")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -164,6 +164,15 @@ def warn(message: str) -> None:
     print(f"{PROG}: warning: {message}", file=sys.stderr)
 
 
+def onnxruntime_gpu_here() -> bool:
+    """Whether ONNX Runtime could step on a GPU here: an NVIDIA driver loaded and this build offering the CUDA
+    provider (``sdqes-edge doctor`` goes on to make a session). For the commands that default to the CPU to say so."""
+    from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
+    from sdqes_edge.runtime.tensorrt_backend import nvidia_gpu_present
+
+    return nvidia_gpu_present() and CUDA_PROVIDER in load_onnxruntime().get_available_providers()
+
+
 def given_flags(args: argparse.Namespace, *names: str) -> list[str]:
     """The options among ``names`` that the command line set (their flags), in that order."""
     return ["--" + name.replace("_", "-") for name in names if getattr(args, name) not in (None, False)]

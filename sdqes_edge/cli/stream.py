@@ -9,7 +9,16 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, path_text, unique_queries, warn
+from sdqes_edge.cli.common import (
+    PROG,
+    add_subcommand,
+    at_least,
+    finite_number,
+    onnxruntime_gpu_here,
+    path_text,
+    unique_queries,
+    warn,
+)
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
 from sdqes_edge.contract import FP16, INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
@@ -55,12 +64,7 @@ def _int8_would_help(detector: StreamingDetector, args: argparse.Namespace) -> b
 def gpu_left_idle(args: argparse.Namespace) -> bool:
     """Whether this run steps on the CPU only because ``--ort-device`` was left at its default, on a machine with an
     NVIDIA GPU and ONNX Runtime's CUDA provider, where the step would run many times faster."""
-    if args.backend != BACKENDS[0] or args.ort_device_given:
-        return False
-    from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
-    from sdqes_edge.runtime.tensorrt_backend import nvidia_gpu_present
-
-    return nvidia_gpu_present() and CUDA_PROVIDER in load_onnxruntime().get_available_providers()
+    return args.backend == BACKENDS[0] and not args.ort_device_given and onnxruntime_gpu_here()
 
 
 def device_tip(detector: StreamingDetector, args: argparse.Namespace) -> str | None:
