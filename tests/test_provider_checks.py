@@ -131,6 +131,8 @@ def run_arguments(*argv: str) -> argparse.Namespace:
     ((), "--ort-device cuda steps on the GPU; add --precision fp16, which this bundle has"),
     (("--precision", "fp16"), "--ort-device cuda steps on the GPU"),
     (("--ort-device", "cpu"), "--precision int8"),  # the CPU was asked for: the CPU's own tip
+    (("--ort-device", "cuda"), "--precision fp16 runs 2x fp32"),  # the GPU was asked for: the GPU's own tip
+    (("--ort-device", "cuda", "--precision", "fp16"), None),
     (("--backend", "trt"), None),
 ])
 def test_a_run_on_the_cpu_by_default_where_a_gpu_would_step_it_is_pointed_at_the_gpu(argv, says, monkeypatch):
