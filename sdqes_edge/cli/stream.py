@@ -40,6 +40,9 @@ if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, s
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
 
 LIVE_REPORT_SECONDS = 5.0
+# What the fp16 step graph gains on a GPU, as the tips say it: ViT-B/16 + QRNN, ONNX Runtime's CUDA provider with
+# the state bound and CUDA graphs (benchmarks/results/device-h200-2026-11-27.md: 4.06 against 1.98 ms).
+FP16_ON_A_GPU = "2x fp32 on an H200"
 
 
 def _backend_words(backend, args: argparse.Namespace) -> str:
@@ -72,9 +75,9 @@ def device_tip(detector: StreamingDetector, args: argparse.Namespace) -> str | N
     idle (it was not asked for), else the int8 graph on a CPU, or the fp16 graph on a GPU."""
     if gpu_left_idle(args):
         fp16 = ("" if args.precision == FP16
-                else "; add --precision fp16, which this bundle has (2x fp32 on an H200)"
+                else f"; add --precision fp16, which this bundle has ({FP16_ON_A_GPU})"
                 if FP16 in detector.bundle.precisions
-                else "; an fp16 graph runs 2x fp32 there: re-export with --precision fp16")
+                else f"; an fp16 graph runs {FP16_ON_A_GPU}: re-export with --precision fp16")
         return (f"this machine has an NVIDIA GPU and ONNX Runtime's CUDA provider, but this run steps on the CPU "
                 f"(--ort-device cpu, the default): --ort-device cuda steps on the GPU{fp16}")
     if _int8_would_help(detector, args):
@@ -83,7 +86,7 @@ def device_tip(detector: StreamingDetector, args: argparse.Namespace) -> str | N
     on_gpu = args.backend == BACKENDS[0] and args.ort_device != "cpu"
     if on_gpu and args.precision == REFERENCE_PRECISION and FP16 in detector.bundle.precisions:
         return ("this bundle has an fp16 step graph, checked against fp32 when it was exported; --precision fp16 runs "
-                "2x fp32 on an H200")
+                f"{FP16_ON_A_GPU}")
     return None
 
 
