@@ -112,6 +112,7 @@ def export_cases(t: Path) -> list[tuple[str, list[str]]]:
 
 def other_cases(b: Path, t: Path) -> list[tuple]:
     """Bad input to eval, score, synth, train, build-engine, build-ort-ops, bench and inspect."""
+    score = ["score", str(b), "--annotations", str(t / "splits.csv"), "--videos", str(t), "--out", str(t / "scored")]
     return [
         ("eval: a CSV without the EgoSDQES columns",
          ["eval", "--annotations", str(t / "a.csv"), "--scores", str(t / "photos")]),
@@ -121,6 +122,9 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
          ["eval", "--annotations", str(t / "emptyquery.csv"), "--baseline", "oracle", "--split", "train"]),
         ("score: an annotation query over the model's 77 tokens",
          ["score", str(b), "--annotations", str(t / "longquery.csv"), "--videos", str(t), "--out", str(t / "scored")]),
+        ("score: a --precision the bundle has no step graph of", [*score, "--precision", "int8"]),
+        ("score: --ort-device cuda where ONNX Runtime is the CPU build", [*score, "--ort-device", "cuda"]),
+        ("score: --ray with --ort-device cuda", [*score, "--ray", "--ort-device", "cuda"]),
         ("eval: annotations a spreadsheet saved with ';' between columns",
          ["eval", "--annotations", str(t / "semicolons.csv"), "--baseline", "oracle"]),
         ("eval: traces of test streams, evaluated on eval's default split (val)",
