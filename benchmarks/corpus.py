@@ -43,7 +43,7 @@ def bench_corpus(tasks: list[StreamTask], bundle: Path, cores: int, log: Callabl
         started = time.perf_counter()
         connect(None, {"num_cpus": cores})
         ray_start.append(time.perf_counter() - started)
-        score_on_ray(tasks, bundle, 1, report, actors=cores, quiet_opencv=True, precision=precision)
+        score_on_ray(tasks, bundle, 1, report, actors=cores, quiet_opencv=True, step=step)
 
     if not module_absent("ray"):
         modes[ray_mode] = on_ray

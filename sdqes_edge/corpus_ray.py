@@ -18,7 +18,6 @@ import shutil
 import weakref
 from pathlib import Path
 
-from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.corpus import Report, StepChoice, StreamOutcome, StreamScorer, StreamTask
 from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.files import scratch_directory
@@ -93,16 +92,16 @@ def connect(address: str | None, init_args: dict | None = None):
 
 def score_on_ray(tasks: list[StreamTask], bundle: Path, threads: int, report: Report, address: str | None = None,
                  actors: int | None = None, shared_bundle: bool = False, init_args: dict | None = None,
-                 quiet_opencv: bool = False, precision: str = REFERENCE_PRECISION) -> int:
+                 quiet_opencv: bool = False, step: StepChoice = StepChoice()) -> int:
     """Stream every task through ``actors`` Ray actors (default: the cluster's CPUs / ``threads``), each
-    asked for ``threads`` CPUs and stepping the bundle's ``precision`` graph on them (Ray hides the GPUs from an
-    actor that asks for none); outcomes reported as they finish. Returns the number of actors used."""
+    asked for ``threads`` CPUs and stepping the ``step`` graph on them (``step`` on the CPU: Ray hides the GPUs
+    from an actor that asks for none); outcomes reported as they finish. Returns the number of actors used."""
     ray = connect(address, init_args)
     files = None if shared_bundle else [ray.put(bundle_files(bundle))]  # sent once, fetched by each actor
     count = actors or max(1, int(ray.cluster_resources().get("CPU", 1) // threads))
     count = min(count, len(tasks)) or 1
     remote = ray.remote(num_cpus=threads, max_restarts=ACTOR_RESTARTS, max_task_retries=TASK_RETRIES)(RayScorer)
-    pool = [remote.remote(str(bundle.resolve()), threads, quiet_opencv, StepChoice(precision)) for _ in range(count)]
+    pool = [remote.remote(str(bundle.resolve()), threads, quiet_opencv, step) for _ in range(count)]
     pending = list(reversed(tasks))
     running = {}
     for actor in pool:

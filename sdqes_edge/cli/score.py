@@ -191,8 +191,7 @@ def _score(todo: list, bundle: Path, out: Path, workers: int, threads: int, args
             from sdqes_edge.corpus_ray import score_on_ray
 
             score_on_ray(todo, bundle, threads, report, address=None if args.ray == LOCAL_RAY else args.ray,
-                         actors=workers or None, shared_bundle=args.shared_bundle, quiet_opencv=True,
-                         precision=args.precision)
+                         actors=workers or None, shared_bundle=args.shared_bundle, quiet_opencv=True, step=step)
         elif workers == 1:
             score_here(todo, bundle, threads, report, step)
         else:
