@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_corpus import cli
+from test_corpus import cli, score
 from test_provider_checks import GPU_RUNS_HERE, needs_a_gpu
 
 from sdqes_edge.annotations import by_video, load_annotations
@@ -26,11 +26,6 @@ def corpus(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("corpus")
     write_dataset(out, {"test": [0, 1]}, seconds=20.0, fps=2.0)
     return out
-
-
-def score(corpus: Path, out: Path, *extra: str):
-    return cli("score", str(DEMO_BUNDLE), "--annotations", str(corpus / "annotations.csv"), "--videos",
-               str(corpus / "videos"), "--out", str(out), "--quiet", *extra)
 
 
 def test_an_int8_score_gives_each_stream_the_trace_run_gives_with_the_int8_graph(corpus, tmp_path):
