@@ -12,7 +12,7 @@ import numpy as np
 
 from sdqes_edge.errors import UserError
 from sdqes_edge.metrics import rising_edge_mask
-from sdqes_edge.progress import progress_bar
+from sdqes_edge.progress import with_progress
 from sdqes_edge.runtime.backend import State
 from sdqes_edge.runtime.queries import score
 from sdqes_edge.tolerances import VARIANT_TOLERANCES
@@ -35,12 +35,6 @@ def max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
     if not (np.isfinite(actual).all() and np.isfinite(expected).all()):
         return float("inf")
     return float(np.abs(actual - expected).max()) if actual.size else 0.0
-
-
-def progress(iterable, total: int, desc: str, show: bool):
-    """``iterable`` of frames with a progress bar when ``show`` (and tqdm is installed)."""
-    bar = progress_bar(total, "frame", desc, show, iterable)
-    return iterable if bar is None else bar
 
 
 @dataclass
@@ -90,7 +84,7 @@ def run_stream(runner, frames: np.ndarray, desc: str, show_progress: bool = Fals
     """Any step backend (ONNX Runtime, bound or not, or a TensorRT engine) over ``frames`` [T, B, 3, R, R]."""
     state = runner.initial_state()
     embeddings = []
-    for t in progress(range(len(frames)), len(frames), desc, show_progress):
+    for t in with_progress(range(len(frames)), desc, "frame", enabled=show_progress):
         result = runner.step(frames[t], state, query_embeddings)
         embeddings.append(result.embedding)
         state = result.state

@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from sdqes_edge.model import SDQESModel
+from sdqes_edge.progress import with_progress
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, State
 from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL, FP32_STATE_ATOL
 
-from .drift import max_abs_error, progress
+from .drift import max_abs_error
 
 # How a client hands the state outputs of one frame to the next; the right one is "as they are, by name".
 Feedback = Callable[[State], State]
@@ -85,7 +86,7 @@ def verify_step_graph(model: SDQESModel, runner: OnnxRuntimeStep, frames: np.nda
     onnx_state = runner.initial_state()
     worst_embedding_step = worst_embedding_window = worst_state = 0.0
     worst_state_name = None
-    for t in progress(range(k), k, "verify fp32", show_progress):
+    for t in with_progress(range(k), "verify fp32", "frame", enabled=show_progress):
         torch_embedding, torch_state = model.step(torch_frames[t], torch_state)
         result = runner.step(frames[t], onnx_state, query_embeddings)
         worst_embedding_step = max(worst_embedding_step, max_abs_error(result.embedding, torch_embedding.numpy()))

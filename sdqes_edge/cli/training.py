@@ -22,6 +22,7 @@ from sdqes_edge.cli.common import (
 from sdqes_edge.config import ADAPTER_KINDS
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import staged_directory
+from sdqes_edge.progress import with_progress
 from sdqes_edge.synthetic import MIN_STREAM_SECONDS
 from sdqes_edge.train_options import TrainOptions
 
@@ -77,6 +78,11 @@ TRAIN_HELP = {
 }
 
 
+def training_progress(items, desc: str):
+    """How `train` and `accuracy` count the streams they draw and the steps they train."""
+    return with_progress(items, desc, unit="it")
+
+
 def train_options_from_args(args: argparse.Namespace):
     options = TrainOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainOptions)}).check()
     for conflict in options.conflicts():
@@ -86,8 +92,6 @@ def train_options_from_args(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a small dual encoder with adapters on synthetic event streams (CPU, minutes)."""
-    from tqdm import tqdm
-
     from sdqes_edge.training import train
 
     options = train_options_from_args(args)
@@ -95,7 +99,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     _refuse_overwriting_a_model(out / f"{options.model_config().name}.pt")
     print(f"training {options.model_config().name} (seed {options.seed}) for {options.steps} steps on "
           f"{options.train_streams} synthetic streams; validation {options.val_streams}, test {options.test_streams}")
-    result = train(options, out, progress=lambda it, desc: tqdm(it, desc=desc, mininterval=2, leave=False))
+    result = train(options, out, progress=training_progress)
     print(f"wrote {result.checkpoint} and {out / (result.checkpoint.stem + '.record.json')}")
     print(f"\nnext: {PROG} export --checkpoint {result.checkpoint} --threshold {result.record['threshold']:.4f} "
           f"--out bundles/{result.checkpoint.stem}")
@@ -130,8 +134,6 @@ def _add_train_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = 
 
 def cmd_accuracy(args: argparse.Namespace) -> int:
     """Accuracy tables on held-out synthetic test streams: per adapter kind over seeds, per deployment format."""
-    from tqdm import tqdm
-
     from sdqes_edge.benchmarks.accuracy import checkpoint_path
     from sdqes_edge.benchmarks.accuracy import run as run_accuracy
 
@@ -144,7 +146,7 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
     print(f"accuracy: {trained}"
           + (f"; formats of {', '.join(args.formats)}" if args.formats else "") + f"; results in {args.out}/")
     path = run_accuracy(base, args.kinds, args.seeds, args.formats, Path(args.out),
-                        progress=lambda it, desc: tqdm(it, desc=desc, mininterval=5, leave=False))
+                        progress=training_progress)
     print()
     print(path.read_text())
     print(f"wrote {path} and {path.with_suffix('.json')}")
