@@ -33,7 +33,8 @@ from sdqes_edge.runtime.backend import frame_batch_buffer, warm_up
 from sdqes_edge.runtime.bound_step import runs_to_steady
 from sdqes_edge.runtime.fused_ops import load_fused_ops
 from sdqes_edge.runtime.kernels import count_kernels
-from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, create_session
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.ort_sessions import create_session
 
 from .timing import interleaved
 
@@ -236,7 +237,7 @@ def device_kernels(path: Path, device: str, frame: np.ndarray, steps: int = 10, 
     still in Gemms) the ViT-B/16 + QRNN step ran 458 nodes as 606 GPU kernels, each Gemm with a bias two
     (ONNX Runtime writes the bias into the output, then multiplies onto it), the GPU busy 1.86 ms of a 2.3 ms
     step: with CUDA graphs the kernels themselves cost, most of them a couple of microseconds, not launches."""
-    from sdqes_edge.runtime.onnxruntime_backend import DEVICE_PROVIDERS
+    from sdqes_edge.runtime.ort_sessions import DEVICE_PROVIDERS
 
     counted = count_kernels(path, providers=DEVICE_PROVIDERS[device],
                             fused_ops=load_fused_ops(fused_ops) if fused_ops else None)

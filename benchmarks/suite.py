@@ -46,7 +46,7 @@ from sdqes_edge.files import write_text_atomically
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.runtime.fused_ops import load_fused_ops
 from sdqes_edge.runtime.kernels import count_kernels
-from sdqes_edge.runtime.onnxruntime_backend import create_session
+from sdqes_edge.runtime.ort_sessions import create_session
 from sdqes_edge.runtime.tensorrt_backend import tensorrt_ready
 
 

@@ -39,7 +39,8 @@ from sdqes_edge.errors import WARNING_PREFIX, UserError
 from sdqes_edge.files import file_sha256, staged_directory
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.package_builds import load_onnxruntime
-from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep, session_options
+from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.ort_sessions import session_options
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import (
     EXAMPLE_QUERIES,

@@ -3,7 +3,8 @@
 numpy, OpenCV and ONNX Runtime (or TensorRT + pycuda) only; a test runs it in an
 interpreter where torch cannot be imported. The pieces, in the order a frame
 meets them: ``sources`` (OpenCV capture sampled at the bundle's fps) ->
-``preprocess`` -> a backend (``onnxruntime_backend`` with ``bound_step`` on a GPU, ``tensorrt_backend``)
+``preprocess`` -> a backend (``onnxruntime_backend`` on a session ``ort_sessions`` makes, with ``bound_step`` on a
+GPU; ``tensorrt_backend``)
 stepping the graph with the state carried by name -> ``queries`` (one product
 for all queries) -> ``alerts`` (policy per query) -> ``sinks``. ``detector``
 ties them together; ``bundle`` reads what the exporter wrote.

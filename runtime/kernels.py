@@ -22,8 +22,8 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
 
 from .fused_ops import FusedOps, register_fused_ops
-from .onnxruntime_backend import session_options
 from .ort_releases import session_keywords
+from .ort_sessions import session_options
 
 # Operators ONNX Runtime executes as a new view of the same buffer (no data moved, no device launch
 # unless the output is a buffer bound by the caller).

@@ -26,7 +26,7 @@ from sdqes_edge.traces import query_key
 
 from .alerts import AlertPolicy
 from .bundle import Bundle
-from .onnxruntime_backend import load_refusal, session_options
+from .ort_sessions import load_refusal, session_options
 
 # Texts encoded at run time whose embeddings are kept for a query asked again (the least recently asked go first):
 # a program that runs for months, asking new texts all along, keeps a bounded memory. The bundle's pre-encoded

@@ -182,7 +182,7 @@ def tensorrt_finding(ort, gpu: Finding) -> Finding:
         return Finding(topic, None, "no (TensorRT runs on an NVIDIA GPU)")
     provider = ""
     if ort is not None and "TensorrtExecutionProvider" in ort.get_available_providers():
-        from sdqes_edge.runtime.onnxruntime_backend import provider_library_problem
+        from sdqes_edge.runtime.ort_sessions import provider_library_problem
 
         problem = provider_library_problem("TensorrtExecutionProvider")
         provider = ("; ONNX Runtime's TensorRT provider: " +

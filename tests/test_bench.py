@@ -193,7 +193,7 @@ def test_every_onnx_runtime_session_the_bench_makes_keeps_its_workers_from_spinn
 
     from sdqes_edge.benchmarks.config import QUICK, BenchConfig
     from sdqes_edge.benchmarks.suite import run
-    from sdqes_edge.runtime.onnxruntime_backend import SPIN_WAIT_OPTION
+    from sdqes_edge.runtime.ort_sessions import SPIN_WAIT_OPTION
 
     made = []
 

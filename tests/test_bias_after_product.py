@@ -25,8 +25,8 @@ from sdqes_edge.export.gemm_bias import (
 from sdqes_edge.export.graphs import export_step_graph
 from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.runtime.kernels import count_kernels
-from sdqes_edge.runtime.onnxruntime_backend import session_options
 from sdqes_edge.runtime.ort_releases import session_keywords
+from sdqes_edge.runtime.ort_sessions import session_options
 
 
 def biased_gemms(graph) -> int:

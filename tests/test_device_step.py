@@ -17,16 +17,13 @@ from sdqes_edge.export import ExportOptions, export_bundle
 from sdqes_edge.export.graphs import export_step_graph
 from sdqes_edge.runtime.backend import BufferSetLedger, frame_batch_buffer
 from sdqes_edge.runtime.bundle import load_bundle
-from sdqes_edge.runtime.onnxruntime_backend import (
-    BoundState,
-    OnnxRuntimeStep,
-    session_with_capture_fallback,
-)
+from sdqes_edge.runtime.onnxruntime_backend import BoundState, OnnxRuntimeStep
+from sdqes_edge.runtime.ort_sessions import session_with_capture_fallback
 from sdqes_edge.tolerances import VARIANT_TOLERANCES
 
 HAS_CUDA = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 # fp32 on a GPU against fp32 on the CPU: sums in another order, nothing more (TF32 products are off,
-# onnxruntime_backend.cuda_options; with them on, the tiny preset drifted 1.5e-4 in 100 frames on an H200).
+# ort_releases.cuda_options; with them on, the tiny preset drifted 1.5e-4 in 100 frames on an H200).
 FP32_ON_A_GPU = 1e-5
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu with the CUDA execution provider "
                                                      "(an NVIDIA GPU); the binding logic is tested on the CPU")

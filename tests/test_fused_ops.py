@@ -353,7 +353,7 @@ def test_the_bench_times_the_steps_with_the_library_beside_the_same_graphs_witho
 
 
 def test_on_the_gpu_each_windows_scan_is_one_kernel_in_a_cuda_graph_and_follows_the_cpu_fp32_window(windows):
-    from sdqes_edge.runtime.onnxruntime_backend import create_session
+    from sdqes_edge.runtime.ort_sessions import create_session
     from sdqes_edge.tolerances import VARIANT_TOLERANCES
 
     library = cuda_kernel_library()

@@ -19,13 +19,8 @@ from conftest import random_model
 from sdqes_edge.demo import DEMO_BUNDLE
 from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.export import ExportOptions, export_bundle
-from sdqes_edge.runtime.onnxruntime_backend import (
-    create_session,
-    cuda_options,
-    load_refusal,
-    onnxruntime_release,
-    session_options,
-)
+from sdqes_edge.runtime.ort_releases import cuda_options, onnxruntime_release
+from sdqes_edge.runtime.ort_sessions import create_session, load_refusal, session_options
 
 
 @pytest.fixture(scope="module")

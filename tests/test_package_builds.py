@@ -121,7 +121,7 @@ def test_an_opencv_emptied_by_uninstalling_the_other_wheel_is_named_with_the_rei
 @needs_cpu_build_alone
 def test_an_onnx_runtime_too_old_for_a_graph_is_updated_within_its_own_build(tmp_path, monkeypatch):
     """`pip install -U onnxruntime` where onnxruntime-gpu runs installs the CPU build beside it, whose files win."""
-    from sdqes_edge.runtime.onnxruntime_backend import load_refusal
+    from sdqes_edge.runtime.ort_sessions import load_refusal
 
     too_old = RuntimeError("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for Foo(99)")
     assert "update it (pip install -U onnxruntime)" in str(load_refusal(too_old, tmp_path / "g.onnx", "a graph"))
@@ -140,17 +140,17 @@ def test_an_onnx_runtime_too_old_for_a_graph_is_updated_within_its_own_build(tmp
 def test_a_provider_whose_library_will_not_load_is_named_with_the_library_it_lacks(tmp_path, monkeypatch):
     """ONNX Runtime names the missing library (libcublasLt.so.13) only in its own coloured log, which is kept off
     the terminal while a GPU session is made: the one-line refusal names it instead."""
-    import sdqes_edge.runtime.onnxruntime_backend as backend
+    import sdqes_edge.runtime.ort_sessions as sessions
 
     (tmp_path / "libonnxruntime_providers_cuda.so").write_bytes(b"not a shared library")
-    problem = backend.provider_library_problem("CUDAExecutionProvider", capi=tmp_path)
+    problem = sessions.provider_library_problem("CUDAExecutionProvider", capi=tmp_path)
     assert problem and "libonnxruntime_providers_cuda.so" in problem  # what the loader said, in one line
-    assert backend.provider_library_problem("TensorrtExecutionProvider", capi=tmp_path) is None  # not there
-    assert backend.provider_library_problem("CPUExecutionProvider", capi=tmp_path) is None  # built in
+    assert sessions.provider_library_problem("TensorrtExecutionProvider", capi=tmp_path) is None  # not there
+    assert sessions.provider_library_problem("CPUExecutionProvider", capi=tmp_path) is None  # built in
     missing = "libcublasLt.so.13: cannot open shared object file: No such file or directory"
-    monkeypatch.setattr(backend, "provider_library_problem", lambda provider: missing)
+    monkeypatch.setattr(sessions, "provider_library_problem", lambda provider: missing)
     with pytest.raises(UserError) as refused:
-        backend._check_providers("cuda", ["CPUExecutionProvider"])
+        sessions.check_providers("cuda", ["CPUExecutionProvider"])
     assert ("could not create the CUDA execution provider, CUDAExecutionProvider (its library will not load: "
             f"{missing})") in str(refused.value)
 
@@ -167,7 +167,7 @@ class RecordingOrt:
 
 @pytest.mark.parametrize("device", ["cuda", "tensorrt"])
 def test_onnx_runtimes_own_fallback_chatter_stays_off_the_terminal_while_a_gpu_session_is_made(device, capsys):
-    from sdqes_edge.runtime.onnxruntime_backend import quiet_provider_fallback
+    from sdqes_edge.runtime.ort_sessions import quiet_provider_fallback
 
     ort = RecordingOrt()
     with quiet_provider_fallback(ort, device):

@@ -15,7 +15,7 @@ import pytest
 
 from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.package_builds import CUDA_PROVIDER
-from sdqes_edge.runtime.onnxruntime_backend import _check_providers
+from sdqes_edge.runtime.ort_sessions import check_providers
 from sdqes_edge.runtime.tensorrt_backend import nvidia_gpu_present
 
 GPU_RUNS_HERE = CUDA_PROVIDER in onnxruntime.get_available_providers() and nvidia_gpu_present()
@@ -27,32 +27,32 @@ needs_a_gpu = pytest.mark.skipif(not GPU_RUNS_HERE, reason="needs onnxruntime-gp
 def test_a_provider_onnx_runtime_could_not_create_is_named_never_silently_replaced(library_problem, monkeypatch):
     """Whether the provider's own library is absent (a CPU build) or will not load its dependencies (a GPU
     build without TensorRT), the refusal names the provider in words."""
-    import sdqes_edge.runtime.onnxruntime_backend as backend
+    import sdqes_edge.runtime.ort_sessions as sessions
 
-    monkeypatch.setattr(backend, "provider_library_problem", lambda provider: library_problem)
+    monkeypatch.setattr(sessions, "provider_library_problem", lambda provider: library_problem)
     cpu_only = ["CPUExecutionProvider"]
     with pytest.raises(UserError, match="could not create the CUDA execution provider, CUDAExecutionProvider.*"
                                         "--ort-device cpu"):
-        _check_providers("cuda", cpu_only)
+        check_providers("cuda", cpu_only)
     with pytest.warns(SetupWarning) as caught:
-        _check_providers("tensorrt", ["CUDAExecutionProvider", "CPUExecutionProvider"])
+        check_providers("tensorrt", ["CUDAExecutionProvider", "CPUExecutionProvider"])
     warning = str(caught[0].message)
     assert "TensorRT execution provider" in warning and "libnvinfer" in warning and "CUDA" in warning
     assert len(caught) == 1 and "\n" not in warning
     with pytest.raises(UserError, match="the TensorRT execution provider, TensorrtExecutionProvider"):
-        _check_providers("tensorrt", cpu_only)
-    _check_providers("cpu", cpu_only)  # what was asked is what runs: silent
+        check_providers("tensorrt", cpu_only)
+    check_providers("cpu", cpu_only)  # what was asked is what runs: silent
 
 
 # --- ONNX Runtime's TensorRT provider keeps its engines on disk, keyed by the graph's bytes ------------------------
 
 def test_tensorrt_provider_engines_are_cached_per_graph_content_and_the_first_build_is_announced(
         tmp_path, monkeypatch, capsys):
-    import sdqes_edge.runtime.onnxruntime_backend as backend
-    from sdqes_edge.runtime.onnxruntime_backend import tensorrt_cache_options
+    import sdqes_edge.runtime.ort_sessions as sessions
+    from sdqes_edge.runtime.ort_sessions import tensorrt_cache_options
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(backend, "provider_library_problem", lambda provider: None)  # as where TensorRT loads
+    monkeypatch.setattr(sessions, "provider_library_problem", lambda provider: None)  # as where TensorRT loads
     graph, same, other = tmp_path / "a.onnx", tmp_path / "copy.onnx", tmp_path / "b.onnx"
     graph.write_bytes(b"graph one")
     same.write_bytes(b"graph one")
@@ -68,7 +68,7 @@ def test_tensorrt_provider_engines_are_cached_per_graph_content_and_the_first_bu
     assert capsys.readouterr().err == ""  # nothing to announce once engines are kept
     assert tensorrt_cache_options(other)["trt_engine_cache_path"] != folder  # new weights never load old engines
     assert "builds engines for b.onnx" in capsys.readouterr().err
-    monkeypatch.setattr(backend, "provider_library_problem", lambda provider: "libnvinfer.so.10: cannot open")
+    monkeypatch.setattr(sessions, "provider_library_problem", lambda provider: "libnvinfer.so.10: cannot open")
     third = tmp_path / "c.onnx"
     third.write_bytes(b"graph three")
     tensorrt_cache_options(third)
@@ -77,7 +77,7 @@ def test_tensorrt_provider_engines_are_cached_per_graph_content_and_the_first_bu
 
 def test_without_a_writable_cache_the_tensorrt_provider_builds_every_run_with_a_one_line_warning(
         tmp_path, monkeypatch):
-    from sdqes_edge.runtime.onnxruntime_backend import tensorrt_cache_options
+    from sdqes_edge.runtime.ort_sessions import tensorrt_cache_options
 
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder would go")

@@ -344,7 +344,7 @@ def test_a_frame_the_reader_prepared_reaches_the_backend_as_it_is_and_an_unprepa
 
 
 def test_the_detectors_onnx_runtime_workers_do_not_spin_between_steps_while_its_reader_threads_work(exported):
-    from sdqes_edge.runtime.onnxruntime_backend import SPIN_WAIT_OPTION
+    from sdqes_edge.runtime.ort_sessions import SPIN_WAIT_OPTION
 
     options = StreamingDetector(exported[1]).backend.session.get_session_options()
     assert options.get_session_config_entry(SPIN_WAIT_OPTION) == "0"

@@ -27,7 +27,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     demo = add_subcommand(
-        sub, "demo", "see the shipped model alert on a fresh synthetic stream (about 10 s, no arguments needed)",
+        sub, "demo", "see the shipped model alert on a fresh synthetic stream (seconds, no arguments needed)",
         "Draw a 60-s synthetic scene from a seed no training run used, run the model shipped with the package "
         "(trained on synthetic streams by `sdqes-edge train`) through the torch-free runtime with the stream's "
         "five queries, print each alert beside the true start of its event, and write the video, an annotated "

@@ -14,7 +14,7 @@ from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number,
 from sdqes_edge.contract import FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.progress import progress_bar
-from sdqes_edge.runtime.onnxruntime_backend import DEVICE_PROVIDERS
+from sdqes_edge.runtime.ort_sessions import DEVICE_PROVIDERS
 
 if TYPE_CHECKING:  # the corpus module is loaded where the command runs, so that --help stays light
     from sdqes_edge.corpus import StepChoice

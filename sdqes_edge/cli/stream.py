@@ -31,7 +31,7 @@ from sdqes_edge.files import (
 )
 from sdqes_edge.progress import progress_bar
 from sdqes_edge.runtime.backend import BACKENDS
-from sdqes_edge.runtime.onnxruntime_backend import DEVICE_PROVIDERS
+from sdqes_edge.runtime.ort_sessions import DEVICE_PROVIDERS
 from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of
 from sdqes_edge.traces import TRACE_SUFFIX
 from sdqes_edge.train_options import training_data_words
