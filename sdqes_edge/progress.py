@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from typing import Iterable, TypeVar
 
 LOG_LINE_SECONDS = 30.0  # off a terminal: the first progress line after this, then one at most this often
@@ -30,8 +31,8 @@ def progress_bar(total: int | None, unit: str, desc: str, enabled: bool = True, 
         return None
     if stderr_is_a_terminal():
         return tqdm(iterable, total=total, unit=unit, desc=desc, leave=False, file=sys.stderr)
-    return _log_lines_bar(tqdm)(iterable, total=total, unit=unit, desc=desc, leave=False, file=sys.stderr,
-                                mininterval=LOG_LINE_SECONDS, delay=LOG_LINE_SECONDS, bar_format=LOG_LINE_FORMAT)
+    return _log_lines_bar(tqdm)(iterable, total=total, unit=unit, desc=desc, leave=False, file=_Nowhere(),
+                                mininterval=LOG_LINE_SECONDS, bar_format=LOG_LINE_FORMAT, log=sys.stderr)
 
 
 def with_progress(iterable: Iterable[Item], desc: str, unit: str, total: int | None = None,
@@ -50,21 +51,39 @@ def stderr_is_a_terminal() -> bool:
         return False
 
 
+class _Nowhere:
+    """Where a log's bar sends what tqdm writes itself, outside ``display`` (the carriage return that clears a bar,
+    which tqdm 4.30 writes whatever ``display`` returns): nowhere. Its lines go to the log by ``display``."""
+
+    def write(self, text: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
 @functools.lru_cache(maxsize=None)
 def _log_lines_bar(tqdm: type) -> type:
-    """tqdm's class, drawing each refresh as a whole line: never before ``delay`` has passed, never more often than
-    ``mininterval`` (a refresh asked outright, as ``set_postfix`` asks one, included), and nothing when tqdm clears
-    a bar it drew in place (a log keeps its lines)."""
+    """tqdm's class, drawing each refresh as a whole line on ``log``: none in the first LOG_LINE_SECONDS, then none
+    sooner than LOG_LINE_SECONDS after the last (a refresh asked outright, as ``set_postfix`` asks one, included).
+    Held here rather than by tqdm's ``delay``, which tqdm before 4.60 refuses: a device's distribution may ship an
+    older tqdm than the export extra asks for (the same lines come from tqdm 4.30, checked by hand)."""
 
     class LogLinesBar(tqdm):
+        def __init__(self, *args, log, **kwargs):
+            self._log = log
+            super().__init__(*args, **kwargs)
+
         def display(self, msg=None, pos=None):
-            now = self._time()
-            due = max(self.start_t + self.delay, getattr(self, "_line_written_at", float("-inf")) + self.mininterval)
-            if msg == "" or now < due:
+            started = getattr(self, "start_t", None)  # None: tqdm still making the bar
+            if msg == "" or started is None:  # "": tqdm clearing the bar it drew in place, which a log keeps
+                return False
+            now = getattr(self, "_time", time.time)()
+            if now < max(started, getattr(self, "_line_written_at", float("-inf"))) + LOG_LINE_SECONDS:
                 return False
             self._line_written_at = now
-            self.fp.write((self.__str__() if msg is None else msg) + "\n")
-            self.fp.flush()
+            self._log.write((self.__str__() if msg is None else msg) + "\n")
+            self._log.flush()
             return True
 
     return LogLinesBar
