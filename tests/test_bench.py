@@ -286,7 +286,7 @@ def test_the_report_warns_when_other_processes_kept_the_machine_busy():
 def test_the_costliest_gpu_kernels_are_ranked_by_their_time_per_step_with_names_cut_short():
     from types import SimpleNamespace
 
-    from sdqes_edge.benchmarks.device import KERNEL_NAME_CHARS, costliest_kernels, costliest_lines
+    from sdqes_edge.benchmarks.kernels_on_device import KERNEL_NAME_CHARS, costliest_kernels, costliest_lines
 
     def kernel(name, us):  # what PyTorch's profiler gives for one executed kernel: its name and device time
         return SimpleNamespace(name=name, device_time=us)
