@@ -34,9 +34,10 @@ _EXPORTS = {
     ".stream_slot": ("StreamSlot",),
     ".onnxruntime_backend": ("SlowPrecisionWarning",),
     ".pacing": ("FrameRateWarning",),
-    ".queries": ("DuplicateQueryWarning",),
+    ".queries": ("DuplicateQueryWarning", "text_encoder_for"),
     ".sinks": ("AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder"),
     ".sources": ("Frame", "open_source"),
+    ".step_backends": ("make_backend",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = list(_MODULE_OF)

@@ -16,7 +16,6 @@ import math
 import numbers
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -27,7 +26,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import SNAPSHOT_EXAMPLE, as_path, check_output_file
 
 from .alerts import AlertPolicy, AlertState
-from .backend import BACKENDS, StepBackend, check_parts_from, frame_batch_buffer, warm_up
+from .backend import StepBackend, check_parts_from, frame_batch_buffer, warm_up
 from .bundle import Bundle, load_bundle
 from .frame_source import check_frames, check_run_arguments
 from .pacing import StreamPace
@@ -37,29 +36,12 @@ from .run_stats import RunStats
 from .sinks import AlertEvent, Sink, check_sink_fits, close_all
 from .snapshots import SavedAlert, Snapshot, StreamRecord, policy_key, read_snapshot, snapshot_path, write_snapshot
 from .sources import Frame, FrameSource
+from .step_backends import make_backend
 from .stream_slot import StreamSlot
 
 
 class NonFiniteScoreError(UserError):
     """The model produced NaN or Inf for a stream; the stream is stopped (its state would stay poisoned)."""
-
-
-def make_backend(bundle: Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
-                 threads: int | None = None, ort_device: str = "cpu", ort_ops: str | Path | None = None
-                 ) -> StepBackend:
-    """``ort_ops``: this project's ONNX Runtime kernel library (runtime/fused_ops.py), for backend "ort"."""
-    if backend == "ort":
-        from .onnxruntime_backend import OnnxRuntimeStep, SlowPrecisionWarning, slow_precision_words
-
-        step = OnnxRuntimeStep(bundle.step_graph(precision), device=ort_device, threads=threads, fused_ops=ort_ops)
-        if (words := slow_precision_words(precision, ort_device, bundle.root)) is not None:
-            warnings.warn(words, SlowPrecisionWarning, stacklevel=3)  # at the program's StreamingDetector(...)
-        return step
-    if backend == "trt":
-        from .tensorrt_backend import TensorRTStep
-
-        return TensorRTStep.from_bundle(bundle, precision)
-    raise UserError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
 
 
 def _exclusive(method):
@@ -80,8 +62,9 @@ class StreamingDetector:
                  threads: int | None = None, ort_device: str = "cpu", truncate_queries: bool = False,
                  backend_instance: StepBackend | None = None, text_encoder: TextEncoder | None = None,
                  ort_ops: str | Path | None = None):
-        """``backend_instance`` and ``text_encoder``: ones already loaded from this bundle, so a program that
-        scores many streams one after another loads the graphs once. ``ort_ops``: as for ``make_backend``."""
+        """``backend_instance`` and ``text_encoder``: ones already loaded from this bundle (``make_backend(bundle)``,
+        ``text_encoder_for(bundle)``, both in ``sdqes_edge.runtime``), so a program that scores many streams one
+        after another loads the graphs once. ``ort_ops``: as for ``make_backend``."""
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
         chosen = {name: (value, _DEFAULTS[name]) for name, value in (  # name -> (value, default): what makes them
             ("backend", backend), ("precision", precision), ("threads", threads), ("ort_device", ort_device),

@@ -1,7 +1,8 @@
 """A program that scores many streams loads a bundle's graphs once and hands them to each detector
 (``backend_instance``, ``text_encoder``). Parts loaded from another bundle are refused in one line: another export
 of the same shapes ran the other model's weights silently, and other shapes failed deep inside ONNX Runtime.
-A copy of the same bundle is the same model, and is accepted.
+A copy of the same bundle is the same model, and is accepted. What makes the parts (``make_backend``,
+``text_encoder_for``, which the refusals name) is public, in ``sdqes_edge.runtime``.
 """
 
 from __future__ import annotations
@@ -14,10 +15,7 @@ from conftest import random_model
 
 from sdqes_edge.errors import UserError
 from sdqes_edge.export import ExportOptions, export_bundle
-from sdqes_edge.runtime.bundle import load_bundle
-from sdqes_edge.runtime.detector import StreamingDetector, make_backend
-from sdqes_edge.runtime.queries import text_encoder_for
-from sdqes_edge.runtime.sources import Frame
+from sdqes_edge.runtime import Frame, StreamingDetector, load_bundle, make_backend, text_encoder_for
 
 QUERY = "When I start to cut the onion, remind me to turn on the fan."
 
