@@ -35,7 +35,9 @@ _EXPORTS = {
     ".onnxruntime_backend": ("SlowPrecisionWarning",),
     ".pacing": ("FrameRateWarning",),
     ".queries": ("DuplicateQueryWarning", "text_encoder_for"),
-    ".sinks": ("AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder"),
+    ".run_stats": ("RunStats",),
+    ".sinks": ("AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder",
+               "Sink"),
     ".sources": ("Frame", "open_source"),
     ".step_backends": ("make_backend",),
 }

@@ -285,3 +285,33 @@ def test_a_score_trace_made_at_another_rate_than_the_detector_steps_is_refused_w
                                         f"detector steps at {detector.fps:g}: .*make it at detector.fps$"):
         detector.add_sink(ScoreTraceRecorder(tmp_path / "s.npz", "s", other))
     assert detector.sinks == []
+
+
+def test_a_programs_own_sink_and_run_statistics_come_from_the_public_runtime(exported, tmp_path):
+    """What a program needs to plug in its own output (a ROS publisher, a headset's overlay) and read how fast the
+    stream ran is importable from ``sdqes_edge.runtime``: ``add_sink`` takes only a ``Sink``, and ``run`` fills a
+    ``RunStats``. Both had to be fetched from the runtime's inner modules."""
+    from runtime_fixtures import write_video
+
+    from sdqes_edge.runtime import RunStats, Sink, open_source
+
+    class Published(Sink):
+        def __init__(self):
+            self.frames, self.queries = [], []
+
+        def on_query_added(self, query_id, text, asked_time):
+            self.queries.append(text)
+
+        def on_frame(self, stream, frame_bgr, time_s, probs, events):
+            self.frames.append((stream, time_s, sorted(probs)))
+
+    detector = StreamingDetector(exported[1])
+    query = detector.add_query("When I open the fridge")
+    published = detector.add_sink(Published())
+    video = write_video(tmp_path / "clip.avi", np.zeros((10, 48, 64, 3), np.uint8), fps=5.0)
+    stats = RunStats()
+    for _ in detector.run(open_source(video, detector.fps), stats):
+        pass
+    assert published.queries == ["When I open the fridge"]
+    assert [(s, round(t, 6), ids) for s, t, ids in published.frames] == [(0, k / 5.0, [query.id]) for k in range(10)]
+    assert stats.frames == 10 and stats.latency(50) > 0
