@@ -1,8 +1,11 @@
 """What the runtime tests share: a tiny exported QRNN bundle (sampled at 5 fps), its step graphs for one and for
-four streams, a query, a video writer."""
+four streams, a query, a video writer, a live stream that never ends."""
 
 from __future__ import annotations
 
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import cv2
@@ -51,3 +54,32 @@ def write_video(path: Path, frames: np.ndarray, fps: float = 10.0) -> Path:
         writer.write(frame)
     writer.release()
     return path
+
+
+class EndlessMJPEG(BaseHTTPRequestHandler):
+    """A live stream that never ends: the same JPEG frame, 20 a second, as multipart/x-mixed-replace."""
+
+    def do_GET(self):
+        frame = cv2.imencode(".jpg", np.full((64, 64, 3), 128, np.uint8))[1].tobytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+        self.end_headers()
+        part = b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n" % (len(frame), frame)
+        try:
+            while True:
+                self.wfile.write(part)
+                time.sleep(0.05)
+        except OSError:  # the client is gone
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def endless_stream():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), EndlessMJPEG)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/stream.mjpg"
+    server.shutdown()
+    server.server_close()

@@ -13,12 +13,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pytest
 
@@ -284,35 +281,6 @@ def test_a_file_given_as_the_video_folder_is_named_a_file(corpus, tmp_path):
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "annotations.csv is a file, not a folder; give the folder that holds the annotated videos" in done.stderr
 
-
-
-class EndlessMJPEG(BaseHTTPRequestHandler):
-    """A live stream that never ends: the same JPEG frame, 20 a second, as multipart/x-mixed-replace."""
-
-    def do_GET(self):
-        frame = cv2.imencode(".jpg", np.full((64, 64, 3), 128, np.uint8))[1].tobytes()
-        self.send_response(200)
-        self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
-        self.end_headers()
-        part = b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n" % (len(frame), frame)
-        try:
-            while True:
-                self.wfile.write(part)
-                time.sleep(0.05)
-        except OSError:  # the client is gone
-            pass
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def endless_stream():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), EndlessMJPEG)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/stream.mjpg"
-    server.shutdown()
-    server.server_close()
 
 
 STOP_POOL_ON_FIRST_OUTCOME = """

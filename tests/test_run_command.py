@@ -320,3 +320,28 @@ def test_frames_that_change_size_mid_stream_are_all_in_the_annotated_video_fitte
     assert len(frames) == 6 and all(f.shape == (360, 480, 3) for f in frames)  # the first frame's size
     portrait = frames[1][:300]  # above the score bars
     assert portrait[:, :100].max() < 20 and portrait[:, 110:370].mean() == pytest.approx(40, abs=3)  # between bars
+
+
+def test_an_alert_of_a_live_stream_reaches_a_pipe_while_the_stream_runs(endless_stream):
+    """`sdqes-edge run ... | notify`, or run under docker or systemd: stdout is a pipe, which Python writes in 8 KiB
+    blocks, so a live stream's alerts reached the reader when the block filled or the command ended. Each line now
+    goes out as it is written (PYTHONUNBUFFERED, which would hide the difference, is left out)."""
+    import os
+    import threading
+
+    from sdqes_edge.demo import DEMO_BUNDLE
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    command = [sys.executable, "-m", "sdqes_edge.cli", "run", str(DEMO_BUNDLE), "--source", endless_stream,
+               "--query", "Tell me when the blue ball starts rolling.", "--threshold", "0.01", "--ort-device", "cpu"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    first_line: list[bytes] = []
+    reader = threading.Thread(target=lambda: first_line.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout=30)  # any p > 0.01 rises at the first frame: one alert, then the stream goes on for ever
+    read_while_streaming, still_streaming = list(first_line), proc.poll() is None
+    proc.send_signal(signal.SIGTERM)  # (a line held back comes out now, as the command ends)
+    _, err = proc.communicate(timeout=60)
+    assert read_while_streaming, err.decode()[-2000:]
+    assert b"Tell me when the blue ball starts rolling." in read_while_streaming[0]
+    assert still_streaming and proc.returncode == 143  # read while it ran, then stopped as SIGTERM stops it

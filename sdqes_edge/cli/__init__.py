@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import signal
 import sys
 import warnings
@@ -136,6 +137,19 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
 
 
 def main() -> None:
+    line_buffered_output()
     code = run(sys.argv[1:])
     ignore_termination()  # done, outputs closed: a signal in Python's teardown must not make it a kill (-15)
     sys.exit(code)
+
+
+def line_buffered_output() -> None:
+    """Every line out as soon as it is written, wherever stdout and stderr go. Python writes a stream that is not a
+    terminal in 8 KiB blocks (stderr too, before Python 3.9): the alerts of a live stream piped to another program
+    (`sdqes-edge run ... | notify`) or kept by docker or systemd reached them when the block filled, or when the
+    command ended, not when the event started."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError, io.UnsupportedOperation):  # replaced by an object without it, or closed
+            pass
