@@ -13,7 +13,8 @@ import numbers
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +35,11 @@ from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, 
 from .sampling import checked_rate
 
 
+def utc_timestamp() -> str:
+    """Now as ISO 8601 in UTC, to the millisecond: "2026-11-27T22:10:03.123Z" (the native runtime writes the same)."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 @dataclass
 class AlertEvent:
     query_id: str
@@ -45,6 +51,9 @@ class AlertEvent:
     score: float  # p = sigmoid(cos)
     cosine: float
     latency_ms: float  # from the frame leaving the source to the alert
+    # When the alert was raised, UTC: a live stream's alert log read beside the world's clocks (stream_time counts
+    # from the stream's start, which a restarted run or a reconnected camera moves).
+    wall_time: str = field(default_factory=utc_timestamp)
 
     def to_dict(self) -> dict:
         return asdict(self)

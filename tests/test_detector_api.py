@@ -315,3 +315,22 @@ def test_a_programs_own_sink_and_run_statistics_come_from_the_public_runtime(exp
     assert published.queries == ["When I open the fridge"]
     assert [(s, round(t, 6), ids) for s, t, ids in published.frames] == [(0, k / 5.0, [query.id]) for k in range(10)]
     assert stats.frames == 10 and stats.latency(50) > 0
+
+
+def test_each_logged_alert_says_when_it_was_raised_in_utc(exported, tmp_path):
+    """stream_time counts from the stream's start, which a restarted run or a reconnected camera moves: a live
+    stream's alert log also holds the wall-clock time of each alert, ISO 8601 in UTC (as the native runtime's)."""
+    import json
+    from datetime import datetime, timezone
+
+    detector = StreamingDetector(exported[1])
+    detector.add_query("When I open the fridge", threshold=0.01)  # above it from the first frame: one alert
+    detector.add_sink(JsonlSink(tmp_path / "alerts.jsonl"))
+    before = datetime.now(timezone.utc)
+    detector.step([Frame(image=np.zeros((48, 64, 3), np.uint8), time=0.0, index=0)])
+    after = datetime.now(timezone.utc)
+    detector.close()
+    (alert,) = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert alert["wall_time"].endswith("Z") and len(alert["wall_time"]) == len("2026-11-27T22:10:03.123Z")
+    raised = datetime.fromisoformat(alert["wall_time"].replace("Z", "+00:00"))
+    assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= raised <= after

@@ -1,9 +1,11 @@
 // Preprocessing, scoring, alert policy and the JSONL sink: twins of runtime/preprocess.py, alerts.py, sinks.py.
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <limits>
 
@@ -193,7 +195,20 @@ bool AlertState::update(double p, double stream_time) {
 json AlertEvent::to_json() const {
   return {{"query_id", query_id}, {"query", query}, {"message", message}, {"stream", stream},
           {"stream_time", stream_time}, {"frame_index", frame_index}, {"score", score}, {"cosine", cosine},
-          {"latency_ms", latency_ms}};
+          {"latency_ms", latency_ms}, {"wall_time", wall_time}};
+}
+
+std::string utc_timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  const auto millis =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char text[32];
+  const size_t length = std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(text + length, sizeof text - length, ".%03dZ", static_cast<int>(millis));
+  return text;
 }
 
 JsonlSink::JsonlSink(const fs::path& path) : path_(path), file_(std::fopen(path.string().c_str(), "a")) {

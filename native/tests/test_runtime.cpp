@@ -3,9 +3,11 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <regex>
 #include <sstream>
 
 #include <sys/resource.h>
@@ -439,6 +441,20 @@ TEST(CApi, RefusesNullHandlesAndANaNExitThresholdInsteadOfCrashingOrUnsettingIt)
   EXPECT_EQ(sdqes_alert_update(nullptr, 0.7, 0.0), -1);
   EXPECT_EQ(sdqes_alert_new(0.6, std::nan(""), 0, 0, error, sizeof error), nullptr);  // was: no exit threshold
   EXPECT_NE(std::string(error).find("exit threshold must lie in [0, threshold]"), std::string::npos) << error;
+}
+
+TEST(AlertEvent, RecordsWhenItWasRaisedInUtcAsThePythonRuntimeDoes) {
+  // ISO 8601 to the millisecond with a Z, as runtime/sinks.py's utc_timestamp writes it: an alert log read beside
+  // the world's clocks, whichever runtime wrote it.
+  const std::time_t before = std::time(nullptr);
+  sdqes::AlertEvent event;
+  const std::string stamp = event.to_json().at("wall_time").get<std::string>();
+  EXPECT_TRUE(std::regex_match(stamp, std::regex(R"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z)"))) << stamp;
+  std::tm utc{};
+  gmtime_r(&before, &utc);
+  char year[8];
+  std::strftime(year, sizeof year, "%Y", &utc);
+  EXPECT_EQ(stamp.substr(0, 4), year);
 }
 
 TEST(JsonlSink, KeepsWholeLinesWhenTheDiskRefusesOneAndNamesTheFile) {

@@ -117,6 +117,9 @@ struct AlertPolicy {
 };
 
 // The rising-edge rule with hysteresis, cooldown and max-k, frame by frame (runtime/alerts.py).
+// Now as ISO 8601 in UTC, to the millisecond ("2026-11-27T22:10:03.123Z"): an alert's wall_time.
+std::string utc_timestamp();
+
 class AlertState {
  public:
   explicit AlertState(AlertPolicy policy);
@@ -135,6 +138,7 @@ struct AlertEvent {
   double stream_time = 0.0;
   int64_t frame_index = 0;
   double score = 0.0, cosine = 0.0, latency_ms = 0.0;
+  std::string wall_time = utc_timestamp();  // when the alert was raised, UTC, as the Python runtime writes it
   nlohmann::json to_json() const;
 };
 
