@@ -36,8 +36,8 @@ _EXPORTS = {
     ".pacing": ("FrameRateWarning",),
     ".queries": ("DuplicateQueryWarning", "text_encoder_for"),
     ".run_stats": ("RunStats",),
-    ".sinks": ("AlertEvent", "AnnotatedVideoSink", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder",
-               "Sink"),
+    ".annotated_video": ("AnnotatedVideoSink",),
+    ".sinks": ("AlertEvent", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder", "Sink"),
     ".sources": ("Frame", "open_source"),
     ".step_backends": ("make_backend",),
 }

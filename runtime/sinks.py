@@ -1,4 +1,5 @@
-"""Where alerts go: a Python callback, a JSONL file, the console, an annotated video; plus the score trace.
+"""Where alerts go: a Python callback, a JSONL file, the console (an annotated video: ``annotated_video``); plus
+the score trace.
 
 Every sink is closed in a ``finally`` by the detector, so an interrupted stream
 still leaves a complete JSONL log (flushed per event) and a score trace.
@@ -11,25 +12,20 @@ import json
 import math
 import numbers
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-import cv2
 import numpy as np
 
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import (
     ALERT_LOG_EXAMPLE,
-    ANNOTATED_VIDEO_EXAMPLE,
     SCORE_TRACE_EXAMPLE,
     check_output_file,
-    format_bytes,
 )
-from sdqes_edge.metrics import above_threshold
 from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, read_chunks, save_scores
 
 from .sampling import checked_rate
@@ -89,18 +85,38 @@ class JsonlSink(Sink):
     """One JSON object per line, appended, written and fsynced per event: a crash loses nothing already alerted.
 
     A line the disk refuses part of (full, a quota) is taken back, so the log holds whole lines only (JSONL
-    readers stop at a half one), and the error names the file."""
+    readers stop at a half one), and the error names the file. A log rotated while the stream runs (logrotate
+    moves it away, or empties it with copytruncate) is followed, as Python's WatchedFileHandler follows one: the
+    next alert goes to a new file at the path, not into the moved one."""
 
     def __init__(self, path: str | Path):
         # A folder or /proc: a one-line error, not an OSError.
         self.path = check_output_file(path, "JsonlSink", ALERT_LOG_EXAMPLE)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._open()
+
+    def _open(self) -> None:
         self._fh = self.path.open("ab", buffering=0)  # unbuffered: nothing left to flush once a write failed
         # Bytes up to the end of the last whole line; None for a pipe (--events /dev/stdout), which cannot be cut.
         self._whole = self._fh.seek(0, os.SEEK_END) if self._fh.seekable() else None
 
+    def _follow_rotation(self) -> None:
+        if self._whole is None:  # a pipe or a terminal is not rotated
+            return
+        opened = os.fstat(self._fh.fileno())
+        try:
+            moved = not os.path.samestat(opened, os.stat(self.path))
+        except FileNotFoundError:  # moved away, the new one not made yet
+            moved = True
+        if moved:
+            self._fh.close()
+            self._open()
+        else:  # emptied in place (copytruncate): a line to take back ends where the file now does
+            self._whole = min(self._whole, opened.st_size)
+
     def on_event(self, event: AlertEvent) -> None:
         line = memoryview((json.dumps(event.to_dict()) + "\n").encode("utf-8"))
+        self._follow_rotation()
         try:
             while line:
                 written = self._fh.write(line)
@@ -134,122 +150,11 @@ class ConsoleSink(Sink):
                    f"{event.latency_ms:.0f} ms)")
 
 
-# The containers OpenCV's FFmpeg writer opens, and the codec each is written with (checked up front:
-# VideoWriter silently writes nothing for any other name).
-ANNOTATION_CODECS = {".avi": "MJPG", ".mp4": "mp4v", ".m4v": "mp4v", ".mov": "mp4v", ".mkv": "mp4v"}
-
-
-def check_annotation_path(path: str | Path, flag: str = "--annotate") -> Path:
-    path = Path(path)
-    if path.suffix.lower() not in ANNOTATION_CODECS and not path.is_dir():  # a folder: named as one below
-        kinds = ", ".join(ANNOTATION_CODECS)
-        raise UserError(f"{flag} {path}: OpenCV writes videos as {kinds}; give a file name ending in one of "
-                        f"them (e.g. {path.with_suffix('.mp4') if path.suffix else str(path) + '.mp4'})")
-    return check_output_file(path, flag, ANNOTATED_VIDEO_EXAMPLE)
-
-
 def checked_stream(stream: object, sink: str) -> int:
     """The index of the detector's stream a sink records, refused unless it is one (a string never matched)."""
     if isinstance(stream, bool) or not isinstance(stream, numbers.Integral) or stream < 0:
         raise UserError(f"{sink} records one of the detector's streams, by its index from 0, not {stream!r}")
     return int(stream)
-
-
-class IncompleteOutput(UserError):
-    """An output the machine would not let us finish (a full disk): exit 1, as the command line's disk-full
-    error, since the user's input was fine."""
-
-    exit_code = 1
-
-
-class AnnotatedVideoSink(Sink):
-    """The stream as a video with a score bar per query and a banner while an alert is fresh."""
-
-    BANNER_SECONDS = 2.0
-    MIN_HEIGHT = 360  # smaller frames are enlarged (whole pixels) so that the bars and text stay readable
-
-    def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]], stream: int = 0):
-        """``stream``: which of the detector's streams this video shows (one sink per stream to annotate)."""
-        self.path = check_annotation_path(path, "AnnotatedVideoSink")
-        self.fps = checked_rate(fps, "AnnotatedVideoSink writes")
-        self.stream = checked_stream(stream, "AnnotatedVideoSink")
-        if not callable(thresholds):  # it is asked every frame, for the thresholds of the queries then active
-            raise UserError(f"AnnotatedVideoSink takes thresholds as a function (detector.thresholds), not a "
-                            f"{type(thresholds).__name__}")
-        self.thresholds = thresholds
-        self._writer = None
-        self._size: tuple[int, int] | None = None  # (width, height) of the video, set by its first frame
-        self._first_shape: tuple[int, int] | None = None  # the first frame's (height, width), enlarged by _scale
-        self._scale = 1
-        self._written = 0
-        self._banner: tuple[str, float] | None = None
-
-    def _canvas(self, frame_bgr: np.ndarray) -> np.ndarray:
-        """The frame at the video's size, which the first frame sets (small frames enlarged by whole pixels).
-        A frame of another size (an image folder of mixed sizes, a camera that renegotiates) is fitted inside it,
-        centred between black bars: OpenCV's writer silently drops every frame whose size differs from its own."""
-        fh, fw = frame_bgr.shape[:2]
-        if self._size is None:
-            self._first_shape, self._scale = (fh, fw), -(-self.MIN_HEIGHT // fh)  # ceil: 96-px frames become 384 px
-            self._size = (fw * self._scale, fh * self._scale)
-        if (fh, fw) == self._first_shape:
-            return frame_bgr.copy() if self._scale == 1 else cv2.resize(
-                frame_bgr, None, fx=self._scale, fy=self._scale, interpolation=cv2.INTER_NEAREST)
-        w, h = self._size
-        scale = min(w / fw, h / fh)
-        inner_w, inner_h = min(w, max(1, round(fw * scale))), min(h, max(1, round(fh * scale)))
-        smooth = cv2.INTER_AREA if scale < 1 else cv2.INTER_LINEAR
-        inner = cv2.resize(frame_bgr, (inner_w, inner_h), interpolation=smooth)
-        image = np.zeros((h, w, 3), np.uint8)
-        top, left = (h - inner_h) // 2, (w - inner_w) // 2
-        image[top:top + inner_h, left:left + inner_w] = inner
-        return image
-
-    def on_frame(self, stream, frame_bgr, time_s, probs, events):
-        if stream != self.stream:
-            return
-        image = self._canvas(frame_bgr)
-        h, w = image.shape[:2]
-        if self._writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)  # as every other output: missing folders are made
-            codec = ANNOTATION_CODECS.get(self.path.suffix.lower())
-            writer = (cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*codec), self.fps, (w, h))
-                      if codec else None)
-            if writer is None or not writer.isOpened():
-                raise UserError(f"OpenCV could not open {self.path} for writing a {w}x{h} video; give a path ending "
-                                f"in {', '.join(ANNOTATION_CODECS)} in a folder you can write to")
-            self._writer = writer
-        thresholds = self.thresholds()
-        for row, (qid, p) in enumerate(probs.items()):
-            y = h - 12 - 18 * row
-            bar = int((w // 3) * p)
-            cv2.rectangle(image, (8, y - 10), (8 + w // 3, y), (60, 60, 60), -1)
-            above = above_threshold(p, thresholds.get(qid, 1.0))
-            cv2.rectangle(image, (8, y - 10), (8 + bar, y), (0, 0, 255) if above else (0, 200, 0), -1)
-            cv2.putText(image, f"{qid} {p:.3f}", (14 + w // 3, y), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (255, 255, 255), 1)
-        if events:
-            self._banner = (events[-1].message, time_s)
-        if self._banner and time_s - self._banner[1] <= self.BANNER_SECONDS:
-            cv2.rectangle(image, (0, 0), (w, 28), (0, 0, 200), -1)
-            cv2.putText(image, self._banner[0][:80], (8, 19), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (255, 255, 255), 1)
-        self._writer.write(image)
-        self._written += 1
-
-    def close(self) -> None:
-        """Finish the video and read its frame count back: OpenCV's writer reports no error, so a disk that
-        filled up left an mp4 without its index (unplayable) while the run said it was written."""
-        if self._writer is None:
-            return
-        self._writer.release()
-        self._writer = None
-        check = cv2.VideoCapture(str(self.path))
-        readable = int(check.get(cv2.CAP_PROP_FRAME_COUNT)) if check.isOpened() else 0
-        check.release()
-        if readable < self._written - 1:  # some containers estimate their count from the duration: one off
-            free = shutil.disk_usage(self.path.parent).free
-            raise IncompleteOutput(f"the annotated video {self.path} is incomplete: {self._written} frames were "
-                                   f"written and {readable} can be read back ({format_bytes(free)} free on its disk); "
-                                   "free some space or write it to another disk, and run again")
 
 
 class ScoreTraceRecorder(Sink):

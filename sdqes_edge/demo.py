@@ -23,8 +23,9 @@ from sdqes_edge.alert_tuning import false_alerts, in_window
 from sdqes_edge.contract import MANIFEST_NAME, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.metrics import TOLERANCE_WINDOWS
+from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
 from sdqes_edge.runtime.detector import RunStats, StreamingDetector
-from sdqes_edge.runtime.sinks import AnnotatedVideoSink, CallbackSink, JsonlSink, ScoreTraceRecorder
+from sdqes_edge.runtime.sinks import CallbackSink, JsonlSink, ScoreTraceRecorder
 from sdqes_edge.runtime.sources import open_source
 from sdqes_edge.synthetic import Stream, generate_stream, write_video
 from sdqes_edge.traces import load_scores

@@ -24,16 +24,16 @@ from sdqes_edge.traces import StreamScores, load_scores, save_scores
 FILE_LIMIT = 64 * 1024  # bytes a file may grow to: the annotated video passes it, the other outputs do not
 
 
-def _limit_file_size() -> None:
+def _limit_file_size(limit: int = FILE_LIMIT) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the writer instead of failing the write
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
 
 @contextmanager
-def file_size_limit():
+def file_size_limit(limit: int = FILE_LIMIT):
     """The limit on this process for the block (the test runner's own files stay small meanwhile)."""
     old_limit, old_handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.getsignal(signal.SIGXFSZ)
-    _limit_file_size()
+    _limit_file_size(limit)
     try:
         yield
     finally:

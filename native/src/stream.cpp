@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "sdqes/runtime.hpp"
@@ -211,18 +212,38 @@ std::string utc_timestamp() {
   return text;
 }
 
-JsonlSink::JsonlSink(const fs::path& path) : path_(path), file_(std::fopen(path.string().c_str(), "a")) {
-  if (!file_) throw Error("cannot open " + path.string() + " for writing");
+JsonlSink::JsonlSink(const fs::path& path) : path_(path), file_(nullptr) { open(); }
+
+void JsonlSink::open() {
+  file_ = std::fopen(path_.string().c_str(), "a");
+  if (!file_) throw Error("cannot open " + path_.string() + " for writing");
   std::setvbuf(file_, nullptr, _IONBF, 0);  // unbuffered: nothing is left to flush once a write failed
-  if (std::fseek(file_, 0, SEEK_END) == 0) whole_ = std::ftell(file_);
+  whole_ = std::fseek(file_, 0, SEEK_END) == 0 ? std::ftell(file_) : -1;
 }
 
 JsonlSink::~JsonlSink() {
   if (file_) std::fclose(file_);
 }
 
+// A log rotated under a long stream is followed as the Python sink follows it: moved away (logrotate's default),
+// the next alert opens a new file at the path; emptied in place (copytruncate), a line to take back ends where
+// the file now does.
+void JsonlSink::follow_rotation() {
+  if (whole_ < 0) return;  // a pipe is not rotated
+  struct stat opened {}, named {};
+  if (fstat(fileno(file_), &opened) != 0) return;
+  if (stat(path_.string().c_str(), &named) != 0 || named.st_dev != opened.st_dev || named.st_ino != opened.st_ino) {
+    std::fclose(file_);
+    file_ = nullptr;
+    open();
+  } else if (opened.st_size < whole_) {
+    whole_ = static_cast<long>(opened.st_size);
+  }
+}
+
 void JsonlSink::write(const AlertEvent& event) {
   const std::string line = event.to_json().dump() + "\n";
+  follow_rotation();
   const bool written = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
   const int failure = written ? 0 : errno;
   if (written && whole_ >= 0 && fsync(fileno(file_)) != 0 && errno != EINVAL) {

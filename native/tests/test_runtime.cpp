@@ -457,6 +457,36 @@ TEST(AlertEvent, RecordsWhenItWasRaisedInUtcAsThePythonRuntimeDoes) {
   EXPECT_EQ(stamp.substr(0, 4), year);
 }
 
+TEST(JsonlSink, FollowsALogRotatedUnderItAsThePythonSinkDoes) {
+  const fs::path dir = fs::temp_directory_path() / ("sdqes-native-rotation-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path log = dir / "alerts.jsonl";
+  const auto frames_in = [](const fs::path& path) {
+    std::vector<int64_t> frames;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) frames.push_back(json::parse(line).at("frame_index"));
+    return frames;
+  };
+  sdqes::AlertEvent event;
+  event.query_id = "q1";
+  {
+    sdqes::JsonlSink sink(log);
+    event.frame_index = 1;
+    sink.write(event);
+    fs::rename(log, dir / "alerts.jsonl.1");  // logrotate: moved away, no new file made yet
+    event.frame_index = 2;
+    sink.write(event);
+    fs::copy_file(log, dir / "alerts.jsonl.2");  // copytruncate: emptied in place
+    fs::resize_file(log, 0);
+    event.frame_index = 3;
+    sink.write(event);
+  }
+  EXPECT_EQ(frames_in(dir / "alerts.jsonl.1"), std::vector<int64_t>{1});
+  EXPECT_EQ(frames_in(dir / "alerts.jsonl.2"), std::vector<int64_t>{2});
+  EXPECT_EQ(frames_in(log), std::vector<int64_t>{3});
+  fs::remove_all(dir);
+}
+
 TEST(JsonlSink, KeepsWholeLinesWhenTheDiskRefusesOneAndNamesTheFile) {
   // A real refusal: a file-size limit fails every write past it with EFBIG, as a full disk fails them (ENOSPC).
   const fs::path log = fs::temp_directory_path() / ("sdqes-native-alerts-" + std::to_string(::getpid()) + ".jsonl");

@@ -144,7 +144,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
         raise UserError(f"--max-frames {args.max_frames}: give a positive number of steps (or leave it out to "
                         "stream to the end)")
     if args.annotate:
-        from sdqes_edge.runtime.sinks import check_annotation_path
+        from sdqes_edge.runtime.annotated_video import check_annotation_path
 
         check_annotation_path(args.annotate)
     if args.scores:
@@ -203,7 +203,8 @@ def score_trace_paths(scores: str, sources: list) -> list[Path]:
 
 def _attach_sinks(detector: StreamingDetector, sources: list, args: argparse.Namespace) -> list[Path]:
     """Console, --events, --annotate and --scores sinks; the score trace paths, one per source."""
-    from sdqes_edge.runtime.sinks import AnnotatedVideoSink, ConsoleSink, JsonlSink, ScoreTraceRecorder
+    from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
+    from sdqes_edge.runtime.sinks import ConsoleSink, JsonlSink, ScoreTraceRecorder
 
     if not args.quiet:
         detector.add_sink(ConsoleSink())

@@ -144,7 +144,8 @@ struct AlertEvent {
 
 // Appends one JSON object per line, flushed and synced per event (a crash loses nothing alerted). A line the disk
 // refuses part of (full, a quota) is taken back and an Error names the file, so the log holds whole lines only,
-// as the Python sink's does; a pipe (/dev/stdout) is written line by line, not synced.
+// as the Python sink's does; a pipe (/dev/stdout) is written line by line, not synced. A log rotated under it is
+// followed (a new file at the path once the old one is moved away), as the Python sink follows one.
 class JsonlSink {
  public:
   explicit JsonlSink(const std::filesystem::path& path);
@@ -154,6 +155,8 @@ class JsonlSink {
   void write(const AlertEvent& event);
 
  private:
+  void open();
+  void follow_rotation();
   std::filesystem::path path_;
   std::FILE* file_;
   long whole_ = -1;  // bytes up to the end of the last whole line; -1 for a pipe, which cannot be cut
