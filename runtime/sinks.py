@@ -13,6 +13,7 @@ import math
 import numbers
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.files import (
     ALERT_LOG_EXAMPLE,
     SCORE_TRACE_EXAMPLE,
@@ -93,12 +94,13 @@ class JsonlSink(Sink):
         # A folder or /proc: a one-line error, not an OSError.
         self.path = check_output_file(path, "JsonlSink", ALERT_LOG_EXAMPLE)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._open()
+        self._use(self.path.open("ab", buffering=0))  # unbuffered: nothing left to flush once a write failed
+        self._reopen_refused = False
 
-    def _open(self) -> None:
-        self._fh = self.path.open("ab", buffering=0)  # unbuffered: nothing left to flush once a write failed
+    def _use(self, fh) -> None:
+        self._fh = fh
         # Bytes up to the end of the last whole line; None for a pipe (--events /dev/stdout), which cannot be cut.
-        self._whole = self._fh.seek(0, os.SEEK_END) if self._fh.seekable() else None
+        self._whole = fh.seek(0, os.SEEK_END) if fh.seekable() else None
 
     def _follow_rotation(self) -> None:
         if self._whole is None:  # a pipe or a terminal is not rotated
@@ -108,11 +110,19 @@ class JsonlSink(Sink):
             moved = not os.path.samestat(opened, os.stat(self.path))
         except FileNotFoundError:  # moved away, the new one not made yet
             moved = True
-        if moved:
-            self._fh.close()
-            self._open()
-        else:  # emptied in place (copytruncate): a line to take back ends where the file now does
+        if not moved:  # emptied in place (copytruncate), or not: a line to take back ends where the file now does
             self._whole = min(self._whole, opened.st_size)
+            return
+        try:
+            replacement = self.path.open("ab", buffering=0)
+        except OSError as exc:  # tried again at the next alert; the alerts are not lost meanwhile
+            if not self._reopen_refused:
+                self._reopen_refused = True
+                warnings.warn(f"the alert log {self.path} was moved away and cannot be made again "
+                              f"({exc.strerror or exc}); alerts go on into the moved file", SetupWarning, stacklevel=3)
+            return
+        self._fh.close()
+        self._use(replacement)
 
     def on_event(self, event: AlertEvent) -> None:
         line = memoryview((json.dumps(event.to_dict()) + "\n").encode("utf-8"))

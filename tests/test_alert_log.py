@@ -63,3 +63,25 @@ def test_a_line_the_disk_refuses_after_the_log_was_emptied_is_taken_back_to_its_
     sink.close()
     assert refused.value.filename == str(log)
     assert log.read_bytes() == b""
+
+
+def test_a_log_that_cannot_be_made_again_keeps_its_alerts_in_the_moved_file_and_says_so_once(tmp_path):
+    """Rotated by another user's script into a folder it then made at the path (or one we may not write): the
+    alerts were not lost, nor the stream stopped; they go on into the moved file, with one warning, and a new
+    file is made at the path as soon as it can be."""
+    from sdqes_edge.errors import SetupWarning
+
+    log = tmp_path / "alerts.jsonl"
+    sink = JsonlSink(log)
+    sink.on_event(alert(1))
+    log.rename(tmp_path / "alerts.jsonl.1")
+    log.mkdir()  # the path cannot be a file for now
+    with pytest.warns(SetupWarning, match=r"alert log .*alerts.jsonl was moved away and cannot be made again") as seen:
+        sink.on_event(alert(2))
+        sink.on_event(alert(3))
+    assert len(seen) == 1 and "alerts go on into the moved file" in str(seen[0].message)
+    log.rmdir()
+    sink.on_event(alert(4))
+    sink.close()
+    assert frames_in(tmp_path / "alerts.jsonl.1") == [1, 2, 3]
+    assert frames_in(log) == [4]

@@ -212,11 +212,13 @@ std::string utc_timestamp() {
   return text;
 }
 
-JsonlSink::JsonlSink(const fs::path& path) : path_(path), file_(nullptr) { open(); }
+JsonlSink::JsonlSink(const fs::path& path) : path_(path), file_(std::fopen(path.string().c_str(), "a")) {
+  if (!file_) throw Error("cannot open " + path.string() + " for writing");
+  use(file_);
+}
 
-void JsonlSink::open() {
-  file_ = std::fopen(path_.string().c_str(), "a");
-  if (!file_) throw Error("cannot open " + path_.string() + " for writing");
+void JsonlSink::use(std::FILE* file) {
+  file_ = file;
   std::setvbuf(file_, nullptr, _IONBF, 0);  // unbuffered: nothing is left to flush once a write failed
   whole_ = std::fseek(file_, 0, SEEK_END) == 0 ? std::ftell(file_) : -1;
 }
@@ -232,13 +234,21 @@ void JsonlSink::follow_rotation() {
   if (whole_ < 0) return;  // a pipe is not rotated
   struct stat opened {}, named {};
   if (fstat(fileno(file_), &opened) != 0) return;
-  if (stat(path_.string().c_str(), &named) != 0 || named.st_dev != opened.st_dev || named.st_ino != opened.st_ino) {
-    std::fclose(file_);
-    file_ = nullptr;
-    open();
-  } else if (opened.st_size < whole_) {
-    whole_ = static_cast<long>(opened.st_size);
+  if (stat(path_.string().c_str(), &named) == 0 && named.st_dev == opened.st_dev && named.st_ino == opened.st_ino) {
+    if (opened.st_size < whole_) whole_ = static_cast<long>(opened.st_size);
+    return;
   }
+  std::FILE* replacement = std::fopen(path_.string().c_str(), "a");
+  if (!replacement) {  // tried again at the next alert; the alerts go on into the moved file meanwhile
+    if (!reopen_refused_) {
+      reopen_refused_ = true;
+      std::fprintf(stderr, "sdqes-run: warning: the alert log %s was moved away and cannot be made again (%s); "
+                   "alerts go on into the moved file\n", path_.string().c_str(), std::strerror(errno));
+    }
+    return;
+  }
+  std::fclose(file_);
+  use(replacement);
 }
 
 void JsonlSink::write(const AlertEvent& event) {

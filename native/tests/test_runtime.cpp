@@ -480,10 +480,18 @@ TEST(JsonlSink, FollowsALogRotatedUnderItAsThePythonSinkDoes) {
     fs::resize_file(log, 0);
     event.frame_index = 3;
     sink.write(event);
+    fs::rename(log, dir / "alerts.jsonl.3");
+    fs::create_directory(log);  // the path cannot be a file for now: on into the moved file, said once
+    event.frame_index = 4;
+    sink.write(event);
+    fs::remove(log);
+    event.frame_index = 5;
+    sink.write(event);
   }
   EXPECT_EQ(frames_in(dir / "alerts.jsonl.1"), std::vector<int64_t>{1});
   EXPECT_EQ(frames_in(dir / "alerts.jsonl.2"), std::vector<int64_t>{2});
-  EXPECT_EQ(frames_in(log), std::vector<int64_t>{3});
+  EXPECT_EQ(frames_in(dir / "alerts.jsonl.3"), (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(frames_in(log), std::vector<int64_t>{5});
   fs::remove_all(dir);
 }
 

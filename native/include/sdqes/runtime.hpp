@@ -155,11 +155,12 @@ class JsonlSink {
   void write(const AlertEvent& event);
 
  private:
-  void open();
+  void use(std::FILE* file);
   void follow_rotation();
   std::filesystem::path path_;
   std::FILE* file_;
   long whole_ = -1;  // bytes up to the end of the last whole line; -1 for a pipe, which cannot be cut
+  bool reopen_refused_ = false;  // said once: a rotated log could not be made again at the path
 };
 
 // While one lives, SIGINT, SIGTERM and SIGHUP ask a stream's loop to stop after the frame in hand (sinks are never
