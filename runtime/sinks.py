@@ -123,6 +123,7 @@ class JsonlSink(Sink):
             return
         self._fh.close()
         self._use(replacement)
+        self._reopen_refused = False  # a later rotation that fails is said again
 
     def on_event(self, event: AlertEvent) -> None:
         line = memoryview((json.dumps(event.to_dict()) + "\n").encode("utf-8"))

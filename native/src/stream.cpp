@@ -249,6 +249,7 @@ void JsonlSink::follow_rotation() {
   }
   std::fclose(file_);
   use(replacement);
+  reopen_refused_ = false;  // a later rotation that fails is said again
 }
 
 void JsonlSink::write(const AlertEvent& event) {
