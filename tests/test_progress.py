@@ -115,3 +115,13 @@ def test_sdqes_edge_run_draws_its_bar_on_a_terminal_and_leaves_a_log_clean(tmp_p
     assert b"\r" not in logged.stderr and b"frame/s" not in logged.stderr  # seconds of work: no progress line
     on_a_terminal = read_terminal(command)
     assert b"\r" in on_a_terminal and b"frame/s" in on_a_terminal
+
+
+def test_a_live_streams_status_line_comes_every_few_seconds_on_a_terminal_and_as_progress_does_in_a_log(monkeypatch):
+    """A service streaming a camera for weeks wrote its status line every 5 s into journald: 17,000 lines a day."""
+    from sdqes_edge.cli import stream
+
+    monkeypatch.setattr(stream, "stderr_is_a_terminal", lambda: True)
+    assert stream.live_report_seconds() == stream.LIVE_REPORT_SECONDS == 5.0
+    monkeypatch.setattr(stream, "stderr_is_a_terminal", lambda: False)
+    assert stream.live_report_seconds() == LOG_LINE_SECONDS == 30.0

@@ -29,7 +29,7 @@ from sdqes_edge.files import (
     check_output_dir,
     check_output_file,
 )
-from sdqes_edge.progress import progress_bar
+from sdqes_edge.progress import LOG_LINE_SECONDS, progress_bar, stderr_is_a_terminal
 from sdqes_edge.runtime.backend import BACKENDS
 from sdqes_edge.runtime.ort_sessions import DEVICE_PROVIDERS
 from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of
@@ -39,7 +39,7 @@ from sdqes_edge.train_options import training_data_words
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
 
-LIVE_REPORT_SECONDS = 5.0
+LIVE_REPORT_SECONDS = 5.0  # a live stream's status line on a terminal; in a log, one every LOG_LINE_SECONDS
 # What the fp16 step graph gains on a GPU, as the tips say it: ViT-B/16 + QRNN, ONNX Runtime's CUDA provider with
 # the state bound and CUDA graphs (benchmarks/results/device-h200-2026-11-27.md: 4.06 against 1.98 ms).
 FP16_ON_A_GPU = "2x fp32 on an H200"
@@ -229,12 +229,18 @@ def expected_steps(sources: list, max_frames: int | None) -> int | None:
     return max(lengths) if max_frames is None else min(max(lengths), max_frames)
 
 
+def live_report_seconds() -> float:
+    """How often a live stream's status line comes: every few seconds on a terminal; in a log (journald, docker) as
+    often as progress lines come there, not 17,000 lines a day from a service that runs for weeks."""
+    return LIVE_REPORT_SECONDS if stderr_is_a_terminal() else LOG_LINE_SECONDS
+
+
 def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace, stats: RunStats,
             live: bool) -> int:
     """Step until the sources end, --max-frames, or a signal (the frame in hand finished, every sink closed)."""
     bar = progress_bar(expected_steps(sources, args.max_frames), "frame" if len(sources) == 1 else "step",
                        "streaming", enabled=not args.quiet and not live)
-    last_report = time.perf_counter()
+    last_report, report_every = time.perf_counter(), live_report_seconds()
     stop = FinishFrameThenStop()  # Ctrl-C, SIGTERM (docker stop, systemd) or SIGHUP: finish the frame, close sinks
     exit_code = 0
     try:
@@ -242,7 +248,7 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
             for _ in steps:
                 if bar is not None:
                     bar.update(1)
-                if live and not args.quiet and time.perf_counter() - last_report >= LIVE_REPORT_SECONDS:
+                if live and not args.quiet and time.perf_counter() - last_report >= report_every:
                     last_report = time.perf_counter()
                     print(f"{PROG}: {stats.fps:.1f} frames/s, latency p50 {stats.latency(50):.0f} ms, p99 "
                           f"{stats.latency(99):.0f} ms, dropped {sum(s.stats.dropped for s in sources)}",
@@ -321,7 +327,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
                      help="this project's ONNX Runtime kernels (build them with sdqes-edge build-ort-ops; nvcc "
                           "for cuda): each QRNN adapter's pooling step one kernel instead of six")
-    run.add_argument("--events", type=path_text, help="append alerts to this JSONL file (flushed per alert)")
+    run.add_argument("--events", type=path_text,
+                     help="append alerts to this JSONL file, one object per alert with its stream time and wall-clock "
+                          "time (UTC); flushed per alert, and followed when logrotate moves it")
     run.add_argument("--scores", type=path_text,
                      help="per-frame score trace: FILE.npz (with several sources, FILE.SOURCE.npz "
                           "for each), or a folder of SOURCE.npz")
