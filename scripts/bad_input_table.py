@@ -68,6 +68,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("--scores under a file", [*run, "--scores", str(t / "garbage.mp4" / "s")]),
         ("--save-state is a folder", [*run, "--save-state", str(t)]),
         ("--resume from a file that is not a snapshot", [*run, "--resume", str(t / "garbage.mp4")]),
+        ("--state beside --save-state", [*run, "--state", str(t / "s.npz"), "--save-state", str(t / "o.npz")]),
         ("--resume from a snapshot of another model with the same shapes",
          ["run", str(t / "other"), "--source", str(t / "clip.avi"), "--query", Q, "--resume", str(t / "state.npz")]),
     ]

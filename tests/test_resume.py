@@ -129,3 +129,20 @@ def test_a_file_resumed_where_it_had_already_ended_says_so_and_keeps_its_trace(e
     assert (f"sdqes-edge: note: clip has no frames after {FRAMES / 5:g} s, where the state snapshot stopped: the run "
             "it resumes had streamed it to its end") in capsys.readouterr().err.splitlines()
     np.testing.assert_array_equal(load_scores(tmp_path / "scores" / "clip.npz").probs, whole.probs)
+
+
+def test_a_state_file_is_resumed_where_it_exists_and_written_either_way_as_a_restarted_service_needs(
+        exported, video, tmp_path, capsys):
+    """`--resume S --save-state S` in a service's command refused its first start (no snapshot yet); `--state S`
+    is both, from the first start on: a restart goes on where the last run stopped."""
+    _, bundle = exported
+    state = tmp_path / "state.npz"
+    command = ["run", str(bundle), "--source", str(video), "--query", QUERY, "--scores", str(tmp_path / "scores"),
+               "--state", str(state)]
+    assert run([*command, "--max-frames", "8"]) == 0  # the first start
+    assert "note: no state snapshot at" in capsys.readouterr().err and state.is_file()
+    assert run(command) == 0  # the restart: the file goes on at its ninth frame
+    assert int(np.load(state)["frame_counts"][0]) == FRAMES
+    assert load_scores(tmp_path / "scores" / "clip.npz").probs.shape == (FRAMES, 1)  # every frame once
+    assert run([*command, "--save-state", str(tmp_path / "other.npz")]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("give it alone, or --save-state alone")

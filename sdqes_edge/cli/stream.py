@@ -157,6 +157,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
                      f"(one SOURCE{TRACE_SUFFIX} per stream); for one file name it "
                      f"{scores.with_suffix(TRACE_SUFFIX)}")
             check_output_dir(scores, "--scores")
+    _state_file(args)
     if args.save_state:
         from sdqes_edge.runtime.snapshots import SNAPSHOT_SUFFIX, snapshot_path
 
@@ -169,6 +170,25 @@ def _check_run_args(args: argparse.Namespace) -> None:
         warn(f"--ort-ops is ONNX Runtime's (--backend {BACKENDS[0]}); a TensorRT engine fuses these steps "
              "itself: ignored")
         args.ort_ops = None
+
+
+def _state_file(args: argparse.Namespace) -> None:
+    """--state FILE: --resume FILE where it exists and --save-state FILE. A service restarted by systemd or docker
+    goes on with the state it stopped with, and its first start, with no snapshot yet, is not refused."""
+    if not args.state:
+        return
+    if args.resume or args.save_state:
+        given = " and ".join(f for f, v in (("--resume", args.resume), ("--save-state", args.save_state)) if v)
+        raise UserError(f"--state {args.state} both resumes from and saves to that file; give it alone, or {given} "
+                        "alone")
+    from sdqes_edge.runtime.snapshots import snapshot_path
+
+    args.save_state = args.state
+    if Path(args.state).is_file() or snapshot_path(args.state).is_file():  # --resume reads either name
+        args.resume = args.state
+    elif not args.quiet:
+        print(f"{PROG}: note: no state snapshot at {args.state} yet: the stream starts fresh, and its state is "
+              "written there when it ends or is stopped", file=sys.stderr)
 
 
 def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
@@ -327,6 +347,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
                      help="this project's ONNX Runtime kernels (build them with sdqes-edge build-ort-ops; nvcc "
                           "for cuda): each QRNN adapter's pooling step one kernel instead of six")
+    _add_output_options(run)
+    run.add_argument("--max-frames", type=int, help="stop after this many steps")
+    run.add_argument("--truncate-queries", action="store_true", help="cut queries over the bundle's token limit "
+                     "(CLIP's 77; `sdqes-edge inspect` says a bundle's) instead of refusing them")
+    run.add_argument("--quiet", action="store_true", help="no console alerts or progress")
+    # --annotate and --scores are checked in cmd_run (their kind depends on the name)
+    run.set_defaults(func=cmd_run, output_files={"events": ALERT_LOG_EXAMPLE, "save_state": SNAPSHOT_EXAMPLE,
+                                                 "state": SNAPSHOT_EXAMPLE})
+
+
+def _add_output_options(run: argparse.ArgumentParser) -> None:
+    """What a run writes besides its console lines, and the state it carries from an earlier run."""
     run.add_argument("--events", type=path_text,
                      help="append alerts to this JSONL file, one object per alert with its stream time and wall-clock "
                           "time (UTC); flushed per alert, and followed when logrotate moves it")
@@ -342,9 +374,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "alert states carried on")
     run.add_argument("--save-state", type=path_text,
                      help="write the state to this .npz when the stream ends or is stopped")
-    run.add_argument("--max-frames", type=int, help="stop after this many steps")
-    run.add_argument("--truncate-queries", action="store_true", help="cut queries over the bundle's token limit "
-                     "(CLIP's 77; `sdqes-edge inspect` says a bundle's) instead of refusing them")
-    run.add_argument("--quiet", action="store_true", help="no console alerts or progress")
-    # --annotate and --scores are checked in cmd_run (their kind depends on the name)
-    run.set_defaults(func=cmd_run, output_files={"events": ALERT_LOG_EXAMPLE, "save_state": SNAPSHOT_EXAMPLE})
+    run.add_argument("--state", type=path_text,
+                     help="keep the state in this .npz across runs (a service that restarts): resume from it where "
+                          "it exists, write it when the stream ends or is stopped")
