@@ -49,6 +49,12 @@ def snapshot_path(path: str | Path) -> Path:
     return path if path.suffix == SNAPSHOT_SUFFIX else path.with_name(path.name + SNAPSHOT_SUFFIX)
 
 
+def snapshot_to_read(path: str | Path) -> Path:
+    """The file ``load_state(path)`` reads: ``path`` itself, else the ``.npz`` name ``save_state(path)`` gave it."""
+    path = Path(path)
+    return snapshot_path(path) if not path.exists() and snapshot_path(path).is_file() else path
+
+
 def policy_key(policy: AlertPolicy) -> str:
     """An alert policy as text that compares equal exactly when the policies do (every field, unrounded)."""
     return json.dumps(dataclasses.astuple(policy))
@@ -126,9 +132,7 @@ def write_snapshot(path: Path, snapshot: Snapshot) -> Path:
 
 
 def read_snapshot(path: str | Path) -> Snapshot:
-    path = as_path(path, "load_state takes")
-    if not Path(path).exists() and snapshot_path(path).is_file():  # named as it was asked for, not as written
-        path = snapshot_path(path)
+    path = snapshot_to_read(as_path(path, "load_state takes"))  # named as it was asked for, not as written
     problem = path_problem(path, "file")
     if problem:
         raise UserError(f"state snapshot {path} {problem}; give the file save_state (run --save-state) wrote")

@@ -181,10 +181,10 @@ def _state_file(args: argparse.Namespace) -> None:
         given = " and ".join(f for f, v in (("--resume", args.resume), ("--save-state", args.save_state)) if v)
         raise UserError(f"--state {args.state} both resumes from and saves to that file; give it alone, or {given} "
                         "alone")
-    from sdqes_edge.runtime.snapshots import snapshot_path
+    from sdqes_edge.runtime.snapshots import snapshot_to_read
 
     args.save_state = args.state
-    if Path(args.state).is_file() or snapshot_path(args.state).is_file():  # --resume reads either name
+    if snapshot_to_read(args.state).is_file():
         args.resume = args.state
     elif not args.quiet:
         print(f"{PROG}: note: no state snapshot at {args.state} yet: the stream starts fresh, and its state is "
