@@ -163,8 +163,8 @@ class StreamScorer:
 
     def __init__(self, bundle: str | Path, threads: int | None = None, step: StepChoice = StepChoice()):
         from sdqes_edge.runtime.bundle import load_bundle
-        from sdqes_edge.runtime.detector import text_encoder_for
         from sdqes_edge.runtime.onnxruntime_backend import SlowPrecisionWarning
+        from sdqes_edge.runtime.queries import text_encoder_for
         from sdqes_edge.runtime.step_backends import make_backend
 
         self.bundle = load_bundle(bundle)
