@@ -28,7 +28,14 @@ import warnings
 from typing import Callable, Sequence
 
 from sdqes_edge import __version__, package_builds
-from sdqes_edge.cli.common import PROG, OneLineErrorParser, check_output_paths, missing_module_words, warn
+from sdqes_edge.cli.common import (
+    PROG,
+    OneLineErrorParser,
+    check_output_paths,
+    missing_module_words,
+    stray_words_hint,
+    warn,
+)
 from sdqes_edge.errors import UserError, module_absent
 from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination, signal_of
 
@@ -103,7 +110,9 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
         parser = parser_factory()
         args, unknown = parser.parse_known_args(argv)
         if unknown:  # refused by the subcommand's parser, so the message points at that command's --help
-            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+            command_parser = getattr(args, "command_parser", parser)
+            hint = stray_words_hint(command_parser, list(sys.argv[1:] if argv is None else argv), unknown)
+            command_parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
         if not getattr(args, "func", None):
             parser.print_help()
             return 2

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import shlex
 import sys
 
 from sdqes_edge import package_builds
@@ -38,6 +40,43 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def stray_words_hint(parser: argparse.ArgumentParser, argv: list[str], unknown: list[str]) -> str:
+    """What to do about words left over on a command line, for the end of its "unrecognized arguments" line, or ''.
+
+    Words left over after an option that takes one value are most often a value of several words without quotes
+    (``--query when I start cooking``: --query took 'when') or a shell glob after an option given once per value
+    (``--source videos/*.mp4``: --source took the first file). argparse names only the leftover words."""
+    if not unknown or unknown[0].startswith("-"):
+        return ""
+    for first in (i for i, word in enumerate(argv) if word == unknown[0]):
+        before = next((i for i in range(first - 1, -1, -1) if argv[i].startswith("-")), None)
+        if before is None:
+            continue
+        option, _, attached = argv[before].partition("=")
+        action = _option_action(parser, option)
+        if action is None or action.nargs is not None:  # a flag, or an option that takes a list already
+            continue
+        after = next((i for i in range(first, len(argv)) if argv[i].startswith("-")), len(argv))
+        words = ([attached] if attached else []) + argv[before + 1:after]
+        name = action.option_strings[-1]
+        if isinstance(action, argparse._AppendAction) and all(os.path.exists(w) for w in words):
+            examples = " ".join(f"{name} {shlex.quote(w)}" for w in words[:2])
+            return f"; {name} takes one path: give it once for each ({examples}{' ...' if len(words) > 2 else ''})"
+        if action.type in (None, str, path_text):
+            return f"; {name} takes one value: quote one of several words ({name} {shlex.quote(' '.join(words))})"
+        return f"; {name} takes one value"
+    return ""
+
+
+def _option_action(parser: argparse.ArgumentParser, option: str) -> argparse.Action | None:
+    """The action of an option as argparse reads it: its full name, or a prefix of just one (``--que``)."""
+    actions = parser._option_string_actions  # argparse's own table of option strings
+    if option in actions:
+        return actions[option]
+    matches = {actions[name] for name in actions if name.startswith(option) and option.startswith("--")}
+    return matches.pop() if len(matches) == 1 else None
 
 
 class UniqueValues(argparse.Action):

@@ -1,0 +1,43 @@
+"""Words left over on a command line: argparse names them; the refusal also says the likely fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdqes_edge.cli import run
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["run", "b", "--source", "v.mp4", "--query", "when", "I", "start", "cooking"],
+     "unrecognized arguments: I start cooking; --query takes one value: quote one of several words "
+     "(--query 'when I start cooking')"),
+    # the bundle given last: argparse took the query's second word as the bundle
+    (["run", "--query", "when", "I", "cook", "--source", "v.mp4", "b"],
+     "--query takes one value: quote one of several words (--query 'when I cook')"),
+    (["run", "b", "--source", "v.mp4", "--query", "x", "--mess", "wash", "your", "hands"],
+     "(--message 'wash your hands')"),  # an option's unique prefix, as argparse takes it
+    (["export", "--preset", "tiny", "--out", "my", "bundle"], "(--out 'my bundle')"),
+    (["run", "b", "--source", "my", "video.mp4"], "(--source 'my video.mp4')"),
+    (["run", "b", "--source", "0", "--threshold", "0.5", "0.6"], "unrecognized arguments: 0.6; --threshold takes "
+                                                                "one value (see"),
+    (["run", "b", "stray", "--source", "0"], "unrecognized arguments: stray (see"),  # after no option
+    (["run", "b", "--source", "0", "--quiet", "stray"], "unrecognized arguments: stray (see"),
+])
+def test_words_left_over_after_an_option_say_how_to_quote_them(argv, says, capsys):
+    """The commonest command-line slip of a tool that takes sentences: a query without quotes."""
+    with pytest.raises(SystemExit) as exit_:
+        run(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert says in err, err
+
+
+def test_a_glob_after_source_says_to_give_it_once_per_stream(tmp_path, capsys, monkeypatch):
+    """``--source videos/*.mp4``: the shell's files, each an existing path, after an option given once per stream."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.mp4", "b.mp4", "c.mp4"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(SystemExit):
+        run(["run", "bundle", "--source", "a.mp4", "b.mp4", "c.mp4", "--query", "x"])
+    assert ("unrecognized arguments: b.mp4 c.mp4; --source takes one path: give it once for each "
+            "(--source a.mp4 --source b.mp4 ...)") in capsys.readouterr().err
