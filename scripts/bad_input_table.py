@@ -134,6 +134,8 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
          ["eval", "--annotations", str(t / "semicolons.csv"), "--baseline", "oracle"]),
         ("eval: traces of test streams, evaluated on eval's default split (val)",
          ["eval", "--annotations", str(t / "splits.csv"), "--scores", str(t / "test-traces")]),
+        ("eval: traces that `run` wrote with a query of the user's own",
+         ["eval", "--annotations", str(t / "splits.csv"), "--split", "test", "--scores", str(t / "own-traces")]),
         ("eval: --scores is one trace file, not their folder",
          ["eval", "--annotations", str(t / "splits.csv"), "--scores", str(t / "test-traces" / "v2.npz")]),
         ("eval: annotations missing", ["eval", "--annotations", str(t / "none.csv"), "--baseline", "oracle"]),
@@ -275,6 +277,9 @@ def _annotation_files(t: Path) -> None:
                                   f"test,moments,v2,{Q},Wash!,cook,12.5,30,900\n")
     (t / "test-traces").mkdir()
     save_scores(t / "test-traces" / "v2.npz", StreamScores("v2", 1.0, [Q], ["0"], np.zeros(1), np.zeros((30, 1))))
+    (t / "own-traces").mkdir()
+    save_scores(t / "own-traces" / "v2.npz", StreamScores("v2", 1.0, ["when the kettle boils"], ["0"], np.zeros(1),
+                                                          np.zeros((30, 1))))
 
 
 def _read_weights_from(bundle: Path, location: str) -> None:

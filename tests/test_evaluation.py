@@ -169,6 +169,24 @@ def test_traces_of_another_split_than_evals_default_are_refused_with_the_split_t
     assert run_cli(*args, "--split", "test", "--plots", "0").returncode == 0
 
 
+@pytest.mark.parametrize("stream, query, says", [
+    ("v1", "when the blue ball starts rolling", "its traces of 1 annotated video(s) score other queries ('when the "
+     "blue ball starts rolling') than the annotations ask of them; score the videos with their annotated queries: "
+     "sdqes-edge score BUNDLE --annotations ANNOTATIONS.csv --videos FOLDER"),  # `run` with a query of one's own
+    ("GH010042", "When I cook, remind me.", "traces are named for their video's file name ('GH010042'), annotations "
+     "for their video_uid ('v1'); name each video for its video_uid"),  # a camera's file name, not the corpus's
+])
+def test_traces_that_answer_nothing_say_whether_their_videos_or_their_queries_differ(stream, query, says, tmp_path):
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 20.0)])
+    (tmp_path / "traces").mkdir()
+    save_scores(tmp_path / "traces" / f"{stream}.npz",
+                StreamScores(stream, 1.0, [query], ["0"], np.zeros(1), step_trace(60, [10])[:, None]))
+    refused = run_cli("eval", "--annotations", str(csv), "--scores", str(tmp_path / "traces"), "--out",
+                      str(tmp_path / "o"))
+    assert refused.returncode == 2 and refused.stderr.strip().endswith(says), refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
 def test_per_label_without_calibrate_is_warned_rather_than_ignored_silently(tmp_path):
     csv = write_annotations(tmp_path / "a.csv", [("v1", "q", "l", 3.0)])
     done = run_cli("eval", "--annotations", str(csv), "--baseline", "oracle", "--per-label", "--plots", "0",

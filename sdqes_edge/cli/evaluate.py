@@ -9,7 +9,16 @@ import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from sdqes_edge.cli.common import UniqueValues, add_subcommand, at_least, finite_number, path_text, seed_number, warn
+from sdqes_edge.cli.common import (
+    PROG,
+    UniqueValues,
+    add_subcommand,
+    at_least,
+    finite_number,
+    path_text,
+    seed_number,
+    warn,
+)
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
 from sdqes_edge.errors import UserError
 from sdqes_edge.metrics import THRESHOLD_CANDIDATES
@@ -85,7 +94,7 @@ def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) ->
         _check_one_model(traces, args.scores, target_bundle)
         matched = match_traces(annotations, traces)
         if not matched.traces:
-            raise _nothing_matched(args, len(annotations), traces)
+            raise _nothing_matched(args, annotations, traces)
         if matched.missing:
             print(f"note: {len(matched.missing)} of {len(annotations)} annotations have no score trace and are "
                   "not scored")
@@ -100,7 +109,7 @@ def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) ->
     return methods
 
 
-def _nothing_matched(args: argparse.Namespace, selected: int, traces: list) -> UserError:
+def _nothing_matched(args: argparse.Namespace, selected: list, traces: list) -> UserError:
     """The refusal for traces that answer none of the selected annotations, naming the split and source of those
     they do answer: `score` scores every split by default and eval picks 'val', so a corpus of test streams was
     refused as if its traces matched nothing in the file."""
@@ -108,7 +117,7 @@ def _nothing_matched(args: argparse.Namespace, selected: int, traces: list) -> U
     from sdqes_edge.evaluation import match_traces
 
     asked = [(column, value) for column, value in (("split", args.split), ("source", args.source)) if value]
-    words = (f"none of the {selected} annotations" + "".join(f" of {column} {value!r}" for column, value in asked)
+    words = (f"none of the {len(selected)} annotations" + "".join(f" of {column} {value!r}" for column, value in asked)
              + f" has a trace in {args.scores}")
     answered = match_traces(load_annotations(args.annotations), traces).annotations if asked else []
     fixes = []
@@ -119,7 +128,30 @@ def _nothing_matched(args: argparse.Namespace, selected: int, traces: list) -> U
             words += f"; its traces answer annotations of {column} {', '.join(map(repr, held))}"
     if fixes:
         return UserError(f"{words}: give {' '.join(fixes)}")
-    return UserError(f"{words}: traces are matched by stream name (the video_uid) and query text")
+    return UserError(f"{words}: {_what_differs(selected, traces)}")
+
+
+def _what_differs(selected: list, traces: list) -> str:
+    """Which half of the (stream name, query text) key matched nothing: a folder of traces that `run` wrote with
+    queries of the user's own has the annotated videos but none of their queries."""
+    from sdqes_edge.traces import query_key
+
+    videos = {a.video_uid for a in selected}
+    watched = [t for t in traces if t.stream in videos]
+    if not watched:
+        return (f"traces are named for their video's file name ({_some(sorted(t.stream for t in traces))}), "
+                f"annotations for their video_uid ({_some(sorted(videos))}); name each video for its video_uid")
+    asked = {query_key(a.query) for a in selected if a.video_uid in {t.stream for t in watched}}
+    texts = sorted({text for t in watched for text in t.query_texts if query_key(text) not in asked})
+    return (f"its traces of {len(watched)} annotated video(s) score other queries ({_some(texts)}) than the "
+            f"annotations ask of them; score the videos with their annotated queries: {PROG} score BUNDLE "
+            "--annotations ANNOTATIONS.csv --videos FOLDER")
+
+
+def _some(names: list[str], shown: int = 2) -> str:
+    """The first few of many names, quoted, with how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(map(repr, names[:shown])) + more
 
 
 def _check_one_model(traces: list, folder: str, target_bundle) -> None:
