@@ -14,6 +14,7 @@ from .frame_source import FrameSource
 
 RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; then the source gives up
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
+WEB_PREFIXES = ("http://", "https://")  # what serves a live stream (an IP camera's MJPEG) or a video file alike
 GSTREAMER_LINK = "!"  # joins a GStreamer pipeline's elements: "nvarguscamerasrc ! ... ! appsink"
 
 
@@ -50,13 +51,16 @@ class LiveSource(FrameSource):
 
     live = True
 
-    def __init__(self, target: int | str, fps: float, reconnect_delays: tuple[float, ...] = RECONNECT_DELAYS_S):
+    def __init__(self, target: int | str, fps: float, reconnect_delays: tuple[float, ...] = RECONNECT_DELAYS_S,
+                 capture: cv2.VideoCapture | None = None):
+        """``capture``: the target already opened (``open_source`` looked at what a URL serves): opening it again
+        is a second connection, which an IP camera that takes one client at a time refuses."""
         super().__init__(f"camera{target}" if isinstance(target, int) else str(target), fps)
         self.target = target
         self.reconnect_delays = reconnect_delays
         if is_gstreamer_pipeline(target) and not opencv_has_gstreamer():  # refused without trying: OpenCV
             raise UserError(open_failure_words(target))                    # would only fail to open it
-        capture = self._open()
+        capture = capture or self._open()
         if capture is None:
             raise UserError(open_failure_words(target))
         self._capture = capture

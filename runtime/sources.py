@@ -11,6 +11,7 @@ import itertools
 import os
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlsplit
 
 import cv2
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 from sdqes_edge.errors import UserError
 
 from .frame_source import Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
-from .live_source import URL_PREFIXES, LiveSource, is_gstreamer_pipeline
+from .live_source import URL_PREFIXES, WEB_PREFIXES, LiveSource, is_gstreamer_pipeline, open_failure_words
 from .sampling import STAMP_TOLERANCE_S, frame_order, samples_served, stated_end_time
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -43,23 +44,30 @@ def quiet_opencv_logs() -> None:
 
 
 class VideoFileSource(FrameSource):
+    """A video file, on disk or served over HTTP(S) (``https://.../clip.mp4``): every sampled frame, at the times
+    its container stamps them, to its end."""
+
     def __init__(self, path: str | Path, fps: float):
-        super().__init__(Path(path).stem, fps)
-        self.path = Path(path)
-        if not self.path.is_file():
+        self.url = str(path) if str(path).startswith(WEB_PREFIXES) else None
+        self.path = Path(urlsplit(self.url).path) if self.url else Path(path)
+        self.location = self.url or str(self.path)  # what OpenCV opens, and messages name
+        super().__init__(self.path.stem, fps)
+        if not self.url and not self.path.is_file():
             raise UserError(f"video {self.path} does not exist")
-        capture = cv2.VideoCapture(str(self.path))
+        capture = cv2.VideoCapture(self.location)
         ok = capture.isOpened() and capture.read()[0]
         self.frame_count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) if ok else 0
         self.native_fps = capture.get(cv2.CAP_PROP_FPS) if ok else 0.0
         self.end_time = stated_end_time(self.frame_count, self.native_fps)
         capture.release()
         if not ok:
-            raise UserError(f"OpenCV cannot decode a frame of {self.path} (unreadable or empty video); check it "
-                            "plays, or re-encode it to H.264 mp4 or MJPG avi")
+            raise UserError(f"OpenCV cannot decode a frame of {self.location} (unreadable or empty video); check "
+                            "it plays, or re-encode it to H.264 mp4 or MJPG avi")
 
     @property
     def identity(self) -> str:
+        if self.url:  # no size to read without fetching it again; its length stands in
+            return f"{self.url} ({self.frame_count} frames)"
         return f"{self.path.resolve()} ({self.path.stat().st_size} bytes)"
 
     @property
@@ -72,12 +80,13 @@ class VideoFileSource(FrameSource):
         return None
 
     def _frames(self):
-        capture = cv2.VideoCapture(str(self.path))
+        capture = cv2.VideoCapture(self.location)
         native = self.native_fps if self.native_fps > 0 else 30.0
         self.stats.expected = self.frame_count if self.frame_count > 0 else None
         if 0 < self.native_fps < self.fps - STAMP_TOLERANCE_S:
-            self.log(f"note: {self.path} has {self.native_fps:g} frames per second, fewer than the {self.fps:g} the "
-                     "bundle samples: each frame is repeated for the sample times it covers, so stream times stay true")
+            self.log(f"note: {self.location} has {self.native_fps:g} frames per second, fewer than the {self.fps:g} "
+                     "the bundle samples: each frame is repeated for the sample times it covers, so stream times stay "
+                     "true")
         try:
             index = 0
             while capture.grab():  # decode only; the BGR image is made for sampled frames alone
@@ -94,7 +103,7 @@ class VideoFileSource(FrameSource):
         expected = self.stats.expected
         if expected is not None and expected - decoded > max(TRUNCATION_SLACK_FRAMES, 0.01 * expected):
             self.stats.truncated = True
-            self.log(f"warning: {self.stats.shortfall_words(str(self.path))}")
+            self.log(f"warning: {self.stats.shortfall_words(self.location)}")
 
 
 class ImageFolderSource(FrameSource):
@@ -178,6 +187,8 @@ def open_source(spec: str | Path | int, fps: float) -> FrameSource:
         return LiveSource(int(spec), fps)
     path = Path(spec)
     exists = _exists(path)
+    if spec.startswith(WEB_PREFIXES):
+        return _open_web_source(spec, fps)
     if spec.startswith(URL_PREFIXES) or (is_gstreamer_pipeline(spec) and not exists):  # clip!.mp4 is a file
         return LiveSource(spec, fps)
     if not exists:
@@ -189,3 +200,18 @@ def open_source(spec: str | Path | int, fps: float) -> FrameSource:
                         f"event starts: give a video, a camera or a URL, or the folder of frames ({path.parent}) "
                         "to stream its images in order")
     return VideoFileSource(path, fps)
+
+
+def _open_web_source(url: str, fps: float) -> FrameSource:
+    """An HTTP(S) URL serves a live stream (an IP camera's MJPEG) or a video file (``https://.../clip.mp4``), told
+    apart by what its container says: a file lists its frames, a live stream none. Read as a live stream, a file was
+    stamped by the wall clock as it decoded (the whole video in moments, most frames dropped) and, at its end,
+    "reconnected" to play again from its start, forever."""
+    capture = cv2.VideoCapture(url)
+    if not capture.isOpened():
+        capture.release()
+        raise UserError(open_failure_words(url))
+    if capture.get(cv2.CAP_PROP_FRAME_COUNT) > 0:  # FFmpeg reports 0 or a large negative for a live stream
+        capture.release()
+        return VideoFileSource(url, fps)
+    return LiveSource(url, fps, capture=capture)

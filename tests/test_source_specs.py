@@ -72,3 +72,66 @@ def test_a_video_whose_name_holds_an_exclamation_mark_is_a_file_not_a_pipeline(t
 def test_a_source_name_too_long_for_a_file_is_refused_in_one_line():
     with pytest.raises(UserError, match=r"^source a{300} is neither a file, a folder, a camera index nor a URL$"):
         open_source("a" * 300, FPS)
+
+
+@pytest.fixture()
+def web_folder(tmp_path):
+    """tmp_path served over HTTP, as a web server serves a video file."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield tmp_path, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("suffix", [".avi", ".mp4"])
+def test_a_video_file_served_over_http_is_read_as_the_file_it_is(suffix, web_folder):
+    """It was read as a live stream: stamped by the wall clock as fast as it decoded, and at its end "reconnected"
+    to play again from its start, forever."""
+    import numpy as np
+
+    folder, address = web_folder
+    write_video(folder / f"kitchen{suffix}", sample_frames(12, 48, 64), fps=FPS)
+    served = open_source(f"{address}/kitchen{suffix}?token=abc", FPS)
+    assert isinstance(served, VideoFileSource) and served.name == "kitchen" and served.frame_count == 12
+    on_disk = list(open_source(str(folder / f"kitchen{suffix}"), FPS).sampled())
+    over_http = list(served.sampled())  # ends, as the file does
+    assert [(f.index, f.time) for f in over_http] == [(f.index, f.time) for f in on_disk] and len(on_disk) == 12
+    assert all(np.array_equal(a.image, b.image) for a, b in zip(over_http, on_disk))
+
+
+def test_a_live_stream_over_http_stays_live_on_the_one_connection_it_was_opened_with():
+    """An IP camera's MJPEG lists no frames; many such cameras take one client at a time, so the connection
+    open_source looked at it with is the one the stream is read on."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from runtime_fixtures import EndlessMJPEG
+
+    requests = []
+
+    class Counted(EndlessMJPEG):
+        def do_GET(self):
+            requests.append(self.path)
+            super().do_GET()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Counted)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        source = open_source(f"http://127.0.0.1:{server.server_address[1]}/stream.mjpg", FPS)
+        assert isinstance(source, live_source.LiveSource)
+        frames = source.sampled()
+        first = next(frames)
+        frames.close()
+        assert first.image.shape == (64, 64, 3) and len(requests) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
