@@ -100,12 +100,19 @@ class SourceStats:
     reconnects: int = 0
     expected: int | None = None  # frames the file's container lists, where it says
     truncated: bool = False  # the file stopped decoding well short of ``expected``
+    gave_up_after: int = 0  # reconnection attempts a live source made in vain before it ended (0: it did not)
 
     def shortfall_words(self, name: str) -> str | None:
         if not self.truncated:
             return None
         return (f"{name} ended after {self.read} of the {self.expected} frames its container lists: the file is "
                 "truncated or damaged, and the stream stopped there")
+
+    def lost_words(self, name: str) -> str | None:
+        if not self.gave_up_after:
+            return None
+        return (f"{name} stopped sending frames and did not come back after {self.gave_up_after} reconnection "
+                "attempts: the stream ended there, every output complete")
 
 
 class FrameSource(abc.ABC):

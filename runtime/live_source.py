@@ -98,6 +98,7 @@ class LiveSource(FrameSource):
                         break
                 if capture is None:
                     self.log(f"{self.name}: gave up after {len(self.reconnect_delays)} attempts")
+                    self.stats.gave_up_after = len(self.reconnect_delays)
                     return
         finally:
             if capture is not None:

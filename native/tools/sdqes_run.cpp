@@ -178,6 +178,11 @@ int run(int argc, char** argv) {
               << std::endl;
     return stop.exit_code();
   }
+  if (camera && !enough) {  // a camera never ends: it went away; a failure, so a service manager starts it again
+    std::cerr << "sdqes-run: error: camera " << camera_index << " stopped sending frames after " << index
+              << " frames: the stream ended there, every output complete (exit status 1)" << std::endl;
+    return 1;
+  }
   std::cerr << "done: " << index << " frames" << std::endl;
   return 0;
 #endif

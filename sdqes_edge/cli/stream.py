@@ -40,6 +40,9 @@ if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, s
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
 
 LIVE_REPORT_SECONDS = 5.0  # a live stream's status line on a terminal; in a log, one every LOG_LINE_SECONDS
+# A camera or stream URL that went away for good ends the run with this status: a failure (systemd's
+# Restart=on-failure starts it again), not the clean end of a file (0), a mistake in the command (2) or a stop (143).
+LOST_SOURCE_EXIT = 1
 # What the fp16 step graph gains on a GPU, as the tips say it: ViT-B/16 + QRNN, ONNX Runtime's CUDA provider with
 # the state bound and CUDA graphs (benchmarks/results/device-h200-2026-11-27.md: 4.06 against 1.98 ms).
 FP16_ON_A_GPU = "2x fp32 on an H200"
@@ -127,6 +130,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     _summarize(sources, stats, exit_code, [str(p) for p in [args.events, *videos, args.save_state, *trace_paths] if p])
     if trace_paths:
         print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
+    if exit_code == 0 and any(source.stats.gave_up_after for source in sources):
+        return LOST_SOURCE_EXIT  # not a stream that ended: a service manager should start the run again
     return exit_code
 
 
@@ -303,6 +308,9 @@ def _summarize(sources: list, stats: RunStats, exit_code: int, written: list[str
         shortfall = source.stats.shortfall_words(source.name)
         if shortfall:
             print(f"{PROG}: incomplete: {shortfall}", file=sys.stderr)
+        lost = source.stats.lost_words(source.name)
+        if lost:
+            print(f"{PROG}: error: {lost} (exit status {LOST_SOURCE_EXIT})", file=sys.stderr)
         if source.start_index and not source.stats.sampled and exit_code == 0:  # resumed past its end: 0 frames
             print(f"{PROG}: note: {source.name} has no frames after {source.start_index / source.fps:g} s, where the "
                   "state snapshot stopped: the run it resumes had streamed it to its end", file=sys.stderr)
