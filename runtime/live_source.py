@@ -8,7 +8,7 @@ import time
 
 import cv2
 
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import SourceUnavailable, UserError
 
 from .frame_source import FrameSource
 
@@ -62,7 +62,7 @@ class LiveSource(FrameSource):
             raise UserError(open_failure_words(target))                    # would only fail to open it
         capture = capture or self._open()
         if capture is None:
-            raise UserError(open_failure_words(target))
+            raise SourceUnavailable(open_failure_words(target))
         self._capture = capture
 
     def _open(self):

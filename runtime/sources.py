@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import cv2
 import numpy as np
 
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import SourceUnavailable, UserError
 
 from .frame_source import Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
 from .live_source import URL_PREFIXES, WEB_PREFIXES, LiveSource, is_gstreamer_pipeline, open_failure_words
@@ -210,7 +210,7 @@ def _open_web_source(url: str, fps: float) -> FrameSource:
     capture = cv2.VideoCapture(url)
     if not capture.isOpened():
         capture.release()
-        raise UserError(open_failure_words(url))
+        raise SourceUnavailable(open_failure_words(url))
     if capture.get(cv2.CAP_PROP_FRAME_COUNT) > 0:  # FFmpeg reports 0 or a large negative for a live stream
         capture.release()
         return VideoFileSource(url, fps)

@@ -325,7 +325,8 @@ def main() -> None:
                    "Every case below was run through the command line by `scripts/bad_input_table.py` (which "
                    "wrote this page); paths under its scratch folder are shown as `…`. Each is refused in one "
                    "line on stderr, with no traceback, and exit status 2 (argparse's own checks too; 1 where the "
-                   "machine ran out of memory for what was asked).\n\n"
+                   "machine ran out of memory for what was asked, or a camera cannot be opened: the machine's "
+                   "state, which a service manager restarts).\n\n"
                    "| what the user did | exit | stderr lines | message |\n|---|---|---|---|\n"
                    + "\n".join(rows) + "\n")
     print(f"wrote {OUT}")

@@ -49,6 +49,14 @@ class UserError(Exception):
     exit_code = 2
 
 
+class SourceUnavailable(UserError):
+    """A camera or stream URL that cannot be opened, or went away and did not come back: the machine's state, which
+    may mend (a USB camera found late at boot, a camera server restarting), so not the status of a mistake (2) but
+    1, which a service manager restarts (docs/service/sdqes-edge.service)."""
+
+    exit_code = 1
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's message cut to its first line (libraries' messages run to several), else its type's name."""
     text = str(exc).strip()

@@ -21,7 +21,7 @@ from sdqes_edge.cli.common import (
 )
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
 from sdqes_edge.contract import FP16, INT8, PRECISIONS, REFERENCE_PRECISION
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import SourceUnavailable, UserError
 from sdqes_edge.files import (
     ALERT_LOG_EXAMPLE,
     SCORE_TRACE_EXAMPLE,
@@ -40,9 +40,9 @@ if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, s
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
 
 LIVE_REPORT_SECONDS = 5.0  # a live stream's status line on a terminal; in a log, one every LOG_LINE_SECONDS
-# A camera or stream URL that went away for good ends the run with this status: a failure (systemd's
-# Restart=on-failure starts it again), not the clean end of a file (0), a mistake in the command (2) or a stop (143).
-LOST_SOURCE_EXIT = 1
+# A camera or stream URL that went away for good ends the run with the status of one that cannot be opened: a
+# failure (systemd's Restart=on-failure starts it again), not the end of a file (0), a mistake (2) or a stop (143).
+LOST_SOURCE_EXIT = SourceUnavailable.exit_code
 # What the fp16 step graph gains on a GPU, as the tips say it: ViT-B/16 + QRNN, ONNX Runtime's CUDA provider with
 # the state bound and CUDA graphs (benchmarks/results/device-h200-2026-11-27.md: 4.06 against 1.98 ms).
 FP16_ON_A_GPU = "2x fp32 on an H200"

@@ -1,0 +1,74 @@
+"""A camera or stream that cannot be opened, or goes away for good: exit status 1, which a service manager
+restarts, apart from a mistake in the command (2) and the clean end of a file (0)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import cv2
+import numpy as np
+from runtime_fixtures import QUERY
+
+from sdqes_edge.cli import run
+from sdqes_edge.cli.stream import LOST_SOURCE_EXIT
+
+
+def test_a_live_stream_that_goes_away_for_good_ends_the_run_as_a_failure(exported, tmp_path, monkeypatch, capsys):
+    """A camera unplugged, or an IP camera's server gone: after its reconnection attempts the run ended with exit
+    status 0, as a file that ended does, so systemd's Restart=on-failure never started it again."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from runtime_fixtures import EndlessMJPEG
+
+    from sdqes_edge.runtime import live_source, sources
+
+    class ServesOnce(EndlessMJPEG):
+        served = 0
+
+        def do_GET(self):  # one stream, cut after a second; then nothing is found there
+            ServesOnce.served += 1
+            if ServesOnce.served > 1:
+                self.send_error(404)
+                return
+            frame = cv2.imencode(".jpg", np.full((64, 64, 3), 128, np.uint8))[1].tobytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+            self.end_headers()
+            for _ in range(20):
+                self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n"
+                                 % (len(frame), frame))
+                time.sleep(0.05)
+
+    class QuickToGiveUp(live_source.LiveSource):
+        def __init__(self, target, fps, reconnect_delays=(0.05, 0.05), capture=None):
+            super().__init__(target, fps, reconnect_delays, capture)
+
+    monkeypatch.setattr(sources, "LiveSource", QuickToGiveUp)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ServesOnce)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _, bundle = exported
+    events = tmp_path / "alerts.jsonl"
+    try:
+        code = run(["run", str(bundle), "--source", f"http://127.0.0.1:{server.server_address[1]}/cam.mjpg",
+                    "--query", QUERY, "--threshold", "0.01", "--events", str(events)])
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert code == LOST_SOURCE_EXIT == 1, err
+    assert "stopped sending frames and did not come back after 2 reconnection attempts: the stream ended there, " \
+           "every output complete (exit status 1)" in err
+    assert json.loads(events.read_text().splitlines()[0])["message"]  # the alert log is there, whole
+
+
+def test_a_camera_that_cannot_be_opened_exits_as_a_lost_one_and_a_missing_file_as_a_mistake(exported, tmp_path,
+                                                                                              capsys):
+    """At boot a USB camera may be found after the service starts: exit 1 is restarted by the service manager; a
+    mistake in the command (2) is not (docs/service/sdqes-edge.service)."""
+    _, bundle = exported
+    assert run(["run", str(bundle), "--source", "7", "--query", QUERY]) == LOST_SOURCE_EXIT
+    assert "error: OpenCV cannot open camera index 7" in capsys.readouterr().err
+    assert run(["run", str(bundle), "--source", str(tmp_path / "none.mp4"), "--query", QUERY]) == 2
+    assert "none.mp4 is neither a file" in capsys.readouterr().err
