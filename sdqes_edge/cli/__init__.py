@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import io
 import signal
 import sys
 import warnings
@@ -36,6 +35,7 @@ from sdqes_edge.cli.common import (
     stray_words_hint,
     warn,
 )
+from sdqes_edge.cli.output import prepare_output
 from sdqes_edge.errors import UserError, module_absent
 from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination, signal_of
 
@@ -146,19 +146,7 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
 
 
 def main() -> None:
-    line_buffered_output()
+    prepare_output()
     code = run(sys.argv[1:])
     ignore_termination()  # done, outputs closed: a signal in Python's teardown must not make it a kill (-15)
     sys.exit(code)
-
-
-def line_buffered_output() -> None:
-    """Every line out as soon as it is written, wherever stdout and stderr go. Python writes a stream that is not a
-    terminal in 8 KiB blocks (stderr too, before Python 3.9): the alerts of a live stream piped to another program
-    (`sdqes-edge run ... | notify`) or kept by docker or systemd reached them when the block filled, or when the
-    command ended, not when the event started."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True)
-        except (AttributeError, ValueError, io.UnsupportedOperation):  # replaced by an object without it, or closed
-            pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from contextlib import closing
@@ -19,6 +20,7 @@ from sdqes_edge.cli.common import (
     unique_queries,
     warn,
 )
+from sdqes_edge.cli.output import stdout_reader_left
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
 from sdqes_edge.contract import FP16, INT8, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import SourceUnavailable, UserError
@@ -280,7 +282,12 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
                           file=sys.stderr)
                 if stop.requested:
                     break
-        exit_code = stop.exit_code
+                if stdout_reader_left():  # `run ... | head -3`: the alerts' reader has what it wanted
+                    print(f"{PROG}: stopping: the program reading the alerts on stdout has closed it",
+                          file=sys.stderr)
+                    exit_code = 128 + signal.SIGPIPE  # as a process SIGPIPE ends; the frame in hand finished
+                    break
+        exit_code = stop.exit_code or exit_code
     except KeyboardInterrupt as interrupt:  # a second signal, or one outside the loop
         exit_code = exit_code_of(interrupt)
     finally:

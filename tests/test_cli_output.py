@@ -1,0 +1,49 @@
+"""stdout's reader may leave (`sdqes-edge ... | head -3`, a notifier that exits): no traceback, nothing lost.
+
+Each command here runs with its stdout a pipe whose reading end is already closed, so its first line meets a
+reader that has gone, whatever the pipe's buffer holds."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+from runtime_fixtures import QUERY, write_video
+
+from sdqes_edge.sample import sample_frames
+
+
+def without_a_reader(*args: str) -> subprocess.CompletedProcess:
+    """The command line (its real entry point, ``main``) with nobody reading its stdout."""
+    proc = subprocess.Popen([sys.executable, "-m", "sdqes_edge.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # before the command writes anything
+    err = proc.stderr.read()
+    proc.wait(timeout=300)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, None, err)
+
+
+def test_a_command_whose_reader_left_finishes_its_work_without_a_traceback(egosdqes_csv, tmp_path):
+    done = without_a_reader("eval", "--annotations", str(egosdqes_csv), "--baseline", "oracle", "--plots", "0",
+                            "--out", str(tmp_path))
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert json.loads((tmp_path / "eval.json").read_text())["results"]["oracle"]["queries"] == 3029  # written whole
+
+
+def test_run_stops_after_the_frame_in_hand_once_the_alerts_reader_left_and_the_alert_log_has_them(exported,
+                                                                                                  tmp_path):
+    """An alert printed to a closed pipe raised before the alert log had it, in a traceback; a stream may never end,
+    so run stops as a process that SIGPIPE ends would, its outputs complete."""
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(40, 60, 80))
+    events = tmp_path / "alerts.jsonl"
+    done = without_a_reader("run", str(bundle), "--source", str(video), "--query", QUERY, "--query", "a second query",
+                            "--threshold", "0.01", "--events", str(events))
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 128 + signal.SIGPIPE
+    assert "stopping: the program reading the alerts on stdout has closed it" in done.stderr
+    alerts = [json.loads(line) for line in events.read_text().splitlines()]
+    assert sorted(a["query"] for a in alerts) == sorted([QUERY, "a second query"])  # frame 0, both queries
+    assert "interrupted after 1 frame," in done.stderr
