@@ -231,6 +231,7 @@ class StreamingDetector:
             ids, changes = self.queries.ids, self.queries.changes
             cosines, probs = self.queries.scores(result.embedding, result.logits)
             events_per_stream: list[list[AlertEvent]] = []
+            failures: list[Exception] = []
             for slot, frame in zip(self.streams, frames):
                 if frame is None:
                     events_per_stream.append([])
@@ -244,12 +245,25 @@ class StreamingDetector:
                 by_id = dict(zip(ids, stream_probs))
                 if self.queries.changes != changes:  # a sink changed the queries in this step: those still asked
                     by_id = {qid: p for qid, p in by_id.items() if qid in slot.alerts}
-                for sink in self.sinks:
-                    sink.on_frame(slot.index, frame.image, frame.time, by_id, events)
-                    for event in events:
-                        sink.on_event(event)
+                failures += self._deliver(slot.index, frame, by_id, events)
                 events_per_stream.append(events)
+            if failures:
+                raise failures[0]  # after every sink of every stream had the step: an alert log misses nothing
             return events_per_stream
+
+    def _deliver(self, stream: int, frame: Frame, probs: dict, events: list[AlertEvent]) -> list[Exception]:
+        """A stream's frame and alerts to every sink; what a sink raised (a program's callback, a full disk), kept
+        to raise once the others have them too: the alert log came after the console, so an alert printed to a
+        closed pipe, or a callback's bug, kept it from the log."""
+        failures = []
+        for sink in self.sinks:
+            try:
+                sink.on_frame(stream, frame.image, frame.time, probs, events)
+                for event in events:
+                    sink.on_event(event)
+            except Exception as exc:  # raised again by step, once every sink had the step
+                failures.append(exc)
+        return failures
 
     def _fused_query_input(self) -> np.ndarray | None:
         """A fused graph's query input (``QueryBank.graph_input``); None for a graph that leaves scoring to us."""

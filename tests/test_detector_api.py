@@ -334,3 +334,22 @@ def test_each_logged_alert_says_when_it_was_raised_in_utc(exported, tmp_path):
     assert alert["wall_time"].endswith("Z") and len(alert["wall_time"]) == len("2026-11-27T22:10:03.123Z")
     raised = datetime.fromisoformat(alert["wall_time"].replace("Z", "+00:00"))
     assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= raised <= after
+
+
+def test_a_sink_that_raises_keeps_the_alert_from_no_other_sink_and_the_step_still_raises_it(exported, tmp_path):
+    """A program's callback with a bug (or the console on a closed pipe) came before the alert log, which then
+    never had the alert; now every sink has the step, and the first failure is raised after."""
+    import json
+
+    def broken(alert):
+        raise RuntimeError("the notifier's bug")
+
+    detector = StreamingDetector(exported[1])
+    detector.add_query("When I open the fridge", threshold=0.01)  # above it from the first frame: one alert
+    detector.add_sink(CallbackSink(broken))
+    detector.add_sink(JsonlSink(tmp_path / "alerts.jsonl"))
+    with pytest.raises(RuntimeError, match="the notifier's bug"):
+        detector.step([Frame(image=np.zeros((48, 64, 3), np.uint8), time=0.0, index=0)])
+    detector.close()
+    (alert,) = [json.loads(line) for line in (tmp_path / "alerts.jsonl").read_text().splitlines()]
+    assert alert["query"] == "When I open the fridge"
