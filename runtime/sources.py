@@ -51,7 +51,7 @@ class VideoFileSource(FrameSource):
         self.url = str(path) if str(path).startswith(WEB_PREFIXES) else None
         self.path = Path(urlsplit(self.url).path) if self.url else Path(path)
         self.location = self.url or str(self.path)  # what OpenCV opens, and messages name
-        super().__init__(self.path.stem, fps)
+        super().__init__(self.path.stem or (urlsplit(self.url).hostname if self.url else "") or "video", fps)
         if not self.url and not self.path.is_file():
             raise UserError(f"video {self.path} does not exist")
         capture = cv2.VideoCapture(self.location)

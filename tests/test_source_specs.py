@@ -135,3 +135,31 @@ def test_a_live_stream_over_http_stays_live_on_the_one_connection_it_was_opened_
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_video_served_at_a_sites_root_is_named_for_the_site(tmp_path):
+    """Outputs are named for their source (alerts, traces, annotated videos): an empty name made '.npz'."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    video = write_video(tmp_path / "clip.avi", sample_frames(4, 48, 64), fps=FPS).read_bytes()
+
+    class Root(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "video/x-msvideo")
+            self.send_header("Content-Length", str(len(video)))
+            self.end_headers()
+            self.wfile.write(video)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Root)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        source = open_source(f"http://127.0.0.1:{server.server_address[1]}/", FPS)
+        assert isinstance(source, VideoFileSource) and source.name == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()
