@@ -41,3 +41,12 @@ def test_a_glob_after_source_says_to_give_it_once_per_stream(tmp_path, capsys, m
         run(["run", "bundle", "--source", "a.mp4", "b.mp4", "c.mp4", "--query", "x"])
     assert ("unrecognized arguments: b.mp4 c.mp4; --source takes one path: give it once for each "
             "(--source a.mp4 --source b.mp4 ...)") in capsys.readouterr().err
+
+
+def test_files_after_an_option_that_takes_one_path_are_not_told_to_be_quoted(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.csv", "b.csv"):
+        (tmp_path / name).write_text("")
+    with pytest.raises(SystemExit):
+        run(["eval", "--annotations", "a.csv", "b.csv", "--baseline", "oracle"])
+    assert "unrecognized arguments: b.csv; --annotations takes one path, not 2 (see" in capsys.readouterr().err

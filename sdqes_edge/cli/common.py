@@ -61,7 +61,9 @@ def stray_words_hint(parser: argparse.ArgumentParser, argv: list[str], unknown: 
         after = next((i for i in range(first, len(argv)) if argv[i].startswith("-")), len(argv))
         words = ([attached] if attached else []) + argv[before + 1:after]
         name = action.option_strings[-1]
-        if isinstance(action, argparse._AppendAction) and all(os.path.exists(w) for w in words):
+        if all(os.path.exists(w) for w in words):  # a shell glob's files
+            if not isinstance(action, argparse._AppendAction):
+                return f"; {name} takes one path, not {len(words)}"
             examples = " ".join(f"{name} {shlex.quote(w)}" for w in words[:2])
             return f"; {name} takes one path: give it once for each ({examples}{' ...' if len(words) > 2 else ''})"
         if action.type in (None, str, path_text):
