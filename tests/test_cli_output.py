@@ -15,12 +15,13 @@ from runtime_fixtures import QUERY, write_video
 from sdqes_edge.sample import sample_frames
 
 
-def without_a_reader(*args: str) -> subprocess.CompletedProcess:
-    """The command line (its real entry point, ``main``) with nobody reading its stdout."""
+def without_a_reader(*args: str, stderr_too: bool = False) -> subprocess.CompletedProcess:
+    """The command line (its real entry point, ``main``) with nobody reading its stdout (and its stderr, where
+    ``stderr_too``: ``2>&1 | head``)."""
     proc = subprocess.Popen([sys.executable, "-m", "sdqes_edge.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.STDOUT if stderr_too else subprocess.PIPE, text=True)
     proc.stdout.close()  # before the command writes anything
-    err = proc.stderr.read()
+    err = "" if stderr_too else proc.stderr.read()
     proc.wait(timeout=300)
     return subprocess.CompletedProcess(proc.args, proc.returncode, None, err)
 
@@ -47,3 +48,15 @@ def test_run_stops_after_the_frame_in_hand_once_the_alerts_reader_left_and_the_a
     alerts = [json.loads(line) for line in events.read_text().splitlines()]
     assert sorted(a["query"] for a in alerts) == sorted([QUERY, "a second query"])  # frame 0, both queries
     assert "interrupted after 1 frame," in done.stderr
+
+
+def test_run_with_stderr_in_the_same_closed_pipe_still_logs_every_alert(exported, tmp_path):
+    """``2>&1 | head -2``: the first line on stderr met the closed pipe, and the traceback ended the run before any
+    alert was logged (exit 1, an empty alert log)."""
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(40, 60, 80))
+    events = tmp_path / "alerts.jsonl"
+    done = without_a_reader("run", str(bundle), "--source", str(video), "--query", QUERY, "--threshold", "0.01",
+                            "--events", str(events), stderr_too=True)
+    assert done.returncode == 128 + signal.SIGPIPE
+    assert [json.loads(line)["query"] for line in events.read_text().splitlines()] == [QUERY]
