@@ -165,8 +165,8 @@ int run(int argc, char** argv) {
         if (states[q].update(probs[q], time)) {
           sdqes::AlertEvent e{"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], source, time,
                               index, probs[q], std::log(probs[q] / (1 - probs[q])), latency};
+          if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
           std::cout << "[" << time << " s] " << e.message << "  (p=" << e.score << ")" << std::endl;
-          if (sink) sink->write(e);
         }
       }
       ++index;
