@@ -50,3 +50,13 @@ def test_files_after_an_option_that_takes_one_path_are_not_told_to_be_quoted(tmp
     with pytest.raises(SystemExit):
         run(["eval", "--annotations", "a.csv", "b.csv", "--baseline", "oracle"])
     assert "unrecognized arguments: b.csv; --annotations takes one path, not 2 (see" in capsys.readouterr().err
+
+
+def test_tokenize_of_single_words_notes_that_each_argument_is_a_query(capsys):
+    """tokenize takes several queries, so an unquoted one is read, without a word, as one query a word."""
+    assert run(["tokenize", "when", "I", "start", "cooking"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("tokens") == 4
+    assert captured.err == ("sdqes-edge: note: each argument is a query of its own; quote a query of several words: "
+                            "sdqes-edge tokenize 'when I start cooking'\n")
+    assert run(["tokenize", "when I start cooking", "cooking"]) == 0 and capsys.readouterr().err == ""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import time
 
 from sdqes_edge.cli.common import (
@@ -163,8 +165,10 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     for text, row in zip(args.text, ids):
         used = [int(i) for i in row if i != 0]
         print(f"{len(used):3d} tokens  {used}  {text!r}")
+    if len(args.text) > 2 and all(len(text.split()) == 1 for text in args.text):  # `tokenize when I start cooking`
+        print(f"{PROG}: note: each argument is a query of its own; quote a query of several words: {PROG} tokenize "
+              f"{shlex.quote(' '.join(args.text))}", file=sys.stderr)
     return 0
-
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
