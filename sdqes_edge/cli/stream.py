@@ -317,7 +317,8 @@ def _summarize(sources: list, stats: RunStats, exit_code: int, written: list[str
             print(f"{PROG}: incomplete: {shortfall}", file=sys.stderr)
         lost = source.stats.lost_words(source.name)
         if lost:
-            print(f"{PROG}: error: {lost} (exit status {LOST_SOURCE_EXIT})", file=sys.stderr)
+            print(f"{PROG}: error: {lost}" + (f" (exit status {LOST_SOURCE_EXIT})" if exit_code == 0 else ""),
+                  file=sys.stderr)  # (a stop asked for after it keeps its own status)
         if source.start_index and not source.stats.sampled and exit_code == 0:  # resumed past its end: 0 frames
             print(f"{PROG}: note: {source.name} has no frames after {source.start_index / source.fps:g} s, where the "
                   "state snapshot stopped: the run it resumes had streamed it to its end", file=sys.stderr)
