@@ -139,7 +139,7 @@ def test_a_run_on_the_cpu_by_default_where_a_gpu_would_step_it_is_pointed_at_the
     """The decision and its words, on a machine made to look as if it had a GPU and onnxruntime-gpu (the real
     command on a real one: the test below)."""
     import sdqes_edge.runtime.tensorrt_backend as tensorrt_backend
-    from sdqes_edge.cli.stream import device_tip
+    from sdqes_edge.cli.run_device import device_tip
 
     monkeypatch.setattr(tensorrt_backend, "nvidia_gpu_present", lambda: True)
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: [CUDA_PROVIDER, "CPUExecutionProvider"])
@@ -168,7 +168,7 @@ def test_a_bench_of_the_cpu_alone_on_a_machine_whose_gpu_would_step_says_how_to_
 def test_without_a_gpu_a_run_and_a_bench_say_nothing_of_one():
     from sdqes_edge.benchmarks.config import BenchConfig
     from sdqes_edge.cli.bench import gpu_left_out_note
-    from sdqes_edge.cli.stream import device_tip
+    from sdqes_edge.cli.run_device import device_tip
 
     if GPU_RUNS_HERE:
         pytest.skip("this machine has an NVIDIA GPU and onnxruntime-gpu (the test below runs here)")

@@ -86,3 +86,15 @@ def test_systemd_reads_the_unit_without_a_complaint(tmp_path):
     unit.write_text(UNIT.read_text().replace(exec_start()[0], "/bin/true"))
     checked = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0 and not checked.stderr.strip(), checked.stderr
+
+
+def test_run_help_lists_the_exit_statuses_the_unit_names():
+    """A service's author reads them in `sdqes-edge run --help`, not in the code."""
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    statuses = " ".join(done.stdout.split("exit status:")[1].split())
+    settings = unit_settings()
+    for status, meaning in ((settings["SuccessExitStatus"], "stopped by Ctrl-C, SIGTERM"),
+                            (settings["RestartPreventExitStatus"], "a mistake in the command"),
+                            (str(LOST_SOURCE_EXIT), "a camera or stream that cannot be opened or was lost")):
+        assert status in statuses and meaning in statuses, statuses

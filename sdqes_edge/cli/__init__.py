@@ -11,7 +11,7 @@ torch; each handler imports what its job needs.
     bench       bench
     export      export, inspect, build-engine
     ort_ops     build-ort-ops (this project's ONNX Runtime kernels)
-    stream      run (a video, camera or stream, with alerts)
+    stream      run (a video, camera or stream, with alerts); run_device: what run says about where it steps
     score       score (a corpus: a local worker pool or Ray)
     demo        demo
     doctor      doctor (what this machine can run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import textwrap
 import time
 from contextlib import closing
 from pathlib import Path
@@ -15,14 +16,14 @@ from sdqes_edge.cli.common import (
     add_subcommand,
     at_least,
     finite_number,
-    onnxruntime_gpu_here,
     path_text,
     unique_queries,
     warn,
 )
 from sdqes_edge.cli.output import stdout_reader_left
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
-from sdqes_edge.contract import FP16, INT8, PRECISIONS, REFERENCE_PRECISION
+from sdqes_edge.cli.run_device import backend_words, device_tip
+from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import SourceUnavailable, UserError
 from sdqes_edge.files import (
     ALERT_LOG_EXAMPLE,
@@ -45,52 +46,12 @@ LIVE_REPORT_SECONDS = 5.0  # a live stream's status line on a terminal; in a log
 # A camera or stream URL that went away for good ends the run with the status of one that cannot be opened: a
 # failure (systemd's Restart=on-failure starts it again), not the end of a file (0), a mistake (2) or a stop (143).
 LOST_SOURCE_EXIT = SourceUnavailable.exit_code
-# What the fp16 step graph gains on a GPU, as the tips say it: ViT-B/16 + QRNN, ONNX Runtime's CUDA provider with
-# the state bound and CUDA graphs (benchmarks/results/device-h200-2026-11-27.md: 4.06 against 1.98 ms).
-FP16_ON_A_GPU = "2x fp32 on an H200"
-# The step graph a run at fp32 is pointed at, by where it steps, and what it gains there (int8 on a CPU: ViT-B/16 +
-# QRNN on two cores, AVX2 alone and with AVX-512 VNNI).
-FASTER_GRAPH = {"cpu": (INT8, "1.4x (AVX2) to 2x (AVX-512 VNNI) as fast on a CPU"), "gpu": (FP16, FP16_ON_A_GPU)}
-
-
-def _backend_words(backend, args: argparse.Namespace) -> str:
-    """What actually steps: the backend, precision and, for ONNX Runtime, the provider it assigned."""
-    words = f"{args.backend}, {args.precision}"
-    providers = getattr(backend, "providers", None)
-    if providers:
-        words += f", {providers[0]}"
-        if getattr(backend, "buffers", None) is not None:
-            words += ", state bound on the device" + (" with CUDA graphs" if backend.cuda_graph else "")
-        if getattr(backend, "fused_ops", None) is not None:
-            words += f", sdqes_edge kernels from {backend.fused_ops.path.name}"
-    return words
-
-
-def gpu_left_idle(args: argparse.Namespace) -> bool:
-    """Whether this run steps on the CPU only because ``--ort-device`` was left at its default, on a machine with an
-    NVIDIA GPU and ONNX Runtime's CUDA provider, where the step would run many times faster."""
-    return args.backend == BACKENDS[0] and not args.ort_device_given and onnxruntime_gpu_here()
-
-
-def device_tip(detector: StreamingDetector, args: argparse.Namespace) -> str | None:
-    """One line pointing at a faster way to step this bundle on this machine, if there is one: the GPU a run left
-    idle (it was not asked for), else the int8 graph on a CPU, or the fp16 graph on a GPU."""
-    if gpu_left_idle(args):
-        fp16 = ("" if args.precision == FP16
-                else f"; add --precision fp16, which this bundle has ({FP16_ON_A_GPU})"
-                if FP16 in detector.bundle.precisions
-                else f"; an fp16 graph runs {FP16_ON_A_GPU}: re-export with --precision fp16")
-        return (f"this machine has an NVIDIA GPU and ONNX Runtime's CUDA provider, but this run steps on the CPU "
-                f"(--ort-device cpu, the default): --ort-device cuda steps on the GPU{fp16}")
-    if args.backend != BACKENDS[0] or args.precision != REFERENCE_PRECISION:
-        return None
-    faster, gain = FASTER_GRAPH["cpu" if args.ort_device == "cpu" else "gpu"]
-    if faster not in detector.bundle.precisions:
-        return None
-    return (f"this bundle has an {faster} step graph, checked against fp32 when it was exported; --precision {faster} "
-            f"runs {gain}")
-
-
+EXIT_STATUSES = (  # run --help's last lines, for a service's unit or a script that calls run
+    f"exit status: 0 every source ended (or --max-frames); {LOST_SOURCE_EXIT} a camera or stream that cannot be "
+    f"opened or was lost, or a full disk; {UserError.exit_code} a mistake in the command or the bundle; "
+    f"{128 + signal.SIGINT}, {128 + signal.SIGTERM}, {128 + signal.SIGHUP} stopped by Ctrl-C, SIGTERM, SIGHUP (the "
+    f"frame in hand finished, every output complete); {128 + signal.SIGPIPE} the program reading the alerts on "
+    "stdout closed it")
 def cmd_run(args: argparse.Namespace) -> int:
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
     from sdqes_edge.runtime.sources import give_distinct_names, open_source
@@ -117,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     policy = next(iter(detector.queries.queries.values())).policy
     count = len(detector.queries.ids)
     print(f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
-          f"quer{'y' if count == 1 else 'ies'}, {policy.describe()} ({_backend_words(detector.backend, args)})"
+          f"quer{'y' if count == 1 else 'ies'}, {policy.describe()} ({backend_words(detector.backend, args)})"
           + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
     tip = device_tip(detector, args)
     if tip:
@@ -336,6 +297,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                   "--message 'Wash your hands!' --events alerts.jsonl",
                   "bundles/qrnn --source 0 --query 'when I open the fridge'     (camera 0)",
                   "bundles/qrnn --source rtsp://cam/stream --backend trt --precision fp16"))
+    run.epilog += "\n\n" + textwrap.fill(EXIT_STATUSES, width=100, subsequent_indent="  ")
     run.add_argument("bundle", type=path_text, help="bundle directory made by `sdqes-edge export`")
     run.add_argument("--source", type=path_text, action="append", required=True,
                      help="video file, image folder (frames in number order, one per sample), camera index (0) "
