@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import atexit
+import logging
 import math
 import numbers
 import queue
@@ -26,6 +27,8 @@ from sdqes_edge.errors import UserError
 
 from .cores import usable_cores
 from .sampling import checked_rate, samples_served
+
+SOURCE_LOG = logging.getLogger("sdqes_edge.runtime.sources")  # WARNING: Python shows it on stderr unconfigured
 
 # Threads preprocessing a file's frames while the reader decodes the next ones (numpy releases the GIL in its
 # products): one core is left to the decoder, and beyond four the step, not the source, is the bottleneck.
@@ -112,7 +115,7 @@ class SourceStats:
         if not self.gave_up_after:
             return None
         return (f"{name} stopped sending frames and did not come back after {self.gave_up_after} reconnection "
-                "attempts: the stream ended there, every output complete")
+                f"attempt{'' if self.gave_up_after == 1 else 's'}: the stream ended there, every output complete")
 
 
 class FrameSource(abc.ABC):
@@ -126,7 +129,9 @@ class FrameSource(abc.ABC):
         self.name = name
         self.stats = SourceStats()
         self.start_index = 0  # samples before it are not stepped: a resumed run goes on after them (start_at)
-        self.log: Callable[[str], None] = lambda message: None
+        # A source's own news (a camera reconnecting or lost, a file cut short or slower than the bundle): to the
+        # logger below unless a program sets its own (the command line prints each as one line). It went nowhere.
+        self.log: Callable[[str], None] = SOURCE_LOG.warning
 
     @property
     def identity(self) -> str:

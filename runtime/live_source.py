@@ -97,7 +97,8 @@ class LiveSource(FrameSource):
                         self.log(f"{self.name}: reconnected")
                         break
                 if capture is None:
-                    self.log(f"{self.name}: gave up after {len(self.reconnect_delays)} attempts")
+                    tries = len(self.reconnect_delays)
+                    self.log(f"{self.name}: gave up after {tries} attempt{'' if tries == 1 else 's'}")
                     self.stats.gave_up_after = len(self.reconnect_delays)
                     return
         finally:

@@ -72,3 +72,29 @@ def test_a_camera_that_cannot_be_opened_exits_as_a_lost_one_and_a_missing_file_a
     assert "error: OpenCV cannot open camera index 7" in capsys.readouterr().err
     assert run(["run", str(bundle), "--source", str(tmp_path / "none.mp4"), "--query", QUERY]) == 2
     assert "none.mp4 is neither a file" in capsys.readouterr().err
+
+
+def test_a_program_hears_of_a_lost_source_through_logging_unless_it_takes_the_messages_itself(tmp_path, caplog):
+    """The Python API's sources told a program nothing: their messages went nowhere unless it set ``source.log``,
+    so a camera that dropped, came back or was lost for good was news to nobody."""
+    import logging
+
+    from runtime_fixtures import write_video
+
+    from sdqes_edge.runtime.live_source import LiveSource
+    from sdqes_edge.sample import sample_frames
+
+    video = write_video(tmp_path / "stream.avi", sample_frames(5, 48, 64))
+    source = LiveSource(str(video), fps=1000.0, reconnect_delays=(0.01, 0.01))  # a "stream" of 5 frames
+    video.unlink()  # and then nothing there to reopen
+    with caplog.at_level(logging.WARNING, logger="sdqes_edge.runtime.sources"):
+        frames = list(source.sampled())
+    assert frames and source.stats.gave_up_after == 2
+    assert [r.getMessage() for r in caplog.records][-1] == f"{video}: gave up after 2 attempts"
+    taken = []
+    source = LiveSource(str(write_video(video, sample_frames(3, 48, 64))), fps=1000.0, reconnect_delays=(0.01,))
+    source.log = taken.append
+    video.unlink()
+    caplog.clear()
+    list(source.sampled())
+    assert taken[-1].endswith("gave up after 1 attempt") and not caplog.records
