@@ -201,6 +201,7 @@ class StreamScorer:
             for text, message in task.queries:
                 detector.add_query(text, message)
         source = open_source(task.video, detector.fps)
+        source.log = lambda message: None  # a worker's lines would break the driver's bar; it reports each outcome
         stats = RunStats()
         with scratch(SCRATCH_PREFIX) as folder:
             path = folder / f"{task.stream}{TRACE_SUFFIX}"
