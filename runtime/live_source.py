@@ -99,7 +99,7 @@ class LiveSource(FrameSource):
                 if capture is None:
                     tries = len(self.reconnect_delays)
                     self.log(f"{self.name}: gave up after {tries} attempt{'' if tries == 1 else 's'}")
-                    self.stats.gave_up_after = len(self.reconnect_delays)
+                    self.stats.gave_up_after = tries
                     return
         finally:
             if capture is not None:

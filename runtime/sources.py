@@ -49,9 +49,10 @@ class VideoFileSource(FrameSource):
 
     def __init__(self, path: str | Path, fps: float):
         self.url = str(path) if str(path).startswith(WEB_PREFIXES) else None
-        self.path = Path(urlsplit(self.url).path) if self.url else Path(path)
+        served = urlsplit(self.url) if self.url else None
+        self.path = Path(served.path) if served else Path(path)
         self.location = self.url or str(self.path)  # what OpenCV opens, and messages name
-        super().__init__(self.path.stem or (urlsplit(self.url).hostname if self.url else "") or "video", fps)
+        super().__init__(self.path.stem or (served.hostname if served else "") or "video", fps)
         if not self.url and not self.path.is_file():
             raise UserError(f"video {self.path} does not exist")
         capture = cv2.VideoCapture(self.location)

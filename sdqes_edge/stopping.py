@@ -22,6 +22,11 @@ TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHU
 STOP_SIGNALS = (signal.SIGINT, *TERMINATION_SIGNALS)
 
 
+def exit_status(signum: int) -> int:
+    """The status of a process a signal ended, as shells report it (SIGPIPE: 141)."""
+    return 128 + int(signum)
+
+
 class Stopped(KeyboardInterrupt):
     """A stop asked for by a signal; ``exit_code`` is what the process should exit with."""
 
@@ -31,7 +36,7 @@ class Stopped(KeyboardInterrupt):
 
     @property
     def exit_code(self) -> int:
-        return 128 + int(self.signum)
+        return exit_status(self.signum)
 
 
 # The termination signal ``raise_on_termination``'s handler last turned into ``Stopped``: a library that catches
@@ -49,7 +54,7 @@ def signal_of(interrupt: KeyboardInterrupt) -> int:
 
 
 def exit_code_of(interrupt: KeyboardInterrupt) -> int:
-    return 128 + signal_of(interrupt)
+    return exit_status(signal_of(interrupt))
 
 
 def _in_main_thread() -> bool:
@@ -112,7 +117,7 @@ class FinishFrameThenStop:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.signum is None else 128 + int(self.signum)
+        return 0 if self.signum is None else exit_status(self.signum)
 
     def _handle(self, signum, _frame) -> None:
         if self.signum is not None:

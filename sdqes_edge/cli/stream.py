@@ -35,7 +35,7 @@ from sdqes_edge.files import (
 from sdqes_edge.progress import LOG_LINE_SECONDS, progress_bar, stderr_is_a_terminal
 from sdqes_edge.runtime.backend import BACKENDS
 from sdqes_edge.runtime.ort_sessions import DEVICE_PROVIDERS
-from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of
+from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of, exit_status
 from sdqes_edge.traces import TRACE_SUFFIX
 from sdqes_edge.train_options import training_data_words
 
@@ -46,12 +46,15 @@ LIVE_REPORT_SECONDS = 5.0  # a live stream's status line on a terminal; in a log
 # A camera or stream URL that went away for good ends the run with the status of one that cannot be opened: a
 # failure (systemd's Restart=on-failure starts it again), not the end of a file (0), a mistake (2) or a stop (143).
 LOST_SOURCE_EXIT = SourceUnavailable.exit_code
+READER_LEFT_EXIT = exit_status(signal.SIGPIPE)  # stdout's reader gone: as a process SIGPIPE ends
 EXIT_STATUSES = (  # run --help's last lines, for a service's unit or a script that calls run
     f"exit status: 0 every source ended (or --max-frames); {LOST_SOURCE_EXIT} a camera or stream that cannot be "
     f"opened or was lost, or a full disk; {UserError.exit_code} a mistake in the command or the bundle; "
-    f"{128 + signal.SIGINT}, {128 + signal.SIGTERM}, {128 + signal.SIGHUP} stopped by Ctrl-C, SIGTERM, SIGHUP (the "
-    f"frame in hand finished, every output complete); {128 + signal.SIGPIPE} the program reading the alerts on "
-    "stdout closed it")
+    f"{', '.join(str(exit_status(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))} stopped by Ctrl-C, "
+    f"SIGTERM, SIGHUP (the frame in hand finished, every output complete); {READER_LEFT_EXIT} the program reading "
+    "the alerts on stdout closed it")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
     from sdqes_edge.runtime.sources import give_distinct_names, open_source
@@ -246,7 +249,7 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
                 if stdout_reader_left():  # `run ... | head -3`: the alerts' reader has what it wanted
                     print(f"{PROG}: stopping: the program reading the alerts on stdout has closed it",
                           file=sys.stderr)
-                    exit_code = 128 + signal.SIGPIPE  # as a process SIGPIPE ends; the frame in hand finished
+                    exit_code = READER_LEFT_EXIT  # the frame in hand finished
                     break
         exit_code = stop.exit_code or exit_code
     except KeyboardInterrupt as interrupt:  # a second signal, or one outside the loop
