@@ -3,10 +3,12 @@ four streams, a query, a video writer, a live stream that never ends."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Iterator
 
 import cv2
 import numpy as np
@@ -56,8 +58,17 @@ def write_video(path: Path, frames: np.ndarray, fps: float = 10.0) -> Path:
     return path
 
 
-class EndlessMJPEG(BaseHTTPRequestHandler):
+class Quiet:
+    """A request handler that keeps its access log to itself (mixed in before the handler class)."""
+
+    def log_message(self, *args):
+        pass
+
+
+class EndlessMJPEG(Quiet, BaseHTTPRequestHandler):
     """A live stream that never ends: the same JPEG frame, 20 a second, as multipart/x-mixed-replace."""
+
+    frames: int | None = None  # frames sent before the stream is cut (None: never)
 
     def do_GET(self):
         frame = cv2.imencode(".jpg", np.full((64, 64, 3), 128, np.uint8))[1].tobytes()
@@ -65,21 +76,29 @@ class EndlessMJPEG(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
         self.end_headers()
         part = b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n" % (len(frame), frame)
+        sent = 0
         try:
-            while True:
+            while self.frames is None or sent < self.frames:
                 self.wfile.write(part)
+                sent += 1
                 time.sleep(0.05)
         except OSError:  # the client is gone
             pass
 
-    def log_message(self, *args):
-        pass
+
+@contextlib.contextmanager
+def serving(handler) -> Iterator[str]:
+    """A local HTTP server of ``handler`` on a free port, while the block runs: its address."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture
 def endless_stream():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), EndlessMJPEG)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/stream.mjpg"
-    server.shutdown()
-    server.server_close()
+    with serving(EndlessMJPEG) as address:
+        yield f"{address}/stream.mjpg"

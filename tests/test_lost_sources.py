@@ -4,10 +4,7 @@ restarts, apart from a mistake in the command (2) and the clean end of a file (0
 from __future__ import annotations
 
 import json
-import time
 
-import cv2
-import numpy as np
 from runtime_fixtures import QUERY
 
 from sdqes_edge.cli import run
@@ -17,45 +14,31 @@ from sdqes_edge.cli.stream import LOST_SOURCE_EXIT
 def test_a_live_stream_that_goes_away_for_good_ends_the_run_as_a_failure(exported, tmp_path, monkeypatch, capsys):
     """A camera unplugged, or an IP camera's server gone: after its reconnection attempts the run ended with exit
     status 0, as a file that ended does, so systemd's Restart=on-failure never started it again."""
-    import threading
-    from http.server import ThreadingHTTPServer
-
-    from runtime_fixtures import EndlessMJPEG
+    from runtime_fixtures import EndlessMJPEG, serving
 
     from sdqes_edge.runtime import live_source, sources
 
     class ServesOnce(EndlessMJPEG):
+        frames = 20  # one stream, cut after a second; then nothing is found there
         served = 0
 
-        def do_GET(self):  # one stream, cut after a second; then nothing is found there
+        def do_GET(self):
             ServesOnce.served += 1
             if ServesOnce.served > 1:
                 self.send_error(404)
                 return
-            frame = cv2.imencode(".jpg", np.full((64, 64, 3), 128, np.uint8))[1].tobytes()
-            self.send_response(200)
-            self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
-            self.end_headers()
-            for _ in range(20):
-                self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n"
-                                 % (len(frame), frame))
-                time.sleep(0.05)
+            super().do_GET()
 
     class QuickToGiveUp(live_source.LiveSource):
         def __init__(self, target, fps, reconnect_delays=(0.05, 0.05), capture=None):
             super().__init__(target, fps, reconnect_delays, capture)
 
     monkeypatch.setattr(sources, "LiveSource", QuickToGiveUp)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ServesOnce)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     _, bundle = exported
     events = tmp_path / "alerts.jsonl"
-    try:
-        code = run(["run", str(bundle), "--source", f"http://127.0.0.1:{server.server_address[1]}/cam.mjpg",
-                    "--query", QUERY, "--threshold", "0.01", "--events", str(events)])
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(ServesOnce) as address:
+        code = run(["run", str(bundle), "--source", f"{address}/cam.mjpg", "--query", QUERY, "--threshold", "0.01",
+                    "--events", str(events)])
     err = capsys.readouterr().err
     assert code == LOST_SOURCE_EXIT == 1, err
     assert "stopped sending frames and did not come back after 2 reconnection attempts: the stream ended there, " \

@@ -78,18 +78,15 @@ def test_a_source_name_too_long_for_a_file_is_refused_in_one_line():
 def web_folder(tmp_path):
     """tmp_path served over HTTP, as a web server serves a video file."""
     import functools
-    import threading
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import SimpleHTTPRequestHandler
 
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    from runtime_fixtures import Quiet, serving
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield tmp_path, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    class Files(Quiet, SimpleHTTPRequestHandler):
+        pass
+
+    with serving(functools.partial(Files, directory=str(tmp_path))) as address:
+        yield tmp_path, address
 
 
 @pytest.mark.parametrize("suffix", [".avi", ".mp4"])
@@ -111,10 +108,7 @@ def test_a_video_file_served_over_http_is_read_as_the_file_it_is(suffix, web_fol
 def test_a_live_stream_over_http_stays_live_on_the_one_connection_it_was_opened_with():
     """An IP camera's MJPEG lists no frames; many such cameras take one client at a time, so the connection
     open_source looked at it with is the one the stream is read on."""
-    import threading
-    from http.server import ThreadingHTTPServer
-
-    from runtime_fixtures import EndlessMJPEG
+    from runtime_fixtures import EndlessMJPEG, serving
 
     requests = []
 
@@ -123,28 +117,24 @@ def test_a_live_stream_over_http_stays_live_on_the_one_connection_it_was_opened_
             requests.append(self.path)
             super().do_GET()
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Counted)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        source = open_source(f"http://127.0.0.1:{server.server_address[1]}/stream.mjpg", FPS)
+    with serving(Counted) as address:
+        source = open_source(f"{address}/stream.mjpg", FPS)
         assert isinstance(source, live_source.LiveSource)
         frames = source.sampled()
         first = next(frames)
         frames.close()
         assert first.image.shape == (64, 64, 3) and len(requests) == 1
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_video_served_at_a_sites_root_is_named_for_the_site(tmp_path):
     """Outputs are named for their source (alerts, traces, annotated videos): an empty name made '.npz'."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
+
+    from runtime_fixtures import Quiet, serving
 
     video = write_video(tmp_path / "clip.avi", sample_frames(4, 48, 64), fps=FPS).read_bytes()
 
-    class Root(BaseHTTPRequestHandler):
+    class Root(Quiet, BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(200)
             self.send_header("Content-Type", "video/x-msvideo")
@@ -152,14 +142,6 @@ def test_a_video_served_at_a_sites_root_is_named_for_the_site(tmp_path):
             self.end_headers()
             self.wfile.write(video)
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Root)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        source = open_source(f"http://127.0.0.1:{server.server_address[1]}/", FPS)
+    with serving(Root) as address:
+        source = open_source(f"{address}/", FPS)
         assert isinstance(source, VideoFileSource) and source.name == "127.0.0.1"
-    finally:
-        server.shutdown()
-        server.server_close()
