@@ -46,7 +46,7 @@ from sdqes_edge.contract import (
     engine_name,
 )
 from sdqes_edge.errors import WARNING_PREFIX, UserError
-from sdqes_edge.files import file_sha256
+from sdqes_edge.files import file_sha256, flush_to_disk, write_text_atomically
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
 from sdqes_edge.runtime.bundle import Bundle, inside_bundle, load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
@@ -263,6 +263,7 @@ def keep_checked_engine(bundle: Bundle, serialized: bytes, precision: str, devic
             verification = dict(report.to_dict(), frames_from="built-in sample")
         else:
             log(f"{WARNING_PREFIX}--verify-frames 0: the engine is kept without a check against the fp32 graph")
+        flush_to_disk(candidate)  # a power cut after the rename leaves this engine, not an empty file
         candidate.replace(engine_path)
     finally:
         candidate.unlink(missing_ok=True)
@@ -270,7 +271,7 @@ def keep_checked_engine(bundle: Bundle, serialized: bytes, precision: str, devic
                    gpu=device.name, compute_capability=list(device.compute_capability),
                    engine_sha256=file_sha256(engine_path), built=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    state=bundle.manifest["state"], verification=verification)
-    engine_path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2))
+    write_text_atomically(engine_path.with_suffix(".json"), json.dumps(sidecar, indent=2))
     return engine_path
 
 

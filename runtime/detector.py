@@ -194,18 +194,11 @@ class StreamingDetector:
 
     @_exclusive
     def load_state(self, path: str | Path) -> None:
+        """Go on from a ``save_state`` snapshot; one of another model or batch size, or damaged, is refused
+        (``snapshots.UnusableSnapshot``) and the detector is left as it was."""
         snapshot = read_snapshot(path)
-        loaded, identity = snapshot.state, snapshot.model_identity
-        # Another model of the same shapes would take the snapshot silently; snapshots from before name none.
-        if identity is not None and identity != self.bundle.model_identity:
-            raise UserError(f"{path} was saved by another model (its bundle's step graph differs from "
-                            f"{self.bundle.root}'s); resume only from a snapshot of this bundle, or start afresh "
-                            "without --resume")
-        for spec in self.backend.spec:
-            if spec.name not in loaded or tuple(loaded[spec.name].shape) != tuple(spec.shape):
-                raise UserError(f"{path} does not fit this bundle's state ({spec.name} {list(spec.shape)}); it was "
-                                "saved from another model or batch size")
-        self.state = self.backend.state_from_numpy(loaded)
+        snapshot.check_fits(path, self.bundle.model_identity, self.backend.spec, self.bundle.root)
+        self.state = self.backend.state_from_numpy(snapshot.state)
         for slot, record in zip(self.streams, snapshot.streams):
             slot.frames, slot.time, slot.resumed = record.frames, record.time, record
             for qid in slot.alerts:

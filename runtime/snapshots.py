@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import as_path, npz_problem, path_problem, replaced_atomically
+from sdqes_edge.files import NPZ_READ_ERRORS, as_path, npz_problem, path_problem, replaced_atomically
 
 from .alerts import AlertPolicy, AlertState
 
@@ -104,11 +104,35 @@ class StreamRecord:
         return by_text
 
 
+class UnusableSnapshot(UserError):
+    """A state snapshot that cannot be resumed from here: another model's, another batch size's, or damaged.
+    ``problem`` says what is wrong in words that follow its path, without the advice: ``run --state`` sets such a
+    snapshot aside and starts afresh, so that a service whose bundle was re-exported comes back up."""
+
+    def __init__(self, path: Path | str, problem: str, advice: str):
+        super().__init__(f"{path} {problem}; {advice}")
+        self.problem = problem
+
+
 @dataclass
 class Snapshot:
     model_identity: str | None  # None: written before snapshots named their model
     state: dict[str, np.ndarray]
     streams: list[StreamRecord]
+
+    def check_fits(self, path: Path | str, model_identity: str, spec, bundle_root: Path) -> None:
+        """Refuse the snapshot read from ``path`` unless its state is this model's, of these shapes (``spec``: the
+        backend's state spec). Another model of the same shapes would take it silently; snapshots from before
+        snapshots named their model name none."""
+        if self.model_identity is not None and self.model_identity != model_identity:
+            raise UnusableSnapshot(path, f"was saved by another model (its bundle's step graph differs from "
+                                         f"{bundle_root}'s)", "resume only from a snapshot of this bundle, or "
+                                                              "start afresh without --resume")
+        for tensor in spec:
+            if tensor.name not in self.state or tuple(self.state[tensor.name].shape) != tuple(tensor.shape):
+                raise UnusableSnapshot(path, f"does not fit this bundle's state ({tensor.name} "
+                                             f"{list(tensor.shape)})", "it was saved from another model or batch "
+                                                                        "size")
 
 
 def write_snapshot(path: Path, snapshot: Snapshot) -> Path:
@@ -148,8 +172,9 @@ def read_snapshot(path: str | Path) -> Snapshot:
             streams = [StreamRecord(int(c)) for c in counts]
             if "stream_sources" in data.files:
                 _read_streams(data, streams)
-    except (OSError, ValueError, KeyError, IndexError) as exc:
-        raise UserError(f"{path} is not a state snapshot written by save_state ({npz_problem(exc)})") from None
+    except NPZ_READ_ERRORS as exc:
+        raise UnusableSnapshot(path, f"is not a state snapshot written by save_state ({npz_problem(exc)})",
+                               "give the file save_state (run --save-state) wrote") from None
     return Snapshot(identity, state, streams)
 
 

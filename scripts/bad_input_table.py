@@ -72,6 +72,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("--scores under a file", [*run, "--scores", str(t / "garbage.mp4" / "s")]),
         ("--save-state is a folder", [*run, "--save-state", str(t)]),
         ("--resume from a file that is not a snapshot", [*run, "--resume", str(t / "garbage.mp4")]),
+        ("--resume from a snapshot cut short", [*run, "--resume", str(t / "cut.npz")]),
         ("--state beside --save-state", [*run, "--state", str(t / "s.npz"), "--save-state", str(t / "o.npz")]),
         ("--resume from a snapshot of another model with the same shapes",
          ["run", str(t / "other"), "--source", str(t / "clip.avi"), "--query", Q, "--resume", str(t / "state.npz")]),
@@ -189,6 +190,7 @@ def prepare(t: Path) -> Path:
         writer.write(np.zeros((48, 64, 3), np.uint8))
     writer.release()
     StreamingDetector(b).save_state(t / "state.npz")
+    (t / "cut.npz").write_bytes((t / "state.npz").read_bytes()[:600])  # a copy that stopped half-way
     (t / "garbage.mp4").write_bytes(b"\x00\x01" * 100)
     cv2.imwrite(str(t / "photo.jpg"), np.zeros((48, 64, 3), np.uint8))
     (t / "photos").mkdir()

@@ -8,6 +8,8 @@ import os
 import shutil
 import socket
 import tempfile
+import time
+import zipfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -47,9 +49,54 @@ def replaced_atomically(path: Path) -> Iterator[Path]:
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
         yield partial
+        flush_to_disk(partial)
         os.replace(partial, path)
+        flush_to_disk(path.parent)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def flush_to_disk(path: Path) -> None:
+    """fsync a file, or a folder (its entries: a rename into it), so that what was written there survives a power
+    loss. Without it a replace is atomic only while the machine stays up: after a power cut (an edge device's
+    common end) a file renamed over its old self may come back empty, the old contents gone too, since the kernel
+    may write the rename to disk before the data. Where a file system cannot sync a folder (Windows, some FUSE
+    mounts), the rename is as durable as it makes it."""
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # Windows opens no folder
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # EINVAL: this file system syncs no folders
+        pass
+    finally:
+        os.close(fd)
+
+
+def flush_tree_to_disk(folder: Path) -> None:
+    """``flush_to_disk`` every file and folder under ``folder``, and ``folder``: before a finished export is renamed
+    into place, so that the bundle a power cut leaves at the target is whole (old or new), never one of empty
+    graphs whose old copy was already removed."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            flush_to_disk(Path(root) / name)
+        flush_to_disk(Path(root))
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename ``path`` to a free name beside it that says ``why`` and when ("state.npz" -> "state.another-model-
+    20261128T031502Z.npz"), its suffix kept so that it still opens as what it is; the new path. For a file the
+    program would otherwise refuse at every start, kept rather than deleted: it is the user's."""
+    name = f"{path.stem}.{why}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    kept, n = path.with_name(name + path.suffix), 1
+    while kept.exists():  # set aside twice in one second
+        n += 1
+        kept = path.with_name(f"{name}-{n}{path.suffix}")
+    os.replace(path, kept)
+    flush_to_disk(path.parent)
+    return kept
 
 
 def write_text_atomically(path: Path, text: str) -> Path:
@@ -121,6 +168,7 @@ def replace_directory(staging: Path, target: Path) -> None:
     The old directory is first renamed aside, so at every moment either the old
     or the new one is complete at ``target``'s path (never a half-written mix).
     """
+    flush_tree_to_disk(staging)
     retired = None
     if target.exists():
         retired = target.parent / f".{target.name}.retired-{os.getpid()}"
@@ -133,6 +181,7 @@ def replace_directory(staging: Path, target: Path) -> None:
         if retired is not None:
             os.replace(retired, target)  # put the old one back
         raise
+    flush_to_disk(target.parent)  # the new bundle's name on disk before the old one's files are removed
     if retired is not None:
         shutil.rmtree(retired, ignore_errors=True)
 
@@ -189,12 +238,19 @@ def scratch(prefix: str) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# What numpy raises for a file that is not a whole .npz: not a zip (ValueError), one cut short (BadZipFile where
+# its directory is gone, EOFError where an array is), a missing or mangled member (KeyError, IndexError).
+NPZ_READ_ERRORS = (OSError, ValueError, KeyError, IndexError, EOFError, zipfile.BadZipFile)
+
+
 def npz_problem(exc: BaseException) -> str:
     """numpy's refusal of a file as an .npz, in words for a user. For a file that is no NumPy archive at all its own
     message speaks of pickled data and of loading it "unsafely", which no one should be told to do with a file
     that is not what they meant to give."""
     if isinstance(exc, ValueError) and "pickle" in str(exc):
         return "not a NumPy .npz archive"
+    if isinstance(exc, (EOFError, zipfile.BadZipFile)):
+        return f"cut short: {exc}" if str(exc) else "cut short"
     return str(exc)
 
 

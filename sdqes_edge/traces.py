@@ -30,7 +30,7 @@ from typing import Iterable
 import numpy as np
 
 from .errors import UserError
-from .files import npz_problem, path_problem, replaced_atomically
+from .files import NPZ_READ_ERRORS, npz_problem, path_problem, replaced_atomically
 
 TRACE_FORMAT_VERSION = 2
 TRACE_SUFFIX = ".npz"
@@ -153,7 +153,7 @@ def load_scores(path: str | Path) -> StreamScores:
                                 np.asarray(data["probs"], np.float64),
                                 int(data["first_frame"]) if "first_frame" in data.files else 0,
                                 str(data["model"]) if "model" in data.files else "")
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+    except NPZ_READ_ERRORS as exc:
         raise UserError(f"{path} is not a score trace written by `sdqes-edge run --scores` ({npz_problem(exc)})") \
             from None
 

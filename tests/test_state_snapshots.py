@@ -74,6 +74,41 @@ def test_a_snapshot_of_another_model_with_the_same_shapes_is_refused(two_models,
     assert "start afresh without --resume" in str(refusal.value)
 
 
+def test_a_state_file_of_a_model_exported_anew_is_set_aside_and_the_service_starts_fresh(two_models, tmp_path,
+                                                                                        capsys):
+    """A service's `run --state S` whose bundle was exported anew was refused at every restart (exit 2, which its
+    unit rightly does not restart) until someone deleted S. S is renamed aside now, kept whole, with a warning, and
+    the new model starts the file afresh; `--resume S`, which asks for that snapshot, still refuses it."""
+    bundles, _ = two_models
+    video = write_video(tmp_path / "clip.avi", sample_frames(20, 96, 128))
+    state = tmp_path / "state.npz"
+    command = ["--source", str(video), "--query", QUERY, "--quiet"]
+    assert run(["run", str(bundles["seed1"]), *command, "--state", str(state)]) == 0
+    old, frames = state.read_bytes(), int(np.load(state)["frame_counts"][0])
+    assert run(["run", str(bundles["seed0"]), *command, "--resume", str(state)]) == 2
+    assert "was saved by another model" in capsys.readouterr().err
+    assert run(["run", str(bundles["seed0"]), *command, "--state", str(state)]) == 0  # the model updated
+    [kept] = tmp_path.glob("state.unusable-*.npz")
+    assert f"--state {state} was saved by another model" in capsys.readouterr().err
+    assert kept.read_bytes() == old
+    with np.load(state) as written:  # the new model's, the file streamed from its start once
+        assert str(written["model_identity"]) == load_bundle(bundles["seed0"]).model_identity
+        assert int(written["frame_counts"][0]) == frames
+
+
+def test_a_damaged_state_file_is_set_aside_and_the_service_starts_fresh(two_models, tmp_path, capsys):
+    bundles, _ = two_models
+    video = write_video(tmp_path / "clip.avi", sample_frames(20, 96, 128))
+    state = tmp_path / "state.npz"
+    state.write_bytes(b"PK\x03\x04 cut short by a power loss")
+    assert run(["run", str(bundles["seed0"]), "--source", str(video), "--query", QUERY, "--quiet",
+                "--state", str(state)]) == 0
+    [kept] = tmp_path.glob("state.unusable-*.npz")
+    assert kept.read_bytes() == b"PK\x03\x04 cut short by a power loss"
+    assert f"that file is kept as {kept}" in capsys.readouterr().err
+    StreamingDetector(bundles["seed0"]).load_state(state)  # the fresh run's snapshot
+
+
 def test_a_snapshot_written_before_snapshots_named_their_model_still_loads_on_its_shapes(two_models, tmp_path):
     bundles, frames = two_models
     detector = StreamingDetector(bundles["seed0"])

@@ -31,6 +31,7 @@ from sdqes_edge.files import (
     SNAPSHOT_EXAMPLE,
     check_output_dir,
     check_output_file,
+    set_aside,
 )
 from sdqes_edge.progress import LOG_LINE_SECONDS, progress_bar, stderr_is_a_terminal
 from sdqes_edge.runtime.backend import BACKENDS
@@ -74,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for source in sources:
         source.log = lambda message: print(f"{PROG}: {message}", file=sys.stderr)
     if args.resume:
-        detector.load_state(args.resume)
+        _resume(detector, args)
     detector.attach(sources)  # a file the snapshot was reading goes on where it stopped (before the progress bar)
     trace_paths = _attach_sinks(detector, sources, args)
     live = any(s.live for s in sources)
@@ -160,6 +161,23 @@ def _state_file(args: argparse.Namespace) -> None:
     elif not args.quiet:
         print(f"{PROG}: note: no state snapshot at {args.state} yet: the stream starts fresh, and its state is "
               "written there when it ends or is stopped", file=sys.stderr)
+
+
+def _resume(detector: StreamingDetector, args: argparse.Namespace) -> None:
+    """--resume FILE, or --state FILE where it exists. A --state snapshot that no longer fits (its bundle exported
+    anew, another --batch, a damaged file) is set aside with a warning and the stream starts fresh: a service whose
+    model was updated was refused at every start (exit 2, which its unit rightly does not restart), until someone
+    deleted the file. --resume names a snapshot to go on from: one that does not fit is still refused."""
+    from sdqes_edge.runtime.snapshots import UnusableSnapshot, snapshot_to_read
+
+    try:
+        detector.load_state(args.resume)
+    except UnusableSnapshot as exc:
+        if not args.state:
+            raise
+        kept = set_aside(snapshot_to_read(args.state), "unusable")
+        warn(f"--state {args.state} {exc.problem}: the stream starts fresh, its state written there when it ends; "
+             f"that file is kept as {kept}")
 
 
 def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
@@ -357,4 +375,6 @@ def _add_output_options(run: argparse.ArgumentParser) -> None:
                      help="write the state to this .npz when the stream ends or is stopped")
     run.add_argument("--state", type=path_text,
                      help="keep the state in this .npz across runs (a service that restarts): resume from it where "
-                          "it exists, write it when the stream ends or is stopped")
+                          "it exists, write it when the stream ends or is stopped; one that no longer fits (the "
+                          "bundle exported anew, damaged) is renamed aside with a warning and the stream starts "
+                          "fresh")
