@@ -94,8 +94,22 @@ class JsonlSink(Sink):
         # A folder or /proc: a one-line error, not an OSError.
         self.path = check_output_file(path, "JsonlSink", ALERT_LOG_EXAMPLE)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._use(self.path.open("ab", buffering=0))  # unbuffered: nothing left to flush once a write failed
+        self._use(self._open())
         self._reopen_refused = False
+        if not self._ends_a_line():  # said once; the next alert starts a line of its own
+            warnings.warn(f"the alert log {self.path} ends in a cut line (a power cut or a kill while it was "
+                          "written?); it is kept, and the next alert starts a line of its own", SetupWarning,
+                          stacklevel=2)
+
+    def _open(self):
+        """Unbuffered (nothing left to flush once a write failed), appending; a regular file opened to read too, to
+        look at its last byte (``_ends_a_line``)."""
+        if self.path.exists() and not self.path.is_file():  # a pipe or terminal (--events /dev/stdout)
+            return self.path.open("ab", buffering=0)
+        try:
+            return self.path.open("a+b", buffering=0)
+        except PermissionError:  # a log we may append to but not read: its last line is taken as whole
+            return self.path.open("ab", buffering=0)
 
     def _use(self, fh) -> None:
         self._fh = fh
@@ -114,7 +128,7 @@ class JsonlSink(Sink):
             self._whole = min(self._whole, opened.st_size)
             return
         try:
-            replacement = self.path.open("ab", buffering=0)
+            replacement = self._open()
         except OSError as exc:  # tried again at the next alert; the alerts are not lost meanwhile
             if not self._reopen_refused:
                 self._reopen_refused = True
@@ -125,9 +139,19 @@ class JsonlSink(Sink):
         self._use(replacement)
         self._reopen_refused = False  # a later rotation that fails is said again
 
+    def _ends_a_line(self) -> bool:
+        """Whether the log's last byte ends a line (an empty log, a pipe: True). A line cut by a power cut or a kill
+        is kept as it is, and the next alert starts a line of its own: appended to the cut one, it was unreadable
+        too (a JSONL reader stops there)."""
+        if not self._whole or not self._fh.readable():
+            return True
+        self._fh.seek(self._whole - 1)  # a read position only: an append goes to the end all the same
+        return self._fh.read(1) == b"\n"
+
     def on_event(self, event: AlertEvent) -> None:
-        line = memoryview((json.dumps(event.to_dict()) + "\n").encode("utf-8"))
         self._follow_rotation()
+        text = json.dumps(event.to_dict()) + "\n"
+        line = memoryview((text if self._ends_a_line() else "\n" + text).encode("utf-8"))
         try:
             while line:
                 written = self._fh.write(line)

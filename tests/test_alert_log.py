@@ -12,6 +12,7 @@ import pytest
 from runtime_fixtures import QUERY
 from test_full_disk import file_size_limit
 
+from sdqes_edge.errors import SetupWarning
 from sdqes_edge.runtime import AlertEvent, JsonlSink
 
 
@@ -85,3 +86,31 @@ def test_a_log_that_cannot_be_made_again_keeps_its_alerts_in_the_moved_file_and_
     sink.close()
     assert frames_in(tmp_path / "alerts.jsonl.1") == [1, 2, 3]
     assert frames_in(log) == [4]
+
+
+def test_a_log_whose_last_line_was_cut_keeps_it_and_the_next_alert_starts_a_line_of_its_own(tmp_path):
+    """A power cut (or a kill) while a line was written leaves part of it; the next alert appended to it was
+    unreadable too. That cut line is kept as it was, and said once."""
+    log = tmp_path / "alerts.jsonl"
+    sink = JsonlSink(log)
+    sink.on_event(alert(1))
+    sink.close()
+    whole = log.read_bytes()
+    log.write_bytes(whole + b'{"query_id": "q1", "query": "wh')  # the cut line
+    with pytest.warns(SetupWarning, match="ends in a cut line .* it is kept, and the next alert starts a line"):
+        sink = JsonlSink(log)
+    sink.on_event(alert(2))
+    sink.on_event(alert(3))
+    sink.close()
+    lines = log.read_bytes().splitlines()
+    assert log.read_bytes().startswith(whole + b'{"query_id": "q1", "query": "wh\n')
+    assert [json.loads(line)["frame_index"] for line in (lines[0], *lines[2:])] == [1, 2, 3]
+
+
+def test_a_log_that_ends_a_line_or_is_empty_is_appended_to_without_a_word(tmp_path, recwarn):
+    log = tmp_path / "alerts.jsonl"
+    for frame in (1, 2):  # a new log, then the same log again
+        sink = JsonlSink(log)
+        sink.on_event(alert(frame))
+        sink.close()
+    assert frames_in(log) == [1, 2] and not recwarn.list
