@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from runtime_fixtures import QUERY
 
+from sdqes_edge.cli import run
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import set_aside, staged_directory, write_text_atomically
 from sdqes_edge.runtime.snapshots import Snapshot, StreamRecord, read_snapshot, write_snapshot
@@ -122,3 +126,27 @@ def test_a_snapshot_or_trace_cut_short_at_any_byte_is_named_as_cut_short_not_a_t
         cut.write_bytes(data[:length])
         with pytest.raises(UserError, match=f"is not a {kind} written by .*cut short"):
             read(cut)
+
+
+def test_a_service_killed_after_an_alert_keeps_that_alert_across_its_restart(exported, endless_stream, tmp_path):
+    """`run --state` wrote its snapshot only when the stream ended or was stopped: a power cut or a SIGKILL (the
+    OOM killer, a hardware watchdog) lost every alert's count, and a query to be alerted once (--max-alerts 1)
+    alerted again after the restart. The snapshot is written after an alert now."""
+    _, bundle = exported
+    state, events = tmp_path / "state.npz", tmp_path / "alerts.jsonl"
+    command = ["run", str(bundle), "--source", endless_stream, "--query", QUERY, "--threshold", "0.01",
+               "--max-alerts", "1", "--events", str(events), "--state", str(state), "--quiet"]
+    service = subprocess.Popen([sys.executable, "-m", "sdqes_edge.cli", *command], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not state.exists() and service.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        service.kill()  # as a power cut ends it: nothing of its own runs after
+        _, err = service.communicate()
+    assert service.returncode == -9, err
+    assert len(events.read_text().splitlines()) == 1
+    with np.load(state) as snapshot:
+        assert snapshot["alert_counts"].tolist() == [[1]]
+    assert run([*command, "--max-frames", "10"]) == 0  # the restart
+    assert len(events.read_text().splitlines()) == 1  # asked once, alerted once

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import textwrap
@@ -43,6 +44,9 @@ from sdqes_edge.train_options import training_data_words
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
 
+# run --state writes its snapshot after a step that alerted, at most this often: a query set that alerts every
+# frame would otherwise write the whole state (9 MiB a stream at ViT-B/16) at every step.
+ALERT_SNAPSHOT_SECONDS = 5.0
 LIVE_REPORT_SECONDS = 5.0  # a live stream's status line on a terminal; in a log, one every LOG_LINE_SECONDS
 # A camera or stream URL that went away for good ends the run with the status of one that cannot be opened: a
 # failure (systemd's Restart=on-failure starts it again), not the end of a file (0), a mistake (2) or a stop (143).
@@ -251,10 +255,15 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
                        "streaming", enabled=not args.quiet and not live)
     last_report, report_every = time.perf_counter(), live_report_seconds()
     stop = FinishFrameThenStop()  # Ctrl-C, SIGTERM (docker stop, systemd) or SIGHUP: finish the frame, close sinks
-    exit_code = 0
+    exit_code, unsaved_alerts, saved_at = 0, False, -math.inf
     try:
         with stop, closing(detector.run(sources, stats, max_frames=args.max_frames)) as steps:
-            for _ in steps:
+            for alerts in steps:
+                # --state: a power cut or a kill keeps each alert's count and time (--max-alerts, --cooldown)
+                unsaved_alerts = unsaved_alerts or bool(alerts and args.state)
+                if unsaved_alerts and time.monotonic() - saved_at >= ALERT_SNAPSHOT_SECONDS:
+                    detector.save_state(args.state)
+                    unsaved_alerts, saved_at = False, time.monotonic()
                 if bar is not None:
                     bar.update(1)
                 if live and not args.quiet and time.perf_counter() - last_report >= report_every:
@@ -375,6 +384,6 @@ def _add_output_options(run: argparse.ArgumentParser) -> None:
                      help="write the state to this .npz when the stream ends or is stopped")
     run.add_argument("--state", type=path_text,
                      help="keep the state in this .npz across runs (a service that restarts): resume from it where "
-                          "it exists, write it when the stream ends or is stopped; one that no longer fits (the "
-                          "bundle exported anew, damaged) is renamed aside with a warning and the stream starts "
-                          "fresh")
+                          f"it exists, write it after an alert (at most every {ALERT_SNAPSHOT_SECONDS:g} s) and when "
+                          "the stream ends or is stopped; one that no longer fits (the bundle exported anew, "
+                          "damaged) is renamed aside with a warning and the stream starts fresh")
