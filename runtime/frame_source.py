@@ -17,7 +17,7 @@ import numbers
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import numpy as np
@@ -104,8 +104,14 @@ class SourceStats:
     expected: int | None = None  # frames the file's container lists, where it says
     truncated: bool = False  # the file stopped decoding well short of ``expected``
     gave_up_after: int = 0  # reconnection attempts a live source made in vain before it ended (0: it did not)
+    unreadable: list[str] = field(default_factory=list)  # an image folder's images OpenCV could not read, skipped
 
     def shortfall_words(self, name: str) -> str | None:
+        if self.unreadable:
+            count = len(self.unreadable)
+            return (f"{name}: {count} image{'s' if count > 1 else ''} could not be read and "
+                    f"{'were' if count > 1 else 'was'} skipped ({', '.join(self.unreadable[:3])}"
+                    f"{', ...' if count > 3 else ''}), the next image stepping in for each")
         if not self.truncated:
             return None
         return (f"{name} ended after {self.read} of the {self.expected} frames its container lists: the file is "

@@ -24,6 +24,7 @@ from .sampling import STAMP_TOLERANCE_S, frame_order, samples_served, stated_end
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 OPENCV_LOG_LEVEL_SILENT = 0  # cv::utils::logging::LOG_LEVEL_SILENT, for OpenCV releases without cv2.utils.logging
+NAMED_UNREADABLE_IMAGES = 3  # an image folder's unreadable images named as they are met, each in a line
 TRUNCATION_SLACK_FRAMES = 2  # a file may decode this many frames (or 1%) fewer than its container lists
 
 
@@ -128,7 +129,25 @@ class ImageFolderSource(FrameSource):
 
     def _frames(self):
         for i, path in enumerate(self.files):
-            yield (lambda path=path: self._read(path)), i / self.fps  # read only if stepped
+            if i < self.start_index:  # where a resumed run goes on after: never stepped, so never read
+                yield (lambda path=path: self._read(path)), i / self.fps
+                continue
+            image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+            if image is None:  # the last image of a recorder that was killed, a file of another kind
+                self._skip(path)
+                continue
+            yield (lambda image=image: image), i / self.fps
+        if len(self.stats.unreadable) == len(self.files) - self.start_index > 0:
+            raise UserError(f"OpenCV cannot read any image of {self.folder} (the first: {self.stats.unreadable[0]}); "
+                            "check they open in an image viewer, or re-save them as JPEG or PNG")
+
+    def _skip(self, path: Path) -> None:
+        """One unreadable image is skipped, the next image stepping in its place, as a video's lost frame is; the
+        run used to stop there with an error, after however many thousand images it had stepped."""
+        self.stats.unreadable.append(path.name)
+        if len(self.stats.unreadable) <= NAMED_UNREADABLE_IMAGES:  # a folder of many: the rest counted at its end
+            self.log(f"warning: OpenCV cannot read the image {path}: skipped, the next image steps in its place; "
+                     "remove or re-save it")
 
     @staticmethod
     def _read(path: Path) -> np.ndarray:

@@ -145,3 +145,30 @@ def test_a_video_served_at_a_sites_root_is_named_for_the_site(tmp_path):
     with serving(Root) as address:
         source = open_source(f"{address}/", FPS)
         assert isinstance(source, VideoFileSource) and source.name == "127.0.0.1"
+
+
+def test_an_unreadable_image_in_a_folder_is_skipped_and_named_the_next_image_stepping_in_its_place(tmp_path):
+    """A recorder killed mid-write leaves its last image half there: the run stopped at it with an error, after
+    however many images it had stepped. Now it is skipped, named as met and in the summary, and the timeline
+    kept; a folder of no readable image at all is still refused."""
+    import cv2
+    import numpy as np
+
+    for i in range(5):
+        cv2.imwrite(str(tmp_path / f"frame_{i}.png"), np.full((8, 8, 3), 40 * i, np.uint8))
+    (tmp_path / "frame_2.png").write_bytes(b"\x89PNG cut short")
+    source, said = open_source(tmp_path, 1.0), []
+    source.log = said.append
+    frames = list(source.sampled())
+    assert [(f.index, f.time, int(f.image[0, 0, 0])) for f in frames] == [
+        (0, 0.0, 0), (1, 1.0, 40), (2, 2.0, 120), (3, 3.0, 120), (4, 4.0, 160)]  # frame_3 steps in for frame_2
+    assert said == [f"warning: OpenCV cannot read the image {tmp_path / 'frame_2.png'}: skipped, the next image steps "
+                    "in its place; remove or re-save it"]
+    assert source.stats.shortfall_words("frames") == ("frames: 1 image could not be read and was skipped "
+                                                      "(frame_2.png), the next image stepping in for each")
+    for i in range(5):
+        (tmp_path / f"frame_{i}.png").write_bytes(b"")
+    source = open_source(tmp_path, 1.0)
+    source.log = said.append
+    with pytest.raises(UserError, match=f"^OpenCV cannot read any image of {tmp_path} \\(the first: frame_0.png\\)"):
+        list(source.sampled())
