@@ -3,7 +3,10 @@ with OpenCV and read back when it closes (OpenCV's writer reports no error, and 
 
 from __future__ import annotations
 
+import math
 import shutil
+import time
+from numbers import Real
 from pathlib import Path
 from typing import Callable
 
@@ -27,7 +30,7 @@ def check_annotation_path(path: str | Path, flag: str = "--annotate") -> Path:
     if path.suffix.lower() not in ANNOTATION_CODECS and not path.is_dir():  # a folder: named as one below
         kinds = ", ".join(ANNOTATION_CODECS)
         raise UserError(f"{flag} {path}: OpenCV writes videos as {kinds}; give a file name ending in one of "
-                        f"them (e.g. {path.with_suffix('.mp4') if path.suffix else str(path) + '.mp4'})")
+                        f"them (e.g. {path.with_suffix('.mp4') if path.suffix else str(path).rstrip('.') + '.mp4'})")
     return check_output_file(path, flag, ANNOTATED_VIDEO_EXAMPLE)
 
 
@@ -38,15 +41,33 @@ class IncompleteOutput(UserError):
     exit_code = 1
 
 
+def segment_path(path: Path, started: float) -> Path:
+    """annotated.mp4 -> annotated.20261128T031502Z.mp4: a segment named for the wall-clock time (UTC) it starts."""
+    return path.with_name(f"{path.stem}.{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}{path.suffix}")
+
+
 class AnnotatedVideoSink(Sink):
-    """The stream as a video with a score bar per query and a banner while an alert is fresh."""
+    """The stream as a video with a score bar per query and a banner while an alert is fresh.
+
+    With ``segment_seconds``, in files of that much stream time each (``segment_path``), each finished and checked
+    as the next begins: a video is playable only once it is closed (an mp4's index is written last, and OpenCV
+    buffers even an avi's frames), so a live stream's one video, growing for weeks, was lost whole to a power cut
+    or a kill, and could not be watched while the stream ran."""
 
     BANNER_SECONDS = 2.0
     MIN_HEIGHT = 360  # smaller frames are enlarged (whole pixels) so that the bars and text stay readable
 
-    def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]], stream: int = 0):
+    def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]], stream: int = 0,
+                 segment_seconds: float | None = None):
         """``stream``: which of the detector's streams this video shows (one sink per stream to annotate)."""
         self.path = check_annotation_path(path, "AnnotatedVideoSink")
+        if segment_seconds is not None and (isinstance(segment_seconds, bool) or not isinstance(segment_seconds, Real)
+                                            or not 0 < segment_seconds < math.inf):
+            raise UserError(f"AnnotatedVideoSink's segment_seconds is a positive number of seconds (or None for one "
+                            f"video), not {segment_seconds!r}")
+        self.segment_seconds = segment_seconds
+        self.written: list[Path] = []  # the videos finished, in order
+        self._segment_start = 0.0  # stream time of the open video's first frame
         self.fps = checked_rate(fps, "AnnotatedVideoSink writes")
         self.stream = checked_stream(stream, "AnnotatedVideoSink")
         if not callable(thresholds):  # it is asked every frame, for the thresholds of the queries then active
@@ -86,15 +107,10 @@ class AnnotatedVideoSink(Sink):
             return
         image = self._canvas(frame_bgr)
         h, w = image.shape[:2]
+        if self._writer is not None and self.segment_seconds and time_s - self._segment_start >= self.segment_seconds:
+            self.close()  # this segment finished and checked; the next begins with this frame
         if self._writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)  # as every other output: missing folders are made
-            codec = ANNOTATION_CODECS.get(self.path.suffix.lower())
-            writer = (cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*codec), self.fps, (w, h))
-                      if codec else None)
-            if writer is None or not writer.isOpened():
-                raise UserError(f"OpenCV could not open {self.path} for writing a {w}x{h} video; give a path ending "
-                                f"in {', '.join(ANNOTATION_CODECS)} in a folder you can write to")
-            self._writer = writer
+            self._open(w, h, time_s)
         thresholds = self.thresholds()
         for row, (qid, p) in enumerate(probs.items()):
             y = h - 12 - 18 * row
@@ -111,18 +127,32 @@ class AnnotatedVideoSink(Sink):
         self._writer.write(image)
         self._written += 1
 
+    def _open(self, w: int, h: int, time_s: float) -> None:
+        self._path = segment_path(self.path, time.time()) if self.segment_seconds else self.path
+        if self._path in self.written:  # two segments begun in one second (a short segment_seconds)
+            self._path = self._path.with_name(f"{self._path.stem}-{len(self.written)}{self._path.suffix}")
+        self._path.parent.mkdir(parents=True, exist_ok=True)  # as every other output: missing folders are made
+        codec = ANNOTATION_CODECS.get(self.path.suffix.lower())
+        writer = (cv2.VideoWriter(str(self._path), cv2.VideoWriter_fourcc(*codec), self.fps, (w, h))
+                  if codec else None)
+        if writer is None or not writer.isOpened():
+            raise UserError(f"OpenCV could not open {self._path} for writing a {w}x{h} video; give a path ending "
+                            f"in {', '.join(ANNOTATION_CODECS)} in a folder you can write to")
+        self._writer, self._segment_start, self._written = writer, time_s, 0
+
     def close(self) -> None:
-        """Finish the video and read its frame count back: OpenCV's writer reports no error, so a disk that
-        filled up left an mp4 without its index (unplayable) while the run said it was written."""
+        """Finish the video (or segment) and read its frame count back: OpenCV's writer reports no error, so a disk
+        that filled up left an mp4 without its index (unplayable) while the run said it was written."""
         if self._writer is None:
             return
         self._writer.release()
         self._writer = None
-        check = cv2.VideoCapture(str(self.path))
+        self.written.append(self._path)
+        check = cv2.VideoCapture(str(self._path))
         readable = int(check.get(cv2.CAP_PROP_FRAME_COUNT)) if check.isOpened() else 0
         check.release()
         if readable < self._written - 1:  # some containers estimate their count from the duration: one off
             free = shutil.disk_usage(self.path.parent).free
-            raise IncompleteOutput(f"the annotated video {self.path} is incomplete: {self._written} frames were "
+            raise IncompleteOutput(f"the annotated video {self._path} is incomplete: {self._written} frames were "
                                    f"written and {readable} can be read back ({format_bytes(free)} free on its disk); "
                                    "free some space or write it to another disk, and run again")

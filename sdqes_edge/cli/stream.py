@@ -24,6 +24,7 @@ from sdqes_edge.cli.common import (
 from sdqes_edge.cli.output import stdout_reader_left
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
 from sdqes_edge.cli.run_device import backend_words, device_tip
+from sdqes_edge.cli.run_outputs import ALERT_SNAPSHOT_SECONDS, add_output_options, attach_sinks, videos_written
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import SourceUnavailable, UserError
 from sdqes_edge.files import (
@@ -44,9 +45,6 @@ from sdqes_edge.train_options import training_data_words
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
 
-# run --state writes its snapshot after a step that alerted, at most this often: a query set that alerts every
-# frame would otherwise write the whole state (9 MiB a stream at ViT-B/16) at every step.
-ALERT_SNAPSHOT_SECONDS = 5.0
 LIVE_REPORT_SECONDS = 5.0  # a live stream's status line on a terminal; in a log, one every LOG_LINE_SECONDS
 # A camera or stream URL that went away for good ends the run with the status of one that cannot be opened: a
 # failure (systemd's Restart=on-failure starts it again), not the end of a file (0), a mistake (2) or a stop (143).
@@ -81,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         _resume(detector, args)
     detector.attach(sources)  # a file the snapshot was reading goes on where it stopped (before the progress bar)
-    trace_paths = _attach_sinks(detector, sources, args)
+    trace_paths, video_sinks = attach_sinks(detector, sources, args)
     live = any(s.live for s in sources)
     policy = next(iter(detector.queries.queries.values())).policy
     count = len(detector.queries.ids)
@@ -97,8 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
               "little", file=sys.stderr)
     stats = RunStats()
     exit_code = _stream(detector, sources, args, stats, live)
-    videos = paths_per_source(args.annotate, sources) if args.annotate else []
-    _summarize(sources, stats, exit_code, [str(p) for p in [args.events, *videos, args.save_state, *trace_paths] if p])
+    _summarize(sources, stats, exit_code, [str(p) for p in [args.events, *videos_written(video_sinks), args.save_state,
+                                                            *trace_paths] if p])
     if trace_paths:
         print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
     if exit_code == 0 and any(source.stats.gave_up_after for source in sources):
@@ -194,42 +192,6 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
         detector.add_query(text, message, args.threshold, **policy)
     if not paired + args.file_queries and not detector.add_bundle_queries(args.threshold, **policy):
         raise UserError("no queries: give --query TEXT or --queries-file FILE (or export the bundle with --query)")
-
-
-def paths_per_source(path: str | Path, sources: list) -> list[Path]:
-    """A file output (--annotate's video, --scores FILE.npz) for each source: the path itself for one source, and
-    for several one beside it named for each (out.mp4 -> out.kitchen.mp4, ...): one file held only the first
-    source, silently."""
-    path = Path(path)
-    if len(sources) == 1:
-        return [path]
-    return [path.with_name(f"{path.stem}.{source.name}{path.suffix}") for source in sources]
-
-
-def score_trace_paths(scores: str, sources: list) -> list[Path]:
-    """--scores FILE.npz (one per source beside it when there are several), or a folder of SOURCE.npz."""
-    target = Path(scores)
-    if target.suffix == TRACE_SUFFIX:
-        return paths_per_source(target, sources)
-    return [target / f"{source.name}{TRACE_SUFFIX}" for source in sources]
-
-
-def _attach_sinks(detector: StreamingDetector, sources: list, args: argparse.Namespace) -> list[Path]:
-    """Console, --events, --annotate and --scores sinks; the score trace paths, one per source."""
-    from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
-    from sdqes_edge.runtime.sinks import ConsoleSink, JsonlSink, ScoreTraceRecorder
-
-    if not args.quiet:
-        detector.add_sink(ConsoleSink())
-    if args.events:
-        detector.add_sink(JsonlSink(args.events))
-    for i, path in enumerate(paths_per_source(args.annotate, sources) if args.annotate else []):
-        detector.add_sink(AnnotatedVideoSink(path, detector.fps, detector.thresholds, stream=i))
-    trace_paths = score_trace_paths(args.scores, sources) if args.scores else []
-    for i, (source, path) in enumerate(zip(sources, trace_paths)):
-        detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, stream=i,
-                                             model=detector.bundle.model_identity, first_frame=source.start_index))
-    return trace_paths
 
 
 def expected_steps(sources: list, max_frames: int | None) -> int | None:
@@ -355,7 +317,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
                      help="this project's ONNX Runtime kernels (build them with sdqes-edge build-ort-ops; nvcc "
                           "for cuda): each QRNN adapter's pooling step one kernel instead of six")
-    _add_output_options(run)
+    add_output_options(run)
     run.add_argument("--max-frames", type=int, help="stop after this many steps")
     run.add_argument("--truncate-queries", action="store_true", help="cut queries over the bundle's token limit "
                      "(CLIP's 77; `sdqes-edge inspect` says a bundle's) instead of refusing them")
@@ -363,27 +325,3 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     # --annotate and --scores are checked in cmd_run (their kind depends on the name)
     run.set_defaults(func=cmd_run, output_files={"events": ALERT_LOG_EXAMPLE, "save_state": SNAPSHOT_EXAMPLE,
                                                  "state": SNAPSHOT_EXAMPLE})
-
-
-def _add_output_options(run: argparse.ArgumentParser) -> None:
-    """What a run writes besides its console lines, and the state it carries from an earlier run."""
-    run.add_argument("--events", type=path_text,
-                     help="append alerts to this JSONL file, one object per alert with its stream time and wall-clock "
-                          "time (UTC); flushed per alert, and followed when logrotate moves it")
-    run.add_argument("--scores", type=path_text,
-                     help="per-frame score trace: FILE.npz (with several sources, FILE.SOURCE.npz "
-                          "for each), or a folder of SOURCE.npz")
-    run.add_argument("--annotate", type=path_text,
-                     help="write the stream with score bars and alert banners to this video (with "
-                          "several sources, one video each: out.mp4 -> out.SOURCE.mp4)")
-    run.add_argument("--resume", type=path_text,
-                     help="state snapshot (.npz) to resume from: the file it stopped in goes on at the "
-                          "next sample; another file or a camera starts at its beginning, the state and "
-                          "alert states carried on")
-    run.add_argument("--save-state", type=path_text,
-                     help="write the state to this .npz when the stream ends or is stopped")
-    run.add_argument("--state", type=path_text,
-                     help="keep the state in this .npz across runs (a service that restarts): resume from it where "
-                          f"it exists, write it after an alert (at most every {ALERT_SNAPSHOT_SECONDS:g} s) and when "
-                          "the stream ends or is stopped; one that no longer fits (the bundle exported anew, "
-                          "damaged) is renamed aside with a warning and the stream starts fresh")

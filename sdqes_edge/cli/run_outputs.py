@@ -1,0 +1,126 @@
+"""What ``sdqes-edge run`` writes besides its console lines (the alert log, score traces, annotated videos, the state
+snapshot): its options, the path of each output per source, and the sinks that write them. Torch-free."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sdqes_edge.cli.common import PROG, finite_number, path_text
+from sdqes_edge.traces import TRACE_SUFFIX
+
+if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
+    from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
+    from sdqes_edge.runtime.detector import StreamingDetector
+
+# run --state writes its snapshot after a step that alerted, at most this often: a query set that alerts every
+# frame would otherwise write the whole state (9 MiB a stream at ViT-B/16) at every step.
+ALERT_SNAPSHOT_SECONDS = 5.0
+# A live stream's annotated video, in files of this much stream time each: a video is playable only once it is
+# closed, so one that grew for weeks was lost whole to a power cut, and could not be watched while the stream ran.
+LIVE_ANNOTATION_SEGMENT_SECONDS = 600.0
+VIDEOS_NAMED_IN_SUMMARY = 3  # a week of 10-minute segments is counted, not listed
+
+
+def paths_per_source(path: str | Path, sources: list) -> list[Path]:
+    """A file output (--annotate's video, --scores FILE.npz) for each source: the path itself for one source, and
+    for several one beside it named for each (out.mp4 -> out.kitchen.mp4, ...): one file held only the first
+    source, silently."""
+    path = Path(path)
+    if len(sources) == 1:
+        return [path]
+    return [path.with_name(f"{path.stem}.{source.name}{path.suffix}") for source in sources]
+
+
+def score_trace_paths(scores: str, sources: list) -> list[Path]:
+    """--scores FILE.npz (one per source beside it when there are several), or a folder of SOURCE.npz."""
+    target = Path(scores)
+    if target.suffix == TRACE_SUFFIX:
+        return paths_per_source(target, sources)
+    return [target / f"{source.name}{TRACE_SUFFIX}" for source in sources]
+
+
+def annotation_segment_seconds(args: argparse.Namespace, source) -> float | None:
+    """--annotate-segment where given (0: one video), else segments for a live source and one video for a file."""
+    if args.annotate_segment is not None:
+        return args.annotate_segment or None
+    return LIVE_ANNOTATION_SEGMENT_SECONDS if source.live else None
+
+
+def attach_sinks(detector: StreamingDetector, sources: list,
+                 args: argparse.Namespace) -> tuple[list[Path], list[AnnotatedVideoSink]]:
+    """Console, --events, --annotate and --scores sinks; the score trace paths, one per source, and the video
+    sinks (which name the videos they wrote)."""
+    from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
+    from sdqes_edge.runtime.sinks import ConsoleSink, JsonlSink, ScoreTraceRecorder
+
+    if not args.quiet:
+        detector.add_sink(ConsoleSink())
+    if args.events:
+        detector.add_sink(JsonlSink(args.events))
+    videos = [AnnotatedVideoSink(path, detector.fps, detector.thresholds, stream=i,
+                                 segment_seconds=annotation_segment_seconds(args, source))
+              for i, (source, path) in enumerate(zip(sources, paths_per_source(args.annotate, sources)))
+              ] if args.annotate else []
+    for sink, source in zip(videos, sources):
+        detector.add_sink(sink)
+        if sink.segment_seconds and args.annotate_segment is None and not args.quiet:
+            print(f"{PROG}: note: {source.name} is live: its annotated video is written in files of "
+                  f"{sink.segment_seconds:g} s ({sink.path.stem}.UTC-START{sink.path.suffix}), each playable once the "
+                  "next begins; --annotate-segment 0 for one video", file=sys.stderr)
+    trace_paths = score_trace_paths(args.scores, sources) if args.scores else []
+    for i, (source, path) in enumerate(zip(sources, trace_paths)):
+        detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, stream=i,
+                                             model=detector.bundle.model_identity, first_frame=source.start_index))
+    return trace_paths, videos
+
+
+def videos_written(sinks: list[AnnotatedVideoSink]) -> list[str]:
+    """The annotated videos for the summary's "wrote" line: each, or a long run's segments counted."""
+    words = []
+    for sink in sinks:
+        written = [str(p) for p in sink.written]
+        if len(written) > VIDEOS_NAMED_IN_SUMMARY:
+            written = [f"{written[0]} ... {written[-1]} ({len(written)} videos)"]
+        words += written
+    return words
+
+
+def add_output_options(run: argparse.ArgumentParser) -> None:
+    """What a run writes besides its console lines, and the state it carries from an earlier run."""
+    run.add_argument("--events", type=path_text,
+                     help="append alerts to this JSONL file, one object per alert with its stream time and wall-clock "
+                          "time (UTC); flushed per alert, and followed when logrotate moves it")
+    run.add_argument("--scores", type=path_text,
+                     help="per-frame score trace: FILE.npz (with several sources, FILE.SOURCE.npz "
+                          "for each), or a folder of SOURCE.npz")
+    run.add_argument("--annotate", type=path_text,
+                     help="write the stream with score bars and alert banners to this video (with "
+                          "several sources, one video each: out.mp4 -> out.SOURCE.mp4); a live stream's in "
+                          "segments (--annotate-segment)")
+    run.add_argument("--annotate-segment", type=_seconds, metavar="SECONDS",
+                     help="write --annotate's video in files of this much stream time each, named for the time (UTC) "
+                          "each begins (out.20261128T031502Z.mp4), each playable once the next begins; 0: one video "
+                          f"(default: {LIVE_ANNOTATION_SEGMENT_SECONDS:g} s for a camera or stream, one video for a "
+                          "file)")
+    run.add_argument("--resume", type=path_text,
+                     help="state snapshot (.npz) to resume from: the file it stopped in goes on at the "
+                          "next sample; another file or a camera starts at its beginning, the state and "
+                          "alert states carried on")
+    run.add_argument("--save-state", type=path_text,
+                     help="write the state to this .npz when the stream ends or is stopped")
+    run.add_argument("--state", type=path_text,
+                     help="keep the state in this .npz across runs (a service that restarts): resume from it where "
+                          f"it exists, write it after an alert (at most every {ALERT_SNAPSHOT_SECONDS:g} s) and when "
+                          "the stream ends or is stopped; one that no longer fits (the bundle exported anew, "
+                          "damaged) is renamed aside with a warning and the stream starts fresh")
+
+
+def _seconds(text: str) -> float:
+    """--annotate-segment's type: a finite number of seconds, 0 or more."""
+    value = finite_number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"give a number of seconds, 0 or more, not {text}")
+    return value
