@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
+import warnings
 from numbers import Real
 from pathlib import Path
 from typing import Callable
@@ -13,8 +14,8 @@ from typing import Callable
 import cv2
 import numpy as np
 
-from sdqes_edge.errors import UserError
-from sdqes_edge.files import ANNOTATED_VIDEO_EXAMPLE, check_output_file, format_bytes
+from sdqes_edge.errors import SetupWarning, UserError
+from sdqes_edge.files import ANNOTATED_VIDEO_EXAMPLE, check_output_file, format_bytes, set_aside
 from sdqes_edge.metrics import above_threshold
 
 from .sampling import checked_rate
@@ -58,14 +59,17 @@ class AnnotatedVideoSink(Sink):
     MIN_HEIGHT = 360  # smaller frames are enlarged (whole pixels) so that the bars and text stay readable
 
     def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]], stream: int = 0,
-                 segment_seconds: float | None = None):
-        """``stream``: which of the detector's streams this video shows (one sink per stream to annotate)."""
+                 segment_seconds: float | None = None, first_frame: int = 0):
+        """``stream``: which of the detector's streams this video shows (one sink per stream to annotate).
+        ``first_frame``: the frame a resumed file goes on at; the video at ``path`` (the stopped run's) gives the
+        frames before it, so that the resumed run leaves one whole video, as it leaves one whole score trace."""
         self.path = check_annotation_path(path, "AnnotatedVideoSink")
         if segment_seconds is not None and (isinstance(segment_seconds, bool) or not isinstance(segment_seconds, Real)
                                             or not 0 < segment_seconds < math.inf):
             raise UserError(f"AnnotatedVideoSink's segment_seconds is a positive number of seconds (or None for one "
                             f"video), not {segment_seconds!r}")
         self.segment_seconds = segment_seconds
+        self.first_frame = first_frame
         self.written: list[Path] = []  # the videos finished, in order
         self._segment_start = 0.0  # stream time of the open video's first frame
         self.fps = checked_rate(fps, "AnnotatedVideoSink writes")
@@ -132,6 +136,8 @@ class AnnotatedVideoSink(Sink):
         if self._path in self.written:  # two segments begun in one second (a short segment_seconds)
             self._path = self._path.with_name(f"{self._path.stem}-{len(self.written)}{self._path.suffix}")
         self._path.parent.mkdir(parents=True, exist_ok=True)  # as every other output: missing folders are made
+        resumed = self.first_frame and not self.segment_seconds and self._path.is_file()
+        stopped_run = set_aside(self._path, "stopped-run") if resumed else None
         codec = ANNOTATION_CODECS.get(self.path.suffix.lower())
         writer = (cv2.VideoWriter(str(self._path), cv2.VideoWriter_fourcc(*codec), self.fps, (w, h))
                   if codec else None)
@@ -139,6 +145,28 @@ class AnnotatedVideoSink(Sink):
             raise UserError(f"OpenCV could not open {self._path} for writing a {w}x{h} video; give a path ending "
                             f"in {', '.join(ANNOTATION_CODECS)} in a folder you can write to")
         self._writer, self._segment_start, self._written = writer, time_s, 0
+        if stopped_run is not None:
+            self._carry_over(stopped_run, w, h)
+
+    def _carry_over(self, stopped_run: Path, w: int, h: int) -> None:
+        """The stopped run's frames before ``first_frame``, copied in first (decoded and written again: OpenCV copies
+        no stream as it is); its video removed once whole in the new one. A resumed run overwrote it, and the
+        stream's beginning was lost. One that holds fewer (a killed run's mp4 has no index) is kept, and said."""
+        video, copied = cv2.VideoCapture(str(stopped_run)), 0
+        while copied < self.first_frame:
+            ok, image = video.read()
+            if not ok:
+                break
+            self._writer.write(image if image.shape[:2] == (h, w) else cv2.resize(image, (w, h)))
+            copied += 1
+        video.release()
+        self._written += copied
+        if copied == self.first_frame:
+            stopped_run.unlink()
+            return
+        warnings.warn(f"the annotated video of the stopped run holds {copied} of the {self.first_frame} frames "
+                      f"before this run goes on: it is kept as {stopped_run}, and {self._path} goes on from those "
+                      f"{copied}", SetupWarning, stacklevel=4)
 
     def close(self) -> None:
         """Finish the video (or segment) and read its frame count back: OpenCV's writer reports no error, so a disk

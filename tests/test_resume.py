@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import cv2
 import numpy as np
 import pytest
 from runtime_fixtures import QUERY, write_video
@@ -146,3 +147,39 @@ def test_a_state_file_is_resumed_where_it_exists_and_written_either_way_as_a_res
     assert load_scores(tmp_path / "scores" / "clip.npz").probs.shape == (FRAMES, 1)  # every frame once
     assert run([*command, "--save-state", str(tmp_path / "other.npz")]) == 2
     assert capsys.readouterr().err.rstrip().endswith("give it alone, or --save-state alone")
+
+
+def frames_of(path) -> np.ndarray:
+    video, frames = cv2.VideoCapture(str(path)), []
+    while (read := video.read())[0]:
+        frames.append(read[1])
+    return np.array(frames, np.int16)
+
+
+def test_a_resumed_runs_annotated_video_is_one_whole_video_the_stopped_runs_frames_first(exported, video, tmp_path):
+    """The resumed run wrote its annotated video over the stopped run's, and the stream's beginning was gone."""
+    _, bundle = exported
+    for name, extra in (("whole", []), ("stopped", ["--max-frames", "8"])):
+        (tmp_path / name).mkdir()
+        stream(bundle, video, tmp_path / name, "--annotate", str(tmp_path / name / "a.avi"), *extra)
+    stopped_run = frames_of(tmp_path / "stopped" / "a.avi")
+    stream(bundle, video, tmp_path / "stopped", "--annotate", str(tmp_path / "stopped" / "a.avi"),
+           "--resume", str(tmp_path / "stopped" / "state.npz"))
+    whole, resumed = frames_of(tmp_path / "whole" / "a.avi"), frames_of(tmp_path / "stopped" / "a.avi")
+    assert len(stopped_run) == 8 and len(resumed) == len(whole) == FRAMES
+    assert np.abs(resumed[:8] - stopped_run).mean() < 2  # its frames, decoded and written again
+    assert np.abs(resumed - whole).mean() < 2  # as if it had never stopped
+    assert sorted(p.name for p in (tmp_path / "stopped").iterdir()) == ["a.avi", "alerts.jsonl", "scores",
+                                                                        "state.npz"]
+
+
+def test_a_run_resumed_into_another_file_keeps_the_stopped_runs_annotated_video_beside_its_own(exported, video,
+                                                                                            tmp_path, capsys):
+    _, bundle = exported
+    stream(bundle, video, tmp_path, "--annotate", str(tmp_path / "a.avi"))
+    stopped_run = frames_of(tmp_path / "a.avi")
+    other = write_video(tmp_path / "other.avi", sample_frames(2 * FRAMES, 96, 128)[::-1])
+    stream(bundle, other, tmp_path, "--annotate", str(tmp_path / "a.avi"), "--resume", str(tmp_path / "state.npz"))
+    [kept] = tmp_path.glob("a.stopped-run-*.avi")
+    assert f"the stopped run's annotated video is kept as {kept}" in capsys.readouterr().err
+    assert np.array_equal(frames_of(kept), stopped_run) and len(frames_of(tmp_path / "a.avi")) == FRAMES
