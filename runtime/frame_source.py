@@ -33,6 +33,7 @@ SOURCE_LOG = logging.getLogger("sdqes_edge.runtime.sources")  # WARNING: Python 
 # Threads preprocessing a file's frames while the reader decodes the next ones (numpy releases the GIL in its
 # products): one core is left to the decoder, and beyond four the step, not the source, is the bottleneck.
 PREPARE_WORKERS = min(4, max(1, usable_cores() - 1))
+NAMED_UNREADABLE_IMAGES = 3  # an image folder's unreadable images named as met (a line each) and in the summary
 READER_STOP_TIMEOUT_S = 2.0  # how long a stopped reader thread may take to leave OpenCV and end
 
 # Reader threads not yet joined. A stream left unfinished by an exception (SIGTERM in the middle of `score`) may
@@ -108,10 +109,10 @@ class SourceStats:
 
     def shortfall_words(self, name: str) -> str | None:
         if self.unreadable:
-            count = len(self.unreadable)
+            count, named = len(self.unreadable), ", ".join(self.unreadable[:NAMED_UNREADABLE_IMAGES])
+            more = ", ..." if count > NAMED_UNREADABLE_IMAGES else ""
             return (f"{name}: {count} image{'s' if count > 1 else ''} could not be read and "
-                    f"{'were' if count > 1 else 'was'} skipped ({', '.join(self.unreadable[:3])}"
-                    f"{', ...' if count > 3 else ''}), the next image stepping in for each")
+                    f"{'were' if count > 1 else 'was'} skipped ({named}{more}), the next image stepping in for each")
         if not self.truncated:
             return None
         return (f"{name} ended after {self.read} of the {self.expected} frames its container lists: the file is "

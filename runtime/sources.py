@@ -18,13 +18,12 @@ import numpy as np
 
 from sdqes_edge.errors import SourceUnavailable, UserError
 
-from .frame_source import Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
+from .frame_source import NAMED_UNREADABLE_IMAGES, Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
 from .live_source import URL_PREFIXES, WEB_PREFIXES, LiveSource, is_gstreamer_pipeline, open_failure_words
 from .sampling import STAMP_TOLERANCE_S, frame_order, samples_served, stated_end_time
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 OPENCV_LOG_LEVEL_SILENT = 0  # cv::utils::logging::LOG_LEVEL_SILENT, for OpenCV releases without cv2.utils.logging
-NAMED_UNREADABLE_IMAGES = 3  # an image folder's unreadable images named as they are met, each in a line
 TRUNCATION_SLACK_FRAMES = 2  # a file may decode this many frames (or 1%) fewer than its container lists
 
 

@@ -67,6 +67,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("--annotate with a container OpenCV cannot write", [*run, "--annotate", str(t / "out.gif")]),
         ("--annotate without an extension", [*run, "--annotate", str(t / "outvideo")]),
         ("--annotate is a folder", [*run, "--annotate", str(t)]),
+        ("--annotate-segment below 0", [*run, "--annotate", str(t / "out.mp4"), "--annotate-segment", "-10"]),
         ("--events is a folder", [*run, "--events", str(t)]),
         ("--events cannot be written", [*run, "--events", "/proc/version"]),
         ("--scores under a file", [*run, "--scores", str(t / "garbage.mp4" / "s")]),
