@@ -3,7 +3,10 @@ with OpenCV and read back when it closes (OpenCV's writer reports no error, and 
 
 from __future__ import annotations
 
+import calendar
+import glob
 import math
+import re
 import shutil
 import time
 import warnings
@@ -42,9 +45,24 @@ class IncompleteOutput(UserError):
     exit_code = 1
 
 
+SEGMENT_TIME_FORMAT = "%Y%m%dT%H%M%SZ"  # a segment's start in its name: UTC, sortable, no colons (FAT, Windows)
+
+
 def segment_path(path: Path, started: float) -> Path:
     """annotated.mp4 -> annotated.20261128T031502Z.mp4: a segment named for the wall-clock time (UTC) it starts."""
-    return path.with_name(f"{path.stem}.{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(started))}{path.suffix}")
+    return path.with_name(f"{path.stem}.{time.strftime(SEGMENT_TIME_FORMAT, time.gmtime(started))}{path.suffix}")
+
+
+def segments_begun_before(path: Path, moment: float) -> list[Path]:
+    """The segments of ``path`` (``segment_path``'s names, this run's or an earlier one's) begun before ``moment``,
+    told by the time in their names, not by the file system's times (a copy or a restore changes those)."""
+    pattern = re.compile(rf"^{re.escape(path.stem)}\.(\d{{8}}T\d{{6}}Z)(-\d+)?{re.escape(path.suffix)}$")
+    old = []
+    for candidate in path.parent.glob(f"{glob.escape(path.stem)}.*{glob.escape(path.suffix)}"):
+        named = pattern.match(candidate.name)
+        if named and calendar.timegm(time.strptime(named.group(1), SEGMENT_TIME_FORMAT)) < moment:
+            old.append(candidate)
+    return sorted(old)
 
 
 class AnnotatedVideoSink(Sink):
@@ -59,16 +77,19 @@ class AnnotatedVideoSink(Sink):
     MIN_HEIGHT = 360  # smaller frames are enlarged (whole pixels) so that the bars and text stay readable
 
     def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]], stream: int = 0,
-                 segment_seconds: float | None = None, first_frame: int = 0):
+                 segment_seconds: float | None = None, first_frame: int = 0, keep_seconds: float | None = None):
         """``stream``: which of the detector's streams this video shows (one sink per stream to annotate).
         ``first_frame``: the frame a resumed file goes on at; the video at ``path`` (the stopped run's) gives the
-        frames before it, so that the resumed run leaves one whole video, as it leaves one whole score trace."""
+        frames before it, so that the resumed run leaves one whole video, as it leaves one whole score trace.
+        ``keep_seconds``: with segments, those begun longer ago than this (this run's and earlier runs') are removed
+        as each new one begins, so that a camera watched for months does not fill its disk; None keeps them all."""
         self.path = check_annotation_path(path, "AnnotatedVideoSink")
-        if segment_seconds is not None and (isinstance(segment_seconds, bool) or not isinstance(segment_seconds, Real)
-                                            or not 0 < segment_seconds < math.inf):
-            raise UserError(f"AnnotatedVideoSink's segment_seconds is a positive number of seconds (or None for one "
-                            f"video), not {segment_seconds!r}")
-        self.segment_seconds = segment_seconds
+        for name, seconds in (("segment_seconds", segment_seconds), ("keep_seconds", keep_seconds)):
+            if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, Real)
+                                        or not 0 < seconds < math.inf):
+                raise UserError(f"AnnotatedVideoSink's {name} is a positive number of seconds (or None), not "
+                                f"{seconds!r}")
+        self.segment_seconds, self.keep_seconds = segment_seconds, keep_seconds
         self.first_frame = first_frame
         self.written: list[Path] = []  # the videos finished, in order
         self._segment_start = 0.0  # stream time of the open video's first frame
@@ -132,6 +153,9 @@ class AnnotatedVideoSink(Sink):
         self._written += 1
 
     def _open(self, w: int, h: int, time_s: float) -> None:
+        if self.segment_seconds and self.keep_seconds:
+            for old in segments_begun_before(self.path, time.time() - self.keep_seconds):
+                old.unlink(missing_ok=True)
         self._path = segment_path(self.path, time.time()) if self.segment_seconds else self.path
         if self._path in self.written:  # two segments begun in one second (a short segment_seconds)
             self._path = self._path.with_name(f"{self._path.stem}-{len(self.written)}{self._path.suffix}")

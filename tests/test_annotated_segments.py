@@ -17,7 +17,7 @@ from runtime_fixtures import QUERY
 
 from sdqes_edge.cli.run_outputs import LIVE_ANNOTATION_SEGMENT_SECONDS, annotation_segment_seconds
 from sdqes_edge.errors import UserError
-from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
+from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink, segment_path, segments_begun_before
 
 
 def frames_in(path) -> int:
@@ -43,9 +43,10 @@ def test_segments_each_hold_their_stretch_of_stream_time_under_names_of_their_ow
 
 
 @pytest.mark.parametrize("seconds", [0, -1.0, float("nan"), True, "10"])
-def test_a_segment_length_is_a_positive_number_of_seconds(tmp_path, seconds):
-    with pytest.raises(UserError, match="segment_seconds is a positive number of seconds"):
-        AnnotatedVideoSink(tmp_path / "a.mp4", 1.0, lambda: {}, segment_seconds=seconds)
+@pytest.mark.parametrize("name", ["segment_seconds", "keep_seconds"])
+def test_a_segment_length_or_age_is_a_positive_number_of_seconds(tmp_path, name, seconds):
+    with pytest.raises(UserError, match=f"{name} is a positive number of seconds"):
+        AnnotatedVideoSink(tmp_path / "a.mp4", 1.0, lambda: {}, **{name: seconds})
 
 
 def test_a_live_source_is_segmented_by_default_and_a_file_is_not_unless_asked():
@@ -71,3 +72,19 @@ def test_a_killed_live_run_keeps_every_segment_it_had_finished(exported, endless
     finished = sorted(tmp_path.glob("cam.*.mp4"))[:-1]
     assert len(finished) >= 2, err
     assert all(frames_in(path) >= 4 for path in finished)  # 1 s at the bundle's 5 fps each
+
+
+def test_segments_begun_longer_ago_than_kept_are_removed_as_a_new_one_begins_and_nothing_else(tmp_path):
+    """A camera watched for months filled its disk with segments (18 MB each at 384 px, 1 fps, 10 minutes), and the
+    full disk then stopped the service. Old segments are told by the time in their names: an earlier run's too."""
+    now = time.time()
+    old = [segment_path(tmp_path / "cam.avi", now - hours * 3600) for hours in (50, 30)]
+    kept = [segment_path(tmp_path / "cam.avi", now - 3600), tmp_path / "cam.avi", tmp_path / "cam.notes.avi",
+            segment_path(tmp_path / "cam.mp4", now - 50 * 3600), segment_path(tmp_path / "other.avi", now - 50 * 3600)]
+    for path in old + kept:
+        path.write_bytes(b"")
+    assert segments_begun_before(tmp_path / "cam.avi", now - 24 * 3600) == old
+    sink = AnnotatedVideoSink(tmp_path / "cam.avi", 1.0, lambda: {}, segment_seconds=60, keep_seconds=24 * 3600)
+    sink.on_frame(0, np.zeros((48, 64, 3), np.uint8), 0.0, {}, [])
+    sink.close()
+    assert not any(path.exists() for path in old) and all(path.exists() for path in kept + sink.written)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import PROG, finite_number, path_text
+from sdqes_edge.cli.common import PROG, finite_number, path_text, warn
 from sdqes_edge.files import set_aside
 from sdqes_edge.traces import TRACE_SUFFIX
 
@@ -61,9 +61,10 @@ def attach_sinks(detector: StreamingDetector, sources: list,
         detector.add_sink(ConsoleSink())
     if args.events:
         detector.add_sink(JsonlSink(args.events))
+    keep = args.annotate_keep * 3600 if args.annotate_keep else None
     videos = [AnnotatedVideoSink(path, detector.fps, detector.thresholds, stream=i,
                                  segment_seconds=annotation_segment_seconds(args, source),
-                                 first_frame=source.start_index)
+                                 first_frame=source.start_index, keep_seconds=keep)
               for i, (source, path) in enumerate(zip(sources, paths_per_source(args.annotate, sources)))
               ] if args.annotate else []
     for sink, source in zip(videos, sources):
@@ -75,7 +76,13 @@ def attach_sinks(detector: StreamingDetector, sources: list,
         if sink.segment_seconds and args.annotate_segment is None and not args.quiet:
             print(f"{PROG}: note: {source.name} is live: its annotated video is written in files of "
                   f"{sink.segment_seconds:g} s ({sink.path.stem}.UTC-START{sink.path.suffix}), each playable once the "
-                  "next begins; --annotate-segment 0 for one video", file=sys.stderr)
+                  "next begins; --annotate-segment 0 for one video"
+                  + ("" if keep else ", --annotate-keep HOURS to remove old ones"), file=sys.stderr)
+    if (keep or args.annotate_segment is not None) and not args.annotate:
+        warn("--annotate-segment and --annotate-keep shape --annotate's video, and no --annotate is given: ignored")
+    elif keep and not any(sink.segment_seconds for sink in videos):
+        warn("--annotate-keep removes old segments, and no annotated video here is in segments (a file's is not, "
+             "unless --annotate-segment): ignored")
     trace_paths = score_trace_paths(args.scores, sources) if args.scores else []
     for i, (source, path) in enumerate(zip(sources, trace_paths)):
         detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, stream=i,
@@ -111,6 +118,9 @@ def add_output_options(run: argparse.ArgumentParser) -> None:
                           "each begins (out.20261128T031502Z.mp4), each playable once the next begins; 0: one video "
                           f"(default: {LIVE_ANNOTATION_SEGMENT_SECONDS:g} s for a camera or stream, one video for a "
                           "file)")
+    run.add_argument("--annotate-keep", type=_hours, metavar="HOURS",
+                     help="with segments, remove those begun more than HOURS ago (earlier runs' too) as each new one "
+                          "begins, so that a camera watched for months does not fill its disk (default: keep all)")
     run.add_argument("--resume", type=path_text,
                      help="state snapshot (.npz) to resume from: the file it stopped in goes on at the "
                           "next sample; another file or a camera starts at its beginning, the state and "
@@ -122,6 +132,14 @@ def add_output_options(run: argparse.ArgumentParser) -> None:
                           f"it exists, write it after an alert (at most every {ALERT_SNAPSHOT_SECONDS:g} s) and when "
                           "the stream ends or is stopped; one that no longer fits (the bundle exported anew, "
                           "damaged) is renamed aside with a warning and the stream starts fresh")
+
+
+def _hours(text: str) -> float:
+    """--annotate-keep's type: a positive number of hours."""
+    value = finite_number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"give a positive number of hours, not {text}")
+    return value
 
 
 def _seconds(text: str) -> float:
