@@ -5,6 +5,7 @@ the ones the command gives."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import signal
@@ -98,3 +99,9 @@ def test_run_help_lists_the_exit_statuses_the_unit_names():
                             (settings["RestartPreventExitStatus"], "a mistake in the command"),
                             (str(LOST_SOURCE_EXIT), "a camera or stream that cannot be opened or was lost")):
         assert status in statuses and meaning in statuses, statuses
+
+
+def test_the_annotated_video_the_unit_suggests_is_options_run_takes():
+    suggested = re.search(r"add: (--annotate .*)\n", UNIT.read_text()).group(1).split()
+    args = build_parser().parse_args([*exec_start()[1:], *suggested])
+    assert args.annotate.endswith(".mp4") and args.annotate_keep == 72 and args.annotate_segment is None
