@@ -105,3 +105,14 @@ def test_the_annotated_video_the_unit_suggests_is_options_run_takes():
     suggested = re.search(r"add: (--annotate .*)\n", UNIT.read_text()).group(1).split()
     args = build_parser().parse_args([*exec_start()[1:], *suggested])
     assert args.annotate.endswith(".mp4") and args.annotate_keep == 72 and args.annotate_segment is None
+
+
+def test_the_unit_waits_for_ready_and_its_watchdog_outlasts_a_stalled_stream_and_its_reconnection():
+    """Type=notify: `run` says READY=1 and pings the watchdog per frame (sdqes_edge.service_manager). A stream that
+    stalls steps nothing for FFmpeg's read timeout (30 s, OpenCV's) and then the reconnection attempts: the watchdog
+    must not kill a run that is about to reconnect."""
+    from sdqes_edge.runtime.live_source import RECONNECT_DELAYS_S
+
+    settings = unit_settings()
+    assert settings["Type"] == "notify" and settings["NotifyAccess"] == "main"
+    assert int(settings["WatchdogSec"]) > 30 + sum(RECONNECT_DELAYS_S)

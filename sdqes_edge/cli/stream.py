@@ -38,6 +38,7 @@ from sdqes_edge.files import (
 from sdqes_edge.progress import LOG_LINE_SECONDS, progress_bar, stderr_is_a_terminal
 from sdqes_edge.runtime.backend import BACKENDS
 from sdqes_edge.runtime.ort_sessions import DEVICE_PROVIDERS
+from sdqes_edge.service_manager import ServiceManager
 from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of, exit_status
 from sdqes_edge.traces import TRACE_SUFFIX
 from sdqes_edge.train_options import training_data_words
@@ -83,9 +84,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     live = any(s.live for s in sources)
     policy = next(iter(detector.queries.queries.values())).policy
     count = len(detector.queries.ids)
-    print(f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
-          f"quer{'y' if count == 1 else 'ies'}, {policy.describe()} ({backend_words(detector.backend, args)})"
-          + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
+    header = (f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
+              f"quer{'y' if count == 1 else 'ies'}, {policy.describe()} ({backend_words(detector.backend, args)})")
+    print(header + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
+    manager = ServiceManager()  # systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
+    manager.ready(header)
     tip = device_tip(detector, args)
     if tip:
         print(f"{PROG}: tip: {tip}", file=sys.stderr)
@@ -94,7 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{PROG}: note: this model was trained on {trained_on} only; on other footage its alerts mean "
               "little", file=sys.stderr)
     stats = RunStats()
-    exit_code = _stream(detector, sources, args, stats, live)
+    exit_code = _stream(detector, sources, args, stats, live, manager)
     _summarize(sources, stats, exit_code, [str(p) for p in [args.events, *videos_written(video_sinks), args.save_state,
                                                             *trace_paths] if p])
     if trace_paths:
@@ -211,7 +214,7 @@ def live_report_seconds() -> float:
 
 
 def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace, stats: RunStats,
-            live: bool) -> int:
+            live: bool, manager: ServiceManager) -> int:
     """Step until the sources end, --max-frames, or a signal (the frame in hand finished, every sink closed)."""
     bar = progress_bar(expected_steps(sources, args.max_frames), "frame" if len(sources) == 1 else "step",
                        "streaming", enabled=not args.quiet and not live)
@@ -226,13 +229,17 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
                 if unsaved_alerts and time.monotonic() - saved_at >= ALERT_SNAPSHOT_SECONDS:
                     detector.save_state(args.state)
                     unsaved_alerts, saved_at = False, time.monotonic()
+                manager.alive()
                 if bar is not None:
                     bar.update(1)
-                if live and not args.quiet and time.perf_counter() - last_report >= report_every:
+                if time.perf_counter() - last_report >= report_every:
                     last_report = time.perf_counter()
-                    print(f"{PROG}: {stats.fps:.1f} frames/s, latency p50 {stats.latency(50):.0f} ms, p99 "
-                          f"{stats.latency(99):.0f} ms, dropped {sum(s.stats.dropped for s in sources)}",
-                          file=sys.stderr)
+                    report = (f"{stats.fps:.1f} frames/s, latency p50 {stats.latency(50):.0f} ms, p99 "
+                              f"{stats.latency(99):.0f} ms, dropped {sum(s.stats.dropped for s in sources)}, "
+                              f"{stats.events} alert{'' if stats.events == 1 else 's'}")
+                    manager.status(report)
+                    if live and not args.quiet:
+                        print(f"{PROG}: {report}", file=sys.stderr)
                 if stop.requested:
                     break
                 if stdout_reader_left():  # `run ... | head -3`: the alerts' reader has what it wanted
@@ -244,6 +251,7 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
     except KeyboardInterrupt as interrupt:  # a second signal, or one outside the loop
         exit_code = exit_code_of(interrupt)
     finally:
+        manager.stopping(f"stopping after {stats.frames} frames: finishing every output")
         if bar is not None:
             bar.close()
         try:
