@@ -18,7 +18,15 @@ import cv2
 import numpy as np
 
 from sdqes_edge.errors import SetupWarning, UserError
-from sdqes_edge.files import ANNOTATED_VIDEO_EXAMPLE, check_output_file, format_bytes, set_aside
+from sdqes_edge.files import (
+    ANNOTATED_VIDEO_EXAMPLE,
+    UTC_STAMP_FORMAT,
+    check_output_file,
+    format_bytes,
+    free_name,
+    set_aside,
+    utc_stamp,
+)
 from sdqes_edge.metrics import above_threshold
 
 from .sampling import checked_rate
@@ -45,12 +53,9 @@ class IncompleteOutput(UserError):
     exit_code = 1
 
 
-SEGMENT_TIME_FORMAT = "%Y%m%dT%H%M%SZ"  # a segment's start in its name: UTC, sortable, no colons (FAT, Windows)
-
-
 def segment_path(path: Path, started: float) -> Path:
     """annotated.mp4 -> annotated.20261128T031502Z.mp4: a segment named for the wall-clock time (UTC) it starts."""
-    return path.with_name(f"{path.stem}.{time.strftime(SEGMENT_TIME_FORMAT, time.gmtime(started))}{path.suffix}")
+    return path.with_name(f"{path.stem}.{utc_stamp(started)}{path.suffix}")
 
 
 def segments_begun_before(path: Path, moment: float) -> list[Path]:
@@ -60,7 +65,7 @@ def segments_begun_before(path: Path, moment: float) -> list[Path]:
     old = []
     for candidate in path.parent.glob(f"{glob.escape(path.stem)}.*{glob.escape(path.suffix)}"):
         named = pattern.match(candidate.name)
-        if named and calendar.timegm(time.strptime(named.group(1), SEGMENT_TIME_FORMAT)) < moment:
+        if named and calendar.timegm(time.strptime(named.group(1), UTC_STAMP_FORMAT)) < moment:
             old.append(candidate)
     return sorted(old)
 
@@ -156,9 +161,8 @@ class AnnotatedVideoSink(Sink):
         if self.segment_seconds and self.keep_seconds:
             for old in segments_begun_before(self.path, time.time() - self.keep_seconds):
                 old.unlink(missing_ok=True)
-        self._path = segment_path(self.path, time.time()) if self.segment_seconds else self.path
-        if self._path in self.written:  # two segments begun in one second (a short segment_seconds)
-            self._path = self._path.with_name(f"{self._path.stem}-{len(self.written)}{self._path.suffix}")
+        # Two segments begun within one second (a short segment_seconds, a file streamed fast): NAME-2.EXT
+        self._path = free_name(segment_path(self.path, time.time())) if self.segment_seconds else self.path
         self._path.parent.mkdir(parents=True, exist_ok=True)  # as every other output: missing folders are made
         resumed = self.first_frame and not self.segment_seconds and self._path.is_file()
         stopped_run = set_aside(self._path, "stopped-run") if resumed else None

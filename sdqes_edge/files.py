@@ -85,15 +85,29 @@ def flush_tree_to_disk(folder: Path) -> None:
         flush_to_disk(Path(root))
 
 
-def set_aside(path: Path, why: str) -> Path:
-    """Rename ``path`` to a free name beside it that says ``why`` and when ("state.npz" -> "state.another-model-
-    20261128T031502Z.npz"), its suffix kept so that it still opens as what it is; the new path. For a file the
-    program would otherwise refuse at every start, kept rather than deleted: it is the user's."""
-    name = f"{path.stem}.{why}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    kept, n = path.with_name(name + path.suffix), 1
-    while kept.exists():  # set aside twice in one second
+UTC_STAMP_FORMAT = "%Y%m%dT%H%M%SZ"  # a moment in a file's name: UTC, sortable, no colons (FAT, Windows)
+
+
+def utc_stamp(moment: float | None = None) -> str:
+    """1764299702.0 -> '20261128T031502Z' (now, where no moment is given)."""
+    return time.strftime(UTC_STAMP_FORMAT, time.gmtime(moment))
+
+
+def free_name(path: Path) -> Path:
+    """``path`` where nothing is there yet, else the first free of NAME-2.EXT, NAME-3.EXT, ...: names made from a
+    moment (``utc_stamp``) meet when two files are made within one second."""
+    free, n = path, 1
+    while free.exists():
         n += 1
-        kept = path.with_name(f"{name}-{n}{path.suffix}")
+        free = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return free
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename ``path`` to a free name beside it that says ``why`` and when ("state.npz" -> "state.unusable-
+    20261128T031502Z.npz"), its suffix kept so that it still opens as what it is; the new path. For a file the
+    program would otherwise refuse at every start, or write over: kept rather than deleted, it is the user's."""
+    kept = free_name(path.with_name(f"{path.stem}.{why}-{utc_stamp()}{path.suffix}"))
     os.replace(path, kept)
     flush_to_disk(path.parent)
     return kept
