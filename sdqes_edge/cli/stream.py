@@ -165,7 +165,7 @@ def _state_file(args: argparse.Namespace) -> None:
         args.resume = args.state
     elif not args.quiet:
         print(f"{PROG}: note: no state snapshot at {args.state} yet: the stream starts fresh, and its state is "
-              "written there when it ends or is stopped", file=sys.stderr)
+              "written there after an alert and when it ends or is stopped", file=sys.stderr)
 
 
 def _resume(detector: StreamingDetector, args: argparse.Namespace) -> None:
