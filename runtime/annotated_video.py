@@ -82,10 +82,13 @@ class AnnotatedVideoSink(Sink):
     MIN_HEIGHT = 360  # smaller frames are enlarged (whole pixels) so that the bars and text stay readable
 
     def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]], stream: int = 0,
-                 segment_seconds: float | None = None, first_frame: int = 0, keep_seconds: float | None = None):
+                 segment_seconds: float | None = None, first_frame: int = 0, keep_seconds: float | None = None,
+                 resumed: bool = False):
         """``stream``: which of the detector's streams this video shows (one sink per stream to annotate).
         ``first_frame``: the frame a resumed file goes on at; the video at ``path`` (the stopped run's) gives the
         frames before it, so that the resumed run leaves one whole video, as it leaves one whole score trace.
+        ``resumed``: this run goes on from a state snapshot, so a video already at ``path`` is the stopped run's: never
+        written over (set aside where it cannot be gone on from: a camera, another file).
         ``keep_seconds``: with segments, those begun longer ago than this (this run's and earlier runs') are removed
         as each new one begins, so that a camera watched for months does not fill its disk; None keeps them all."""
         self.path = check_annotation_path(path, "AnnotatedVideoSink")
@@ -95,7 +98,7 @@ class AnnotatedVideoSink(Sink):
                 raise UserError(f"AnnotatedVideoSink's {name} is a positive number of seconds (or None), not "
                                 f"{seconds!r}")
         self.segment_seconds, self.keep_seconds = segment_seconds, keep_seconds
-        self.first_frame = first_frame
+        self.first_frame, self.resumed = first_frame, resumed or first_frame > 0
         self.written: list[Path] = []  # the videos finished, in order
         self._segment_start = 0.0  # stream time of the open video's first frame
         self.fps = checked_rate(fps, "AnnotatedVideoSink writes")
@@ -164,8 +167,8 @@ class AnnotatedVideoSink(Sink):
         # Two segments begun within one second (a short segment_seconds, a file streamed fast): NAME-2.EXT
         self._path = free_name(segment_path(self.path, time.time())) if self.segment_seconds else self.path
         self._path.parent.mkdir(parents=True, exist_ok=True)  # as every other output: missing folders are made
-        resumed = self.first_frame and not self.segment_seconds and self._path.is_file()
-        stopped_run = set_aside(self._path, "stopped-run") if resumed else None
+        stopped_run = (set_aside(self._path, "stopped-run")
+                       if self.resumed and not self.segment_seconds and self._path.is_file() else None)
         codec = ANNOTATION_CODECS.get(self.path.suffix.lower())
         writer = (cv2.VideoWriter(str(self._path), cv2.VideoWriter_fourcc(*codec), self.fps, (w, h))
                   if codec else None)
@@ -179,7 +182,12 @@ class AnnotatedVideoSink(Sink):
     def _carry_over(self, stopped_run: Path, w: int, h: int) -> None:
         """The stopped run's frames before ``first_frame``, copied in first (decoded and written again: OpenCV copies
         no stream as it is); its video removed once whole in the new one. A resumed run overwrote it, and the
-        stream's beginning was lost. One that holds fewer (a killed run's mp4 has no index) is kept, and said."""
+        stream's beginning was lost. One that holds fewer (a killed run's mp4 has no index) is kept, and said, as is
+        one of a stream this run starts at its beginning (a camera, another file)."""
+        if not self.first_frame:
+            warnings.warn(f"{self._path} starts its stream at the beginning, and the stopped run's annotated video is "
+                          f"kept as {stopped_run}", SetupWarning, stacklevel=4)
+            return
         video, copied = cv2.VideoCapture(str(stopped_run)), 0
         while copied < self.first_frame:
             ok, image = video.read()

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sdqes_edge.cli.common import PROG, finite_number, path_text, warn
-from sdqes_edge.files import set_aside
 from sdqes_edge.traces import TRACE_SUFFIX
 
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
@@ -64,15 +63,11 @@ def attach_sinks(detector: StreamingDetector, sources: list,
     keep = args.annotate_keep * 3600 if args.annotate_keep else None
     videos = [AnnotatedVideoSink(path, detector.fps, detector.thresholds, stream=i,
                                  segment_seconds=annotation_segment_seconds(args, source),
-                                 first_frame=source.start_index, keep_seconds=keep)
+                                 first_frame=source.start_index, keep_seconds=keep, resumed=bool(args.resume))
               for i, (source, path) in enumerate(zip(sources, paths_per_source(args.annotate, sources)))
               ] if args.annotate else []
     for sink, source in zip(videos, sources):
         detector.add_sink(sink)
-        if args.resume and not sink.first_frame and not sink.segment_seconds and sink.path.is_file():
-            kept = set_aside(sink.path, "stopped-run")  # a camera, or another file: nothing to go on from
-            print(f"{PROG}: note: {source.name} starts at its beginning, and the stopped run's annotated video is "
-                  f"kept as {kept}", file=sys.stderr)
         if sink.segment_seconds and args.annotate_segment is None and not args.quiet:
             print(f"{PROG}: note: {source.name} is live: its annotated video is written in files of "
                   f"{sink.segment_seconds:g} s ({sink.path.stem}.UTC-START{sink.path.suffix}), each playable once the "
