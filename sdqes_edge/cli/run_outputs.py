@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, s
 # run --state writes its snapshot after a step that alerted, at most this often: a query set that alerts every
 # frame would otherwise write the whole state (9 MiB a stream at ViT-B/16) at every step.
 ALERT_SNAPSHOT_SECONDS = 5.0
+STATE_WRITTEN = f"after an alert (at most every {ALERT_SNAPSHOT_SECONDS:g} s) and when the stream ends or is stopped"
 # A live stream's annotated video, in files of this much stream time each: a video is playable only once it is
 # closed, so one that grew for weeks was lost whole to a power cut, and could not be watched while the stream ran.
 LIVE_ANNOTATION_SEGMENT_SECONDS = 600.0
@@ -124,8 +125,7 @@ def add_output_options(run: argparse.ArgumentParser) -> None:
                      help="write the state to this .npz when the stream ends or is stopped")
     run.add_argument("--state", type=path_text,
                      help="keep the state in this .npz across runs (a service that restarts): resume from it where "
-                          f"it exists, write it after an alert (at most every {ALERT_SNAPSHOT_SECONDS:g} s) and when "
-                          "the stream ends or is stopped; one that no longer fits (the bundle exported anew, "
+                          f"it exists, write it {STATE_WRITTEN}; one that no longer fits (the bundle exported anew, "
                           "damaged) is renamed aside with a warning and the stream starts fresh")
 
 

@@ -24,7 +24,13 @@ from sdqes_edge.cli.common import (
 from sdqes_edge.cli.output import stdout_reader_left
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
 from sdqes_edge.cli.run_device import backend_words, device_tip
-from sdqes_edge.cli.run_outputs import ALERT_SNAPSHOT_SECONDS, add_output_options, attach_sinks, videos_written
+from sdqes_edge.cli.run_outputs import (
+    ALERT_SNAPSHOT_SECONDS,
+    STATE_WRITTEN,
+    add_output_options,
+    attach_sinks,
+    videos_written,
+)
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import SourceUnavailable, UserError
 from sdqes_edge.files import (
@@ -165,7 +171,7 @@ def _state_file(args: argparse.Namespace) -> None:
         args.resume = args.state
     elif not args.quiet:
         print(f"{PROG}: note: no state snapshot at {args.state} yet: the stream starts fresh, and its state is "
-              "written there after an alert and when it ends or is stopped", file=sys.stderr)
+              f"written there {STATE_WRITTEN}", file=sys.stderr)
 
 
 def _resume(detector: StreamingDetector, args: argparse.Namespace) -> None:
@@ -181,7 +187,7 @@ def _resume(detector: StreamingDetector, args: argparse.Namespace) -> None:
         if not args.state:
             raise
         kept = set_aside(snapshot_to_read(args.state), "unusable")
-        warn(f"--state {args.state} {exc.problem}: the stream starts fresh, its state written there when it ends; "
+        warn(f"--state {args.state} {exc.problem}: the stream starts fresh, its state written there {STATE_WRITTEN}; "
              f"that file is kept as {kept}")
 
 
