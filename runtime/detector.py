@@ -142,6 +142,11 @@ class StreamingDetector:
         for slot in self.streams:
             del slot.alerts[query_id]
 
+    @_exclusive
+    def set_query_message(self, query_id: str, message: str) -> None:
+        """A new alert message for a query, its alert state kept: an event going on does not alert again."""
+        self.queries.set_message(query_id, message)
+
     def add_bundle_queries(self, threshold: float | None = None, **policy_options) -> list[Query]:
         pre = self.bundle.queries()
         return [self.add_query(q["text"], q.get("response"), threshold, **policy_options)

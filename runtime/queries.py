@@ -154,8 +154,7 @@ class QueryBank:
         return query
 
     def remove(self, query_id: str) -> None:
-        if query_id not in self.queries:
-            raise UserError(f"no query with id {query_id!r}; active ids: {', '.join(self.queries) or 'none'}")
+        self._check_known(query_id)
         query = self.queries.pop(query_id)
         del self._rows[query_id]
         key = (query_key(query.text), dataclasses.astuple(query.policy))
@@ -164,6 +163,16 @@ class QueryBank:
             del self._same[key]
         self._matrix = None
         self.changes += 1
+
+    def _check_known(self, query_id: str) -> None:
+        if query_id not in self.queries:
+            raise UserError(f"no query with id {query_id!r}; active ids: {', '.join(self.queries) or 'none'}")
+
+    def set_message(self, query_id: str, message: str) -> None:
+        self._check_known(query_id)
+        if not isinstance(message, str):  # sinks write it as text
+            raise UserError(f"a query's message is text, not {type(message).__name__}")
+        self.queries[query_id].message = message
 
     @property
     def ids(self) -> list[str]:

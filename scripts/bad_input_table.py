@@ -53,6 +53,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("query over 77 tokens", ["run", str(b), "--source", str(t / "clip.avi"), "--query", "word " * 80]),
         ("threshold outside (0, 1)", [*run, "--threshold", "1.5"]),
         ("--max-frames 0", [*run, "--max-frames", "0"]),
+        ("--watch-queries without a --queries-file to watch", [*run, "--watch-queries"]),
         ("--threads 0", [*run, "--threads", "0"]),
         ("--ort-device cuda where ONNX Runtime is the CPU build", [*run, "--ort-device", "cuda"]),
         ("--ort-ops names no kernel library", [*run, "--ort-ops", str(t / "libsdqes_ort_ops.so")]),

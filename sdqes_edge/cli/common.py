@@ -93,15 +93,20 @@ class UniqueValues(argparse.Action):
         setattr(namespace, self.dest, unique)
 
 
+def text_key(text: str) -> str:
+    """A query's text as queries are told apart on the command line: as CLIP's tokenizer cleans it."""
+    from sdqes_edge.tokenizer import clean_text  # ftfy and regex: not for building the parsers
+
+    return clean_text(text)
+
+
 def unique_queries(queries: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
     """(query, message) pairs without a query given twice (with a one-line warning): texts that CLIP's tokenizer
     cleans alike ("Cooking " and "cooking") are one query, and watching it twice alerted twice on every event.
     The first keeps its message."""
-    from sdqes_edge.tokenizer import clean_text  # ftfy and regex: not for building the parsers
-
     kept: dict[str, tuple[str, str | None]] = {}
     for text, message in queries:
-        key = clean_text(text)
+        key = text_key(text)
         if key in kept:
             warn(f"the query {text!r} is given more than once (case and spacing aside); it is "
                  "watched once")

@@ -8,7 +8,8 @@ import signal
 import sys
 import textwrap
 import time
-from contextlib import closing
+from contextlib import AbstractContextManager, closing, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,11 +19,13 @@ from sdqes_edge.cli.common import (
     at_least,
     finite_number,
     path_text,
+    text_key,
     unique_queries,
     warn,
 )
 from sdqes_edge.cli.output import stdout_reader_left
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
+from sdqes_edge.cli.queries_watch import QueriesFileWatcher
 from sdqes_edge.cli.run_device import backend_words, device_tip
 from sdqes_edge.cli.run_outputs import (
     ALERT_SNAPSHOT_SECONDS,
@@ -51,6 +54,7 @@ from sdqes_edge.train_options import training_data_words
 
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
+    from sdqes_edge.runtime.queries import Query
 
 LIVE_REPORT_SECONDS = 5.0  # a live stream's status line on a terminal; in a log, one every LOG_LINE_SECONDS
 # A camera or stream URL that went away for good ends the run with the status of one that cannot be opened: a
@@ -74,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  ort_device=args.ort_device, truncate_queries=args.truncate_queries,
                                  ort_ops=args.ort_ops)
     detector.check_source_count(len(args.source))  # before any source is opened or output started
-    _add_queries(detector, args)
+    file_queries, command_line_keys = _add_queries(detector, args)
     detector.warm_up()  # before a camera opens: the first real frame's latency is a steady one
     sources = [open_source(spec, detector.fps) for spec in args.source]
     renamed = give_distinct_names(sources)
@@ -103,7 +107,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{PROG}: note: this model was trained on {trained_on} only; on other footage its alerts mean "
               "little", file=sys.stderr)
     stats = RunStats()
-    exit_code = _stream(detector, sources, args, stats, live, manager)
+    watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys,
+                                 partial(detector.add_query, threshold=args.threshold, **_policy(args))) \
+        if args.watch_queries else nullcontext()
+    exit_code = _stream(detector, sources, args, stats, live, manager, watcher)
     _summarize(sources, stats, exit_code, [str(p) for p in [args.events, *videos_written(video_sinks), args.save_state,
                                                             *trace_paths] if p])
     if trace_paths:
@@ -123,6 +130,8 @@ def _check_run_args(args: argparse.Namespace) -> None:
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
     args.file_queries = read_queries_file(args.queries_file) if args.queries_file else []
+    if args.watch_queries and not args.queries_file:
+        raise UserError("--watch-queries reads the --queries-file again when it changes; give --queries-file FILE")
     if args.max_frames is not None and args.max_frames < 1:
         raise UserError(f"--max-frames {args.max_frames}: give a positive number of steps (or leave it out to "
                         "stream to the end)")
@@ -191,16 +200,24 @@ def _resume(detector: StreamingDetector, args: argparse.Namespace) -> None:
              f"that file is kept as {kept}")
 
 
-def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> None:
+def _policy(args: argparse.Namespace) -> dict:
+    return dict(exit_threshold=args.exit_threshold, cooldown_s=args.cooldown, max_alerts=args.max_alerts)
+
+
+def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple[dict[str, Query], set[str]]:
     """The --query texts with their --message (by position) and the --queries-file's, else the bundle's
-    pre-encoded queries."""
+    pre-encoded queries. Returns what --watch-queries keeps: the file's queries by key, and the command line's keys
+    (a line of the file that asks one of those again is not added)."""
     queries, messages = args.query or [], args.message or []
-    policy = dict(exit_threshold=args.exit_threshold, cooldown_s=args.cooldown, max_alerts=args.max_alerts)
     paired = [(text, messages[i] if i < len(messages) else None) for i, text in enumerate(queries)]
+    command_line_keys, from_file = {text_key(text) for text, _ in paired}, {}
     for text, message in unique_queries(paired + args.file_queries):
-        detector.add_query(text, message, args.threshold, **policy)
-    if not paired + args.file_queries and not detector.add_bundle_queries(args.threshold, **policy):
+        query = detector.add_query(text, message, args.threshold, **_policy(args))
+        if text_key(text) not in command_line_keys:
+            from_file[text_key(text)] = query
+    if not paired + args.file_queries and not detector.add_bundle_queries(args.threshold, **_policy(args)):
         raise UserError("no queries: give --query TEXT or --queries-file FILE (or export the bundle with --query)")
+    return from_file, command_line_keys
 
 
 def expected_steps(sources: list, max_frames: int | None) -> int | None:
@@ -220,15 +237,16 @@ def live_report_seconds() -> float:
 
 
 def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace, stats: RunStats,
-            live: bool, manager: ServiceManager) -> int:
-    """Step until the sources end, --max-frames, or a signal (the frame in hand finished, every sink closed)."""
+            live: bool, manager: ServiceManager, watcher: AbstractContextManager) -> int:
+    """Step until the sources end, --max-frames, or a signal (the frame in hand finished, every sink closed);
+    ``watcher`` (--watch-queries) changes the queries while it is open, never once the detector closes."""
     bar = progress_bar(expected_steps(sources, args.max_frames), "frame" if len(sources) == 1 else "step",
                        "streaming", enabled=not args.quiet and not live)
     last_report, report_every = time.perf_counter(), live_report_seconds()
     stop = FinishFrameThenStop()  # Ctrl-C, SIGTERM (docker stop, systemd) or SIGHUP: finish the frame, close sinks
     exit_code, unsaved_alerts, saved_at = 0, False, -math.inf
     try:
-        with stop, closing(detector.run(sources, stats, max_frames=args.max_frames)) as steps:
+        with stop, watcher, closing(detector.run(sources, stats, max_frames=args.max_frames)) as steps:
             for alerts in steps:
                 # --state: a power cut or a kill keeps each alert's count and time (--max-alerts, --cooldown)
                 unsaved_alerts = unsaved_alerts or bool(alerts and args.state)
@@ -313,6 +331,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--message", action="append", help="alert message for the query of the same position")
     run.add_argument("--queries-file", type=path_text,
                      help=f"more queries with their alert messages: {QUERIES_FILE_HELP}")
+    run.add_argument("--watch-queries", action="store_true",
+                     help="read the --queries-file again whenever it changes, while the stream runs (within 2 s): "
+                          "lines added are asked, lines removed stop, a changed message keeps its query's state; "
+                          "a service's queries change without a restart")
     run.add_argument("--threshold", type=finite_number, help="alert threshold on sigmoid(cos); default: the bundle's")
     run.add_argument("--exit-threshold", type=finite_number, help="hysteresis: stay 'on' until p falls to this "
                                                            "(default: the bundle's policy, else the threshold)")

@@ -1,0 +1,131 @@
+"""``run --watch-queries``: the --queries-file read again while the stream runs, whenever it changes.
+
+A service asks its queries from a file (``/etc/sdqes-edge/queries.csv``); without this, a new query meant a
+restart: the model loaded and warmed again and the camera reopened, seconds without alerts. Here a thread looks at
+the file every ``QUERIES_POLL_SECONDS`` (a few KB) and, once a change has held for one look (an editor or a script
+may be half way through writing it), applies the difference: new lines are
+added, lines gone are removed, a line whose alert message alone changed keeps its query (and the alert state of an
+event going on: it does not alert again). The queries of --query are never touched. A file that cannot be read, or
+holds no queries, changes nothing: the queries streaming are kept, with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from sdqes_edge.cli.common import PROG, text_key, unique_queries, warn
+from sdqes_edge.cli.queries_file import read_queries_file
+from sdqes_edge.errors import UserError
+
+if TYPE_CHECKING:
+    from sdqes_edge.runtime.detector import StreamingDetector
+    from sdqes_edge.runtime.queries import Query
+
+QUERIES_POLL_SECONDS = 1.0  # how often the file is looked at: a change is applied one to two looks later
+SHOWN_TEXTS = 3  # queries named in a change's line; more are counted
+
+
+def file_signature(path: str) -> bytes | None:
+    """What tells one version of the file from the next: its content's digest (a rewrite of the same size within
+    one tick of the file system's clock is a change too, a save that changes nothing is none); None while there is
+    no file there to read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).digest()
+    except OSError:
+        return None
+
+
+class QueriesFileWatcher:
+    """Keeps the detector's queries from ``path`` equal to the file's lines. ``watched``: the file's queries as the
+    run started (key -> Query, keyed as ``unique_queries`` tells queries apart); ``fixed``: the keys of the command
+    line's queries, which a line of the file does not ask again; ``add(text, message)`` adds a query under the
+    run's policy. ``check`` looks once (the thread calls it; a test may call it itself)."""
+
+    def __init__(self, detector: StreamingDetector, path: str, watched: dict[str, Query], fixed: set[str],
+                 add: Callable[[str, str | None], Query], poll_seconds: float = QUERIES_POLL_SECONDS):
+        self.detector, self.path, self.watched, self.fixed, self.add = detector, path, watched, fixed, add
+        self.poll_seconds = poll_seconds
+        self._applied = self._seen = file_signature(path)  # the version read at the start
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> QueriesFileWatcher:
+        self._thread = threading.Thread(target=self._watch, name="sdqes-queries-file", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No change applied after this returns (one being applied is finished first): before the detector closes."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            self.check()
+
+    def check(self) -> None:
+        signature = file_signature(self.path)
+        if signature == self._applied:
+            return
+        if signature != self._seen:  # changed since the last look: wait until it holds still for one
+            self._seen = signature
+            return
+        self._applied = signature
+        if signature is None:
+            warn(f"--queries-file {self.path} is gone (or cannot be read); {self.streaming()} kept, and the file is "
+                 "read again when it is back")
+            return
+        try:
+            wanted = {key: pair for key, pair in keyed(read_queries_file(self.path)).items() if key not in self.fixed}
+        except UserError as exc:
+            warn(f"--queries-file changed, but {exc}; {self.streaming()} kept")
+            return
+        self.apply(wanted)
+
+    def apply(self, wanted: dict[str, tuple[str, str]]) -> None:
+        """Make the watched queries those of ``wanted`` (key -> (text, message)), and say what changed."""
+        removed = [self.watched.pop(key) for key in list(self.watched) if key not in wanted]
+        for query in removed:
+            self.detector.remove_query(query.id)
+        renamed = []
+        for key, query in self.watched.items():
+            if query.message != wanted[key][1]:
+                self.detector.set_query_message(query.id, wanted[key][1])
+                renamed.append(query)
+        added = []
+        for key, (text, message) in wanted.items():
+            if key in self.watched:
+                continue
+            try:
+                self.watched[key] = self.add(text, message)
+            except UserError as exc:  # too long for the bundle's tokenizer, a fused bundle full, ...
+                warn(f"--queries-file's query {text!r} is not asked: {exc}")
+                continue
+            added.append(self.watched[key])
+        if added or removed or renamed:
+            changes = [f"{what} {quoted(queries)}" for what, queries in
+                       (("added", added), ("removed", removed), ("a new message for", renamed)) if queries]
+            print(f"{PROG}: --queries-file {self.path} changed: {'; '.join(changes)}; {self.streaming()}",
+                  file=sys.stderr)
+
+    def streaming(self) -> str:
+        count = len(self.detector.queries.ids)
+        return f"{count} quer{'y' if count == 1 else 'ies'} streaming"
+
+
+def keyed(pairs: list[tuple[str, str | None]]) -> dict[str, tuple[str, str | None]]:
+    """(text, message) pairs by ``text_key``, a query given twice once (with ``unique_queries``'s warning)."""
+    return {text_key(text): (text, message) for text, message in unique_queries(pairs)}
+
+
+def quoted(queries: list[Query]) -> str:
+    shown = ", ".join(repr(q.text) for q in queries[:SHOWN_TEXTS])
+    return shown + (f" and {len(queries) - SHOWN_TEXTS} more" if len(queries) > SHOWN_TEXTS else "")
