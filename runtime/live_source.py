@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import re
 import time
+from pathlib import PurePosixPath
+from urllib.parse import urlsplit
 
 import cv2
 
@@ -16,10 +18,41 @@ RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; the
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
 WEB_PREFIXES = ("http://", "https://")  # what serves a live stream (an IP camera's MJPEG) or a video file alike
 GSTREAMER_LINK = "!"  # joins a GStreamer pipeline's elements: "nvarguscamerasrc ! ... ! appsink"
+NAME_LIMIT = 64  # characters of a stream's name: it names output files (out.NAME.mp4, NAME.npz)
+HIDDEN_PASSWORD = "***"
 
 
 def is_gstreamer_pipeline(target: int | str) -> bool:
     return isinstance(target, str) and GSTREAMER_LINK in target and not target.startswith(URL_PREFIXES)
+
+
+def without_password(url: str) -> str:
+    """``url`` as messages show it: an IP camera's RTSP URL carries its password (rtsp://admin:PASSWORD@host/...),
+    which a log line in the journal must not."""
+    parts = urlsplit(url)
+    user, at, host = parts.netloc.rpartition("@")
+    if not at or ":" not in user:
+        return url
+    return parts._replace(netloc=f"{user.split(':', 1)[0]}:{HIDDEN_PASSWORD}@{host}").geturl()
+
+
+def live_source_name(target: int | str) -> str:
+    """A camera's or stream's name in alerts, logs and the names of its output files: camera0; a camera's device
+    file's name (/dev/v4l/by-id/usb-046d_C920_8D2F-video-index0 -> usb-046d_C920_8D2F-video-index0); a URL's host, port,
+    path and query (rtsp://admin:pw@10.0.0.5:554/cam/realmonitor?channel=1 -> 10.0.0.5-554-cam-realmonitor-channel-1:
+    channels of one recorder told apart, the password left out); a GStreamer pipeline's first element with its
+    properties (nvarguscamerasrc-sensor-id-0). The whole URL named them: a score trace went into folders
+    'rtsp:/admin:pw@10.0.0.5:554/...', and the password into every alert line."""
+    if isinstance(target, int):
+        return f"camera{target}"
+    if target.startswith("/"):
+        words = PurePosixPath(target).name
+    elif is_gstreamer_pipeline(target):
+        words = target.split(GSTREAMER_LINK, 1)[0]
+    else:
+        parts = urlsplit(target)
+        words = " ".join((parts.netloc.rpartition("@")[2], parts.path, parts.query))
+    return re.sub(r"[^A-Za-z0-9._]+", "-", words).strip("-.")[:NAME_LIMIT].rstrip("-.") or "stream"
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,15 +72,18 @@ def open_failure_words(target: int | str) -> str:
                     "a Jetson, JetPack's own), or give a camera index or a stream URL")
         return (f"OpenCV cannot open the GStreamer pipeline {target!r}; check it runs in gst-launch-1.0 and ends in "
                 "appsink (OpenCV takes its frames there, as BGR)")
-    if isinstance(target, int):
-        return (f"OpenCV cannot open camera index {target}; check it is connected (ls /dev/video*) and that no "
-                "other program holds it")
-    return (f"OpenCV cannot open stream {target}; check the URL plays (ffplay '{target}') from this machine: the "
-            "server is up, the path and any credentials are right, and no firewall is in the way")
+    if isinstance(target, int) or target.startswith("/"):
+        camera = f"index {target}" if isinstance(target, int) else target
+        return (f"OpenCV cannot open camera {camera}; check it is connected (ls /dev/video*) and that no other "
+                "program holds it")
+    shown = without_password(target)
+    return (f"OpenCV cannot open stream {shown}; check the URL plays (ffplay '{shown}', with the password) from "
+            "this machine: the server is up, the path and any credentials are right, and no firewall is in the way")
 
 
 class LiveSource(FrameSource):
-    """A camera index or a stream URL: stamped by the wall clock, reopened with back-off when it drops."""
+    """A camera (its index, or its device file: /dev/video0, /dev/v4l/by-id/...) or a stream URL: stamped by the wall
+    clock, reopened with back-off when it drops."""
 
     live = True
 
@@ -55,7 +91,7 @@ class LiveSource(FrameSource):
                  capture: cv2.VideoCapture | None = None):
         """``capture``: the target already opened (``open_source`` looked at what a URL serves): opening it again
         is a second connection, which an IP camera that takes one client at a time refuses."""
-        super().__init__(f"camera{target}" if isinstance(target, int) else str(target), fps)
+        super().__init__(live_source_name(target), fps)
         self.target = target
         self.reconnect_delays = reconnect_delays
         if is_gstreamer_pipeline(target) and not opencv_has_gstreamer():  # refused without trying: OpenCV

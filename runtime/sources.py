@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit
@@ -19,7 +20,14 @@ import numpy as np
 from sdqes_edge.errors import SourceUnavailable, UserError
 
 from .frame_source import NAMED_UNREADABLE_IMAGES, Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
-from .live_source import URL_PREFIXES, WEB_PREFIXES, LiveSource, is_gstreamer_pipeline, open_failure_words
+from .live_source import (
+    URL_PREFIXES,
+    WEB_PREFIXES,
+    LiveSource,
+    is_gstreamer_pipeline,
+    open_failure_words,
+    without_password,
+)
 from .sampling import STAMP_TOLERANCE_S, frame_order, samples_served, stated_end_time
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -51,7 +59,8 @@ class VideoFileSource(FrameSource):
         self.url = str(path) if str(path).startswith(WEB_PREFIXES) else None
         served = urlsplit(self.url) if self.url else None
         self.path = Path(served.path) if served else Path(path)
-        self.location = self.url or str(self.path)  # what OpenCV opens, and messages name
+        self.location = self.url or str(self.path)  # what OpenCV opens
+        self.shown = without_password(self.location)  # what messages name
         super().__init__(self.path.stem or (served.hostname if served else "") or "video", fps)
         if not self.url and not self.path.is_file():
             raise UserError(f"video {self.path} does not exist")
@@ -62,7 +71,7 @@ class VideoFileSource(FrameSource):
         self.end_time = stated_end_time(self.frame_count, self.native_fps)
         capture.release()
         if not ok:
-            raise UserError(f"OpenCV cannot decode a frame of {self.location} (unreadable or empty video); check "
+            raise UserError(f"OpenCV cannot decode a frame of {self.shown} (unreadable or empty video); check "
                             "it plays, or re-encode it to H.264 mp4 or MJPG avi")
 
     @property
@@ -85,7 +94,7 @@ class VideoFileSource(FrameSource):
         native = self.native_fps if self.native_fps > 0 else 30.0
         self.stats.expected = self.frame_count if self.frame_count > 0 else None
         if 0 < self.native_fps < self.fps - STAMP_TOLERANCE_S:
-            self.log(f"note: {self.location} has {self.native_fps:g} frames per second, fewer than the {self.fps:g} "
+            self.log(f"note: {self.shown} has {self.native_fps:g} frames per second, fewer than the {self.fps:g} "
                      "the bundle samples: each frame is repeated for the sample times it covers, so stream times stay "
                      "true")
         try:
@@ -104,7 +113,7 @@ class VideoFileSource(FrameSource):
         expected = self.stats.expected
         if expected is not None and expected - decoded > max(TRUNCATION_SLACK_FRAMES, 0.01 * expected):
             self.stats.truncated = True
-            self.log(f"warning: {self.stats.shortfall_words(self.location)}")
+            self.log(f"warning: {self.stats.shortfall_words(self.shown)}")
 
 
 class ImageFolderSource(FrameSource):
@@ -188,6 +197,15 @@ def give_distinct_names(sources: list[FrameSource]) -> list[str]:
     return renamed
 
 
+def is_device_file(path: Path) -> bool:
+    """A character device (/dev/video0, and the links udev makes to it): a camera, read live. It was opened as a
+    video file: frames stamped as a file's, none dropped while the model was busy, no reconnection."""
+    try:
+        return stat.S_ISCHR(path.stat().st_mode)
+    except OSError:
+        return False
+
+
 def _exists(path: Path) -> bool:
     try:
         return path.exists()
@@ -210,10 +228,14 @@ def open_source(spec: str | Path | int, fps: float) -> FrameSource:
         return _open_web_source(spec, fps)
     if spec.startswith(URL_PREFIXES) or (is_gstreamer_pipeline(spec) and not exists):  # clip!.mp4 is a file
         return LiveSource(spec, fps)
+    if not exists and path.parts[:2] == ("/", "dev"):  # a camera not (yet) plugged in: the machine's state, which a
+        raise SourceUnavailable(open_failure_words(spec))  # service manager's restart may mend (exit 1, not 2)
     if not exists:
         raise UserError(f"source {spec} is neither a file, a folder, a camera index nor a URL")
     if path.is_dir():
         return ImageFolderSource(path, fps)
+    if is_device_file(path):  # a camera by its device file: a service names it by /dev/v4l/by-id/..., which,
+        return LiveSource(str(path), fps)  # unlike its index, stays its own when cameras are plugged in another order
     if path.suffix.lower() in IMAGE_SUFFIXES:  # OpenCV opens it as a one-frame video: one score, no event start
         raise UserError(f"source {spec} is a still image; the model watches frames over time for the moment an "
                         f"event starts: give a video, a camera or a URL, or the folder of frames ({path.parent}) "

@@ -73,7 +73,7 @@ def test_a_program_hears_of_a_lost_source_through_logging_unless_it_takes_the_me
     with caplog.at_level(logging.WARNING, logger="sdqes_edge.runtime.sources"):
         frames = list(source.sampled())
     assert frames and source.stats.gave_up_after == 2
-    assert [r.getMessage() for r in caplog.records][-1] == f"{video}: gave up after 2 attempts"
+    assert [r.getMessage() for r in caplog.records][-1] == f"{source.name}: gave up after 2 attempts"
     taken = []
     source = LiveSource(str(write_video(video, sample_frames(3, 48, 64))), fps=1000.0, reconnect_delays=(0.01,))
     source.log = taken.append

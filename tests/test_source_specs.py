@@ -5,6 +5,8 @@ name holds a "!" is a file, and a name too long for the file system is an error 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from runtime_fixtures import FPS, write_video
 
@@ -35,13 +37,69 @@ def test_a_pipeline_that_gstreamer_cannot_open_is_pointed_to_gst_launch(monkeypa
         open_source(CSI_CAMERA, FPS)
 
 
-def test_a_stream_url_that_does_not_open_is_pointed_to_the_url_not_to_a_cameras_device():
-    """It was told to "check it is connected (ls /dev/video*)", which is about cameras."""
-    url = "rtsp://127.0.0.1:9/nothing-listens-here"  # port 9 (discard): refused at once
-    with pytest.raises(UserError, match=rf"^OpenCV cannot open stream {url}; check the URL plays \(ffplay '{url}'\)") \
-            as refused:
+def test_a_stream_url_that_does_not_open_is_pointed_to_the_url_not_to_a_cameras_device_and_hides_its_password():
+    """It was told to "check it is connected (ls /dev/video*)", which is about cameras; and the camera's password,
+    part of its URL, went into the journal with the message."""
+    url = "rtsp://admin:s3cret@127.0.0.1:9/nothing-listens-here"  # port 9 (discard): refused at once
+    shown = re.escape("rtsp://admin:***@127.0.0.1:9/nothing-listens-here")
+    with pytest.raises(UserError, match=rf"^OpenCV cannot open stream {shown}; check the URL plays \(ffplay '{shown}', "
+                                        r"with the password\)") as refused:
         open_source(url, FPS)
-    assert "/dev/video" not in str(refused.value)
+    assert "/dev/video" not in str(refused.value) and "s3cret" not in str(refused.value)
+
+
+@pytest.mark.parametrize("target, name", [
+    (0, "camera0"),
+    ("/dev/v4l/by-id/usb-046d_C920_8D2F-video-index0", "usb-046d_C920_8D2F-video-index0"),
+    ("rtsp://admin:s3cret@10.0.0.5:554/cam/realmonitor?channel=2&subtype=0",
+     "10.0.0.5-554-cam-realmonitor-channel-2-subtype-0"),
+    ("http://127.0.0.1:8080/video.mjpg", "127.0.0.1-8080-video.mjpg"),
+    ("udp://@:5000", "5000"),
+    (CSI_CAMERA, "nvarguscamerasrc-sensor-id-0"),
+    (RTSP_PIPELINE, "rtspsrc-location-rtsp-cam-stream-latency-0"),
+    ("rtsp://cam/" + "x" * 200, "cam-" + "x" * 60),
+])
+def test_a_live_source_is_named_for_its_camera_in_a_word_fit_for_a_file_name_without_its_password(target, name):
+    """The name titles its alerts and names its output files (out.NAME.mp4, --scores FOLDER/NAME.npz): the whole
+    URL made folders of a score trace ('rtsp:/admin:s3cret@10.0.0.5:554/...') and put the password in every alert."""
+    assert live_source.live_source_name(target) == name
+
+
+def test_a_cameras_device_file_is_a_camera_read_live_not_a_video_file():
+    """A service names its camera by /dev/v4l/by-id/... (an index changes when cameras are plugged in another
+    order): it was opened as a video file (stamped as a file, nothing dropped, no reconnection). /dev/null is a
+    character device as a camera's is, and no camera: the words are a camera's."""
+    from sdqes_edge.errors import SourceUnavailable
+
+    with pytest.raises(SourceUnavailable, match=r"^OpenCV cannot open camera /dev/null; check it is connected"):
+        open_source("/dev/null", FPS)
+
+
+def test_a_cameras_device_file_not_there_yet_fails_as_a_camera_that_a_restart_may_find():
+    """A USB camera found late at boot: exit status 1, which the unit restarts, not 2 (a mistake in the command)."""
+    from sdqes_edge.errors import SourceUnavailable
+
+    with pytest.raises(SourceUnavailable, match=r"^OpenCV cannot open camera /dev/v4l/by-id/usb-cam-video-index0; "
+                                                r"check it is connected \(ls /dev/video\*\)") as refused:
+        open_source("/dev/v4l/by-id/usb-cam-video-index0", FPS)
+    assert refused.value.exit_code == 1
+
+
+def test_a_live_streams_score_trace_lands_in_the_scores_folder_named_for_the_stream(endless_stream, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from sdqes_edge.demo import DEMO_BUNDLE
+
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(DEMO_BUNDLE), "--source", endless_stream,
+                           "--query", "The lamp is on.", "--threshold", "0.01", "--max-frames", "3", "--scores",
+                           str(tmp_path / "traces"), "--events", str(tmp_path / "alerts.jsonl")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    name = live_source.live_source_name(endless_stream)
+    assert [p.name for p in (tmp_path / "traces").iterdir()] == [f"{name}.npz"]
+    assert json.loads((tmp_path / "alerts.jsonl").read_text().splitlines()[0])["stream"] == name
 
 
 @pytest.mark.parametrize("spec", ["", "  "])

@@ -325,8 +325,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("bundle", type=path_text, help="bundle directory made by `sdqes-edge export`")
     run.add_argument("--source", type=path_text, action="append", required=True,
                      help="video file, image folder (frames in number order, one per sample), camera index (0) "
-                          "or URL / GStreamer pipeline; repeat for several streams (needs a bundle exported with "
-                          "--batch N)")
+                          "or device (/dev/v4l/by-id/...), URL or GStreamer pipeline; repeat for several streams "
+                          "(needs a bundle exported with --batch N)")
     run.add_argument("--query", action="append", help="event to wait for (repeatable); default: the bundle's")
     run.add_argument("--message", action="append", help="alert message for the query of the same position")
     run.add_argument("--queries-file", type=path_text,
