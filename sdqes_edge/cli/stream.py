@@ -212,9 +212,9 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple
     paired = [(text, messages[i] if i < len(messages) else None) for i, text in enumerate(queries)]
     command_line_keys, from_file = {text_key(text) for text, _ in paired}, {}
     for text, message in unique_queries(paired + args.file_queries):
-        query = detector.add_query(text, message, args.threshold, **_policy(args))
-        if text_key(text) not in command_line_keys:
-            from_file[text_key(text)] = query
+        query, key = detector.add_query(text, message, args.threshold, **_policy(args)), text_key(text)
+        if key not in command_line_keys:
+            from_file[key] = query
     if not paired + args.file_queries and not detector.add_bundle_queries(args.threshold, **_policy(args)):
         raise UserError("no queries: give --query TEXT or --queries-file FILE (or export the bundle with --query)")
     return from_file, command_line_keys
