@@ -33,7 +33,7 @@ def without_password(url: str) -> str:
     user, at, host = parts.netloc.rpartition("@")
     if not at or ":" not in user:
         return url
-    return parts._replace(netloc=f"{user.split(':', 1)[0]}:{HIDDEN_PASSWORD}@{host}").geturl()
+    return url.replace(parts.netloc, f"{user.split(':', 1)[0]}:{HIDDEN_PASSWORD}@{host}", 1)  # the rest as given
 
 
 def live_source_name(target: int | str) -> str:

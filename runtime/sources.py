@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import stat
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Iterator
 from urllib.parse import urlsplit
 
@@ -61,7 +61,7 @@ class VideoFileSource(FrameSource):
         self.path = Path(served.path) if served else Path(path)
         self.location = self.url or str(self.path)  # what OpenCV opens
         self.shown = without_password(self.location)  # what messages name
-        super().__init__(self.path.stem or (served.hostname if served else "") or "video", fps)
+        super().__init__(video_file_name(self.location), fps)
         if not self.url and not self.path.is_file():
             raise UserError(f"video {self.path} does not exist")
         capture = cv2.VideoCapture(self.location)
@@ -195,6 +195,14 @@ def give_distinct_names(sources: list[FrameSource]) -> list[str]:
             renamed.append(source.name)
         seen.add(source.name)
     return renamed
+
+
+def video_file_name(location: str) -> str:
+    """A video file's name in alerts and output files: its stem (kitchen.mp4 -> kitchen), a served file's too
+    (https://host/videos/kitchen.mp4?token=... -> kitchen), else the site's host; the native runtime names its
+    files alike (tests/vectors/source_names.json)."""
+    served = urlsplit(location) if location.startswith(WEB_PREFIXES) else None
+    return PurePosixPath(served.path if served else location).stem or (served.hostname if served else "") or "video"
 
 
 def is_device_file(path: Path) -> bool:

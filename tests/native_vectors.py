@@ -65,6 +65,31 @@ def sampling_counts(case: dict) -> list[int]:
     return counts
 
 
+# What each runtime calls a source (alerts' `stream`, output files) and how a URL is shown in messages.
+LIVE_TARGETS = [
+    "rtsp://admin:s3cret@10.0.0.5:554/cam/realmonitor?channel=2&subtype=0#x", "http://127.0.0.1:8080/video.mjpg",
+    "udp://@:5000", "rtsp://cam/", "rtsp://cam/" + "x" * 200, "rtsp://Über-Kamera.local/live stream",
+    "/dev/v4l/by-id/usb-046d_C920_8D2F-video-index0", "/dev/video0/", "rtsp://", "--..--",
+    "nvarguscamerasrc sensor-id=0 ! video/x-raw(memory:NVMM), width=1280 ! nvvidconv ! appsink",
+    "rtspsrc location=rtsp://cam/stream latency=0 ! rtph264depay ! avdec_h264 ! videoconvert ! appsink",
+]
+VIDEO_FILES = ["kitchen.mp4", "/data/videos/kitchen.2024.mp4", "clip.", ".hidden", "clip.tar.gz", "a/.", "a/b/",
+               "https://host/videos/kitchen.mp4?token=abc", "https://Host.COM:8080/", "https://[::1]:8080/",
+               "https://user:pw@host/", "http://", "noext"]
+SHOWN_URLS = ["rtsp://admin:s3cret@10.0.0.5:554/x?y=1", "rtsp://admin@host/x", "rtsp://host/x",
+              "http://u:p:q@host:80/", "rtsp://a:b@h/x?", "rtsp://a:b@c@h/x"]
+
+
+def source_name_cases() -> dict:
+    from sdqes_edge.runtime.live_source import live_source_name, without_password
+    from sdqes_edge.runtime.sources import video_file_name
+
+    return {"cameras": {str(i): live_source_name(i) for i in (0, 7)},
+            "live": {t: live_source_name(t) for t in LIVE_TARGETS},
+            "video_files": {f: video_file_name(f) for f in VIDEO_FILES},
+            "shown": {u: without_password(u) for u in SHOWN_URLS}}
+
+
 def schema_required_paths() -> list[tuple[str, ...]]:
     """Every key the schema requires at the top level and inside the objects every manifest has."""
     schema = contract.manifest_schema()
@@ -137,6 +162,7 @@ def preprocess_expected(image: np.ndarray, size: int) -> np.ndarray:
 def write_sampling(out: Path = VECTORS) -> None:
     cases = [dict(case, expected=sampling_counts(case)) for case in SAMPLING_CASES]
     (out / "sampling.json").write_text(json.dumps(cases, indent=2) + "\n")
+    (out / "source_names.json").write_text(json.dumps(source_name_cases(), indent=2, ensure_ascii=False) + "\n")
 
 
 def write(out: Path = VECTORS) -> None:

@@ -23,6 +23,7 @@ from native_vectors import (
     plant_confinement_case,
     preprocess_expected,
     sampling_counts,
+    source_name_cases,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +40,7 @@ def test_the_python_runtime_still_produces_the_shared_vectors():
         assert alert_frames(case["policy"], case["probs"], case["fps"]) == case["expected"], case["name"]
     for case in json.loads((VECTORS / "sampling.json").read_text()):
         assert sampling_counts(case) == case["expected"], case["name"]
+    assert source_name_cases() == json.loads((VECTORS / "source_names.json").read_text(encoding="utf-8"))
     expected = json.loads((VECTORS / "bundle_expected.json").read_text())
     bundle = load_bundle(VECTORS / "bundle")
     assert bundle.state_spec.to_list() == expected["state"]

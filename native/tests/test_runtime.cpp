@@ -113,6 +113,22 @@ TEST(Sampling, AFileServesTheSampleTimesThePythonSamplerServes) {
   }
 }
 
+TEST(SourceNames, EachSourceIsCalledWhatThePythonRuntimeCallsIt) {
+  const json names = read_json(kVectors / "source_names.json");
+  for (const auto& [index, name] : names["cameras"].items()) EXPECT_EQ(sdqes::camera_name(std::stoi(index)), name);
+  for (const auto& [target, name] : names["live"].items()) EXPECT_EQ(sdqes::live_source_name(target), name) << target;
+  for (const auto& [file, name] : names["video_files"].items()) EXPECT_EQ(sdqes::video_file_name(file), name) << file;
+  for (const auto& [url, shown] : names["shown"].items()) EXPECT_EQ(sdqes::without_password(url), shown) << url;
+}
+
+TEST(SourceNames, SdqesRunNamesAStreamAsLiveAndAnythingElseAsAFile) {
+  EXPECT_EQ(sdqes::source_name("rtsp://admin:pw@10.0.0.5:554/live"), "10.0.0.5-554-live");
+  EXPECT_EQ(sdqes::source_name("v4l2src device=/dev/video1 ! videoconvert ! appsink"), "v4l2src-device-dev-video1");
+  EXPECT_EQ(sdqes::source_name("/data/kitchen.mp4"), "kitchen");
+  EXPECT_EQ(sdqes::source_name("https://host/videos/kitchen.mp4?token=abc"), "kitchen");
+  EXPECT_EQ(sdqes::source_name("/dev/video0"), "video0");
+}
+
 TEST(Alerts, ABadPolicyIsRefused) {
   sdqes::AlertPolicy policy;
   policy.threshold = 1.5;

@@ -108,6 +108,9 @@ int run(int argc, char** argv) {
   const int camera_index = camera ? static_cast<int>(std::min<int64_t>(whole_number("--source", source, 0),
                                                                        std::numeric_limits<int>::max()))
                                   : -1;
+  // What alerts call the source (the JSONL `stream`), as `sdqes-edge run` calls it; a URL's password never shown.
+  const std::string stream_name = camera ? sdqes::camera_name(camera_index) : sdqes::source_name(source);
+  const std::string shown = sdqes::without_password(source);
   const std::string precision = o.at("--precision");
   if (precision != "fp16" && precision != "fp32" && precision != "int8") {  // not "build a fp64 engine"
     throw sdqes::Error("--precision " + precision + " is not one of fp16, fp32, int8");
@@ -121,7 +124,7 @@ int run(int argc, char** argv) {
   const auto engine = sdqes::find_engine(bundle, precision, sdqes::current_engine_target());
   cv::VideoCapture capture;
   camera ? capture.open(camera_index) : capture.open(source);
-  if (!capture.isOpened()) throw sdqes::Error("OpenCV cannot open " + source + "; check the file plays or the camera");
+  if (!capture.isOpened()) throw sdqes::Error("OpenCV cannot open " + shown + "; check the file plays or the camera");
   sdqes::TensorRTStep step(engine, bundle);
   step.warm_up();  // before the first frame: its latency is a steady one
   std::vector<sdqes::AlertState> states(queries.texts.size(), sdqes::AlertState(policy));
@@ -134,7 +137,7 @@ int run(int argc, char** argv) {
   const double end_time = camera ? std::numeric_limits<double>::infinity()
                                  : sdqes::stated_end_time(capture.get(cv::CAP_PROP_FRAME_COUNT), native_fps);
   if (native_fps > 0 && native_fps < bundle.fps) {
-    std::cerr << "sdqes-run: note: " << source << " has " << native_fps << " frames per second, fewer than the "
+    std::cerr << "sdqes-run: note: " << shown << " has " << native_fps << " frames per second, fewer than the "
               << bundle.fps << " the bundle samples: each frame is repeated for the sample times it covers"
               << std::endl;
   }
@@ -163,7 +166,7 @@ int run(int argc, char** argv) {
       for (size_t q = 0; q < probs.size(); ++q) {
         if (!std::isfinite(probs[q])) throw sdqes::Error("the model produced a non-finite score; stopping the stream");
         if (states[q].update(probs[q], time)) {
-          sdqes::AlertEvent e{"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], source, time,
+          sdqes::AlertEvent e{"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], stream_name, time,
                               index, probs[q], std::log(probs[q] / (1 - probs[q])), latency};
           if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
           std::cout << "[" << time << " s] " << e.message << "  (p=" << e.score << ")" << std::endl;

@@ -102,6 +102,20 @@ int64_t samples_served(double stamp, int64_t next_index, double period,
 // The file's stated length plus slack (sampling.stated_end_time), or infinity where the container does not say.
 double stated_end_time(double frame_count, double native_fps);
 
+// What a source is called in alerts (the JSONL `stream`) and messages, as the Python runtime calls it
+// (tests/vectors/source_names.json): a camera "camera0"; a camera's device file, a stream URL or a GStreamer
+// pipeline by runtime/live_source.py's live_source_name (the URL's host, port, path and query, never its
+// password); a video file by its stem (runtime/sources.py's video_file_name). And a URL as messages show it, its
+// password as "***".
+std::string camera_name(int index);
+std::string live_source_name(const std::string& target);
+std::string video_file_name(const std::string& location);
+std::string without_password(const std::string& url);
+bool is_gstreamer_pipeline(const std::string& target);
+// sdqes-run's --source other than a camera index: an RTSP/UDP/TCP URL or a pipeline by live_source_name, anything
+// else (a file, a video served over HTTP(S), a device file) by video_file_name.
+std::string source_name(const std::string& source);
+
 // One BGR uint8 frame -> normalized float32 [3, R, R] (CHW), as runtime/preprocess.py does.
 std::vector<float> preprocess(const cv::Mat& bgr, int image_size, const Preprocess& p);
 

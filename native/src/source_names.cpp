@@ -1,0 +1,151 @@
+// What a source is called in alerts and messages: twins of runtime/live_source.py's live_source_name and
+// without_password and runtime/sources.py's video_file_name (tests/vectors/source_names.json holds them together).
+#include <algorithm>
+#include <cctype>
+#include <string>
+#include <vector>
+
+#include "sdqes/runtime.hpp"
+
+namespace sdqes {
+
+namespace {
+
+constexpr size_t kNameLimit = 64;  // live_source.NAME_LIMIT
+constexpr const char* kHiddenPassword = "***";
+const std::vector<std::string> kUrlPrefixes{"rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://"};
+const std::vector<std::string> kWebPrefixes{"http://", "https://"};
+
+bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
+
+bool starts_with_any(const std::string& text, const std::vector<std::string>& prefixes) {
+  return std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return starts_with(text, p); });
+}
+
+// urllib.parse.urlsplit's parts of "scheme://netloc/path?query#fragment" (fragment dropped).
+struct UrlParts {
+  std::string netloc, path, query;
+  size_t netloc_at = std::string::npos;  // where netloc begins in the URL
+};
+
+UrlParts split_url(const std::string& url) {
+  UrlParts parts;
+  const size_t scheme_end = url.find("://");
+  const size_t start = scheme_end == std::string::npos ? 0 : scheme_end + 3;
+  const std::string rest = url.substr(0, url.find('#')).substr(start);
+  const size_t netloc_end = rest.find_first_of("/?");
+  parts.netloc = rest.substr(0, netloc_end);
+  parts.netloc_at = start;
+  const std::string tail = netloc_end == std::string::npos ? "" : rest.substr(netloc_end);
+  const size_t query_at = tail.find('?');
+  parts.path = tail.substr(0, query_at);
+  if (query_at != std::string::npos) parts.query = tail.substr(query_at + 1);
+  return parts;
+}
+
+std::string after_last_at(const std::string& netloc) {
+  const size_t at = netloc.rfind('@');
+  return at == std::string::npos ? netloc : netloc.substr(at + 1);
+}
+
+// PurePosixPath(path).name: the last part, "." parts and empty ones left out.
+std::string path_name(const std::string& path) {
+  std::string name, part;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!part.empty() && part != ".") name = part;
+      part.clear();
+    } else {
+      part += path[i];
+    }
+  }
+  return name;
+}
+
+// PurePosixPath(...).stem: the name without its last suffix (".hidden" and "clip." keep theirs).
+std::string stem_of(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot != std::string::npos && dot > 0 && dot < name.size() - 1 ? name.substr(0, dot) : name;
+}
+
+// urlsplit(...).hostname: the host without user, port or IPv6 brackets, in lower case.
+std::string hostname_of(const std::string& netloc) {
+  std::string host = after_last_at(netloc);
+  if (starts_with(host, "[")) {
+    host = host.substr(1, host.find(']') == std::string::npos ? std::string::npos : host.find(']') - 1);
+  } else {
+    host = host.substr(0, host.find(':'));
+  }
+  std::transform(host.begin(), host.end(), host.begin(), [](unsigned char c) { return std::tolower(c); });
+  return host;
+}
+
+bool name_character(unsigned char c) { return (c < 128 && std::isalnum(c)) || c == '.' || c == '_'; }
+
+std::string strip(std::string text, const std::string& chars, bool left) {
+  const size_t end = text.find_last_not_of(chars);
+  text = end == std::string::npos ? "" : text.substr(0, end + 1);
+  if (left) text = text.substr(std::min(text.size(), text.find_first_not_of(chars)));
+  return text;
+}
+
+}  // namespace
+
+bool is_gstreamer_pipeline(const std::string& target) {
+  return target.find('!') != std::string::npos && !starts_with_any(target, kUrlPrefixes);
+}
+
+std::string without_password(const std::string& url) {
+  const UrlParts parts = split_url(url);
+  const size_t at = parts.netloc.rfind('@');
+  if (at == std::string::npos) return url;
+  const std::string user = parts.netloc.substr(0, at);
+  const size_t colon = user.find(':');
+  if (colon == std::string::npos) return url;
+  std::string shown = url;
+  shown.replace(parts.netloc_at, parts.netloc.size(),
+                user.substr(0, colon) + ":" + kHiddenPassword + "@" + parts.netloc.substr(at + 1));
+  return shown;
+}
+
+std::string live_source_name(const std::string& target) {
+  std::string words;
+  if (starts_with(target, "/")) {
+    words = path_name(target);
+  } else if (is_gstreamer_pipeline(target)) {
+    words = target.substr(0, target.find('!'));
+  } else {
+    const UrlParts parts = split_url(target);
+    words = after_last_at(parts.netloc) + " " + parts.path + " " + parts.query;
+  }
+  std::string name;
+  for (const unsigned char c : words) {  // runs of other characters become one "-"
+    if (name_character(c)) {
+      name += static_cast<char>(c);
+    } else if (name.empty() || name.back() != '-') {  // "-" itself is one of the others: never kept as it is
+      name += '-';
+    }
+  }
+  name = strip(name, "-.", true).substr(0, kNameLimit);
+  name = strip(name, "-.", false);
+  return name.empty() ? "stream" : name;
+}
+
+std::string camera_name(int index) { return "camera" + std::to_string(index); }
+
+std::string source_name(const std::string& source) {
+  const bool live = is_gstreamer_pipeline(source) || (starts_with_any(source, kUrlPrefixes) &&
+                                                      !starts_with_any(source, kWebPrefixes));
+  return live ? live_source_name(source) : video_file_name(source);
+}
+
+std::string video_file_name(const std::string& location) {
+  const bool served = starts_with_any(location, kWebPrefixes);
+  const UrlParts parts = served ? split_url(location) : UrlParts{};
+  const std::string stem = stem_of(path_name(served ? parts.path : location));
+  if (!stem.empty()) return stem;
+  const std::string host = served ? hostname_of(parts.netloc) : "";
+  return host.empty() ? "video" : host;
+}
+
+}  // namespace sdqes
