@@ -16,7 +16,7 @@ import pytest
 from runtime_fixtures import QUERY
 
 from sdqes_edge.cli.queries_file import read_queries_file
-from sdqes_edge.cli.queries_watch import QueriesFileWatcher, keyed
+from sdqes_edge.cli.queries_watch import QueriesFileWatcher, file_signature, keyed
 from sdqes_edge.runtime.detector import StreamingDetector
 
 KETTLE, DOOR, FRIDGE = "when the kettle boils", "when someone opens the door", "when I open the fridge"
@@ -34,11 +34,13 @@ def watched(exported, tmp_path):
     calling ``check``, as its thread does every second)."""
     _, bundle = exported
     path = queries_csv(tmp_path / "queries.csv", (KETTLE, "Tea!"), (DOOR, "Someone is here."))
+    version = file_signature(str(path))
     detector = StreamingDetector(bundle)
     fixed = detector.add_query(QUERY, "Sanitize your hands.")  # as --query gives it
     file_queries = {key: detector.add_query(text, message) for key, (text, message) in
                     keyed(read_queries_file(str(path))).items()}
-    watcher = QueriesFileWatcher(detector, str(path), file_queries, set(keyed([(QUERY, None)])), detector.add_query)
+    watcher = QueriesFileWatcher(detector, str(path), file_queries, set(keyed([(QUERY, None)])), detector.add_query,
+                                 version)
     yield detector, watcher, path, fixed
     detector.close()
 
@@ -56,6 +58,17 @@ def test_a_change_is_applied_once_it_has_held_for_one_look(watched):
     assert DOOR in asked(detector)
     watcher.check()
     assert DOOR not in asked(detector)
+
+
+def test_a_change_made_while_the_model_loads_is_applied_at_the_first_looks(watched):
+    """The run reads the file, then loads and warms the model for seconds before the watcher starts: a change in
+    between was taken for the version already read, and never applied."""
+    detector, as_read, path, _ = watched
+    started_with = file_signature(str(path))  # as the run reads the file
+    queries_csv(path, (KETTLE, "Tea!"), (DOOR, "Someone is here."), (FRIDGE, "Close the fridge."))
+    watcher = QueriesFileWatcher(detector, str(path), as_read.watched, as_read.fixed, detector.add_query, started_with)
+    watcher.check(), watcher.check()  # as the watcher begins, once the model is loaded
+    assert FRIDGE in asked(detector)
 
 
 def test_lines_added_are_asked_lines_removed_stop_and_the_rest_keep_their_ids(watched, capsys):

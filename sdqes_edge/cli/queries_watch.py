@@ -43,13 +43,16 @@ class QueriesFileWatcher:
     """Keeps the detector's queries from ``path`` equal to the file's lines. ``watched``: the file's queries as the
     run started (key -> Query, keyed as ``unique_queries`` tells queries apart); ``fixed``: the keys of the command
     line's queries, which a line of the file does not ask again; ``add(text, message)`` adds a query under the
-    run's policy. ``check`` looks once (the thread calls it; a test may call it itself)."""
+    run's policy; ``started_with``: the ``file_signature`` taken before the run read the file (the model loads
+    for seconds after that: a change meanwhile is applied at the first looks). ``check`` looks once (the thread
+    calls it; a test may call it itself)."""
 
     def __init__(self, detector: StreamingDetector, path: str, watched: dict[str, Query], fixed: set[str],
-                 add: Callable[[str, str | None], Query], poll_seconds: float = QUERIES_POLL_SECONDS):
+                 add: Callable[[str, str | None], Query], started_with: bytes | None,
+                 poll_seconds: float = QUERIES_POLL_SECONDS):
         self.detector, self.path, self.watched, self.fixed, self.add = detector, path, watched, fixed, add
         self.poll_seconds = poll_seconds
-        self._applied = self._seen = file_signature(path)  # the version read at the start
+        self._applied = self._seen = started_with
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -25,7 +25,7 @@ from sdqes_edge.cli.common import (
 )
 from sdqes_edge.cli.output import stdout_reader_left
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
-from sdqes_edge.cli.queries_watch import QueriesFileWatcher
+from sdqes_edge.cli.queries_watch import QueriesFileWatcher, file_signature
 from sdqes_edge.cli.run_device import backend_words, device_tip
 from sdqes_edge.cli.run_outputs import (
     ALERT_SNAPSHOT_SECONDS,
@@ -108,7 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
               "little", file=sys.stderr)
     stats = RunStats()
     watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys,
-                                 partial(detector.add_query, threshold=args.threshold, **_policy(args))) \
+                                 partial(detector.add_query, threshold=args.threshold, **_policy(args)),
+                                 args.queries_file_version) \
         if args.watch_queries else nullcontext()
     exit_code = _stream(detector, sources, args, stats, live, manager, watcher)
     _summarize(sources, stats, exit_code, [str(p) for p in [args.events, *videos_written(video_sinks), args.save_state,
@@ -129,6 +130,8 @@ def _check_run_args(args: argparse.Namespace) -> None:
                         "its query")
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
+    # Its version before it is read: --watch-queries applies a change made while the model loads (never misses it).
+    args.queries_file_version = file_signature(args.queries_file) if args.queries_file else None
     args.file_queries = read_queries_file(args.queries_file) if args.queries_file else []
     if args.watch_queries and not args.queries_file:
         raise UserError("--watch-queries reads the --queries-file again when it changes; give --queries-file FILE")
