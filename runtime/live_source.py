@@ -26,6 +26,11 @@ def is_gstreamer_pipeline(target: int | str) -> bool:
     return isinstance(target, str) and GSTREAMER_LINK in target and not target.startswith(URL_PREFIXES)
 
 
+def is_device_path(target: int | str) -> bool:
+    """A live target given as a file path: a camera's device file (``open_source`` opens one live)."""
+    return isinstance(target, str) and target.startswith("/")
+
+
 def without_password(url: str) -> str:
     """``url`` as messages show it: an IP camera's RTSP URL carries its password (rtsp://admin:PASSWORD@host/...),
     which a log line in the journal must not."""
@@ -45,7 +50,7 @@ def live_source_name(target: int | str) -> str:
     'rtsp:/admin:pw@10.0.0.5:554/...', and the password into every alert line."""
     if isinstance(target, int):
         return f"camera{target}"
-    if target.startswith("/"):
+    if is_device_path(target):
         words = PurePosixPath(target).name
     elif is_gstreamer_pipeline(target):
         words = target.split(GSTREAMER_LINK, 1)[0]
@@ -72,7 +77,7 @@ def open_failure_words(target: int | str) -> str:
                     "a Jetson, JetPack's own), or give a camera index or a stream URL")
         return (f"OpenCV cannot open the GStreamer pipeline {target!r}; check it runs in gst-launch-1.0 and ends in "
                 "appsink (OpenCV takes its frames there, as BGR)")
-    if isinstance(target, int) or target.startswith("/"):
+    if isinstance(target, int) or is_device_path(target):
         camera = f"index {target}" if isinstance(target, int) else target
         return (f"OpenCV cannot open camera {camera}; check it is connected (ls /dev/video*) and that no other "
                 "program holds it")

@@ -236,9 +236,9 @@ def open_source(spec: str | Path | int, fps: float) -> FrameSource:
         return _open_web_source(spec, fps)
     if spec.startswith(URL_PREFIXES) or (is_gstreamer_pipeline(spec) and not exists):  # clip!.mp4 is a file
         return LiveSource(spec, fps)
-    if not exists and path.parts[:2] == ("/", "dev"):  # a camera not (yet) plugged in: the machine's state, which a
-        raise SourceUnavailable(open_failure_words(spec))  # service manager's restart may mend (exit 1, not 2)
     if not exists:
+        if path.parts[:2] == ("/", "dev"):  # a camera not (yet) plugged in: the machine's state, which a service
+            raise SourceUnavailable(open_failure_words(spec))  # manager's restart may mend (exit 1, not 2)
         raise UserError(f"source {spec} is neither a file, a folder, a camera index nor a URL")
     if path.is_dir():
         return ImageFolderSource(path, fps)

@@ -72,7 +72,7 @@ std::string stem_of(const std::string& name) {
 std::string hostname_of(const std::string& netloc) {
   std::string host = after_last_at(netloc);
   if (starts_with(host, "[")) {
-    host = host.substr(1, host.find(']') == std::string::npos ? std::string::npos : host.find(']') - 1);
+    host = host.substr(1, host.find(']') - 1);  // npos - 1: to the end where "]" is missing
   } else {
     host = host.substr(0, host.find(':'));
   }
@@ -82,11 +82,15 @@ std::string hostname_of(const std::string& netloc) {
 
 bool name_character(unsigned char c) { return (c < 128 && std::isalnum(c)) || c == '.' || c == '_'; }
 
-std::string strip(std::string text, const std::string& chars, bool left) {
+// str.rstrip(chars) and str.lstrip(chars).
+std::string rstrip(const std::string& text, const char* chars) {
   const size_t end = text.find_last_not_of(chars);
-  text = end == std::string::npos ? "" : text.substr(0, end + 1);
-  if (left) text = text.substr(std::min(text.size(), text.find_first_not_of(chars)));
-  return text;
+  return end == std::string::npos ? "" : text.substr(0, end + 1);
+}
+
+std::string lstrip(const std::string& text, const char* chars) {
+  const size_t start = text.find_first_not_of(chars);
+  return start == std::string::npos ? "" : text.substr(start);
 }
 
 }  // namespace
@@ -126,8 +130,7 @@ std::string live_source_name(const std::string& target) {
       name += '-';
     }
   }
-  name = strip(name, "-.", true).substr(0, kNameLimit);
-  name = strip(name, "-.", false);
+  name = rstrip(lstrip(rstrip(name, "-."), "-.").substr(0, kNameLimit), "-.");  // .strip("-.")[:64].rstrip("-.")
   return name.empty() ? "stream" : name;
 }
 

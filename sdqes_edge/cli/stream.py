@@ -20,12 +20,11 @@ from sdqes_edge.cli.common import (
     finite_number,
     path_text,
     text_key,
-    unique_queries,
     warn,
 )
 from sdqes_edge.cli.output import stdout_reader_left
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
-from sdqes_edge.cli.queries_watch import QueriesFileWatcher, file_signature
+from sdqes_edge.cli.queries_watch import QueriesFileWatcher, file_signature, keyed
 from sdqes_edge.cli.run_device import backend_words, device_tip
 from sdqes_edge.cli.run_outputs import (
     ALERT_SNAPSHOT_SECONDS,
@@ -130,11 +129,11 @@ def _check_run_args(args: argparse.Namespace) -> None:
                         "its query")
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
-    # Its version before it is read: --watch-queries applies a change made while the model loads (never misses it).
-    args.queries_file_version = file_signature(args.queries_file) if args.queries_file else None
-    args.file_queries = read_queries_file(args.queries_file) if args.queries_file else []
     if args.watch_queries and not args.queries_file:
         raise UserError("--watch-queries reads the --queries-file again when it changes; give --queries-file FILE")
+    # Its version before it is read: --watch-queries applies a change made while the model loads (never misses it).
+    args.queries_file_version = file_signature(args.queries_file) if args.watch_queries else None
+    args.file_queries = read_queries_file(args.queries_file) if args.queries_file else []
     if args.max_frames is not None and args.max_frames < 1:
         raise UserError(f"--max-frames {args.max_frames}: give a positive number of steps (or leave it out to "
                         "stream to the end)")
@@ -214,8 +213,8 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple
     queries, messages = args.query or [], args.message or []
     paired = [(text, messages[i] if i < len(messages) else None) for i, text in enumerate(queries)]
     command_line_keys, from_file = {text_key(text) for text, _ in paired}, {}
-    for text, message in unique_queries(paired + args.file_queries):
-        query, key = detector.add_query(text, message, args.threshold, **_policy(args)), text_key(text)
+    for key, (text, message) in keyed(paired + args.file_queries).items():
+        query = detector.add_query(text, message, args.threshold, **_policy(args))
         if key not in command_line_keys:
             from_file[key] = query
     if not paired + args.file_queries and not detector.add_bundle_queries(args.threshold, **_policy(args)):
