@@ -4,6 +4,7 @@ four streams, a query, a video writer, a live stream that never ends."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,27 +26,42 @@ FPS = 5.0
 STEP_GRAPH_FRAMES = 40  # preprocessed frames that come with `step_graphs`
 
 
+@pytest.fixture(scope="session")
+def _exported_once(tmp_path_factory) -> Path:
+    """The bundle `exported` copies: exported once a session (about 3 s each), not once a module."""
+    out = tmp_path_factory.mktemp("rt_once") / "bundle"
+    export_bundle(random_model("qrnn"), out, ExportOptions(fps=FPS, show_progress=False), log=lambda m: None)
+    return out
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """A tiny QRNN model and its bundle, sampled at 5 fps."""
-    model = random_model("qrnn")
+def exported(_exported_once, tmp_path_factory):
+    """A tiny QRNN model and its bundle, sampled at 5 fps: the module's own copy, free to change, and the model
+    (seeded, so the same weights the bundle was exported from)."""
     out = tmp_path_factory.mktemp("rt") / "bundle"
-    export_bundle(model, out, ExportOptions(fps=FPS, show_progress=False), log=lambda m: None)
-    return model, out
+    shutil.copytree(_exported_once, out)
+    return random_model("qrnn"), out
 
 
-@pytest.fixture(scope="module")
-def step_graphs(tmp_path_factory):
-    """Step graphs of one tiny QRNN model (lookback 2, so the history shifts), for 1 and for 4 streams, and
-    STEP_GRAPH_FRAMES preprocessed frames."""
+@pytest.fixture(scope="session")
+def _step_graph_bundles(tmp_path_factory) -> dict[int, Path]:
+    """The bundles `step_graphs` loads: one model (lookback 2) for 1 and for 4 streams, exported once a session."""
     model = random_model("qrnn", lookback=2)
     out = {}
     for batch in (1, 4):
-        path = tmp_path_factory.mktemp(f"b{batch}") / "bundle"
-        export_bundle(model, path, ExportOptions(batch=batch, show_progress=False), log=lambda m: None)
-        out[batch] = load_bundle(path).step_graph()
-    frames = Preprocessor.from_config(model.cfg).batch(sample_frames(STEP_GRAPH_FRAMES, 120, 160))
-    return out, frames
+        out[batch] = tmp_path_factory.mktemp(f"b{batch}") / "bundle"
+        export_bundle(model, out[batch], ExportOptions(batch=batch, show_progress=False), log=lambda m: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def step_graphs(_step_graph_bundles):
+    """Step graphs of one tiny QRNN model (lookback 2, so the history shifts), for 1 and for 4 streams, and
+    STEP_GRAPH_FRAMES preprocessed frames."""
+    graphs = {batch: load_bundle(path).step_graph() for batch, path in _step_graph_bundles.items()}
+    frames = Preprocessor.from_config(random_model("qrnn", lookback=2).cfg).batch(
+        sample_frames(STEP_GRAPH_FRAMES, 120, 160))
+    return graphs, frames
 
 
 def write_video(path: Path, frames: np.ndarray, fps: float = 10.0) -> Path:
