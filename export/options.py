@@ -54,6 +54,7 @@ MIN_VERIFY_FRAMES = 16
 class Query:
     text: str
     response: str  # the alert message shown when the event starts
+    label: str | None = None  # picks a per-label threshold the bundle is later given (eval --per-label)
 
 
 @dataclass

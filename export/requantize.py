@@ -42,7 +42,8 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
     manifest = bundle.manifest
     cfg = ModelConfig.from_dict(manifest["model"])
     pre_encoded = bundle.queries()
-    queries = tuple(Query(q["text"], q.get("response", "")) for q in pre_encoded[0]) if pre_encoded else ()
+    queries = tuple(Query(q["text"], q.get("response", ""), q.get("label"))
+                    for q in pre_encoded[0]) if pre_encoded else ()
     options = check_options(dataclasses.replace(
         options or ExportOptions(), precisions=(REFERENCE_PRECISION, INT8), batch=int(manifest["batch"]),
         threshold=float(manifest["thresholds"]["default"]), queries=queries,

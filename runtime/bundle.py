@@ -70,6 +70,16 @@ class Bundle:
         return float(self.manifest["thresholds"]["default"])
 
     @property
+    def label_thresholds(self) -> dict[str, float]:
+        """Thresholds chosen per query label (``eval --calibrate --per-label``): {} where none were chosen."""
+        return {label: float(t) for label, t in self.manifest["thresholds"].get("per_label", {}).items()}
+
+    def threshold_for(self, label: str | None) -> float:
+        """A query's threshold: its label's, where one was chosen for that label, else the default (as ``eval``
+        scores a per-label calibration: labels with too few queries to calibrate take the default)."""
+        return self.label_thresholds.get(label, self.default_threshold) if label else self.default_threshold
+
+    @property
     def training_record(self) -> dict[str, Any] | None:
         """The record `sdqes-edge train` wrote, where the bundle carries one (the demo's does); else None."""
         record = inside_bundle(self.root, TRAINING_RECORD_NAME, named_by_manifest=False)
@@ -130,8 +140,8 @@ class Bundle:
         return inside_bundle(self.root, self.manifest["tokenizer"]["file"])
 
     def queries(self) -> tuple[list[dict[str, Any]], np.ndarray] | None:
-        """Pre-encoded queries: ([{"text", "response"}...], embeddings [Q, E]) or None; read and checked once (as
-        the bundle loads), then shared by the text encoder, the detector and ``inspect``."""
+        """Pre-encoded queries: ([{"text", "response"[, "label"]}...], embeddings [Q, E]) or None; read and checked
+        once (as the bundle loads), then shared by the text encoder, the detector and ``inspect``."""
         return self._queries
 
     @functools.cached_property
@@ -150,8 +160,10 @@ class Bundle:
         except (OSError, ValueError) as exc:  # not JSON, not a .npy, or one that needs pickle
             raise BundleError(damaged.format(exc)) from None
         if not isinstance(items, list) or not all(isinstance(q, dict) and isinstance(q.get("text"), str)
-                                                  and isinstance(q.get("response", ""), str) for q in items):
-            raise BundleError(damaged.format(f"{texts_file.name} is not a list of {{text, response}} objects"))
+                                                  and isinstance(q.get("response", ""), str)
+                                                  and isinstance(q.get("label", ""), str) for q in items):
+            raise BundleError(damaged.format(f"{texts_file.name} is not a list of {{text, response[, label]}} "
+                                             "objects"))
         if len(items) != entry.get("count", len(items)):
             raise BundleError(damaged.format(f"{texts_file.name} holds {len(items)} queries, {MANIFEST_NAME} says "
                                              f"{entry['count']}"))

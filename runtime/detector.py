@@ -108,10 +108,12 @@ class StreamingDetector:
         return {q.id: q.policy.threshold for q in self.queries.queries.values()}
 
     def default_policy(self, threshold: float | None = None, exit_threshold: float | None = None,
-                       cooldown_s: float | None = None, max_alerts: int | None = None) -> AlertPolicy:
-        """The policy for a new query: what is given, else what the bundle recorded (hysteresis and cooldown
-        chosen on validation streams by ``eval --calibrate-policy``), else plain rising edges."""
-        threshold = self.bundle.default_threshold if threshold is None else threshold
+                       cooldown_s: float | None = None, max_alerts: int | None = None,
+                       label: str | None = None) -> AlertPolicy:
+        """The policy for a new query: what is given, else what the bundle recorded (its threshold for the query's
+        label, else its default; hysteresis and cooldown chosen on validation streams by ``eval
+        --calibrate-policy``), else plain rising edges."""
+        threshold = self.bundle.threshold_for(label) if threshold is None else threshold
         recorded = self.bundle.alert_policy
         if exit_threshold is None and recorded.get("exit_margin"):
             exit_threshold = max(0.0, threshold - recorded["exit_margin"])
@@ -120,15 +122,15 @@ class StreamingDetector:
         return AlertPolicy(threshold, exit_threshold, cooldown_s, max_alerts)
 
     def add_query(self, text: str, message: str | None = None, threshold: float | None = None,
-                  query_id: str | None = None, **policy_options) -> Query:
-        policy = self.default_policy(threshold, **policy_options)
+                  query_id: str | None = None, label: str | None = None, **policy_options) -> Query:
+        policy = self.default_policy(threshold, label=label, **policy_options)
         self.queries.encoder.encode(text)  # the text graph runs before the lock is taken: no step waits on it
         with self._lock:  # not a decorator: warnings raised below point at the caller (stacklevel)
             if self.query_capacity is not None and len(self.queries.queries) >= self.query_capacity:
                 raise UserError(f"this bundle {fused_capacity_words(self.query_capacity)}, and {self.query_capacity} "
                                 "are active: remove one first, or re-export the bundle without --fuse-queries to ask "
                                 "any number")
-            query = self.queries.add(text, policy, message, query_id, stream_time=self.streams[0].time)
+            query = self.queries.add(text, policy, message, query_id, self.streams[0].time, label)
             for slot in self.streams:
                 slot.alerts[query.id] = AlertState(policy)
                 slot.restore_alert(query.id, text)  # a query asked again after a restart
@@ -149,7 +151,7 @@ class StreamingDetector:
 
     def add_bundle_queries(self, threshold: float | None = None, **policy_options) -> list[Query]:
         pre = self.bundle.queries()
-        return [self.add_query(q["text"], q.get("response"), threshold, **policy_options)
+        return [self.add_query(q["text"], q.get("response"), threshold, label=q.get("label"), **policy_options)
                 for q in (pre[0] if pre else [])]
 
     # --- state -----------------------------------------------------------------------

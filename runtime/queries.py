@@ -46,6 +46,7 @@ class Query:
     message: str  # the alert shown to the user
     policy: AlertPolicy
     added_at: float  # stream time when it was added
+    label: str | None = None  # what kind of event it asks for, where a threshold may be chosen per label
 
 
 def score(embeddings: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -133,9 +134,9 @@ class QueryBank:
         self._same: dict[tuple, list[str]] = {}
 
     def add(self, text: str, policy: AlertPolicy, message: str | None = None, query_id: str | None = None,
-            stream_time: float = 0.0) -> Query:
+            stream_time: float = 0.0, label: str | None = None) -> Query:
         embedding = self.encoder.encode(text)  # refuses an empty or too long query before anything changes
-        for name, value in (("message", message), ("query_id", query_id)):  # sinks write them as text
+        for name, value in (("message", message), ("query_id", query_id), ("label", label)):  # written as text
             if value is not None and not isinstance(value, str):
                 raise UserError(f"a query's {name} is text (or None), not {type(value).__name__}")
         query_id = query_id or next(self._ids)
@@ -147,7 +148,7 @@ class QueryBank:
                           f"will alert twice; keep the first one's id, or remove_query({same[0]!r}) before adding it "
                           "again", DuplicateQueryWarning, stacklevel=3)
         same.append(query_id)
-        query = Query(query_id, text, message or text, policy, stream_time)
+        query = Query(query_id, text, message or text, policy, stream_time, label)
         self.queries[query_id], self._rows[query_id] = query, embedding
         self._matrix = None
         self.changes += 1

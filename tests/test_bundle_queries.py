@@ -48,6 +48,7 @@ def test_the_pre_encoded_queries_of_an_export_load_row_for_text():
 ONE = [{"text": "when I start cooking", "response": "Wash your hands."}]
 TWO = ONE + [{"text": "when I open the fridge", "response": "Close it."}]
 ROW = np.ones((1, 32), np.float32)
+NOT_QUERIES = r"queries.json is not a list of \{text, response\[, label\]\} objects"
 
 
 @pytest.mark.parametrize("texts, embeddings, count, says", [
@@ -56,11 +57,12 @@ ROW = np.ones((1, 32), np.float32)
     (None, np.ones((1, 48), np.float32), None, r"query_embeddings.npy is float32 \(1, 48\), not float32 \(1, 32\)"),
     (None, ROW.astype(np.float64), None, r"query_embeddings.npy is float64 \(1, 32\), not float32 \(1, 32\)"),
     (None, ROW * np.nan, None, "query_embeddings.npy holds NaN or infinite values"),
-    ({"text": "when I start cooking"}, None, None, r"queries.json is not a list of \{text, response\} objects"),
-    ([{"text": 3}], None, None, r"queries.json is not a list of \{text, response\} objects"),
+    ({"text": "when I start cooking"}, None, None, NOT_QUERIES),
+    ([{"text": 3}], None, None, NOT_QUERIES),
+    ([{"text": "when I cook", "label": 3}], None, None, NOT_QUERIES),
     (None, np.array([{"a": 1}], dtype=object), None, "Object arrays cannot be loaded when allow_pickle=False"),
 ], ids=["a query added to the texts only", "texts and count disagree", "another model's width", "float64",
-        "NaN", "an object, not a list", "a text that is a number", "a pickled array"])
+        "NaN", "an object, not a list", "a text that is a number", "a label that is a number", "a pickled array"])
 def test_queries_whose_texts_and_embeddings_disagree_are_refused_as_the_bundle_loads(texts, embeddings, count,
                                                                                      says, tmp_path):
     bundle = resealed(tmp_path, texts, embeddings, count)

@@ -15,11 +15,17 @@ COOK = "When I start cooking, remind me to wash my hands."
 
 
 @pytest.mark.parametrize("name, content, queries", [
-    ("q.txt", f"{COOK}\n\n  when I open the fridge  \n", [(COOK, COOK), ("when I open the fridge",) * 2]),
-    ("q.json", f'["{COOK}", {{"text": "when I sleep", "response": "Good night."}}, {{"text": "when I run"}}]',
-     [(COOK, COOK), ("when I sleep", "Good night."), ("when I run", "when I run")]),
+    ("q.txt", f"{COOK}\n\n  when I open the fridge  \n",
+     [(COOK, COOK, None), ("when I open the fridge", "when I open the fridge", None)]),
+    ("q.json", f'["{COOK}", {{"text": "when I sleep", "response": "Good night."}}, {{"text": "when I run"}}, '
+               '{"text": "when I cook", "label": " cook_food "}]',
+     [(COOK, COOK, None), ("when I sleep", "Good night.", None), ("when I run", "when I run", None),
+      ("when I cook", "when I cook", "cook_food")]),
     ("q.csv", f'query,response\n"{COOK}",Wash your hands!\nwhen I run\n',
-     [(COOK, "Wash your hands!"), ("when I run", "when I run")]),
+     [(COOK, "Wash your hands!", None), ("when I run", "when I run", None)]),
+    # The EgoSDQES annotations' columns: the label picks the bundle's threshold for it, where it has one.
+    ("q.csv", f'split,query,response,label\nval,"{COOK}",Wash your hands!,cook_food\nval,when I run,Go!,\n',
+     [(COOK, "Wash your hands!", "cook_food"), ("when I run", "Go!", None)]),
 ])
 def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, content, queries, tmp_path):
     (tmp_path / name).write_text(content, encoding="utf-8")
@@ -37,6 +43,7 @@ def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, c
     ("q.json", '{"text": "when I cook"}', "holds a JSON dict; give a JSON list"),
     ("q.json", '[{"text": 5}]', "each entry must be a string or"),
     ("q.json", '[{"text": "when I cook", "response": 3}]', "each entry must be a string or"),
+    ("q.json", '[{"text": "when I cook", "label": 3}]', "each entry must be a string or"),
     ("q.json", '[{"response": "Wash!"}]', "each entry must be a string or"),
     ("q.json", "[", "is not valid JSON"),
     ("q.txt", "\n  \n", "holds no queries"),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from runtime_fixtures import QUERY
 
-from sdqes_edge.cli.queries_file import read_queries_file
+from sdqes_edge.cli.queries_file import QueryLine, read_queries_file
 from sdqes_edge.cli.queries_watch import QueriesFileWatcher, file_signature, keyed
 from sdqes_edge.runtime.detector import StreamingDetector
 
@@ -37,9 +37,9 @@ def watched(exported, tmp_path):
     version = file_signature(str(path))
     detector = StreamingDetector(bundle)
     fixed = detector.add_query(QUERY, "Sanitize your hands.")  # as --query gives it
-    file_queries = {key: detector.add_query(text, message) for key, (text, message) in
+    file_queries = {key: detector.add_query(line.text, line.message, label=line.label) for key, line in
                     keyed(read_queries_file(str(path))).items()}
-    watcher = QueriesFileWatcher(detector, str(path), file_queries, set(keyed([(QUERY, None)])), detector.add_query,
+    watcher = QueriesFileWatcher(detector, str(path), file_queries, set(keyed([QueryLine(QUERY)])), detector.add_query,
                                  version)
     yield detector, watcher, path, fixed
     detector.close()

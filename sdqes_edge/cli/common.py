@@ -11,12 +11,15 @@ import math
 import os
 import shlex
 import sys
+from typing import TypeVar
 
 from sdqes_edge import package_builds
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
 from sdqes_edge.errors import EXTRA_FOR_MODULE, WARNING_PREFIX, install_command, module_absent
 from sdqes_edge.files import check_output_dir, check_output_file
 from sdqes_edge.train_options import MAX_SEED
+
+Line = TypeVar("Line", bound=tuple)  # a query: its text first, then what comes with it (message, label)
 
 PROG = "sdqes-edge"
 
@@ -100,18 +103,18 @@ def text_key(text: str) -> str:
     return clean_text(text)
 
 
-def unique_queries(queries: list[tuple[str, str | None]]) -> list[tuple[str, str | None]]:
-    """(query, message) pairs without a query given twice (with a one-line warning): texts that CLIP's tokenizer
-    cleans alike ("Cooking " and "cooking") are one query, and watching it twice alerted twice on every event.
-    The first keeps its message."""
-    kept: dict[str, tuple[str, str | None]] = {}
-    for text, message in queries:
-        key = text_key(text)
+def unique_queries(queries: list[Line]) -> list[Line]:
+    """Queries ((text, message, ...) tuples) without a text given twice (with a one-line warning): texts that
+    CLIP's tokenizer cleans alike ("Cooking " and "cooking") are one query, and watching it twice alerted twice on
+    every event. The first keeps its message (and label)."""
+    kept: dict[str, Line] = {}
+    for line in queries:
+        key = text_key(line[0])
         if key in kept:
-            warn(f"the query {text!r} is given more than once (case and spacing aside); it is "
+            warn(f"the query {line[0]!r} is given more than once (case and spacing aside); it is "
                  "watched once")
         else:
-            kept[key] = (text, message)
+            kept[key] = line
     return list(kept.values())
 
 

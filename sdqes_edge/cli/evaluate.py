@@ -240,7 +240,8 @@ def _write_to_bundle(args: argparse.Namespace, target_bundle, rows: dict, calibr
     if cal is not None:
         write_thresholds(args.write_threshold, cal.threshold, cal.per_label, provenance, policy=policy)
         print(f"set the default threshold of {args.write_threshold} to {cal.threshold:.4f}"
-              + (f" ({len(cal.per_label)} per-label thresholds)" if cal.per_label else ""))
+              + (f", and {len(cal.per_label)} per-label thresholds: run and score use them for a query given its "
+                 "label (a 'label' column in --queries-file)" if cal.per_label else ""))
     else:
         write_thresholds(args.write_threshold, threshold, target_bundle.manifest["thresholds"].get("per_label"),
                          None, policy=policy)
@@ -273,7 +274,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "spaced candidates (the one --write-threshold writes), and add a row with each metric at "
                          "its own best threshold, as the paper reports them")
     ev.add_argument("--per-label", action="store_true",
-                    help="with --calibrate: a threshold per query label (labels with >= 5 queries)")
+                    help="with --calibrate: a threshold per query label (labels with >= 5 queries); "
+                         "--write-threshold records them, for queries asked with their label")
     ev.add_argument("--calibrate-policy", action="store_true",
                     help="also choose the alert policy (hysteresis margin, cooldown) with the best F1 of useful "
                          "alerts (the first in an event's window) at the (calibrated or given) threshold")

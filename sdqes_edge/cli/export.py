@@ -25,7 +25,7 @@ from sdqes_edge.cli.common import (
     unique_queries,
     warn,
 )
-from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
+from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, QueryLine, read_queries_file
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD, MLP_ACTIVATIONS
 from sdqes_edge.contract import (
     DEFAULT_OPSET,
@@ -73,14 +73,14 @@ def _warn_model_conflicts(args: argparse.Namespace) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from sdqes_edge.export.exporter import ExportOptions, Query, check_options, check_target, export_bundle
 
-    queries = [(q, q) for q in args.query or []]
+    queries = [QueryLine(q, q) for q in args.query or []]
     if args.queries_file:
         queries += read_queries_file(args.queries_file)
     queries = unique_queries(queries)
     _warn_model_conflicts(args)
     options = ExportOptions(
         batch=args.batch, opset=args.opset, precisions=tuple(args.precision), fuse_queries=args.fuse_queries,
-        queries=tuple(Query(t, r) for t, r in queries), fps=args.fps, threshold=args.threshold,
+        queries=tuple(Query(*line) for line in queries), fps=args.fps, threshold=args.threshold,
         verify_frames=args.verify_frames, drift_frames=args.drift_frames,
         calibration_video=Path(args.calibration_video) if args.calibration_video else None,
         calibration_frames=args.calibration_frames, int8_policy=args.int8_policy,
@@ -142,8 +142,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
           f"{m['tool_versions'].get(sdqes_edge.__name__)}, all {len(m['files'])} files match their sha256)")
     print(f"model      {m['model']['name']}, adapter {m['model']['adapter']['kind']}, "
           f"{m['image_size']}px, embed {m['embed_dim']}, batch {m['batch']}, opset {m.get('opset')}")
-    print(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']:.4f}, "
-          f"state {len(m['state'])} tensors ({format_bytes(m['state_bytes'])})")
+    labels = bundle.label_thresholds
+    print(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']:.4f}"
+          + (f" ({len(labels)} query labels with their own)" if labels else "")
+          + f", state {len(m['state'])} tensors ({format_bytes(m['state_bytes'])})")
     fused_ops = [p for p in bundle.precisions if m["graphs"]["step"][p].get("operators") == ONNX_RUNTIME_OPERATORS]
     fused_words = f" ({', '.join(fused_ops)} with ONNX Runtime's fused operators)" if fused_ops else ""
     print(f"graphs     step: {', '.join(bundle.precisions)}{fused_words}; text encoder: {m['graphs']['text']['file']} "

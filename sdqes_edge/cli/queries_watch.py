@@ -3,10 +3,11 @@
 A service asks its queries from a file (``/etc/sdqes-edge/queries.csv``); without this, a new query meant a
 restart: the model loaded and warmed again and the camera reopened, seconds without alerts. Here a thread looks at
 the file every ``QUERIES_POLL_SECONDS`` (a few KB) and, once a change has held for one look (an editor or a script
-may be half way through writing it), applies the difference: new lines are
-added, lines gone are removed, a line whose alert message alone changed keeps its query (and the alert state of an
-event going on: it does not alert again). The queries of --query are never touched. A file that cannot be read, or
-holds no queries, changes nothing: the queries streaming are kept, with a warning.
+may be half way through writing it), applies the difference: new lines are added, lines gone are removed, a line
+whose alert message alone changed keeps its query (and the alert state of an event going on: it does not alert
+again), a line whose label changed is asked again (under that label's threshold). The queries of --query are never
+touched. A file that cannot be read, or holds no queries, changes nothing: the queries streaming are kept, with a
+warning.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from sdqes_edge.cli.common import PROG, text_key, unique_queries, warn
-from sdqes_edge.cli.queries_file import read_queries_file
+from sdqes_edge.cli.queries_file import QueryLine, read_queries_file
 from sdqes_edge.errors import UserError
 
 if TYPE_CHECKING:
@@ -42,13 +43,13 @@ def file_signature(path: str) -> bytes | None:
 class QueriesFileWatcher:
     """Keeps the detector's queries from ``path`` equal to the file's lines. ``watched``: the file's queries as the
     run started (key -> Query, keyed as ``unique_queries`` tells queries apart); ``fixed``: the keys of the command
-    line's queries, which a line of the file does not ask again; ``add(text, message)`` adds a query under the
-    run's policy; ``started_with``: the ``file_signature`` taken before the run read the file (the model loads
+    line's queries, which a line of the file does not ask again; ``add(text, message, label=...)`` adds a query
+    under the run's policy; ``started_with``: the ``file_signature`` taken before the run read the file (the model loads
     for seconds after that: a change meanwhile is applied at the first looks). ``check`` looks once (the thread
     calls it; a test may call it itself)."""
 
     def __init__(self, detector: StreamingDetector, path: str, watched: dict[str, Query], fixed: set[str],
-                 add: Callable[[str, str | None], Query], started_with: bytes | None,
+                 add: Callable[..., Query], started_with: bytes | None,
                  poll_seconds: float = QUERIES_POLL_SECONDS):
         self.detector, self.path, self.watched, self.fixed, self.add = detector, path, watched, fixed, add
         self.poll_seconds = poll_seconds
@@ -87,35 +88,40 @@ class QueriesFileWatcher:
                  "read again when it is back")
             return
         try:
-            wanted = {key: pair for key, pair in keyed(read_queries_file(self.path)).items() if key not in self.fixed}
+            wanted = {key: line for key, line in keyed(read_queries_file(self.path)).items() if key not in self.fixed}
         except UserError as exc:
             warn(f"--queries-file changed, but {exc}; {self.streaming()} kept")
             return
         self.apply(wanted)
 
-    def apply(self, wanted: dict[str, tuple[str, str]]) -> None:
-        """Make the watched queries those of ``wanted`` (key -> (text, message)), and say what changed."""
+    def apply(self, wanted: dict[str, QueryLine]) -> None:
+        """Make the watched queries those of ``wanted`` (key -> line of the file), and say what changed."""
         removed = [self.watched.pop(key) for key in list(self.watched) if key not in wanted]
-        for query in removed:
+        # A new label may mean a new threshold: the query is asked again under it (its alert state starts anew).
+        relabeled_keys = {key for key, query in self.watched.items() if query.label != wanted[key].label}
+        relabeled = [self.watched.pop(key) for key in relabeled_keys]
+        for query in removed + relabeled:
             self.detector.remove_query(query.id)
         renamed = []
         for key, query in self.watched.items():
-            if query.message != wanted[key][1]:
-                self.detector.set_query_message(query.id, wanted[key][1])
+            if query.message != wanted[key].message:
+                self.detector.set_query_message(query.id, wanted[key].message)
                 renamed.append(query)
         added = []
-        for key, (text, message) in wanted.items():
+        for key, line in wanted.items():
             if key in self.watched:
                 continue
             try:
-                self.watched[key] = self.add(text, message)
+                self.watched[key] = self.add(line.text, line.message, label=line.label)
             except UserError as exc:  # too long for the bundle's tokenizer, a fused bundle full, ...
-                warn(f"--queries-file's query {text!r} is not asked: {exc}")
+                warn(f"--queries-file's query {line.text!r} is not asked: {exc}")
                 continue
-            added.append(self.watched[key])
-        if added or removed or renamed:
+            if key not in relabeled_keys:
+                added.append(self.watched[key])
+        if added or removed or relabeled or renamed:
             changes = [f"{what} {quoted(queries)}" for what, queries in
-                       (("added", added), ("removed", removed), ("a new message for", renamed)) if queries]
+                       (("added", added), ("removed", removed), ("a new label for", relabeled),
+                        ("a new message for", renamed)) if queries]
             print(f"{PROG}: --queries-file {self.path} changed: {'; '.join(changes)}; {self.streaming()}",
                   file=sys.stderr)
 
@@ -124,9 +130,9 @@ class QueriesFileWatcher:
         return f"{count} quer{'y' if count == 1 else 'ies'} streaming"
 
 
-def keyed(pairs: list[tuple[str, str | None]]) -> dict[str, tuple[str, str | None]]:
-    """(text, message) pairs by ``text_key``, a query given twice once (with ``unique_queries``'s warning)."""
-    return {text_key(text): (text, message) for text, message in unique_queries(pairs)}
+def keyed(lines: list[QueryLine]) -> dict[str, QueryLine]:
+    """Queries by ``text_key``, a query given twice once (with ``unique_queries``'s warning)."""
+    return {text_key(line.text): line for line in unique_queries(lines)}
 
 
 def quoted(queries: list[Query]) -> str:

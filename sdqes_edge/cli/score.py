@@ -52,8 +52,10 @@ def cmd_score(args: argparse.Namespace) -> int:
           f"scored in {out}, {len(todo)} to score with {where}", file=sys.stderr)
     failures = _score(todo, Path(args.bundle), out, workers, threads, args, step)
     _write_failures(out, failures)
-    code = _report(out, tasks, annotations, bundle.default_threshold if args.threshold is None else args.threshold,
-                   step)
+    # As `run` alerts: the bundle's threshold for each query's label where it has one (--threshold: one for all).
+    thresholds = ((bundle.default_threshold, bundle.label_thresholds) if args.threshold is None
+                  else (args.threshold, {}))
+    code = _report(out, tasks, annotations, thresholds, step)
     if code == 0:
         print(f"next: {_eval_command(args, out)} --calibrate (a threshold chosen on these streams)")
     if failures:
@@ -232,8 +234,10 @@ def _write_failures(out: Path, failures: list[dict]) -> None:
     (out / FAILURES_NAME).write_text(json.dumps(failures, indent=2) + "\n")
 
 
-def _report(out: Path, tasks: list, annotations: list, threshold: float, step: StepChoice) -> int:
-    """SR/SMD of every finished stream's trace against its annotations: printed, and eval.json / eval.md."""
+def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, dict[str, float]],
+            step: StepChoice) -> int:
+    """SR/SMD of every finished stream's trace against its annotations, at ``thresholds`` (the default, and one
+    per label where chosen): printed, and eval.json / eval.md."""
     from sdqes_edge.corpus import trace_path
     from sdqes_edge.evaluation import evaluate_with, match_traces, text_table, write_reports
     from sdqes_edge.traces import load_scores
@@ -244,12 +248,16 @@ def _report(out: Path, tasks: list, annotations: list, threshold: float, step: S
         print(f"{PROG}: no stream was scored, so there is nothing to evaluate", file=sys.stderr)
         return 1
     scored = step.precision + ("" if step.ort_device == "cpu" else f" on {step.ort_device}")
-    rows = {f"{Path(str(out)).name} ({scored}, threshold {threshold:.4f})":
-            evaluate_with(matched.traces, [a.label for a in matched.annotations], threshold)}
+    threshold, per_label = thresholds
+    labels = [a.label for a in matched.annotations]
+    own = sum(label in per_label for label in labels)
+    at = f"threshold {threshold:.4f}" + (f", {own} queries at their label's" if own else "")
+    rows = {f"{Path(str(out)).name} ({scored}, {at})": evaluate_with(matched.traces, labels, threshold, per_label)}
     print(f"\n{len(matched.annotations)} of {len(annotations)} annotations scored"
           + (f" ({len(matched.missing)} without a trace)" if matched.missing else "") + "\n")
     print(text_table(rows))
-    json_path, md_path = write_reports(out, rows, {"threshold": threshold, "precision": step.precision,
+    json_path, md_path = write_reports(out, rows, {"threshold": threshold, "per_label": per_label,
+                                                   "precision": step.precision,
                                                    "ort_device": step.ort_device, "streams": len(traces),
                                                    "unscored_annotations": len(matched.missing)})
     print(f"\nwrote {len(traces)} traces under {out / 'traces'}, {json_path} and {md_path}")
@@ -285,7 +293,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             "score with one worker unless --workers says, the state kept on the GPU)")
     score.add_argument("--workers", type=at_least(1), help="worker processes (default: one per core; one on a GPU)")
     score.add_argument("--threads", type=at_least(1), help="ONNX Runtime threads per worker (default: cores / workers)")
-    score.add_argument("--threshold", type=finite_number, help="alert threshold of the report (default: the bundle's)")
+    score.add_argument("--threshold", type=finite_number,
+                       help="alert threshold of the report, for every query (default: the bundle's, and its "
+                       "threshold for a query's label where it has one)")
     score.add_argument("--ray", nargs="?", const=LOCAL_RAY, metavar="ADDRESS",
                        help="run on Ray: no ADDRESS starts a local instance (or joins RAY_ADDRESS), 'auto' joins "
                             "the running cluster, ray://HOST:10001 connects as a client; needs "

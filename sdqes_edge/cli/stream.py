@@ -23,7 +23,7 @@ from sdqes_edge.cli.common import (
     warn,
 )
 from sdqes_edge.cli.output import stdout_reader_left
-from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, read_queries_file
+from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, QueryLine, read_queries_file
 from sdqes_edge.cli.queries_watch import QueriesFileWatcher, file_signature, keyed
 from sdqes_edge.cli.run_device import backend_words, device_tip
 from sdqes_edge.cli.run_outputs import (
@@ -91,10 +91,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     detector.attach(sources)  # a file the snapshot was reading goes on where it stopped (before the progress bar)
     trace_paths, video_sinks = attach_sinks(detector, sources, args)
     live = any(s.live for s in sources)
-    policy = next(iter(detector.queries.queries.values())).policy
     count = len(detector.queries.ids)
     header = (f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
-              f"quer{'y' if count == 1 else 'ies'}, {policy.describe()} ({backend_words(detector.backend, args)})")
+              f"quer{'y' if count == 1 else 'ies'}, {_policy_words(detector, args)} "
+              f"({backend_words(detector.backend, args)})")
     print(header + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
     manager = ServiceManager()  # systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
     manager.ready(header)
@@ -206,15 +206,32 @@ def _policy(args: argparse.Namespace) -> dict:
     return dict(exit_threshold=args.exit_threshold, cooldown_s=args.cooldown, max_alerts=args.max_alerts)
 
 
+def _policy_words(detector: StreamingDetector, args: argparse.Namespace) -> str:
+    """The alert policy of the run's queries, and how many take their label's threshold rather than the default;
+    or, where the bundle has thresholds per label that no query can take, what to give."""
+    words = detector.default_policy(args.threshold, **_policy(args)).describe()
+    labels = detector.bundle.label_thresholds
+    if not labels or args.threshold is not None:  # --threshold is every query's
+        return words
+    queries = detector.queries.queries.values()
+    own = sum(q.label in labels for q in queries)
+    others = sum(bool(q.label) and q.label not in labels for q in queries)
+    if own or others:
+        return words + f"; {own} at their label's threshold" + (f", {others} with a label it has none for"
+                                                                 if others else "")
+    return words + (f"; the bundle's thresholds for {len(labels)} query labels are unused: give each query its label, "
+                    "a 'label' column in --queries-file")
+
+
 def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple[dict[str, Query], set[str]]:
     """The --query texts with their --message (by position) and the --queries-file's, else the bundle's
     pre-encoded queries. Returns what --watch-queries keeps: the file's queries by key, and the command line's keys
     (a line of the file that asks one of those again is not added)."""
     queries, messages = args.query or [], args.message or []
-    paired = [(text, messages[i] if i < len(messages) else None) for i, text in enumerate(queries)]
-    command_line_keys, from_file = {text_key(text) for text, _ in paired}, {}
-    for key, (text, message) in keyed(paired + args.file_queries).items():
-        query = detector.add_query(text, message, args.threshold, **_policy(args))
+    paired = [QueryLine(text, messages[i] if i < len(messages) else None) for i, text in enumerate(queries)]
+    command_line_keys, from_file = {text_key(line.text) for line in paired}, {}
+    for key, line in keyed(paired + args.file_queries).items():
+        query = detector.add_query(line.text, line.message, args.threshold, label=line.label, **_policy(args))
         if key not in command_line_keys:
             from_file[key] = query
     if not paired + args.file_queries and not detector.add_bundle_queries(args.threshold, **_policy(args)):

@@ -1,0 +1,177 @@
+"""Thresholds per query label: `eval --calibrate --per-label --write-threshold BUNDLE` records one threshold per
+EgoSDQES label, and a query asked with its label (a `label` column in --queries-file, a "label" in a JSON one, or
+`add_query(label=...)`) alerts at its label's threshold, in `run`, in the detector and in `score`'s report. They
+were written into the bundle and then used by nothing: every query alerted at the default, without a word."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from runtime_fixtures import QUERY, write_video
+from test_corpus import cli
+from test_queries_watch import queries_csv
+
+from sdqes_edge.annotations import load_annotations
+from sdqes_edge.cli import run
+from sdqes_edge.cli.queries_file import read_queries_file
+from sdqes_edge.cli.queries_watch import QueriesFileWatcher, file_signature, keyed
+from sdqes_edge.demo import DEMO_BUNDLE
+from sdqes_edge.evaluation import evaluate_with, match_traces
+from sdqes_edge.runtime.bundle import BundleError, load_bundle, write_thresholds
+from sdqes_edge.runtime.detector import StreamingDetector
+from sdqes_edge.sample import sample_frames
+from sdqes_edge.synthetic import write_dataset
+from sdqes_edge.traces import load_scores
+
+KETTLE, DOOR = "Tell me when the kettle boils.", "When the door opens, tell me."
+DEFAULT, NEVER = 0.001, 0.999999  # every query alerts on its first frame at DEFAULT, none ever at NEVER
+
+
+@pytest.fixture(scope="module")
+def calibrated(exported) -> Path:
+    """The module's bundle with a default threshold every frame crosses and one label's threshold none does."""
+    _, bundle = exported
+    write_thresholds(bundle, DEFAULT, {"boil_water": NEVER, "open_door": 0.25})
+    return bundle
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory) -> Path:
+    return write_video(tmp_path_factory.mktemp("labels") / "clip.avi", sample_frames(20, 96, 128))
+
+
+def alerted(events: Path) -> list[str]:
+    return [json.loads(line)["query"] for line in events.read_text().splitlines()]
+
+
+def test_a_query_takes_its_labels_threshold_else_the_default_and_a_given_threshold_overrides_both(calibrated):
+    assert load_bundle(calibrated).label_thresholds == {"boil_water": NEVER, "open_door": 0.25}
+    detector = StreamingDetector(calibrated)
+    kettle = detector.add_query(KETTLE, label="boil_water")
+    door = detector.add_query(DOOR, label="cook_food")  # a label calibrated for no query: the default
+    plain = detector.add_query(QUERY)
+    given = detector.add_query("When I sit down.", threshold=0.5, label="boil_water")
+    assert detector.thresholds() == {kettle.id: NEVER, door.id: DEFAULT, plain.id: DEFAULT, given.id: 0.5}
+    assert kettle.label == "boil_water" and plain.label is None
+    detector.close()
+
+
+def test_the_recorded_hysteresis_follows_the_labels_threshold(exported, tmp_path):
+    """The recorded policy is a margin below the threshold, so a label's threshold keeps it."""
+    bundle = shutil.copytree(exported[1], tmp_path / "bundle")
+    write_thresholds(bundle, 0.5, {"open_door": 0.25}, policy={"exit_margin": 0.1, "cooldown_s": 20.0})
+    detector = StreamingDetector(bundle)
+    door = detector.add_query(DOOR, label="open_door")
+    assert door.policy.threshold == 0.25 and door.policy.exit_threshold == pytest.approx(0.15)
+    assert door.policy.cooldown_s == 20.0
+    detector.close()
+
+
+@pytest.mark.parametrize("per_label, says", [
+    ({"open_door": 1.5}, "1.5"), ({"open_door": 0.0}, "0.0"), ({"open_door": "high"}, "'high'")])
+def test_a_label_threshold_that_is_no_probability_is_refused_as_the_bundle_loads(exported, tmp_path, per_label,
+                                                                                  says):
+    bundle = shutil.copytree(exported[1], tmp_path / "bundle")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["thresholds"]["per_label"] = per_label
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=says) as refusal:
+        load_bundle(bundle)
+    assert "\n" not in str(refusal.value)
+
+
+def test_run_alerts_each_labelled_line_of_the_queries_file_at_its_labels_threshold(calibrated, video, tmp_path,
+                                                                                    capsys):
+    queries = tmp_path / "queries.csv"
+    with open(queries, "w", newline="") as f:  # the EgoSDQES annotations' columns, as a user may pass them
+        csv.writer(f).writerows([("query", "response", "label"), (KETTLE, "Tea!", "boil_water"),
+                                 (DOOR, "Someone is here.", ""), (QUERY, "Sanitize!", "wipe_table")])
+    events = tmp_path / "alerts.jsonl"
+    assert run(["run", str(calibrated), "--source", str(video), "--queries-file", str(queries), "--events",
+                str(events)]) == 0
+    assert alerted(events) == [DOOR, QUERY]  # the kettle's label asks for more than any frame gives
+    header = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("streaming"))
+    assert f"threshold {DEFAULT:.4f}; 1 at their label's threshold, 1 with a label it has none for (ort" in header
+    # --threshold is every query's: the label's is not taken
+    events = tmp_path / "given.jsonl"
+    assert run(["run", str(calibrated), "--source", str(video), "--queries-file", str(queries), "--events",
+                str(events), "--threshold", "0.002"]) == 0
+    assert alerted(events) == [KETTLE, DOOR, QUERY]
+
+
+def test_run_says_when_the_bundles_label_thresholds_go_unused_and_inspect_counts_them(calibrated, video, capsys):
+    assert run(["run", str(calibrated), "--source", str(video), "--query", KETTLE, "--quiet"]) == 0
+    assert ("the bundle's thresholds for 2 query labels are unused: give each query its label, a 'label' column in "
+            "--queries-file") in capsys.readouterr().err
+    assert run(["inspect", str(calibrated)]) == 0
+    assert f"default threshold {DEFAULT:.4f} (2 query labels with their own)" in capsys.readouterr().out
+
+
+def test_an_exported_bundles_own_queries_keep_their_labels(tmp_path, video):
+    """`export --queries-file` with a label column: the bundle's queries carry the labels, which a run without
+    queries of its own then asks with."""
+    from conftest import random_model
+
+    from sdqes_edge.export import ExportOptions, Query, export_bundle
+
+    bundle = tmp_path / "bundle"
+    queries = (Query(KETTLE, "Tea!", "boil_water"), Query(DOOR, "Someone is here."))
+    export_bundle(random_model("qrnn"), bundle, ExportOptions(fps=5.0, queries=queries, show_progress=False),
+                  log=lambda m: None)
+    assert [q.get("label") for q in load_bundle(bundle).queries()[0]] == ["boil_water", None]
+    write_thresholds(bundle, DEFAULT, {"boil_water": NEVER})
+    events = tmp_path / "alerts.jsonl"
+    assert run(["run", str(bundle), "--source", str(video), "--events", str(events), "--quiet"]) == 0
+    assert alerted(events) == [DOOR]
+
+
+def test_a_new_label_in_the_watched_file_asks_the_query_again_under_that_labels_threshold(calibrated, tmp_path,
+                                                                                          capsys):
+    path = queries_csv(tmp_path / "queries.csv", (KETTLE, "Tea!"))
+    detector = StreamingDetector(calibrated)
+    watched = {key: detector.add_query(line.text, line.message, label=line.label)
+               for key, line in keyed(read_queries_file(str(path))).items()}
+    watcher = QueriesFileWatcher(detector, str(path), watched, set(), detector.add_query, file_signature(str(path)))
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([("query", "response", "label"), (KETTLE, "Tea!", "boil_water")])
+    watcher.check(), watcher.check()
+    (query,) = detector.queries.queries.values()
+    assert query.label == "boil_water" and query.policy.threshold == NEVER and query.message == "Tea!"
+    detector.close()
+    assert capsys.readouterr().err.splitlines() == [
+        f"sdqes-edge: --queries-file {path} changed: a new label for {KETTLE!r}; 1 query streaming"]
+
+
+def test_score_reports_at_each_labels_threshold_as_run_alerts(tmp_path):
+    """The report of `score` (no --threshold) is eval's per-label evaluation at the bundle's thresholds; with
+    --threshold it is one threshold for all, from the same traces."""
+    corpus = tmp_path / "corpus"
+    write_dataset(corpus, {"test": [0, 1]}, seconds=20.0, fps=2.0)
+    annotations = load_annotations(str(corpus / "annotations.csv"))
+    label = annotations[0].label
+    bundle = shutil.copytree(DEMO_BUNDLE, tmp_path / "bundle")
+    default = load_bundle(bundle).default_threshold
+    write_thresholds(bundle, default, {label: NEVER})
+
+    def score(*extra: str) -> dict:
+        done = cli("score", str(bundle), "--annotations", str(corpus / "annotations.csv"), "--videos",
+                   str(corpus / "videos"), "--out", str(tmp_path / "scored"), "--workers", "1", "--quiet", *extra)
+        assert done.returncode == 0, done.stderr
+        return json.loads((tmp_path / "scored" / "eval.json").read_text())
+
+    report = score()
+    (row_name,) = report["results"]
+    own = sum(a.label == label for a in annotations)
+    assert 0 < own < len(annotations) and f"threshold {default:.4f}, {own} queries at their label's" in row_name
+    assert report["per_label"] == {label: NEVER}
+    traces = [load_scores(p) for p in sorted((tmp_path / "scored" / "traces").glob("*.npz"))]
+    matched = match_traces(annotations, traces)
+    expected = evaluate_with(matched.traces, [a.label for a in matched.annotations], default, {label: NEVER})
+    assert report["results"][row_name] == json.loads(json.dumps(expected.to_dict()))
+    # --threshold: one threshold for every query, from the traces already scored
+    (row_name,) = score("--threshold", f"{default}")["results"]
+    assert "at their label's" not in row_name
