@@ -55,6 +55,7 @@ class Query:
     text: str
     response: str  # the alert message shown when the event starts
     label: str | None = None  # picks a per-label threshold the bundle is later given (eval --per-label)
+    threshold: float | None = None  # its own alert threshold, before any other
 
 
 @dataclass

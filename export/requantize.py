@@ -42,7 +42,7 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
     manifest = bundle.manifest
     cfg = ModelConfig.from_dict(manifest["model"])
     pre_encoded = bundle.queries()
-    queries = tuple(Query(q["text"], q.get("response", ""), q.get("label"))
+    queries = tuple(Query(q["text"], q.get("response", ""), q.get("label"), q.get("threshold"))
                     for q in pre_encoded[0]) if pre_encoded else ()
     options = check_options(dataclasses.replace(
         options or ExportOptions(), precisions=(REFERENCE_PRECISION, INT8), batch=int(manifest["batch"]),

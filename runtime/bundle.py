@@ -140,8 +140,8 @@ class Bundle:
         return inside_bundle(self.root, self.manifest["tokenizer"]["file"])
 
     def queries(self) -> tuple[list[dict[str, Any]], np.ndarray] | None:
-        """Pre-encoded queries: ([{"text", "response"[, "label"]}...], embeddings [Q, E]) or None; read and checked
-        once (as the bundle loads), then shared by the text encoder, the detector and ``inspect``."""
+        """Pre-encoded queries: ([{"text", "response"[, "label", "threshold"]}...], embeddings [Q, E]) or None; read
+        and checked once (as the bundle loads), then shared by the text encoder, the detector and ``inspect``."""
         return self._queries
 
     @functools.cached_property
@@ -161,9 +161,10 @@ class Bundle:
             raise BundleError(damaged.format(exc)) from None
         if not isinstance(items, list) or not all(isinstance(q, dict) and isinstance(q.get("text"), str)
                                                   and isinstance(q.get("response", ""), str)
-                                                  and isinstance(q.get("label", ""), str) for q in items):
-            raise BundleError(damaged.format(f"{texts_file.name} is not a list of {{text, response[, label]}} "
-                                             "objects"))
+                                                  and isinstance(q.get("label", ""), str)
+                                                  and _probability(q.get("threshold", 0.5)) for q in items):
+            raise BundleError(damaged.format(f"{texts_file.name} is not a list of {{text, response[, label][, "
+                                             "threshold in (0, 1)]} objects"))
         if len(items) != entry.get("count", len(items)):
             raise BundleError(damaged.format(f"{texts_file.name} holds {len(items)} queries, {MANIFEST_NAME} says "
                                              f"{entry['count']}"))
@@ -174,6 +175,10 @@ class Bundle:
         if not np.isfinite(embeddings).all():
             raise BundleError(damaged.format(f"{embeddings_file.name} holds NaN or infinite values"))
         return items, embeddings
+
+
+def _probability(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value < 1.0
 
 
 def _refuse_non_numbers(token: str):

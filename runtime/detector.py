@@ -151,8 +151,8 @@ class StreamingDetector:
 
     def add_bundle_queries(self, threshold: float | None = None, **policy_options) -> list[Query]:
         pre = self.bundle.queries()
-        return [self.add_query(q["text"], q.get("response"), threshold, label=q.get("label"), **policy_options)
-                for q in (pre[0] if pre else [])]
+        return [self.add_query(q["text"], q.get("response"), q.get("threshold", threshold), label=q.get("label"),
+                               **policy_options) for q in (pre[0] if pre else [])]
 
     # --- state -----------------------------------------------------------------------
     @_exclusive

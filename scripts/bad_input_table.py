@@ -42,6 +42,8 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("manifest with a NaN fps", ["run", str(t / "nan-fps"), "--source", "x.mp4", "--query", Q]),
         ("manifest edited to another image size than its graph's",
          ["run", str(t / "resized"), "--source", "x.mp4", "--query", Q]),
+        ("manifest with a label's threshold outside (0, 1)",
+         ["run", str(t / "label-threshold"), "--source", "x.mp4", "--query", Q]),
         ("manifest.json a symlink to a file outside the bundle",
          ["run", str(t / "linked"), "--source", "x.mp4", "--query", Q]),
         ("a query added to queries.json alone (sha256 resealed)", ["run", str(t / "requeried"), "--source", "x.mp4"]),
@@ -58,6 +60,8 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("threshold outside (0, 1)", [*run, "--threshold", "1.5"]),
         ("--max-frames 0", [*run, "--max-frames", "0"]),
         ("--watch-queries without a --queries-file to watch", [*run, "--watch-queries"]),
+        ("a queries file whose threshold is not a probability",
+         ["run", str(b), "--source", str(t / "clip.avi"), "--queries-file", str(t / "thresholds.csv")]),
         ("--threads 0", [*run, "--threads", "0"]),
         ("--ort-device cuda where ONNX Runtime is the CPU build", [*run, "--ort-device", "cuda"]),
         ("--ort-ops names no kernel library", [*run, "--ort-ops", str(t / "libsdqes_ort_ops.so")]),
@@ -176,7 +180,6 @@ def prepare(t: Path) -> Path:
 
     from sdqes_edge.config import preset
     from sdqes_edge.export import ExportOptions, Query, export_bundle
-    from sdqes_edge.files import file_sha256
     from sdqes_edge.model import SDQESModel
     from sdqes_edge.runtime.detector import StreamingDetector
 
@@ -205,30 +208,39 @@ def prepare(t: Path) -> Path:
     _annotation_files(t)
     (t / "mine").mkdir()
     (t / "mine" / "alerts.jsonl").write_text("{}\n")
-    for name in ("garbled", "changed", "escaping", "reaching", "newer", "blocked", "nan-fps", "resized"):
+    (t / "thresholds.csv").write_text(f'query,response,threshold\n"{Q}",Wash your hands.,high\n')
+    for name in ("garbled", "changed", "escaping", "reaching", "newer", "blocked", "nan-fps", "resized",
+                 "label-threshold"):
         shutil.copytree(b, t / name)
     _read_weights_from(t / "reaching", "../weights.bin")
     (t / "blocked" / "engines").write_text("a file where the engines folder goes")
     (t / "garbled" / "manifest.json").write_text("{")
     (t / "changed" / "text.onnx").write_bytes(b"changed")
-    m = json.loads((b / "manifest.json").read_text())
-    m["files"]["../bundle/step.fp32.onnx"] = {"sha256": file_sha256(b / "step.fp32.onnx"), "bytes": 1}
-    (t / "escaping" / "manifest.json").write_text(json.dumps(m))
-    m = json.loads((b / "manifest.json").read_text())
-    m["format_version"] = 99
-    (t / "newer" / "manifest.json").write_text(json.dumps(m))
-    m = json.loads((b / "manifest.json").read_text())
-    m["fps"] = float("nan")
-    (t / "nan-fps" / "manifest.json").write_text(json.dumps(m))  # Python's json writes NaN; JSON has none
-    m = json.loads((b / "manifest.json").read_text())
-    m["image_size"] = 2 * m["image_size"]
-    (t / "resized" / "manifest.json").write_text(json.dumps(m))
+    _edit_manifests(b, t)
     shutil.copytree(b, t / "kept")
     shutil.copy(t / "tiny.pt", t / "kept" / "tiny.pt")
     shutil.copytree(b, t / "linked", ignore=shutil.ignore_patterns("manifest.json"))
     (t / "linked" / "manifest.json").symlink_to(b / "manifest.json")
     _add_query_to_texts_alone(t / "fused", t / "requeried")
     return b
+
+
+def _edit_manifests(b: Path, t: Path) -> None:
+    """The manifests of the copies of ``b`` in ``t`` edited by hand, each in one way."""
+    from sdqes_edge.files import file_sha256
+
+    edits = {
+        "escaping": lambda m: m["files"].update(
+            {"../bundle/step.fp32.onnx": {"sha256": file_sha256(b / "step.fp32.onnx"), "bytes": 1}}),
+        "newer": lambda m: m.update(format_version=99),
+        "nan-fps": lambda m: m.update(fps=float("nan")),  # Python's json writes NaN; JSON has none
+        "resized": lambda m: m.update(image_size=2 * m["image_size"]),
+        "label-threshold": lambda m: m["thresholds"].update(per_label={"open_door": 1.5}),
+    }
+    for name, edit in edits.items():
+        m = json.loads((b / "manifest.json").read_text())
+        edit(m)
+        (t / name / "manifest.json").write_text(json.dumps(m))
 
 
 def _add_query_to_texts_alone(bundle: Path, out: Path) -> None:

@@ -48,7 +48,7 @@ def test_the_pre_encoded_queries_of_an_export_load_row_for_text():
 ONE = [{"text": "when I start cooking", "response": "Wash your hands."}]
 TWO = ONE + [{"text": "when I open the fridge", "response": "Close it."}]
 ROW = np.ones((1, 32), np.float32)
-NOT_QUERIES = r"queries.json is not a list of \{text, response\[, label\]\} objects"
+NOT_QUERIES = r"queries.json is not a list of \{text, response\[, label\]\[, threshold in \(0, 1\)\]\} objects"
 
 
 @pytest.mark.parametrize("texts, embeddings, count, says", [

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from sdqes_edge.cli.queries_file import QueryLine as Line
 from sdqes_edge.cli.queries_file import read_queries_file
 from sdqes_edge.errors import UserError
 
@@ -16,16 +17,18 @@ COOK = "When I start cooking, remind me to wash my hands."
 
 @pytest.mark.parametrize("name, content, queries", [
     ("q.txt", f"{COOK}\n\n  when I open the fridge  \n",
-     [(COOK, COOK, None), ("when I open the fridge", "when I open the fridge", None)]),
+     [Line(COOK, COOK), Line("when I open the fridge", "when I open the fridge")]),
     ("q.json", f'["{COOK}", {{"text": "when I sleep", "response": "Good night."}}, {{"text": "when I run"}}, '
-               '{"text": "when I cook", "label": " cook_food "}]',
-     [(COOK, COOK, None), ("when I sleep", "Good night.", None), ("when I run", "when I run", None),
-      ("when I cook", "when I cook", "cook_food")]),
+               '{"text": "when I cook", "label": " cook_food ", "threshold": 0.7}]',
+     [Line(COOK, COOK), Line("when I sleep", "Good night."), Line("when I run", "when I run"),
+      Line("when I cook", "when I cook", "cook_food", 0.7)]),
     ("q.csv", f'query,response\n"{COOK}",Wash your hands!\nwhen I run\n',
-     [(COOK, "Wash your hands!", None), ("when I run", "when I run", None)]),
-    # The EgoSDQES annotations' columns: the label picks the bundle's threshold for it, where it has one.
-    ("q.csv", f'split,query,response,label\nval,"{COOK}",Wash your hands!,cook_food\nval,when I run,Go!,\n',
-     [(COOK, "Wash your hands!", "cook_food"), ("when I run", "Go!", None)]),
+     [Line(COOK, "Wash your hands!"), Line("when I run", "when I run")]),
+    # The EgoSDQES annotations' columns: the label picks the bundle's threshold for it, where it has one; a
+    # threshold of the line's own comes first.
+    ("q.csv", f'split,query,response,label,threshold\nval,"{COOK}",Wash your hands!,cook_food,\n'
+              'val,when I run,Go!,, 0.75 \n',
+     [Line(COOK, "Wash your hands!", "cook_food"), Line("when I run", "Go!", None, 0.75)]),
 ])
 def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, content, queries, tmp_path):
     (tmp_path / name).write_text(content, encoding="utf-8")
@@ -44,6 +47,11 @@ def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, c
     ("q.json", '[{"text": 5}]', "each entry must be a string or"),
     ("q.json", '[{"text": "when I cook", "response": 3}]', "each entry must be a string or"),
     ("q.json", '[{"text": "when I cook", "label": 3}]', "each entry must be a string or"),
+    ("q.json", '[{"text": "when I cook", "threshold": 1.5}]', "threshold 1.5 of 'when I cook' is not a probability"),
+    ("q.json", '[{"text": "when I cook", "threshold": true}]', "threshold True of 'when I cook' is not a probab"),
+    ("q.csv", "query,threshold\nwhen I cook,high\n", "threshold 'high' of 'when I cook' is not a probability"),
+    ("q.csv", "query,threshold\nwhen I cook,nan\n", "threshold 'nan' of 'when I cook' is not a probability"),
+    ("q.csv", "query,threshold\nwhen I cook,0\n", r"threshold '0' of 'when I cook' is not a probability sigmoid\(cos"),
     ("q.json", '[{"response": "Wash!"}]', "each entry must be a string or"),
     ("q.json", "[", "is not valid JSON"),
     ("q.txt", "\n  \n", "holds no queries"),

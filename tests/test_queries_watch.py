@@ -16,7 +16,7 @@ import pytest
 from runtime_fixtures import QUERY
 
 from sdqes_edge.cli.queries_file import QueryLine, read_queries_file
-from sdqes_edge.cli.queries_watch import QueriesFileWatcher, file_signature, keyed
+from sdqes_edge.cli.queries_watch import Asked, QueriesFileWatcher, file_signature, keyed, line_asker
 from sdqes_edge.runtime.detector import StreamingDetector
 
 KETTLE, DOOR, FRIDGE = "when the kettle boils", "when someone opens the door", "when I open the fridge"
@@ -37,10 +37,9 @@ def watched(exported, tmp_path):
     version = file_signature(str(path))
     detector = StreamingDetector(bundle)
     fixed = detector.add_query(QUERY, "Sanitize your hands.")  # as --query gives it
-    file_queries = {key: detector.add_query(line.text, line.message, label=line.label) for key, line in
-                    keyed(read_queries_file(str(path))).items()}
-    watcher = QueriesFileWatcher(detector, str(path), file_queries, set(keyed([QueryLine(QUERY)])), detector.add_query,
-                                 version)
+    ask = line_asker(detector)
+    file_queries = {key: Asked(line, ask(line)) for key, line in keyed(read_queries_file(str(path))).items()}
+    watcher = QueriesFileWatcher(detector, str(path), file_queries, set(keyed([QueryLine(QUERY)])), ask, version)
     yield detector, watcher, path, fixed
     detector.close()
 
@@ -66,7 +65,7 @@ def test_a_change_made_while_the_model_loads_is_applied_at_the_first_looks(watch
     detector, as_read, path, _ = watched
     started_with = file_signature(str(path))  # as the run reads the file
     queries_csv(path, (KETTLE, "Tea!"), (DOOR, "Someone is here."), (FRIDGE, "Close the fridge."))
-    watcher = QueriesFileWatcher(detector, str(path), as_read.watched, as_read.fixed, detector.add_query, started_with)
+    watcher = QueriesFileWatcher(detector, str(path), as_read.watched, as_read.fixed, as_read.ask, started_with)
     watcher.check(), watcher.check()  # as the watcher begins, once the model is loaded
     assert FRIDGE in asked(detector)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -12,22 +13,24 @@ from sdqes_edge.annotations import other_separator_words
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import USER_TEXT_ENCODING, path_problem
 
-QUERIES_FILE_HELP = (".txt (one query a line), .json or .csv (query,response columns, and label where the bundle "
-                     "has per-label thresholds)")
+QUERIES_FILE_HELP = (".txt (one query a line), .json or .csv (query,response columns; optionally threshold, the "
+                     "query's own, and label, which picks the bundle's threshold for that label)")
 
 
 class QueryLine(NamedTuple):
-    """A query as the user wrote it: its text, its alert message (None: the text) and its label (None: none).
-    The label picks the bundle's threshold for that label (``eval --calibrate --per-label --write-threshold``)."""
+    """A query as the user wrote it: its text, its alert message (None: the text), its label and its own alert
+    threshold (None: none). The label picks the bundle's threshold for that label (``eval --calibrate --per-label
+    --write-threshold``); a threshold of its own comes before any other."""
 
     text: str
-    message: Optional[str] = None  # typing's Optional: Python 3.8 evaluates a NamedTuple's annotations
+    message: Optional[str] = None  # Optional, not `str | None`: typing.get_type_hints on Python 3.8 evaluates it
     label: Optional[str] = None
+    threshold: Optional[float] = None
 
 
 def read_queries_file(path: str) -> list[QueryLine]:
-    """Queries with their alert messages (and labels) from .txt (one query a line), .json or .csv
-    (query[,response][,label], as the EgoSDQES annotations name them)."""
+    """Queries with their alert messages (labels, thresholds) from .txt (one query a line), .json or .csv
+    (query[,response][,label][,threshold]: the EgoSDQES annotations' names)."""
     p = Path(path)
     problem = path_problem(p, "file")
     if problem:
@@ -45,7 +48,9 @@ def read_queries_file(path: str) -> list[QueryLine]:
             raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)"
                             + other_separator_words(reader.fieldnames))
         queries = [QueryLine(row["query"] or "", row.get("response") or row["query"] or "",
-                             (row.get("label") or "").strip() or None) for row in reader]
+                             (row.get("label") or "").strip() or None,
+                             _threshold((row.get("threshold") or "").strip() or None, row["query"], p))
+                   for row in reader]
     else:
         queries = [QueryLine(line.strip(), line.strip()) for line in text.splitlines() if line.strip()]
     if not queries:
@@ -54,8 +59,22 @@ def read_queries_file(path: str) -> list[QueryLine]:
     return queries
 
 
+def _threshold(value: str | float | None, query: str | None, p: Path) -> float | None:
+    """A line's own threshold (a CSV cell's text or a JSON number), checked as a probability; None: none."""
+    if value is None:
+        return None
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)  # JSON's true is no threshold
+    except (TypeError, ValueError):
+        number = math.nan
+    if not 0.0 < number < 1.0:  # NaN too
+        raise UserError(f"{p}: the threshold {value!r} of {query!r} is not a probability sigmoid(cos) in (0, 1); "
+                        "give one such as 0.7, or leave it empty for the run's")
+    return number
+
+
 def _json_queries(text: str, p: Path) -> list[QueryLine]:
-    shape = 'a JSON list of strings or of {"text": ..., "response": ..., "label": ...}'
+    shape = 'a JSON list of strings or of {"text": ..., "response": ..., "label": ..., "threshold": ...}'
     try:
         items = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -69,8 +88,9 @@ def _json_queries(text: str, p: Path) -> list[QueryLine]:
         elif isinstance(item, dict) and all(isinstance(item.get(k, ""), str) for k in ("text", "response", "label")) \
                 and "text" in item:
             label = item.get("label", "").strip() or None
-            out.append(QueryLine(item["text"], item.get("response", item["text"]), label))
+            threshold = _threshold(item.get("threshold"), item["text"], p)
+            out.append(QueryLine(item["text"], item.get("response", item["text"]), label, threshold))
         else:
             raise UserError(f"{p}: each entry must be a string or {{\"text\": ..., \"response\": ..., \"label\": ...}} "
-                            f"of strings, got {item!r}")
+                            f"of strings (and a \"threshold\" number), got {item!r}")
     return out

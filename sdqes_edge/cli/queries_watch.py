@@ -5,9 +5,9 @@ restart: the model loaded and warmed again and the camera reopened, seconds with
 the file every ``QUERIES_POLL_SECONDS`` (a few KB) and, once a change has held for one look (an editor or a script
 may be half way through writing it), applies the difference: new lines are added, lines gone are removed, a line
 whose alert message alone changed keeps its query (and the alert state of an event going on: it does not alert
-again), a line whose label changed is asked again (under that label's threshold). The queries of --query are never
-touched. A file that cannot be read, or holds no queries, changes nothing: the queries streaming are kept, with a
-warning.
+again), a line whose threshold or label changed is asked again (under its new threshold). The queries of --query
+are never touched. A file that cannot be read, or holds no queries, changes nothing: the queries streaming are
+kept, with a warning.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import hashlib
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from sdqes_edge.cli.common import PROG, text_key, unique_queries, warn
 from sdqes_edge.cli.queries_file import QueryLine, read_queries_file
@@ -40,18 +40,25 @@ def file_signature(path: str) -> bytes | None:
         return None
 
 
+class Asked(NamedTuple):
+    """A line of the file and the query it asked."""
+
+    line: QueryLine
+    query: Query
+
+
 class QueriesFileWatcher:
     """Keeps the detector's queries from ``path`` equal to the file's lines. ``watched``: the file's queries as the
-    run started (key -> Query, keyed as ``unique_queries`` tells queries apart); ``fixed``: the keys of the command
-    line's queries, which a line of the file does not ask again; ``add(text, message, label=...)`` adds a query
-    under the run's policy; ``started_with``: the ``file_signature`` taken before the run read the file (the model loads
-    for seconds after that: a change meanwhile is applied at the first looks). ``check`` looks once (the thread
-    calls it; a test may call it itself)."""
+    run started (key -> Asked, keyed as ``unique_queries`` tells queries apart); ``fixed``: the keys of the command
+    line's queries, which a line of the file does not ask again; ``ask(line)`` adds a line's query under the run's
+    policy (``line_asker``); ``started_with``: the ``file_signature`` taken before the run read the file (the model
+    loads for seconds after that: a change meanwhile is applied at the first looks). ``check`` looks once (the
+    thread calls it; a test may call it itself)."""
 
-    def __init__(self, detector: StreamingDetector, path: str, watched: dict[str, Query], fixed: set[str],
-                 add: Callable[..., Query], started_with: bytes | None,
+    def __init__(self, detector: StreamingDetector, path: str, watched: dict[str, Asked], fixed: set[str],
+                 ask: Callable[[QueryLine], Query], started_with: bytes | None,
                  poll_seconds: float = QUERIES_POLL_SECONDS):
-        self.detector, self.path, self.watched, self.fixed, self.add = detector, path, watched, fixed, add
+        self.detector, self.path, self.watched, self.fixed, self.ask = detector, path, watched, fixed, ask
         self.poll_seconds = poll_seconds
         self._applied = self._seen = started_with
         self._stop = threading.Event()
@@ -96,38 +103,55 @@ class QueriesFileWatcher:
 
     def apply(self, wanted: dict[str, QueryLine]) -> None:
         """Make the watched queries those of ``wanted`` (key -> line of the file), and say what changed."""
-        removed = [self.watched.pop(key) for key in list(self.watched) if key not in wanted]
-        # A new label may mean a new threshold: the query is asked again under it (its alert state starts anew).
-        relabeled_keys = {key for key, query in self.watched.items() if query.label != wanted[key].label}
-        relabeled = [self.watched.pop(key) for key in relabeled_keys]
-        for query in removed + relabeled:
+        removed = [self.watched.pop(key).query for key in list(self.watched) if key not in wanted]
+        # Another threshold, or another label (which may pick another threshold): the query is asked again under
+        # it, its alert state anew.
+        new_threshold = {key for key, asked in self.watched.items() if asked.line.threshold != wanted[key].threshold}
+        new_label = {key for key, asked in self.watched.items() if asked.line.label != wanted[key].label}
+        reasked = {key: self.watched.pop(key).query for key in new_threshold | new_label}
+        for query in removed + list(reasked.values()):
             self.detector.remove_query(query.id)
         renamed = []
-        for key, query in self.watched.items():
-            if query.message != wanted[key].message:
-                self.detector.set_query_message(query.id, wanted[key].message)
-                renamed.append(query)
+        for key, asked in self.watched.items():
+            if asked.query.message != wanted[key].message:
+                self.detector.set_query_message(asked.query.id, wanted[key].message)
+                renamed.append(asked.query)
+            self.watched[key] = Asked(wanted[key], asked.query)
         added = []
         for key, line in wanted.items():
             if key in self.watched:
                 continue
             try:
-                self.watched[key] = self.add(line.text, line.message, label=line.label)
+                self.watched[key] = Asked(line, self.ask(line))
             except UserError as exc:  # too long for the bundle's tokenizer, a fused bundle full, ...
                 warn(f"--queries-file's query {line.text!r} is not asked: {exc}")
                 continue
-            if key not in relabeled_keys:
-                added.append(self.watched[key])
-        if added or removed or relabeled or renamed:
-            changes = [f"{what} {quoted(queries)}" for what, queries in
-                       (("added", added), ("removed", removed), ("a new label for", relabeled),
-                        ("a new message for", renamed)) if queries]
+            if key not in reasked:
+                added.append(self.watched[key].query)
+        changes = [f"{what} {quoted(queries)}" for what, queries in (
+            ("added", added), ("removed", removed),
+            ("a new threshold for", [q for key, q in reasked.items() if key in new_threshold]),
+            ("a new label for", [q for key, q in reasked.items() if key not in new_threshold]),
+            ("a new message for", renamed)) if queries]
+        if changes:
             print(f"{PROG}: --queries-file {self.path} changed: {'; '.join(changes)}; {self.streaming()}",
                   file=sys.stderr)
 
     def streaming(self) -> str:
         count = len(self.detector.queries.ids)
         return f"{count} quer{'y' if count == 1 else 'ies'} streaming"
+
+
+def line_asker(detector: StreamingDetector, threshold: float | None = None,
+               **policy_options) -> Callable[[QueryLine], Query]:
+    """How a run asks a line of its queries: at the line's own threshold, else ``threshold`` (--threshold), else the
+    bundle's for the line's label, else the bundle's default; under the run's other policy options."""
+
+    def ask(line: QueryLine) -> Query:
+        own = line.threshold if line.threshold is not None else threshold
+        return detector.add_query(line.text, line.message, own, label=line.label, **policy_options)
+
+    return ask
 
 
 def keyed(lines: list[QueryLine]) -> dict[str, QueryLine]:

@@ -9,7 +9,6 @@ import sys
 import textwrap
 import time
 from contextlib import AbstractContextManager, closing, nullcontext
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +23,7 @@ from sdqes_edge.cli.common import (
 )
 from sdqes_edge.cli.output import stdout_reader_left
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, QueryLine, read_queries_file
-from sdqes_edge.cli.queries_watch import QueriesFileWatcher, file_signature, keyed
+from sdqes_edge.cli.queries_watch import Asked, QueriesFileWatcher, file_signature, keyed, line_asker
 from sdqes_edge.cli.run_device import backend_words, device_tip
 from sdqes_edge.cli.run_outputs import (
     ALERT_SNAPSHOT_SECONDS,
@@ -53,7 +52,6 @@ from sdqes_edge.train_options import training_data_words
 
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
-    from sdqes_edge.runtime.queries import Query
 
 LIVE_REPORT_SECONDS = 5.0  # a live stream's status line on a terminal; in a log, one every LOG_LINE_SECONDS
 # A camera or stream URL that went away for good ends the run with the status of one that cannot be opened: a
@@ -107,8 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               "little", file=sys.stderr)
     stats = RunStats()
     watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys,
-                                 partial(detector.add_query, threshold=args.threshold, **_policy(args)),
-                                 args.queries_file_version) \
+                                 line_asker(detector, args.threshold, **_policy(args)), args.queries_file_version) \
         if args.watch_queries else nullcontext()
     exit_code = _stream(detector, sources, args, stats, live, manager, watcher)
     _summarize(sources, stats, exit_code, [str(p) for p in [args.events, *videos_written(video_sinks), args.save_state,
@@ -207,33 +204,35 @@ def _policy(args: argparse.Namespace) -> dict:
 
 
 def _policy_words(detector: StreamingDetector, args: argparse.Namespace) -> str:
-    """The alert policy of the run's queries, and how many take their label's threshold rather than the default;
-    or, where the bundle has thresholds per label that no query can take, what to give."""
-    words = detector.default_policy(args.threshold, **_policy(args)).describe()
-    labels = detector.bundle.label_thresholds
-    if not labels or args.threshold is not None:  # --threshold is every query's
+    """The alert policy of the run's queries, and how many have a threshold of their own (their line's, or the
+    bundle's for their label); where the bundle has thresholds per label that no query can take, what to give."""
+    default = detector.default_policy(args.threshold, **_policy(args))
+    queries, labels = detector.queries.queries.values(), detector.bundle.label_thresholds
+    own = sum(q.policy.threshold != default.threshold for q in queries)
+    words = default.describe() + (f"; {own} at a threshold of their own" if own else "")
+    if not labels or args.threshold is not None:  # no label thresholds, or --threshold for the queries without one
         return words
-    queries = detector.queries.queries.values()
-    own = sum(q.label in labels for q in queries)
-    others = sum(bool(q.label) and q.label not in labels for q in queries)
-    if own or others:
-        return words + f"; {own} at their label's threshold" + (f", {others} with a label it has none for"
-                                                                 if others else "")
-    return words + (f"; the bundle's thresholds for {len(labels)} query labels are unused: give each query its label, "
-                    "a 'label' column in --queries-file")
+    unknown = sum(bool(q.label) and q.label not in labels for q in queries)
+    if unknown:
+        words += f"; {unknown} with a label the bundle has no threshold for"
+    if not any(q.label in labels for q in queries):
+        words += (f"; the bundle's thresholds for {len(labels)} query labels are unused: give each query its "
+                  "label, a 'label' column in --queries-file")
+    return words
 
 
-def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple[dict[str, Query], set[str]]:
+def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple[dict[str, Asked], set[str]]:
     """The --query texts with their --message (by position) and the --queries-file's, else the bundle's
     pre-encoded queries. Returns what --watch-queries keeps: the file's queries by key, and the command line's keys
     (a line of the file that asks one of those again is not added)."""
     queries, messages = args.query or [], args.message or []
     paired = [QueryLine(text, messages[i] if i < len(messages) else None) for i, text in enumerate(queries)]
     command_line_keys, from_file = {text_key(line.text) for line in paired}, {}
+    ask = line_asker(detector, args.threshold, **_policy(args))
     for key, line in keyed(paired + args.file_queries).items():
-        query = detector.add_query(line.text, line.message, args.threshold, label=line.label, **_policy(args))
+        query = ask(line)
         if key not in command_line_keys:
-            from_file[key] = query
+            from_file[key] = Asked(line, query)
     if not paired + args.file_queries and not detector.add_bundle_queries(args.threshold, **_policy(args)):
         raise UserError("no queries: give --query TEXT or --queries-file FILE (or export the bundle with --query)")
     return from_file, command_line_keys

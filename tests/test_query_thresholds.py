@@ -1,7 +1,8 @@
-"""Thresholds per query label: `eval --calibrate --per-label --write-threshold BUNDLE` records one threshold per
-EgoSDQES label, and a query asked with its label (a `label` column in --queries-file, a "label" in a JSON one, or
-`add_query(label=...)`) alerts at its label's threshold, in `run`, in the detector and in `score`'s report. They
-were written into the bundle and then used by nothing: every query alerted at the default, without a word."""
+"""Each query's alert threshold: its own (a `threshold` column in --queries-file, "threshold" in a JSON one), else
+--threshold, else the bundle's for its label, else the bundle's default. `eval --calibrate --per-label
+--write-threshold BUNDLE` records one threshold per EgoSDQES label, and a query asked with its label (a `label`
+column, "label" in JSON, `add_query(label=...)`) alerts at it, in `run`, in the detector and in `score`'s report.
+They were written into the bundle and then used by nothing: every query alerted at the default, without a word."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from test_queries_watch import queries_csv
 from sdqes_edge.annotations import load_annotations
 from sdqes_edge.cli import run
 from sdqes_edge.cli.queries_file import read_queries_file
-from sdqes_edge.cli.queries_watch import QueriesFileWatcher, file_signature, keyed
+from sdqes_edge.cli.queries_watch import Asked, QueriesFileWatcher, file_signature, keyed, line_asker
 from sdqes_edge.demo import DEMO_BUNDLE
 from sdqes_edge.evaluation import evaluate_with, match_traces
 from sdqes_edge.runtime.bundle import BundleError, load_bundle, write_thresholds
@@ -27,7 +28,7 @@ from sdqes_edge.sample import sample_frames
 from sdqes_edge.synthetic import write_dataset
 from sdqes_edge.traces import load_scores
 
-KETTLE, DOOR = "Tell me when the kettle boils.", "When the door opens, tell me."
+KETTLE, DOOR, SIT = "Tell me when the kettle boils.", "When the door opens, tell me.", "When I sit down."
 DEFAULT, NEVER = 0.001, 0.999999  # every query alerts on its first frame at DEFAULT, none ever at NEVER
 
 
@@ -84,19 +85,21 @@ def test_a_label_threshold_that_is_no_probability_is_refused_as_the_bundle_loads
     assert "\n" not in str(refusal.value)
 
 
-def test_run_alerts_each_labelled_line_of_the_queries_file_at_its_labels_threshold(calibrated, video, tmp_path,
-                                                                                    capsys):
+def test_run_alerts_each_line_of_the_queries_file_at_its_own_threshold_else_its_labels(calibrated, video, tmp_path,
+                                                                                      capsys):
     queries = tmp_path / "queries.csv"
     with open(queries, "w", newline="") as f:  # the EgoSDQES annotations' columns, as a user may pass them
-        csv.writer(f).writerows([("query", "response", "label"), (KETTLE, "Tea!", "boil_water"),
-                                 (DOOR, "Someone is here.", ""), (QUERY, "Sanitize!", "wipe_table")])
+        csv.writer(f).writerows([("query", "response", "label", "threshold"), (KETTLE, "Tea!", "boil_water", ""),
+                                 (DOOR, "Someone is here.", "", ""), (QUERY, "Sanitize!", "wipe_table", ""),
+                                 (SIT, "Sit up straight.", "boil_water", NEVER)])  # its own first
     events = tmp_path / "alerts.jsonl"
     assert run(["run", str(calibrated), "--source", str(video), "--queries-file", str(queries), "--events",
                 str(events)]) == 0
     assert alerted(events) == [DOOR, QUERY]  # the kettle's label asks for more than any frame gives
     header = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("streaming"))
-    assert f"threshold {DEFAULT:.4f}; 1 at their label's threshold, 1 with a label it has none for (ort" in header
-    # --threshold is every query's: the label's is not taken
+    assert (f"threshold {DEFAULT:.4f}; 2 at a threshold of their own; 1 with a label the bundle has no threshold "
+            "for (ort") in header
+    # --threshold is every query's but those with their own: the label's is not taken
     events = tmp_path / "given.jsonl"
     assert run(["run", str(calibrated), "--source", str(video), "--queries-file", str(queries), "--events",
                 str(events), "--threshold", "0.002"]) == 0
@@ -111,39 +114,44 @@ def test_run_says_when_the_bundles_label_thresholds_go_unused_and_inspect_counts
     assert f"default threshold {DEFAULT:.4f} (2 query labels with their own)" in capsys.readouterr().out
 
 
-def test_an_exported_bundles_own_queries_keep_their_labels(tmp_path, video):
-    """`export --queries-file` with a label column: the bundle's queries carry the labels, which a run without
-    queries of its own then asks with."""
+def test_an_exported_bundles_own_queries_keep_their_labels_and_thresholds(tmp_path, video):
+    """`export --queries-file` with label and threshold columns: the bundle's queries carry them, and a run without
+    queries of its own asks with them."""
     from conftest import random_model
 
     from sdqes_edge.export import ExportOptions, Query, export_bundle
 
     bundle = tmp_path / "bundle"
-    queries = (Query(KETTLE, "Tea!", "boil_water"), Query(DOOR, "Someone is here."))
+    queries = (Query(KETTLE, "Tea!", "boil_water"), Query(DOOR, "Someone is here."), Query(SIT, "Sit up.", None, NEVER))
     export_bundle(random_model("qrnn"), bundle, ExportOptions(fps=5.0, queries=queries, show_progress=False),
                   log=lambda m: None)
-    assert [q.get("label") for q in load_bundle(bundle).queries()[0]] == ["boil_water", None]
+    assert [(q.get("label"), q.get("threshold")) for q in load_bundle(bundle).queries()[0]] == [
+        ("boil_water", None), (None, None), (None, NEVER)]
     write_thresholds(bundle, DEFAULT, {"boil_water": NEVER})
     events = tmp_path / "alerts.jsonl"
     assert run(["run", str(bundle), "--source", str(video), "--events", str(events), "--quiet"]) == 0
     assert alerted(events) == [DOOR]
 
 
-def test_a_new_label_in_the_watched_file_asks_the_query_again_under_that_labels_threshold(calibrated, tmp_path,
-                                                                                          capsys):
+@pytest.mark.parametrize("new_row, said, threshold", [
+    ((KETTLE, "Tea!", "boil_water", ""), "a new label for", NEVER),
+    ((KETTLE, "Tea!", "", "0.75"), "a new threshold for", 0.75),
+])
+def test_a_new_label_or_threshold_in_the_watched_file_asks_the_query_again_under_it(calibrated, tmp_path, capsys,
+                                                                                    new_row, said, threshold):
     path = queries_csv(tmp_path / "queries.csv", (KETTLE, "Tea!"))
     detector = StreamingDetector(calibrated)
-    watched = {key: detector.add_query(line.text, line.message, label=line.label)
-               for key, line in keyed(read_queries_file(str(path))).items()}
-    watcher = QueriesFileWatcher(detector, str(path), watched, set(), detector.add_query, file_signature(str(path)))
+    ask = line_asker(detector)
+    watched = {key: Asked(line, ask(line)) for key, line in keyed(read_queries_file(str(path))).items()}
+    watcher = QueriesFileWatcher(detector, str(path), watched, set(), ask, file_signature(str(path)))
     with open(path, "w", newline="") as f:
-        csv.writer(f).writerows([("query", "response", "label"), (KETTLE, "Tea!", "boil_water")])
+        csv.writer(f).writerows([("query", "response", "label", "threshold"), new_row])
     watcher.check(), watcher.check()
     (query,) = detector.queries.queries.values()
-    assert query.label == "boil_water" and query.policy.threshold == NEVER and query.message == "Tea!"
+    assert query.policy.threshold == threshold and query.message == "Tea!"
     detector.close()
     assert capsys.readouterr().err.splitlines() == [
-        f"sdqes-edge: --queries-file {path} changed: a new label for {KETTLE!r}; 1 query streaming"]
+        f"sdqes-edge: --queries-file {path} changed: {said} {KETTLE!r}; 1 query streaming"]
 
 
 def test_score_reports_at_each_labels_threshold_as_run_alerts(tmp_path):
