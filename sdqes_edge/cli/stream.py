@@ -353,7 +353,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="read the --queries-file again whenever it changes, while the stream runs (within 2 s): "
                           "lines added are asked, lines removed stop, a changed message keeps its query's state; "
                           "a service's queries change without a restart")
-    run.add_argument("--threshold", type=finite_number, help="alert threshold on sigmoid(cos); default: the bundle's")
+    run.add_argument("--threshold", type=finite_number,
+                     help="alert threshold on sigmoid(cos) of the queries without their own (a threshold column "
+                     "in --queries-file); default: the bundle's, for the query's label where it has one")
     run.add_argument("--exit-threshold", type=finite_number, help="hysteresis: stay 'on' until p falls to this "
                                                            "(default: the bundle's policy, else the threshold)")
     run.add_argument("--cooldown", type=finite_number, help="seconds without a new alert after one (default: the "
