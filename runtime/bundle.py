@@ -31,6 +31,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import as_path, file_sha256, path_problem, write_text_atomically
 from sdqes_edge.state import StateSpec
 
+from .alerts import AlertPolicy
 from .graph_files import NotAGraph, external_data_locations, metadata_props
 
 
@@ -78,6 +79,20 @@ class Bundle:
         """A query's threshold: its label's, where one was chosen for that label, else the default (as ``eval``
         scores a per-label calibration: labels with too few queries to calibrate take the default)."""
         return self.label_thresholds.get(label, self.default_threshold) if label else self.default_threshold
+
+    def policy_for(self, label: str | None = None, threshold: float | None = None,
+                   exit_threshold: float | None = None, cooldown_s: float | None = None,
+                   max_alerts: int | None = None) -> AlertPolicy:
+        """A query's alert policy: what is given, else what the bundle recorded (its threshold for the query's label,
+        else its default; hysteresis and cooldown chosen on validation streams by ``eval --calibrate-policy``),
+        else plain rising edges. The native runtime decides the same (tests/vectors/query_policies.json)."""
+        threshold = self.threshold_for(label) if threshold is None else threshold
+        recorded = self.alert_policy
+        if exit_threshold is None and recorded.get("exit_margin"):
+            exit_threshold = max(0.0, threshold - recorded["exit_margin"])
+        if cooldown_s is None:
+            cooldown_s = recorded.get("cooldown_s", 0.0)
+        return AlertPolicy(threshold, exit_threshold, cooldown_s, max_alerts)
 
     @property
     def training_record(self) -> dict[str, Any] | None:

@@ -110,16 +110,8 @@ class StreamingDetector:
     def default_policy(self, threshold: float | None = None, exit_threshold: float | None = None,
                        cooldown_s: float | None = None, max_alerts: int | None = None,
                        label: str | None = None) -> AlertPolicy:
-        """The policy for a new query: what is given, else what the bundle recorded (its threshold for the query's
-        label, else its default; hysteresis and cooldown chosen on validation streams by ``eval
-        --calibrate-policy``), else plain rising edges."""
-        threshold = self.bundle.threshold_for(label) if threshold is None else threshold
-        recorded = self.bundle.alert_policy
-        if exit_threshold is None and recorded.get("exit_margin"):
-            exit_threshold = max(0.0, threshold - recorded["exit_margin"])
-        if cooldown_s is None:
-            cooldown_s = recorded.get("cooldown_s", 0.0)
-        return AlertPolicy(threshold, exit_threshold, cooldown_s, max_alerts)
+        """The policy for a new query (``Bundle.policy_for``): what is given, else what the bundle recorded."""
+        return self.bundle.policy_for(label, threshold, exit_threshold, cooldown_s, max_alerts)
 
     def add_query(self, text: str, message: str | None = None, threshold: float | None = None,
                   query_id: str | None = None, label: str | None = None, **policy_options) -> Query:

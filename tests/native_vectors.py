@@ -90,6 +90,37 @@ def source_name_cases() -> dict:
             "shown": {u: without_password(u) for u in SHOWN_URLS}}
 
 
+# A bundle's recorded thresholds x a query of its own (its label, its own threshold) x sdqes-run's options: the
+# policy each query alerts under (runtime/bundle.py's Bundle.policy_for; a query's own threshold comes first).
+CALIBRATED = {"default": 0.6, "per_label": {"open_door": 0.7, "boil_water": 0.45},
+              "policy": {"exit_margin": 0.05, "cooldown_s": 20.0}}
+QUERY_POLICY_CASES = [
+    {"name": "the default", "thresholds": {"default": 0.6}, "query": {}, "options": {}},
+    {"name": "its label's", "thresholds": CALIBRATED, "query": {"label": "open_door"}, "options": {}},
+    {"name": "a label without a threshold", "thresholds": CALIBRATED, "query": {"label": "sit_down"}, "options": {}},
+    {"name": "its own", "thresholds": CALIBRATED, "query": {"label": "open_door", "threshold": 0.8}, "options": {}},
+    {"name": "--threshold over the label's", "thresholds": CALIBRATED, "query": {"label": "boil_water"},
+     "options": {"threshold": 0.5}},
+    {"name": "its own over --threshold", "thresholds": CALIBRATED, "query": {"threshold": 0.8},
+     "options": {"threshold": 0.5}},
+    {"name": "a margin past zero", "thresholds": {"default": 0.03, "policy": {"exit_margin": 0.05, "cooldown_s": 0}},
+     "query": {}, "options": {}},
+    {"name": "options over the recorded policy", "thresholds": CALIBRATED, "query": {"label": "open_door"},
+     "options": {"exit_threshold": 0.2, "cooldown_s": 0.0, "max_alerts": 3}},
+]
+
+
+def query_policy(case: dict) -> dict:
+    from sdqes_edge.runtime.bundle import Bundle
+
+    options, query = dict(case["options"]), case["query"]
+    if "threshold" in query:
+        options["threshold"] = query["threshold"]
+    policy = Bundle(Path("."), {"thresholds": case["thresholds"]}).policy_for(query.get("label"), **options)
+    return {"threshold": policy.threshold, "exit_threshold": policy.exit_threshold, "cooldown_s": policy.cooldown_s,
+            "max_alerts": policy.max_alerts}
+
+
 def schema_required_paths() -> list[tuple[str, ...]]:
     """Every key the schema requires at the top level and inside the objects every manifest has."""
     schema = contract.manifest_schema()
@@ -163,6 +194,8 @@ def write_sampling(out: Path = VECTORS) -> None:
     cases = [dict(case, expected=sampling_counts(case)) for case in SAMPLING_CASES]
     (out / "sampling.json").write_text(json.dumps(cases, indent=2) + "\n")
     (out / "source_names.json").write_text(json.dumps(source_name_cases(), indent=2, ensure_ascii=False) + "\n")
+    policies = [dict(case, expected=query_policy(case)) for case in QUERY_POLICY_CASES]
+    (out / "query_policies.json").write_text(json.dumps(policies, indent=2) + "\n")
 
 
 def write(out: Path = VECTORS) -> None:

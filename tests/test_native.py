@@ -22,6 +22,7 @@ from native_vectors import (
     manifest_without,
     plant_confinement_case,
     preprocess_expected,
+    query_policy,
     sampling_counts,
     source_name_cases,
 )
@@ -41,6 +42,8 @@ def test_the_python_runtime_still_produces_the_shared_vectors():
     for case in json.loads((VECTORS / "sampling.json").read_text()):
         assert sampling_counts(case) == case["expected"], case["name"]
     assert source_name_cases() == json.loads((VECTORS / "source_names.json").read_text(encoding="utf-8"))
+    for case in json.loads((VECTORS / "query_policies.json").read_text()):
+        assert query_policy(case) == case["expected"], case["name"]
     expected = json.loads((VECTORS / "bundle_expected.json").read_text())
     bundle = load_bundle(VECTORS / "bundle")
     assert bundle.state_spec.to_list() == expected["state"]

@@ -209,6 +209,29 @@ void check_against_graphs(const Bundle& b) {
 
 }  // namespace
 
+void parse_thresholds(const json& thresholds, Bundle& b) {
+  // As the manifest's schema has them: each threshold a probability in (0, 1) (the default in [0, 1]).
+  const auto probability = [](const json& value, const std::string& where, bool open) {
+    const double t = value.get<double>();
+    if (!(open ? (t > 0.0 && t < 1.0) : (t >= 0.0 && t <= 1.0))) {
+      throw Error("thresholds/" + where + ": " + value.dump() + " is not a probability in (0, 1)");
+    }
+    return t;
+  };
+  b.default_threshold = probability(thresholds.at("default"), "default", false);
+  b.label_thresholds.clear();
+  const json per_label = thresholds.value("per_label", json::object());  // a local: items() refers to it
+  for (const auto& [label, value] : per_label.items()) {
+    b.label_thresholds[label] = probability(value, "per_label/" + label, true);
+  }
+  const json policy = thresholds.value("policy", json());
+  b.exit_margin = policy.is_null() ? 0.0 : policy.at("exit_margin").get<double>();
+  b.cooldown_s = policy.is_null() ? 0.0 : policy.at("cooldown_s").get<double>();
+  if (!(b.exit_margin >= 0.0 && b.cooldown_s >= 0.0)) {
+    throw Error("thresholds/policy: " + policy.dump() + " holds a negative exit margin or cooldown");
+  }
+}
+
 Bundle load_bundle(const fs::path& root, bool verify_hashes) {
   if (!fs::is_directory(root)) {  // worded as the Python loader words it (runtime/bundle.py)
     if (!fs::exists(root)) {
@@ -246,7 +269,12 @@ Bundle load_bundle(const fs::path& root, bool verify_hashes) {
     b.embed_dim = require(m, "embed_dim", manifest_path).get<int>();
     b.batch = require(m, "batch", manifest_path).get<int>();
     b.fps = require(m, "fps", manifest_path).get<double>();
-    b.default_threshold = require(require(m, "thresholds", manifest_path), "default", manifest_path).get<double>();
+    const json& thresholds = require(m, "thresholds", manifest_path);
+    try {
+      parse_thresholds(thresholds, b);
+    } catch (const Error& e) {  // the manifest named, as a malformed one is
+      throw Error(manifest_path.string() + " is malformed at " + e.what() + "; " + reexport_hint(root));
+    }
     const json& pre = require(m, "preprocess", manifest_path);
     for (int c = 0; c < 3; ++c) {
       b.preprocess.mean[c] = pre.at("mean").at(c).get<double>();

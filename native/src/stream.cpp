@@ -163,6 +163,24 @@ void AlertPolicy::validate() const {
   if (max_alerts && *max_alerts < 1) throw Error("max alerts must be at least 1 (or unset for no limit)");
 }
 
+AlertPolicy query_policy(const Bundle& bundle, const std::string& label, std::optional<double> own_threshold,
+                         const PolicyOptions& options) {
+  AlertPolicy policy;
+  const auto labelled = label.empty() ? bundle.label_thresholds.end() : bundle.label_thresholds.find(label);
+  policy.threshold = own_threshold      ? *own_threshold
+                     : options.threshold ? *options.threshold
+                     : labelled != bundle.label_thresholds.end() ? labelled->second
+                                                                 : bundle.default_threshold;
+  if (options.exit_threshold) {
+    policy.exit_threshold = options.exit_threshold;
+  } else if (bundle.exit_margin > 0.0) {  // recorded as a margin below the threshold, whichever threshold it is
+    policy.exit_threshold = std::max(0.0, policy.threshold - bundle.exit_margin);
+  }
+  policy.cooldown_s = options.cooldown_s ? *options.cooldown_s : bundle.cooldown_s;
+  policy.max_alerts = options.max_alerts;
+  return policy;
+}
+
 AlertState::AlertState(AlertPolicy policy) : policy_(std::move(policy)) {
   policy_.validate();
   reset();
@@ -282,15 +300,22 @@ QueryTable load_queries(const Bundle& bundle) {
   std::ifstream texts(inside_bundle(bundle.root, entry.at("file").get<std::string>()));
   const json items = json::parse(texts, nullptr, false);
   const auto is_query = [](const json& item) {
-    return item.is_object() && item.contains("text") && item["text"].is_string() &&
-           item.value("response", json("")).is_string();
+    if (!item.is_object() || !item.contains("text") || !item["text"].is_string()) return false;
+    const json threshold = item.value("threshold", json(0.5));
+    return item.value("response", json("")).is_string() && item.value("label", json("")).is_string() &&
+           threshold.is_number() && !threshold.is_boolean() && threshold.get<double>() > 0.0 &&
+           threshold.get<double>() < 1.0;
   };
   if (!items.is_array() || !std::all_of(items.begin(), items.end(), is_query)) {
-    throw Error(unusable + "queries.json is not a list of {text, response} objects" + fix);
+    throw Error(unusable + "queries.json is not a list of {text, response[, label][, threshold in (0, 1)]} objects" +
+                fix);
   }
   for (const json& item : items) {
     q.texts.push_back(item.at("text").get<std::string>());
     q.messages.push_back(item.value("response", q.texts.back()));
+    q.labels.push_back(item.value("label", std::string()));
+    q.thresholds.push_back(item.contains("threshold") ? std::optional<double>(item.at("threshold").get<double>())
+                                                      : std::nullopt);
   }
   if (entry.contains("count") && entry["count"] != json(q.texts.size())) {
     throw Error(unusable + "queries.json holds " + std::to_string(q.texts.size()) + " queries, manifest.json says " +

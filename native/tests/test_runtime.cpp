@@ -206,8 +206,49 @@ TEST(Bundle, QueriesWhoseTextsAndEmbeddingsDisagreeAreRefused) {
   std::ofstream(root / "queries.json", std::ios::trunc) << R"([{"text": "a"}, {"text": "b"}])";
   expect_refused("queries.json holds 2 queries, manifest.json says 1");
   std::ofstream(root / "queries.json", std::ios::trunc) << R"([{"text": 3}])";
-  expect_refused("queries.json is not a list of {text, response} objects");
+  expect_refused("queries.json is not a list of {text, response[, label][, threshold in (0, 1)]} objects");
+  std::ofstream(root / "queries.json", std::ios::trunc) << R"([{"text": "a", "threshold": 1.5}])";
+  expect_refused("queries.json is not a list of {text, response[, label][, threshold in (0, 1)]} objects");
+  std::ofstream(root / "queries.json", std::ios::trunc) << R"([{"text": "a", "label": "open_door", "threshold": 0.7}])";
+  const sdqes::QueryTable q = sdqes::load_queries(b);  // a query exported with its label and threshold
+  EXPECT_EQ(q.labels, std::vector<std::string>{"open_door"});
+  ASSERT_TRUE(q.thresholds[0].has_value());
+  EXPECT_DOUBLE_EQ(*q.thresholds[0], 0.7);
   fs::remove_all(root);
+}
+
+// Each query alerts under the policy `sdqes-edge run` gives it: its own threshold, the option's, its label's or the
+// default, and the recorded hysteresis and cooldown (tests/vectors/query_policies.json, written by Python).
+TEST(QueryPolicies, EachQueryAlertsUnderThePolicyThePythonRuntimeGivesIt) {
+  for (const json& c : read_json(kVectors / "query_policies.json")) {
+    sdqes::Bundle b;
+    sdqes::parse_thresholds(c["thresholds"], b);
+    sdqes::PolicyOptions options;
+    const json& o = c["options"];
+    if (o.contains("threshold")) options.threshold = o["threshold"].get<double>();
+    if (o.contains("exit_threshold")) options.exit_threshold = o["exit_threshold"].get<double>();
+    if (o.contains("cooldown_s")) options.cooldown_s = o["cooldown_s"].get<double>();
+    if (o.contains("max_alerts")) options.max_alerts = o["max_alerts"].get<int>();
+    const json& q = c["query"];
+    const auto own = q.contains("threshold") ? std::optional<double>(q["threshold"].get<double>()) : std::nullopt;
+    const sdqes::AlertPolicy policy = sdqes::query_policy(b, q.value("label", ""), own, options);
+    const json& e = c["expected"];
+    const std::string name = c["name"].get<std::string>();
+    EXPECT_EQ(policy.threshold, e["threshold"].get<double>()) << name;
+    EXPECT_EQ(policy.exit_threshold.has_value(), !e["exit_threshold"].is_null()) << name;
+    if (policy.exit_threshold) EXPECT_EQ(*policy.exit_threshold, e["exit_threshold"].get<double>()) << name;
+    EXPECT_EQ(policy.cooldown_s, e["cooldown_s"].get<double>()) << name;
+    EXPECT_EQ(policy.max_alerts.has_value(), !e["max_alerts"].is_null()) << name;
+    if (policy.max_alerts) EXPECT_EQ(*policy.max_alerts, e["max_alerts"].get<int>()) << name;
+  }
+}
+
+TEST(QueryPolicies, ALabelsThresholdThatIsNoProbabilityIsRefusedNamingIt) {
+  sdqes::Bundle b;
+  const std::string message = message_of([&] {
+    sdqes::parse_thresholds(json::parse(R"({"default": 0.5, "per_label": {"open_door": 1.5}})"), b);
+  });
+  EXPECT_EQ(message, "thresholds/per_label/open_door: 1.5 is not a probability in (0, 1)");
 }
 
 TEST(Bundle, RefusesDamageNamingTheFile) {

@@ -92,15 +92,20 @@ int run(int argc, char** argv) {
   const auto o = parse(argc, argv, bundle_path);
   const sdqes::Bundle bundle = sdqes::load_bundle(bundle_path);
   const sdqes::QueryTable queries = sdqes::load_queries(bundle);
-  sdqes::AlertPolicy policy;
-  policy.threshold = real_number(o, "--threshold", bundle.default_threshold);
-  if (o.count("--exit-threshold")) policy.exit_threshold = real_number(o, "--exit-threshold", 0);
-  policy.cooldown_s = real_number(o, "--cooldown", 0.0);
+  // Each query's policy as `sdqes-edge run` decides it: its own threshold, else --threshold, else the bundle's for
+  // its label, else the default; the recorded hysteresis and cooldown unless the options say otherwise.
+  sdqes::PolicyOptions options;
+  if (o.count("--threshold")) options.threshold = real_number(o, "--threshold", 0);
+  if (o.count("--exit-threshold")) options.exit_threshold = real_number(o, "--exit-threshold", 0);
+  if (o.count("--cooldown")) options.cooldown_s = real_number(o, "--cooldown", 0);
   if (o.count("--max-alerts")) {
-    policy.max_alerts = static_cast<int>(std::min<int64_t>(whole_number("--max-alerts", o.at("--max-alerts"), 1),
-                                                           std::numeric_limits<int>::max()));
+    options.max_alerts = static_cast<int>(std::min<int64_t>(whole_number("--max-alerts", o.at("--max-alerts"), 1),
+                                                            std::numeric_limits<int>::max()));
   }
-  policy.validate();
+  std::vector<sdqes::AlertState> states;  // each policy checked here, before any engine is loaded
+  for (size_t q = 0; q < queries.texts.size(); ++q) {
+    states.emplace_back(sdqes::query_policy(bundle, queries.labels[q], queries.thresholds[q], options));
+  }
   // -1: to the end of the source
   const int64_t max_frames = o.count("--max-frames") ? whole_number("--max-frames", o.at("--max-frames"), 1) : -1;
   const std::string source = o.at("--source");
@@ -127,7 +132,6 @@ int run(int argc, char** argv) {
   if (!capture.isOpened()) throw sdqes::Error("OpenCV cannot open " + shown + "; check the file plays or the camera");
   sdqes::TensorRTStep step(engine, bundle);
   step.warm_up();  // before the first frame: its latency is a steady one
-  std::vector<sdqes::AlertState> states(queries.texts.size(), sdqes::AlertState(policy));
   std::unique_ptr<sdqes::JsonlSink> sink;
   if (o.count("--events")) sink = std::make_unique<sdqes::JsonlSink>(o.at("--events"));
   const double period = 1.0 / bundle.fps;

@@ -62,6 +62,11 @@ struct Bundle {
   int batch = 1;
   double fps = 1.0;
   double default_threshold = 0.5;
+  // Recorded by `sdqes-edge eval --calibrate --per-label --calibrate-policy --write-threshold`: a threshold per query
+  // label, and the alert policy as a margin below the threshold (0: none) and a cooldown.
+  std::map<std::string, double> label_thresholds;
+  double exit_margin = 0.0;
+  double cooldown_s = 0.0;
   Preprocess preprocess;
   std::vector<StateTensor> state;
 
@@ -82,9 +87,14 @@ std::filesystem::path inside_bundle(const std::filesystem::path& root, const std
                                     bool named_by_manifest = true);
 std::vector<StateTensor> parse_state_spec(const nlohmann::json& items);
 
-// Pre-encoded queries shipped in the bundle: texts, alert messages and embeddings [Q, E].
+// The manifest's "thresholds" into b (default, per label, recorded policy); an Error names what is malformed.
+void parse_thresholds(const nlohmann::json& thresholds, Bundle& b);
+
+// Pre-encoded queries shipped in the bundle: texts, alert messages, labels ("" for none), thresholds of their own
+// and embeddings [Q, E].
 struct QueryTable {
-  std::vector<std::string> texts, messages;
+  std::vector<std::string> texts, messages, labels;
+  std::vector<std::optional<double>> thresholds;
   std::vector<float> embeddings;  // row-major [Q, E]
   int dim = 0;
 };
@@ -129,6 +139,18 @@ struct AlertPolicy {
   std::optional<int> max_alerts;
   void validate() const;
 };
+
+// What sdqes-run's options set; unset: the bundle's.
+struct PolicyOptions {
+  std::optional<double> threshold, exit_threshold, cooldown_s;
+  std::optional<int> max_alerts;
+};
+
+// A query's policy as the Python runtime decides it (runtime/bundle.py's Bundle.policy_for;
+// tests/vectors/query_policies.json): its own threshold, else the option's, else the bundle's for its label, else
+// the default; the exit threshold and cooldown given, else those recorded.
+AlertPolicy query_policy(const Bundle& bundle, const std::string& label, std::optional<double> own_threshold,
+                         const PolicyOptions& options);
 
 // The rising-edge rule with hysteresis, cooldown and max-k, frame by frame (runtime/alerts.py).
 // Now as ISO 8601 in UTC, to the millisecond ("2026-11-27T22:10:03.123Z"): an alert's wall_time.
