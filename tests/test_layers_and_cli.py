@@ -230,6 +230,12 @@ def test_a_query_given_twice_is_watched_once_with_a_warning(capsys):
     assert kept == [("Cooking", "first"), ("washing hands", None)]
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "warning: the query '  cooking ' is given more than once" in err
+    # An annotations file passed whole repeats hundreds of queries: one line says so, not one line each.
+    kept = unique_queries([(f"query {i % 300}", None) for i in range(1000)])
+    assert len(kept) == 300
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["sdqes-edge: warning: 700 queries are given more than once (case and spacing aside), "
+                                "e.g. 'query 0'; each is watched once, as its first line says"]
 
 
 def test_frames_that_would_not_fit_in_memory_are_refused_at_once_in_one_line(monkeypatch, capsys, tmp_path):

@@ -104,17 +104,23 @@ def text_key(text: str) -> str:
 
 
 def unique_queries(queries: list[Line]) -> list[Line]:
-    """Queries ((text, message, ...) tuples) without a text given twice (with a one-line warning): texts that
-    CLIP's tokenizer cleans alike ("Cooking " and "cooking") are one query, and watching it twice alerted twice on
-    every event. The first keeps its message (and label)."""
+    """Queries ((text, message, ...) tuples) without a text given twice, said in one warning line however many
+    are (an annotations file passed whole repeats hundreds): texts that CLIP's tokenizer cleans alike ("Cooking "
+    and "cooking") are one query, and watching it twice alerted twice on every event. The first keeps its message
+    (and label, and threshold)."""
     kept: dict[str, Line] = {}
+    repeated: list[str] = []
     for line in queries:
         key = text_key(line[0])
         if key in kept:
-            warn(f"the query {line[0]!r} is given more than once (case and spacing aside); it is "
-                 "watched once")
+            repeated.append(line[0])
         else:
             kept[key] = line
+    if len(repeated) == 1:
+        warn(f"the query {repeated[0]!r} is given more than once (case and spacing aside); it is watched once")
+    elif repeated:
+        warn(f"{len(repeated)} queries are given more than once (case and spacing aside), e.g. {repeated[0]!r}; "
+             "each is watched once, as its first line says")
     return list(kept.values())
 
 
