@@ -315,7 +315,7 @@ def _write_queries(staging: Path, queries: tuple[Query, ...], embeddings: np.nda
     if not queries:
         return None
     items = [{"text": q.text, "response": q.response, **({"label": q.label} if q.label else {}),
-              **({"threshold": q.threshold} if q.threshold is not None else {})} for q in queries]
+              **({"threshold": float(q.threshold)} if q.threshold is not None else {})} for q in queries]
     (staging / QUERIES_NAME).write_text(json.dumps(items, indent=2))
     np.save(staging / QUERY_EMBEDDINGS_NAME, embeddings.astype(np.float32))
     return {"file": QUERIES_NAME, "embeddings": QUERY_EMBEDDINGS_NAME, "count": len(queries)}

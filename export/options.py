@@ -102,6 +102,16 @@ def _type_problems(options: ExportOptions) -> list[str]:
     return problems
 
 
+def _query_problems(queries: tuple[Query, ...]) -> list[str]:
+    """A query's label is text and its own threshold a probability, as the bundle's loader will check them."""
+    problems = [f"the label of the query {q.text!r} is text, not {q.label!r}" for q in queries
+                if q.label is not None and not isinstance(q.label, str)]
+    problems += [f"the threshold of the query {q.text!r} is a probability sigmoid(cos) in (0, 1), not {q.threshold!r}"
+                 for q in queries if q.threshold is not None and (isinstance(q.threshold, bool) or not isinstance(
+                     q.threshold, numbers.Real) or not 0.0 < q.threshold < 1.0)]
+    return problems
+
+
 def check_options(options: ExportOptions, warn: Callable[[str], None],
                   context_length: int | None = CONTEXT_LENGTH) -> ExportOptions:
     """Refuse impossible options up front; resolve conflicts with a warning. Returns the options to use.
@@ -132,7 +142,7 @@ def check_options(options: ExportOptions, warn: Callable[[str], None],
         problems.append(f"--threshold is a probability sigmoid(cos) in (0, 1), not {options.threshold}")
     if not 0.0 < options.fps < math.inf:  # NaN too
         problems.append(f"--fps must be a positive number, not {options.fps}")
-    problems += _int8_problems(options) + _operator_problems(options)
+    problems += _query_problems(options.queries) + _int8_problems(options) + _operator_problems(options)
     if options.drift_frames < MIN_VERIFY_FRAMES:
         problems.append(f"--drift-frames must be >= {MIN_VERIFY_FRAMES}, not {options.drift_frames}")
     video_problem = options.calibration_video and path_problem(options.calibration_video, "file")

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from runtime_fixtures import QUERY, write_video
 from test_corpus import cli
@@ -21,7 +23,10 @@ from sdqes_edge.cli import run
 from sdqes_edge.cli.queries_file import read_queries_file
 from sdqes_edge.cli.queries_watch import Asked, QueriesFileWatcher, file_signature, keyed, line_asker
 from sdqes_edge.demo import DEMO_BUNDLE
+from sdqes_edge.errors import UserError
 from sdqes_edge.evaluation import evaluate_with, match_traces
+from sdqes_edge.export import ExportOptions, Query
+from sdqes_edge.export.options import check_options
 from sdqes_edge.runtime.bundle import BundleError, load_bundle, write_thresholds
 from sdqes_edge.runtime.detector import StreamingDetector
 from sdqes_edge.sample import sample_frames
@@ -119,7 +124,7 @@ def test_an_exported_bundles_own_queries_keep_their_labels_and_thresholds(tmp_pa
     queries of its own asks with them."""
     from conftest import random_model
 
-    from sdqes_edge.export import ExportOptions, Query, export_bundle
+    from sdqes_edge.export import export_bundle
 
     bundle = tmp_path / "bundle"
     queries = (Query(KETTLE, "Tea!", "boil_water"), Query(DOOR, "Someone is here."), Query(SIT, "Sit up.", None, NEVER))
@@ -183,3 +188,34 @@ def test_score_reports_at_each_labels_threshold_as_run_alerts(tmp_path):
     # --threshold: one threshold for every query, from the traces already scored
     (row_name,) = score("--threshold", f"{default}")["results"]
     assert "at their label's" not in row_name
+
+
+def test_a_line_whose_new_threshold_cannot_be_asked_is_said_to_be_removed(calibrated, tmp_path, capsys):
+    path = queries_csv(tmp_path / "queries.csv", (KETTLE, "Tea!"))
+    detector = StreamingDetector(calibrated)
+    ask = line_asker(detector)
+    watched = {key: Asked(line, ask(line)) for key, line in keyed(read_queries_file(str(path))).items()}
+
+    def refusing(line):
+        raise UserError("this bundle scores at most 1 query at once")  # as a full fused bundle refuses
+
+    watcher = QueriesFileWatcher(detector, str(path), watched, set(), refusing, file_signature(str(path)))
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([("query", "response", "threshold"), (KETTLE, "Tea!", "0.75")])
+    watcher.check(), watcher.check()
+    assert detector.queries.ids == [] and watcher.watched == {}
+    detector.close()
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"sdqes-edge: --queries-file {path} changed: removed {KETTLE!r}; 0 queries streaming"
+
+
+@pytest.mark.parametrize("query, says", [
+    (Query(KETTLE, "Tea!", None, 1.5), f"the threshold of the query {KETTLE!r} is a probability"),
+    (Query(KETTLE, "Tea!", None, True), "not True"),
+    (Query(KETTLE, "Tea!", 3), f"the label of the query {KETTLE!r} is text, not 3"),
+])
+def test_export_refuses_a_query_whose_label_or_threshold_the_bundle_could_not_hold(query, says):
+    with pytest.raises(UserError, match=re.escape(says)):
+        check_options(ExportOptions(queries=(query,)), warn=lambda m: None)
+    assert check_options(ExportOptions(queries=(Query(KETTLE, "Tea!", "boil", np.float32(0.75)),)),
+                         warn=lambda m: None).queries

@@ -125,6 +125,8 @@ class QueriesFileWatcher:
                 self.watched[key] = Asked(line, self.ask(line))
             except UserError as exc:  # too long for the bundle's tokenizer, a fused bundle full, ...
                 warn(f"--queries-file's query {line.text!r} is not asked: {exc}")
+                if key in reasked:  # asked no more: said as removed
+                    removed.append(reasked.pop(key))
                 continue
             if key not in reasked:
                 added.append(self.watched[key].query)
