@@ -29,6 +29,7 @@ from sdqes_edge.contract import (
 )
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import path_problem
+from sdqes_edge.runtime.alerts import is_probability
 from sdqes_edge.tokenizer import CONTEXT_LENGTH, check_query_text, default_tokenizer
 from sdqes_edge.tolerances import DRIFT_FRAMES, VERIFY_FRAMES
 
@@ -107,8 +108,7 @@ def _query_problems(queries: tuple[Query, ...]) -> list[str]:
     problems = [f"the label of the query {q.text!r} is text, not {q.label!r}" for q in queries
                 if q.label is not None and not isinstance(q.label, str)]
     problems += [f"the threshold of the query {q.text!r} is a probability sigmoid(cos) in (0, 1), not {q.threshold!r}"
-                 for q in queries if q.threshold is not None and (isinstance(q.threshold, bool) or not isinstance(
-                     q.threshold, numbers.Real) or not 0.0 < q.threshold < 1.0)]
+                 for q in queries if q.threshold is not None and not is_probability(q.threshold)]
     return problems
 
 

@@ -19,6 +19,11 @@ import numpy as np
 from sdqes_edge.errors import UserError
 
 
+def is_probability(value: object) -> bool:
+    """What an alert threshold is: a number (not a bool) strictly between 0 and 1 (NaN is not)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.0 < value < 1.0
+
+
 @dataclass(frozen=True)
 class AlertPolicy:
     threshold: float
@@ -41,7 +46,7 @@ class AlertPolicy:
                 object.__setattr__(self, name, float(getattr(self, name)))
         if self.max_alerts is not None:
             object.__setattr__(self, "max_alerts", int(self.max_alerts))
-        if not 0.0 < self.threshold < 1.0:
+        if not is_probability(self.threshold):
             raise UserError(f"threshold {self.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
         if self.exit_threshold is not None and not 0.0 <= self.exit_threshold <= self.threshold:  # NaN too
             raise UserError(f"exit threshold {self.exit_threshold} must lie in [0, threshold {self.threshold}]")

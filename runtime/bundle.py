@@ -31,7 +31,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import as_path, file_sha256, path_problem, write_text_atomically
 from sdqes_edge.state import StateSpec
 
-from .alerts import AlertPolicy
+from .alerts import AlertPolicy, is_probability
 from .graph_files import NotAGraph, external_data_locations, metadata_props
 
 
@@ -177,7 +177,7 @@ class Bundle:
         if not isinstance(items, list) or not all(isinstance(q, dict) and isinstance(q.get("text"), str)
                                                   and isinstance(q.get("response", ""), str)
                                                   and isinstance(q.get("label", ""), str)
-                                                  and _probability(q.get("threshold", 0.5)) for q in items):
+                                                  and is_probability(q.get("threshold", 0.5)) for q in items):
             raise BundleError(damaged.format(f"{texts_file.name} is not a list of {{text, response[, label][, "
                                              "threshold in (0, 1)]} objects"))
         if len(items) != entry.get("count", len(items)):
@@ -190,10 +190,6 @@ class Bundle:
         if not np.isfinite(embeddings).all():
             raise BundleError(damaged.format(f"{embeddings_file.name} holds NaN or infinite values"))
         return items, embeddings
-
-
-def _probability(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value < 1.0
 
 
 def _refuse_non_numbers(token: str):

@@ -12,6 +12,7 @@ from typing import NamedTuple, Optional
 from sdqes_edge.annotations import other_separator_words
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import USER_TEXT_ENCODING, path_problem
+from sdqes_edge.runtime.alerts import is_probability
 
 QUERIES_FILE_HELP = (".txt (one query a line), .json or .csv (query,response columns; optionally threshold, the "
                      "query's own, and label, which picks the bundle's threshold for that label)")
@@ -64,10 +65,10 @@ def _threshold(value: str | float | None, query: str | None, p: Path) -> float |
     if value is None:
         return None
     try:
-        number = math.nan if isinstance(value, bool) else float(value)  # JSON's true is no threshold
+        number = float(value)  # JSON's true reads 1.0: refused below
     except (TypeError, ValueError):
         number = math.nan
-    if not 0.0 < number < 1.0:  # NaN too
+    if not is_probability(number):
         raise UserError(f"{p}: the threshold {value!r} of {query!r} is not a probability sigmoid(cos) in (0, 1); "
                         "give one such as 0.7, or leave it empty for the run's")
     return number
