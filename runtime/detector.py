@@ -291,7 +291,7 @@ class StreamingDetector:
             if state is not None and state.update(p, frame.time):
                 query = self.queries.queries[qid]
                 events.append(AlertEvent(qid, query.text, query.message, slot.name, frame.time, frame.index,
-                                         p, float(cosines[q]), latency))
+                                         p, float(cosines[q]), latency, query.policy.threshold, query.label))
         return events
 
     # --- whole streams ------------------------------------------------------------------

@@ -48,6 +48,10 @@ class AlertEvent:
     score: float  # p = sigmoid(cos)
     cosine: float
     latency_ms: float  # from the frame leaving the source to the alert
+    # The query's policy threshold that p rose above, and its label (None: none given): with per-label and per-query
+    # thresholds a reader of the log could not otherwise tell why an alert fired, or route it by kind.
+    threshold: float | None = None
+    label: str | None = None
     # When the alert was raised, UTC: a live stream's alert log read beside the world's clocks (stream_time counts
     # from the stream's start, which a restarted run or a reconnected camera moves).
     wall_time: str = field(default_factory=utc_timestamp)

@@ -121,6 +121,24 @@ def query_policy(case: dict) -> dict:
             "max_alerts": policy.max_alerts}
 
 
+# Alerts as the alert log writes them, every field: a query with a label and one without (its label null).
+ALERT_EVENT_CASES = [
+    {"query_id": "q1", "query": "When I start to clean the table, remind me to wash my hands.",
+     "message": "Wash your hands.", "stream": "kitchen", "stream_time": 12.5, "frame_index": 25, "score": 0.71,
+     "cosine": 0.8954, "latency_ms": 3.25, "threshold": 0.658, "label": "wash_hands",
+     "wall_time": "2026-11-28T12:30:00.125Z"},
+    {"query_id": "q7", "query": "Tell me when the lamp turns on.", "message": "Lamp on!", "stream": "camera0",
+     "stream_time": 3.0, "frame_index": 3, "score": 0.6, "cosine": 0.405, "latency_ms": 1.0, "threshold": 0.55,
+     "label": None, "wall_time": "2026-11-28T12:30:01.000Z"},
+]
+
+
+def alert_event_lines() -> list[dict]:
+    from sdqes_edge.runtime.sinks import AlertEvent
+
+    return [AlertEvent(**case).to_dict() for case in ALERT_EVENT_CASES]
+
+
 def schema_required_paths() -> list[tuple[str, ...]]:
     """Every key the schema requires at the top level and inside the objects every manifest has."""
     schema = contract.manifest_schema()
@@ -196,6 +214,7 @@ def write_sampling(out: Path = VECTORS) -> None:
     (out / "source_names.json").write_text(json.dumps(source_name_cases(), indent=2, ensure_ascii=False) + "\n")
     policies = [dict(case, expected=query_policy(case)) for case in QUERY_POLICY_CASES]
     (out / "query_policies.json").write_text(json.dumps(policies, indent=2) + "\n")
+    (out / "alert_events.json").write_text(json.dumps(alert_event_lines(), indent=2) + "\n")
 
 
 def write(out: Path = VECTORS) -> None:

@@ -18,6 +18,7 @@ import pytest
 from native_vectors import (
     REQUIRED_PATHS,
     VECTORS,
+    alert_event_lines,
     alert_frames,
     manifest_without,
     plant_confinement_case,
@@ -44,6 +45,7 @@ def test_the_python_runtime_still_produces_the_shared_vectors():
     assert source_name_cases() == json.loads((VECTORS / "source_names.json").read_text(encoding="utf-8"))
     for case in json.loads((VECTORS / "query_policies.json").read_text()):
         assert query_policy(case) == case["expected"], case["name"]
+    assert alert_event_lines() == json.loads((VECTORS / "alert_events.json").read_text())
     expected = json.loads((VECTORS / "bundle_expected.json").read_text())
     bundle = load_bundle(VECTORS / "bundle")
     assert bundle.state_spec.to_list() == expected["state"]

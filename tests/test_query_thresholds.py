@@ -54,6 +54,11 @@ def alerted(events: Path) -> list[str]:
     return [json.loads(line)["query"] for line in events.read_text().splitlines()]
 
 
+def alerted_under(events: Path) -> list[tuple[float, str | None]]:
+    """Each alert's threshold and label, as the alert log records them."""
+    return [(alert["threshold"], alert["label"]) for alert in map(json.loads, events.read_text().splitlines())]
+
+
 def test_a_query_takes_its_labels_threshold_else_the_default_and_a_given_threshold_overrides_both(calibrated):
     assert load_bundle(calibrated).label_thresholds == {"boil_water": NEVER, "open_door": 0.25}
     detector = StreamingDetector(calibrated)
@@ -101,6 +106,7 @@ def test_run_alerts_each_line_of_the_queries_file_at_its_own_threshold_else_its_
     assert run(["run", str(calibrated), "--source", str(video), "--queries-file", str(queries), "--events",
                 str(events)]) == 0
     assert alerted(events) == [DOOR, QUERY]  # the kettle's label asks for more than any frame gives
+    assert alerted_under(events) == [(DEFAULT, None), (DEFAULT, "wipe_table")]
     header = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("streaming"))
     assert (f"threshold {DEFAULT:.4f}; 2 at a threshold of their own; 1 with a label the bundle has no threshold "
             "for (ort") in header
@@ -109,6 +115,7 @@ def test_run_alerts_each_line_of_the_queries_file_at_its_own_threshold_else_its_
     assert run(["run", str(calibrated), "--source", str(video), "--queries-file", str(queries), "--events",
                 str(events), "--threshold", "0.002"]) == 0
     assert alerted(events) == [KETTLE, DOOR, QUERY]
+    assert alerted_under(events) == [(0.002, "boil_water"), (0.002, None), (0.002, "wipe_table")]
 
 
 def test_run_says_when_the_bundles_label_thresholds_go_unused_and_inspect_counts_them(calibrated, video, capsys):

@@ -214,7 +214,8 @@ bool AlertState::update(double p, double stream_time) {
 json AlertEvent::to_json() const {
   return {{"query_id", query_id}, {"query", query}, {"message", message}, {"stream", stream},
           {"stream_time", stream_time}, {"frame_index", frame_index}, {"score", score}, {"cosine", cosine},
-          {"latency_ms", latency_ms}, {"wall_time", wall_time}};
+          {"latency_ms", latency_ms}, {"threshold", threshold}, {"label", label ? json(*label) : json(nullptr)},
+          {"wall_time", wall_time}};
 }
 
 std::string utc_timestamp() {

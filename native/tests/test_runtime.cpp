@@ -514,6 +514,19 @@ TEST(AlertEvent, RecordsWhenItWasRaisedInUtcAsThePythonRuntimeDoes) {
   EXPECT_EQ(stamp.substr(0, 4), year);
 }
 
+TEST(AlertEvent, WritesTheFieldsThePythonAlertLogWrites) {
+  // tests/vectors/alert_events.json: AlertEvent.to_dict of runtime/sinks.py, every key and value. A reader of the
+  // alert log (a dashboard, a home-automation rule) sees one format whichever runtime raised the alert.
+  for (const json& line : read_json(kVectors / "alert_events.json")) {
+    sdqes::AlertEvent event{line.at("query_id"), line.at("query"), line.at("message"), line.at("stream"),
+                            line.at("stream_time"), line.at("frame_index"), line.at("score"), line.at("cosine"),
+                            line.at("latency_ms"), line.at("threshold")};
+    if (!line.at("label").is_null()) event.label = line.at("label").get<std::string>();
+    event.wall_time = line.at("wall_time");
+    EXPECT_EQ(event.to_json(), line) << event.to_json().dump();
+  }
+}
+
 TEST(JsonlSink, FollowsALogRotatedUnderItAsThePythonSinkDoes) {
   const fs::path dir = fs::temp_directory_path() / ("sdqes-native-rotation-" + std::to_string(::getpid()));
   fs::create_directories(dir);

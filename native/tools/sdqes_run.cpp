@@ -171,7 +171,9 @@ int run(int argc, char** argv) {
         if (!std::isfinite(probs[q])) throw sdqes::Error("the model produced a non-finite score; stopping the stream");
         if (states[q].update(probs[q], time)) {
           sdqes::AlertEvent e{"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], stream_name, time,
-                              index, probs[q], std::log(probs[q] / (1 - probs[q])), latency};
+                              index, probs[q], std::log(probs[q] / (1 - probs[q])), latency,
+                              states[q].policy().threshold};
+          if (!queries.labels[q].empty()) e.label = queries.labels[q];
           if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
           std::cout << "[" << time << " s] " << e.message << "  (p=" << e.score << ")" << std::endl;
         }

@@ -161,6 +161,7 @@ class AlertState {
   explicit AlertState(AlertPolicy policy);
   bool update(double p, double stream_time);
   void reset();
+  const AlertPolicy& policy() const { return policy_; }
 
  private:
   AlertPolicy policy_;
@@ -174,6 +175,9 @@ struct AlertEvent {
   double stream_time = 0.0;
   int64_t frame_index = 0;
   double score = 0.0, cosine = 0.0, latency_ms = 0.0;
+  // The query's policy threshold that p rose above, and its label (none: written null), as the Python log has them.
+  double threshold = 0.0;
+  std::optional<std::string> label;
   std::string wall_time = utc_timestamp();  // when the alert was raised, UTC, as the Python runtime writes it
   nlohmann::json to_json() const;
 };
