@@ -71,12 +71,17 @@ class AlertState:
     """One query's policy applied frame by frame."""
 
     def __init__(self, policy: AlertPolicy):
+        self.set_policy(policy)
+        self.reset()
+
+    def set_policy(self, policy: AlertPolicy) -> None:
+        """Apply ``policy`` from the next frame on, what happened so far kept: a run above threshold going on stays
+        one (it does not alert again), and the alerts raised still count for ``max_alerts`` and the cooldown."""
         self.policy = policy
         # Both levels rounded to float32 once: comparing float32(p) with them as Python floats is exactly the
         # reference's float32 comparison (metrics.above_threshold), without numpy per frame and query.
         self._enter = float(np.float32(policy.threshold))
         self._exit = float(np.float32(policy.exit_level))
-        self.reset()
 
     def reset(self) -> None:
         self.active = False  # inside a run above threshold

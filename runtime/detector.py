@@ -141,6 +141,16 @@ class StreamingDetector:
         """A new alert message for a query, its alert state kept: an event going on does not alert again."""
         self.queries.set_message(query_id, message)
 
+    @_exclusive
+    def set_query_policy(self, query_id: str, threshold: float | None = None, label: str | None = None,
+                         **policy_options) -> Query:
+        """A query under another threshold or label (chosen as ``add_query`` chooses), its alert state kept
+        (``AlertState.set_policy``): an event going on does not alert again."""
+        query = self.queries.set_policy(query_id, self.default_policy(threshold, label=label, **policy_options), label)
+        for slot in self.streams:
+            slot.alerts[query_id].set_policy(query.policy)
+        return query
+
     def add_bundle_queries(self, threshold: float | None = None, **policy_options) -> list[Query]:
         pre = self.bundle.queries()
         return [self.add_query(q["text"], q.get("response"), q.get("threshold", threshold), label=q.get("label"),

@@ -142,28 +142,46 @@ class QueryBank:
         query_id = query_id or next(self._ids)
         if query_id in self.queries:
             raise UserError(f"query id {query_id!r} is already in use; remove it first or pick another id")
-        same = self._same.setdefault((query_key(text), dataclasses.astuple(policy)), [])
-        if same:  # a client that re-adds its queries on every reconnect doubles every alert
-            warnings.warn(f"the query {text!r} is already active as {same[0]} under the same alert policy: each event "
-                          f"will alert twice; keep the first one's id, or remove_query({same[0]!r}) before adding it "
-                          "again", DuplicateQueryWarning, stacklevel=3)
-        same.append(query_id)
         query = Query(query_id, text, message or text, policy, stream_time, label)
+        self._register(query, stacklevel=4)
         self.queries[query_id], self._rows[query_id] = query, embedding
         self._matrix = None
         self.changes += 1
         return query
 
+    def _register(self, query: Query, stacklevel: int) -> None:
+        """Index ``query`` by what it asks (``_same``), with a warning where an active one asks the same."""
+        same = self._same.setdefault((query_key(query.text), dataclasses.astuple(query.policy)), [])
+        if same:  # a client that re-adds its queries on every reconnect doubles every alert
+            warnings.warn(f"the query {query.text!r} is already active as {same[0]} under the same alert policy: each "
+                          f"event will alert twice; keep the first one's id, or remove_query({same[0]!r}) before "
+                          "adding it again", DuplicateQueryWarning, stacklevel=stacklevel)
+        same.append(query.id)
+
+    def _unregister(self, query: Query) -> None:
+        key = (query_key(query.text), dataclasses.astuple(query.policy))
+        self._same[key].remove(query.id)
+        if not self._same[key]:  # a program asking new texts for months keeps no trace of the removed ones
+            del self._same[key]
+
     def remove(self, query_id: str) -> None:
         self._check_known(query_id)
         query = self.queries.pop(query_id)
         del self._rows[query_id]
-        key = (query_key(query.text), dataclasses.astuple(query.policy))
-        self._same[key].remove(query_id)
-        if not self._same[key]:  # a program asking new texts for months keeps no trace of the removed ones
-            del self._same[key]
+        self._unregister(query)
         self._matrix = None
         self.changes += 1
+
+    def set_policy(self, query_id: str, policy: AlertPolicy, label: str | None) -> Query:
+        """Another policy and label for an active query; its embedding and row stay (the set did not change)."""
+        self._check_known(query_id)
+        if label is not None and not isinstance(label, str):
+            raise UserError(f"a query's label is text (or None), not {type(label).__name__}")
+        query = self.queries[query_id]
+        self._unregister(query)
+        query.policy, query.label = policy, label
+        self._register(query, stacklevel=5)
+        return query
 
     def _check_known(self, query_id: str) -> None:
         if query_id not in self.queries:

@@ -16,7 +16,7 @@ import pytest
 from runtime_fixtures import QUERY
 
 from sdqes_edge.cli.queries_file import QueryLine, read_queries_file
-from sdqes_edge.cli.queries_watch import Asked, QueriesFileWatcher, file_signature, keyed, line_asker
+from sdqes_edge.cli.queries_watch import Asked, LineAsker, QueriesFileWatcher, file_signature, keyed
 from sdqes_edge.runtime.detector import StreamingDetector
 
 KETTLE, DOOR, FRIDGE = "when the kettle boils", "when someone opens the door", "when I open the fridge"
@@ -37,7 +37,7 @@ def watched(exported, tmp_path):
     version = file_signature(str(path))
     detector = StreamingDetector(bundle)
     fixed = detector.add_query(QUERY, "Sanitize your hands.")  # as --query gives it
-    ask = line_asker(detector)
+    ask = LineAsker(detector)
     file_queries = {key: Asked(line, ask(line)) for key, line in keyed(read_queries_file(str(path))).items()}
     watcher = QueriesFileWatcher(detector, str(path), file_queries, set(keyed([QueryLine(QUERY)])), ask, version)
     yield detector, watcher, path, fixed

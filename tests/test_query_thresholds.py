@@ -21,7 +21,7 @@ from test_queries_watch import queries_csv
 from sdqes_edge.annotations import load_annotations
 from sdqes_edge.cli import run
 from sdqes_edge.cli.queries_file import read_queries_file
-from sdqes_edge.cli.queries_watch import Asked, QueriesFileWatcher, file_signature, keyed, line_asker
+from sdqes_edge.cli.queries_watch import Asked, LineAsker, QueriesFileWatcher, file_signature, keyed
 from sdqes_edge.demo import DEMO_BUNDLE
 from sdqes_edge.errors import UserError
 from sdqes_edge.evaluation import evaluate_with, match_traces
@@ -149,18 +149,26 @@ def test_an_exported_bundles_own_queries_keep_their_labels_and_thresholds(tmp_pa
     ((KETTLE, "Tea!", "boil_water", ""), "a new label for", NEVER),
     ((KETTLE, "Tea!", "", "0.75"), "a new threshold for", 0.75),
 ])
-def test_a_new_label_or_threshold_in_the_watched_file_asks_the_query_again_under_it(calibrated, tmp_path, capsys,
-                                                                                    new_row, said, threshold):
+def test_a_new_label_or_threshold_in_the_watched_file_keeps_the_query_and_its_alert_state_under_it(
+        calibrated, tmp_path, capsys, new_row, said, threshold):
+    """The query goes on under its new policy: an event going on does not alert again (its state was begun anew,
+    and a threshold lowered mid-event alerted twice for it), and its alerts so far still count."""
     path = queries_csv(tmp_path / "queries.csv", (KETTLE, "Tea!"))
     detector = StreamingDetector(calibrated)
-    ask = line_asker(detector)
+    ask = LineAsker(detector)
     watched = {key: Asked(line, ask(line)) for key, line in keyed(read_queries_file(str(path))).items()}
     watcher = QueriesFileWatcher(detector, str(path), watched, set(), ask, file_signature(str(path)))
+    (before,) = detector.queries.queries.values()
+    alert_state = detector.streams[0].alerts[before.id]
+    assert alert_state.update(0.99, 0.0)  # its event is going on, alerted
     with open(path, "w", newline="") as f:
         csv.writer(f).writerows([("query", "response", "label", "threshold"), new_row])
     watcher.check(), watcher.check()
     (query,) = detector.queries.queries.values()
-    assert query.policy.threshold == threshold and query.message == "Tea!"
+    assert query.id == before.id and query.policy.threshold == threshold and query.message == "Tea!"
+    assert detector.thresholds() == {query.id: threshold}
+    assert detector.streams[0].alerts[query.id] is alert_state and alert_state.policy == query.policy
+    assert alert_state.active and alert_state.alerts == 1 and not alert_state.update(0.999999999, 1.0)
     detector.close()
     assert capsys.readouterr().err.splitlines() == [
         f"sdqes-edge: --queries-file {path} changed: {said} {KETTLE!r}; 1 query streaming"]
@@ -197,23 +205,34 @@ def test_score_reports_at_each_labels_threshold_as_run_alerts(tmp_path):
     assert "at their label's" not in row_name
 
 
-def test_a_line_whose_new_threshold_cannot_be_asked_is_said_to_be_removed(calibrated, tmp_path, capsys):
-    path = queries_csv(tmp_path / "queries.csv", (KETTLE, "Tea!"))
+def test_a_new_threshold_the_runs_policy_refuses_keeps_the_old_one_and_is_tried_at_the_next_change(
+        calibrated, tmp_path, capsys):
+    path = tmp_path / "queries.csv"
+
+    def write(threshold: str) -> None:
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows([("query", "response", "label", "threshold"),
+                                     (KETTLE, "Tea!", "boil_water", threshold)])
+
+    def edit(threshold: str) -> list[str]:
+        write(threshold)
+        watcher.check(), watcher.check()
+        return capsys.readouterr().err.splitlines()
+
+    write("")  # at its label's threshold, NEVER
     detector = StreamingDetector(calibrated)
-    ask = line_asker(detector)
+    ask = LineAsker(detector, exit_threshold=0.5)  # run --exit-threshold 0.5
     watched = {key: Asked(line, ask(line)) for key, line in keyed(read_queries_file(str(path))).items()}
-
-    def refusing(line):
-        raise UserError("this bundle scores at most 1 query at once")  # as a full fused bundle refuses
-
-    watcher = QueriesFileWatcher(detector, str(path), watched, set(), refusing, file_signature(str(path)))
-    with open(path, "w", newline="") as f:
-        csv.writer(f).writerows([("query", "response", "threshold"), (KETTLE, "Tea!", "0.75")])
-    watcher.check(), watcher.check()
-    assert detector.queries.ids == [] and watcher.watched == {}
+    watcher = QueriesFileWatcher(detector, str(path), watched, set(), ask, file_signature(str(path)))
+    (kettle,) = detector.queries.queries.values()
+    (said,) = edit("0.4")  # below the exit threshold
+    assert said.startswith(f"sdqes-edge: warning: --queries-file's query {KETTLE!r} keeps its threshold {NEVER:g}: ")
+    assert "exit threshold 0.5 must lie in [0, threshold 0.4]" in said
+    assert detector.thresholds() == {kettle.id: NEVER}
+    assert edit("0.75") == [f"sdqes-edge: --queries-file {path} changed: a new threshold for {KETTLE!r}; 1 query "
+                            "streaming"]
+    assert detector.thresholds() == {kettle.id: 0.75}
     detector.close()
-    err = capsys.readouterr().err.splitlines()
-    assert err[-1] == f"sdqes-edge: --queries-file {path} changed: removed {KETTLE!r}; 0 queries streaming"
 
 
 @pytest.mark.parametrize("query, says", [
@@ -226,3 +245,28 @@ def test_export_refuses_a_query_whose_label_or_threshold_the_bundle_could_not_ho
         check_options(ExportOptions(queries=(query,)), warn=lambda m: None)
     assert check_options(ExportOptions(queries=(Query(KETTLE, "Tea!", "boil", np.float32(0.75)),)),
                          warn=lambda m: None).queries
+
+
+def test_set_query_policy_changes_a_querys_threshold_and_label_as_add_query_would_choose_them(calibrated):
+    """From Python as from the watched file: the same query, a threshold chosen as for a new query, and the index of
+    duplicate queries kept true (a query moved onto another's policy warns; moved away, it does not)."""
+    import warnings
+
+    from sdqes_edge.runtime import DuplicateQueryWarning
+
+    detector = StreamingDetector(calibrated)
+    kettle = detector.add_query(KETTLE, label="boil_water")
+    other = detector.add_query(KETTLE, threshold=0.4)
+    assert detector.set_query_policy(kettle.id, label="open_door") is kettle
+    assert (kettle.label, kettle.policy.threshold) == ("open_door", 0.25)
+    with pytest.warns(DuplicateQueryWarning, match=f"already active as {other.id}") as seen:
+        detector.set_query_policy(kettle.id, threshold=0.4)
+    assert seen[0].filename == __file__ and kettle.label is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DuplicateQueryWarning)
+        detector.set_query_policy(kettle.id, threshold=0.3)
+        detector.remove_query(other.id)
+        detector.add_query(KETTLE, threshold=0.4)  # no longer active under that policy
+    with pytest.raises(UserError, match="no query with id 'q9'"):
+        detector.set_query_policy("q9", threshold=0.3)
+    detector.close()

@@ -4,8 +4,8 @@ A service asks its queries from a file (``/etc/sdqes-edge/queries.csv``); withou
 restart: the model loaded and warmed again and the camera reopened, seconds without alerts. Here a thread looks at
 the file every ``QUERIES_POLL_SECONDS`` (a few KB) and, once a change has held for one look (an editor or a script
 may be half way through writing it), applies the difference: new lines are added, lines gone are removed, a line
-whose alert message alone changed keeps its query (and the alert state of an event going on: it does not alert
-again), a line whose threshold or label changed is asked again (under its new threshold). The queries of --query
+whose alert message, threshold or label changed keeps its query under the new message or policy, and its alert
+state: an event going on does not alert again, and its alerts so far still count. The queries of --query
 are never touched. A file that cannot be read, or holds no queries, changes nothing: the queries streaming are
 kept, with a warning.
 """
@@ -16,7 +16,7 @@ import hashlib
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from sdqes_edge.cli.common import PROG, text_key, unique_queries, warn
 from sdqes_edge.cli.queries_file import QueryLine, read_queries_file
@@ -50,13 +50,13 @@ class Asked(NamedTuple):
 class QueriesFileWatcher:
     """Keeps the detector's queries from ``path`` equal to the file's lines. ``watched``: the file's queries as the
     run started (key -> Asked, keyed as ``unique_queries`` tells queries apart); ``fixed``: the keys of the command
-    line's queries, which a line of the file does not ask again; ``ask(line)`` adds a line's query under the run's
-    policy (``line_asker``); ``started_with``: the ``file_signature`` taken before the run read the file (the model
+    line's queries, which a line of the file does not ask again; ``ask``: how the run asks a line (``LineAsker``);
+    ``started_with``: the ``file_signature`` taken before the run read the file (the model
     loads for seconds after that: a change meanwhile is applied at the first looks). ``check`` looks once (the
     thread calls it; a test may call it itself)."""
 
     def __init__(self, detector: StreamingDetector, path: str, watched: dict[str, Asked], fixed: set[str],
-                 ask: Callable[[QueryLine], Query], started_with: bytes | None,
+                 ask: LineAsker, started_with: bytes | None,
                  poll_seconds: float = QUERIES_POLL_SECONDS):
         self.detector, self.path, self.watched, self.fixed, self.ask = detector, path, watched, fixed, ask
         self.poll_seconds = poll_seconds
@@ -104,19 +104,11 @@ class QueriesFileWatcher:
     def apply(self, wanted: dict[str, QueryLine]) -> None:
         """Make the watched queries those of ``wanted`` (key -> line of the file), and say what changed."""
         removed = [self.watched.pop(key).query for key in list(self.watched) if key not in wanted]
-        # Another threshold, or another label (which may pick another threshold): the query is asked again under
-        # it, its alert state anew.
-        new_threshold = {key for key, asked in self.watched.items() if asked.line.threshold != wanted[key].threshold}
-        new_label = {key for key, asked in self.watched.items() if asked.line.label != wanted[key].label}
-        reasked = {key: self.watched.pop(key).query for key in new_threshold | new_label}
-        for query in removed + list(reasked.values()):
+        for query in removed:
             self.detector.remove_query(query.id)
-        renamed = []
+        new_threshold, new_label, renamed = [], [], []
         for key, asked in self.watched.items():
-            if asked.query.message != wanted[key].message:
-                self.detector.set_query_message(asked.query.id, wanted[key].message)
-                renamed.append(asked.query)
-            self.watched[key] = Asked(wanted[key], asked.query)
+            self.watched[key] = self._kept(asked, wanted[key], new_threshold, new_label, renamed)
         added = []
         for key, line in wanted.items():
             if key in self.watched:
@@ -125,35 +117,57 @@ class QueriesFileWatcher:
                 self.watched[key] = Asked(line, self.ask(line))
             except UserError as exc:  # too long for the bundle's tokenizer, a fused bundle full, ...
                 warn(f"--queries-file's query {line.text!r} is not asked: {exc}")
-                if key in reasked:  # asked no more: said as removed
-                    removed.append(reasked.pop(key))
                 continue
-            if key not in reasked:
-                added.append(self.watched[key].query)
+            added.append(self.watched[key].query)
         changes = [f"{what} {quoted(queries)}" for what, queries in (
-            ("added", added), ("removed", removed),
-            ("a new threshold for", [q for key, q in reasked.items() if key in new_threshold]),
-            ("a new label for", [q for key, q in reasked.items() if key not in new_threshold]),
-            ("a new message for", renamed)) if queries]
+            ("added", added), ("removed", removed), ("a new threshold for", new_threshold),
+            ("a new label for", new_label), ("a new message for", renamed)) if queries]
         if changes:
             print(f"{PROG}: --queries-file {self.path} changed: {'; '.join(changes)}; {self.streaming()}",
                   file=sys.stderr)
+
+    def _kept(self, asked: Asked, line: QueryLine, new_threshold: list[Query], new_label: list[Query],
+              renamed: list[Query]) -> Asked:
+        """A query the file still asks, under its line as it is now: each change listed where it belongs."""
+        query = asked.query
+        # Another threshold, or another label (which may pick another threshold): the query under its new policy,
+        # its alert state kept.
+        if (asked.line.threshold, asked.line.label) != (line.threshold, line.label):
+            try:
+                self.ask.change_policy(query, line)
+            except UserError as exc:  # --exit-threshold above the new threshold, ...
+                warn(f"--queries-file's query {line.text!r} keeps its threshold {query.policy.threshold:g}: {exc}")
+                line = line._replace(threshold=asked.line.threshold, label=asked.line.label)  # tried again next time
+            else:
+                (new_threshold if asked.line.threshold != line.threshold else new_label).append(query)
+        if query.message != line.message:
+            self.detector.set_query_message(query.id, line.message)
+            renamed.append(query)
+        return Asked(line, query)
 
     def streaming(self) -> str:
         count = len(self.detector.queries.ids)
         return f"{count} quer{'y' if count == 1 else 'ies'} streaming"
 
 
-def line_asker(detector: StreamingDetector, threshold: float | None = None,
-               **policy_options) -> Callable[[QueryLine], Query]:
+class LineAsker:
     """How a run asks a line of its queries: at the line's own threshold, else ``threshold`` (--threshold), else the
     bundle's for the line's label, else the bundle's default; under the run's other policy options."""
 
-    def ask(line: QueryLine) -> Query:
-        own = line.threshold if line.threshold is not None else threshold
-        return detector.add_query(line.text, line.message, own, label=line.label, **policy_options)
+    def __init__(self, detector: StreamingDetector, threshold: float | None = None, **policy_options):
+        self.detector, self.threshold, self.policy_options = detector, threshold, policy_options
 
-    return ask
+    def __call__(self, line: QueryLine) -> Query:
+        """The line's query added."""
+        return self.detector.add_query(line.text, line.message, self._threshold(line), label=line.label,
+                                       **self.policy_options)
+
+    def change_policy(self, query: Query, line: QueryLine) -> Query:
+        """``query``, asked by an earlier version of ``line``, under the line's threshold and label now."""
+        return self.detector.set_query_policy(query.id, self._threshold(line), label=line.label, **self.policy_options)
+
+    def _threshold(self, line: QueryLine) -> float | None:
+        return line.threshold if line.threshold is not None else self.threshold
 
 
 def keyed(lines: list[QueryLine]) -> dict[str, QueryLine]:

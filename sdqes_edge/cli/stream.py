@@ -23,7 +23,7 @@ from sdqes_edge.cli.common import (
 )
 from sdqes_edge.cli.output import stdout_reader_left
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, QueryLine, read_queries_file
-from sdqes_edge.cli.queries_watch import Asked, QueriesFileWatcher, file_signature, keyed, line_asker
+from sdqes_edge.cli.queries_watch import Asked, LineAsker, QueriesFileWatcher, file_signature, keyed
 from sdqes_edge.cli.run_device import backend_words, device_tip
 from sdqes_edge.cli.run_outputs import (
     ALERT_SNAPSHOT_SECONDS,
@@ -105,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               "little", file=sys.stderr)
     stats = RunStats()
     watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys,
-                                 line_asker(detector, args.threshold, **_policy(args)), args.queries_file_version) \
+                                 LineAsker(detector, args.threshold, **_policy(args)), args.queries_file_version) \
         if args.watch_queries else nullcontext()
     exit_code = _stream(detector, sources, args, stats, live, manager, watcher)
     _summarize(sources, stats, exit_code, [str(p) for p in [args.events, *videos_written(video_sinks), args.save_state,
@@ -228,7 +228,7 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple
     queries, messages = args.query or [], args.message or []
     paired = [QueryLine(text, messages[i] if i < len(messages) else None) for i, text in enumerate(queries)]
     command_line_keys, from_file = {text_key(line.text) for line in paired}, {}
-    ask = line_asker(detector, args.threshold, **_policy(args))
+    ask = LineAsker(detector, args.threshold, **_policy(args))
     for key, line in keyed(paired + args.file_queries).items():
         query = ask(line)
         if key not in command_line_keys:
@@ -351,7 +351,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help=f"more queries with their alert messages: {QUERIES_FILE_HELP}")
     run.add_argument("--watch-queries", action="store_true",
                      help="read the --queries-file again whenever it changes, while the stream runs (within 2 s): "
-                          "lines added are asked, lines removed stop, a changed message keeps its query's state; "
+                          "lines added are asked, lines removed stop, a changed message, threshold or label keeps its "
+                          "query's alert state; "
                           "a service's queries change without a restart")
     run.add_argument("--threshold", type=finite_number,
                      help="alert threshold on sigmoid(cos) of the queries without their own (a threshold column "
