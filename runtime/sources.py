@@ -221,6 +221,28 @@ def _exists(path: Path) -> bool:
         return False
 
 
+def source_kind(spec: str) -> str:
+    """What a --source names, before anything is opened: "camera" (an index), "web" (an HTTP(S) URL: a live stream
+    or a video file, told apart once opened), "stream" (an RTSP/UDP/TCP URL, a GStreamer pipeline that names no
+    file: clip!.mp4 is a file), "missing camera" (a path under /dev that is not there: a camera not yet plugged in),
+    "missing", "folder", "device" (a camera by its device file: a service names it by /dev/v4l/by-id/..., which,
+    unlike its index, stays its own when cameras are plugged in another order) or "file". The native sdqes-run
+    decides alike (tests/vectors/source_kinds.json)."""
+    if spec.isdigit():
+        return "camera"
+    if spec.startswith(WEB_PREFIXES):
+        return "web"
+    path = Path(spec)
+    exists = _exists(path)
+    if spec.startswith(URL_PREFIXES) or (is_gstreamer_pipeline(spec) and not exists):
+        return "stream"
+    if not exists:
+        return "missing camera" if path.parts[:2] == ("/", "dev") else "missing"
+    if path.is_dir():
+        return "folder"
+    return "device" if is_device_file(path) else "file"
+
+
 def open_source(spec: str | Path | int, fps: float) -> FrameSource:
     """A camera index ("0" or 0), a URL or GStreamer pipeline, an image folder, or a video file."""
     if isinstance(spec, bool) or not isinstance(spec, (str, Path, int)):
@@ -228,22 +250,19 @@ def open_source(spec: str | Path | int, fps: float) -> FrameSource:
     spec = str(spec)
     if not spec.strip():  # an unset shell variable ("$VIDEO"): Path("") is ".", whose images were streamed
         raise UserError("the source is empty; give a video file, an image folder, a camera index or a URL")
-    if spec.isdigit():
+    kind, path = source_kind(spec), Path(spec)
+    if kind == "camera":
         return LiveSource(int(spec), fps)
-    path = Path(spec)
-    exists = _exists(path)
-    if spec.startswith(WEB_PREFIXES):
+    if kind == "web":
         return _open_web_source(spec, fps)
-    if spec.startswith(URL_PREFIXES) or (is_gstreamer_pipeline(spec) and not exists):  # clip!.mp4 is a file
-        return LiveSource(spec, fps)
-    if not exists:
-        if path.parts[:2] == ("/", "dev"):  # a camera not (yet) plugged in: the machine's state, which a service
-            raise SourceUnavailable(open_failure_words(spec))  # manager's restart may mend (exit 1, not 2)
+    if kind in ("stream", "device"):
+        return LiveSource(spec if kind == "stream" else str(path), fps)
+    if kind == "missing camera":  # the machine's state, which a service manager's restart may mend (exit 1, not 2)
+        raise SourceUnavailable(open_failure_words(spec))
+    if kind == "missing":
         raise UserError(f"source {spec} is neither a file, a folder, a camera index nor a URL")
-    if path.is_dir():
+    if kind == "folder":
         return ImageFolderSource(path, fps)
-    if is_device_file(path):  # a camera by its device file: a service names it by /dev/v4l/by-id/..., which,
-        return LiveSource(str(path), fps)  # unlike its index, stays its own when cameras are plugged in another order
     if path.suffix.lower() in IMAGE_SUFFIXES:  # OpenCV opens it as a one-frame video: one score, no event start
         raise UserError(f"source {spec} is a still image; the model watches frames over time for the moment an "
                         f"event starts: give a video, a camera or a URL, or the folder of frames ({path.parent}) "

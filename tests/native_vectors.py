@@ -90,6 +90,22 @@ def source_name_cases() -> dict:
             "shown": {u: without_password(u) for u in SHOWN_URLS}}
 
 
+# What a --source names (runtime/sources.py's source_kind), machine-independent: "{vectors}" stands for this folder,
+# made absolute by each side's test. And the back-off between attempts to reopen a live source that dropped.
+SOURCE_KIND_SPECS = ["0", "12", "rtsp://admin:pw@10.0.0.5:554/x", "udp://@:5000", "http://h/video.mjpg",
+                     "https://h/clip.mp4", "nvarguscamerasrc sensor-id=0 ! appsink", "/no/such/clip!.mp4", "/dev/null",
+                     "/dev/video987", "/dev/v4l/by-id/usb-none-video-index0", "/no/such/clip.mp4", "{vectors}",
+                     "{vectors}/frame_40x60.png", "{vectors}/bundle/manifest.json"]
+
+
+def source_kind_cases() -> dict:
+    from sdqes_edge.runtime.live_source import RECONNECT_DELAYS_S
+    from sdqes_edge.runtime.sources import source_kind
+
+    return {"kinds": {spec: source_kind(spec.replace("{vectors}", str(VECTORS))) for spec in SOURCE_KIND_SPECS},
+            "reconnect_delays_s": list(RECONNECT_DELAYS_S)}
+
+
 # A bundle's recorded thresholds x a query of its own (its label, its own threshold) x sdqes-run's options: the
 # policy each query alerts under (runtime/bundle.py's Bundle.policy_for; a query's own threshold comes first).
 CALIBRATED = {"default": 0.6, "per_label": {"open_door": 0.7, "boil_water": 0.45},
@@ -215,6 +231,7 @@ def write_sampling(out: Path = VECTORS) -> None:
     policies = [dict(case, expected=query_policy(case)) for case in QUERY_POLICY_CASES]
     (out / "query_policies.json").write_text(json.dumps(policies, indent=2) + "\n")
     (out / "alert_events.json").write_text(json.dumps(alert_event_lines(), indent=2) + "\n")
+    (out / "source_kinds.json").write_text(json.dumps(source_kind_cases(), indent=2) + "\n")
 
 
 def write(out: Path = VECTORS) -> None:

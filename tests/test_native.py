@@ -25,6 +25,7 @@ from native_vectors import (
     preprocess_expected,
     query_policy,
     sampling_counts,
+    source_kind_cases,
     source_name_cases,
 )
 
@@ -46,6 +47,7 @@ def test_the_python_runtime_still_produces_the_shared_vectors():
     for case in json.loads((VECTORS / "query_policies.json").read_text()):
         assert query_policy(case) == case["expected"], case["name"]
     assert alert_event_lines() == json.loads((VECTORS / "alert_events.json").read_text())
+    assert source_kind_cases() == json.loads((VECTORS / "source_kinds.json").read_text())
     expected = json.loads((VECTORS / "bundle_expected.json").read_text())
     bundle = load_bundle(VECTORS / "bundle")
     assert bundle.state_spec.to_list() == expected["state"]
@@ -112,6 +114,14 @@ def test_sdqes_run_refuses_a_manifest_entry_outside_the_bundle(case, native_buil
     assert "outside the bundle" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> str:
+    """A --source that is there: sdqes-run looks at what its source is before it looks for an engine."""
+    path = tmp_path_factory.mktemp("source") / "clip.mp4"
+    path.write_bytes(b"")
+    return str(path)
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda b: (b / "manifest.json").write_text("{"), "not valid JSON"),
     (lambda b: (b / "manifest.json").write_text(re.sub(r'"fps": [0-9.]+', '"fps": NaN',
@@ -119,11 +129,11 @@ def test_sdqes_run_refuses_a_manifest_entry_outside_the_bundle(case, native_buil
     (lambda b: (b / "text.onnx").write_bytes(b"changed"), "text.onnx does not match the sha256"),
     (lambda b: None, "no fp16 TensorRT engine"),
 ])
-def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_build, tmp_path):
+def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_build, tmp_path, clip):
     bundle = tmp_path / "bundle"
     shutil.copytree(VECTORS / "bundle", bundle)
     damage(bundle)
-    done = subprocess.run([str(native_build / "sdqes-run"), str(bundle), "--source", "clip.mp4"],
+    done = subprocess.run([str(native_build / "sdqes-run"), str(bundle), "--source", clip],
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -140,12 +150,29 @@ def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_buil
     ("--precision", "fp64", "--precision fp64 is not one of fp16, fp32, int8"),  # "build a fp64 engine"
 ])
 def test_sdqes_run_refuses_a_bad_option_value_in_one_line_before_it_looks_for_an_engine(option, value, message,
-                                                                                        native_build):
-    args = {"--source": "clip.mp4", option: value}
+                                                                                        native_build, clip):
+    args = {"--source": clip, option: value}
     done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), *sum(args.items(), ())],
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("source, message, status", [
+    ("/no/such/kitchen.mp4", "--source /no/such/kitchen.mp4 is neither a video file, a camera index nor a stream URL",
+     2),
+    (str(VECTORS), f"--source {VECTORS} is a folder; sdqes-run reads a video, a camera or a stream", 2),
+    # A camera not (yet) plugged in: the machine's state, which a service manager's restart may mend.
+    ("/dev/v4l/by-id/usb-none-video-index0", "no camera at /dev/v4l/by-id/usb-none-video-index0; check it is "
+     "connected", 1),
+])
+def test_sdqes_run_says_what_its_source_is_not_as_sdqes_edge_run_does(source, message, status, native_build):
+    """As `sdqes-edge run`: a mistake in the command exits 2, a camera that is not there 1; one line, before any
+    engine is looked for."""
+    done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), "--source", source],
+                          capture_output=True, text=True)
+    assert (done.returncode, len(done.stderr.strip().splitlines())) == (status, 1), done.stderr
+    assert message in done.stderr
 
 
 def test_sdqes_run_names_a_file_given_as_the_bundle_a_file(native_build):

@@ -2,12 +2,15 @@
 // without_password and runtime/sources.py's video_file_name (tests/vectors/source_names.json holds them together).
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "sdqes/runtime.hpp"
 
 namespace sdqes {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -137,9 +140,20 @@ std::string live_source_name(const std::string& target) {
 std::string camera_name(int index) { return "camera" + std::to_string(index); }
 
 std::string source_name(const std::string& source) {
-  const bool live = is_gstreamer_pipeline(source) || (starts_with_any(source, kUrlPrefixes) &&
-                                                      !starts_with_any(source, kWebPrefixes));
-  return live ? live_source_name(source) : video_file_name(source);
+  const std::string kind = source_kind(source);
+  return kind == "stream" || kind == "device" ? live_source_name(source) : video_file_name(source);
+}
+
+std::string source_kind(const std::string& source) {
+  if (!source.empty() && source.find_first_not_of("0123456789") == std::string::npos) return "camera";
+  if (starts_with_any(source, kWebPrefixes)) return "web";
+  std::error_code error;  // a name longer than a file's may be (a long GStreamer pipeline) names no file
+  const auto status = fs::status(source, error);
+  const bool exists = !error && fs::exists(status);
+  if (starts_with_any(source, kUrlPrefixes) || (is_gstreamer_pipeline(source) && !exists)) return "stream";
+  if (!exists) return source == "/dev" || starts_with(source, "/dev/") ? "missing camera" : "missing";
+  if (fs::is_directory(status)) return "folder";
+  return fs::is_character_file(status) ? "device" : "file";
 }
 
 std::string video_file_name(const std::string& location) {

@@ -1,5 +1,6 @@
 // The native runtime reproduces the Python runtime on vectors the Python side wrote (tests/vectors/).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <regex>
 #include <sstream>
 
@@ -119,6 +121,68 @@ TEST(SourceNames, EachSourceIsCalledWhatThePythonRuntimeCallsIt) {
   for (const auto& [target, name] : names["live"].items()) EXPECT_EQ(sdqes::live_source_name(target), name) << target;
   for (const auto& [file, name] : names["video_files"].items()) EXPECT_EQ(sdqes::video_file_name(file), name) << file;
   for (const auto& [url, shown] : names["shown"].items()) EXPECT_EQ(sdqes::without_password(url), shown) << url;
+}
+
+TEST(SourceKinds, EachSourceIsReadAsThePythonRuntimeReadsIt) {
+  // Live (a camera, a stream: stamped by the wall clock, reopened when it drops) or a file, decided alike.
+  const json vectors = read_json(kVectors / "source_kinds.json");
+  for (const auto& [spec, kind] : vectors["kinds"].items()) {
+    std::string source = spec;
+    const size_t at = source.find("{vectors}");
+    if (at != std::string::npos) source.replace(at, 9, fs::absolute(kVectors).string());
+    EXPECT_EQ(sdqes::source_kind(source), kind.get<std::string>()) << source;
+  }
+  EXPECT_EQ(sdqes::reconnect_delays_s(), vectors["reconnect_delays_s"].get<std::vector<double>>());
+}
+
+namespace {
+
+struct ReconnectRecord {
+  std::vector<double> waited;
+  std::vector<std::string> said;
+  int opens = 0;
+};
+
+int reconnect_with(ReconnectRecord& record, int opens_on_attempt, int stopped_in_wait = 0) {
+  return sdqes::reconnect(
+      "cam", [&] { return ++record.opens == opens_on_attempt; },
+      [&](double s) {
+        record.waited.push_back(s);
+        return static_cast<int>(record.waited.size()) != stopped_in_wait;
+      },
+      [&](const std::string& line) { record.said.push_back(line); });
+}
+
+}  // namespace
+
+TEST(Reconnect, BacksOffAsThePythonLiveSourceDoesAndSaysEachAttempt) {
+  ReconnectRecord back;
+  EXPECT_EQ(reconnect_with(back, 3), 3);
+  EXPECT_EQ(back.waited, (std::vector<double>{0.5, 1.0, 2.0}));
+  EXPECT_EQ(back.said, (std::vector<std::string>{"cam: no frame; reconnecting in 0.5 s (attempt 1 of 5)",
+                                                  "cam: no frame; reconnecting in 1 s (attempt 2 of 5)",
+                                                  "cam: no frame; reconnecting in 2 s (attempt 3 of 5)",
+                                                  "cam: reconnected"}));
+  ReconnectRecord gone;  // never back: five attempts over 15.5 s, then the run ends (exit status 1)
+  EXPECT_EQ(reconnect_with(gone, 0), 0);
+  EXPECT_EQ(gone.opens, 5);
+  EXPECT_DOUBLE_EQ(std::accumulate(gone.waited.begin(), gone.waited.end(), 0.0), 15.5);
+  EXPECT_EQ(gone.said.back(), "cam: gave up after 5 attempts");
+  ReconnectRecord stopped;  // Ctrl-C while it waits: no further attempt
+  EXPECT_EQ(reconnect_with(stopped, 0, 2), 0);
+  EXPECT_EQ(stopped.opens, 1);
+  EXPECT_EQ(stopped.said.size(), 2u);
+}
+
+TEST(Reconnect, AWaitEndsAtOnceWhenTheRunIsAskedToStop) {
+  const sdqes::StopOnSignal stop;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(sdqes::wait_unless_stopped(0.1, stop));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(100));
+  std::raise(SIGTERM);
+  const auto signalled = std::chrono::steady_clock::now();
+  EXPECT_FALSE(sdqes::wait_unless_stopped(8.0, stop));  // the longest back-off, cut short
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, std::chrono::seconds(1));
 }
 
 TEST(SourceNames, SdqesRunNamesAStreamAsLiveAndAnythingElseAsAFile) {

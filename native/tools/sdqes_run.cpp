@@ -1,8 +1,9 @@
 // sdqes-run: `sdqes-edge run` for C++ robots, on a bundle's TensorRT engine.
-//   sdqes-run BUNDLE --source VIDEO|CAMERA_INDEX [--precision fp16] [--threshold X] [--exit-threshold X]
+//   sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--precision fp16] [--threshold X] [--exit-threshold X]
 //             [--cooldown S] [--max-alerts K] [--events FILE] [--max-frames N]
 // Queries come pre-encoded in the bundle (sdqes-edge export --query ...). A user's mistake is one line on
-// stderr and exit code 2.
+// stderr and exit code 2; a camera or stream that cannot be opened, or that stopped sending frames and did not
+// come back, exit code 1 (the machine's state: a service manager starts the run again), as `sdqes-edge run`.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <opencv2/videoio.hpp>
@@ -23,7 +25,7 @@
 namespace {
 
 const char* kUsage =
-    "usage: sdqes-run BUNDLE --source VIDEO|CAMERA_INDEX [--precision fp16|fp32|int8] [--threshold X]\n"
+    "usage: sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--precision fp16|fp32|int8] [--threshold X]\n"
     "                 [--exit-threshold X] [--cooldown S] [--max-alerts K] [--events FILE] [--max-frames N]\n";
 
 std::map<std::string, std::string> parse(int argc, char** argv, std::string& bundle) {
@@ -48,7 +50,9 @@ std::map<std::string, std::string> parse(int argc, char** argv, std::string& bun
     }
   }
   if (bundle.empty()) throw sdqes::Error("give the bundle directory (see sdqes-run --help)");
-  if (!options.count("--source")) throw sdqes::Error("give --source VIDEO or a camera index");
+  if (!options.count("--source")) {
+    throw sdqes::Error("give --source VIDEO, a camera (its index or device file) or a stream URL");
+  }
   return options;
 }
 
@@ -87,6 +91,40 @@ int64_t whole_number(const std::string& key, const std::string& text, int64_t mi
   return value;
 }
 
+// A camera or stream that cannot be opened, or stopped sending frames for good: exit status 1, not 2.
+struct SourceUnavailable : sdqes::Error {
+  using sdqes::Error::Error;
+};
+
+// What --source is, read as `sdqes-edge run` reads it (sdqes::source_kind): live (a camera by its index or device
+// file, a stream URL or pipeline; an HTTP(S) URL once its container counts no frames) is stamped by the wall
+// clock, each frame stepped once, and reopened with back-off when it drops; a file is stamped by its container.
+struct Source {
+  std::string spec, kind, shown;  // shown: a URL without its password
+  int camera_index = -1;
+
+  bool open(cv::VideoCapture& capture) const {
+    capture.release();
+    return kind == "camera" ? capture.open(camera_index) : capture.open(spec);
+  }
+};
+
+Source read_source(const std::string& spec) {
+  Source source{spec, sdqes::source_kind(spec), sdqes::without_password(spec)};
+  if (source.kind == "camera") {
+    source.camera_index = static_cast<int>(std::min<int64_t>(whole_number("--source", spec, 0),
+                                                             std::numeric_limits<int>::max()));
+  } else if (source.kind == "missing") {
+    throw sdqes::Error("--source " + source.shown + " is neither a video file, a camera index nor a stream URL");
+  } else if (source.kind == "missing camera") {
+    throw SourceUnavailable("no camera at " + spec + "; check it is connected (ls /dev/video*)");
+  } else if (source.kind == "folder") {
+    throw sdqes::Error("--source " + spec + " is a folder; sdqes-run reads a video, a camera or a stream "
+                       "(sdqes-edge run streams a folder of images)");
+  }
+  return source;
+}
+
 int run(int argc, char** argv) {
   std::string bundle_path;
   const auto o = parse(argc, argv, bundle_path);
@@ -108,14 +146,7 @@ int run(int argc, char** argv) {
   }
   // -1: to the end of the source
   const int64_t max_frames = o.count("--max-frames") ? whole_number("--max-frames", o.at("--max-frames"), 1) : -1;
-  const std::string source = o.at("--source");
-  const bool camera = !source.empty() && source.find_first_not_of("0123456789") == std::string::npos;
-  const int camera_index = camera ? static_cast<int>(std::min<int64_t>(whole_number("--source", source, 0),
-                                                                       std::numeric_limits<int>::max()))
-                                  : -1;
-  // What alerts call the source (the JSONL `stream`), as `sdqes-edge run` calls it; a URL's password never shown.
-  const std::string stream_name = camera ? sdqes::camera_name(camera_index) : sdqes::source_name(source);
-  const std::string shown = sdqes::without_password(source);
+  const Source source = read_source(o.at("--source"));
   const std::string precision = o.at("--precision");
   if (precision != "fp16" && precision != "fp32" && precision != "int8") {  // not "build a fp64 engine"
     throw sdqes::Error("--precision " + precision + " is not one of fp16, fp32, int8");
@@ -128,20 +159,30 @@ int run(int argc, char** argv) {
   // The engine built for this GPU and this TensorRT, by its sidecar: a bundle may carry engines for several.
   const auto engine = sdqes::find_engine(bundle, precision, sdqes::current_engine_target());
   cv::VideoCapture capture;
-  camera ? capture.open(camera_index) : capture.open(source);
-  if (!capture.isOpened()) throw sdqes::Error("OpenCV cannot open " + shown + "; check the file plays or the camera");
+  if (!source.open(capture)) {
+    if (source.kind == "file") throw sdqes::Error("OpenCV cannot open " + source.shown + "; check the file plays");
+    throw SourceUnavailable("OpenCV cannot open " + source.shown + "; check the camera is connected, or that the "
+                            "URL plays from this machine");
+  }
+  const bool live = source.kind == "camera" || source.kind == "stream" || source.kind == "device" ||
+                    (source.kind == "web" && !(capture.get(cv::CAP_PROP_FRAME_COUNT) > 0));
+  // What alerts call the source (the JSONL `stream`), as `sdqes-edge run` calls it; a URL's password never shown.
+  const std::string stream_name = source.kind == "camera" ? sdqes::camera_name(source.camera_index)
+                                  : live                  ? sdqes::live_source_name(source.spec)
+                                                          : sdqes::video_file_name(source.spec);
   sdqes::TensorRTStep step(engine, bundle);
   step.warm_up();  // before the first frame: its latency is a steady one
   std::unique_ptr<sdqes::JsonlSink> sink;
   if (o.count("--events")) sink = std::make_unique<sdqes::JsonlSink>(o.at("--events"));
   const double period = 1.0 / bundle.fps;
   // Sample times k / fps, each served by the first frame at or after it (runtime/sampling.py). A file's frame is
-  // repeated where the video is slower than the bundle; a camera's steps once, the sample times it missed skipped.
-  const double native_fps = camera ? 0.0 : capture.get(cv::CAP_PROP_FPS);
-  const double end_time = camera ? std::numeric_limits<double>::infinity()
-                                 : sdqes::stated_end_time(capture.get(cv::CAP_PROP_FRAME_COUNT), native_fps);
+  // repeated where the video is slower than the bundle; a live source's steps once, the sample times it missed
+  // skipped.
+  const double native_fps = live ? 0.0 : capture.get(cv::CAP_PROP_FPS);
+  const double end_time = live ? std::numeric_limits<double>::infinity()
+                               : sdqes::stated_end_time(capture.get(cv::CAP_PROP_FRAME_COUNT), native_fps);
   if (native_fps > 0 && native_fps < bundle.fps) {
-    std::cerr << "sdqes-run: note: " << shown << " has " << native_fps << " frames per second, fewer than the "
+    std::cerr << "sdqes-run: note: " << source.shown << " has " << native_fps << " frames per second, fewer than the "
               << bundle.fps << " the bundle samples: each frame is repeated for the sample times it covers"
               << std::endl;
   }
@@ -151,19 +192,30 @@ int run(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   cv::Mat image;
   const sdqes::StopOnSignal stop;  // Ctrl-C, docker stop, systemd: the frame in hand is finished, then the loop ends
-  while (!enough && !stop.requested() && capture.grab()) {
-    const double stamp = camera ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
-                                : capture.get(cv::CAP_PROP_POS_MSEC) / 1000.0;
+  bool lost = false;               // a live source that stopped sending frames and did not come back
+  while (!enough && !stop.requested()) {
+    if (!capture.grab()) {
+      if (!live) break;  // a file's end
+      capture.release();
+      const auto reopen = [&] { return source.open(capture); };
+      const auto wait = [&](double seconds) { return sdqes::wait_unless_stopped(seconds, stop); };
+      const auto say = [](const std::string& line) { std::cerr << "sdqes-run: " << line << std::endl; };
+      lost = sdqes::reconnect(stream_name, reopen, wait, say) == 0 && !stop.requested();
+      if (lost) break;
+      continue;  // stamps go on from the run's start, as in Python
+    }
+    const double stamp = live ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+                              : capture.get(cv::CAP_PROP_POS_MSEC) / 1000.0;
     const int64_t served = sdqes::samples_served(stamp, next_sample, period, end_time);
     if (served == 0) continue;
     next_sample += served;
-    const int64_t count = camera ? 1 : served;
+    const int64_t count = live ? 1 : served;
     capture.retrieve(image);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<float> batch = sdqes::preprocess(image, bundle.image_size, bundle.preprocess);
     batch.resize(batch.size() * bundle.batch, 0.0f);  // extra stream slots idle
     for (int64_t served = 0; served < count && !enough; ++served) {
-      const double time = camera ? stamp : index * period;
+      const double time = live ? stamp : index * period;
       const auto& embedding = step.step(batch);
       const auto probs = sdqes::probabilities(embedding.data(), queries);
       const double latency = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -172,8 +224,8 @@ int run(int argc, char** argv) {
         if (states[q].update(probs[q], time)) {
           sdqes::AlertEvent e{"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], stream_name, time,
                               index, probs[q], std::log(probs[q] / (1 - probs[q])), latency,
-                              states[q].policy().threshold};
-          if (!queries.labels[q].empty()) e.label = queries.labels[q];
+                              states[q].policy().threshold,
+                              queries.labels[q].empty() ? std::nullopt : std::optional<std::string>(queries.labels[q])};
           if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
           std::cout << "[" << time << " s] " << e.message << "  (p=" << e.score << ")" << std::endl;
         }
@@ -187,9 +239,11 @@ int run(int argc, char** argv) {
               << std::endl;
     return stop.exit_code();
   }
-  if (camera && !enough) {  // a camera never ends: it went away; a failure, so a service manager starts it again
-    std::cerr << "sdqes-run: error: camera " << camera_index << " stopped sending frames after " << index
-              << " frames: the stream ended there, every output complete (exit status 1)" << std::endl;
+  if (lost) {  // a live source never ends: it went away; a failure, so a service manager starts the run again
+    const size_t attempts = sdqes::reconnect_delays_s().size();
+    std::cerr << "sdqes-run: error: " << stream_name << " stopped sending frames and did not come back after "
+              << attempts << " reconnection attempts: the stream ended there after " << index
+              << " frames, every output complete (exit status 1)" << std::endl;
     return 1;
   }
   std::cerr << "done: " << index << " frames" << std::endl;
@@ -202,6 +256,9 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const SourceUnavailable& e) {
+    std::cerr << "sdqes-run: error: " << e.what() << std::endl;
+    return 1;
   } catch (const sdqes::Error& e) {
     std::cerr << "sdqes-run: error: " << e.what() << std::endl;
     return 2;

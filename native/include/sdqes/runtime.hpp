@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -122,9 +123,25 @@ std::string live_source_name(const std::string& target);
 std::string video_file_name(const std::string& location);
 std::string without_password(const std::string& url);
 bool is_gstreamer_pipeline(const std::string& target);
-// sdqes-run's --source other than a camera index: an RTSP/UDP/TCP URL or a pipeline by live_source_name, anything
-// else (a file, a video served over HTTP(S), a device file) by video_file_name.
+// sdqes-run's --source other than a camera index: a live one (an RTSP/UDP/TCP URL, a pipeline, a camera's device
+// file: source_kind) by live_source_name, anything else by video_file_name (an HTTP(S) URL until it is opened: one
+// whose container counts no frames is a live stream, named by live_source_name).
 std::string source_name(const std::string& source);
+// What a --source names, before anything is opened, as runtime/sources.py's source_kind decides
+// (tests/vectors/source_kinds.json): "camera" (an index), "web" (an HTTP(S) URL: a live stream or a video file,
+// told apart once opened by whether its container counts frames), "stream" (an RTSP/UDP/TCP URL, a GStreamer
+// pipeline that names no file), "missing camera" (a path under /dev that is not there), "missing", "folder",
+// "device" (a camera by its device file) or "file".
+std::string source_kind(const std::string& source);
+
+// The back-off between attempts to reopen a live source (a camera, a stream) that stopped sending frames; after
+// the last, it gives up (runtime/live_source.py's RECONNECT_DELAYS_S, tests/vectors/source_kinds.json).
+const std::vector<double>& reconnect_delays_s();
+// Reopens a live source that stopped sending frames, as the Python runtime's LiveSource does: before each attempt
+// `log` says so ("NAME: no frame; reconnecting in 0.5 s (attempt 1 of 5)") and `wait` waits its delay (false: the
+// run was asked to stop meanwhile); `open` tries once. -> the attempt that reopened it, or 0 (gave up, or stopped).
+int reconnect(const std::string& name, const std::function<bool()>& open, const std::function<bool(double)>& wait,
+              const std::function<void(const std::string&)>& log);
 
 // One BGR uint8 frame -> normalized float32 [3, R, R] (CHW), as runtime/preprocess.py does.
 std::vector<float> preprocess(const cv::Mat& bgr, int image_size, const Preprocess& p);
@@ -221,6 +238,10 @@ class StopOnSignal {
  private:
   std::array<struct sigaction, 3> previous_{};
 };
+
+// Sleeps `seconds` unless `stop` is requested meanwhile (looked at every 50 ms) -> false when it was: a stream's
+// loop waiting to reconnect a camera still stops at once for Ctrl-C or `docker stop`.
+bool wait_unless_stopped(double seconds, const StopOnSignal& stop);
 
 // The engine for `precision` under engines/<device>/ (any device when `device_folder` is empty).
 std::filesystem::path find_engine(const Bundle& bundle, const std::string& precision,

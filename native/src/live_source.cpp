@@ -1,0 +1,46 @@
+// A live source that stopped sending frames, reopened with back-off: the twin of runtime/live_source.py's LiveSource.
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+#include <thread>
+
+#include "sdqes/runtime.hpp"
+
+namespace sdqes {
+
+const std::vector<double>& reconnect_delays_s() {
+  static const std::vector<double> delays{0.5, 1.0, 2.0, 4.0, 8.0};  // live_source.RECONNECT_DELAYS_S
+  return delays;
+}
+
+int reconnect(const std::string& name, const std::function<bool()>& open, const std::function<bool(double)>& wait,
+              const std::function<void(const std::string&)>& log) {
+  const auto& delays = reconnect_delays_s();
+  for (size_t attempt = 1; attempt <= delays.size(); ++attempt) {
+    std::ostringstream said;  // the delay as Python's {:g} writes it: 0.5, 1, 2
+    said << name << ": no frame; reconnecting in " << delays[attempt - 1] << " s (attempt " << attempt << " of "
+         << delays.size() << ")";
+    log(said.str());
+    if (!wait(delays[attempt - 1])) return 0;
+    if (open()) {
+      log(name + ": reconnected");
+      return static_cast<int>(attempt);
+    }
+  }
+  log(name + ": gave up after " + std::to_string(delays.size()) + (delays.size() == 1 ? " attempt" : " attempts"));
+  return 0;
+}
+
+bool wait_unless_stopped(double seconds, const StopOnSignal& stop) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double>(seconds));
+  while (!stop.requested()) {
+    const Clock::duration left = until - Clock::now();
+    if (left <= Clock::duration::zero()) return true;
+    std::this_thread::sleep_for(std::min<Clock::duration>(left, std::chrono::milliseconds(50)));
+  }
+  return false;
+}
+
+}  // namespace sdqes
