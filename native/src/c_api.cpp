@@ -77,6 +77,19 @@ sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, double coo
   }
 }
 
+sdqes_alert* sdqes_alert_for_label(const sdqes_bundle* b, const char* label, char* error, size_t error_size) {
+  if (!b) {
+    set_error(error, error_size, "bundle is NULL; give sdqes_alert_for_label the bundle sdqes_bundle_open opened");
+    return nullptr;
+  }
+  try {
+    return new sdqes_alert{sdqes::AlertState(sdqes::query_policy(b->bundle, label ? label : "", std::nullopt, {}))};
+  } catch (const std::exception& e) {
+    set_error(error, error_size, e.what());
+    return nullptr;
+  }
+}
+
 int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_time) {
   if (!alert) return -1;
   return alert->state.update(probability, stream_time) ? 1 : 0;

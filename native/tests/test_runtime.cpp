@@ -541,6 +541,40 @@ TEST(CApi, OpensABundleAndReportsErrorsAsText) {
   sdqes_alert_free(a);
 }
 
+TEST(CApi, AQuerysAlertTakesTheBundlesThresholdForItsLabelAndTheRecordedPolicy) {
+  // The calibrated thresholds of tests/vectors/query_policies.json, written into a copy of the shared bundle.
+  const fs::path bundle = fs::temp_directory_path() / ("sdqes-native-calibrated-" + std::to_string(::getpid()));
+  fs::remove_all(bundle);
+  fs::copy(kVectors / "bundle", bundle, fs::copy_options::recursive);
+  json manifest = read_json(bundle / "manifest.json");
+  manifest["thresholds"] = {{"default", 0.6},
+                            {"per_label", {{"open_door", 0.7}, {"boil_water", 0.45}}},
+                            {"policy", {{"exit_margin", 0.05}, {"cooldown_s", 20.0}}}};
+  std::ofstream(bundle / "manifest.json") << manifest.dump();
+  char error[512] = {0};
+  sdqes_bundle* b = sdqes_bundle_open(bundle.c_str(), error, sizeof error);
+  ASSERT_NE(b, nullptr) << error;
+  const auto alerts = [&](const char* label, const std::vector<double>& probs) {
+    sdqes_alert* a = sdqes_alert_for_label(b, label, error, sizeof error);
+    EXPECT_NE(a, nullptr) << error;
+    std::vector<int> frames;
+    for (size_t t = 0; a && t < probs.size(); ++t) {
+      if (sdqes_alert_update(a, probs[t], static_cast<double>(t)) == 1) frames.push_back(static_cast<int>(t));
+    }
+    sdqes_alert_free(a);
+    return frames;
+  };
+  const std::vector<double> probs{0.62, 0.5, 0.68, 0.72, 0.5, 0.8};
+  EXPECT_EQ(alerts("open_door", probs), std::vector<int>{3});  // 0.7; then 20 s of cooldown
+  EXPECT_EQ(alerts("boil_water", probs), std::vector<int>{0});  // 0.45, on until p <= 0.40, then cooldown
+  EXPECT_EQ(alerts(nullptr, probs), std::vector<int>{0});        // the default 0.6
+  EXPECT_EQ(alerts("sit_down", {0.62, 0.58, 0.61}), std::vector<int>{0});  // hysteresis: on until p <= 0.55
+  EXPECT_EQ(sdqes_alert_for_label(nullptr, "open_door", error, sizeof error), nullptr);
+  EXPECT_NE(std::string(error).find("bundle is NULL"), std::string::npos) << error;
+  sdqes_bundle_close(b);
+  fs::remove_all(bundle);
+}
+
 TEST(CApi, RefusesNullHandlesAndANaNExitThresholdInsteadOfCrashingOrUnsettingIt) {
   char error[512] = {0};
   EXPECT_EQ(sdqes_bundle_open(nullptr, error, sizeof error), nullptr);

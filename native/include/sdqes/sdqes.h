@@ -27,6 +27,10 @@ int sdqes_preprocess(const sdqes_bundle* bundle, const uint8_t* bgr, int height,
 /* Alert policy; exit_threshold < 0 and max_alerts < 1 mean "unset" (a NaN is refused, as in Python). */
 sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, double cooldown_s, int max_alerts,
                              char* error, size_t error_size);
+/* The policy a query of `label` alerts under, as `sdqes-edge run` and sdqes-run give it: the bundle's threshold for
+ * the label (NULL or "": no label) else its default, with the hysteresis and cooldown that `sdqes-edge eval
+ * --calibrate-policy` recorded in it. sdqes_alert_new's numbers leave a calibrated bundle's choices behind. */
+sdqes_alert* sdqes_alert_for_label(const sdqes_bundle* bundle, const char* label, char* error, size_t error_size);
 /* 1: alert now, 0: no alert, -1: alert is NULL */
 int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_time);
 void sdqes_alert_free(sdqes_alert* alert);
