@@ -49,7 +49,9 @@ class AlertPolicy:
         if not is_probability(self.threshold):
             raise UserError(f"threshold {self.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
         if self.exit_threshold is not None and not 0.0 <= self.exit_threshold <= self.threshold:  # NaN too
-            raise UserError(f"exit threshold {self.exit_threshold} must lie in [0, threshold {self.threshold}]")
+            # :g, so a calibrated threshold reads 0.658041, not 0.6580407431251125
+            raise UserError(f"exit threshold {self.exit_threshold:g} must lie in [0, threshold {self.threshold:g}]: "
+                            "give one at or below the threshold")
         if not self.cooldown_s >= 0:  # NaN too
             raise UserError(f"cooldown {self.cooldown_s} s must be a number of seconds, 0 or more")
         if self.max_alerts is not None and self.max_alerts < 1:

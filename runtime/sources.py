@@ -31,6 +31,7 @@ from .live_source import (
 from .sampling import STAMP_TOLERANCE_S, frame_order, samples_served, stated_end_time
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm")  # what a folder of videos holds (`score`)
 OPENCV_LOG_LEVEL_SILENT = 0  # cv::utils::logging::LOG_LEVEL_SILENT, for OpenCV releases without cv2.utils.logging
 TRUNCATION_SLACK_FRAMES = 2  # a file may decode this many frames (or 1%) fewer than its container lists
 
@@ -123,7 +124,17 @@ class ImageFolderSource(FrameSource):
     def __init__(self, folder: str | Path, fps: float):
         super().__init__(Path(folder).name, fps)
         self.folder = Path(folder)
-        self.files = sorted((p for p in Path(folder).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES), key=frame_order)
+        entries = list(Path(folder).iterdir())
+        self.files = sorted((p for p in entries if p.suffix.lower() in IMAGE_SUFFIXES), key=frame_order)
+        videos = sorted(p.name for p in entries if p.suffix.lower() in VIDEO_SUFFIXES)
+        # A folder of videos given as one source: its one stray image (a plot, a thumbnail) was streamed as the whole
+        # stream, a run of one frame that alerted on nothing, without a word.
+        if videos and len(self.files) <= len(videos):
+            shown = ", ".join(videos[:3]) + (", ..." if len(videos) > 3 else "")
+            images = f"{len(self.files)} image{'' if len(self.files) == 1 else 's'}"
+            raise UserError(f"{folder} holds {len(videos)} video{'' if len(videos) == 1 else 's'} ({shown}) and "
+                            f"{images}: a folder streams its images as frames, so give a video as the source (--source "
+                            "once for each), or score a folder of annotated videos with `sdqes-edge score`")
         if not self.files:
             raise UserError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
 

@@ -50,6 +50,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("video file missing", ["run", str(b), "--source", str(t / "missing.mp4"), "--query", Q]),
         ("video unreadable", ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", Q]),
         ("a still image as the source", ["run", str(b), "--source", str(t / "photo.jpg"), "--query", Q]),
+        ("a folder of videos as the source", ["run", str(b), "--source", str(t / "videos"), "--query", Q]),
         ("camera index absent", ["run", str(b), "--source", "7", "--query", Q]),
         ("camera device file absent (a USB camera not plugged in yet)",
          ["run", str(b), "--source", "/dev/v4l/by-id/usb-cam-video-index0", "--query", Q]),
@@ -57,8 +58,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
          ["run", str(b), "--source", "rtsp://admin:s3cret@127.0.0.1:9/live", "--query", Q]),
         ("empty query", ["run", str(b), "--source", str(t / "clip.avi"), "--query", " "]),
         ("query over 77 tokens", ["run", str(b), "--source", str(t / "clip.avi"), "--query", "word " * 80]),
-        ("threshold outside (0, 1)", [*run, "--threshold", "1.5"]),
-        ("--max-frames 0", [*run, "--max-frames", "0"]),
+        ("threshold outside (0, 1)", [*run, "--threshold", "1.5"]), ("--max-frames 0", [*run, "--max-frames", "0"]),
         ("--watch-queries without a --queries-file to watch", [*run, "--watch-queries"]),
         ("a queries file whose threshold is not a probability",
          ["run", str(b), "--source", str(t / "clip.avi"), "--queries-file", str(t / "thresholds.csv")]),
@@ -198,6 +198,10 @@ def prepare(t: Path) -> Path:
     for _ in range(5):
         writer.write(np.zeros((48, 64, 3), np.uint8))
     writer.release()
+    (t / "videos").mkdir()
+    for name in ("kitchen.avi", "hall.avi"):
+        (t / "videos" / name).write_bytes((t / "clip.avi").read_bytes())
+    cv2.imwrite(str(t / "videos" / "thumbnail.png"), np.zeros((48, 64, 3), np.uint8))
     StreamingDetector(b).save_state(t / "state.npz")
     (t / "cut.npz").write_bytes((t / "state.npz").read_bytes()[:600])  # a copy that stopped half-way
     (t / "garbage.mp4").write_bytes(b"\x00\x01" * 100)

@@ -32,7 +32,6 @@ from sdqes_edge.files import path_problem, scratch, write_text_atomically
 from sdqes_edge.tokenizer import QueryTruncatedWarning
 from sdqes_edge.traces import TRACE_SUFFIX, StreamScores, load_scores, save_scores
 
-VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".m4v", ".webm")
 TRACES_FOLDER = "traces"
 SCRATCH_PREFIX = "sdqes-score-"  # a stream's trace chunks while it is scored, in the temp folder
 
@@ -73,6 +72,8 @@ def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask
     problem = path_problem(videos, "folder")
     if problem:
         raise UserError(f"video folder {videos} {problem}; give the folder that holds the annotated videos")
+    from sdqes_edge.runtime.sources import VIDEO_SUFFIXES  # OpenCV is loaded where videos are looked for
+
     files: dict[str, Path] = {}
     copies: dict[str, list[str]] = {}  # stem -> the files after the first, in name order
     for path in sorted(videos.rglob("*")):

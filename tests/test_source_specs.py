@@ -230,3 +230,22 @@ def test_an_unreadable_image_in_a_folder_is_skipped_and_named_the_next_image_ste
     source.log = said.append
     with pytest.raises(UserError, match=f"^OpenCV cannot read any image of {tmp_path} \\(the first: frame_0.png\\)"):
         list(source.sampled())
+
+
+def test_a_folder_of_videos_is_refused_naming_them_not_streamed_as_its_one_stray_image(tmp_path):
+    """`--source sdqes-demo` (the demo's folder: two videos and a plot) streamed the plot, a run of one frame that
+    alerted on nothing, without a word. A folder of frames that keeps its source video beside them still streams."""
+    import cv2
+    import numpy as np
+
+    for name in ("kitchen.mp4", "hall.avi"):
+        (tmp_path / name).write_bytes(b"")  # never opened: the folder's listing is enough
+    cv2.imwrite(str(tmp_path / "scores.png"), np.zeros((8, 8, 3), np.uint8))
+    with pytest.raises(UserError) as refused:
+        open_source(tmp_path, 1.0)
+    assert str(refused.value) == (f"{tmp_path} holds 2 videos (hall.avi, kitchen.mp4) and 1 image: a folder streams "
+                                  "its images as frames, so give a video as the source (--source once for each), or "
+                                  "score a folder of annotated videos with `sdqes-edge score`")
+    for i in range(3):
+        cv2.imwrite(str(tmp_path / f"frame_{i}.png"), np.zeros((8, 8, 3), np.uint8))
+    assert open_source(tmp_path, 1.0).duration_frames == 4
