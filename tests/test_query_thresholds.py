@@ -126,9 +126,9 @@ def test_run_says_when_the_bundles_label_thresholds_go_unused_and_inspect_counts
     assert f"default threshold {DEFAULT:.4f} (2 query labels with their own)" in capsys.readouterr().out
 
 
-def test_an_exported_bundles_own_queries_keep_their_labels_and_thresholds(tmp_path, video):
+def test_an_exported_bundles_own_queries_keep_their_labels_and_thresholds(tmp_path, video, capsys):
     """`export --queries-file` with label and threshold columns: the bundle's queries carry them, and a run without
-    queries of its own asks with them."""
+    queries of its own asks with them; one with its own says that they replace the bundle's."""
     from conftest import random_model
 
     from sdqes_edge.export import export_bundle
@@ -143,6 +143,12 @@ def test_an_exported_bundles_own_queries_keep_their_labels_and_thresholds(tmp_pa
     events = tmp_path / "alerts.jsonl"
     assert run(["run", str(bundle), "--source", str(video), "--events", str(events), "--quiet"]) == 0
     assert alerted(events) == [DOOR]
+    assert "not asked" not in capsys.readouterr().err
+    events = tmp_path / "replaced.jsonl"
+    assert run(["run", str(bundle), "--source", str(video), "--events", str(events), "--query", QUERY, "--quiet"]) == 0
+    assert alerted(events) == [QUERY]
+    assert (f"sdqes-edge: note: the bundle's own 3 queries ({KETTLE!r}, ...) are not asked: --query and "
+            "--queries-file replace them; give them there too to ask them as well") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("new_row, said, threshold", [
