@@ -239,7 +239,7 @@ def source_kind(spec: str) -> str:
     "missing", "folder", "device" (a camera by its device file: a service names it by /dev/v4l/by-id/..., which,
     unlike its index, stays its own when cameras are plugged in another order) or "file". The native sdqes-run
     decides alike (tests/vectors/source_kinds.json)."""
-    if spec.isdigit():
+    if spec.isascii() and spec.isdigit():  # "²" is a digit to str.isdigit, and no camera index to int()
         return "camera"
     if spec.startswith(WEB_PREFIXES):
         return "web"

@@ -92,7 +92,7 @@ def source_name_cases() -> dict:
 
 # What a --source names (runtime/sources.py's source_kind), machine-independent: "{vectors}" stands for this folder,
 # made absolute by each side's test. And the back-off between attempts to reopen a live source that dropped.
-SOURCE_KIND_SPECS = ["0", "12", "rtsp://admin:pw@10.0.0.5:554/x", "udp://@:5000", "http://h/video.mjpg",
+SOURCE_KIND_SPECS = ["0", "12", "\u00b2", "rtsp://admin:pw@10.0.0.5:554/x", "udp://@:5000", "http://h/video.mjpg",
                      "https://h/clip.mp4", "nvarguscamerasrc sensor-id=0 ! appsink", "/no/such/clip!.mp4", "/dev/null",
                      "/dev/video987", "/dev/v4l/by-id/usb-none-video-index0", "/no/such/clip.mp4", "{vectors}",
                      "{vectors}/frame_40x60.png", "{vectors}/bundle/manifest.json"]
