@@ -117,6 +117,13 @@ class TextEncoder:
         return embedding
 
 
+def _check_texts(**values: object) -> None:
+    """A query's message, id or label is text or None: sinks write them as text."""
+    for name, value in values.items():
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"a query's {name} is text (or None), not {type(value).__name__}")
+
+
 class QueryBank:
     """Queries with their embeddings [Q, E] (rebuilt only when the set changes); each stream keeps its own alert
     state per query (``stream_slot.StreamSlot``)."""
@@ -136,9 +143,7 @@ class QueryBank:
     def add(self, text: str, policy: AlertPolicy, message: str | None = None, query_id: str | None = None,
             stream_time: float = 0.0, label: str | None = None) -> Query:
         embedding = self.encoder.encode(text)  # refuses an empty or too long query before anything changes
-        for name, value in (("message", message), ("query_id", query_id), ("label", label)):  # written as text
-            if value is not None and not isinstance(value, str):
-                raise UserError(f"a query's {name} is text (or None), not {type(value).__name__}")
+        _check_texts(message=message, query_id=query_id, label=label)
         query_id = query_id or next(self._ids)
         if query_id in self.queries:
             raise UserError(f"query id {query_id!r} is already in use; remove it first or pick another id")
@@ -175,8 +180,7 @@ class QueryBank:
     def set_policy(self, query_id: str, policy: AlertPolicy, label: str | None) -> Query:
         """Another policy and label for an active query; its embedding and row stay (the set did not change)."""
         self._check_known(query_id)
-        if label is not None and not isinstance(label, str):
-            raise UserError(f"a query's label is text (or None), not {type(label).__name__}")
+        _check_texts(label=label)
         query = self.queries[query_id]
         self._unregister(query)
         query.policy, query.label = policy, label

@@ -140,9 +140,10 @@ std::string live_source_name(const std::string& target) {
 std::string camera_name(int index) { return "camera" + std::to_string(index); }
 
 std::string source_name(const std::string& source) {
-  const std::string kind = source_kind(source);
-  return kind == "stream" || kind == "device" ? live_source_name(source) : video_file_name(source);
+  return is_live_kind(source_kind(source)) ? live_source_name(source) : video_file_name(source);
 }
+
+bool is_live_kind(const std::string& kind) { return kind == "camera" || kind == "stream" || kind == "device"; }
 
 std::string source_kind(const std::string& source) {
   if (!source.empty() && source.find_first_not_of("0123456789") == std::string::npos) return "camera";

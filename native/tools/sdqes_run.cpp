@@ -164,7 +164,7 @@ int run(int argc, char** argv) {
     throw SourceUnavailable("OpenCV cannot open " + source.shown + "; check the camera is connected, or that the "
                             "URL plays from this machine");
   }
-  const bool live = source.kind == "camera" || source.kind == "stream" || source.kind == "device" ||
+  const bool live = sdqes::is_live_kind(source.kind) ||
                     (source.kind == "web" && !(capture.get(cv::CAP_PROP_FRAME_COUNT) > 0));
   // What alerts call the source (the JSONL `stream`), as `sdqes-edge run` calls it; a URL's password never shown.
   const std::string stream_name = source.kind == "camera" ? sdqes::camera_name(source.camera_index)

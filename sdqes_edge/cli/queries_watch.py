@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 QUERIES_POLL_SECONDS = 1.0  # how often the file is looked at: a change is applied one to two looks later
 SHOWN_TEXTS = 3  # queries named in a change's line; more are counted
+CHANGES = ("added", "removed", "a new threshold for", "a new label for", "a new message for")  # as the line says them
 
 
 def file_signature(path: str) -> bytes | None:
@@ -103,13 +104,13 @@ class QueriesFileWatcher:
 
     def apply(self, wanted: dict[str, QueryLine]) -> None:
         """Make the watched queries those of ``wanted`` (key -> line of the file), and say what changed."""
-        removed = [self.watched.pop(key).query for key in list(self.watched) if key not in wanted]
-        for query in removed:
+        # What changed, in the order the line says it: the queries of each change.
+        said: dict[str, list[Query]] = {change: [] for change in CHANGES}
+        said["removed"] = [self.watched.pop(key).query for key in list(self.watched) if key not in wanted]
+        for query in said["removed"]:
             self.detector.remove_query(query.id)
-        new_threshold, new_label, renamed = [], [], []
         for key, asked in self.watched.items():
-            self.watched[key] = self._kept(asked, wanted[key], new_threshold, new_label, renamed)
-        added = []
+            self.watched[key] = self._kept(asked, wanted[key], said)
         for key, line in wanted.items():
             if key in self.watched:
                 continue
@@ -118,17 +119,14 @@ class QueriesFileWatcher:
             except UserError as exc:  # too long for the bundle's tokenizer, a fused bundle full, ...
                 warn(f"--queries-file's query {line.text!r} is not asked: {exc}")
                 continue
-            added.append(self.watched[key].query)
-        changes = [f"{what} {quoted(queries)}" for what, queries in (
-            ("added", added), ("removed", removed), ("a new threshold for", new_threshold),
-            ("a new label for", new_label), ("a new message for", renamed)) if queries]
+            said["added"].append(self.watched[key].query)
+        changes = [f"{change} {quoted(queries)}" for change, queries in said.items() if queries]
         if changes:
             print(f"{PROG}: --queries-file {self.path} changed: {'; '.join(changes)}; {self.streaming()}",
                   file=sys.stderr)
 
-    def _kept(self, asked: Asked, line: QueryLine, new_threshold: list[Query], new_label: list[Query],
-              renamed: list[Query]) -> Asked:
-        """A query the file still asks, under its line as it is now: each change listed where it belongs."""
+    def _kept(self, asked: Asked, line: QueryLine, said: dict[str, list[Query]]) -> Asked:
+        """A query the file still asks, under its line as it is now: each change it took listed in ``said``."""
         query = asked.query
         # Another threshold, or another label (which may pick another threshold): the query under its new policy,
         # its alert state kept.
@@ -139,10 +137,11 @@ class QueriesFileWatcher:
                 warn(f"--queries-file's query {line.text!r} keeps its threshold {query.policy.threshold:g}: {exc}")
                 line = line._replace(threshold=asked.line.threshold, label=asked.line.label)  # tried again next time
             else:
-                (new_threshold if asked.line.threshold != line.threshold else new_label).append(query)
+                change = "a new threshold for" if asked.line.threshold != line.threshold else "a new label for"
+                said[change].append(query)
         if query.message != line.message:
             self.detector.set_query_message(query.id, line.message)
-            renamed.append(query)
+            said["a new message for"].append(query)
         return Asked(line, query)
 
     def streaming(self) -> str:

@@ -234,12 +234,13 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple
         if key not in command_line_keys:
             from_file[key] = Asked(line, query)
     own = (detector.bundle.queries() or ([], None))[0]
-    if paired + args.file_queries and own:  # the bundle's queries were left out without a word
+    if not paired + args.file_queries:
+        if not detector.add_bundle_queries(args.threshold, **_policy(args)):
+            raise UserError("no queries: give --query TEXT or --queries-file FILE (or export the bundle with --query)")
+    elif own:  # the bundle's queries were left out without a word
         print(f"{PROG}: note: the bundle's own {len(own)} quer{'y' if len(own) == 1 else 'ies'} ({own[0]['text']!r}"
               f"{', ...' if len(own) > 1 else ''}) {'is' if len(own) == 1 else 'are'} not asked: --query and "
               "--queries-file replace them; give them there too to ask them as well", file=sys.stderr)
-    elif not paired + args.file_queries and not detector.add_bundle_queries(args.threshold, **_policy(args)):
-        raise UserError("no queries: give --query TEXT or --queries-file FILE (or export the bundle with --query)")
     return from_file, command_line_keys
 
 

@@ -133,6 +133,9 @@ std::string source_name(const std::string& source);
 // pipeline that names no file), "missing camera" (a path under /dev that is not there), "missing", "folder",
 // "device" (a camera by its device file) or "file".
 std::string source_kind(const std::string& source);
+// Whether a source of `kind` is read live (a camera, a device file, a stream); "web" is once its container counts no
+// frames, which only opening it tells.
+bool is_live_kind(const std::string& kind);
 
 // The back-off between attempts to reopen a live source (a camera, a stream) that stopped sending frames; after
 // the last, it gives up (runtime/live_source.py's RECONNECT_DELAYS_S, tests/vectors/source_kinds.json).
