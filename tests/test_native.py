@@ -90,8 +90,8 @@ def native_build(tmp_path_factory):
 
 
 def test_the_ctest_suite_passes(native_build):
-    done = subprocess.run(["ctest", "--test-dir", str(native_build), "--output-on-failure"], capture_output=True,
-                          text=True)
+    done = subprocess.run(["ctest", "--test-dir", str(native_build), "--output-on-failure", "-j", "2"],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-4000:]
     assert "tests passed" in done.stdout
 

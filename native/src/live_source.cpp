@@ -14,8 +14,7 @@ const std::vector<double>& reconnect_delays_s() {
 }
 
 int reconnect(const std::string& name, const std::function<bool()>& open, const std::function<bool(double)>& wait,
-              const std::function<void(const std::string&)>& log) {
-  const auto& delays = reconnect_delays_s();
+              const std::function<void(const std::string&)>& log, const std::vector<double>& delays) {
   for (size_t attempt = 1; attempt <= delays.size(); ++attempt) {
     std::ostringstream said;  // the delay as Python's {:g} writes it: 0.5, 1, 2
     said << name << ": no frame; reconnecting in " << delays[attempt - 1] << " s (attempt " << attempt << " of "

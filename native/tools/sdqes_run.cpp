@@ -9,14 +9,17 @@
 #include <cmath>
 #include <memory>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <opencv2/videoio.hpp>
 
+#include "sdqes/live_reader.hpp"
 #include "sdqes/runtime.hpp"
 #ifdef SDQES_WITH_TENSORRT
 #include "sdqes/tensorrt_backend.hpp"
@@ -125,6 +128,164 @@ Source read_source(const std::string& spec) {
   return source;
 }
 
+#ifdef SDQES_WITH_TENSORRT
+// A video file's sampled frames, read on the loop's thread: every sample time is stepped, none dropped.
+class FileFrames {
+ public:
+  FileFrames(cv::VideoCapture& capture, double period)
+      : capture_(capture),
+        period_(period),
+        end_time_(sdqes::stated_end_time(capture.get(cv::CAP_PROP_FRAME_COUNT), capture.get(cv::CAP_PROP_FPS))) {}
+
+  // The next sampled frame and how many sample times k / fps it serves, each by the first frame at or after it
+  // (runtime/sampling.py): more than one where the video is slower than the bundle, its frame repeated.
+  // -> false at the file's end, or a frame that would not decode.
+  bool next(cv::Mat& image, int64_t& serves) {
+    while (capture_.grab()) {
+      const double stamp = capture_.get(cv::CAP_PROP_POS_MSEC) / 1000.0;
+      serves = sdqes::samples_served(stamp, next_sample_, period_, end_time_);
+      if (serves == 0) continue;  // between two sample times: not decoded
+      next_sample_ += serves;
+      return capture_.retrieve(image) && !image.empty();
+    }
+    return false;
+  }
+
+ private:
+  cv::VideoCapture& capture_;
+  double period_, end_time_;
+  int64_t next_sample_ = 0;  // the first sample time k / fps not yet served
+};
+
+// A live source's VideoCapture as the reader thread reads it: every frame grabbed, only a sampled one decoded.
+std::shared_ptr<sdqes::LiveCapture> live_capture(const std::shared_ptr<cv::VideoCapture>& video, const Source& source) {
+  auto capture = std::make_shared<sdqes::LiveCapture>();
+  capture->grab = [video] { return video->grab(); };
+  capture->retrieve = [video](cv::Mat& image) { return video->retrieve(image); };
+  capture->reopen = [video, source] { return source.open(*video); };
+  return capture;
+}
+
+void say(const std::string& line) { std::cerr << "sdqes-run: " << line << std::endl; }
+
+// Steps the engine and raises the queries' alerts, each written to the JSONL sink (when there is one) and printed.
+struct Alerting {
+  sdqes::TensorRTStep& step;
+  const sdqes::QueryTable& queries;
+  std::vector<sdqes::AlertState>& states;
+  sdqes::JsonlSink* sink;
+  std::string stream_name;
+  int64_t stepped = 0;  // frames stepped so far: the next one's index
+
+  // One step on `batch` at stream time `time`; latency counted from `since`, when its frame was in hand.
+  void step_at(const std::vector<float>& batch, double time, std::chrono::steady_clock::time_point since) {
+    const auto& embedding = step.step(batch);
+    const auto probs = sdqes::probabilities(embedding.data(), queries);
+    const double latency = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+    for (size_t q = 0; q < probs.size(); ++q) {
+      if (!std::isfinite(probs[q])) throw sdqes::Error("the model produced a non-finite score; stopping the stream");
+      if (!states[q].update(probs[q], time)) continue;
+      sdqes::AlertEvent e{"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], stream_name, time,
+                          stepped, probs[q], std::log(probs[q] / (1 - probs[q])), latency,
+                          states[q].policy().threshold,
+                          queries.labels[q].empty() ? std::nullopt : std::optional<std::string>(queries.labels[q])};
+      if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
+      std::cout << "[" << time << " s] " << e.message << "  (p=" << e.score << ")" << std::endl;
+    }
+    ++stepped;
+  }
+};
+
+// The run's last line on stderr, and its exit status: 128 + a signal; 1 for a live source lost for good (a failure,
+// so a service manager starts the run again); else 0.
+int report_end(const sdqes::StopOnSignal& stop, const std::string& stream_name, int64_t index, int64_t dropped,
+               bool lost) {
+  const std::string dropped_words =
+      dropped ? ", " + std::to_string(dropped) + " frames dropped (the engine is slower than the source)" : "";
+  if (stop.requested()) {
+    std::cerr << "sdqes-run: interrupted (" << stop.signal_name() << ") after " << index << " frames"
+              << dropped_words << std::endl;
+    return stop.exit_code();
+  }
+  if (lost) {  // a live source never ends: it went away; a failure, so a service manager starts the run again
+    const size_t attempts = sdqes::reconnect_delays_s().size();
+    std::cerr << "sdqes-run: error: " << stream_name << " stopped sending frames and did not come back after "
+              << attempts << " reconnection attempts: the stream ended there after " << index
+              << " frames, every output complete (exit status 1)" << std::endl;
+    return 1;
+  }
+  std::cerr << "done: " << index << " frames" << dropped_words << std::endl;
+  return 0;
+}
+
+// Steps the engine on the source's frames and raises the queries' alerts until the source ends, --max-frames, or a
+// signal. A live source is read on a thread of its own (sdqes::LiveReader), stamped by the wall clock: the loop
+// always steps on its newest sampled frame, each once, and counts the ones it had no time for as dropped.
+int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::vector<sdqes::AlertState>& states,
+           const Source& source, const std::filesystem::path& engine, int64_t max_frames, const std::string& events) {
+  auto video = std::make_shared<cv::VideoCapture>();
+  if (!source.open(*video)) {
+    if (source.kind == "file") throw sdqes::Error("OpenCV cannot open " + source.shown + "; check the file plays");
+    throw SourceUnavailable("OpenCV cannot open " + source.shown + "; check the camera is connected, or that the "
+                            "URL plays from this machine");
+  }
+  const bool live = sdqes::is_live_kind(source.kind) ||
+                    (source.kind == "web" && !(video->get(cv::CAP_PROP_FRAME_COUNT) > 0));
+  // What alerts call the source (the JSONL `stream`), as `sdqes-edge run` calls it; a URL's password never shown.
+  const std::string stream_name = source.kind == "camera" ? sdqes::camera_name(source.camera_index)
+                                  : live                  ? sdqes::live_source_name(source.spec)
+                                                          : sdqes::video_file_name(source.spec);
+  sdqes::TensorRTStep step(engine, bundle);
+  step.warm_up();  // before the first frame: its latency is a steady one
+  std::unique_ptr<sdqes::JsonlSink> sink;
+  if (!events.empty()) sink = std::make_unique<sdqes::JsonlSink>(events);
+  const double period = 1.0 / bundle.fps;
+  const double native_fps = live ? 0.0 : video->get(cv::CAP_PROP_FPS);
+  if (native_fps > 0 && native_fps < bundle.fps) {
+    std::cerr << "sdqes-run: note: " << source.shown << " has " << native_fps << " frames per second, fewer than the "
+              << bundle.fps << " the bundle samples: each frame is repeated for the sample times it covers"
+              << std::endl;
+  }
+  const sdqes::StopOnSignal stop;  // Ctrl-C, docker stop, systemd: the frame in hand is finished, then the loop ends
+  std::optional<FileFrames> file;
+  std::unique_ptr<sdqes::LiveReader> reader;  // its clock starts here, after the warm-up
+  if (live) {
+    reader = std::make_unique<sdqes::LiveReader>(live_capture(video, source), stream_name, period, say);
+  } else {
+    file.emplace(*video, period);
+  }
+  // The next frame, when it was taken (a live frame's), and how many sample times it is stepped for.
+  const auto next = [&](cv::Mat& image, double& stamp, int64_t& serves) {
+    if (file) return file->next(image, serves);
+    sdqes::LatestFrame::Frame frame;
+    if (!reader->frames().take(frame, [&stop] { return stop.requested(); })) return false;
+    image = frame.image;
+    stamp = frame.stamp;
+    serves = 1;  // a live frame steps once: repeating a stale frame would put the model behind the world
+    return true;
+  };
+  Alerting alerting{step, queries, states, sink.get(), stream_name};
+  cv::Mat image;
+  double stamp = 0.0;
+  int64_t serves = 0;
+  bool enough = false;
+  while (!enough && !stop.requested() && next(image, stamp, serves)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> batch = sdqes::preprocess(image, bundle.image_size, bundle.preprocess);
+    batch.resize(batch.size() * bundle.batch, 0.0f);  // extra stream slots idle
+    for (int64_t served = 0; served < serves && !enough; ++served) {
+      alerting.step_at(batch, live ? stamp : alerting.stepped * period, t0);
+      enough = max_frames > 0 && alerting.stepped >= max_frames;
+    }
+  }
+  const int64_t index = alerting.stepped;
+  const int64_t dropped = reader ? reader->frames().dropped() : 0;
+  const bool lost = reader && reader->frames().lost() && !stop.requested();
+  reader.reset();  // the reader thread ends (or, inside a stalled read, is left to end with the process)
+  return report_end(stop, stream_name, index, dropped, lost);
+}
+#endif
+
 int run(int argc, char** argv) {
   std::string bundle_path;
   const auto o = parse(argc, argv, bundle_path);
@@ -158,96 +319,7 @@ int run(int argc, char** argv) {
 #else
   // The engine built for this GPU and this TensorRT, by its sidecar: a bundle may carry engines for several.
   const auto engine = sdqes::find_engine(bundle, precision, sdqes::current_engine_target());
-  cv::VideoCapture capture;
-  if (!source.open(capture)) {
-    if (source.kind == "file") throw sdqes::Error("OpenCV cannot open " + source.shown + "; check the file plays");
-    throw SourceUnavailable("OpenCV cannot open " + source.shown + "; check the camera is connected, or that the "
-                            "URL plays from this machine");
-  }
-  const bool live = sdqes::is_live_kind(source.kind) ||
-                    (source.kind == "web" && !(capture.get(cv::CAP_PROP_FRAME_COUNT) > 0));
-  // What alerts call the source (the JSONL `stream`), as `sdqes-edge run` calls it; a URL's password never shown.
-  const std::string stream_name = source.kind == "camera" ? sdqes::camera_name(source.camera_index)
-                                  : live                  ? sdqes::live_source_name(source.spec)
-                                                          : sdqes::video_file_name(source.spec);
-  sdqes::TensorRTStep step(engine, bundle);
-  step.warm_up();  // before the first frame: its latency is a steady one
-  std::unique_ptr<sdqes::JsonlSink> sink;
-  if (o.count("--events")) sink = std::make_unique<sdqes::JsonlSink>(o.at("--events"));
-  const double period = 1.0 / bundle.fps;
-  // Sample times k / fps, each served by the first frame at or after it (runtime/sampling.py). A file's frame is
-  // repeated where the video is slower than the bundle; a live source's steps once, the sample times it missed
-  // skipped.
-  const double native_fps = live ? 0.0 : capture.get(cv::CAP_PROP_FPS);
-  const double end_time = live ? std::numeric_limits<double>::infinity()
-                               : sdqes::stated_end_time(capture.get(cv::CAP_PROP_FRAME_COUNT), native_fps);
-  if (native_fps > 0 && native_fps < bundle.fps) {
-    std::cerr << "sdqes-run: note: " << source.shown << " has " << native_fps << " frames per second, fewer than the "
-              << bundle.fps << " the bundle samples: each frame is repeated for the sample times it covers"
-              << std::endl;
-  }
-  int64_t next_sample = 0;  // the first sample time k / fps not yet served
-  int64_t index = 0;        // frames stepped
-  bool enough = false;
-  const auto start = std::chrono::steady_clock::now();
-  cv::Mat image;
-  const sdqes::StopOnSignal stop;  // Ctrl-C, docker stop, systemd: the frame in hand is finished, then the loop ends
-  bool lost = false;               // a live source that stopped sending frames and did not come back
-  while (!enough && !stop.requested()) {
-    if (!capture.grab()) {
-      if (!live) break;  // a file's end
-      capture.release();
-      const auto reopen = [&] { return source.open(capture); };
-      const auto wait = [&](double seconds) { return sdqes::wait_unless_stopped(seconds, stop); };
-      const auto say = [](const std::string& line) { std::cerr << "sdqes-run: " << line << std::endl; };
-      lost = sdqes::reconnect(stream_name, reopen, wait, say) == 0 && !stop.requested();
-      if (lost) break;
-      continue;  // stamps go on from the run's start, as in Python
-    }
-    const double stamp = live ? std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
-                              : capture.get(cv::CAP_PROP_POS_MSEC) / 1000.0;
-    const int64_t served = sdqes::samples_served(stamp, next_sample, period, end_time);
-    if (served == 0) continue;
-    next_sample += served;
-    const int64_t count = live ? 1 : served;
-    capture.retrieve(image);
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<float> batch = sdqes::preprocess(image, bundle.image_size, bundle.preprocess);
-    batch.resize(batch.size() * bundle.batch, 0.0f);  // extra stream slots idle
-    for (int64_t served = 0; served < count && !enough; ++served) {
-      const double time = live ? stamp : index * period;
-      const auto& embedding = step.step(batch);
-      const auto probs = sdqes::probabilities(embedding.data(), queries);
-      const double latency = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      for (size_t q = 0; q < probs.size(); ++q) {
-        if (!std::isfinite(probs[q])) throw sdqes::Error("the model produced a non-finite score; stopping the stream");
-        if (states[q].update(probs[q], time)) {
-          sdqes::AlertEvent e{"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], stream_name, time,
-                              index, probs[q], std::log(probs[q] / (1 - probs[q])), latency,
-                              states[q].policy().threshold,
-                              queries.labels[q].empty() ? std::nullopt : std::optional<std::string>(queries.labels[q])};
-          if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
-          std::cout << "[" << time << " s] " << e.message << "  (p=" << e.score << ")" << std::endl;
-        }
-      }
-      ++index;
-      enough = max_frames > 0 && index >= max_frames;
-    }
-  }
-  if (stop.requested()) {
-    std::cerr << "sdqes-run: interrupted (" << stop.signal_name() << ") after " << index << " frames"
-              << std::endl;
-    return stop.exit_code();
-  }
-  if (lost) {  // a live source never ends: it went away; a failure, so a service manager starts the run again
-    const size_t attempts = sdqes::reconnect_delays_s().size();
-    std::cerr << "sdqes-run: error: " << stream_name << " stopped sending frames and did not come back after "
-              << attempts << " reconnection attempts: the stream ended there after " << index
-              << " frames, every output complete (exit status 1)" << std::endl;
-    return 1;
-  }
-  std::cerr << "done: " << index << " frames" << std::endl;
-  return 0;
+  return stream(bundle, queries, states, source, engine, max_frames, o.count("--events") ? o.at("--events") : "");
 #endif
 }
 

@@ -1,0 +1,102 @@
+// A live source read on its own thread, newest frame wins: the twin of runtime/frame_source.py's reader thread.
+//
+// A camera or stream keeps sending frames at its own pace whatever the engine does. Read on the thread that steps
+// the engine, a step slower than the frame period leaves frames piling up in the capture's buffer (FFmpeg's, V4L2's),
+// and every alert comes later than the one before. Read here, the loop always steps on the newest sampled frame, and
+// the ones it had no time for are counted as dropped, as `sdqes-edge run` counts them.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+#include "sdqes/runtime.hpp"
+
+namespace sdqes {
+
+// How long a reader thread may take to end once asked (it may be inside a read OpenCV blocks on, a stalled RTSP
+// stream for up to FFmpeg's 30 s): past it the run ends without it (runtime/frame_source.py's READER_STOP_TIMEOUT_S).
+inline constexpr double kReaderStopTimeoutS = 2.0;
+
+// The newest sampled frame of a live source, from the thread that reads it to the loop that steps on it: a queue of
+// one. A frame not yet taken when the next arrives is replaced and counted as dropped.
+class LatestFrame {
+ public:
+  struct Frame {
+    cv::Mat image;       // BGR, as OpenCV decoded it
+    double stamp = 0.0;  // seconds since the run started reading, by the wall clock
+  };
+
+  // The reader's side.
+  void put(Frame frame);   // replaces the frame not yet taken, counting it in dropped()
+  // No frames after this; one not yet taken is still handed over first. lost: the source went away for good;
+  // error: what the reader threw (OpenCV's exceptions), raised by take() in the loop.
+  void finish(bool lost, std::exception_ptr error = nullptr);
+  bool closed() const;     // the loop takes no more: the reader should end
+  // Sleeps `seconds` unless the loop closes meanwhile -> false when it did (a reconnection's back-off cut short).
+  bool wait_unless_closed(double seconds) const;
+
+  // The loop's side. The next frame, waiting for it -> false once the reader finished with nothing left to hand
+  // over (raising what it threw, if it did), or when `stopped()` (asked every 50 ms: a signal cannot wake a
+  // condition variable).
+  bool take(Frame& frame, const std::function<bool()>& stopped);
+  void close();            // takes no more; wakes a reader waiting to reconnect
+  bool lost() const;       // the reader ended because the source stopped sending frames and did not come back
+  int64_t dropped() const;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  std::optional<Frame> pending_;
+  bool finished_ = false;
+  bool lost_ = false;
+  bool closed_ = false;
+  int64_t dropped_ = 0;
+  std::exception_ptr error_;
+};
+
+// What the reader reads a live source through (sdqes-run: a cv::VideoCapture; the tests: a scripted camera).
+struct LiveCapture {
+  std::function<bool()> grab;              // the next frame, not yet decoded -> false: the source gave none
+  std::function<bool(cv::Mat&)> retrieve;  // the grabbed frame decoded: only a sampled frame is
+  std::function<bool()> reopen;            // release and open again -> whether it opened
+};
+
+// Reads `capture` until the source is lost for good or `frames` is closed: each frame stamped by the time since
+// `start`, sampled every `period` seconds as samples_served decides (a live frame serves one sample; the sample
+// times a stall left without a frame are skipped), and put in `frames`. A source that stops sending is reopened
+// after each of `delays` (reconnect), each attempt said through `log`. Ends with frames.finish. What a LiveReader's
+// thread runs.
+void read_live(LiveCapture& capture, const std::string& name, double period, LatestFrame& frames,
+               const std::function<void(const std::string&)>& log, std::chrono::steady_clock::time_point start,
+               const std::vector<double>& delays);
+
+// read_live on a thread of its own, started at construction. Its destructor closes the frames and joins the thread;
+// a thread still inside a read after kReaderStopTimeoutS is left to end with the process (it holds what it uses).
+class LiveReader {
+ public:
+  LiveReader(std::shared_ptr<LiveCapture> capture, std::string name, double period,
+             std::function<void(const std::string&)> log, std::vector<double> delays = reconnect_delays_s());
+  ~LiveReader();
+  LiveReader(const LiveReader&) = delete;
+  LiveReader& operator=(const LiveReader&) = delete;
+  LatestFrame& frames() { return *frames_; }
+
+ private:
+  std::shared_ptr<LatestFrame> frames_;
+  std::future<void> ended_;
+  std::thread thread_;
+};
+
+}  // namespace sdqes

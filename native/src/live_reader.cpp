@@ -1,0 +1,125 @@
+// A live source read on its own thread, newest frame wins (sdqes/live_reader.hpp).
+#include "sdqes/live_reader.hpp"
+
+#include <utility>
+
+namespace sdqes {
+
+void LatestFrame::put(Frame frame) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (pending_) ++dropped_;  // the loop was still stepping on an older one: this one is newer
+    pending_ = std::move(frame);
+  }
+  changed_.notify_all();
+}
+
+void LatestFrame::finish(bool lost, std::exception_ptr error) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    finished_ = true;
+    lost_ = lost;
+    error_ = std::move(error);
+  }
+  changed_.notify_all();
+}
+
+bool LatestFrame::closed() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return closed_;
+}
+
+bool LatestFrame::wait_unless_closed(double seconds) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return !changed_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return closed_; });
+}
+
+bool LatestFrame::take(Frame& frame, const std::function<bool()>& stopped) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!pending_ && !finished_) {
+    if (stopped()) return false;
+    changed_.wait_for(lock, std::chrono::milliseconds(50));
+  }
+  if (pending_) {
+    frame = std::move(*pending_);
+    pending_.reset();
+    return true;
+  }
+  if (error_) std::rethrow_exception(error_);
+  return false;
+}
+
+void LatestFrame::close() {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    closed_ = true;
+  }
+  changed_.notify_all();
+}
+
+bool LatestFrame::lost() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return lost_;
+}
+
+int64_t LatestFrame::dropped() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return dropped_;
+}
+
+void read_live(LiveCapture& capture, const std::string& name, double period, LatestFrame& frames,
+               const std::function<void(const std::string&)>& log, std::chrono::steady_clock::time_point start,
+               const std::vector<double>& delays) {
+  const auto wait = [&frames](double seconds) { return frames.wait_unless_closed(seconds); };
+  int64_t next_sample = 0;  // the first sample time k * period not yet served
+  bool lost = false;
+  std::exception_ptr error;
+  try {
+    while (!frames.closed()) {
+      if (capture.grab()) {
+        LatestFrame::Frame frame;
+        frame.stamp = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const int64_t served = samples_served(frame.stamp, next_sample, period);
+        if (served == 0) continue;  // between two sample times: not decoded
+        next_sample += served;      // the sample times a stall missed are skipped, never stepped on a stale frame
+        if (capture.retrieve(frame.image) && !frame.image.empty()) {
+          frames.put(std::move(frame));
+          continue;
+        }
+      }
+      // No frame (a camera unplugged, a stream's server gone, a frame that would not decode): reopen with back-off.
+      if (reconnect(name, capture.reopen, wait, log, delays) == 0) {
+        lost = !frames.closed();  // not lost when the loop closed it while it waited
+        break;
+      }
+    }
+  } catch (...) {  // a thread's exception would end the process: the loop raises it instead
+    error = std::current_exception();
+  }
+  frames.finish(lost, error);
+}
+
+LiveReader::LiveReader(std::shared_ptr<LiveCapture> capture, std::string name, double period,
+                       std::function<void(const std::string&)> log, std::vector<double> delays)
+    : frames_(std::make_shared<LatestFrame>()) {
+  std::promise<void> ended;
+  ended_ = ended.get_future();
+  // The thread holds what it uses: one left inside a read past kReaderStopTimeoutS outlives this object.
+  thread_ = std::thread([capture = std::move(capture), frames = frames_, name = std::move(name), period,
+                         log = std::move(log), delays = std::move(delays), start = std::chrono::steady_clock::now(),
+                         ended = std::move(ended)]() mutable {
+    read_live(*capture, name, period, *frames, log, start, delays);
+    ended.set_value();
+  });
+}
+
+LiveReader::~LiveReader() {
+  frames_->close();
+  if (ended_.wait_for(std::chrono::duration<double>(kReaderStopTimeoutS)) == std::future_status::ready) {
+    thread_.join();
+  } else {
+    thread_.detach();  // still inside OpenCV's read (a stalled stream): the process ends without waiting for it
+  }
+}
+
+}  // namespace sdqes
