@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from native_vectors import (
     source_kind_cases,
     source_name_cases,
 )
+from test_service_example import SERVICE, unit_settings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -189,3 +192,19 @@ def test_sdqes_run_refuses_a_manifest_without_a_key_the_schema_requires(path, na
                            "clip.mp4"], capture_output=True, text=True)
     assert done.returncode == 2
     assert "malformed" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_sdqes_run_unit_runs_a_command_sdqes_run_takes_and_names_the_exit_statuses_it_gives(native_build,
+                                                                                              tmp_path):
+    """docs/service/sdqes-run.service: its options, on a bundle here (which has no engine), are read whole and pass
+    every check up to the engine lookup; a stop, a mistake and a lost camera exit as the unit says."""
+    settings = unit_settings(SERVICE / "sdqes-run.service")
+    argv = shlex.split(settings["ExecStart"])
+    assert Path(argv[0]).name == "sdqes-run" and argv[2:4] == ["--source", "0"]
+    options = [str(tmp_path / "alerts.jsonl") if arg.endswith(".jsonl") else arg for arg in argv[2:]]
+    done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), *options], capture_output=True,
+                          text=True)
+    assert "no fp16 TensorRT engine" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert settings["RestartPreventExitStatus"] == str(done.returncode) == "2"  # a mistake: restarting cannot mend it
+    assert settings["SuccessExitStatus"] == str(128 + signal.SIGTERM)  # StopOnSignal's exit code, a GoogleTest case
+    assert settings["Restart"] == "on-failure" and settings["Type"] == "notify"  # exit 1: a camera gone, restarted

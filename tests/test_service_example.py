@@ -25,15 +25,15 @@ SERVICE = Path(__file__).resolve().parents[1] / "docs" / "service"
 UNIT = SERVICE / "sdqes-edge.service"
 
 
-def unit_settings() -> dict[str, str]:
-    """The unit's Key=Value lines (each key once in this unit), with the backslash-continued ExecStart joined."""
-    text = UNIT.read_text().replace("\\\n", " ")
+def unit_settings(unit: Path = UNIT) -> dict[str, str]:
+    """The unit's Key=Value lines (each key once in our units), with the backslash-continued ExecStart joined."""
+    text = unit.read_text().replace("\\\n", " ")
     lines = (line.strip() for line in text.splitlines())
     return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
 
 
-def exec_start() -> list[str]:
-    return shlex.split(unit_settings()["ExecStart"])
+def exec_start(unit: Path = UNIT) -> list[str]:
+    return shlex.split(unit_settings(unit)["ExecStart"])
 
 
 def test_the_units_command_is_one_sdqes_edge_run_takes():
@@ -81,10 +81,11 @@ def test_the_units_command_runs_and_a_restart_resumes_where_it_stopped(exported,
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
-def test_systemd_reads_the_unit_without_a_complaint(tmp_path):
-    """The unit's program stands in for an installed sdqes-edge (systemd checks that it can be run)."""
-    unit = tmp_path / UNIT.name
-    unit.write_text(UNIT.read_text().replace(exec_start()[0], "/bin/true"))
+@pytest.mark.parametrize("example", [UNIT, SERVICE / "sdqes-run.service"], ids=lambda path: path.name)
+def test_systemd_reads_the_unit_without_a_complaint(example, tmp_path):
+    """The unit's program stands in for an installed sdqes-edge or sdqes-run (systemd checks that it can be run)."""
+    unit = tmp_path / example.name
+    unit.write_text(example.read_text().replace(exec_start(example)[0], "/bin/true"))
     checked = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0 and not checked.stderr.strip(), checked.stderr
 

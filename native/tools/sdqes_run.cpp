@@ -10,10 +10,12 @@
 #include <memory>
 #include <cstdio>
 #include <filesystem>
+#include <iomanip>
 #include <iostream>
 #include <limits>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 
 #include "sdqes/live_reader.hpp"
 #include "sdqes/runtime.hpp"
+#include "sdqes/service_manager.hpp"
 #ifdef SDQES_WITH_TENSORRT
 #include "sdqes/tensorrt_backend.hpp"
 #endif
@@ -176,6 +179,7 @@ struct Alerting {
   sdqes::JsonlSink* sink;
   std::string stream_name;
   int64_t stepped = 0;  // frames stepped so far: the next one's index
+  int64_t raised = 0;   // alerts raised so far
 
   // One step on `batch` at stream time `time`; latency counted from `since`, when its frame was in hand.
   void step_at(const std::vector<float>& batch, double time, std::chrono::steady_clock::time_point since) {
@@ -191,10 +195,22 @@ struct Alerting {
                           queries.labels[q].empty() ? std::nullopt : std::optional<std::string>(queries.labels[q])};
       if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
       std::cout << "[" << time << " s] " << e.message << "  (p=" << e.score << ")" << std::endl;
+      ++raised;
     }
     ++stepped;
   }
 };
+
+// How often `systemctl status` hears how the run is doing (the Python runtime's LIVE_REPORT_SECONDS).
+constexpr std::chrono::seconds kStatusEvery{5};
+
+// "29.8 frames/s, dropped 0, 1 alert": `systemctl status`'s line, as `sdqes-edge run` writes it.
+std::string status_line(const Alerting& alerting, double seconds, int64_t dropped) {
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(1) << (seconds > 0 ? alerting.stepped / seconds : 0.0)
+       << " frames/s, dropped " << dropped << ", " << alerting.raised << (alerting.raised == 1 ? " alert" : " alerts");
+  return line.str();
+}
 
 // The run's last line on stderr, and its exit status: 128 + a signal; 1 for a live source lost for good (a failure,
 // so a service manager starts the run again); else 0.
@@ -218,11 +234,15 @@ int report_end(const sdqes::StopOnSignal& stop, const std::string& stream_name, 
   return 0;
 }
 
-// Steps the engine on the source's frames and raises the queries' alerts until the source ends, --max-frames, or a
-// signal. A live source is read on a thread of its own (sdqes::LiveReader), stamped by the wall clock: the loop
-// always steps on its newest sampled frame, each once, and counts the ones it had no time for as dropped.
-int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::vector<sdqes::AlertState>& states,
-           const Source& source, const std::filesystem::path& engine, int64_t max_frames, const std::string& events) {
+// The source opened, whether it is read live, and what alerts call it (the JSONL `stream`, as `sdqes-edge run` calls
+// it; a URL's password never shown).
+struct OpenSource {
+  std::shared_ptr<cv::VideoCapture> video;
+  bool live;
+  std::string name;
+};
+
+OpenSource open_source(const Source& source) {
   auto video = std::make_shared<cv::VideoCapture>();
   if (!source.open(*video)) {
     if (source.kind == "file") throw sdqes::Error("OpenCV cannot open " + source.shown + "; check the file plays");
@@ -231,10 +251,19 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::v
   }
   const bool live = sdqes::is_live_kind(source.kind) ||
                     (source.kind == "web" && !(video->get(cv::CAP_PROP_FRAME_COUNT) > 0));
-  // What alerts call the source (the JSONL `stream`), as `sdqes-edge run` calls it; a URL's password never shown.
-  const std::string stream_name = source.kind == "camera" ? sdqes::camera_name(source.camera_index)
-                                  : live                  ? sdqes::live_source_name(source.spec)
-                                                          : sdqes::video_file_name(source.spec);
+  const std::string name = source.kind == "camera" ? sdqes::camera_name(source.camera_index)
+                           : live                  ? sdqes::live_source_name(source.spec)
+                                                   : sdqes::video_file_name(source.spec);
+  return {video, live, name};
+}
+
+// Steps the engine on the source's frames and raises the queries' alerts until the source ends, --max-frames, or a
+// signal. A live source is read on a thread of its own (sdqes::LiveReader), stamped by the wall clock: the loop
+// always steps on its newest sampled frame, each once, and counts the ones it had no time for as dropped.
+int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::vector<sdqes::AlertState>& states,
+           const Source& source, const std::filesystem::path& engine, int64_t max_frames, const std::string& events) {
+  const OpenSource opened = open_source(source);
+  const auto& [video, live, stream_name] = opened;
   sdqes::TensorRTStep step(engine, bundle);
   step.warm_up();  // before the first frame: its latency is a steady one
   std::unique_ptr<sdqes::JsonlSink> sink;
@@ -264,7 +293,15 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::v
     serves = 1;  // a live frame steps once: repeating a stale frame would put the model behind the world
     return true;
   };
+  std::ostringstream header;  // as `sdqes-edge run` starts: what streams, how fast, what is asked, on what
+  header << "streaming " << stream_name << " at " << bundle.fps << " fps with " << queries.texts.size()
+         << (queries.texts.size() == 1 ? " query" : " queries") << " (TensorRT, " << engine.filename().string() << ")";
+  std::cerr << "sdqes-run: " << header.str() << (live ? "; Ctrl-C to stop" : "") << std::endl;
+  sdqes::ServiceManager manager;  // systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
+  manager.ready(header.str());
   Alerting alerting{step, queries, states, sink.get(), stream_name};
+  const auto started = std::chrono::steady_clock::now();
+  auto reported = started;
   cv::Mat image;
   double stamp = 0.0;
   int64_t serves = 0;
@@ -277,10 +314,17 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::v
       alerting.step_at(batch, live ? stamp : alerting.stepped * period, t0);
       enough = max_frames > 0 && alerting.stepped >= max_frames;
     }
+    manager.alive();
+    if (std::chrono::steady_clock::now() - reported >= kStatusEvery) {
+      reported = std::chrono::steady_clock::now();
+      manager.status(status_line(alerting, std::chrono::duration<double>(reported - started).count(),
+                                 reader ? reader->frames().dropped() : 0));
+    }
   }
   const int64_t index = alerting.stepped;
   const int64_t dropped = reader ? reader->frames().dropped() : 0;
   const bool lost = reader && reader->frames().lost() && !stop.requested();
+  manager.stopping("stopping after " + std::to_string(index) + " frames");
   reader.reset();  // the reader thread ends (or, inside a stalled read, is left to end with the process)
   return report_end(stop, stream_name, index, dropped, lost);
 }
