@@ -151,6 +151,9 @@ def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_buil
     ("--max-alerts", "2.5", "--max-alerts needs a whole number of at least 1, not '2.5'"),  # taken as 2
     ("--source", "99999999999999999999", "--source needs a whole number of at least 0"),  # std::stoi's "stoi"
     ("--precision", "fp64", "--precision fp64 is not one of fp16, fp32, int8"),  # "build a fp64 engine"
+    ("--state", "/no/such/folder/state.json", "--state /no/such/folder/state.json: the folder /no/such/folder does "
+     "not exist; make it first (mkdir -p /no/such/folder)"),  # found only at the first alert, hours in
+    ("--state", str(VECTORS), f"--state {VECTORS} is a folder; give a file in it ({VECTORS / 'state.json'})"),
 ])
 def test_sdqes_run_refuses_a_bad_option_value_in_one_line_before_it_looks_for_an_engine(option, value, message,
                                                                                         native_build, clip):
@@ -201,7 +204,8 @@ def test_the_sdqes_run_unit_runs_a_command_sdqes_run_takes_and_names_the_exit_st
     settings = unit_settings(SERVICE / "sdqes-run.service")
     argv = shlex.split(settings["ExecStart"])
     assert Path(argv[0]).name == "sdqes-run" and argv[2:4] == ["--source", "0"]
-    options = [str(tmp_path / "alerts.jsonl") if arg.endswith(".jsonl") else arg for arg in argv[2:]]
+    options = [str(tmp_path / Path(arg).name) if arg.startswith("/var/") else arg for arg in argv[2:]]
+    assert "--state" in options and "--events" in options
     done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), *options], capture_output=True,
                           text=True)
     assert "no fp16 TensorRT engine" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -192,6 +192,16 @@ void AlertState::reset() {
   last_alert_time_ = -std::numeric_limits<double>::infinity();
 }
 
+SavedAlert AlertState::saved(double stream_time) const {
+  return {active_, alerts_, stream_time - last_alert_time_};
+}
+
+void AlertState::restore(const SavedAlert& saved, double stream_time) {
+  active_ = saved.active;
+  alerts_ = saved.count;
+  last_alert_time_ = stream_time - saved.age_s;
+}
+
 // p > threshold compared in float32, as the reference and the Python runtime do: the scores are float32, and
 // a probability of exactly float32(threshold) is not above it.
 static bool above(double p, double threshold) { return static_cast<float>(p) > static_cast<float>(threshold); }

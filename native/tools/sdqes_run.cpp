@@ -1,6 +1,6 @@
 // sdqes-run: `sdqes-edge run` for C++ robots, on a bundle's TensorRT engine.
 //   sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--precision fp16] [--threshold X] [--exit-threshold X]
-//             [--cooldown S] [--max-alerts K] [--events FILE] [--max-frames N]
+//             [--cooldown S] [--max-alerts K] [--events FILE] [--state FILE] [--max-frames N]
 // Queries come pre-encoded in the bundle (sdqes-edge export --query ...). A user's mistake is one line on
 // stderr and exit code 2; a camera or stream that cannot be opened, or that stopped sending frames and did not
 // come back, exit code 1 (the machine's state: a service manager starts the run again), as `sdqes-edge run`.
@@ -21,6 +21,7 @@
 
 #include <opencv2/videoio.hpp>
 
+#include "sdqes/alert_state_file.hpp"
 #include "sdqes/live_reader.hpp"
 #include "sdqes/runtime.hpp"
 #include "sdqes/service_manager.hpp"
@@ -32,13 +33,16 @@ namespace {
 
 const char* kUsage =
     "usage: sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--precision fp16|fp32|int8] [--threshold X]\n"
-    "                 [--exit-threshold X] [--cooldown S] [--max-alerts K] [--events FILE] [--max-frames N]\n";
+    "                 [--exit-threshold X] [--cooldown S] [--max-alerts K] [--events FILE] [--state FILE]\n"
+    "                 [--max-frames N]\n"
+    "--state FILE keeps each query's alert state across a restart (--max-alerts, hysteresis, cooldown): read at the\n"
+    "start where it exists, written after an alert (at most every 5 s) and when the stream ends or is stopped.\n";
 
 std::map<std::string, std::string> parse(int argc, char** argv, std::string& bundle) {
   std::map<std::string, std::string> options{{"--precision", "fp16"}};
   const std::map<std::string, bool> known{{"--source", true}, {"--precision", true}, {"--threshold", true},
                                           {"--exit-threshold", true}, {"--cooldown", true}, {"--max-alerts", true},
-                                          {"--events", true}, {"--max-frames", true}};
+                                          {"--events", true}, {"--state", true}, {"--max-frames", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
@@ -180,9 +184,11 @@ struct Alerting {
   std::string stream_name;
   int64_t stepped = 0;  // frames stepped so far: the next one's index
   int64_t raised = 0;   // alerts raised so far
+  double last_time = 0.0;  // the last step's stream time
 
   // One step on `batch` at stream time `time`; latency counted from `since`, when its frame was in hand.
   void step_at(const std::vector<float>& batch, double time, std::chrono::steady_clock::time_point since) {
+    last_time = time;
     const auto& embedding = step.step(batch);
     const auto probs = sdqes::probabilities(embedding.data(), queries);
     const double latency = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
@@ -198,6 +204,39 @@ struct Alerting {
       ++raised;
     }
     ++stepped;
+  }
+};
+
+// --state: each query's alert state written after an alert (at most every kAlertStateEveryS, so that a power cut or a
+// kill keeps each alert's count and time) and when the stream ends or is stopped.
+struct StateSaver {
+  const sdqes::AlertStateFile* file;
+  const sdqes::QueryTable& queries;
+  const std::vector<sdqes::AlertState>& states;
+  int64_t saved_raised = 0;  // alerts raised when it was last written
+  std::chrono::steady_clock::time_point saved_at = std::chrono::steady_clock::time_point::min();
+
+  void after_frame(const Alerting& alerting) {
+    if (file == nullptr || alerting.raised == saved_raised) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (saved_at != std::chrono::steady_clock::time_point::min() &&
+        std::chrono::duration<double>(now - saved_at).count() < sdqes::kAlertStateEveryS) {
+      return;  // written at the next frame past the interval
+    }
+    if (save(alerting.last_time)) saved_raised = alerting.raised;
+    saved_at = now;
+  }
+
+  // -> whether it was written; a failure is said and the stream goes on (its alerts matter more than the file).
+  bool save(double stream_time) const {
+    if (file == nullptr) return false;
+    try {
+      file->save(queries, states, stream_time);
+      return true;
+    } catch (const sdqes::Error& e) {
+      std::cerr << "sdqes-run: warning: " << e.what() << std::endl;
+      return false;
+    }
   }
 };
 
@@ -261,11 +300,13 @@ OpenSource open_source(const Source& source) {
 // signal. A live source is read on a thread of its own (sdqes::LiveReader), stamped by the wall clock: the loop
 // always steps on its newest sampled frame, each once, and counts the ones it had no time for as dropped.
 int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::vector<sdqes::AlertState>& states,
-           const Source& source, const std::filesystem::path& engine, int64_t max_frames, const std::string& events) {
+           const Source& source, const std::filesystem::path& engine, int64_t max_frames, const std::string& events,
+           const sdqes::AlertStateFile* state_file) {
   const OpenSource opened = open_source(source);
   const auto& [video, live, stream_name] = opened;
   sdqes::TensorRTStep step(engine, bundle);
   step.warm_up();  // before the first frame: its latency is a steady one
+  if (state_file) state_file->restore(queries, states, say);
   std::unique_ptr<sdqes::JsonlSink> sink;
   if (!events.empty()) sink = std::make_unique<sdqes::JsonlSink>(events);
   const double period = 1.0 / bundle.fps;
@@ -300,6 +341,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::v
   sdqes::ServiceManager manager;  // systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
   manager.ready(header.str());
   Alerting alerting{step, queries, states, sink.get(), stream_name};
+  StateSaver saver{state_file, queries, states};
   const auto started = std::chrono::steady_clock::now();
   auto reported = started;
   cv::Mat image;
@@ -314,6 +356,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::v
       alerting.step_at(batch, live ? stamp : alerting.stepped * period, t0);
       enough = max_frames > 0 && alerting.stepped >= max_frames;
     }
+    saver.after_frame(alerting);
     manager.alive();
     if (std::chrono::steady_clock::now() - reported >= kStatusEvery) {
       reported = std::chrono::steady_clock::now();
@@ -325,6 +368,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::v
   const int64_t dropped = reader ? reader->frames().dropped() : 0;
   const bool lost = reader && reader->frames().lost() && !stop.requested();
   manager.stopping("stopping after " + std::to_string(index) + " frames");
+  saver.save(alerting.last_time);  // the frame in hand finished: what the next start goes on from
   reader.reset();  // the reader thread ends (or, inside a stalled read, is left to end with the process)
   return report_end(stop, stream_name, index, dropped, lost);
 }
@@ -352,6 +396,8 @@ int run(int argc, char** argv) {
   // -1: to the end of the source
   const int64_t max_frames = o.count("--max-frames") ? whole_number("--max-frames", o.at("--max-frames"), 1) : -1;
   const Source source = read_source(o.at("--source"));
+  std::optional<sdqes::AlertStateFile> state_file;  // its folder checked before any engine is looked for
+  if (o.count("--state")) state_file.emplace(o.at("--state"));
   const std::string precision = o.at("--precision");
   if (precision != "fp16" && precision != "fp32" && precision != "int8") {  // not "build a fp64 engine"
     throw sdqes::Error("--precision " + precision + " is not one of fp16, fp32, int8");
@@ -363,7 +409,8 @@ int run(int argc, char** argv) {
 #else
   // The engine built for this GPU and this TensorRT, by its sidecar: a bundle may carry engines for several.
   const auto engine = sdqes::find_engine(bundle, precision, sdqes::current_engine_target());
-  return stream(bundle, queries, states, source, engine, max_frames, o.count("--events") ? o.at("--events") : "");
+  return stream(bundle, queries, states, source, engine, max_frames, o.count("--events") ? o.at("--events") : "",
+                state_file ? &*state_file : nullptr);
 #endif
 }
 

@@ -178,12 +178,24 @@ AlertPolicy query_policy(const Bundle& bundle, const std::string& label, std::op
 // Now as ISO 8601 in UTC, to the millisecond ("2026-11-27T22:10:03.123Z"): an alert's wall_time.
 std::string utc_timestamp();
 
+// What a restart keeps of a query's alert state (runtime/snapshots.py's SavedAlert): inside a run above threshold,
+// alerts raised (max_alerts), seconds from the last alert to the stream time it was saved at (cooldown; infinity:
+// none yet).
+struct SavedAlert {
+  bool active = false;
+  int count = 0;
+  double age_s = std::numeric_limits<double>::infinity();
+};
+
 class AlertState {
  public:
   explicit AlertState(AlertPolicy policy);
   bool update(double p, double stream_time);
   void reset();
   const AlertPolicy& policy() const { return policy_; }
+  SavedAlert saved(double stream_time) const;
+  // As saved, at `stream_time` of the run that goes on (a restarted run's stream time begins again at 0).
+  void restore(const SavedAlert& saved, double stream_time);
 
  private:
   AlertPolicy policy_;

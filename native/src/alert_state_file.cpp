@@ -1,0 +1,186 @@
+// sdqes-run --state FILE: each query's alert state kept across a restart (sdqes/alert_state_file.hpp).
+#include "sdqes/alert_state_file.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <utility>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace sdqes {
+
+namespace {
+
+using nlohmann::json;
+
+const char* const kFormat = "sdqes-run alert states";
+constexpr int kVersion = 1;
+
+json policy_json(const AlertPolicy& policy) {
+  return {{"threshold", policy.threshold},
+          {"exit_threshold", policy.exit_threshold ? json(*policy.exit_threshold) : json(nullptr)},
+          {"cooldown_s", policy.cooldown_s},
+          {"max_alerts", policy.max_alerts ? json(*policy.max_alerts) : json(nullptr)}};
+}
+
+// One entry of the file, checked: what is wrong with it named.
+SavedAlert saved_alert(const json& entry, size_t index) {
+  const std::string where = "alerts[" + std::to_string(index) + "]";
+  if (!entry.is_object() || !entry.contains("query") || !entry["query"].is_string() || !entry.contains("policy") ||
+      !entry["policy"].is_object()) {
+    throw Error(where + " names no query and policy");
+  }
+  if (!entry.contains("active") || !entry["active"].is_boolean()) throw Error(where + ": active is not true or false");
+  if (!entry.contains("count") || !entry["count"].is_number_integer() || entry["count"].get<int64_t>() < 0 ||
+      entry["count"].get<int64_t>() > std::numeric_limits<int>::max()) {
+    throw Error(where + ": count is not a whole number of alerts");
+  }
+  const json& age = entry.contains("age_s") ? entry["age_s"] : json(nullptr);
+  if (!age.is_null() && !(age.is_number() && age.get<double>() >= 0)) {
+    throw Error(where + ": age_s is neither seconds nor null (no alert yet)");
+  }
+  return {entry["active"].get<bool>(), entry["count"].get<int>(),
+          age.is_null() ? std::numeric_limits<double>::infinity() : age.get<double>()};
+}
+
+// "20261128T031502Z": when a file was set aside (files.py's utc_stamp).
+std::string utc_stamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y%m%dT%H%M%SZ", &utc);
+  return text;
+}
+
+std::string os_error() { return std::strerror(errno); }
+
+void sync_folder(const std::filesystem::path& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);  // the rename itself reaches the disk
+  ::close(fd);
+}
+
+}  // namespace
+
+json alert_states_json(const QueryTable& queries, const std::vector<AlertState>& states, double stream_time) {
+  json alerts = json::array();
+  for (size_t q = 0; q < states.size(); ++q) {
+    const SavedAlert saved = states[q].saved(stream_time);
+    alerts.push_back({{"query", queries.texts[q]},
+                      {"policy", policy_json(states[q].policy())},
+                      {"active", saved.active},
+                      {"count", saved.count},
+                      {"age_s", std::isfinite(saved.age_s) ? json(saved.age_s) : json(nullptr)}});
+  }
+  return {{"format", kFormat}, {"version", kVersion}, {"stream_time", stream_time}, {"alerts", alerts}};
+}
+
+size_t restore_alert_states(const json& saved, const QueryTable& queries, std::vector<AlertState>& states) {
+  if (!saved.is_object() || saved.value("format", "") != kFormat) throw Error("is not an sdqes-run alert state file");
+  if (!saved.contains("version") || saved["version"] != kVersion) {
+    throw Error("is version " + saved.value("version", json(nullptr)).dump() + " of the alert state file; this " +
+                "sdqes-run reads version " + std::to_string(kVersion));
+  }
+  if (!saved.contains("alerts") || !saved["alerts"].is_array()) throw Error("holds no list of alerts");
+  std::map<std::pair<std::string, std::string>, SavedAlert> exact;  // (text, policy) -> its state
+  std::map<std::string, std::vector<SavedAlert>> by_text;
+  for (size_t i = 0; i < saved["alerts"].size(); ++i) {
+    const json& entry = saved["alerts"][i];
+    const SavedAlert alert = saved_alert(entry, i);
+    exact[{entry["query"].get<std::string>(), entry["policy"].dump()}] = alert;
+    by_text[entry["query"].get<std::string>()].push_back(alert);
+  }
+  size_t restored = 0;
+  for (size_t q = 0; q < states.size(); ++q) {
+    const auto it = exact.find({queries.texts[q], policy_json(states[q].policy()).dump()});
+    const auto same_text = by_text.find(queries.texts[q]);
+    if (it != exact.end()) {
+      states[q].restore(it->second, 0.0);
+    } else if (same_text != by_text.end() && same_text->second.size() == 1) {  // its policy retuned between runs
+      states[q].restore(same_text->second.front(), 0.0);
+    } else {
+      continue;
+    }
+    ++restored;
+  }
+  return restored;
+}
+
+AlertStateFile::AlertStateFile(std::filesystem::path path) : path_(std::move(path)) {
+  namespace fs = std::filesystem;
+  const fs::path folder = path_.has_parent_path() ? path_.parent_path() : fs::path(".");
+  std::error_code error;
+  if (fs::is_directory(path_, error)) {
+    throw Error("--state " + path_.string() + " is a folder; give a file in it (" + (path_ / "state.json").string() +
+                ")");
+  }
+  if (!fs::is_directory(folder, error)) {
+    throw Error("--state " + path_.string() + ": the folder " + folder.string() + " does not exist; make it first " +
+                "(mkdir -p " + folder.string() + ")");
+  }
+  if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+    throw Error("--state " + path_.string() + " cannot be written: " + folder.string() + ": " + os_error() +
+                "; give a path in a folder this user may write");
+  }
+}
+
+void AlertStateFile::restore(const QueryTable& queries, std::vector<AlertState>& states,
+                             const std::function<void(const std::string&)>& log) const {
+  std::ifstream in(path_);
+  if (!in) {
+    log("note: no alert state at " + path_.string() + " yet: each query starts fresh, and its alert state is "
+        "written there after an alert and when the stream ends or is stopped");
+    return;
+  }
+  try {
+    const size_t restored = restore_alert_states(json::parse(in), queries, states);
+    log("resumed the alert state of " + std::to_string(restored) + " of " + std::to_string(states.size()) +
+        (states.size() == 1 ? " query" : " queries") + " from " + path_.string());
+  } catch (const std::exception& e) {  // json's parse_error, or restore_alert_states' Error
+    const std::string problem = dynamic_cast<const json::exception*>(&e) ? "is not valid JSON" : e.what();
+    for (auto& state : states) state.reset();  // nothing half-restored
+    std::filesystem::path kept;
+    for (int n = 1; kept.empty() || std::filesystem::exists(kept); ++n) {
+      kept = path_.parent_path() / (path_.stem().string() + ".unusable-" + utc_stamp() +
+                                    (n > 1 ? "-" + std::to_string(n) : "") + path_.extension().string());
+    }
+    std::error_code moved;
+    std::filesystem::rename(path_, kept, moved);
+    if (moved) {
+      throw Error("--state " + path_.string() + " " + problem + ", and it cannot be set aside (" + moved.message() +
+                  "); move it away, and each query starts fresh");
+    }
+    log("warning: --state " + path_.string() + " " + problem + ": each query starts fresh; that file is kept as " +
+        kept.string());
+  }
+}
+
+void AlertStateFile::save(const QueryTable& queries, const std::vector<AlertState>& states,
+                          double stream_time) const {
+  const std::string text = alert_states_json(queries, states, stream_time).dump(1) + "\n";
+  const std::filesystem::path partial =
+      path_.parent_path() / ("." + path_.filename().string() + ".partial-" + std::to_string(::getpid()));
+  std::FILE* file = std::fopen(partial.c_str(), "w");
+  bool written = file != nullptr && std::fwrite(text.data(), 1, text.size(), file) == text.size() &&
+                 std::fflush(file) == 0 && ::fsync(fileno(file)) == 0;
+  const std::string why = written ? "" : os_error();
+  if (file != nullptr && std::fclose(file) != 0 && written) written = false;
+  if (written && std::rename(partial.c_str(), path_.c_str()) == 0) {
+    sync_folder(path_.has_parent_path() ? path_.parent_path() : std::filesystem::path("."));
+    return;
+  }
+  const std::string reason = why.empty() ? os_error() : why;
+  std::remove(partial.c_str());
+  throw Error("cannot write --state " + path_.string() + ": " + reason + " (the file there, if any, is unchanged)");
+}
+
+}  // namespace sdqes

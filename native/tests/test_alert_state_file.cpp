@@ -1,0 +1,142 @@
+// sdqes-run --state keeps each query's alert state across a restart (sdqes/alert_state_file.hpp), as
+// `sdqes-edge run --state` does: --max-alerts, hysteresis and cooldown go on where the stopped run left them.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "sdqes/alert_state_file.hpp"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+sdqes::AlertPolicy policy(double threshold, double cooldown_s = 0.0, std::optional<int> max_alerts = std::nullopt) {
+  sdqes::AlertPolicy p;
+  p.threshold = threshold;
+  p.cooldown_s = cooldown_s;
+  p.max_alerts = max_alerts;
+  return p;
+}
+
+sdqes::QueryTable queries_of(const std::vector<std::string>& texts) {
+  sdqes::QueryTable table;
+  table.texts = texts;
+  return table;
+}
+
+// A folder of its own for each test, removed after it.
+struct Folder {
+  fs::path path = fs::temp_directory_path() /
+                  ("sdqes-state-" + std::to_string(::getpid()) + "-" +
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  Folder() { fs::create_directories(path); }
+  ~Folder() { fs::remove_all(path); }
+  std::vector<std::string> names() const {
+    std::vector<std::string> found;
+    for (const auto& entry : fs::directory_iterator(path)) found.push_back(entry.path().filename().string());
+    return found;
+  }
+};
+
+void write(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
+
+}  // namespace
+
+TEST(AlertStateFile, ARestartedRunKeepsEachQuerysCountHysteresisAndCooldown) {
+  const auto queries = queries_of({"Tell me when the kettle boils."});
+  std::vector<sdqes::AlertState> before{sdqes::AlertState(policy(0.5, 10.0, 2))};
+  ASSERT_TRUE(before[0].update(0.9, 95.0));  // the event starts at 95 s; the run stops at 100 s, still inside it
+  const auto saved = sdqes::alert_states_json(queries, before, 100.0);
+  std::vector<sdqes::AlertState> after{sdqes::AlertState(policy(0.5, 10.0, 2))};
+  ASSERT_EQ(sdqes::restore_alert_states(saved, queries, after), 1u);
+  EXPECT_FALSE(after[0].update(0.9, 1.0));  // the same event, still going on: not alerted again
+  EXPECT_FALSE(after[0].update(0.1, 2.0));
+  EXPECT_FALSE(after[0].update(0.9, 4.0));  // a new event 9 s after the last alert: inside the 10-s cooldown
+  EXPECT_FALSE(after[0].update(0.1, 5.0));
+  EXPECT_TRUE(after[0].update(0.9, 6.0));  // 11 s after it: alerted, the second of two
+  EXPECT_FALSE(after[0].update(0.1, 30.0));
+  EXPECT_FALSE(after[0].update(0.9, 31.0));  // --max-alerts 2 reached, counting the stopped run's alert
+}
+
+TEST(AlertStateFile, AQueryRetunedBetweenRunsKeepsItsStateByItsTextUnlessTheTextHadSeveral) {
+  const auto one = queries_of({"kettle"});
+  std::vector<sdqes::AlertState> before{sdqes::AlertState(policy(0.5, 0.0, 1))};
+  ASSERT_TRUE(before[0].update(0.9, 1.0));
+  std::vector<sdqes::AlertState> retuned{sdqes::AlertState(policy(0.7, 0.0, 1))};
+  EXPECT_EQ(sdqes::restore_alert_states(sdqes::alert_states_json(one, before, 2.0), one, retuned), 1u);
+  EXPECT_EQ(retuned[0].saved(0.0).count, 1);
+  // Asked twice under two policies, then once under a third: which of the two is meant cannot be told.
+  const auto twice = queries_of({"kettle", "kettle"});
+  std::vector<sdqes::AlertState> two{sdqes::AlertState(policy(0.5)), sdqes::AlertState(policy(0.6))};
+  std::vector<sdqes::AlertState> third{sdqes::AlertState(policy(0.7))};
+  EXPECT_EQ(sdqes::restore_alert_states(sdqes::alert_states_json(twice, two, 2.0), one, third), 0u);
+}
+
+TEST(AlertStateFile, IsWrittenWholeAndReadBackWithNothingElseLeftInItsFolder) {
+  Folder folder;
+  const sdqes::AlertStateFile file(folder.path / "state.json");
+  const auto queries = queries_of({"kettle", "fridge"});
+  std::vector<sdqes::AlertState> before{sdqes::AlertState(policy(0.5)), sdqes::AlertState(policy(0.5))};
+  ASSERT_TRUE(before[1].update(0.9, 3.0));
+  file.save(queries, before, 4.0);
+  file.save(queries, before, 5.0);  // replaced, not appended to
+  EXPECT_EQ(folder.names(), std::vector<std::string>{"state.json"});
+  std::vector<sdqes::AlertState> after{sdqes::AlertState(policy(0.5)), sdqes::AlertState(policy(0.5))};
+  std::vector<std::string> said;
+  file.restore(queries, after, [&](const std::string& line) { said.push_back(line); });
+  EXPECT_EQ(said, std::vector<std::string>{"resumed the alert state of 2 of 2 queries from " +
+                                           (folder.path / "state.json").string()});
+  EXPECT_EQ(after[1].saved(0.0).count, 1);
+  EXPECT_DOUBLE_EQ(after[1].saved(0.0).age_s, 2.0);
+  EXPECT_EQ(after[0].saved(0.0).count, 0);
+}
+
+TEST(AlertStateFile, AFileThatCannotBeUsedIsSetAsideAndEachQueryStartsFresh) {
+  Folder folder;
+  const sdqes::AlertStateFile file(folder.path / "state.json");
+  const auto queries = queries_of({"kettle"});
+  for (const auto& [text, problem] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"format\": \"sdqes-run alert st", "is not valid JSON"},
+           {"{\"format\": \"something else\"}", "is not an sdqes-run alert state file"},
+           {"{\"format\": \"sdqes-run alert states\", \"version\": 1, \"alerts\": [{\"query\": \"kettle\", "
+            "\"policy\": {}, \"active\": false, \"count\": -1, \"age_s\": null}]}",
+            "alerts[0]: count is not a whole number of alerts"}}) {
+    write(folder.path / "state.json", text);
+    std::vector<sdqes::AlertState> states{sdqes::AlertState(policy(0.5))};
+    std::vector<std::string> said;
+    file.restore(queries, states, [&](const std::string& line) { said.push_back(line); });
+    ASSERT_EQ(said.size(), 1u);
+    EXPECT_NE(said[0].find("warning: --state " + (folder.path / "state.json").string() + " " + problem +
+                           ": each query starts fresh; that file is kept as "),
+              std::string::npos)
+        << said[0];
+    EXPECT_FALSE(fs::exists(folder.path / "state.json"));
+    EXPECT_EQ(states[0].saved(0.0).count, 0);
+  }
+  EXPECT_EQ(folder.names().size(), 3u);  // each kept under a name of its own: the user's, never deleted
+}
+
+TEST(AlertStateFile, APathThatCannotBeWrittenIsRefusedUpFrontAndAFailedWriteSaysWhichFile) {
+  Folder folder;
+  EXPECT_THROW(sdqes::AlertStateFile(folder.path / "missing" / "state.json"), sdqes::Error);
+  EXPECT_THROW(sdqes::AlertStateFile{folder.path}, sdqes::Error);  // a folder, not a file
+  fs::create_directories(folder.path / "sub");
+  const sdqes::AlertStateFile file(folder.path / "sub" / "state.json");
+  const auto queries = queries_of({"kettle"});
+  const std::vector<sdqes::AlertState> states{sdqes::AlertState(policy(0.5))};
+  file.save(queries, states, 1.0);
+  fs::remove_all(folder.path / "sub");  // its folder gone while the run streams (an unmounted card)
+  try {
+    file.save(queries, states, 2.0);
+    FAIL() << "a write into a folder that is gone was taken";
+  } catch (const sdqes::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write --state " + (folder.path / "sub" / "state.json").string()),
+              std::string::npos)
+        << e.what();
+  }
+}
