@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-# Fixtures of their own modules, available to every test: `exported` (a tiny QRNN bundle).
-pytest_plugins = ["runtime_fixtures"]
+# Fixtures of their own modules, available to every test: `exported` (a tiny QRNN bundle), `native_build`.
+pytest_plugins = ["runtime_fixtures", "native_fixtures"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SDQES_SHARED", REPO_ROOT.parent / "shared"))

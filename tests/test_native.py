@@ -75,23 +75,6 @@ def test_a_manifest_entry_outside_the_bundle_is_refused_before_it_is_read(case, 
     assert not [p for p in hashed if "outside" in p.resolve().parts], "a file outside the bundle was read"
 
 
-@pytest.fixture(scope="module")
-def native_build(tmp_path_factory):
-    """cmake -B build && cmake --build build: skipped, with CMake's reason, where a dependency is missing."""
-    if shutil.which("cmake") is None:
-        pytest.skip("cmake is not installed (scripts/setup.sh --dev installs it as root)")
-    build = tmp_path_factory.mktemp("native-build")
-    configure = subprocess.run(["cmake", "-B", str(build), "-S", str(REPO)], capture_output=True, text=True)
-    if configure.returncode != 0:
-        missing = [line.strip() for line in (configure.stdout + configure.stderr).splitlines()
-                   if "Could NOT find" in line or "Could not find" in line]
-        pytest.skip("native dependencies missing: " + ("; ".join(missing) or configure.stderr.strip()[-300:]))
-    print([line for line in configure.stdout.splitlines() if "sdqes:" in line])
-    built = subprocess.run(["cmake", "--build", str(build), "-j", "2"], capture_output=True, text=True)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    return build
-
-
 def test_the_ctest_suite_passes(native_build):
     done = subprocess.run(["ctest", "--test-dir", str(native_build), "--output-on-failure", "-j", "2"],
                           capture_output=True, text=True)
@@ -136,7 +119,7 @@ def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_buil
     bundle = tmp_path / "bundle"
     shutil.copytree(VECTORS / "bundle", bundle)
     damage(bundle)
-    done = subprocess.run([str(native_build / "sdqes-run"), str(bundle), "--source", clip],
+    done = subprocess.run([str(native_build / "sdqes-run"), str(bundle), "--source", clip, "--backend", "tensorrt"],
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -204,6 +187,7 @@ def test_the_sdqes_run_unit_runs_a_command_sdqes_run_takes_and_names_the_exit_st
     settings = unit_settings(SERVICE / "sdqes-run.service")
     argv = shlex.split(settings["ExecStart"])
     assert Path(argv[0]).name == "sdqes-run" and argv[2:4] == ["--source", "0"]
+    assert argv[argv.index("--backend") + 1] == "tensorrt"  # the GPU it is for, whichever backends the build has
     options = [str(tmp_path / Path(arg).name) if arg.startswith("/var/") else arg for arg in argv[2:]]
     assert "--state" in options and "--events" in options
     done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), *options], capture_output=True,

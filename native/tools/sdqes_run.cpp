@@ -1,6 +1,6 @@
-// sdqes-run: `sdqes-edge run` for C++ robots, on a bundle's TensorRT engine.
-//   sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--precision fp16] [--threshold X] [--exit-threshold X]
-//             [--cooldown S] [--max-alerts K] [--events FILE] [--state FILE] [--max-frames N]
+// sdqes-run: `sdqes-edge run` for C++ robots, on a bundle's TensorRT engine, or its ONNX graph on the CPU.
+//   sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--backend tensorrt|onnxruntime] [--precision fp16] [--threshold X]
+//             [--exit-threshold X] [--cooldown S] [--max-alerts K] [--events FILE] [--state FILE] [--max-frames N]
 // Queries come pre-encoded in the bundle (sdqes-edge export --query ...). A user's mistake is one line on
 // stderr and exit code 2; a camera or stream that cannot be opened, or that stopped sending frames and did not
 // come back, exit code 1 (the machine's state: a service manager starts the run again), as `sdqes-edge run`.
@@ -25,24 +25,35 @@
 #include "sdqes/live_reader.hpp"
 #include "sdqes/runtime.hpp"
 #include "sdqes/service_manager.hpp"
+#include "sdqes/step_backend.hpp"
 #ifdef SDQES_WITH_TENSORRT
 #include "sdqes/tensorrt_backend.hpp"
+#endif
+#ifdef SDQES_WITH_ONNXRUNTIME
+#include "sdqes/onnxruntime_backend.hpp"
+#endif
+#if defined(SDQES_WITH_TENSORRT) || defined(SDQES_WITH_ONNXRUNTIME)
+#define SDQES_CAN_STREAM 1  // a backend to step the graph on: the streaming loop is built
 #endif
 
 namespace {
 
 const char* kUsage =
-    "usage: sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--precision fp16|fp32|int8] [--threshold X]\n"
-    "                 [--exit-threshold X] [--cooldown S] [--max-alerts K] [--events FILE] [--state FILE]\n"
-    "                 [--max-frames N]\n"
+    "usage: sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--backend tensorrt|onnxruntime] [--precision fp16|fp32|int8]\n"
+    "                 [--threshold X] [--exit-threshold X] [--cooldown S] [--max-alerts K] [--events FILE]\n"
+    "                 [--state FILE] [--max-frames N]\n"
+    "--backend: tensorrt steps the bundle's engine for this GPU (sdqes-edge build-engine); onnxruntime steps its\n"
+    "ONNX graph on the CPU. The default is the first this sdqes-run was built with. --precision: fp16 on TensorRT,\n"
+    "fp32 on ONNX Runtime unless given.\n"
     "--state FILE keeps each query's alert state across a restart (--max-alerts, hysteresis, cooldown): read at the\n"
     "start where it exists, written after an alert (at most every 5 s) and when the stream ends or is stopped.\n";
 
 std::map<std::string, std::string> parse(int argc, char** argv, std::string& bundle) {
-  std::map<std::string, std::string> options{{"--precision", "fp16"}};
+  std::map<std::string, std::string> options;
   const std::map<std::string, bool> known{{"--source", true}, {"--precision", true}, {"--threshold", true},
                                           {"--exit-threshold", true}, {"--cooldown", true}, {"--max-alerts", true},
-                                          {"--events", true}, {"--state", true}, {"--max-frames", true}};
+                                          {"--events", true}, {"--state", true}, {"--max-frames", true},
+                                          {"--backend", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
@@ -135,7 +146,53 @@ Source read_source(const std::string& spec) {
   return source;
 }
 
+// The step graph a run steps on, whichever backend runs it: a TensorRT engine on the GPU, or ONNX Runtime on the CPU.
+struct Engine {
+  std::unique_ptr<sdqes::StepBackend> backend;
+  std::string words;  // what the header line says runs it: "TensorRT, fp16.engine"
+};
+
+// --backend's default: TensorRT where this sdqes-run was built with it (the GPU it is for), else ONNX Runtime.
+#if defined(SDQES_WITH_TENSORRT) || !defined(SDQES_WITH_ONNXRUNTIME)
+const char* const kDefaultBackend = "tensorrt";
+#else
+const char* const kDefaultBackend = "onnxruntime";
+#endif
+
+Engine warmed(std::unique_ptr<sdqes::StepBackend> backend, std::string words) {
+  backend->warm_up();  // before the first frame: its latency is a steady one
+  return {std::move(backend), std::move(words)};
+}
+
+// The bundle's engine for `precision` on `backend`, loaded and warmed; an Error where this sdqes-run was built
+// without that backend, or the bundle lacks what it needs (an engine for this GPU, a graph of that precision).
+Engine open_engine(const std::string& backend, const sdqes::Bundle& bundle, const std::string& precision) {
+  if (backend == "tensorrt") {
 #ifdef SDQES_WITH_TENSORRT
+    // The engine built for this GPU and this TensorRT, by its sidecar: a bundle may carry engines for several.
+    const auto path = sdqes::find_engine(bundle, precision, sdqes::current_engine_target());
+    return warmed(std::make_unique<sdqes::TensorRTStep>(path, bundle), "TensorRT, " + path.filename().string());
+#else
+    (void)sdqes::find_engine(bundle, precision);  // a bundle without any engine says how to build one first
+    throw sdqes::Error(std::string("this sdqes-run was built without the TensorRT backend (CMake found no "
+                                   "TensorRT/CUDA); build it on the NVIDIA device with TensorRT installed") +
+                       (std::string(kDefaultBackend) == "onnxruntime"
+                            ? ", or give --backend onnxruntime to step the bundle's graph on the CPU"
+                            : ""));
+#endif
+  }
+#ifdef SDQES_WITH_ONNXRUNTIME
+  const auto graph = bundle.step_graph(precision);
+  return warmed(std::make_unique<sdqes::OnnxRuntimeStep>(graph, bundle),
+                "ONNX Runtime " + sdqes::onnxruntime_version() + " on the CPU, " + graph.filename().string());
+#else
+  throw sdqes::Error("this sdqes-run was built without the ONNX Runtime backend (CMake found no "
+                     "onnxruntime_cxx_api.h and libonnxruntime); build it with ONNXRUNTIME_ROOT set to an ONNX "
+                     "Runtime release folder");
+#endif
+}
+
+#ifdef SDQES_CAN_STREAM
 // A video file's sampled frames, read on the loop's thread: every sample time is stepped, none dropped.
 class FileFrames {
  public:
@@ -177,7 +234,7 @@ void say(const std::string& line) { std::cerr << "sdqes-run: " << line << std::e
 
 // Steps the engine and raises the queries' alerts, each written to the JSONL sink (when there is one) and printed.
 struct Alerting {
-  sdqes::TensorRTStep& step;
+  const Engine& engine;
   const sdqes::QueryTable& queries;
   std::vector<sdqes::AlertState>& states;
   sdqes::JsonlSink* sink;
@@ -189,7 +246,7 @@ struct Alerting {
   // One step on `batch` at stream time `time`; latency counted from `since`, when its frame was in hand.
   void step_at(const std::vector<float>& batch, double time, std::chrono::steady_clock::time_point since) {
     last_time = time;
-    const auto& embedding = step.step(batch);
+    const auto& embedding = engine.backend->step(batch);
     const auto probs = sdqes::probabilities(embedding.data(), queries);
     const double latency = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
     for (size_t q = 0; q < probs.size(); ++q) {
@@ -300,12 +357,10 @@ OpenSource open_source(const Source& source) {
 // signal. A live source is read on a thread of its own (sdqes::LiveReader), stamped by the wall clock: the loop
 // always steps on its newest sampled frame, each once, and counts the ones it had no time for as dropped.
 int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::vector<sdqes::AlertState>& states,
-           const Source& source, const std::filesystem::path& engine, int64_t max_frames, const std::string& events,
+           const Source& source, const Engine& engine, int64_t max_frames, const std::string& events,
            const sdqes::AlertStateFile* state_file) {
   const OpenSource opened = open_source(source);
   const auto& [video, live, stream_name] = opened;
-  sdqes::TensorRTStep step(engine, bundle);
-  step.warm_up();  // before the first frame: its latency is a steady one
   if (state_file) state_file->restore(queries, states, say);
   std::unique_ptr<sdqes::JsonlSink> sink;
   if (!events.empty()) sink = std::make_unique<sdqes::JsonlSink>(events);
@@ -336,11 +391,11 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::v
   };
   std::ostringstream header;  // as `sdqes-edge run` starts: what streams, how fast, what is asked, on what
   header << "streaming " << stream_name << " at " << bundle.fps << " fps with " << queries.texts.size()
-         << (queries.texts.size() == 1 ? " query" : " queries") << " (TensorRT, " << engine.filename().string() << ")";
+         << (queries.texts.size() == 1 ? " query" : " queries") << " (" << engine.words << ")";
   std::cerr << "sdqes-run: " << header.str() << (live ? "; Ctrl-C to stop" : "") << std::endl;
   sdqes::ServiceManager manager;  // systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
   manager.ready(header.str());
-  Alerting alerting{step, queries, states, sink.get(), stream_name};
+  Alerting alerting{engine, queries, states, sink.get(), stream_name};
   StateSaver saver{state_file, queries, states};
   const auto started = std::chrono::steady_clock::now();
   auto reported = started;
@@ -398,19 +453,24 @@ int run(int argc, char** argv) {
   const Source source = read_source(o.at("--source"));
   std::optional<sdqes::AlertStateFile> state_file;  // its folder checked before any engine is looked for
   if (o.count("--state")) state_file.emplace(o.at("--state"));
-  const std::string precision = o.at("--precision");
+  const std::string backend = o.count("--backend") ? o.at("--backend") : kDefaultBackend;
+  if (backend != "tensorrt" && backend != "onnxruntime") {
+    throw sdqes::Error("--backend " + backend + " is not one of tensorrt, onnxruntime");
+  }
+  // fp16 on a GPU; on the CPU, where fp16 is emulated, fp32.
+  const std::string precision = o.count("--precision") ? o.at("--precision")
+                                : backend == "tensorrt"  ? "fp16"
+                                                         : "fp32";
   if (precision != "fp16" && precision != "fp32" && precision != "int8") {  // not "build a fp64 engine"
     throw sdqes::Error("--precision " + precision + " is not one of fp16, fp32, int8");
   }
-#ifndef SDQES_WITH_TENSORRT
-  (void)sdqes::find_engine(bundle, precision);  // a bundle without any engine says how to build one first
-  throw sdqes::Error("this sdqes-run was built without the TensorRT backend (CMake found no TensorRT/CUDA); "
-                     "build it on the NVIDIA device with TensorRT installed");
-#else
-  // The engine built for this GPU and this TensorRT, by its sidecar: a bundle may carry engines for several.
-  const auto engine = sdqes::find_engine(bundle, precision, sdqes::current_engine_target());
+  const Engine engine = open_engine(backend, bundle, precision);
+#ifdef SDQES_CAN_STREAM
   return stream(bundle, queries, states, source, engine, max_frames, o.count("--events") ? o.at("--events") : "",
                 state_file ? &*state_file : nullptr);
+#else
+  (void)max_frames;
+  return 2;  // not reached: open_engine refused, there being no backend
 #endif
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "sdqes/runtime.hpp"
+#include "sdqes/step_backend.hpp"
 
 namespace sdqes {
 
@@ -14,19 +15,15 @@ namespace sdqes {
 // must have been built for (find_engine picks it by its sidecar).
 EngineTarget current_engine_target();
 
-class TensorRTStep {
+class TensorRTStep : public StepBackend {
  public:
   TensorRTStep(const std::filesystem::path& engine, const Bundle& bundle);
-  ~TensorRTStep();
-  TensorRTStep(const TensorRTStep&) = delete;
-  TensorRTStep& operator=(const TensorRTStep&) = delete;
+  ~TensorRTStep() override;
 
-  // frame: [B, 3, R, R] floats; returns the embeddings [B, E]; the state stays on the device.
-  const std::vector<float>& step(const std::vector<float>& frame);
-  void reset();
-  // Steps a blank frame through each state buffer set, then resets the state: TensorRT's first executions
-  // carry one-off work that would otherwise land on the first real frame, the one an alert may hang on.
-  void warm_up();
+  // The embeddings on the host; the state stays on the device.
+  const std::vector<float>& step(const std::vector<float>& frame) override;
+  void reset() override;
+  void warm_up() override;
 
  private:
   struct Impl;

@@ -1,0 +1,73 @@
+"""The native (C++) build the native tests share: built once a session, with sdqes-run's ONNX Runtime backend where
+it can be (ONNX Runtime's C API headers, as `build-ort-ops` fetches them, and the library the onnxruntime wheel
+carries), so that sdqes-run's whole streaming loop runs here, where TensorRT cannot."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sdqes_edge.runtime.ort_releases import onnxruntime_release
+
+REPO = Path(__file__).resolve().parents[1]
+ORT_OPS_BUILD = REPO / "runtime" / "ort_ops" / "build.sh"
+# Why the build has no ONNX Runtime backend ("" when it has one): the tests that need it skip with it.
+ONNXRUNTIME_LEFT_OUT: dict[str, str] = {}
+
+
+def headers_release() -> tuple[int, int]:
+    """The ONNX Runtime release whose C API headers build-ort-ops fetches (its pinned Debian package)."""
+    found = re.search(r'headers_deb="libonnxruntime-dev_(\d+)\.(\d+)\.', ORT_OPS_BUILD.read_text())
+    return int(found.group(1)), int(found.group(2))
+
+
+def onnxruntime_options(kernel_build, lib_dir: Path) -> list[str] | str:
+    """CMake options that build the ONNX Runtime backend against the installed wheel's library, or why not."""
+    import onnxruntime
+
+    done, library = kernel_build
+    include = library.parent / "headers" / "usr" / "include" / "onnxruntime"
+    if not (include / "onnxruntime_cxx_api.h").is_file():
+        return f"ONNX Runtime's C API headers could not be fetched ({done.stderr.strip()[-200:]})"
+    if onnxruntime_release(onnxruntime.__version__) < headers_release():
+        return (f"the installed ONNX Runtime {onnxruntime.__version__} is older than the headers "
+                f"({'.'.join(map(str, headers_release()))}) the backend is built against")
+    shipped = sorted((Path(onnxruntime.__file__).parent / "capi").glob("libonnxruntime.so.*"))
+    if not shipped:
+        return f"the onnxruntime {onnxruntime.__version__} wheel carries no libonnxruntime.so"
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("libonnxruntime.so", "libonnxruntime.so.1"):  # the name linked to, and its soname
+        (lib_dir / name).symlink_to(shipped[0])
+    return [f"-DONNXRUNTIME_INCLUDE_DIR={include}", f"-DONNXRUNTIME_LIBRARY={lib_dir / 'libonnxruntime.so'}"]
+
+
+@pytest.fixture(scope="session")
+def native_build(tmp_path_factory, cpu_kernel_build):
+    """cmake -B build && cmake --build build: skipped, with CMake's reason, where a dependency is missing."""
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed (scripts/setup.sh --dev installs it as root)")
+    build = tmp_path_factory.mktemp("native-build")
+    options = onnxruntime_options(cpu_kernel_build, build.parent / f"{build.name}-onnxruntime")
+    ONNXRUNTIME_LEFT_OUT["reason"] = options if isinstance(options, str) else ""
+    configure = subprocess.run(["cmake", "-B", str(build), "-S", str(REPO),
+                                *(options if isinstance(options, list) else [])], capture_output=True, text=True)
+    if configure.returncode != 0:
+        missing = [line.strip() for line in (configure.stdout + configure.stderr).splitlines()
+                   if "Could NOT find" in line or "Could not find" in line]
+        pytest.skip("native dependencies missing: " + ("; ".join(missing) or configure.stderr.strip()[-300:]))
+    print([line for line in configure.stdout.splitlines() if "sdqes:" in line])
+    built = subprocess.run(["cmake", "--build", str(build), "-j", "2"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return build
+
+
+@pytest.fixture(scope="session")
+def sdqes_run_on_the_cpu(native_build) -> Path:
+    """The built sdqes-run, where it has its ONNX Runtime backend; skipped, saying why, where it has not."""
+    if ONNXRUNTIME_LEFT_OUT.get("reason"):
+        pytest.skip("sdqes-run was built without ONNX Runtime: " + ONNXRUNTIME_LEFT_OUT["reason"])
+    return native_build / "sdqes-run"
