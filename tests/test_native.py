@@ -137,6 +137,8 @@ def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_buil
     ("--state", "/no/such/folder/state.json", "--state /no/such/folder/state.json: the folder /no/such/folder does "
      "not exist; make it first (mkdir -p /no/such/folder)"),  # found only at the first alert, hours in
     ("--state", str(VECTORS), f"--state {VECTORS} is a folder; give a file in it ({VECTORS / 'state.json'})"),
+    ("--threads", "0", "--threads needs a whole number of at least 1, not '0'"),
+    ("--backend", "cuda", "--backend cuda is not one of tensorrt, onnxruntime"),
 ])
 def test_sdqes_run_refuses_a_bad_option_value_in_one_line_before_it_looks_for_an_engine(option, value, message,
                                                                                         native_build, clip):
@@ -196,3 +198,13 @@ def test_the_sdqes_run_unit_runs_a_command_sdqes_run_takes_and_names_the_exit_st
     assert settings["RestartPreventExitStatus"] == str(done.returncode) == "2"  # a mistake: restarting cannot mend it
     assert settings["SuccessExitStatus"] == str(128 + signal.SIGTERM)  # StopOnSignal's exit code, a GoogleTest case
     assert settings["Restart"] == "on-failure" and settings["Type"] == "notify"  # exit 1: a camera gone, restarted
+
+
+def test_threads_given_to_the_tensorrt_backend_are_left_out_with_a_warning(native_build, clip):
+    """Ultralytics' way with an option that does not apply: said, then the run goes on without it."""
+    done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), "--source", clip, "--backend",
+                           "tensorrt", "--threads", "2"], capture_output=True, text=True)
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == ("sdqes-run: warning: --threads is for the ONNX Runtime backend; TensorRT steps on the GPU, so "
+                        "it is left out")
+    assert "no fp16 TensorRT engine" in lines[1] and done.returncode == 2

@@ -118,3 +118,16 @@ def test_sdqes_run_on_a_live_stream_tells_systemd_it_is_ready_and_stops_on_sigte
     assert "; Ctrl-C to stop" in said and "sdqes-run: interrupted (SIGTERM) after " in said, said
     assert told and told[-1].startswith("STOPPING=1\nSTATUS=stopping after "), told
     assert [a["message"] for a in alerts(log)] == ["Wash your hands.", "Tea!"]  # whole lines, each query once
+
+
+def test_a_bundle_exported_with_fused_queries_is_refused_in_one_line_that_says_how_to_export_it(sdqes_run_on_the_cpu,
+                                                                                                 video, tmp_path):
+    """Its graph also takes the queries' embeddings: ONNX Runtime refused the first step, naming a missing input."""
+    fused = tmp_path / "fused"
+    export_bundle(random_model("qrnn"), fused, ExportOptions(show_progress=False, verify_frames=16, fuse_queries=True,
+                                                             queries=QUERIES), log=lambda m: None)
+    done = subprocess.run([str(sdqes_run_on_the_cpu), str(fused), "--source", video], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "takes query_embeddings (its bundle was exported with --fuse-queries)" in done.stderr
+    assert "re-export the bundle without --fuse-queries" in done.stderr

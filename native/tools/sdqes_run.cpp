@@ -41,10 +41,10 @@ namespace {
 const char* kUsage =
     "usage: sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--backend tensorrt|onnxruntime] [--precision fp16|fp32|int8]\n"
     "                 [--threshold X] [--exit-threshold X] [--cooldown S] [--max-alerts K] [--events FILE]\n"
-    "                 [--state FILE] [--max-frames N]\n"
+    "                 [--state FILE] [--max-frames N] [--threads N]\n"
     "--backend: tensorrt steps the bundle's engine for this GPU (sdqes-edge build-engine); onnxruntime steps its\n"
     "ONNX graph on the CPU. The default is the first this sdqes-run was built with. --precision: fp16 on TensorRT,\n"
-    "fp32 on ONNX Runtime unless given.\n"
+    "fp32 on ONNX Runtime unless given. --threads: ONNX Runtime's threads (default: one per core).\n"
     "--state FILE keeps each query's alert state across a restart (--max-alerts, hysteresis, cooldown): read at the\n"
     "start where it exists, written after an alert (at most every 5 s) and when the stream ends or is stopped.\n";
 
@@ -53,7 +53,7 @@ std::map<std::string, std::string> parse(int argc, char** argv, std::string& bun
   const std::map<std::string, bool> known{{"--source", true}, {"--precision", true}, {"--threshold", true},
                                           {"--exit-threshold", true}, {"--cooldown", true}, {"--max-alerts", true},
                                           {"--events", true}, {"--state", true}, {"--max-frames", true},
-                                          {"--backend", true}};
+                                          {"--backend", true}, {"--threads", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
@@ -166,7 +166,8 @@ Engine warmed(std::unique_ptr<sdqes::StepBackend> backend, std::string words) {
 
 // The bundle's engine for `precision` on `backend`, loaded and warmed; an Error where this sdqes-run was built
 // without that backend, or the bundle lacks what it needs (an engine for this GPU, a graph of that precision).
-Engine open_engine(const std::string& backend, const sdqes::Bundle& bundle, const std::string& precision) {
+Engine open_engine(const std::string& backend, const sdqes::Bundle& bundle, const std::string& precision,
+                   int threads) {
   if (backend == "tensorrt") {
 #ifdef SDQES_WITH_TENSORRT
     // The engine built for this GPU and this TensorRT, by its sidecar: a bundle may carry engines for several.
@@ -183,9 +184,10 @@ Engine open_engine(const std::string& backend, const sdqes::Bundle& bundle, cons
   }
 #ifdef SDQES_WITH_ONNXRUNTIME
   const auto graph = bundle.step_graph(precision);
-  return warmed(std::make_unique<sdqes::OnnxRuntimeStep>(graph, bundle),
+  return warmed(std::make_unique<sdqes::OnnxRuntimeStep>(graph, bundle, threads),
                 "ONNX Runtime " + sdqes::onnxruntime_version() + " on the CPU, " + graph.filename().string());
 #else
+  (void)threads;
   throw sdqes::Error("this sdqes-run was built without the ONNX Runtime backend (CMake found no "
                      "onnxruntime_cxx_api.h and libonnxruntime); build it with ONNXRUNTIME_ROOT set to an ONNX "
                      "Runtime release folder");
@@ -464,7 +466,15 @@ int run(int argc, char** argv) {
   if (precision != "fp16" && precision != "fp32" && precision != "int8") {  // not "build a fp64 engine"
     throw sdqes::Error("--precision " + precision + " is not one of fp16, fp32, int8");
   }
-  const Engine engine = open_engine(backend, bundle, precision);
+  // 0: ONNX Runtime's default, a thread per core
+  const int threads = o.count("--threads") ? static_cast<int>(std::min<int64_t>(
+                                                 whole_number("--threads", o.at("--threads"), 1), 1024))
+                                           : 0;
+  if (threads > 0 && backend == "tensorrt") {
+    std::cerr << "sdqes-run: warning: --threads is for the ONNX Runtime backend; TensorRT steps on the GPU, so it "
+                 "is left out" << std::endl;
+  }
+  const Engine engine = open_engine(backend, bundle, precision, threads);
 #ifdef SDQES_CAN_STREAM
   return stream(bundle, queries, states, source, engine, max_frames, o.count("--events") ? o.at("--events") : "",
                 state_file ? &*state_file : nullptr);

@@ -36,6 +36,14 @@ constexpr const char* kStateOutputPrefix = "state_out.";
 constexpr const char* kMetadataKey = "sdqes_edge";
 constexpr const char* kDescribedByTheGraph[] = {"image_size", "embed_dim", "batch", "query_count", "preprocess"};
 
+// A step graph exported with --fuse-queries also takes the queries' embeddings, which sdqes-run does not give (it
+// scores the embedding itself): refused up front, by either backend, with this fix.
+constexpr const char* kFusedQueriesInput = "query_embeddings";
+inline std::string fused_queries_refusal(const std::string& what) {
+  return what + " takes " + kFusedQueriesInput + " (its bundle was exported with --fuse-queries), which sdqes-run " +
+         "does not give; re-export the bundle without --fuse-queries for sdqes-run, which scores the embedding itself";
+}
+
 struct StateTensor {
   std::string name;               // where it lives, e.g. "block03.adapter1.qrnn0_h"
   std::vector<int64_t> shape;     // batch first
