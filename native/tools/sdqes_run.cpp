@@ -299,7 +299,7 @@ struct StateSaver {
   }
 };
 
-// How often `systemctl status` hears how the run is doing (the Python runtime's LIVE_REPORT_SECONDS).
+// How often `systemctl status` hears how the run is doing: one datagram, so as often as a terminal's status line.
 constexpr std::chrono::seconds kStatusEvery{5};
 
 // "29.8 frames/s, dropped 0, 1 alert": `systemctl status`'s line, as `sdqes-edge run` writes it.
