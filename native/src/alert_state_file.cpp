@@ -115,20 +115,20 @@ size_t restore_alert_states(const json& saved, const QueryTable& queries, std::v
   return restored;
 }
 
-AlertStateFile::AlertStateFile(std::filesystem::path path) : path_(std::move(path)) {
+AlertStateFile::AlertStateFile(std::filesystem::path path)
+    : path_(std::move(path)), folder_(path_.has_parent_path() ? path_.parent_path() : std::filesystem::path(".")) {
   namespace fs = std::filesystem;
-  const fs::path folder = path_.has_parent_path() ? path_.parent_path() : fs::path(".");
   std::error_code error;
   if (fs::is_directory(path_, error)) {
     throw Error("--state " + path_.string() + " is a folder; give a file in it (" + (path_ / "state.json").string() +
                 ")");
   }
-  if (!fs::is_directory(folder, error)) {
-    throw Error("--state " + path_.string() + ": the folder " + folder.string() + " does not exist; make it first " +
-                "(mkdir -p " + folder.string() + ")");
+  if (!fs::is_directory(folder_, error)) {
+    throw Error("--state " + path_.string() + ": the folder " + folder_.string() + " does not exist; make it first " +
+                "(mkdir -p " + folder_.string() + ")");
   }
-  if (::access(folder.c_str(), W_OK | X_OK) != 0) {
-    throw Error("--state " + path_.string() + " cannot be written: " + folder.string() + ": " + os_error() +
+  if (::access(folder_.c_str(), W_OK | X_OK) != 0) {
+    throw Error("--state " + path_.string() + " cannot be written: " + folder_.string() + ": " + os_error() +
                 "; give a path in a folder this user may write");
   }
 }
@@ -150,7 +150,7 @@ void AlertStateFile::restore(const QueryTable& queries, std::vector<AlertState>&
     for (auto& state : states) state.reset();  // nothing half-restored
     std::filesystem::path kept;
     for (int n = 1; kept.empty() || std::filesystem::exists(kept); ++n) {
-      kept = path_.parent_path() / (path_.stem().string() + ".unusable-" + utc_stamp() +
+      kept = folder_ / (path_.stem().string() + ".unusable-" + utc_stamp() +
                                     (n > 1 ? "-" + std::to_string(n) : "") + path_.extension().string());
     }
     std::error_code moved;
@@ -168,14 +168,14 @@ void AlertStateFile::save(const QueryTable& queries, const std::vector<AlertStat
                           double stream_time) const {
   const std::string text = alert_states_json(queries, states, stream_time).dump(1) + "\n";
   const std::filesystem::path partial =
-      path_.parent_path() / ("." + path_.filename().string() + ".partial-" + std::to_string(::getpid()));
+      folder_ / ("." + path_.filename().string() + ".partial-" + std::to_string(::getpid()));
   std::FILE* file = std::fopen(partial.c_str(), "w");
   bool written = file != nullptr && std::fwrite(text.data(), 1, text.size(), file) == text.size() &&
                  std::fflush(file) == 0 && ::fsync(fileno(file)) == 0;
   const std::string why = written ? "" : os_error();
   if (file != nullptr && std::fclose(file) != 0 && written) written = false;
   if (written && std::rename(partial.c_str(), path_.c_str()) == 0) {
-    sync_folder(path_.has_parent_path() ? path_.parent_path() : std::filesystem::path("."));
+    sync_folder(folder_);
     return;
   }
   const std::string reason = why.empty() ? os_error() : why;

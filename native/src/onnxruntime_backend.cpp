@@ -152,13 +152,15 @@ OnnxRuntimeStep::OnnxRuntimeStep(const std::filesystem::path& graph, const Bundl
     m.input_names.push_back(t.input_name());
     m.output_names.push_back(t.output_name());
   }
-  std::string unfed;  // inputs this backend does not give: ONNX Runtime would refuse the first step without them
+  // Inputs this backend does not give, which ONNX Runtime would refuse the first step without: the queries' of a
+  // fused bundle, with its own fix; any other.
+  if (inputs.count(kFusedQueriesInput)) throw Error(fused_queries_refusal(graph.string()));
+  std::string unfed;
   for (const auto& [name, info] : inputs) {
     if (std::find(m.input_names.begin(), m.input_names.end(), name) == m.input_names.end()) {
       unfed += (unfed.empty() ? "" : ", ") + name;
     }
   }
-  if (inputs.count(kFusedQueriesInput)) throw Error(fused_queries_refusal(graph.string()));
   if (!unfed.empty()) {
     throw Error(graph.string() + " takes " + unfed + ", which sdqes-run does not give, so it" + not_ours);
   }

@@ -302,7 +302,7 @@ struct StateSaver {
 // How often `systemctl status` hears how the run is doing: one datagram, so as often as a terminal's status line.
 constexpr std::chrono::seconds kStatusEvery{5};
 
-// "29.8 frames/s, dropped 0, 1 alert": `systemctl status`'s line, as `sdqes-edge run` writes it.
+// "29.8 frames/s, dropped 0, 1 alert": `systemctl status`'s line, `sdqes-edge run`'s without its latency percentiles.
 std::string status_line(const Alerting& alerting, double seconds, int64_t dropped) {
   std::ostringstream line;
   line << std::fixed << std::setprecision(1) << (seconds > 0 ? alerting.stepped / seconds : 0.0)
