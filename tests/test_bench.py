@@ -2,19 +2,79 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
 
-def test_bench_quick_writes_every_section_with_the_machine_description(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "bench", "--quick", "--repetitions", "3",
-                           "--out", str(tmp_path)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    results = json.loads((tmp_path / "bench.json").read_text())
+@contextlib.contextmanager
+def recording_sessions():
+    """Every ONNX Runtime session made in the block, as (graph path, its spin-wait setting: "1" where never set,
+    ONNX Runtime's default, spinning). The int8 calibration's own sessions, gone before anything is timed, are
+    left out."""
+    import inspect
+
+    import onnxruntime
+
+    made = []
+
+    class RecordedSession(onnxruntime.InferenceSession):
+        def __init__(self, path, *args, **kwargs):
+            super().__init__(path, *args, **kwargs)
+            if any("onnxruntime/quantization" in frame.filename for frame in inspect.stack()):
+                return
+            from sdqes_edge.runtime.ort_sessions import SPIN_WAIT_OPTION
+
+            try:
+                made.append((str(path), self.get_session_options().get_session_config_entry(SPIN_WAIT_OPTION)))
+            except RuntimeError:
+                made.append((str(path), "1"))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onnxruntime, "InferenceSession", RecordedSession)
+        yield made
+
+
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory):
+    """`sdqes-edge bench --quick --repetitions 3`, run once for the module: every CPU section, int8 included
+    (about 30 s). (its results, its folder, the sessions it made)"""
+    from sdqes_edge.cli import run as cli
+
+    out = tmp_path_factory.mktemp("quick_bench")
+    with recording_sessions() as sessions:
+        assert cli(["bench", "--quick", "--repetitions", "3", "--out", str(out)]) == 0
+    return SimpleNamespace(results=json.loads((out / "bench.json").read_text()), out=out, sessions=sessions)
+
+
+@pytest.fixture(scope="module")
+def device_rows_on_the_cpu(tmp_path_factory):
+    """The rows `--device cuda` adds, run on the CPU as a `--device-only` run with `--threads 1`: (its results,
+    files, folder, sessions made, PyTorch's thread count at each line it logged, and before and after it)."""
+    import torch
+
+    from sdqes_edge.benchmarks.config import QUICK, BenchConfig
+    from sdqes_edge.benchmarks.suite import run
+
+    out = tmp_path_factory.mktemp("device_rows")
+    cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, threads=1, device="cpu", device_only=True,
+                              int8=False, device_batches=(1, 2), device_scaling_frames=20, scaling_probe=5,
+                              e2e_frames=4, device_e2e_frames=6, out=str(out))
+    threads_before, threads_seen = torch.get_num_threads(), []
+    with recording_sessions() as sessions:
+        results, files = run(cfg, log=lambda message: threads_seen.append(torch.get_num_threads()))
+    return SimpleNamespace(results=results, files=files, out=out, sessions=sessions, threads_seen=threads_seen,
+                           threads_before=threads_before, threads_after=torch.get_num_threads())
+
+
+def test_bench_quick_writes_every_section_with_the_machine_description(quick_bench):
+    results, out = quick_bench.results, quick_bench.out
     rows = results["table"]["rows"]
     assert list(rows) == ["none", "mlp", "st", "qrnn", "retnet", "window4"]
     for name, row in rows.items():
@@ -32,25 +92,17 @@ def test_bench_quick_writes_every_section_with_the_machine_description(tmp_path)
     assert set(results["precisions"]["rows"]) == {"fp32", "fp16", "int8"}
     assert results["precisions"]["rows"]["fp32"]["speedup_alone"] == 1.0
     assert set(results["end_to_end"]["loop_fps"]) == {"fp32", "fp16", "int8"}
-    assert "## Precisions on the CPU" in (tmp_path / "bench.md").read_text()
+    assert "## Precisions on the CPU" in (out / "bench.md").read_text()
     for png in ("scaling.png", "latency.png"):
-        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
-    assert "| window4 |" in (tmp_path / "bench.md").read_text()
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert "| window4 |" in (out / "bench.md").read_text()
     assert rows["qrnn"]["kernels"] > rows["none"]["kernels"] > 0  # kernels per step, from ORT's profiler
 
 
-def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
+def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(device_rows_on_the_cpu):
     """The rows `--device cuda` adds are device-generic code: here they run on the CPU (no CUDA graphs), as a
     `--device-only` run, which measures them and nothing else."""
-    import dataclasses
-
-    from sdqes_edge.benchmarks.config import QUICK, BenchConfig
-    from sdqes_edge.benchmarks.suite import run
-
-    cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, device="cpu", device_only=True, int8=False,
-                              device_batches=(1, 2), device_scaling_frames=20, scaling_probe=5, e2e_frames=4,
-                              device_e2e_frames=6, out=str(tmp_path))
-    results, files = run(cfg, log=lambda m: None)
+    results, files, out = device_rows_on_the_cpu.results, device_rows_on_the_cpu.files, device_rows_on_the_cpu.out
     section = results["device"]
     for name in ("none", "qrnn"):
         for backend in ("torch_fp32", "torch_fp16", "ort_fp32", "ort_fp16"):
@@ -68,7 +120,7 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     upload = section["batches"]["frame_upload"]  # the frame going up alone, against the step it is part of
     assert upload["streams"] == 2 and upload["page_locked"] is False  # no CUDA runtime: nothing to lock with
     assert upload["bytes"] == 2 * 3 * 32 * 32 * 4 and 0 < upload["share_of_step"] < 1
-    assert "the frame upload alone at 2 streams" in (tmp_path / "bench.md").read_text()
+    assert "the frame upload alone at 2 streams" in (out / "bench.md").read_text()
     assert section["scaling"]["frames"] == 20 and section["end_to_end"]["ort_device"] == "cpu"
     assert section["end_to_end"]["frames"] == 6  # the device's own stream length, not the CPU loop's
     assert section["kernels_cpu_profile"]["qrnn"]["per_step"] > section["kernels_cpu_profile"]["none"]["per_step"]
@@ -81,8 +133,8 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(tmp_path):
     assert at_most_streams["qrnn at 2 streams"]["ort_nodes"] > at_most_streams["none at 2 streams"]["ort_nodes"] > 0
     # Only the device's rows: no CPU table, scaling or plots.
     assert not {"table", "scaling", "batches", "precisions", "end_to_end"} & set(results)
-    assert files == [tmp_path / "bench.json", tmp_path / "bench.md"] and not list(tmp_path.glob("*.png"))
-    report = (tmp_path / "bench.md").read_text()
+    assert files == [out / "bench.json", out / "bench.md"] and not list(out.glob("*.png"))
+    report = (out / "bench.md").read_text()
     assert "## On the device: cpu" in report and "runtime loop on cpu" in report and "| window4 |" not in report
     assert section["end_to_end"]["reader_ms_per_frame"] > 0 and "the source alone" in report
     e2e = section["end_to_end"]  # the loop against its floor: the slower of the source and the step
@@ -121,7 +173,6 @@ def test_the_pytorch_rows_step_a_copy_and_leave_the_model_where_it_was():
 ])
 def test_a_bench_cut_short_keeps_every_section_it_finished(stop_at, kept, lost, tmp_path):
     """A lent GPU's time limit, or Ctrl-C, stops a long bench: bench.json already holds what was measured."""
-    import dataclasses
     import json
 
     import pytest
@@ -181,63 +232,25 @@ def test_bench_without_matplotlib_says_so_up_front_and_still_writes_its_tables_f
     assert "window4 / streaming qrnn (ort_fp32)" in table["ratios"]
 
 
-def test_every_onnx_runtime_session_the_bench_makes_keeps_its_workers_from_spinning_between_runs(tmp_path,
-                                                                                                 monkeypatch):
+def test_every_onnx_runtime_session_the_bench_makes_keeps_its_workers_from_spinning_between_runs(
+        quick_bench, device_rows_on_the_cpu):
     """Candidates are timed interleaved: a session whose idle workers spin after its run takes the cores the next
-    candidate needs (PyTorch's tiny QRNN step read 57 ms instead of 1.3 ms on 2 cores). Every section runs here,
-    the sliding window and its int8 graph included, and every session made on the way is checked."""
-    import dataclasses
-    import inspect
-
-    import onnxruntime
-
-    from sdqes_edge.benchmarks.config import QUICK, BenchConfig
-    from sdqes_edge.benchmarks.suite import run
-    from sdqes_edge.runtime.ort_sessions import SPIN_WAIT_OPTION
-
-    made = []
-
-    class RecordedSession(onnxruntime.InferenceSession):
-        def __init__(self, path, *args, **kwargs):
-            super().__init__(path, *args, **kwargs)
-            if any("onnxruntime/quantization" in frame.filename for frame in inspect.stack()):
-                return  # ORT's int8 calibration: its own sessions, gone before anything is timed
-            options = self.get_session_options()
-            try:
-                made.append((str(path), options.get_session_config_entry(SPIN_WAIT_OPTION)))
-            except RuntimeError:  # never set: ONNX Runtime's default, spinning
-                made.append((str(path), "1"))
-
-    monkeypatch.setattr(onnxruntime, "InferenceSession", RecordedSession)
-    cfg = dataclasses.replace(BenchConfig(**QUICK), adapters=("none", "qrnn"), repetitions=3, scaling_frames=20,
-                              scaling_probe=5, growing_window_samples=2, batches=(1,), e2e_frames=4,
-                              device="cpu", device_batches=(1,), device_scaling_frames=10, device_e2e_frames=4,
-                              out=str(tmp_path))
-    run(cfg, log=lambda message: None)
-    graphs = {path.rsplit("/", 1)[-1] for path, _ in made}
+    candidate needs (PyTorch's tiny QRNN step read 57 ms instead of 1.3 ms on 2 cores). Every section runs in the
+    two runs, the sliding window and its int8 graph included, and every session made on the way is checked."""
+    graphs = {path.rsplit("/", 1)[-1] for path, _ in quick_bench.sessions}
     assert {"window4.onnx", "window4.int8.onnx", "qrnn.int8.onnx", "text.onnx"} <= graphs, graphs
+    assert device_rows_on_the_cpu.sessions  # the device's rows make sessions of their own
+    made = quick_bench.sessions + device_rows_on_the_cpu.sessions
     assert [(path, spinning) for path, spinning in made if spinning != "0"] == []
 
 
-def test_bench_threads_limits_pytorch_as_it_limits_onnx_runtime_and_gives_the_count_back(tmp_path):
+def test_bench_threads_limits_pytorch_as_it_limits_onnx_runtime_and_gives_the_count_back(device_rows_on_the_cpu):
     """--threads 1 gave ONNX Runtime one thread while PyTorch eager kept every core, so the table's
     'torch / ort_fp32' compared unequal machines, silently."""
-    import dataclasses
-
-    import torch
-
-    from sdqes_edge.benchmarks.config import QUICK, BenchConfig
-    from sdqes_edge.benchmarks.suite import run
-
-    before = torch.get_num_threads()
-    seen = []
-    cfg = dataclasses.replace(BenchConfig(**QUICK), repetitions=3, threads=1, device="cpu", device_only=True,
-                              int8=False, device_batches=(1,), device_scaling_frames=10, scaling_probe=5,
-                              e2e_frames=4, device_e2e_frames=4, out=str(tmp_path))
-    results, _ = run(cfg, log=lambda message: seen.append(torch.get_num_threads()))
-    assert set(seen) == {1} and results["machine"]["torch_threads"] == 1
-    assert "1 thread each" in (tmp_path / "bench.md").read_text()
-    assert torch.get_num_threads() == before
+    run = device_rows_on_the_cpu
+    assert set(run.threads_seen) == {1} and run.results["machine"]["torch_threads"] == 1
+    assert "1 thread each" in (run.out / "bench.md").read_text()
+    assert run.threads_after == run.threads_before
 
 
 def _busy_for(seconds: float) -> None:

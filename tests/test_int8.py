@@ -36,6 +36,16 @@ def frames_for(model, count: int) -> np.ndarray:
     return Preprocessor.from_config(model.cfg).batch(sample_frames(count))[:, None]  # [N, 1, 3, R, R]
 
 
+LONG_STREAM = 2000
+
+
+@pytest.fixture(scope="module")
+def long_stream() -> np.ndarray:
+    """LONG_STREAM preprocessed frames of the built-in sample, [N, 1, 3, R, R], made once for the module (about 10 s
+    on 2 cores, most of it drawing the sample's noise): every adapter kind shares the tiny tower's preprocessing."""
+    return frames_for(random_model("none"), LONG_STREAM)
+
+
 @pytest.fixture(scope="module")
 def fp32_graphs(tmp_path_factory):
     """kind -> (model, fp32 step graph) for every adapter kind."""
@@ -195,17 +205,17 @@ def test_the_patch_embedding_stays_float_where_it_has_a_blocks_shape(tmp_path, w
 
 
 @pytest.mark.parametrize("kind", RECURRENT_KINDS)
-def test_int8_follows_fp32_over_2000_frames_with_the_state_carried(fp32_graphs, tmp_path, kind):
+def test_int8_follows_fp32_over_2000_frames_with_the_state_carried(fp32_graphs, long_stream, tmp_path, kind):
     model, fp32 = fp32_graphs[kind]
     quantize_int8(fp32, tmp_path / "int8.onnx", frames_for(model, 64))
-    stream = frames_for(model, 2000)
-    reference = run_stream(OnnxRuntimeStep(fp32), stream, "fp32")
-    variant = run_stream(OnnxRuntimeStep(tmp_path / "int8.onnx"), stream, "int8")
+    assert Preprocessor.from_config(model.cfg) == Preprocessor.from_config(random_model("none").cfg)  # its frames
+    reference = run_stream(OnnxRuntimeStep(fp32), long_stream, "fp32")
+    variant = run_stream(OnnxRuntimeStep(tmp_path / "int8.onnx"), long_stream, "int8")
     queries = np.random.default_rng(0).standard_normal((4, model.cfg.embed_dim)).astype(np.float32)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     report = compare_variant("int8", reference, variant, queries, threshold=0.5)
     assert report.min_cosine >= 0.99, report.summary()
-    # Every next-state tensor after 2000 frames, against its own scale.
+    # Every next-state tensor after LONG_STREAM frames, against its own scale.
     for name, expected in reference.final_state.items():
         scale = max(1.0, float(np.abs(expected).max()))
         assert np.abs(variant.final_state[name] - expected).max() / scale < 0.05, name

@@ -147,19 +147,37 @@ def test_the_train_command_refuses_bad_options_in_one_line(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_the_accuracy_tables_cover_kinds_seeds_and_every_deployment_format(tmp_path):
-    from sdqes_edge.benchmarks.accuracy import run as run_accuracy
+def small_options(options: TrainOptions = SMALL) -> list[str]:
+    """The command-line options that give ``options``' streams and training (not its adapter or seed)."""
+    return ["--train-streams", str(options.train_streams), "--val-streams", str(options.val_streams),
+            "--test-streams", str(options.test_streams), "--stream-seconds", f"{options.stream_seconds:g}",
+            "--window", str(options.window), "--batch", str(options.batch), "--steps", str(options.steps),
+            "--warmup-steps", str(options.warmup_steps)]
 
-    base = dataclasses.replace(SMALL, adapter="none")
-    path = run_accuracy(base, ["none", "qrnn"], [0, 1], ["qrnn"], tmp_path, log=lambda _: None)
-    text = path.read_text()
-    for row in ("| none | single-frame |", "| none | temporal |", "| qrnn | temporal |", "PyTorch (fp32)",
+
+@pytest.fixture(scope="module")
+def accuracy_run(tmp_path_factory):
+    """`sdqes-edge accuracy` on SMALL streams, run once for the module (about 20 s): the kinds table for the
+    backbone and one temporal adapter over two seeds, and the per-format table of that adapter's first-seed model,
+    which the kinds table trained. (the finished process, its results folder)"""
+    out = tmp_path_factory.mktemp("accuracy")
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "accuracy", "--kinds", "none", "st",
+                           "--seeds", "0", "1", "--formats", "st", *small_options(), "--out", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done, out
+
+
+def test_the_accuracy_tables_cover_kinds_seeds_and_every_deployment_format(accuracy_run):
+    _, out = accuracy_run
+    text = (out / "accuracy.md").read_text()
+    for row in ("| none | single-frame |", "| none | temporal |", "| st | temporal |", "PyTorch (fp32)",
                 "ONNX Runtime fp32", "ONNX Runtime fp16", "ONNX Runtime int8"):
         assert row in text
-    report = json.loads((tmp_path / "accuracy.json").read_text())
-    assert set(report["adapters"]["qrnn"]) == {"0", "1"}
+    report = json.loads((out / "accuracy.json").read_text())
+    assert set(report["adapters"]["st"]) == {"0", "1"}
     assert f"int8 on {report['machine']['int8_instructions']}" in text  # int8's figures depend on the CPU
-    formats = report["formats"]["qrnn"]["rows"]
+    formats = report["formats"]["st"]["rows"]
     # The exported graph streams what PyTorch computes; an untrained model's scores lie within 1e-3 of each
     # other, so a 1e-7 difference may still move one crossing: at most one of the 10 test queries.
     one_query = 100.0 / formats["PyTorch (fp32)"]["all"]["queries"]
@@ -196,17 +214,13 @@ def test_streams_that_would_not_fit_in_memory_are_refused_before_one_is_drawn(tm
         train(huge, tmp_path, log=lambda _: None)
 
 
-def test_the_export_printed_after_accuracy_names_a_checkpoint_the_run_wrote(tmp_path):
+def test_the_export_printed_after_accuracy_names_a_checkpoint_the_run_wrote(accuracy_run):
     """It named runs/qrnn-seed<first>/synthetic+qrnn.pt whatever was trained: after --formats st, a file that was
     never written."""
-    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "accuracy", "--kinds", "--formats", "st",
-                           "--seeds", "3", "--train-streams", "3", "--val-streams", "2", "--test-streams", "2",
-                           "--stream-seconds", "20", "--window", "8", "--batch", "2", "--steps", "1",
-                           "--warmup-steps", "1", "--out", str(tmp_path)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    done, out = accuracy_run
     command = done.stdout.strip().splitlines()[-1].split()
     checkpoint = Path(command[command.index("--checkpoint") + 1])
-    assert checkpoint == tmp_path / "runs" / "st-seed3" / "synthetic+st.pt" and checkpoint.is_file()
+    assert checkpoint == out / "runs" / "st-seed0" / "synthetic+st.pt" and checkpoint.is_file()
 
 
 def test_a_second_training_of_the_same_model_into_its_folder_is_refused_rather_than_replacing_the_first(tmp_path):
