@@ -70,6 +70,8 @@ def test_the_native_runtime_reads_the_bundle_format_this_code_writes():
     assert f'kBundleFormat = "{contract.BUNDLE_FORMAT}";' in header
     assert f'kStateInputPrefix = "{contract.STATE_INPUT_PREFIX}";' in header
     assert f'kMetadataKey = "{contract.METADATA_KEY}";' in header
+    assert f'kQueryInput = "{contract.QUERY_INPUT}";' in header  # a graph exported with --fuse-queries
+    assert f'kLogitsOutput = "{contract.LOGITS_OUTPUT}";' in header
 
 
 def test_the_native_runtime_checks_the_same_manifest_fields_against_the_step_graph_as_the_python_one():

@@ -1,6 +1,7 @@
 """sdqes-run's whole streaming loop, run here on its ONNX Runtime backend (TensorRT cannot run here): it alerts on a
-video frame for frame as `sdqes-edge run` does, keeps each query's alert state across a restart (--state), and on a
-live stream tells systemd it is ready and stops on SIGTERM with 143, its alert log complete."""
+video frame for frame as `sdqes-edge run` does (a bundle exported with --fuse-queries too), keeps each query's
+alert state across a restart (--state), and on a live stream tells systemd it is ready and stops on SIGTERM with
+143, its alert log complete."""
 
 from __future__ import annotations
 
@@ -29,12 +30,20 @@ ALERT_FIELDS = ("query_id", "query", "message", "stream", "frame_index", "stream
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory) -> str:
-    """A tiny QRNN bundle sampling at 5 fps, with two queries encoded into it (sdqes-run has no text encoder)."""
-    out = tmp_path_factory.mktemp("native-ort") / "bundle"
-    export_bundle(random_model("qrnn"), out, ExportOptions(show_progress=False, fps=5.0, verify_frames=16,
-                                                           queries=QUERIES), log=lambda m: None)
-    return str(out)
+def bundles(tmp_path_factory) -> dict[str, str]:
+    """One tiny QRNN model sampling at 5 fps, with two queries encoded into it (sdqes-run has no text encoder):
+    "plain", and "fused" (exported with --fuse-queries: its step graph scores the queries itself)."""
+    root = tmp_path_factory.mktemp("native-ort")
+    for name in ("plain", "fused"):
+        export_bundle(random_model("qrnn"), root / name, ExportOptions(show_progress=False, fps=5.0, verify_frames=16,
+                                                                       queries=QUERIES, fuse_queries=name == "fused"),
+                      log=lambda m: None)
+    return {name: str(root / name) for name in ("plain", "fused")}
+
+
+@pytest.fixture(scope="module")
+def bundle(bundles) -> str:
+    return bundles["plain"]
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +56,13 @@ def alerts(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_sdqes_run_on_onnx_runtime_alerts_frame_for_frame_as_sdqes_edge_run_does(sdqes_run_on_the_cpu, bundle, video,
-                                                                                 tmp_path):
+@pytest.mark.parametrize("kind", ["plain", "fused"])
+def test_sdqes_run_on_onnx_runtime_alerts_frame_for_frame_as_sdqes_edge_run_does(sdqes_run_on_the_cpu, bundles, kind,
+                                                                                 video, tmp_path):
     """At a threshold the first query's score crosses again and again (its median), a state carried wrong, or not
-    at all, would move a crossing: every alert must fall on the same frame, with the same fields."""
+    at all, would move a crossing: every alert must fall on the same frame, with the same fields. A bundle exported
+    with --fuse-queries is given its queries' embeddings with every frame and alerts on the graph's own cosines."""
+    bundle = bundles[kind]
     assert run(["run", bundle, "--source", video, "--scores", str(tmp_path / "scores"), "--quiet"]) == 0
     probs = np.asarray(load_scores(next((tmp_path / "scores").glob("*.npz"))).probs)
     threshold = f"{np.median(probs[:, 0]):.6f}"
@@ -60,14 +72,15 @@ def test_sdqes_run_on_onnx_runtime_alerts_frame_for_frame_as_sdqes_edge_run_does
     done = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--threshold", threshold,
                            "--events", str(native_log)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "(ONNX Runtime " in done.stderr and "on the CPU, step.fp32.onnx)" in done.stderr
+    fused_words = ", its queries scored inside the graph" if kind == "fused" else ""
+    assert "(ONNX Runtime " in done.stderr and f"on the CPU, step.fp32.onnx{fused_words})" in done.stderr
     assert done.stderr.strip().splitlines()[-1] == "done: 75 frames"
     python, native = alerts(python_log), alerts(native_log)
     assert len(python) >= 4, "the threshold is crossed too seldom to show anything"
     assert [[a[k] for k in ALERT_FIELDS] for a in native] == [[a[k] for k in ALERT_FIELDS] for a in python]
     largest = max(abs(a["score"] - b["score"]) for a, b in zip(native, python))
-    print(f"\n{len(native)} alerts over 75 frames at threshold {threshold}, on the same frames; scores within "
-          f"{largest:.1e}")
+    print(f"\n{kind}: {len(native)} alerts over 75 frames at threshold {threshold}, on the same frames; scores "
+          f"within {largest:.1e}")
     assert largest < 1e-5
 
 
@@ -118,16 +131,3 @@ def test_sdqes_run_on_a_live_stream_tells_systemd_it_is_ready_and_stops_on_sigte
     assert "; Ctrl-C to stop" in said and "sdqes-run: interrupted (SIGTERM) after " in said, said
     assert told and told[-1].startswith("STOPPING=1\nSTATUS=stopping after "), told
     assert [a["message"] for a in alerts(log)] == ["Wash your hands.", "Tea!"]  # whole lines, each query once
-
-
-def test_a_bundle_exported_with_fused_queries_is_refused_in_one_line_that_says_how_to_export_it(sdqes_run_on_the_cpu,
-                                                                                                 video, tmp_path):
-    """Its graph also takes the queries' embeddings: ONNX Runtime refused the first step, naming a missing input."""
-    fused = tmp_path / "fused"
-    export_bundle(random_model("qrnn"), fused, ExportOptions(show_progress=False, verify_frames=16, fuse_queries=True,
-                                                             queries=QUERIES), log=lambda m: None)
-    done = subprocess.run([str(sdqes_run_on_the_cpu), str(fused), "--source", video], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "takes query_embeddings (its bundle was exported with --fuse-queries)" in done.stderr
-    assert "re-export the bundle without --fuse-queries" in done.stderr

@@ -94,9 +94,12 @@ struct OnnxRuntimeStep::Impl {
   Ort::Env env{ORT_LOGGING_LEVEL_ERROR, "sdqes-run"};
   Ort::Session session{nullptr};
   Ort::MemoryInfo memory = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
-  std::vector<std::string> input_names, output_names;  // frame, state_in.*; embedding, state_out.*
+  // frame[, query_embeddings], state_in.*; embedding[, logits], state_out.*
+  std::vector<std::string> input_names, output_names;
   std::vector<const char*> inputs_named, outputs_named;
   std::vector<float> frame, embedding;
+  int query_rows = 0;  // a graph exported with --fuse-queries: the queries it scores at most (Q); else 0
+  std::vector<float> queries, cosines;  // its query input [Q, E] (rows past the queries set: zero); logits [B, Q]
   std::vector<StateTensor> spec;
   std::vector<ONNXTensorElementDataType> types;  // each state tensor's
   std::vector<std::vector<int64_t>> shapes;      // each state tensor's, as the graph takes it
@@ -140,6 +143,20 @@ OnnxRuntimeStep::OnnxRuntimeStep(const std::filesystem::path& graph, const Bundl
   m.spec = bundle.state;
   m.input_names = {kFrameInput};
   m.output_names = {kEmbeddingOutput};
+  if (const auto fused = inputs.find(kQueryInput); fused != inputs.end()) {
+    // --fuse-queries: the queries' embeddings [Q, E] in (Q fixed at export), their cosines [B, Q] out.
+    const auto& shape = fused->second.shape;
+    const TensorInfo logits = expect(outputs, kLogitsOutput);
+    if (fused->second.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || shape.size() != 2 || shape[0] <= 0 ||
+        shape[1] != bundle.embed_dim || logits.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ||
+        logits.shape.size() != 2 || logits.shape[1] != shape[0]) {
+      throw Error(graph.string() + "'s " + kQueryInput + " is not fp32 [Q, " + std::to_string(bundle.embed_dim) +
+                  "] with its " + kLogitsOutput + " fp32 [B, Q], so it" + not_ours);
+    }
+    m.query_rows = static_cast<int>(shape[0]);
+    m.input_names.push_back(kQueryInput);
+    m.output_names.push_back(kLogitsOutput);
+  }
   for (const StateTensor& t : m.spec) {
     const TensorInfo in = expect(inputs, t.input_name());
     const auto type = in.type;
@@ -152,9 +169,7 @@ OnnxRuntimeStep::OnnxRuntimeStep(const std::filesystem::path& graph, const Bundl
     m.input_names.push_back(t.input_name());
     m.output_names.push_back(t.output_name());
   }
-  // Inputs this backend does not give, which ONNX Runtime would refuse the first step without: the queries' of a
-  // fused bundle, with its own fix; any other.
-  if (inputs.count(kFusedQueriesInput)) throw Error(fused_queries_refusal(graph.string()));
+  // Inputs this backend does not give, which ONNX Runtime would refuse the first step without.
   std::string unfed;
   for (const auto& [name, info] : inputs) {
     if (std::find(m.input_names.begin(), m.input_names.end(), name) == m.input_names.end()) {
@@ -171,6 +186,8 @@ OnnxRuntimeStep::OnnxRuntimeStep(const std::filesystem::path& graph, const Bundl
   const std::vector<int64_t> embedding_shape{bundle.batch, bundle.embed_dim};
   m.frame.resize(static_cast<size_t>(bundle.batch) * 3 * r * r);
   m.embedding.resize(static_cast<size_t>(bundle.batch) * bundle.embed_dim);
+  m.queries.assign(static_cast<size_t>(m.query_rows) * bundle.embed_dim, 0.0f);
+  m.cosines.resize(static_cast<size_t>(bundle.batch) * m.query_rows);
   for (auto& set : m.state) {
     for (size_t i = 0; i < m.spec.size(); ++i) set.emplace_back(m.spec[i].elements() * element_bytes(m.types[i]));
   }
@@ -179,6 +196,12 @@ OnnxRuntimeStep::OnnxRuntimeStep(const std::filesystem::path& graph, const Bundl
                              ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
     m.out[s].push_back(m.over(m.embedding.data(), m.embedding.size() * sizeof(float), embedding_shape,
                               ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+    if (m.query_rows > 0) {  // in the order of the names: after the frame and the embedding, before the state
+      m.in[s].push_back(m.over(m.queries.data(), m.queries.size() * sizeof(float), {m.query_rows, bundle.embed_dim},
+                               ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+      m.out[s].push_back(m.over(m.cosines.data(), m.cosines.size() * sizeof(float), {bundle.batch, m.query_rows},
+                                ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
+    }
     for (size_t i = 0; i < m.spec.size(); ++i) {
       m.in[s].push_back(m.over(m.state[s][i].data(), m.state[s][i].size(), m.shapes[i], m.types[i]));
       m.out[s].push_back(m.over(m.state[1 - s][i].data(), m.state[1 - s][i].size(), m.shapes[i], m.types[i]));
@@ -205,6 +228,25 @@ const std::vector<float>& OnnxRuntimeStep::step(const std::vector<float>& frame)
   }
   m.current = 1 - s;  // what it wrote is what the next step reads
   return m.embedding;
+}
+
+int OnnxRuntimeStep::query_rows() const { return impl_->query_rows; }
+
+void OnnxRuntimeStep::set_queries(const std::vector<float>& embeddings) {
+  Impl& m = *impl_;
+  if (m.query_rows == 0) StepBackend::set_queries(embeddings);  // not a fused graph: the caller's mistake
+  if (embeddings.size() > m.queries.size() || embeddings.size() % (m.queries.size() / m.query_rows) != 0) {
+    throw Error(std::to_string(embeddings.size()) + " floats of query embeddings for a step graph that scores at "
+                "most " + std::to_string(m.query_rows) + " queries (exported with --fuse-queries); re-export the "
+                "bundle with its queries");
+  }
+  std::copy(embeddings.begin(), embeddings.end(), m.queries.begin());
+  std::fill(m.queries.begin() + static_cast<std::ptrdiff_t>(embeddings.size()), m.queries.end(), 0.0f);
+}
+
+const std::vector<float>& OnnxRuntimeStep::cosines() const {
+  if (impl_->query_rows == 0) return StepBackend::cosines();
+  return impl_->cosines;
 }
 
 void OnnxRuntimeStep::reset() {

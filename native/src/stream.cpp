@@ -126,14 +126,27 @@ std::vector<float> preprocess(const cv::Mat& bgr, int size, const Preprocess& p)
   return chw;
 }
 
+namespace {
+
+// p = sigmoid(cos), what alert thresholds apply to (runtime/queries.py's probabilities).
+float sigmoid(double cosine) { return static_cast<float>(1.0 / (1.0 + std::exp(-cosine))); }
+
+}  // namespace
+
 std::vector<float> probabilities(const float* embedding, const QueryTable& q) {
   const size_t count = q.texts.size();
   std::vector<float> out(count);
   for (size_t i = 0; i < count; ++i) {
     double cosine = 0.0;
     for (int e = 0; e < q.dim; ++e) cosine += double(embedding[e]) * q.embeddings[i * q.dim + e];
-    out[i] = static_cast<float>(1.0 / (1.0 + std::exp(-cosine)));
+    out[i] = sigmoid(cosine);
   }
+  return out;
+}
+
+std::vector<float> probabilities_of(const float* cosines, size_t count) {
+  std::vector<float> out(count);
+  for (size_t i = 0; i < count; ++i) out[i] = sigmoid(cosines[i]);
   return out;
 }
 

@@ -87,8 +87,10 @@ TensorRTStep::TensorRTStep(const std::filesystem::path& engine_path, const Bundl
   m.engine.reset(m.runtime->deserializeCudaEngine(blob.data(), blob.size()));
   if (!m.engine) throw Error("TensorRT cannot load " + engine_path.string() + "; rebuild it with sdqes-edge build-engine");
   const std::string rebuild = "rebuild it: sdqes-edge build-engine " + bundle.root.string();
-  if (m.engine->getTensorIOMode(kFusedQueriesInput) == nvinfer1::TensorIOMode::kINPUT) {
-    throw Error(fused_queries_refusal("the engine " + engine_path.filename().string()) + ", and rebuild the engine");
+  if (m.engine->getTensorIOMode(kQueryInput) == nvinfer1::TensorIOMode::kINPUT) {  // not built by build-engine
+    throw Error("the engine " + engine_path.filename().string() + " takes " + kQueryInput + " (its bundle was "
+                "exported with --fuse-queries), which the TensorRT backend does not give; give --backend onnxruntime, "
+                "or re-export the bundle without --fuse-queries and rebuild the engine");
   }
   // The frame goes in and the embedding comes out as floats (every step graph's ends are fp32).
   for (const char* name : {"frame", "embedding"}) {

@@ -159,20 +159,30 @@ const char* const kDefaultBackend = "tensorrt";
 const char* const kDefaultBackend = "onnxruntime";
 #endif
 
-Engine warmed(std::unique_ptr<sdqes::StepBackend> backend, std::string words) {
+// Warmed, and given the queries where its graph scores them itself (exported with --fuse-queries).
+Engine warmed(std::unique_ptr<sdqes::StepBackend> backend, std::string words, const sdqes::QueryTable& queries) {
   backend->warm_up();  // before the first frame: its latency is a steady one
+  if (const int rows = backend->query_rows(); rows > 0) {
+    if (queries.texts.size() > static_cast<size_t>(rows)) {
+      throw sdqes::Error("the bundle's step graph scores at most " + std::to_string(rows) + " queries (exported with "
+                         "--fuse-queries), and it carries " + std::to_string(queries.texts.size()) + "; re-export it");
+    }
+    backend->set_queries(queries.embeddings);
+    words += ", its queries scored inside the graph";
+  }
   return {std::move(backend), std::move(words)};
 }
 
 // The bundle's engine for `precision` on `backend`, loaded and warmed; an Error where this sdqes-run was built
 // without that backend, or the bundle lacks what it needs (an engine for this GPU, a graph of that precision).
-Engine open_engine(const std::string& backend, const sdqes::Bundle& bundle, const std::string& precision,
-                   int threads) {
+Engine open_engine(const std::string& backend, const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
+                   const std::string& precision, int threads) {
   if (backend == "tensorrt") {
 #ifdef SDQES_WITH_TENSORRT
     // The engine built for this GPU and this TensorRT, by its sidecar: a bundle may carry engines for several.
     const auto path = sdqes::find_engine(bundle, precision, sdqes::current_engine_target());
-    return warmed(std::make_unique<sdqes::TensorRTStep>(path, bundle), "TensorRT, " + path.filename().string());
+    return warmed(std::make_unique<sdqes::TensorRTStep>(path, bundle), "TensorRT, " + path.filename().string(),
+                  queries);
 #else
     (void)sdqes::find_engine(bundle, precision);  // a bundle without any engine says how to build one first
     throw sdqes::Error(std::string("this sdqes-run was built without the TensorRT backend (CMake found no "
@@ -185,9 +195,10 @@ Engine open_engine(const std::string& backend, const sdqes::Bundle& bundle, cons
 #ifdef SDQES_WITH_ONNXRUNTIME
   const auto graph = bundle.step_graph(precision);
   return warmed(std::make_unique<sdqes::OnnxRuntimeStep>(graph, bundle, threads),
-                "ONNX Runtime " + sdqes::onnxruntime_version() + " on the CPU, " + graph.filename().string());
+                "ONNX Runtime " + sdqes::onnxruntime_version() + " on the CPU, " + graph.filename().string(), queries);
 #else
   (void)threads;
+  (void)queries;
   throw sdqes::Error("this sdqes-run was built without the ONNX Runtime backend (CMake found no "
                      "onnxruntime_cxx_api.h and libonnxruntime); build it with ONNXRUNTIME_ROOT set to an ONNX "
                      "Runtime release folder");
@@ -249,7 +260,9 @@ struct Alerting {
   void step_at(const std::vector<float>& batch, double time, std::chrono::steady_clock::time_point since) {
     last_time = time;
     const auto& embedding = engine.backend->step(batch);
-    const auto probs = sdqes::probabilities(embedding.data(), queries);
+    const auto probs = engine.backend->query_rows() > 0  // a graph that scored its queries: its own cosines
+                           ? sdqes::probabilities_of(engine.backend->cosines().data(), queries.texts.size())
+                           : sdqes::probabilities(embedding.data(), queries);
     const double latency = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
     for (size_t q = 0; q < probs.size(); ++q) {
       if (!std::isfinite(probs[q])) throw sdqes::Error("the model produced a non-finite score; stopping the stream");
@@ -474,7 +487,7 @@ int run(int argc, char** argv) {
     std::cerr << "sdqes-run: warning: --threads is for the ONNX Runtime backend; TensorRT steps on the GPU, so it "
                  "is left out" << std::endl;
   }
-  const Engine engine = open_engine(backend, bundle, precision, threads);
+  const Engine engine = open_engine(backend, bundle, queries, precision, threads);
 #ifdef SDQES_CAN_STREAM
   return stream(bundle, queries, states, source, engine, max_frames, o.count("--events") ? o.at("--events") : "",
                 state_file ? &*state_file : nullptr);

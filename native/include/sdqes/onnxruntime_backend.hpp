@@ -27,6 +27,10 @@ class OnnxRuntimeStep : public StepBackend {
   const std::vector<float>& step(const std::vector<float>& frame) override;
   void reset() override;
   void warm_up() override;
+  // A graph exported with --fuse-queries: the queries' embeddings fed with every frame, their cosines read back.
+  int query_rows() const override;
+  void set_queries(const std::vector<float>& embeddings) override;
+  const std::vector<float>& cosines() const override;
 
  private:
   struct Impl;

@@ -36,13 +36,11 @@ constexpr const char* kStateOutputPrefix = "state_out.";
 constexpr const char* kMetadataKey = "sdqes_edge";
 constexpr const char* kDescribedByTheGraph[] = {"image_size", "embed_dim", "batch", "query_count", "preprocess"};
 
-// A step graph exported with --fuse-queries also takes the queries' embeddings, which sdqes-run does not give (it
-// scores the embedding itself): refused up front, by either backend, with this fix.
-constexpr const char* kFusedQueriesInput = "query_embeddings";
-inline std::string fused_queries_refusal(const std::string& what) {
-  return what + " takes " + kFusedQueriesInput + " (its bundle was exported with --fuse-queries), which sdqes-run " +
-         "does not give; re-export the bundle without --fuse-queries for sdqes-run, which scores the embedding itself";
-}
+// A step graph exported with --fuse-queries also takes the queries' embeddings [Q, E] and gives their cosines
+// [B, Q] (sdqes_edge/contract.py QUERY_INPUT, LOGITS_OUTPUT; tested). ONNX Runtime's backend feeds them; a TensorRT
+// engine is never built from such a graph (sdqes-edge build-engine refuses it), and one made otherwise is refused.
+constexpr const char* kQueryInput = "query_embeddings";
+constexpr const char* kLogitsOutput = "logits";
 
 struct StateTensor {
   std::string name;               // where it lives, e.g. "block03.adapter1.qrnn0_h"
@@ -161,6 +159,8 @@ std::vector<float> preprocess(const cv::Mat& bgr, int image_size, const Preproce
 
 // p = sigmoid(cos) for embedding [E] against queries [Q, E].
 std::vector<float> probabilities(const float* embedding, const QueryTable& queries);
+// p = sigmoid(cos) for `count` cosines (a graph that scores its queries itself gives them: its logits).
+std::vector<float> probabilities_of(const float* cosines, size_t count);
 
 struct AlertPolicy {
   double threshold = 0.5;
