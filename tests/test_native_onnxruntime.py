@@ -131,3 +131,97 @@ def test_sdqes_run_on_a_live_stream_tells_systemd_it_is_ready_and_stops_on_sigte
     assert "; Ctrl-C to stop" in said and "sdqes-run: interrupted (SIGTERM) after " in said, said
     assert told and told[-1].startswith("STOPPING=1\nSTATUS=stopping after "), told
     assert [a["message"] for a in alerts(log)] == ["Wash your hands.", "Tea!"]  # whole lines, each query once
+
+
+class CApi:
+    """libsdqes.so through ctypes, as another language binds it: each function given its C signature."""
+
+    def __init__(self, library: Path):
+        import ctypes
+        from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_uint8, c_void_p
+
+        self.ctypes, self.lib = ctypes, ctypes.CDLL(str(library))
+        error = [c_char_p, c_size_t]
+        for name, result, arguments in (
+                ("sdqes_bundle_open", c_void_p, [c_char_p, *error]),
+                ("sdqes_bundle_close", None, [c_void_p]),
+                ("sdqes_bundle_image_size", c_int, [c_void_p]),
+                ("sdqes_bundle_query_count", c_int, [c_void_p]),
+                ("sdqes_bundle_query_text", c_char_p, [c_void_p, c_int]),
+                ("sdqes_preprocess", c_int, [c_void_p, POINTER(c_uint8), c_int, c_int, POINTER(c_float), *error]),
+                ("sdqes_step_open", c_void_p, [c_void_p, c_char_p, c_char_p, c_int, *error]),
+                ("sdqes_step_run", c_int, [c_void_p, POINTER(c_float), POINTER(c_float), *error]),
+                ("sdqes_step_reset", c_int, [c_void_p]),
+                ("sdqes_step_description", c_char_p, [c_void_p]),
+                ("sdqes_step_close", None, [c_void_p])):
+            function = getattr(self.lib, name)
+            function.restype, function.argtypes = result, arguments
+        self.error = ctypes.create_string_buffer(512)
+
+    def __getattr__(self, name: str):
+        return getattr(self.lib, f"sdqes_{name}")
+
+    def floats(self, array: np.ndarray):
+        return array.ctypes.data_as(self.ctypes.POINTER(self.ctypes.c_float))
+
+    def said(self) -> str:
+        return self.error.value.decode()
+
+
+@pytest.mark.parametrize("kind", ["plain", "fused"])
+def test_the_c_api_steps_a_bundle_to_the_probabilities_sdqes_edge_run_gives_every_frame(sdqes_run_on_the_cpu, bundles,
+                                                                                        kind, video, tmp_path):
+    """A C caller (ROS 2, Rust, Go) runs its own loop: sdqes_preprocess, sdqes_step_run with the state carried, the
+    probabilities it gives into sdqes_alert_update. Over 75 frames, every query's probability at every frame is
+    `sdqes-edge run`'s, and a reset starts the stream again."""
+    from sdqes_edge.runtime.sources import VideoFileSource
+
+    assert run(["run", bundles[kind], "--source", video, "--scores", str(tmp_path / "scores"), "--quiet"]) == 0
+    expected = np.asarray(load_scores(next((tmp_path / "scores").glob("*.npz"))).probs)
+    api = CApi(sdqes_run_on_the_cpu.parent / "libsdqes.so")
+    bundle = api.bundle_open(bundles[kind].encode(), api.error, len(api.error))
+    assert bundle, api.said()
+    assert [api.bundle_query_text(bundle, q).decode() for q in range(api.bundle_query_count(bundle))] == \
+        [query.text for query in QUERIES]
+    step = api.step_open(bundle, b"onnxruntime", None, 1, api.error, len(api.error))
+    assert step, api.said()
+    fused_words = ", its queries scored inside the graph" if kind == "fused" else ""
+    assert api.step_description(step).decode().endswith(f"on the CPU, step.fp32.onnx{fused_words}")
+    size = api.bundle_image_size(bundle)
+    frames, probabilities = [], np.empty(len(QUERIES), np.float32)
+    got = []
+    for sampled in VideoFileSource(video, 5.0).sampled():
+        image, frame = np.ascontiguousarray(sampled.image), np.empty((3, size, size), np.float32)
+        assert api.preprocess(bundle, image.ctypes.data_as(api.ctypes.POINTER(api.ctypes.c_uint8)), image.shape[0],
+                              image.shape[1], api.floats(frame), api.error, len(api.error)) == 0, api.said()
+        assert api.step_run(step, api.floats(frame), api.floats(probabilities), api.error, len(api.error)) == 0
+        frames.append(frame)
+        got.append(probabilities.copy())
+    got = np.asarray(got)
+    assert got.shape == expected.shape == (75, len(QUERIES))
+    print(f"\n{kind}: C API probabilities over 75 frames within {np.abs(got - expected).max():.1e} of sdqes-edge "
+          "run's")
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+    api.bundle_close(bundle)  # the step keeps what it needs of it
+    assert api.step_reset(step) == 0  # a new stream: the first frames' probabilities again
+    for frame, before in zip(frames[:3], got):
+        assert api.step_run(step, api.floats(frame), api.floats(probabilities), api.error, len(api.error)) == 0
+        np.testing.assert_array_equal(probabilities, before)
+    api.step_close(step)
+
+
+def test_the_c_api_refuses_what_it_cannot_step_in_one_line_and_returns_null(sdqes_run_on_the_cpu, bundle):
+    api = CApi(sdqes_run_on_the_cpu.parent / "libsdqes.so")
+    opened = api.bundle_open(bundle.encode(), api.error, len(api.error))
+    for arguments, said in (
+            ((None, b"onnxruntime", None, 0), "bundle is NULL; give sdqes_step_open the bundle sdqes_bundle_open"),
+            ((opened, b"cuda", None, 0), "backend cuda is not one of tensorrt, onnxruntime"),
+            ((opened, b"onnxruntime", b"int8", 0), "has no int8 step graph; re-export with --precision int8"),
+            ((opened, b"onnxruntime", None, -1), "threads is -1; give 0 (one per core) or more")):
+        assert api.step_open(*arguments, api.error, len(api.error)) is None
+        assert said in api.said() and "\n" not in api.said(), api.said()
+    frame, probabilities = np.zeros((3, 64, 64), np.float32), np.zeros(2, np.float32)
+    assert api.step_run(None, api.floats(frame), api.floats(probabilities), api.error, len(api.error)) == 1
+    assert api.said().startswith("step is NULL") and api.step_reset(None) == -1
+    assert api.bundle_query_text(opened, 2) is None and api.bundle_query_text(None, 0) is None
+    api.bundle_close(opened)

@@ -1,16 +1,27 @@
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include <opencv2/core.hpp>
 
 #include "sdqes/runtime.hpp"
 #include "sdqes/sdqes.h"
+#include "sdqes/step_backend.hpp"
 
 struct sdqes_bundle {
   sdqes::Bundle bundle;
+  std::optional<sdqes::QueryTable> queries;  // none: why (a bundle exported without --query), for sdqes_step_open
+  std::string no_queries;
 };
 struct sdqes_alert {
   sdqes::AlertState state;
+};
+struct sdqes_step {
+  sdqes::OpenedStep opened;
+  sdqes::QueryTable queries;
+  std::vector<float> frame;  // [B, 3, R, R]: the caller's frame as the first stream, the others idle (zero)
+  size_t frame_floats = 0;   // one stream's: 3 * R * R
 };
 
 namespace {
@@ -30,7 +41,13 @@ sdqes_bundle* sdqes_bundle_open(const char* path, char* error, size_t error_size
     return nullptr;
   }
   try {
-    return new sdqes_bundle{sdqes::load_bundle(path)};
+    auto opened = new sdqes_bundle{sdqes::load_bundle(path), std::nullopt, ""};
+    try {
+      opened->queries = sdqes::load_queries(opened->bundle);
+    } catch (const sdqes::Error& e) {  // preprocessing and alerts need none; stepping does, and says so
+      opened->no_queries = e.what();
+    }
+    return opened;
   } catch (const std::exception& e) {
     set_error(error, error_size, e.what());
     return nullptr;
@@ -42,6 +59,27 @@ void sdqes_bundle_close(sdqes_bundle* bundle) { delete bundle; }
 double sdqes_bundle_fps(const sdqes_bundle* b) { return b ? b->bundle.fps : 0.0; }
 int sdqes_bundle_image_size(const sdqes_bundle* b) { return b ? b->bundle.image_size : 0; }
 double sdqes_bundle_default_threshold(const sdqes_bundle* b) { return b ? b->bundle.default_threshold : 0.0; }
+
+int sdqes_bundle_query_count(const sdqes_bundle* b) {
+  return b && b->queries ? static_cast<int>(b->queries->texts.size()) : 0;
+}
+
+namespace {
+const char* query_field(const sdqes_bundle* b, int query, std::vector<std::string> sdqes::QueryTable::*field) {
+  if (query < 0 || query >= sdqes_bundle_query_count(b)) return nullptr;
+  return ((*b->queries).*field)[static_cast<size_t>(query)].c_str();
+}
+}  // namespace
+
+const char* sdqes_bundle_query_text(const sdqes_bundle* b, int query) {
+  return query_field(b, query, &sdqes::QueryTable::texts);
+}
+const char* sdqes_bundle_query_message(const sdqes_bundle* b, int query) {
+  return query_field(b, query, &sdqes::QueryTable::messages);
+}
+const char* sdqes_bundle_query_label(const sdqes_bundle* b, int query) {
+  return query_field(b, query, &sdqes::QueryTable::labels);
+}
 
 int sdqes_preprocess(const sdqes_bundle* b, const uint8_t* bgr, int height, int width, float* out, char* error,
                      size_t error_size) {
@@ -96,5 +134,61 @@ int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_tim
 }
 
 void sdqes_alert_free(sdqes_alert* alert) { delete alert; }
+
+sdqes_step* sdqes_step_open(const sdqes_bundle* b, const char* backend, const char* precision, int threads,
+                            char* error, size_t error_size) {
+  if (!b) {
+    set_error(error, error_size, "bundle is NULL; give sdqes_step_open the bundle sdqes_bundle_open opened");
+    return nullptr;
+  }
+  if (!b->queries) {
+    set_error(error, error_size, b->no_queries.c_str());
+    return nullptr;
+  }
+  if (threads < 0) {
+    set_error(error, error_size, ("threads is " + std::to_string(threads) + "; give 0 (one per core) or more").c_str());
+    return nullptr;
+  }
+  try {
+    const std::string on = backend ? backend : sdqes::default_backend();
+    // fp16 on a GPU; on the CPU, where fp16 is emulated, fp32 (as sdqes-run decides it).
+    const std::string as = precision ? precision : on == "tensorrt" ? "fp16" : "fp32";
+    const size_t frame_floats = 3 * static_cast<size_t>(b->bundle.image_size) * b->bundle.image_size;
+    return new sdqes_step{sdqes::open_step(b->bundle, *b->queries, on, as, threads), *b->queries,
+                          std::vector<float>(frame_floats * b->bundle.batch, 0.0f), frame_floats};
+  } catch (const std::exception& e) {
+    set_error(error, error_size, e.what());
+    return nullptr;
+  }
+}
+
+int sdqes_step_run(sdqes_step* step, const float* frame, float* probabilities, char* error, size_t error_size) {
+  const char* missing = !step ? "step" : !frame ? "frame" : !probabilities ? "probabilities" : nullptr;
+  if (missing) {
+    set_error(error, error_size, (std::string(missing) + " is NULL; give sdqes_step_run the step sdqes_step_open "
+                                  "opened, a preprocessed frame and a float per query to write").c_str());
+    return 1;
+  }
+  try {
+    std::copy(frame, frame + step->frame_floats, step->frame.begin());
+    const auto& embedding = step->opened.backend->step(step->frame);
+    const auto probs = sdqes::query_probabilities(*step->opened.backend, embedding, step->queries);
+    std::copy(probs.begin(), probs.end(), probabilities);
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(error, error_size, e.what());
+    return 1;
+  }
+}
+
+int sdqes_step_reset(sdqes_step* step) {
+  if (!step) return -1;
+  step->opened.backend->reset();
+  return 0;
+}
+
+const char* sdqes_step_description(const sdqes_step* step) { return step ? step->opened.words.c_str() : ""; }
+
+void sdqes_step_close(sdqes_step* step) { delete step; }
 
 }  // extern "C"

@@ -26,12 +26,6 @@
 #include "sdqes/runtime.hpp"
 #include "sdqes/service_manager.hpp"
 #include "sdqes/step_backend.hpp"
-#ifdef SDQES_WITH_TENSORRT
-#include "sdqes/tensorrt_backend.hpp"
-#endif
-#ifdef SDQES_WITH_ONNXRUNTIME
-#include "sdqes/onnxruntime_backend.hpp"
-#endif
 #if defined(SDQES_WITH_TENSORRT) || defined(SDQES_WITH_ONNXRUNTIME)
 #define SDQES_CAN_STREAM 1  // a backend to step the graph on: the streaming loop is built
 #endif
@@ -146,65 +140,6 @@ Source read_source(const std::string& spec) {
   return source;
 }
 
-// The step graph a run steps on, whichever backend runs it: a TensorRT engine on the GPU, or ONNX Runtime on the CPU.
-struct Engine {
-  std::unique_ptr<sdqes::StepBackend> backend;
-  std::string words;  // what the header line says runs it: "TensorRT, fp16.engine"
-};
-
-// --backend's default: TensorRT where this sdqes-run was built with it (the GPU it is for), else ONNX Runtime.
-#if defined(SDQES_WITH_TENSORRT) || !defined(SDQES_WITH_ONNXRUNTIME)
-const char* const kDefaultBackend = "tensorrt";
-#else
-const char* const kDefaultBackend = "onnxruntime";
-#endif
-
-// Warmed, and given the queries where its graph scores them itself (exported with --fuse-queries).
-Engine warmed(std::unique_ptr<sdqes::StepBackend> backend, std::string words, const sdqes::QueryTable& queries) {
-  backend->warm_up();  // before the first frame: its latency is a steady one
-  if (const int rows = backend->query_rows(); rows > 0) {
-    if (queries.texts.size() > static_cast<size_t>(rows)) {
-      throw sdqes::Error("the bundle's step graph scores at most " + std::to_string(rows) + " queries (exported with "
-                         "--fuse-queries), and it carries " + std::to_string(queries.texts.size()) + "; re-export it");
-    }
-    backend->set_queries(queries.embeddings);
-    words += ", its queries scored inside the graph";
-  }
-  return {std::move(backend), std::move(words)};
-}
-
-// The bundle's engine for `precision` on `backend`, loaded and warmed; an Error where this sdqes-run was built
-// without that backend, or the bundle lacks what it needs (an engine for this GPU, a graph of that precision).
-Engine open_engine(const std::string& backend, const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
-                   const std::string& precision, int threads) {
-  if (backend == "tensorrt") {
-#ifdef SDQES_WITH_TENSORRT
-    // The engine built for this GPU and this TensorRT, by its sidecar: a bundle may carry engines for several.
-    const auto path = sdqes::find_engine(bundle, precision, sdqes::current_engine_target());
-    return warmed(std::make_unique<sdqes::TensorRTStep>(path, bundle), "TensorRT, " + path.filename().string(),
-                  queries);
-#else
-    (void)sdqes::find_engine(bundle, precision);  // a bundle without any engine says how to build one first
-    throw sdqes::Error(std::string("this sdqes-run was built without the TensorRT backend (CMake found no "
-                                   "TensorRT/CUDA); build it on the NVIDIA device with TensorRT installed") +
-                       (std::string(kDefaultBackend) == "onnxruntime"
-                            ? ", or give --backend onnxruntime to step the bundle's graph on the CPU"
-                            : ""));
-#endif
-  }
-#ifdef SDQES_WITH_ONNXRUNTIME
-  const auto graph = bundle.step_graph(precision);
-  return warmed(std::make_unique<sdqes::OnnxRuntimeStep>(graph, bundle, threads),
-                "ONNX Runtime " + sdqes::onnxruntime_version() + " on the CPU, " + graph.filename().string(), queries);
-#else
-  (void)threads;
-  (void)queries;
-  throw sdqes::Error("this sdqes-run was built without the ONNX Runtime backend (CMake found no "
-                     "onnxruntime_cxx_api.h and libonnxruntime); build it with ONNXRUNTIME_ROOT set to an ONNX "
-                     "Runtime release folder");
-#endif
-}
-
 #ifdef SDQES_CAN_STREAM
 // A video file's sampled frames, read on the loop's thread: every sample time is stepped, none dropped.
 class FileFrames {
@@ -247,7 +182,7 @@ void say(const std::string& line) { std::cerr << "sdqes-run: " << line << std::e
 
 // Steps the engine and raises the queries' alerts, each written to the JSONL sink (when there is one) and printed.
 struct Alerting {
-  const Engine& engine;
+  const sdqes::OpenedStep& engine;
   const sdqes::QueryTable& queries;
   std::vector<sdqes::AlertState>& states;
   sdqes::JsonlSink* sink;
@@ -260,9 +195,7 @@ struct Alerting {
   void step_at(const std::vector<float>& batch, double time, std::chrono::steady_clock::time_point since) {
     last_time = time;
     const auto& embedding = engine.backend->step(batch);
-    const auto probs = engine.backend->query_rows() > 0  // a graph that scored its queries: its own cosines
-                           ? sdqes::probabilities_of(engine.backend->cosines().data(), queries.texts.size())
-                           : sdqes::probabilities(embedding.data(), queries);
+    const auto probs = sdqes::query_probabilities(*engine.backend, embedding, queries);
     const double latency = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
     for (size_t q = 0; q < probs.size(); ++q) {
       if (!std::isfinite(probs[q])) throw sdqes::Error("the model produced a non-finite score; stopping the stream");
@@ -372,7 +305,7 @@ OpenSource open_source(const Source& source) {
 // signal. A live source is read on a thread of its own (sdqes::LiveReader), stamped by the wall clock: the loop
 // always steps on its newest sampled frame, each once, and counts the ones it had no time for as dropped.
 int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::vector<sdqes::AlertState>& states,
-           const Source& source, const Engine& engine, int64_t max_frames, const std::string& events,
+           const Source& source, const sdqes::OpenedStep& engine, int64_t max_frames, const std::string& events,
            const sdqes::AlertStateFile* state_file) {
   const OpenSource opened = open_source(source);
   const auto& [video, live, stream_name] = opened;
@@ -468,7 +401,7 @@ int run(int argc, char** argv) {
   const Source source = read_source(o.at("--source"));
   std::optional<sdqes::AlertStateFile> state_file;  // its folder checked before any engine is looked for
   if (o.count("--state")) state_file.emplace(o.at("--state"));
-  const std::string backend = o.count("--backend") ? o.at("--backend") : kDefaultBackend;
+  const std::string backend = o.count("--backend") ? o.at("--backend") : sdqes::default_backend();
   if (backend != "tensorrt" && backend != "onnxruntime") {
     throw sdqes::Error("--backend " + backend + " is not one of tensorrt, onnxruntime");
   }
@@ -487,13 +420,13 @@ int run(int argc, char** argv) {
     std::cerr << "sdqes-run: warning: --threads is for the ONNX Runtime backend; TensorRT steps on the GPU, so it "
                  "is left out" << std::endl;
   }
-  const Engine engine = open_engine(backend, bundle, queries, precision, threads);
+  const sdqes::OpenedStep engine = sdqes::open_step(bundle, queries, backend, precision, threads);
 #ifdef SDQES_CAN_STREAM
   return stream(bundle, queries, states, source, engine, max_frames, o.count("--events") ? o.at("--events") : "",
                 state_file ? &*state_file : nullptr);
 #else
   (void)max_frames;
-  return 2;  // not reached: open_engine refused, there being no backend
+  return 2;  // not reached: open_step refused, there being no backend
 #endif
 }
 

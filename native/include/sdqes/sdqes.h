@@ -7,33 +7,68 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* libsdqes.so exports these functions alone; the C++ library inside it is hidden. */
+#if defined(__GNUC__)
+#define SDQES_API __attribute__((visibility("default")))
+#else
+#define SDQES_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct sdqes_bundle sdqes_bundle;
 typedef struct sdqes_alert sdqes_alert;
+typedef struct sdqes_step sdqes_step;
 
-sdqes_bundle* sdqes_bundle_open(const char* path, char* error, size_t error_size);
-void sdqes_bundle_close(sdqes_bundle* bundle);
-double sdqes_bundle_fps(const sdqes_bundle* bundle);
-int sdqes_bundle_image_size(const sdqes_bundle* bundle);
-double sdqes_bundle_default_threshold(const sdqes_bundle* bundle);
+SDQES_API sdqes_bundle* sdqes_bundle_open(const char* path, char* error, size_t error_size);
+SDQES_API void sdqes_bundle_close(sdqes_bundle* bundle);
+SDQES_API double sdqes_bundle_fps(const sdqes_bundle* bundle);
+SDQES_API int sdqes_bundle_image_size(const sdqes_bundle* bundle);
+SDQES_API double sdqes_bundle_default_threshold(const sdqes_bundle* bundle);
+
+/* The queries encoded into the bundle (sdqes-edge export --query TEXT[=MESSAGE]), in its order: how many, and each
+ * one's text, alert message and label ("" where it has none); NULL for an index out of range. The native runtime
+ * has no text encoder: these are the queries it scores. */
+SDQES_API int sdqes_bundle_query_count(const sdqes_bundle* bundle);
+SDQES_API const char* sdqes_bundle_query_text(const sdqes_bundle* bundle, int query);
+SDQES_API const char* sdqes_bundle_query_message(const sdqes_bundle* bundle, int query);
+SDQES_API const char* sdqes_bundle_query_label(const sdqes_bundle* bundle, int query);
 
 /* BGR uint8 frame [height, width, 3] -> normalized float32 [3, R, R] into `out` (3*R*R floats). */
-int sdqes_preprocess(const sdqes_bundle* bundle, const uint8_t* bgr, int height, int width, float* out,
-                     char* error, size_t error_size);
+SDQES_API int sdqes_preprocess(const sdqes_bundle* bundle, const uint8_t* bgr, int height, int width, float* out,
+                               char* error, size_t error_size);
 
 /* Alert policy; exit_threshold < 0 and max_alerts < 1 mean "unset" (a NaN is refused, as in Python). */
-sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, double cooldown_s, int max_alerts,
-                             char* error, size_t error_size);
+SDQES_API sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, double cooldown_s, int max_alerts,
+                                       char* error, size_t error_size);
 /* The policy a query of `label` alerts under, as `sdqes-edge run` and sdqes-run give it: the bundle's threshold for
  * the label (NULL or "": no label) else its default, with the hysteresis and cooldown that `sdqes-edge eval
  * --calibrate-policy` recorded in it. sdqes_alert_new's numbers leave a calibrated bundle's choices behind. */
-sdqes_alert* sdqes_alert_for_label(const sdqes_bundle* bundle, const char* label, char* error, size_t error_size);
+SDQES_API sdqes_alert* sdqes_alert_for_label(const sdqes_bundle* bundle, const char* label, char* error,
+                                             size_t error_size);
 /* 1: alert now, 0: no alert, -1: alert is NULL */
-int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_time);
-void sdqes_alert_free(sdqes_alert* alert);
+SDQES_API int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_time);
+SDQES_API void sdqes_alert_free(sdqes_alert* alert);
+
+/* The bundle's step graph, ready to stream, its state at the start of a stream, as sdqes-run steps it: backend
+ * "tensorrt" (the engine sdqes-edge build-engine built for this GPU) or "onnxruntime" (the ONNX graph on the CPU),
+ * NULL: TensorRT where this library was built with it, else ONNX Runtime; precision "fp16", "fp32" or "int8", NULL:
+ * fp16 on TensorRT, fp32 on ONNX Runtime; threads: ONNX Runtime's (0: one per core). It keeps what it needs of the
+ * bundle, which may be closed after. */
+SDQES_API sdqes_step* sdqes_step_open(const sdqes_bundle* bundle, const char* backend, const char* precision,
+                                      int threads, char* error, size_t error_size);
+/* One frame (sdqes_preprocess's 3*R*R floats) stepped, the state carried to the next call: `probabilities` gets
+ * p = sigmoid(cos) of each of the bundle's queries (sdqes_bundle_query_count floats), what sdqes_alert_update takes.
+ * A bundle exported for several streams steps the frame as its first, the others idle. */
+SDQES_API int sdqes_step_run(sdqes_step* step, const float* frame, float* probabilities, char* error,
+                             size_t error_size);
+/* Back to the state at the start of a stream (a new video, a camera that came back). -1: step is NULL. */
+SDQES_API int sdqes_step_reset(sdqes_step* step);
+/* What runs it, for a log line ("ONNX Runtime 1.32.0 on the CPU, step.fp32.onnx"); "" for NULL. */
+SDQES_API const char* sdqes_step_description(const sdqes_step* step);
+SDQES_API void sdqes_step_close(sdqes_step* step);
 
 #ifdef __cplusplus
 }

@@ -2,10 +2,15 @@
 // OnnxRuntimeStep on the CPU. sdqes-run streams on either.
 #pragma once
 
+#include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace sdqes {
+
+struct Bundle;
+struct QueryTable;
 
 class StepBackend {
  public:
@@ -34,5 +39,26 @@ class StepBackend {
     throw std::logic_error("the step graph leaves scoring to its caller (query_rows() is 0)");
   }
 };
+
+// The backend a run steps on unless told: TensorRT where this build has it (the GPU it is for), else ONNX Runtime.
+const char* default_backend();
+
+// A step graph opened, warmed and given its queries where it scores them itself, and what runs it in words
+// ("ONNX Runtime 1.32.0 on the CPU, step.fp32.onnx"), for the line a run starts with.
+struct OpenedStep {
+  std::unique_ptr<StepBackend> backend;
+  std::string words;
+};
+
+// The bundle's step graph for `precision` on `backend`: "tensorrt", the engine built for this GPU and TensorRT (by
+// its sidecar); "onnxruntime", its ONNX graph on the CPU with `threads` (0: one per core). An Error where this
+// build lacks that backend, or the bundle lacks what it needs (an engine for this GPU, a graph of that precision).
+OpenedStep open_step(const Bundle& bundle, const QueryTable& queries, const std::string& backend,
+                     const std::string& precision, int threads = 0);
+
+// p = sigmoid(cos) of each query for the first stream of the step that gave `embedding`: the graph's own cosines
+// where it scores the queries itself, else the embedding against their embeddings.
+std::vector<float> query_probabilities(const StepBackend& backend, const std::vector<float>& embedding,
+                                       const QueryTable& queries);
 
 }  // namespace sdqes

@@ -1,0 +1,77 @@
+// Opening a bundle's step graph on a backend, and scoring its queries from a step (sdqes/step_backend.hpp): what
+// sdqes-run and the C API share.
+#include "sdqes/step_backend.hpp"
+
+#include "sdqes/runtime.hpp"
+#ifdef SDQES_WITH_TENSORRT
+#include "sdqes/tensorrt_backend.hpp"
+#endif
+#ifdef SDQES_WITH_ONNXRUNTIME
+#include "sdqes/onnxruntime_backend.hpp"
+#endif
+
+namespace sdqes {
+
+namespace {
+
+// Warmed, and given the queries where its graph scores them itself (exported with --fuse-queries).
+OpenedStep warmed(std::unique_ptr<StepBackend> backend, std::string words, const QueryTable& queries) {
+  backend->warm_up();  // before the first frame: its latency is a steady one
+  if (const int rows = backend->query_rows(); rows > 0) {
+    if (queries.texts.size() > static_cast<size_t>(rows)) {
+      throw Error("the bundle's step graph scores at most " + std::to_string(rows) + " queries (exported with "
+                  "--fuse-queries), and it carries " + std::to_string(queries.texts.size()) + "; re-export it");
+    }
+    backend->set_queries(queries.embeddings);
+    words += ", its queries scored inside the graph";
+  }
+  return {std::move(backend), std::move(words)};
+}
+
+}  // namespace
+
+const char* default_backend() {
+#if defined(SDQES_WITH_TENSORRT) || !defined(SDQES_WITH_ONNXRUNTIME)
+  return "tensorrt";
+#else
+  return "onnxruntime";
+#endif
+}
+
+OpenedStep open_step(const Bundle& bundle, const QueryTable& queries, const std::string& backend,
+                     const std::string& precision, int threads) {
+  if (backend != "tensorrt" && backend != "onnxruntime") {
+    throw Error("backend " + backend + " is not one of tensorrt, onnxruntime");
+  }
+  if (backend == "tensorrt") {
+#ifdef SDQES_WITH_TENSORRT
+    const auto path = find_engine(bundle, precision, current_engine_target());
+    return warmed(std::make_unique<TensorRTStep>(path, bundle), "TensorRT, " + path.filename().string(), queries);
+#else
+    (void)find_engine(bundle, precision);  // a bundle without any engine says how to build one first
+    throw Error(std::string("this build of sdqes has no TensorRT backend (CMake found no TensorRT/CUDA); build it "
+                            "on the NVIDIA device with TensorRT installed") +
+                (std::string(default_backend()) == "onnxruntime"
+                     ? ", or give --backend onnxruntime to step the bundle's graph on the CPU"
+                     : ""));
+#endif
+  }
+#ifdef SDQES_WITH_ONNXRUNTIME
+  const auto graph = bundle.step_graph(precision);
+  return warmed(std::make_unique<OnnxRuntimeStep>(graph, bundle, threads),
+                "ONNX Runtime " + onnxruntime_version() + " on the CPU, " + graph.filename().string(), queries);
+#else
+  (void)threads;
+  (void)queries;
+  throw Error("this build of sdqes has no ONNX Runtime backend (CMake found no onnxruntime_cxx_api.h and "
+              "libonnxruntime); build it with ONNXRUNTIME_ROOT set to an ONNX Runtime release folder");
+#endif
+}
+
+std::vector<float> query_probabilities(const StepBackend& backend, const std::vector<float>& embedding,
+                                       const QueryTable& queries) {
+  if (backend.query_rows() > 0) return probabilities_of(backend.cosines().data(), queries.texts.size());
+  return probabilities(embedding.data(), queries);
+}
+
+}  // namespace sdqes
