@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -41,13 +42,13 @@ sdqes_bundle* sdqes_bundle_open(const char* path, char* error, size_t error_size
     return nullptr;
   }
   try {
-    auto opened = new sdqes_bundle{sdqes::load_bundle(path), std::nullopt, ""};
+    auto opened = std::make_unique<sdqes_bundle>(sdqes_bundle{sdqes::load_bundle(path), std::nullopt, ""});
     try {
       opened->queries = sdqes::load_queries(opened->bundle);
     } catch (const sdqes::Error& e) {  // preprocessing and alerts need none; stepping does, and says so
       opened->no_queries = e.what();
     }
-    return opened;
+    return opened.release();
   } catch (const std::exception& e) {
     set_error(error, error_size, e.what());
     return nullptr;
