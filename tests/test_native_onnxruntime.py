@@ -56,6 +56,18 @@ def alerts(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def python_alerts_at_a_busy_threshold(bundle: str, video: str, tmp_path: Path) -> tuple[str, list[dict]]:
+    """A threshold the first query's score crosses again and again (its median over the video), and the alerts
+    `sdqes-edge run` gives at it: a state carried wrong, or not at all, would move a crossing."""
+    assert run(["run", bundle, "--source", video, "--scores", str(tmp_path / "scores"), "--quiet"]) == 0
+    probs = np.asarray(load_scores(next((tmp_path / "scores").glob("*.npz"))).probs)
+    threshold = f"{np.median(probs[:, 0]):.6f}"
+    log = tmp_path / "python.jsonl"
+    assert run(["run", bundle, "--source", video, "--threshold", threshold, "--events", str(log), "--quiet"]) == 0
+    assert len(alerts(log)) >= 4, "the threshold is crossed too seldom to show anything"
+    return threshold, alerts(log)
+
+
 @pytest.mark.parametrize("kind", ["plain", "fused"])
 def test_sdqes_run_on_onnx_runtime_alerts_frame_for_frame_as_sdqes_edge_run_does(sdqes_run_on_the_cpu, bundles, kind,
                                                                                  video, tmp_path):
@@ -63,20 +75,15 @@ def test_sdqes_run_on_onnx_runtime_alerts_frame_for_frame_as_sdqes_edge_run_does
     at all, would move a crossing: every alert must fall on the same frame, with the same fields. A bundle exported
     with --fuse-queries is given its queries' embeddings with every frame and alerts on the graph's own cosines."""
     bundle = bundles[kind]
-    assert run(["run", bundle, "--source", video, "--scores", str(tmp_path / "scores"), "--quiet"]) == 0
-    probs = np.asarray(load_scores(next((tmp_path / "scores").glob("*.npz"))).probs)
-    threshold = f"{np.median(probs[:, 0]):.6f}"
-    python_log, native_log = tmp_path / "python.jsonl", tmp_path / "native.jsonl"
-    assert run(["run", bundle, "--source", video, "--threshold", threshold, "--events", str(python_log),
-                "--quiet"]) == 0
+    threshold, python = python_alerts_at_a_busy_threshold(bundle, video, tmp_path)
+    native_log = tmp_path / "native.jsonl"
     done = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--threshold", threshold,
                            "--events", str(native_log)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     fused_words = ", its queries scored inside the graph" if kind == "fused" else ""
     assert "(ONNX Runtime " in done.stderr and f"on the CPU, step.fp32.onnx{fused_words})" in done.stderr
     assert done.stderr.strip().splitlines()[-1] == "done: 75 frames"
-    python, native = alerts(python_log), alerts(native_log)
-    assert len(python) >= 4, "the threshold is crossed too seldom to show anything"
+    native = alerts(native_log)
     assert [[a[k] for k in ALERT_FIELDS] for a in native] == [[a[k] for k in ALERT_FIELDS] for a in python]
     largest = max(abs(a["score"] - b["score"]) for a, b in zip(native, python))
     print(f"\n{kind}: {len(native)} alerts over 75 frames at threshold {threshold}, on the same frames; scores "
@@ -225,3 +232,24 @@ def test_the_c_api_refuses_what_it_cannot_step_in_one_line_and_returns_null(sdqe
     assert api.said().startswith("step is NULL") and api.step_reset(None) == -1
     assert api.bundle_query_text(opened, 2) is None and api.bundle_query_text(None, 0) is None
     api.bundle_close(opened)
+
+
+def test_the_c_example_streams_raw_frames_and_alerts_as_sdqes_edge_run_does(sdqes_run_on_the_cpu, bundle, video,
+                                                                            tmp_path):
+    """native/examples/stream_frames.c, a C99 caller of libsdqes, fed the video's sampled frames raw on stdin (as
+    `ffmpeg -vf fps=5 -f rawvideo -pix_fmt bgr24 -` gives them): its alerts fall on `sdqes-edge run`'s frames, for
+    the same queries, with their messages and scores."""
+    from sdqes_edge.runtime.sources import VideoFileSource
+
+    threshold, python = python_alerts_at_a_busy_threshold(bundle, video, tmp_path)
+    images = [np.ascontiguousarray(frame.image) for frame in VideoFileSource(video, 5.0).sampled()]
+    height, width = images[0].shape[:2]
+    done = subprocess.run([str(sdqes_run_on_the_cpu.parent / "sdqes-stream-frames"), bundle, str(width), str(height),
+                           threshold, "onnxruntime"], input=b"".join(image.tobytes() for image in images),
+                          capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stderr.decode().splitlines()[-1] == f"sdqes-stream-frames: done: {len(images)} frames"
+    native = [line.split(" ", 3) for line in done.stdout.decode().splitlines()]
+    assert [(float(t), QUERIES[int(q)].text, message) for t, q, _, message in native] == \
+        [(round(a["stream_time"], 3), a["query"], a["message"]) for a in python]  # printed to the millisecond
+    assert max(abs(float(p) - a["score"]) for (_, _, p, _), a in zip(native, python)) < 1e-5
