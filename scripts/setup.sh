@@ -15,7 +15,7 @@ if [ "${1:-}" = "--dev" ]; then extras="$extras,dev,ray"; dev=1; fi
 # installed (not root, no apt) the native tests are skipped with the reason.
 if [ "$dev" = 1 ]; then
   need=()
-  for pkg in cmake g++ pkg-config libopencv-dev nlohmann-json3-dev libssl-dev libgtest-dev; do
+  for pkg in cmake gcc g++ pkg-config libopencv-dev nlohmann-json3-dev libssl-dev libgtest-dev; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
   done
   if [ ${#need[@]} -gt 0 ]; then
