@@ -1,0 +1,89 @@
+// What sdqes-run and the C API share around a step backend (sdqes/step_backend.hpp): scoring the queries from a step,
+// the graph's own cosines where it was exported with --fuse-queries, and the refusal of a backend that does not exist.
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "sdqes/runtime.hpp"
+#include "sdqes/step_backend.hpp"
+
+namespace {
+
+// A backend that gives fixed numbers: an embedding, and where `rows` > 0 the cosines a fused graph gives.
+class FixedStep : public sdqes::StepBackend {
+ public:
+  FixedStep(std::vector<float> embedding, int rows, std::vector<float> cosines)
+      : embedding_(std::move(embedding)), rows_(rows), cosines_(std::move(cosines)) {}
+  const std::vector<float>& step(const std::vector<float>&) override { return embedding_; }
+  void reset() override {}
+  void warm_up() override {}
+  int query_rows() const override { return rows_; }
+  const std::vector<float>& cosines() const override {
+    return rows_ > 0 ? cosines_ : sdqes::StepBackend::cosines();
+  }
+
+ private:
+  std::vector<float> embedding_;
+  int rows_;
+  std::vector<float> cosines_;
+};
+
+// Two queries of a 2-wide embedding space: (1, 0) and (0, 1).
+sdqes::QueryTable two_queries() {
+  sdqes::QueryTable table;
+  table.texts = {"first", "second"};
+  table.embeddings = {1.0f, 0.0f, 0.0f, 1.0f};
+  table.dim = 2;
+  return table;
+}
+
+float sigmoid(double x) { return static_cast<float>(1.0 / (1.0 + std::exp(-x))); }
+
+}  // namespace
+
+TEST(QueryProbabilities, AreTheEmbeddingAgainstEachQueryWhereTheGraphLeavesScoringToItsCaller) {
+  FixedStep step({0.6f, 0.8f}, 0, {});
+  const auto& embedding = step.step({});
+  const auto p = sdqes::query_probabilities(step, embedding, two_queries());
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_FLOAT_EQ(p[0], sigmoid(0.6));
+  EXPECT_FLOAT_EQ(p[1], sigmoid(0.8));
+}
+
+TEST(QueryProbabilities, AreTheGraphsOwnCosinesOfTheQueriesSetWhereItScoresThemItself) {
+  // A graph fused for 3 queries, 2 of them set: the third column (a zero row's cosine) is not a query's.
+  FixedStep step({0.6f, 0.8f}, 3, {-0.5f, 0.25f, 0.0f});
+  const auto& embedding = step.step({});
+  const auto p = sdqes::query_probabilities(step, embedding, two_queries());
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_FLOAT_EQ(p[0], sigmoid(-0.5));  // not the embedding's 0.6: the graph's number
+  EXPECT_FLOAT_EQ(p[1], sigmoid(0.25));
+}
+
+TEST(StepBackend, AGraphThatLeavesScoringToItsCallerTakesNoQueriesAndGivesNoCosines) {
+  FixedStep step({0.6f, 0.8f}, 0, {});
+  EXPECT_EQ(step.query_rows(), 0);
+  EXPECT_THROW(step.set_queries({1.0f, 0.0f}), std::logic_error);
+  EXPECT_THROW((void)step.cosines(), std::logic_error);
+}
+
+TEST(OpenStep, ABackendThatDoesNotExistIsRefusedInOneLineNamingTheTwoThatDo) {
+  sdqes::Bundle bundle;
+  try {
+    (void)sdqes::open_step(bundle, two_queries(), "cuda", "fp32");
+    FAIL() << "opened a step on a backend that does not exist";
+  } catch (const sdqes::Error& e) {
+    EXPECT_EQ(std::string(e.what()), "backend cuda is not one of tensorrt, onnxruntime");
+  }
+}
+
+TEST(OpenStep, TheDefaultBackendIsOneThisBuildKnows) {
+  const std::string backend = sdqes::default_backend();
+  EXPECT_TRUE(backend == "tensorrt" || backend == "onnxruntime") << backend;
+#if defined(SDQES_WITH_ONNXRUNTIME) && !defined(SDQES_WITH_TENSORRT)
+  EXPECT_EQ(backend, "onnxruntime");  // the only one built
+#endif
+}
