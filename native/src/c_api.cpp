@@ -152,8 +152,7 @@ sdqes_step* sdqes_step_open(const sdqes_bundle* b, const char* backend, const ch
   }
   try {
     const std::string on = backend ? backend : sdqes::default_backend();
-    // fp16 on a GPU; on the CPU, where fp16 is emulated, fp32 (as sdqes-run decides it).
-    const std::string as = precision ? precision : on == "tensorrt" ? "fp16" : "fp32";
+    const std::string as = precision ? precision : sdqes::default_precision(on);
     const size_t frame_floats = 3 * static_cast<size_t>(b->bundle.image_size) * b->bundle.image_size;
     return new sdqes_step{sdqes::open_step(b->bundle, *b->queries, on, as, threads), *b->queries,
                           std::vector<float>(frame_floats * b->bundle.batch, 0.0f), frame_floats};

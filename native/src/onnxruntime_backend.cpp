@@ -235,10 +235,11 @@ int OnnxRuntimeStep::query_rows() const { return impl_->query_rows; }
 void OnnxRuntimeStep::set_queries(const std::vector<float>& embeddings) {
   Impl& m = *impl_;
   if (m.query_rows == 0) StepBackend::set_queries(embeddings);  // not a fused graph: the caller's mistake
-  if (embeddings.size() > m.queries.size() || embeddings.size() % (m.queries.size() / m.query_rows) != 0) {
-    throw Error(std::to_string(embeddings.size()) + " floats of query embeddings for a step graph that scores at "
-                "most " + std::to_string(m.query_rows) + " queries (exported with --fuse-queries); re-export the "
-                "bundle with its queries");
+  const size_t width = m.queries.size() / m.query_rows;
+  if (embeddings.size() > m.queries.size() || embeddings.size() % width != 0) {
+    throw Error("the step graph scores at most " + std::to_string(m.query_rows) + " queries (exported with "
+                "--fuse-queries), and " + std::to_string(embeddings.size() / width) + " (" +
+                std::to_string(embeddings.size()) + " floats) are given; re-export the bundle with its queries");
   }
   std::copy(embeddings.begin(), embeddings.end(), m.queries.begin());
   std::fill(m.queries.begin() + static_cast<std::ptrdiff_t>(embeddings.size()), m.queries.end(), 0.0f);

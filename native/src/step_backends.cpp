@@ -17,12 +17,8 @@ namespace {
 // Warmed, and given the queries where its graph scores them itself (exported with --fuse-queries).
 OpenedStep warmed(std::unique_ptr<StepBackend> backend, std::string words, const QueryTable& queries) {
   backend->warm_up();  // before the first frame: its latency is a steady one
-  if (const int rows = backend->query_rows(); rows > 0) {
-    if (queries.texts.size() > static_cast<size_t>(rows)) {
-      throw Error("the bundle's step graph scores at most " + std::to_string(rows) + " queries (exported with "
-                  "--fuse-queries), and it carries " + std::to_string(queries.texts.size()) + "; re-export it");
-    }
-    backend->set_queries(queries.embeddings);
+  if (backend->query_rows() > 0) {
+    backend->set_queries(queries.embeddings);  // refuses more queries than the graph scores
     words += ", its queries scored inside the graph";
   }
   return {std::move(backend), std::move(words)};
@@ -38,11 +34,17 @@ const char* default_backend() {
 #endif
 }
 
+void check_backend(const std::string& backend, const std::string& named_as) {
+  if (backend != "tensorrt" && backend != "onnxruntime") {
+    throw Error(named_as + " " + backend + " is not one of tensorrt, onnxruntime");
+  }
+}
+
+const char* default_precision(const std::string& backend) { return backend == "tensorrt" ? "fp16" : "fp32"; }
+
 OpenedStep open_step(const Bundle& bundle, const QueryTable& queries, const std::string& backend,
                      const std::string& precision, int threads) {
-  if (backend != "tensorrt" && backend != "onnxruntime") {
-    throw Error("backend " + backend + " is not one of tensorrt, onnxruntime");
-  }
+  check_backend(backend, "backend");
   if (backend == "tensorrt") {
 #ifdef SDQES_WITH_TENSORRT
     const auto path = find_engine(bundle, precision, current_engine_target());

@@ -402,13 +402,8 @@ int run(int argc, char** argv) {
   std::optional<sdqes::AlertStateFile> state_file;  // its folder checked before any engine is looked for
   if (o.count("--state")) state_file.emplace(o.at("--state"));
   const std::string backend = o.count("--backend") ? o.at("--backend") : sdqes::default_backend();
-  if (backend != "tensorrt" && backend != "onnxruntime") {
-    throw sdqes::Error("--backend " + backend + " is not one of tensorrt, onnxruntime");
-  }
-  // fp16 on a GPU; on the CPU, where fp16 is emulated, fp32.
-  const std::string precision = o.count("--precision") ? o.at("--precision")
-                                : backend == "tensorrt"  ? "fp16"
-                                                         : "fp32";
+  sdqes::check_backend(backend, "--backend");
+  const std::string precision = o.count("--precision") ? o.at("--precision") : sdqes::default_precision(backend);
   if (precision != "fp16" && precision != "fp32" && precision != "int8") {  // not "build a fp64 engine"
     throw sdqes::Error("--precision " + precision + " is not one of fp16, fp32, int8");
   }

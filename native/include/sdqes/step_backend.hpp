@@ -42,6 +42,10 @@ class StepBackend {
 
 // The backend a run steps on unless told: TensorRT where this build has it (the GPU it is for), else ONNX Runtime.
 const char* default_backend();
+// An Error, "<named_as> <backend> is not one of tensorrt, onnxruntime", unless it is one of them.
+void check_backend(const std::string& backend, const std::string& named_as);
+// The precision a run on `backend` steps unless told: fp16 on a GPU; on the CPU, where fp16 is emulated, fp32.
+const char* default_precision(const std::string& backend);
 
 // A step graph opened, warmed and given its queries where it scores them itself, and what runs it in words
 // ("ONNX Runtime 1.32.0 on the CPU, step.fp32.onnx"), for the line a run starts with.
