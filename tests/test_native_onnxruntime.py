@@ -20,6 +20,7 @@ from runtime_fixtures import write_video
 
 from sdqes_edge.cli import run
 from sdqes_edge.export import ExportOptions, Query, export_bundle
+from sdqes_edge.runtime.sinks import Sink
 from sdqes_edge.sample import sample_frames
 from sdqes_edge.traces import load_scores
 
@@ -159,6 +160,9 @@ class CApi:
                 ("sdqes_step_open", c_void_p, [c_void_p, c_char_p, c_char_p, c_int, *error]),
                 ("sdqes_step_run", c_int, [c_void_p, POINTER(c_float), POINTER(c_float), *error]),
                 ("sdqes_step_reset", c_int, [c_void_p]),
+                ("sdqes_step_streams", c_int, [c_void_p]),
+                ("sdqes_step_run_streams", c_int, [c_void_p, POINTER(POINTER(c_float)), POINTER(c_float), *error]),
+                ("sdqes_step_reset_stream", c_int, [c_void_p, c_int, *error]),
                 ("sdqes_step_description", c_char_p, [c_void_p]),
                 ("sdqes_step_close", None, [c_void_p])):
             function = getattr(self.lib, name)
@@ -173,6 +177,11 @@ class CApi:
 
     def said(self) -> str:
         return self.error.value.decode()
+
+    def frame_pointers(self, frames: list[np.ndarray | None]):
+        """A C array of float pointers, NULL for None."""
+        pointer = self.ctypes.POINTER(self.ctypes.c_float)
+        return (pointer * len(frames))(*(pointer() if f is None else self.floats(f) for f in frames))
 
 
 @pytest.mark.parametrize("kind", ["plain", "fused"])
@@ -215,6 +224,89 @@ def test_the_c_api_steps_a_bundle_to_the_probabilities_sdqes_edge_run_gives_ever
         assert api.step_run(step, api.floats(frame), api.floats(probabilities), api.error, len(api.error)) == 0
         np.testing.assert_array_equal(probabilities, before)
     api.step_close(step)
+
+
+STREAMS = 3
+
+
+def three_streams(frames: int, t: int) -> list[int | None]:
+    """Which sampled frame each of three cameras gives at step t, None where it gives none: stream 0 the video in
+    order, stream 1 backwards and idle every third step, stream 2 from a third of the way in and idle for ten steps
+    on end; at step 40 none gives a frame."""
+    if t == 40:
+        return [None] * STREAMS
+    return [t % frames, None if t % 3 == 1 else frames - 1 - t % frames,
+            None if 10 <= t < 20 else (t + frames // 3) % frames]
+
+
+class StreamProbabilities(Sink):
+    def __init__(self):
+        self.got: dict[int, list[float]] = {}
+
+    def on_frame(self, stream, frame_bgr, time_s, probs, events):
+        self.got[stream] = list(probs.values())
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_the_c_api_steps_several_streams_at_once_each_with_its_own_state_as_the_python_runtime_does(
+        sdqes_run_on_the_cpu, video, fused, tmp_path):
+    """Three cameras through one graph exported with --batch 3: sdqes_step_run_streams takes a frame per stream,
+    NULL where a camera has none (its state kept), and sdqes_step_reset_stream starts one stream again. Over 60
+    steps every stream's probabilities are those the Python runtime's StreamingDetector gives it stepping the same
+    frames (None for an idle stream, reset(0) at step 30), and an idle stream's row is NaN."""
+    from sdqes_edge.runtime import Frame, StreamingDetector
+    from sdqes_edge.runtime.sources import VideoFileSource
+
+    bundle = tmp_path / "three-cameras"
+    export_bundle(random_model("qrnn"), bundle, ExportOptions(show_progress=False, fps=5.0, verify_frames=16,
+                                                              batch=STREAMS, queries=QUERIES, fuse_queries=fused),
+                  log=lambda m: None)
+    images = [np.ascontiguousarray(frame.image) for frame in VideoFileSource(video, 5.0).sampled()]
+    detector = StreamingDetector(bundle)
+    for query in QUERIES:
+        detector.add_query(query.text, query.response)
+    python = detector.add_sink(StreamProbabilities())
+    api = CApi(sdqes_run_on_the_cpu.parent / "libsdqes.so")
+    opened = api.bundle_open(str(bundle).encode(), api.error, len(api.error))
+    step = api.step_open(opened, b"onnxruntime", None, 1, api.error, len(api.error))
+    assert step, api.said()
+    assert api.step_streams(step) == STREAMS
+    size = api.bundle_image_size(opened)
+    inputs = []
+    for image in images:  # each sampled frame preprocessed as a C caller does
+        inputs.append(np.empty((3, size, size), np.float32))
+        assert api.preprocess(opened, image.ctypes.data_as(api.ctypes.POINTER(api.ctypes.c_uint8)), image.shape[0],
+                              image.shape[1], api.floats(inputs[-1]), api.error, len(api.error)) == 0, api.said()
+    probabilities = np.empty((STREAMS, len(QUERIES)), np.float32)
+    counts, worst = [0] * STREAMS, 0.0
+    for t in range(60):
+        if t == 30:  # camera 0 sees a new scene
+            assert api.step_reset_stream(step, 0, api.error, len(api.error)) == 0, api.said()
+            detector.reset(0)
+            counts[0] = 0
+        picked = three_streams(len(images), t)
+        frames = [None if i is None else Frame(image=images[i], time=counts[s] / 5.0, index=counts[s])
+                  for s, i in enumerate(picked)]
+        counts = [c + (i is not None) for c, i in zip(counts, picked)]
+        python.got.clear()
+        detector.step(frames)
+        assert api.step_run_streams(step, api.frame_pointers([None if i is None else inputs[i] for i in picked]),
+                                    api.floats(probabilities), api.error, len(api.error)) == 0, api.said()
+        for s, i in enumerate(picked):
+            if i is None:
+                assert np.isnan(probabilities[s]).all() and s not in python.got
+            else:
+                np.testing.assert_allclose(probabilities[s], python.got[s], rtol=0, atol=1e-5)
+                worst = max(worst, float(np.abs(probabilities[s] - python.got[s]).max()))
+    print(f"\n{'fused' if fused else 'plain'}: 3 streams over 60 steps, idle ones and a reset among them: within "
+          f"{worst:.1e} of the Python runtime's")
+    for bad, said in ((3, "stream 3 is out of range: the step graph steps 3 streams, 0 to 2"),
+                      (-1, "stream -1 is out of range")):
+        assert api.step_reset_stream(step, bad, api.error, len(api.error)) == 1 and said in api.said()
+    assert api.step_run_streams(step, None, api.floats(probabilities), api.error, len(api.error)) == 1
+    assert api.said().startswith("frames is NULL; give sdqes_step_run_streams")
+    api.step_close(step)
+    api.bundle_close(opened)
 
 
 def test_the_c_api_refuses_what_it_cannot_step_in_one_line_and_returns_null(sdqes_run_on_the_cpu, bundle):

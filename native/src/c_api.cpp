@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,8 +22,12 @@ struct sdqes_alert {
 struct sdqes_step {
   sdqes::OpenedStep opened;
   sdqes::QueryTable queries;
-  std::vector<float> frame;  // [B, 3, R, R]: the caller's frame as the first stream, the others idle (zero)
-  size_t frame_floats = 0;   // one stream's: 3 * R * R
+  int streams = 1;           // B: the streams one step of the graph steps
+  size_t frame_floats = 0;   // one stream's frame: 3 * R * R
+  std::vector<float> frame;  // [B, 3, R, R]: each stream's frame, an idle stream's zero (as the Python runtime's)
+  std::vector<float> probabilities;      // [B, Q] of the last step: an idle stream's row NaN
+  std::vector<const float*> one_stream;  // sdqes_step_run's frames: the caller's as stream 0, the others idle
+  std::vector<int> idle;                 // the streams the step being run has no frame for
 };
 
 namespace {
@@ -30,6 +35,32 @@ void set_error(char* error, size_t size, const char* message) {
   if (error && size) {
     std::strncpy(error, message, size - 1);
     error[size - 1] = '\0';
+  }
+}
+
+// One step of every stream, frames[b] or NULL (idle: its state kept as the step found it, its row of probabilities
+// NaN, so that a caller who reads it anyway sees that it was not stepped); with every stream idle, no step at all.
+void step_streams(sdqes_step& step, const float* const* frames) {
+  const size_t queries = step.queries.texts.size();
+  step.idle.clear();
+  for (int b = 0; b < step.streams; ++b) {
+    float* slot = step.frame.data() + static_cast<size_t>(b) * step.frame_floats;
+    if (frames[b]) {
+      std::copy(frames[b], frames[b] + step.frame_floats, slot);
+    } else {
+      step.idle.push_back(b);
+      std::fill(slot, slot + step.frame_floats, 0.0f);
+    }
+  }
+  std::fill(step.probabilities.begin(), step.probabilities.end(), std::numeric_limits<float>::quiet_NaN());
+  if (step.idle.size() == static_cast<size_t>(step.streams)) return;
+  auto& backend = *step.opened.backend;
+  const auto& embedding = backend.step(step.frame);
+  if (!step.idle.empty()) backend.keep_streams(step.idle);
+  for (int b = 0; b < step.streams; ++b) {
+    if (frames[b] == nullptr) continue;
+    const auto probs = sdqes::query_probabilities(backend, embedding, step.queries, b);
+    std::copy(probs.begin(), probs.end(), step.probabilities.begin() + static_cast<std::ptrdiff_t>(b * queries));
   }
 }
 }  // namespace
@@ -153,9 +184,15 @@ sdqes_step* sdqes_step_open(const sdqes_bundle* b, const char* backend, const ch
   try {
     const std::string on = backend ? backend : sdqes::default_backend();
     const std::string as = precision ? precision : sdqes::default_precision(on);
-    const size_t frame_floats = 3 * static_cast<size_t>(b->bundle.image_size) * b->bundle.image_size;
-    return new sdqes_step{sdqes::open_step(b->bundle, *b->queries, on, as, threads), *b->queries,
-                          std::vector<float>(frame_floats * b->bundle.batch, 0.0f), frame_floats};
+    auto step = std::make_unique<sdqes_step>();
+    step->opened = sdqes::open_step(b->bundle, *b->queries, on, as, threads);
+    step->queries = *b->queries;
+    step->streams = static_cast<int>(b->bundle.batch);
+    step->frame_floats = 3 * static_cast<size_t>(b->bundle.image_size) * b->bundle.image_size;
+    step->frame.assign(step->frame_floats * step->streams, 0.0f);
+    step->probabilities.resize(step->queries.texts.size() * step->streams);
+    step->one_stream.assign(step->streams, nullptr);
+    return step.release();
   } catch (const std::exception& e) {
     set_error(error, error_size, e.what());
     return nullptr;
@@ -170,10 +207,30 @@ int sdqes_step_run(sdqes_step* step, const float* frame, float* probabilities, c
     return 1;
   }
   try {
-    std::copy(frame, frame + step->frame_floats, step->frame.begin());
-    const auto& embedding = step->opened.backend->step(step->frame);
-    const auto probs = sdqes::query_probabilities(*step->opened.backend, embedding, step->queries);
-    std::copy(probs.begin(), probs.end(), probabilities);
+    step->one_stream[0] = frame;
+    step_streams(*step, step->one_stream.data());
+    std::copy_n(step->probabilities.begin(), step->queries.texts.size(), probabilities);
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(error, error_size, e.what());
+    return 1;
+  }
+}
+
+int sdqes_step_streams(const sdqes_step* step) { return step ? step->streams : 0; }
+
+int sdqes_step_run_streams(sdqes_step* step, const float* const* frames, float* probabilities, char* error,
+                           size_t error_size) {
+  const char* missing = !step ? "step" : !frames ? "frames" : !probabilities ? "probabilities" : nullptr;
+  if (missing) {
+    set_error(error, error_size, (std::string(missing) + " is NULL; give sdqes_step_run_streams the step "
+                                  "sdqes_step_open opened, sdqes_step_streams frames (NULL for a stream without "
+                                  "one) and a float per stream and query to write").c_str());
+    return 1;
+  }
+  try {
+    step_streams(*step, frames);
+    std::copy(step->probabilities.begin(), step->probabilities.end(), probabilities);
     return 0;
   } catch (const std::exception& e) {
     set_error(error, error_size, e.what());
@@ -185,6 +242,20 @@ int sdqes_step_reset(sdqes_step* step) {
   if (!step) return -1;
   step->opened.backend->reset();
   return 0;
+}
+
+int sdqes_step_reset_stream(sdqes_step* step, int stream, char* error, size_t error_size) {
+  if (!step) {
+    set_error(error, error_size, "step is NULL; give sdqes_step_reset_stream the step sdqes_step_open opened");
+    return 1;
+  }
+  try {
+    step->opened.backend->reset_stream(stream);
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(error, error_size, e.what());
+    return 1;
+  }
 }
 
 const char* sdqes_step_description(const sdqes_step* step) { return step ? step->opened.words.c_str() : ""; }

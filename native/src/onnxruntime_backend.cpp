@@ -107,6 +107,7 @@ struct OnnxRuntimeStep::Impl {
   // Per set s: inputs (the frame, set s) and outputs (the embedding, set 1 - s), made once over the buffers above.
   std::array<std::vector<Ort::Value>, 2> in, out;
   int current = 0;  // the set the next step reads
+  int streams = 1;  // B: the streams each step steps, each its own rows of every state tensor
 
   Ort::Value over(void* data, size_t bytes, const std::vector<int64_t>& shape, ONNXTensorElementDataType type) {
     return Ort::Value::CreateTensor(memory, data, bytes, shape.data(), shape.size(), type);
@@ -141,6 +142,7 @@ OnnxRuntimeStep::OnnxRuntimeStep(const std::filesystem::path& graph, const Bundl
     throw Error(graph.string() + "'s frame or embedding is not fp32, so it" + not_ours);
   }
   m.spec = bundle.state;
+  m.streams = static_cast<int>(bundle.batch);
   m.input_names = {kFrameInput};
   m.output_names = {kEmbeddingOutput};
   if (const auto fused = inputs.find(kQueryInput); fused != inputs.end()) {
@@ -256,6 +258,28 @@ void OnnxRuntimeStep::reset() {
     for (size_t i = 0; i < m.spec.size(); ++i) fill(set[i], m.types[i], m.spec[i].initial_value);
   }
   m.current = 0;
+}
+
+void OnnxRuntimeStep::keep_streams(const std::vector<int>& idle) {
+  Impl& m = *impl_;
+  const auto& read = m.state[1 - m.current];  // what the last step read; it wrote m.state[m.current]
+  for (const int stream : idle) {
+    for (size_t i = 0; i < m.spec.size(); ++i) {
+      const auto rows = stream_bytes(read[i].size(), m.streams, stream);
+      std::memcpy(m.state[m.current][i].data() + rows.offset, read[i].data() + rows.offset, rows.size);
+    }
+  }
+}
+
+void OnnxRuntimeStep::reset_stream(int stream) {
+  Impl& m = *impl_;
+  for (size_t i = 0; i < m.spec.size(); ++i) {
+    auto& next = m.state[m.current][i];  // the set the next step reads
+    const auto rows = stream_bytes(next.size(), m.streams, stream);
+    std::vector<uint8_t> initial(rows.size);
+    fill(initial, m.types[i], m.spec[i].initial_value);
+    std::copy(initial.begin(), initial.end(), next.begin() + static_cast<std::ptrdiff_t>(rows.offset));
+  }
 }
 
 void OnnxRuntimeStep::warm_up() {

@@ -71,9 +71,22 @@ OpenedStep open_step(const Bundle& bundle, const QueryTable& queries, const std:
 }
 
 std::vector<float> query_probabilities(const StepBackend& backend, const std::vector<float>& embedding,
-                                       const QueryTable& queries) {
-  if (backend.query_rows() > 0) return probabilities_of(backend.cosines().data(), queries.texts.size());
-  return probabilities(embedding.data(), queries);
+                                       const QueryTable& queries, int stream) {
+  const auto row = static_cast<size_t>(stream);
+  if (backend.query_rows() > 0) {
+    return probabilities_of(backend.cosines().data() + row * backend.query_rows(), queries.texts.size());
+  }
+  return probabilities(embedding.data() + row * static_cast<size_t>(queries.dim), queries);
+}
+
+StreamBytes stream_bytes(size_t tensor_bytes, int streams, int stream) {
+  if (streams < 1 || stream < 0 || stream >= streams) {
+    throw Error("stream " + std::to_string(stream) + " is out of range: the step graph steps " +
+                (streams == 1 ? std::string("one stream, 0")
+                              : std::to_string(streams) + " streams, 0 to " + std::to_string(streams - 1)));
+  }
+  const size_t each = tensor_bytes / static_cast<size_t>(streams);
+  return {each * static_cast<size_t>(stream), each};
 }
 
 }  // namespace sdqes

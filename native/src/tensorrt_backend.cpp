@@ -77,6 +77,7 @@ struct TensorRTStep::Impl {
   std::vector<float> host_embedding;
   size_t frame_bytes = 0;
   int current = 0;
+  int streams = 1;  // B: the streams each step steps, each its own rows of every state tensor
 };
 
 TensorRTStep::TensorRTStep(const std::filesystem::path& engine_path, const Bundle& bundle) : impl_(new Impl) {
@@ -101,6 +102,7 @@ TensorRTStep::TensorRTStep(const std::filesystem::path& engine_path, const Bundl
   m.context.reset(m.engine->createExecutionContext());
   check(cudaStreamCreate(&m.stream), "cudaStreamCreate");
   m.state = bundle.state;
+  m.streams = static_cast<int>(bundle.batch);
   m.frame_bytes = sizeof(float) * bundle.batch * 3 * bundle.image_size * bundle.image_size;
   m.host_embedding.resize(static_cast<size_t>(bundle.batch) * bundle.embed_dim);
   check(cudaMalloc(&m.frame, m.frame_bytes), "cudaMalloc");
@@ -135,6 +137,28 @@ void TensorRTStep::reset() {
     check(cudaMemcpy(m.sets[0][i], m.initial[i].data(), m.initial[i].size(), cudaMemcpyHostToDevice), "reset");
   }
   m.current = 0;
+}
+
+void TensorRTStep::keep_streams(const std::vector<int>& idle) {
+  auto& m = *impl_;
+  const int read = 1 - m.current;  // what the last step read; it wrote sets[current]
+  for (const int stream : idle) {
+    for (size_t i = 0; i < m.state.size(); ++i) {
+      const auto rows = stream_bytes(m.initial[i].size(), m.streams, stream);
+      check(cudaMemcpyAsync(static_cast<unsigned char*>(m.sets[m.current][i]) + rows.offset,
+                            static_cast<const unsigned char*>(m.sets[read][i]) + rows.offset, rows.size,
+                            cudaMemcpyDeviceToDevice, m.stream), "keep an idle stream's state");
+    }
+  }
+}
+
+void TensorRTStep::reset_stream(int stream) {
+  auto& m = *impl_;
+  for (size_t i = 0; i < m.state.size(); ++i) {
+    const auto rows = stream_bytes(m.initial[i].size(), m.streams, stream);
+    check(cudaMemcpy(static_cast<unsigned char*>(m.sets[m.current][i]) + rows.offset,
+                     m.initial[i].data() + rows.offset, rows.size, cudaMemcpyHostToDevice), "reset a stream");
+  }
 }
 
 void TensorRTStep::warm_up() {

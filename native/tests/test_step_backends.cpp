@@ -19,6 +19,8 @@ class FixedStep : public sdqes::StepBackend {
       : embedding_(std::move(embedding)), rows_(rows), cosines_(std::move(cosines)) {}
   const std::vector<float>& step(const std::vector<float>&) override { return embedding_; }
   void reset() override {}
+  void keep_streams(const std::vector<int>&) override {}
+  void reset_stream(int) override {}
   void warm_up() override {}
   int query_rows() const override { return rows_; }
   const std::vector<float>& cosines() const override {
@@ -61,6 +63,41 @@ TEST(QueryProbabilities, AreTheGraphsOwnCosinesOfTheQueriesSetWhereItScoresThemI
   ASSERT_EQ(p.size(), 2u);
   EXPECT_FLOAT_EQ(p[0], sigmoid(-0.5));  // not the embedding's 0.6: the graph's number
   EXPECT_FLOAT_EQ(p[1], sigmoid(0.25));
+}
+
+TEST(QueryProbabilities, OfAStreamAreItsOwnRowOfTheEmbeddingsOrOfTheGraphsCosines) {
+  // Two streams: stream 1's embedding is (0, 1), its cosines (0.5, -0.25) of a graph fused for 3 queries.
+  FixedStep unfused({0.6f, 0.8f, 0.0f, 1.0f}, 0, {});
+  const auto p = sdqes::query_probabilities(unfused, unfused.step({}), two_queries(), 1);
+  EXPECT_FLOAT_EQ(p[0], sigmoid(0.0));
+  EXPECT_FLOAT_EQ(p[1], sigmoid(1.0));
+  FixedStep fused({0.6f, 0.8f, 0.0f, 1.0f}, 3, {-0.5f, 0.25f, 0.0f, 0.5f, -0.25f, 0.0f});
+  const auto q = sdqes::query_probabilities(fused, fused.step({}), two_queries(), 1);
+  EXPECT_FLOAT_EQ(q[0], sigmoid(0.5));
+  EXPECT_FLOAT_EQ(q[1], sigmoid(-0.25));
+}
+
+TEST(StreamBytes, EachStreamIsOneContiguousBlockOfAStateTensorInStreamOrder) {
+  // 3 streams of a 24-byte tensor: 8 bytes each, stream-major ([B*L, ...] rows of one stream together).
+  const auto last = sdqes::stream_bytes(24, 3, 2);
+  EXPECT_EQ(last.offset, 16u);
+  EXPECT_EQ(last.size, 8u);
+  EXPECT_EQ(sdqes::stream_bytes(24, 1, 0).size, 24u);
+  for (const int outside : {-1, 3}) {
+    try {
+      (void)sdqes::stream_bytes(24, 3, outside);
+      FAIL() << "stream " << outside << " of 3 was taken";
+    } catch (const sdqes::Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "stream " + std::to_string(outside) + " is out of range: the step graph steps 3 streams, 0 to 2");
+    }
+  }
+  try {
+    (void)sdqes::stream_bytes(24, 1, 1);
+    FAIL() << "stream 1 of a one-stream graph was taken";
+  } catch (const sdqes::Error& e) {
+    EXPECT_EQ(std::string(e.what()), "stream 1 is out of range: the step graph steps one stream, 0");
+  }
 }
 
 TEST(StepBackend, AGraphThatLeavesScoringToItsCallerTakesNoQueriesAndGivesNoCosines) {

@@ -26,6 +26,8 @@ class OnnxRuntimeStep : public StepBackend {
 
   const std::vector<float>& step(const std::vector<float>& frame) override;
   void reset() override;
+  void keep_streams(const std::vector<int>& idle) override;
+  void reset_stream(int stream) override;
   void warm_up() override;
   // A graph exported with --fuse-queries: the queries' embeddings fed with every frame, their cosines read back.
   int query_rows() const override;

@@ -61,11 +61,20 @@ SDQES_API sdqes_step* sdqes_step_open(const sdqes_bundle* bundle, const char* ba
                                       int threads, char* error, size_t error_size);
 /* One frame (sdqes_preprocess's 3*R*R floats) stepped, the state carried to the next call: `probabilities` gets
  * p = sigmoid(cos) of each of the bundle's queries (sdqes_bundle_query_count floats), what sdqes_alert_update takes.
- * A bundle exported for several streams steps the frame as its first, the others idle. */
+ * A bundle exported for several streams steps the frame as its first, the others idle (their state kept). */
 SDQES_API int sdqes_step_run(sdqes_step* step, const float* frame, float* probabilities, char* error,
                              size_t error_size);
+/* The streams one step steps (sdqes-edge export --batch B; 1 unless exported so); 0 for NULL. */
+SDQES_API int sdqes_step_streams(const sdqes_step* step);
+/* One step of every stream (several cameras, one graph): frames[b] is stream b's preprocessed frame, or NULL where
+ * stream b has none now (a camera between frames, a slot not in use), whose state is then kept as it was.
+ * `probabilities` gets B rows of sdqes_bundle_query_count floats, stream by stream; an idle stream's row is NaN. */
+SDQES_API int sdqes_step_run_streams(sdqes_step* step, const float* const* frames, float* probabilities,
+                                     char* error, size_t error_size);
 /* Back to the state at the start of a stream (a new video, a camera that came back). -1: step is NULL. */
 SDQES_API int sdqes_step_reset(sdqes_step* step);
+/* The same for one stream (0 to B-1) alone, the others' state kept. */
+SDQES_API int sdqes_step_reset_stream(sdqes_step* step, int stream, char* error, size_t error_size);
 /* What runs it, for a log line ("ONNX Runtime 1.32.0 on the CPU, step.fp32.onnx"); "" for NULL. */
 SDQES_API const char* sdqes_step_description(const sdqes_step* step);
 SDQES_API void sdqes_step_close(sdqes_step* step);

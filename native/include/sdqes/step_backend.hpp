@@ -21,6 +21,12 @@ class StepBackend {
   // frame: [B, 3, R, R] floats; returns the embeddings [B, E]; the state is carried to the next call.
   virtual const std::vector<float>& step(const std::vector<float>& frame) = 0;
   virtual void reset() = 0;
+  // A graph exported for several streams (--batch B) steps them all at once, each its own rows of every state
+  // tensor ([B*L, ...], stream-major). Called after a step: the streams in `idle` (0 <= b < B) had no frame, and get
+  // back the state that step read, as if it had not run for them (the Python runtime's keep_streams).
+  virtual void keep_streams(const std::vector<int>& idle) = 0;
+  // One stream's state back to its initial value (a new scene on that camera) for the next step; the others kept.
+  virtual void reset_stream(int stream) = 0;
   // Steps a blank frame through each state buffer set, then resets the state: the first runs' one-off work
   // (TensorRT's, ONNX Runtime's allocations) does not land on the first real frame, the one an alert may hang on.
   virtual void warm_up() = 0;
@@ -60,9 +66,16 @@ struct OpenedStep {
 OpenedStep open_step(const Bundle& bundle, const QueryTable& queries, const std::string& backend,
                      const std::string& precision, int threads = 0);
 
-// p = sigmoid(cos) of each query for the first stream of the step that gave `embedding`: the graph's own cosines
-// where it scores the queries itself, else the embedding against their embeddings.
+// p = sigmoid(cos) of each query for `stream` of the step that gave `embedding` ([B, E]): the graph's own cosines
+// where it scores the queries itself, else the stream's embedding against their embeddings.
 std::vector<float> query_probabilities(const StepBackend& backend, const std::vector<float>& embedding,
-                                       const QueryTable& queries);
+                                       const QueryTable& queries, int stream = 0);
+
+// Stream b's bytes of a state tensor of `streams` streams (stream-major: each stream one contiguous block). An
+// Error where `stream` is not one of them.
+struct StreamBytes {
+  size_t offset, size;
+};
+StreamBytes stream_bytes(size_t tensor_bytes, int streams, int stream);
 
 }  // namespace sdqes

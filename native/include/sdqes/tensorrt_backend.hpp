@@ -23,6 +23,9 @@ class TensorRTStep : public StepBackend {
   // The embeddings on the host; the state stays on the device.
   const std::vector<float>& step(const std::vector<float>& frame) override;
   void reset() override;
+  // Device-to-device copies of the idle streams' rows, queued before the next step on the same CUDA stream.
+  void keep_streams(const std::vector<int>& idle) override;
+  void reset_stream(int stream) override;
   void warm_up() override;
 
  private:
