@@ -1,17 +1,25 @@
 """The native (C++) build the native tests share: built once a session, with sdqes-run's ONNX Runtime backend where
 it can be (ONNX Runtime's C API headers, as `build-ort-ops` fetches them, and the library the onnxruntime wheel
-carries), so that sdqes-run's whole streaming loop runs here, where TensorRT cannot."""
+carries), so that sdqes-run's whole streaming loop runs here, where TensorRT cannot; and the bundles, video and
+Python runtime's alerts that sdqes-run's tests and the C API's compare with."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+from runtime_fixtures import write_video
 
+from sdqes_edge.cli import run
+from sdqes_edge.export import ExportOptions, Query, export_bundle
 from sdqes_edge.runtime.ort_releases import onnxruntime_release
+from sdqes_edge.sample import sample_frames
+from sdqes_edge.traces import load_scores
 
 REPO = Path(__file__).resolve().parents[1]
 ORT_OPS_BUILD = REPO / "runtime" / "ort_ops" / "build.sh"
@@ -74,3 +82,51 @@ def sdqes_run_on_the_cpu(native_build) -> Path:
     if ONNXRUNTIME_LEFT_OUT.get("reason"):
         pytest.skip("sdqes-run was built without ONNX Runtime: " + ONNXRUNTIME_LEFT_OUT["reason"])
     return native_build / "sdqes-run"
+
+
+# What sdqes-run's tests and the C API's stream, made once a session: `bundles` (`bundle`, its plain one) and
+# `video`; a module with fixtures of these names of its own uses its own. The queries are encoded into the
+# bundles: sdqes-run and the C API have no text encoder.
+QUERIES = (Query("When I start to clean the table, remind me to wash my hands.", "Wash your hands."),
+           Query("Tell me when the kettle boils.", "Tea!"))
+
+
+@pytest.fixture(scope="session")
+def bundles(tmp_path_factory) -> dict[str, str]:
+    """One tiny QRNN model sampling at 5 fps, with two queries encoded into it (sdqes-run has no text encoder):
+    "plain", and "fused" (exported with --fuse-queries: its step graph scores the queries itself)."""
+    from conftest import random_model  # here: conftest names this module among its plugins
+
+    root = tmp_path_factory.mktemp("native-ort")
+    for name in ("plain", "fused"):
+        export_bundle(random_model("qrnn"), root / name, ExportOptions(show_progress=False, fps=5.0, verify_frames=16,
+                                                                       queries=QUERIES, fuse_queries=name == "fused"),
+                      log=lambda m: None)
+    return {name: str(root / name) for name in ("plain", "fused")}
+
+
+@pytest.fixture(scope="session")
+def bundle(bundles) -> str:
+    return bundles["plain"]
+
+
+@pytest.fixture(scope="session")
+def video(tmp_path_factory) -> str:
+    """15 s of the sample scene at 10 fps: 75 steps at the bundle's 5."""
+    return str(write_video(tmp_path_factory.mktemp("native-video") / "kitchen.avi", sample_frames(150, 96, 128)))
+
+
+def alerts(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def python_alerts_at_a_busy_threshold(bundle: str, video: str, tmp_path: Path) -> tuple[str, list[dict]]:
+    """A threshold the first query's score crosses again and again (its median over the video), and the alerts
+    `sdqes-edge run` gives at it: a state carried wrong, or not at all, would move a crossing."""
+    assert run(["run", bundle, "--source", video, "--scores", str(tmp_path / "scores"), "--quiet"]) == 0
+    probs = np.asarray(load_scores(next((tmp_path / "scores").glob("*.npz"))).probs)
+    threshold = f"{np.median(probs[:, 0]):.6f}"
+    log = tmp_path / "python.jsonl"
+    assert run(["run", bundle, "--source", video, "--threshold", threshold, "--events", str(log), "--quiet"]) == 0
+    assert len(alerts(log)) >= 4, "the threshold is crossed too seldom to show anything"
+    return threshold, alerts(log)

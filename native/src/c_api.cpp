@@ -2,6 +2,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -28,6 +29,9 @@ struct sdqes_step {
   std::vector<float> probabilities;      // [B, Q] of the last step: an idle stream's row NaN
   std::vector<const float*> one_stream;  // sdqes_step_run's frames: the caller's as stream 0, the others idle
   std::vector<int> idle;                 // the streams the step being run has no frame for
+  // Held by every call that steps or resets: a caller's threads (a ROS 2 node's callbacks, one per camera) may share
+  // a step, each call then whole, as the Python runtime's detector takes its lock.
+  std::mutex busy;
 };
 
 namespace {
@@ -207,6 +211,7 @@ int sdqes_step_run(sdqes_step* step, const float* frame, float* probabilities, c
     return 1;
   }
   try {
+    const std::lock_guard<std::mutex> whole(step->busy);
     step->one_stream[0] = frame;
     step_streams(*step, step->one_stream.data());
     std::copy_n(step->probabilities.begin(), step->queries.texts.size(), probabilities);
@@ -229,6 +234,7 @@ int sdqes_step_run_streams(sdqes_step* step, const float* const* frames, float* 
     return 1;
   }
   try {
+    const std::lock_guard<std::mutex> whole(step->busy);
     step_streams(*step, frames);
     std::copy(step->probabilities.begin(), step->probabilities.end(), probabilities);
     return 0;
@@ -240,6 +246,7 @@ int sdqes_step_run_streams(sdqes_step* step, const float* const* frames, float* 
 
 int sdqes_step_reset(sdqes_step* step) {
   if (!step) return -1;
+  const std::lock_guard<std::mutex> whole(step->busy);
   step->opened.backend->reset();
   return 0;
 }
@@ -250,6 +257,7 @@ int sdqes_step_reset_stream(sdqes_step* step, int stream, char* error, size_t er
     return 1;
   }
   try {
+    const std::lock_guard<std::mutex> whole(step->busy);
     step->opened.backend->reset_stream(stream);
     return 0;
   } catch (const std::exception& e) {

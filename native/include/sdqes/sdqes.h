@@ -56,7 +56,9 @@ SDQES_API void sdqes_alert_free(sdqes_alert* alert);
  * "tensorrt" (the engine sdqes-edge build-engine built for this GPU) or "onnxruntime" (the ONNX graph on the CPU),
  * NULL: TensorRT where this library was built with it, else ONNX Runtime; precision "fp16", "fp32" or "int8", NULL:
  * fp16 on TensorRT, fp32 on ONNX Runtime; threads: ONNX Runtime's (0: one per core). It keeps what it needs of the
- * bundle, which may be closed after. */
+ * bundle, which may be closed after. Threads may share a step: each call that steps or resets it runs whole, one at a
+ * time, and sdqes_step_close comes after the others' last call. (A call steps the whole graph: one call with every
+ * camera's frame costs what one with a single camera's does.) */
 SDQES_API sdqes_step* sdqes_step_open(const sdqes_bundle* bundle, const char* backend, const char* precision,
                                       int threads, char* error, size_t error_size);
 /* One frame (sdqes_preprocess's 3*R*R floats) stepped, the state carried to the next call: `probabilities` gets
