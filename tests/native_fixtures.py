@@ -130,3 +130,19 @@ def python_alerts_at_a_busy_threshold(bundle: str, video: str, tmp_path: Path) -
     assert run(["run", bundle, "--source", video, "--threshold", threshold, "--events", str(log), "--quiet"]) == 0
     assert len(alerts(log)) >= 4, "the threshold is crossed too seldom to show anything"
     return threshold, alerts(log)
+
+
+STREAMS = 3  # the streams three_camera_bundles step at once
+
+
+@pytest.fixture(scope="session")
+def three_camera_bundles(tmp_path_factory) -> dict[str, Path]:
+    """The tiny QRNN model of `bundles` exported with --batch 3, three cameras in one graph: "plain" and "fused"."""
+    from conftest import random_model
+
+    root = tmp_path_factory.mktemp("three-cameras")
+    for name in ("plain", "fused"):
+        export_bundle(random_model("qrnn"), root / name,
+                      ExportOptions(show_progress=False, fps=5.0, verify_frames=16, batch=STREAMS, queries=QUERIES,
+                                    fuse_queries=name == "fused"), log=lambda m: None)
+    return {name: root / name for name in ("plain", "fused")}

@@ -9,11 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_model
-from native_fixtures import QUERIES, python_alerts_at_a_busy_threshold
+from native_fixtures import QUERIES, STREAMS, python_alerts_at_a_busy_threshold
 
 from sdqes_edge.cli import run
-from sdqes_edge.export import ExportOptions, export_bundle
 from sdqes_edge.runtime.sinks import Sink
 from sdqes_edge.traces import load_scores
 
@@ -103,9 +101,6 @@ def test_the_c_api_steps_a_bundle_to_the_probabilities_sdqes_edge_run_gives_ever
     api.step_close(step)
 
 
-STREAMS = 3
-
-
 def three_streams(frames: int, t: int) -> list[int | None]:
     """Which sampled frame each of three cameras gives at step t, None where it gives none: stream 0 the video in
     order, stream 1 backwards and idle every third step, stream 2 from a third of the way in and idle for ten steps
@@ -122,17 +117,6 @@ class StreamProbabilities(Sink):
 
     def on_frame(self, stream, frame_bgr, time_s, probs, events):
         self.got[stream] = list(probs.values())
-
-
-@pytest.fixture(scope="module")
-def three_camera_bundles(tmp_path_factory) -> dict[str, Path]:
-    """The tiny QRNN model of `bundles` exported with --batch 3: "plain" and "fused"."""
-    root = tmp_path_factory.mktemp("three-cameras")
-    for name in ("plain", "fused"):
-        export_bundle(random_model("qrnn"), root / name,
-                      ExportOptions(show_progress=False, fps=5.0, verify_frames=16, batch=STREAMS, queries=QUERIES,
-                                    fuse_queries=name == "fused"), log=lambda m: None)
-    return {name: root / name for name in ("plain", "fused")}
 
 
 def preprocessed(api: CApi, bundle, images: list[np.ndarray]) -> list[np.ndarray]:

@@ -1,7 +1,7 @@
 """sdqes-run's whole streaming loop, run here on its ONNX Runtime backend (TensorRT cannot run here): it alerts on a
 video frame for frame as `sdqes-edge run` does (a bundle exported with --fuse-queries too), keeps each query's
-alert state across a restart (--state), and on a live stream tells systemd it is ready and stops on SIGTERM with
-143, its alert log complete."""
+alert state across a restart (--state), streams several sources in one graph as `sdqes-edge run` does, and on a live
+stream tells systemd it is ready and stops on SIGTERM with 143, its alert log complete."""
 
 from __future__ import annotations
 
@@ -12,11 +12,21 @@ import socket
 import subprocess
 import time
 
+import numpy as np
 import pytest
 from native_fixtures import alerts, python_alerts_at_a_busy_threshold
 
 # What an alert line says besides its score, which the two runtimes compute apart (compared to 1e-5).
 ALERT_FIELDS = ("query_id", "query", "message", "stream", "frame_index", "stream_time", "threshold", "label")
+
+
+def same_alerts(native: list[dict], python: list[dict]) -> float:
+    """Each native alert on the Python one's frame with its fields (ALERT_FIELDS); -> the largest score difference,
+    held under 1e-5 (the two runtimes compute the score apart)."""
+    assert [[a[k] for k in ALERT_FIELDS] for a in native] == [[a[k] for k in ALERT_FIELDS] for a in python]
+    largest = max(abs(a["score"] - b["score"]) for a, b in zip(native, python))
+    assert largest < 1e-5
+    return largest
 
 
 @pytest.mark.parametrize("kind", ["plain", "fused"])
@@ -35,11 +45,9 @@ def test_sdqes_run_on_onnx_runtime_alerts_frame_for_frame_as_sdqes_edge_run_does
     assert "(ONNX Runtime " in done.stderr and f"on the CPU, step.fp32.onnx{fused_words})" in done.stderr
     assert done.stderr.strip().splitlines()[-1] == "done: 75 frames"
     native = alerts(native_log)
-    assert [[a[k] for k in ALERT_FIELDS] for a in native] == [[a[k] for k in ALERT_FIELDS] for a in python]
-    largest = max(abs(a["score"] - b["score"]) for a, b in zip(native, python))
+    largest = same_alerts(native, python)
     print(f"\n{kind}: {len(native)} alerts over 75 frames at threshold {threshold}, on the same frames; scores "
           f"within {largest:.1e}")
-    assert largest < 1e-5
 
 
 def test_a_restarted_sdqes_run_keeps_each_querys_alert_count_with_state(sdqes_run_on_the_cpu, bundle, video,
@@ -89,3 +97,49 @@ def test_sdqes_run_on_a_live_stream_tells_systemd_it_is_ready_and_stops_on_sigte
     assert "; Ctrl-C to stop" in said and "sdqes-run: interrupted (SIGTERM) after " in said, said
     assert told and told[-1].startswith("STOPPING=1\nSTATUS=stopping after "), told
     assert [a["message"] for a in alerts(log)] == ["Wash your hands.", "Tea!"]  # whole lines, each query once
+
+
+def test_sdqes_run_streams_several_sources_in_one_graph_as_sdqes_edge_run_does(sdqes_run_on_the_cpu,
+                                                                              three_camera_bundles, video, tmp_path):
+    """Two videos of different lengths through a bundle that steps three streams: every step takes a frame of each
+    source, the shorter one idles (its memory kept) once it has ended, and the third stream idles throughout.
+    Every alert of either stream falls on `sdqes-edge run --source A --source B`'s frame, with its fields; --state
+    keeps a file for each stream beside the one named; sources named alike are named apart; more sources than streams
+    are refused in one line."""
+    from runtime_fixtures import write_video
+
+    from sdqes_edge.cli import run
+    from sdqes_edge.sample import sample_frames
+    from sdqes_edge.traces import load_scores
+
+    bundle = str(three_camera_bundles["plain"])
+    garage = str(write_video(tmp_path / "garage.avi", sample_frames(150, 96, 128)[::-1][:80].copy()))  # 40 steps
+    sources = ["--source", video, "--source", garage]
+    assert run(["run", bundle, *sources, "--scores", str(tmp_path / "scores"), "--quiet"]) == 0
+    probs = np.concatenate([load_scores(tmp_path / "scores" / f"{name}.npz").probs for name in ("kitchen", "garage")])
+    threshold = f"{np.median(probs[:, 0]):.6f}"  # crossed again and again in both streams
+    assert run(["run", bundle, *sources, "--threshold", threshold, "--events", str(tmp_path / "python.jsonl"),
+                "--quiet"]) == 0
+    python = alerts(tmp_path / "python.jsonl")
+    assert {a["stream"] for a in python} == {"kitchen", "garage"} and len(python) >= 8
+    native_log, state = tmp_path / "native.jsonl", tmp_path / "state.json"
+    done = subprocess.run([str(sdqes_run_on_the_cpu), bundle, *sources, "--threshold", threshold, "--events",
+                           str(native_log), "--state", str(state)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "streaming kitchen, garage at 5 fps with 2 queries" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "done: 75 frames"  # steps: the longer source's frames
+    native = alerts(native_log)
+    largest = same_alerts(native, python)
+    print(f"\ntwo sources: {len(native)} alerts at threshold {threshold}, on the same frames; scores within "
+          f"{largest:.1e}")
+    assert not state.exists() and all(json.loads((tmp_path / f"state.{name}.json").read_text())["alerts"]
+                                      for name in ("kitchen", "garage"))
+    twice = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--source", video, "--max-frames",
+                            "3", "--state", str(tmp_path / "again.json")], capture_output=True, text=True, timeout=300)
+    assert twice.returncode == 0, twice.stderr  # named apart, as `sdqes-edge run` names them
+    assert "several sources have the same name; in alerts and outputs they are called kitchen, kitchen-2" in \
+        twice.stderr and {f.name for f in tmp_path.glob("again.*")} == {"again.kitchen.json", "again.kitchen-2.json"}
+    too_many = subprocess.run([str(sdqes_run_on_the_cpu), bundle, *sources, *sources], capture_output=True, text=True,
+                              timeout=60)
+    assert too_many.returncode == 2 and too_many.stderr.strip() == (
+        "sdqes-run: error: 4 sources but the bundle steps 3 stream(s) at once; re-export with --batch 4")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,22 @@ std::string source_kind(const std::string& source) {
   if (!exists) return source == "/dev" || starts_with(source, "/dev/") ? "missing camera" : "missing";
   if (fs::is_directory(status)) return "folder";
   return fs::is_character_file(status) ? "device" : "file";
+}
+
+std::vector<std::string> give_distinct_names(std::vector<std::string>& names) {
+  std::set<std::string> taken(names.begin(), names.end()), seen;
+  std::vector<std::string> renamed;
+  for (auto& name : names) {
+    if (seen.count(name)) {
+      int n = 2;
+      while (taken.count(name + "-" + std::to_string(n))) ++n;
+      name += "-" + std::to_string(n);
+      taken.insert(name);
+      renamed.push_back(name);
+    }
+    seen.insert(name);
+  }
+  return renamed;
 }
 
 std::string video_file_name(const std::string& location) {

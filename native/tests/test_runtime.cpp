@@ -193,6 +193,15 @@ TEST(SourceNames, SdqesRunNamesAStreamAsLiveAndAnythingElseAsAFile) {
   EXPECT_EQ(sdqes::source_name("/dev/video0"), "video0");
 }
 
+TEST(SourceNames, SourcesNamedAlikeAreRenamedAsThePythonRuntimeRenamesThem) {
+  std::vector<std::string> names{"clip", "clip", "garage", "clip", "clip-2"};
+  // "clip-2" is taken by the last source, so the second "clip" is "clip-3" (runtime/sources.py gives the same).
+  EXPECT_EQ(sdqes::give_distinct_names(names), (std::vector<std::string>{"clip-3", "clip-4"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"clip", "clip-3", "garage", "clip-4", "clip-2"}));
+  std::vector<std::string> distinct{"kitchen", "garage"};
+  EXPECT_TRUE(sdqes::give_distinct_names(distinct).empty());
+}
+
 TEST(Alerts, ABadPolicyIsRefused) {
   sdqes::AlertPolicy policy;
   policy.threshold = 1.5;

@@ -1,6 +1,7 @@
 // sdqes-run: `sdqes-edge run` for C++ robots, on a bundle's TensorRT engine, or its ONNX graph on the CPU.
-//   sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--backend tensorrt|onnxruntime] [--precision fp16] [--threshold X]
-//             [--exit-threshold X] [--cooldown S] [--max-alerts K] [--events FILE] [--state FILE] [--max-frames N]
+//   sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--source ...] [--backend tensorrt|onnxruntime] [--precision fp16]
+//             [--threshold X] [--exit-threshold X] [--cooldown S] [--max-alerts K] [--events FILE] [--state FILE]
+//             [--max-frames N]
 // Queries come pre-encoded in the bundle (sdqes-edge export --query ...). A user's mistake is one line on
 // stderr and exit code 2; a camera or stream that cannot be opened, or that stopped sending frames and did not
 // come back, exit code 1 (the machine's state: a service manager starts the run again), as `sdqes-edge run`.
@@ -33,16 +34,20 @@
 namespace {
 
 const char* kUsage =
-    "usage: sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--backend tensorrt|onnxruntime] [--precision fp16|fp32|int8]\n"
-    "                 [--threshold X] [--exit-threshold X] [--cooldown S] [--max-alerts K] [--events FILE]\n"
-    "                 [--state FILE] [--max-frames N] [--threads N]\n"
+    "usage: sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--source ...] [--backend tensorrt|onnxruntime]\n"
+    "                 [--precision fp16|fp32|int8] [--threshold X] [--exit-threshold X] [--cooldown S]\n"
+    "                 [--max-alerts K] [--events FILE] [--state FILE] [--max-frames N] [--threads N]\n"
     "--backend: tensorrt steps the bundle's engine for this GPU (sdqes-edge build-engine); onnxruntime steps its\n"
     "ONNX graph on the CPU. The default is the first this sdqes-run was built with. --precision: fp16 on TensorRT,\n"
     "fp32 on ONNX Runtime unless given. --threads: ONNX Runtime's threads (default: one per core).\n"
+    "--source again: several streams stepped together in one graph, a frame of each per step (a bundle exported\n"
+    "with --batch N for N sources); a source that ends idles, its stream's memory kept, until every one has ended.\n"
     "--state FILE keeps each query's alert state across a restart (--max-alerts, hysteresis, cooldown): read at the\n"
-    "start where it exists, written after an alert (at most every 5 s) and when the stream ends or is stopped.\n";
+    "start where it exists, written after an alert (at most every 5 s) and when the stream ends or is stopped; with\n"
+    "several sources, a file beside it for each (state.json -> state.kitchen.json).\n";
 
-std::map<std::string, std::string> parse(int argc, char** argv, std::string& bundle) {
+std::map<std::string, std::string> parse(int argc, char** argv, std::string& bundle,
+                                         std::vector<std::string>& sources) {
   std::map<std::string, std::string> options;
   const std::map<std::string, bool> known{{"--source", true}, {"--precision", true}, {"--threshold", true},
                                           {"--exit-threshold", true}, {"--cooldown", true}, {"--max-alerts", true},
@@ -58,6 +63,7 @@ std::map<std::string, std::string> parse(int argc, char** argv, std::string& bun
       if (!known.count(arg)) throw sdqes::Error("unknown option " + arg + " (see sdqes-run --help)");
       if (i + 1 >= argc) throw sdqes::Error(arg + " needs a value");
       options[arg] = argv[++i];
+      if (arg == "--source") sources.push_back(options[arg]);  // repeated for several streams
     } else if (bundle.empty()) {
       bundle = arg;
     } else {
@@ -180,23 +186,21 @@ std::shared_ptr<sdqes::LiveCapture> live_capture(const std::shared_ptr<cv::Video
 
 void say(const std::string& line) { std::cerr << "sdqes-run: " << line << std::endl; }
 
-// Steps the engine and raises the queries' alerts, each written to the JSONL sink (when there is one) and printed.
-struct Alerting {
-  const sdqes::OpenedStep& engine;
+// One stream's alerts: each query's alert state; an alert raised is written to the JSONL sink (when there is one),
+// then printed.
+struct StreamAlerts {
   const sdqes::QueryTable& queries;
-  std::vector<sdqes::AlertState>& states;
+  std::vector<sdqes::AlertState> states;
   sdqes::JsonlSink* sink;
   std::string stream_name;
-  int64_t stepped = 0;  // frames stepped so far: the next one's index
-  int64_t raised = 0;   // alerts raised so far
-  double last_time = 0.0;  // the last step's stream time
+  bool named_when_printed;  // several streams: each printed alert says whose it is
+  int64_t stepped = 0;      // frames of this stream stepped so far: the next one's index
+  int64_t raised = 0;       // alerts raised so far
+  double last_time = 0.0;   // the last step's stream time
 
-  // One step on `batch` at stream time `time`; latency counted from `since`, when its frame was in hand.
-  void step_at(const std::vector<float>& batch, double time, std::chrono::steady_clock::time_point since) {
+  // The queries' probabilities on this stream's frame at stream time `time`, `latency` ms after it was in hand.
+  void update(const std::vector<float>& probs, double time, double latency) {
     last_time = time;
-    const auto& embedding = engine.backend->step(batch);
-    const auto probs = sdqes::query_probabilities(*engine.backend, embedding, queries);
-    const double latency = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
     for (size_t q = 0; q < probs.size(); ++q) {
       if (!std::isfinite(probs[q])) throw sdqes::Error("the model produced a non-finite score; stopping the stream");
       if (!states[q].update(probs[q], time)) continue;
@@ -205,38 +209,37 @@ struct Alerting {
                           states[q].policy().threshold,
                           queries.labels[q].empty() ? std::nullopt : std::optional<std::string>(queries.labels[q])};
       if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
-      std::cout << "[" << time << " s] " << e.message << "  (p=" << e.score << ")" << std::endl;
+      std::cout << "[" << (named_when_printed ? stream_name + " " : "") << time << " s] " << e.message
+                << "  (p=" << e.score << ")" << std::endl;
       ++raised;
     }
     ++stepped;
   }
 };
 
-// --state: each query's alert state written after an alert (at most every kAlertStateEveryS, so that a power cut or a
+// --state: a stream's alert states written after an alert (at most every kAlertStateEveryS, so that a power cut or a
 // kill keeps each alert's count and time) and when the stream ends or is stopped.
 struct StateSaver {
-  const sdqes::AlertStateFile* file;
-  const sdqes::QueryTable& queries;
-  const std::vector<sdqes::AlertState>& states;
+  std::optional<sdqes::AlertStateFile> file;
   int64_t saved_raised = 0;  // alerts raised when it was last written
   std::chrono::steady_clock::time_point saved_at = std::chrono::steady_clock::time_point::min();
 
-  void after_frame(const Alerting& alerting) {
-    if (file == nullptr || alerting.raised == saved_raised) return;
+  void after_frame(const StreamAlerts& alerts) {
+    if (!file || alerts.raised == saved_raised) return;
     const auto now = std::chrono::steady_clock::now();
     if (saved_at != std::chrono::steady_clock::time_point::min() &&
         std::chrono::duration<double>(now - saved_at).count() < sdqes::kAlertStateEveryS) {
       return;  // written at the next frame past the interval
     }
-    if (save(alerting.last_time)) saved_raised = alerting.raised;
+    if (save(alerts)) saved_raised = alerts.raised;
     saved_at = now;
   }
 
   // -> whether it was written; a failure is said and the stream goes on (its alerts matter more than the file).
-  bool save(double stream_time) const {
-    if (file == nullptr) return false;
+  bool save(const StreamAlerts& alerts) const {
+    if (!file) return false;
     try {
-      file->save(queries, states, stream_time);
+      file->save(alerts.queries, alerts.states, alerts.last_time);
       return true;
     } catch (const sdqes::Error& e) {
       std::cerr << "sdqes-run: warning: " << e.what() << std::endl;
@@ -247,36 +250,6 @@ struct StateSaver {
 
 // How often `systemctl status` hears how the run is doing: one datagram, so as often as a terminal's status line.
 constexpr std::chrono::seconds kStatusEvery{5};
-
-// "29.8 frames/s, dropped 0, 1 alert": `systemctl status`'s line, `sdqes-edge run`'s without its latency percentiles.
-std::string status_line(const Alerting& alerting, double seconds, int64_t dropped) {
-  std::ostringstream line;
-  line << std::fixed << std::setprecision(1) << (seconds > 0 ? alerting.stepped / seconds : 0.0)
-       << " frames/s, dropped " << dropped << ", " << alerting.raised << (alerting.raised == 1 ? " alert" : " alerts");
-  return line.str();
-}
-
-// The run's last line on stderr, and its exit status: 128 + a signal; 1 for a live source lost for good (a failure,
-// so a service manager starts the run again); else 0.
-int report_end(const sdqes::StopOnSignal& stop, const std::string& stream_name, int64_t index, int64_t dropped,
-               bool lost) {
-  const std::string dropped_words =
-      dropped ? ", " + std::to_string(dropped) + " frames dropped (the engine is slower than the source)" : "";
-  if (stop.requested()) {
-    std::cerr << "sdqes-run: interrupted (" << stop.signal_name() << ") after " << index << " frames"
-              << dropped_words << std::endl;
-    return stop.exit_code();
-  }
-  if (lost) {  // a live source never ends: it went away; a failure, so a service manager starts the run again
-    const size_t attempts = sdqes::reconnect_delays_s().size();
-    std::cerr << "sdqes-run: error: " << stream_name << " stopped sending frames and did not come back after "
-              << attempts << " reconnection attempts: the stream ended there after " << index
-              << " frames, every output complete (exit status 1)" << std::endl;
-    return 1;
-  }
-  std::cerr << "done: " << index << " frames" << dropped_words << std::endl;
-  return 0;
-}
 
 // The source opened, whether it is read live, and what alerts call it (the JSONL `stream`, as `sdqes-edge run` calls
 // it; a URL's password never shown).
@@ -301,85 +274,217 @@ OpenSource open_source(const Source& source) {
   return {video, live, name};
 }
 
-// Steps the engine on the source's frames and raises the queries' alerts until the source ends, --max-frames, or a
-// signal. A live source is read on a thread of its own (sdqes::LiveReader), stamped by the wall clock: the loop
-// always steps on its newest sampled frame, each once, and counts the ones it had no time for as dropped.
-int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries, std::vector<sdqes::AlertState>& states,
-           const Source& source, const sdqes::OpenedStep& engine, int64_t max_frames, const std::string& events,
-           const sdqes::AlertStateFile* state_file) {
-  const OpenSource opened = open_source(source);
-  const auto& [video, live, stream_name] = opened;
-  if (state_file) state_file->restore(queries, states, say);
+// The file --state keeps a stream's alert states in: the path given for one source; for several, one beside it
+// named for each stream (state.json -> state.kitchen.json), as `sdqes-edge run` names its per-source outputs.
+std::filesystem::path state_path_of(const std::filesystem::path& given, const std::string& name, size_t sources) {
+  if (sources == 1) return given;
+  return given.parent_path() / (given.stem().string() + "." + name + given.extension().string());
+}
+
+// One --source as the loop steps it: its frames (a file's read on the loop's thread, each sample time stepped; a live
+// source's on a thread of its own, sdqes::LiveReader, stamped by the wall clock, each frame stepped once, the ones the
+// loop had no time for dropped), its stream's alerts and its --state file.
+struct StreamSource {
+  StreamSource(OpenSource source, StreamAlerts stream_alerts)
+      : opened(std::move(source)), alerts(std::move(stream_alerts)) {}
+
+  OpenSource opened;
+  StreamAlerts alerts;
+  StateSaver saver;
+  std::optional<FileFrames> file;
+  std::unique_ptr<sdqes::LiveReader> reader;
+  std::vector<float> frame;  // the frame in hand, preprocessed
+  std::chrono::steady_clock::time_point in_hand;
+  double stamp = 0.0;   // a live frame's wall-clock time
+  int64_t repeats = 0;  // sample times a file's frame in hand still serves (a video slower than the bundle)
+  bool ended = false;
+
+  // The next sample time's frame, preprocessed into `frame`; false once the source has ended or the run is stopped.
+  bool next(const sdqes::Bundle& bundle, const sdqes::StopOnSignal& stop) {
+    if (ended) return false;
+    if (repeats > 0) {  // a repeated frame: in hand as the sample time comes
+      --repeats;
+      in_hand = std::chrono::steady_clock::now();
+      return true;
+    }
+    cv::Mat image;
+    int64_t serves = 1;  // a live frame steps once: repeating a stale frame would put the model behind the world
+    if (file) {
+      ended = !file->next(image, serves);
+    } else {
+      sdqes::LatestFrame::Frame taken;
+      ended = !reader->frames().take(taken, [&stop] { return stop.requested(); });
+      image = taken.image;
+      stamp = taken.stamp;
+    }
+    if (ended) return false;
+    in_hand = std::chrono::steady_clock::now();
+    frame = sdqes::preprocess(image, bundle.image_size, bundle.preprocess);
+    repeats = serves - 1;
+    return true;
+  }
+
+  // This stream's time at its next step: a live frame's stamp, a file's sample time.
+  double time(double period) const { return reader ? stamp : alerts.stepped * period; }
+  bool lost() const { return reader && reader->frames().lost(); }
+  int64_t dropped() const { return reader ? reader->frames().dropped() : 0; }
+};
+
+std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
+                                                        const std::vector<sdqes::AlertState>& policies,
+                                                        const std::vector<Source>& sources, sdqes::JsonlSink* sink,
+                                                        const std::optional<std::filesystem::path>& state_path) {
+  std::vector<OpenSource> opens;
+  std::vector<std::string> names;
+  for (const Source& source : sources) {
+    opens.push_back(open_source(source));
+    names.push_back(opens.back().name);
+  }
+  if (!sdqes::give_distinct_names(names).empty()) {  // alerts and --state files are named after their source
+    std::cerr << "sdqes-run: note: several sources have the same name; in alerts and outputs they are called ";
+    for (size_t s = 0; s < names.size(); ++s) std::cerr << (s ? ", " : "") << names[s];
+    std::cerr << std::endl;
+  }
+  std::vector<std::unique_ptr<StreamSource>> opened;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    const Source& source = sources[s];
+    const std::string& name = names[s];
+    opens[s].name = name;
+    opened.push_back(std::make_unique<StreamSource>(std::move(opens[s]),
+                                                    StreamAlerts{queries, policies, sink, name, sources.size() > 1}));
+    auto& stream = *opened.back();
+    if (state_path) {
+      stream.saver.file.emplace(state_path_of(*state_path, name, sources.size()));
+      stream.saver.file->restore(queries, stream.alerts.states, say);
+    }
+    const double native_fps = stream.opened.live ? 0.0 : stream.opened.video->get(cv::CAP_PROP_FPS);
+    if (native_fps > 0 && native_fps < bundle.fps) {
+      std::cerr << "sdqes-run: note: " << source.shown << " has " << native_fps << " frames per second, fewer than "
+                << "the " << bundle.fps << " the bundle samples: each frame is repeated for the sample times it covers"
+                << std::endl;
+    }
+  }
+  return opened;
+}
+
+// "29.8 frames/s, dropped 0, 1 alert": `systemctl status`'s line, `sdqes-edge run`'s without its latency percentiles.
+std::string status_line(const std::vector<std::unique_ptr<StreamSource>>& streams, int64_t steps, double seconds) {
+  int64_t dropped = 0, raised = 0;
+  for (const auto& s : streams) {
+    dropped += s->dropped();
+    raised += s->alerts.raised;
+  }
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(1) << (seconds > 0 ? steps / seconds : 0.0) << " frames/s, dropped "
+       << dropped << ", " << raised << (raised == 1 ? " alert" : " alerts");
+  return line.str();
+}
+
+// The run's last lines on stderr, and its exit status: 128 + a signal; 1 where a live source was lost for good (a
+// failure, so a service manager starts the run again); else 0.
+int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_ptr<StreamSource>>& streams,
+               int64_t steps) {
+  int64_t dropped = 0;
+  for (const auto& s : streams) dropped += s->dropped();
+  const std::string dropped_words =
+      dropped ? ", " + std::to_string(dropped) + " frames dropped (the engine is slower than the source)" : "";
+  if (stop.requested()) {
+    std::cerr << "sdqes-run: interrupted (" << stop.signal_name() << ") after " << steps << " frames"
+              << dropped_words << std::endl;
+    return stop.exit_code();
+  }
+  bool lost = false;
+  for (const auto& s : streams) {
+    if (!s->lost()) continue;  // a live source never ends: it went away
+    lost = true;
+    std::cerr << "sdqes-run: error: " << s->opened.name << " stopped sending frames and did not come back after "
+              << sdqes::reconnect_delays_s().size() << " reconnection attempts: the stream ended there after "
+              << s->alerts.stepped << " frames, every output complete (exit status 1)" << std::endl;
+  }
+  if (lost) return 1;
+  std::cerr << "done: " << steps << " frames" << dropped_words << std::endl;
+  return 0;
+}
+
+// Steps the engine on the sources' frames, a stream each, and raises each stream's alerts until every source ends,
+// --max-frames, or a signal. Each step takes every source's next frame, as `sdqes-edge run` does; a source that has
+// ended idles (its stream's state kept), and the extra streams of a bundle exported for more idle throughout.
+int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
+           const std::vector<sdqes::AlertState>& policies, const std::vector<Source>& sources,
+           const sdqes::OpenedStep& engine, int64_t max_frames, const std::string& events,
+           const std::optional<std::filesystem::path>& state_path) {
   std::unique_ptr<sdqes::JsonlSink> sink;
   if (!events.empty()) sink = std::make_unique<sdqes::JsonlSink>(events);
+  auto streams = open_sources(bundle, queries, policies, sources, sink.get(), state_path);
   const double period = 1.0 / bundle.fps;
-  const double native_fps = live ? 0.0 : video->get(cv::CAP_PROP_FPS);
-  if (native_fps > 0 && native_fps < bundle.fps) {
-    std::cerr << "sdqes-run: note: " << source.shown << " has " << native_fps << " frames per second, fewer than the "
-              << bundle.fps << " the bundle samples: each frame is repeated for the sample times it covers"
-              << std::endl;
-  }
   const sdqes::StopOnSignal stop;  // Ctrl-C, docker stop, systemd: the frame in hand is finished, then the loop ends
-  std::optional<FileFrames> file;
-  std::unique_ptr<sdqes::LiveReader> reader;  // its clock starts here, after the warm-up
-  if (live) {
-    reader = std::make_unique<sdqes::LiveReader>(live_capture(video, source), stream_name, period, say);
-  } else {
-    file.emplace(*video, period);
+  bool any_live = false;
+  for (size_t s = 0; s < sources.size(); ++s) {  // each reader's clock starts here, after the warm-up
+    auto& stream = *streams[s];
+    any_live = any_live || stream.opened.live;
+    if (stream.opened.live) {
+      stream.reader = std::make_unique<sdqes::LiveReader>(live_capture(stream.opened.video, sources[s]),
+                                                          stream.opened.name, period, say);
+    } else {
+      stream.file.emplace(*stream.opened.video, period);
+    }
   }
-  // The next frame, when it was taken (a live frame's), and how many sample times it is stepped for.
-  const auto next = [&](cv::Mat& image, double& stamp, int64_t& serves) {
-    if (file) return file->next(image, serves);
-    sdqes::LatestFrame::Frame frame;
-    if (!reader->frames().take(frame, [&stop] { return stop.requested(); })) return false;
-    image = frame.image;
-    stamp = frame.stamp;
-    serves = 1;  // a live frame steps once: repeating a stale frame would put the model behind the world
-    return true;
-  };
   std::ostringstream header;  // as `sdqes-edge run` starts: what streams, how fast, what is asked, on what
-  header << "streaming " << stream_name << " at " << bundle.fps << " fps with " << queries.texts.size()
+  header << "streaming ";
+  for (size_t s = 0; s < streams.size(); ++s) header << (s ? ", " : "") << streams[s]->opened.name;
+  header << " at " << bundle.fps << " fps with " << queries.texts.size()
          << (queries.texts.size() == 1 ? " query" : " queries") << " (" << engine.words << ")";
-  std::cerr << "sdqes-run: " << header.str() << (live ? "; Ctrl-C to stop" : "") << std::endl;
+  std::cerr << "sdqes-run: " << header.str() << (any_live ? "; Ctrl-C to stop" : "") << std::endl;
   sdqes::ServiceManager manager;  // systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
   manager.ready(header.str());
-  Alerting alerting{engine, queries, states, sink.get(), stream_name};
-  StateSaver saver{state_file, queries, states};
+  const size_t frame_floats = 3 * static_cast<size_t>(bundle.image_size) * bundle.image_size;
+  std::vector<float> batch(frame_floats * bundle.batch, 0.0f);  // an idle stream's frame zero
+  std::vector<int> idle;
   const auto started = std::chrono::steady_clock::now();
   auto reported = started;
-  cv::Mat image;
-  double stamp = 0.0;
-  int64_t serves = 0;
-  bool enough = false;
-  while (!enough && !stop.requested() && next(image, stamp, serves)) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<float> batch = sdqes::preprocess(image, bundle.image_size, bundle.preprocess);
-    batch.resize(batch.size() * bundle.batch, 0.0f);  // extra stream slots idle
-    for (int64_t served = 0; served < serves && !enough; ++served) {
-      alerting.step_at(batch, live ? stamp : alerting.stepped * period, t0);
-      enough = max_frames > 0 && alerting.stepped >= max_frames;
+  int64_t steps = 0;
+  while (!stop.requested() && !(max_frames > 0 && steps >= max_frames)) {
+    idle.clear();
+    for (int b = 0; b < bundle.batch; ++b) {
+      float* slot = batch.data() + b * frame_floats;
+      if (static_cast<size_t>(b) < streams.size() && streams[b]->next(bundle, stop)) {
+        std::copy(streams[b]->frame.begin(), streams[b]->frame.end(), slot);
+      } else {
+        idle.push_back(b);
+        std::fill(slot, slot + frame_floats, 0.0f);
+      }
     }
-    saver.after_frame(alerting);
+    if (idle.size() == static_cast<size_t>(bundle.batch) || stop.requested()) break;  // every source ended
+    const auto& embedding = engine.backend->step(batch);
+    if (!idle.empty()) engine.backend->keep_streams(idle);
+    for (size_t s = 0; s < streams.size(); ++s) {
+      auto& stream = *streams[s];
+      if (std::find(idle.begin(), idle.end(), static_cast<int>(s)) != idle.end()) continue;
+      const auto probs = sdqes::query_probabilities(*engine.backend, embedding, queries, static_cast<int>(s));
+      const auto scored = std::chrono::steady_clock::now();  // latency: from the frame in hand to its scores
+      stream.alerts.update(probs, stream.time(period),
+                           std::chrono::duration<double, std::milli>(scored - stream.in_hand).count());
+      stream.saver.after_frame(stream.alerts);
+    }
+    ++steps;
     manager.alive();
     if (std::chrono::steady_clock::now() - reported >= kStatusEvery) {
       reported = std::chrono::steady_clock::now();
-      manager.status(status_line(alerting, std::chrono::duration<double>(reported - started).count(),
-                                 reader ? reader->frames().dropped() : 0));
+      manager.status(status_line(streams, steps, std::chrono::duration<double>(reported - started).count()));
     }
   }
-  const int64_t index = alerting.stepped;
-  const int64_t dropped = reader ? reader->frames().dropped() : 0;
-  const bool lost = reader && reader->frames().lost() && !stop.requested();
-  manager.stopping("stopping after " + std::to_string(index) + " frames");
-  saver.save(alerting.last_time);  // the frame in hand finished: what the next start goes on from
-  reader.reset();  // the reader thread ends (or, inside a stalled read, is left to end with the process)
-  return report_end(stop, stream_name, index, dropped, lost);
+  manager.stopping("stopping after " + std::to_string(steps) + " frames");
+  for (auto& stream : streams) stream->saver.save(stream->alerts);  // what the next start goes on from
+  const int code = report_end(stop, streams, steps);
+  for (auto& stream : streams) stream->reader.reset();  // each reader thread ends (or, stalled, ends with the process)
+  return code;
 }
 #endif
 
 int run(int argc, char** argv) {
   std::string bundle_path;
-  const auto o = parse(argc, argv, bundle_path);
+  std::vector<std::string> source_specs;
+  const auto o = parse(argc, argv, bundle_path, source_specs);
   const sdqes::Bundle bundle = sdqes::load_bundle(bundle_path);
   const sdqes::QueryTable queries = sdqes::load_queries(bundle);
   // Each query's policy as `sdqes-edge run` decides it: its own threshold, else --threshold, else the bundle's for
@@ -398,9 +503,18 @@ int run(int argc, char** argv) {
   }
   // -1: to the end of the source
   const int64_t max_frames = o.count("--max-frames") ? whole_number("--max-frames", o.at("--max-frames"), 1) : -1;
-  const Source source = read_source(o.at("--source"));
-  std::optional<sdqes::AlertStateFile> state_file;  // its folder checked before any engine is looked for
-  if (o.count("--state")) state_file.emplace(o.at("--state"));
+  std::vector<Source> sources;
+  for (const auto& spec : source_specs) sources.push_back(read_source(spec));
+  if (static_cast<int64_t>(sources.size()) > bundle.batch) {  // fewer is fine: the other streams idle
+    throw sdqes::Error(std::to_string(sources.size()) + " sources but the bundle steps " +
+                       std::to_string(bundle.batch) + " stream(s) at once; re-export with --batch " +
+                       std::to_string(sources.size()));
+  }
+  std::optional<std::filesystem::path> state_path;
+  if (o.count("--state")) {
+    (void)sdqes::AlertStateFile(o.at("--state"));  // its folder checked before any engine is looked for
+    state_path = o.at("--state");
+  }
   const std::string backend = o.count("--backend") ? o.at("--backend") : sdqes::default_backend();
   sdqes::check_backend(backend, "--backend");
   const std::string precision = o.count("--precision") ? o.at("--precision") : sdqes::default_precision(backend);
@@ -417,8 +531,8 @@ int run(int argc, char** argv) {
   }
   const sdqes::OpenedStep engine = sdqes::open_step(bundle, queries, backend, precision, threads);
 #ifdef SDQES_CAN_STREAM
-  return stream(bundle, queries, states, source, engine, max_frames, o.count("--events") ? o.at("--events") : "",
-                state_file ? &*state_file : nullptr);
+  return stream(bundle, queries, states, sources, engine, max_frames, o.count("--events") ? o.at("--events") : "",
+                state_path);
 #else
   (void)max_frames;
   return 2;  // not reached: open_step refused, there being no backend

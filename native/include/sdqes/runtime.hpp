@@ -133,6 +133,10 @@ bool is_gstreamer_pipeline(const std::string& target);
 // file: source_kind) by live_source_name, anything else by video_file_name (an HTTP(S) URL until it is opened: one
 // whose container counts no frames is a live stream, named by live_source_name).
 std::string source_name(const std::string& source);
+// Several sources named alike (two videos called clip.mp4 in different folders) renamed clip, clip-2, ... as
+// runtime/sources.py's give_distinct_names renames them: alerts and --state files are named after their source.
+// -> the names given (empty: none clashed).
+std::vector<std::string> give_distinct_names(std::vector<std::string>& names);
 // What a --source names, before anything is opened, as runtime/sources.py's source_kind decides
 // (tests/vectors/source_kinds.json): "camera" (an index), "web" (an HTTP(S) URL: a live stream or a video file,
 // told apart once opened by whether its container counts frames), "stream" (an RTSP/UDP/TCP URL, a GStreamer
