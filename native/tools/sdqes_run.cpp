@@ -325,14 +325,26 @@ struct StreamSource {
   }
 
   // This stream's time at its next step: a live frame's stamp, a file's sample time.
-  double time(double period) const { return reader ? stamp : alerts.stepped * period; }
-  bool lost() const { return reader && reader->frames().lost(); }
-  int64_t dropped() const { return reader ? reader->frames().dropped() : 0; }
+  double time(double period) const { return opened.live ? stamp : alerts.stepped * period; }
+  bool lost() const { return reader ? reader->frames().lost() : was_lost; }
+  int64_t dropped() const { return reader ? reader->frames().dropped() : dropped_frames; }
+  // The reader thread ended (or, inside a stalled read, left to end with the process), what it counted kept.
+  void finish() {
+    if (!reader) return;
+    was_lost = reader->frames().lost();
+    dropped_frames = reader->frames().dropped();
+    reader.reset();
+  }
+
+ private:
+  bool was_lost = false;
+  int64_t dropped_frames = 0;
 };
 
+// Each source opened, named apart from the others, and given its stream's alert states (restored from --state).
 std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
                                                         const std::vector<sdqes::AlertState>& policies,
-                                                        const std::vector<Source>& sources, sdqes::JsonlSink* sink,
+                                                        const std::vector<Source>& sources,
                                                         const std::optional<std::filesystem::path>& state_path) {
   std::vector<OpenSource> opens;
   std::vector<std::string> names;
@@ -351,7 +363,7 @@ std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bun
     const std::string& name = names[s];
     opens[s].name = name;
     opened.push_back(std::make_unique<StreamSource>(std::move(opens[s]),
-                                                    StreamAlerts{queries, policies, sink, name, sources.size() > 1}));
+                                                    StreamAlerts{queries, policies, nullptr, name, sources.size() > 1}));
     auto& stream = *opened.back();
     if (state_path) {
       stream.saver.file.emplace(state_path_of(*state_path, name, sources.size()));
@@ -413,9 +425,10 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
            const std::vector<sdqes::AlertState>& policies, const std::vector<Source>& sources,
            const sdqes::OpenedStep& engine, int64_t max_frames, const std::string& events,
            const std::optional<std::filesystem::path>& state_path) {
-  std::unique_ptr<sdqes::JsonlSink> sink;
+  auto streams = open_sources(bundle, queries, policies, sources, state_path);
+  std::unique_ptr<sdqes::JsonlSink> sink;  // once every source is open: one that is not leaves no log behind
   if (!events.empty()) sink = std::make_unique<sdqes::JsonlSink>(events);
-  auto streams = open_sources(bundle, queries, policies, sources, sink.get(), state_path);
+  for (auto& stream : streams) stream->alerts.sink = sink.get();
   const double period = 1.0 / bundle.fps;
   const sdqes::StopOnSignal stop;  // Ctrl-C, docker stop, systemd: the frame in hand is finished, then the loop ends
   bool any_live = false;
@@ -474,10 +487,11 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
     }
   }
   manager.stopping("stopping after " + std::to_string(steps) + " frames");
-  for (auto& stream : streams) stream->saver.save(stream->alerts);  // what the next start goes on from
-  const int code = report_end(stop, streams, steps);
-  for (auto& stream : streams) stream->reader.reset();  // each reader thread ends (or, stalled, ends with the process)
-  return code;
+  for (auto& stream : streams) {
+    stream->saver.save(stream->alerts);  // what the next start goes on from
+    stream->finish();
+  }
+  return report_end(stop, streams, steps);
 }
 #endif
 
