@@ -23,12 +23,9 @@ struct sdqes_alert {
 struct sdqes_step {
   sdqes::OpenedStep opened;
   sdqes::QueryTable queries;
-  int streams = 1;           // B: the streams one step of the graph steps
-  size_t frame_floats = 0;   // one stream's frame: 3 * R * R
-  std::vector<float> frame;  // [B, 3, R, R]: each stream's frame, an idle stream's zero (as the Python runtime's)
+  sdqes::StreamBatch batch;               // B streams, each its frame (an idle one's zero)
   std::vector<float> probabilities;      // [B, Q] of the last step: an idle stream's row NaN
   std::vector<const float*> one_stream;  // sdqes_step_run's frames: the caller's as stream 0, the others idle
-  std::vector<int> idle;                 // the streams the step being run has no frame for
   // Held by every call that steps or resets: a caller's threads (a ROS 2 node's callbacks, one per camera) may share
   // a step, each call then whole, as the Python runtime's detector takes its lock.
   std::mutex busy;
@@ -46,24 +43,13 @@ void set_error(char* error, size_t size, const char* message) {
 // NaN, so that a caller who reads it anyway sees that it was not stepped); with every stream idle, no step at all.
 void step_streams(sdqes_step& step, const float* const* frames) {
   const size_t queries = step.queries.texts.size();
-  step.idle.clear();
-  for (int b = 0; b < step.streams; ++b) {
-    float* slot = step.frame.data() + static_cast<size_t>(b) * step.frame_floats;
-    if (frames[b]) {
-      std::copy(frames[b], frames[b] + step.frame_floats, slot);
-    } else {
-      step.idle.push_back(b);
-      std::fill(slot, slot + step.frame_floats, 0.0f);
-    }
-  }
   std::fill(step.probabilities.begin(), step.probabilities.end(), std::numeric_limits<float>::quiet_NaN());
-  if (step.idle.size() == static_cast<size_t>(step.streams)) return;
   auto& backend = *step.opened.backend;
-  const auto& embedding = backend.step(step.frame);
-  if (!step.idle.empty()) backend.keep_streams(step.idle);
-  for (int b = 0; b < step.streams; ++b) {
-    if (frames[b] == nullptr) continue;
-    const auto probs = sdqes::query_probabilities(backend, embedding, step.queries, b);
+  const auto* embedding = step.batch.step(backend, frames);
+  if (embedding == nullptr) return;  // every stream idle: nothing stepped
+  for (int b = 0; b < step.batch.streams(); ++b) {
+    if (step.batch.idle(b)) continue;
+    const auto probs = sdqes::query_probabilities(backend, *embedding, step.queries, b);
     std::copy(probs.begin(), probs.end(), step.probabilities.begin() + static_cast<std::ptrdiff_t>(b * queries));
   }
 }
@@ -188,14 +174,11 @@ sdqes_step* sdqes_step_open(const sdqes_bundle* b, const char* backend, const ch
   try {
     const std::string on = backend ? backend : sdqes::default_backend();
     const std::string as = precision ? precision : sdqes::default_precision(on);
-    auto step = std::make_unique<sdqes_step>();
-    step->opened = sdqes::open_step(b->bundle, *b->queries, on, as, threads);
-    step->queries = *b->queries;
-    step->streams = static_cast<int>(b->bundle.batch);
-    step->frame_floats = 3 * static_cast<size_t>(b->bundle.image_size) * b->bundle.image_size;
-    step->frame.assign(step->frame_floats * step->streams, 0.0f);
-    step->probabilities.resize(step->queries.texts.size() * step->streams);
-    step->one_stream.assign(step->streams, nullptr);
+    const int streams = static_cast<int>(b->bundle.batch);
+    auto step = std::unique_ptr<sdqes_step>(new sdqes_step{
+        sdqes::open_step(b->bundle, *b->queries, on, as, threads), *b->queries,
+        sdqes::StreamBatch(streams, 3 * static_cast<size_t>(b->bundle.image_size) * b->bundle.image_size),
+        std::vector<float>(b->queries->texts.size() * streams), std::vector<const float*>(streams, nullptr), {}});
     return step.release();
   } catch (const std::exception& e) {
     set_error(error, error_size, e.what());
@@ -222,7 +205,7 @@ int sdqes_step_run(sdqes_step* step, const float* frame, float* probabilities, c
   }
 }
 
-int sdqes_step_streams(const sdqes_step* step) { return step ? step->streams : 0; }
+int sdqes_step_streams(const sdqes_step* step) { return step ? step->batch.streams() : 0; }
 
 int sdqes_step_run_streams(sdqes_step* step, const float* const* frames, float* probabilities, char* error,
                            size_t error_size) {

@@ -2,6 +2,8 @@
 // sdqes-run and the C API share.
 #include "sdqes/step_backend.hpp"
 
+#include <algorithm>
+
 #include "sdqes/runtime.hpp"
 #ifdef SDQES_WITH_TENSORRT
 #include "sdqes/tensorrt_backend.hpp"
@@ -77,6 +79,28 @@ std::vector<float> query_probabilities(const StepBackend& backend, const std::ve
     return probabilities_of(backend.cosines().data() + row * backend.query_rows(), queries.texts.size());
   }
   return probabilities(embedding.data() + row * static_cast<size_t>(queries.dim), queries);
+}
+
+StreamBatch::StreamBatch(int streams, size_t frame_floats)
+    : frame_floats_(frame_floats), batch_(frame_floats * static_cast<size_t>(streams), 0.0f),
+      is_idle_(static_cast<size_t>(streams), 0) {}
+
+const std::vector<float>* StreamBatch::step(StepBackend& backend, const float* const* frames) {
+  idle_.clear();
+  for (int b = 0; b < streams(); ++b) {
+    float* slot = batch_.data() + static_cast<size_t>(b) * frame_floats_;
+    is_idle_[static_cast<size_t>(b)] = frames[b] == nullptr;
+    if (frames[b]) {
+      std::copy(frames[b], frames[b] + frame_floats_, slot);
+    } else {
+      idle_.push_back(b);
+      std::fill(slot, slot + frame_floats_, 0.0f);
+    }
+  }
+  if (idle_.size() == is_idle_.size()) return nullptr;
+  const auto& embedding = backend.step(batch_);
+  if (!idle_.empty()) backend.keep_streams(idle_);
+  return &embedding;
 }
 
 StreamBytes stream_bytes(size_t tensor_bytes, int streams, int stream) {

@@ -362,8 +362,9 @@ std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bun
     const Source& source = sources[s];
     const std::string& name = names[s];
     opens[s].name = name;
+    const bool several = sources.size() > 1;
     opened.push_back(std::make_unique<StreamSource>(std::move(opens[s]),
-                                                    StreamAlerts{queries, policies, nullptr, name, sources.size() > 1}));
+                                                    StreamAlerts{queries, policies, nullptr, name, several}));
     auto& stream = *opened.back();
     if (state_path) {
       stream.saver.file.emplace(state_path_of(*state_path, name, sources.size()));
@@ -450,30 +451,23 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   std::cerr << "sdqes-run: " << header.str() << (any_live ? "; Ctrl-C to stop" : "") << std::endl;
   sdqes::ServiceManager manager;  // systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
   manager.ready(header.str());
-  const size_t frame_floats = 3 * static_cast<size_t>(bundle.image_size) * bundle.image_size;
-  std::vector<float> batch(frame_floats * bundle.batch, 0.0f);  // an idle stream's frame zero
-  std::vector<int> idle;
+  sdqes::StreamBatch batch(static_cast<int>(bundle.batch),
+                          3 * static_cast<size_t>(bundle.image_size) * bundle.image_size);
+  std::vector<const float*> frames(bundle.batch, nullptr);  // each source's frame; the extra streams' none
   const auto started = std::chrono::steady_clock::now();
   auto reported = started;
   int64_t steps = 0;
   while (!stop.requested() && !(max_frames > 0 && steps >= max_frames)) {
-    idle.clear();
-    for (int b = 0; b < bundle.batch; ++b) {
-      float* slot = batch.data() + b * frame_floats;
-      if (static_cast<size_t>(b) < streams.size() && streams[b]->next(bundle, stop)) {
-        std::copy(streams[b]->frame.begin(), streams[b]->frame.end(), slot);
-      } else {
-        idle.push_back(b);
-        std::fill(slot, slot + frame_floats, 0.0f);
-      }
+    for (size_t s = 0; s < streams.size(); ++s) {
+      frames[s] = streams[s]->next(bundle, stop) ? streams[s]->frame.data() : nullptr;
     }
-    if (idle.size() == static_cast<size_t>(bundle.batch) || stop.requested()) break;  // every source ended
-    const auto& embedding = engine.backend->step(batch);
-    if (!idle.empty()) engine.backend->keep_streams(idle);
+    if (stop.requested()) break;
+    const auto* embedding = batch.step(*engine.backend, frames.data());
+    if (embedding == nullptr) break;  // every source ended
     for (size_t s = 0; s < streams.size(); ++s) {
       auto& stream = *streams[s];
-      if (std::find(idle.begin(), idle.end(), static_cast<int>(s)) != idle.end()) continue;
-      const auto probs = sdqes::query_probabilities(*engine.backend, embedding, queries, static_cast<int>(s));
+      if (batch.idle(static_cast<int>(s))) continue;
+      const auto probs = sdqes::query_probabilities(*engine.backend, *embedding, queries, static_cast<int>(s));
       const auto scored = std::chrono::steady_clock::now();  // latency: from the frame in hand to its scores
       stream.alerts.update(probs, stream.time(period),
                            std::chrono::duration<double, std::milli>(scored - stream.in_hand).count());

@@ -71,6 +71,24 @@ OpenedStep open_step(const Bundle& bundle, const QueryTable& queries, const std:
 std::vector<float> query_probabilities(const StepBackend& backend, const std::vector<float>& embedding,
                                        const QueryTable& queries, int stream = 0);
 
+// One step of a graph's B streams, a frame given per stream: a stream without one idles, its frame zero (as the Python
+// runtime's) and its state kept (StepBackend::keep_streams). sdqes-run and the C API both step through it.
+class StreamBatch {
+ public:
+  StreamBatch(int streams, size_t frame_floats);
+  // frames[b]: stream b's frame (frame_floats floats), or nullptr. -> the embeddings [B, E]; nullptr where every
+  // stream is idle, and nothing is stepped.
+  const std::vector<float>* step(StepBackend& backend, const float* const* frames);
+  bool idle(int stream) const { return is_idle_[static_cast<size_t>(stream)] != 0; }  // in the last step
+  int streams() const { return static_cast<int>(is_idle_.size()); }
+
+ private:
+  size_t frame_floats_;
+  std::vector<float> batch_;  // [B, 3, R, R]
+  std::vector<int> idle_;
+  std::vector<char> is_idle_;
+};
+
 // Stream b's bytes of a state tensor of `streams` streams (stream-major: each stream one contiguous block). An
 // Error where `stream` is not one of them.
 struct StreamBytes {
