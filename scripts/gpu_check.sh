@@ -68,8 +68,10 @@ do_tests() {
   # What the machine has, as a user's `sdqes-edge doctor` sees it (the CUDA session, the kernel library's readiness).
   python3 -m sdqes_edge.cli doctor --ort-ops "$KERNELS" > "$OUT/doctor.txt" 2>&1 \
     || echo "gpu_check: doctor found something broken (see $OUT/doctor.txt)" >&2
+  # In this one process: one GPU to share, and the machine has no pytest-xdist for pyproject's `-n auto` (its
+  # addopts set aside, -rs given here).
   # shellcheck disable=SC2086  # TESTS is a list of paths
-  python3 -m pytest -q -rs $TESTS 2>&1 | tee "$OUT/pytest.txt"
+  python3 -m pytest -q -rs -p no:xdist -o addopts= $TESTS 2>&1 | tee "$OUT/pytest.txt"
   return "${PIPESTATUS[0]}"
 }
 

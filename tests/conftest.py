@@ -25,6 +25,26 @@ ADAPTER_CASES = [
 ]
 
 
+# The suite runs on every core (pyproject's addopts: pytest-xdist's `-n auto --dist loadfile`), a test file whole on
+# one worker so that its module fixtures are made once. The native runtime's files go to one worker together: their
+# session fixture builds the C++ runtime (a minute on two cores), which two workers would each build.
+NATIVE_TEST_FILES = frozenset({"test_native.py", "test_native_onnxruntime.py", "test_native_c_api.py"})
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; without xdist the suite runs in one process
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class NativeFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "native runtime" if Path(file).name in NATIVE_TEST_FILES else file
+
+    return NativeFilesTogether(config, log)
+
+
 def case_id(case) -> str:
     kind, fields = case
     return kind + "".join(f"-{k}={v}" for k, v in fields.items())
