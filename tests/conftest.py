@@ -28,7 +28,8 @@ ADAPTER_CASES = [
 # The suite runs on every core (pyproject's addopts: pytest-xdist's `-n auto --dist loadfile`), a test file whole on
 # one worker so that its module fixtures are made once. The native runtime's files go to one worker together: their
 # session fixture builds the C++ runtime (a minute on two cores), which two workers would each build.
-NATIVE_TEST_FILES = frozenset({"test_native.py", "test_native_onnxruntime.py", "test_native_c_api.py"})
+NATIVE_TEST_FILES = frozenset({"test_native.py", "test_native_onnxruntime.py", "test_native_c_api.py",
+                               "test_native_memory.py"})
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; without xdist the suite runs in one process

@@ -1,7 +1,7 @@
 """The native (C++) build the native tests share: built once a session, with sdqes-run's ONNX Runtime backend where
 it can be (ONNX Runtime's C API headers, as `build-ort-ops` fetches them, and the library the onnxruntime wheel
-carries), so that sdqes-run's whole streaming loop runs here, where TensorRT cannot; and the bundles, video and
-Python runtime's alerts that sdqes-run's tests and the C API's compare with."""
+carries), so that sdqes-run's whole streaming loop runs here, where TensorRT cannot; the bundles, video and
+Python runtime's alerts that sdqes-run's tests and the C API's compare with; and the C API bound through ctypes."""
 
 from __future__ import annotations
 
@@ -146,3 +146,58 @@ def three_camera_bundles(tmp_path_factory) -> dict[str, Path]:
                       ExportOptions(show_progress=False, fps=5.0, verify_frames=16, batch=STREAMS, queries=QUERIES,
                                     fuse_queries=name == "fused"), log=lambda m: None)
     return {name: root / name for name in ("plain", "fused")}
+
+
+# --- the C API (libsdqes.so) as another language binds it ---------------------------------------------------------
+
+class CApi:
+    """libsdqes.so through ctypes, as another language binds it: each function given its C signature."""
+
+    def __init__(self, library: Path):
+        import ctypes
+        from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_uint8, c_void_p
+
+        self.ctypes, self.lib = ctypes, ctypes.CDLL(str(library))
+        error = [c_char_p, c_size_t]
+        for name, result, arguments in (
+                ("sdqes_bundle_open", c_void_p, [c_char_p, *error]),
+                ("sdqes_bundle_close", None, [c_void_p]),
+                ("sdqes_bundle_image_size", c_int, [c_void_p]),
+                ("sdqes_bundle_query_count", c_int, [c_void_p]),
+                ("sdqes_bundle_query_text", c_char_p, [c_void_p, c_int]),
+                ("sdqes_preprocess", c_int, [c_void_p, POINTER(c_uint8), c_int, c_int, POINTER(c_float), *error]),
+                ("sdqes_step_open", c_void_p, [c_void_p, c_char_p, c_char_p, c_int, *error]),
+                ("sdqes_step_run", c_int, [c_void_p, POINTER(c_float), POINTER(c_float), *error]),
+                ("sdqes_step_reset", c_int, [c_void_p]),
+                ("sdqes_step_streams", c_int, [c_void_p]),
+                ("sdqes_step_run_streams", c_int, [c_void_p, POINTER(POINTER(c_float)), POINTER(c_float), *error]),
+                ("sdqes_step_reset_stream", c_int, [c_void_p, c_int, *error]),
+                ("sdqes_step_description", c_char_p, [c_void_p]),
+                ("sdqes_step_close", None, [c_void_p])):
+            function = getattr(self.lib, name)
+            function.restype, function.argtypes = result, arguments
+        self.error = ctypes.create_string_buffer(512)
+
+    def __getattr__(self, name: str):
+        return getattr(self.lib, f"sdqes_{name}")
+
+    def floats(self, array: np.ndarray):
+        return array.ctypes.data_as(self.ctypes.POINTER(self.ctypes.c_float))
+
+    def said(self) -> str:
+        return self.error.value.decode()
+
+    def frame_pointers(self, frames: list[np.ndarray | None]):
+        """A C array of float pointers, NULL for None."""
+        pointer = self.ctypes.POINTER(self.ctypes.c_float)
+        return (pointer * len(frames))(*(pointer() if f is None else self.floats(f) for f in frames))
+
+
+def preprocessed(api: CApi, bundle, images: list[np.ndarray]) -> list[np.ndarray]:
+    """Each image preprocessed by sdqes_preprocess, as a C caller does."""
+    size, frames = api.bundle_image_size(bundle), []
+    for image in images:
+        frames.append(np.empty((3, size, size), np.float32))
+        assert api.preprocess(bundle, image.ctypes.data_as(api.ctypes.POINTER(api.ctypes.c_uint8)), image.shape[0],
+                              image.shape[1], api.floats(frames[-1]), api.error, len(api.error)) == 0, api.said()
+    return frames

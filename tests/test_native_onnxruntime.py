@@ -134,11 +134,13 @@ def test_sdqes_run_streams_several_sources_in_one_graph_as_sdqes_edge_run_does(s
           f"{largest:.1e}")
     assert not state.exists() and all(json.loads((tmp_path / f"state.{name}.json").read_text())["alerts"]
                                       for name in ("kitchen", "garage"))
+    assert all((tmp_path / f"state.{name}.memory").stat().st_size > 0 for name in ("kitchen", "garage"))
     twice = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--source", video, "--max-frames",
                             "3", "--state", str(tmp_path / "again.json")], capture_output=True, text=True, timeout=300)
     assert twice.returncode == 0, twice.stderr  # named apart, as `sdqes-edge run` names them
     assert "several sources have the same name; in alerts and outputs they are called kitchen, kitchen-2" in \
-        twice.stderr and {f.name for f in tmp_path.glob("again.*")} == {"again.kitchen.json", "again.kitchen-2.json"}
+        twice.stderr and {f.name for f in tmp_path.glob("again.*")} == {"again.kitchen.json", "again.kitchen-2.json",
+                                                       "again.kitchen.memory", "again.kitchen-2.memory"}
     too_many = subprocess.run([str(sdqes_run_on_the_cpu), bundle, *sources, *sources], capture_output=True, text=True,
                               timeout=60)
     assert too_many.returncode == 2 and too_many.stderr.strip() == (

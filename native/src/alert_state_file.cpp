@@ -3,16 +3,15 @@
 
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <utility>
 
-#include <fcntl.h>
 #include <unistd.h>
+
+#include "sdqes/saved_files.hpp"
 
 namespace sdqes {
 
@@ -48,25 +47,6 @@ SavedAlert saved_alert(const json& entry, size_t index) {
   }
   return {entry["active"].get<bool>(), entry["count"].get<int>(),
           age.is_null() ? std::numeric_limits<double>::infinity() : age.get<double>()};
-}
-
-// "20261128T031502Z": when a file was set aside (files.py's utc_stamp).
-std::string utc_stamp() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y%m%dT%H%M%SZ", &utc);
-  return text;
-}
-
-std::string os_error() { return std::strerror(errno); }
-
-void sync_folder(const std::filesystem::path& folder) {
-  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);  // the rename itself reaches the disk
-  ::close(fd);
 }
 
 }  // namespace
@@ -128,7 +108,7 @@ AlertStateFile::AlertStateFile(std::filesystem::path path)
                 "(mkdir -p " + folder_.string() + ")");
   }
   if (::access(folder_.c_str(), W_OK | X_OK) != 0) {
-    throw Error("--state " + path_.string() + " cannot be written: " + folder_.string() + ": " + os_error() +
+    throw Error("--state " + path_.string() + " cannot be written: " + folder_.string() + ": " + std::strerror(errno) +
                 "; give a path in a folder this user may write");
   }
 }
@@ -149,14 +129,10 @@ void AlertStateFile::restore(const QueryTable& queries, std::vector<AlertState>&
     const std::string problem = dynamic_cast<const json::exception*>(&e) ? "is not valid JSON" : e.what();
     for (auto& state : states) state.reset();  // nothing half-restored
     std::filesystem::path kept;
-    for (int n = 1; kept.empty() || std::filesystem::exists(kept); ++n) {
-      kept = folder_ / (path_.stem().string() + ".unusable-" + utc_stamp() +
-                                    (n > 1 ? "-" + std::to_string(n) : "") + path_.extension().string());
-    }
-    std::error_code moved;
-    std::filesystem::rename(path_, kept, moved);
-    if (moved) {
-      throw Error("--state " + path_.string() + " " + problem + ", and it cannot be set aside (" + moved.message() +
+    try {
+      kept = set_aside(path_);
+    } catch (const Error& moved) {
+      throw Error("--state " + path_.string() + " " + problem + ", and it cannot be set aside (" + moved.what() +
                   "); move it away, and each query starts fresh");
     }
     log("warning: --state " + path_.string() + " " + problem + ": each query starts fresh; that file is kept as " +
@@ -166,21 +142,11 @@ void AlertStateFile::restore(const QueryTable& queries, std::vector<AlertState>&
 
 void AlertStateFile::save(const QueryTable& queries, const std::vector<AlertState>& states,
                           double stream_time) const {
-  const std::string text = alert_states_json(queries, states, stream_time).dump(1) + "\n";
-  const std::filesystem::path partial =
-      folder_ / ("." + path_.filename().string() + ".partial-" + std::to_string(::getpid()));
-  std::FILE* file = std::fopen(partial.c_str(), "w");
-  bool written = file != nullptr && std::fwrite(text.data(), 1, text.size(), file) == text.size() &&
-                 std::fflush(file) == 0 && ::fsync(fileno(file)) == 0;
-  const std::string why = written ? "" : os_error();
-  if (file != nullptr && std::fclose(file) != 0 && written) written = false;
-  if (written && std::rename(partial.c_str(), path_.c_str()) == 0) {
-    sync_folder(folder_);
-    return;
+  try {
+    write_atomically(path_, alert_states_json(queries, states, stream_time).dump(1) + "\n");
+  } catch (const Error& e) {
+    throw Error("cannot write --state " + path_.string() + ": " + e.what() + " (the file there, if any, is unchanged)");
   }
-  const std::string reason = why.empty() ? os_error() : why;
-  std::remove(partial.c_str());
-  throw Error("cannot write --state " + path_.string() + ": " + reason + " (the file there, if any, is unchanged)");
 }
 
 }  // namespace sdqes

@@ -172,6 +172,12 @@ std::vector<std::string> Bundle::precisions() const {
   return out;
 }
 
+std::string model_identity(const Bundle& bundle) {
+  const json& step = bundle.manifest["graphs"]["step"];
+  if (!step.contains("fp32")) return "";
+  return bundle.manifest["files"][step["fp32"]["file"].get<std::string>()].value("sha256", std::string());
+}
+
 fs::path Bundle::step_graph(const std::string& precision) const {
   const json& step = manifest["graphs"]["step"];
   if (!step.contains(precision)) {

@@ -8,6 +8,7 @@
 
 #include <opencv2/core.hpp>
 
+#include "sdqes/memory_file.hpp"
 #include "sdqes/runtime.hpp"
 #include "sdqes/sdqes.h"
 #include "sdqes/step_backend.hpp"
@@ -51,6 +52,23 @@ void step_streams(sdqes_step& step, const float* const* frames) {
     if (step.batch.idle(b)) continue;
     const auto probs = sdqes::query_probabilities(backend, *embedding, step.queries, b);
     std::copy(probs.begin(), probs.end(), step.probabilities.begin() + static_cast<std::ptrdiff_t>(b * queries));
+  }
+}
+// A memory file's save or load: its step held whole; 1 and the reason where it fails.
+template <typename Call>
+int memory_call(sdqes_step* step, const char* path, const char* name, char* error, size_t error_size, Call call) {
+  if (!step || !path) {
+    set_error(error, error_size, (std::string(!step ? "step" : "path") + " is NULL; give " + name + " the step " +
+                                  "sdqes_step_open opened, a stream and a file path").c_str());
+    return 1;
+  }
+  try {
+    const std::lock_guard<std::mutex> whole(step->busy);
+    call();
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(error, error_size, e.what());
+    return 1;
   }
 }
 }  // namespace
@@ -247,6 +265,16 @@ int sdqes_step_reset_stream(sdqes_step* step, int stream, char* error, size_t er
     set_error(error, error_size, e.what());
     return 1;
   }
+}
+
+int sdqes_step_save_memory(sdqes_step* step, int stream, const char* path, char* error, size_t error_size) {
+  return memory_call(step, path, "sdqes_step_save_memory", error, error_size,
+                     [&] { sdqes::save_memory(path, step->opened, stream); });
+}
+
+int sdqes_step_load_memory(sdqes_step* step, int stream, const char* path, char* error, size_t error_size) {
+  return memory_call(step, path, "sdqes_step_load_memory", error, error_size,
+                     [&] { sdqes::load_memory(path, step->opened, stream); });
 }
 
 const char* sdqes_step_description(const sdqes_step* step) { return step ? step->opened.words.c_str() : ""; }

@@ -282,6 +282,39 @@ void OnnxRuntimeStep::reset_stream(int stream) {
   }
 }
 
+std::vector<uint8_t> OnnxRuntimeStep::stream_state(int stream) const {
+  const Impl& m = *impl_;
+  std::vector<uint8_t> bytes;
+  for (const auto& tensor : m.state[m.current]) {  // the set the next step reads
+    const auto rows = stream_bytes(tensor.size(), m.streams, stream);
+    bytes.insert(bytes.end(), tensor.begin() + static_cast<std::ptrdiff_t>(rows.offset),
+                 tensor.begin() + static_cast<std::ptrdiff_t>(rows.offset + rows.size));
+  }
+  return bytes;
+}
+
+void OnnxRuntimeStep::set_stream_state(int stream, const std::vector<uint8_t>& bytes) {
+  Impl& m = *impl_;
+  size_t at = 0;
+  for (const auto& tensor : m.state[m.current]) at += stream_bytes(tensor.size(), m.streams, stream).size;
+  if (bytes.size() != at) {
+    throw Error("a stream's state of " + std::to_string(bytes.size()) + " bytes for a step graph whose stream holds " +
+                std::to_string(at));
+  }
+  at = 0;
+  for (auto& tensor : m.state[m.current]) {
+    const auto rows = stream_bytes(tensor.size(), m.streams, stream);
+    std::memcpy(tensor.data() + rows.offset, bytes.data() + at, rows.size);
+    at += rows.size;
+  }
+}
+
+std::vector<size_t> OnnxRuntimeStep::state_element_bytes() const {
+  std::vector<size_t> sizes;
+  for (const auto type : impl_->types) sizes.push_back(element_bytes(type));
+  return sizes;
+}
+
 void OnnxRuntimeStep::warm_up() {
   const std::vector<float> blank(impl_->frame.size(), 0.0f);
   step(blank);

@@ -17,13 +17,16 @@ namespace sdqes {
 namespace {
 
 // Warmed, and given the queries where its graph scores them itself (exported with --fuse-queries).
-OpenedStep warmed(std::unique_ptr<StepBackend> backend, std::string words, const QueryTable& queries) {
+OpenedStep warmed(std::unique_ptr<StepBackend> backend, std::string words, const Bundle& bundle,
+                  const QueryTable& queries) {
   backend->warm_up();  // before the first frame: its latency is a steady one
   if (backend->query_rows() > 0) {
     backend->set_queries(queries.embeddings);  // refuses more queries than the graph scores
     words += ", its queries scored inside the graph";
   }
-  return {std::move(backend), std::move(words)};
+  std::vector<std::string> state_names;
+  for (const StateTensor& t : bundle.state) state_names.push_back(t.name);
+  return {std::move(backend), std::move(words), model_identity(bundle), std::move(state_names)};
 }
 
 }  // namespace
@@ -50,7 +53,8 @@ OpenedStep open_step(const Bundle& bundle, const QueryTable& queries, const std:
   if (backend == "tensorrt") {
 #ifdef SDQES_WITH_TENSORRT
     const auto path = find_engine(bundle, precision, current_engine_target());
-    return warmed(std::make_unique<TensorRTStep>(path, bundle), "TensorRT, " + path.filename().string(), queries);
+    return warmed(std::make_unique<TensorRTStep>(path, bundle), "TensorRT, " + path.filename().string(), bundle,
+                  queries);
 #else
     (void)find_engine(bundle, precision);  // a bundle without any engine says how to build one first
     throw Error(std::string("this build of sdqes has no TensorRT backend (CMake found no TensorRT/CUDA); build it "
@@ -63,7 +67,8 @@ OpenedStep open_step(const Bundle& bundle, const QueryTable& queries, const std:
 #ifdef SDQES_WITH_ONNXRUNTIME
   const auto graph = bundle.step_graph(precision);
   return warmed(std::make_unique<OnnxRuntimeStep>(graph, bundle, threads),
-                "ONNX Runtime " + onnxruntime_version() + " on the CPU, " + graph.filename().string(), queries);
+                "ONNX Runtime " + onnxruntime_version() + " on the CPU, " + graph.filename().string(), bundle,
+                queries);
 #else
   (void)threads;
   (void)queries;

@@ -161,6 +161,46 @@ void TensorRTStep::reset_stream(int stream) {
   }
 }
 
+std::vector<uint8_t> TensorRTStep::stream_state(int stream) const {
+  const auto& m = *impl_;
+  check(cudaStreamSynchronize(m.stream), "synchronize");  // an idle stream's rows may still be on their way
+  std::vector<uint8_t> bytes;
+  for (size_t i = 0; i < m.state.size(); ++i) {
+    const auto rows = stream_bytes(m.initial[i].size(), m.streams, stream);
+    const size_t at = bytes.size();
+    bytes.resize(at + rows.size);
+    check(cudaMemcpy(bytes.data() + at, static_cast<const unsigned char*>(m.sets[m.current][i]) + rows.offset,
+                     rows.size, cudaMemcpyDeviceToHost), "read a stream's state");
+  }
+  return bytes;
+}
+
+void TensorRTStep::set_stream_state(int stream, const std::vector<uint8_t>& bytes) {
+  auto& m = *impl_;
+  size_t at = 0;
+  for (const auto& initial : m.initial) at += stream_bytes(initial.size(), m.streams, stream).size;
+  if (bytes.size() != at) {
+    throw Error("a stream's state of " + std::to_string(bytes.size()) + " bytes for an engine whose stream holds " +
+                std::to_string(at));
+  }
+  check(cudaStreamSynchronize(m.stream), "synchronize");
+  at = 0;
+  for (size_t i = 0; i < m.state.size(); ++i) {
+    const auto rows = stream_bytes(m.initial[i].size(), m.streams, stream);
+    check(cudaMemcpy(static_cast<unsigned char*>(m.sets[m.current][i]) + rows.offset, bytes.data() + at, rows.size,
+                     cudaMemcpyHostToDevice), "give a stream its state");
+    at += rows.size;
+  }
+}
+
+std::vector<size_t> TensorRTStep::state_element_bytes() const {
+  std::vector<size_t> sizes;
+  for (size_t i = 0; i < impl_->state.size(); ++i) {
+    sizes.push_back(impl_->initial[i].size() / static_cast<size_t>(impl_->state[i].elements()));
+  }
+  return sizes;
+}
+
 void TensorRTStep::warm_up() {
   const std::vector<float> blank(impl_->frame_bytes / sizeof(float), 0.0f);
   for (size_t set = 0; set < std::size(impl_->sets); ++set) step(blank);  // each set read, each written once

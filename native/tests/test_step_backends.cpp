@@ -21,6 +21,9 @@ class FixedStep : public sdqes::StepBackend {
   void reset() override {}
   void keep_streams(const std::vector<int>&) override {}
   void reset_stream(int) override {}
+  std::vector<uint8_t> stream_state(int) const override { return {}; }  // a graph without temporal state
+  void set_stream_state(int, const std::vector<uint8_t>&) override {}
+  std::vector<size_t> state_element_bytes() const override { return {}; }
   void warm_up() override {}
   int query_rows() const override { return rows_; }
   const std::vector<float>& cosines() const override {

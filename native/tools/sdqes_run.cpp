@@ -24,7 +24,9 @@
 
 #include "sdqes/alert_state_file.hpp"
 #include "sdqes/live_reader.hpp"
+#include "sdqes/memory_file.hpp"
 #include "sdqes/runtime.hpp"
+#include "sdqes/saved_files.hpp"
 #include "sdqes/service_manager.hpp"
 #include "sdqes/step_backend.hpp"
 #if defined(SDQES_WITH_TENSORRT) || defined(SDQES_WITH_ONNXRUNTIME)
@@ -42,9 +44,10 @@ const char* kUsage =
     "fp32 on ONNX Runtime unless given. --threads: ONNX Runtime's threads (default: one per core).\n"
     "--source again: several streams stepped together in one graph, a frame of each per step (a bundle exported\n"
     "with --batch N for N sources); a source that ends idles, its stream's memory kept, until every one has ended.\n"
-    "--state FILE keeps each query's alert state across a restart (--max-alerts, hysteresis, cooldown): read at the\n"
-    "start where it exists, written after an alert (at most every 5 s) and when the stream ends or is stopped; with\n"
-    "several sources, a file beside it for each (state.json -> state.kitchen.json).\n";
+    "--state FILE keeps each query's alert state across a restart (--max-alerts, hysteresis, cooldown), and the\n"
+    "model's memory beside it (state.json -> state.memory): read at the start where they exist, written after an\n"
+    "alert (at most every 5 s) and when the stream ends or is stopped; with several sources, files beside it for\n"
+    "each (state.json -> state.kitchen.json, state.kitchen.memory).\n";
 
 std::map<std::string, std::string> parse(int argc, char** argv, std::string& bundle,
                                          std::vector<std::string>& sources) {
@@ -217,10 +220,14 @@ struct StreamAlerts {
   }
 };
 
-// --state: a stream's alert states written after an alert (at most every kAlertStateEveryS, so that a power cut or a
-// kill keeps each alert's count and time) and when the stream ends or is stopped.
+// --state: a stream's alert states, and the model's memory of it, written after an alert (at most every
+// kAlertStateEveryS, so that a power cut or a kill keeps each alert's count and time) and when the stream ends or is
+// stopped.
 struct StateSaver {
   std::optional<sdqes::AlertStateFile> file;
+  std::filesystem::path memory;  // beside the file (memory_path_of)
+  const sdqes::OpenedStep* engine = nullptr;
+  int stream = 0;  // the stream of the graph whose memory it keeps
   int64_t saved_raised = 0;  // alerts raised when it was last written
   std::chrono::steady_clock::time_point saved_at = std::chrono::steady_clock::time_point::min();
 
@@ -235,15 +242,47 @@ struct StateSaver {
     saved_at = now;
   }
 
-  // -> whether it was written; a failure is said and the stream goes on (its alerts matter more than the file).
+  // -> whether the alert states were written; a failure is said and the stream goes on (its alerts matter more than
+  // the files).
   bool save(const StreamAlerts& alerts) const {
     if (!file) return false;
+    try {
+      sdqes::save_memory(memory, *engine, stream);
+    } catch (const sdqes::Error& e) {
+      std::cerr << "sdqes-run: warning: " << e.what() << std::endl;
+    }
     try {
       file->save(alerts.queries, alerts.states, alerts.last_time);
       return true;
     } catch (const sdqes::Error& e) {
       std::cerr << "sdqes-run: warning: " << e.what() << std::endl;
       return false;
+    }
+  }
+
+  // The model's memory of the stream from the last run, where it left one; one that cannot be used (another model's,
+  // damaged) is set aside with a warning, and the stream starts fresh.
+  void restore_memory(sdqes::OpenedStep& step) const {
+    if (!std::filesystem::exists(memory)) {
+      if (std::filesystem::exists(file->path())) {  // a --state of an sdqes-run before memory was kept
+        say("note: no model memory at " + memory.string() + " yet: the model starts fresh, its memory written there "
+            "with the alert states");
+      }
+      return;
+    }
+    try {
+      sdqes::load_memory(memory, step, stream);
+      say("resumed the model's memory from " + memory.string());
+    } catch (const sdqes::UnusableMemory& e) {
+      std::filesystem::path kept;
+      try {
+        kept = sdqes::set_aside(memory);
+      } catch (const sdqes::Error& moved) {
+        throw sdqes::Error("--state memory " + memory.string() + " " + e.problem + ", and it cannot be set aside (" +
+                           moved.what() + "); move it away, and the model starts fresh");
+      }
+      say("warning: --state memory " + memory.string() + " " + e.problem + ": the model starts fresh; that file is "
+          "kept as " + kept.string());
     }
   }
 };
@@ -279,6 +318,14 @@ OpenSource open_source(const Source& source) {
 std::filesystem::path state_path_of(const std::filesystem::path& given, const std::string& name, size_t sources) {
   if (sources == 1) return given;
   return given.parent_path() / (given.stem().string() + "." + name + given.extension().string());
+}
+
+// The model's memory of a stream, beside its alert state file: state.json -> state.memory (state.memory ->
+// state.memory.memory, never the file itself).
+std::filesystem::path memory_path_of(std::filesystem::path state_file) {
+  const auto given = state_file;
+  if (state_file.replace_extension(".memory") == given) return given.string() + ".memory";
+  return state_file;
 }
 
 // One --source as the loop steps it: its frames (a file's read on the loop's thread, each sample time stepped; a live
@@ -345,7 +392,8 @@ struct StreamSource {
 std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
                                                         const std::vector<sdqes::AlertState>& policies,
                                                         const std::vector<Source>& sources,
-                                                        const std::optional<std::filesystem::path>& state_path) {
+                                                        const std::optional<std::filesystem::path>& state_path,
+                                                        sdqes::OpenedStep& engine) {
   std::vector<OpenSource> opens;
   std::vector<std::string> names;
   for (const Source& source : sources) {
@@ -369,6 +417,10 @@ std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bun
     if (state_path) {
       stream.saver.file.emplace(state_path_of(*state_path, name, sources.size()));
       stream.saver.file->restore(queries, stream.alerts.states, say);
+      stream.saver.memory = memory_path_of(stream.saver.file->path());
+      stream.saver.engine = &engine;
+      stream.saver.stream = static_cast<int>(s);
+      stream.saver.restore_memory(engine);
     }
     const double native_fps = stream.opened.live ? 0.0 : stream.opened.video->get(cv::CAP_PROP_FPS);
     if (native_fps > 0 && native_fps < bundle.fps) {
@@ -424,9 +476,9 @@ int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_pt
 // ended idles (its stream's state kept), and the extra streams of a bundle exported for more idle throughout.
 int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
            const std::vector<sdqes::AlertState>& policies, const std::vector<Source>& sources,
-           const sdqes::OpenedStep& engine, int64_t max_frames, const std::string& events,
+           sdqes::OpenedStep& engine, int64_t max_frames, const std::string& events,
            const std::optional<std::filesystem::path>& state_path) {
-  auto streams = open_sources(bundle, queries, policies, sources, state_path);
+  auto streams = open_sources(bundle, queries, policies, sources, state_path, engine);
   std::unique_ptr<sdqes::JsonlSink> sink;  // once every source is open: one that is not leaves no log behind
   if (!events.empty()) sink = std::make_unique<sdqes::JsonlSink>(events);
   for (auto& stream : streams) stream->alerts.sink = sink.get();
@@ -537,7 +589,7 @@ int run(int argc, char** argv) {
     std::cerr << "sdqes-run: warning: --threads is for the ONNX Runtime backend; TensorRT steps on the GPU, so it "
                  "is left out" << std::endl;
   }
-  const sdqes::OpenedStep engine = sdqes::open_step(bundle, queries, backend, precision, threads);
+  sdqes::OpenedStep engine = sdqes::open_step(bundle, queries, backend, precision, threads);
 #ifdef SDQES_CAN_STREAM
   return stream(bundle, queries, states, sources, engine, max_frames, o.count("--events") ? o.at("--events") : "",
                 state_path);

@@ -3,8 +3,8 @@
 // A service restarted by systemd (a camera lost and found, a reboot, a crash) began every query afresh: a reminder
 // to be given once (--max-alerts 1) was given again, and an event still going on was alerted a second time. The file
 // is JSON, written atomically (the old file or the new one, whole, even across a power cut) after an alert (at most
-// every kAlertStateEveryS seconds) and when the stream ends or is stopped, and read at the next start. It keeps
-// the alert states only: the model's memory (a few seconds of frames) starts fresh.
+// every kAlertStateEveryS seconds) and when the stream ends or is stopped, and read at the next start. The model's
+// memory of the stream is kept beside it, in a file of its own (sdqes/memory_file.hpp).
 #pragma once
 
 #include <filesystem>

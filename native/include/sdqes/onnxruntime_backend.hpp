@@ -28,6 +28,9 @@ class OnnxRuntimeStep : public StepBackend {
   void reset() override;
   void keep_streams(const std::vector<int>& idle) override;
   void reset_stream(int stream) override;
+  std::vector<uint8_t> stream_state(int stream) const override;
+  void set_stream_state(int stream, const std::vector<uint8_t>& bytes) override;
+  std::vector<size_t> state_element_bytes() const override;
   void warm_up() override;
   // A graph exported with --fuse-queries: the queries' embeddings fed with every frame, their cosines read back.
   int query_rows() const override;

@@ -84,6 +84,9 @@ struct Bundle {
 // Opens and validates a bundle directory (schema, format version, listed files, sha256, state wiring).
 Bundle load_bundle(const std::filesystem::path& root, bool verify_hashes = true);
 std::string sha256_file(const std::filesystem::path& path);
+// The model a bundle holds, whatever precision runs: the sha256 of its fp32 step graph, as runtime/bundle.py's
+// model_identity (what a state snapshot is tied to); "" for a bundle without an fp32 graph.
+std::string model_identity(const Bundle& bundle);
 // An ONNX graph's metadata_props (key -> value), read from the protobuf wire format without reading the graph
 // itself (skipped by its length); an Error when the file is not protobuf.
 std::map<std::string, std::string> metadata_props(const std::filesystem::path& graph);

@@ -77,6 +77,15 @@ SDQES_API int sdqes_step_run_streams(sdqes_step* step, const float* const* frame
 SDQES_API int sdqes_step_reset(sdqes_step* step);
 /* The same for one stream (0 to B-1) alone, the others' state kept. */
 SDQES_API int sdqes_step_reset_stream(sdqes_step* step, int stream, char* error, size_t error_size);
+/* The model's memory of `stream` (its rows of every state tensor, as the next step reads them) written to `path`,
+ * atomically, with what it belongs to: a service that saves it (on a timer, at exit) and loads it when it starts again
+ * goes on with its temporal adapters warm instead of from one frame. The file sdqes-run --state keeps beside each
+ * stream's alert states (state.memory). */
+SDQES_API int sdqes_step_save_memory(sdqes_step* step, int stream, const char* path, char* error, size_t error_size);
+/* Memory sdqes_step_save_memory wrote, given to `stream` (any stream of a step of the same model and graph: a camera
+ * may move to another slot). One of another model, precision or export, or damaged, is refused with the reason, and
+ * the step is left as it was. */
+SDQES_API int sdqes_step_load_memory(sdqes_step* step, int stream, const char* path, char* error, size_t error_size);
 /* What runs it, for a log line ("ONNX Runtime 1.32.0 on the CPU, step.fp32.onnx"); "" for NULL. */
 SDQES_API const char* sdqes_step_description(const sdqes_step* step);
 SDQES_API void sdqes_step_close(sdqes_step* step);

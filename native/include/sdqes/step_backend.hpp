@@ -2,6 +2,7 @@
 // OnnxRuntimeStep on the CPU. sdqes-run streams on either.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -27,6 +28,13 @@ class StepBackend {
   virtual void keep_streams(const std::vector<int>& idle) = 0;
   // One stream's state back to its initial value (a new scene on that camera) for the next step; the others kept.
   virtual void reset_stream(int stream) = 0;
+  // One stream's memory: its rows of every state tensor as the next step reads them, one tensor after another in the
+  // state spec's order, each in the graph's element type. What a memory file keeps (sdqes/memory_file.hpp).
+  virtual std::vector<uint8_t> stream_state(int stream) const = 0;
+  // Gives a stream back the memory stream_state gave (of this graph: the caller checks); the others' kept.
+  virtual void set_stream_state(int stream, const std::vector<uint8_t>& bytes) = 0;
+  // Each state tensor's element size in bytes (4: fp32, 2: fp16), in the spec's order.
+  virtual std::vector<size_t> state_element_bytes() const = 0;
   // Steps a blank frame through each state buffer set, then resets the state: the first runs' one-off work
   // (TensorRT's, ONNX Runtime's allocations) does not land on the first real frame, the one an alert may hang on.
   virtual void warm_up() = 0;
@@ -58,6 +66,8 @@ const char* default_precision(const std::string& backend);
 struct OpenedStep {
   std::unique_ptr<StepBackend> backend;
   std::string words;
+  std::string model_identity;            // the bundle's (sdqes::model_identity): what its memory files are tied to
+  std::vector<std::string> state_names;  // its state tensors', in the spec's order
 };
 
 // The bundle's step graph for `precision` on `backend`: "tensorrt", the engine built for this GPU and TensorRT (by

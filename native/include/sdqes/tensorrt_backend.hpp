@@ -26,6 +26,10 @@ class TensorRTStep : public StepBackend {
   // Device-to-device copies of the idle streams' rows, queued before the next step on the same CUDA stream.
   void keep_streams(const std::vector<int>& idle) override;
   void reset_stream(int stream) override;
+  // Copied from and to the device, after the queued work is done.
+  std::vector<uint8_t> stream_state(int stream) const override;
+  void set_stream_state(int stream, const std::vector<uint8_t>& bytes) override;
+  std::vector<size_t> state_element_bytes() const override;
   void warm_up() override;
 
  private:

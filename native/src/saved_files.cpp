@@ -1,0 +1,70 @@
+// Files a run keeps across a restart (sdqes/saved_files.hpp).
+#include "sdqes/saved_files.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "sdqes/runtime.hpp"
+
+namespace sdqes {
+
+namespace {
+
+// "20261128T031502Z": when a file was set aside (files.py's utc_stamp).
+std::string utc_stamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y%m%dT%H%M%SZ", &utc);
+  return text;
+}
+
+std::filesystem::path folder_of(const std::filesystem::path& path) {
+  return path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+}
+
+void sync_folder(const std::filesystem::path& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);  // the rename itself reaches the disk
+  ::close(fd);
+}
+
+}  // namespace
+
+void write_atomically(const std::filesystem::path& path, const std::string& data) {
+  const std::filesystem::path partial =
+      folder_of(path) / ("." + path.filename().string() + ".partial-" + std::to_string(::getpid()));
+  std::FILE* file = std::fopen(partial.c_str(), "w");
+  bool written = file != nullptr && std::fwrite(data.data(), 1, data.size(), file) == data.size() &&
+                 std::fflush(file) == 0 && ::fsync(fileno(file)) == 0;
+  const std::string why = written ? "" : std::strerror(errno);
+  if (file != nullptr && std::fclose(file) != 0 && written) written = false;
+  if (written && std::rename(partial.c_str(), path.c_str()) == 0) {
+    sync_folder(folder_of(path));
+    return;
+  }
+  const std::string reason = why.empty() ? std::strerror(errno) : why;
+  std::remove(partial.c_str());
+  throw Error(reason);
+}
+
+std::filesystem::path set_aside(const std::filesystem::path& path) {
+  std::filesystem::path kept;
+  for (int n = 1; kept.empty() || std::filesystem::exists(kept); ++n) {
+    kept = folder_of(path) / (path.stem().string() + ".unusable-" + utc_stamp() +
+                              (n > 1 ? "-" + std::to_string(n) : "") + path.extension().string());
+  }
+  std::error_code moved;
+  std::filesystem::rename(path, kept, moved);
+  if (moved) throw Error(moved.message());
+  return kept;
+}
+
+}  // namespace sdqes
