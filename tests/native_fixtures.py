@@ -172,6 +172,8 @@ class CApi:
                 ("sdqes_step_streams", c_int, [c_void_p]),
                 ("sdqes_step_run_streams", c_int, [c_void_p, POINTER(POINTER(c_float)), POINTER(c_float), *error]),
                 ("sdqes_step_reset_stream", c_int, [c_void_p, c_int, *error]),
+                ("sdqes_step_save_memory", c_int, [c_void_p, c_int, c_char_p, *error]),
+                ("sdqes_step_load_memory", c_int, [c_void_p, c_int, c_char_p, *error]),
                 ("sdqes_step_description", c_char_p, [c_void_p]),
                 ("sdqes_step_close", None, [c_void_p])):
             function = getattr(self.lib, name)

@@ -24,13 +24,7 @@ def memory_of(path: Path) -> tuple[dict, np.ndarray]:
 
 
 class MemoryApi(CApi):
-    def __init__(self, library: Path):
-        super().__init__(library)
-        from ctypes import c_char_p, c_int, c_size_t, c_void_p
-
-        for name in ("sdqes_step_save_memory", "sdqes_step_load_memory"):
-            function = getattr(self.lib, name)
-            function.restype, function.argtypes = c_int, [c_void_p, c_int, c_char_p, c_char_p, c_size_t]
+    """The C API with the calls these tests repeat."""
 
     def save(self, step, stream: int, path: Path) -> int:
         return self.step_save_memory(step, stream, str(path).encode(), self.error, len(self.error))

@@ -128,15 +128,7 @@ void AlertStateFile::restore(const QueryTable& queries, std::vector<AlertState>&
   } catch (const std::exception& e) {  // json's parse_error, or restore_alert_states' Error
     const std::string problem = dynamic_cast<const json::exception*>(&e) ? "is not valid JSON" : e.what();
     for (auto& state : states) state.reset();  // nothing half-restored
-    std::filesystem::path kept;
-    try {
-      kept = set_aside(path_);
-    } catch (const Error& moved) {
-      throw Error("--state " + path_.string() + " " + problem + ", and it cannot be set aside (" + moved.what() +
-                  "); move it away, and each query starts fresh");
-    }
-    log("warning: --state " + path_.string() + " " + problem + ": each query starts fresh; that file is kept as " +
-        kept.string());
+    set_aside_unusable(path_, "--state", problem, "each query starts fresh", log);
   }
 }
 

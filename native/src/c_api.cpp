@@ -54,7 +54,20 @@ void step_streams(sdqes_step& step, const float* const* frames) {
     std::copy(probs.begin(), probs.end(), step.probabilities.begin() + static_cast<std::ptrdiff_t>(b * queries));
   }
 }
-// A memory file's save or load: its step held whole; 1 and the reason where it fails.
+// `call` on the step, held whole (sdqes_step::busy): 0, or 1 and the reason where it throws.
+template <typename Call>
+int with_step_held(sdqes_step& step, char* error, size_t error_size, Call call) {
+  try {
+    const std::lock_guard<std::mutex> whole(step.busy);
+    call();
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(error, error_size, e.what());
+    return 1;
+  }
+}
+
+// A memory file's save or load (`name`): refused where the step or the path is NULL.
 template <typename Call>
 int memory_call(sdqes_step* step, const char* path, const char* name, char* error, size_t error_size, Call call) {
   if (!step || !path) {
@@ -62,14 +75,7 @@ int memory_call(sdqes_step* step, const char* path, const char* name, char* erro
                                   "sdqes_step_open opened, a stream and a file path").c_str());
     return 1;
   }
-  try {
-    const std::lock_guard<std::mutex> whole(step->busy);
-    call();
-    return 0;
-  } catch (const std::exception& e) {
-    set_error(error, error_size, e.what());
-    return 1;
-  }
+  return with_step_held(*step, error, error_size, call);
 }
 }  // namespace
 
@@ -211,16 +217,11 @@ int sdqes_step_run(sdqes_step* step, const float* frame, float* probabilities, c
                                   "opened, a preprocessed frame and a float per query to write").c_str());
     return 1;
   }
-  try {
-    const std::lock_guard<std::mutex> whole(step->busy);
+  return with_step_held(*step, error, error_size, [&] {
     step->one_stream[0] = frame;
     step_streams(*step, step->one_stream.data());
     std::copy_n(step->probabilities.begin(), step->queries.texts.size(), probabilities);
-    return 0;
-  } catch (const std::exception& e) {
-    set_error(error, error_size, e.what());
-    return 1;
-  }
+  });
 }
 
 int sdqes_step_streams(const sdqes_step* step) { return step ? step->batch.streams() : 0; }
@@ -234,15 +235,10 @@ int sdqes_step_run_streams(sdqes_step* step, const float* const* frames, float* 
                                   "one) and a float per stream and query to write").c_str());
     return 1;
   }
-  try {
-    const std::lock_guard<std::mutex> whole(step->busy);
+  return with_step_held(*step, error, error_size, [&] {
     step_streams(*step, frames);
     std::copy(step->probabilities.begin(), step->probabilities.end(), probabilities);
-    return 0;
-  } catch (const std::exception& e) {
-    set_error(error, error_size, e.what());
-    return 1;
-  }
+  });
 }
 
 int sdqes_step_reset(sdqes_step* step) {
@@ -257,14 +253,7 @@ int sdqes_step_reset_stream(sdqes_step* step, int stream, char* error, size_t er
     set_error(error, error_size, "step is NULL; give sdqes_step_reset_stream the step sdqes_step_open opened");
     return 1;
   }
-  try {
-    const std::lock_guard<std::mutex> whole(step->busy);
-    step->opened.backend->reset_stream(stream);
-    return 0;
-  } catch (const std::exception& e) {
-    set_error(error, error_size, e.what());
-    return 1;
-  }
+  return with_step_held(*step, error, error_size, [&] { step->opened.backend->reset_stream(stream); });
 }
 
 int sdqes_step_save_memory(sdqes_step* step, int stream, const char* path, char* error, size_t error_size) {

@@ -36,6 +36,19 @@ void sync_folder(const std::filesystem::path& folder) {
   ::close(fd);
 }
 
+// `path` renamed beside itself as NAME.unusable-<UTC stamp>EXT -> that name; Error(the reason) where it cannot be.
+std::filesystem::path set_aside(const std::filesystem::path& path) {
+  std::filesystem::path kept;
+  for (int n = 1; kept.empty() || std::filesystem::exists(kept); ++n) {
+    kept = folder_of(path) / (path.stem().string() + ".unusable-" + utc_stamp() +
+                              (n > 1 ? "-" + std::to_string(n) : "") + path.extension().string());
+  }
+  std::error_code moved;
+  std::filesystem::rename(path, kept, moved);
+  if (moved) throw Error(moved.message());
+  return kept;
+}
+
 }  // namespace
 
 void write_atomically(const std::filesystem::path& path, const std::string& data) {
@@ -55,16 +68,16 @@ void write_atomically(const std::filesystem::path& path, const std::string& data
   throw Error(reason);
 }
 
-std::filesystem::path set_aside(const std::filesystem::path& path) {
+void set_aside_unusable(const std::filesystem::path& path, const std::string& named, const std::string& problem,
+                        const std::string& fresh, const std::function<void(const std::string&)>& log) {
+  const std::string said = named + " " + path.string() + " " + problem;
   std::filesystem::path kept;
-  for (int n = 1; kept.empty() || std::filesystem::exists(kept); ++n) {
-    kept = folder_of(path) / (path.stem().string() + ".unusable-" + utc_stamp() +
-                              (n > 1 ? "-" + std::to_string(n) : "") + path.extension().string());
+  try {
+    kept = set_aside(path);
+  } catch (const Error& moved) {
+    throw Error(said + ", and it cannot be set aside (" + moved.what() + "); move it away, and " + fresh);
   }
-  std::error_code moved;
-  std::filesystem::rename(path, kept, moved);
-  if (moved) throw Error(moved.message());
-  return kept;
+  log("warning: " + said + ": " + fresh + "; that file is kept as " + kept.string());
 }
 
 }  // namespace sdqes

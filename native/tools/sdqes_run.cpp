@@ -274,15 +274,7 @@ struct StateSaver {
       sdqes::load_memory(memory, step, stream);
       say("resumed the model's memory from " + memory.string());
     } catch (const sdqes::UnusableMemory& e) {
-      std::filesystem::path kept;
-      try {
-        kept = sdqes::set_aside(memory);
-      } catch (const sdqes::Error& moved) {
-        throw sdqes::Error("--state memory " + memory.string() + " " + e.problem + ", and it cannot be set aside (" +
-                           moved.what() + "); move it away, and the model starts fresh");
-      }
-      say("warning: --state memory " + memory.string() + " " + e.problem + ": the model starts fresh; that file is "
-          "kept as " + kept.string());
+      sdqes::set_aside_unusable(memory, "--state memory", e.problem, "the model starts fresh", say);
     }
   }
 };

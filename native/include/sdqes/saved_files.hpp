@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 
 namespace sdqes {
@@ -11,8 +12,11 @@ namespace sdqes {
 // synced. The old file or the new one, whole, even across a power cut. Throws Error(the reason) where it cannot.
 void write_atomically(const std::filesystem::path& path, const std::string& data);
 
-// `path` renamed beside itself as NAME.unusable-<UTC stamp>EXT (state.unusable-20261128T031502Z.json) -> that name.
-// Throws Error(the reason) where it cannot be.
-std::filesystem::path set_aside(const std::filesystem::path& path);
+// A file of the user's that a run cannot use (`problem`: "is not valid JSON") renamed beside itself as
+// NAME.unusable-<UTC stamp>EXT (state.unusable-20261128T031502Z.json), said through `log`:
+// "warning: <named> PATH <problem>: <fresh>; that file is kept as KEPT". An Error in the same words where it cannot
+// be moved. named: "--state", "--state memory"; fresh: "each query starts fresh".
+void set_aside_unusable(const std::filesystem::path& path, const std::string& named, const std::string& problem,
+                        const std::string& fresh, const std::function<void(const std::string&)>& log);
 
 }  // namespace sdqes
