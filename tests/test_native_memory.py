@@ -136,9 +136,9 @@ def test_a_memory_file_that_cannot_be_loaded_is_refused_in_one_line_and_the_step
 def test_sdqes_run_state_keeps_the_models_memory_and_a_restart_goes_on_from_it(sdqes_run_on_the_cpu, api, bundle,
                                                                                video, sampled_images, tmp_path):
     """sdqes-run --state state.json writes state.memory beside it: after 30 frames it holds the state the C API's
-    step holds after the same 30 frames. Started again, sdqes-run goes on from it (the video from its start, as its
-    alert states do): after 5 more frames its memory is that of a step that loaded it and stepped those 5, not that
-    of a fresh step. A damaged memory file is set aside with a warning and the model starts fresh."""
+    step holds after the same 30 frames. Started again, sdqes-run goes on from it, at the video's sample 30: after 5
+    more frames its memory is that of a step that loaded it and stepped samples 30 to 34, not that of a fresh step.
+    A damaged memory file is set aside with a warning and the model starts fresh (the video still going on)."""
     state = tmp_path / "state.json"
 
     def sdqes_run(frames: int) -> str:
@@ -152,11 +152,11 @@ def test_sdqes_run_state_keeps_the_models_memory_and_a_restart_goes_on_from_it(s
     frames = preprocessed(api, opened, sampled_images)
     probabilities = np.empty(len(QUERIES), np.float32)
 
-    def c_api_memory(name: str, steps: int, resume_from: Path | None = None) -> np.ndarray:
+    def c_api_memory(name: str, samples: slice, resume_from: Path | None = None) -> np.ndarray:
         step = api.open_step(opened)
         if resume_from is not None:
             assert api.load(step, 0, resume_from) == 0, api.said()
-        for frame in frames[:steps]:
+        for frame in frames[samples]:
             assert api.step_run(step, api.floats(frame), api.floats(probabilities), api.error, len(api.error)) == 0
         assert api.save(step, 0, tmp_path / name) == 0, api.said()
         api.step_close(step)
@@ -165,18 +165,19 @@ def test_sdqes_run_state_keeps_the_models_memory_and_a_restart_goes_on_from_it(s
     said = sdqes_run(30)
     assert "resumed the model's memory" not in said
     memory = tmp_path / "state.memory"
-    np.testing.assert_allclose(memory_of(memory)[1], c_api_memory("thirty.memory", 30), rtol=0, atol=1e-6)
-    said = sdqes_run(5)
-    assert f"sdqes-run: resumed the model's memory from {memory}" in said
-    resumed = memory_of(memory)[1]
-    np.testing.assert_allclose(resumed, c_api_memory("resumed.memory", 5, tmp_path / "thirty.memory"), rtol=0,
+    np.testing.assert_allclose(memory_of(memory)[1], c_api_memory("thirty.memory", slice(0, 30)), rtol=0,
                                atol=1e-6)
-    assert np.abs(resumed - c_api_memory("fresh.memory", 5)).max() > 1e-4
+    said = sdqes_run(5)
+    assert f"sdqes-run: resumed the model's memory from {memory}" in said and "goes on at 6 s" in said
+    resumed = memory_of(memory)[1]
+    np.testing.assert_allclose(resumed, c_api_memory("resumed.memory", slice(30, 35), tmp_path / "thirty.memory"),
+                               rtol=0, atol=1e-6)
+    assert np.abs(resumed - c_api_memory("fresh.memory", slice(30, 35))).max() > 1e-4
     memory.write_bytes(memory.read_bytes()[:-4])
     said = sdqes_run(1)
     kept = [line for line in said.splitlines() if "warning: --state memory" in line]
     assert len(kept) == 1 and f"{memory} is damaged (" in kept[0], said
     assert ": the model starts fresh; that file is kept as " in kept[0]
     assert len(list(tmp_path.glob("state.unusable-*.memory"))) == 1
-    np.testing.assert_allclose(memory_of(memory)[1], c_api_memory("one.memory", 1), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(memory_of(memory)[1], c_api_memory("one.memory", slice(35, 36)), rtol=0, atol=1e-6)
     api.bundle_close(opened)

@@ -1,7 +1,8 @@
 """sdqes-run's whole streaming loop, run here on its ONNX Runtime backend (TensorRT cannot run here): it alerts on a
-video frame for frame as `sdqes-edge run` does (a bundle exported with --fuse-queries too), keeps each query's
-alert state across a restart (--state), streams several sources in one graph as `sdqes-edge run` does, and on a live
-stream tells systemd it is ready and stops on SIGTERM with 143, its alert log complete."""
+video frame for frame as `sdqes-edge run` does (a bundle exported with --fuse-queries too), keeps each query's alert
+state across a restart (--state), goes on in a video where the stopped run left it, streams several sources in one
+graph as `sdqes-edge run` does, and on a live stream tells systemd it is ready and stops on SIGTERM with 143, its
+alert log complete."""
 
 from __future__ import annotations
 
@@ -64,6 +65,38 @@ def test_a_restarted_sdqes_run_keeps_each_querys_alert_count_with_state(sdqes_ru
     assert f"resumed the alert state of 2 of 2 queries from {state}" in second.stderr
     assert len(alerts(log)) == 2  # asked once, alerted once, across the restart
     assert [entry["count"] for entry in json.loads(state.read_text())["alerts"]] == [1, 1]
+
+
+def test_a_video_stopped_and_started_again_with_state_goes_on_where_it_stopped_alerting_as_one_run(
+        sdqes_run_on_the_cpu, bundle, video, tmp_path):
+    """A run stopped after 40 of the video's 75 samples and started again with the same --state goes on at sample
+    40 (8 s), with the model's memory, the alert states and the stream times of the run that stopped: the alerts of
+    the two runs together are those of one uninterrupted run, frame for frame (the video stepped again from its start
+    had its first part seen twice and alerted twice). Started a third time, it has nothing left: 0 frames, said why."""
+    threshold, python = python_alerts_at_a_busy_threshold(bundle, video, tmp_path)
+    log, state = tmp_path / "native.jsonl", tmp_path / "state.json"
+
+    def sdqes_run(*limit: str) -> str:
+        done = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--threshold", threshold,
+                               "--events", str(log), "--state", str(state), *limit], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    assert sdqes_run("--max-frames", "40").strip().splitlines()[-1] == "done: 40 frames"
+    assert json.loads(state.read_text())["position"] == 40
+    said = sdqes_run()
+    assert f"sdqes-run: note: kitchen goes on at 8 s, where the run that saved {state} stopped" in said
+    assert said.strip().splitlines()[-1] == "done: 35 frames"
+    native = alerts(log)
+    assert any(a["frame_index"] < 40 for a in native) and any(a["frame_index"] >= 40 for a in native)
+    largest = same_alerts(native, python)
+    print(f"\n{len(native)} alerts over 40 + 35 frames, on the uninterrupted run's frames; scores within {largest:.1e}")
+    said = sdqes_run()
+    assert said.strip().splitlines()[-2:] == [
+        "sdqes-run: note: kitchen has no frames after 15 s, where --state had it: the run it resumes had streamed "
+        "it to its end", "done: 0 frames"]
+    assert len(alerts(log)) == len(native)
 
 
 def test_sdqes_run_on_a_live_stream_tells_systemd_it_is_ready_and_stops_on_sigterm_with_its_log_complete(

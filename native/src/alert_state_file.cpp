@@ -49,9 +49,35 @@ SavedAlert saved_alert(const json& entry, size_t index) {
           age.is_null() ? std::numeric_limits<double>::infinity() : age.get<double>()};
 }
 
+void check_format(const json& saved) {
+  if (!saved.is_object() || saved.value("format", "") != kFormat) throw Error("is not an sdqes-run alert state file");
+  if (!saved.contains("version") || saved["version"] != kVersion) {
+    throw Error("is version " + saved.value("version", json(nullptr)).dump() + " of the alert state file; this " +
+                "sdqes-run reads version " + std::to_string(kVersion));
+  }
+}
+
 }  // namespace
 
-json alert_states_json(const QueryTable& queries, const std::vector<AlertState>& states, double stream_time) {
+Resumed resume_point(const json& saved, const std::string& source) {
+  check_format(saved);
+  const json& saved_source = saved.contains("source") ? saved["source"] : json(nullptr);
+  if (!saved_source.is_null() && !saved_source.is_string()) throw Error("source is neither a file's name nor null");
+  if (source.empty() || saved_source.is_null() || saved_source.get<std::string>() != source) return {};
+  const json& position = saved.contains("position") ? saved["position"] : json(nullptr);
+  if (!position.is_number_integer() || position.get<int64_t>() < 0) {
+    throw Error("position is not a whole number of samples");
+  }
+  const json& time = saved.contains("stream_time") ? saved["stream_time"] : json(nullptr);
+  if (!time.is_number() || !std::isfinite(time.get<double>()) || time.get<double>() < 0) {
+    throw Error("stream_time is not a time in seconds");
+  }
+  if (position.get<int64_t>() == 0) return {};  // stopped before its first frame: nothing to go on from
+  return {position.get<int64_t>(), time.get<double>()};
+}
+
+json alert_states_json(const QueryTable& queries, const std::vector<AlertState>& states, double stream_time,
+                       const SourcePlace& place) {
   json alerts = json::array();
   for (size_t q = 0; q < states.size(); ++q) {
     const SavedAlert saved = states[q].saved(stream_time);
@@ -61,15 +87,19 @@ json alert_states_json(const QueryTable& queries, const std::vector<AlertState>&
                       {"count", saved.count},
                       {"age_s", std::isfinite(saved.age_s) ? json(saved.age_s) : json(nullptr)}});
   }
-  return {{"format", kFormat}, {"version", kVersion}, {"stream_time", stream_time}, {"alerts", alerts}};
+  // A live source's place is none: null, null (version 1 files before places were kept have neither key).
+  const bool placed = !place.source.empty();
+  return {{"format", kFormat},
+          {"version", kVersion},
+          {"stream_time", stream_time},
+          {"source", placed ? json(place.source) : json(nullptr)},
+          {"position", placed ? json(place.position) : json(nullptr)},
+          {"alerts", alerts}};
 }
 
-size_t restore_alert_states(const json& saved, const QueryTable& queries, std::vector<AlertState>& states) {
-  if (!saved.is_object() || saved.value("format", "") != kFormat) throw Error("is not an sdqes-run alert state file");
-  if (!saved.contains("version") || saved["version"] != kVersion) {
-    throw Error("is version " + saved.value("version", json(nullptr)).dump() + " of the alert state file; this " +
-                "sdqes-run reads version " + std::to_string(kVersion));
-  }
+size_t restore_alert_states(const json& saved, const QueryTable& queries, std::vector<AlertState>& states,
+                            double stream_time) {
+  check_format(saved);
   if (!saved.contains("alerts") || !saved["alerts"].is_array()) throw Error("holds no list of alerts");
   std::map<std::pair<std::string, std::string>, SavedAlert> exact;  // (text, policy) -> its state
   std::map<std::string, std::vector<SavedAlert>> by_text;
@@ -84,9 +114,9 @@ size_t restore_alert_states(const json& saved, const QueryTable& queries, std::v
     const auto it = exact.find({queries.texts[q], policy_json(states[q].policy()).dump()});
     const auto same_text = by_text.find(queries.texts[q]);
     if (it != exact.end()) {
-      states[q].restore(it->second, 0.0);
+      states[q].restore(it->second, stream_time);
     } else if (same_text != by_text.end() && same_text->second.size() == 1) {  // its policy retuned between runs
-      states[q].restore(same_text->second.front(), 0.0);
+      states[q].restore(same_text->second.front(), stream_time);
     } else {
       continue;
     }
@@ -113,29 +143,33 @@ AlertStateFile::AlertStateFile(std::filesystem::path path)
   }
 }
 
-void AlertStateFile::restore(const QueryTable& queries, std::vector<AlertState>& states,
-                             const std::function<void(const std::string&)>& log) const {
+Resumed AlertStateFile::restore(const QueryTable& queries, std::vector<AlertState>& states, const std::string& source,
+                                const std::function<void(const std::string&)>& log) const {
   std::ifstream in(path_);
   if (!in) {
     log("note: no alert state at " + path_.string() + " yet: each query starts fresh, and its alert state is "
         "written there after an alert and when the stream ends or is stopped");
-    return;
+    return {};
   }
   try {
-    const size_t restored = restore_alert_states(json::parse(in), queries, states);
+    const json saved = json::parse(in);
+    const Resumed resumed = resume_point(saved, source);
+    const size_t restored = restore_alert_states(saved, queries, states, resumed.stream_time);
     log("resumed the alert state of " + std::to_string(restored) + " of " + std::to_string(states.size()) +
         (states.size() == 1 ? " query" : " queries") + " from " + path_.string());
+    return resumed;
   } catch (const std::exception& e) {  // json's parse_error, or restore_alert_states' Error
     const std::string problem = dynamic_cast<const json::exception*>(&e) ? "is not valid JSON" : e.what();
     for (auto& state : states) state.reset();  // nothing half-restored
     set_aside_unusable(path_, "--state", problem, "each query starts fresh", log);
+    return {};
   }
 }
 
-void AlertStateFile::save(const QueryTable& queries, const std::vector<AlertState>& states,
-                          double stream_time) const {
+void AlertStateFile::save(const QueryTable& queries, const std::vector<AlertState>& states, double stream_time,
+                          const SourcePlace& place) const {
   try {
-    write_atomically(path_, alert_states_json(queries, states, stream_time).dump(1) + "\n");
+    write_atomically(path_, alert_states_json(queries, states, stream_time, place).dump(1) + "\n");
   } catch (const Error& e) {
     throw Error("cannot write --state " + path_.string() + ": " + e.what() + " (the file there, if any, is unchanged)");
   }

@@ -88,12 +88,56 @@ TEST(AlertStateFile, IsWrittenWholeAndReadBackWithNothingElseLeftInItsFolder) {
   EXPECT_EQ(folder.names(), std::vector<std::string>{"state.json"});
   std::vector<sdqes::AlertState> after{sdqes::AlertState(policy(0.5)), sdqes::AlertState(policy(0.5))};
   std::vector<std::string> said;
-  file.restore(queries, after, [&](const std::string& line) { said.push_back(line); });
+  file.restore(queries, after, "", [&](const std::string& line) { said.push_back(line); });
   EXPECT_EQ(said, std::vector<std::string>{"resumed the alert state of 2 of 2 queries from " +
                                            (folder.path / "state.json").string()});
   EXPECT_EQ(after[1].saved(0.0).count, 1);
   EXPECT_DOUBLE_EQ(after[1].saved(0.0).age_s, 2.0);
   EXPECT_EQ(after[0].saved(0.0).count, 0);
+}
+
+TEST(AlertStateFile, AVideoGoesOnWhereTheStoppedRunLeftItOnlyWhereItIsTheSameFileNotRewritten) {
+  Folder folder;
+  const sdqes::AlertStateFile file(folder.path / "state.json");
+  const auto queries = queries_of({"kettle"});
+  const std::string video = "/videos/kitchen.avi (1000 bytes)";
+  std::vector<sdqes::AlertState> before{sdqes::AlertState(policy(0.5, 10.0))};
+  ASSERT_TRUE(before[0].update(0.9, 20.0));
+  ASSERT_FALSE(before[0].update(0.1, 24.0));
+  file.save(queries, before, 24.0, {video, 121});  // stopped after the frame at 24 s: sample 121 is next
+  const auto restore = [&](const std::string& source, std::vector<std::string>& said) {
+    std::vector<sdqes::AlertState> after{sdqes::AlertState(policy(0.5, 10.0))};
+    const auto resumed = file.restore(queries, after, source, [&](const std::string& line) { said.push_back(line); });
+    return std::make_pair(resumed, after);
+  };
+  std::vector<std::string> said;
+  auto [resumed, after] = restore(video, said);
+  EXPECT_EQ(resumed.position, 121);
+  EXPECT_DOUBLE_EQ(resumed.stream_time, 24.0);
+  EXPECT_FALSE(after[0].update(0.9, 29.0));  // stream times go on: 9 s after the alert, inside its cooldown
+  EXPECT_FALSE(after[0].update(0.1, 29.5));
+  EXPECT_TRUE(after[0].update(0.9, 30.5));
+  for (const std::string& other : {std::string("/videos/kitchen.avi (2000 bytes)"), std::string("")}) {
+    auto [from_start, fresh_times] = restore(other, said);  // rewritten since, or a camera: from its start, at 0 s
+    EXPECT_EQ(from_start.position, 0) << other;
+    EXPECT_DOUBLE_EQ(from_start.stream_time, 0.0);
+    EXPECT_DOUBLE_EQ(fresh_times[0].saved(0.0).age_s, 4.0);  // the alert 4 s before the restart, all the same
+  }
+  EXPECT_EQ(said.size(), 3u);  // each said it resumed the alert states, nothing set aside
+  // A live source has no place; a file of an sdqes-run before places were kept has none either.
+  EXPECT_TRUE(sdqes::alert_states_json(queries, before, 24.0)["source"].is_null());
+  auto older = sdqes::alert_states_json(queries, before, 24.0, {video, 121});
+  older.erase("source");
+  older.erase("position");
+  EXPECT_EQ(sdqes::resume_point(older, video).position, 0);
+  auto damaged = sdqes::alert_states_json(queries, before, 24.0, {video, 121});
+  damaged["position"] = -3;
+  write(folder.path / "state.json", damaged.dump());
+  said.clear();
+  EXPECT_EQ(restore(video, said).first.position, 0);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("position is not a whole number of samples: each query starts fresh"), std::string::npos)
+      << said[0];
 }
 
 TEST(AlertStateFile, AFileThatCannotBeUsedIsSetAsideAndEachQueryStartsFresh) {
@@ -109,7 +153,7 @@ TEST(AlertStateFile, AFileThatCannotBeUsedIsSetAsideAndEachQueryStartsFresh) {
     write(folder.path / "state.json", text);
     std::vector<sdqes::AlertState> states{sdqes::AlertState(policy(0.5))};
     std::vector<std::string> said;
-    file.restore(queries, states, [&](const std::string& line) { said.push_back(line); });
+    file.restore(queries, states, "", [&](const std::string& line) { said.push_back(line); });
     ASSERT_EQ(said.size(), 1u);
     EXPECT_NE(said[0].find("warning: --state " + (folder.path / "state.json").string() + " " + problem +
                            ": each query starts fresh; that file is kept as "),

@@ -47,7 +47,8 @@ const char* kUsage =
     "--state FILE keeps each query's alert state across a restart (--max-alerts, hysteresis, cooldown), and the\n"
     "model's memory beside it (state.json -> state.memory): read at the start where they exist, written after an\n"
     "alert (at most every 5 s) and when the stream ends or is stopped; with several sources, files beside it for\n"
-    "each (state.json -> state.kitchen.json, state.kitchen.memory).\n";
+    "each (state.json -> state.kitchen.json, state.kitchen.memory). A video file goes on where the stopped run\n"
+    "left it; a camera, or another file, starts at its beginning.\n";
 
 std::map<std::string, std::string> parse(int argc, char** argv, std::string& bundle,
                                          std::vector<std::string>& sources) {
@@ -150,13 +151,16 @@ Source read_source(const std::string& spec) {
 }
 
 #ifdef SDQES_CAN_STREAM
-// A video file's sampled frames, read on the loop's thread: every sample time is stepped, none dropped.
+// A video file's sampled frames, read on the loop's thread: every sample time is stepped, none dropped. A run resumed
+// from --state goes on at sample `start` (stream time start / fps): the samples before it are read to keep the
+// timeline, never stepped, as runtime/frame_source.py's start_at.
 class FileFrames {
  public:
-  FileFrames(cv::VideoCapture& capture, double period)
+  FileFrames(cv::VideoCapture& capture, double period, int64_t start)
       : capture_(capture),
         period_(period),
-        end_time_(sdqes::stated_end_time(capture.get(cv::CAP_PROP_FRAME_COUNT), capture.get(cv::CAP_PROP_FPS))) {}
+        end_time_(sdqes::stated_end_time(capture.get(cv::CAP_PROP_FRAME_COUNT), capture.get(cv::CAP_PROP_FPS))),
+        start_(start) {}
 
   // The next sampled frame and how many sample times k / fps it serves, each by the first frame at or after it
   // (runtime/sampling.py): more than one where the video is slower than the bundle, its frame repeated.
@@ -165,8 +169,10 @@ class FileFrames {
     while (capture_.grab()) {
       const double stamp = capture_.get(cv::CAP_PROP_POS_MSEC) / 1000.0;
       serves = sdqes::samples_served(stamp, next_sample_, period_, end_time_);
-      if (serves == 0) continue;  // between two sample times: not decoded
+      const int64_t before_start = std::min(serves, std::max<int64_t>(0, start_ - next_sample_));
       next_sample_ += serves;
+      serves -= before_start;
+      if (serves == 0) continue;  // between two sample times, or before the start: not decoded
       return capture_.retrieve(image) && !image.empty();
     }
     return false;
@@ -175,6 +181,7 @@ class FileFrames {
  private:
   cv::VideoCapture& capture_;
   double period_, end_time_;
+  int64_t start_;
   int64_t next_sample_ = 0;  // the first sample time k / fps not yet served
 };
 
@@ -226,6 +233,7 @@ struct StreamAlerts {
 struct StateSaver {
   std::optional<sdqes::AlertStateFile> file;
   std::filesystem::path memory;  // beside the file (memory_path_of)
+  std::string source;            // the source's identity (OpenSource): where it got to is kept with the alert states
   const sdqes::OpenedStep* engine = nullptr;
   int stream = 0;  // the stream of the graph whose memory it keeps
   int64_t saved_raised = 0;  // alerts raised when it was last written
@@ -252,7 +260,7 @@ struct StateSaver {
       std::cerr << "sdqes-run: warning: " << e.what() << std::endl;
     }
     try {
-      file->save(alerts.queries, alerts.states, alerts.last_time);
+      file->save(alerts.queries, alerts.states, alerts.last_time, {source, alerts.stepped});
       return true;
     } catch (const sdqes::Error& e) {
       std::cerr << "sdqes-run: warning: " << e.what() << std::endl;
@@ -282,13 +290,28 @@ struct StateSaver {
 // How often `systemctl status` hears how the run is doing: one datagram, so as often as a terminal's status line.
 constexpr std::chrono::seconds kStatusEvery{5};
 
-// The source opened, whether it is read live, and what alerts call it (the JSONL `stream`, as `sdqes-edge run` calls
-// it; a URL's password never shown).
+// The source opened, whether it is read live, what alerts call it (the JSONL `stream`, as `sdqes-edge run` calls it;
+// a URL's password never shown), and what --state knows a file by (sdqes::SourcePlace; empty for a live source).
 struct OpenSource {
   std::shared_ptr<cv::VideoCapture> video;
   bool live;
   std::string name;
+  std::string identity;
 };
+
+// A file by its absolute path and size, as runtime/sources.py's identity: the same file, not rewritten since. A video
+// over HTTP has no size to read without fetching it again; its length stands in. A live source has none.
+std::string identity_of(const Source& source, bool live, const cv::VideoCapture& video) {
+  if (live) return "";
+  if (source.kind != "file") {
+    return source.shown + " (" + std::to_string(static_cast<int64_t>(video.get(cv::CAP_PROP_FRAME_COUNT))) +
+           " frames)";
+  }
+  std::error_code error;
+  const auto path = std::filesystem::canonical(source.spec, error);
+  const auto bytes = std::filesystem::file_size(source.spec, error);
+  return error ? "" : path.string() + " (" + std::to_string(bytes) + " bytes)";
+}
 
 OpenSource open_source(const Source& source) {
   auto video = std::make_shared<cv::VideoCapture>();
@@ -302,7 +325,7 @@ OpenSource open_source(const Source& source) {
   const std::string name = source.kind == "camera" ? sdqes::camera_name(source.camera_index)
                            : live                  ? sdqes::live_source_name(source.spec)
                                                    : sdqes::video_file_name(source.spec);
-  return {video, live, name};
+  return {video, live, name, identity_of(source, live, *video)};
 }
 
 // The file --state keeps a stream's alert states in: the path given for one source; for several, one beside it
@@ -336,6 +359,7 @@ struct StreamSource {
   std::chrono::steady_clock::time_point in_hand;
   double stamp = 0.0;   // a live frame's wall-clock time
   int64_t repeats = 0;  // sample times a file's frame in hand still serves (a video slower than the bundle)
+  int64_t resumed_at = 0;  // the sample a file goes on at, where --state had it (0: its beginning)
   bool ended = false;
 
   // The next sample time's frame, preprocessed into `frame`; false once the source has ended or the run is stopped.
@@ -408,7 +432,16 @@ std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bun
     auto& stream = *opened.back();
     if (state_path) {
       stream.saver.file.emplace(state_path_of(*state_path, name, sources.size()));
-      stream.saver.file->restore(queries, stream.alerts.states, say);
+      stream.saver.source = stream.opened.identity;
+      const auto resumed = stream.saver.file->restore(queries, stream.alerts.states, stream.opened.identity, say);
+      if (resumed.position > 0) {  // the file it was reading: on from where it stopped, stream times continuing
+        stream.resumed_at = stream.alerts.stepped = resumed.position;
+        stream.alerts.last_time = resumed.stream_time;
+        std::ostringstream at;
+        at << resumed.position / bundle.fps;
+        say("note: " + name + " goes on at " + at.str() + " s, where the run that saved " +
+            stream.saver.file->path().string() + " stopped");
+      }
       stream.saver.memory = memory_path_of(stream.saver.file->path());
       stream.saver.engine = &engine;
       stream.saver.stream = static_cast<int>(s);
@@ -440,7 +473,7 @@ std::string status_line(const std::vector<std::unique_ptr<StreamSource>>& stream
 // The run's last lines on stderr, and its exit status: 128 + a signal; 1 where a live source was lost for good (a
 // failure, so a service manager starts the run again); else 0.
 int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_ptr<StreamSource>>& streams,
-               int64_t steps) {
+               int64_t steps, double period_s) {
   int64_t dropped = 0;
   for (const auto& s : streams) dropped += s->dropped();
   const std::string dropped_words =
@@ -459,6 +492,12 @@ int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_pt
               << s->alerts.stepped << " frames, every output complete (exit status 1)" << std::endl;
   }
   if (lost) return 1;
+  for (const auto& s : streams) {  // resumed past its end: 0 frames, which is right, and said why
+    if (s->resumed_at == 0 || s->alerts.stepped > s->resumed_at) continue;
+    std::cerr << "sdqes-run: note: " << s->opened.name << " has no frames after "
+              << s->resumed_at * period_s << " s, where --state had it: the run it resumes had streamed it to its end"
+              << std::endl;
+  }
   std::cerr << "done: " << steps << " frames" << dropped_words << std::endl;
   return 0;
 }
@@ -484,7 +523,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
       stream.reader = std::make_unique<sdqes::LiveReader>(live_capture(stream.opened.video, sources[s]),
                                                           stream.opened.name, period, say);
     } else {
-      stream.file.emplace(*stream.opened.video, period);
+      stream.file.emplace(*stream.opened.video, period, stream.resumed_at);
     }
   }
   std::ostringstream header;  // as `sdqes-edge run` starts: what streams, how fast, what is asked, on what
@@ -529,7 +568,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
     stream->saver.save(stream->alerts);  // what the next start goes on from
     stream->finish();
   }
-  return report_end(stop, streams, steps);
+  return report_end(stop, streams, steps, period);
 }
 #endif
 
