@@ -32,8 +32,8 @@ class MemoryApi(CApi):
     def load(self, step, stream: int, path: Path) -> int:
         return self.step_load_memory(step, stream, str(path).encode(), self.error, len(self.error))
 
-    def open_step(self, bundle):
-        step = self.step_open(bundle, b"onnxruntime", None, 1, self.error, len(self.error))
+    def open_step(self, bundle, precision: bytes | None = None):
+        step = self.step_open(bundle, b"onnxruntime", precision, 1, self.error, len(self.error))
         assert step, self.said()
         return step
 
@@ -180,4 +180,69 @@ def test_sdqes_run_state_keeps_the_models_memory_and_a_restart_goes_on_from_it(s
     assert ": the model starts fresh; that file is kept as " in kept[0]
     assert len(list(tmp_path.glob("state.unusable-*.memory"))) == 1
     np.testing.assert_allclose(memory_of(memory)[1], c_api_memory("one.memory", slice(35, 36)), rtol=0, atol=1e-6)
+    api.bundle_close(opened)
+
+
+@pytest.fixture(scope="module")
+def two_precision_bundle(tmp_path_factory) -> str:
+    """`bundle`'s tiny QRNN model with its fp16 step graph beside the fp32 one."""
+    from conftest import random_model
+
+    from sdqes_edge.export import ExportOptions, export_bundle
+
+    root = tmp_path_factory.mktemp("two-precisions") / "qrnn"
+    export_bundle(random_model("qrnn"), root, ExportOptions(show_progress=False, fps=5.0, verify_frames=16,
+                                                            precisions=("fp32", "fp16"), drift_frames=16,
+                                                            queries=QUERIES), log=lambda m: None)
+    return str(root)
+
+
+def test_memory_kept_by_the_fp16_graph_goes_on_in_the_fp32_one_converted(sdqes_run_on_the_cpu, api,
+                                                                         two_precision_bundle, video, sampled_images,
+                                                                         tmp_path):
+    """A service moved from its fp16 graph to the fp32 one (or back) keeps its memory, as `sdqes-edge run --state`
+    does: sdqes-run --precision fp16 --state keeps fp16 memory; started again at fp32 it says it converted it and goes
+    on as a C API fp32 step given that memory for samples 30 to 34 (within 1e-6); the converted memory is the fp32
+    stream's after the same 30 frames to within fp16's rounding, nowhere near a fresh start's."""
+    state, memory = tmp_path / "state.json", tmp_path / "state.memory"
+
+    def sdqes_run(precision: str, frames: int) -> str:
+        done = subprocess.run([str(sdqes_run_on_the_cpu), two_precision_bundle, "--source", video, "--precision",
+                               precision, "--state", str(state), "--max-frames", str(frames), "--threshold", "0.99"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    opened = api.bundle_open(two_precision_bundle.encode(), api.error, len(api.error))
+    frames = preprocessed(api, opened, sampled_images)
+    probabilities = np.empty(len(QUERIES), np.float32)
+
+    def c_api_memory(precision: bytes, samples: slice, resume_from: Path | None = None) -> bytes:
+        step = api.open_step(opened, precision)
+        if resume_from is not None:
+            assert api.load(step, 0, resume_from) == 0, api.said()
+        for frame in frames[samples]:
+            assert api.step_run(step, api.floats(frame), api.floats(probabilities), api.error, len(api.error)) == 0
+        assert api.save(step, 0, tmp_path / "c-api.memory") == 0, api.said()
+        api.step_close(step)
+        return (tmp_path / "c-api.memory").read_bytes()
+
+    sdqes_run("fp16", 30)
+    header, half_bytes = memory.read_bytes().split(b"\n", 2)[1:]
+    assert {t["element_bytes"] for t in json.loads(header)["tensors"]} == {2}
+    half = np.frombuffer(half_bytes, np.float16).astype(np.float32)
+    (tmp_path / "fp16.memory").write_bytes(memory.read_bytes())
+    fp32_after_30 = np.frombuffer(c_api_memory(b"fp32", slice(0, 30)).split(b"\n", 2)[2], np.float32)
+    rounding, fresh = np.abs(half - fp32_after_30).max(), np.abs(fp32_after_30).max()
+    print(f"\nfp16 memory after 30 frames against fp32's: {rounding:.1e} (the memory's largest |x| {fresh:.2f})")
+    assert rounding < 0.05 * fresh
+    said = sdqes_run("fp32", 5)
+    assert (f"sdqes-run: resumed the model's memory from {memory} (kept by the fp16 step graph, converted)"
+            in said), said
+    assert {t["element_bytes"] for t in memory_of(memory)[0]["tensors"]} == {4}
+    expected = np.frombuffer(c_api_memory(b"fp32", slice(30, 35), tmp_path / "fp16.memory").split(b"\n", 2)[2],
+                             np.float32)
+    np.testing.assert_allclose(memory_of(memory)[1], expected, rtol=0, atol=1e-6)
+    said = sdqes_run("fp16", 1)  # and back: the fp32 memory converted for the fp16 graph
+    assert "(kept by the fp32 step graph, converted)" in said, said
     api.bundle_close(opened)

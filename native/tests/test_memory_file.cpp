@@ -1,6 +1,7 @@
 // A stream's memory kept in a file across a restart (sdqes/memory_file.hpp), on a backend that holds its state as
-// bytes: saved from one stream and loaded into another it is the same bytes; a file of another model or another
-// precision, or one cut short, is refused, naming what is wrong, and the state is left as it was.
+// bytes: saved from one stream and loaded into another it is the same bytes; the memory of the model's graph of the
+// other precision is converted, fp16 <-> fp32; a file of another model or export, or one cut short, is refused, naming
+// what is wrong, and the state is left as it was.
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -105,9 +106,9 @@ TEST_F(MemoryFile, OfAnotherModelPrecisionOrExportOrCutShortIsRefusedAndTheState
   sdqes::save_memory(path, saved, 0);
   auto other_model = opened(1, {4, 4}, "model-b");
   EXPECT_EQ(refusal(path, other_model, 0), "holds the memory of another model (not this bundle's: another export?)");
-  auto half = opened(1, {2, 2});  // the fp16 graph of the same model
-  EXPECT_NE(refusal(path, half, 0).find("(another precision, or another export of the model)"), std::string::npos);
-  EXPECT_EQ(half.backend->stream_state(0), std::vector<uint8_t>(half.backend->stream_state(0).size(), 0));
+  auto mixed = opened(1, {4, 2});  // another export: not one precision for another, so not converted
+  EXPECT_NE(refusal(path, mixed, 0).find("(another precision, or another export of the model)"), std::string::npos);
+  EXPECT_EQ(mixed.backend->stream_state(0), std::vector<uint8_t>(mixed.backend->stream_state(0).size(), 0));
   std::string bytes;
   {
     std::ifstream in(path, std::ios::binary);
@@ -120,6 +121,34 @@ TEST_F(MemoryFile, OfAnotherModelPrecisionOrExportOrCutShortIsRefusedAndTheState
   EXPECT_EQ(refusal(path, same, 0), "is not a model memory file (sdqes-run --state or sdqes_step_save_memory "
                                     "writes them)");
   EXPECT_THROW(sdqes::save_memory(folder / "no-such-folder" / "state.memory", saved, 0), sdqes::Error);
+}
+
+// The bytes of `values` as a float32 state.
+std::vector<uint8_t> float_bytes(const std::vector<float>& values) {
+  const auto* first = reinterpret_cast<const uint8_t*>(values.data());
+  return {first, first + values.size() * sizeof(float)};
+}
+
+TEST_F(MemoryFile, KeptByTheGraphOfTheOtherPrecisionIsConvertedElementForElement) {
+  auto fp32 = opened(2, {4, 4});  // two tensors of 2 and 3 elements a stream: 5 floats
+  fp32.backend->set_stream_state(1, float_bytes({1.0f, -2.0f, 0.5f, 65504.0f, 0.1f}));
+  sdqes::save_memory(folder / "fp32.memory", fp32, 1);
+  auto fp16 = opened(2, {2, 2});  // the same model's fp16 graph, a camera moved to it
+  EXPECT_EQ(sdqes::load_memory(folder / "fp32.memory", fp16, 0), "fp32");
+  // IEEE half-precision bits, little-endian: 1, -2, 0.5, the largest half, and 0.1 rounded to the nearest half
+  EXPECT_EQ(fp16.backend->stream_state(0),
+            (std::vector<uint8_t>{0x00, 0x3c, 0x00, 0xc0, 0x00, 0x38, 0xff, 0x7b, 0x66, 0x2e}));
+  sdqes::save_memory(folder / "fp16.memory", fp16, 0);
+  auto back = opened(2, {4, 4});
+  EXPECT_EQ(sdqes::load_memory(folder / "fp16.memory", back, 1), "fp16");
+  EXPECT_EQ(back.backend->stream_state(1), float_bytes({1.0f, -2.0f, 0.5f, 65504.0f, 0.0999755859375f}));
+  EXPECT_EQ(sdqes::load_memory(folder / "fp16.memory", fp16, 1), "");  // its own graph's: as it was
+  fp32.backend->set_stream_state(1, float_bytes({1.0f, 70000.0f, 0.0f, 0.0f, 0.0f}));  // past the largest half
+  sdqes::save_memory(folder / "fp32.memory", fp32, 1);
+  EXPECT_EQ(refusal(folder / "fp32.memory", fp16, 0),
+            "holds values past fp16's range (|x| up to 70000) for this fp16 step graph");
+  EXPECT_EQ(fp16.backend->stream_state(0)[0], 0x00);  // left as it was
+  EXPECT_EQ(fp16.backend->stream_state(0)[1], 0x3c);
 }
 
 }  // namespace

@@ -279,8 +279,9 @@ struct StateSaver {
       return;
     }
     try {
-      sdqes::load_memory(memory, step, stream);
-      say("resumed the model's memory from " + memory.string());
+      const std::string kept_by = sdqes::load_memory(memory, step, stream);
+      say("resumed the model's memory from " + memory.string() +
+          (kept_by.empty() ? "" : " (kept by the " + kept_by + " step graph, converted)"));
     } catch (const sdqes::UnusableMemory& e) {
       sdqes::set_aside_unusable(memory, "--state memory", e.problem, "the model starts fresh", say);
     }

@@ -6,7 +6,8 @@
 // The file: a line naming the format; a line of JSON, what the memory belongs to (the model identity, each state
 // tensor's name, element size and bytes per stream); then the stream's state, StepBackend::stream_state's bytes.
 // Written atomically. It is tied to the model by its identity and to the step graph's state by each tensor's name and
-// element size (an fp16 graph's memory is not an fp32 one's): a file of another is refused.
+// element size: a file of another is refused, except the memory of the same tensors kept by the model's graph of the
+// other precision (fp16 for fp32, or fp32 for fp16), which is converted, as the Python runtime's snapshots are.
 #pragma once
 
 #include <filesystem>
@@ -26,9 +27,10 @@ struct UnusableMemory : Error {
   std::string problem;  // "is damaged (its header is not JSON)"
 };
 
-// The memory save_memory wrote, given to `stream`. Throws UnusableMemory where the file is not one, is damaged, is
-// another model's or holds a state of another layout (another precision, another export); the step is then as it
-// was. An Error where it cannot be read, or the stream is out of range.
-void load_memory(const std::filesystem::path& path, OpenedStep& step, int stream);
+// The memory save_memory wrote, given to `stream`. -> "" where it was this graph's own; "fp16" (or "fp32") where it
+// was kept by the graph of that precision and converted. Throws UnusableMemory where the file is not one, is damaged,
+// is another model's or holds a state of another layout (another export; an fp32 value past fp16's range for an fp16
+// graph); the step is then as it was. An Error where it cannot be read, or the stream is out of range.
+std::string load_memory(const std::filesystem::path& path, OpenedStep& step, int stream);
 
 }  // namespace sdqes

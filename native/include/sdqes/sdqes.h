@@ -83,8 +83,8 @@ SDQES_API int sdqes_step_reset_stream(sdqes_step* step, int stream, char* error,
  * stream's alert states (state.memory). */
 SDQES_API int sdqes_step_save_memory(sdqes_step* step, int stream, const char* path, char* error, size_t error_size);
 /* Memory sdqes_step_save_memory wrote, given to `stream` (any stream of a step of the same model and graph: a camera
- * may move to another slot). One of another model, precision or export, or damaged, is refused with the reason, and
- * the step is left as it was. */
+ * may move to another slot). Memory kept by the model's graph of the other precision (fp16, fp32) is converted. One
+ * of another model or export, or damaged, is refused with the reason, and the step is left as it was. */
 SDQES_API int sdqes_step_load_memory(sdqes_step* step, int stream, const char* path, char* error, size_t error_size);
 /* What runs it, for a log line ("ONNX Runtime 1.32.0 on the CPU, step.fp32.onnx"); "" for NULL. */
 SDQES_API const char* sdqes_step_description(const sdqes_step* step);
