@@ -14,6 +14,17 @@ void LatestFrame::put(Frame frame) {
   changed_.notify_all();
 }
 
+bool LatestFrame::put_waiting(Frame frame) {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return !pending_ || closed_; });
+    if (closed_) return false;
+    pending_ = std::move(frame);
+  }
+  changed_.notify_all();
+  return true;
+}
+
 void LatestFrame::finish(bool lost, std::exception_ptr error) {
   {
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -43,6 +54,8 @@ bool LatestFrame::take(Frame& frame, const std::function<bool()>& stopped) {
   if (pending_) {
     frame = std::move(*pending_);
     pending_.reset();
+    lock.unlock();
+    changed_.notify_all();  // a file's reader waits for the room
     return true;
   }
   if (error_) std::rethrow_exception(error_);
@@ -83,6 +96,7 @@ void read_live(LiveCapture& capture, const std::string& name, double period, Lat
         if (served == 0) continue;  // between two sample times: not decoded
         next_sample += served;      // the sample times a stall missed are skipped, never stepped on a stale frame
         if (capture.retrieve(frame.image) && !frame.image.empty()) {
+          prepare_on_this_thread(capture.prepare, frame);
           frames.put(std::move(frame));
           continue;
         }
@@ -99,21 +113,30 @@ void read_live(LiveCapture& capture, const std::string& name, double period, Lat
   frames.finish(lost, error);
 }
 
-LiveReader::LiveReader(std::shared_ptr<LiveCapture> capture, std::string name, double period,
-                       std::function<void(const std::string&)> log, std::vector<double> delays)
-    : frames_(std::make_shared<LatestFrame>()) {
+void prepare_on_this_thread(const PrepareFrame& prepare, LatestFrame::Frame& frame) {
+  if (!prepare) return;
+  frame.prepared = prepare(frame.image);
+  frame.image.release();  // what the step takes is made: the decoded frame is not needed again
+}
+
+FrameReader::FrameReader(std::function<void(LatestFrame&)> read) : frames_(std::make_shared<LatestFrame>()) {
   std::promise<void> ended;
   ended_ = ended.get_future();
   // The thread holds what it uses: one left inside a read past kReaderStopTimeoutS outlives this object.
-  thread_ = std::thread([capture = std::move(capture), frames = frames_, name = std::move(name), period,
-                         log = std::move(log), delays = std::move(delays), start = std::chrono::steady_clock::now(),
-                         ended = std::move(ended)]() mutable {
-    read_live(*capture, name, period, *frames, log, start, delays);
+  thread_ = std::thread([read = std::move(read), frames = frames_, ended = std::move(ended)]() mutable {
+    read(*frames);
     ended.set_value();
   });
 }
 
-LiveReader::~LiveReader() {
+LiveReader::LiveReader(std::shared_ptr<LiveCapture> capture, std::string name, double period,
+                       std::function<void(const std::string&)> log, std::vector<double> delays)
+    : FrameReader([capture = std::move(capture), name = std::move(name), period, log = std::move(log),
+                   delays = std::move(delays), start = std::chrono::steady_clock::now()](LatestFrame& frames) {
+        read_live(*capture, name, period, frames, log, start, delays);
+      }) {}
+
+FrameReader::~FrameReader() {
   frames_->close();
   if (ended_.wait_for(std::chrono::duration<double>(kReaderStopTimeoutS)) == std::future_status::ready) {
     thread_.join();

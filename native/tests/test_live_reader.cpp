@@ -73,7 +73,10 @@ struct Said {
 };
 
 sdqes::LatestFrame::Frame numbered(int number, double stamp) {
-  return {cv::Mat(1, 1, CV_32S, cv::Scalar(number)), stamp};
+  sdqes::LatestFrame::Frame frame;
+  frame.image = cv::Mat(1, 1, CV_32S, cv::Scalar(number));
+  frame.stamp = stamp;
+  return frame;
 }
 
 }  // namespace
@@ -101,6 +104,43 @@ TEST(LatestFrame, ALoopWaitingForAFrameStopsWhenAskedAndARaisedErrorReachesIt) {
   frames.finish(false, std::make_exception_ptr(std::runtime_error("can't dequeue buffer")));
   ASSERT_TRUE(frames.take(frame, kNeverStopped));
   EXPECT_THROW(frames.take(frame, kNeverStopped), std::runtime_error);
+}
+
+TEST(LatestFrame, AFilesFrameWaitsForTheOneBeforeToBeTakenAndAClosedLoopTakesNone) {
+  sdqes::LatestFrame frames;
+  ASSERT_TRUE(frames.put_waiting(numbered(1, 0.0)));
+  std::atomic<bool> second_in{false};
+  std::thread reader([&] { second_in = frames.put_waiting(numbered(2, 0.0)); });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(second_in) << "a file's frame replaced the one not yet taken";
+  sdqes::LatestFrame::Frame frame;
+  ASSERT_TRUE(frames.take(frame, kNeverStopped));
+  EXPECT_EQ(frame.image.at<int>(0), 1);
+  reader.join();
+  EXPECT_TRUE(second_in);
+  std::thread waiting([&] { second_in = frames.put_waiting(numbered(3, 0.0)); });  // frame 2 still not taken
+  std::this_thread::sleep_for(20ms);
+  frames.close();  // the run ends (Ctrl-C, --max-frames): the reader stops waiting
+  waiting.join();
+  EXPECT_FALSE(second_in);
+  EXPECT_EQ(frames.dropped(), 0);
+}
+
+TEST(LiveReader, EachSampledFrameIsPreparedOnTheReadersThreadAndItsImageReleased) {
+  auto camera = std::make_shared<ScriptedCamera>();
+  auto capture = capture_of(camera);
+  std::atomic<std::thread::id> prepared_on{};
+  capture->prepare = [&prepared_on](const cv::Mat& image) {
+    prepared_on = std::this_thread::get_id();
+    return std::vector<float>{static_cast<float>(image.at<int>(0)), 0.5f};
+  };
+  sdqes::LiveReader reader(capture, "cam", 0.01, [](const std::string&) {});
+  sdqes::LatestFrame::Frame frame;
+  ASSERT_TRUE(reader.frames().take(frame, kNeverStopped));
+  ASSERT_EQ(frame.prepared.size(), 2u);
+  EXPECT_GE(frame.prepared[0], 1.0f);
+  EXPECT_TRUE(frame.image.empty());
+  EXPECT_NE(prepared_on.load(), std::this_thread::get_id());
 }
 
 TEST(LiveReader, ALoopSlowerThanTheCameraStepsOnTheNewestFrameNeverFallingBehind) {

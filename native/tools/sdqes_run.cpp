@@ -23,6 +23,7 @@
 #include <opencv2/videoio.hpp>
 
 #include "sdqes/alert_state_file.hpp"
+#include "sdqes/file_reader.hpp"
 #include "sdqes/live_reader.hpp"
 #include "sdqes/memory_file.hpp"
 #include "sdqes/runtime.hpp"
@@ -151,46 +152,27 @@ Source read_source(const std::string& spec) {
 }
 
 #ifdef SDQES_CAN_STREAM
-// A video file's sampled frames, read on the loop's thread: every sample time is stepped, none dropped. A run resumed
-// from --state goes on at sample `start` (stream time start / fps): the samples before it are read to keep the
-// timeline, never stepped, as runtime/frame_source.py's start_at.
-class FileFrames {
- public:
-  FileFrames(cv::VideoCapture& capture, double period, int64_t start)
-      : capture_(capture),
-        period_(period),
-        end_time_(sdqes::stated_end_time(capture.get(cv::CAP_PROP_FRAME_COUNT), capture.get(cv::CAP_PROP_FPS))),
-        start_(start) {}
-
-  // The next sampled frame and how many sample times k / fps it serves, each by the first frame at or after it
-  // (runtime/sampling.py): more than one where the video is slower than the bundle, its frame repeated.
-  // -> false at the file's end, or a frame that would not decode.
-  bool next(cv::Mat& image, int64_t& serves) {
-    while (capture_.grab()) {
-      const double stamp = capture_.get(cv::CAP_PROP_POS_MSEC) / 1000.0;
-      serves = sdqes::samples_served(stamp, next_sample_, period_, end_time_);
-      const int64_t before_start = std::min(serves, std::max<int64_t>(0, start_ - next_sample_));
-      next_sample_ += serves;
-      serves -= before_start;
-      if (serves == 0) continue;  // between two sample times, or before the start: not decoded
-      return capture_.retrieve(image) && !image.empty();
-    }
-    return false;
-  }
-
- private:
-  cv::VideoCapture& capture_;
-  double period_, end_time_;
-  int64_t start_;
-  int64_t next_sample_ = 0;  // the first sample time k / fps not yet served
-};
+// A video file's VideoCapture as its reader thread reads it (sdqes::FileReader: a frame decoded and preprocessed
+// while the engine steps the one before).
+std::shared_ptr<sdqes::FileCapture> file_capture(const std::shared_ptr<cv::VideoCapture>& video,
+                                                 sdqes::PrepareFrame prepare) {
+  auto capture = std::make_shared<sdqes::FileCapture>();
+  capture->grab = [video] { return video->grab(); };
+  capture->stamp_s = [video] { return video->get(cv::CAP_PROP_POS_MSEC) / 1000.0; };
+  capture->retrieve = [video](cv::Mat& image) { return video->retrieve(image); };
+  capture->end_time_s = sdqes::stated_end_time(video->get(cv::CAP_PROP_FRAME_COUNT), video->get(cv::CAP_PROP_FPS));
+  capture->prepare = std::move(prepare);
+  return capture;
+}
 
 // A live source's VideoCapture as the reader thread reads it: every frame grabbed, only a sampled one decoded.
-std::shared_ptr<sdqes::LiveCapture> live_capture(const std::shared_ptr<cv::VideoCapture>& video, const Source& source) {
+std::shared_ptr<sdqes::LiveCapture> live_capture(const std::shared_ptr<cv::VideoCapture>& video, const Source& source,
+                                                 sdqes::PrepareFrame prepare) {
   auto capture = std::make_shared<sdqes::LiveCapture>();
   capture->grab = [video] { return video->grab(); };
   capture->retrieve = [video](cv::Mat& image) { return video->retrieve(image); };
   capture->reopen = [video, source] { return source.open(*video); };
+  capture->prepare = std::move(prepare);
   return capture;
 }
 
@@ -344,9 +326,9 @@ std::filesystem::path memory_path_of(std::filesystem::path state_file) {
   return state_file;
 }
 
-// One --source as the loop steps it: its frames (a file's read on the loop's thread, each sample time stepped; a live
-// source's on a thread of its own, sdqes::LiveReader, stamped by the wall clock, each frame stepped once, the ones the
-// loop had no time for dropped), its stream's alerts and its --state file.
+// One --source as the loop steps it: its frames, read and preprocessed on a thread of its own (a file's by
+// sdqes::FileReader, each sample time stepped; a live source's by sdqes::LiveReader, stamped by the wall clock, each
+// frame stepped once, the ones the loop had no time for dropped), its stream's alerts and its --state file.
 struct StreamSource {
   StreamSource(OpenSource source, StreamAlerts stream_alerts)
       : opened(std::move(source)), alerts(std::move(stream_alerts)) {}
@@ -354,8 +336,7 @@ struct StreamSource {
   OpenSource opened;
   StreamAlerts alerts;
   StateSaver saver;
-  std::optional<FileFrames> file;
-  std::unique_ptr<sdqes::LiveReader> reader;
+  std::unique_ptr<sdqes::FrameReader> reader;
   std::vector<float> frame;  // the frame in hand, preprocessed
   std::chrono::steady_clock::time_point in_hand;
   double stamp = 0.0;   // a live frame's wall-clock time
@@ -371,20 +352,14 @@ struct StreamSource {
       in_hand = std::chrono::steady_clock::now();
       return true;
     }
-    cv::Mat image;
-    int64_t serves = 1;  // a live frame steps once: repeating a stale frame would put the model behind the world
-    if (file) {
-      ended = !file->next(image, serves);
-    } else {
-      sdqes::LatestFrame::Frame taken;
-      ended = !reader->frames().take(taken, [&stop] { return stop.requested(); });
-      image = taken.image;
-      stamp = taken.stamp;
-    }
+    sdqes::LatestFrame::Frame taken;  // a live frame serves once: repeating a stale one puts the model behind the world
+    ended = !reader->frames().take(taken, [&stop] { return stop.requested(); });
     if (ended) return false;
     in_hand = std::chrono::steady_clock::now();
-    frame = sdqes::preprocess(image, bundle.image_size, bundle.preprocess);
-    repeats = serves - 1;
+    frame = taken.prepared.empty() ? sdqes::preprocess(taken.image, bundle.image_size, bundle.preprocess)
+                                   : std::move(taken.prepared);
+    stamp = taken.stamp;
+    repeats = taken.serves - 1;
     return true;
   }
 
@@ -517,14 +492,20 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   const double period = 1.0 / bundle.fps;
   const sdqes::StopOnSignal stop;  // Ctrl-C, docker stop, systemd: the frame in hand is finished, then the loop ends
   bool any_live = false;
+  // Each frame preprocessed on its reader's thread, while the engine steps the one before (by value: a reader left
+  // inside a stalled read outlives this function).
+  const sdqes::PrepareFrame prepare = [size = bundle.image_size, how = bundle.preprocess](const cv::Mat& image) {
+    return sdqes::preprocess(image, size, how);
+  };
   for (size_t s = 0; s < sources.size(); ++s) {  // each reader's clock starts here, after the warm-up
     auto& stream = *streams[s];
     any_live = any_live || stream.opened.live;
     if (stream.opened.live) {
-      stream.reader = std::make_unique<sdqes::LiveReader>(live_capture(stream.opened.video, sources[s]),
+      stream.reader = std::make_unique<sdqes::LiveReader>(live_capture(stream.opened.video, sources[s], prepare),
                                                           stream.opened.name, period, say);
     } else {
-      stream.file.emplace(*stream.opened.video, period, stream.resumed_at);
+      stream.reader = std::make_unique<sdqes::FileReader>(file_capture(stream.opened.video, prepare), period,
+                                                          stream.resumed_at);
     }
   }
   std::ostringstream header;  // as `sdqes-edge run` starts: what streams, how fast, what is asked, on what

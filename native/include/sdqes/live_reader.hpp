@@ -3,7 +3,9 @@
 // A camera or stream keeps sending frames at its own pace whatever the engine does. Read on the thread that steps
 // the engine, a step slower than the frame period leaves frames piling up in the capture's buffer (FFmpeg's, V4L2's),
 // and every alert comes later than the one before. Read here, the loop always steps on the newest sampled frame, and
-// the ones it had no time for are counted as dropped, as `sdqes-edge run` counts them.
+// the ones it had no time for are counted as dropped, as `sdqes-edge run` counts them. Each sampled frame is also
+// preprocessed here (LiveCapture::prepare), so the loop's thread only steps. A video file is read on a thread of its
+// own too, none dropped (sdqes/file_reader.hpp).
 #pragma once
 
 #include <chrono>
@@ -34,12 +36,17 @@ inline constexpr double kReaderStopTimeoutS = 2.0;
 class LatestFrame {
  public:
   struct Frame {
-    cv::Mat image;       // BGR, as OpenCV decoded it
-    double stamp = 0.0;  // seconds since the run started reading, by the wall clock
+    cv::Mat image;                // BGR, as OpenCV decoded it (released once prepared)
+    std::vector<float> prepared;  // the frame as the step takes it, made on the reader's thread; empty: not made
+    double stamp = 0.0;           // a live frame: seconds since the run started reading, by the wall clock
+    int64_t serves = 1;           // a file's frame: the sample times it serves (more where the video is slower)
   };
 
   // The reader's side.
   void put(Frame frame);   // replaces the frame not yet taken, counting it in dropped()
+  // Waits until the frame not yet taken has been (a file's frames are never dropped) -> false, and `frame` not
+  // handed over, where the loop closed meanwhile.
+  bool put_waiting(Frame frame);
   // No frames after this; one not yet taken is still handed over first. lost: the source went away for good;
   // error: what the reader threw (OpenCV's exceptions), raised by take() in the loop.
   void finish(bool lost, std::exception_ptr error = nullptr);
@@ -66,11 +73,17 @@ class LatestFrame {
   std::exception_ptr error_;
 };
 
+// A decoded frame made ready for the step (sdqes-run: sdqes::preprocess for the bundle), on the reader's thread.
+using PrepareFrame = std::function<std::vector<float>(const cv::Mat&)>;
+// frame.prepared made from frame.image by `prepare` (where there is one), the image then released.
+void prepare_on_this_thread(const PrepareFrame& prepare, LatestFrame::Frame& frame);
+
 // What the reader reads a live source through (sdqes-run: a cv::VideoCapture; the tests: a scripted camera).
 struct LiveCapture {
   std::function<bool()> grab;              // the next frame, not yet decoded -> false: the source gave none
   std::function<bool(cv::Mat&)> retrieve;  // the grabbed frame decoded: only a sampled frame is
   std::function<bool()> reopen;            // release and open again -> whether it opened
+  PrepareFrame prepare;                    // optional: each sampled frame prepared on the reader's thread
 };
 
 // Reads `capture` until the source is lost for good or `frames` is closed: each frame stamped by the time since
@@ -82,21 +95,28 @@ void read_live(LiveCapture& capture, const std::string& name, double period, Lat
                const std::function<void(const std::string&)>& log, std::chrono::steady_clock::time_point start,
                const std::vector<double>& delays);
 
-// read_live on a thread of its own, started at construction. Its destructor closes the frames and joins the thread;
-// a thread still inside a read after kReaderStopTimeoutS is left to end with the process (it holds what it uses).
-class LiveReader {
+// `read` (a source's reading, ending with frames.finish) on a thread of its own, started at construction, handing
+// its frames over through frames(). Its destructor closes the frames and joins the thread; a thread still inside a
+// read after kReaderStopTimeoutS is left to end with the process (`read` must hold what it uses).
+class FrameReader {
  public:
-  LiveReader(std::shared_ptr<LiveCapture> capture, std::string name, double period,
-             std::function<void(const std::string&)> log, std::vector<double> delays = reconnect_delays_s());
-  ~LiveReader();
-  LiveReader(const LiveReader&) = delete;
-  LiveReader& operator=(const LiveReader&) = delete;
+  explicit FrameReader(std::function<void(LatestFrame&)> read);
+  virtual ~FrameReader();
+  FrameReader(const FrameReader&) = delete;
+  FrameReader& operator=(const FrameReader&) = delete;
   LatestFrame& frames() { return *frames_; }
 
  private:
   std::shared_ptr<LatestFrame> frames_;
   std::future<void> ended_;
   std::thread thread_;
+};
+
+// read_live on a thread of its own.
+class LiveReader : public FrameReader {
+ public:
+  LiveReader(std::shared_ptr<LiveCapture> capture, std::string name, double period,
+             std::function<void(const std::string&)> log, std::vector<double> delays = reconnect_delays_s());
 };
 
 }  // namespace sdqes
