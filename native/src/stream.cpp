@@ -8,6 +8,7 @@
 #include <ctime>
 #include <fstream>
 #include <limits>
+#include <utility>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -59,6 +60,69 @@ Coefficients coefficients(int in_size, int out_size) {
   return c;
 }
 
+// The input rows [first, last) that outputs [first_out, first_out + count) of `c` read.
+std::pair<int, int> input_span(const Coefficients& c, int first_out, int count) {
+  int first = c.start[first_out], last = c.start[first_out] + c.taps;
+  for (int o = first_out; o < first_out + count; ++o) {
+    first = std::min(first, c.start[o]);
+    last = std::max(last, c.start[o] + c.taps);
+  }
+  return {first, last};
+}
+
+// The horizontal pass: output columns [left, left + out_w) of every input row the vertical pass reads (those of
+// output rows [top, top + out_h) of `cy`) -> [rows, out_w, 3], clipped to the 8-bit range as PIL clips. Each
+// output sums its taps in order, the three channels side by side; the columns read are widened to double once a row,
+// not once a tap.
+std::vector<double> resample_columns(const cv::Mat& bgr, const Coefficients& cx, int left, int out_w,
+                                     const Coefficients& cy, int top, int out_h) {
+  const auto [y0, y1] = input_span(cy, top, out_h);
+  const auto [x0, x1] = input_span(cx, left, out_w);  // a center crop of a 16:9 frame reads 60% of its columns
+  std::vector<double> horizontal(static_cast<size_t>(y1 - y0) * out_w * 3);
+  std::vector<double> row(static_cast<size_t>(x1 - x0) * 3);
+  for (int y = y0; y < y1; ++y) {
+    const uint8_t* pixels = bgr.ptr<uint8_t>(y) + static_cast<size_t>(x0) * 3;
+    std::copy(pixels, pixels + row.size(), row.begin());
+    double* written = &horizontal[static_cast<size_t>(y - y0) * out_w * 3];
+    for (int x = 0; x < out_w; ++x) {
+      const int o = left + x;
+      const double* wk = &cx.weights[static_cast<size_t>(o) * cx.taps];
+      const double* in = &row[static_cast<size_t>(cx.start[o] - x0) * 3];
+      double b = 0.0, g = 0.0, r = 0.0;
+      for (int k = 0; k < cx.taps; ++k) {
+        b += in[3 * k] * wk[k];
+        g += in[3 * k + 1] * wk[k];
+        r += in[3 * k + 2] * wk[k];
+      }
+      written[3 * x] = std::clamp(b, 0.0, 255.0);
+      written[3 * x + 1] = std::clamp(g, 0.0, 255.0);
+      written[3 * x + 2] = std::clamp(r, 0.0, 255.0);
+    }
+  }
+  return horizontal;
+}
+
+// The vertical pass: output rows [top, top + out_h) of `cy` from `horizontal` (resample_columns') into `out`
+// [out_h, out_w, 3], clipped. Each output row adds its taps' rows in order, whole rows at a time (each element's
+// sum in the same order as one output at a time, which the compiler vectorizes across the row).
+void resample_rows(const std::vector<double>& horizontal, const Coefficients& cy, int top, int out_h, int out_w,
+                   double* out) {
+  const int y0 = input_span(cy, top, out_h).first;
+  const size_t width = static_cast<size_t>(out_w) * 3;
+  for (int y = 0; y < out_h; ++y) {
+    const int o = top + y;
+    const double* wk = &cy.weights[static_cast<size_t>(o) * cy.taps];
+    double* sum = out + static_cast<size_t>(y) * width;
+    std::fill(sum, sum + width, 0.0);
+    for (int k = 0; k < cy.taps; ++k) {
+      const double* in = &horizontal[static_cast<size_t>(cy.start[o] + k - y0) * width];
+      const double weight = wk[k];
+      for (size_t i = 0; i < width; ++i) sum[i] += in[i] * weight;
+    }
+    for (size_t i = 0; i < width; ++i) sum[i] = std::clamp(sum[i], 0.0, 255.0);
+  }
+}
+
 }  // namespace
 
 std::vector<float> preprocess(const cv::Mat& bgr, int size, const Preprocess& p) {
@@ -91,30 +155,8 @@ std::vector<float> preprocess(const cv::Mat& bgr, int size, const Preprocess& p)
           out[(static_cast<size_t>(y) * out_w + x) * 3 + c] = bgr.ptr<cv::Vec3b>(top + y)[left + x][c];
   } else {
     const Coefficients cx = coefficients(w, new_w), cy = coefficients(h, new_h);
-    std::vector<double> horizontal(static_cast<size_t>(h) * out_w * 3);
-    for (int y = 0; y < h; ++y) {
-      const cv::Vec3b* row = bgr.ptr<cv::Vec3b>(y);
-      for (int x = 0; x < out_w; ++x) {
-        const int o = left + x;
-        const double* wk = &cx.weights[static_cast<size_t>(o) * cx.taps];
-        for (int c = 0; c < 3; ++c) {
-          double acc = 0.0;
-          for (int k = 0; k < cx.taps; ++k) acc += row[cx.start[o] + k][c] * wk[k];
-          horizontal[(static_cast<size_t>(y) * out_w + x) * 3 + c] = std::clamp(acc, 0.0, 255.0);
-        }
-      }
-    }
-    for (int y = 0; y < out_h; ++y) {
-      const int o = top + y;
-      const double* wk = &cy.weights[static_cast<size_t>(o) * cy.taps];
-      for (int x = 0; x < out_w; ++x) {
-        for (int c = 0; c < 3; ++c) {
-          double acc = 0.0;
-          for (int k = 0; k < cy.taps; ++k) acc += horizontal[((static_cast<size_t>(cy.start[o]) + k) * out_w + x) * 3 + c] * wk[k];
-          out[(static_cast<size_t>(y) * out_w + x) * 3 + c] = std::clamp(acc, 0.0, 255.0);
-        }
-      }
-    }
+    const auto horizontal = resample_columns(bgr, cx, left, out_w, cy, top, out_h);
+    resample_rows(horizontal, cy, top, out_h, out_w, out.data());
   }
   std::vector<float> chw(static_cast<size_t>(3) * out_h * out_w);
   for (int y = 0; y < out_h; ++y)
