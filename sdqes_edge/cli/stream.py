@@ -317,8 +317,10 @@ def _summarize(sources: list, stats: RunStats, exit_code: int, written: list[str
     counted = f"{stats.frames} {unit}{'' if stats.frames == 1 else 's'}" + (
         f" of {len(sources)} sources" if len(sources) > 1 else "")
     alerts = f"{stats.events} alert{'' if stats.events == 1 else 's'}"
-    print(f"{'interrupted after' if exit_code != 0 else 'done:'} {counted}, {alerts}, "
-          f"{stats.fps:.1f} {unit}s/s, latency p50 {stats.latency(50):.1f} ms p99 {stats.latency(99):.1f} ms"
+    # No frame, no speed: "0.0 frames/s, latency p50 0.0 ms" read as a measured stall.
+    speed = (f", {stats.fps:.1f} {unit}s/s, latency p50 {stats.latency(50):.1f} ms p99 {stats.latency(99):.1f} ms"
+             if stats.frames else "")
+    print(f"{'interrupted after' if exit_code != 0 else 'done:'} {counted}, {alerts}{speed}"
           + (f", {dropped} frames dropped (the model is slower than the source)" if dropped else ""), file=sys.stderr)
     for source in sources:
         shortfall = source.stats.shortfall_words(source.name)
