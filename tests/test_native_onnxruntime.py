@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,20 @@ import time
 import numpy as np
 import pytest
 from native_fixtures import alerts, python_alerts_at_a_busy_threshold
+
+# sdqes-run's last line, as `sdqes-edge run`'s: "done: 75 frames, 15 alerts, 731.5 frames/s, latency p50 1.2 ms
+# p99 1.4 ms".
+LAST_LINE = re.compile(r"done: (\d+) (frame|step)s?( of \d+ sources)?, (\d+) alerts?, [\d.]+ \2s/s, "
+                       r"latency p50 ([\d.]+) ms p99 ([\d.]+) ms")
+
+
+def last_line(stderr: str) -> tuple[int, int]:
+    """-> (frames or steps, alerts) of sdqes-run's last line, checked whole, latencies included."""
+    found = LAST_LINE.fullmatch(stderr.strip().splitlines()[-1])
+    assert found, stderr
+    assert 0 < float(found.group(5)) <= float(found.group(6))
+    return int(found.group(1)), int(found.group(4))
+
 
 # What an alert line says besides its score, which the two runtimes compute apart (compared to 1e-5).
 ALERT_FIELDS = ("query_id", "query", "message", "stream", "frame_index", "stream_time", "threshold", "label")
@@ -44,8 +59,8 @@ def test_sdqes_run_on_onnx_runtime_alerts_frame_for_frame_as_sdqes_edge_run_does
     assert done.returncode == 0, done.stderr
     fused_words = ", its queries scored inside the graph" if kind == "fused" else ""
     assert "(ONNX Runtime " in done.stderr and f"on the CPU, step.fp32.onnx{fused_words})" in done.stderr
-    assert done.stderr.strip().splitlines()[-1] == "done: 75 frames"
     native = alerts(native_log)
+    assert last_line(done.stderr) == (75, len(native))
     largest = same_alerts(native, python)
     print(f"\n{kind}: {len(native)} alerts over 75 frames at threshold {threshold}, on the same frames; scores "
           f"within {largest:.1e}")
@@ -83,11 +98,11 @@ def test_a_video_stopped_and_started_again_with_state_goes_on_where_it_stopped_a
         assert done.returncode == 0, done.stderr
         return done.stderr
 
-    assert sdqes_run("--max-frames", "40").strip().splitlines()[-1] == "done: 40 frames"
+    assert last_line(sdqes_run("--max-frames", "40"))[0] == 40
     assert json.loads(state.read_text())["position"] == 40
     said = sdqes_run()
     assert f"sdqes-run: note: kitchen goes on at 8 s, where the run that saved {state} stopped" in said
-    assert said.strip().splitlines()[-1] == "done: 35 frames"
+    assert last_line(said)[0] == 35
     native = alerts(log)
     assert any(a["frame_index"] < 40 for a in native) and any(a["frame_index"] >= 40 for a in native)
     largest = same_alerts(native, python)
@@ -95,7 +110,7 @@ def test_a_video_stopped_and_started_again_with_state_goes_on_where_it_stopped_a
     said = sdqes_run()
     assert said.strip().splitlines()[-2:] == [
         "sdqes-run: note: kitchen has no frames after 15 s, where --state had it: the run it resumes had streamed "
-        "it to its end", "done: 0 frames"]
+        "it to its end", "done: 0 frames, 0 alerts"]
     assert len(alerts(log)) == len(native)
 
 
@@ -128,6 +143,7 @@ def test_sdqes_run_on_a_live_stream_tells_systemd_it_is_ready_and_stops_on_sigte
             except socket.timeout:  # TimeoutError from Python 3.10 on
                 break
     assert "; Ctrl-C to stop" in said and "sdqes-run: interrupted (SIGTERM) after " in said, said
+    assert re.search(r"interrupted \(SIGTERM\) after \d+ frames?, 2 alerts, [\d.]+ frames/s, latency p50 ", said), said
     assert told and told[-1].startswith("STOPPING=1\nSTATUS=stopping after "), told
     assert [a["message"] for a in alerts(log)] == ["Wash your hands.", "Tea!"]  # whole lines, each query once
 
@@ -160,8 +176,9 @@ def test_sdqes_run_streams_several_sources_in_one_graph_as_sdqes_edge_run_does(s
                            str(native_log), "--state", str(state)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "streaming kitchen, garage at 5 fps with 2 queries" in done.stderr
-    assert done.stderr.strip().splitlines()[-1] == "done: 75 frames"  # steps: the longer source's frames
     native = alerts(native_log)
+    assert last_line(done.stderr) == (75, len(native))  # steps: the longer source's frames
+    assert "done: 75 steps of 2 sources, " in done.stderr
     largest = same_alerts(native, python)
     print(f"\ntwo sources: {len(native)} alerts at threshold {threshold}, on the same frames; scores within "
           f"{largest:.1e}")

@@ -26,6 +26,7 @@
 #include "sdqes/file_reader.hpp"
 #include "sdqes/live_reader.hpp"
 #include "sdqes/memory_file.hpp"
+#include "sdqes/run_stats.hpp"
 #include "sdqes/runtime.hpp"
 #include "sdqes/saved_files.hpp"
 #include "sdqes/service_manager.hpp"
@@ -449,14 +450,21 @@ std::string status_line(const std::vector<std::unique_ptr<StreamSource>>& stream
 // The run's last lines on stderr, and its exit status: 128 + a signal; 1 where a live source was lost for good (a
 // failure, so a service manager starts the run again); else 0.
 int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_ptr<StreamSource>>& streams,
-               int64_t steps, double period_s) {
-  int64_t dropped = 0;
-  for (const auto& s : streams) dropped += s->dropped();
-  const std::string dropped_words =
-      dropped ? ", " + std::to_string(dropped) + " frames dropped (the engine is slower than the source)" : "";
+               int64_t steps, double seconds, const sdqes::LatencyHistogram& latencies, double period_s) {
+  int64_t dropped = 0, raised = 0;
+  for (const auto& s : streams) {
+    dropped += s->dropped();
+    raised += s->alerts.raised;
+  }
+  // As `sdqes-edge run` counts them: with several sources a step takes a frame of each, so steps are counted.
+  const std::string unit = streams.size() > 1 ? "step" : "frame";
+  const std::string counted =
+      std::to_string(steps) + " " + unit + (steps == 1 ? "" : "s") +
+      (streams.size() > 1 ? " of " + std::to_string(streams.size()) + " sources" : "") +
+      sdqes::run_words(steps, raised, seconds, latencies, unit) +
+      (dropped ? ", " + std::to_string(dropped) + " frames dropped (the engine is slower than the source)" : "");
   if (stop.requested()) {
-    std::cerr << "sdqes-run: interrupted (" << stop.signal_name() << ") after " << steps << " frames"
-              << dropped_words << std::endl;
+    std::cerr << "sdqes-run: interrupted (" << stop.signal_name() << ") after " << counted << std::endl;
     return stop.exit_code();
   }
   bool lost = false;
@@ -474,7 +482,7 @@ int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_pt
               << s->resumed_at * period_s << " s, where --state had it: the run it resumes had streamed it to its end"
               << std::endl;
   }
-  std::cerr << "done: " << steps << " frames" << dropped_words << std::endl;
+  std::cerr << "done: " << counted << std::endl;
   return 0;
 }
 
@@ -522,6 +530,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   const auto started = std::chrono::steady_clock::now();
   auto reported = started;
   int64_t steps = 0;
+  sdqes::LatencyHistogram latencies;  // every stream's, as `sdqes-edge run` reports them together
   while (!stop.requested() && !(max_frames > 0 && steps >= max_frames)) {
     for (size_t s = 0; s < streams.size(); ++s) {
       frames[s] = streams[s]->next(bundle, stop) ? streams[s]->frame.data() : nullptr;
@@ -534,6 +543,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
       if (batch.idle(static_cast<int>(s))) continue;
       const auto probs = sdqes::query_probabilities(*engine.backend, *embedding, queries, static_cast<int>(s));
       const auto scored = std::chrono::steady_clock::now();  // latency: from the frame in hand to its scores
+      latencies.add(std::chrono::duration<double, std::milli>(scored - stream.in_hand).count());
       stream.alerts.update(probs, stream.time(period),
                            std::chrono::duration<double, std::milli>(scored - stream.in_hand).count());
       stream.saver.after_frame(stream.alerts);
@@ -550,7 +560,8 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
     stream->saver.save(stream->alerts);  // what the next start goes on from
     stream->finish();
   }
-  return report_end(stop, streams, steps, period);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return report_end(stop, streams, steps, seconds, latencies, period);
 }
 #endif
 
