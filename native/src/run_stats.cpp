@@ -43,4 +43,14 @@ std::string run_words(int64_t frames, int64_t alerts, double seconds, const Late
   return words.str();
 }
 
+std::string status_words(double frames_per_s, const LatencyHistogram& latencies, int64_t dropped, int64_t alerts) {
+  std::ostringstream words;
+  words << std::fixed << std::setprecision(1) << frames_per_s << " frames/s, latency p50 " << std::setprecision(0)
+        << latencies.percentile(50) << " ms, p99 " << latencies.percentile(99) << " ms, dropped " << dropped << ", "
+        << alerts << (alerts == 1 ? " alert" : " alerts");
+  return words.str();
+}
+
+double live_report_seconds(bool on_a_terminal) { return on_a_terminal ? kLiveReportSeconds : kLogLineSeconds; }
+
 }  // namespace sdqes

@@ -45,3 +45,12 @@ TEST(RunWords, SayWhatSdqesEdgeRunSaysAndNoSpeedWithoutAFrame) {
             ", 2 alerts, 3.0 steps/s, latency p50 10.0 ms p99 10.0 ms");
   EXPECT_EQ(sdqes::run_words(0, 0, 0.0, sdqes::LatencyHistogram()), ", 0 alerts");
 }
+
+TEST(StatusWords, SayWhatSdqesEdgeRunTellsSystemdAndPrintsLessOftenInALog) {
+  sdqes::LatencyHistogram latencies;
+  latencies.add(21.2);
+  EXPECT_EQ(sdqes::status_words(29.84, latencies, 0, 1),
+            "29.8 frames/s, latency p50 21 ms, p99 21 ms, dropped 0, 1 alert");
+  EXPECT_EQ(sdqes::live_report_seconds(true), 5.0);
+  EXPECT_EQ(sdqes::live_report_seconds(false), 30.0);
+}

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <opencv2/videoio.hpp>
+#include <unistd.h>
 
 #include "sdqes/alert_state_file.hpp"
 #include "sdqes/file_reader.hpp"
@@ -434,17 +435,16 @@ std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bun
   return opened;
 }
 
-// "29.8 frames/s, dropped 0, 1 alert": `systemctl status`'s line, `sdqes-edge run`'s without its latency percentiles.
-std::string status_line(const std::vector<std::unique_ptr<StreamSource>>& streams, int64_t steps, double seconds) {
+// "29.8 frames/s, latency p50 21 ms, p99 35 ms, dropped 0, 1 alert": `systemctl status`'s line, as `sdqes-edge run`
+// gives it.
+std::string status_line(const std::vector<std::unique_ptr<StreamSource>>& streams, int64_t steps, double seconds,
+                        const sdqes::LatencyHistogram& latencies) {
   int64_t dropped = 0, raised = 0;
   for (const auto& s : streams) {
     dropped += s->dropped();
     raised += s->alerts.raised;
   }
-  std::ostringstream line;
-  line << std::fixed << std::setprecision(1) << (seconds > 0 ? steps / seconds : 0.0) << " frames/s, dropped "
-       << dropped << ", " << raised << (raised == 1 ? " alert" : " alerts");
-  return line.str();
+  return sdqes::status_words(seconds > 0 ? steps / seconds : 0.0, latencies, dropped, raised);
 }
 
 // The run's last lines on stderr, and its exit status: 128 + a signal; 1 where a live source was lost for good (a
@@ -528,7 +528,8 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
                           3 * static_cast<size_t>(bundle.image_size) * bundle.image_size);
   std::vector<const float*> frames(bundle.batch, nullptr);  // each source's frame; the extra streams' none
   const auto started = std::chrono::steady_clock::now();
-  auto reported = started;
+  auto reported = started, printed = started;
+  const double print_every = sdqes::live_report_seconds(::isatty(STDERR_FILENO) != 0);
   int64_t steps = 0;
   sdqes::LatencyHistogram latencies;  // every stream's, as `sdqes-edge run` reports them together
   while (!stop.requested() && !(max_frames > 0 && steps >= max_frames)) {
@@ -552,7 +553,13 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
     manager.alive();
     if (std::chrono::steady_clock::now() - reported >= kStatusEvery) {
       reported = std::chrono::steady_clock::now();
-      manager.status(status_line(streams, steps, std::chrono::duration<double>(reported - started).count()));
+      const std::string line =
+          status_line(streams, steps, std::chrono::duration<double>(reported - started).count(), latencies);
+      manager.status(line);
+      if (any_live && std::chrono::duration<double>(reported - printed).count() >= print_every) {
+        say(line);  // a live run has no end line to wait for: how it is doing, now and then
+        printed = reported;
+      }
     }
   }
   manager.stopping("stopping after " + std::to_string(steps) + " frames");

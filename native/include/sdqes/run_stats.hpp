@@ -38,4 +38,13 @@ class LatencyHistogram {
 std::string run_words(int64_t frames, int64_t alerts, double seconds, const LatencyHistogram& latencies,
                       const std::string& unit = "frame");
 
+// "29.8 frames/s, latency p50 21 ms, p99 35 ms, dropped 0, 1 alert": a live run's status line, as `sdqes-edge run`
+// gives it to systemd (`systemctl status`) and prints it now and then.
+std::string status_words(double frames_per_s, const LatencyHistogram& latencies, int64_t dropped, int64_t alerts);
+
+// How often a live run prints its status line: every few seconds on a terminal; in a log (journald, docker) once
+// in kLogLineSeconds, not 17,000 lines a day from a service that runs for weeks (sdqes-edge run's intervals).
+inline constexpr double kLiveReportSeconds = 5.0, kLogLineSeconds = 30.0;
+double live_report_seconds(bool on_a_terminal);
+
 }  // namespace sdqes
