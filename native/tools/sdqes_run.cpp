@@ -18,6 +18,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <opencv2/videoio.hpp>
@@ -435,15 +436,21 @@ std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bun
   return opened;
 }
 
-// "29.8 frames/s, latency p50 21 ms, p99 35 ms, dropped 0, 1 alert": `systemctl status`'s line, as `sdqes-edge run`
-// gives it.
-std::string status_line(const std::vector<std::unique_ptr<StreamSource>>& streams, int64_t steps, double seconds,
-                        const sdqes::LatencyHistogram& latencies) {
+// Every source's frames dropped and alerts raised so far.
+std::pair<int64_t, int64_t> dropped_and_raised(const std::vector<std::unique_ptr<StreamSource>>& streams) {
   int64_t dropped = 0, raised = 0;
   for (const auto& s : streams) {
     dropped += s->dropped();
     raised += s->alerts.raised;
   }
+  return {dropped, raised};
+}
+
+// "29.8 frames/s, latency p50 21 ms, p99 35 ms, dropped 0, 1 alert": `systemctl status`'s line, as `sdqes-edge run`
+// gives it.
+std::string status_line(const std::vector<std::unique_ptr<StreamSource>>& streams, int64_t steps, double seconds,
+                        const sdqes::LatencyHistogram& latencies) {
+  const auto [dropped, raised] = dropped_and_raised(streams);
   return sdqes::status_words(seconds > 0 ? steps / seconds : 0.0, latencies, dropped, raised);
 }
 
@@ -451,11 +458,7 @@ std::string status_line(const std::vector<std::unique_ptr<StreamSource>>& stream
 // failure, so a service manager starts the run again); else 0.
 int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_ptr<StreamSource>>& streams,
                int64_t steps, double seconds, const sdqes::LatencyHistogram& latencies, double period_s) {
-  int64_t dropped = 0, raised = 0;
-  for (const auto& s : streams) {
-    dropped += s->dropped();
-    raised += s->alerts.raised;
-  }
+  const auto [dropped, raised] = dropped_and_raised(streams);
   // As `sdqes-edge run` counts them: with several sources a step takes a frame of each, so steps are counted.
   const std::string unit = streams.size() > 1 ? "step" : "frame";
   const std::string counted =
@@ -543,10 +546,11 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
       auto& stream = *streams[s];
       if (batch.idle(static_cast<int>(s))) continue;
       const auto probs = sdqes::query_probabilities(*engine.backend, *embedding, queries, static_cast<int>(s));
-      const auto scored = std::chrono::steady_clock::now();  // latency: from the frame in hand to its scores
-      latencies.add(std::chrono::duration<double, std::milli>(scored - stream.in_hand).count());
-      stream.alerts.update(probs, stream.time(period),
-                           std::chrono::duration<double, std::milli>(scored - stream.in_hand).count());
+      // latency: from the frame in hand to its scores
+      const double latency_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - stream.in_hand).count();
+      latencies.add(latency_ms);
+      stream.alerts.update(probs, stream.time(period), latency_ms);
       stream.saver.after_frame(stream.alerts);
     }
     ++steps;
