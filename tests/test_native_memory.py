@@ -37,6 +37,21 @@ class MemoryApi(CApi):
         assert step, self.said()
         return step
 
+    def memory_after(self, bundle, frames: list, path: Path, precision: bytes | None = None,
+                     resume_from: Path | None = None) -> np.ndarray:
+        """A fresh step of `bundle` (given `resume_from`'s memory, if any) stepped on `frames`: its memory saved to
+        `path`, and read as an fp32 graph's floats."""
+        step = self.open_step(bundle, precision)
+        if resume_from is not None:
+            assert self.load(step, 0, resume_from) == 0, self.said()
+        probabilities = np.empty(self.bundle_query_count(bundle), np.float32)
+        for frame in frames:
+            assert self.step_run(step, self.floats(frame), self.floats(probabilities), self.error,
+                                 len(self.error)) == 0, self.said()
+        assert self.save(step, 0, path) == 0, self.said()
+        self.step_close(step)
+        return memory_of(path)[1]
+
     def step_streams_on(self, step, frames: list, probabilities: np.ndarray) -> np.ndarray:
         assert self.step_run_streams(step, self.frame_pointers(frames), self.floats(probabilities), self.error,
                                      len(self.error)) == 0, self.said()
@@ -150,17 +165,9 @@ def test_sdqes_run_state_keeps_the_models_memory_and_a_restart_goes_on_from_it(s
 
     opened = api.bundle_open(bundle.encode(), api.error, len(api.error))
     frames = preprocessed(api, opened, sampled_images)
-    probabilities = np.empty(len(QUERIES), np.float32)
 
     def c_api_memory(name: str, samples: slice, resume_from: Path | None = None) -> np.ndarray:
-        step = api.open_step(opened)
-        if resume_from is not None:
-            assert api.load(step, 0, resume_from) == 0, api.said()
-        for frame in frames[samples]:
-            assert api.step_run(step, api.floats(frame), api.floats(probabilities), api.error, len(api.error)) == 0
-        assert api.save(step, 0, tmp_path / name) == 0, api.said()
-        api.step_close(step)
-        return memory_of(tmp_path / name)[1]
+        return api.memory_after(opened, frames[samples], tmp_path / name, resume_from=resume_from)
 
     said = sdqes_run(30)
     assert "resumed the model's memory" not in said
@@ -215,24 +222,13 @@ def test_memory_kept_by_the_fp16_graph_goes_on_in_the_fp32_one_converted(sdqes_r
 
     opened = api.bundle_open(two_precision_bundle.encode(), api.error, len(api.error))
     frames = preprocessed(api, opened, sampled_images)
-    probabilities = np.empty(len(QUERIES), np.float32)
-
-    def c_api_memory(precision: bytes, samples: slice, resume_from: Path | None = None) -> bytes:
-        step = api.open_step(opened, precision)
-        if resume_from is not None:
-            assert api.load(step, 0, resume_from) == 0, api.said()
-        for frame in frames[samples]:
-            assert api.step_run(step, api.floats(frame), api.floats(probabilities), api.error, len(api.error)) == 0
-        assert api.save(step, 0, tmp_path / "c-api.memory") == 0, api.said()
-        api.step_close(step)
-        return (tmp_path / "c-api.memory").read_bytes()
 
     sdqes_run("fp16", 30)
     header, half_bytes = memory.read_bytes().split(b"\n", 2)[1:]
     assert {t["element_bytes"] for t in json.loads(header)["tensors"]} == {2}
     half = np.frombuffer(half_bytes, np.float16).astype(np.float32)
     (tmp_path / "fp16.memory").write_bytes(memory.read_bytes())
-    fp32_after_30 = np.frombuffer(c_api_memory(b"fp32", slice(0, 30)).split(b"\n", 2)[2], np.float32)
+    fp32_after_30 = api.memory_after(opened, frames[:30], tmp_path / "c-api.memory", b"fp32")
     rounding, fresh = np.abs(half - fp32_after_30).max(), np.abs(fp32_after_30).max()
     print(f"\nfp16 memory after 30 frames against fp32's: {rounding:.1e} (the memory's largest |x| {fresh:.2f})")
     assert rounding < 0.05 * fresh
@@ -240,8 +236,7 @@ def test_memory_kept_by_the_fp16_graph_goes_on_in_the_fp32_one_converted(sdqes_r
     assert (f"sdqes-run: resumed the model's memory from {memory} (kept by the fp16 step graph, converted)"
             in said), said
     assert {t["element_bytes"] for t in memory_of(memory)[0]["tensors"]} == {4}
-    expected = np.frombuffer(c_api_memory(b"fp32", slice(30, 35), tmp_path / "fp16.memory").split(b"\n", 2)[2],
-                             np.float32)
+    expected = api.memory_after(opened, frames[30:35], tmp_path / "c-api.memory", b"fp32", tmp_path / "fp16.memory")
     np.testing.assert_allclose(memory_of(memory)[1], expected, rtol=0, atol=1e-6)
     said = sdqes_run("fp16", 1)  # and back: the fp32 memory converted for the fp16 graph
     assert "(kept by the fp32 step graph, converted)" in said, said

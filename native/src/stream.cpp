@@ -70,13 +70,11 @@ std::pair<int, int> input_span(const Coefficients& c, int first_out, int count) 
   return {first, last};
 }
 
-// The horizontal pass: output columns [left, left + out_w) of every input row the vertical pass reads (those of
-// output rows [top, top + out_h) of `cy`) -> [rows, out_w, 3], clipped to the 8-bit range as PIL clips. Each
-// output sums its taps in order, the three channels side by side; the columns read are widened to double once a row,
-// not once a tap.
-std::vector<double> resample_columns(const cv::Mat& bgr, const Coefficients& cx, int left, int out_w,
-                                     const Coefficients& cy, int top, int out_h) {
-  const auto [y0, y1] = input_span(cy, top, out_h);
+// The horizontal pass: output columns [left, left + out_w) of input rows [y0, y1) (those the vertical pass reads)
+// -> [y1 - y0, out_w, 3], clipped to the 8-bit range as PIL clips. Each output sums its taps in order, the three
+// channels side by side; the columns read are widened to double once a row, not once a tap.
+std::vector<double> resample_columns(const cv::Mat& bgr, const Coefficients& cx, int left, int out_w, int y0,
+                                     int y1) {
   const auto [x0, x1] = input_span(cx, left, out_w);  // a center crop of a 16:9 frame reads 60% of its columns
   std::vector<double> horizontal(static_cast<size_t>(y1 - y0) * out_w * 3);
   std::vector<double> row(static_cast<size_t>(x1 - x0) * 3);
@@ -102,12 +100,11 @@ std::vector<double> resample_columns(const cv::Mat& bgr, const Coefficients& cx,
   return horizontal;
 }
 
-// The vertical pass: output rows [top, top + out_h) of `cy` from `horizontal` (resample_columns') into `out`
-// [out_h, out_w, 3], clipped. Each output row adds its taps' rows in order, whole rows at a time (each element's
-// sum in the same order as one output at a time, which the compiler vectorizes across the row).
-void resample_rows(const std::vector<double>& horizontal, const Coefficients& cy, int top, int out_h, int out_w,
-                   double* out) {
-  const int y0 = input_span(cy, top, out_h).first;
+// The vertical pass: output rows [top, top + out_h) of `cy` from `horizontal` (resample_columns', its first row
+// input row y0) into `out` [out_h, out_w, 3], clipped. Each output row adds its taps' rows in order, whole rows at a
+// time (each element's sum in the same order as one output at a time, which the compiler vectorizes across the row).
+void resample_rows(const std::vector<double>& horizontal, int y0, const Coefficients& cy, int top, int out_h,
+                   int out_w, double* out) {
   const size_t width = static_cast<size_t>(out_w) * 3;
   for (int y = 0; y < out_h; ++y) {
     const int o = top + y;
@@ -155,8 +152,8 @@ std::vector<float> preprocess(const cv::Mat& bgr, int size, const Preprocess& p)
           out[(static_cast<size_t>(y) * out_w + x) * 3 + c] = bgr.ptr<cv::Vec3b>(top + y)[left + x][c];
   } else {
     const Coefficients cx = coefficients(w, new_w), cy = coefficients(h, new_h);
-    const auto horizontal = resample_columns(bgr, cx, left, out_w, cy, top, out_h);
-    resample_rows(horizontal, cy, top, out_h, out_w, out.data());
+    const auto [y0, y1] = input_span(cy, top, out_h);  // the input rows the kept output rows read
+    resample_rows(resample_columns(bgr, cx, left, out_w, y0, y1), y0, cy, top, out_h, out_w, out.data());
   }
   std::vector<float> chw(static_cast<size_t>(3) * out_h * out_w);
   for (int y = 0; y < out_h; ++y)

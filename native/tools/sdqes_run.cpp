@@ -348,7 +348,7 @@ struct StreamSource {
   bool ended = false;
 
   // The next sample time's frame, preprocessed into `frame`; false once the source has ended or the run is stopped.
-  bool next(const sdqes::Bundle& bundle, const sdqes::StopOnSignal& stop) {
+  bool next(const sdqes::StopOnSignal& stop) {
     if (ended) return false;
     if (repeats > 0) {  // a repeated frame: in hand as the sample time comes
       --repeats;
@@ -359,8 +359,7 @@ struct StreamSource {
     ended = !reader->frames().take(taken, [&stop] { return stop.requested(); });
     if (ended) return false;
     in_hand = std::chrono::steady_clock::now();
-    frame = taken.prepared.empty() ? sdqes::preprocess(taken.image, bundle.image_size, bundle.preprocess)
-                                   : std::move(taken.prepared);
+    frame = std::move(taken.prepared);  // preprocessed on the reader's thread (stream's `prepare`)
     stamp = taken.stamp;
     repeats = taken.serves - 1;
     return true;
@@ -537,7 +536,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   sdqes::LatencyHistogram latencies;  // every stream's, as `sdqes-edge run` reports them together
   while (!stop.requested() && !(max_frames > 0 && steps >= max_frames)) {
     for (size_t s = 0; s < streams.size(); ++s) {
-      frames[s] = streams[s]->next(bundle, stop) ? streams[s]->frame.data() : nullptr;
+      frames[s] = streams[s]->next(stop) ? streams[s]->frame.data() : nullptr;
     }
     if (stop.requested()) break;
     const auto* embedding = batch.step(*engine.backend, frames.data());
