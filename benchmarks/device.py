@@ -129,7 +129,7 @@ def bound_window(path: Path, frames: np.ndarray, device: str, threads: int | Non
     return window, captured
 
 
-def _export(model, path: Path, batch: int, precision: str, device: str, operators: str | None = None) -> Path:
+def timing_graph(model, path: Path, batch: int, precision: str, device: str, operators: str | None = None) -> Path:
     """A step graph for timing, traced on ``device`` (minutes less at fp16 and 32 streams than on a CPU);
     ``operators``: ``export_step_graph``'s (default: the precision's own)."""
     if not path.exists():
@@ -149,7 +149,7 @@ def _window(model, work: Path, window: int, precision: str, device: str) -> Path
 
 def _plain_fp16(model, work: Path, batch: int, device: str) -> Path:
     """The fp16 step graph in plain ONNX, beside the one with ONNX Runtime's fused operators (the default)."""
-    return _export(model, work / f"{device}-plain-b{batch}.fp16.onnx", batch, FP16, device, PLAIN_ONNX_OPERATORS)
+    return timing_graph(model, work / f"{device}-plain-b{batch}.fp16.onnx", batch, FP16, device, PLAIN_ONNX_OPERATORS)
 
 
 def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work: Path,
@@ -162,7 +162,7 @@ def bench_device(cfg, models: dict, frame_of: Callable[[int], np.ndarray], work:
     for name, model in models.items():
         for precision in PRECISIONS:
             log(f"[{device}] exporting {name} {precision} ...")
-            path = _export(model, work / f"{device}-{name}-b1.{precision}.onnx", 1, precision, device)
+            path = timing_graph(model, work / f"{device}-{name}-b1.{precision}.onnx", 1, precision, device)
             candidates[f"{name}/torch_{precision}"] = torch_step(model, frame, device, precision)
             candidates[f"{name}/ort_{precision}"], runner = ort_step(path, frame, device, cfg.threads)
             replayed[f"{name}/ort_{precision}"] = runner.cuda_graph
@@ -238,7 +238,7 @@ def bench_device_batches(cfg, models: dict, frame_of, work: Path, log) -> dict:
         for name, model in models.items():
             for precision in PRECISIONS:
                 log(f"[{cfg.device}] exporting {name} {precision} at batch {batch} ...")
-                path = _export(model, work / f"{cfg.device}-{name}-b{batch}.{precision}.onnx", batch, precision,
+                path = timing_graph(model, work / f"{cfg.device}-{name}-b{batch}.{precision}.onnx", batch, precision,
                                cfg.device)
                 key = f"{name}/{precision}/{batch}"
                 candidates[key], runners[key] = ort_step(path, frame_of(batch), cfg.device, cfg.threads)

@@ -9,6 +9,7 @@ import numpy as np
 from sdqes_edge.benchmarks.config import BACKEND_TITLES, BACKENDS
 from sdqes_edge.benchmarks.device import markdown as device_markdown
 from sdqes_edge.benchmarks.machine_load import busy_machine_words
+from sdqes_edge.benchmarks.retention_kernel import markdown as retention_markdown
 from sdqes_edge.contract import FP32
 from sdqes_edge.eval_plots import _pyplot
 from sdqes_edge.files import format_bytes
@@ -41,6 +42,8 @@ def markdown(results: dict) -> str:
                   f"step {row['bare_step_ms_per_frame']:.2f} ms/frame; loop / step **{row['loop_over_step']:.2f}x**; "
                   f"over the slower of the step and the source **{row['loop_over_slower_half']:.2f}x**"
                   for p, row in e2e.get("by_precision", {}).items() if p != FP32]
+        if "retention" in section:  # with --ort-ops: the RetNet step with the retention kernel and without
+            lines += retention_markdown(section["retention"], section["device"])
     return "\n".join(lines) + "\n"
 
 

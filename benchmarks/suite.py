@@ -34,6 +34,7 @@ from sdqes_edge.benchmarks.end_to_end import bench_end_to_end, bench_precisions
 from sdqes_edge.benchmarks.machine_load import other_processes_cores, read_cpu_clock
 from sdqes_edge.benchmarks.models import bench_config, bench_frame, bench_model, ort_step
 from sdqes_edge.benchmarks.report import markdown, plots
+from sdqes_edge.benchmarks.retention_kernel import bench_retention_kernel
 from sdqes_edge.benchmarks.timing import interleaved, machine, peak_rss_bytes, rss_bytes
 from sdqes_edge.config import preset
 from sdqes_edge.contract import FP16, FP32, WINDOW_INPUT
@@ -268,7 +269,9 @@ def device_sections(cfg: BenchConfig, log: Callable[[str], None]) -> list[Sectio
             (("device", "scaling"), lambda work: bench_device_scaling(cfg, work, log)),
             (("device", "end_to_end"), lambda work: bench_end_to_end(cfg, work, log, ort_device=cfg.device,
                                                                      precisions=(FP32, FP16),
-                                                                     sampled=cfg.device_e2e_frames))]
+                                                                     sampled=cfg.device_e2e_frames))] + (
+        [(("device", "retention"), lambda work: bench_retention_kernel(cfg, frame_of, work, log))]
+        if cfg.ort_ops else [])  # the RetNet step with the library's retention kernel and without, last
 
 
 def _sections(cfg: BenchConfig, log: Callable[[str], None]) -> list[Section]:

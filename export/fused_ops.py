@@ -27,7 +27,7 @@ from sdqes_edge.contract import FUSED_OPS, FUSED_OPS_DOMAIN
 from .graph_edits import constant_tensors, constant_value, readers_of, spliced, static_shapes, with_nodes
 from .qrnn_patterns import pooling_scan, pooling_step
 
-QRNN_POOL, QRNN_SCAN = FUSED_OPS  # the step form's (one frame), the window form's (its frames, from h = 0)
+QRNN_POOL, QRNN_SCAN = FUSED_OPS[:2]  # the step form's (one frame), the window form's (its frames, from h = 0)
 FUSED_OPS_VERSION = 1
 
 
@@ -95,6 +95,22 @@ def qrnn_scan_function(opset: int, dtype: int, frames: int, axis: int):
                                 opset_imports=[helper.make_opsetid("", opset)], attributes=["alpha", "axis"])
 
 
+def fusion_view(graph, shapes: dict[str, tuple] | None) -> tuple:
+    """What a fused operator's pattern finder reads of ``graph``: (its nodes, held, as ``spliced`` knows nodes by
+    id; each tensor's producer; each tensor's readers, a graph output counted as a reader outside the step; every
+    tensor's static shape, ``shapes`` where given, else inferred; the value of a constant by name, else None)."""
+    nodes = list(graph.graph.node)
+    producers = {out: node for node in nodes for out in node.output}
+    readers, shapes = readers_of(graph), static_shapes(graph) if shapes is None else shapes
+    for output in graph.graph.output:
+        readers.setdefault(output.name, []).append(None)
+    initializers = constant_tensors(graph)
+
+    def constants_of(name: str):
+        return constant_value(name, initializers, producers)
+    return nodes, producers, readers, shapes, constants_of
+
+
 def fuse_qrnn_pools(graph, shapes: dict[str, tuple] | None = None) -> int:
     """Rewrite, in ``graph`` (an ``onnx.ModelProto`` with static shapes), each QRNN pooling step as one
     ``sdqes_edge.QrnnPool`` node and each window's pooling over its frames as one ``sdqes_edge.QrnnScan`` node
@@ -103,16 +119,7 @@ def fuse_qrnn_pools(graph, shapes: dict[str, tuple] | None = None) -> int:
     Runtime's operators), else inferred here."""
     from onnx import helper
 
-    nodes = list(graph.graph.node)  # held: ``spliced`` knows nodes by id
-    producers = {out: node for node in nodes for out in node.output}
-    readers, shapes = readers_of(graph), static_shapes(graph) if shapes is None else shapes
-    for output in graph.graph.output:  # a graph output is read outside the step
-        readers.setdefault(output.name, []).append(None)
-    initializers = constant_tensors(graph)
-
-    def constants_of(name: str):
-        return constant_value(name, initializers, producers)
-
+    nodes, producers, readers, shapes, constants_of = fusion_view(graph, shapes)
     removed, replaced, kinds = set(), {}, set()  # kinds: (function, element type, frames, axis)
     for node in nodes:
         found = (pooling_step(node, producers, readers, constants_of, shapes) if node.op_type == "Add" else
@@ -132,16 +139,24 @@ def fuse_qrnn_pools(graph, shapes: dict[str, tuple] | None = None) -> int:
         removed |= {id(n) for n in found.nodes}
     if not replaced or len({k[1] for k in kinds}) > 1 or len({k for k in kinds if k[0] == QRNN_SCAN}) > 1:
         return 0  # one function of each, of one type (and one window) per graph: anything else is left as it is
-    with_nodes(graph, _without_unread_constants(spliced(nodes, removed, before=replaced), graph))
+    with_nodes(graph, without_unread_constants(spliced(nodes, removed, before=replaced), graph))
     opset = next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
     for op_type, dtype, frames, axis in sorted(kinds, key=str):
         graph.functions.append(qrnn_pool_function(opset, dtype) if op_type == QRNN_POOL
                                else qrnn_scan_function(opset, dtype, frames, axis))
-    graph.opset_import.append(helper.make_opsetid(FUSED_OPS_DOMAIN, FUSED_OPS_VERSION))
+    declare_fused_domain(graph)
     return len(replaced)
 
 
-def _without_unread_constants(nodes: list, graph) -> list:
+def declare_fused_domain(graph) -> None:
+    """Declare this project's operator domain in ``graph``'s operator sets, once, whichever rewrite used it first."""
+    from onnx import helper
+
+    if all(o.domain != FUSED_OPS_DOMAIN for o in graph.opset_import):
+        graph.opset_import.append(helper.make_opsetid(FUSED_OPS_DOMAIN, FUSED_OPS_VERSION))
+
+
+def without_unread_constants(nodes: list, graph) -> list:
     """``nodes`` without the Constant nodes nothing reads any more (the zeros a window's pooling started from)."""
     read = {name for node in nodes for name in node.input} | {o.name for o in graph.graph.output}
     return [n for n in nodes if n.op_type != "Constant" or any(out in read for out in n.output)]

@@ -46,6 +46,7 @@ from sdqes_edge.package_builds import load_onnxruntime
 from .attention_op import use_onnx_runtime_attention
 from .carried_biases import carry_biases_to_readers
 from .fused_ops import fuse_qrnn_pools
+from .fused_retention import fuse_retention_steps
 from .gemm_bias import (
     fold_bias_into_concat,
     fold_bias_into_wide_products,
@@ -255,7 +256,8 @@ def graph_rewrites(precision: str, operators: str) -> Callable[[Any], None]:
             fold_bias_into_wide_products(graph, shapes)  # ... and a wide product's, through its input; and the
             mask_rows_before_products(graph, shapes)  # attention's output summed with an adapter's update (its
             join_summed_products(graph, shapes)  # class-token mask moved before its product) as one product;
-            fuse_qrnn_pools(graph, shapes)  # each QRNN pooling step one function node (export/fused_ops.py)
+            fuse_qrnn_pools(graph, shapes)  # each QRNN pooling step one function node (export/fused_ops.py),
+            fuse_retention_steps(graph, shapes)  # and each retention step (export/fused_retention.py)
     return rewrite
 
 

@@ -1,12 +1,14 @@
 """This project's own ONNX Runtime kernels (runtime/ort_ops): loading the library and registering it in a session.
 
 The graphs for ONNX Runtime write each QRNN adapter's pooling step as the model-local ONNX function
-``sdqes_edge.QrnnPool``, and a sliding window's pooling over its frames as ``sdqes_edge.QrnnScan``
-(export/fused_ops.py). ONNX Runtime runs a function by its body (six kernels for a step) unless a registered
-kernel claims it; ``libsdqes_ort_ops.so`` has one kernel for each on the CPU and, where built with CUDA, on the
-CUDA provider. The library is built from source on the machine that runs it (sdqes-edge build-ort-ops)
-and used only where the user names it (``--ort-ops PATH``, ``OnnxRuntimeStep(fused_ops=PATH)``): a bundle never
-makes us load code, and nothing is picked up from the environment.
+``sdqes_edge.QrnnPool``, a sliding window's pooling over its frames as ``sdqes_edge.QrnnScan``
+(export/fused_ops.py), and each RetNet adapter's retention step as ``sdqes_edge.RetentionStep``
+(export/fused_retention.py). ONNX Runtime runs a function by its body (six kernels for a pooling step, twelve for a
+retention step) unless a registered kernel claims it; ``libsdqes_ort_ops.so`` has one kernel for each on the CPU
+and, where built with CUDA, on the CUDA provider. The library is built from source on the machine that runs it
+(sdqes-edge build-ort-ops) and used only where the user names it (``--ort-ops PATH``,
+``OnnxRuntimeStep(fused_ops=PATH)``): a bundle never makes us load code, and nothing is picked up from the
+environment.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ class FusedOps:
         if device == "cpu":
             return None
         if not self.with_cuda:
-            return (f"{self.path} was built without CUDA kernels: on {device} its CPU kernel would take each QRNN "
-                    f"pooling step off the GPU (copies around it, no CUDA graph); rebuild it where nvcc is "
+            return (f"{self.path} was built without CUDA kernels: on {device} its CPU kernels would take each fused "
+                    f"step off the GPU (copies around it, no CUDA graph); rebuild it where nvcc is "
                     f"({BUILD_COMMAND}) or run without --ort-ops")
         return cuda_problem(self.path)
 

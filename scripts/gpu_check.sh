@@ -7,7 +7,7 @@
 #            carried kernel library where the tests look for it (build/ort_ops/)
 #   install  re-join the parts, check the wheel's sha256, install it into /tmp/ortgpu, and check that
 #            ONNX Runtime offers the CUDA execution provider
-#   tests    nvidia-smi and sdqes-edge doctor, then the GPU tests (TESTS, default the device-step, provider, lean-step, multi-stream, fused-queries, fused-ops, doctor, corpus-format tests)
+#   tests    nvidia-smi and sdqes-edge doctor, then the GPU tests (TESTS, default the device-step, provider, lean-step, multi-stream, fused-queries, fused-ops, fused-retention, doctor, corpus-format tests)
 #   bench    sdqes-edge bench --device cuda (BENCH_ARGS, default --device-only --no-int8), in $OUT/bench, with
 #            --ort-ops where the kernel library was carried (and again without it if that run fails)
 # Logs go to $OUT (what a `run` call brings back). Example: scripts/gpu_check.sh stage site install tests
@@ -18,7 +18,7 @@ STAGE=/root/stage
 SITE=/tmp/site
 ORT_SITE=/tmp/ortgpu
 OUT=${OUT:-/tmp/gpu-out}
-TESTS=${TESTS:-"tests/test_device_step.py tests/test_provider_checks.py tests/test_lean_step.py tests/test_multi_stream.py tests/test_fused_queries.py tests/test_fused_ops.py tests/test_doctor.py tests/test_corpus_formats.py"}
+TESTS=${TESTS:-"tests/test_device_step.py tests/test_provider_checks.py tests/test_lean_step.py tests/test_multi_stream.py tests/test_fused_queries.py tests/test_fused_ops.py tests/test_fused_retention.py tests/test_doctor.py tests/test_corpus_formats.py"}
 KERNELS=build/ort_ops/libsdqes_ort_ops.so  # where site puts the carried kernel library (tests/test_fused_ops.py)
 BENCH_ARGS=${BENCH_ARGS:-"--device-only --no-int8"}
 mkdir -p "$STAGE" "$OUT"

@@ -82,8 +82,9 @@ PLAIN_ONNX_OPERATORS, ONNX_RUNTIME_OPERATORS = GRAPH_OPERATORS
 # The operator domain of this project's own fused operators: model-local ONNX functions in the graphs for ONNX
 # Runtime (export/fused_ops.py), one kernel each where the kernel library is registered (runtime/fused_ops.py).
 FUSED_OPS_DOMAIN = "sdqes_edge"
-# Its operators: a QRNN pooling step (one frame), and a window's pooling over its frames (runtime/ort_ops has both).
-FUSED_OPS = ("QrnnPool", "QrnnScan")
+# Its operators (runtime/ort_ops has each): a QRNN pooling step (one frame), a window's pooling over its frames,
+# and a RetNet adapter's retention step (export/fused_retention.py).
+FUSED_OPS = ("QrnnPool", "QrnnScan", "RetentionStep")
 
 
 def step_graph_name(precision: str) -> str:

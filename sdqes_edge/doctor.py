@@ -212,7 +212,8 @@ def kernel_library_finding(library: Path, gpu: Finding) -> Finding:
 
     topic = "kernel library"
     if not library.is_file():  # which compilers a build would use is build.sh's to say (--print-archs)
-        return Finding(topic, None, f"none at {library} (optional: one kernel per QRNN pooling step)",
+        return Finding(topic, None,
+                       f"none at {library} (optional: one kernel per QRNN pooling or RetNet retention step)",
                        f"{BUILD_COMMAND} (--print-archs: which nvcc and GPUs it would build for)")
     try:
         fused = load_fused_ops(library)

@@ -81,6 +81,18 @@ def cpu_kernel_build(tmp_path_factory):
     return done, out / "libsdqes_ort_ops.so"
 
 
+@pytest.fixture(scope="module")
+def kernel_library(cpu_kernel_build):
+    """The library's CPU kernels (a ``runtime.fused_ops.FusedOps``), built here as a user builds them; skipped, with
+    the reason, where they cannot be."""
+    from sdqes_edge.runtime.fused_ops import load_fused_ops
+
+    built, library = cpu_kernel_build
+    if built.returncode != 0:
+        pytest.skip(f"the kernel library did not build here: {built.stderr.strip().splitlines()[-3:]}")
+    return load_fused_ops(library)
+
+
 @pytest.fixture(scope="session")
 def egosdqes_csv() -> Path:
     if not EGOSDQES_CSV.is_file():

@@ -33,15 +33,6 @@ POOL_BODY_KERNELS = 6  # Split, QuickGelu (fused by ONNX Runtime), Sigmoid, Sub,
 
 
 @pytest.fixture(scope="module")
-def kernel_library(cpu_kernel_build) -> FusedOps:
-    """The library's CPU kernels, built here as a user builds them; skipped, with the reason, where they cannot be."""
-    built, library = cpu_kernel_build
-    if built.returncode != 0:
-        pytest.skip(f"the kernel library did not build here: {built.stderr.strip().splitlines()[-3:]}")
-    return load_fused_ops(library)
-
-
-@pytest.fixture(scope="module")
 def graphs(tmp_path_factory) -> dict[str, Path]:
     """tiny + QRNN, two adapters a block: the plain fp32 graph, fp32 with ONNX Runtime's operators, and fp16."""
     model, folder = random_model("qrnn", per_block=PER_BLOCK), tmp_path_factory.mktemp("graphs")

@@ -77,7 +77,8 @@ if [ ! -f "$include/onnxruntime_cxx_api.h" ]; then
 fi
 
 # libstdc++ linked in too, so the library loads beside any ONNX Runtime build (only its C API crosses over).
-flags=(-O3 -std=c++17 -fPIC -Wall -Wextra -static-libstdc++ -static-libgcc -I"$include" -I"$sources")
+# No contraction into fused multiply-adds (aarch64 would): the kernels round each operator as the ONNX body does.
+flags=(-O3 -std=c++17 -ffp-contract=off -fPIC -Wall -Wextra -static-libstdc++ -static-libgcc -I"$include" -I"$sources")
 objects=()
 if [ "$with_cuda" = 1 ]; then
   gencode=()
@@ -85,14 +86,16 @@ if [ "$with_cuda" = 1 ]; then
   last=${archs##* }
   gencode+=(-gencode "arch=compute_$last,code=compute_$last")
   echo "build-ort-ops: compiling the CUDA kernels (sm_${archs// /, sm_})" >&2
-  "$nvcc" -O3 -std=c++17 -Xcompiler -fPIC -I"$sources" "${gencode[@]}" -c "$sources/qrnn_pool_cuda.cu" \
-    -o "$out/qrnn_pool_cuda.o"
+  for kernel in qrnn_pool retention_step; do
+    "$nvcc" -O3 -std=c++17 -Xcompiler -fPIC -I"$sources" "${gencode[@]}" -c "$sources/${kernel}_cuda.cu" \
+      -o "$out/${kernel}_cuda.o"
+  done
   cuda_root=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$nvcc")")")}
   [ -f "$cuda_root/include/cuda_runtime.h" ] || cuda_root=/usr/local/cuda  # nvcc on PATH may be a wrapper script
   flags+=(-DSDQES_WITH_CUDA -I"$cuda_root/include")
   # The CUDA runtime linked in: the library loads before ONNX Runtime has loaded its own (which onnxruntime-gpu
   # may find in pip's nvidia packages, off the loader's path); both launch on the same driver context and stream.
-  objects+=("$out/qrnn_pool_cuda.o" -L"$cuda_root/lib64" -lcudart_static -lrt -lpthread -ldl)
+  objects+=("$out/qrnn_pool_cuda.o" "$out/retention_step_cuda.o" -L"$cuda_root/lib64" -lcudart_static -lrt -lpthread -ldl)
 fi
 g++ "${flags[@]}" -shared "$sources/ort_ops.cc" "${objects[@]}" -o "$out/libsdqes_ort_ops.so.tmp"
 mv "$out/libsdqes_ort_ops.so.tmp" "$out/libsdqes_ort_ops.so"

@@ -1,8 +1,8 @@
 // libsdqes_ort_ops: ONNX Runtime kernels for the sdqes_edge operator domain.
 //
 // The graphs for ONNX Runtime write each QRNN adapter's pooling step as the model-local ONNX function
-// sdqes_edge.QrnnPool, and a sliding window's pooling over its frames as sdqes_edge.QrnnScan
-// (export/fused_ops.py). ONNX Runtime inlines a function no kernel claims, so a graph runs everywhere without
+// sdqes_edge.QrnnPool, a sliding window's pooling over its frames as sdqes_edge.QrnnScan (export/fused_ops.py),
+// and each RetNet adapter's retention step as sdqes_edge.RetentionStep (export/fused_retention.py). ONNX Runtime inlines a function no kernel claims, so a graph runs everywhere without
 // this library; with it registered (SessionOptions.register_custom_ops_library), each is one kernel here, on
 // the CPU and, where built with CUDA, on the CUDA provider.
 //
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "qrnn_pool.h"
+#include "retention_step.h"
 
 namespace {
 
@@ -50,6 +51,11 @@ struct Element<Ort::Float16_t> {
   static Ort::Float16_t store(float v) { return Ort::Float16_t(v); }
 };
 
+// The shapes ONNX Runtime's graph resolution is told a kernel's outputs have (Kernel::output_shapes), so that it
+// keeps every later tensor's shape: unknown, its optimizer leaves a product and its bias unfused after the node.
+using Shape = Ort::ShapeInferContext::Shape;
+using Dimension = Ort::ShapeInferContext::SymbolicInteger;
+
 struct Extent {
   int64_t count;  // elements of the output
   int64_t width;  // r, the pooled state's last axis
@@ -81,24 +87,24 @@ OrtStatusPtr as_status(Body&& body) {
 
 constexpr int64_t kBlock = 4096;  // elements (or a scan's lanes) per task on ONNX Runtime's intra-op threads
 
-// body(begin, end) over [0, count) in blocks, on the session's intra-op threads (as ONNX Runtime's own
+// body(begin, end) over [0, count) in blocks of `block`, on the session's intra-op threads (as ONNX Runtime's own
 // elementwise kernels run): one thread walking a ViT-B/16 step's 24 pooling steps cost 8% of its CPU time.
 template <typename Body>
-void parallel_blocks(const Ort::KernelContext& context, int64_t count, Body&& body) {
-  const int64_t blocks = (count + kBlock - 1) / kBlock;
+void parallel_blocks(const Ort::KernelContext& context, int64_t count, Body&& body, int64_t block = kBlock) {
+  const int64_t blocks = (count + block - 1) / block;
   if (blocks <= 1) {
     body(int64_t{0}, count);
     return;
   }
   struct Job {
     Body* body;
-    int64_t count;
-  } job{&body, count};
+    int64_t count, block;
+  } job{&body, count, block};
   context.ParallelFor(
-      [](void* data, size_t block) {
+      [](void* data, size_t index) {
         auto* job = static_cast<Job*>(data);
-        const int64_t begin = static_cast<int64_t>(block) * kBlock;
-        (*job->body)(begin, std::min(begin + kBlock, job->count));
+        const int64_t begin = static_cast<int64_t>(index) * job->block;
+        (*job->body)(begin, std::min(begin + job->block, job->count));
       },
       static_cast<size_t>(blocks), 0, &job);
 }
@@ -128,6 +134,8 @@ struct QrnnPoolKernel : ReturnsStatus<QrnnPoolKernel<T, kCuda>> {
   float alpha;
 
   explicit QrnnPoolKernel(const OrtKernelInfo* info) : alpha(Ort::ConstKernelInfo(info).GetAttribute<float>("alpha")) {}
+
+  static std::vector<Shape> output_shapes(const Ort::ShapeInferContext& context) { return {context.GetInputShape(1)}; }
 
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext context(raw);
@@ -182,6 +190,13 @@ struct QrnnScanKernel : ReturnsStatus<QrnnScanKernel<T, kCuda>> {
       : alpha(Ort::ConstKernelInfo(info).GetAttribute<float>("alpha")),
         axis(Ort::ConstKernelInfo(info).GetAttribute<int64_t>("axis")) {}
 
+  static std::vector<Shape> output_shapes(const Ort::ShapeInferContext& context) {  // the gates' with r for 2r
+    Shape h = context.GetInputShape(0);
+    if (h.empty() || !h.back().IsInt()) return {};
+    h.back() = Dimension(h.back().AsInt() / 2);
+    return {h};
+  }
+
   void Compute(OrtKernelContext* raw) {
     Ort::KernelContext context(raw);
     auto gates = context.GetInput(0);
@@ -211,29 +226,175 @@ struct QrnnScanKernel : ReturnsStatus<QrnnScanKernel<T, kCuda>> {
   }
 };
 
+// qkv [..., 3d], state [..., d, d] with the same leading axes, swap [d] exchanging each pair's channels, keep and
+// cross of d elements: the extent of the step; anything else is a graph this op was not made for.
+sdqes::RetentionExtent checked_retention_extent(const std::vector<int64_t>& qkv, const std::vector<int64_t>& state,
+                                                const Ort::ConstValue& swap, size_t keep, size_t cross) {
+  const size_t rank = state.size();
+  bool fits = rank >= 3 && qkv.size() == rank - 1 && state[rank - 1] == state[rank - 2] &&
+              qkv.back() == 3 * state.back() && state.back() % 2 == 0;
+  for (size_t i = 0; fits && i + 2 < rank; ++i) fits = qkv[i] == state[i];
+  if (!fits) ORT_CXX_API_THROW("sdqes_edge.RetentionStep: qkv must be [..., 3d] and state [..., d, d] (d even) "
+                               "with the same leading axes", ORT_INVALID_ARGUMENT);
+  const int64_t d = state.back();
+  const auto swap_shape = swap.GetTensorTypeAndShapeInfo().GetShape();
+  const int64_t* partner = swap.GetTensorData<int64_t>();
+  bool pairs = swap_shape.size() == 1 && swap_shape[0] == d && keep == static_cast<size_t>(d) &&
+               cross == static_cast<size_t>(d);
+  for (int64_t i = 0; pairs && i < d; ++i) pairs = partner[i] == (i ^ 1);
+  if (!pairs) ORT_CXX_API_THROW("sdqes_edge.RetentionStep: swap must exchange the two channels of each pair and "
+                                "keep and cross have d elements", ORT_INVALID_ARGUMENT);
+  int64_t tokens = 1;
+  for (size_t i = 0; i + 2 < rank; ++i) tokens *= state[i];
+  return {tokens, d};
+}
+
+template <typename T, bool kCuda>
+struct RetentionStepKernel : ReturnsStatus<RetentionStepKernel<T, kCuda>> {
+  using Type = T;
+  static constexpr bool kOnCuda = kCuda;
+  static constexpr const char* kName = "RetentionStep";
+  static constexpr size_t kInputs = 5;  // qkv [..., 3d], state [..., d, d], swap [d], keep [d, 1], cross [d, 1]
+  static constexpr size_t kOutputs = 2;  // out [..., d], state_next [..., d, d]
+  static constexpr size_t kSwapInput = 2;  // int64, read on the host (checked, then each row's partner is i ^ 1)
+
+  explicit RetentionStepKernel(const OrtKernelInfo*) {}
+
+  static std::vector<Shape> output_shapes(const Ort::ShapeInferContext& context) {  // the state's without its last
+    Shape state = context.GetInputShape(1), out = state;
+    if (out.empty()) return {};
+    out.pop_back();
+    return {out, state};
+  }
+
+  static ONNXTensorElementDataType input_type(size_t index) {
+    return index == kSwapInput ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : Element<T>::type;
+  }
+
+  void Compute(OrtKernelContext* raw) {
+    Ort::KernelContext context(raw);
+    auto qkv = context.GetInput(0);
+    auto state = context.GetInput(1);
+    auto keep = context.GetInput(3);
+    auto cross = context.GetInput(4);
+    auto state_shape = state.GetTensorTypeAndShapeInfo().GetShape();
+    const sdqes::RetentionExtent extent = checked_retention_extent(
+        qkv.GetTensorTypeAndShapeInfo().GetShape(), state_shape, context.GetInput(kSwapInput),
+        keep.GetTensorTypeAndShapeInfo().GetElementCount(), cross.GetTensorTypeAndShapeInfo().GetElementCount());
+    auto out_shape = state_shape;
+    out_shape.pop_back();
+    auto out = context.GetOutput(0, out_shape);
+    auto next = context.GetOutput(1, state_shape);
+    const T* keeps = keep.GetTensorData<T>();
+    const T* crosses = cross.GetTensorData<T>();
+    if constexpr (kOnCuda) {
+#ifdef SDQES_WITH_CUDA
+      check_launch(sdqes_retention_step_cuda(context.GetGPUComputeStream(), Element<T>::half, qkv.GetTensorData<T>(),
+                                             state.GetTensorData<T>(), keeps, crosses, out.GetTensorMutableData<T>(),
+                                             next.GetTensorMutableData<T>(), extent), kName);
+#endif
+    } else {
+      step_tokens(context, qkv.GetTensorData<T>(), state.GetTensorData<T>(), keeps, crosses,
+                  out.GetTensorMutableData<T>(), next.GetTensorMutableData<T>(), extent);
+    }
+  }
+
+  // Token by token: the rows two at a time (a pair and its partner, each read once), out summed as rows are written.
+  static void step_tokens(const Ort::KernelContext& context, const T* qkv, const T* state, const T* keep,
+                          const T* cross, T* out, T* state_next, sdqes::RetentionExtent extent) {
+    const int64_t d = extent.width;
+    const int64_t per_task = std::max<int64_t>(1, kBlock * 16 / (d * d));  // tokens: about 64k elements a task
+    parallel_blocks(context, extent.tokens, [&](int64_t begin, int64_t end) {
+      std::vector<float> v(d), sum(d);
+      for (int64_t token = begin; token < end; ++token) {
+        const T* q = qkv + token * 3 * d;
+        for (int64_t j = 0; j < d; ++j) v[j] = Element<T>::load(q[2 * d + j]);
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int64_t i = 0; i < d; i += 2) {
+          const sdqes::RetentionRow even{Element<T>::load(keep[i]), Element<T>::load(cross[i]),
+                                         Element<T>::load(q[d + i]), Element<T>::load(q[i])};
+          const sdqes::RetentionRow odd{Element<T>::load(keep[i + 1]), Element<T>::load(cross[i + 1]),
+                                        Element<T>::load(q[d + i + 1]), Element<T>::load(q[i + 1])};
+          const T* a = state + (token * d + i) * d;
+          const T* b = a + d;
+          T* next_a = state_next + (token * d + i) * d;
+          T* next_b = next_a + d;
+          for (int64_t j = 0; j < d; ++j) {
+            const float own = Element<T>::load(a[j]), partner = Element<T>::load(b[j]);
+            next_a[j] = Element<T>::store(sdqes::retention_element(own, partner, even, v[j]));
+            next_b[j] = Element<T>::store(sdqes::retention_element(partner, own, odd, v[j]));
+            sum[j] += even.q * Element<T>::load(next_a[j]) + odd.q * Element<T>::load(next_b[j]);
+          }
+        }
+        for (int64_t j = 0; j < d; ++j) out[token * d + j] = Element<T>::store(sum[j]);
+      }
+    }, per_task);
+  }
+};
+
 // One operator of the domain, for one kernel (its type and provider); errors return as statuses (WithStatus).
 template <typename Kernel>
 struct FusedOp : Ort::CustomOpBase<FusedOp<Kernel>, Kernel, /*WithStatus=*/true> {
   // The headers' version otherwise: ONNX Runtime reads the operator's table only as far as it declares.
-  FusedOp() { this->version = kApiVersion; }
+  FusedOp() {
+    this->version = kApiVersion;
+    this->InferOutputShapeFn = &FusedOp::infer_output_shapes;
+  }
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     return as_status([&] { *kernel = new Kernel(info); });
   }
   const char* GetName() const { return Kernel::kName; }
   const char* GetExecutionProviderType() const { return Kernel::kOnCuda ? kCudaProvider : nullptr; }
   size_t GetInputTypeCount() const { return Kernel::kInputs; }
-  ONNXTensorElementDataType GetInputType(size_t) const { return Element<typename Kernel::Type>::type; }
-  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetInputType(size_t index) const { return input_type<Kernel>(index); }
+  size_t GetOutputTypeCount() const { return output_count<Kernel>(); }
   ONNXTensorElementDataType GetOutputType(size_t) const { return Element<typename Kernel::Type>::type; }
+  // An index input stays on the host, where the kernel checks it (on CUDA too: ONNX Runtime keeps the initializer
+  // there, so nothing is copied per step and a CUDA graph can still capture it).
+  OrtMemType GetInputMemoryType(size_t index) const { return host_input<Kernel>(index) ? OrtMemTypeCPUInput
+                                                                                        : OrtMemTypeDefault; }
+  // Asked while ONNX Runtime resolves the graph, once for the op's name whichever type's kernel it was asked of:
+  // the outputs take the first input's type. An input of unknown rank leaves the outputs' shapes unknown.
+  static OrtStatusPtr infer_output_shapes(const OrtCustomOp*, OrtShapeInferContext* raw) {
+    return as_status([&] {
+      OrtTensorTypeAndShapeInfo* first = nullptr;  // the context's own, not released here
+      ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+      Ort::ThrowOnError(Ort::GetApi().ShapeInferContext_GetInputTypeShape(raw, 0, &first));
+      Ort::ThrowOnError(Ort::GetApi().GetTensorElementType(first, &type));
+      Ort::ShapeInferContext context(&Ort::GetApi(), raw);
+      const std::vector<Shape> shapes = Kernel::output_shapes(context);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const Ort::Status set = context.SetOutputShape(i, shapes[i], type);
+        if (!set.IsOK()) throw Ort::Exception(set.GetErrorMessage(), set.GetErrorCode());
+      }
+    });
+  }
+
+ private:
+  // What a kernel that declares nothing more has: every input and its one output of the kernel's type, on its device.
+  template <typename K>
+  static auto input_type(size_t index) -> decltype(K::input_type(index)) { return K::input_type(index); }
+  template <typename K, typename... Unused>
+  static ONNXTensorElementDataType input_type(size_t, Unused...) { return Element<typename K::Type>::type; }
+  template <typename K>
+  static constexpr auto output_count() -> decltype(K::kOutputs) { return K::kOutputs; }
+  template <typename K, typename... Unused>
+  static constexpr size_t output_count(Unused...) { return 1; }
+  template <typename K>
+  static auto host_input(size_t index) -> decltype(K::kSwapInput, bool()) { return index == K::kSwapInput; }
+  template <typename K, typename... Unused>
+  static bool host_input(size_t, Unused...) { return false; }
 };
 
 using Half = Ort::Float16_t;
 // CPU kernels always; the CUDA provider's where built with nvcc (a CUDA op without them would only throw).
 std::tuple<FusedOp<QrnnPoolKernel<float, false>>, FusedOp<QrnnPoolKernel<Half, false>>,
-           FusedOp<QrnnScanKernel<float, false>>, FusedOp<QrnnScanKernel<Half, false>>
+           FusedOp<QrnnScanKernel<float, false>>, FusedOp<QrnnScanKernel<Half, false>>,
+           FusedOp<RetentionStepKernel<float, false>>, FusedOp<RetentionStepKernel<Half, false>>
 #ifdef SDQES_WITH_CUDA
            , FusedOp<QrnnPoolKernel<float, true>>, FusedOp<QrnnPoolKernel<Half, true>>,
-           FusedOp<QrnnScanKernel<float, true>>, FusedOp<QrnnScanKernel<Half, true>>
+           FusedOp<QrnnScanKernel<float, true>>, FusedOp<QrnnScanKernel<Half, true>>,
+           FusedOp<RetentionStepKernel<float, true>>, FusedOp<RetentionStepKernel<Half, true>>
 #endif
            > ops;
 

@@ -6,14 +6,12 @@
 // Computed in float whatever the tensors' type: one rounding to the output type instead of one per operator.
 #pragma once
 
-#ifdef __CUDACC__
-#define SDQES_HOST_DEVICE __host__ __device__
-#else
-#define SDQES_HOST_DEVICE
+#ifndef __CUDACC__
 #include <cmath>
 #endif
-
 #include <cstdint>
+
+#include "host_device.h"
 
 namespace sdqes {
 

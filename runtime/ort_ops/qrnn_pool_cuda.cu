@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "qrnn_pool.h"
+#include "retention_step.h"
 
 namespace {
 
@@ -99,6 +100,7 @@ extern "C" int sdqes_ort_ops_cuda_ready(int* runtime_version, int* driver_versio
     cudaFuncAttributes attributes;  // fails where the library holds no image (nor PTX) this device can run
     error = cudaFuncGetAttributes(&attributes, qrnn_pool_kernel<__half>);
     if (error == cudaSuccess) error = cudaFuncGetAttributes(&attributes, qrnn_scan_kernel<__half>);
+    if (error == cudaSuccess) error = static_cast<cudaError_t>(sdqes_retention_step_cuda_check());
   }
   cudaGetLastError();  // the check's error is returned, not left for ONNX Runtime's next call to find
   return static_cast<int>(error);

@@ -87,5 +87,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             "minutes at clip-vit-b16)")
     bench.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
                        help="with --device: also time the fp16 steps with this project's ONNX Runtime kernels "
-                            "(sdqes-edge build-ort-ops), each QRNN pooling step one kernel")
+                            "(sdqes-edge build-ort-ops), each QRNN pooling step (and RetNet retention step) one kernel")
     bench.set_defaults(func=cmd_bench, output_dirs=("out",))

@@ -40,12 +40,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     build = add_subcommand(
         sub, "build-ort-ops", "build this project's ONNX Runtime kernels for --ort-ops (C++, CUDA where nvcc is)",
         "Build libsdqes_ort_ops.so on this machine: the kernels that run each QRNN adapter's pooling step (and a "
-        "sliding window's pooling over its frames) as one kernel in the graphs with ONNX Runtime's operators, on "
-        "the CPU and, where nvcc is (on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin), on ONNX Runtime's CUDA "
-        "provider. Needs g++ and curl (ONNX Runtime's C API headers are fetched once, checked by sha256); works "
-        "with ONNX Runtime 1.17 and newer. CUDA_ARCHS=\"87\" names the GPU architectures to compile for; by "
-        "default V100, Jetson Xavier and Orin, and Turing to Hopper, as far as the nvcc can. Used only where "
-        "named: --ort-ops LIBRARY on run, inspect and bench.",
+        "sliding window's pooling over its frames) and each RetNet adapter's retention step as one kernel in the "
+        "graphs with ONNX Runtime's operators, on the CPU and, where nvcc is (on PATH, in $CUDA_HOME/bin or "
+        "/usr/local/cuda/bin), on ONNX Runtime's CUDA provider. Needs g++ and curl (ONNX Runtime's C API headers "
+        "are fetched once, checked by sha256); works with ONNX Runtime 1.17 and newer. CUDA_ARCHS=\"87\" names the "
+        "GPU architectures to compile for; by default V100, Jetson Xavier and Orin, and Turing to Hopper, as far "
+        "as the nvcc can. Used only where named: --ort-ops LIBRARY on run, inspect and bench.",
         examples=("--out build/ort_ops", "--cpu --out /opt/sdqes/ort_ops", "--print-archs"))
     build.add_argument("--out", type=path_text, default=DEFAULT_LIBRARY.parent, metavar="DIR",
                        help="folder to build into (default %(default)s, in the current folder)")

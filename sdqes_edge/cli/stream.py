@@ -381,7 +381,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "work says so)")
     run.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
                      help="this project's ONNX Runtime kernels (build them with sdqes-edge build-ort-ops; nvcc "
-                          "for cuda): each QRNN adapter's pooling step one kernel instead of six")
+                          "for cuda): each QRNN adapter's pooling step one kernel instead of six, each RetNet "
+                          "adapter's retention step one instead of twelve")
     add_output_options(run)
     run.add_argument("--max-frames", type=int, help="stop after this many steps")
     run.add_argument("--truncate-queries", action="store_true", help="cut queries over the bundle's token limit "
