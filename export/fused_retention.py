@@ -24,7 +24,7 @@ import numpy as np
 from sdqes_edge.contract import FUSED_OPS, FUSED_OPS_DOMAIN
 
 from .fused_ops import declare_fused_domain, fusion_view, without_unread_constants
-from .graph_edits import attribute_value, spliced, with_nodes
+from .graph_edits import attribute_value, made_by, spliced, with_nodes
 
 RETENTION_STEP = FUSED_OPS[2]
 # The node's inputs and outputs, in order; the kernel (runtime/ort_ops/ort_ops.cc) reads them in this order.
@@ -70,11 +70,6 @@ class RetentionStepMatch:
     place: object
 
 
-def _made(name: str | None, op_type: str, producers: dict):
-    node = producers.get(name) if name else None
-    return node if node is not None and node.op_type == op_type else None
-
-
 def _axes(node, constants_of, rank: int) -> list | None:
     """An Unsqueeze's or Squeeze's axes (its second input from opset 13), made non-negative for ``rank``."""
     value = constants_of(node.input[1]) if len(node.input) == 2 else None
@@ -84,9 +79,9 @@ def _axes(node, constants_of, rank: int) -> list | None:
 def _rotation(rotated: str, producers: dict, constants_of) -> tuple | None:
     """(state, swap, keep, cross, nodes) if ``rotated`` is ``state * keep + Gather(state, swap) * cross``, the
     three constants; else None. The Gather's axis is checked by the caller, which knows the state's rank."""
-    add = _made(rotated, "Add", producers)
-    kept, crossed = (_made(name, "Mul", producers) for name in add.input) if add is not None else (None, None)
-    gather = _made(crossed.input[0], "Gather", producers) if kept is not None and crossed is not None else None
+    add = made_by(rotated, "Add", producers)
+    kept, crossed = (made_by(name, "Mul", producers) for name in add.input) if add is not None else (None, None)
+    gather = made_by(crossed.input[0], "Gather", producers) if kept is not None and crossed is not None else None
     if gather is None or kept.input[0] != gather.input[0]:
         return None
     state = gather.input[0]
@@ -100,18 +95,18 @@ def _rotation(rotated: str, producers: dict, constants_of) -> tuple | None:
 def retention_step(squeeze, producers: dict, readers: dict, constants_of, shapes: dict) -> RetentionStepMatch | None:
     """The retention step whose output ``squeeze`` makes, else None. Every tensor in between must be read inside
     the step alone (the new state aside, which is the graph's output), and the shapes must be the step's."""
-    matmul = _made(squeeze.input[0], "MatMul", producers) if squeeze.op_type == "Squeeze" else None
-    q_row = _made(matmul.input[0], "Unsqueeze", producers) if matmul is not None else None
-    update = _made(matmul.input[1], "Add", producers) if q_row is not None else None
+    matmul = made_by(squeeze.input[0], "MatMul", producers) if squeeze.op_type == "Squeeze" else None
+    q_row = made_by(matmul.input[0], "Unsqueeze", producers) if matmul is not None else None
+    update = made_by(matmul.input[1], "Add", producers) if q_row is not None else None
     if update is None:
         return None
     for rotated, kv_name in (update.input, tuple(reversed(update.input))):
-        kv, rotation = _made(kv_name, "Mul", producers), _rotation(rotated, producers, constants_of)
+        kv, rotation = made_by(kv_name, "Mul", producers), _rotation(rotated, producers, constants_of)
         if kv is not None and rotation is not None:
             break
     else:
         return None
-    k_column, v_row = (_made(name, "Unsqueeze", producers) for name in kv.input)
+    k_column, v_row = (made_by(name, "Unsqueeze", producers) for name in kv.input)
     split = producers.get(q_row.input[0])
     if k_column is None or v_row is None or split is None or split.op_type != "Split" \
             or list(split.output) != [q_row.input[0], k_column.input[0], v_row.input[0]]:
@@ -132,7 +127,7 @@ def retention_step(squeeze, producers: dict, readers: dict, constants_of, shapes
         return None
     nodes = (split, *rotation_nodes, k_column, v_row, kv, update, q_row, matmul, squeeze)
     inner = [o for n in nodes for o in n.output if n is not squeeze and o != update.output[0]]
-    if any(len(readers.get(name, [])) != 1 for name in inner) or not readers.get(update.output[0]):
+    if any(len(readers.get(name, [])) != 1 for name in inner):
         return None
     return RetentionStepMatch((split.input[0], state, swap, keep, cross), (squeeze.output[0], update.output[0]),
                               nodes, update)

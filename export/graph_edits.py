@@ -53,6 +53,12 @@ def constant_value(name: str, constants: dict, producers: dict) -> np.ndarray | 
     return None
 
 
+def made_by(name: str | None, op_type: str, producers: dict):
+    """The node that makes ``name`` if it is an ``op_type``, else None (``producers``: each tensor's maker)."""
+    node = producers.get(name) if name else None
+    return node if node is not None and node.op_type == op_type else None
+
+
 def attribute_value(node, name: str, default=None):
     """The value of ``node``'s attribute ``name``, or ``default`` where the node does not set it."""
     from onnx import helper

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graph_edits import attribute_value
+from .graph_edits import attribute_value, made_by
 
 
 @dataclass(frozen=True)
@@ -34,18 +34,13 @@ def _other(node, name: str) -> str | None:
     return node.input[1] if node.input[0] == name else node.input[0] if node.input[1] == name else None
 
 
-def _made(name: str | None, op_type: str, producers: dict):
-    node = producers.get(name) if name else None
-    return node if node is not None and node.op_type == op_type else None
-
-
 def _activations(candidate_name: str, forget_name: str, producers: dict, constants_of) -> tuple | None:
     """(Split, (alpha*z, sigmoid, candidate, forget), z, alpha) if ``candidate_name`` is ``z * sigmoid(alpha z)``
     and ``forget_name`` is ``sigmoid(f)``, z and f the halves of one Split; else None."""
-    candidate, forget = _made(candidate_name, "Mul", producers), _made(forget_name, "Sigmoid", producers)
-    z_gate = next((n for n in (_made(i, "Sigmoid", producers) for i in candidate.input) if n), None) \
+    candidate, forget = made_by(candidate_name, "Mul", producers), made_by(forget_name, "Sigmoid", producers)
+    z_gate = next((n for n in (made_by(i, "Sigmoid", producers) for i in candidate.input) if n), None) \
         if candidate and forget else None
-    alpha_z = _made(z_gate.input[0], "Mul", producers) if z_gate else None
+    alpha_z = made_by(z_gate.input[0], "Mul", producers) if z_gate else None
     z = _other(candidate, z_gate.output[0]) if alpha_z else None
     alpha = constants_of(_other(alpha_z, z)) if z and _other(alpha_z, z) else None
     split = producers.get(z) if alpha is not None and alpha.size == 1 else None
@@ -60,9 +55,9 @@ def _update(add, producers: dict, same) -> tuple | None:
     if add is None or add.op_type != "Add":
         return None
     for moved_name in add.input:
-        h, moved = _other(add, moved_name), _made(moved_name, "Mul", producers)
+        h, moved = _other(add, moved_name), made_by(moved_name, "Mul", producers)
         for forget in moved.input if moved is not None else ():
-            step = _made(_other(moved, forget), "Sub", producers)
+            step = made_by(_other(moved, forget), "Sub", producers)
             if step is not None and same(step.input[1], h):
                 return h, moved, step, forget, step.input[0]
     return None
@@ -96,7 +91,7 @@ def _halves(split, state: tuple | None, shapes: dict) -> bool:
 
 def _frame_of(name: str, producers: dict, constants_of, axis: int, frame: int) -> tuple | None:
     """(the Gather, its source) if ``name`` is frame ``frame`` gathered along ``axis``; else None."""
-    gather = _made(name, "Gather", producers)
+    gather = made_by(name, "Gather", producers)
     index = constants_of(gather.input[1]) if gather is not None else None
     if (index is None or index.size != 1 or int(index.reshape(())) != frame
             or attribute_value(gather, "axis", 0) != axis):
@@ -110,7 +105,7 @@ def pooling_scan(concat, producers: dict, readers: dict, constants_of, shapes: d
     if concat.op_type != "Concat" or len(concat.input) < 2 or not out or None in out:
         return None
     axis = attribute_value(concat, "axis", 0) % len(out)
-    unsqueezes = [_made(name, "Unsqueeze", producers) for name in concat.input]
+    unsqueezes = [made_by(name, "Unsqueeze", producers) for name in concat.input]
     if any(u is None or len(u.input) != 2 or constants_of(u.input[1]) is None
            or [int(a) % len(out) for a in constants_of(u.input[1]).ravel()] != [axis] for u in unsqueezes):
         return None
@@ -122,7 +117,7 @@ def pooling_scan(concat, producers: dict, readers: dict, constants_of, shapes: d
 
     nodes, sources, counts = [concat, *unsqueezes], set(), []
     for t, h in enumerate(hs):
-        update = _update(_made(h, "Add", producers), producers, lambda a, b: a == b or (zeros(a) and zeros(b)))
+        update = _update(made_by(h, "Add", producers), producers, lambda a, b: a == b or (zeros(a) and zeros(b)))
         if update is None or (update[0] != hs[t - 1] if t else not zeros(update[0])):
             return None
         _, moved, step, forget, candidate = update

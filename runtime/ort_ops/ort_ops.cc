@@ -2,11 +2,13 @@
 //
 // The graphs for ONNX Runtime write each QRNN adapter's pooling step as the model-local ONNX function
 // sdqes_edge.QrnnPool, a sliding window's pooling over its frames as sdqes_edge.QrnnScan (export/fused_ops.py),
-// and each RetNet adapter's retention step as sdqes_edge.RetentionStep (export/fused_retention.py). ONNX Runtime inlines a function no kernel claims, so a graph runs everywhere without
-// this library; with it registered (SessionOptions.register_custom_ops_library), each is one kernel here, on
-// the CPU and, where built with CUDA, on the CUDA provider.
+// and each RetNet adapter's retention step as sdqes_edge.RetentionStep (export/fused_retention.py). ONNX Runtime
+// inlines a function no kernel claims, so a graph runs everywhere without this library; with it registered
+// (SessionOptions.register_custom_ops_library), each is one kernel here, on the CPU and, where built with CUDA, on
+// the CUDA provider.
 //
-// Built by build.sh (sdqes-edge build-ort-ops) against ONNX Runtime's C API headers; needs no ONNX Runtime library to link.
+// Built by build.sh (sdqes-edge build-ort-ops) against ONNX Runtime's C API headers; needs no ONNX Runtime library
+// to link.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
