@@ -20,7 +20,7 @@ import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -49,9 +49,16 @@ class StreamTask:
 
 @dataclass(frozen=True)
 class StepChoice:
-    """Which of the bundle's step graphs scores the streams, and on which ONNX Runtime device."""
+    """Which of the bundle's step graphs scores the streams, on which ONNX Runtime device, and with this project's
+    kernel library (runtime/fused_ops.py) where given: the same graph, its fused steps one kernel each."""
     precision: str = REFERENCE_PRECISION
     ort_device: str = "cpu"
+    ort_ops: str | None = None
+
+    def format(self) -> dict:
+        """What a trace's numbers depend on, which one output folder holds one of: the graph and the device. The
+        library is not part of it: it runs the same graph, to the graph's own rounding."""
+        return {"precision": self.precision, "ort_device": self.ort_device}
 
 
 @dataclass
@@ -132,14 +139,14 @@ def claim_output(out: Path, model_identity: str, fps: float, step: StepChoice = 
     traces as one. A record from before precisions and devices were recorded was written by an fp32 run on the CPU
     (the only one there was)."""
     record = out / SCORED_BY_NAME
-    mine = {"model_identity": model_identity, "fps": fps, **asdict(step)}
+    mine = {"model_identity": model_identity, "fps": fps, **step.format()}
     if record.is_file():
         try:
             theirs = json.loads(record.read_text())
         except (OSError, ValueError):
             theirs = None
         if isinstance(theirs, dict):
-            theirs = {**asdict(StepChoice()), **theirs}
+            theirs = {**StepChoice().format(), **theirs}
         if not isinstance(theirs, dict) or {k: theirs.get(k) for k in mine} != mine:
             raise UserError(f"{out} holds traces scored by another model, frame rate, precision or device ({record} "
                             f"says {theirs}); give a new --out, or remove {out} to score it again with this bundle")
@@ -172,7 +179,7 @@ class StreamScorer:
         with warnings.catch_warnings():  # a precision slow on its device: said once by the driver, not every worker
             warnings.simplefilter("ignore", SlowPrecisionWarning)
             self.backend = make_backend(self.bundle, precision=step.precision, threads=threads,
-                                        ort_device=step.ort_device)
+                                        ort_device=step.ort_device, ort_ops=step.ort_ops)
         self.text_encoder = text_encoder_for(self.bundle, threads=threads)
 
     def score(self, task: StreamTask) -> StreamOutcome:

@@ -30,7 +30,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     _check_score_args(args)
     bundle = load_bundle(args.bundle)  # a bad bundle is refused before any worker starts
-    step = StepChoice(args.precision, args.ort_device)
+    step = _with_library(bundle, StepChoice(args.precision, args.ort_device), args.ort_ops)
     _check_step(bundle, step)
     annotations = require_annotations(args.annotations, split=args.split or None, source=args.source)
     out = Path(args.out)
@@ -48,6 +48,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     where = (f"Ray ({args.ray if args.ray != LOCAL_RAY else 'a local instance'}), {threads} thread(s) per actor"
              if args.ray else f"{workers} worker process(es) x {threads} ONNX Runtime thread(s)")
     where += f", the {step.precision} step graph on {'the CPU' if step.ort_device == 'cpu' else step.ort_device}"
+    where += f" with {Path(step.ort_ops).name}'s kernels" if step.ort_ops else ""
     print(f"{len(tasks)} streams ({len(annotations)} queries) in {args.annotations}; {len(tasks) - len(todo)} already "
           f"scored in {out}, {len(todo)} to score with {where}", file=sys.stderr)
     failures = _score(todo, Path(args.bundle), out, workers, threads, args, step)
@@ -70,12 +71,17 @@ def _check_score_args(args: argparse.Namespace) -> None:
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
         raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
     if args.bench:
-        given = given_flags(args, "workers", "threads", "ray", "ray_actors", "shared_bundle", "threshold", "ort_device")
+        given = given_flags(args, "workers", "threads", "ray", "ray_actors", "shared_bundle", "threshold", "ort_device",
+                            "ort_ops")
         if given:  # the bench sizes each way of scoring itself, and reports speed, not SR/SMD
             warn(f"--bench scores the corpus each way with sizes of its own for this machine's "
                  f"cores, and reports speed, not SR/SMD: ignoring {', '.join(given)}")
-        args.ort_device = "cpu"
+        args.ort_device, args.ort_ops = "cpu", None
         return
+    if args.ort_ops and args.ray:  # built for one machine's ONNX Runtime and GPU; the cluster's nodes have their own
+        warn("--ort-ops names a kernel library on this machine, which Ray's actors on other nodes may not have: "
+             "ignoring it with --ray")
+        args.ort_ops = None
     if args.ort_device not in (None, "cpu"):
         from sdqes_edge.package_builds import require_provider
 
@@ -107,6 +113,27 @@ def _check_step(bundle, step: StepChoice) -> None:
              "float32 between Casts it adds, slower than fp32 and not bit for bit what a GPU computes")
     elif (words := slow_precision_words(step.precision, step.ort_device, bundle.root)) is not None:
         warn(words)
+
+
+def _with_library(bundle, step: StepChoice, library: str | None) -> StepChoice:
+    """``step`` with this project's kernel library where given: one that will not load, or cannot run on the device,
+    refused in one line before any worker starts; one the graph has no node for (plain ONNX) ignored with a warning
+    said once here, not by every worker."""
+    from dataclasses import replace
+
+    from sdqes_edge.runtime.fused_ops import idle_library_words, load_fused_ops
+
+    if not library:
+        return step
+    fused = load_fused_ops(library)
+    if (why := fused.usable_on(step.ort_device)) is not None:
+        raise UserError(why)
+    graph = bundle.step_graph(step.precision)
+    if (idle := idle_library_words(fused, bundle.manifest["graphs"]["step"][step.precision].get("operators"),
+                                   graph.name)) is not None:
+        warn(f"{idle}: ignoring --ort-ops")
+        return step
+    return replace(step, ort_ops=str(fused.path))
 
 
 def _check_query_capacity(tasks: list, bundle) -> None:
@@ -291,6 +318,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument("--ort-device", choices=list(DEVICE_PROVIDERS),
                        help="ONNX Runtime execution provider (default cpu; cuda/tensorrt need onnxruntime-gpu and "
                             "score with one worker unless --workers says, the state kept on the GPU)")
+    score.add_argument("--ort-ops", type=path_text, metavar="LIBRARY",
+                       help="this project's ONNX Runtime kernels (sdqes-edge build-ort-ops; nvcc for cuda), in the "
+                            "graphs with ONNX Runtime's operators (fp16 by default): each QRNN pooling step and "
+                            "each RetNet retention step one kernel")
     score.add_argument("--workers", type=at_least(1), help="worker processes (default: one per core; one on a GPU)")
     score.add_argument("--threads", type=at_least(1), help="ONNX Runtime threads per worker (default: cores / workers)")
     score.add_argument("--threshold", type=finite_number,
