@@ -161,7 +161,11 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
                              query_embeddings, log)
     _write_tokenizer(staging)
     queries_entry = _write_queries(staging, options.queries, query_embeddings)
-    complexity = _complexity(model, traced, options, log)
+    complexity = _complexity(model, traced, options, log)  # of the plain graph's arithmetic, whatever its form
+    if options.fp32_operators != traced.description["operators"]:  # after int8, which is quantized from it
+        verification = _fp32_in_form(model, traced, token_ids, query_embeddings, fused, options, sha, log)
+        step_entries[REFERENCE_PRECISION] |= {"operators": options.fp32_operators,
+                                              "verification": verification.to_dict()}
     manifest = _manifest(cfg, options, traced, step_entries, queries_entry, checkpoint, complexity, staging)
     (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False))
     return ExportResult(out, manifest, verification, variants)
@@ -234,6 +238,22 @@ def _verify_fp32(model: SDQESModel, step_path: Path, token_ids: np.ndarray, quer
                                 "nothing was written (please report this with the command you ran)")
     log("  " + verification.summary())
     return fp32, verification
+
+
+def _fp32_in_form(model: SDQESModel, traced: _Traced, token_ids: np.ndarray, query_embeddings: np.ndarray,
+                  fused: np.ndarray | None, options: ExportOptions, sha: str | None,
+                  log: Callable[[str], None]) -> StepVerification:
+    """Trace the fp32 graph again with ``options.fp32_operators``, verify it against PyTorch as the plain one was,
+    and put it in the plain one's place (which verified every other precision); its verification."""
+    log(f"tracing the fp32 step graph with --fp32-operators {options.fp32_operators} ...")
+    path = traced.step.with_name(f"{traced.step.stem}.{options.fp32_operators}.onnx")
+    graphs.export_step_graph(model, path, batch=options.batch, opset=options.opset, precision=REFERENCE_PRECISION,
+                             query_count=_query_count(options), fps=options.fps, checkpoint_sha256=sha,
+                             operators=options.fp32_operators)
+    graphs.check_graph(path)
+    _, verification = _verify_fp32(model, path, token_ids, query_embeddings, fused, options, log)
+    path.replace(traced.step)
+    return verification
 
 
 def _float_block_tries(cfg: ModelConfig, precision: str, options: ExportOptions) -> list[int]:

@@ -113,4 +113,5 @@ def idle_library_words(fused: FusedOps | None, operators: str | None, graph_name
     if fused is None or operators == ONNX_RUNTIME_OPERATORS:
         return None
     return (f"{graph_name} is plain ONNX, which holds none of the operators {fused.path.name} runs; they are in the "
-            "graphs with ONNX Runtime's operators (the fp16 graph by default: --precision fp16)")
+            "graphs with ONNX Runtime's operators (the fp16 graph by default: --precision fp16; an fp32 one where "
+            "the bundle was exported with --fp32-operators onnxruntime)")

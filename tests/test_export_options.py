@@ -68,6 +68,11 @@ def test_the_fp16_graphs_operators_are_checked_and_named_where_no_fp16_graph_is_
     assert said == []
 
 
+def test_the_fp32_graphs_operators_are_checked():
+    with pytest.raises(UserError, match=r"^unknown --fp32-operators tensorrt; choose from onnx, onnxruntime$"):
+        check_options(ExportOptions(fp32_operators="tensorrt"), lambda message: None)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--preset", "tiny", "--fuse-queries"], "--fuse-queries fixes the number of queries"),
     (["--preset", "tiny", "--opset", "13"], "--opset must be one of"),

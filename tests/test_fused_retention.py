@@ -90,6 +90,26 @@ def test_tensorrt_gets_the_functions_body_in_its_place_with_the_same_numbers(gra
     assert_same_stream((graphs["plain"], tmp_path / "tensorrt.onnx"), frame_shape(), frames=8, atol=2e-6)
 
 
+def test_an_fp32_graph_exported_with_onnx_runtimes_operators_takes_the_kernel_on_a_cpu(graphs, kernel_library,
+                                                                                      tmp_path):
+    """``export --fp32-operators onnxruntime``: the CPU's graph holds the fused steps too, verified against PyTorch
+    as the plain one is; int8 is still quantized from the plain graph."""
+    from sdqes_edge.export import ExportOptions, export_bundle
+
+    bundle = tmp_path / "bundle"
+    result = export_bundle(random_model("retnet", per_block=PER_BLOCK), bundle,
+                           ExportOptions(batch=2, precisions=("fp32", "int8"), fp32_operators=ONNX_RUNTIME_OPERATORS,
+                                         drift_frames=16, calibration_frames=8, show_progress=False),
+                           log=lambda m: None)
+    step = result.manifest["graphs"]["step"]
+    assert {p: entry["operators"] for p, entry in step.items()} == {"fp32": "onnxruntime", "int8": "onnx"}
+    assert step["fp32"]["verification"]["passed"] and result.verification.passed
+    assert len(retention_nodes(bundle / "step.fp32.onnx")) == ADAPTERS
+    assert not retention_nodes(bundle / "step.int8.onnx")
+    assert_same_stream((graphs["plain"], bundle / "step.fp32.onnx"), frame_shape(), frames=12, atol=2e-6,
+                       second_options={"fused_ops": kernel_library.path})
+
+
 TOKENS, WIDTH = 3, 6  # a hand-made step: three tokens, d = 6 (three channel pairs)
 
 

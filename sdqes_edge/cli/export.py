@@ -33,6 +33,7 @@ from sdqes_edge.contract import (
     FUSED_OPS,
     GRAPH_OPERATORS,
     ONNX_RUNTIME_OPERATORS,
+    PLAIN_ONNX_OPERATORS,
     PRECISIONS,
     REFERENCE_PRECISION,
 )
@@ -86,7 +87,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         calibration_frames=args.calibration_frames, int8_policy=args.int8_policy,
         calibration_method=args.calibration_method, int8_activations=args.int8_activations,
         int8_float_blocks=args.int8_float_blocks, truncate_queries=args.truncate_queries,
-        show_progress=not args.quiet, fp16_operators=args.fp16_operators)
+        show_progress=not args.quiet, fp16_operators=args.fp16_operators, fp32_operators=args.fp32_operators)
     # Before the (possibly slow) checkpoint load; a query's length is checked once its text positions are known.
     check_options(options, lambda message: None, context_length=None if args.checkpoint else CONTEXT_LENGTH)
     check_target(Path(args.out))
@@ -313,6 +314,11 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
                              "residual Add + LayerNorm as ONNX Runtime's fused kernels (fewer GPU kernels; "
                              "build-engine writes them back for TensorRT); onnx keeps plain ONNX for other "
                              "runtimes (default %(default)s)")
+    export.add_argument("--fp32-operators", choices=GRAPH_OPERATORS, default=PLAIN_ONNX_OPERATORS,
+                        help="operators of the fp32 graph: onnx (default) runs on any ONNX runtime; onnxruntime "
+                             "writes it as the fp16 graph is written, so that this project's kernel library "
+                             "(--ort-ops) runs its fused steps on a CPU deployment too (a RetNet adapter's "
+                             "retention step one kernel); int8 is still quantized from the plain graph")
     _add_int8_options(export)
     export.add_argument("--truncate-queries", action="store_true", help="cut queries over the model's token limit "
                                                                         "(CLIP's 77) instead of refusing them")
