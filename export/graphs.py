@@ -27,6 +27,7 @@ from sdqes_edge.contract import (
     EMBEDDING_OUTPUT,
     FP16,
     FP32,
+    FUSED_OPS_DOMAIN,
     GRAPH_FORMAT_VERSION,
     GRAPH_OPERATORS,
     METADATA_KEY,
@@ -161,6 +162,9 @@ def attach_metadata(path: Path, description: dict[str, Any], rewrite: Callable[[
     graph = onnx.load(str(path))
     if rewrite is not None:
         rewrite(graph)
+    fused = sorted({node.op_type for node in graph.graph.node if node.domain == FUSED_OPS_DOMAIN})
+    if fused:  # the operators the kernel library runs: the runtime names those a library built before them lacks
+        description["fused_ops"] = fused
     del graph.metadata_props[:]
     entry = graph.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(description, sort_keys=True, allow_nan=False)

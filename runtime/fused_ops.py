@@ -18,7 +18,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS
+from sdqes_edge.contract import FUSED_OPS, ONNX_RUNTIME_OPERATORS
 from sdqes_edge.errors import UserError
 
 BUILD_COMMAND = "sdqes-edge build-ort-ops"
@@ -26,12 +26,18 @@ DEFAULT_LIBRARY = Path("build/ort_ops/libsdqes_ort_ops.so")  # where BUILD_COMMA
 SOURCES = Path(__file__).with_name("ort_ops")  # the kernels' sources and build.sh, in the package as in a checkout
 
 
+# What a library built before it said which operators it has kernels for has: the QRNN pooling's two.
+FIRST_OPERATORS = FUSED_OPS[:2]
+
+
 @dataclass(frozen=True)
 class FusedOps:
-    """A loadable kernel library: its path, and whether its kernels include the CUDA provider's."""
+    """A loadable kernel library: its path, whether its kernels include the CUDA provider's, and the operators it
+    has kernels for (a library built before an operator existed runs that operator's nodes as their bodies)."""
 
     path: Path
     with_cuda: bool
+    operators: tuple[str, ...] = FUSED_OPS
 
     def usable_on(self, device: str) -> str | None:
         """Why the library cannot serve a session on ``device`` ("cpu", "cuda", "tensorrt"), or None."""
@@ -92,7 +98,29 @@ def load_fused_ops(path: str | Path) -> FusedOps:
     except (OSError, AttributeError) as exc:
         raise UserError(f"cannot load the kernel library {path} ({exc}): rebuild it on this machine with "
                         f"{BUILD_COMMAND}, or run without --ort-ops") from None
-    return FusedOps(path.resolve(), with_cuda)
+    return FusedOps(path.resolve(), with_cuda, _operators_of(library))
+
+
+def _operators_of(library: ctypes.CDLL) -> tuple[str, ...]:
+    """The operators ``library`` has kernels for, as it says; FIRST_OPERATORS where it is too old to say."""
+    try:
+        listed = library.sdqes_ort_ops_operators
+    except AttributeError:
+        return FIRST_OPERATORS
+    listed.restype = ctypes.c_char_p
+    return tuple(name for name in listed().decode().split(",") if name)
+
+
+def missing_kernels_words(fused: FusedOps | None, graph_operators: list[str] | None, graph_name: str) -> str | None:
+    """What to say where the graph holds fused operators (``description["fused_ops"]``) that the library has no
+    kernel for, built before them: ONNX Runtime runs those nodes as their bodies, as without the library, and
+    nothing else would say so. None where there is nothing to say."""
+    missing = sorted(set(graph_operators or ()) - set(fused.operators)) if fused is not None else []
+    if not missing:
+        return None
+    return (f"{fused.path.name} has no kernel for {', '.join(missing)}, which {graph_name} holds (it was built "
+            f"before {'they were' if len(missing) > 1 else 'it was'} added): those nodes run as their ONNX "
+            f"bodies, as without the library; rebuild it with {BUILD_COMMAND}")
 
 
 def register_fused_ops(options, fused: FusedOps, device: str) -> None:

@@ -110,6 +110,43 @@ def test_an_fp32_graph_exported_with_onnx_runtimes_operators_takes_the_kernel_on
                        second_options={"fused_ops": kernel_library.path})
 
 
+def test_a_library_built_before_the_retention_kernel_is_named_with_what_to_do_not_run_as_if_it_had_it(
+        graphs, kernel_library, tmp_path, monkeypatch):
+    """The graph's description lists its fused operators and the library says which it has kernels for. One built
+    before RetentionStep (which cannot say: the first builds had QrnnPool and QrnnScan) would leave ONNX Runtime
+    to run the retention steps as their bodies while ``run`` named the library: a warning says so instead."""
+    import dataclasses
+    import shutil
+    import subprocess
+    import warnings
+
+    from sdqes_edge.contract import FUSED_OPS
+    from sdqes_edge.export.graphs import read_metadata
+    from sdqes_edge.runtime import onnxruntime_backend
+    from sdqes_edge.runtime.fused_ops import FIRST_OPERATORS
+    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+
+    assert read_metadata(graphs["fp16"])["fused_ops"] == [RETENTION_STEP]
+    assert "fused_ops" not in read_metadata(graphs["plain"])
+    assert kernel_library.operators == FUSED_OPS
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to make the stand-in of a first build")
+    source, first_build = tmp_path / "first_build.c", tmp_path / "libfirst_build.so"
+    source.write_text("int sdqes_ort_ops_with_cuda(void) { return 0; }\n")  # no sdqes_ort_ops_operators
+    subprocess.run(["gcc", "-shared", "-fPIC", str(source), "-o", str(first_build)], check=True)
+    assert load_fused_ops(first_build).operators == FIRST_OPERATORS
+    # The real library registered, said to be a first build: the retention steps it would lack are named.
+    old = dataclasses.replace(kernel_library, operators=FIRST_OPERATORS)
+    monkeypatch.setattr(onnxruntime_backend, "load_fused_ops", lambda path: old)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        OnnxRuntimeStep(graphs["fp16"], fused_ops=kernel_library.path)
+    assert [str(w.message) for w in said] == [
+        f"libsdqes_ort_ops.so has no kernel for {RETENTION_STEP}, which fp16.onnx holds (it was built before it was "
+        "added): those nodes run as their ONNX bodies, as without the library; rebuild it with sdqes-edge "
+        "build-ort-ops"]
+
+
 TOKENS, WIDTH = 3, 6  # a hand-made step: three tokens, d = 6 (three channel pairs)
 
 

@@ -410,6 +410,22 @@ Ort::CustomOpDomain& domain() {
 
 }  // namespace
 
+// The operators this library has kernels for, comma-separated ("QrnnPool,QrnnScan,RetentionStep"): the runtime
+// names a graph's fused operators that an older build has none for, which ONNX Runtime would run as their bodies
+// without a word. (A library without this function is one of the first builds: QrnnPool and QrnnScan.)
+extern "C" const char* sdqes_ort_ops_operators() {
+  static const std::string names = [] {
+    std::vector<std::string> each;  // once per operator, whatever its kernels' types and providers
+    std::apply([&](auto&... op) {
+      ((std::find(each.begin(), each.end(), op.GetName()) == each.end() ? each.push_back(op.GetName()) : void()), ...);
+    }, ops);
+    std::string joined;
+    for (const std::string& name : each) joined += (joined.empty() ? "" : ",") + name;
+    return joined;
+  }();
+  return names.c_str();
+}
+
 // 1 where the CUDA kernels were compiled in: the runtime registers the library for a CUDA session only then (a
 // CPU-only kernel would pull the op off the GPU, with copies around it and no CUDA graph).
 extern "C" int sdqes_ort_ops_with_cuda() {
