@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from sdqes_edge.contract import FUSED_OPS, FUSED_OPS_DOMAIN
+from sdqes_edge.contract import FUSED_OPS_DOMAIN, QRNN_POOL, QRNN_SCAN
 
 from .graph_edits import constant_tensors, constant_value, readers_of, spliced, static_shapes, with_nodes
 from .qrnn_patterns import pooling_scan, pooling_step
 
-QRNN_POOL, QRNN_SCAN = FUSED_OPS[:2]  # the step form's (one frame), the window form's (its frames, from h = 0)
 FUSED_OPS_VERSION = 1
 
 

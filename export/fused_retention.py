@@ -21,12 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sdqes_edge.contract import FUSED_OPS, FUSED_OPS_DOMAIN
+from sdqes_edge.contract import FUSED_OPS_DOMAIN, RETENTION_STEP
 
 from .fused_ops import declare_fused_domain, fusion_view, without_unread_constants
 from .graph_edits import attribute_value, made_by, spliced, with_nodes
 
-RETENTION_STEP = FUSED_OPS[2]
 # The node's inputs and outputs, in order; the kernel (runtime/ort_ops/ort_ops.cc) reads them in this order.
 RETENTION_INPUTS = ("qkv", "state", "swap", "keep", "cross")  # [.., 3d], [.., d, d], [d] int64, [d, 1], [d, 1]
 RETENTION_OUTPUTS = ("out", "state_next")  # [.., d], [.., d, d]

@@ -18,7 +18,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdqes_edge.contract import FUSED_OPS, ONNX_RUNTIME_OPERATORS
+from sdqes_edge.contract import FUSED_OPS, ONNX_RUNTIME_OPERATORS, QRNN_POOL, QRNN_SCAN
 from sdqes_edge.errors import UserError
 
 BUILD_COMMAND = "sdqes-edge build-ort-ops"
@@ -27,7 +27,7 @@ SOURCES = Path(__file__).with_name("ort_ops")  # the kernels' sources and build.
 
 
 # What a library built before it said which operators it has kernels for has: the QRNN pooling's two.
-FIRST_OPERATORS = FUSED_OPS[:2]
+FIRST_OPERATORS = (QRNN_POOL, QRNN_SCAN)
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ PLAIN_ONNX_OPERATORS, ONNX_RUNTIME_OPERATORS = GRAPH_OPERATORS
 FUSED_OPS_DOMAIN = "sdqes_edge"
 # Its operators (runtime/ort_ops has each): a QRNN pooling step (one frame), a window's pooling over its frames,
 # and a RetNet adapter's retention step (export/fused_retention.py).
-FUSED_OPS = ("QrnnPool", "QrnnScan", "RetentionStep")
+QRNN_POOL, QRNN_SCAN, RETENTION_STEP = FUSED_OPS = ("QrnnPool", "QrnnScan", "RetentionStep")
 
 
 def step_graph_name(precision: str) -> str:

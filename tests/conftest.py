@@ -81,6 +81,19 @@ def cpu_kernel_build(tmp_path_factory):
     return done, out / "libsdqes_ort_ops.so"
 
 
+def step_graph_forms(model, folder: Path) -> dict[str, Path]:
+    """``model``'s two-stream step graph in the three forms the fused operators are checked in: plain fp32, fp32
+    with ONNX Runtime's operators (the fused nodes, beside the plain graph's arithmetic), and fp16."""
+    from sdqes_edge.contract import ONNX_RUNTIME_OPERATORS
+    from sdqes_edge.export.graphs import export_step_graph
+
+    paths = {"plain": folder / "plain.onnx", "fp32": folder / "fp32.onnx", "fp16": folder / "fp16.onnx"}
+    export_step_graph(model, paths["plain"], batch=2)
+    export_step_graph(model, paths["fp32"], batch=2, operators=ONNX_RUNTIME_OPERATORS)
+    export_step_graph(model, paths["fp16"], batch=2, precision="fp16")
+    return paths
+
+
 @pytest.fixture(scope="module")
 def kernel_library(cpu_kernel_build):
     """The library's CPU kernels (a ``runtime.fused_ops.FusedOps``), built here as a user builds them; skipped, with

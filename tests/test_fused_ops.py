@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 import tomllib
-from conftest import assert_same_stream, random_model
+from conftest import assert_same_stream, random_model, step_graph_forms
 from onnx import TensorProto, helper, numpy_helper
 
 from sdqes_edge.contract import FUSED_OPS_DOMAIN, ONNX_RUNTIME_OPERATORS
@@ -35,12 +35,7 @@ POOL_BODY_KERNELS = 6  # Split, QuickGelu (fused by ONNX Runtime), Sigmoid, Sub,
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory) -> dict[str, Path]:
     """tiny + QRNN, two adapters a block: the plain fp32 graph, fp32 with ONNX Runtime's operators, and fp16."""
-    model, folder = random_model("qrnn", per_block=PER_BLOCK), tmp_path_factory.mktemp("graphs")
-    paths = {"plain": folder / "plain.onnx", "fp32": folder / "fp32.onnx", "fp16": folder / "fp16.onnx"}
-    export_step_graph(model, paths["plain"], batch=2)
-    export_step_graph(model, paths["fp32"], batch=2, operators=ONNX_RUNTIME_OPERATORS)
-    export_step_graph(model, paths["fp16"], batch=2, precision="fp16")
-    return paths
+    return step_graph_forms(random_model("qrnn", per_block=PER_BLOCK), tmp_path_factory.mktemp("graphs"))
 
 
 def pool_nodes(path: Path) -> list:

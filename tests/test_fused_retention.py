@@ -11,13 +11,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import assert_same_stream, random_model
+from conftest import assert_same_stream, random_model, step_graph_forms
 from onnx import TensorProto, helper, numpy_helper
 
 from sdqes_edge.contract import FUSED_OPS_DOMAIN, ONNX_RUNTIME_OPERATORS
 from sdqes_edge.export.fused_ops import inline_fused_functions
 from sdqes_edge.export.fused_retention import RETENTION_STEP, fuse_retention_steps, retention_step_function
-from sdqes_edge.export.graphs import export_step_graph
 from sdqes_edge.runtime.fused_ops import FusedOps, load_fused_ops
 from sdqes_edge.runtime.kernels import count_kernels
 
@@ -31,12 +30,7 @@ BODY_KERNELS = 12
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory) -> dict[str, Path]:
     """tiny + RetNet, two adapters a block, two streams: plain fp32, fp32 with ONNX Runtime's operators, fp16."""
-    model, folder = random_model("retnet", per_block=PER_BLOCK), tmp_path_factory.mktemp("graphs")
-    paths = {"plain": folder / "plain.onnx", "fp32": folder / "fp32.onnx", "fp16": folder / "fp16.onnx"}
-    export_step_graph(model, paths["plain"], batch=2)
-    export_step_graph(model, paths["fp32"], batch=2, operators=ONNX_RUNTIME_OPERATORS)
-    export_step_graph(model, paths["fp16"], batch=2, precision="fp16")
-    return paths
+    return step_graph_forms(random_model("retnet", per_block=PER_BLOCK), tmp_path_factory.mktemp("graphs"))
 
 
 def frame_shape() -> tuple:

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include <sys/stat.h>
@@ -58,6 +59,21 @@ Coefficients coefficients(int in_size, int out_size) {
     for (int i = 0; i < last - first; ++i) c.weights[static_cast<size_t>(o) * c.taps + (first - start) + i] = w[i] / total;
   }
   return c;
+}
+
+// The coefficients of a frame's two passes, columns (w -> new_w) and rows (h -> new_h), made once per size on each
+// thread that preprocesses (a reader thread per source) and kept: a source's frames are one size, and remaking them
+// cost every frame about 600 allocations and 13,000 kernel evaluations. A thread's cache is its own, so no lock; a
+// source whose size keeps changing starts it afresh (std::map keeps what it returned in place as it grows).
+std::pair<const Coefficients*, const Coefficients*> cached_coefficients(int w, int new_w, int h, int new_h) {
+  constexpr size_t kSizesKept = 16;
+  thread_local std::map<std::pair<int, int>, Coefficients> made;
+  const std::pair<int, int> columns{w, new_w}, rows{h, new_h};
+  if (made.size() >= kSizesKept && (!made.count(columns) || !made.count(rows))) made.clear();
+  for (const auto& key : {columns, rows}) {
+    if (!made.count(key)) made.emplace(key, coefficients(key.first, key.second));
+  }
+  return {&made.at(columns), &made.at(rows)};
 }
 
 // The input rows [first, last) that outputs [first_out, first_out + count) of `c` read.
@@ -151,7 +167,8 @@ std::vector<float> preprocess(const cv::Mat& bgr, int size, const Preprocess& p)
         for (int c = 0; c < 3; ++c)
           out[(static_cast<size_t>(y) * out_w + x) * 3 + c] = bgr.ptr<cv::Vec3b>(top + y)[left + x][c];
   } else {
-    const Coefficients cx = coefficients(w, new_w), cy = coefficients(h, new_h);
+    const auto [columns, rows] = cached_coefficients(w, new_w, h, new_h);
+    const Coefficients &cx = *columns, &cy = *rows;
     const auto [y0, y1] = input_span(cy, top, out_h);  // the input rows the kept output rows read
     resample_rows(resample_columns(bgr, cx, left, out_w, y0, y1), y0, cy, top, out_h, out_w, out.data());
   }
