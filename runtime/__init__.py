@@ -32,6 +32,7 @@ _EXPORTS = {
     ".bundle": ("Bundle", "BundleError", "load_bundle"),
     ".detector": ("StreamingDetector",),
     ".stream_slot": ("StreamSlot",),
+    ".fused_ops": ("MissingKernelsWarning",),
     ".onnxruntime_backend": ("SlowPrecisionWarning",),
     ".pacing": ("FrameRateWarning",),
     ".queries": ("DuplicateQueryWarning", "text_encoder_for"),

@@ -131,6 +131,16 @@ class Bundle:
                               f"re-export with --precision {precision}")
         return inside_bundle(self.root, graphs[precision]["file"])
 
+    def step_description(self, precision: str = REFERENCE_PRECISION) -> dict[str, Any]:
+        """The JSON description ``precision``'s step graph carries (``metadata_props``), read without entering the
+        graph; empty where it has none, which a backend refuses, naming the graph, when it loads it."""
+        words = metadata_props(self.step_graph(precision)).get(METADATA_KEY)
+        try:
+            description = json.loads(words) if words else {}
+        except ValueError:
+            return {}
+        return description if isinstance(description, dict) else {}
+
     def holds(self, path: str | Path, names: list[str]) -> bool:
         """Whether ``path`` is one of this bundle's files ``names`` (manifest names): that very file, or a copy of it
         (its sha256 the one the manifest lists; hashed only when the paths differ)."""
@@ -313,12 +323,7 @@ DESCRIBED_BY_THE_GRAPH = ("image_size", "embed_dim", "batch", "query_count", "pr
 def _check_against_graphs(bundle: Bundle) -> None:
     root = bundle.root
     for precision in bundle.precisions:
-        graph = bundle.step_graph(precision)
-        words = metadata_props(graph).get(METADATA_KEY)
-        try:
-            description = json.loads(words) if words else {}
-        except ValueError:
-            description = {}  # refused, naming the graph, when a backend reads it (OnnxRuntimeStep)
+        graph, description = bundle.step_graph(precision), bundle.step_description(precision)
         for key in DESCRIBED_BY_THE_GRAPH:
             exported, said = description.get(key), bundle.manifest.get(key)
             if key not in description or exported == said:

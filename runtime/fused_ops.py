@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdqes_edge.contract import FUSED_OPS, ONNX_RUNTIME_OPERATORS, QRNN_POOL, QRNN_SCAN
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import SetupWarning, UserError
 
 BUILD_COMMAND = "sdqes-edge build-ort-ops"
 DEFAULT_LIBRARY = Path("build/ort_ops/libsdqes_ort_ops.so")  # where BUILD_COMMAND writes it (current folder)
@@ -109,6 +109,12 @@ def _operators_of(library: ctypes.CDLL) -> tuple[str, ...]:
         return FIRST_OPERATORS
     listed.restype = ctypes.c_char_p
     return tuple(name for name in listed().decode().split(",") if name)
+
+
+class MissingKernelsWarning(SetupWarning):
+    """The library registered has no kernel for some of the graph's fused operators (it was built before them), so
+    ONNX Runtime runs those nodes as their bodies. A program scoring with many sessions says it once and filters
+    it in the rest (``sdqes-edge score``)."""
 
 
 def missing_kernels_words(fused: FusedOps | None, graph_operators: list[str] | None, graph_name: str) -> str | None:

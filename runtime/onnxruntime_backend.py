@@ -29,7 +29,7 @@ from sdqes_edge.state import StateSpec
 
 from .backend import STATE_BUFFER_SETS, State, StepResult, check_state_arrays
 from .bound_step import BoundState, DeviceBuffers, runs_to_steady
-from .fused_ops import idle_library_words, load_fused_ops, missing_kernels_words
+from .fused_ops import MissingKernelsWarning, idle_library_words, load_fused_ops, missing_kernels_words
 from .ort_releases import fused_operators_warning
 from .ort_sessions import DEVICE_PROVIDERS, check_providers, create_session
 
@@ -93,9 +93,10 @@ class OnnxRuntimeStep:
         self.description: dict[str, Any] = json.loads(meta[METADATA_KEY])
         operators = self.description.get("operators")
         if warning := (fused_operators_warning(device, operators, path.name)  # (the three exclude each other)
-                       or idle_library_words(self.fused_ops, operators, path.name)
-                       or missing_kernels_words(self.fused_ops, self.description.get("fused_ops"), path.name)):
+                       or idle_library_words(self.fused_ops, operators, path.name)):
             warnings.warn(warning, SetupWarning, stacklevel=2)
+        elif missing := missing_kernels_words(self.fused_ops, self.description.get("fused_ops"), path.name):
+            warnings.warn(missing, MissingKernelsWarning, stacklevel=2)
         self.spec = StateSpec.from_list(self.description["state"])
         self._output_names = [o.name for o in self.session.get_outputs()]
         self._input_names = {i.name for i in self.session.get_inputs()}

@@ -171,13 +171,17 @@ class StreamScorer:
 
     def __init__(self, bundle: str | Path, threads: int | None = None, step: StepChoice = StepChoice()):
         from sdqes_edge.runtime.bundle import load_bundle
+        from sdqes_edge.runtime.fused_ops import MissingKernelsWarning
         from sdqes_edge.runtime.onnxruntime_backend import SlowPrecisionWarning
         from sdqes_edge.runtime.queries import text_encoder_for
         from sdqes_edge.runtime.step_backends import make_backend
 
         self.bundle = load_bundle(bundle)
-        with warnings.catch_warnings():  # a precision slow on its device: said once by the driver, not every worker
+        # A precision slow on its device, a library lacking some of the graph's kernels: said once by the driver
+        # (sdqes_edge/cli/score.py), not by every worker.
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", SlowPrecisionWarning)
+            warnings.simplefilter("ignore", MissingKernelsWarning)
             self.backend = make_backend(self.bundle, precision=step.precision, threads=threads,
                                         ort_device=step.ort_device, ort_ops=step.ort_ops)
         self.text_encoder = text_encoder_for(self.bundle, threads=threads)

@@ -86,3 +86,31 @@ def test_with_ray_the_library_is_ignored_with_a_warning_as_the_cluster_nodes_hav
     warning, error = done.stderr.strip().splitlines()
     assert "Ray's actors on other nodes may not have: ignoring it with --ray" in warning
     assert "missing.csv" in error
+
+
+def test_a_library_built_before_an_operator_the_graph_holds_is_named_once_by_the_driver_not_by_each_worker(
+        bundle, corpus, kernel_library, tmp_path, monkeypatch, capsys):
+    """A first build (QrnnPool and QrnnScan only) with the fp16 RetNet graph: its retention steps run as their
+    bodies. The driver says so once, before scoring; the workers' sessions, which would each say it, keep quiet."""
+    import dataclasses
+    import warnings
+
+    from sdqes_edge.cli import run
+    from sdqes_edge.runtime import fused_ops, onnxruntime_backend
+    from sdqes_edge.runtime.fused_ops import FIRST_OPERATORS
+
+    first_build = dataclasses.replace(kernel_library, operators=FIRST_OPERATORS)
+    for module in (fused_ops, onnxruntime_backend):  # the driver's check and each session's
+        monkeypatch.setattr(module, "load_fused_ops", lambda path: first_build)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        code = run(["score", str(bundle), "--annotations", str(corpus / "annotations.csv"), "--videos",
+                    str(corpus / "videos"), "--out", str(tmp_path / "out"), "--quiet", "--workers", "1",
+                    "--threads", "1", "--precision", "fp16", "--ort-ops", str(kernel_library.path)])
+    stderr = capsys.readouterr().err
+    assert code == 0, stderr
+    named = [line for line in stderr.splitlines() if "has no kernel for RetentionStep" in line]
+    assert len(named) == 1 and "step.fp16.onnx holds" in named[0], stderr
+    assert "rebuild it with sdqes-edge build-ort-ops" in named[0]
+    assert not [w for w in said if "has no kernel for" in str(w.message)]
+    assert len(list((tmp_path / "out" / "traces").glob("*.npz"))) == 2  # scored all the same, as the bodies

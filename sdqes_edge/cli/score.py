@@ -117,11 +117,12 @@ def _check_step(bundle, step: StepChoice) -> None:
 
 def _with_library(bundle, step: StepChoice, library: str | None) -> StepChoice:
     """``step`` with this project's kernel library where given: one that will not load, or cannot run on the device,
-    refused in one line before any worker starts; one the graph has no node for (plain ONNX) ignored with a warning
-    said once here, not by every worker."""
+    refused in one line before any worker starts; one the graph has no node for (plain ONNX) ignored with a warning,
+    and one that lacks some of the graph's kernels (built before them) used with a warning, each said once here, not
+    by every worker."""
     from dataclasses import replace
 
-    from sdqes_edge.runtime.fused_ops import idle_library_words, load_fused_ops
+    from sdqes_edge.runtime.fused_ops import idle_library_words, load_fused_ops, missing_kernels_words
 
     if not library:
         return step
@@ -133,6 +134,9 @@ def _with_library(bundle, step: StepChoice, library: str | None) -> StepChoice:
                                    graph.name)) is not None:
         warn(f"{idle}: ignoring --ort-ops")
         return step
+    if (missing := missing_kernels_words(fused, bundle.step_description(step.precision).get("fused_ops"),
+                                         graph.name)) is not None:
+        warn(missing)
     return replace(step, ort_ops=str(fused.path))
 
 
