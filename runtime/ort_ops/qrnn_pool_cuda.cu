@@ -1,52 +1,9 @@
-// sdqes_edge.QrnnPool and QrnnScan on ONNX Runtime's CUDA provider: one kernel for the six (Split, QuickGelu,
-// Sigmoid, Sub, Mul, Add) that the inlined step runs, and for the 3 + 5 T (and T Unsqueezes, a Concat) of a
-// window of T frames.
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include "qrnn_pool.h"
+// sdqes_edge.QrnnPool and QrnnScan on ONNX Runtime's CUDA provider: the launchers of the kernels in
+// qrnn_pool_kernels.cuh, and the library's CUDA readiness check.
+#include "qrnn_pool_kernels.cuh"
 #include "retention_step.h"
 
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 4096;  // grid-stride beyond this: a ViT-B/16 step at 32 streams is 1.7M elements
-
-__device__ inline float load(const float* p, int64_t i) { return p[i]; }
-__device__ inline float load(const __half* p, int64_t i) { return __half2float(p[i]); }
-__device__ inline void store(float* p, int64_t i, float v) { p[i] = v; }
-__device__ inline void store(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
-
-template <typename T>
-__global__ void qrnn_pool_kernel(const T* gates, const T* h, T* out, int64_t count, int64_t width, float alpha) {
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < count;
-       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t z = sdqes::z_offset(k, width);
-    store(out, k, sdqes::qrnn_pool(load(gates, z), load(gates, z + width), load(h, k), alpha));
-  }
-}
-
-// Lane k (outer * inner * r of them) walks the frames; an output element's z sits at output offset o's row
-// (o / r) times 2r plus its column, as in the step (z_offset), f r further on.
-template <typename T>
-__global__ void qrnn_scan_kernel(const T* gates, T* out, sdqes::ScanExtent extent, float alpha) {
-  const int64_t lanes = extent.outer * extent.inner * extent.width;
-  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < lanes;
-       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float h = 0.0f;
-    for (int64_t t = 0; t < extent.frames; ++t) {
-      const int64_t o = sdqes::frame_offset(extent, k, t);
-      const int64_t z = sdqes::z_offset(o, extent.width);
-      h = sdqes::qrnn_pool(load(gates, z), load(gates, z + extent.width), h, alpha);
-      store(out, o, h);
-    }
-  }
-}
-
-int64_t blocks_for(int64_t count) {
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  return blocks > kMaxBlocks ? kMaxBlocks : blocks;
-}
 
 template <typename T>
 int launch(void* stream, const T* gates, const T* h, T* out, int64_t count, int64_t width, float alpha) {
