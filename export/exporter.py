@@ -91,16 +91,17 @@ def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None =
     return preprocessed_streams(read, pre, count, batch, pre.image_size, source=str(video), progress=progress)
 
 
-def _backbone_counts(model: SDQESModel, batch: int, opset: int) -> tuple[GraphComplexity, dict]:
-    """The same image tower without adapters, counted the same way (adapters = total - this):
-    its complexity and the kernels its step executes."""
+def _backbone_counts(model: SDQESModel, batch: int, opset: int,
+                     operators: str | None = None) -> tuple[GraphComplexity, dict]:
+    """The same image tower without adapters, counted the same way (adapters = total - this): its complexity
+    and the kernels its step executes, its graph written with ``operators`` (None: plain ONNX) as the step's."""
     cfg = model.cfg.with_adapter("none")
     backbone = SDQESModel(cfg).eval()
     weights = {k: v for k, v in model.state_dict().items() if ".adapter" not in k}
     backbone.load_state_dict(weights, strict=False)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "backbone.onnx"
-        graphs.export_step_graph(backbone, path, batch=batch, opset=opset)
+        graphs.export_step_graph(backbone, path, batch=batch, opset=opset, operators=operators)
         return count_graph(path), graph_kernels(path)
 
 
@@ -166,6 +167,8 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
         verification = _fp32_in_form(model, traced, token_ids, query_embeddings, fused, options, sha, log)
         step_entries[REFERENCE_PRECISION] |= {"operators": options.fp32_operators,
                                               "verification": verification.to_dict()}
+        # The kernels of the graph the bundle holds, not of the plain one it replaced (the MACs are the same).
+        complexity["kernels"] = _kernels_in_form(model, traced.step, options)
     manifest = _manifest(cfg, options, traced, step_entries, queries_entry, checkpoint, complexity, staging)
     (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False))
     return ExportResult(out, manifest, verification, variants)
@@ -355,6 +358,16 @@ def _complexity(model: SDQESModel, traced: _Traced, options: ExportOptions, log:
         "per_query": {"text_graph": count_graph(traced.text).to_dict()},
         "kernels": kernel_summary(step_kernels, backbone_kernels, adapter_count(model.cfg)),
     }
+
+
+def _kernels_in_form(model: SDQESModel, step: Path, options: ExportOptions) -> dict:
+    """The kernel summary of the fp32 step graph written with ``options.fp32_operators``, against the image tower
+    alone written the same way."""
+    step_kernels = graph_kernels(step)
+    backbone_kernels = (_backbone_counts(model, options.batch, options.opset, options.fp32_operators)[1]
+                        if model.cfg.adapter.kind != "none" else step_kernels)
+    return kernel_summary(step_kernels, backbone_kernels, adapter_count(model.cfg)) | {
+        "operators": options.fp32_operators}
 
 
 def _manifest(cfg: ModelConfig, options: ExportOptions, traced: _Traced, step_entries: dict,

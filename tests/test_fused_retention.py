@@ -85,7 +85,7 @@ def test_tensorrt_gets_the_functions_body_in_its_place_with_the_same_numbers(gra
 
 
 def test_an_fp32_graph_exported_with_onnx_runtimes_operators_takes_the_kernel_on_a_cpu(graphs, kernel_library,
-                                                                                      tmp_path):
+                                                                                      tmp_path, capsys):
     """``export --fp32-operators onnxruntime``: the CPU's graph holds the fused steps too, verified against PyTorch
     as the plain one is; int8 is still quantized from the plain graph."""
     from sdqes_edge.export import ExportOptions, export_bundle
@@ -102,6 +102,19 @@ def test_an_fp32_graph_exported_with_onnx_runtimes_operators_takes_the_kernel_on
     assert not retention_nodes(bundle / "step.int8.onnx")
     assert_same_stream((graphs["plain"], bundle / "step.fp32.onnx"), frame_shape(), frames=12, atol=2e-6,
                        second_options={"fused_ops": kernel_library.path})
+    # The kernels the manifest records (and `inspect` prints) are those of the graph the bundle holds, against the
+    # image tower alone written the same way, not those of the plain graph it replaced.
+    kernels = result.manifest["complexity"]["kernels"]
+    assert kernels["operators"] == ONNX_RUNTIME_OPERATORS
+    assert kernels["step_graph"]["per_step"] == count_kernels(bundle / "step.fp32.onnx").per_step
+    assert kernels["step_graph"]["per_step"] != count_kernels(graphs["plain"]).per_step
+    assert kernels["per_adapter"]["kernels"] == (kernels["step_graph"]["per_step"]
+                                                 - kernels["image_tower"]["per_step"]) / ADAPTERS
+    from sdqes_edge.cli import run
+
+    assert run(["inspect", str(bundle)]) == 0
+    assert (f"fp32 with ONNX Runtime's fused operators at export: image tower alone "
+            f"{kernels['image_tower']['per_step']} kernels") in capsys.readouterr().out
 
 
 def test_a_library_built_before_the_retention_kernel_is_named_with_what_to_do_not_run_as_if_it_had_it(

@@ -218,9 +218,11 @@ def _print_kernels(bundle, precision: str, fused_ops=None) -> None:
     if recorded and recorded.get("per_adapter"):
         per = recorded["per_adapter"]
         tower = recorded["image_tower"]
-        print(f"           fp32 at export: image tower alone {tower['per_step']} kernels ({tower['onnx_nodes']} ONNX "
-              f"nodes); per adapter {per['kernels']:.1f} kernels ({per['computing']:.1f} computing), "
-              f"{per['onnx_nodes']:.1f} ONNX nodes, {recorded['adapters']} adapters")
+        form = " with ONNX Runtime's fused operators" if recorded.get("operators") == ONNX_RUNTIME_OPERATORS else ""
+        print(f"           fp32{form} at export: image tower alone {tower['per_step']} kernels "
+              f"({tower['onnx_nodes']} ONNX nodes); per adapter {per['kernels']:.1f} kernels "
+              f"({per['computing']:.1f} computing), {per['onnx_nodes']:.1f} ONNX nodes, "
+              f"{recorded['adapters']} adapters")
 
 
 # --- build-engine ---------------------------------------------------------------------
