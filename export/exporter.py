@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,7 @@ from sdqes_edge.sample import (
 from sdqes_edge.tokenizer import default_tokenizer, vocab_path
 
 from . import graphs
-from .complexity import GraphComplexity, adapter_count, count_graph, graph_kernels, kernel_summary
+from .bundle_complexity import kernels_in_form, manifest_complexity
 from .drift import VariantDriftError, VariantReport, VerificationError, compare_variant, max_abs_error, run_stream
 from .options import ExportOptions, Query, check_options, check_target
 from .precision import (
@@ -89,20 +88,6 @@ def _frames(model_cfg: ModelConfig, count: int, batch: int, video: Path | None =
         return itertools.chain([first], frames)
 
     return preprocessed_streams(read, pre, count, batch, pre.image_size, source=str(video), progress=progress)
-
-
-def _backbone_counts(model: SDQESModel, batch: int, opset: int,
-                     operators: str | None = None) -> tuple[GraphComplexity, dict]:
-    """The same image tower without adapters, counted the same way (adapters = total - this): its complexity
-    and the kernels its step executes, its graph written with ``operators`` (None: plain ONNX) as the step's."""
-    cfg = model.cfg.with_adapter("none")
-    backbone = SDQESModel(cfg).eval()
-    weights = {k: v for k, v in model.state_dict().items() if ".adapter" not in k}
-    backbone.load_state_dict(weights, strict=False)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "backbone.onnx"
-        graphs.export_step_graph(backbone, path, batch=batch, opset=opset, operators=operators)
-        return count_graph(path), graph_kernels(path)
 
 
 def _encode_queries(text_graph: Path, texts: Sequence[str], truncate: bool,
@@ -162,13 +147,14 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
                              query_embeddings, log)
     _write_tokenizer(staging)
     queries_entry = _write_queries(staging, options.queries, query_embeddings)
-    complexity = _complexity(model, traced, options, log)  # of the plain graph's arithmetic, whatever its form
+    # Of the plain graph's arithmetic, whatever form the fp32 graph is written in below.
+    complexity = manifest_complexity(model, traced.step, traced.text, options, log)
     if options.fp32_operators != traced.description["operators"]:  # after int8, which is quantized from it
         verification = _fp32_in_form(model, traced, token_ids, query_embeddings, fused, options, sha, log)
         step_entries[REFERENCE_PRECISION] |= {"operators": options.fp32_operators,
                                               "verification": verification.to_dict()}
         # The kernels of the graph the bundle holds, not of the plain one it replaced (the MACs are the same).
-        complexity["kernels"] = _kernels_in_form(model, traced.step, options)
+        complexity["kernels"] = kernels_in_form(model, traced.step, options)
     manifest = _manifest(cfg, options, traced, step_entries, queries_entry, checkpoint, complexity, staging)
     (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False))
     return ExportResult(out, manifest, verification, variants)
@@ -342,32 +328,6 @@ def _write_queries(staging: Path, queries: tuple[Query, ...], embeddings: np.nda
     (staging / QUERIES_NAME).write_text(json.dumps(items, indent=2))
     np.save(staging / QUERY_EMBEDDINGS_NAME, embeddings.astype(np.float32))
     return {"file": QUERIES_NAME, "embeddings": QUERY_EMBEDDINGS_NAME, "count": len(queries)}
-
-
-def _complexity(model: SDQESModel, traced: _Traced, options: ExportOptions, log: Callable[[str], None]) -> dict:
-    log("counting parameters and MACs ...")
-    step_count = count_graph(traced.step)
-    step_kernels = graph_kernels(traced.step)
-    backbone, backbone_kernels = (_backbone_counts(model, options.batch, options.opset)
-                                  if model.cfg.adapter.kind != "none" else (step_count, step_kernels))
-    return {
-        "per_frame": {"batch": options.batch, "image_tower": backbone.to_dict(), "step_graph": step_count.to_dict(),
-                      "adapters": {"parameters": model.visual.adapter_parameters(),
-                                   "macs": step_count.macs - backbone.macs,
-                                   "flops": step_count.flops - backbone.flops}},
-        "per_query": {"text_graph": count_graph(traced.text).to_dict()},
-        "kernels": kernel_summary(step_kernels, backbone_kernels, adapter_count(model.cfg)),
-    }
-
-
-def _kernels_in_form(model: SDQESModel, step: Path, options: ExportOptions) -> dict:
-    """The kernel summary of the fp32 step graph written with ``options.fp32_operators``, against the image tower
-    alone written the same way."""
-    step_kernels = graph_kernels(step)
-    backbone_kernels = (_backbone_counts(model, options.batch, options.opset, options.fp32_operators)[1]
-                        if model.cfg.adapter.kind != "none" else step_kernels)
-    return kernel_summary(step_kernels, backbone_kernels, adapter_count(model.cfg)) | {
-        "operators": options.fp32_operators}
 
 
 def _manifest(cfg: ModelConfig, options: ExportOptions, traced: _Traced, step_entries: dict,
