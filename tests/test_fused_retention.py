@@ -112,9 +112,15 @@ def test_an_fp32_graph_exported_with_onnx_runtimes_operators_takes_the_kernel_on
                                                  - kernels["image_tower"]["per_step"]) / ADAPTERS
     from sdqes_edge.cli import run
 
-    assert run(["inspect", str(bundle)]) == 0
+    assert run(["inspect", str(bundle), "--ort-ops", str(kernel_library.path)]) == 0
+    said = capsys.readouterr().out
     assert (f"fp32 with ONNX Runtime's fused operators at export: image tower alone "
-            f"{kernels['image_tower']['per_step']} kernels") in capsys.readouterr().out
+            f"{kernels['image_tower']['per_step']} kernels") in said
+    with_library = count_kernels(bundle / "step.fp32.onnx", fused_ops=kernel_library).per_step
+    per_adapter = (with_library - kernels["image_tower"]["per_step"]) / ADAPTERS
+    assert f"with libsdqes_ort_ops.so: {with_library} per step" in said
+    assert f"; {per_adapter:.1f} per adapter over the image tower alone" in said
+    assert per_adapter < kernels["per_adapter"]["kernels"]  # the retention step's twelve kernels are one
 
 
 def test_a_library_built_before_the_retention_kernel_is_named_with_what_to_do_not_run_as_if_it_had_it(

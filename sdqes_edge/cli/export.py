@@ -210,11 +210,17 @@ def _print_kernels(bundle, precision: str, fused_ops=None) -> None:
               f"{cpu_casts}")
     else:
         print(f"           (the graph's ONNX node and Cast counts need onnx: {install_command('onnx')})")
+    recorded = bundle.manifest.get("complexity", {}).get("kernels")
     if fused_ops is not None:
         fused = count_kernels(path, fused_ops=fused_ops)
         ops = ", ".join(f"{op} {n}" for op, n in fused.by_op.items() if op in FUSED_OPS) or "none of its operators"
-        print(f"           with {fused_ops.path.name}: {fused.per_step} per step ({ops})")
-    recorded = bundle.manifest.get("complexity", {}).get("kernels")
+        # Per adapter where the manifest counted the image tower alone in this very graph's form (fp32 written with
+        # ONNX Runtime's operators); the fp16 graph's tower was not counted.
+        graph_form = bundle.manifest["graphs"]["step"][precision].get("operators")
+        per_adapter = (f"; {(fused.per_step - recorded['image_tower']['per_step']) / recorded['adapters']:.1f} per "
+                       "adapter over the image tower alone" if precision == REFERENCE_PRECISION and recorded
+                       and recorded.get("adapters") and recorded.get("operators") == graph_form else "")
+        print(f"           with {fused_ops.path.name}: {fused.per_step} per step ({ops}){per_adapter}")
     if recorded and recorded.get("per_adapter"):
         per = recorded["per_adapter"]
         tower = recorded["image_tower"]
