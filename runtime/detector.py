@@ -28,7 +28,8 @@ from sdqes_edge.files import SNAPSHOT_EXAMPLE, as_path, check_output_file
 from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, check_parts_from, frame_batch_buffer, warm_up
 from .bundle import Bundle, load_bundle
-from .frame_source import check_frames, check_run_arguments
+from .frame_gathering import LIVE_PATIENCE_PERIODS, gather_frames
+from .frame_source import FrameReader, check_frames, check_run_arguments
 from .pacing import StreamPace
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_encoder_for
@@ -360,16 +361,13 @@ class StreamingDetector:
 
     def _run(self, sources: list[FrameSource], stats: RunStats, max_frames: int | None) -> Iterator[list[AlertEvent]]:
         self.attach(sources)
-        iterators: list[Iterator[Frame] | None] = [s.threaded(prepare=self.preprocess) for s in sources]
-        iterators += [None] * (self.batch - len(sources))
+        arrivals = threading.Condition()  # every reader's frames, for gather_frames to wait on whichever comes
+        readers: list[FrameReader | None] = [s.threaded(prepare=self.preprocess, arrivals=arrivals) for s in sources]
+        readers += [None] * (self.batch - len(sources))
+        late: set[int] = set()  # live sources a step stopped waiting for (frame_gathering.gather_frames)
         try:
-            while any(it is not None for it in iterators):
-                frames: list[Frame | None] = []
-                for k, it in enumerate(iterators):
-                    frame = next(it, None) if it is not None else None
-                    if frame is None:
-                        iterators[k] = None
-                    frames.append(frame)
+            while any(reader is not None for reader in readers):
+                frames = gather_frames(readers, arrivals, LIVE_PATIENCE_PERIODS / self.fps, late)
                 if all(f is None for f in frames):
                     break
                 started = time.perf_counter()
@@ -383,9 +381,9 @@ class StreamingDetector:
                 if max_frames is not None and stats.frames >= max_frames:
                     break
         finally:
-            for it in iterators:
-                if it is not None:
-                    it.close()
+            for reader in readers:
+                if reader is not None:
+                    reader.close()
             self.close()
 
     def close(self) -> None:

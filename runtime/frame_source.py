@@ -1,10 +1,11 @@
 """What every frame source shares: sampling at the bundle's fps by timestamp, and the reader thread.
 
 Frames are sampled by timestamp, not by frame count (a 29.97 fps file and a camera that stutters give the same
-stream times; ``sampling``). A reader thread fills a bounded queue: a file blocks when the queue is full, so every
-sampled frame is processed; a live source keeps only the newest frame and counts the ones it dropped, so a slow
-model never falls behind the world. A file's frames are preprocessed by a few threads while the reader decodes the
-next ones, in order. The sources themselves are in ``sources`` (files, image folders) and ``live_source``.
+stream times; ``sampling``). A reader thread (``FrameReader``) fills a bounded queue: a file blocks when the queue
+is full, so every sampled frame is processed; a live source keeps only the newest frame and counts the ones it
+dropped, so a slow model never falls behind the world. A file's frames are preprocessed by a few threads while the
+reader decodes the next ones, in order. The sources themselves are in ``sources`` (files, image folders) and
+``live_source``.
 """
 
 from __future__ import annotations
@@ -35,16 +36,17 @@ SOURCE_LOG = logging.getLogger("sdqes_edge.runtime.sources")  # WARNING: Python 
 PREPARE_WORKERS = min(4, max(1, usable_cores() - 1))
 NAMED_UNREADABLE_IMAGES = 3  # an image folder's unreadable images named as met (a line each) and in the summary
 READER_STOP_TIMEOUT_S = 2.0  # how long a stopped reader thread may take to leave OpenCV and end
+_END = object()  # the queue's last item: the source has no more frames
 
 # Reader threads not yet joined. A stream left unfinished by an exception (SIGTERM in the middle of `score`) may
-# keep its frame generator, and so its reader, alive until Python exits; a daemon thread still inside an OpenCV
-# call when Python finalizes is killed inside a C++ frame, and the process aborts ("FATAL: exception not
-# rethrown", exit -6) after its outputs were written. So every reader still running is stopped and joined first.
+# keep its reader alive until Python exits; a daemon thread still inside an OpenCV call when Python finalizes is
+# killed inside a C++ frame, and the process aborts ("FATAL: exception not rethrown", exit -6) after its outputs
+# were written. So every reader still running is stopped and joined first.
 _LIVE_READERS: dict[threading.Thread, threading.Event] = {}
 
 
 @atexit.register
-def _stop_live_readers() -> None:
+def _stop_live_readers() -> None:  # (_LIVE_READERS says why)
     readers = list(_LIVE_READERS.items())
     for _, stop in readers:
         stop.set()
@@ -183,7 +185,7 @@ class FrameSource(abc.ABC):
                 yield Frame(image, stamp if self.live else index * period, index)
                 index += 1
 
-    def _hand_over(self, item: tuple, q: queue.Queue, stop: threading.Event) -> None:
+    def hand_over(self, item: tuple, q: queue.Queue, stop: threading.Event) -> None:
         """A file's frame waits for room in the queue; a live one replaces the frame not yet taken (counted)."""
         if not self.live:
             while not stop.is_set():
@@ -204,62 +206,117 @@ class FrameSource(abc.ABC):
             q.put_nowait(item)
 
     def threaded(self, capacity: int = 8, prepare: Callable[[np.ndarray], np.ndarray] | None = None,
-                 workers: int = PREPARE_WORKERS) -> Iterator[Frame]:
-        """The sampled frames through a reader thread (live: a queue of one, newest wins).
+                 workers: int = PREPARE_WORKERS, arrivals: threading.Condition | None = None) -> FrameReader:
+        """The sampled frames through a reader thread (live: a queue of one, newest wins): an iterator of them
+        (``FrameReader``). ``prepare`` (the preprocessing) of a file's frames runs in ``workers``
+        threads beside the reader; ``arrivals`` is notified at each frame (a run gathering several sources')."""
+        return FrameReader(self, capacity, prepare, workers, arrivals)
 
-        ``prepare`` (the preprocessing) of a file's frames runs in ``workers`` threads beside the reader, so
-        decoding, preprocessing and the model stepping on the current frame overlap; frames come out in
-        order all the same. A live frame is prepared by the consumer, since it may yet be dropped.
-        """
-        q: queue.Queue = queue.Queue(maxsize=1 if self.live else capacity)
-        done = object()
-        stop = threading.Event()
-        errors: list[BaseException] = []
-        pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"prepare-{self.name}")
-                if prepare is not None and not self.live else None)
 
-        def reader() -> None:
-            image, prepared = None, None
-            try:
-                for frame in self.sampled():
-                    if stop.is_set():
-                        return
-                    if pool and frame.image is not image:  # a repeated frame (a slow video) is prepared once
-                        image, prepared = frame.image, pool.submit(prepare, frame.image)
-                    # (frame, its preprocessing under way or None): the queue bounds the frames in flight.
-                    self._hand_over((frame, prepared), q, stop)
-            except BaseException as exc:  # delivered to the consumer, which raises it
-                errors.append(exc)
-            deliver_end()  # after everything, exceptions included (all are caught above)
+class FrameReader:
+    """The sampled frames of ``source`` through a reader thread (live: a queue of one, newest wins).
 
-        def deliver_end() -> None:
-            """The end marker, put on the queue unless the consumer has stopped listening."""
-            while True:
-                try:
-                    q.put(done, timeout=0.1)
-                    return
-                except queue.Full:
-                    if stop.is_set():
-                        return
+    ``prepare`` (the preprocessing) of a file's frames runs in ``workers`` threads beside the reader, so decoding,
+    preprocessing and the model stepping on the current frame overlap; frames come out in order all the same. A
+    live frame is prepared by the consumer, since it may yet be dropped. ``arrivals``, where given, is notified at
+    every frame handed over and at the end, so that one loop can wait for whichever of several readers has one.
+    """
 
-        thread = threading.Thread(target=reader, name=f"source-{self.name}", daemon=True)
-        _LIVE_READERS[thread] = stop
-        thread.start()
+    def __init__(self, source: FrameSource, capacity: int, prepare: Callable[[np.ndarray], np.ndarray] | None,
+                 workers: int, arrivals: threading.Condition | None = None):
+        self.source = source
+        self.ended = False  # the end taken: no frame will come
+        self._queue: queue.Queue = queue.Queue(maxsize=1 if source.live else capacity)
+        self._stop = threading.Event()
+        self._errors: list[BaseException] = []
+        self._arrivals = arrivals
+        self._prepare = prepare
+        self._pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"prepare-{source.name}")
+                      if prepare is not None and not source.live else None)
+        self._thread = threading.Thread(target=self._read, name=f"source-{source.name}", daemon=True)
+        _LIVE_READERS[self._thread] = self._stop
+        self._thread.start()
+
+    def _read(self) -> None:
+        image, prepared = None, None
         try:
-            while True:
-                item = q.get()
-                if item is done:
-                    break
-                frame, prepared = item
-                if prepared is not None:
-                    frame.tensor = prepared.result()  # raises what the preprocessing raised, in frame order
-                yield frame
-            if errors:
-                raise errors[0]
-        finally:
+            for frame in self.source.sampled():
+                if self._stop.is_set():
+                    return
+                if self._pool and frame.image is not image:  # a repeated frame (a slow video) is prepared once
+                    image, prepared = frame.image, self._pool.submit(self._prepare, frame.image)
+                # (frame, its preprocessing under way or None): the queue bounds the frames in flight.
+                self.source.hand_over((frame, prepared), self._queue, self._stop)
+                self._notify()
+        except BaseException as exc:  # delivered to the consumer, which raises it
+            self._errors.append(exc)
+        self._deliver_end()  # after everything, exceptions included (all are caught above)
+
+    def _deliver_end(self) -> None:
+        """The end marker, put on the queue unless the consumer has stopped listening."""
+        while True:
+            try:
+                self._queue.put(_END, timeout=0.1)
+                break
+            except queue.Full:
+                if self._stop.is_set():
+                    return
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._arrivals is not None:
+            with self._arrivals:
+                self._arrivals.notify_all()
+
+    def ready(self) -> bool:
+        """Whether ``take`` has something without waiting: a frame, or the end."""
+        return self.ended or not self._queue.empty()
+
+    def take(self, timeout: float | None = None) -> Frame | None:
+        """The next frame, waiting at most ``timeout`` seconds for it (None: as long as it takes); None where none
+        came in time or the source has ended (``ended`` says which). Raises what the reader or the preprocessing
+        raised, in frame order."""
+        if self.ended:
+            return None
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _END:
+            self.ended = True
+            self.close()
+            if self._errors:
+                raise self._errors[0]
+            return None
+        frame, prepared = item
+        if prepared is not None:
+            frame.tensor = prepared.result()
+        return frame
+
+    def __iter__(self) -> FrameReader:
+        return self
+
+    def __next__(self) -> Frame:
+        try:
+            frame = self.take()
+        except BaseException:
+            self.close()
+            raise
+        if frame is None:
+            raise StopIteration
+        return frame
+
+    def close(self) -> None:
+        """Stop the reader and wait for it (a moment: one inside a stalled read is left to end with the process)."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=READER_STOP_TIMEOUT_S)
+        if not self._thread.is_alive():  # else it stays listed, to be joined again before Python exits
+            _LIVE_READERS.pop(self._thread, None)
+        if self._pool is not None:
+            shutdown_cancelling(self._pool, wait=False)
+
+    def __del__(self) -> None:  # an iterator dropped unfinished: its reader stops reading, as a generator's would
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
             stop.set()
-            thread.join(timeout=READER_STOP_TIMEOUT_S)
-            if not thread.is_alive():  # else it stays listed, to be joined again before Python exits
-                _LIVE_READERS.pop(thread, None)
-            if pool is not None:
-                shutdown_cancelling(pool, wait=False)

@@ -312,7 +312,8 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
 
 def _summarize(sources: list, stats: RunStats, exit_code: int, written: list[str]) -> None:
     dropped = sum(s.stats.dropped for s in sources)
-    # A step takes one frame of every source: with several, "frames" counted steps, not the frames stepped.
+    # A step takes a frame of every source (a live one that falls behind idles): with several, "frames" counted
+    # steps, not the frames stepped.
     unit = "frame" if len(sources) == 1 else "step"
     counted = f"{stats.frames} {unit}{'' if stats.frames == 1 else 's'}" + (
         f" of {len(sources)} sources" if len(sources) > 1 else "")
@@ -352,7 +353,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--source", type=path_text, action="append", required=True,
                      help="video file, image folder (frames in number order, one per sample), camera index (0) "
                           "or device (/dev/v4l/by-id/...), URL or GStreamer pipeline; repeat for several streams "
-                          "(needs a bundle exported with --batch N)")
+                          "(needs a bundle exported with --batch N), stepped together: a camera that stalls idles "
+                          "its stream, memory kept, while the others step")
     run.add_argument("--query", action="append", help="event to wait for (repeatable); default: the bundle's")
     run.add_argument("--message", action="append", help="alert message for the query of the same position")
     run.add_argument("--queries-file", type=path_text,

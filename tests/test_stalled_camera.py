@@ -1,0 +1,106 @@
+"""Several live sources in one run: a camera that stalls idles its own stream, memory kept, while the others go on
+stepping, instead of holding every stream's alerts for as long as it stalls (an RTSP stream's read blocks for up
+to FFmpeg's 30 s before the reconnection attempts). Each stream's scores are those of its frames stepped alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import random_model
+from runtime_fixtures import QUERY
+
+from sdqes_edge.export import ExportOptions, export_bundle
+from sdqes_edge.runtime.detector import StreamingDetector
+from sdqes_edge.runtime.frame_gathering import LIVE_PATIENCE_PERIODS
+from sdqes_edge.runtime.frame_source import FrameSource
+from sdqes_edge.runtime.sinks import ScoreTraceRecorder
+from sdqes_edge.sample import sample_frames
+from sdqes_edge.traces import load_scores
+
+FPS = 5.0  # a sample every 0.2 s: a step of the tiny model takes a few ms, far from dropping a frame
+A_FRAMES, B_FRAMES = 12, 6
+B_STALLS_AFTER = 2  # B's frames before it stalls
+A_FRAMES_DURING_STALL = 8  # B comes back once A has sent this many
+
+
+class PacedCamera(FrameSource):
+    """A camera sending ``images`` at the sample rate, stamped as a camera stamps them; it stalls before frame
+    ``stall_at`` until ``resume`` is set, and sets ``reached`` before frame ``reach_at``."""
+
+    live = True
+
+    def __init__(self, name: str, images: list, stall_at: int | None = None, resume: threading.Event | None = None,
+                 reach_at: int | None = None, reached: threading.Event | None = None):
+        super().__init__(name, FPS)
+        self.images, self.stall_at, self.resume, self.reach_at, self.reached = images, stall_at, resume, reach_at, \
+            reached
+
+    def _frames(self):
+        period = 1.0 / FPS
+        for k, image in enumerate(self.images):
+            if k == self.reach_at:
+                self.reached.set()
+            if k == self.stall_at:
+                assert self.resume.wait(timeout=20), "the other camera never got this far"
+            time.sleep(period)
+            yield (lambda image=image: image), (k + 0.01) * period
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory) -> dict[int, object]:
+    """The same model for one stream and for two."""
+    model, folder = random_model("qrnn"), tmp_path_factory.mktemp("bundles")
+    for batch in (1, 2):
+        export_bundle(model, folder / f"b{batch}", ExportOptions(fps=FPS, batch=batch, show_progress=False),
+                      log=lambda m: None)
+    return {batch: folder / f"b{batch}" for batch in (1, 2)}
+
+
+def scores_of(bundle, sources: list, out) -> list[np.ndarray]:
+    """Each stream's scores over a run of ``sources``, a stream each, every frame stepped (none dropped)."""
+    detector = StreamingDetector(bundle)
+    detector.add_query(QUERY)
+    for stream, source in enumerate(sources):
+        detector.add_sink(ScoreTraceRecorder(out / f"{stream}.npz", source.name, FPS, stream=stream))
+    list(detector.run(sources))
+    # Waiting for B's frames in every step (lockstep), A's frames were replaced, newest winning, while B stalled.
+    dropped = {source.name: source.stats.dropped for source in sources}
+    assert not any(dropped.values()), f"frames dropped, not stepped: {dropped}"
+    return [load_scores(out / f"{stream}.npz").probs[:, 0] for stream in range(len(sources))]
+
+
+def test_a_stalled_camera_idles_its_stream_while_the_other_goes_on_and_each_scores_as_it_would_alone(bundles,
+                                                                                                     tmp_path):
+    a_images, b_images = sample_frames(A_FRAMES, 48, 64, seed=1), sample_frames(B_FRAMES, 48, 64, seed=2)
+    a_went_on = threading.Event()
+    a = PacedCamera("a", a_images, reach_at=A_FRAMES_DURING_STALL + B_STALLS_AFTER, reached=a_went_on)
+    b = PacedCamera("b", b_images, stall_at=B_STALLS_AFTER, resume=a_went_on)
+    (tmp_path / "together").mkdir()
+    together = scores_of(bundles[2], [a, b], tmp_path / "together")
+    assert [len(s) for s in together] == [A_FRAMES, B_FRAMES]  # A stepped on every frame it sent while B stalled
+    alone = []
+    for name, images in (("a", a_images), ("b", b_images)):
+        (tmp_path / name).mkdir()
+        alone += scores_of(bundles[1], [PacedCamera(name, images)], tmp_path / name)
+    for mine, single in zip(together, alone):  # B's memory was kept through the steps it idled
+        np.testing.assert_allclose(mine, single, atol=1e-5)
+
+
+def test_a_camera_that_keeps_pace_is_waited_for_so_the_streams_step_together(bundles, tmp_path):
+    """Two cameras out of phase by half a sample period: each step waits for the second (less than the patience of
+    LIVE_PATIENCE_PERIODS periods), so no stream idles and the steps are as many as either camera's frames."""
+    assert LIVE_PATIENCE_PERIODS >= 1.0
+
+    class HalfAPeriodLater(PacedCamera):
+        def _frames(self):
+            time.sleep(0.5 / FPS)
+            yield from super()._frames()
+
+    a, b = PacedCamera("a", sample_frames(8, 48, 64, seed=3)), HalfAPeriodLater("b", sample_frames(8, 48, 64, seed=4))
+    detector = StreamingDetector(bundles[2])
+    detector.add_query(QUERY)
+    steps = [events for events in detector.run([a, b])]
+    assert len(steps) == 8
