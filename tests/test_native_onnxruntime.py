@@ -195,3 +195,28 @@ def test_sdqes_run_streams_several_sources_in_one_graph_as_sdqes_edge_run_does(s
                               timeout=60)
     assert too_many.returncode == 2 and too_many.stderr.strip() == (
         "sdqes-run: error: 4 sources but the bundle steps 3 stream(s) at once; re-export with --batch 4")
+
+
+def test_a_stalled_camera_does_not_hold_the_other_streams_steps_in_sdqes_run(sdqes_run_on_the_cpu,
+                                                                             three_camera_bundles):
+    """Two live streams, one of which stops sending after a few frames while keeping its connection open (the read
+    OpenCV is inside blocks): its stream idles, memory kept, and the run goes on stepping the other to its 15
+    steps within seconds, where waiting for both in every step it would have stalled with it (as
+    tests/test_stalled_camera.py checks of `sdqes-edge run`)."""
+    from runtime_fixtures import EndlessMJPEG, serving
+
+    class Stalls(EndlessMJPEG):
+        def do_GET(self):
+            Stalls.frames = 3
+            super().do_GET()  # three frames, then silence with the connection held
+            time.sleep(60)
+
+    with serving(EndlessMJPEG) as steady, serving(Stalls) as stalled:
+        started = time.monotonic()
+        done = subprocess.run([str(sdqes_run_on_the_cpu), str(three_camera_bundles["plain"]), "--source",
+                               f"{steady}/a.mjpg", "--source", f"{stalled}/b.mjpg", "--max-frames", "15"],
+                              capture_output=True, text=True, timeout=50)
+        took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "done: 15 steps of 2 sources, " in done.stderr, done.stderr
+    assert took < 40, f"{took:.0f} s: the steps waited for the stalled camera"

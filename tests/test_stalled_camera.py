@@ -104,3 +104,49 @@ def test_a_camera_that_keeps_pace_is_waited_for_so_the_streams_step_together(bun
     detector.add_query(QUERY)
     steps = [events for events in detector.run([a, b])]
     assert len(steps) == 8
+
+
+class ScriptedReader:
+    """What gather_frames asks of a FrameReader, with frames the test hands over (``send``)."""
+
+    def __init__(self, live: bool, arrivals: threading.Condition):
+        self.source = type("Source", (), {"live": live})()
+        self.arrivals, self.frames, self.ended, self.finished = arrivals, [], False, False
+
+    def send(self, frame="frame"):
+        with self.arrivals:
+            self.frames.append(frame)
+            self.arrivals.notify_all()
+
+    def ready(self) -> bool:
+        return bool(self.frames) or self.finished
+
+    def take(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.frames and not self.finished and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.001)
+        if self.frames:
+            return self.frames.pop(0)
+        self.ended = self.finished
+        return None
+
+
+def test_a_late_camera_is_not_waited_for_until_it_sends_again_as_sdqes_run_gathers_its_steps():
+    """The twin of native/tests/test_step_gathering.cpp: a step that stopped waiting for B marks it late; the next
+    steps do not wait for it at all, however long the patience; once B sends, it steps and is waited for again."""
+    from sdqes_edge.runtime.frame_gathering import gather_frames
+
+    arrivals, late = threading.Condition(), set()
+    a, b = ScriptedReader(True, arrivals), ScriptedReader(True, arrivals)
+    readers = [a, b]
+    a.send("a0")
+    assert gather_frames(readers, arrivals, 0.02, late) == ["a0", None] and late == {1}
+    a.send("a1")
+    asked = time.monotonic()
+    assert gather_frames(readers, arrivals, 30.0, late) == ["a1", None]
+    assert time.monotonic() - asked < 10.0  # at once: waiting for B, it took the patience, 30 s
+    b.send("b0")
+    threading.Timer(0.02, a.send, args=("a2",)).start()
+    assert gather_frames(readers, arrivals, 30.0, late) == ["a2", "b0"] and late == set()
+    a.finished = b.finished = True
+    assert gather_frames(readers, arrivals, 30.0, late) == [None, None] and readers == [None, None]

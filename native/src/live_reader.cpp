@@ -5,13 +5,51 @@
 
 namespace sdqes {
 
+void Arrivals::notify() {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ++count_;
+  }
+  changed_.notify_all();
+}
+
+uint64_t Arrivals::count() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return count_;
+}
+
+bool Arrivals::wait_after(uint64_t seen, std::chrono::steady_clock::time_point until) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return changed_.wait_until(lock, until, [&] { return count_ != seen; });
+}
+
+void LatestFrame::handed_over() {
+  changed_.notify_all();
+  std::shared_ptr<Arrivals> arrivals;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    arrivals = arrivals_;
+  }
+  if (arrivals) arrivals->notify();
+}
+
+void LatestFrame::notify_also(std::shared_ptr<Arrivals> arrivals) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  arrivals_ = std::move(arrivals);
+}
+
+bool LatestFrame::ready() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return pending_.has_value() || finished_;
+}
+
 void LatestFrame::put(Frame frame) {
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     if (pending_) ++dropped_;  // the loop was still stepping on an older one: this one is newer
     pending_ = std::move(frame);
   }
-  changed_.notify_all();
+  handed_over();
 }
 
 bool LatestFrame::put_waiting(Frame frame) {
@@ -21,7 +59,7 @@ bool LatestFrame::put_waiting(Frame frame) {
     if (closed_) return false;
     pending_ = std::move(frame);
   }
-  changed_.notify_all();
+  handed_over();
   return true;
 }
 
@@ -32,7 +70,7 @@ void LatestFrame::finish(bool lost, std::exception_ptr error) {
     lost_ = lost;
     error_ = std::move(error);
   }
-  changed_.notify_all();
+  handed_over();
 }
 
 bool LatestFrame::closed() const {

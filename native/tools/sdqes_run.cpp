@@ -33,6 +33,7 @@
 #include "sdqes/saved_files.hpp"
 #include "sdqes/service_manager.hpp"
 #include "sdqes/step_backend.hpp"
+#include "sdqes/step_gathering.hpp"
 #if defined(SDQES_WITH_TENSORRT) || defined(SDQES_WITH_ONNXRUNTIME)
 #define SDQES_CAN_STREAM 1  // a backend to step the graph on: the streaming loop is built
 #endif
@@ -47,7 +48,9 @@ const char* kUsage =
     "ONNX graph on the CPU. The default is the first this sdqes-run was built with. --precision: fp16 on TensorRT,\n"
     "fp32 on ONNX Runtime unless given. --threads: ONNX Runtime's threads (default: one per core).\n"
     "--source again: several streams stepped together in one graph, a frame of each per step (a bundle exported\n"
-    "with --batch N for N sources); a source that ends idles, its stream's memory kept, until every one has ended.\n"
+    "with --batch N for N sources); a source that ends idles, its stream's memory kept, until every one has ended,\n"
+    "and so does a camera whose frame has not come one sample period after a step's first, no step waiting for it\n"
+    "until it sends again (a stalled camera does not hold the others' alerts).\n"
     "--state FILE keeps each query's alert state across a restart (--max-alerts, hysteresis, cooldown), and the\n"
     "model's memory beside it (state.json -> state.memory): read at the start where they exist, written after an\n"
     "alert (at most every 5 s) and when the stream ends or is stopped; with several sources, files beside it for\n"
@@ -332,7 +335,7 @@ std::filesystem::path memory_path_of(std::filesystem::path state_file) {
 // One --source as the loop steps it: its frames, read and preprocessed on a thread of its own (a file's by
 // sdqes::FileReader, each sample time stepped; a live source's by sdqes::LiveReader, stamped by the wall clock, each
 // frame stepped once, the ones the loop had no time for dropped), its stream's alerts and its --state file.
-struct StreamSource {
+struct StreamSource : sdqes::GatheredSource {
   StreamSource(OpenSource source, StreamAlerts stream_alerts)
       : opened(std::move(source)), alerts(std::move(stream_alerts)) {}
 
@@ -345,19 +348,23 @@ struct StreamSource {
   double stamp = 0.0;   // a live frame's wall-clock time
   int64_t repeats = 0;  // sample times a file's frame in hand still serves (a video slower than the bundle)
   int64_t resumed_at = 0;  // the sample a file goes on at, where --state had it (0: its beginning)
-  bool ended = false;
+  bool has_ended = false;
+
+  bool live() const override { return opened.live; }
+  bool ended() const override { return has_ended; }
+  bool ready() const override { return has_ended || repeats > 0 || reader->frames().ready(); }
 
   // The next sample time's frame, preprocessed into `frame`; false once the source has ended or the run is stopped.
-  bool next(const sdqes::StopOnSignal& stop) {
-    if (ended) return false;
+  bool next(const std::function<bool()>& stopped) override {
+    if (has_ended) return false;
     if (repeats > 0) {  // a repeated frame: in hand as the sample time comes
       --repeats;
       in_hand = std::chrono::steady_clock::now();
       return true;
     }
     sdqes::LatestFrame::Frame taken;  // a live frame serves once: repeating a stale one puts the model behind the world
-    ended = !reader->frames().take(taken, [&stop] { return stop.requested(); });
-    if (ended) return false;
+    has_ended = !reader->frames().take(taken, stopped);
+    if (has_ended) return false;
     in_hand = std::chrono::steady_clock::now();
     frame = std::move(taken.prepared);  // preprocessed on the reader's thread (stream's `prepare`)
     stamp = taken.stamp;
@@ -489,8 +496,9 @@ int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_pt
 }
 
 // Steps the engine on the sources' frames, a stream each, and raises each stream's alerts until every source ends,
-// --max-frames, or a signal. Each step takes every source's next frame, as `sdqes-edge run` does; a source that has
-// ended idles (its stream's state kept), and the extra streams of a bundle exported for more idle throughout.
+// --max-frames, or a signal. Each step takes every source's next frame, as `sdqes-edge run` does (a live one's unless
+// it falls behind: sdqes::gather_step); a source that has ended idles (its stream's state kept), and the extra
+// streams of a bundle exported for more idle throughout.
 int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
            const std::vector<sdqes::AlertState>& policies, const std::vector<Source>& sources,
            sdqes::OpenedStep& engine, int64_t max_frames, const std::string& events,
@@ -507,6 +515,8 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   const sdqes::PrepareFrame prepare = [size = bundle.image_size, how = bundle.preprocess](const cv::Mat& image) {
     return sdqes::preprocess(image, size, how);
   };
+  const auto arrivals = std::make_shared<sdqes::Arrivals>();  // every reader's frames: a step waits for whichever
+  std::vector<sdqes::GatheredSource*> gathered;
   for (size_t s = 0; s < sources.size(); ++s) {  // each reader's clock starts here, after the warm-up
     auto& stream = *streams[s];
     any_live = any_live || stream.opened.live;
@@ -517,7 +527,11 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
       stream.reader = std::make_unique<sdqes::FileReader>(file_capture(stream.opened.video, prepare), period,
                                                           stream.resumed_at);
     }
+    stream.reader->frames().notify_also(arrivals);
+    gathered.push_back(&stream);
   }
+  std::vector<bool> late(streams.size(), false);  // the live sources a step stopped waiting for
+  const auto stopped = [&stop] { return stop.requested(); };
   std::ostringstream header;  // as `sdqes-edge run` starts: what streams, how fast, what is asked, on what
   header << "streaming ";
   for (size_t s = 0; s < streams.size(); ++s) header << (s ? ", " : "") << streams[s]->opened.name;
@@ -535,9 +549,8 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   int64_t steps = 0;
   sdqes::LatencyHistogram latencies;  // every stream's, as `sdqes-edge run` reports them together
   while (!stop.requested() && !(max_frames > 0 && steps >= max_frames)) {
-    for (size_t s = 0; s < streams.size(); ++s) {
-      frames[s] = streams[s]->next(stop) ? streams[s]->frame.data() : nullptr;
-    }
+    const auto taken = sdqes::gather_step(gathered, *arrivals, sdqes::kLivePatiencePeriods * period, late, stopped);
+    for (size_t s = 0; s < streams.size(); ++s) frames[s] = taken[s] ? streams[s]->frame.data() : nullptr;
     if (stop.requested()) break;
     const auto* embedding = batch.step(*engine.backend, frames.data());
     if (embedding == nullptr) break;  // every source ended

@@ -31,6 +31,22 @@ namespace sdqes {
 // stream for up to FFmpeg's 30 s): past it the run ends without it (runtime/frame_source.py's READER_STOP_TIMEOUT_S).
 inline constexpr double kReaderStopTimeoutS = 2.0;
 
+// Wakes the one loop that waits for whichever of several sources hands a frame over first (sdqes/step_gathering.hpp).
+// A count, not a flag: the loop reads it, looks at each source, then waits for it to change, so that a frame handed
+// over between the look and the wait is not missed.
+class Arrivals {
+ public:
+  void notify();  // a frame, or a source's end, was handed over
+  uint64_t count() const;
+  // Waits until the count differs from `seen`, or until `until` -> whether it does.
+  bool wait_after(uint64_t seen, std::chrono::steady_clock::time_point until) const;
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  uint64_t count_ = 0;
+};
+
 // The newest sampled frame of a live source, from the thread that reads it to the loop that steps on it: a queue of
 // one. A frame not yet taken when the next arrives is replaced and counted as dropped.
 class LatestFrame {
@@ -58,6 +74,8 @@ class LatestFrame {
   // over (raising what it threw, if it did), or when `stopped()` (asked every 50 ms: a signal cannot wake a
   // condition variable).
   bool take(Frame& frame, const std::function<bool()>& stopped);
+  bool ready() const;      // take() would not wait: a frame is there, or the reader has finished
+  void notify_also(std::shared_ptr<Arrivals> arrivals);  // told of every frame put and of the finish
   void close();            // takes no more; wakes a reader waiting to reconnect
   bool lost() const;       // the reader ended because the source stopped sending frames and did not come back
   int64_t dropped() const;
@@ -71,6 +89,9 @@ class LatestFrame {
   bool closed_ = false;
   int64_t dropped_ = 0;
   std::exception_ptr error_;
+  std::shared_ptr<Arrivals> arrivals_;
+
+  void handed_over();  // after a put or the finish, the lock released: wakes the loop
 };
 
 // A decoded frame made ready for the step (sdqes-run: sdqes::preprocess for the bundle), on the reader's thread.

@@ -1,0 +1,39 @@
+// One step's frames from several sources, a stream each: the twin of runtime/frame_gathering.py's gather_frames.
+//
+// A step takes every file's next frame, waited for as long as decoding takes, and every live source's next frame,
+// waited for until a patience of one sample period after the step's first frame came: a source that keeps pace
+// sends one within a period of any other's, each being sampled at the bundle's rate. A live source that missed
+// that wait is late, and until it hands a frame over again no step waits for it. A camera that stalls (a network
+// stream's read blocks for up to FFmpeg's 30 s before the reconnection attempts) then idles its stream, memory
+// kept, while the others go on, instead of holding every stream's alerts for as long.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "sdqes/live_reader.hpp"
+
+namespace sdqes {
+
+// The patience, in sample periods (runtime/frame_gathering.py's LIVE_PATIENCE_PERIODS).
+inline constexpr double kLivePatiencePeriods = 1.0;
+
+// What the gathering asks of one source (sdqes-run: a --source as its loop steps it).
+class GatheredSource {
+ public:
+  virtual ~GatheredSource() = default;
+  virtual bool live() const = 0;
+  virtual bool ended() const = 0;
+  virtual bool ready() const = 0;  // next() would not wait
+  // The next frame taken into the source's hands -> false where the source has ended, or `stopped()` came first.
+  virtual bool next(const std::function<bool()>& stopped) = 0;
+};
+
+// Which of `sources` have a frame in hand this step (each source's next() called at most once). `late` (one per
+// source, kept by the caller from step to step) marks the live sources that missed a step's wait. `arrivals` is
+// notified by every source's frames (LatestFrame::notify_also). Waits for a first frame as long as it takes, asking
+// `stopped()` every 50 ms; none taken: every source has ended, or `stopped()`.
+std::vector<bool> gather_step(const std::vector<GatheredSource*>& sources, const Arrivals& arrivals,
+                              double patience_s, std::vector<bool>& late, const std::function<bool()>& stopped);
+
+}  // namespace sdqes

@@ -1,0 +1,154 @@
+// sdqes-run gathers each step's frames from several sources (sdqes/step_gathering.hpp), as runtime/frame_gathering.py
+// does: a file's frame is waited for, a live source's for one patience after the step's first frame, and a live
+// source that missed that wait is not waited for again until it sends.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "sdqes/step_gathering.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+const auto kNeverStopped = [] { return false; };
+constexpr double kLongPatienceS = 30.0;  // longer than any test here runs: a wait that ends did not time out
+
+// A source whose frames the test hands over (`send`), telling `arrivals` as a reader does.
+class ScriptedSource : public sdqes::GatheredSource {
+ public:
+  ScriptedSource(bool live, std::shared_ptr<sdqes::Arrivals> arrivals) : live_(live), arrivals_(std::move(arrivals)) {}
+
+  void send(int frames = 1) {
+    available_ += frames;
+    arrivals_->notify();
+  }
+  void finish() {
+    finished_ = true;
+    arrivals_->notify();
+  }
+  int taken() const { return taken_; }
+
+  bool live() const override { return live_; }
+  bool ended() const override { return ended_; }
+  bool ready() const override { return available_ > 0 || finished_; }
+  bool next(const std::function<bool()>& stopped) override {
+    while (available_ == 0 && !finished_) {  // a file's frame is waited for: the gathering asks a live one only ready
+      if (stopped()) return false;
+      std::this_thread::sleep_for(1ms);
+    }
+    if (available_ == 0) {
+      ended_ = true;
+      return false;
+    }
+    --available_;
+    ++taken_;
+    return true;
+  }
+
+ private:
+  bool live_;
+  std::shared_ptr<sdqes::Arrivals> arrivals_;
+  std::atomic<int> available_{0};
+  std::atomic<bool> finished_{false};
+  bool ended_ = false;
+  int taken_ = 0;
+};
+
+// `source` sends a frame `delay` from now, from a thread of its own (joined by the caller).
+std::thread sends_later(ScriptedSource& source, std::chrono::milliseconds delay) {
+  return std::thread([&source, delay] {
+    std::this_thread::sleep_for(delay);
+    source.send();
+  });
+}
+
+struct Gathering {
+  std::shared_ptr<sdqes::Arrivals> arrivals = std::make_shared<sdqes::Arrivals>();
+  std::vector<std::unique_ptr<ScriptedSource>> owned;
+  std::vector<sdqes::GatheredSource*> sources;
+  std::vector<bool> late;
+
+  ScriptedSource& add(bool live) {
+    owned.push_back(std::make_unique<ScriptedSource>(live, arrivals));
+    sources.push_back(owned.back().get());
+    late.push_back(false);
+    return *owned.back();
+  }
+  std::vector<bool> step(double patience_s, const std::function<bool()>& stopped = kNeverStopped) {
+    return sdqes::gather_step(sources, *arrivals, patience_s, late, stopped);
+  }
+};
+
+TEST(StepGathering, CamerasThatKeepPaceStepTogether) {
+  Gathering run;
+  auto& a = run.add(true);
+  auto& b = run.add(true);
+  a.send();
+  std::thread later = sends_later(b, 20ms);  // out of phase, well within the patience
+  EXPECT_EQ(run.step(kLongPatienceS), (std::vector<bool>{true, true}));
+  later.join();
+  EXPECT_EQ(run.late, (std::vector<bool>{false, false}));
+}
+
+TEST(StepGathering, ACameraThatStallsIdlesItsStreamAndIsNotWaitedForUntilItSendsAgain) {
+  Gathering run;
+  auto& a = run.add(true);
+  auto& b = run.add(true);
+  a.send();
+  EXPECT_EQ(run.step(0.02), (std::vector<bool>{true, false}));  // b missed the wait: its stream idles
+  EXPECT_EQ(run.late, (std::vector<bool>{false, true}));
+  a.send();  // no wait for b now: a patience longer than the test does not hold this step
+  const auto asked = std::chrono::steady_clock::now();
+  EXPECT_EQ(run.step(kLongPatienceS), (std::vector<bool>{true, false}));
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, 10s);  // (it returns at once; waiting, it took 30 s)
+  b.send();  // b is back: it steps, and is waited for again
+  std::thread later = sends_later(a, 20ms);
+  EXPECT_EQ(run.step(kLongPatienceS), (std::vector<bool>{true, true}));
+  later.join();
+  EXPECT_EQ(run.late, (std::vector<bool>{false, false}));
+  EXPECT_EQ(a.taken(), 3);
+  EXPECT_EQ(b.taken(), 1);
+}
+
+TEST(StepGathering, AFilesFrameIsWaitedForHoweverLongItsDecodingTakes) {
+  Gathering run;
+  auto& file = run.add(false);
+  auto& camera = run.add(true);
+  camera.send();
+  std::thread decoding = sends_later(file, 50ms);
+  EXPECT_EQ(run.step(0.001), (std::vector<bool>{true, true}));
+  decoding.join();
+}
+
+TEST(StepGathering, ASourceThatEndedIsNotAskedAgainAndNoneLeftEndsTheRun) {
+  Gathering run;
+  auto& a = run.add(true);
+  auto& b = run.add(true);
+  a.send();
+  b.finish();
+  EXPECT_EQ(run.step(kLongPatienceS), (std::vector<bool>{true, false}));
+  EXPECT_TRUE(b.ended());
+  a.finish();
+  EXPECT_EQ(run.step(kLongPatienceS), (std::vector<bool>{false, false}));
+  EXPECT_TRUE(a.ended());
+}
+
+TEST(StepGathering, AStopEndsTheWaitForAFirstFrame) {
+  Gathering run;
+  run.add(true);
+  run.add(true);
+  std::atomic<bool> stop{false};
+  std::thread signal([&stop] {
+    std::this_thread::sleep_for(30ms);
+    stop = true;
+  });
+  EXPECT_EQ(run.step(kLongPatienceS, [&stop] { return stop.load(); }), (std::vector<bool>{false, false}));
+  signal.join();
+}
+
+}  // namespace
