@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import atexit
+import functools
 import logging
 import math
 import numbers
@@ -229,44 +230,15 @@ class FrameReader:
         self._queue: queue.Queue = queue.Queue(maxsize=1 if source.live else capacity)
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
-        self._arrivals = arrivals
-        self._prepare = prepare
         self._pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"prepare-{source.name}")
                       if prepare is not None and not source.live else None)
-        self._thread = threading.Thread(target=self._read, name=f"source-{source.name}", daemon=True)
+        # The thread holds what it reads into, not this reader: one dropped unfinished is collected, and stops it.
+        notify = functools.partial(_notify, arrivals) if arrivals is not None else None
+        self._thread = threading.Thread(target=_read, args=(source, self._queue, self._stop, self._errors,
+                                                            self._pool, prepare, notify),
+                                        name=f"source-{source.name}", daemon=True)
         _LIVE_READERS[self._thread] = self._stop
         self._thread.start()
-
-    def _read(self) -> None:
-        image, prepared = None, None
-        try:
-            for frame in self.source.sampled():
-                if self._stop.is_set():
-                    return
-                if self._pool and frame.image is not image:  # a repeated frame (a slow video) is prepared once
-                    image, prepared = frame.image, self._pool.submit(self._prepare, frame.image)
-                # (frame, its preprocessing under way or None): the queue bounds the frames in flight.
-                self.source.hand_over((frame, prepared), self._queue, self._stop)
-                self._notify()
-        except BaseException as exc:  # delivered to the consumer, which raises it
-            self._errors.append(exc)
-        self._deliver_end()  # after everything, exceptions included (all are caught above)
-
-    def _deliver_end(self) -> None:
-        """The end marker, put on the queue unless the consumer has stopped listening."""
-        while True:
-            try:
-                self._queue.put(_END, timeout=0.1)
-                break
-            except queue.Full:
-                if self._stop.is_set():
-                    return
-        self._notify()
-
-    def _notify(self) -> None:
-        if self._arrivals is not None:
-            with self._arrivals:
-                self._arrivals.notify_all()
 
     def ready(self) -> bool:
         """Whether ``take`` has something without waiting: a frame, or the end."""
@@ -320,3 +292,36 @@ class FrameReader:
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()
+
+
+def _read(source: FrameSource, q: queue.Queue, stop: threading.Event, errors: list[BaseException],
+          pool: ThreadPoolExecutor | None, prepare: Callable[[np.ndarray], np.ndarray] | None,
+          notify: Callable[[], None] | None) -> None:
+    """A FrameReader's thread: ``source``'s sampled frames into ``q``, then the end marker."""
+    image, prepared = None, None
+    try:
+        for frame in source.sampled():
+            if stop.is_set():
+                return
+            if pool and frame.image is not image:  # a repeated frame (a slow video) is prepared once
+                image, prepared = frame.image, pool.submit(prepare, frame.image)
+            # (frame, its preprocessing under way or None): the queue bounds the frames in flight.
+            source.hand_over((frame, prepared), q, stop)
+            if notify:
+                notify()
+    except BaseException as exc:  # delivered to the consumer, which raises it
+        errors.append(exc)
+    while True:  # the end marker, after everything (exceptions included), unless the consumer stopped listening
+        try:
+            q.put(_END, timeout=0.1)
+            break
+        except queue.Full:
+            if stop.is_set():
+                return
+    if notify:
+        notify()
+
+
+def _notify(arrivals: threading.Condition) -> None:
+    with arrivals:
+        arrivals.notify_all()

@@ -14,7 +14,8 @@ from runtime_fixtures import FPS, QUERY, write_video
 from sdqes_edge.errors import UserError
 from sdqes_edge.runtime import open_source
 from sdqes_edge.runtime.sampling import END_SLACK_S, samples_served, stated_end_time
-from sdqes_edge.runtime.sources import FrameSource
+from sdqes_edge.runtime.sources import FrameSource, VideoFileSource
+from sdqes_edge.sample import sample_frames
 from sdqes_edge.traces import load_scores
 
 LEVEL_STEP = 12
@@ -176,3 +177,18 @@ def test_a_live_source_skips_the_sample_times_a_stall_left_without_frames():
     frames = list(source.sampled())
     assert [round(f.time * 2) for f in frames] == [0, 1, 2, 3, 4, 5, 16, 17, 18, 19]  # sample times 0 .. 2.5, 8 .. 9.5
     assert source.stats.sampled == len(frames) == 10
+
+
+def test_a_file_read_in_a_loop_left_early_stops_its_reader_thread(tmp_path):
+    """`for frame in source.threaded(): break`: the reader thread, waiting for room in the queue, stops once the
+    iterator is dropped, as a generator's would, instead of holding the decoder until the program exits."""
+    import gc
+
+    video = write_video(tmp_path / "clip.avi", sample_frames(80, 48, 64))
+    frames = VideoFileSource(video, FPS).threaded(capacity=2)
+    next(frames)
+    thread = frames._thread
+    del frames
+    gc.collect()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
