@@ -28,7 +28,7 @@ from sdqes_edge.files import SNAPSHOT_EXAMPLE, as_path, check_output_file
 from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, check_parts_from, frame_batch_buffer, warm_up
 from .bundle import Bundle, load_bundle
-from .frame_gathering import LIVE_PATIENCE_PERIODS, gather_frames
+from .frame_gathering import LIVE_PATIENCE_PERIODS, LateSources, gather_frames
 from .frame_source import FrameReader, check_frames, check_run_arguments
 from .pacing import StreamPace
 from .preprocess import Preprocessor
@@ -364,7 +364,7 @@ class StreamingDetector:
         arrivals = threading.Condition()  # every reader's frames, for gather_frames to wait on whichever comes
         readers: list[FrameReader | None] = [s.threaded(prepare=self.preprocess, arrivals=arrivals) for s in sources]
         readers += [None] * (self.batch - len(sources))
-        late: set[int] = set()  # live sources a step stopped waiting for (frame_gathering.gather_frames)
+        late = LateSources()  # the live sources a step stopped waiting for (frame_gathering.gather_frames)
         try:
             while any(reader is not None for reader in readers):
                 frames = gather_frames(readers, arrivals, LIVE_PATIENCE_PERIODS / self.fps, late)

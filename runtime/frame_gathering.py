@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 
 from .frame_source import Frame, FrameReader
 
@@ -17,15 +18,53 @@ from .frame_source import Frame, FrameReader
 # keeps pace sends one within a period of any other's (each is sampled at the bundle's rate), and a longer wait
 # would put the streams that do keep pace behind the world by as much.
 LIVE_PATIENCE_PERIODS = 1.0
+# A late camera is named (its source's log: a line on the command line, the journal under systemd) once it has sent
+# nothing for this long, and again when it sends: a moment's lateness is the network's; seconds are a stall.
+STALL_NOTICE_S = 5.0
+
+
+@dataclass
+class LateSources:
+    """The live sources a step stopped waiting for (``gather_frames``), kept from step to step: since when each has
+    been late, and which of them were said to have stalled."""
+
+    since: dict[int, float] = field(default_factory=dict)
+    said: set[int] = field(default_factory=set)
+    notice_after_s: float = STALL_NOTICE_S
+
+    def __contains__(self, stream: int) -> bool:
+        return stream in self.since
+
+    def sent(self, stream: int, source) -> None:
+        """``stream`` sent a frame: no longer late, and back in words where its stall was said."""
+        since = self.since.pop(stream, None)
+        if stream in self.said:
+            self.said.discard(stream)
+            source.log(f"{source.name} is sending frames again after {_seconds(time.monotonic() - since)} without; "
+                       "its stream steps again")
+
+    def missed(self, streams: set[int], when: float) -> None:
+        for stream in streams:
+            self.since.setdefault(stream, when)
+
+    def say_stalls(self, readers: list) -> None:
+        """Name each source late for ``notice_after_s`` and not yet named."""
+        now = time.monotonic()
+        for stream, since in self.since.items():
+            if stream not in self.said and now - since >= self.notice_after_s and readers[stream] is not None:
+                self.said.add(stream)
+                source = readers[stream].source
+                source.log(f"{source.name} has sent no frame for {_seconds(now - since)}: its stream idles, memory "
+                           "kept, while the others step")
 
 
 def gather_frames(readers: list[FrameReader | None], arrivals: threading.Condition, patience_s: float,
-                  late: set[int]) -> list[Frame | None]:
+                  late: LateSources) -> list[Frame | None]:
     """One step's frames, a stream each (None: the stream idles, its memory kept): each file's next frame, waited
     for as long as decoding takes; each live source's next frame, waited for until ``patience_s`` after the step's
-    first frame came. A live source that missed that wait is ``late`` (the caller keeps the set from step to step):
-    until it sends a frame again, no step waits for it. A reader that ended is closed and set to None in
-    ``readers``; all None: every source has ended."""
+    first frame came. A live source that missed that wait is ``late`` (the caller keeps it from step to step): until
+    it sends a frame again, no step waits for it. A reader that ended is closed and set to None in ``readers``; all
+    None: every source has ended."""
     frames: list[Frame | None] = [None] * len(readers)
     for k, reader in enumerate(readers):  # a file's frame is never late, only slower or faster to decode
         if reader is not None and not reader.source.live:
@@ -37,16 +76,17 @@ def gather_frames(readers: list[FrameReader | None], arrivals: threading.Conditi
             for k in sorted(waiting):
                 if readers[k].ready():
                     waiting.discard(k)
-                    late.discard(k)
+                    late.sent(k, readers[k].source)
                     frames[k] = _taken(readers, k, timeout=0)
                     first = first if first is not None or frames[k] is None else time.monotonic()
-            if not waiting or (first is not None and waiting <= late):
+            if not waiting or (first is not None and all(k in late for k in waiting)):
                 break
             remaining = None if first is None else first + patience_s - time.monotonic()
             if remaining is not None and remaining <= 0:
-                late.update(waiting)
+                late.missed(waiting, first)
                 break
             arrivals.wait(remaining)
+    late.say_stalls(readers)
     return frames
 
 
@@ -55,3 +95,7 @@ def _taken(readers: list[FrameReader | None], k: int, timeout: float | None) -> 
     if frame is None and readers[k].ended:
         readers[k] = None
     return frame
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"

@@ -200,9 +200,9 @@ def test_sdqes_run_streams_several_sources_in_one_graph_as_sdqes_edge_run_does(s
 def test_a_stalled_camera_does_not_hold_the_other_streams_steps_in_sdqes_run(sdqes_run_on_the_cpu,
                                                                              three_camera_bundles):
     """Two live streams, one of which stops sending after a few frames while keeping its connection open (the read
-    OpenCV is inside blocks): its stream idles, memory kept, and the run goes on stepping the other to its 15
-    steps within seconds, where waiting for both in every step it would have stalled with it (as
-    tests/test_stalled_camera.py checks of `sdqes-edge run`)."""
+    OpenCV is inside blocks): its stream idles, memory kept, and the run goes on stepping the other to its 40
+    steps (8 s at 5 fps), where waiting for both in every step it would have stalled with it (as
+    tests/test_stalled_camera.py checks of `sdqes-edge run`); past 5 s the stalled one is named."""
     from runtime_fixtures import EndlessMJPEG, serving
 
     class Stalls(EndlessMJPEG):
@@ -214,9 +214,11 @@ def test_a_stalled_camera_does_not_hold_the_other_streams_steps_in_sdqes_run(sdq
     with serving(EndlessMJPEG) as steady, serving(Stalls) as stalled:
         started = time.monotonic()
         done = subprocess.run([str(sdqes_run_on_the_cpu), str(three_camera_bundles["plain"]), "--source",
-                               f"{steady}/a.mjpg", "--source", f"{stalled}/b.mjpg", "--max-frames", "15"],
+                               f"{steady}/a.mjpg", "--source", f"{stalled}/b.mjpg", "--max-frames", "40"],
                               capture_output=True, text=True, timeout=50)
         took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
-    assert "done: 15 steps of 2 sources, " in done.stderr, done.stderr
+    assert "done: 40 steps of 2 sources, " in done.stderr, done.stderr
     assert took < 40, f"{took:.0f} s: the steps waited for the stalled camera"
+    assert re.search(r"sdqes-run: 127\.0\.0\.1-\d+-b\.mjpg has sent no frame for [\d.]+ s: its stream idles, memory "
+                     r"kept, while the others step", done.stderr), done.stderr

@@ -4,6 +4,7 @@ to FFmpeg's 30 s before the reconnection attempts). Each stream's scores are tho
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -109,8 +110,9 @@ def test_a_camera_that_keeps_pace_is_waited_for_so_the_streams_step_together(bun
 class ScriptedReader:
     """What gather_frames asks of a FrameReader, with frames the test hands over (``send``)."""
 
-    def __init__(self, live: bool, arrivals: threading.Condition):
-        self.source = type("Source", (), {"live": live})()
+    def __init__(self, live: bool, arrivals: threading.Condition, name: str = "camera"):
+        self.said: list[str] = []
+        self.source = type("Source", (), {"live": live, "name": name, "log": staticmethod(self.said.append)})()
         self.arrivals, self.frames, self.ended, self.finished = arrivals, [], False, False
 
     def send(self, frame="frame"):
@@ -134,19 +136,42 @@ class ScriptedReader:
 def test_a_late_camera_is_not_waited_for_until_it_sends_again_as_sdqes_run_gathers_its_steps():
     """The twin of native/tests/test_step_gathering.cpp: a step that stopped waiting for B marks it late; the next
     steps do not wait for it at all, however long the patience; once B sends, it steps and is waited for again."""
-    from sdqes_edge.runtime.frame_gathering import gather_frames
+    from sdqes_edge.runtime.frame_gathering import LateSources, gather_frames
 
-    arrivals, late = threading.Condition(), set()
+    arrivals, late = threading.Condition(), LateSources()
     a, b = ScriptedReader(True, arrivals), ScriptedReader(True, arrivals)
     readers = [a, b]
     a.send("a0")
-    assert gather_frames(readers, arrivals, 0.02, late) == ["a0", None] and late == {1}
+    assert gather_frames(readers, arrivals, 0.02, late) == ["a0", None] and set(late.since) == {1}
     a.send("a1")
     asked = time.monotonic()
     assert gather_frames(readers, arrivals, 30.0, late) == ["a1", None]
     assert time.monotonic() - asked < 10.0  # at once: waiting for B, it took the patience, 30 s
     b.send("b0")
     threading.Timer(0.02, a.send, args=("a2",)).start()
-    assert gather_frames(readers, arrivals, 30.0, late) == ["a2", "b0"] and late == set()
+    assert gather_frames(readers, arrivals, 30.0, late) == ["a2", "b0"] and not late.since
+    assert a.said == b.said == []  # B was late for a moment, not long enough to be named
     a.finished = b.finished = True
     assert gather_frames(readers, arrivals, 30.0, late) == [None, None] and readers == [None, None]
+
+
+def test_a_camera_late_for_seconds_is_named_once_and_again_when_it_sends():
+    """A moment's lateness is the network's and goes unsaid; one that lasts is said once, in the source's log (a
+    line on the command line, the journal under systemd), and its return too."""
+    from sdqes_edge.runtime.frame_gathering import LateSources, gather_frames
+
+    arrivals, late = threading.Condition(), LateSources(notice_after_s=0.2)
+    a, b = ScriptedReader(True, arrivals, "kitchen"), ScriptedReader(True, arrivals, "garage")
+    readers = [a, b]
+    for k in range(6):  # B silent for 6 steps of 0.05 s: past 0.2 s, said once
+        a.send(f"a{k}")
+        assert gather_frames(readers, arrivals, 0.05, late) == [f"a{k}", None]
+        time.sleep(0.05)
+    said = re.fullmatch(r"garage has sent no frame for ([\d.]+) s: its stream idles, memory kept, while the others "
+                        r"step", b.said[0]) if len(b.said) == 1 else None
+    assert said and float(said.group(1)) >= 0.2, b.said
+    a.send("a6")
+    b.send("b0")
+    assert gather_frames(readers, arrivals, 0.05, late) == ["a6", "b0"]
+    assert re.fullmatch(r"garage is sending frames again after \d\.\d s without; its stream steps again", b.said[1])
+    assert a.said == []

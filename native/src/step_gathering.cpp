@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <optional>
 
 namespace sdqes {
@@ -12,10 +13,45 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kStopCheck = std::chrono::milliseconds(50);  // a signal cannot wake a condition variable
 
+// "0.3 s", "12 s": as runtime/frame_gathering.py's _seconds.
+std::string seconds_words(Clock::duration elapsed) {
+  const double seconds = std::chrono::duration<double>(elapsed).count();
+  char words[32];
+  std::snprintf(words, sizeof words, seconds < 10 ? "%.1f s" : "%.0f s", seconds);
+  return words;
+}
+
+// `source` sent a frame: no longer late, and back in words where its stall was said.
+void sent(LateSources& late, size_t source, const std::string& name,
+          const std::function<void(const std::string&)>& say) {
+  if (late.said[source]) {
+    say(name + " is sending frames again after " + seconds_words(Clock::now() - *late.since[source]) +
+        " without; its stream steps again");
+  }
+  late.since[source].reset();
+  late.said[source] = false;
+}
+
+// Names each source late for `late.notice_after_s` and not yet named.
+void say_stalls(LateSources& late, const std::vector<GatheredSource*>& sources,
+                const std::function<void(const std::string&)>& say) {
+  const auto now = Clock::now();
+  for (size_t s = 0; s < sources.size(); ++s) {
+    if (!late.since[s] || late.said[s] || sources[s]->ended() ||
+        std::chrono::duration<double>(now - *late.since[s]).count() < late.notice_after_s) {
+      continue;
+    }
+    late.said[s] = true;
+    say(sources[s]->name() + " has sent no frame for " + seconds_words(now - *late.since[s]) +
+        ": its stream idles, memory kept, while the others step");
+  }
+}
+
 }  // namespace
 
 std::vector<bool> gather_step(const std::vector<GatheredSource*>& sources, const Arrivals& arrivals,
-                              double patience_s, std::vector<bool>& late, const std::function<bool()>& stopped) {
+                              double patience_s, LateSources& late, const std::function<bool()>& stopped,
+                              const std::function<void(const std::string&)>& say) {
   std::vector<bool> taken(sources.size(), false);
   std::optional<Clock::time_point> first;  // when the step's first frame came
   std::vector<size_t> waiting;             // the live sources not yet heard from this step
@@ -36,20 +72,23 @@ std::vector<bool> gather_step(const std::vector<GatheredSource*>& sources, const
         ++s;
         continue;
       }
+      sent(late, *s, sources[*s]->name(), say);
       taken[*s] = sources[*s]->next(stopped);
-      late[*s] = false;
       if (taken[*s] && !first) first = Clock::now();
       s = waiting.erase(s);
     }
     if (waiting.empty()) break;
-    if (first && std::all_of(waiting.begin(), waiting.end(), [&late](size_t s) { return late[s]; })) break;
+    if (first && std::all_of(waiting.begin(), waiting.end(), [&late](size_t s) { return late.late(s); })) break;
     if (first && Clock::now() >= *first + patience) {
-      for (const size_t s : waiting) late[s] = true;
+      for (const size_t s : waiting) {
+        if (!late.since[s]) late.since[s] = *first;
+      }
       break;
     }
     const auto check = Clock::now() + kStopCheck;
     arrivals.wait_after(seen, first ? std::min(check, *first + patience) : check);
   }
+  say_stalls(late, sources, say);
   return taken;
 }
 

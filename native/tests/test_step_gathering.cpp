@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,7 +22,8 @@ constexpr double kLongPatienceS = 30.0;  // longer than any test here runs: a wa
 // A source whose frames the test hands over (`send`), telling `arrivals` as a reader does.
 class ScriptedSource : public sdqes::GatheredSource {
  public:
-  ScriptedSource(bool live, std::shared_ptr<sdqes::Arrivals> arrivals) : live_(live), arrivals_(std::move(arrivals)) {}
+  ScriptedSource(bool live, std::shared_ptr<sdqes::Arrivals> arrivals, std::string name)
+      : live_(live), arrivals_(std::move(arrivals)), name_(std::move(name)) {}
 
   void send(int frames = 1) {
     available_ += frames;
@@ -33,6 +35,7 @@ class ScriptedSource : public sdqes::GatheredSource {
   }
   int taken() const { return taken_; }
 
+  const std::string& name() const override { return name_; }
   bool live() const override { return live_; }
   bool ended() const override { return ended_; }
   bool ready() const override { return available_ > 0 || finished_; }
@@ -53,6 +56,7 @@ class ScriptedSource : public sdqes::GatheredSource {
  private:
   bool live_;
   std::shared_ptr<sdqes::Arrivals> arrivals_;
+  std::string name_;
   std::atomic<int> available_{0};
   std::atomic<bool> finished_{false};
   bool ended_ = false;
@@ -67,20 +71,29 @@ std::thread sends_later(ScriptedSource& source, std::chrono::milliseconds delay)
   });
 }
 
+// Sources (added before the first step) gathered step after step, what the gathering said kept.
 struct Gathering {
   std::shared_ptr<sdqes::Arrivals> arrivals = std::make_shared<sdqes::Arrivals>();
   std::vector<std::unique_ptr<ScriptedSource>> owned;
   std::vector<sdqes::GatheredSource*> sources;
-  std::vector<bool> late;
+  sdqes::LateSources late{0};
+  double notice_after_s = sdqes::kStallNoticeS;
+  std::vector<std::string> said;
 
-  ScriptedSource& add(bool live) {
-    owned.push_back(std::make_unique<ScriptedSource>(live, arrivals));
+  ScriptedSource& add(bool live, const std::string& name = "camera") {
+    owned.push_back(std::make_unique<ScriptedSource>(live, arrivals, name));
     sources.push_back(owned.back().get());
-    late.push_back(false);
+    late = sdqes::LateSources(sources.size(), notice_after_s);
     return *owned.back();
   }
   std::vector<bool> step(double patience_s, const std::function<bool()>& stopped = kNeverStopped) {
-    return sdqes::gather_step(sources, *arrivals, patience_s, late, stopped);
+    return sdqes::gather_step(sources, *arrivals, patience_s, late, stopped,
+                              [this](const std::string& line) { said.push_back(line); });
+  }
+  std::vector<bool> lateness() const {
+    std::vector<bool> each;
+    for (size_t s = 0; s < sources.size(); ++s) each.push_back(late.late(s));
+    return each;
   }
 };
 
@@ -92,7 +105,7 @@ TEST(StepGathering, CamerasThatKeepPaceStepTogether) {
   std::thread later = sends_later(b, 20ms);  // out of phase, well within the patience
   EXPECT_EQ(run.step(kLongPatienceS), (std::vector<bool>{true, true}));
   later.join();
-  EXPECT_EQ(run.late, (std::vector<bool>{false, false}));
+  EXPECT_EQ(run.lateness(), (std::vector<bool>{false, false}));
 }
 
 TEST(StepGathering, ACameraThatStallsIdlesItsStreamAndIsNotWaitedForUntilItSendsAgain) {
@@ -101,7 +114,7 @@ TEST(StepGathering, ACameraThatStallsIdlesItsStreamAndIsNotWaitedForUntilItSends
   auto& b = run.add(true);
   a.send();
   EXPECT_EQ(run.step(0.02), (std::vector<bool>{true, false}));  // b missed the wait: its stream idles
-  EXPECT_EQ(run.late, (std::vector<bool>{false, true}));
+  EXPECT_EQ(run.lateness(), (std::vector<bool>{false, true}));
   a.send();  // no wait for b now: a patience longer than the test does not hold this step
   const auto asked = std::chrono::steady_clock::now();
   EXPECT_EQ(run.step(kLongPatienceS), (std::vector<bool>{true, false}));
@@ -110,9 +123,31 @@ TEST(StepGathering, ACameraThatStallsIdlesItsStreamAndIsNotWaitedForUntilItSends
   std::thread later = sends_later(a, 20ms);
   EXPECT_EQ(run.step(kLongPatienceS), (std::vector<bool>{true, true}));
   later.join();
-  EXPECT_EQ(run.late, (std::vector<bool>{false, false}));
+  EXPECT_EQ(run.lateness(), (std::vector<bool>{false, false}));
   EXPECT_EQ(a.taken(), 3);
   EXPECT_EQ(b.taken(), 1);
+  EXPECT_TRUE(run.said.empty());  // late for a moment, not long enough to be named
+}
+
+TEST(StepGathering, ACameraLateForLongIsNamedOnceAndAgainWhenItSends) {
+  Gathering run;
+  run.notice_after_s = 0.2;
+  auto& kitchen = run.add(true, "kitchen");
+  auto& garage = run.add(true, "garage");
+  for (int k = 0; k < 6; ++k) {  // garage silent for 6 steps of about 0.05 s: past 0.2 s, said once
+    kitchen.send();
+    EXPECT_EQ(run.step(0.05), (std::vector<bool>{true, false}));
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(run.said.size(), 1u);
+  EXPECT_EQ(run.said[0].rfind("garage has sent no frame for ", 0), 0u) << run.said[0];
+  EXPECT_NE(run.said[0].find(" s: its stream idles, memory kept, while the others step"), std::string::npos);
+  kitchen.send();
+  garage.send();
+  EXPECT_EQ(run.step(0.05), (std::vector<bool>{true, true}));
+  ASSERT_EQ(run.said.size(), 2u);
+  EXPECT_EQ(run.said[1].rfind("garage is sending frames again after ", 0), 0u) << run.said[1];
+  EXPECT_NE(run.said[1].find(" s without; its stream steps again"), std::string::npos);
 }
 
 TEST(StepGathering, AFilesFrameIsWaitedForHoweverLongItsDecodingTakes) {

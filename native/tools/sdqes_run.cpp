@@ -350,6 +350,7 @@ struct StreamSource : sdqes::GatheredSource {
   int64_t resumed_at = 0;  // the sample a file goes on at, where --state had it (0: its beginning)
   bool has_ended = false;
 
+  const std::string& name() const override { return opened.name; }
   bool live() const override { return opened.live; }
   bool ended() const override { return has_ended; }
   bool ready() const override { return has_ended || repeats > 0 || reader->frames().ready(); }
@@ -530,7 +531,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
     stream.reader->frames().notify_also(arrivals);
     gathered.push_back(&stream);
   }
-  std::vector<bool> late(streams.size(), false);  // the live sources a step stopped waiting for
+  sdqes::LateSources late(streams.size());  // the live sources a step stopped waiting for
   const auto stopped = [&stop] { return stop.requested(); };
   std::ostringstream header;  // as `sdqes-edge run` starts: what streams, how fast, what is asked, on what
   header << "streaming ";
@@ -549,7 +550,8 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   int64_t steps = 0;
   sdqes::LatencyHistogram latencies;  // every stream's, as `sdqes-edge run` reports them together
   while (!stop.requested() && !(max_frames > 0 && steps >= max_frames)) {
-    const auto taken = sdqes::gather_step(gathered, *arrivals, sdqes::kLivePatiencePeriods * period, late, stopped);
+    const auto taken =
+        sdqes::gather_step(gathered, *arrivals, sdqes::kLivePatiencePeriods * period, late, stopped, say);
     for (size_t s = 0; s < streams.size(); ++s) frames[s] = taken[s] ? streams[s]->frame.data() : nullptr;
     if (stop.requested()) break;
     const auto* embedding = batch.step(*engine.backend, frames.data());

@@ -8,7 +8,10 @@
 // kept, while the others go on, instead of holding every stream's alerts for as long.
 #pragma once
 
+#include <chrono>
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "sdqes/live_reader.hpp"
@@ -17,11 +20,15 @@ namespace sdqes {
 
 // The patience, in sample periods (runtime/frame_gathering.py's LIVE_PATIENCE_PERIODS).
 inline constexpr double kLivePatiencePeriods = 1.0;
+// A late camera is named once it has sent nothing for this long, and again when it sends (STALL_NOTICE_S): a
+// moment's lateness is the network's; seconds are a stall.
+inline constexpr double kStallNoticeS = 5.0;
 
 // What the gathering asks of one source (sdqes-run: a --source as its loop steps it).
 class GatheredSource {
  public:
   virtual ~GatheredSource() = default;
+  virtual const std::string& name() const = 0;
   virtual bool live() const = 0;
   virtual bool ended() const = 0;
   virtual bool ready() const = 0;  // next() would not wait
@@ -29,11 +36,25 @@ class GatheredSource {
   virtual bool next(const std::function<bool()>& stopped) = 0;
 };
 
-// Which of `sources` have a frame in hand this step (each source's next() called at most once). `late` (one per
-// source, kept by the caller from step to step) marks the live sources that missed a step's wait. `arrivals` is
-// notified by every source's frames (LatestFrame::notify_also). Waits for a first frame as long as it takes, asking
-// `stopped()` every 50 ms; none taken: every source has ended, or `stopped()`.
+// The live sources a step stopped waiting for, kept by the caller from step to step (runtime/frame_gathering.py's
+// LateSources): since when each has been late, and which were said to have stalled.
+struct LateSources {
+  explicit LateSources(size_t sources, double notice_after = kStallNoticeS)
+      : since(sources), said(sources, false), notice_after_s(notice_after) {}
+  bool late(size_t source) const { return since[source].has_value(); }
+
+  std::vector<std::optional<std::chrono::steady_clock::time_point>> since;
+  std::vector<bool> said;
+  double notice_after_s;
+};
+
+// Which of `sources` have a frame in hand this step (each source's next() called at most once). `late` marks the
+// live sources that missed a step's wait; one late for `late.notice_after_s` is named through `say`, once, and
+// again when it sends. `arrivals` is notified by every source's frames (LatestFrame::notify_also). Waits for a
+// first frame as long as it takes, asking `stopped()` every 50 ms; none taken: every source has ended, or
+// `stopped()`.
 std::vector<bool> gather_step(const std::vector<GatheredSource*>& sources, const Arrivals& arrivals,
-                              double patience_s, std::vector<bool>& late, const std::function<bool()>& stopped);
+                              double patience_s, LateSources& late, const std::function<bool()>& stopped,
+                              const std::function<void(const std::string&)>& say);
 
 }  // namespace sdqes
