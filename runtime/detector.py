@@ -17,7 +17,7 @@ import numbers
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -28,8 +28,8 @@ from sdqes_edge.files import SNAPSHOT_EXAMPLE, as_path, check_output_file
 from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, check_parts_from, frame_batch_buffer, warm_up
 from .bundle import Bundle, load_bundle
-from .frame_gathering import LIVE_PATIENCE_PERIODS, LateSources, gather_frames
-from .frame_source import FrameReader, check_frames, check_run_arguments
+from .frame_gathering import LIVE_PATIENCE_PERIODS, StepFrames
+from .frame_source import check_frames, check_run_arguments
 from .pacing import StreamPace
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_encoder_for
@@ -342,8 +342,10 @@ class StreamingDetector:
                             f"re-export with --batch {count}")
 
     def run(self, sources: FrameSource | list[FrameSource], stats: RunStats | None = None,
-            max_frames: int | None = None) -> Iterator[list[AlertEvent]]:
+            max_frames: int | None = None, stop_requested: Callable[[], bool] | None = None
+            ) -> Iterator[list[AlertEvent]]:
         """Step every source until all end (or ``max_frames``); yields each step's alerts. Sinks closed at the end.
+        ``stop_requested``, asked while waiting for frames, ends the run with none in hand (a stalled camera).
 
         One run at a time: a second, from another thread, stepped the same streams with its own frames between
         the first's (each stream's state and alerts a mix of two videos), and the first to end closed the sinks
@@ -355,21 +357,16 @@ class StreamingDetector:
                                 "it); to stream sources side by side give them to one run, or make a detector each")
             self._running = True
         try:
-            yield from self._run(sources, stats or RunStats(), max_frames)
+            yield from self._run(sources, stats or RunStats(), max_frames, stop_requested)
         finally:
             self._running = False
 
-    def _run(self, sources: list[FrameSource], stats: RunStats, max_frames: int | None) -> Iterator[list[AlertEvent]]:
+    def _run(self, sources: list[FrameSource], stats: RunStats, max_frames: int | None,
+             stop_requested: Callable[[], bool] | None) -> Iterator[list[AlertEvent]]:
         self.attach(sources)
-        arrivals = threading.Condition()  # every reader's frames, for gather_frames to wait on whichever comes
-        readers: list[FrameReader | None] = [s.threaded(prepare=self.preprocess, arrivals=arrivals) for s in sources]
-        readers += [None] * (self.batch - len(sources))
-        late = LateSources()  # the live sources a step stopped waiting for (frame_gathering.gather_frames)
+        gathering = StepFrames(sources, self.batch, self.preprocess, LIVE_PATIENCE_PERIODS / self.fps, stop_requested)
         try:
-            while any(reader is not None for reader in readers):
-                frames = gather_frames(readers, arrivals, LIVE_PATIENCE_PERIODS / self.fps, late)
-                if all(f is None for f in frames):
-                    break
+            while (frames := gathering.next()) is not None:
                 started = time.perf_counter()
                 self._run_thread = threading.get_ident()  # the thread iterating the run now: its steps are the run's
                 events = self.step(frames)
@@ -381,9 +378,7 @@ class StreamingDetector:
                 if max_frames is not None and stats.frames >= max_frames:
                     break
         finally:
-            for reader in readers:
-                if reader is not None:
-                    reader.close()
+            gathering.close()
             self.close()
 
     def close(self) -> None:

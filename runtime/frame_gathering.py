@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
-from .frame_source import Frame, FrameReader
+from .frame_source import READER_STOP_TIMEOUT_S, SIGNAL_CHECK_S, Frame, FrameReader
 
 # How long a step waits for a live source's frame after the step's first came, in sample periods: a source that
 # keeps pace sends one within a period of any other's (each is sampled at the bundle's rate), and a longer wait
@@ -58,13 +59,44 @@ class LateSources:
                            "kept, while the others step")
 
 
+class StepFrames:
+    """Every source's reader (a stream each, the bundle's other streams idle), and each step's frames from them."""
+
+    def __init__(self, sources: list, streams: int, prepare, patience_s: float,
+                 stop_requested: Callable[[], bool] | None = None):
+        self.arrivals = threading.Condition()  # every reader's frames, for gather_frames to wait on whichever comes
+        self.readers: list[FrameReader | None] = [s.threaded(prepare=prepare, arrivals=self.arrivals) for s in sources]
+        self.readers += [None] * (streams - len(sources))
+        self.late = LateSources()
+        self.patience_s, self.stop_requested = patience_s, stop_requested
+
+    def next(self) -> list[Frame | None] | None:
+        """The next step's frames (``gather_frames``); None once every source has ended, or when a stop was asked
+        while no frame was in hand."""
+        if all(reader is None for reader in self.readers):
+            return None
+        frames = gather_frames(self.readers, self.arrivals, self.patience_s, self.late, self.stop_requested)
+        return None if all(frame is None for frame in frames) else frames
+
+    def close(self) -> None:
+        """Stop every reader, then wait for them all for READER_STOP_TIMEOUT_S at most (not that long each: a
+        stop with three stalled cameras must still end within docker's 10 s)."""
+        readers = [reader for reader in self.readers if reader is not None]
+        for reader in readers:
+            reader.stop()
+        deadline = time.monotonic() + READER_STOP_TIMEOUT_S
+        for reader in readers:
+            reader.close(deadline)
+
+
 def gather_frames(readers: list[FrameReader | None], arrivals: threading.Condition, patience_s: float,
-                  late: LateSources) -> list[Frame | None]:
+                  late: LateSources, stop_requested: Callable[[], bool] | None = None) -> list[Frame | None]:
     """One step's frames, a stream each (None: the stream idles, its memory kept): each file's next frame, waited
     for as long as decoding takes; each live source's next frame, waited for until ``patience_s`` after the step's
     first frame came. A live source that missed that wait is ``late`` (the caller keeps it from step to step): until
     it sends a frame again, no step waits for it. A reader that ended is closed and set to None in ``readers``; all
-    None: every source has ended."""
+    None: every source has ended. ``stop_requested`` (asked every SIGNAL_CHECK_S while waiting) ends the wait with
+    the frames in hand: a stop asked while a camera stalls is not put off until it sends."""
     frames: list[Frame | None] = [None] * len(readers)
     for k, reader in enumerate(readers):  # a file's frame is never late, only slower or faster to decode
         if reader is not None and not reader.source.live:
@@ -85,7 +117,9 @@ def gather_frames(readers: list[FrameReader | None], arrivals: threading.Conditi
             if remaining is not None and remaining <= 0:
                 late.missed(waiting, first)
                 break
-            arrivals.wait(remaining)
+            if stop_requested is not None and stop_requested():
+                break
+            arrivals.wait(SIGNAL_CHECK_S if remaining is None else min(remaining, SIGNAL_CHECK_S))
     late.say_stalls(readers)
     return frames
 

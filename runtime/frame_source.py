@@ -18,6 +18,7 @@ import math
 import numbers
 import queue
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -37,6 +38,11 @@ SOURCE_LOG = logging.getLogger("sdqes_edge.runtime.sources")  # WARNING: Python 
 PREPARE_WORKERS = min(4, max(1, usable_cores() - 1))
 NAMED_UNREADABLE_IMAGES = 3  # an image folder's unreadable images named as met (a line each) and in the summary
 READER_STOP_TIMEOUT_S = 2.0  # how long a stopped reader thread may take to leave OpenCV and end
+# A wait for frames is cut into slices this long, so that a stop asked meanwhile is seen. The command line's
+# handler of Ctrl-C and SIGTERM (docker, systemd) only asks the loop to finish the frame in hand; a loop waiting for
+# a stalled camera's next frame saw that only when the frame came, up to FFmpeg's 30 s, while `docker stop` killed
+# it after 10 with its outputs unfinished (frame_gathering.gather_frames' stop_requested).
+SIGNAL_CHECK_S = 0.1
 _END = object()  # the queue's last item: the source has no more frames
 
 # Reader threads not yet joined. A stream left unfinished by an exception (SIGTERM in the middle of `score`) may
@@ -51,8 +57,9 @@ def _stop_live_readers() -> None:  # (_LIVE_READERS says why)
     readers = list(_LIVE_READERS.items())
     for _, stop in readers:
         stop.set()
+    deadline = time.monotonic() + READER_STOP_TIMEOUT_S  # one wait for them all, not one each
     for thread, _ in readers:
-        thread.join(timeout=READER_STOP_TIMEOUT_S)
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 @dataclass
@@ -250,10 +257,15 @@ class FrameReader:
         raised, in frame order."""
         if self.ended:
             return None
-        try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = SIGNAL_CHECK_S if deadline is None else min(SIGNAL_CHECK_S, max(0.0, deadline - time.monotonic()))
+            try:
+                item = self._queue.get(timeout=wait)
+                break
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
         if item is _END:
             self.ended = True
             self.close()
@@ -278,11 +290,17 @@ class FrameReader:
             raise StopIteration
         return frame
 
-    def close(self) -> None:
-        """Stop the reader and wait for it (a moment: one inside a stalled read is left to end with the process)."""
+    def stop(self) -> None:
+        """Ask the reader to stop, without waiting for it (``close`` waits)."""
+        self._stop.set()
+
+    def close(self, deadline: float | None = None) -> None:
+        """Stop the reader and wait for it until ``deadline`` (``time.monotonic()``; None: READER_STOP_TIMEOUT_S
+        from now). One inside a stalled read is left to end with the process."""
         self._stop.set()
         if self._thread is not threading.current_thread():
-            self._thread.join(timeout=READER_STOP_TIMEOUT_S)
+            deadline = time.monotonic() + READER_STOP_TIMEOUT_S if deadline is None else deadline
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if not self._thread.is_alive():  # else it stays listed, to be joined again before Python exits
             _LIVE_READERS.pop(self._thread, None)
         if self._pool is not None:

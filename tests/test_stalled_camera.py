@@ -175,3 +175,46 @@ def test_a_camera_late_for_seconds_is_named_once_and_again_when_it_sends():
     assert gather_frames(readers, arrivals, 0.05, late) == ["a6", "b0"]
     assert re.fullmatch(r"garage is sending frames again after \d\.\d s without; its stream steps again", b.said[1])
     assert a.said == []
+
+
+def test_a_stop_while_the_camera_stalls_ends_the_run_at_once_with_every_output_complete(bundles, tmp_path):
+    """SIGTERM (docker stop, systemd) asks the run to finish the frame in hand and stop. With the camera stalled
+    there is none in hand, and the run waited for its next frame, up to FFmpeg's 30 s, while docker killed it after
+    10 with its outputs unfinished. It now stops at once: within docker's 10 s, exit 143, the video playable."""
+    import signal
+    import subprocess
+    import sys
+
+    import cv2
+    from runtime_fixtures import EndlessMJPEG, serving
+
+    class Stalls(EndlessMJPEG):
+        frames = 6
+
+        def do_GET(self):
+            super().do_GET()  # six frames, then silence with the connection held (the read OpenCV is in blocks)
+            time.sleep(60)
+
+    annotated, events = tmp_path / "annotated.mp4", tmp_path / "events.jsonl"
+    with serving(Stalls) as address:
+        process = subprocess.Popen([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundles[1]), "--source",
+                                    f"{address}/cam.mjpg", "--query", QUERY, "--threshold", "0.01", "--annotate",
+                                    str(annotated), "--events", str(events)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not (events.is_file() and events.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)  # the six frames sent: the camera is silent now
+        process.send_signal(signal.SIGTERM)
+        asked = time.monotonic()
+        try:
+            process.wait(timeout=30)
+        finally:
+            process.kill()
+        stopped_after = time.monotonic() - asked
+    stderr = process.stderr.read()
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert stopped_after < 10, f"stopped {stopped_after:.1f} s after SIGTERM: docker stop would have killed it"
+    assert "interrupted after" in stderr and "Traceback" not in stderr, stderr
+    segments = sorted(tmp_path.glob("annotated.*.mp4"))  # a camera's annotated video is in timed segments
+    assert len(segments) == 1 and cv2.VideoCapture(str(segments[0])).read()[0], "complete and playable"

@@ -270,7 +270,8 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
     stop = FinishFrameThenStop()  # Ctrl-C, SIGTERM (docker stop, systemd) or SIGHUP: finish the frame, close sinks
     exit_code, unsaved_alerts, saved_at = 0, False, -math.inf
     try:
-        with stop, watcher, closing(detector.run(sources, stats, max_frames=args.max_frames)) as steps:
+        with stop, watcher, closing(detector.run(sources, stats, max_frames=args.max_frames,
+                                                  stop_requested=lambda: stop.requested)) as steps:
             for alerts in steps:
                 # --state: a power cut or a kill keeps each alert's count and time (--max-alerts, --cooldown)
                 unsaved_alerts = unsaved_alerts or bool(alerts and args.state)
