@@ -36,13 +36,15 @@ class LateSources:
     def __contains__(self, stream: int) -> bool:
         return stream in self.since
 
-    def sent(self, stream: int, source) -> None:
-        """``stream`` sent a frame: no longer late, and back in words where its stall was said."""
+    def heard_from(self, stream: int, source, ended: bool = False) -> None:
+        """``stream`` sent a frame (or ended): no longer late, and back in words where its stall was said (an end
+        is said by the source itself: a camera lost for good)."""
         since = self.since.pop(stream, None)
         if stream in self.said:
             self.said.discard(stream)
-            source.log(f"{source.name} is sending frames again after {_seconds(time.monotonic() - since)} without; "
-                       "its stream steps again")
+            if not ended:
+                source.log(f"{source.name} is sending frames again after {_seconds(time.monotonic() - since)} "
+                           "without; its stream steps again")
 
     def missed(self, streams: set[int], when: float) -> None:
         for stream in streams:
@@ -106,11 +108,15 @@ def gather_frames(readers: list[FrameReader | None], arrivals: threading.Conditi
     with arrivals:  # held while looking, so that no arrival is missed between a look and the wait
         while waiting:
             for k in sorted(waiting):
-                if readers[k].ready():
-                    waiting.discard(k)
-                    late.sent(k, readers[k].source)
-                    frames[k] = _taken(readers, k, timeout=0)
-                    first = first if first is not None or frames[k] is None else time.monotonic()
+                if not readers[k].ready():
+                    continue
+                source = readers[k].source
+                frames[k] = _taken(readers, k, timeout=0)
+                if frames[k] is None and readers[k] is not None:
+                    continue  # the frame was being replaced by a newer one that moment: still waited for
+                waiting.discard(k)
+                late.heard_from(k, source, ended=frames[k] is None)
+                first = first if first is not None or frames[k] is None else time.monotonic()
             if not waiting or (first is not None and all(k in late for k in waiting)):
                 break
             remaining = None if first is None else first + patience_s - time.monotonic()

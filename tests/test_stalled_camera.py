@@ -177,6 +177,23 @@ def test_a_camera_late_for_seconds_is_named_once_and_again_when_it_sends():
     assert a.said == []
 
 
+def test_a_late_camera_that_ends_is_not_said_to_be_sending_again():
+    """A camera lost for good ends its reader (the source says so itself): the gathering does not call that a
+    return."""
+    from sdqes_edge.runtime.frame_gathering import LateSources, gather_frames
+
+    arrivals, late = threading.Condition(), LateSources(notice_after_s=0.0)
+    a, b = ScriptedReader(True, arrivals, "kitchen"), ScriptedReader(True, arrivals, "garage")
+    readers = [a, b]
+    a.send("a0")
+    assert gather_frames(readers, arrivals, 0.02, late) == ["a0", None]
+    assert len(b.said) == 1 and b.said[0].startswith("garage has sent no frame for ")
+    a.send("a1")
+    b.finished = True
+    assert gather_frames(readers, arrivals, 0.02, late) == ["a1", None] and readers == [a, None]
+    assert len(b.said) == 1 and not late.since and not late.said
+
+
 def test_a_stop_while_the_camera_stalls_ends_the_run_at_once_with_every_output_complete(bundles, tmp_path):
     """SIGTERM (docker stop, systemd) asks the run to finish the frame in hand and stop. With the camera stalled
     there is none in hand, and the run waited for its next frame, up to FFmpeg's 30 s, while docker killed it after

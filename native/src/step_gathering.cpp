@@ -21,10 +21,11 @@ std::string seconds_words(Clock::duration elapsed) {
   return words;
 }
 
-// `source` sent a frame: no longer late, and back in words where its stall was said.
-void sent(LateSources& late, size_t source, const std::string& name,
-          const std::function<void(const std::string&)>& say) {
-  if (late.said[source]) {
+// `source` sent a frame (or ended: `sent_frame` false): no longer late, and back in words where its stall was said
+// (an end is said by the source itself: a camera lost for good).
+void heard_from(LateSources& late, size_t source, bool sent_frame, const std::string& name,
+                const std::function<void(const std::string&)>& say) {
+  if (late.said[source] && sent_frame) {
     say(name + " is sending frames again after " + seconds_words(Clock::now() - *late.since[source]) +
         " without; its stream steps again");
   }
@@ -72,8 +73,8 @@ std::vector<bool> gather_step(const std::vector<GatheredSource*>& sources, const
         ++s;
         continue;
       }
-      sent(late, *s, sources[*s]->name(), say);
       taken[*s] = sources[*s]->next(stopped);
+      heard_from(late, *s, taken[*s], sources[*s]->name(), say);
       if (taken[*s] && !first) first = Clock::now();
       s = waiting.erase(s);
     }

@@ -150,6 +150,22 @@ TEST(StepGathering, ACameraLateForLongIsNamedOnceAndAgainWhenItSends) {
   EXPECT_NE(run.said[1].find(" s without; its stream steps again"), std::string::npos);
 }
 
+TEST(StepGathering, ALateCameraThatEndsIsNotSaidToBeSendingAgain) {
+  Gathering run;
+  run.notice_after_s = 0.0;
+  auto& kitchen = run.add(true, "kitchen");
+  auto& garage = run.add(true, "garage");
+  kitchen.send();
+  EXPECT_EQ(run.step(0.02), (std::vector<bool>{true, false}));
+  ASSERT_EQ(run.said.size(), 1u);  // named at once (a threshold of 0)
+  kitchen.send();
+  garage.finish();  // lost for good: the reader says so itself
+  EXPECT_EQ(run.step(0.02), (std::vector<bool>{true, false}));
+  EXPECT_TRUE(garage.ended());
+  EXPECT_EQ(run.said.size(), 1u);
+  EXPECT_EQ(run.lateness(), (std::vector<bool>{false, false}));
+}
+
 TEST(StepGathering, AFilesFrameIsWaitedForHoweverLongItsDecodingTakes) {
   Gathering run;
   auto& file = run.add(false);
