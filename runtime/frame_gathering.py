@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .frame_source import READER_STOP_TIMEOUT_S, SIGNAL_CHECK_S, Frame, FrameReader
+from .frame_source import READER_STOP_TIMEOUT_S, Frame, FrameReader
 
 # How long a step waits for a live source's frame after the step's first came, in sample periods: a source that
 # keeps pace sends one within a period of any other's (each is sampled at the bundle's rate), and a longer wait
@@ -22,6 +22,11 @@ LIVE_PATIENCE_PERIODS = 1.0
 # A late camera is named (its source's log: a line on the command line, the journal under systemd) once it has sent
 # nothing for this long, and again when it sends: a moment's lateness is the network's; seconds are a stall.
 STALL_NOTICE_S = 5.0
+# A wait for a live source's frame is cut into slices this long, so that a stop asked meanwhile is seen. The command
+# line's handler of Ctrl-C and SIGTERM (docker, systemd) only asks the loop to finish the frame in hand; a loop
+# waiting for a stalled camera's next frame saw that only when the frame came, up to FFmpeg's 30 s, while `docker
+# stop` killed it after 10 with its outputs unfinished (gather_frames' stop_requested).
+STOP_CHECK_S = 0.1
 
 
 @dataclass
@@ -66,8 +71,11 @@ class StepFrames:
 
     def __init__(self, sources: list, streams: int, prepare, patience_s: float,
                  stop_requested: Callable[[], bool] | None = None):
-        self.arrivals = threading.Condition()  # every reader's frames, for gather_frames to wait on whichever comes
-        self.readers: list[FrameReader | None] = [s.threaded(prepare=prepare, arrivals=self.arrivals) for s in sources]
+        # Every live source's frames, for gather_frames to wait on whichever comes (a file's are waited for one by
+        # one: its reader need not tell of them).
+        self.arrivals = threading.Condition()
+        self.readers: list[FrameReader | None] = [
+            s.threaded(prepare=prepare, arrivals=self.arrivals if s.live else None) for s in sources]
         self.readers += [None] * (streams - len(sources))
         self.late = LateSources()
         self.patience_s, self.stop_requested = patience_s, stop_requested
@@ -97,13 +105,15 @@ def gather_frames(readers: list[FrameReader | None], arrivals: threading.Conditi
     for as long as decoding takes; each live source's next frame, waited for until ``patience_s`` after the step's
     first frame came. A live source that missed that wait is ``late`` (the caller keeps it from step to step): until
     it sends a frame again, no step waits for it. A reader that ended is closed and set to None in ``readers``; all
-    None: every source has ended. ``stop_requested`` (asked every SIGNAL_CHECK_S while waiting) ends the wait with
+    None: every source has ended. ``stop_requested`` (asked every STOP_CHECK_S while waiting) ends the wait with
     the frames in hand: a stop asked while a camera stalls is not put off until it sends."""
     frames: list[Frame | None] = [None] * len(readers)
     for k, reader in enumerate(readers):  # a file's frame is never late, only slower or faster to decode
         if reader is not None and not reader.source.live:
             frames[k] = _taken(readers, k, timeout=None)
     waiting = {k for k, reader in enumerate(readers) if reader is not None and reader.source.live}
+    if not waiting:  # files alone (or every live source ended): nothing to wait on
+        return frames
     first = time.monotonic() if any(frame is not None for frame in frames) else None
     with arrivals:  # held while looking, so that no arrival is missed between a look and the wait
         while waiting:
@@ -116,7 +126,8 @@ def gather_frames(readers: list[FrameReader | None], arrivals: threading.Conditi
                     continue  # the frame was being replaced by a newer one that moment: still waited for
                 waiting.discard(k)
                 late.heard_from(k, source, ended=frames[k] is None)
-                first = first if first is not None or frames[k] is None else time.monotonic()
+                if first is None and frames[k] is not None:
+                    first = time.monotonic()
             if not waiting or (first is not None and all(k in late for k in waiting)):
                 break
             remaining = None if first is None else first + patience_s - time.monotonic()
@@ -125,7 +136,7 @@ def gather_frames(readers: list[FrameReader | None], arrivals: threading.Conditi
                 break
             if stop_requested is not None and stop_requested():
                 break
-            arrivals.wait(SIGNAL_CHECK_S if remaining is None else min(remaining, SIGNAL_CHECK_S))
+            arrivals.wait(STOP_CHECK_S if remaining is None else min(remaining, STOP_CHECK_S))
     late.say_stalls(readers)
     return frames
 

@@ -38,11 +38,6 @@ SOURCE_LOG = logging.getLogger("sdqes_edge.runtime.sources")  # WARNING: Python 
 PREPARE_WORKERS = min(4, max(1, usable_cores() - 1))
 NAMED_UNREADABLE_IMAGES = 3  # an image folder's unreadable images named as met (a line each) and in the summary
 READER_STOP_TIMEOUT_S = 2.0  # how long a stopped reader thread may take to leave OpenCV and end
-# A wait for frames is cut into slices this long, so that a stop asked meanwhile is seen. The command line's
-# handler of Ctrl-C and SIGTERM (docker, systemd) only asks the loop to finish the frame in hand; a loop waiting for
-# a stalled camera's next frame saw that only when the frame came, up to FFmpeg's 30 s, while `docker stop` killed
-# it after 10 with its outputs unfinished (frame_gathering.gather_frames' stop_requested).
-SIGNAL_CHECK_S = 0.1
 _END = object()  # the queue's last item: the source has no more frames
 
 # Reader threads not yet joined. A stream left unfinished by an exception (SIGTERM in the middle of `score`) may
@@ -257,15 +252,10 @@ class FrameReader:
         raised, in frame order."""
         if self.ended:
             return None
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            wait = SIGNAL_CHECK_S if deadline is None else min(SIGNAL_CHECK_S, max(0.0, deadline - time.monotonic()))
-            try:
-                item = self._queue.get(timeout=wait)
-                break
-            except queue.Empty:
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
         if item is _END:
             self.ended = True
             self.close()

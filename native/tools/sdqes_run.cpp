@@ -516,7 +516,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   const sdqes::PrepareFrame prepare = [size = bundle.image_size, how = bundle.preprocess](const cv::Mat& image) {
     return sdqes::preprocess(image, size, how);
   };
-  const auto arrivals = std::make_shared<sdqes::Arrivals>();  // every reader's frames: a step waits for whichever
+  const auto arrivals = std::make_shared<sdqes::Arrivals>();  // every live reader's frames: a step waits for whichever
   std::vector<sdqes::GatheredSource*> gathered;
   for (size_t s = 0; s < sources.size(); ++s) {  // each reader's clock starts here, after the warm-up
     auto& stream = *streams[s];
@@ -528,7 +528,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
       stream.reader = std::make_unique<sdqes::FileReader>(file_capture(stream.opened.video, prepare), period,
                                                           stream.resumed_at);
     }
-    stream.reader->frames().notify_also(arrivals);
+    if (stream.opened.live) stream.reader->frames().notify_also(arrivals);  // a file's frames are waited for in turn
     gathered.push_back(&stream);
   }
   sdqes::LateSources late(streams.size());  // the live sources a step stopped waiting for

@@ -50,9 +50,9 @@ struct LateSources {
 
 // Which of `sources` have a frame in hand this step (each source's next() called at most once). `late` marks the
 // live sources that missed a step's wait; one late for `late.notice_after_s` is named through `say`, once, and
-// again when it sends. `arrivals` is notified by every source's frames (LatestFrame::notify_also). Waits for a
-// first frame as long as it takes, asking `stopped()` every 50 ms; none taken: every source has ended, or
-// `stopped()`.
+// again when it sends. `arrivals` is notified by every live source's frames (LatestFrame::notify_also; a file's
+// next() waits for its own). Waits for a first frame as long as it takes, asking `stopped()` every 50 ms; none
+// taken: every source has ended, or `stopped()`.
 std::vector<bool> gather_step(const std::vector<GatheredSource*>& sources, const Arrivals& arrivals,
                               double patience_s, LateSources& late, const std::function<bool()>& stopped,
                               const std::function<void(const std::string&)>& say);
