@@ -40,6 +40,7 @@ _EXPORTS = {
     ".annotated_video": ("AnnotatedVideoSink",),
     ".sinks": ("AlertEvent", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder", "Sink"),
     ".sources": ("Frame", "open_source"),
+    ".source_opening": ("open_sources",),
     ".step_backends": ("make_backend",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

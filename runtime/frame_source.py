@@ -27,6 +27,7 @@ import numpy as np
 
 from sdqes_edge.compat import shutdown_cancelling
 from sdqes_edge.errors import UserError
+from sdqes_edge.stopping import may_outlive_a_stop
 
 from .cores import usable_cores
 from .sampling import checked_rate, samples_served
@@ -150,6 +151,10 @@ class FrameSource(abc.ABC):
         """What a state snapshot records to know this source again (a live source: its name)."""
         return self.name
 
+    def close(self) -> None:
+        """Let go of what opening took, for a source that will not be read (``open_sources`` abandoned it): a live
+        source's connection. A file holds nothing open until it is read."""
+
     def start_at(self, index: int) -> None:
         """Step from sample ``index`` on (at stream time index / fps): the samples before it are decoded to keep
         the timeline, never stepped. For a resumed run; a live source has no past to skip."""
@@ -240,6 +245,8 @@ class FrameReader:
                                                             self._pool, prepare, notify),
                                         name=f"source-{source.name}", daemon=True)
         _LIVE_READERS[self._thread] = self._stop
+        if source.live:  # its read of a stalled stream can outlast any wait (a file's is waited for to its end)
+            may_outlive_a_stop(self._thread)
         self._thread.start()
 
     def ready(self) -> bool:

@@ -113,6 +113,11 @@ class LiveSource(FrameSource):
         capture.release()
         return None
 
+    def close(self) -> None:
+        if self._capture is not None:
+            self._capture.release()
+            self._capture = None
+
     @property
     def duration_frames(self) -> None:
         return None

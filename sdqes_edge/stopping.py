@@ -15,11 +15,40 @@ The exit status is 128 + the signal's number (130 Ctrl-C, 143 SIGTERM, 129 SIGHU
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
+import weakref
+from typing import NoReturn
 
 TERMINATION_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 STOP_SIGNALS = (signal.SIGINT, *TERMINATION_SIGNALS)
+
+
+# Threads that may be inside a C++ call Python cannot cut short: OpenCV opening or reading a stream that stalls
+# (FFmpeg's 30-s timeout). Python 3.11's teardown ends such a thread when its call returns, by unwinding its C++
+# frames, and OpenCV's bindings catch that unwinding: the process aborts ("terminate called without an active
+# exception", exit -6) with every output already complete. ``exit_process`` leaves without that teardown instead.
+_IN_NATIVE_CALLS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def may_outlive_a_stop(thread: threading.Thread) -> threading.Thread:
+    """Mark a daemon thread that may still be inside a native call when the process ends (``exit_process``)."""
+    _IN_NATIVE_CALLS.add(thread)
+    return thread
+
+
+def exit_process(code: int) -> NoReturn:
+    """``sys.exit(code)``; but while a thread marked by ``may_outlive_a_stop`` lives on (inside a stalled open or
+    read, after a stop), stdout and stderr are flushed and the process ends without Python's teardown, which would
+    abort it when that call returns. Each output was closed by the work itself, so nothing is lost."""
+    if any(thread.is_alive() for thread in list(_IN_NATIVE_CALLS)):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # stdout's reader may be gone (exit 141)
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def exit_status(signum: int) -> int:

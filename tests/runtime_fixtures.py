@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
+import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -100,6 +102,17 @@ class EndlessMJPEG(Quiet, BaseHTTPRequestHandler):
                 time.sleep(0.05)
         except OSError:  # the client is gone
             pass
+
+
+def seconds_to_stop(process: subprocess.Popen, timeout: float = 30) -> float:
+    """SIGTERM (docker stop, systemd) to ``process``, and how long it took to exit (killed past ``timeout``)."""
+    process.send_signal(signal.SIGTERM)
+    asked = time.monotonic()
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        process.kill()
+    return time.monotonic() - asked
 
 
 @contextlib.contextmanager

@@ -203,7 +203,7 @@ def test_a_stop_while_the_camera_stalls_ends_the_run_at_once_with_every_output_c
     import sys
 
     import cv2
-    from runtime_fixtures import EndlessMJPEG, serving
+    from runtime_fixtures import EndlessMJPEG, seconds_to_stop, serving
 
     class Stalls(EndlessMJPEG):
         frames = 6
@@ -222,13 +222,7 @@ def test_a_stop_while_the_camera_stalls_ends_the_run_at_once_with_every_output_c
         while not (events.is_file() and events.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(2.0)  # the six frames sent: the camera is silent now
-        process.send_signal(signal.SIGTERM)
-        asked = time.monotonic()
-        try:
-            process.wait(timeout=30)
-        finally:
-            process.kill()
-        stopped_after = time.monotonic() - asked
+        stopped_after = seconds_to_stop(process)
     stderr = process.stderr.read()
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert stopped_after < 10, f"stopped {stopped_after:.1f} s after SIGTERM: docker stop would have killed it"

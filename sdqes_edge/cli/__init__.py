@@ -37,7 +37,7 @@ from sdqes_edge.cli.common import (
 )
 from sdqes_edge.cli.output import prepare_output
 from sdqes_edge.errors import UserError, module_absent
-from sdqes_edge.stopping import exit_code_of, ignore_termination, raise_on_termination, signal_of
+from sdqes_edge.stopping import exit_code_of, exit_process, ignore_termination, raise_on_termination, signal_of
 
 __all__ = ["PROG", "build_parser", "main", "run"]
 
@@ -149,4 +149,4 @@ def main() -> None:
     prepare_output()
     code = run(sys.argv[1:])
     ignore_termination()  # done, outputs closed: a signal in Python's teardown must not make it a kill (-15)
-    sys.exit(code)
+    exit_process(code)  # (without that teardown where a thread is left inside a stalled camera's open or read)

@@ -68,7 +68,8 @@ EXIT_STATUSES = (  # run --help's last lines, for a service's unit or a script t
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
-    from sdqes_edge.runtime.sources import give_distinct_names, open_source
+    from sdqes_edge.runtime.source_opening import open_sources
+    from sdqes_edge.runtime.sources import give_distinct_names
 
     _check_run_args(args)
     detector = StreamingDetector(args.bundle, backend=args.backend, precision=args.precision, threads=args.threads,
@@ -77,7 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     detector.check_source_count(len(args.source))  # before any source is opened or output started
     file_queries, command_line_keys = _add_queries(detector, args)
     detector.warm_up()  # before a camera opens: the first real frame's latency is a steady one
-    sources = [open_source(spec, detector.fps) for spec in args.source]
+    # All at once, on threads of their own: a stop while a stream is still opening comes at once.
+    sources = open_sources(args.source, detector.fps, log=lambda message: print(f"{PROG}: {message}", file=sys.stderr))
     renamed = give_distinct_names(sources)
     if renamed:
         print(f"{PROG}: note: several sources have the same name; in alerts and outputs they are called "

@@ -1,0 +1,94 @@
+"""Opening a run's sources: side by side, each on a thread of its own, and stoppable while they open.
+
+OpenCV's open of a stream blocks inside C++: a server that answers but sends nothing holds it for FFmpeg's 30-s
+timeout, and Python runs a signal handler only once that call returns. Opened in the main thread, a run asked to
+stop there (Ctrl-C, ``docker stop``, systemd) went on waiting for it, while docker kills after 10 s. Here the main
+thread only waits for the opener threads, a wait that a signal cuts short; and several cameras take as long to open
+as the slowest of them, not the sum of all.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Callable, Iterable
+
+from sdqes_edge.stopping import may_outlive_a_stop
+
+from .frame_source import FrameSource
+from .live_source import without_password
+from .sources import open_source
+
+OPEN_NOTICE_S = 5.0  # a source still opening after this long is named, once: the run is not silent while it waits
+
+
+class _Openings:
+    """The outcomes of the opener threads (a source, or what its open raised), in the order they come; once
+    abandoned, a source whose open ends later is closed at once, not left holding its camera or connection."""
+
+    def __init__(self) -> None:
+        self.outcomes: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()  # abandoning and handing over never interleave: no source is lost between
+        self._abandoned = False
+
+    def open(self, index: int, spec: str | int, fps: float) -> None:  # an opener thread's whole life
+        try:
+            outcome = open_source(spec, fps)
+        except BaseException as error:  # noqa: BLE001 (handed to the waiting thread, which raises it)
+            outcome = error
+        with self._lock:
+            if not self._abandoned:
+                self.outcomes.put((index, outcome))
+                return
+        if isinstance(outcome, FrameSource):
+            outcome.close()
+
+    def abandon(self, opened: Iterable[FrameSource]) -> None:
+        """No source is wanted any more (one failed, or the run was stopped): close those opened."""
+        with self._lock:
+            self._abandoned = True
+        leftovers = []
+        while not self.outcomes.empty():
+            leftovers.append(self.outcomes.get_nowait()[1])
+        for source in [*opened, *leftovers]:
+            if isinstance(source, FrameSource):
+                source.close()
+
+
+def open_sources(specs: Iterable[str | int], fps: float,
+                 log: Callable[[str], None] | None = None) -> list[FrameSource]:
+    """``open_source`` of every spec, all at once, in their order. The first failure to come is raised at once
+    (the other sources closed, or closed as their opens end); so is a KeyboardInterrupt (Ctrl-C, or SIGTERM
+    turned into one by ``stopping.raise_on_termination``), while OpenCV is still opening. ``log`` is told of a
+    source that takes over ``OPEN_NOTICE_S`` to open."""
+    specs = list(specs)
+    openings = _Openings()
+    for index, spec in enumerate(specs):
+        # A daemon thread: one left inside a stalled open must not hold the process's exit after a stop.
+        may_outlive_a_stop(threading.Thread(target=openings.open, args=(index, spec, fps), name=f"open-source-{index}",
+                                            daemon=True)).start()
+    opened: dict[int, FrameSource] = {}
+    notice_at = time.monotonic() + OPEN_NOTICE_S if log else None
+    try:
+        while len(opened) < len(specs):
+            wait = None if notice_at is None else max(0.0, notice_at - time.monotonic())
+            try:
+                index, outcome = openings.outcomes.get(timeout=wait)  # a signal's handler runs within this wait
+            except queue.Empty:
+                log(_still_opening_words([spec for i, spec in enumerate(specs) if i not in opened]))
+                notice_at = None
+                continue
+            if isinstance(outcome, BaseException):
+                raise outcome
+            opened[index] = outcome
+    except BaseException:
+        openings.abandon(opened.values())
+        raise
+    return [opened[index] for index in range(len(specs))]
+
+
+def _still_opening_words(specs: list[str | int]) -> str:
+    shown = ", ".join(without_password(str(spec)) for spec in specs)
+    return (f"still opening {shown} after {OPEN_NOTICE_S:g} s: OpenCV waits up to its own timeout (FFmpeg's is 30 s) "
+            "for a stream that answers but sends nothing; Ctrl-C stops the run")
