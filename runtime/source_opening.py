@@ -3,8 +3,9 @@
 OpenCV's open of a stream blocks inside C++: a server that answers but sends nothing holds it for FFmpeg's 30-s
 timeout, and Python runs a signal handler only once that call returns. Opened in the main thread, a run asked to
 stop there (Ctrl-C, ``docker stop``, systemd) went on waiting for it, while docker kills after 10 s. Here the main
-thread only waits for the opener threads, a wait that a signal cuts short; and several cameras take as long to open
-as the slowest of them, not the sum of all.
+thread only waits for the opener threads, a wait that a signal cuts short. Cameras (V4L2) and GStreamer pipelines
+open side by side; OpenCV's FFmpeg backend (RTSP and HTTP streams, video files) opens one at a time, under a lock
+of its own.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from typing import Callable, Iterable
 
 from sdqes_edge.stopping import may_outlive_a_stop
 
+from .frame_gathering import STALL_NOTICE_S
 from .frame_source import FrameSource
 from .live_source import without_password
 from .sources import open_source
 
-OPEN_NOTICE_S = 5.0  # a source still opening after this long is named, once: the run is not silent while it waits
+# A source still opening after this long is named, once, as a camera that stalls is: the run is not silent meanwhile.
+OPEN_NOTICE_S = STALL_NOTICE_S
 
 
 class _Openings:
@@ -58,10 +61,10 @@ class _Openings:
 
 def open_sources(specs: Iterable[str | int], fps: float,
                  log: Callable[[str], None] | None = None) -> list[FrameSource]:
-    """``open_source`` of every spec, all at once, in their order. The first failure to come is raised at once
-    (the other sources closed, or closed as their opens end); so is a KeyboardInterrupt (Ctrl-C, or SIGTERM
-    turned into one by ``stopping.raise_on_termination``), while OpenCV is still opening. ``log`` is told of a
-    source that takes over ``OPEN_NOTICE_S`` to open."""
+    """``open_source`` of every spec, each on a thread of its own; the sources in the order given. The first failure
+    to come is raised at once (the other sources closed, or closed as their opens end); so is a KeyboardInterrupt
+    (Ctrl-C, or SIGTERM turned into one by ``stopping.raise_on_termination``), while OpenCV is still opening.
+    ``log`` is told of the sources still opening after ``OPEN_NOTICE_S``."""
     specs = list(specs)
     openings = _Openings()
     for index, spec in enumerate(specs):
