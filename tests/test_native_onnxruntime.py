@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+from http.server import BaseHTTPRequestHandler
 
 import numpy as np
 import pytest
@@ -222,3 +223,22 @@ def test_a_stalled_camera_does_not_hold_the_other_streams_steps_in_sdqes_run(sdq
     assert took < 40, f"{took:.0f} s: the steps waited for the stalled camera"
     assert re.search(r"sdqes-run: 127\.0\.0\.1-\d+-b\.mjpg has sent no frame for [\d.]+ s: its stream idles, memory "
                      r"kept, while the others step", done.stderr), done.stderr
+
+
+def test_sdqes_run_names_a_stream_still_opening_and_a_stop_there_ends_it_at_once(sdqes_run_on_the_cpu, bundle):
+    """A stream that answers but sends nothing holds OpenCV's open for FFmpeg's 30 s: past 5 s it is named, as
+    `sdqes-edge run` names it. No stop handler is in place yet, nothing having been written: SIGTERM ends the
+    process at once, by the signal."""
+    from runtime_fixtures import Quiet, seconds_to_stop, serving
+
+    class Silent(Quiet, BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(40)
+
+    with serving(Silent) as address:
+        process = subprocess.Popen([str(sdqes_run_on_the_cpu), bundle, "--source", f"{address}/cam.mjpg"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        said = next((line for line in process.stderr if "still opening" in line), "")
+        stopped_after = seconds_to_stop(process)
+    assert said.startswith(f"sdqes-run: still opening {address}/cam.mjpg after 5 s: ") and "Ctrl-C" in said, said
+    assert process.returncode == -signal.SIGTERM and stopped_after < 5, process.stderr.read()

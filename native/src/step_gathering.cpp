@@ -93,4 +93,19 @@ std::vector<bool> gather_step(const std::vector<GatheredSource*>& sources, const
   return taken;
 }
 
+NoticeIfSlow::NoticeIfSlow(double after_s, std::function<void()> say)
+    : watcher_([this, after_s, say = std::move(say)] {
+        std::unique_lock lock(mutex_);
+        if (!finished_.wait_for(lock, std::chrono::duration<double>(after_s), [this] { return done_; })) say();
+      }) {}
+
+NoticeIfSlow::~NoticeIfSlow() {
+  {
+    const std::lock_guard lock(mutex_);
+    done_ = true;
+  }
+  finished_.notify_all();
+  watcher_.join();
+}
+
 }  // namespace sdqes

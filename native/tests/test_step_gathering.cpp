@@ -202,4 +202,22 @@ TEST(StepGathering, AStopEndsTheWaitForAFirstFrame) {
   signal.join();
 }
 
+TEST(NoticeIfSlow, WhatIsDoneInTimeIsNotSaidAndIsNotWaitedFor) {
+  int said = 0;
+  const auto started = std::chrono::steady_clock::now();
+  { const sdqes::NoticeIfSlow notice(30.0, [&said] { ++said; }); }
+  EXPECT_EQ(said, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10)) << "waited out the notice's time";
+}
+
+TEST(NoticeIfSlow, WhatTakesLongerIsSaidOnce) {
+  std::atomic<int> said{0};
+  {
+    const sdqes::NoticeIfSlow notice(0.05, [&said] { ++said; });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(said.load(), 1);
+  }
+  EXPECT_EQ(said.load(), 1);
+}
+
 }  // namespace

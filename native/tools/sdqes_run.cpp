@@ -302,9 +302,23 @@ std::string identity_of(const Source& source, bool live, const cv::VideoCapture&
   return error ? "" : path.string() + " (" + std::to_string(bytes) + " bytes)";
 }
 
+// Said of a source still opening after sdqes::kStallNoticeS (runtime/source_opening.py's words).
+void say_still_opening(const Source& source) {
+  std::ostringstream words;
+  words << "sdqes-run: still opening " << source.shown << " after " << sdqes::kStallNoticeS
+        << " s: OpenCV waits up to its own timeout (FFmpeg's is 30 s) for a stream that answers but sends nothing; "
+           "Ctrl-C stops the run";
+  std::cerr << words.str() << std::endl;
+}
+
 OpenSource open_source(const Source& source) {
   auto video = std::make_shared<cv::VideoCapture>();
-  if (!source.open(*video)) {
+  bool opened = false;
+  {
+    const sdqes::NoticeIfSlow notice(sdqes::kStallNoticeS, [&source] { say_still_opening(source); });
+    opened = source.open(*video);  // no stop handler yet: a signal here ends the process at once, nothing written
+  }
+  if (!opened) {
     if (source.kind == "file") throw sdqes::Error("OpenCV cannot open " + source.shown + "; check the file plays");
     throw SourceUnavailable("OpenCV cannot open " + source.shown + "; check the camera is connected, or that the "
                             "URL plays from this machine");

@@ -9,9 +9,12 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sdqes/live_reader.hpp"
@@ -56,5 +59,22 @@ struct LateSources {
 std::vector<bool> gather_step(const std::vector<GatheredSource*>& sources, const Arrivals& arrivals,
                               double patience_s, LateSources& late, const std::function<bool()>& stopped,
                               const std::function<void(const std::string&)>& say);
+
+// Runs `say` once, on a thread of its own, unless destroyed within `after_s` seconds. sdqes-run names a source still
+// opening after kStallNoticeS with it, as a camera that stalls is named: OpenCV's open of a stream that answers but
+// sends nothing blocks for FFmpeg's 30 s, and the run was silent meanwhile (runtime/source_opening.py's notice).
+class NoticeIfSlow {
+ public:
+  NoticeIfSlow(double after_s, std::function<void()> say);
+  ~NoticeIfSlow();  // at once where nothing was said yet (the notice cancelled); after `say` where it is under way
+  NoticeIfSlow(const NoticeIfSlow&) = delete;
+  NoticeIfSlow& operator=(const NoticeIfSlow&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable finished_;
+  bool done_ = false;
+  std::thread watcher_;  // last: started once what it uses exists
+};
 
 }  // namespace sdqes
