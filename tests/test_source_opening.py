@@ -4,6 +4,7 @@ stream is still opening comes at once (OpenCV's open of a stream that answers bu
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -152,7 +153,7 @@ keep = SlowTeardown()
 opener = may_outlive_a_stop(threading.Thread(target=cv2.VideoCapture, args=(sys.argv[1],), daemon=True))
 opener.start()
 time.sleep(0.3)
-print("left while opening:", opener.is_alive(), flush=True)
+print("left while opening:", opener.is_alive())  # (to a pipe: buffered, as exit_process must flush)
 exit_process(143)
 """
 
@@ -164,8 +165,9 @@ exit_process(143)
             super().do_GET()
 
     with serving(AnswersSoon) as address:
+        buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
         done = subprocess.run([sys.executable, "-c", script, f"{address}/cam.mjpg"], capture_output=True, text=True,
-                              timeout=60)
+                              timeout=60, env=buffered)
     assert done.stdout == "left while opening: True\n", done.stderr
     assert done.returncode == 143, done.stderr
     assert "terminate called" not in done.stderr
