@@ -111,6 +111,7 @@ class SourceStats:
     expected: int | None = None  # frames the file's container lists, where it says
     truncated: bool = False  # the file stopped decoding well short of ``expected``
     gave_up_after: int = 0  # reconnection attempts a live source made in vain before it ended (0: it did not)
+    reconnecting: bool = False  # a live source had no frame since it dropped (or never opened) when last seen
     unreadable: list[str] = field(default_factory=list)  # an image folder's images OpenCV could not read, skipped
 
     def shortfall_words(self, name: str) -> str | None:
@@ -124,11 +125,18 @@ class SourceStats:
         return (f"{name} ended after {self.read} of the {self.expected} frames its container lists: the file is "
                 "truncated or damaged, and the stream stopped there")
 
-    def lost_words(self, name: str) -> str | None:
+    def lost_words(self, name: str, kept_trying: bool = False) -> str | None:
+        """What to say of a live source lost at the end of the run (None: it was not); ``kept_trying``: it was
+        being tried again rather than given up (a camera of several)."""
+        attempts = f"{self.gave_up_after} reconnection attempt{'' if self.gave_up_after == 1 else 's'}"
+        if kept_trying and (self.gave_up_after or self.reconnecting):
+            how = f"lost after {attempts} in vain, then tried again every few seconds" if self.gave_up_after else \
+                "it was being reconnected"
+            return f"{name} was not sending frames when the run ended ({how})"
         if not self.gave_up_after:
             return None
-        return (f"{name} stopped sending frames and did not come back after {self.gave_up_after} reconnection "
-                f"attempt{'' if self.gave_up_after == 1 else 's'}: the stream ended there, every output complete")
+        return (f"{name} stopped sending frames and did not come back after {attempts}: the stream ended there, every "
+                "output complete")
 
 
 class FrameSource(abc.ABC):
@@ -154,6 +162,14 @@ class FrameSource(abc.ABC):
     def close(self) -> None:
         """Let go of what opening took, for a source that will not be read (``open_sources`` abandoned it): a live
         source's connection. A file holds nothing open until it is read."""
+
+    def lost_words(self) -> str | None:
+        """What to say of this source if it was lost at the run's end (a live one; None: it was not)."""
+        return self.stats.lost_words(self.name)
+
+    def interrupt(self) -> None:
+        """Asked by its reader's consumer, from another thread, to stop waiting (a live source's reconnection
+        back-off) and end: the reader is being stopped."""
 
     def start_at(self, index: int) -> None:
         """Step from sample ``index`` on (at stream time index / fps): the samples before it are decoded to keep
@@ -290,11 +306,12 @@ class FrameReader:
     def stop(self) -> None:
         """Ask the reader to stop, without waiting for it (``close`` waits)."""
         self._stop.set()
+        self.source.interrupt()
 
     def close(self, deadline: float | None = None) -> None:
         """Stop the reader and wait for it until ``deadline`` (``time.monotonic()``; None: READER_STOP_TIMEOUT_S
         from now). One inside a stalled read is left to end with the process."""
-        self._stop.set()
+        self.stop()
         if self._thread is not threading.current_thread():
             deadline = time.monotonic() + READER_STOP_TIMEOUT_S if deadline is None else deadline
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -307,6 +324,7 @@ class FrameReader:
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()
+            self.source.interrupt()
 
 
 def _read(source: FrameSource, q: queue.Queue, stop: threading.Event, errors: list[BaseException],

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import re
+import threading
 import time
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
@@ -93,16 +95,22 @@ class LiveSource(FrameSource):
     live = True
 
     def __init__(self, target: int | str, fps: float, reconnect_delays: tuple[float, ...] = RECONNECT_DELAYS_S,
-                 capture: cv2.VideoCapture | None = None):
+                 capture: cv2.VideoCapture | None = None, opened: bool = True):
         """``capture``: the target already opened (``open_source`` looked at what a URL serves): opening it again
-        is a second connection, which an IP camera that takes one client at a time refuses."""
+        is a second connection, which an IP camera that takes one client at a time refuses. ``opened=False``: not
+        opened here; its reading begins by reconnecting (a camera of several that was not there at the start)."""
         super().__init__(live_source_name(target), fps)
         self.target = target
         self.reconnect_delays = reconnect_delays
+        # Lost (the back-off spent in vain): tried again every last delay rather than given up, for as long as the
+        # run goes on. For a run of several cameras (open_sources), which the others keep going: given up, a camera
+        # back a minute later stayed lost until the run was restarted.
+        self.keep_trying = False
+        self._interrupted = threading.Event()  # the reader was stopped: no more back-off waits or attempts
         if is_gstreamer_pipeline(target) and not opencv_has_gstreamer():  # refused without trying: OpenCV
             raise UserError(open_failure_words(target))                    # would only fail to open it
-        capture = capture or self._open()
-        if capture is None:
+        capture = capture or (self._open() if opened else None)
+        if capture is None and opened:
             raise SourceUnavailable(open_failure_words(target))
         self._capture = capture
 
@@ -122,8 +130,15 @@ class LiveSource(FrameSource):
     def duration_frames(self) -> None:
         return None
 
+    def lost_words(self) -> str | None:
+        return self.stats.lost_words(self.name, kept_trying=self.keep_trying)
+
+    def interrupt(self) -> None:
+        self._interrupted.set()
+
     def _frames(self):
         capture, start = self._capture, time.monotonic()
+        self._capture = None  # the reader's now, released where it ends
         try:
             while True:
                 ok, image = capture.read() if capture is not None else (False, None)
@@ -132,21 +147,34 @@ class LiveSource(FrameSource):
                     continue
                 if capture is not None:
                     capture.release()
-                capture = None
-                for attempt, delay in enumerate(self.reconnect_delays, 1):
-                    self.log(f"{self.name}: no frame; reconnecting in {delay:g} s (attempt {attempt} of "
-                             f"{len(self.reconnect_delays)})")
-                    time.sleep(delay)
-                    capture = self._open()
-                    if capture is not None:
-                        self.stats.reconnects += 1
-                        self.log(f"{self.name}: reconnected")
-                        break
+                capture = self._reconnect()
                 if capture is None:
-                    tries = len(self.reconnect_delays)
-                    self.log(f"{self.name}: gave up after {tries} attempt{'' if tries == 1 else 's'}")
-                    self.stats.gave_up_after = tries
                     return
         finally:
             if capture is not None:
                 capture.release()
+
+    def _reconnect(self) -> cv2.VideoCapture | None:
+        """The target reopened after each back-off delay in turn; None once they are spent in vain (the source is
+        lost: ``stats.gave_up_after``), or when the reader is stopped. Where ``keep_trying``, a lost source is
+        tried again every last delay, and found again if it comes back."""
+        tries, every = len(self.reconnect_delays), self.reconnect_delays[-1]
+        self.stats.reconnecting = True
+        delays = itertools.chain(self.reconnect_delays, itertools.repeat(every) if self.keep_trying else ())
+        for attempt, delay in enumerate(delays, 1):
+            if attempt <= tries:
+                self.log(f"{self.name}: no frame; reconnecting in {delay:g} s (attempt {attempt} of {tries})")
+            if self._interrupted.wait(delay):
+                return None
+            capture = self._open()
+            if capture is not None:
+                self.stats.reconnects += 1
+                self.stats.gave_up_after, self.stats.reconnecting = 0, False
+                self.log(f"{self.name}: reconnected")
+                return capture
+            if attempt == tries:
+                self.stats.gave_up_after = tries
+                self.log(f"{self.name}: lost after {tries} attempt{'' if tries == 1 else 's'}; tried again every "
+                         f"{every:g} s while the other streams step" if self.keep_trying else
+                         f"{self.name}: gave up after {tries} attempt{'' if tries == 1 else 's'}")
+        return None

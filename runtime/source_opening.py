@@ -15,12 +15,13 @@ import threading
 import time
 from typing import Callable, Iterable
 
+from sdqes_edge.errors import SourceUnavailable
 from sdqes_edge.stopping import may_outlive_a_stop
 
 from .frame_gathering import STALL_NOTICE_S
 from .frame_source import FrameSource
-from .live_source import without_password
-from .sources import open_source
+from .live_source import LiveSource, without_password
+from .sources import open_source, unopened_live_source
 
 # A source still opening after this long is named, once, as a camera that stalls is: the run is not silent meanwhile.
 OPEN_NOTICE_S = STALL_NOTICE_S
@@ -64,7 +65,11 @@ def open_sources(specs: Iterable[str | int], fps: float,
     """``open_source`` of every spec, each on a thread of its own; the sources in the order given. The first failure
     to come is raised at once (the other sources closed, or closed as their opens end); so is a KeyboardInterrupt
     (Ctrl-C, or SIGTERM turned into one by ``stopping.raise_on_termination``), while OpenCV is still opening.
-    ``log`` is told of the sources still opening after ``OPEN_NOTICE_S``."""
+    ``log`` is told of the sources still opening after ``OPEN_NOTICE_S``.
+
+    Several cameras (every source live) are a run that goes on while any of them sends: a camera that cannot be
+    opened at the start is not raised while another opened (it is said through ``log``, and starts unopened, its
+    reading beginning by reconnecting), and each keeps trying when lost (``LiveSource.keep_trying``)."""
     specs = list(specs)
     openings = _Openings()
     for index, spec in enumerate(specs):
@@ -72,23 +77,38 @@ def open_sources(specs: Iterable[str | int], fps: float,
         may_outlive_a_stop(threading.Thread(target=openings.open, args=(index, spec, fps), name=f"open-source-{index}",
                                             daemon=True)).start()
     opened: dict[int, FrameSource] = {}
+    absent: dict[int, SourceUnavailable] = {}  # cameras not there now, held until the others are open
     notice_at = time.monotonic() + OPEN_NOTICE_S if log else None
     try:
-        while len(opened) < len(specs):
+        while len(opened) + len(absent) < len(specs):
             wait = None if notice_at is None else max(0.0, notice_at - time.monotonic())
             try:
                 index, outcome = openings.outcomes.get(timeout=wait)  # a signal's handler runs within this wait
             except queue.Empty:
-                log(_still_opening_words([spec for i, spec in enumerate(specs) if i not in opened]))
+                log(_still_opening_words([spec for i, spec in enumerate(specs) if i not in opened and i not in absent]))
                 notice_at = None
                 continue
-            if isinstance(outcome, BaseException):
+            if isinstance(outcome, SourceUnavailable) and len(specs) > 1:
+                absent[index] = outcome
+            elif isinstance(outcome, BaseException):
                 raise outcome
-            opened[index] = outcome
+            else:
+                opened[index] = outcome
+        if absent and not (opened and all(source.live for source in opened.values())):
+            raise absent[min(absent)]  # none opened, or a run with files: it cannot go on without them
     except BaseException:
         openings.abandon(opened.values())
         raise
-    return [opened[index] for index in range(len(specs))]
+    for index, failure in sorted(absent.items()):
+        opened[index] = unopened_live_source(specs[index], fps)
+        if log:
+            log(f"warning: {failure}. The other cameras start without it; it is tried again as a lost camera is, "
+                "its stream idling meanwhile")
+    sources = [opened[index] for index in range(len(specs))]
+    if len(sources) > 1 and all(isinstance(source, LiveSource) for source in sources):
+        for source in sources:
+            source.keep_trying = True
+    return sources
 
 
 def _still_opening_words(specs: list[str | int]) -> str:

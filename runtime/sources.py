@@ -281,6 +281,13 @@ def open_source(spec: str | Path | int, fps: float) -> FrameSource:
     return VideoFileSource(path, fps)
 
 
+def unopened_live_source(spec: str | int, fps: float) -> LiveSource:
+    """The camera or stream ``spec`` names (one ``open_source`` found absent), not opened: its reading begins by
+    reconnecting (a camera of several, the others streaming meanwhile)."""
+    spec = str(spec)
+    return LiveSource(int(spec) if source_kind(spec) == "camera" else spec, fps, opened=False)
+
+
 def _open_web_source(url: str, fps: float) -> FrameSource:
     """An HTTP(S) URL serves a live stream (an IP camera's MJPEG) or a video file (``https://.../clip.mp4``), told
     apart by what its container says: a file lists its frames, a live stream none. Read as a live stream, a file was

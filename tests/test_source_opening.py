@@ -15,10 +15,11 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 from runtime_fixtures import EndlessMJPEG, Quiet, seconds_to_stop, serving
 
-from sdqes_edge.errors import SourceUnavailable, UserError
+from sdqes_edge.errors import UserError
 from sdqes_edge.runtime import source_opening
 from sdqes_edge.runtime.frame_source import FrameSource
 from sdqes_edge.runtime.source_opening import open_sources
+from sdqes_edge.runtime.sources import open_source
 
 
 class _Named(FrameSource):
@@ -77,24 +78,28 @@ def test_a_source_that_fails_is_said_without_waiting_for_one_still_opening_which
         assert gone.wait(timeout=20), "the stream opened after the failure kept its connection"
 
 
-def test_sources_already_open_when_another_fails_are_closed_at_once():
+def test_sources_already_open_when_another_fails_are_closed_at_once(tmp_path, monkeypatch):
     """Their connections are let go of as the failure is raised, not when the collector gets to them (the
     exception's traceback, here held by pytest, keeps them)."""
     streaming, gone = threading.Event(), threading.Event()
 
-    class KitchenAndA404(EndlessMJPEG):
+    class Kitchen(EndlessMJPEG):
         def do_GET(self):
-            if self.path != "/kitchen.mjpg":
-                streaming.wait(timeout=5)
-                self.send_error(404)
-                return
             streaming.set()
             super().do_GET()  # sends until the client is gone
             gone.set()
 
-    with serving(KitchenAndA404) as address:
-        with pytest.raises(SourceUnavailable, match="porch.mjpg") as failure:
-            open_sources([f"{address}/kitchen.mjpg", f"{address}/porch.mjpg"], fps=5.0)
+    def fails_once_the_camera_is_open(spec, fps):
+        if spec.endswith(".mp4"):
+            streaming.wait(timeout=5)
+        return open_source(spec, fps)
+
+    garbage = tmp_path / "porch.mp4"
+    garbage.write_bytes(b"not a video" * 100)
+    monkeypatch.setattr(source_opening, "open_source", fails_once_the_camera_is_open)
+    with serving(Kitchen) as address:
+        with pytest.raises(UserError, match="porch.mp4") as failure:
+            open_sources([f"{address}/kitchen.mjpg", str(garbage)], fps=5.0)
         # (``failure`` holds the exception, whose traceback holds the sources opened: only closing lets go of them)
         assert gone.wait(timeout=20), f"the camera opened before {failure.typename} kept its connection"
 

@@ -114,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                             *trace_paths] if p])
     if trace_paths:
         print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
-    if exit_code == 0 and any(source.stats.gave_up_after for source in sources):
+    if exit_code == 0 and any(source.lost_words() for source in sources):
         return LOST_SOURCE_EXIT  # not a stream that ended: a service manager should start the run again
     return exit_code
 
@@ -330,7 +330,7 @@ def _summarize(sources: list, stats: RunStats, exit_code: int, written: list[str
         shortfall = source.stats.shortfall_words(source.name)
         if shortfall:
             print(f"{PROG}: incomplete: {shortfall}", file=sys.stderr)
-        lost = source.stats.lost_words(source.name)
+        lost = source.lost_words()
         if lost:
             print(f"{PROG}: error: {lost}" + (f" (exit status {LOST_SOURCE_EXIT})" if exit_code == 0 else ""),
                   file=sys.stderr)  # (a stop asked for after it keeps its own status)
@@ -357,7 +357,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="video file, image folder (frames in number order, one per sample), camera index (0) "
                           "or device (/dev/v4l/by-id/...), URL or GStreamer pipeline; repeat for several streams "
                           "(needs a bundle exported with --batch N), stepped together: a camera that stalls idles "
-                          "its stream, memory kept, while the others step")
+                          "its stream, memory kept, while the others step; of several cameras, one absent at the "
+                          "start or lost is tried again every few seconds while the others run")
     run.add_argument("--query", action="append", help="event to wait for (repeatable); default: the bundle's")
     run.add_argument("--message", action="append", help="alert message for the query of the same position")
     run.add_argument("--queries-file", type=path_text,

@@ -1,0 +1,118 @@
+"""A run of several cameras goes on while any of them sends. One that is not there at the start does not stop the
+others from starting (it used to end the whole run, exit 1, every camera unwatched until a restart found them all
+there), and one lost for good is tried again every few seconds rather than given up (given up, a camera back a
+minute later stayed lost for as long as the others kept the run going). One camera alone, or a run with files,
+fails and gives up as before, for a service manager to restart it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler
+
+import pytest
+from runtime_fixtures import EndlessMJPEG, Quiet, serving, write_video
+
+from sdqes_edge.errors import SourceUnavailable
+from sdqes_edge.runtime.live_source import LiveSource
+from sdqes_edge.runtime.source_opening import open_sources
+from sdqes_edge.sample import sample_frames
+
+FPS = 5.0
+QUICK_BACK_OFF = (0.05, 0.1)  # two attempts, then one every 0.1 s where it keeps trying
+
+
+class Absent(Quiet, BaseHTTPRequestHandler):
+    """A camera that is not there: its server answers 404."""
+
+    def do_GET(self):
+        self.send_error(404)
+
+
+def comes_after(requests: int):
+    """A camera whose server answers 404 to its first ``requests`` requests, then streams."""
+    asked = []
+
+    class ComesBack(EndlessMJPEG):
+        def do_GET(self):
+            asked.append(self.path)
+            if len(asked) <= requests:
+                self.send_error(404)
+                return
+            super().do_GET()
+
+    return ComesBack
+
+
+def test_a_camera_absent_at_the_start_lets_the_others_start_and_is_found_when_it_comes_even_after_the_back_off():
+    said = []
+    # The open, then two back-off attempts in vain (lost), then two more: it streams on the fifth request.
+    with serving(EndlessMJPEG) as kitchen, serving(comes_after(4)) as porch:
+        sources = open_sources([f"{kitchen}/kitchen.mjpg", f"{porch}/porch.mjpg"], FPS, log=said.append)
+        assert [type(s) for s in sources] == [LiveSource, LiveSource] and all(s.keep_trying for s in sources)
+        assert len(said) == 1 and said[0].startswith(f"warning: OpenCV cannot open stream {porch}/porch.mjpg; ")
+        assert "The other cameras start without it" in said[0]
+        porch_source = sources[1]
+        porch_source.reconnect_delays, porch_source.log = QUICK_BACK_OFF, said.append
+        reader = porch_source.threaded()
+        try:
+            frame = reader.take(timeout=20)
+        finally:
+            reader.close()
+            sources[0].close()
+    assert frame is not None, said
+    assert any(line.endswith("lost after 2 attempts; tried again every 0.1 s while the other streams step")
+               for line in said), said
+    assert said[-1].endswith(": reconnected") and porch_source.stats.reconnects == 1
+    assert porch_source.stats.gave_up_after == 0, "found again: no longer lost"
+
+
+def test_one_camera_alone_is_given_up_after_the_back_off_as_before():
+    with serving(Absent) as address:
+        camera = LiveSource(f"{address}/porch.mjpg", FPS, reconnect_delays=QUICK_BACK_OFF, opened=False)
+        camera.log = lambda message: None
+        assert list(camera.threaded()) == []
+    assert camera.stats.gave_up_after == 2 and not camera.keep_trying
+
+
+def test_a_run_with_a_file_or_with_no_camera_there_fails_at_the_start_as_before(tmp_path):
+    video = write_video(tmp_path / "clip.avi", sample_frames(4, 48, 64))
+    with serving(Absent) as address:
+        with pytest.raises(SourceUnavailable, match="porch.mjpg"):
+            open_sources([f"{address}/porch.mjpg", f"{address}/garage.mjpg"], FPS)
+        with pytest.raises(SourceUnavailable, match="porch.mjpg"):
+            open_sources([str(video), f"{address}/porch.mjpg"], FPS)
+        with pytest.raises(SourceUnavailable, match="porch.mjpg"):
+            open_sources([f"{address}/porch.mjpg"], FPS)
+
+
+def test_a_reader_stopped_during_the_back_off_ends_without_waiting_it_out():
+    with serving(Absent) as address:
+        camera = LiveSource(f"{address}/porch.mjpg", FPS, reconnect_delays=(60.0,), opened=False)
+        camera.log, camera.keep_trying = (lambda message: None), True
+        reader = camera.threaded()
+        assert reader.take(timeout=0.3) is None
+        reader.close()
+    assert not [t for t in threading.enumerate() if t.name == f"source-{camera.name}"], "still waiting 60 s"
+
+
+def test_run_with_one_of_two_cameras_absent_streams_the_other_and_ends_saying_it_was_lost(tmp_path):
+    from conftest import random_model
+
+    from sdqes_edge.export import ExportOptions, export_bundle
+
+    bundle = tmp_path / "b2"
+    export_bundle(random_model("qrnn"), bundle, ExportOptions(fps=FPS, batch=2, show_progress=False),
+                  log=lambda m: None)
+    with serving(EndlessMJPEG) as kitchen, serving(Absent) as porch:
+        done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source",
+                               f"{kitchen}/kitchen.mjpg", "--source", f"{porch}/porch.mjpg", "--query",
+                               "cut an onion", "--max-frames", "30"], capture_output=True, text=True, timeout=120)
+    said = done.stderr
+    assert "warning: OpenCV cannot open stream" in said and "The other cameras start without it" in said, said
+    assert "done: 30 " in said and "Traceback" not in said, said
+    assert re.search(r"error: 127\.0\.0\.1-\d+-porch\.mjpg was not sending frames when the run ended \(it was being "
+                     r"reconnected\) \(exit status 1\)", said), said
+    assert done.returncode == 1, said
