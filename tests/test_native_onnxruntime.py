@@ -242,3 +242,27 @@ def test_sdqes_run_names_a_stream_still_opening_and_a_stop_there_ends_it_at_once
         stopped_after = seconds_to_stop(process)
     assert said.startswith(f"sdqes-run: still opening {address}/cam.mjpg after 5 s: ") and "Ctrl-C" in said, said
     assert process.returncode == -signal.SIGTERM and stopped_after < 5, process.stderr.read()
+
+
+def test_sdqes_run_of_two_cameras_starts_without_one_that_is_absent_and_says_so_in_its_own_lines(
+        sdqes_run_on_the_cpu, three_camera_bundles):
+    """As `sdqes-edge run` (tests/test_cameras_that_come_and_go.py): the other camera streams, the absent one is
+    tried again and named at the end, exit 1. Every line is sdqes-run's own: OpenCV's and FFmpeg's logs (a dozen
+    lines of its backends' errors for a URL it cannot open) are silenced, as the Python runtime silences them."""
+    from runtime_fixtures import EndlessMJPEG, Quiet, serving
+
+    class Absent(Quiet, BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)
+
+    with serving(EndlessMJPEG) as kitchen, serving(Absent) as porch:
+        done = subprocess.run([str(sdqes_run_on_the_cpu), str(three_camera_bundles["plain"]), "--source",
+                               f"{kitchen}/kitchen.mjpg", "--source", f"{porch}/porch.mjpg", "--max-frames", "20"],
+                              capture_output=True, text=True, timeout=60)
+    said = done.stderr
+    assert done.returncode == 1, said
+    assert f"sdqes-run: warning: OpenCV cannot open {porch}/porch.mjpg; " in said, said
+    assert "The other cameras start without it" in said, said
+    assert re.search(r"sdqes-run: error: 127\.0\.0\.1-\d+-porch\.mjpg was not sending frames when the run ended \(it "
+                     r"was being reconnected\) \(exit status 1\)", said), said
+    assert all(line.startswith("sdqes-run: ") for line in said.strip().splitlines()), said

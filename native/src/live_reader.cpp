@@ -113,6 +113,16 @@ bool LatestFrame::lost() const {
   return lost_;
 }
 
+void LatestFrame::set_reconnection(Reconnection now) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  reconnection_ = now;
+}
+
+LatestFrame::Reconnection LatestFrame::reconnection() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return reconnection_;
+}
+
 int64_t LatestFrame::dropped() const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return dropped_;
@@ -120,7 +130,7 @@ int64_t LatestFrame::dropped() const {
 
 void read_live(LiveCapture& capture, const std::string& name, double period, LatestFrame& frames,
                const std::function<void(const std::string&)>& log, std::chrono::steady_clock::time_point start,
-               const std::vector<double>& delays) {
+               const std::vector<double>& delays, bool keep_trying) {
   const auto wait = [&frames](double seconds) { return frames.wait_unless_closed(seconds); };
   int64_t next_sample = 0;  // the first sample time k * period not yet served
   bool lost = false;
@@ -140,10 +150,13 @@ void read_live(LiveCapture& capture, const std::string& name, double period, Lat
         }
       }
       // No frame (a camera unplugged, a stream's server gone, a frame that would not decode): reopen with back-off.
-      if (reconnect(name, capture.reopen, wait, log, delays) == 0) {
+      frames.set_reconnection({true, false});
+      const auto spent = [&frames] { frames.set_reconnection({true, true}); };
+      if (reconnect(name, capture.reopen, wait, log, delays, keep_trying, spent) == 0) {
         lost = !frames.closed();  // not lost when the loop closed it while it waited
         break;
       }
+      frames.set_reconnection({});
     }
   } catch (...) {  // a thread's exception would end the process: the loop raises it instead
     error = std::current_exception();
@@ -168,10 +181,11 @@ FrameReader::FrameReader(std::function<void(LatestFrame&)> read) : frames_(std::
 }
 
 LiveReader::LiveReader(std::shared_ptr<LiveCapture> capture, std::string name, double period,
-                       std::function<void(const std::string&)> log, std::vector<double> delays)
+                       std::function<void(const std::string&)> log, std::vector<double> delays, bool keep_trying)
     : FrameReader([capture = std::move(capture), name = std::move(name), period, log = std::move(log),
-                   delays = std::move(delays), start = std::chrono::steady_clock::now()](LatestFrame& frames) {
-        read_live(*capture, name, period, frames, log, start, delays);
+                   delays = std::move(delays), keep_trying,
+                   start = std::chrono::steady_clock::now()](LatestFrame& frames) {
+        read_live(*capture, name, period, frames, log, start, delays, keep_trying);
       }) {}
 
 FrameReader::~FrameReader() {

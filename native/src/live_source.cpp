@@ -1,6 +1,7 @@
 // A live source that stopped sending frames, reopened with back-off: the twin of runtime/live_source.py's LiveSource.
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -14,19 +15,30 @@ const std::vector<double>& reconnect_delays_s() {
 }
 
 int reconnect(const std::string& name, const std::function<bool()>& open, const std::function<bool(double)>& wait,
-              const std::function<void(const std::string&)>& log, const std::vector<double>& delays) {
-  for (size_t attempt = 1; attempt <= delays.size(); ++attempt) {
-    std::ostringstream said;  // the delay as Python's {:g} writes it: 0.5, 1, 2
-    said << name << ": no frame; reconnecting in " << delays[attempt - 1] << " s (attempt " << attempt << " of "
-         << delays.size() << ")";
-    log(said.str());
-    if (!wait(delays[attempt - 1])) return 0;
+              const std::function<void(const std::string&)>& log, const std::vector<double>& delays,
+              bool keep_trying, const std::function<void()>& spent) {
+  const size_t tries = delays.size();
+  for (size_t attempt = 1; attempt <= tries || (keep_trying && tries > 0); ++attempt) {
+    const double delay = delays[std::min(attempt, tries) - 1];
+    if (attempt <= tries) {
+      std::ostringstream said;  // the delay as Python's {:g} writes it: 0.5, 1, 2
+      said << name << ": no frame; reconnecting in " << delay << " s (attempt " << attempt << " of " << tries << ")";
+      log(said.str());
+    }
+    if (!wait(delay)) return 0;
     if (open()) {
       log(name + ": reconnected");
-      return static_cast<int>(attempt);
+      return static_cast<int>(std::min<size_t>(attempt, std::numeric_limits<int>::max()));
+    }
+    if (attempt == tries && keep_trying) {
+      std::ostringstream said;
+      said << name << ": lost after " << tries << (tries == 1 ? " attempt" : " attempts") << "; tried again every "
+           << delay << " s while the other streams step";
+      log(said.str());
+      if (spent) spent();
     }
   }
-  log(name + ": gave up after " + std::to_string(delays.size()) + (delays.size() == 1 ? " attempt" : " attempts"));
+  log(name + ": gave up after " + std::to_string(tries) + (tries == 1 ? " attempt" : " attempts"));
   return 0;
 }
 

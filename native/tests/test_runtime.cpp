@@ -174,6 +174,25 @@ TEST(Reconnect, BacksOffAsThePythonLiveSourceDoesAndSaysEachAttempt) {
   EXPECT_EQ(stopped.said.size(), 2u);
 }
 
+TEST(Reconnect, ACameraOfSeveralIsNotGivenUpButTriedEveryLastDelayAndFoundWhenItComes) {
+  ReconnectRecord back;
+  int spent = 0;
+  const int attempt = sdqes::reconnect(
+      "cam", [&] { return ++back.opens == 8; },
+      [&](double s) {
+        back.waited.push_back(s);
+        return true;
+      },
+      [&](const std::string& line) { back.said.push_back(line); }, sdqes::reconnect_delays_s(), true,
+      [&] { ++spent; });
+  EXPECT_EQ(attempt, 8);
+  EXPECT_EQ(back.waited, (std::vector<double>{0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0}));
+  EXPECT_EQ(spent, 1);
+  ASSERT_EQ(back.said.size(), 7u);  // five attempts said, then the loss, then the return
+  EXPECT_EQ(back.said[5], "cam: lost after 5 attempts; tried again every 8 s while the other streams step");
+  EXPECT_EQ(back.said[6], "cam: reconnected");
+}
+
 TEST(Reconnect, AWaitEndsAtOnceWhenTheRunIsAskedToStop) {
   const sdqes::StopOnSignal stop;
   const auto start = std::chrono::steady_clock::now();

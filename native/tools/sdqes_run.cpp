@@ -10,6 +10,7 @@
 #include <cmath>
 #include <memory>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -21,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include <opencv2/core/utils/logger.hpp>
 #include <opencv2/videoio.hpp>
 #include <unistd.h>
 
@@ -50,7 +52,9 @@ const char* kUsage =
     "--source again: several streams stepped together in one graph, a frame of each per step (a bundle exported\n"
     "with --batch N for N sources); a source that ends idles, its stream's memory kept, until every one has ended,\n"
     "and so does a camera whose frame has not come one sample period after a step's first, no step waiting for it\n"
-    "until it sends again (a stalled camera does not hold the others' alerts).\n"
+    "until it sends again (a stalled camera does not hold the others' alerts). Of several cameras, one that cannot\n"
+    "be opened at the start is named and the others start without it, and one lost is tried again every 8 s for as\n"
+    "long as the run goes on, rather than given up; one not sending at the end is named, with exit status 1.\n"
     "--state FILE keeps each query's alert state across a restart (--max-alerts, hysteresis, cooldown), and the\n"
     "model's memory beside it (state.json -> state.memory): read at the start where they exist, written after an\n"
     "alert (at most every 5 s) and when the stream ends or is stopped; with several sources, files beside it for\n"
@@ -134,6 +138,7 @@ struct SourceUnavailable : sdqes::Error {
 struct Source {
   std::string spec, kind, shown;  // shown: a URL without its password
   int camera_index = -1;
+  std::string absent;  // a camera of several not plugged in: why it cannot be opened (open_all says it)
 
   bool open(cv::VideoCapture& capture) const {
     capture.release();
@@ -141,15 +146,16 @@ struct Source {
   }
 };
 
-Source read_source(const std::string& spec) {
-  Source source{spec, sdqes::source_kind(spec), sdqes::without_password(spec)};
+Source read_source(const std::string& spec, bool several) {
+  Source source{spec, sdqes::source_kind(spec), sdqes::without_password(spec), -1, ""};
   if (source.kind == "camera") {
     source.camera_index = static_cast<int>(std::min<int64_t>(whole_number("--source", spec, 0),
                                                              std::numeric_limits<int>::max()));
   } else if (source.kind == "missing") {
     throw sdqes::Error("--source " + source.shown + " is neither a video file, a camera index nor a stream URL");
   } else if (source.kind == "missing camera") {
-    throw SourceUnavailable("no camera at " + spec + "; check it is connected (ls /dev/video*)");
+    source.absent = "no camera at " + spec + "; check it is connected (ls /dev/video*)";
+    if (!several) throw SourceUnavailable(source.absent);  // before any engine is looked for
   } else if (source.kind == "folder") {
     throw sdqes::Error("--source " + spec + " is a folder; sdqes-run reads a video, a camera or a stream "
                        "(sdqes-edge run streams a folder of images)");
@@ -286,6 +292,7 @@ struct OpenSource {
   bool live;
   std::string name;
   std::string identity;
+  bool keep_trying = false;  // lost: tried again every last back-off delay, never given up (a camera of several)
 };
 
 // A file by its absolute path and size, as runtime/sources.py's identity: the same file, not rewritten since. A video
@@ -311,7 +318,13 @@ void say_still_opening(const Source& source) {
   std::cerr << words.str() << std::endl;
 }
 
+// A live source's name in alerts and output files, as `sdqes-edge run` names it.
+std::string live_name(const Source& source) {
+  return source.kind == "camera" ? sdqes::camera_name(source.camera_index) : sdqes::live_source_name(source.spec);
+}
+
 OpenSource open_source(const Source& source) {
+  if (!source.absent.empty()) throw SourceUnavailable(source.absent);
   auto video = std::make_shared<cv::VideoCapture>();
   bool opened = false;
   {
@@ -325,10 +338,36 @@ OpenSource open_source(const Source& source) {
   }
   const bool live = sdqes::is_live_kind(source.kind) ||
                     (source.kind == "web" && !(video->get(cv::CAP_PROP_FRAME_COUNT) > 0));
-  const std::string name = source.kind == "camera" ? sdqes::camera_name(source.camera_index)
-                           : live                  ? sdqes::live_source_name(source.spec)
-                                                   : sdqes::video_file_name(source.spec);
+  const std::string name = live ? live_name(source) : sdqes::video_file_name(source.spec);
   return {video, live, name, identity_of(source, live, *video)};
+}
+
+// Each source opened, in order. Several cameras (every source live) are a run that goes on while any of them sends,
+// as `sdqes-edge run`'s (runtime/source_opening.py): one that cannot be opened at the start is said, and starts
+// unopened (its reader begins by reconnecting) where another opened; each keeps trying when lost. Otherwise the first
+// source that cannot be opened is thrown, as before.
+std::vector<OpenSource> open_all(const std::vector<Source>& sources) {
+  std::vector<OpenSource> opens;
+  std::vector<std::string> absent(sources.size());  // why each camera not there now cannot be opened
+  for (size_t s = 0; s < sources.size(); ++s) {
+    try {
+      opens.push_back(open_source(sources[s]));
+    } catch (const SourceUnavailable& e) {
+      if (sources.size() == 1) throw;
+      absent[s] = e.what();
+      opens.push_back({std::make_shared<cv::VideoCapture>(), true, live_name(sources[s]), ""});
+    }
+  }
+  const bool cameras = std::all_of(opens.begin(), opens.end(), [](const OpenSource& o) { return o.live; });
+  const bool one_opened = std::any_of(absent.begin(), absent.end(), [](const std::string& a) { return a.empty(); });
+  for (size_t s = 0; s < sources.size(); ++s) {
+    if (absent[s].empty()) continue;
+    if (!cameras || !one_opened) throw SourceUnavailable(absent[s]);  // a run with files, or no camera there
+    say("warning: " + absent[s] + ". The other cameras start without it; it is tried again as a lost camera is, "
+        "its stream idling meanwhile");
+  }
+  for (auto& open : opens) open.keep_trying = sources.size() > 1 && cameras;
+  return opens;
 }
 
 // The file --state keeps a stream's alert states in: the path given for one source; for several, one beside it
@@ -389,18 +428,27 @@ struct StreamSource : sdqes::GatheredSource {
 
   // This stream's time at its next step: a live frame's stamp, a file's sample time.
   double time(double period) const { return opened.live ? stamp : alerts.stepped * period; }
-  bool lost() const { return reader ? reader->frames().lost() : was_lost; }
+  // Lost for good; or, where it kept trying (a camera of several), not sending when the run ended.
+  bool lost() const { return reader ? lost_now() : was_lost; }
+  sdqes::LatestFrame::Reconnection reconnection() const {
+    return reader ? reader->frames().reconnection() : last_reconnection;
+  }
   int64_t dropped() const { return reader ? reader->frames().dropped() : dropped_frames; }
   // The reader thread ended (or, inside a stalled read, left to end with the process), what it counted kept.
   void finish() {
     if (!reader) return;
-    was_lost = reader->frames().lost();
+    was_lost = lost_now();
+    last_reconnection = reader->frames().reconnection();
     dropped_frames = reader->frames().dropped();
     reader.reset();
   }
 
  private:
   bool was_lost = false;
+  sdqes::LatestFrame::Reconnection last_reconnection;
+  bool lost_now() const {
+    return reader->frames().lost() || (opened.keep_trying && reader->frames().reconnection().under_way);
+  }
   int64_t dropped_frames = 0;
 };
 
@@ -410,12 +458,9 @@ std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bun
                                                         const std::vector<Source>& sources,
                                                         const std::optional<std::filesystem::path>& state_path,
                                                         sdqes::OpenedStep& engine) {
-  std::vector<OpenSource> opens;
+  std::vector<OpenSource> opens = open_all(sources);
   std::vector<std::string> names;
-  for (const Source& source : sources) {
-    opens.push_back(open_source(source));
-    names.push_back(opens.back().name);
-  }
+  for (const auto& open : opens) names.push_back(open.name);
   if (!sdqes::give_distinct_names(names).empty()) {  // alerts and --state files are named after their source
     std::cerr << "sdqes-run: note: several sources have the same name; in alerts and outputs they are called ";
     for (size_t s = 0; s < names.size(); ++s) std::cerr << (s ? ", " : "") << names[s];
@@ -495,6 +540,15 @@ int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_pt
   for (const auto& s : streams) {
     if (!s->lost()) continue;  // a live source never ends: it went away
     lost = true;
+    if (s->opened.keep_trying) {  // runtime/frame_source.py's lost_words, kept_trying
+      std::cerr << "sdqes-run: error: " << s->opened.name << " was not sending frames when the run ended ("
+                << (s->reconnection().back_off_spent
+                        ? "lost after " + std::to_string(sdqes::reconnect_delays_s().size()) +
+                              " reconnection attempts in vain, then tried again every few seconds"
+                        : "it was being reconnected")
+                << ") (exit status 1)" << std::endl;
+      continue;
+    }
     std::cerr << "sdqes-run: error: " << s->opened.name << " stopped sending frames and did not come back after "
               << sdqes::reconnect_delays_s().size() << " reconnection attempts: the stream ended there after "
               << s->alerts.stepped << " frames, every output complete (exit status 1)" << std::endl;
@@ -537,7 +591,8 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
     any_live = any_live || stream.opened.live;
     if (stream.opened.live) {
       stream.reader = std::make_unique<sdqes::LiveReader>(live_capture(stream.opened.video, sources[s], prepare),
-                                                          stream.opened.name, period, say);
+                                                          stream.opened.name, period, say,
+                                                          sdqes::reconnect_delays_s(), stream.opened.keep_trying);
     } else {
       stream.reader = std::make_unique<sdqes::FileReader>(file_capture(stream.opened.video, prepare), period,
                                                           stream.resumed_at);
@@ -604,10 +659,19 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
 }
 #endif
 
+// OpenCV's and FFmpeg's own logs silenced, before any source is opened: sdqes-run says what went wrong with a source
+// in one line, where OpenCV printed a dozen of its backends' errors for a URL it could not open (as
+// runtime/sources.py's quiet_opencv_logs; FFmpeg reads its level when OpenCV first opens a file).
+void quiet_opencv_logs() {
+  ::setenv("OPENCV_FFMPEG_LOGLEVEL", "-8", 0);
+  cv::utils::logging::setLogLevel(cv::utils::logging::LOG_LEVEL_SILENT);
+}
+
 int run(int argc, char** argv) {
   std::string bundle_path;
   std::vector<std::string> source_specs;
   const auto o = parse(argc, argv, bundle_path, source_specs);
+  quiet_opencv_logs();
   const sdqes::Bundle bundle = sdqes::load_bundle(bundle_path);
   const sdqes::QueryTable queries = sdqes::load_queries(bundle);
   // Each query's policy as `sdqes-edge run` decides it: its own threshold, else --threshold, else the bundle's for
@@ -627,7 +691,7 @@ int run(int argc, char** argv) {
   // -1: to the end of the source
   const int64_t max_frames = o.count("--max-frames") ? whole_number("--max-frames", o.at("--max-frames"), 1) : -1;
   std::vector<Source> sources;
-  for (const auto& spec : source_specs) sources.push_back(read_source(spec));
+  for (const auto& spec : source_specs) sources.push_back(read_source(spec, source_specs.size() > 1));
   if (static_cast<int64_t>(sources.size()) > bundle.batch) {  // fewer is fine: the other streams idle
     throw sdqes::Error(std::to_string(sources.size()) + " sources but the bundle steps " +
                        std::to_string(bundle.batch) + " stream(s) at once; re-export with --batch " +

@@ -80,6 +80,15 @@ class LatestFrame {
   bool lost() const;       // the reader ended because the source stopped sending frames and did not come back
   int64_t dropped() const;
 
+  // A live source being reconnected (no frame since it dropped, or never opened), and whether its back-off was
+  // spent in vain meanwhile while it kept trying (a camera of several): what the run's end says of one not back.
+  struct Reconnection {
+    bool under_way = false;
+    bool back_off_spent = false;
+  };
+  void set_reconnection(Reconnection now);  // the reader's side
+  Reconnection reconnection() const;
+
  private:
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;
@@ -88,6 +97,7 @@ class LatestFrame {
   bool lost_ = false;
   bool closed_ = false;
   int64_t dropped_ = 0;
+  Reconnection reconnection_;
   std::exception_ptr error_;
   std::shared_ptr<Arrivals> arrivals_;
 
@@ -110,11 +120,11 @@ struct LiveCapture {
 // Reads `capture` until the source is lost for good or `frames` is closed: each frame stamped by the time since
 // `start`, sampled every `period` seconds as samples_served decides (a live frame serves one sample; the sample
 // times a stall left without a frame are skipped), and put in `frames`. A source that stops sending is reopened
-// after each of `delays` (reconnect), each attempt said through `log`. Ends with frames.finish. What a LiveReader's
-// thread runs.
+// after each of `delays` (reconnect; where `keep_trying`, then every last delay, never given up), each attempt said
+// through `log`. Ends with frames.finish. What a LiveReader's thread runs.
 void read_live(LiveCapture& capture, const std::string& name, double period, LatestFrame& frames,
                const std::function<void(const std::string&)>& log, std::chrono::steady_clock::time_point start,
-               const std::vector<double>& delays);
+               const std::vector<double>& delays, bool keep_trying = false);
 
 // `read` (a source's reading, ending with frames.finish) on a thread of its own, started at construction, handing
 // its frames over through frames(). Its destructor closes the frames and joins the thread; a thread still inside a
@@ -137,7 +147,8 @@ class FrameReader {
 class LiveReader : public FrameReader {
  public:
   LiveReader(std::shared_ptr<LiveCapture> capture, std::string name, double period,
-             std::function<void(const std::string&)> log, std::vector<double> delays = reconnect_delays_s());
+             std::function<void(const std::string&)> log, std::vector<double> delays = reconnect_delays_s(),
+             bool keep_trying = false);
 };
 
 }  // namespace sdqes
