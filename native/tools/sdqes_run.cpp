@@ -520,8 +520,8 @@ std::string status_line(const std::vector<std::unique_ptr<StreamSource>>& stream
   return sdqes::status_words(seconds > 0 ? steps / seconds : 0.0, latencies, dropped, raised);
 }
 
-// The run's last lines on stderr, and its exit status: 128 + a signal; 1 where a live source was lost for good (a
-// failure, so a service manager starts the run again); else 0.
+// The run's last lines on stderr (its summary, then what went wrong, as `sdqes-edge run` ends), and its exit status:
+// 128 + a signal; 1 where a live source was lost (a failure, so a service manager starts the run again); else 0.
 int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_ptr<StreamSource>>& streams,
                int64_t steps, double seconds, const sdqes::LatencyHistogram& latencies, double period_s) {
   const auto [dropped, raised] = dropped_and_raised(streams);
@@ -536,6 +536,7 @@ int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_pt
     std::cerr << "sdqes-run: interrupted (" << stop.signal_name() << ") after " << counted << std::endl;
     return stop.exit_code();
   }
+  std::cerr << "done: " << counted << std::endl;
   bool lost = false;
   for (const auto& s : streams) {
     if (!s->lost()) continue;  // a live source never ends: it went away
@@ -553,15 +554,13 @@ int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_pt
               << sdqes::reconnect_delays_s().size() << " reconnection attempts: the stream ended there after "
               << s->alerts.stepped << " frames, every output complete (exit status 1)" << std::endl;
   }
-  if (lost) return 1;
   for (const auto& s : streams) {  // resumed past its end: 0 frames, which is right, and said why
     if (s->resumed_at == 0 || s->alerts.stepped > s->resumed_at) continue;
     std::cerr << "sdqes-run: note: " << s->opened.name << " has no frames after "
               << s->resumed_at * period_s << " s, where --state had it: the run it resumes had streamed it to its end"
               << std::endl;
   }
-  std::cerr << "done: " << counted << std::endl;
-  return 0;
+  return lost ? 1 : 0;
 }
 
 // Steps the engine on the sources' frames, a stream each, and raises each stream's alerts until every source ends,
