@@ -19,7 +19,7 @@ from sdqes_edge.errors import SourceUnavailable
 from sdqes_edge.stopping import may_outlive_a_stop
 
 from .frame_gathering import STALL_NOTICE_S
-from .frame_source import FrameSource
+from .frame_source import SOURCE_LOG, FrameSource
 from .live_source import LiveSource, without_password
 from .sources import open_source, unopened_live_source
 
@@ -65,12 +65,13 @@ def open_sources(specs: Iterable[str | int], fps: float,
     """``open_source`` of every spec, each on a thread of its own; the sources in the order given. The first failure
     to come is raised at once (the other sources closed, or closed as their opens end); so is a KeyboardInterrupt
     (Ctrl-C, or SIGTERM turned into one by ``stopping.raise_on_termination``), while OpenCV is still opening.
-    ``log`` is told of the sources still opening after ``OPEN_NOTICE_S``.
+    ``log`` (default: the sources' logger, as a source's own news) is told of the sources still opening after
+    ``OPEN_NOTICE_S``.
 
     Several cameras (every source live) are a run that goes on while any of them sends: a camera that cannot be
     opened at the start is not raised while another opened (it is said through ``log``, and starts unopened, its
     reading beginning by reconnecting), and each keeps trying when lost (``LiveSource.keep_trying``)."""
-    specs = list(specs)
+    specs, log = list(specs), log or SOURCE_LOG.warning
     openings = _Openings()
     for index, spec in enumerate(specs):
         # A daemon thread: one left inside a stalled open must not hold the process's exit after a stop.
@@ -78,7 +79,7 @@ def open_sources(specs: Iterable[str | int], fps: float,
                                             daemon=True)).start()
     opened: dict[int, FrameSource] = {}
     absent: dict[int, SourceUnavailable] = {}  # cameras not there now, held until the others are open
-    notice_at = time.monotonic() + OPEN_NOTICE_S if log else None
+    notice_at: float | None = time.monotonic() + OPEN_NOTICE_S
     try:
         while len(opened) + len(absent) < len(specs):
             wait = None if notice_at is None else max(0.0, notice_at - time.monotonic())
@@ -101,9 +102,8 @@ def open_sources(specs: Iterable[str | int], fps: float,
         raise
     for index, failure in sorted(absent.items()):
         opened[index] = unopened_live_source(specs[index], fps)
-        if log:
-            log(f"warning: {failure}. The other cameras start without it; it is tried again as a lost camera is, "
-                "its stream idling meanwhile")
+        log(f"warning: {failure}. The other cameras start without it; it is tried again as a lost camera is, its "
+            "stream idling meanwhile")
     sources = [opened[index] for index in range(len(specs))]
     if len(sources) > 1 and all(isinstance(source, LiveSource) for source in sources):
         for source in sources:

@@ -116,3 +116,14 @@ def test_run_with_one_of_two_cameras_absent_streams_the_other_and_ends_saying_it
     assert re.search(r"error: 127\.0\.0\.1-\d+-porch\.mjpg was not sending frames when the run ended \(it was being "
                      r"reconnected\) \(exit status 1\)", said), said
     assert done.returncode == 1, said
+
+
+def test_without_a_log_given_the_absent_camera_is_named_on_the_sources_logger(caplog):
+    """A program embedding the runtime that sets no ``log`` hears of it as of a source's other news."""
+    with serving(EndlessMJPEG) as kitchen, serving(Absent) as porch:
+        with caplog.at_level("WARNING", logger="sdqes_edge.runtime.sources"):
+            sources = open_sources([f"{kitchen}/kitchen.mjpg", f"{porch}/porch.mjpg"], FPS)
+        for source in sources:
+            source.close()
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [f"warning: OpenCV cannot open stream "
+                                                                      f"{porch}/porch.mjpg"]
