@@ -88,6 +88,31 @@ def open_failure_words(target: int | str) -> str:
             "this machine: the server is up, the path and any credentials are right, and no firewall is in the way")
 
 
+class Cameras:
+    """The cameras of one run that keep trying when lost (``open_sources``: a run of several cameras), rather than
+    give up: each goes on trying while another of them still sends, since ending the run would cut that one off.
+    Once every one is lost, they give up together and the run ends (exit 1), for a service manager to restart it
+    cleanly: stepping nothing, it would be killed by systemd's watchdog (``WatchdogSec``), its outputs unfinished."""
+
+    def __init__(self, sources: list["LiveSource"]):
+        self._lock = threading.Lock()
+        self._count, self._lost = len(sources), set()
+        for source in sources:
+            source.cameras = self
+
+    def lost(self, source: "LiveSource") -> None:
+        with self._lock:
+            self._lost.add(id(source))
+
+    def found(self, source: "LiveSource") -> None:
+        with self._lock:
+            self._lost.discard(id(source))
+
+    def all_lost(self) -> bool:
+        with self._lock:
+            return len(self._lost) >= self._count
+
+
 class LiveSource(FrameSource):
     """A camera (its index, or its device file: /dev/video0, /dev/v4l/by-id/...) or a stream URL: stamped by the wall
     clock, reopened with back-off when it drops."""
@@ -102,10 +127,10 @@ class LiveSource(FrameSource):
         super().__init__(live_source_name(target), fps)
         self.target = target
         self.reconnect_delays = reconnect_delays
-        # Lost (the back-off spent in vain): tried again every last delay rather than given up, for as long as the
-        # run goes on. For a run of several cameras (open_sources), which the others keep going: given up, a camera
-        # back a minute later stayed lost until the run was restarted.
-        self.keep_trying = False
+        # The run's cameras, where this one is tried again every last delay when lost, rather than given up, while
+        # another of them sends (Cameras). A run of several cameras (open_sources), which the others keep going:
+        # given up, a camera back a minute later stayed lost until the run was restarted.
+        self.cameras: Cameras | None = None
         self._interrupted = threading.Event()  # the reader was stopped: no more back-off waits or attempts
         if is_gstreamer_pipeline(target) and not opencv_has_gstreamer():  # refused without trying: OpenCV
             raise UserError(open_failure_words(target))                    # would only fail to open it
@@ -129,6 +154,10 @@ class LiveSource(FrameSource):
     @property
     def duration_frames(self) -> None:
         return None
+
+    @property
+    def keep_trying(self) -> bool:
+        return self.cameras is not None
 
     def lost_words(self) -> str | None:
         return self.stats.lost_words(self.name, kept_trying=self.keep_trying)
@@ -157,24 +186,35 @@ class LiveSource(FrameSource):
     def _reconnect(self) -> cv2.VideoCapture | None:
         """The target reopened after each back-off delay in turn; None once they are spent in vain (the source is
         lost: ``stats.gave_up_after``), or when the reader is stopped. Where ``keep_trying``, a lost source is
-        tried again every last delay, and found again if it comes back."""
+        tried again every last delay, and found again if it comes back, until every camera of the run is lost."""
         tries, every = len(self.reconnect_delays), self.reconnect_delays[-1]
         self.stats.reconnecting = True
         delays = itertools.chain(self.reconnect_delays, itertools.repeat(every) if self.keep_trying else ())
         for attempt, delay in enumerate(delays, 1):
             if attempt <= tries:
                 self.log(f"{self.name}: no frame; reconnecting in {delay:g} s (attempt {attempt} of {tries})")
+            elif self.cameras.all_lost():
+                self.log(f"{self.name}: gave up: every camera of the run is lost")
+                return None
             if self._interrupted.wait(delay):
                 return None
             capture = self._open()
             if capture is not None:
                 self.stats.reconnects += 1
                 self.stats.gave_up_after, self.stats.reconnecting = 0, False
+                if self.cameras:
+                    self.cameras.found(self)
                 self.log(f"{self.name}: reconnected")
                 return capture
             if attempt == tries:
-                self.stats.gave_up_after = tries
-                self.log(f"{self.name}: lost after {tries} attempt{'' if tries == 1 else 's'}; tried again every "
-                         f"{every:g} s while the other streams step" if self.keep_trying else
-                         f"{self.name}: gave up after {tries} attempt{'' if tries == 1 else 's'}")
+                self._lost(tries, every)
         return None
+
+    def _lost(self, tries: int, every: float) -> None:
+        self.stats.gave_up_after = tries
+        attempts = f"{tries} attempt{'' if tries == 1 else 's'}"
+        if not self.cameras:
+            self.log(f"{self.name}: gave up after {attempts}")
+            return
+        self.cameras.lost(self)
+        self.log(f"{self.name}: lost after {attempts}; tried again every {every:g} s while another camera sends")

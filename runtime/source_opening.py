@@ -20,7 +20,7 @@ from sdqes_edge.stopping import may_outlive_a_stop
 
 from .frame_gathering import STALL_NOTICE_S
 from .frame_source import SOURCE_LOG, FrameSource
-from .live_source import LiveSource, without_password
+from .live_source import Cameras, LiveSource, without_password
 from .sources import open_source, unopened_live_source
 
 # A source still opening after this long is named, once, as a camera that stalls is: the run is not silent meanwhile.
@@ -70,7 +70,7 @@ def open_sources(specs: Iterable[str | int], fps: float,
 
     Several cameras (every source live) are a run that goes on while any of them sends: a camera that cannot be
     opened at the start is not raised while another opened (it is said through ``log``, and starts unopened, its
-    reading beginning by reconnecting), and each keeps trying when lost (``LiveSource.keep_trying``)."""
+    reading beginning by reconnecting), and each keeps trying when lost while another sends (``Cameras``)."""
     specs, log = list(specs), log or SOURCE_LOG.warning
     openings = _Openings()
     for index, spec in enumerate(specs):
@@ -106,8 +106,7 @@ def open_sources(specs: Iterable[str | int], fps: float,
             "stream idling meanwhile")
     sources = [opened[index] for index in range(len(specs))]
     if len(sources) > 1 and all(isinstance(source, LiveSource) for source in sources):
-        for source in sources:
-            source.keep_trying = True
+        Cameras(sources)
     return sources
 
 

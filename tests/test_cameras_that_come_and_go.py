@@ -16,7 +16,7 @@ import pytest
 from runtime_fixtures import EndlessMJPEG, Quiet, serving, write_video
 
 from sdqes_edge.errors import SourceUnavailable
-from sdqes_edge.runtime.live_source import LiveSource
+from sdqes_edge.runtime.live_source import Cameras, LiveSource
 from sdqes_edge.runtime.source_opening import open_sources
 from sdqes_edge.sample import sample_frames
 
@@ -63,7 +63,7 @@ def test_a_camera_absent_at_the_start_lets_the_others_start_and_is_found_when_it
             reader.close()
             sources[0].close()
     assert frame is not None, said
-    assert any(line.endswith("lost after 2 attempts; tried again every 0.1 s while the other streams step")
+    assert any(line.endswith("lost after 2 attempts; tried again every 0.1 s while another camera sends")
                for line in said), said
     assert said[-1].endswith(": reconnected") and porch_source.stats.reconnects == 1
     assert porch_source.stats.gave_up_after == 0, "found again: no longer lost"
@@ -88,10 +88,35 @@ def test_a_run_with_a_file_or_with_no_camera_there_fails_at_the_start_as_before(
             open_sources([f"{address}/porch.mjpg"], FPS)
 
 
+def test_when_every_camera_is_lost_they_give_up_together_and_the_run_ends():
+    """Trying on with no camera sending, the run would step nothing until systemd's watchdog killed it, its outputs
+    unfinished; it ends instead (exit 1), for a clean restart."""
+    said = []
+    with serving(Absent) as address:
+        cameras = [LiveSource(f"{address}/{name}.mjpg", FPS, reconnect_delays=QUICK_BACK_OFF, opened=False)
+                   for name in ("porch", "garage")]
+        Cameras(cameras)
+        for camera in cameras:
+            camera.log = said.append
+        readers = [camera.threaded() for camera in cameras]
+        try:
+            for reader in readers:
+                assert reader.take(timeout=20) is None and reader.ended, said
+        finally:
+            for reader in readers:
+                reader.close()
+    assert [camera.stats.gave_up_after for camera in cameras] == [2, 2]
+    assert any(line.endswith("gave up: every camera of the run is lost") for line in said), said
+    assert all(camera.lost_words().endswith("(lost after 2 reconnection attempts in vain, then tried again every few "
+                                            "seconds)") for camera in cameras)
+
+
 def test_a_reader_stopped_during_the_back_off_ends_without_waiting_it_out():
     with serving(Absent) as address:
-        camera = LiveSource(f"{address}/porch.mjpg", FPS, reconnect_delays=(60.0,), opened=False)
-        camera.log, camera.keep_trying = (lambda message: None), True
+        camera, other = (LiveSource(f"{address}/{name}.mjpg", FPS, reconnect_delays=(60.0,), opened=False)
+                         for name in ("porch", "garage"))
+        Cameras([camera, other])
+        camera.log = lambda message: None
         reader = camera.threaded()
         assert reader.take(timeout=0.3) is None
         reader.close()

@@ -130,7 +130,7 @@ int64_t LatestFrame::dropped() const {
 
 void read_live(LiveCapture& capture, const std::string& name, double period, LatestFrame& frames,
                const std::function<void(const std::string&)>& log, std::chrono::steady_clock::time_point start,
-               const std::vector<double>& delays, bool keep_trying) {
+               const std::vector<double>& delays, const std::shared_ptr<Cameras>& cameras, size_t camera) {
   const auto wait = [&frames](double seconds) { return frames.wait_unless_closed(seconds); };
   int64_t next_sample = 0;  // the first sample time k * period not yet served
   bool lost = false;
@@ -151,17 +151,38 @@ void read_live(LiveCapture& capture, const std::string& name, double period, Lat
       }
       // No frame (a camera unplugged, a stream's server gone, a frame that would not decode): reopen with back-off.
       frames.set_reconnection({true, false});
-      const auto spent = [&frames] { frames.set_reconnection({true, true}); };
+      std::function<bool()> keep_trying;  // none: given up once the back-off is spent
+      if (cameras) keep_trying = [&cameras] { return !cameras->all_lost(); };
+      const auto spent = [&] {
+        frames.set_reconnection({true, true});
+        if (cameras) cameras->lost(camera);
+      };
       if (reconnect(name, capture.reopen, wait, log, delays, keep_trying, spent) == 0) {
         lost = !frames.closed();  // not lost when the loop closed it while it waited
         break;
       }
       frames.set_reconnection({});
+      if (cameras) cameras->found(camera);
     }
   } catch (...) {  // a thread's exception would end the process: the loop raises it instead
     error = std::current_exception();
   }
   frames.finish(lost, error);
+}
+
+void Cameras::lost(size_t camera) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  lost_.insert(camera);
+}
+
+void Cameras::found(size_t camera) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  lost_.erase(camera);
+}
+
+bool Cameras::all_lost() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return lost_.size() >= count_;
 }
 
 void prepare_on_this_thread(const PrepareFrame& prepare, LatestFrame::Frame& frame) {
@@ -181,11 +202,12 @@ FrameReader::FrameReader(std::function<void(LatestFrame&)> read) : frames_(std::
 }
 
 LiveReader::LiveReader(std::shared_ptr<LiveCapture> capture, std::string name, double period,
-                       std::function<void(const std::string&)> log, std::vector<double> delays, bool keep_trying)
+                       std::function<void(const std::string&)> log, std::vector<double> delays,
+                       std::shared_ptr<Cameras> cameras, size_t camera)
     : FrameReader([capture = std::move(capture), name = std::move(name), period, log = std::move(log),
-                   delays = std::move(delays), keep_trying,
+                   delays = std::move(delays), cameras = std::move(cameras), camera,
                    start = std::chrono::steady_clock::now()](LatestFrame& frames) {
-        read_live(*capture, name, period, frames, log, start, delays, keep_trying);
+        read_live(*capture, name, period, frames, log, start, delays, cameras, camera);
       }) {}
 
 FrameReader::~FrameReader() {

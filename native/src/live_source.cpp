@@ -16,7 +16,7 @@ const std::vector<double>& reconnect_delays_s() {
 
 int reconnect(const std::string& name, const std::function<bool()>& open, const std::function<bool(double)>& wait,
               const std::function<void(const std::string&)>& log, const std::vector<double>& delays,
-              bool keep_trying, const std::function<void()>& spent) {
+              const std::function<bool()>& keep_trying, const std::function<void()>& spent) {
   const size_t tries = delays.size();
   for (size_t attempt = 1; attempt <= tries || (keep_trying && tries > 0); ++attempt) {
     const double delay = delays[std::min(attempt, tries) - 1];
@@ -24,6 +24,9 @@ int reconnect(const std::string& name, const std::function<bool()>& open, const 
       std::ostringstream said;  // the delay as Python's {:g} writes it: 0.5, 1, 2
       said << name << ": no frame; reconnecting in " << delay << " s (attempt " << attempt << " of " << tries << ")";
       log(said.str());
+    } else if (!keep_trying()) {
+      log(name + ": gave up: every camera of the run is lost");
+      return 0;
     }
     if (!wait(delay)) return 0;
     if (open()) {
@@ -33,7 +36,7 @@ int reconnect(const std::string& name, const std::function<bool()>& open, const 
     if (attempt == tries && keep_trying) {
       std::ostringstream said;
       said << name << ": lost after " << tries << (tries == 1 ? " attempt" : " attempts") << "; tried again every "
-           << delay << " s while the other streams step";
+           << delay << " s while another camera sends";
       log(said.str());
       if (spent) spent();
     }

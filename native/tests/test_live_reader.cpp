@@ -1,5 +1,6 @@
 // sdqes-run reads a live source on a thread of its own, newest frame wins (sdqes/live_reader.hpp): the twin of the
 // Python runtime's reader thread (runtime/frame_source.py), on a scripted camera.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -193,6 +194,31 @@ TEST(LiveReader, ACameraThatNeverComesBackEndsTheFramesAsLost) {
   EXPECT_EQ(camera->open_attempts, 2);
   const std::lock_guard<std::mutex> lock(said.mutex);
   EXPECT_EQ(said.lines.back(), "cam: gave up after 2 attempts");
+}
+
+TEST(LiveReader, CamerasOfARunKeepTryingWhileOneSendsAndGiveUpTogetherOnceAllAreLost) {
+  auto steady = std::make_shared<ScriptedCamera>(), gone = std::make_shared<ScriptedCamera>();
+  steady->stop_after = 2;  // lost after the other: until then the other keeps trying past its back-off
+  steady->frame_period = 100ms;
+  gone->stop_after = 1;
+  auto cameras = std::make_shared<sdqes::Cameras>(2);
+  Said said;
+  sdqes::LiveReader steady_reader(capture_of(steady), "steady", 0.001, said.log(), {0.01, 0.01}, cameras, 0);
+  sdqes::LiveReader gone_reader(capture_of(gone), "gone", 0.001, said.log(), {0.01, 0.01}, cameras, 1);
+  for (auto* reader : {&steady_reader, &gone_reader}) {
+    sdqes::LatestFrame::Frame frame;
+    while (reader->frames().take(frame, kNeverStopped)) {
+    }
+    EXPECT_TRUE(reader->frames().lost());
+    EXPECT_TRUE(reader->frames().reconnection().back_off_spent);
+  }
+  EXPECT_GT(gone->open_attempts, 2) << "gave up after its back-off while the other still sent";
+  const std::lock_guard<std::mutex> lock(said.mutex);
+  EXPECT_NE(std::find(said.lines.begin(), said.lines.end(),
+                      "gone: lost after 2 attempts; tried again every 0.01 s while another camera sends"),
+            said.lines.end());
+  EXPECT_NE(std::find(said.lines.begin(), said.lines.end(), "gone: gave up: every camera of the run is lost"),
+            said.lines.end());
 }
 
 TEST(LiveReader, ARunThatEndsWhileTheReaderWaitsToReconnectCutsTheWaitShortAndIsNotLost) {

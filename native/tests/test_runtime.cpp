@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <opencv2/imgcodecs.hpp>
 
+#include "sdqes/live_reader.hpp"
 #include "sdqes/runtime.hpp"
 #include "sdqes/sdqes.h"
 
@@ -183,14 +184,38 @@ TEST(Reconnect, ACameraOfSeveralIsNotGivenUpButTriedEveryLastDelayAndFoundWhenIt
         back.waited.push_back(s);
         return true;
       },
-      [&](const std::string& line) { back.said.push_back(line); }, sdqes::reconnect_delays_s(), true,
+      [&](const std::string& line) { back.said.push_back(line); }, sdqes::reconnect_delays_s(), [] { return true; },
       [&] { ++spent; });
   EXPECT_EQ(attempt, 8);
   EXPECT_EQ(back.waited, (std::vector<double>{0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0}));
   EXPECT_EQ(spent, 1);
   ASSERT_EQ(back.said.size(), 7u);  // five attempts said, then the loss, then the return
-  EXPECT_EQ(back.said[5], "cam: lost after 5 attempts; tried again every 8 s while the other streams step");
+  EXPECT_EQ(back.said[5], "cam: lost after 5 attempts; tried again every 8 s while another camera sends");
   EXPECT_EQ(back.said[6], "cam: reconnected");
+}
+
+TEST(Reconnect, CamerasAllLostGiveUpTogether) {
+  ReconnectRecord gone;
+  int asked = 0;  // another camera sends for two more attempts, then none does
+  EXPECT_EQ(sdqes::reconnect(
+                "cam", [&] { return ++gone.opens == 0; },
+                [&](double s) {
+                  gone.waited.push_back(s);
+                  return true;
+                },
+                [&](const std::string& line) { gone.said.push_back(line); }, sdqes::reconnect_delays_s(),
+                [&] { return ++asked <= 2; }),
+            0);
+  EXPECT_EQ(gone.opens, 7);
+  EXPECT_EQ(gone.said.back(), "cam: gave up: every camera of the run is lost");
+
+  sdqes::Cameras cameras(2);
+  cameras.lost(0);
+  EXPECT_FALSE(cameras.all_lost());
+  cameras.lost(1);
+  EXPECT_TRUE(cameras.all_lost());
+  cameras.found(0);
+  EXPECT_FALSE(cameras.all_lost());
 }
 
 TEST(Reconnect, AWaitEndsAtOnceWhenTheRunIsAskedToStop) {

@@ -53,8 +53,9 @@ const char* kUsage =
     "with --batch N for N sources); a source that ends idles, its stream's memory kept, until every one has ended,\n"
     "and so does a camera whose frame has not come one sample period after a step's first, no step waiting for it\n"
     "until it sends again (a stalled camera does not hold the others' alerts). Of several cameras, one that cannot\n"
-    "be opened at the start is named and the others start without it, and one lost is tried again every 8 s for as\n"
-    "long as the run goes on, rather than given up; one not sending at the end is named, with exit status 1.\n"
+    "be opened at the start is named and the others start without it, and one lost is tried again every 8 s while\n"
+    "another sends, rather than given up; one not sending at the end is named, with exit status 1; every one lost,\n"
+    "they give up together and the run ends (exit status 1).\n"
     "--state FILE keeps each query's alert state across a restart (--max-alerts, hysteresis, cooldown), and the\n"
     "model's memory beside it (state.json -> state.memory): read at the start where they exist, written after an\n"
     "alert (at most every 5 s) and when the stream ends or is stopped; with several sources, files beside it for\n"
@@ -584,14 +585,15 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
     return sdqes::preprocess(image, size, how);
   };
   const auto arrivals = std::make_shared<sdqes::Arrivals>();  // every live reader's frames: a step waits for whichever
+  const auto cameras = std::make_shared<sdqes::Cameras>(streams.size());  // those that keep trying when lost
   std::vector<sdqes::GatheredSource*> gathered;
   for (size_t s = 0; s < sources.size(); ++s) {  // each reader's clock starts here, after the warm-up
     auto& stream = *streams[s];
     any_live = any_live || stream.opened.live;
     if (stream.opened.live) {
       stream.reader = std::make_unique<sdqes::LiveReader>(live_capture(stream.opened.video, sources[s], prepare),
-                                                          stream.opened.name, period, say,
-                                                          sdqes::reconnect_delays_s(), stream.opened.keep_trying);
+                                                          stream.opened.name, period, say, sdqes::reconnect_delays_s(),
+                                                          stream.opened.keep_trying ? cameras : nullptr, s);
     } else {
       stream.reader = std::make_unique<sdqes::FileReader>(file_capture(stream.opened.video, prepare), period,
                                                           stream.resumed_at);

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,6 +105,22 @@ class LatestFrame {
   void handed_over();  // after a put or the finish, the lock released: wakes the loop
 };
 
+// The cameras of one run that keep trying when lost (sdqes-run: several cameras; runtime/live_source.py's Cameras),
+// rather than give up: each goes on while another still sends. Once every one is lost they give up together and the
+// run ends (exit 1), for a clean restart: stepping nothing, systemd's watchdog would kill it, outputs unfinished.
+class Cameras {
+ public:
+  explicit Cameras(size_t count) : count_(count) {}
+  void lost(size_t camera);   // its back-off spent in vain
+  void found(size_t camera);  // reconnected
+  bool all_lost() const;
+
+ private:
+  mutable std::mutex mutex_;
+  size_t count_;
+  std::set<size_t> lost_;
+};
+
 // A decoded frame made ready for the step (sdqes-run: sdqes::preprocess for the bundle), on the reader's thread.
 using PrepareFrame = std::function<std::vector<float>(const cv::Mat&)>;
 // frame.prepared made from frame.image by `prepare` (where there is one), the image then released.
@@ -120,11 +137,13 @@ struct LiveCapture {
 // Reads `capture` until the source is lost for good or `frames` is closed: each frame stamped by the time since
 // `start`, sampled every `period` seconds as samples_served decides (a live frame serves one sample; the sample
 // times a stall left without a frame are skipped), and put in `frames`. A source that stops sending is reopened
-// after each of `delays` (reconnect; where `keep_trying`, then every last delay, never given up), each attempt said
-// through `log`. Ends with frames.finish. What a LiveReader's thread runs.
+// after each of `delays` (reconnect; with `cameras`, then every last delay while another sends), each attempt said
+// through `log`. Ends with frames.finish. What a LiveReader's thread runs. `cameras`: the run's cameras, this one
+// `camera` among them, where it keeps trying when lost while another sends (null: it gives up).
 void read_live(LiveCapture& capture, const std::string& name, double period, LatestFrame& frames,
                const std::function<void(const std::string&)>& log, std::chrono::steady_clock::time_point start,
-               const std::vector<double>& delays, bool keep_trying = false);
+               const std::vector<double>& delays, const std::shared_ptr<Cameras>& cameras = nullptr,
+               size_t camera = 0);
 
 // `read` (a source's reading, ending with frames.finish) on a thread of its own, started at construction, handing
 // its frames over through frames(). Its destructor closes the frames and joins the thread; a thread still inside a
@@ -148,7 +167,7 @@ class LiveReader : public FrameReader {
  public:
   LiveReader(std::shared_ptr<LiveCapture> capture, std::string name, double period,
              std::function<void(const std::string&)> log, std::vector<double> delays = reconnect_delays_s(),
-             bool keep_trying = false);
+             std::shared_ptr<Cameras> cameras = nullptr, size_t camera = 0);
 };
 
 }  // namespace sdqes

@@ -155,12 +155,13 @@ bool is_live_kind(const std::string& kind);
 const std::vector<double>& reconnect_delays_s();
 // Reopens a live source that stopped sending frames, as the Python runtime's LiveSource does: before each attempt
 // `log` says so ("NAME: no frame; reconnecting in 0.5 s (attempt 1 of 5)") and `wait` waits its delay (false: the
-// run was asked to stop meanwhile); `open` tries once, after each of `delays` in turn. Where `keep_trying` (a camera
-// of several, which the others keep running), it is not given up once they are spent: `spent` is called, that is
-// said, and it goes on trying every last delay. -> the attempt that reopened it, or 0 (gave up, or stopped).
+// run was asked to stop meanwhile); `open` tries once, after each of `delays` in turn. Where given `keep_trying` (a
+// camera of several, which the others keep running), it is not given up once they are spent: `spent` is called, that
+// is said, and it goes on trying every last delay for as long as keep_trying() says (another camera still sends).
+// -> the attempt that reopened it, or 0 (gave up, or stopped).
 int reconnect(const std::string& name, const std::function<bool()>& open, const std::function<bool(double)>& wait,
               const std::function<void(const std::string&)>& log,
-              const std::vector<double>& delays = reconnect_delays_s(), bool keep_trying = false,
+              const std::vector<double>& delays = reconnect_delays_s(), const std::function<bool()>& keep_trying = {},
               const std::function<void()>& spent = {});
 
 // One BGR uint8 frame -> normalized float32 [3, R, R] (CHW), as runtime/preprocess.py does.
