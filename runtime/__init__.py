@@ -41,6 +41,7 @@ _EXPORTS = {
     ".sinks": ("AlertEvent", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder", "Sink"),
     ".sources": ("Frame", "open_source"),
     ".source_opening": ("open_sources",),
+    ".live_source": ("Cameras", "LiveSource"),
     ".step_backends": ("make_backend",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
