@@ -321,10 +321,8 @@ class FrameReader:
             shutdown_cancelling(self._pool, wait=False)
 
     def __del__(self) -> None:  # an iterator dropped unfinished: its reader stops reading, as a generator's would
-        stop = getattr(self, "_stop", None)
-        if stop is not None:
-            stop.set()
-            self.source.interrupt()
+        if getattr(self, "_stop", None) is not None:  # (not where __init__ failed before making it)
+            self.stop()
 
 
 def _read(source: FrameSource, q: queue.Queue, stop: threading.Event, errors: list[BaseException],

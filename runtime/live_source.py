@@ -102,11 +102,11 @@ class Cameras:
 
     def lost(self, source: "LiveSource") -> None:
         with self._lock:
-            self._lost.add(id(source))
+            self._lost.add(source)
 
     def found(self, source: "LiveSource") -> None:
         with self._lock:
-            self._lost.discard(id(source))
+            self._lost.discard(source)
 
     def all_lost(self) -> bool:
         with self._lock:
