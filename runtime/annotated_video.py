@@ -100,6 +100,8 @@ class AnnotatedVideoSink(Sink):
         self.segment_seconds, self.keep_seconds = segment_seconds, keep_seconds
         self.first_frame, self.resumed = first_frame, resumed or first_frame > 0
         self.written: list[Path] = []  # the videos finished, in order
+        # This run's segments and when each began by the clock that never jumps (``_remove_expired``).
+        self._begun: dict[Path, float] = {}
         self._segment_start = 0.0  # stream time of the open video's first frame
         self.fps = checked_rate(fps, "AnnotatedVideoSink writes")
         self.stream = checked_stream(stream, "AnnotatedVideoSink")
@@ -160,12 +162,27 @@ class AnnotatedVideoSink(Sink):
         self._writer.write(image)
         self._written += 1
 
+    def _remove_expired(self) -> None:
+        """Remove the segments begun over ``keep_seconds`` ago: an earlier run's told by the time in their names, this
+        run's by the monotonic clock. A device without a clock battery boots on the time it last saved, and moves
+        it on by days once it reaches a time server: by their names alone, the segments it began before were
+        removed as days old minutes after they were written."""
+        now, keep = time.monotonic(), self.keep_seconds
+        for old in segments_begun_before(self.path, time.time() - keep):
+            if old not in self._begun:
+                old.unlink(missing_ok=True)
+        for mine, begun in list(self._begun.items()):
+            if now - begun >= keep:
+                mine.unlink(missing_ok=True)
+                del self._begun[mine]
+
     def _open(self, w: int, h: int, time_s: float) -> None:
         if self.segment_seconds and self.keep_seconds:
-            for old in segments_begun_before(self.path, time.time() - self.keep_seconds):
-                old.unlink(missing_ok=True)
+            self._remove_expired()
         # Two segments begun within one second (a short segment_seconds, a file streamed fast): NAME-2.EXT
         self._path = free_name(segment_path(self.path, time.time())) if self.segment_seconds else self.path
+        if self.segment_seconds and self.keep_seconds:
+            self._begun[self._path] = time.monotonic()
         self._path.parent.mkdir(parents=True, exist_ok=True)  # as every other output: missing folders are made
         stopped_run = (set_aside(self._path, "stopped-run")
                        if self.resumed and not self.segment_seconds and self._path.is_file() else None)

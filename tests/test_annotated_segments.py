@@ -88,3 +88,59 @@ def test_segments_begun_longer_ago_than_kept_are_removed_as_a_new_one_begins_and
     sink.on_frame(0, np.zeros((48, 64, 3), np.uint8), 0.0, {}, [])
     sink.close()
     assert not any(path.exists() for path in old) and all(path.exists() for path in kept + sink.written)
+
+
+class Clocks:
+    """annotated_video's view of the time module: a wall clock that can jump and a monotonic one that cannot."""
+
+    def __init__(self, wall: float):
+        self.wall, self.elapsed = wall, 0.0
+        self.strptime = time.strptime
+
+    def time(self) -> float:
+        return self.wall + self.elapsed
+
+    def monotonic(self) -> float:
+        return self.elapsed
+
+
+def test_a_segment_of_this_run_is_kept_for_its_hours_when_the_clock_jumps_on_by_days(tmp_path, monkeypatch):
+    """A device without a clock battery boots on the time it last saved, days old after a week switched off, and
+    moves it on when it reaches a time server. The segments it began before were named for the old time, and were
+    removed as days old as the next one began, minutes after they were written. This run's segments are aged by the
+    monotonic clock; an earlier run's, by their names as before."""
+    from sdqes_edge.runtime import annotated_video
+
+    now, day = time.time(), 24 * 3600.0
+    clocks = Clocks(wall=now - 7 * day)  # the time saved at the last shutdown
+    monkeypatch.setattr(annotated_video, "time", clocks)
+    earlier_run = segment_path(tmp_path / "cam.avi", now - 8 * day)
+    earlier_run.write_bytes(b"")
+    sink = AnnotatedVideoSink(tmp_path / "cam.avi", 1.0, lambda: {}, segment_seconds=60, keep_seconds=day)
+    image = np.zeros((48, 64, 3), np.uint8)
+    sink.on_frame(0, image, 0.0, {}, [])
+    clocks.elapsed, clocks.wall = 60.0, now  # a minute on, the time server's answer: a week later
+    sink.on_frame(0, image, 60.0, {}, [])
+    assert sink.written[0].exists() and not earlier_run.exists()
+    clocks.elapsed = day + 30.0  # a day on by the clock that never jumps: the first is a day old, the second not
+    sink.on_frame(0, image, 120.0, {}, [])
+    sink.close()
+    assert not sink.written[0].exists() and all(path.exists() for path in sink.written[1:])
+
+
+def test_a_segment_of_this_run_is_removed_after_its_hours_when_the_clock_was_set_back(tmp_path, monkeypatch):
+    """A clock set back (a device that booted a day fast) named this run's first segments in the future: by their
+    names they were kept until the clock caught up, past what the disk was given for."""
+    from sdqes_edge.runtime import annotated_video
+
+    now, day = time.time(), 24 * 3600.0
+    clocks = Clocks(wall=now + 3 * day)
+    monkeypatch.setattr(annotated_video, "time", clocks)
+    sink = AnnotatedVideoSink(tmp_path / "cam.avi", 1.0, lambda: {}, segment_seconds=60, keep_seconds=day)
+    image = np.zeros((48, 64, 3), np.uint8)
+    sink.on_frame(0, image, 0.0, {}, [])
+    clocks.wall = now - 60.0  # set right
+    clocks.elapsed = day + 60.0
+    sink.on_frame(0, image, 60.0, {}, [])
+    sink.close()
+    assert not sink.written[0].exists() and sink.written[1].exists()
