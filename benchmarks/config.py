@@ -37,7 +37,11 @@ class BenchConfig:
     # Sampled frames of the runtime loop on the device: a GPU step takes milliseconds, so over 30 frames the
     # loop's start (opening the video, the first frame's decoding) weighs as much as its steady state.
     device_e2e_frames: int = 200
+    # The detector's own work per step (benchmarks/alerting.py): at this many streams (a GPU's 32), each count of
+    # queries (160: 32 users asking 5 each).
+    alerting_streams: int = 32
+    alerting_queries: tuple[int, ...] = (1, 10, 160)
 
 
 QUICK = dict(preset="tiny", repetitions=5, scaling_frames=300, scaling_probe=50, growing_window_samples=5,
-             batches=(1, 2), e2e_frames=10)
+             batches=(1, 2), e2e_frames=10, alerting_streams=4, alerting_queries=(1, 20))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sdqes_edge.benchmarks.alerting import markdown as alerting_markdown
 from sdqes_edge.benchmarks.config import BACKEND_TITLES, BACKENDS
 from sdqes_edge.benchmarks.device import markdown as device_markdown
 from sdqes_edge.benchmarks.machine_load import busy_machine_words
@@ -30,6 +31,8 @@ def markdown(results: dict) -> str:
     lines += ["", busy] if busy else []
     if "table" in results:  # absent from a --device-only run
         lines += _cpu_sections(results)
+    if "alerting" in results:  # absent from a --device-only run, and from results before December 2026
+        lines += alerting_markdown(results["alerting"])
     if "device" in results:
         section = results["device"]
         lines += device_markdown(section)

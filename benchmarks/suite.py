@@ -9,6 +9,7 @@ Sections (each a function, each adding to one JSON):
 - batches: frames per second for several streams per step;
 - precisions and end to end (``end_to_end``): one bundle's graphs side by side, and the runtime loop on a
   video file against the bare step;
+- alerting: the detector's own work per step at many streams and queries (scoring, alert states, sinks' rows);
 - device (``device``): the same rows on a GPU, with what a user would wire by hand.
 Each section is saved to bench.json as soon as it is measured. Random weights throughout (``models``): cost
 does not depend on weight values.
@@ -28,6 +29,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from sdqes_edge.benchmarks.alerting import bench_alerting
 from sdqes_edge.benchmarks.config import BACKENDS, BenchConfig
 from sdqes_edge.benchmarks.device import bench_device, bench_device_batches, bench_device_scaling, check_device
 from sdqes_edge.benchmarks.end_to_end import bench_end_to_end, bench_precisions
@@ -281,7 +283,8 @@ def _sections(cfg: BenchConfig, log: Callable[[str], None]) -> list[Section]:
                      (("table",), lambda work: bench_table(cfg, work, log)),  # a small process
                      (("batches",), lambda work: bench_batches(cfg, work, log)),
                      (("precisions",), lambda work: bench_precisions(cfg, work, log)),
-                     (("end_to_end",), lambda work: bench_end_to_end(cfg, work, log))]
+                     (("end_to_end",), lambda work: bench_end_to_end(cfg, work, log)),
+                     (("alerting",), lambda work: bench_alerting(cfg, work, log))]
     if cfg.device:
         sections += device_sections(cfg, log)
     return sections

@@ -135,7 +135,7 @@ class StreamingDetector:
     def remove_query(self, query_id: str) -> None:
         self.queries.remove(query_id)
         for slot in self.streams:
-            del slot.alerts[query_id]
+            slot.forget(query_id)
 
     @_exclusive
     def set_query_message(self, query_id: str, message: str) -> None:
@@ -231,8 +231,9 @@ class StreamingDetector:
             self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
             idle = [i for i, f in enumerate(frames) if f is None]
             self.state = self.backend.keep_streams(result.state, self.state, idle) if idle else result.state
-            ids, changes = self.queries.ids, self.queries.changes
+            ids, changes, positions = self.queries.ids, self.queries.changes, self.queries.positions
             cosines, probs = self.queries.scores(result.embedding, result.logits)
+            over = self.queries.over(probs)
             events_per_stream: list[list[AlertEvent]] = []
             failures: list[Exception] = []
             for slot, frame in zip(self.streams, frames):
@@ -244,7 +245,8 @@ class StreamingDetector:
                                               f"{frame.index} ({frame.time:.1f} s); stopping this stream. Check the "
                                               "bundle with `sdqes-edge inspect` (fp16 overflow?)")
                 stream_probs = probs[slot.index].tolist()  # Python floats, converted once per stream
-                events = self._alerts(slot, frame, ids, stream_probs, cosines[slot.index], start)
+                raised = slot.raised(ids, stream_probs, over[slot.index], positions, frame.time)
+                events = self._alerts(slot, frame, ids, stream_probs, cosines[slot.index], raised, start)
                 by_id = dict(zip(ids, stream_probs))
                 if self.queries.changes != changes:  # a sink changed the queries in this step: those still asked
                     by_id = {qid: p for qid, p in by_id.items() if qid in slot.alerts}
@@ -289,20 +291,18 @@ class StreamingDetector:
         return self._batch
 
     def _alerts(self, slot: StreamSlot, frame: Frame, ids: list[str], probs: list[float], cosines: np.ndarray,
-                start: float) -> list[AlertEvent]:
-        """One stream's frame through its per-query alert states: the alerts it raises."""
+                raised: list[int], start: float) -> list[AlertEvent]:
+        """One stream's frame counted, and the alerts of the queries at positions ``raised`` (``StreamSlot.raised``)."""
         if slot.pace is not None:
             slot.pace.observe(slot.name, frame.time)
         slot.time, slot.position = frame.time, frame.index + 1
         slot.frames += 1
         latency = (time.perf_counter() - start) * 1e3
         events = []
-        for q, (qid, p) in enumerate(zip(ids, probs)):
-            state = slot.alerts.get(qid)  # None: removed by a sink of an earlier stream in this step
-            if state is not None and state.update(p, frame.time):
-                query = self.queries.queries[qid]
-                events.append(AlertEvent(qid, query.text, query.message, slot.name, frame.time, frame.index,
-                                         p, float(cosines[q]), latency, query.policy.threshold, query.label))
+        for q in raised:
+            query = self.queries.queries[ids[q]]
+            events.append(AlertEvent(query.id, query.text, query.message, slot.name, frame.time, frame.index,
+                                     probs[q], float(cosines[q]), latency, query.policy.threshold, query.label))
         return events
 
     # --- whole streams ------------------------------------------------------------------

@@ -133,6 +133,8 @@ class QueryBank:
         self.queries: dict[str, Query] = {}
         self._rows: dict[str, np.ndarray] = {}  # each active query's embedding, by id (the encoder's cache is bounded)
         self._matrix: np.ndarray | None = None
+        self._levels: np.ndarray | None = None  # each query's threshold, in ``ids`` order (``over``)
+        self._positions: dict[str, int] | None = None  # each id's place in ``ids``
         self._graph_input: tuple[np.ndarray, np.ndarray] | None = None  # (``matrix``, it as a graph's input)
         self.changes = 0  # queries added or removed so far: whether the set changed since a given moment
         self._ids = (f"q{i}" for i in itertools.count(1))
@@ -150,7 +152,7 @@ class QueryBank:
         query = Query(query_id, text, message or text, policy, stream_time, label)
         self._register(query, stacklevel=4)
         self.queries[query_id], self._rows[query_id] = query, embedding
-        self._matrix = None
+        self._matrix = self._levels = self._positions = None
         self.changes += 1
         return query
 
@@ -174,7 +176,7 @@ class QueryBank:
         query = self.queries.pop(query_id)
         del self._rows[query_id]
         self._unregister(query)
-        self._matrix = None
+        self._matrix = self._levels = self._positions = None
         self.changes += 1
 
     def set_policy(self, query_id: str, policy: AlertPolicy, label: str | None) -> Query:
@@ -184,6 +186,7 @@ class QueryBank:
         query = self.queries[query_id]
         self._unregister(query)
         query.policy, query.label = policy, label
+        self._levels = None
         self._register(query, stacklevel=5)
         return query
 
@@ -208,6 +211,23 @@ class QueryBank:
             rows = [self._rows[qid] for qid in self.queries]
             self._matrix = np.stack(rows).astype(np.float32) if rows else np.zeros((0, 1), np.float32)
         return self._matrix
+
+    @property
+    def positions(self) -> dict[str, int]:
+        """Each active id's place in ``ids``; a new dict whenever the set changes (a step keeps the one it began
+        with, as it keeps its ``ids``)."""
+        if self._positions is None:
+            self._positions = {qid: q for q, qid in enumerate(self.queries)}
+        return self._positions
+
+    def over(self, probs: np.ndarray) -> list[list[int]]:
+        """For each stream (a row of ``probs``, [B, Q] from ``scores``), the positions in ``ids`` whose p is above
+        their query's threshold, compared as ``AlertState.update`` compares them: both rounded to float32, and NaN
+        counted as over (it is not at or below). Most rows have none, told for every stream at once."""
+        if self._levels is None:
+            self._levels = np.array([q.policy.threshold for q in self.queries.values()], np.float32)
+        over = ~(probs.astype(np.float32, copy=False) <= self._levels)
+        return [np.flatnonzero(row).tolist() if some else [] for row, some in zip(over, over.any(axis=1).tolist())]
 
     def graph_input(self, rows: int, width: int) -> np.ndarray:
         """``matrix`` as the query input [rows, width] of a graph that scores its queries itself (exported with

@@ -23,16 +23,56 @@ class StreamSlot:
     resumed: StreamRecord | None = None  # from a snapshot, until ``attach`` decides where its source goes on
     attached: FrameSource | None = field(default=None, repr=False)  # the source ``attach`` gave this stream
     pace: StreamPace | None = None  # its frame times against the model's rate (None: a model without state)
+    # The ids whose alert state may be on (inside a run above threshold): a superset, kept by every change that can
+    # turn one on (``raised``, ``restore_alert``), so that ``raised`` need not look at the others.
+    maybe_on: set[str] = field(default_factory=set)
+
+    def raised(self, ids: list[str], probs: list[float], over: list[int], positions: dict[str, int],
+               stream_time: float) -> list[int]:
+        """Feed one frame's probabilities (``probs``, in ``ids`` order) to the alert states that can change, and
+        return the positions of the queries it alerts, in order. ``over``: the positions whose p is above their
+        query's threshold (``QueryBank.over``), in order; ``positions``: each id's place in ``ids``.
+
+        A state that is off, with p at or below its threshold, stays as it is: feeding it would change nothing, so
+        only the states that may be on (they may fall) and those with p over are fed. At 32 streams and 160 queries,
+        feeding all 5,120 states took 2.5 ms a step, as long as the GPU's step itself."""
+        if not self.maybe_on:
+            fed = over
+        elif len(over) + len(self.maybe_on) >= len(ids):  # about every state: all of them, in order
+            fed = range(len(ids))
+        else:
+            fed = sorted(set(over).union(positions[qid] for qid in self.maybe_on if qid in positions))
+        alerted = []
+        for q in fed:
+            qid = ids[q]
+            state = self.alerts.get(qid)  # None: removed by a sink of an earlier stream in this step
+            if state is None:
+                continue
+            if state.update(probs[q], stream_time):
+                alerted.append(q)
+            if state.active:
+                self.maybe_on.add(qid)
+            else:
+                self.maybe_on.discard(qid)
+        return alerted
 
     def restore_alert(self, query_id: str, text: str) -> None:
         """A query's alert state as the snapshot this stream was restored from left it (``saved_alert``)."""
         saved = self.resumed.saved_alert(text, self.alerts[query_id].policy) if self.resumed else None
         if saved is not None:
             saved.apply(self.alerts[query_id], self.time)
+            if self.alerts[query_id].active:
+                self.maybe_on.add(query_id)
+
+    def forget(self, query_id: str) -> None:
+        """A query removed: its alert state goes."""
+        del self.alerts[query_id]
+        self.maybe_on.discard(query_id)
 
     def reset(self) -> None:
         """What a new scene forgets: the alert states, and the frame times its pace is measured over."""
         for state in self.alerts.values():
             state.reset()
+        self.maybe_on.clear()
         if self.pace is not None:
             self.pace.restart()

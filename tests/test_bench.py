@@ -93,6 +93,11 @@ def test_bench_quick_writes_every_section_with_the_machine_description(quick_ben
     assert results["precisions"]["rows"]["fp32"]["speedup_alone"] == 1.0
     assert set(results["end_to_end"]["loop_fps"]) == {"fp32", "fp16", "int8"}
     assert "## Precisions on the CPU" in (out / "bench.md").read_text()
+    # The detector's own work per step, the model's step stood in: every query off costs less than every one on.
+    alerting = results["alerting"]
+    assert alerting["streams"] == 4 and set(alerting["rows"]) == {"1", "20"}
+    assert all(row["none_on_ms"] > 0 and row["bare_step_ms"] > 0 for row in alerting["rows"].values())
+    assert "## The detector's own work per step (4 streams" in (out / "bench.md").read_text()
     for png in ("scaling.png", "latency.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "| window4 |" in (out / "bench.md").read_text()

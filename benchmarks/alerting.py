@@ -1,0 +1,96 @@
+"""The detector's own work per step at many streams and queries: scoring, each stream's alert states, its sinks'
+rows. The model's step is stood in by its result (the detector's backend replays one real step), so what is timed
+is what a GPU's step, a few ms at 32 streams, leaves to Python on the host; the bare step of the same bundle on
+this CPU is timed beside it for scale."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from sdqes_edge.benchmarks.config import BenchConfig
+from sdqes_edge.benchmarks.models import bench_config, bench_model
+from sdqes_edge.benchmarks.timing import interleaved
+from sdqes_edge.config import preset
+from sdqes_edge.runtime.sources import Frame
+
+# Thresholds that keep every query off (p never above) and every query on (p always above): the cheapest and the
+# costliest case for the alert states, an event in view putting a stream between the two.
+NONE_ON, ALL_ON = 0.999, 0.001
+
+
+def _detector(cfg: BenchConfig, work: Path, log: Callable[[str], None]):
+    from sdqes_edge.export import ExportOptions, export_bundle
+    from sdqes_edge.runtime.detector import StreamingDetector
+
+    mcfg = bench_config(preset(cfg.scaling_preset), cfg.window_adapter)
+    bundle = work / f"alerting-b{cfg.alerting_streams}"
+    log(f"exporting {mcfg.name} at batch {cfg.alerting_streams} for the detector's own work per step ...")
+    export_bundle(bench_model(mcfg), bundle, ExportOptions(batch=cfg.alerting_streams, verify_frames=16,
+                                                           drift_frames=16, show_progress=False), log=lambda m: None)
+    return StreamingDetector(bundle, threads=cfg.threads)
+
+
+def bench_alerting(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> dict:
+    """Per query count: the detector's own work per step with every query off and with every query on, and the
+    bare step of the same bundle."""
+    detector = _detector(cfg, work, log)
+    image = np.zeros((64, 64, 3), np.uint8)
+    tensor = detector.preprocess(image)
+    frames = [Frame(image, 0.0, 0, tensor) for _ in range(detector.batch)]
+    backend, batch = detector.backend, np.repeat(tensor[None], detector.batch, axis=0)
+    bare_state = [backend.initial_state()]
+
+    def bare_step() -> None:
+        bare_state[0] = backend.step(batch, bare_state[0], None).state
+
+    replayed = backend.step(batch, detector.state, None)
+    detector.backend = _Replay(replayed)
+    clock = [0]
+
+    def detector_step() -> None:
+        clock[0] += 1
+        for frame in frames:
+            frame.time, frame.index = clock[0] / detector.fps, clock[0]
+        detector.step(frames)
+
+    rows = {}
+    for count in cfg.alerting_queries:
+        log(f"timing the detector's own work at {detector.batch} streams and {count} "
+            f"quer{'y' if count == 1 else 'ies'} ...")
+        timings = {}
+        for case, threshold in (("none_on", NONE_ON), ("all_on", ALL_ON)):
+            for qid in list(detector.queries.ids):
+                detector.remove_query(qid)
+            for k in range(count):
+                detector.add_query(f"query {k} of the bench", threshold=threshold)
+            timings[case] = interleaved({case: detector_step}, cfg.repetitions, cfg.warmup)[case]
+        step = interleaved({"bare": bare_step}, cfg.repetitions, cfg.warmup)["bare"]
+        rows[str(count)] = {"none_on_ms": timings["none_on"].median, "all_on_ms": timings["all_on"].median,
+                            "bare_step_ms": step.median,
+                            "none_on_over_step": timings["none_on"].median / step.median}
+    return {"preset": bench_config(preset(cfg.scaling_preset), cfg.window_adapter).name,
+            "streams": detector.batch, "rows": rows}
+
+
+class _Replay:
+    """A step backend's stand-in that gives back one real step's result (the detector asks nothing else of it in
+    a step of busy streams)."""
+
+    def __init__(self, result):
+        self.result = result
+
+    def step(self, *args, **kwargs):
+        return self.result
+
+
+def markdown(section: dict) -> list[str]:
+    lines = ["", f"## The detector's own work per step ({section['streams']} streams, {section['preset']} on this "
+                 "CPU; the model's step stood in by its result)", "",
+             "| queries | every query off, ms | every query on, ms | bare step, ms | off / step |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {count} | {row['none_on_ms']:.3f} | {row['all_on_ms']:.3f} | {row['bare_step_ms']:.2f} | "
+              f"{row['none_on_over_step']:.3f} |" for count, row in section["rows"].items()]
+    return lines
