@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -164,6 +165,18 @@ Source read_source(const std::string& spec, bool several) {
   return source;
 }
 
+// One line on stderr, written whole under one lock: the reader threads say theirs (a lost camera, a reconnection)
+// while the main thread says its own, and a line written in pieces was cut by another's ("sdqes-run: sdqes-run:
+// camera: no frame ..." on one line, the main thread's words without their prefix on the next).
+void write_line(const std::string& line) {
+  static std::mutex writing;
+  const std::string whole = line + "\n";
+  const std::lock_guard<std::mutex> lock(writing);
+  std::cerr << whole << std::flush;
+}
+
+void say(const std::string& line) { write_line("sdqes-run: " + line); }
+
 #ifdef SDQES_CAN_STREAM
 // A video file's VideoCapture as its reader thread reads it (sdqes::FileReader: a frame decoded and preprocessed
 // while the engine steps the one before).
@@ -189,7 +202,6 @@ std::shared_ptr<sdqes::LiveCapture> live_capture(const std::shared_ptr<cv::Video
   return capture;
 }
 
-void say(const std::string& line) { std::cerr << "sdqes-run: " << line << std::endl; }
 
 // One stream's alerts: each query's alert state; an alert raised is written to the JSONL sink (when there is one),
 // then printed.
@@ -252,13 +264,13 @@ struct StateSaver {
     try {
       sdqes::save_memory(memory, *engine, stream);
     } catch (const sdqes::Error& e) {
-      std::cerr << "sdqes-run: warning: " << e.what() << std::endl;
+      say(std::string("warning: ") + e.what());
     }
     try {
       file->save(alerts.queries, alerts.states, alerts.last_time, {source, alerts.stepped});
       return true;
     } catch (const sdqes::Error& e) {
-      std::cerr << "sdqes-run: warning: " << e.what() << std::endl;
+      say(std::string("warning: ") + e.what());
       return false;
     }
   }
@@ -316,7 +328,7 @@ void say_still_opening(const Source& source) {
   words << "sdqes-run: still opening " << source.shown << " after " << sdqes::kStallNoticeS
         << " s: OpenCV waits up to its own timeout (FFmpeg's is 30 s) for a stream that answers but sends nothing; "
            "Ctrl-C stops the run";
-  std::cerr << words.str() << std::endl;
+  write_line(words.str());
 }
 
 // A live source's name in alerts and output files, as `sdqes-edge run` names it.
@@ -463,9 +475,9 @@ std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bun
   std::vector<std::string> names;
   for (const auto& open : opens) names.push_back(open.name);
   if (!sdqes::give_distinct_names(names).empty()) {  // alerts and --state files are named after their source
-    std::cerr << "sdqes-run: note: several sources have the same name; in alerts and outputs they are called ";
-    for (size_t s = 0; s < names.size(); ++s) std::cerr << (s ? ", " : "") << names[s];
-    std::cerr << std::endl;
+    std::string called;
+    for (size_t s = 0; s < names.size(); ++s) called += (s ? ", " : "") + names[s];
+    say("note: several sources have the same name; in alerts and outputs they are called " + called);
   }
   std::vector<std::unique_ptr<StreamSource>> opened;
   for (size_t s = 0; s < sources.size(); ++s) {
@@ -495,9 +507,10 @@ std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bun
     }
     const double native_fps = stream.opened.live ? 0.0 : stream.opened.video->get(cv::CAP_PROP_FPS);
     if (native_fps > 0 && native_fps < bundle.fps) {
-      std::cerr << "sdqes-run: note: " << source.shown << " has " << native_fps << " frames per second, fewer than "
-                << "the " << bundle.fps << " the bundle samples: each frame is repeated for the sample times it covers"
-                << std::endl;
+      std::ostringstream note;
+      note << "note: " << source.shown << " has " << native_fps << " frames per second, fewer than the "
+           << bundle.fps << " the bundle samples: each frame is repeated for the sample times it covers";
+      say(note.str());
     }
   }
   return opened;
@@ -534,32 +547,33 @@ int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_pt
       sdqes::run_words(steps, raised, seconds, latencies, unit) +
       (dropped ? ", " + std::to_string(dropped) + " frames dropped (the engine is slower than the source)" : "");
   if (stop.requested()) {
-    std::cerr << "sdqes-run: interrupted (" << stop.signal_name() << ") after " << counted << std::endl;
+    say("interrupted (" + std::string(stop.signal_name()) + ") after " + counted);
     return stop.exit_code();
   }
-  std::cerr << "done: " << counted << std::endl;
+  write_line("done: " + counted);
   bool lost = false;
   for (const auto& s : streams) {
     if (!s->lost()) continue;  // a live source never ends: it went away
     lost = true;
     if (s->opened.keep_trying) {  // runtime/frame_source.py's lost_words, kept_trying
-      std::cerr << "sdqes-run: error: " << s->opened.name << " was not sending frames when the run ended ("
-                << (s->reconnection().back_off_spent
-                        ? "lost after " + std::to_string(sdqes::reconnect_delays_s().size()) +
-                              " reconnection attempts in vain, then tried again every few seconds"
-                        : "it was being reconnected")
-                << ") (exit status 1)" << std::endl;
+      say("error: " + s->opened.name + " was not sending frames when the run ended (" +
+          (s->reconnection().back_off_spent
+               ? "lost after " + std::to_string(sdqes::reconnect_delays_s().size()) +
+                     " reconnection attempts in vain, then tried again every few seconds"
+               : std::string("it was being reconnected")) +
+          ") (exit status 1)");
       continue;
     }
-    std::cerr << "sdqes-run: error: " << s->opened.name << " stopped sending frames and did not come back after "
-              << sdqes::reconnect_delays_s().size() << " reconnection attempts: the stream ended there after "
-              << s->alerts.stepped << " frames, every output complete (exit status 1)" << std::endl;
+    say("error: " + s->opened.name + " stopped sending frames and did not come back after " +
+        std::to_string(sdqes::reconnect_delays_s().size()) + " reconnection attempts: the stream ended there after " +
+        std::to_string(s->alerts.stepped) + " frames, every output complete (exit status 1)");
   }
   for (const auto& s : streams) {  // resumed past its end: 0 frames, which is right, and said why
     if (s->resumed_at == 0 || s->alerts.stepped > s->resumed_at) continue;
-    std::cerr << "sdqes-run: note: " << s->opened.name << " has no frames after "
-              << s->resumed_at * period_s << " s, where --state had it: the run it resumes had streamed it to its end"
-              << std::endl;
+    std::ostringstream note;
+    note << "note: " << s->opened.name << " has no frames after " << s->resumed_at * period_s
+         << " s, where --state had it: the run it resumes had streamed it to its end";
+    say(note.str());
   }
   return lost ? 1 : 0;
 }
@@ -608,7 +622,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   for (size_t s = 0; s < streams.size(); ++s) header << (s ? ", " : "") << streams[s]->opened.name;
   header << " at " << bundle.fps << " fps with " << queries.texts.size()
          << (queries.texts.size() == 1 ? " query" : " queries") << " (" << engine.words << ")";
-  std::cerr << "sdqes-run: " << header.str() << (any_live ? "; Ctrl-C to stop" : "") << std::endl;
+  say(header.str() + (any_live ? "; Ctrl-C to stop" : ""));
   sdqes::ServiceManager manager;  // systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
   manager.ready(header.str());
   sdqes::StreamBatch batch(static_cast<int>(bundle.batch),
@@ -714,8 +728,7 @@ int run(int argc, char** argv) {
                                                  whole_number("--threads", o.at("--threads"), 1), 1024))
                                            : 0;
   if (threads > 0 && backend == "tensorrt") {
-    std::cerr << "sdqes-run: warning: --threads is for the ONNX Runtime backend; TensorRT steps on the GPU, so it "
-                 "is left out" << std::endl;
+    say("warning: --threads is for the ONNX Runtime backend; TensorRT steps on the GPU, so it is left out");
   }
   sdqes::OpenedStep engine = sdqes::open_step(bundle, queries, backend, precision, threads);
 #ifdef SDQES_CAN_STREAM
@@ -733,13 +746,13 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const SourceUnavailable& e) {
-    std::cerr << "sdqes-run: error: " << e.what() << std::endl;
+    say(std::string("error: ") + e.what());
     return 1;
   } catch (const sdqes::Error& e) {
-    std::cerr << "sdqes-run: error: " << e.what() << std::endl;
+    say(std::string("error: ") + e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "sdqes-run: error: " << e.what() << std::endl;
+    say(std::string("error: ") + e.what());
     return 2;
   }
 }
