@@ -26,8 +26,9 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import SNAPSHOT_EXAMPLE, as_path, check_output_file
 
 from .alerts import AlertPolicy, AlertState
-from .backend import StepBackend, check_parts_from, frame_batch_buffer, warm_up
+from .backend import StepBackend, check_parts_from, warm_up
 from .bundle import Bundle, load_bundle
+from .frame_batch import FrameBatch
 from .frame_gathering import LIVE_PATIENCE_PERIODS, StepFrames
 from .frame_source import check_frames, check_run_arguments
 from .pacing import StreamPace
@@ -87,7 +88,7 @@ class StreamingDetector:
         self.streams = [StreamSlot(i, f"stream{i}", pace=StreamPace(1.0 / self.fps) if temporal else None)
                         for i in range(self.batch)]
         size = self.bundle.image_size
-        self._batch = frame_batch_buffer(self.backend, (self.batch, 3, size, size))  # one step's frames, reused
+        self._frames = FrameBatch(self.backend, (self.batch, 3, size, size))  # one step's frames, reused
         self.last_embeddings: np.ndarray | None = None
         self._lock = threading.RLock()  # see _exclusive
         self._running, self._run_thread = False, 0  # a run is stepping the streams, from this thread (see run)
@@ -227,7 +228,8 @@ class StreamingDetector:
                                 "run's frames; step a detector of your own, or give the source to the run")
             start = time.perf_counter()
             check_frames(frames, self.batch)
-            result = self.backend.step(self._frame_batch(frames), self.state, self._fused_query_input())
+            result = self.backend.step(self._frames.of(frames, self.preprocess), self.state,
+                                       self._fused_query_input())
             self.last_embeddings = result.embedding  # [B, E], for callers that keep their own scores
             idle = [i for i, f in enumerate(frames) if f is None]
             self.state = self.backend.keep_streams(result.state, self.state, idle) if idle else result.state
@@ -275,20 +277,6 @@ class StreamingDetector:
         if self.query_capacity is None:
             return None
         return self.queries.graph_input(self.query_capacity, self._query_width)
-
-    def _frame_batch(self, frames: list[Frame | None]) -> np.ndarray:
-        """The frames as one batch [B, 3, R, R]. One frame prepared by the reader thread goes as it is (a view:
-        at 224 px a copy and a fresh batch cost a GPU step a few percent); else one buffer, reused, with every
-        idle slot zero. A backend copies what it is given (into its bound buffer, or as an input) and keeps
-        no reference to it."""
-        if self.batch == 1 and frames[0] is not None and frames[0].tensor is not None:
-            return frames[0].tensor[None]
-        for i, frame in enumerate(frames):
-            if frame is None:
-                self._batch[i] = 0.0
-            else:
-                self._batch[i] = frame.tensor if frame.tensor is not None else self.preprocess(frame.image)
-        return self._batch
 
     def _alerts(self, slot: StreamSlot, frame: Frame, ids: list[str], probs: list[float], cosines: np.ndarray,
                 raised: list[int], start: float) -> list[AlertEvent]:
