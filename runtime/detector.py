@@ -236,13 +236,14 @@ class StreamingDetector:
             ids, changes, positions = self.queries.ids, self.queries.changes, self.queries.positions
             cosines, probs = self.queries.scores(result.embedding, result.logits)
             over = self.queries.over(probs)
+            finite = np.isfinite(result.embedding).all(axis=1).tolist()  # each stream's, told at once
             events_per_stream: list[list[AlertEvent]] = []
             failures: list[Exception] = []
             for slot, frame in zip(self.streams, frames):
                 if frame is None:
                     events_per_stream.append([])
                     continue
-                if not np.isfinite(result.embedding[slot.index]).all():
+                if not finite[slot.index]:
                     raise NonFiniteScoreError(f"{slot.name}: the model produced a non-finite score at frame "
                                               f"{frame.index} ({frame.time:.1f} s); stopping this stream. Check the "
                                               "bundle with `sdqes-edge inspect` (fp16 overflow?)")

@@ -12,11 +12,11 @@ from .backend import StepBackend, frame_batch_buffer
 from .cores import usable_cores
 from .frame_source import Frame
 
-# From this many streams a step's frames are copied into the batch by several threads: at 224 px a frame is 600 KB,
-# and one core copies about 10 GB/s, so 32 streams (19 MB a step) took 1.7 ms on one core of this project's 2-core
-# CPU, a quarter of a GPU's 32-stream step; numpy lets go of the GIL while it copies. Fewer rows: one thread, as
-# handing the rows to others would cost more than it saves.
-PARALLEL_ROWS = 8
+# From this many bytes a step's frames are copied into the batch by several threads: at 224 px a frame is 600 KB,
+# and one core copies about 10 GB/s, so 32 streams (19 MB a step) took 1.4 ms on one core of this project's 2-core
+# CPU, a quarter of a GPU's 32-stream step; numpy lets go of the GIL while it copies. A smaller batch (8 streams at
+# 224 px is 4.6 MiB): one thread, as handing the rows to others (80 us a step) would cost more than it saves.
+PARALLEL_BYTES = 4 * 2**20
 ASSEMBLY_THREADS = min(4, usable_cores())  # beyond four the copy is bound by the memory, not by the cores
 
 
@@ -26,8 +26,7 @@ class FrameBatch:
 
     def __init__(self, backend: StepBackend, shape: tuple[int, ...]):
         self.buffer = frame_batch_buffer(backend, shape)
-        rows = shape[0]
-        self._threads = min(ASSEMBLY_THREADS, rows) if rows >= PARALLEL_ROWS else 1
+        self._threads = min(ASSEMBLY_THREADS, shape[0]) if self.buffer.nbytes >= PARALLEL_BYTES else 1
         self._pool = (ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="frame-batch")
                       if self._threads > 1 else None)
 

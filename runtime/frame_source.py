@@ -79,10 +79,13 @@ def check_frames(frames: list[Frame | None], batch: int) -> None:
             raise UserError(f"step takes one Frame (or None, for an idle stream) per stream, not a "
                             f"{type(frame).__name__}: wrap an image as sdqes_edge.runtime.Frame(image=bgr, "
                             "time=seconds, index=n)")
-        if frame is not None and not (isinstance(frame.time, numbers.Real) and math.isfinite(frame.time)):
+        if frame is None or (type(frame.time) is float and math.isfinite(frame.time)  # what sources give: at once
+                             and type(frame.index) is int and frame.index >= 0):
+            continue
+        if not (isinstance(frame.time, numbers.Real) and math.isfinite(frame.time)):
             raise UserError(f"a Frame's time is seconds into its stream, a finite number, not {frame.time!r}")
-        if frame is not None and (isinstance(frame.index, bool) or not isinstance(frame.index, numbers.Integral)
-                                  or frame.index < 0):  # a snapshot resumes a file at the frame after it
+        if (isinstance(frame.index, bool) or not isinstance(frame.index, numbers.Integral)
+                or frame.index < 0):  # a snapshot resumes a file at the frame after it
             raise UserError(f"a Frame's index counts the stream's frames from 0, not {frame.index!r}")
 
 
