@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .frame_source import READER_STOP_TIMEOUT_S, Frame, FrameReader
+from .frame_source import READER_STOP_TIMEOUT_S, Arrivals, Frame, FrameReader
 
 # How long a step waits for a live source's frame after the step's first came, in sample periods: a source that
 # keeps pace sends one within a period of any other's (each is sampled at the bundle's rate), and a longer wait
@@ -73,7 +73,7 @@ class StepFrames:
                  stop_requested: Callable[[], bool] | None = None):
         # Every live source's frames, for gather_frames to wait on whichever comes (a file's are waited for one by
         # one: its reader need not tell of them).
-        self.arrivals = threading.Condition()
+        self.arrivals = Arrivals()
         self.readers: list[FrameReader | None] = [
             s.threaded(prepare=prepare, arrivals=self.arrivals if s.live else None) for s in sources]
         self.readers += [None] * (streams - len(sources))
@@ -136,6 +136,8 @@ def gather_frames(readers: list[FrameReader | None], arrivals: threading.Conditi
                 break
             if stop_requested is not None and stop_requested():
                 break
+            if isinstance(arrivals, Arrivals):  # woken by the first frame, then once the others are all in
+                arrivals.wake_after(1 if first is None else sum(1 for k in waiting if k not in late))
             arrivals.wait(STOP_CHECK_S if remaining is None else min(remaining, STOP_CHECK_S))
     late.say_stalls(readers)
     return frames

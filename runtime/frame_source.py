@@ -335,7 +335,7 @@ class FrameReader:
 
 def _read(source: FrameSource, q: queue.Queue, stop: threading.Event, errors: list[BaseException],
           pool: ThreadPoolExecutor | None, prepare: Callable[[np.ndarray], np.ndarray] | None,
-          notify: Callable[[], None] | None) -> None:
+          notify: Callable[..., None] | None) -> None:
     """A FrameReader's thread: ``source``'s sampled frames into ``q``, then the end marker."""
     image, prepared = None, None
     try:
@@ -360,9 +360,33 @@ def _read(source: FrameSource, q: queue.Queue, stop: threading.Event, errors: li
             if stop.is_set():
                 return
     if notify:
-        notify()
+        notify(ended=True)
 
 
-def _notify(arrivals: threading.Condition) -> None:
+class Arrivals(threading.Condition):
+    """Where a run's readers tell of the frames they hand over, and of their ends, for one loop to wait on whichever
+    comes. ``wake_after(n)``: the next wait ends after n more frames (or an end), not at each frame: a step waiting
+    for 32 cameras woke at each camera's frame and looked at every reader, 1.9 ms of a step's CPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.frames = 0  # handed over so far
+        self._wake_at = 0  # the count that ends a wait (at most ``frames``: every frame)
+
+    def wake_after(self, frames: int) -> None:
+        """Called holding the lock, before a wait."""
+        self._wake_at = self.frames + frames
+
+    def handed_over(self, ended: bool) -> None:
+        with self:
+            self.frames += 1
+            if ended or self.frames >= self._wake_at:
+                self.notify_all()
+
+
+def _notify(arrivals: threading.Condition, ended: bool = False) -> None:
+    if isinstance(arrivals, Arrivals):
+        arrivals.handed_over(ended)
+        return
     with arrivals:
         arrivals.notify_all()
