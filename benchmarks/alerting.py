@@ -1,10 +1,11 @@
 """The detector's own work per step at many streams and queries: scoring, each stream's alert states, its sinks'
-rows. The model's step is stood in by its result (the detector's backend replays one real step), so what is timed
-is what a GPU's step, a few ms at 32 streams, leaves to Python on the host; the bare step of the same bundle on
-this CPU is timed beside it for scale."""
+rows; and a run's gathering of as many live cameras. The model's step is stood in by its result (the detector's
+backend replays one real step), so what is timed is what a GPU's step, a few ms at 32 streams, leaves to Python on
+the host; the bare step of the same bundle on this CPU is timed beside it for scale."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -14,11 +15,14 @@ from sdqes_edge.benchmarks.config import BenchConfig
 from sdqes_edge.benchmarks.models import bench_config, bench_model
 from sdqes_edge.benchmarks.timing import interleaved
 from sdqes_edge.config import preset
+from sdqes_edge.runtime.frame_source import FrameSource
 from sdqes_edge.runtime.sources import Frame
 
 # Thresholds that keep every query off (p never above) and every query on (p always above): the cheapest and the
 # costliest case for the alert states, an event in view putting a stream between the two.
 NONE_ON, ALL_ON = 0.999, 0.001
+CAMERA_FPS = 5.0  # the bundle's samples a second, so that a run of live cameras steps a few times a second
+STAND_IN_STEP_S = 0.007  # a GPU's step at 32 streams (H200, ViT-B/16 + QRNN fp16: 6.9 ms)
 
 
 def _detector(cfg: BenchConfig, work: Path, log: Callable[[str], None]):
@@ -28,7 +32,7 @@ def _detector(cfg: BenchConfig, work: Path, log: Callable[[str], None]):
     mcfg = bench_config(preset(cfg.scaling_preset), cfg.window_adapter)
     bundle = work / f"alerting-b{cfg.alerting_streams}"
     log(f"exporting {mcfg.name} at batch {cfg.alerting_streams} for the detector's own work per step ...")
-    export_bundle(bench_model(mcfg), bundle, ExportOptions(batch=cfg.alerting_streams, verify_frames=16,
+    export_bundle(bench_model(mcfg), bundle, ExportOptions(batch=cfg.alerting_streams, fps=CAMERA_FPS, verify_frames=16,
                                                            drift_frames=16, show_progress=False), log=lambda m: None)
     return StreamingDetector(bundle, threads=cfg.threads)
 
@@ -72,7 +76,44 @@ def bench_alerting(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> 
                             "bare_step_ms": step.median,
                             "none_on_over_step": timings["none_on"].median / step.median}
     return {"preset": bench_config(preset(cfg.scaling_preset), cfg.window_adapter).name,
-            "streams": detector.batch, "rows": rows}
+            "streams": detector.batch, "rows": rows, "gathering": _gathering(cfg, detector, replayed, log)}
+
+
+class _Camera(FrameSource):
+    """A live source sending a frame three times a sample period for ``seconds``."""
+
+    live = True
+
+    def __init__(self, name: str, fps: float, seconds: float):
+        super().__init__(name, fps=fps)
+        self.image, self.seconds = np.zeros((48, 64, 3), np.uint8), seconds
+
+    def _frames(self):
+        start = time.monotonic()
+        while (now := time.monotonic() - start) < self.seconds:
+            yield (lambda: self.image), now
+            time.sleep(1.0 / (3 * self.fps))
+
+
+def _gathering(cfg: BenchConfig, detector, replayed, log: Callable[[str], None]) -> dict:
+    """A run of as many live cameras as the bundle's streams, one query, the model's step a sleep of STAND_IN_STEP_S:
+    the stepping thread's CPU per step over the run's second half (gathering the frames, the detector's own work)."""
+    def stand_in(*args, **kwargs):
+        time.sleep(STAND_IN_STEP_S)
+        return replayed
+
+    detector.backend.step = stand_in
+    for qid in list(detector.queries.ids):  # one query, off: the gathering's cost, not the alert states'
+        detector.remove_query(qid)
+    detector.add_query("a query of the bench", threshold=NONE_ON)
+    cameras = [_Camera(f"camera{k}", detector.fps, cfg.alerting_seconds) for k in range(detector.batch)]
+    log(f"running {len(cameras)} stand-in cameras for {cfg.alerting_seconds:g} s ...")
+    marks = [(time.thread_time(), time.monotonic()) for _ in detector.run(cameras)]
+    first, last = len(marks) // 2, len(marks) - 1
+    steps = max(1, last - first)
+    return {"cameras": len(cameras), "steps": len(marks), "stand_in_step_ms": STAND_IN_STEP_S * 1e3,
+            "stepping_thread_cpu_ms": (marks[last][0] - marks[first][0]) * 1e3 / steps,
+            "step_interval_ms": (marks[last][1] - marks[first][1]) * 1e3 / steps}
 
 
 class _Replay:
@@ -93,4 +134,9 @@ def markdown(section: dict) -> list[str]:
              "|---|---|---|---|---|"]
     lines += [f"| {count} | {row['none_on_ms']:.3f} | {row['all_on_ms']:.3f} | {row['bare_step_ms']:.2f} | "
               f"{row['none_on_over_step']:.3f} |" for count, row in section["rows"].items()]
+    gathering = section.get("gathering")  # absent from results before December 2026
+    if gathering:
+        lines += ["", f"- {gathering['cameras']} live cameras, the step a {gathering['stand_in_step_ms']:g}-ms sleep: "
+                      f"the stepping thread's CPU {gathering['stepping_thread_cpu_ms']:.2f} ms a step (gathering the "
+                      f"frames and the detector's own work; a step every {gathering['step_interval_ms']:.0f} ms)"]
     return lines

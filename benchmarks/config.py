@@ -41,7 +41,9 @@ class BenchConfig:
     # queries (160: 32 users asking 5 each).
     alerting_streams: int = 32
     alerting_queries: tuple[int, ...] = (1, 10, 160)
+    alerting_seconds: float = 12.0  # how long as many stand-in cameras run (benchmarks/alerting.py)
 
 
 QUICK = dict(preset="tiny", repetitions=5, scaling_frames=300, scaling_probe=50, growing_window_samples=5,
-             batches=(1, 2), e2e_frames=10, alerting_streams=4, alerting_queries=(1, 20))
+             batches=(1, 2), e2e_frames=10, alerting_streams=4, alerting_queries=(1, 20),
+             alerting_seconds=2.0)

@@ -98,6 +98,8 @@ def test_bench_quick_writes_every_section_with_the_machine_description(quick_ben
     assert alerting["streams"] == 4 and set(alerting["rows"]) == {"1", "20"}
     assert all(row["none_on_ms"] > 0 and row["bare_step_ms"] > 0 for row in alerting["rows"].values())
     assert "## The detector's own work per step (4 streams" in (out / "bench.md").read_text()
+    gathering = alerting["gathering"]  # as many stand-in cameras, gathered by the run as `run` gathers them
+    assert gathering["cameras"] == 4 and gathering["steps"] >= 3 and gathering["stepping_thread_cpu_ms"] > 0
     for png in ("scaling.png", "latency.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "| window4 |" in (out / "bench.md").read_text()
