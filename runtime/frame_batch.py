@@ -14,7 +14,7 @@ from .frame_source import Frame
 
 # From this many bytes a step's frames are copied into the batch by several threads: at 224 px a frame is 600 KB,
 # and one core copies about 10 GB/s, so 32 streams (19 MB a step) took 1.4 ms on one core of this project's 2-core
-# CPU, a quarter of a GPU's 32-stream step; numpy lets go of the GIL while it copies. A smaller batch (8 streams at
+# CPU, a fifth of a GPU's 32-stream step; numpy lets go of the GIL while it copies. A smaller batch (8 streams at
 # 224 px is 4.6 MiB): one thread, as handing the rows to others (80 us a step) would cost more than it saves.
 PARALLEL_BYTES = 4 * 2**20
 ASSEMBLY_THREADS = min(4, usable_cores())  # beyond four the copy is bound by the memory, not by the cores

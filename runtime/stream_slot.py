@@ -35,7 +35,7 @@ class StreamSlot:
 
         A state that is off, with p at or below its threshold, stays as it is: feeding it would change nothing, so
         only the states that may be on (they may fall) and those with p over are fed. At 32 streams and 160 queries,
-        feeding all 5,120 states took 2.5 ms a step, as long as the GPU's step itself."""
+        feeding all 5,120 states took 2.6-2.8 ms a step, 40% of a GPU's step (6.9 ms)."""
         if not self.maybe_on:
             fed = over
         elif len(over) + len(self.maybe_on) >= len(ids):  # about every state: all of them, in order
