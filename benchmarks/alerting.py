@@ -66,10 +66,7 @@ def bench_alerting(cfg: BenchConfig, work: Path, log: Callable[[str], None]) -> 
             f"quer{'y' if count == 1 else 'ies'} ...")
         timings = {}
         for case, threshold in (("none_on", NONE_ON), ("all_on", ALL_ON)):
-            for qid in list(detector.queries.ids):
-                detector.remove_query(qid)
-            for k in range(count):
-                detector.add_query(f"query {k} of the bench", threshold=threshold)
+            _ask(detector, count, threshold)
             timings[case] = interleaved({case: detector_step}, cfg.repetitions, cfg.warmup)[case]
         step = interleaved({"bare": bare_step}, cfg.repetitions, cfg.warmup)["bare"]
         rows[str(count)] = {"none_on_ms": timings["none_on"].median, "all_on_ms": timings["all_on"].median,
@@ -98,14 +95,8 @@ class _Camera(FrameSource):
 def _gathering(cfg: BenchConfig, detector, replayed, log: Callable[[str], None]) -> dict:
     """A run of as many live cameras as the bundle's streams, one query, the model's step a sleep of STAND_IN_STEP_S:
     the stepping thread's CPU per step over the run's second half (gathering the frames, the detector's own work)."""
-    def stand_in(*args, **kwargs):
-        time.sleep(STAND_IN_STEP_S)
-        return replayed
-
-    detector.backend.step = stand_in
-    for qid in list(detector.queries.ids):  # one query, off: the gathering's cost, not the alert states'
-        detector.remove_query(qid)
-    detector.add_query("a query of the bench", threshold=NONE_ON)
+    detector.backend = _Replay(replayed, seconds=STAND_IN_STEP_S)
+    _ask(detector, 1, NONE_ON)  # one query, off: the gathering's cost, not the alert states'
     cameras = [_Camera(f"camera{k}", detector.fps, cfg.alerting_seconds) for k in range(detector.batch)]
     log(f"running {len(cameras)} stand-in cameras for {cfg.alerting_seconds:g} s ...")
     marks = [(time.thread_time(), time.monotonic()) for _ in detector.run(cameras)]
@@ -116,14 +107,24 @@ def _gathering(cfg: BenchConfig, detector, replayed, log: Callable[[str], None])
             "step_interval_ms": (marks[last][1] - marks[first][1]) * 1e3 / steps}
 
 
-class _Replay:
-    """A step backend's stand-in that gives back one real step's result (the detector asks nothing else of it in
-    a step of busy streams)."""
+def _ask(detector, count: int, threshold: float) -> None:
+    """The detector's queries replaced by ``count`` of its own, each at ``threshold``."""
+    for qid in list(detector.queries.ids):
+        detector.remove_query(qid)
+    for k in range(count):
+        detector.add_query(f"query {k} of the bench", threshold=threshold)
 
-    def __init__(self, result):
-        self.result = result
+
+class _Replay:
+    """A step backend's stand-in that gives back one real step's result, after ``seconds`` (a GPU's step, whose
+    thread waits without the GIL), the detector asking nothing else of it in a step of busy streams."""
+
+    def __init__(self, result, seconds: float = 0.0):
+        self.result, self.seconds = result, seconds
 
     def step(self, *args, **kwargs):
+        if self.seconds:
+            time.sleep(self.seconds)
         return self.result
 
 

@@ -8,7 +8,6 @@ stream, memory kept, while the others go on, instead of holding every stream's a
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -99,7 +98,7 @@ class StepFrames:
             reader.close(deadline)
 
 
-def gather_frames(readers: list[FrameReader | None], arrivals: threading.Condition, patience_s: float,
+def gather_frames(readers: list[FrameReader | None], arrivals: Arrivals, patience_s: float,
                   late: LateSources, stop_requested: Callable[[], bool] | None = None) -> list[Frame | None]:
     """One step's frames, a stream each (None: the stream idles, its memory kept): each file's next frame, waited
     for as long as decoding takes; each live source's next frame, waited for until ``patience_s`` after the step's
@@ -136,8 +135,8 @@ def gather_frames(readers: list[FrameReader | None], arrivals: threading.Conditi
                 break
             if stop_requested is not None and stop_requested():
                 break
-            if isinstance(arrivals, Arrivals):  # woken by the first frame, then once the others are all in
-                arrivals.wake_after(1 if first is None else sum(1 for k in waiting if k not in late))
+            # Woken by the first frame, then once the others it waits for are all in.
+            arrivals.wake_after(1 if first is None else sum(1 for k in waiting if k not in late))
             arrivals.wait(STOP_CHECK_S if remaining is None else min(remaining, STOP_CHECK_S))
     late.say_stalls(readers)
     return frames

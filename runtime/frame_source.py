@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import abc
 import atexit
-import functools
 import logging
 import math
 import numbers
@@ -142,6 +141,27 @@ class SourceStats:
                 "output complete")
 
 
+class Arrivals(threading.Condition):
+    """Where a run's readers tell of the frames they hand over, and of their ends, for one loop to wait on whichever
+    comes. ``wake_after(n)``: the next wait ends after n more frames (or an end), not at each frame (the default, 0):
+    a step waiting for 32 cameras woke at each camera's frame and looked at every reader, 1.9 ms of a step's CPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.frames = 0  # handed over so far
+        self._wake_at = 0  # the count that ends a wait (at most ``frames``: every frame)
+
+    def wake_after(self, frames: int) -> None:
+        """Called holding the lock, before a wait."""
+        self._wake_at = self.frames + frames
+
+    def handed_over(self, ended: bool = False) -> None:
+        with self:
+            self.frames += 1
+            if ended or self.frames >= self._wake_at:
+                self.notify_all()
+
+
 class FrameSource(abc.ABC):
     """Base: subclasses yield (image, timestamp seconds) in ``_frames``; this samples and threads them."""
 
@@ -233,11 +253,11 @@ class FrameSource(abc.ABC):
             q.put_nowait(item)
 
     def threaded(self, capacity: int = 8, prepare: Callable[[np.ndarray], np.ndarray] | None = None,
-                 workers: int = PREPARE_WORKERS, arrivals: threading.Condition | None = None) -> FrameReader:
+                 workers: int = PREPARE_WORKERS, arrivals: Arrivals | None = None) -> FrameReader:
         """The sampled frames through a reader thread (live: a queue of one, newest wins): an iterator of them
         (``FrameReader``). ``prepare`` (the preprocessing) of a file's frames runs in ``workers``
         threads beside the reader, a live source's on the reader thread; ``arrivals`` is notified at each frame (a run
-        gathering several sources')."""
+        gathering several sources', ``Arrivals``)."""
         return FrameReader(self, capacity, prepare, workers, arrivals)
 
 
@@ -254,7 +274,7 @@ class FrameReader:
     """
 
     def __init__(self, source: FrameSource, capacity: int, prepare: Callable[[np.ndarray], np.ndarray] | None,
-                 workers: int, arrivals: threading.Condition | None = None):
+                 workers: int, arrivals: Arrivals | None = None):
         self.source = source
         self.ended = False  # the end taken: no frame will come
         self._queue: queue.Queue = queue.Queue(maxsize=1 if source.live else capacity)
@@ -263,7 +283,7 @@ class FrameReader:
         self._pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"prepare-{source.name}")
                       if prepare is not None and not source.live else None)
         # The thread holds what it reads into, not this reader: one dropped unfinished is collected, and stops it.
-        notify = functools.partial(_notify, arrivals) if arrivals is not None else None
+        notify = arrivals.handed_over if arrivals is not None else None
         self._thread = threading.Thread(target=_read, args=(source, self._queue, self._stop, self._errors,
                                                             self._pool, prepare, notify),
                                         name=f"source-{source.name}", daemon=True)
@@ -363,30 +383,3 @@ def _read(source: FrameSource, q: queue.Queue, stop: threading.Event, errors: li
         notify(ended=True)
 
 
-class Arrivals(threading.Condition):
-    """Where a run's readers tell of the frames they hand over, and of their ends, for one loop to wait on whichever
-    comes. ``wake_after(n)``: the next wait ends after n more frames (or an end), not at each frame: a step waiting
-    for 32 cameras woke at each camera's frame and looked at every reader, 1.9 ms of a step's CPU."""
-
-    def __init__(self):
-        super().__init__()
-        self.frames = 0  # handed over so far
-        self._wake_at = 0  # the count that ends a wait (at most ``frames``: every frame)
-
-    def wake_after(self, frames: int) -> None:
-        """Called holding the lock, before a wait."""
-        self._wake_at = self.frames + frames
-
-    def handed_over(self, ended: bool) -> None:
-        with self:
-            self.frames += 1
-            if ended or self.frames >= self._wake_at:
-                self.notify_all()
-
-
-def _notify(arrivals: threading.Condition, ended: bool = False) -> None:
-    if isinstance(arrivals, Arrivals):
-        arrivals.handed_over(ended)
-        return
-    with arrivals:
-        arrivals.notify_all()

@@ -16,7 +16,7 @@ from runtime_fixtures import QUERY
 from sdqes_edge.export import ExportOptions, export_bundle
 from sdqes_edge.runtime.detector import StreamingDetector
 from sdqes_edge.runtime.frame_gathering import LIVE_PATIENCE_PERIODS
-from sdqes_edge.runtime.frame_source import FrameSource
+from sdqes_edge.runtime.frame_source import Arrivals, FrameSource
 from sdqes_edge.runtime.sinks import ScoreTraceRecorder
 from sdqes_edge.sample import sample_frames
 from sdqes_edge.traces import load_scores
@@ -110,7 +110,7 @@ def test_a_camera_that_keeps_pace_is_waited_for_so_the_streams_step_together(bun
 class ScriptedReader:
     """What gather_frames asks of a FrameReader, with frames the test hands over (``send``)."""
 
-    def __init__(self, live: bool, arrivals: threading.Condition, name: str = "camera"):
+    def __init__(self, live: bool, arrivals, name: str = "camera"):
         self.said: list[str] = []
         self.source = type("Source", (), {"live": live, "name": name, "log": staticmethod(self.said.append)})()
         self.arrivals, self.frames, self.ended, self.finished = arrivals, [], False, False
@@ -118,7 +118,7 @@ class ScriptedReader:
     def send(self, frame="frame"):
         with self.arrivals:
             self.frames.append(frame)
-            self.arrivals.notify_all()
+        self.arrivals.handed_over()
 
     def ready(self) -> bool:
         return bool(self.frames) or self.finished
@@ -138,7 +138,7 @@ def test_a_late_camera_is_not_waited_for_until_it_sends_again_as_sdqes_run_gathe
     steps do not wait for it at all, however long the patience; once B sends, it steps and is waited for again."""
     from sdqes_edge.runtime.frame_gathering import LateSources, gather_frames
 
-    arrivals, late = threading.Condition(), LateSources()
+    arrivals, late = Arrivals(), LateSources()
     a, b = ScriptedReader(True, arrivals), ScriptedReader(True, arrivals)
     readers = [a, b]
     a.send("a0")
@@ -160,7 +160,7 @@ def test_a_camera_late_for_seconds_is_named_once_and_again_when_it_sends():
     line on the command line, the journal under systemd), and its return too."""
     from sdqes_edge.runtime.frame_gathering import LateSources, gather_frames
 
-    arrivals, late = threading.Condition(), LateSources(notice_after_s=0.2)
+    arrivals, late = Arrivals(), LateSources(notice_after_s=0.2)
     a, b = ScriptedReader(True, arrivals, "kitchen"), ScriptedReader(True, arrivals, "garage")
     readers = [a, b]
     for k in range(6):  # B silent for 6 steps of 0.05 s: past 0.2 s, said once
@@ -182,7 +182,7 @@ def test_a_late_camera_that_ends_is_not_said_to_be_sending_again():
     return."""
     from sdqes_edge.runtime.frame_gathering import LateSources, gather_frames
 
-    arrivals, late = threading.Condition(), LateSources(notice_after_s=0.0)
+    arrivals, late = Arrivals(), LateSources(notice_after_s=0.0)
     a, b = ScriptedReader(True, arrivals, "kitchen"), ScriptedReader(True, arrivals, "garage")
     readers = [a, b]
     a.send("a0")
@@ -234,8 +234,6 @@ def test_a_stop_while_the_camera_stalls_ends_the_run_at_once_with_every_output_c
 def test_a_gathering_wait_ends_once_the_frames_it_waits_for_are_all_in_or_a_reader_ends():
     """A step waiting for 32 cameras woke at each camera's frame and looked at every reader (1.9 ms of a step's CPU on
     this project's 2-core CPU). Now it is woken by the first frame, and then once the frames it waits for are in."""
-    from sdqes_edge.runtime.frame_source import Arrivals
-
     arrivals, woken = Arrivals(), []
 
     def wait_for(frames: int) -> threading.Thread:

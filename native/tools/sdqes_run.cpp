@@ -325,10 +325,10 @@ std::string identity_of(const Source& source, bool live, const cv::VideoCapture&
 // Said of a source still opening after sdqes::kStallNoticeS (runtime/source_opening.py's words).
 void say_still_opening(const Source& source) {
   std::ostringstream words;
-  words << "sdqes-run: still opening " << source.shown << " after " << sdqes::kStallNoticeS
+  words << "still opening " << source.shown << " after " << sdqes::kStallNoticeS
         << " s: OpenCV waits up to its own timeout (FFmpeg's is 30 s) for a stream that answers but sends nothing; "
            "Ctrl-C stops the run";
-  write_line(words.str());
+  say(words.str());
 }
 
 // A live source's name in alerts and output files, as `sdqes-edge run` names it.
