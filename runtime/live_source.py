@@ -88,6 +88,22 @@ def open_failure_words(target: int | str) -> str:
             "this machine: the server is up, the path and any credentials are right, and no firewall is in the way")
 
 
+def serves_a_file(target: int | str, capture: cv2.VideoCapture) -> bool:
+    """Whether ``target``, opened in ``capture``, is an HTTP(S) URL serving a video file rather than a live stream
+    (an IP camera's MJPEG): a file's container counts its frames, a live stream's none (FFmpeg reports 0, or a large
+    negative)."""
+    return isinstance(target, str) and target.startswith(WEB_PREFIXES) and capture.get(cv2.CAP_PROP_FRAME_COUNT) > 0
+
+
+def serves_a_file_words(target: str, reopened: bool) -> str:
+    """Why a live source refuses ``target``, which serves a video file: ``reopened``, one taken for a camera when it
+    could not be opened at the start of a run; else one given to ``LiveSource`` itself."""
+    why = ("it could not be opened when the run started, so it was taken for a camera; start the run again to read "
+           "it as the file it is" if reopened else "open it with open_source, which reads a served file as a file")
+    return (f"{without_password(target)} serves a video file, not a live stream, and a live source would stamp its "
+            f"frames by the clock, drop most of them and replay it forever: {why}")
+
+
 class Cameras:
     """The cameras of one run that keep trying when lost (``open_sources``: a run of several cameras), rather than
     give up: each goes on trying while another of them still sends, since ending the run would cut that one off.
@@ -134,17 +150,24 @@ class LiveSource(FrameSource):
         self._interrupted = threading.Event()  # the reader was stopped: no more back-off waits or attempts
         if is_gstreamer_pipeline(target) and not opencv_has_gstreamer():  # refused without trying: OpenCV
             raise UserError(open_failure_words(target))                    # would only fail to open it
-        capture = capture or (self._open() if opened else None)
+        capture = capture or (self._open(reopened=False) if opened else None)
         if capture is None and opened:
             raise SourceUnavailable(open_failure_words(target))
         self._capture = capture
 
-    def _open(self):
+    def _open(self, reopened: bool = True):
+        """The target opened -> its capture, or None where it cannot be. An HTTP(S) URL that serves a video file
+        (one that could not be opened when a run of cameras started, so taken for a camera) is refused: a live
+        source never plays a file."""
         capture = cv2.VideoCapture(self.target)
-        if capture.isOpened():
-            return capture
-        capture.release()
-        return None
+        if not capture.isOpened():
+            capture.release()
+            return None
+        if serves_a_file(self.target, capture):
+            capture.release()
+            # Taken for a camera, a restart mends it (exit 1); given to LiveSource itself, it is the caller's mistake.
+            raise (SourceUnavailable if reopened else UserError)(serves_a_file_words(self.target, reopened))
+        return capture
 
     def close(self) -> None:
         if self._capture is not None:

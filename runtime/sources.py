@@ -26,6 +26,7 @@ from .live_source import (
     LiveSource,
     is_gstreamer_pipeline,
     open_failure_words,
+    serves_a_file,
     without_password,
 )
 from .sampling import STAMP_TOLERANCE_S, frame_order, samples_served, stated_end_time
@@ -297,7 +298,7 @@ def _open_web_source(url: str, fps: float) -> FrameSource:
     if not capture.isOpened():
         capture.release()
         raise SourceUnavailable(open_failure_words(url))
-    if capture.get(cv2.CAP_PROP_FRAME_COUNT) > 0:  # FFmpeg reports 0 or a large negative for a live stream
+    if serves_a_file(url, capture):
         capture.release()
         return VideoFileSource(url, fps)
     return LiveSource(url, fps, capture=capture)

@@ -143,6 +143,52 @@ def test_run_with_one_of_two_cameras_absent_streams_the_other_and_ends_saying_it
     assert done.returncode == 1, said
 
 
+def test_a_served_video_file_taken_for_a_camera_when_it_was_down_is_refused_once_it_opens_not_played_live(tmp_path):
+    """An HTTP(S) URL is told a file or a live stream only once it opens; one down when a run of cameras started
+    was waited for as a camera. When it came, its file was read as a camera: stamped by the clock as fast as it
+    decoded, most frames dropped, and replayed from its start at its end, forever."""
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler
+
+    class Files(Quiet, SimpleHTTPRequestHandler):
+        pass
+
+    said = []
+    with serving(EndlessMJPEG) as kitchen, serving(partial(Files, directory=str(tmp_path))) as site:
+        sources = open_sources([f"{kitchen}/kitchen.mjpg", f"{site}/porch.avi?token=abc"], FPS, log=said.append)
+        assert [type(s) for s in sources] == [LiveSource, LiveSource], "not there: waited for as a camera"
+        write_video(tmp_path / "porch.avi", sample_frames(12, 48, 64), fps=FPS)  # the server is up now
+        porch = sources[1]
+        porch.reconnect_delays, porch.log = QUICK_BACK_OFF, said.append
+        reader = porch.threaded()
+        try:
+            with pytest.raises(SourceUnavailable, match=rf"^{re.escape(site)}/porch\.avi\?token=abc serves a video "
+                                                        r"file, not a live stream, .* replay it forever: it could "
+                                                        r"not be opened when the run started, .* start the run again"):
+                reader.take(timeout=20)
+        finally:
+            reader.close()
+            sources[0].close()
+    assert porch.stats.reconnects == 0 and not any(line.endswith(": reconnected") for line in said), said
+
+
+def test_a_served_video_file_given_to_a_live_source_itself_is_refused_as_the_callers_mistake(tmp_path):
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler
+
+    from sdqes_edge.errors import UserError
+
+    class Files(Quiet, SimpleHTTPRequestHandler):
+        pass
+
+    write_video(tmp_path / "porch.avi", sample_frames(4, 48, 64), fps=FPS)
+    with serving(partial(Files, directory=str(tmp_path))) as site:
+        with pytest.raises(UserError, match=r"serves a video file, .*: open it with open_source, which reads a served "
+                                            r"file as a file$") as refused:
+            LiveSource(f"{site}/porch.avi", FPS)
+    assert not isinstance(refused.value, SourceUnavailable), "a mistake (exit 2), which no restart mends"
+
+
 def test_without_a_log_given_the_absent_camera_is_named_on_the_sources_logger(caplog):
     """A program embedding the runtime that sets no ``log`` hears of it as of a source's other news."""
     with serving(EndlessMJPEG) as kitchen, serving(Absent) as porch:

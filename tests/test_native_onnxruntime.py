@@ -267,3 +267,35 @@ def test_sdqes_run_of_two_cameras_starts_without_one_that_is_absent_and_says_so_
     assert re.search(r"sdqes-run: error: 127\.0\.0\.1-\d+-porch\.mjpg was not sending frames when the run ended \(it "
                      r"was being reconnected\) \(exit status 1\)", said), said
     assert all(line.startswith(("sdqes-run: ", "done: ")) for line in said.strip().splitlines()), said
+
+
+def test_sdqes_run_refuses_a_served_video_file_taken_for_a_camera_once_it_opens(sdqes_run_on_the_cpu,
+                                                                                three_camera_bundles, tmp_path):
+    """As `sdqes-edge run` (tests/test_cameras_that_come_and_go.py): a URL down when a run of cameras started was
+    waited for as a camera; once up, a video file there is not played live (stamped by the clock, replayed forever)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler
+
+    from runtime_fixtures import EndlessMJPEG, Quiet, serving, write_video
+
+    from sdqes_edge.sample import sample_frames
+
+    class Files(Quiet, SimpleHTTPRequestHandler):
+        pass
+
+    site_folder = tmp_path / "site"
+    site_folder.mkdir()
+    up = threading.Timer(1.0, write_video, (site_folder / "porch.avi", sample_frames(12, 48, 64)))
+    with serving(EndlessMJPEG) as kitchen, serving(functools.partial(Files, directory=str(site_folder))) as site:
+        up.start()
+        done = subprocess.run([str(sdqes_run_on_the_cpu), str(three_camera_bundles["plain"]), "--source",
+                               f"{kitchen}/kitchen.mjpg", "--source", f"{site}/porch.avi"],
+                              capture_output=True, text=True, timeout=60)
+    said = done.stderr
+    assert done.returncode == 1, said
+    assert f"sdqes-run: warning: OpenCV cannot open {site}/porch.avi; " in said, said
+    assert said.strip().splitlines()[-1] == (
+        f"sdqes-run: error: {site}/porch.avi serves a video file, not a live stream, and a live source would stamp its "
+        "frames by the clock, drop most of them and replay it forever: it could not be opened when the run started, "
+        "so it was taken for a camera; start the run again to read it as the file it is"), said

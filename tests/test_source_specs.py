@@ -31,7 +31,7 @@ def test_a_pipeline_for_an_opencv_without_gstreamer_is_refused_naming_what_is_mi
 
 def test_a_pipeline_that_gstreamer_cannot_open_is_pointed_to_gst_launch(monkeypatch):
     monkeypatch.setattr(live_source, "opencv_has_gstreamer", lambda: True)  # as on a Jetson
-    monkeypatch.setattr(live_source.LiveSource, "_open", lambda self: None)  # the pipeline would not start
+    monkeypatch.setattr(live_source.LiveSource, "_open", lambda self, reopened=True: None)  # it would not start
     with pytest.raises(UserError, match=r"^OpenCV cannot open the GStreamer pipeline 'nvarguscamerasrc .*'; check it "
                                         "runs in gst-launch-1.0 and ends in appsink"):
         open_source(CSI_CAMERA, FPS)

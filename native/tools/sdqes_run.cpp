@@ -146,6 +146,12 @@ struct Source {
     capture.release();
     return kind == "camera" ? capture.open(camera_index) : capture.open(spec);
   }
+
+  // An HTTP(S) URL whose container counts its frames: a video file, not a live stream (an IP camera's MJPEG counts
+  // none), as runtime/live_source.py's serves_a_file tells them.
+  bool serves_a_file(const cv::VideoCapture& capture) const {
+    return kind == "web" && capture.get(cv::CAP_PROP_FRAME_COUNT) > 0;
+  }
 };
 
 Source read_source(const std::string& spec, bool several) {
@@ -197,7 +203,19 @@ std::shared_ptr<sdqes::LiveCapture> live_capture(const std::shared_ptr<cv::Video
   auto capture = std::make_shared<sdqes::LiveCapture>();
   capture->grab = [video] { return video->grab(); };
   capture->retrieve = [video](cv::Mat& image) { return video->retrieve(image); };
-  capture->reopen = [video, source] { return source.open(*video); };
+  // A URL taken for a camera where it could not be opened at the start (a camera of several), which now serves a
+  // video file, is refused: read live, its frames would be stamped by the clock, most dropped, the file replayed
+  // forever. Thrown on the reader's thread, the loop raises it: the run ends, exit 1, for a restart to read it as
+  // the file it is.
+  capture->reopen = [video, source] {
+    if (!source.open(*video)) return false;
+    if (!source.serves_a_file(*video)) return true;
+    video->release();
+    throw SourceUnavailable(source.shown + " serves a video file, not a live stream, and a live source would stamp "
+                            "its frames by the clock, drop most of them and replay it forever: it could not be opened "
+                            "when the run started, so it was taken for a camera; start the run again to read it as "
+                            "the file it is");
+  };
   capture->prepare = std::move(prepare);
   return capture;
 }
@@ -349,8 +367,7 @@ OpenSource open_source(const Source& source) {
     throw SourceUnavailable("OpenCV cannot open " + source.shown + "; check the camera is connected, or that the "
                             "URL plays from this machine");
   }
-  const bool live = sdqes::is_live_kind(source.kind) ||
-                    (source.kind == "web" && !(video->get(cv::CAP_PROP_FRAME_COUNT) > 0));
+  const bool live = sdqes::is_live_kind(source.kind) || (source.kind == "web" && !source.serves_a_file(*video));
   const std::string name = live ? live_name(source) : sdqes::video_file_name(source.spec);
   return {video, live, name, identity_of(source, live, *video)};
 }
