@@ -9,6 +9,7 @@ import numpy as np
 from sdqes_edge.benchmarks.alerting import markdown as alerting_markdown
 from sdqes_edge.benchmarks.config import BACKEND_TITLES, BACKENDS
 from sdqes_edge.benchmarks.device import markdown as device_markdown
+from sdqes_edge.benchmarks.gpu_targets import markdown as targets_markdown
 from sdqes_edge.benchmarks.machine_load import busy_machine_words
 from sdqes_edge.benchmarks.retention_kernel import markdown as retention_markdown
 from sdqes_edge.contract import FP32
@@ -47,6 +48,7 @@ def markdown(results: dict) -> str:
                   for p, row in e2e.get("by_precision", {}).items() if p != FP32]
         if "retention" in section:  # with --ort-ops: the RetNet step with the retention kernel and without
             lines += retention_markdown(section["retention"], section["device"])
+        lines += targets_markdown(results)
     return "\n".join(lines) + "\n"
 
 

@@ -154,6 +154,9 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(device_rows
     assert e2e["by_precision"]["fp32"]["loop_ms_per_frame"] == e2e["loop_ms_per_frame"]
     assert "runtime loop on cpu, fp16:" in report
     assert "qrnn at 2 streams" in report
+    # The GPU step's targets, read from these rows (tests/test_gpu_targets.py), said not to be this machine's.
+    assert "| batch 1: qrnn step, fp16 | <= 1.8 ms |" in report and "This run is tiny on cpu" in report
+    assert "| 2 streams: qrnn over backbone, fp16 | <= 1.25x |" in report and "not measured |" not in report
 
 
 def test_the_pytorch_rows_step_a_copy_and_leave_the_model_where_it_was():
