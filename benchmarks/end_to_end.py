@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -89,47 +90,74 @@ def bench_end_to_end(cfg: BenchConfig, work: Path, log: Callable[[str], None], o
     bundle, video, inputs = _end_to_end_bundle(cfg, work, log, sampled)
     precisions = tuple(p for p in precisions if (bundle / step_graph_name(p)).is_file())
 
-    def loop(precision: str) -> float:
+    def loop(precision: str) -> _Timed:
         with warnings.catch_warnings():  # every precision on purpose: the table reports what each one costs
             warnings.simplefilter("ignore", SlowPrecisionWarning)
             detector = StreamingDetector(bundle, precision=precision, threads=cfg.threads, ort_device=ort_device)
         detector.add_query("When I start to clean or wipe the table, remind me to sanitize my hands.")
         detector.warm_up()  # as `sdqes-edge run` does: one-off work (CUDA graph capture) is not a frame's cost
-        start = time.perf_counter()
-        steps = sum(1 for _ in detector.run(open_source(str(video), detector.fps)))
-        return (time.perf_counter() - start) * 1e3 / steps
+        return _Timed.of(lambda: detector.run(open_source(str(video), detector.fps)))
 
     source_side = StreamingDetector(bundle, threads=cfg.threads)  # its fps and preprocessing, as the loop's
 
-    def reader() -> float:
+    def reader() -> _Timed:
         """The loop's source side alone (decode, sample, preprocess, in its thread): a floor under the loop on a
         device whose step is faster."""
-        start = time.perf_counter()
-        frames = sum(1 for _ in open_source(str(video), source_side.fps).threaded(prepare=source_side.preprocess))
-        return (time.perf_counter() - start) * 1e3 / frames
+        return _Timed.of(lambda: open_source(str(video), source_side.fps).threaded(prepare=source_side.preprocess))
 
     log(f"timing the runtime loop ({', '.join(precisions)}) against the bare step (alternating) ...")
-    loop_ms: dict[str, list[float]] = {p: [] for p in precisions}
+    loop_runs: dict[str, list[_Timed]] = {p: [] for p in precisions}
     bare_ms: dict[str, list[float]] = {p: [] for p in precisions}
-    reader_ms = []
+    reader_runs = []
     for _ in range(3):
         for precision in precisions:
-            loop_ms[precision].append(loop(precision))
+            loop_runs[precision].append(loop(precision))
             bare_ms[precision].append(_bare_step_ms(bundle / step_graph_name(precision), inputs, cfg.threads,
                                                     ort_device))
-        reader_ms.append(reader())
-    loops = {p: float(np.median(v)) for p, v in loop_ms.items()}
+        reader_runs.append(reader())
+    loops = {p: _Timed.median(runs) for p, runs in loop_runs.items()}
     bares = {p: float(np.median(v)) for p, v in bare_ms.items()}
-    lm, bm, rm = loops[FP32], bares[FP32], float(np.median(reader_ms))
+    source = _Timed.median(reader_runs)
+    lm, bm, rm = loops[FP32].per_frame_ms, bares[FP32], source.per_frame_ms
     return {"preset": bench_config(preset(cfg.preset), cfg.window_adapter).name,
             "video": "640x360 mp4 at 10 fps, sampled at 1 fps", "frames": len(inputs), "ort_device": ort_device,
             "loop_ms_per_frame": lm, "bare_step_ms_per_frame": bm, "overhead": lm / bm - 1.0,
-            "reader_ms_per_frame": rm,
+            "loop_start_ms": loops[FP32].start_ms, "loop_with_start_ms_per_frame": loops[FP32].with_start_ms,
+            "reader_ms_per_frame": rm, "reader_start_ms": source.start_ms,
             # The reader thread and the step overlap: the loop can be no faster than the slower of the two. Over
             # that floor is what the runtime's own mechanics cost (1.0: none); decoding 10 frames per sample may
             # make the source, not the step, the floor.
             "loop_over_slower_half": lm / max(bm, rm),
-            "loop_fps": {p: 1e3 / ms for p, ms in loops.items()},
-            "by_precision": {p: {"loop_ms_per_frame": loops[p], "bare_step_ms_per_frame": bares[p],
-                                 "loop_over_step": loops[p] / bares[p],
-                                 "loop_over_slower_half": loops[p] / max(bares[p], rm)} for p in precisions}}
+            "loop_fps": {p: 1e3 / timed.per_frame_ms for p, timed in loops.items()},
+            "by_precision": {p: {"loop_ms_per_frame": loops[p].per_frame_ms, "bare_step_ms_per_frame": bares[p],
+                                 "loop_over_step": loops[p].per_frame_ms / bares[p],
+                                 "loop_start_ms": loops[p].start_ms,
+                                 "loop_with_start_ms_per_frame": loops[p].with_start_ms,
+                                 "loop_over_slower_half": loops[p].per_frame_ms / max(bares[p], rm)}
+                             for p in precisions}}
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """One pass over the video: ``per_frame_ms`` from its first frame to its last (what each further frame costs),
+    ``start_ms`` before its first (opening the video, decoding and preparing the first frame: once a run), and
+    ``with_start_ms`` the whole pass per frame. The bare step it is set against has no start in its time. On this
+    2-core CPU, with the step a 4-ms sleep, the start took 17-45 ms before the first of 200 frames: 0.1-0.2 ms a
+    frame, beside the 0.4 ms a frame the whole pass had cost over the bare step on an H200."""
+
+    per_frame_ms: float
+    start_ms: float
+    with_start_ms: float
+
+    @classmethod
+    def of(cls, frames: Callable[[], Iterable]) -> "_Timed":
+        """``frames()`` made and iterated to its end, the time of each item taken."""
+        start = time.perf_counter()
+        marks = [time.perf_counter() for _ in frames()]
+        whole = (marks[-1] - start) * 1e3 / len(marks)
+        steady = (marks[-1] - marks[0]) * 1e3 / (len(marks) - 1) if len(marks) > 1 else whole
+        return cls(steady, (marks[0] - start) * 1e3, whole)
+
+    @classmethod
+    def median(cls, runs: list["_Timed"]) -> "_Timed":
+        return cls(*(float(np.median([getattr(run, f.name) for run in runs])) for f in fields(cls)))

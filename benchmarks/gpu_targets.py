@@ -71,7 +71,9 @@ class _Run:
         return min((rows[k]["step_ms"] for k in keys if k in rows), default=None)
 
     def loop_over_step(self) -> float | None:
-        """The runtime loop on an mp4 over the bare step: the worse of its precisions (each against its own)."""
+        """The runtime loop on an mp4 over the bare step: the worse of its precisions (each against its own). From
+        its first frame to its last: its start (opening the video, the first frame) is reported apart, as the bare
+        step's is not timed at all; runs before December 2026 timed it within."""
         e2e = self.section.get("end_to_end")
         if e2e is None:
             return None

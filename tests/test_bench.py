@@ -153,10 +153,27 @@ def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(device_rows
     assert fp16["loop_over_step"] == fp16["loop_ms_per_frame"] / fp16["bare_step_ms_per_frame"]
     assert e2e["by_precision"]["fp32"]["loop_ms_per_frame"] == e2e["loop_ms_per_frame"]
     assert "runtime loop on cpu, fp16:" in report
+    # The loop's start (opening the video, its first frame) apart from its frames, as the bare step has none.
+    assert e2e["loop_start_ms"] > 0 and e2e["loop_with_start_ms_per_frame"] > 0 and e2e["reader_start_ms"] > 0
+    assert "ms/frame from its first frame to its last (its start, opening the video and the first frame, " in report
     assert "qrnn at 2 streams" in report
     # The GPU step's targets, read from these rows (tests/test_gpu_targets.py), said not to be this machine's.
     assert "| batch 1: qrnn step, fp16 | <= 1.8 ms |" in report and "This run is tiny on cpu" in report
     assert "| 2 streams: qrnn over backbone, fp16 | <= 1.25x |" in report and "not measured |" not in report
+
+
+def test_a_loop_is_timed_from_its_first_frame_to_its_last_and_its_start_apart(monkeypatch):
+    """A pass over a video starts by opening it and preparing its first frame, once; set against a bare step that
+    has no start, the start counted in every frame's cost (on an H200, 0.4 ms a frame over a 4-ms step)."""
+    from sdqes_edge.benchmarks import end_to_end
+
+    clock = iter([0.0, 0.050, 0.060, 0.070, 0.080])  # asked; then 50 ms to the first frame, 10 ms to each next
+    monkeypatch.setattr(end_to_end.time, "perf_counter", lambda: next(clock))
+    timed = end_to_end._Timed.of(lambda: range(4))
+    assert timed.start_ms == pytest.approx(50.0) and timed.per_frame_ms == pytest.approx(10.0)
+    assert timed.with_start_ms == pytest.approx(80.0 / 4)
+    runs = [end_to_end._Timed(1.0, 5.0, 2.0), end_to_end._Timed(3.0, 1.0, 4.0), end_to_end._Timed(2.0, 9.0, 3.0)]
+    assert end_to_end._Timed.median(runs) == end_to_end._Timed(2.0, 5.0, 3.0)
 
 
 def test_the_pytorch_rows_step_a_copy_and_leave_the_model_where_it_was():
