@@ -165,6 +165,7 @@ class LiveSource(FrameSource):
             return None
         if serves_a_file(self.target, capture):
             capture.release()
+            self.stats.reconnecting = False  # not lost: refused, and the error says why (not "being reconnected")
             # Taken for a camera, a restart mends it (exit 1); given to LiveSource itself, it is the caller's mistake.
             raise (SourceUnavailable if reopened else UserError)(serves_a_file_words(self.target, reopened))
         return capture

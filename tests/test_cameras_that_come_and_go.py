@@ -123,14 +123,21 @@ def test_a_reader_stopped_during_the_back_off_ends_without_waiting_it_out():
     assert not [t for t in threading.enumerate() if t.name == f"source-{camera.name}"], "still waiting 60 s"
 
 
-def test_run_with_one_of_two_cameras_absent_streams_the_other_and_ends_saying_it_was_lost(tmp_path):
+@pytest.fixture(scope="module")
+def two_streams(tmp_path_factory):
+    """A bundle that steps two streams at FPS."""
     from conftest import random_model
 
     from sdqes_edge.export import ExportOptions, export_bundle
 
-    bundle = tmp_path / "b2"
+    bundle = tmp_path_factory.mktemp("two-streams") / "b2"
     export_bundle(random_model("qrnn"), bundle, ExportOptions(fps=FPS, batch=2, show_progress=False),
                   log=lambda m: None)
+    return bundle
+
+
+def test_run_with_one_of_two_cameras_absent_streams_the_other_and_ends_saying_it_was_lost(two_streams):
+    bundle = two_streams
     with serving(EndlessMJPEG) as kitchen, serving(Absent) as porch:
         done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source",
                                f"{kitchen}/kitchen.mjpg", "--source", f"{porch}/porch.mjpg", "--query",
@@ -170,6 +177,30 @@ def test_a_served_video_file_taken_for_a_camera_when_it_was_down_is_refused_once
             reader.close()
             sources[0].close()
     assert porch.stats.reconnects == 0 and not any(line.endswith(": reconnected") for line in said), said
+
+
+def test_run_ends_with_what_it_streamed_then_why_when_a_camera_turns_out_a_served_file(two_streams, tmp_path):
+    """The failure comes in the middle of the stream: the run says what it streamed and wrote first, as it does
+    when stopped, then the error, exit 1 (a restart reads the URL as the file it is)."""
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler
+
+    class Files(Quiet, SimpleHTTPRequestHandler):
+        pass
+
+    site_folder, events = tmp_path / "site", tmp_path / "alerts.jsonl"
+    site_folder.mkdir()
+    up = threading.Timer(1.0, write_video, (site_folder / "porch.avi", sample_frames(12, 48, 64)))
+    with serving(EndlessMJPEG) as kitchen, serving(partial(Files, directory=str(site_folder))) as site:
+        up.start()
+        done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(two_streams), "--source",
+                               f"{kitchen}/kitchen.mjpg", "--source", f"{site}/porch.avi", "--query", "cut an onion",
+                               "--events", str(events)], capture_output=True, text=True, timeout=120)
+    said = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert re.fullmatch(r"interrupted after \d+ steps of 2 sources, .*", said[-3]), done.stderr
+    assert said[-2] == f"wrote {events}" and events.exists(), done.stderr
+    assert said[-1].startswith(f"sdqes-edge: error: {site}/porch.avi serves a video file, not a live stream"), said
 
 
 def test_a_served_video_file_given_to_a_live_source_itself_is_refused_as_the_callers_mistake(tmp_path):

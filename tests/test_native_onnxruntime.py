@@ -272,7 +272,8 @@ def test_sdqes_run_of_two_cameras_starts_without_one_that_is_absent_and_says_so_
 def test_sdqes_run_refuses_a_served_video_file_taken_for_a_camera_once_it_opens(sdqes_run_on_the_cpu,
                                                                                 three_camera_bundles, tmp_path):
     """As `sdqes-edge run` (tests/test_cameras_that_come_and_go.py): a URL down when a run of cameras started was
-    waited for as a camera; once up, a video file there is not played live (stamped by the clock, replayed forever)."""
+    waited for as a camera; once up, a video file there is not played live (stamped by the clock, replayed forever).
+    The run says what it streamed first, then why it ended, exit 1."""
     import functools
     import threading
     from http.server import SimpleHTTPRequestHandler
@@ -295,6 +296,7 @@ def test_sdqes_run_refuses_a_served_video_file_taken_for_a_camera_once_it_opens(
     said = done.stderr
     assert done.returncode == 1, said
     assert f"sdqes-run: warning: OpenCV cannot open {site}/porch.avi; " in said, said
+    assert re.fullmatch(r"sdqes-run: interrupted after \d+ steps of 2 sources, .*", said.strip().splitlines()[-2]), said
     assert said.strip().splitlines()[-1] == (
         f"sdqes-run: error: {site}/porch.avi serves a video file, not a live stream, and a live source would stamp its "
         "frames by the clock, drop most of them and replay it forever: it could not be opened when the run started, "

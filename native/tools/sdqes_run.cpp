@@ -553,16 +553,21 @@ std::string status_line(const std::vector<std::unique_ptr<StreamSource>>& stream
 
 // The run's last lines on stderr (its summary, then what went wrong, as `sdqes-edge run` ends), and its exit status:
 // 128 + a signal; 1 where a live source was lost (a failure, so a service manager starts the run again); else 0.
-int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_ptr<StreamSource>>& streams,
-               int64_t steps, double seconds, const sdqes::LatencyHistogram& latencies, double period_s) {
+// What the run streamed: "20 steps of 2 sources, 0 alerts, 5.0 steps/s, latency p50 ...".
+std::string counted_words(const std::vector<std::unique_ptr<StreamSource>>& streams, int64_t steps, double seconds,
+                          const sdqes::LatencyHistogram& latencies) {
   const auto [dropped, raised] = dropped_and_raised(streams);
   // As `sdqes-edge run` counts them: with several sources a step takes a frame of each, so steps are counted.
   const std::string unit = streams.size() > 1 ? "step" : "frame";
-  const std::string counted =
-      std::to_string(steps) + " " + unit + (steps == 1 ? "" : "s") +
-      (streams.size() > 1 ? " of " + std::to_string(streams.size()) + " sources" : "") +
-      sdqes::run_words(steps, raised, seconds, latencies, unit) +
-      (dropped ? ", " + std::to_string(dropped) + " frames dropped (the engine is slower than the source)" : "");
+  return std::to_string(steps) + " " + unit + (steps == 1 ? "" : "s") +
+         (streams.size() > 1 ? " of " + std::to_string(streams.size()) + " sources" : "") +
+         sdqes::run_words(steps, raised, seconds, latencies, unit) +
+         (dropped ? ", " + std::to_string(dropped) + " frames dropped (the engine is slower than the source)" : "");
+}
+
+int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_ptr<StreamSource>>& streams,
+               int64_t steps, double seconds, const sdqes::LatencyHistogram& latencies, double period_s) {
+  const std::string counted = counted_words(streams, steps, seconds, latencies);
   if (stop.requested()) {
     say("interrupted (" + std::string(stop.signal_name()) + ") after " + counted);
     return stop.exit_code();
@@ -650,43 +655,53 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   const double print_every = sdqes::live_report_seconds(::isatty(STDERR_FILENO) != 0);
   int64_t steps = 0;
   sdqes::LatencyHistogram latencies;  // every stream's, as `sdqes-edge run` reports them together
-  while (!stop.requested() && !(max_frames > 0 && steps >= max_frames)) {
-    const auto taken =
-        sdqes::gather_step(gathered, *arrivals, sdqes::kLivePatiencePeriods * period, late, stopped, say);
-    for (size_t s = 0; s < streams.size(); ++s) frames[s] = taken[s] ? streams[s]->frame.data() : nullptr;
-    if (stop.requested()) break;
-    const auto* embedding = batch.step(*engine.backend, frames.data());
-    if (embedding == nullptr) break;  // every source ended
-    for (size_t s = 0; s < streams.size(); ++s) {
-      auto& stream = *streams[s];
-      if (batch.idle(static_cast<int>(s))) continue;
-      const auto probs = sdqes::query_probabilities(*engine.backend, *embedding, queries, static_cast<int>(s));
-      // latency: from the frame in hand to its scores
-      const double latency_ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - stream.in_hand).count();
-      latencies.add(latency_ms);
-      stream.alerts.update(probs, stream.time(period), latency_ms);
-      stream.saver.after_frame(stream.alerts);
+  const auto wind_up = [&] {  // every stream's --state written and its reader ended: what the next start goes on from
+    manager.stopping("stopping after " + std::to_string(steps) + " frames");
+    for (auto& stream : streams) {
+      stream->saver.save(stream->alerts);
+      stream->finish();
     }
-    ++steps;
-    manager.alive();
-    if (std::chrono::steady_clock::now() - reported >= kStatusEvery) {
-      reported = std::chrono::steady_clock::now();
-      const std::string line =
-          status_line(streams, steps, std::chrono::duration<double>(reported - started).count(), latencies);
-      manager.status(line);
-      if (any_live && std::chrono::duration<double>(reported - printed).count() >= print_every) {
-        say(line);  // a live run has no end line to wait for: how it is doing, now and then
-        printed = reported;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  };
+  try {
+    while (!stop.requested() && !(max_frames > 0 && steps >= max_frames)) {
+      const auto taken =
+          sdqes::gather_step(gathered, *arrivals, sdqes::kLivePatiencePeriods * period, late, stopped, say);
+      for (size_t s = 0; s < streams.size(); ++s) frames[s] = taken[s] ? streams[s]->frame.data() : nullptr;
+      if (stop.requested()) break;
+      const auto* embedding = batch.step(*engine.backend, frames.data());
+      if (embedding == nullptr) break;  // every source ended
+      for (size_t s = 0; s < streams.size(); ++s) {
+        auto& stream = *streams[s];
+        if (batch.idle(static_cast<int>(s))) continue;
+        const auto probs = sdqes::query_probabilities(*engine.backend, *embedding, queries, static_cast<int>(s));
+        // latency: from the frame in hand to its scores
+        const double latency_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - stream.in_hand).count();
+        latencies.add(latency_ms);
+        stream.alerts.update(probs, stream.time(period), latency_ms);
+        stream.saver.after_frame(stream.alerts);
+      }
+      ++steps;
+      manager.alive();
+      if (std::chrono::steady_clock::now() - reported >= kStatusEvery) {
+        reported = std::chrono::steady_clock::now();
+        const std::string line =
+            status_line(streams, steps, std::chrono::duration<double>(reported - started).count(), latencies);
+        manager.status(line);
+        if (any_live && std::chrono::duration<double>(reported - printed).count() >= print_every) {
+          say(line);  // a live run has no end line to wait for: how it is doing, now and then
+          printed = reported;
+        }
       }
     }
+  } catch (const sdqes::Error&) {  // a source's reader failed in the middle of the stream (a camera turned out a file)
+    // What ran first, as a stop says it, then the error (main says it), as `sdqes-edge run` ends then.
+    const double seconds = wind_up();
+    say("interrupted after " + counted_words(streams, steps, seconds, latencies));
+    throw;
   }
-  manager.stopping("stopping after " + std::to_string(steps) + " frames");
-  for (auto& stream : streams) {
-    stream->saver.save(stream->alerts);  // what the next start goes on from
-    stream->finish();
-  }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double seconds = wind_up();
   return report_end(stop, streams, steps, seconds, latencies, period);
 }
 #endif

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sdqes_edge.cli.common import PROG, finite_number, path_text, warn
+from sdqes_edge.errors import SourceUnavailable
 from sdqes_edge.traces import TRACE_SUFFIX
 
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
     from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
-    from sdqes_edge.runtime.detector import StreamingDetector
+    from sdqes_edge.runtime.detector import RunStats, StreamingDetector
 
 # run --state writes its snapshot after a step that alerted, at most this often: a query set that alerts every
 # frame would otherwise write the whole state (9 MiB a stream at ViT-B/16) at every step.
@@ -144,3 +145,33 @@ def _seconds(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"give a number of seconds, 0 or more, not {text}")
     return value
+
+
+def summarize_run(sources: list, stats: RunStats, exit_code: int, written: list[str]) -> None:
+    """A run's last lines on stderr: what it streamed ("done:", or "interrupted after" where ``exit_code`` is not
+    0), each source's shortfall or loss, and the files ``written``."""
+    dropped = sum(s.stats.dropped for s in sources)
+    # A step takes a frame of every source (a live one that falls behind idles): with several, "frames" counted
+    # steps, not the frames stepped.
+    unit = "frame" if len(sources) == 1 else "step"
+    counted = f"{stats.frames} {unit}{'' if stats.frames == 1 else 's'}" + (
+        f" of {len(sources)} sources" if len(sources) > 1 else "")
+    alerts = f"{stats.events} alert{'' if stats.events == 1 else 's'}"
+    # No frame, no speed: "0.0 frames/s, latency p50 0.0 ms" read as a measured stall.
+    speed = (f", {stats.fps:.1f} {unit}s/s, latency p50 {stats.latency(50):.1f} ms p99 {stats.latency(99):.1f} ms"
+             if stats.frames else "")
+    print(f"{'interrupted after' if exit_code != 0 else 'done:'} {counted}, {alerts}{speed}"
+          + (f", {dropped} frames dropped (the model is slower than the source)" if dropped else ""), file=sys.stderr)
+    for source in sources:
+        shortfall = source.stats.shortfall_words(source.name)
+        if shortfall:
+            print(f"{PROG}: incomplete: {shortfall}", file=sys.stderr)
+        lost = source.lost_words()
+        if lost:
+            status = f" (exit status {SourceUnavailable.exit_code})" if exit_code == 0 else ""
+            print(f"{PROG}: error: {lost}{status}", file=sys.stderr)  # (a stop asked for after keeps its own status)
+        if source.start_index and not source.stats.sampled and exit_code == 0:  # resumed past its end: 0 frames
+            print(f"{PROG}: note: {source.name} has no frames after {source.start_index / source.fps:g} s, where the "
+                  "state snapshot stopped: the run it resumes had streamed it to its end", file=sys.stderr)
+    if written:
+        print(f"wrote {', '.join(written)}", file=sys.stderr)

@@ -30,6 +30,7 @@ from sdqes_edge.cli.run_outputs import (
     STATE_WRITTEN,
     add_output_options,
     attach_sinks,
+    summarize_run,
     videos_written,
 )
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
@@ -109,9 +110,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys,
                                  LineAsker(detector, args.threshold, **_policy(args)), args.queries_file_version) \
         if args.watch_queries else nullcontext()
-    exit_code = _stream(detector, sources, args, stats, live, manager, watcher)
-    _summarize(sources, stats, exit_code, [str(p) for p in [args.events, *videos_written(video_sinks), args.save_state,
-                                                            *trace_paths] if p])
+    written = [str(p) for p in [args.events, *videos_written(video_sinks), args.save_state, *trace_paths] if p]
+    try:
+        exit_code = _stream(detector, sources, args, stats, live, manager, watcher)
+    except UserError as failure:  # in the middle of the stream (a source's reader): what ran first, as sdqes-run says
+        summarize_run(sources, stats, failure.exit_code, written)
+        raise
+    summarize_run(sources, stats, exit_code, written)
     if trace_paths:
         print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
     if exit_code == 0 and any(source.lost_words() for source in sources):
@@ -311,34 +316,6 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
             if args.save_state:
                 detector.save_state(args.save_state)
     return exit_code
-
-
-def _summarize(sources: list, stats: RunStats, exit_code: int, written: list[str]) -> None:
-    dropped = sum(s.stats.dropped for s in sources)
-    # A step takes a frame of every source (a live one that falls behind idles): with several, "frames" counted
-    # steps, not the frames stepped.
-    unit = "frame" if len(sources) == 1 else "step"
-    counted = f"{stats.frames} {unit}{'' if stats.frames == 1 else 's'}" + (
-        f" of {len(sources)} sources" if len(sources) > 1 else "")
-    alerts = f"{stats.events} alert{'' if stats.events == 1 else 's'}"
-    # No frame, no speed: "0.0 frames/s, latency p50 0.0 ms" read as a measured stall.
-    speed = (f", {stats.fps:.1f} {unit}s/s, latency p50 {stats.latency(50):.1f} ms p99 {stats.latency(99):.1f} ms"
-             if stats.frames else "")
-    print(f"{'interrupted after' if exit_code != 0 else 'done:'} {counted}, {alerts}{speed}"
-          + (f", {dropped} frames dropped (the model is slower than the source)" if dropped else ""), file=sys.stderr)
-    for source in sources:
-        shortfall = source.stats.shortfall_words(source.name)
-        if shortfall:
-            print(f"{PROG}: incomplete: {shortfall}", file=sys.stderr)
-        lost = source.lost_words()
-        if lost:
-            print(f"{PROG}: error: {lost}" + (f" (exit status {LOST_SOURCE_EXIT})" if exit_code == 0 else ""),
-                  file=sys.stderr)  # (a stop asked for after it keeps its own status)
-        if source.start_index and not source.stats.sampled and exit_code == 0:  # resumed past its end: 0 frames
-            print(f"{PROG}: note: {source.name} has no frames after {source.start_index / source.fps:g} s, where the "
-                  "state snapshot stopped: the run it resumes had streamed it to its end", file=sys.stderr)
-    if written:
-        print(f"wrote {', '.join(written)}", file=sys.stderr)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
