@@ -110,13 +110,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys,
                                  LineAsker(detector, args.threshold, **_policy(args)), args.queries_file_version) \
         if args.watch_queries else nullcontext()
-    written = [str(p) for p in [args.events, *videos_written(video_sinks), args.save_state, *trace_paths] if p]
-    try:
-        exit_code = _stream(detector, sources, args, stats, live, manager, watcher)
-    except UserError as failure:  # in the middle of the stream (a source's reader): what ran first, as sdqes-run says
-        summarize_run(sources, stats, failure.exit_code, written)
-        raise
-    summarize_run(sources, stats, exit_code, written)
+    exit_code, failure = _stream(detector, sources, args, stats, live, manager, watcher)
+    summarize_run(sources, stats, exit_code, [str(p) for p in [args.events, *videos_written(video_sinks),
+                                                               args.save_state, *trace_paths] if p])
+    if failure is not None:  # what ran and was written first, then what went wrong, as sdqes-run ends
+        raise failure
     if trace_paths:
         print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
     if exit_code == 0 and any(source.lost_words() for source in sources):
@@ -268,9 +266,12 @@ def live_report_seconds() -> float:
 
 
 def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace, stats: RunStats,
-            live: bool, manager: ServiceManager, watcher: AbstractContextManager) -> int:
-    """Step until the sources end, --max-frames, or a signal (the frame in hand finished, every sink closed);
-    ``watcher`` (--watch-queries) changes the queries while it is open, never once the detector closes."""
+            live: bool, manager: ServiceManager, watcher: AbstractContextManager) -> tuple[int, UserError | None]:
+    """Step until the sources end, --max-frames, a signal (the frame in hand finished) or a failure in the middle of
+    the stream (a source's reader's); every sink closed -> (exit status, that failure, to be raised once the run's
+    summary is said). ``watcher`` (--watch-queries) changes the queries while it is open, never once the detector
+    closes."""
+    failure = None
     bar = progress_bar(expected_steps(sources, args.max_frames), "frame" if len(sources) == 1 else "step",
                        "streaming", enabled=not args.quiet and not live)
     last_report, report_every = time.perf_counter(), live_report_seconds()
@@ -306,6 +307,12 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
         exit_code = stop.exit_code or exit_code
     except KeyboardInterrupt as interrupt:  # a second signal, or one outside the loop
         exit_code = exit_code_of(interrupt)
+    except UserError as error:
+        from sdqes_edge.runtime.annotated_video import IncompleteOutput
+
+        if isinstance(error, IncompleteOutput):  # an output's own failure: said alone (a summary would say it written)
+            raise
+        failure, exit_code = error, error.exit_code
     finally:
         manager.stopping(f"stopping after {stats.frames} frames: finishing every output")
         if bar is not None:
@@ -315,7 +322,7 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
         finally:  # an output that failed to finish (a full disk) must not cost the state snapshot too
             if args.save_state:
                 detector.save_state(args.save_state)
-    return exit_code
+    return exit_code, failure
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
