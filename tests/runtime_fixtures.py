@@ -115,6 +115,25 @@ def seconds_to_stop(process: subprocess.Popen, timeout: float = 30) -> float:
     return time.monotonic() - asked
 
 
+def run_doing_on_a_line(command: list[str], line_part: str, then, timeout: float = 120) -> tuple[int, str]:
+    """``command`` run, ``then()`` called once a line of its stderr holds ``line_part`` (not at a guessed moment,
+    which a loaded machine reaches before the command does) -> (exit status, its whole stderr)."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    said, done = [], False
+    try:
+        for line in process.stderr:
+            said.append(line)
+            if not done and line_part in line:
+                then()
+                done = True
+        return process.wait(), "".join(said)
+    finally:
+        timer.cancel()
+        process.kill()
+
+
 @contextlib.contextmanager
 def serving(handler) -> Iterator[str]:
     """A local HTTP server of ``handler`` on a free port, while the block runs: its address."""

@@ -13,7 +13,7 @@ import threading
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from runtime_fixtures import EndlessMJPEG, Quiet, serving, write_video
+from runtime_fixtures import EndlessMJPEG, Quiet, run_doing_on_a_line, serving, write_video
 
 from sdqes_edge.errors import SourceUnavailable
 from sdqes_edge.runtime.live_source import Cameras, LiveSource
@@ -190,16 +190,17 @@ def test_run_ends_with_what_it_streamed_then_why_when_a_camera_turns_out_a_serve
 
     site_folder, events = tmp_path / "site", tmp_path / "alerts.jsonl"
     site_folder.mkdir()
-    up = threading.Timer(1.0, write_video, (site_folder / "porch.avi", sample_frames(12, 48, 64)))
     with serving(EndlessMJPEG) as kitchen, serving(partial(Files, directory=str(site_folder))) as site:
-        up.start()
-        done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(two_streams), "--source",
-                               f"{kitchen}/kitchen.mjpg", "--source", f"{site}/porch.avi", "--query", "cut an onion",
-                               "--events", str(events)], capture_output=True, text=True, timeout=120)
-    said = done.stderr.strip().splitlines()
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    assert re.fullmatch(r"interrupted after \d+ steps of 2 sources, .*", said[-3]), done.stderr
-    assert said[-2] == f"wrote {events}" and events.exists(), done.stderr
+        # The file is put there once the run has started without it.
+        status, stderr = run_doing_on_a_line(
+            [sys.executable, "-m", "sdqes_edge.cli", "run", str(two_streams), "--source", f"{kitchen}/kitchen.mjpg",
+             "--source", f"{site}/porch.avi", "--query", "cut an onion", "--events", str(events)],
+            "The other cameras start without it", lambda: write_video(site_folder / "porch.avi",
+                                                                      sample_frames(12, 48, 64)))
+    said = stderr.strip().splitlines()
+    assert status == 1 and "Traceback" not in stderr, stderr
+    assert re.fullmatch(r"interrupted after \d+ steps of 2 sources, .*", said[-3]), stderr
+    assert said[-2] == f"wrote {events}" and events.exists(), stderr
     assert said[-1].startswith(f"sdqes-edge: error: {site}/porch.avi serves a video file, not a live stream"), said
 
 

@@ -275,10 +275,9 @@ def test_sdqes_run_refuses_a_served_video_file_taken_for_a_camera_once_it_opens(
     waited for as a camera; once up, a video file there is not played live (stamped by the clock, replayed forever).
     The run says what it streamed first, then why it ended, exit 1."""
     import functools
-    import threading
     from http.server import SimpleHTTPRequestHandler
 
-    from runtime_fixtures import EndlessMJPEG, Quiet, serving, write_video
+    from runtime_fixtures import EndlessMJPEG, Quiet, run_doing_on_a_line, serving, write_video
 
     from sdqes_edge.sample import sample_frames
 
@@ -287,14 +286,13 @@ def test_sdqes_run_refuses_a_served_video_file_taken_for_a_camera_once_it_opens(
 
     site_folder = tmp_path / "site"
     site_folder.mkdir()
-    up = threading.Timer(1.0, write_video, (site_folder / "porch.avi", sample_frames(12, 48, 64)))
     with serving(EndlessMJPEG) as kitchen, serving(functools.partial(Files, directory=str(site_folder))) as site:
-        up.start()
-        done = subprocess.run([str(sdqes_run_on_the_cpu), str(three_camera_bundles["plain"]), "--source",
-                               f"{kitchen}/kitchen.mjpg", "--source", f"{site}/porch.avi"],
-                              capture_output=True, text=True, timeout=60)
-    said = done.stderr
-    assert done.returncode == 1, said
+        # The file is put there once the run has started without it.
+        status, said = run_doing_on_a_line(
+            [str(sdqes_run_on_the_cpu), str(three_camera_bundles["plain"]), "--source", f"{kitchen}/kitchen.mjpg",
+             "--source", f"{site}/porch.avi"], "The other cameras start without it",
+            lambda: write_video(site_folder / "porch.avi", sample_frames(12, 48, 64)), timeout=60)
+    assert status == 1, said
     assert f"sdqes-run: warning: OpenCV cannot open {site}/porch.avi; " in said, said
     assert re.fullmatch(r"sdqes-run: interrupted after \d+ steps of 2 sources, .*", said.strip().splitlines()[-2]), said
     assert said.strip().splitlines()[-1] == (
