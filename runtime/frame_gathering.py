@@ -2,7 +2,7 @@
 
 A run of several sources steps them together, and ``gather_frames`` makes each step: every file's next frame, and
 every live source's next frame unless it has not come one sample period after the step's first frame. A camera
-that stalls (an RTSP stream's read blocks for up to FFmpeg's 30 s before its reconnection attempts) then idles its
+that stalls (a stream's read blocks for up to STREAM_TIMEOUT_S, 10 s, before its reconnection attempts) then idles its
 stream, memory kept, while the others go on, instead of holding every stream's alerts for as long.
 """
 

@@ -17,11 +17,31 @@ from sdqes_edge.errors import SourceUnavailable, UserError
 from .frame_source import FrameSource
 
 RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; then the source gives up
+# How long OpenCV's FFmpeg may wait for a stream URL to open, or for its next frame, before it gives up: its own
+# default is 30 s, so a stream that stalled (a camera frozen, a network cut that resets nothing) was reconnected only
+# 30 s on, and a reader asked to stop could stay inside its read as long. The native sdqes-run waits as long.
+STREAM_TIMEOUT_S = 10.0
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
 WEB_PREFIXES = ("http://", "https://")  # what serves a live stream (an IP camera's MJPEG) or a video file alike
 GSTREAMER_LINK = "!"  # joins a GStreamer pipeline's elements: "nvarguscamerasrc ! ... ! appsink"
 NAME_LIMIT = 64  # characters of a stream's name: it names output files (out.NAME.mp4, NAME.npz)
 HIDDEN_PASSWORD = "***"
+
+
+def is_stream_url(target: int | str) -> bool:
+    """A URL, which OpenCV's FFmpeg opens (RTSP, HTTP(S), UDP, TCP): not a camera, a file or a GStreamer pipeline."""
+    return isinstance(target, str) and target.startswith(URL_PREFIXES)
+
+
+def open_capture(target: int | str, timeout_s: float = STREAM_TIMEOUT_S) -> cv2.VideoCapture:
+    """``cv2.VideoCapture(target)``; a stream URL through FFmpeg with open and read timeouts of ``timeout_s``, where
+    this OpenCV has FFmpeg (pip's wheels do). Given to FFmpeg alone: a backend that does not know the timeouts refuses
+    to open with them."""
+    if is_stream_url(target) and cv2.videoio_registry.hasBackend(cv2.CAP_FFMPEG):
+        milliseconds = int(timeout_s * 1000)
+        return cv2.VideoCapture(target, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, milliseconds,
+                                                         cv2.CAP_PROP_READ_TIMEOUT_MSEC, milliseconds])
+    return cv2.VideoCapture(target)
 
 
 def is_gstreamer_pipeline(target: int | str) -> bool:
@@ -136,13 +156,16 @@ class LiveSource(FrameSource):
     live = True
 
     def __init__(self, target: int | str, fps: float, reconnect_delays: tuple[float, ...] = RECONNECT_DELAYS_S,
-                 capture: cv2.VideoCapture | None = None, opened: bool = True):
+                 capture: cv2.VideoCapture | None = None, opened: bool = True,
+                 stream_timeout_s: float = STREAM_TIMEOUT_S):
         """``capture``: the target already opened (``open_source`` looked at what a URL serves): opening it again
         is a second connection, which an IP camera that takes one client at a time refuses. ``opened=False``: not
-        opened here; its reading begins by reconnecting (a camera of several that was not there at the start)."""
+        opened here; its reading begins by reconnecting (a camera of several that was not there at the start).
+        ``stream_timeout_s``: how long a stream URL's open, or its wait for a frame, may take (``open_capture``)."""
         super().__init__(live_source_name(target), fps)
         self.target = target
         self.reconnect_delays = reconnect_delays
+        self.stream_timeout_s = stream_timeout_s
         # The run's cameras, where this one is tried again every last delay when lost, rather than given up, while
         # another of them sends (Cameras). A run of several cameras (open_sources), which the others keep going:
         # given up, a camera back a minute later stayed lost until the run was restarted.
@@ -159,7 +182,7 @@ class LiveSource(FrameSource):
         """The target opened -> its capture, or None where it cannot be. An HTTP(S) URL that serves a video file
         (one that could not be opened when a run of cameras started, so taken for a camera) is refused: a live
         source never plays a file."""
-        capture = cv2.VideoCapture(self.target)
+        capture = open_capture(self.target, self.stream_timeout_s)
         if not capture.isOpened():
             capture.release()
             return None

@@ -1,11 +1,11 @@
 """Opening a run's sources: side by side, each on a thread of its own, and stoppable while they open.
 
-OpenCV's open of a stream blocks inside C++: a server that answers but sends nothing holds it for FFmpeg's 30-s
-timeout, and Python runs a signal handler only once that call returns. Opened in the main thread, a run asked to
-stop there (Ctrl-C, ``docker stop``, systemd) went on waiting for it, while docker kills after 10 s. Here the main
-thread only waits for the opener threads, a wait that a signal cuts short. Cameras (V4L2) and GStreamer pipelines
-open side by side; OpenCV's FFmpeg backend (RTSP and HTTP streams, video files) opens one at a time, under a lock
-of its own.
+OpenCV's open of a stream blocks inside C++: a server that answers but sends nothing holds it for the open's timeout
+(``STREAM_TIMEOUT_S``, 10 s; FFmpeg's own is 30 s), and Python runs a signal handler only once that call returns.
+Opened in the main thread, a run asked to stop there (Ctrl-C, ``docker stop``, systemd) went on waiting for it, while
+docker kills after 10 s. Here the main thread only waits for the opener threads, a wait that a signal cuts short.
+Cameras (V4L2) and GStreamer pipelines open side by side; OpenCV's FFmpeg backend (RTSP and HTTP streams, video
+files) opens one at a time, under a lock of its own.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sdqes_edge.stopping import may_outlive_a_stop
 
 from .frame_gathering import STALL_NOTICE_S
 from .frame_source import SOURCE_LOG, FrameSource
-from .live_source import Cameras, LiveSource, without_password
+from .live_source import STREAM_TIMEOUT_S, Cameras, LiveSource, without_password
 from .sources import open_source, unopened_live_source
 
 # A source still opening after this long is named, once, as a camera that stalls is: the run is not silent meanwhile.
@@ -112,5 +112,5 @@ def open_sources(specs: Iterable[str | int], fps: float,
 
 def _still_opening_words(specs: list[str | int]) -> str:
     shown = ", ".join(without_password(str(spec)) for spec in specs)
-    return (f"still opening {shown} after {OPEN_NOTICE_S:g} s: OpenCV waits up to its own timeout (FFmpeg's is 30 s) "
-            "for a stream that answers but sends nothing; Ctrl-C stops the run")
+    return (f"still opening {shown} after {OPEN_NOTICE_S:g} s: OpenCV waits up to {STREAM_TIMEOUT_S:g} s for a stream "
+            "that answers but sends nothing; Ctrl-C stops the run")

@@ -25,6 +25,7 @@ from .live_source import (
     WEB_PREFIXES,
     LiveSource,
     is_gstreamer_pipeline,
+    open_capture,
     open_failure_words,
     serves_a_file,
     without_password,
@@ -66,7 +67,7 @@ class VideoFileSource(FrameSource):
         super().__init__(video_file_name(self.location), fps)
         if not self.url and not self.path.is_file():
             raise UserError(f"video {self.path} does not exist")
-        capture = cv2.VideoCapture(self.location)
+        capture = open_capture(self.location)
         ok = capture.isOpened() and capture.read()[0]
         self.frame_count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) if ok else 0
         self.native_fps = capture.get(cv2.CAP_PROP_FPS) if ok else 0.0
@@ -92,7 +93,7 @@ class VideoFileSource(FrameSource):
         return None
 
     def _frames(self):
-        capture = cv2.VideoCapture(self.location)
+        capture = open_capture(self.location)
         native = self.native_fps if self.native_fps > 0 else 30.0
         self.stats.expected = self.frame_count if self.frame_count > 0 else None
         if 0 < self.native_fps < self.fps - STAMP_TOLERANCE_S:
@@ -294,7 +295,7 @@ def _open_web_source(url: str, fps: float) -> FrameSource:
     apart by what its container says: a file lists its frames, a live stream none. Read as a live stream, a file was
     stamped by the wall clock as it decoded (the whole video in moments, most frames dropped) and, at its end,
     "reconnected" to play again from its start, forever."""
-    capture = cv2.VideoCapture(url)
+    capture = open_capture(url)
     if not capture.isOpened():
         capture.release()
         raise SourceUnavailable(open_failure_words(url))

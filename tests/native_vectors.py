@@ -91,7 +91,8 @@ def source_name_cases() -> dict:
 
 
 # What a --source names (runtime/sources.py's source_kind), machine-independent: "{vectors}" stands for this folder,
-# made absolute by each side's test. And the back-off between attempts to reopen a live source that dropped.
+# made absolute by each side's test. And the back-off between attempts to reopen a live source that dropped, and the
+# sources opened with timeouts.
 SOURCE_KIND_SPECS = ["0", "12", "\u00b2", "rtsp://admin:pw@10.0.0.5:554/x", "udp://@:5000", "http://h/video.mjpg",
                      "https://h/clip.mp4", "nvarguscamerasrc sensor-id=0 ! appsink", "/no/such/clip!.mp4", "/dev/null",
                      "/dev/video987", "/dev/v4l/by-id/usb-none-video-index0", "/no/such/clip.mp4", "{vectors}",
@@ -99,11 +100,14 @@ SOURCE_KIND_SPECS = ["0", "12", "\u00b2", "rtsp://admin:pw@10.0.0.5:554/x", "udp
 
 
 def source_kind_cases() -> dict:
-    from sdqes_edge.runtime.live_source import RECONNECT_DELAYS_S
+    from sdqes_edge.runtime.live_source import RECONNECT_DELAYS_S, STREAM_TIMEOUT_S, is_stream_url
     from sdqes_edge.runtime.sources import source_kind
 
     return {"kinds": {spec: source_kind(spec.replace("{vectors}", str(VECTORS))) for spec in SOURCE_KIND_SPECS},
-            "reconnect_delays_s": list(RECONNECT_DELAYS_S)}
+            "reconnect_delays_s": list(RECONNECT_DELAYS_S),
+            # Which sources OpenCV's FFmpeg opens with open and read timeouts of stream_timeout_s (open_capture).
+            "stream_urls": [spec for spec in SOURCE_KIND_SPECS if is_stream_url(spec)],
+            "stream_timeout_s": STREAM_TIMEOUT_S}
 
 
 # A bundle's recorded thresholds x a query of its own (its label, its own threshold) x sdqes-run's options: the

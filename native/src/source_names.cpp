@@ -103,6 +103,8 @@ bool is_gstreamer_pipeline(const std::string& target) {
   return target.find('!') != std::string::npos && !starts_with_any(target, kUrlPrefixes);
 }
 
+bool is_stream_url(const std::string& target) { return starts_with_any(target, kUrlPrefixes); }
+
 std::string without_password(const std::string& url) {
   const UrlParts parts = split_url(url);
   const size_t at = parts.netloc.rfind('@');

@@ -134,6 +134,15 @@ TEST(SourceKinds, EachSourceIsReadAsThePythonRuntimeReadsIt) {
     EXPECT_EQ(sdqes::source_kind(source), kind.get<std::string>()) << source;
   }
   EXPECT_EQ(sdqes::reconnect_delays_s(), vectors["reconnect_delays_s"].get<std::vector<double>>());
+  std::vector<std::string> stream_urls;  // opened with FFmpeg's timeouts
+  for (const auto& [spec, kind] : vectors["kinds"].items()) {
+    if (sdqes::is_stream_url(spec)) stream_urls.push_back(spec);
+  }
+  auto expected = vectors["stream_urls"].get<std::vector<std::string>>();
+  std::sort(stream_urls.begin(), stream_urls.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(stream_urls, expected);
+  EXPECT_EQ(sdqes::kStreamTimeoutS, vectors["stream_timeout_s"].get<double>());
 }
 
 namespace {

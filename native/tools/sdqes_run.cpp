@@ -25,6 +25,7 @@
 
 #include <opencv2/core/utils/logger.hpp>
 #include <opencv2/videoio.hpp>
+#include <opencv2/videoio/registry.hpp>
 #include <unistd.h>
 
 #include "sdqes/alert_state_file.hpp"
@@ -144,7 +145,24 @@ struct Source {
 
   bool open(cv::VideoCapture& capture) const {
     capture.release();
-    return kind == "camera" ? capture.open(camera_index) : capture.open(spec);
+    if (kind == "camera") return capture.open(camera_index);
+    if (sdqes::is_stream_url(spec)) return open_stream(capture);
+    return capture.open(spec);
+  }
+
+  // A stream URL through FFmpeg with open and read timeouts of sdqes::kStreamTimeoutS (its own: 30 s), as
+  // runtime/live_source.py's open_capture; given to FFmpeg alone, since a backend that does not know them refuses to
+  // open. An OpenCV older than 4.5.4 (which added them), or without FFmpeg, opens it as it would.
+  bool open_stream(cv::VideoCapture& capture) const {
+#if CV_VERSION_MAJOR > 4 || (CV_VERSION_MAJOR == 4 && (CV_VERSION_MINOR > 5 || (CV_VERSION_MINOR == 5 && \
+                                                                                  CV_VERSION_REVISION >= 4)))
+    if (cv::videoio_registry::hasBackend(cv::CAP_FFMPEG)) {
+      const int milliseconds = static_cast<int>(sdqes::kStreamTimeoutS * 1000);
+      return capture.open(spec, cv::CAP_FFMPEG,
+                          {cv::CAP_PROP_OPEN_TIMEOUT_MSEC, milliseconds, cv::CAP_PROP_READ_TIMEOUT_MSEC, milliseconds});
+    }
+#endif
+    return capture.open(spec);
   }
 
   // An HTTP(S) URL whose container counts its frames: a video file, not a live stream (an IP camera's MJPEG counts
@@ -344,8 +362,8 @@ std::string identity_of(const Source& source, bool live, const cv::VideoCapture&
 void say_still_opening(const Source& source) {
   std::ostringstream words;
   words << "still opening " << source.shown << " after " << sdqes::kStallNoticeS
-        << " s: OpenCV waits up to its own timeout (FFmpeg's is 30 s) for a stream that answers but sends nothing; "
-           "Ctrl-C stops the run";
+        << " s: OpenCV waits up to " << sdqes::kStreamTimeoutS
+        << " s for a stream that answers but sends nothing; Ctrl-C stops the run";
   say(words.str());
 }
 

@@ -4,7 +4,7 @@
 // waited for until a patience of one sample period after the step's first frame came: a source that keeps pace
 // sends one within a period of any other's, each being sampled at the bundle's rate. A live source that missed
 // that wait is late, and until it hands a frame over again no step waits for it. A camera that stalls (a network
-// stream's read blocks for up to FFmpeg's 30 s before the reconnection attempts) then idles its stream, memory
+// stream's read blocks for up to kStreamTimeoutS, 10 s, before the reconnection attempts) then idles its stream, memory
 // kept, while the others go on, instead of holding every stream's alerts for as long.
 #pragma once
 
@@ -62,7 +62,8 @@ std::vector<bool> gather_step(const std::vector<GatheredSource*>& sources, const
 
 // Runs `say` once, on a thread of its own, unless destroyed within `after_s` seconds. sdqes-run names a source still
 // opening after kStallNoticeS with it, as a camera that stalls is named: OpenCV's open of a stream that answers but
-// sends nothing blocks for FFmpeg's 30 s, and the run was silent meanwhile (runtime/source_opening.py's notice).
+// sends nothing blocks for kStreamTimeoutS (FFmpeg's own: 30 s), and the run was silent meanwhile
+// (runtime/source_opening.py's notice).
 class NoticeIfSlow {
  public:
   NoticeIfSlow(double after_s, std::function<void()> say);

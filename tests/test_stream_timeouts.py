@@ -1,0 +1,91 @@
+"""A stream URL is opened through FFmpeg with open and read timeouts (live_source.STREAM_TIMEOUT_S) rather than
+FFmpeg's own 30 s: a stream that stalled (a frozen camera, a network cut that resets nothing) was reconnected only
+30 s on, and a server that answers but sends nothing held the open as long."""
+
+from __future__ import annotations
+
+import time
+from http.server import BaseHTTPRequestHandler
+
+import cv2
+import numpy as np
+import pytest
+from runtime_fixtures import EndlessMJPEG, Quiet, serving
+
+from sdqes_edge.errors import SourceUnavailable
+from sdqes_edge.runtime.live_source import STREAM_TIMEOUT_S, LiveSource, open_capture
+
+FPS = 5.0
+SHORT_TIMEOUT_S = 1.0  # the tests' own, for speed
+FFMPEG_OWN_TIMEOUT_S = 30.0
+
+needs_ffmpeg = pytest.mark.skipif(not cv2.videoio_registry.hasBackend(cv2.CAP_FFMPEG),
+                                  reason="this OpenCV has no FFmpeg backend, the one that takes the timeouts")
+
+
+class SendsThenStalls(Quiet, BaseHTTPRequestHandler):
+    """An MJPEG stream that sends ten frames, then nothing, its connection left open."""
+
+    def do_GET(self):
+        frame = cv2.imencode(".jpg", np.full((64, 64, 3), 128, np.uint8))[1].tobytes()
+        self.send_response(200)
+        self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+        self.end_headers()
+        for _ in range(10):
+            self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n"
+                             % (len(frame), frame))
+            self.wfile.flush()
+            time.sleep(0.05)
+        time.sleep(FFMPEG_OWN_TIMEOUT_S + 10)
+
+
+class Silent(Quiet, BaseHTTPRequestHandler):
+    """A server that takes the request and never answers."""
+
+    def do_GET(self):
+        time.sleep(FFMPEG_OWN_TIMEOUT_S + 10)
+
+
+def test_the_timeout_is_a_third_of_ffmpegs_own_and_a_live_source_takes_it_by_default():
+    assert STREAM_TIMEOUT_S == FFMPEG_OWN_TIMEOUT_S / 3
+    assert LiveSource("rtsp://127.0.0.1:9/x", FPS, opened=False).stream_timeout_s == STREAM_TIMEOUT_S
+
+
+@needs_ffmpeg
+def test_a_stream_that_stalls_is_reconnected_after_the_timeout_not_after_ffmpegs_30_s():
+    said = []
+    with serving(SendsThenStalls) as address:
+        camera = LiveSource(f"{address}/cam.mjpg", FPS, reconnect_delays=(0.05,), stream_timeout_s=SHORT_TIMEOUT_S)
+        camera.log = said.append
+        reader = camera.threaded()
+        try:
+            assert reader.take(timeout=10) is not None
+            last_frame = time.monotonic()
+            while not any("no frame; reconnecting" in line for line in said):
+                assert time.monotonic() - last_frame < FFMPEG_OWN_TIMEOUT_S / 3, said
+                time.sleep(0.05)
+            noticed_after = time.monotonic() - last_frame
+        finally:
+            reader.close()
+    assert noticed_after < 3 * SHORT_TIMEOUT_S + 1, said  # the stalled read gave up at the timeout
+
+
+@needs_ffmpeg
+def test_a_server_that_answers_nothing_is_given_up_at_the_timeout():
+    with serving(Silent) as address:
+        asked = time.monotonic()
+        capture = open_capture(f"{address}/cam.mjpg", SHORT_TIMEOUT_S)
+        took = time.monotonic() - asked
+        assert not capture.isOpened()
+        with pytest.raises(SourceUnavailable, match="OpenCV cannot open stream"):
+            LiveSource(f"{address}/cam.mjpg", FPS, stream_timeout_s=SHORT_TIMEOUT_S)
+    assert took < 3 * SHORT_TIMEOUT_S + 1
+
+
+def test_a_stream_that_sends_is_read_through_the_timeouts_as_before():
+    with serving(EndlessMJPEG) as address:
+        camera = LiveSource(f"{address}/cam.mjpg", FPS)
+        frames = camera.sampled()
+        first = next(frames)
+        frames.close()
+    assert first.image.shape == (64, 64, 3)
