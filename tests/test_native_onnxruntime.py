@@ -299,3 +299,22 @@ def test_sdqes_run_refuses_a_served_video_file_taken_for_a_camera_once_it_opens(
         f"sdqes-run: error: {site}/porch.avi serves a video file, not a live stream, and a live source would stamp its "
         "frames by the clock, drop most of them and replay it forever: it could not be opened when the run started, "
         "so it was taken for a camera; start the run again to read it as the file it is"), said
+
+
+def test_sdqes_run_reconnects_a_stream_that_stalls_after_its_timeout_not_ffmpegs_30_s(sdqes_run_on_the_cpu, bundle):
+    """As `sdqes-edge run` (tests/test_stream_timeouts.py): a stream that sends a few frames, then nothing, its
+    connection left open, is reopened once kStreamTimeoutS (10 s) has passed without a frame."""
+    from runtime_fixtures import seconds_to_stop, serving
+    from test_stream_timeouts import FFMPEG_OWN_TIMEOUT_S, SendsThenStalls
+
+    from sdqes_edge.runtime.live_source import STREAM_TIMEOUT_S
+
+    with serving(SendsThenStalls) as address:
+        started = time.monotonic()
+        process = subprocess.Popen([str(sdqes_run_on_the_cpu), bundle, "--source", f"{address}/cam.mjpg"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        reconnecting = next((line for line in process.stderr if "no frame; reconnecting" in line), "")
+        noticed_after = time.monotonic() - started
+        seconds_to_stop(process)
+    assert reconnecting.startswith("sdqes-run: 127.0.0.1-"), reconnecting
+    assert STREAM_TIMEOUT_S <= noticed_after < FFMPEG_OWN_TIMEOUT_S - 5
