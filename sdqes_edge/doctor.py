@@ -82,7 +82,7 @@ def opencv_finding() -> Finding:
     if not hasattr(cv2, "VideoCapture"):
         return Finding("OpenCV", False, "the cv2 folder is empty",
                        package_builds.incomplete_package_words(package_builds.OPENCV))
-    from sdqes_edge.runtime.live_source import opencv_has_gstreamer
+    from sdqes_edge.runtime.live_source import STREAM_TIMEOUT_S, opencv_has_gstreamer
 
     registry = cv2.videoio_registry
     usable = {kind: [registry.getBackendName(b) for b in listed() if registry.hasBackend(b)] or ["none"]
@@ -91,7 +91,10 @@ def opencv_finding() -> Finding:
     gstreamer = ("GStreamer pipelines: yes" if opencv_has_gstreamer() else
                  "GStreamer pipelines: no (pip's wheels never have it; a Jetson's CSI camera needs JetPack's OpenCV)")
     detail = f"{cv2.__version__}; " + "; ".join(f"{kind}: {', '.join(names)}" for kind, names in usable.items())
-    detail += f"; {gstreamer}"
+    streams = (f"stream URLs: FFMPEG, given up after {STREAM_TIMEOUT_S:g} s without a frame"
+               if registry.hasBackend(cv2.CAP_FFMPEG) else
+               "stream URLs: no FFMPEG, so a stalled stream waits for its back-end's own timeout")
+    detail += f"; {gstreamer}; {streams}"
     builds = package_builds.installed_builds(package_builds.OPENCV)
     if len(builds) > 1:  # works, whichever was installed last; uninstalling either would empty the folder
         return Finding("OpenCV", True, f"{detail}; {' and '.join(builds)} share the cv2 folder",
