@@ -172,6 +172,20 @@ def test_bad_input_to_run_is_one_line_and_a_non_zero_exit(make_args, message, ex
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_a_source_that_fails_before_its_first_frame_is_said_alone_without_a_summary(exported, tmp_path):
+    """A failure in the middle of a stream is said after what ran and was written
+    (tests/test_cameras_that_come_and_go.py); before any frame, "interrupted after 0 frames" would only say that
+    nothing ran: the error is said alone."""
+    _, bundle = exported
+    for i in range(3):
+        (tmp_path / f"frame_{i}.png").write_bytes(b"")  # no image OpenCV can read
+    done = run_cli("run", str(bundle), "--source", str(tmp_path), "--query", QUERY)
+    said = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert said[-1].startswith(f"sdqes-edge: error: OpenCV cannot read any image of {tmp_path}"), said
+    assert not any(line.startswith("interrupted after") for line in said), said
+
+
 def test_more_sources_than_the_bundle_steps_at_once_are_refused_before_any_source_opens_or_output_starts(
         exported, tmp_path):
     _, bundle = exported  # exported for one stream at a time

@@ -716,7 +716,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   } catch (const sdqes::Error&) {  // a source's reader failed in the middle of the stream (a camera turned out a file)
     // What ran first, as a stop says it, then the error (main says it), as `sdqes-edge run` ends then.
     const double seconds = wind_up();
-    say("interrupted after " + counted_words(streams, steps, seconds, latencies));
+    if (steps > 0) say("interrupted after " + counted_words(streams, steps, seconds, latencies));  // else said alone
     throw;
   }
   const double seconds = wind_up();

@@ -310,7 +310,8 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
     except UserError as error:
         from sdqes_edge.runtime.annotated_video import IncompleteOutput
 
-        if isinstance(error, IncompleteOutput):  # an output's own failure: said alone (a summary would say it written)
+        # An output's own failure is said alone (a summary would say it written), as is one before any frame ran.
+        if isinstance(error, IncompleteOutput) or not stats.frames:
             raise
         failure, exit_code = error, error.exit_code
     finally:
