@@ -569,8 +569,6 @@ std::string status_line(const std::vector<std::unique_ptr<StreamSource>>& stream
   return sdqes::status_words(seconds > 0 ? steps / seconds : 0.0, latencies, dropped, raised);
 }
 
-// The run's last lines on stderr (its summary, then what went wrong, as `sdqes-edge run` ends), and its exit status:
-// 128 + a signal; 1 where a live source was lost (a failure, so a service manager starts the run again); else 0.
 // What the run streamed: "20 steps of 2 sources, 0 alerts, 5.0 steps/s, latency p50 ...".
 std::string counted_words(const std::vector<std::unique_ptr<StreamSource>>& streams, int64_t steps, double seconds,
                           const sdqes::LatencyHistogram& latencies) {
@@ -583,6 +581,8 @@ std::string counted_words(const std::vector<std::unique_ptr<StreamSource>>& stre
          (dropped ? ", " + std::to_string(dropped) + " frames dropped (the engine is slower than the source)" : "");
 }
 
+// The run's last lines on stderr (its summary, then what went wrong, as `sdqes-edge run` ends), and its exit status:
+// 128 + a signal; 1 where a live source was lost (a failure, so a service manager starts the run again); else 0.
 int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_ptr<StreamSource>>& streams,
                int64_t steps, double seconds, const sdqes::LatencyHistogram& latencies, double period_s) {
   const std::string counted = counted_words(streams, steps, seconds, latencies);
