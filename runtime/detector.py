@@ -36,7 +36,16 @@ from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_encoder_for
 from .run_stats import RunStats
 from .sinks import AlertEvent, Sink, check_sink_fits, close_all
-from .snapshots import SavedAlert, Snapshot, StreamRecord, policy_key, read_snapshot, snapshot_path, write_snapshot
+from .snapshots import (
+    SavedAlert,
+    Snapshot,
+    SnapshotWriter,
+    StreamRecord,
+    policy_key,
+    read_snapshot,
+    snapshot_path,
+    write_snapshot,
+)
 from .sources import Frame, FrameSource
 from .step_backends import make_backend
 from .stream_slot import StreamSlot
@@ -91,6 +100,7 @@ class StreamingDetector:
         self._frames = FrameBatch(self.backend, (self.batch, 3, size, size))  # one step's frames, reused
         self.last_embeddings: np.ndarray | None = None
         self._lock = threading.RLock()  # see _exclusive
+        self._snapshots = SnapshotWriter()  # save_state(wait=False)
         self._running, self._run_thread = False, 0  # a run is stepping the streams, from this thread (see run)
 
     @_exclusive
@@ -188,9 +198,11 @@ class StreamingDetector:
             slot.reset()
 
     @_exclusive
-    def save_state(self, path: str | Path) -> Path:
+    def save_state(self, path: str | Path, wait: bool = True) -> Path:
         """Snapshot the streaming state to an .npz, to resume after a restart: the model's state and, per stream,
-        its frame count, time, source position and alert states (``snapshots``)."""
+        its frame count, time, source position and alert states (``snapshots``). ``wait=False``: the state is
+        copied now and written by a thread of its own (``SnapshotWriter``), after any earlier one, while the
+        stream goes on; ``close`` and the next ``save_state`` wait for it, and raise what it raised."""
         path = as_path(path, "save_state takes")
         if path.is_dir():  # numpy would write FOLDER.npz beside it
             raise UserError(f"{path} is a folder; give save_state a file path (e.g. {path / SNAPSHOT_EXAMPLE})")
@@ -200,8 +212,12 @@ class StreamingDetector:
         records = [StreamRecord(slot.frames, slot.time, slot.source, slot.position,
                                 {keys[qid]: SavedAlert.of(state, slot.time) for qid, state in slot.alerts.items()})
                    for slot in self.streams]
-        return write_snapshot(path, Snapshot(self.bundle.model_identity, self.backend.state_to_numpy(self.state),
-                                             records))
+        snapshot = Snapshot(self.bundle.model_identity, self.backend.state_to_numpy(self.state), records)
+        if not wait:
+            self._snapshots.write_later(path, snapshot)
+            return path
+        self._snapshots.wait()  # an earlier one in flight is older: written first
+        return write_snapshot(path, snapshot)
 
     @_exclusive
     def load_state(self, path: str | Path) -> None:
@@ -374,7 +390,10 @@ class StreamingDetector:
         """Finish every sink's output; one that fails (a full disk) does not stop the others finishing theirs,
         and the first failure is raised after."""
         sinks, self.sinks = self.sinks, []
-        close_all(sinks)
+        try:
+            close_all(sinks)
+        finally:
+            self._snapshots.wait()
 
 
 _DEFAULTS = {name: p.default for name, p in inspect.signature(StreamingDetector.__init__).parameters.items()}

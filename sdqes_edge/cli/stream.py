@@ -284,7 +284,7 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
                 # --state: a power cut or a kill keeps each alert's count and time (--max-alerts, --cooldown)
                 unsaved_alerts = unsaved_alerts or bool(alerts and args.state)
                 if unsaved_alerts and time.monotonic() - saved_at >= ALERT_SNAPSHOT_SECONDS:
-                    detector.save_state(args.state)
+                    detector.save_state(args.state, wait=False)  # written while the stream goes on
                     unsaved_alerts, saved_at = False, time.monotonic()
                 manager.alive()
                 if bar is not None:
