@@ -73,7 +73,7 @@ class _Run:
     def loop_over_step(self) -> float | None:
         """The runtime loop on an mp4 over the bare step: the worse of its precisions (each against its own). From
         its first frame to its last: its start (opening the video, the first frame) is reported apart, as the bare
-        step's is not timed at all; runs before December 2026 timed it within."""
+        step's is not timed at all; runs before 29 November 2026 timed it within."""
         e2e = self.section.get("end_to_end")
         if e2e is None:
             return None

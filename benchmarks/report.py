@@ -54,7 +54,7 @@ def markdown(results: dict) -> str:
 
 
 def _start_words(e2e: dict) -> str:
-    """The loop's start, timed apart from its frames since December 2026 (before, inside its ms/frame)."""
+    """The loop's start, timed apart from its frames since 29 November 2026 (before, inside its ms/frame)."""
     if "loop_start_ms" not in e2e:
         return " (its start included)"
     return (f" from its first frame to its last (its start, opening the video and the first frame, "
