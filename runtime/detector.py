@@ -223,6 +223,7 @@ class StreamingDetector:
     def load_state(self, path: str | Path) -> None:
         """Go on from a ``save_state`` snapshot; one of another model or batch size, or damaged, is refused
         (``snapshots.UnusableSnapshot``) and the detector is left as it was."""
+        self._snapshots.wait()  # a snapshot still being written (save_state(wait=False)) is read whole
         snapshot = read_snapshot(path)
         snapshot.check_fits(path, self.bundle.model_identity, self.backend.spec, self.bundle.root)
         self.state = self.backend.state_from_numpy(snapshot.state)

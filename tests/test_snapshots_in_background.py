@@ -80,3 +80,23 @@ def test_a_failed_write_in_the_background_is_raised_by_the_next_save_or_by_close
     detector.save_state(tmp_path / "c.npz", wait=False)
     with pytest.raises(OSError, match="No space left"):
         detector.close()
+
+
+def test_a_snapshot_still_being_written_is_waited_for_by_load_state(exported, tmp_path, monkeypatch):
+    _, bundle = exported
+    detector = stepped(bundle)
+    path = tmp_path / "state.npz"
+    detector.save_state(path)  # an older snapshot at the path
+    detector.step([Frame(np.zeros((48, 64, 3), np.uint8), FRAMES / detector.fps, FRAMES)])
+    go, real_write = threading.Event(), snapshots.write_snapshot
+
+    def held_write(path, snapshot):
+        go.wait(timeout=30)
+        return real_write(path, snapshot)
+
+    monkeypatch.setattr(snapshots, "write_snapshot", held_write)
+    detector.save_state(path, wait=False)
+    threading.Timer(0.2, go.set).start()
+    detector.load_state(path)  # the newer one, not the one it replaces
+    assert [slot.frames for slot in detector.streams] == [FRAMES + 1]
+    detector.close()
