@@ -4,12 +4,11 @@ with OpenCV and read back when it closes (OpenCV's writer reports no error, and 
 from __future__ import annotations
 
 import calendar
+import functools
 import glob
 import math
-import queue
 import re
 import shutil
-import threading
 import time
 import warnings
 from numbers import Real
@@ -31,6 +30,7 @@ from sdqes_edge.files import (
 )
 from sdqes_edge.metrics import above_threshold
 
+from .ordered_calls import OrderedCalls
 from .sampling import checked_rate
 from .sinks import Sink, checked_stream
 
@@ -54,44 +54,28 @@ QUEUED_FRAMES = 3
 
 
 class BackgroundWriter:
-    """A ``cv2.VideoWriter`` fed by a thread of its own, in the order given, every frame written: the encoding no
-    longer holds the step that made the frame (on this 2-core CPU, a 1280x720 frame took 4.2 ms in mp4v and 18 ms
-    as MJPG, a 1920x1080 one 9.9 and 40; the step a GPU makes of it, a few ms). What the encoder raised is raised by
-    the next ``write`` or by ``release``."""
+    """A ``cv2.VideoWriter`` fed by a thread of its own (``OrderedCalls``), in the order given, every frame written:
+    the encoding no longer holds the step that made the frame (on this 2-core CPU, a 1280x720 frame took 4.2 ms in
+    mp4v and 18 ms as MJPG, a 1920x1080 one 9.9 and 40; the step a GPU makes of it, a few ms). What the encoder
+    raised is raised by the next ``write`` or by ``release``."""
 
     def __init__(self, writer):
         self._writer = writer
-        self._frames: queue.Queue = queue.Queue(maxsize=QUEUED_FRAMES)
-        self._failure: BaseException | None = None
         # A daemon: the run closes its sinks (release) on every way out; a second Ctrl-C, which stops it at once,
         # leaves a video unfinished as it did before.
-        self._thread = threading.Thread(target=self._encode, name="annotated-video-writer", daemon=True)
-        self._thread.start()
-
-    def _encode(self) -> None:
-        while (image := self._frames.get()) is not None:
-            if self._failure is None:
-                try:
-                    self._writer.write(image)
-                except BaseException as error:  # noqa: BLE001 (handed to the stepping thread, which raises it)
-                    self._failure = error
+        self._encoder = OrderedCalls("annotated-video-writer", QUEUED_FRAMES, daemon=True)
 
     def write(self, image: np.ndarray) -> None:
         """Hand ``image`` over (not to be changed after): it is written after the frames before it."""
-        self._raise_failure()
-        self._frames.put(image)
+        self._encoder.call(functools.partial(self._writer.write, image))
 
     def release(self) -> None:
         """Write every frame handed over, then close the video."""
-        self._frames.put(None)
-        self._thread.join()
-        self._writer.release()
-        self._raise_failure()
-
-    def _raise_failure(self) -> None:
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
+        self._encoder.close()
+        try:
+            self._encoder.join()
+        finally:
+            self._writer.release()
 
 
 class IncompleteOutput(UserError):

@@ -45,7 +45,7 @@ def open_capture(target: int | str, timeout_s: float = STREAM_TIMEOUT_S) -> cv2.
 
 
 def is_gstreamer_pipeline(target: int | str) -> bool:
-    return isinstance(target, str) and GSTREAMER_LINK in target and not target.startswith(URL_PREFIXES)
+    return isinstance(target, str) and GSTREAMER_LINK in target and not is_stream_url(target)
 
 
 def is_device_path(target: int | str) -> bool:

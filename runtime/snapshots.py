@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -37,6 +36,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import NPZ_READ_ERRORS, as_path, npz_problem, path_problem, replaced_atomically
 
 from .alerts import AlertPolicy, AlertState
+from .ordered_calls import OrderedCalls
 
 STATE_PREFIX = "state/"
 SNAPSHOT_SUFFIX = ".npz"
@@ -163,30 +163,22 @@ class SnapshotWriter:
     frames. What a write raised is raised by the next ``write_later`` or by ``wait``."""
 
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._failure: BaseException | None = None
+        self._in_flight: OrderedCalls | None = None
 
     def write_later(self, path: Path, snapshot: Snapshot) -> None:
         """Write ``snapshot`` (host copies, not to be changed after) at ``path`` after the one in flight."""
         self.wait()
-        # Not a daemon: a snapshot begun is finished before the process exits (the write is atomic anyway).
-        self._thread = threading.Thread(target=self._write, args=(path, snapshot), name="state-snapshot")
-        self._thread.start()
-
-    def _write(self, path: Path, snapshot: Snapshot) -> None:
-        try:
-            write_snapshot(path, snapshot)
-        except BaseException as error:  # noqa: BLE001 (raised by the caller's next write_later or wait)
-            self._failure = error
+        # Not a daemon: a snapshot begun is finished before the process exits (the write is atomic anyway); its
+        # thread ends once it is written.
+        self._in_flight = OrderedCalls("state-snapshot", 1, daemon=False)
+        self._in_flight.call(lambda: write_snapshot(path, snapshot))
+        self._in_flight.close()
 
     def wait(self) -> None:
         """The write in flight finished; what it raised, raised here."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.join()
 
 
 def read_snapshot(path: str | Path) -> Snapshot:

@@ -5,6 +5,7 @@ the stepping thread."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -72,7 +73,7 @@ def test_what_the_encoder_raises_is_raised_in_the_stepping_thread_at_the_next_wr
     with pytest.raises(OSError, match="No space left"):
         for k in range(1, 100):  # raised by a later write, once the thread has met it
             writer.write(frame(k))
-            writer._thread.join(timeout=0.01)
+            time.sleep(0.01)  # the thread's turn
     writer.release()  # said once: the thread ends, nothing raised again
     writer = BackgroundWriter(Failing())
     writer.write(frame(0))

@@ -8,7 +8,6 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 import cv2
-import numpy as np
 import pytest
 from runtime_fixtures import EndlessMJPEG, Quiet, serving
 
@@ -23,19 +22,13 @@ needs_ffmpeg = pytest.mark.skipif(not cv2.videoio_registry.hasBackend(cv2.CAP_FF
                                   reason="this OpenCV has no FFmpeg backend, the one that takes the timeouts")
 
 
-class SendsThenStalls(Quiet, BaseHTTPRequestHandler):
+class SendsThenStalls(EndlessMJPEG):
     """An MJPEG stream that sends ten frames, then nothing, its connection left open."""
 
+    frames = 10
+
     def do_GET(self):
-        frame = cv2.imencode(".jpg", np.full((64, 64, 3), 128, np.uint8))[1].tobytes()
-        self.send_response(200)
-        self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
-        self.end_headers()
-        for _ in range(10):
-            self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n"
-                             % (len(frame), frame))
-            self.wfile.flush()
-            time.sleep(0.05)
+        super().do_GET()
         time.sleep(FFMPEG_OWN_TIMEOUT_S + 10)
 
 
