@@ -241,3 +241,28 @@ def test_memory_kept_by_the_fp16_graph_goes_on_in_the_fp32_one_converted(sdqes_r
     said = sdqes_run("fp16", 1)  # and back: the fp32 memory converted for the fp16 graph
     assert "(kept by the fp32 step graph, converted)" in said, said
     api.bundle_close(opened)
+
+
+def test_sdqes_run_state_that_cannot_be_written_is_said_and_the_stream_goes_on_to_its_end(sdqes_run_on_the_cpu,
+                                                                                          bundle, video, tmp_path):
+    """--state's files are written by a thread of their own while the stream steps on. Where they cannot be written
+    (here: a folder stands where each file's partial copy goes, so every write fails), each failure is said as a
+    warning naming the file, and the stream goes on to the end of the video, exit status 0; the last writes are made,
+    and said, before the run says it is done."""
+    state = tmp_path / "state.json"
+    run = subprocess.Popen([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--state", str(state),
+                            "--threshold", "0.0001"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for name in ("state.json", "state.memory"):  # before the run has loaded its bundle, let alone alerted
+        in_the_way = tmp_path / f".{name}.partial-{run.pid}"
+        in_the_way.mkdir()
+        (in_the_way / "kept").touch()  # not empty: the failed write's clean-up cannot remove it either
+    out, said = run.communicate(timeout=300)
+    assert run.returncode == 0, said
+    lines = said.splitlines()
+    failed = [n for n, line in enumerate(lines) if "warning: cannot write" in line]
+    assert any(f"warning: cannot write --state {state}: Is a directory (the file there, if any, is unchanged)"
+               in lines[n] for n in failed), said
+    assert any(f"warning: cannot write {tmp_path / 'state.memory'}: Is a directory" in lines[n] for n in failed), said
+    done = next(n for n, line in enumerate(lines) if line.startswith("done: "))
+    assert max(failed) < done, said
+    assert lines[done].startswith("done: 75 frames, 2 alerts") and out.count("] ") == 2 and not state.exists()

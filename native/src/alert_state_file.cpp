@@ -166,13 +166,22 @@ Resumed AlertStateFile::restore(const QueryTable& queries, std::vector<AlertStat
   }
 }
 
-void AlertStateFile::save(const QueryTable& queries, const std::vector<AlertState>& states, double stream_time,
-                          const SourcePlace& place) const {
+std::string AlertStateFile::contents(const QueryTable& queries, const std::vector<AlertState>& states,
+                                     double stream_time, const SourcePlace& place) {
+  return alert_states_json(queries, states, stream_time, place).dump(1) + "\n";
+}
+
+void AlertStateFile::write(const std::string& contents) const {
   try {
-    write_atomically(path_, alert_states_json(queries, states, stream_time, place).dump(1) + "\n");
+    write_atomically(path_, contents);
   } catch (const Error& e) {
     throw Error("cannot write --state " + path_.string() + ": " + e.what() + " (the file there, if any, is unchanged)");
   }
+}
+
+void AlertStateFile::save(const QueryTable& queries, const std::vector<AlertState>& states, double stream_time,
+                          const SourcePlace& place) const {
+  write(contents(queries, states, stream_time, place));
 }
 
 }  // namespace sdqes

@@ -7,6 +7,7 @@
 #include <iterator>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -101,15 +102,23 @@ std::vector<uint8_t> converted(const std::vector<uint8_t>& state, size_t from, c
 
 }  // namespace
 
-void save_memory(const std::filesystem::path& path, const OpenedStep& step, int stream) {
-  const auto state = step.backend->stream_state(stream);
-  std::string data = kFormatLine + "\n" + header_of(step, state.size()).dump() + "\n";
-  data.append(reinterpret_cast<const char*>(state.data()), state.size());
+MemoryContents memory_contents(const OpenedStep& step, int stream) {
+  MemoryContents contents{"", step.backend->stream_state(stream)};
+  contents.header = kFormatLine + "\n" + header_of(step, contents.state.size()).dump() + "\n";
+  return contents;
+}
+
+void write_memory(const std::filesystem::path& path, const MemoryContents& contents) {
+  const std::string_view state(reinterpret_cast<const char*>(contents.state.data()), contents.state.size());
   try {
-    write_atomically(path, data);
+    write_atomically(path, {contents.header, state});
   } catch (const Error& e) {
     throw Error("cannot write " + path.string() + ": " + e.what() + " (the file there, if any, is unchanged)");
   }
+}
+
+void save_memory(const std::filesystem::path& path, const OpenedStep& step, int stream) {
+  write_memory(path, memory_contents(step, stream));
 }
 
 UnusableMemory::UnusableMemory(const std::filesystem::path& path, const std::string& problem_words)

@@ -52,11 +52,18 @@ std::filesystem::path set_aside(const std::filesystem::path& path) {
 }  // namespace
 
 void write_atomically(const std::filesystem::path& path, const std::string& data) {
+  write_atomically(path, std::vector<std::string_view>{data});
+}
+
+void write_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& parts) {
   const std::filesystem::path partial =
       folder_of(path) / ("." + path.filename().string() + ".partial-" + std::to_string(::getpid()));
   std::FILE* file = std::fopen(partial.c_str(), "w");
-  bool written = file != nullptr && std::fwrite(data.data(), 1, data.size(), file) == data.size() &&
-                 std::fflush(file) == 0 && ::fsync(fileno(file)) == 0;
+  bool written = file != nullptr;
+  for (const auto part : parts) {
+    written = written && std::fwrite(part.data(), 1, part.size(), file) == part.size();
+  }
+  written = written && std::fflush(file) == 0 && ::fsync(fileno(file)) == 0;
   const std::string why = written ? "" : std::strerror(errno);
   if (file != nullptr && std::fclose(file) != 0 && written) written = false;
   if (written && std::rename(partial.c_str(), path.c_str()) == 0) {

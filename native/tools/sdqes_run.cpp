@@ -6,6 +6,7 @@
 // stderr and exit code 2; a camera or stream that cannot be opened, or that stopped sending frames and did not
 // come back, exit code 1 (the machine's state: a service manager starts the run again), as `sdqes-edge run`.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -29,6 +30,7 @@
 #include <unistd.h>
 
 #include "sdqes/alert_state_file.hpp"
+#include "sdqes/background_saves.hpp"
 #include "sdqes/file_reader.hpp"
 #include "sdqes/live_reader.hpp"
 #include "sdqes/memory_file.hpp"
@@ -272,43 +274,62 @@ struct StreamAlerts {
 
 // --state: a stream's alert states, and the model's memory of it, written after an alert (at most every
 // kAlertStateEveryS, so that a power cut or a kill keeps each alert's count and time) and when the stream ends or is
-// stopped.
+// stopped. Both are taken at once and written by the run's writing thread (sdqes::BackgroundSaves), so that the
+// stream does not wait on the disk.
 struct StateSaver {
   std::optional<sdqes::AlertStateFile> file;
   std::filesystem::path memory;  // beside the file (memory_path_of)
   std::string source;            // the source's identity (OpenSource): where it got to is kept with the alert states
   const sdqes::OpenedStep* engine = nullptr;
+  sdqes::BackgroundSaves* saves = nullptr;  // the run's writing thread
   int stream = 0;  // the stream of the graph whose memory it keeps
-  int64_t saved_raised = 0;  // alerts raised when it was last written
+  int64_t saved_raised = 0;  // alerts raised when it was last handed over
+  // The writing thread's word that the alert states' last write failed: they are handed over again.
+  std::shared_ptr<std::atomic<bool>> failed = std::make_shared<std::atomic<bool>>(false);
   std::chrono::steady_clock::time_point saved_at = std::chrono::steady_clock::time_point::min();
 
   void after_frame(const StreamAlerts& alerts) {
-    if (!file || alerts.raised == saved_raised) return;
+    if (!file || (alerts.raised == saved_raised && !failed->load())) return;
     const auto now = std::chrono::steady_clock::now();
     if (saved_at != std::chrono::steady_clock::time_point::min() &&
         std::chrono::duration<double>(now - saved_at).count() < sdqes::kAlertStateEveryS) {
       return;  // written at the next frame past the interval
     }
-    if (save(alerts)) saved_raised = alerts.raised;
+    save(alerts);
+    saved_raised = alerts.raised;
     saved_at = now;
   }
 
-  // -> whether the alert states were written; a failure is said and the stream goes on (its alerts matter more than
-  // the files).
-  bool save(const StreamAlerts& alerts) const {
-    if (!file) return false;
+  // Hands both files over to be written. A failure is said (by the writing thread) and the stream goes on: its alerts
+  // matter more than the files.
+  void save(const StreamAlerts& alerts) const {
+    if (!file) return;
+    std::optional<sdqes::MemoryContents> memory_contents;  // a copy of the stream's state, as it is now
     try {
-      sdqes::save_memory(memory, *engine, stream);
+      memory_contents = sdqes::memory_contents(*engine, stream);
     } catch (const sdqes::Error& e) {
-      say(std::string("warning: ") + e.what());
+      say(std::string("warning: cannot write ") + memory.string() + ": " + e.what());
     }
-    try {
-      file->save(alerts.queries, alerts.states, alerts.last_time, {source, alerts.stepped});
-      return true;
-    } catch (const sdqes::Error& e) {
-      say(std::string("warning: ") + e.what());
-      return false;
-    }
+    auto write = [memory = memory, memory_contents = std::move(memory_contents), file = *file,
+                  states = sdqes::AlertStateFile::contents(alerts.queries, alerts.states, alerts.last_time,
+                                                           {source, alerts.stepped}),
+                  failed = failed] {
+      if (memory_contents) {
+        try {
+          sdqes::write_memory(memory, *memory_contents);
+        } catch (const sdqes::Error& e) {
+          say(std::string("warning: ") + e.what());
+        }
+      }
+      try {
+        file.write(states);
+        failed->store(false);
+      } catch (const sdqes::Error&) {
+        failed->store(true);
+        throw;  // said by the writing thread
+      }
+    };
+    saves->save(file->path().string(), std::move(write));
   }
 
   // The model's memory of the stream from the last run, where it left one; one that cannot be used (another model's,
@@ -505,7 +526,7 @@ std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bun
                                                         const std::vector<sdqes::AlertState>& policies,
                                                         const std::vector<Source>& sources,
                                                         const std::optional<std::filesystem::path>& state_path,
-                                                        sdqes::OpenedStep& engine) {
+                                                        sdqes::OpenedStep& engine, sdqes::BackgroundSaves& saves) {
   std::vector<OpenSource> opens = open_all(sources);
   std::vector<std::string> names;
   for (const auto& open : opens) names.push_back(open.name);
@@ -537,6 +558,7 @@ std::vector<std::unique_ptr<StreamSource>> open_sources(const sdqes::Bundle& bun
       }
       stream.saver.memory = memory_path_of(stream.saver.file->path());
       stream.saver.engine = &engine;
+      stream.saver.saves = &saves;
       stream.saver.stream = static_cast<int>(s);
       stream.saver.restore_memory(engine);
     }
@@ -626,7 +648,8 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
            const std::vector<sdqes::AlertState>& policies, const std::vector<Source>& sources,
            sdqes::OpenedStep& engine, int64_t max_frames, const std::string& events,
            const std::optional<std::filesystem::path>& state_path) {
-  auto streams = open_sources(bundle, queries, policies, sources, state_path, engine);
+  sdqes::BackgroundSaves saves(say);  // --state's files: before the streams, whose last states it writes
+  auto streams = open_sources(bundle, queries, policies, sources, state_path, engine, saves);
   std::unique_ptr<sdqes::JsonlSink> sink;  // once every source is open: one that is not leaves no log behind
   if (!events.empty()) sink = std::make_unique<sdqes::JsonlSink>(events);
   for (auto& stream : streams) stream->alerts.sink = sink.get();
@@ -679,6 +702,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
       stream->saver.save(stream->alerts);
       stream->finish();
     }
+    saves.wait();  // on the disk before the run says it is done
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   };
   try {

@@ -64,6 +64,10 @@ class AlertStateFile {
   // Written atomically: synced to the disk, then renamed over the old file. Throws Error naming the file.
   void save(const QueryTable& queries, const std::vector<AlertState>& states, double stream_time,
             const SourcePlace& place = {}) const;
+  // save in two: the file's contents taken now, written later (on a thread of its own; sdqes/background_saves.hpp).
+  static std::string contents(const QueryTable& queries, const std::vector<AlertState>& states, double stream_time,
+                              const SourcePlace& place = {});
+  void write(const std::string& contents) const;
   const std::filesystem::path& path() const { return path_; }
 
  private:

@@ -11,7 +11,9 @@
 #pragma once
 
 #include <filesystem>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "sdqes/runtime.hpp"
 #include "sdqes/step_backend.hpp"
@@ -20,6 +22,14 @@ namespace sdqes {
 
 // Throws Error("cannot write PATH: the reason (the file there, if any, is unchanged)").
 void save_memory(const std::filesystem::path& path, const OpenedStep& step, int stream);
+// save_memory in two: the file's contents taken from the step now, and written later (sdqes-run writes them on a
+// thread of its own, sdqes/background_saves.hpp, while the step goes on). write_memory throws as save_memory does.
+struct MemoryContents {
+  std::string header;          // the format line and the JSON line
+  std::vector<uint8_t> state;  // StepBackend::stream_state's copy
+};
+MemoryContents memory_contents(const OpenedStep& step, int stream);
+void write_memory(const std::filesystem::path& path, const MemoryContents& contents);
 
 // A memory file that cannot be given to the step: "PATH <problem>; remove it, and the stream starts fresh".
 struct UnusableMemory : Error {

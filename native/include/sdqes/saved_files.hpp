@@ -5,12 +5,17 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace sdqes {
 
 // `data` written to `path` atomically: to a partial file beside it, synced to the disk, renamed over it, the folder
 // synced. The old file or the new one, whole, even across a power cut. Throws Error(the reason) where it cannot.
 void write_atomically(const std::filesystem::path& path, const std::string& data);
+// The same, `parts` written one after another as one file (a memory file's header and its state, the state not copied
+// again to join them).
+void write_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& parts);
 
 // A file of the user's that a run cannot use (`problem`: "is not valid JSON") renamed beside itself as
 // NAME.unusable-<UTC stamp>EXT (state.unusable-20261128T031502Z.json), said through `log`:
