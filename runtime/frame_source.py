@@ -38,6 +38,12 @@ SOURCE_LOG = logging.getLogger("sdqes_edge.runtime.sources")  # WARNING: Python 
 PREPARE_WORKERS = min(4, max(1, usable_cores() - 1))
 NAMED_UNREADABLE_IMAGES = 3  # an image folder's unreadable images named as met (a line each) and in the summary
 READER_STOP_TIMEOUT_S = 2.0  # how long a stopped reader thread may take to leave OpenCV and end
+# How long OpenCV's FFmpeg may wait for a stream URL to open, or for its next frame, before it gives up (live_source's
+# open_capture; run --stream-timeout): its own default is 30 s, so a stream that stalled (a camera frozen, a network
+# cut that resets nothing) was reconnected only 30 s on, and a reader asked to stop could stay inside its read as
+# long. The native sdqes-run waits as long. Here, torch- and OpenCV-free, for the command line's --help.
+STREAM_TIMEOUT_S = 10.0
+STREAM_TIMEOUT_MIN_S = 0.1  # the least a run may be given: FFmpeg counts it in milliseconds
 _END = object()  # the queue's last item: the source has no more frames
 
 # Reader threads not yet joined. A stream left unfinished by an exception (SIGTERM in the middle of `score`) may

@@ -14,13 +14,9 @@ import cv2
 
 from sdqes_edge.errors import SourceUnavailable, UserError
 
-from .frame_source import FrameSource
+from .frame_source import STREAM_TIMEOUT_S, FrameSource
 
 RECONNECT_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # back-off between attempts; then the source gives up
-# How long OpenCV's FFmpeg may wait for a stream URL to open, or for its next frame, before it gives up: its own
-# default is 30 s, so a stream that stalled (a camera frozen, a network cut that resets nothing) was reconnected only
-# 30 s on, and a reader asked to stop could stay inside its read as long. The native sdqes-run waits as long.
-STREAM_TIMEOUT_S = 10.0
 URL_PREFIXES = ("rtsp://", "rtsps://", "http://", "https://", "udp://", "tcp://")
 WEB_PREFIXES = ("http://", "https://")  # what serves a live stream (an IP camera's MJPEG) or a video file alike
 GSTREAMER_LINK = "!"  # joins a GStreamer pipeline's elements: "nvarguscamerasrc ! ... ! appsink"

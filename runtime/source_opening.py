@@ -36,9 +36,9 @@ class _Openings:
         self._lock = threading.Lock()  # abandoning and handing over never interleave: no source is lost between
         self._abandoned = False
 
-    def open(self, index: int, spec: str | int, fps: float) -> None:  # an opener thread's whole life
+    def open(self, index: int, spec: str | int, fps: float, stream_timeout_s: float) -> None:  # a thread's whole life
         try:
-            outcome = open_source(spec, fps)
+            outcome = open_source(spec, fps, stream_timeout_s)
         except BaseException as error:  # noqa: BLE001 (handed to the waiting thread, which raises it)
             outcome = error
         with self._lock:
@@ -60,13 +60,13 @@ class _Openings:
                 source.close()
 
 
-def open_sources(specs: Iterable[str | int], fps: float,
-                 log: Callable[[str], None] | None = None) -> list[FrameSource]:
+def open_sources(specs: Iterable[str | int], fps: float, log: Callable[[str], None] | None = None,
+                 stream_timeout_s: float = STREAM_TIMEOUT_S) -> list[FrameSource]:
     """``open_source`` of every spec, each on a thread of its own; the sources in the order given. The first failure
     to come is raised at once (the other sources closed, or closed as their opens end); so is a KeyboardInterrupt
     (Ctrl-C, or SIGTERM turned into one by ``stopping.raise_on_termination``), while OpenCV is still opening.
     ``log`` (default: the sources' logger, as a source's own news) is told of the sources still opening after
-    ``OPEN_NOTICE_S``.
+    ``OPEN_NOTICE_S``. ``stream_timeout_s``: how long a stream URL's open, or its wait for a frame, may take.
 
     Several cameras (every source live) are a run that goes on while any of them sends: a camera that cannot be
     opened at the start is not raised while another opened (it is said through ``log``, and starts unopened, its
@@ -75,8 +75,8 @@ def open_sources(specs: Iterable[str | int], fps: float,
     openings = _Openings()
     for index, spec in enumerate(specs):
         # A daemon thread: one left inside a stalled open must not hold the process's exit after a stop.
-        may_outlive_a_stop(threading.Thread(target=openings.open, args=(index, spec, fps), name=f"open-source-{index}",
-                                            daemon=True)).start()
+        may_outlive_a_stop(threading.Thread(target=openings.open, args=(index, spec, fps, stream_timeout_s),
+                                            name=f"open-source-{index}", daemon=True)).start()
     opened: dict[int, FrameSource] = {}
     absent: dict[int, SourceUnavailable] = {}  # cameras not there now, held until the others are open
     notice_at: float | None = time.monotonic() + OPEN_NOTICE_S
@@ -86,7 +86,8 @@ def open_sources(specs: Iterable[str | int], fps: float,
             try:
                 index, outcome = openings.outcomes.get(timeout=wait)  # a signal's handler runs within this wait
             except queue.Empty:
-                log(_still_opening_words([spec for i, spec in enumerate(specs) if i not in opened and i not in absent]))
+                log(_still_opening_words([spec for i, spec in enumerate(specs) if i not in opened and i not in absent],
+                                         stream_timeout_s))
                 notice_at = None
                 continue
             if isinstance(outcome, SourceUnavailable) and len(specs) > 1:
@@ -101,7 +102,7 @@ def open_sources(specs: Iterable[str | int], fps: float,
         openings.abandon(opened.values())
         raise
     for index, failure in sorted(absent.items()):
-        opened[index] = unopened_live_source(specs[index], fps)
+        opened[index] = unopened_live_source(specs[index], fps, stream_timeout_s)
         log(f"warning: {failure}. The other cameras start without it; it is tried again as a lost camera is, its "
             "stream idling meanwhile")
     sources = [opened[index] for index in range(len(specs))]
@@ -110,7 +111,7 @@ def open_sources(specs: Iterable[str | int], fps: float,
     return sources
 
 
-def _still_opening_words(specs: list[str | int]) -> str:
+def _still_opening_words(specs: list[str | int], stream_timeout_s: float) -> str:
     shown = ", ".join(without_password(str(spec)) for spec in specs)
-    return (f"still opening {shown} after {OPEN_NOTICE_S:g} s: OpenCV waits up to {STREAM_TIMEOUT_S:g} s for a stream "
+    return (f"still opening {shown} after {OPEN_NOTICE_S:g} s: OpenCV waits up to {stream_timeout_s:g} s for a stream "
             "that answers but sends nothing; Ctrl-C stops the run")

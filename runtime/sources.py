@@ -21,6 +21,7 @@ from sdqes_edge.errors import SourceUnavailable, UserError
 
 from .frame_source import NAMED_UNREADABLE_IMAGES, Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
 from .live_source import (
+    STREAM_TIMEOUT_S,
     URL_PREFIXES,
     WEB_PREFIXES,
     LiveSource,
@@ -58,8 +59,10 @@ class VideoFileSource(FrameSource):
     """A video file, on disk or served over HTTP(S) (``https://.../clip.mp4``): every sampled frame, at the times
     its container stamps them, to its end."""
 
-    def __init__(self, path: str | Path, fps: float):
+    def __init__(self, path: str | Path, fps: float, stream_timeout_s: float = STREAM_TIMEOUT_S):
+        """``stream_timeout_s``: how long a served file's open, or its wait for a frame, may take (``open_capture``)."""
         self.url = str(path) if str(path).startswith(WEB_PREFIXES) else None
+        self.stream_timeout_s = stream_timeout_s
         served = urlsplit(self.url) if self.url else None
         self.path = Path(served.path) if served else Path(path)
         self.location = self.url or str(self.path)  # what OpenCV opens
@@ -67,7 +70,7 @@ class VideoFileSource(FrameSource):
         super().__init__(video_file_name(self.location), fps)
         if not self.url and not self.path.is_file():
             raise UserError(f"video {self.path} does not exist")
-        capture = open_capture(self.location)
+        capture = open_capture(self.location, stream_timeout_s)
         ok = capture.isOpened() and capture.read()[0]
         self.frame_count = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) if ok else 0
         self.native_fps = capture.get(cv2.CAP_PROP_FPS) if ok else 0.0
@@ -93,7 +96,7 @@ class VideoFileSource(FrameSource):
         return None
 
     def _frames(self):
-        capture = open_capture(self.location)
+        capture = open_capture(self.location, self.stream_timeout_s)
         native = self.native_fps if self.native_fps > 0 else 30.0
         self.stats.expected = self.frame_count if self.frame_count > 0 else None
         if 0 < self.native_fps < self.fps - STAMP_TOLERANCE_S:
@@ -256,8 +259,9 @@ def source_kind(spec: str) -> str:
     return "device" if is_device_file(path) else "file"
 
 
-def open_source(spec: str | Path | int, fps: float) -> FrameSource:
-    """A camera index ("0" or 0), a URL or GStreamer pipeline, an image folder, or a video file."""
+def open_source(spec: str | Path | int, fps: float, stream_timeout_s: float = STREAM_TIMEOUT_S) -> FrameSource:
+    """A camera index ("0" or 0), a URL or GStreamer pipeline, an image folder, or a video file. ``stream_timeout_s``:
+    how long a stream URL's open, or its wait for a frame, may take (``open_capture``)."""
     if isinstance(spec, bool) or not isinstance(spec, (str, Path, int)):
         raise UserError(f"a source is a path, a camera index or a URL, not a {type(spec).__name__}")
     spec = str(spec)
@@ -267,9 +271,9 @@ def open_source(spec: str | Path | int, fps: float) -> FrameSource:
     if kind == "camera":
         return LiveSource(int(spec), fps)
     if kind == "web":
-        return _open_web_source(spec, fps)
+        return _open_web_source(spec, fps, stream_timeout_s)
     if kind in ("stream", "device"):
-        return LiveSource(spec if kind == "stream" else str(path), fps)
+        return LiveSource(spec if kind == "stream" else str(path), fps, stream_timeout_s=stream_timeout_s)
     if kind == "missing camera":  # the machine's state, which a service manager's restart may mend (exit 1, not 2)
         raise SourceUnavailable(open_failure_words(spec))
     if kind == "missing":
@@ -283,23 +287,24 @@ def open_source(spec: str | Path | int, fps: float) -> FrameSource:
     return VideoFileSource(path, fps)
 
 
-def unopened_live_source(spec: str | int, fps: float) -> LiveSource:
+def unopened_live_source(spec: str | int, fps: float, stream_timeout_s: float = STREAM_TIMEOUT_S) -> LiveSource:
     """The camera or stream ``spec`` names (one ``open_source`` found absent), not opened: its reading begins by
     reconnecting (a camera of several, the others streaming meanwhile)."""
     spec = str(spec)
-    return LiveSource(int(spec) if source_kind(spec) == "camera" else spec, fps, opened=False)
+    return LiveSource(int(spec) if source_kind(spec) == "camera" else spec, fps, opened=False,
+                      stream_timeout_s=stream_timeout_s)
 
 
-def _open_web_source(url: str, fps: float) -> FrameSource:
+def _open_web_source(url: str, fps: float, stream_timeout_s: float) -> FrameSource:
     """An HTTP(S) URL serves a live stream (an IP camera's MJPEG) or a video file (``https://.../clip.mp4``), told
     apart by what its container says: a file lists its frames, a live stream none. Read as a live stream, a file was
     stamped by the wall clock as it decoded (the whole video in moments, most frames dropped) and, at its end,
     "reconnected" to play again from its start, forever."""
-    capture = open_capture(url)
+    capture = open_capture(url, stream_timeout_s)
     if not capture.isOpened():
         capture.release()
         raise SourceUnavailable(open_failure_words(url))
     if serves_a_file(url, capture):
         capture.release()
-        return VideoFileSource(url, fps)
-    return LiveSource(url, fps, capture=capture)
+        return VideoFileSource(url, fps, stream_timeout_s)
+    return LiveSource(url, fps, capture=capture, stream_timeout_s=stream_timeout_s)

@@ -91,7 +91,7 @@ def opencv_finding() -> Finding:
     gstreamer = ("GStreamer pipelines: yes" if opencv_has_gstreamer() else
                  "GStreamer pipelines: no (pip's wheels never have it; a Jetson's CSI camera needs JetPack's OpenCV)")
     detail = f"{cv2.__version__}; " + "; ".join(f"{kind}: {', '.join(names)}" for kind, names in usable.items())
-    streams = (f"stream URLs: FFMPEG, given up after {STREAM_TIMEOUT_S:g} s without a frame"
+    streams = (f"stream URLs: FFMPEG, given up after {STREAM_TIMEOUT_S:g} s without a frame (run --stream-timeout)"
                if registry.hasBackend(cv2.CAP_FFMPEG) else
                "stream URLs: no FFMPEG, so a stalled stream waits for its back-end's own timeout")
     detail += f"; {gstreamer}; {streams}"

@@ -100,14 +100,15 @@ SOURCE_KIND_SPECS = ["0", "12", "\u00b2", "rtsp://admin:pw@10.0.0.5:554/x", "udp
 
 
 def source_kind_cases() -> dict:
-    from sdqes_edge.runtime.live_source import RECONNECT_DELAYS_S, STREAM_TIMEOUT_S, is_stream_url
+    from sdqes_edge.runtime.frame_source import STREAM_TIMEOUT_MIN_S, STREAM_TIMEOUT_S
+    from sdqes_edge.runtime.live_source import RECONNECT_DELAYS_S, is_stream_url
     from sdqes_edge.runtime.sources import source_kind
 
     return {"kinds": {spec: source_kind(spec.replace("{vectors}", str(VECTORS))) for spec in SOURCE_KIND_SPECS},
             "reconnect_delays_s": list(RECONNECT_DELAYS_S),
             # Which sources OpenCV's FFmpeg opens with open and read timeouts of stream_timeout_s (open_capture).
             "stream_urls": [spec for spec in SOURCE_KIND_SPECS if is_stream_url(spec)],
-            "stream_timeout_s": STREAM_TIMEOUT_S}
+            "stream_timeout_s": STREAM_TIMEOUT_S, "stream_timeout_min_s": STREAM_TIMEOUT_MIN_S}
 
 
 # A bundle's recorded thresholds x a query of its own (its label, its own threshold) x sdqes-run's options: the

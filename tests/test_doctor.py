@@ -41,7 +41,8 @@ def test_the_report_names_what_this_machine_has_and_what_it_can_do(capsys):
     assert cv2.__version__ in finding_line(out, "OpenCV")
     assert "videos: FFMPEG" in finding_line(out, "OpenCV")  # pip's wheels read files through FFmpeg
     # and streams, with this project's timeouts (tests/test_stream_timeouts.py)
-    assert finding_line(out, "OpenCV").endswith("; stream URLs: FFMPEG, given up after 10 s without a frame")
+    assert finding_line(out, "OpenCV").endswith("; stream URLs: FFMPEG, given up after 10 s without a frame "
+                                                  "(run --stream-timeout)")
     runtime_line = finding_line(out, "ONNX Runtime")
     assert onnxruntime.__version__ in runtime_line and "CPUExecutionProvider" in runtime_line
     assert f"yes {CAN_RUN_ON_THE_CPU}" in out

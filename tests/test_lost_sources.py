@@ -30,8 +30,8 @@ def test_a_live_stream_that_goes_away_for_good_ends_the_run_as_a_failure(exporte
             super().do_GET()
 
     class QuickToGiveUp(live_source.LiveSource):
-        def __init__(self, target, fps, reconnect_delays=(0.05, 0.05), capture=None):
-            super().__init__(target, fps, reconnect_delays, capture)
+        def __init__(self, target, fps, reconnect_delays=(0.05, 0.05), capture=None, **options):
+            super().__init__(target, fps, reconnect_delays, capture, **options)
 
     monkeypatch.setattr(sources, "LiveSource", QuickToGiveUp)
     _, bundle = exported

@@ -139,6 +139,8 @@ def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_buil
     ("--state", str(VECTORS), f"--state {VECTORS} is a folder; give a file in it ({VECTORS / 'state.json'})"),
     ("--threads", "0", "--threads needs a whole number of at least 1, not '0'"),
     ("--backend", "cuda", "--backend cuda is not one of tensorrt, onnxruntime"),
+    ("--stream-timeout", "0", "--stream-timeout needs at least 0.1 s, not '0'"),  # FFmpeg's timeouts in whole ms
+    ("--stream-timeout", "nan", "--stream-timeout needs a finite number, not 'nan'"),
 ])
 def test_sdqes_run_refuses_a_bad_option_value_in_one_line_before_it_looks_for_an_engine(option, value, message,
                                                                                         native_build, clip):

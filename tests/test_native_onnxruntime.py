@@ -226,9 +226,9 @@ def test_a_stalled_camera_does_not_hold_the_other_streams_steps_in_sdqes_run(sdq
 
 
 def test_sdqes_run_names_a_stream_still_opening_and_a_stop_there_ends_it_at_once(sdqes_run_on_the_cpu, bundle):
-    """A stream that answers but sends nothing holds OpenCV's open for FFmpeg's 30 s: past 5 s it is named, as
-    `sdqes-edge run` names it. No stop handler is in place yet, nothing having been written: SIGTERM ends the
-    process at once, by the signal."""
+    """A stream that answers but sends nothing holds OpenCV's open for its timeout (here --stream-timeout 8):
+    past 5 s it is named, as `sdqes-edge run` names it. No stop handler is in place yet, nothing having been
+    written: SIGTERM ends the process at once, by the signal."""
     from runtime_fixtures import Quiet, seconds_to_stop, serving
 
     class Silent(Quiet, BaseHTTPRequestHandler):
@@ -236,11 +236,13 @@ def test_sdqes_run_names_a_stream_still_opening_and_a_stop_there_ends_it_at_once
             time.sleep(40)
 
     with serving(Silent) as address:
-        process = subprocess.Popen([str(sdqes_run_on_the_cpu), bundle, "--source", f"{address}/cam.mjpg"],
+        process = subprocess.Popen([str(sdqes_run_on_the_cpu), bundle, "--source", f"{address}/cam.mjpg",
+                                    "--stream-timeout", "8"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         said = next((line for line in process.stderr if "still opening" in line), "")
         stopped_after = seconds_to_stop(process)
-    assert said.startswith(f"sdqes-run: still opening {address}/cam.mjpg after 5 s: ") and "Ctrl-C" in said, said
+    assert said.startswith(f"sdqes-run: still opening {address}/cam.mjpg after 5 s: OpenCV waits up to 8 s for a "
+                           "stream that answers but sends nothing") and "Ctrl-C" in said, said
     assert process.returncode == -signal.SIGTERM and stopped_after < 5, process.stderr.read()
 
 
@@ -301,20 +303,28 @@ def test_sdqes_run_refuses_a_served_video_file_taken_for_a_camera_once_it_opens(
         "so it was taken for a camera; start the run again to read it as the file it is"), said
 
 
-def test_sdqes_run_reconnects_a_stream_that_stalls_after_its_timeout_not_ffmpegs_30_s(sdqes_run_on_the_cpu, bundle):
+def test_sdqes_run_reconnects_a_stream_that_stalls_after_its_timeout_not_ffmpegs_30_s(sdqes_run_on_the_cpu, bundle,
+                                                                                       video):
     """As `sdqes-edge run` (tests/test_stream_timeouts.py): a stream that sends a few frames, then nothing, its
-    connection left open, is reopened once kStreamTimeoutS (10 s) has passed without a frame."""
+    connection left open, is reopened once --stream-timeout (here 2 s; by default kStreamTimeoutS, 10 s) has passed
+    without a frame. Given with no stream URL among the sources, --stream-timeout is said to change nothing."""
     from runtime_fixtures import seconds_to_stop, serving
     from test_stream_timeouts import FFMPEG_OWN_TIMEOUT_S, SendsThenStalls
 
     from sdqes_edge.runtime.live_source import STREAM_TIMEOUT_S
 
+    GIVEN_TIMEOUT_S = 2
     with serving(SendsThenStalls) as address:
         started = time.monotonic()
-        process = subprocess.Popen([str(sdqes_run_on_the_cpu), bundle, "--source", f"{address}/cam.mjpg"],
+        process = subprocess.Popen([str(sdqes_run_on_the_cpu), bundle, "--source", f"{address}/cam.mjpg",
+                                    "--stream-timeout", str(GIVEN_TIMEOUT_S)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         reconnecting = next((line for line in process.stderr if "no frame; reconnecting" in line), "")
         noticed_after = time.monotonic() - started
         seconds_to_stop(process)
     assert reconnecting.startswith("sdqes-run: 127.0.0.1-"), reconnecting
-    assert STREAM_TIMEOUT_S <= noticed_after < FFMPEG_OWN_TIMEOUT_S - 5
+    assert GIVEN_TIMEOUT_S <= noticed_after < STREAM_TIMEOUT_S < FFMPEG_OWN_TIMEOUT_S
+    done = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--stream-timeout", "30",
+                           "--max-frames", "2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and ("sdqes-run: warning: --stream-timeout is for stream URLs (rtsp://, http://, "
+                                     "udp://, tcp://), and no --source is one: ignored") in done.stderr, done.stderr

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler
 
 import cv2
 import pytest
-from runtime_fixtures import EndlessMJPEG, Quiet, serving
+from runtime_fixtures import QUERY, EndlessMJPEG, Quiet, serving
 
 from sdqes_edge.errors import SourceUnavailable
 from sdqes_edge.runtime.live_source import STREAM_TIMEOUT_S, LiveSource, open_capture
@@ -82,3 +82,51 @@ def test_a_stream_that_sends_is_read_through_the_timeouts_as_before():
         first = next(frames)
         frames.close()
     assert first.image.shape == (64, 64, 3)
+
+
+@needs_ffmpeg
+def test_run_stream_timeout_gives_up_a_silent_stream_at_the_time_given(exported, capsys):
+    """run --stream-timeout 1: a server that answers nothing is given up after about 1 s, not the default 10, and
+    the run ends as with a stream that cannot be opened (exit status 1, which a service manager restarts)."""
+    from sdqes_edge.cli import run
+
+    _, bundle = exported
+    with serving(Silent) as address:
+        asked = time.monotonic()
+        code = run(["run", str(bundle), "--source", f"{address}/cam.mjpg", "--stream-timeout", str(SHORT_TIMEOUT_S),
+                    "--query", QUERY])
+        took = time.monotonic() - asked
+    assert code == 1 and "error: OpenCV cannot open stream" in capsys.readouterr().err
+    assert took < STREAM_TIMEOUT_S
+
+
+def test_every_source_run_opens_takes_the_stream_timeout_given(exported):
+    """The timeout reaches each stream a run opens: one read live, a served file, and a camera of several that
+    was not there at the start (reconnected later), and the words said while a stream is still opening."""
+    from sdqes_edge.runtime.source_opening import _still_opening_words
+    from sdqes_edge.runtime.sources import open_source, unopened_live_source
+
+    with serving(EndlessMJPEG) as address:
+        live = open_source(f"{address}/cam.mjpg", FPS, stream_timeout_s=2.5)
+        live.close()
+    assert live.stream_timeout_s == 2.5
+    assert unopened_live_source("rtsp://127.0.0.1:9/x", FPS, 2.5).stream_timeout_s == 2.5
+    assert "OpenCV waits up to 2.5 s for a stream" in _still_opening_words(["rtsp://127.0.0.1:9/x"], 2.5)
+
+
+def test_a_stream_timeout_with_no_stream_to_apply_to_is_said_and_a_nonsense_one_refused(exported, tmp_path, capsys):
+    from runtime_fixtures import write_video
+
+    from sdqes_edge.cli import run
+    from sdqes_edge.sample import sample_frames
+
+    _, bundle = exported
+    video = write_video(tmp_path / "kitchen.avi", sample_frames(4, 48, 64))
+    assert run(["run", str(bundle), "--source", str(video), "--stream-timeout", "30", "--query", QUERY,
+                "--quiet"]) == 0
+    assert ("warning: --stream-timeout is for stream URLs (rtsp://, http://, udp://, tcp://), and no --source is one: "
+            "ignored") in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        run(["run", str(bundle), "--source", str(video), "--stream-timeout", "0"])
+    assert refused.value.code == 2
+    assert "argument --stream-timeout: give at least 0.1 s, not 0" in capsys.readouterr().err

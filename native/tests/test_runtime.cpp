@@ -143,6 +143,7 @@ TEST(SourceKinds, EachSourceIsReadAsThePythonRuntimeReadsIt) {
   std::sort(expected.begin(), expected.end());
   EXPECT_EQ(stream_urls, expected);
   EXPECT_EQ(sdqes::kStreamTimeoutS, vectors["stream_timeout_s"].get<double>());
+  EXPECT_EQ(sdqes::kStreamTimeoutMinS, vectors["stream_timeout_min_s"].get<double>());
 }
 
 namespace {

@@ -50,6 +50,7 @@ const char* kUsage =
     "usage: sdqes-run BUNDLE --source VIDEO|CAMERA|URL [--source ...] [--backend tensorrt|onnxruntime]\n"
     "                 [--precision fp16|fp32|int8] [--threshold X] [--exit-threshold X] [--cooldown S]\n"
     "                 [--max-alerts K] [--events FILE] [--state FILE] [--max-frames N] [--threads N]\n"
+    "                 [--stream-timeout S]\n"
     "--backend: tensorrt steps the bundle's engine for this GPU (sdqes-edge build-engine); onnxruntime steps its\n"
     "ONNX graph on the CPU. The default is the first this sdqes-run was built with. --precision: fp16 on TensorRT,\n"
     "fp32 on ONNX Runtime unless given. --threads: ONNX Runtime's threads (default: one per core).\n"
@@ -64,7 +65,9 @@ const char* kUsage =
     "model's memory beside it (state.json -> state.memory): read at the start where they exist, written after an\n"
     "alert (at most every 5 s) and when the stream ends or is stopped; with several sources, files beside it for\n"
     "each (state.json -> state.kitchen.json, state.kitchen.memory). A video file goes on where the stopped run\n"
-    "left it; a camera, or another file, starts at its beginning.\n";
+    "left it; a camera, or another file, starts at its beginning.\n"
+    "--stream-timeout S: how long a stream URL may take to open, or to send its next frame, before it is\n"
+    "reconnected (default 10; FFmpeg's own is 30).\n";
 
 std::map<std::string, std::string> parse(int argc, char** argv, std::string& bundle,
                                          std::vector<std::string>& sources) {
@@ -72,7 +75,7 @@ std::map<std::string, std::string> parse(int argc, char** argv, std::string& bun
   const std::map<std::string, bool> known{{"--source", true}, {"--precision", true}, {"--threshold", true},
                                           {"--exit-threshold", true}, {"--cooldown", true}, {"--max-alerts", true},
                                           {"--events", true}, {"--state", true}, {"--max-frames", true},
-                                          {"--backend", true}, {"--threads", true}};
+                                          {"--backend", true}, {"--threads", true}, {"--stream-timeout", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
@@ -144,6 +147,7 @@ struct Source {
   std::string spec, kind, shown;  // shown: a URL without its password
   int camera_index = -1;
   std::string absent;  // a camera of several not plugged in: why it cannot be opened (open_all says it)
+  double timeout_s = sdqes::kStreamTimeoutS;  // a stream URL's open and read timeout (--stream-timeout)
 
   bool open(cv::VideoCapture& capture) const {
     capture.release();
@@ -152,14 +156,14 @@ struct Source {
     return capture.open(spec);
   }
 
-  // A stream URL through FFmpeg with open and read timeouts of sdqes::kStreamTimeoutS (its own: 30 s), as
+  // A stream URL through FFmpeg with open and read timeouts of timeout_s (FFmpeg's own: 30 s), as
   // runtime/live_source.py's open_capture; given to FFmpeg alone, since a backend that does not know them refuses to
   // open. An OpenCV older than 4.5.4 (which added them), or without FFmpeg, opens it as it would.
   bool open_stream(cv::VideoCapture& capture) const {
 #if CV_VERSION_MAJOR > 4 || (CV_VERSION_MAJOR == 4 && (CV_VERSION_MINOR > 5 || (CV_VERSION_MINOR == 5 && \
                                                                                   CV_VERSION_REVISION >= 4)))
     if (cv::videoio_registry::hasBackend(cv::CAP_FFMPEG)) {
-      const int milliseconds = static_cast<int>(sdqes::kStreamTimeoutS * 1000);
+      const int milliseconds = static_cast<int>(timeout_s * 1000);
       return capture.open(spec, cv::CAP_FFMPEG,
                           {cv::CAP_PROP_OPEN_TIMEOUT_MSEC, milliseconds, cv::CAP_PROP_READ_TIMEOUT_MSEC, milliseconds});
     }
@@ -174,8 +178,8 @@ struct Source {
   }
 };
 
-Source read_source(const std::string& spec, bool several) {
-  Source source{spec, sdqes::source_kind(spec), sdqes::without_password(spec), -1, ""};
+Source read_source(const std::string& spec, bool several, double timeout_s) {
+  Source source{spec, sdqes::source_kind(spec), sdqes::without_password(spec), -1, "", timeout_s};
   if (source.kind == "camera") {
     source.camera_index = static_cast<int>(std::min<int64_t>(whole_number("--source", spec, 0),
                                                              std::numeric_limits<int>::max()));
@@ -383,7 +387,7 @@ std::string identity_of(const Source& source, bool live, const cv::VideoCapture&
 void say_still_opening(const Source& source) {
   std::ostringstream words;
   words << "still opening " << source.shown << " after " << sdqes::kStallNoticeS
-        << " s: OpenCV waits up to " << sdqes::kStreamTimeoutS
+        << " s: OpenCV waits up to " << source.timeout_s
         << " s for a stream that answers but sends nothing; Ctrl-C stops the run";
   say(words.str());
 }
@@ -780,7 +784,19 @@ int run(int argc, char** argv) {
   // -1: to the end of the source
   const int64_t max_frames = o.count("--max-frames") ? whole_number("--max-frames", o.at("--max-frames"), 1) : -1;
   std::vector<Source> sources;
-  for (const auto& spec : source_specs) sources.push_back(read_source(spec, source_specs.size() > 1));
+  const double timeout_s = real_number(o, "--stream-timeout", sdqes::kStreamTimeoutS);
+  if (timeout_s < sdqes::kStreamTimeoutMinS) {
+    std::ostringstream words;
+    words << "--stream-timeout needs at least " << sdqes::kStreamTimeoutMinS << " s, not '" << o.at("--stream-timeout")
+          << "'";
+    throw sdqes::Error(words.str());
+  }
+  for (const auto& spec : source_specs) sources.push_back(read_source(spec, source_specs.size() > 1, timeout_s));
+  const auto is_stream = [](const std::string& spec) { return sdqes::is_stream_url(spec); };
+  if (o.count("--stream-timeout") && std::none_of(source_specs.begin(), source_specs.end(), is_stream)) {
+    say("warning: --stream-timeout is for stream URLs (rtsp://, http://, udp://, tcp://), and no --source is one: "
+        "ignored");
+  }
   if (static_cast<int64_t>(sources.size()) > bundle.batch) {  // fewer is fine: the other streams idle
     throw sdqes::Error(std::to_string(sources.size()) + " sources but the bundle steps " +
                        std::to_string(bundle.batch) + " stream(s) at once; re-export with --batch " +

@@ -134,14 +134,23 @@ def _whole_number(text: str) -> int:
 def at_least(minimum: int):
     """An argparse type for a whole number no smaller than ``minimum``: anything else is refused in one line
     that names the option ("argument --threads: give at least 1, not -2"), before any work starts."""
+    return _no_less_than(minimum, _whole_number, "")
 
-    def whole_number(text: str) -> int:
-        value = _whole_number(text)
+
+def seconds_at_least(minimum: float):
+    """An argparse type for a duration in seconds no shorter than ``minimum``, refused in one line that names the
+    option ("argument --stream-timeout: give at least 0.1 s, not 0")."""
+    return _no_less_than(minimum, finite_number, " s")
+
+
+def _no_less_than(minimum: float, read, unit: str):
+    def number(text: str):
+        value = read(text)
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"give at least {minimum}, not {value}")
+            raise argparse.ArgumentTypeError(f"give at least {minimum:g}{unit}, not {value:g}")
         return value
 
-    return whole_number
+    return number
 
 
 def seed_number(text: str) -> int:

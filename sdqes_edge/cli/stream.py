@@ -18,6 +18,7 @@ from sdqes_edge.cli.common import (
     at_least,
     finite_number,
     path_text,
+    seconds_at_least,
     text_key,
     warn,
 )
@@ -45,6 +46,7 @@ from sdqes_edge.files import (
 )
 from sdqes_edge.progress import LOG_LINE_SECONDS, progress_bar, stderr_is_a_terminal
 from sdqes_edge.runtime.backend import BACKENDS
+from sdqes_edge.runtime.frame_source import STREAM_TIMEOUT_MIN_S, STREAM_TIMEOUT_S
 from sdqes_edge.runtime.ort_sessions import DEVICE_PROVIDERS
 from sdqes_edge.service_manager import ServiceManager
 from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of, exit_status
@@ -80,7 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     file_queries, command_line_keys = _add_queries(detector, args)
     detector.warm_up()  # before a camera opens: the first real frame's latency is a steady one
     # All at once, on threads of their own: a stop while a stream is still opening comes at once.
-    sources = open_sources(args.source, detector.fps, log=lambda message: print(f"{PROG}: {message}", file=sys.stderr))
+    sources = open_sources(args.source, detector.fps, log=lambda message: print(f"{PROG}: {message}", file=sys.stderr),
+                           stream_timeout_s=args.stream_timeout)
     renamed = give_distinct_names(sources)
     if renamed:
         print(f"{PROG}: note: several sources have the same name; in alerts and outputs they are called "
@@ -126,6 +129,8 @@ def _check_run_args(args: argparse.Namespace) -> None:
     """Every mistake in the arguments refused before a bundle is loaded or a source opened."""
     args.ort_device_given = args.ort_device is not None  # left out: the CPU, with a tip where a GPU would work
     args.ort_device = args.ort_device or "cpu"
+    args.stream_timeout_given = args.stream_timeout is not None
+    args.stream_timeout = args.stream_timeout or STREAM_TIMEOUT_S
     if len(args.message or []) > len(args.query or []):
         raise UserError(f"{len(args.message)} --message but {len(args.query or [])} --query; each message follows "
                         "its query")
@@ -162,6 +167,10 @@ def _check_run_args(args: argparse.Namespace) -> None:
             warn(f"--save-state {args.save_state} does not end in {SNAPSHOT_SUFFIX}, so the "
                  f"snapshot goes to {written} (--resume finds it by either name)")
             args.save_state = written
+    from sdqes_edge.runtime.live_source import is_stream_url
+
+    if args.stream_timeout_given and not any(is_stream_url(source) for source in args.source):
+        warn("--stream-timeout is for stream URLs (rtsp://, http://, udp://, tcp://), and no --source is one: ignored")
     if args.ort_ops and args.backend != BACKENDS[0]:
         warn(f"--ort-ops is ONNX Runtime's (--backend {BACKENDS[0]}); a TensorRT engine fuses these steps "
              "itself: ignored")
@@ -344,6 +353,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "(needs a bundle exported with --batch N), stepped together: a camera that stalls idles "
                           "its stream, memory kept, while the others step; of several cameras, one absent at the "
                           "start or lost is tried again every few seconds while the others run")
+    run.add_argument("--stream-timeout", type=seconds_at_least(STREAM_TIMEOUT_MIN_S), metavar="SECONDS",
+                     help="how long a stream URL may take to open, or to send its next frame, before it is "
+                          f"reconnected (default {STREAM_TIMEOUT_S:g}; FFmpeg's own is 30)")
     run.add_argument("--query", action="append", help="event to wait for (repeatable); default: the bundle's")
     run.add_argument("--message", action="append", help="alert message for the query of the same position")
     run.add_argument("--queries-file", type=path_text,

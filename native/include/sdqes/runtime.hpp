@@ -132,12 +132,14 @@ std::string live_source_name(const std::string& target);
 std::string video_file_name(const std::string& location);
 std::string without_password(const std::string& url);
 bool is_gstreamer_pipeline(const std::string& target);
-// A URL, which OpenCV's FFmpeg opens (RTSP, HTTP(S), UDP, TCP): opened with timeouts of kStreamTimeoutS
-// (runtime/live_source.py's is_stream_url; tests/vectors/source_kinds.json).
+// A URL, which OpenCV's FFmpeg opens (RTSP, HTTP(S), UDP, TCP): opened with timeouts of kStreamTimeoutS or
+// --stream-timeout (runtime/live_source.py's is_stream_url; tests/vectors/source_kinds.json).
 bool is_stream_url(const std::string& target);
 // How long OpenCV's FFmpeg may wait for a stream URL to open, or for its next frame (its own default: 30 s, so a
-// stream that stalled was reconnected only 30 s on): runtime/live_source.py's STREAM_TIMEOUT_S.
+// stream that stalled was reconnected only 30 s on): runtime/frame_source.py's STREAM_TIMEOUT_S; sdqes-run
+// --stream-timeout sets it, kStreamTimeoutMinS at least (FFmpeg counts it in milliseconds).
 inline constexpr double kStreamTimeoutS = 10.0;
+inline constexpr double kStreamTimeoutMinS = 0.1;
 // sdqes-run's --source other than a camera index: a live one (an RTSP/UDP/TCP URL, a pipeline, a camera's device
 // file: source_kind) by live_source_name, anything else by video_file_name (an HTTP(S) URL until it is opened: one
 // whose container counts no frames is a live stream, named by live_source_name).
