@@ -144,10 +144,13 @@ def seconds_at_least(minimum: float):
 
 
 def _no_less_than(minimum: float, read, unit: str):
+    def shown(number: float) -> str:  # a whole number in full, a real one short ("0.1", not "0.1000000")
+        return f"{number:g}" if isinstance(number, float) else str(number)
+
     def number(text: str):
         value = read(text)
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"give at least {minimum:g}{unit}, not {value:g}")
+            raise argparse.ArgumentTypeError(f"give at least {shown(minimum)}{unit}, not {shown(value)}")
         return value
 
     return number
