@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import PROG, finite_number, path_text, warn
+from sdqes_edge.cli.common import PROG, finite_number, path_text, seconds_at_least, warn
 from sdqes_edge.errors import SourceUnavailable
 from sdqes_edge.traces import TRACE_SUFFIX
 
@@ -111,7 +111,7 @@ def add_output_options(run: argparse.ArgumentParser) -> None:
                      help="write the stream with score bars and alert banners to this video (with "
                           "several sources, one video each: out.mp4 -> out.SOURCE.mp4); a live stream's in "
                           "segments (--annotate-segment)")
-    run.add_argument("--annotate-segment", type=_seconds, metavar="SECONDS",
+    run.add_argument("--annotate-segment", type=seconds_at_least(0.0), metavar="SECONDS",
                      help="write --annotate's video in files of this much stream time each, named for the time (UTC) "
                           "each begins (out.20261128T031502Z.mp4), each playable once the next begins; 0: one video "
                           f"(default: {LIVE_ANNOTATION_SEGMENT_SECONDS:g} s for a camera or stream, one video for a "
@@ -136,14 +136,6 @@ def _hours(text: str) -> float:
     value = finite_number(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"give a positive number of hours, not {text}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """--annotate-segment's type: a finite number of seconds, 0 or more."""
-    value = finite_number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"give a number of seconds, 0 or more, not {text}")
     return value
 
 
