@@ -19,8 +19,8 @@ from sdqes_edge.errors import SourceUnavailable
 from sdqes_edge.stopping import may_outlive_a_stop
 
 from .frame_gathering import STALL_NOTICE_S
-from .frame_source import SOURCE_LOG, FrameSource
-from .live_source import STREAM_TIMEOUT_S, Cameras, LiveSource, without_password
+from .frame_source import SOURCE_LOG, STREAM_TIMEOUT_S, FrameSource
+from .live_source import Cameras, LiveSource, without_password
 from .sources import open_source, unopened_live_source
 
 # A source still opening after this long is named, once, as a camera that stalls is: the run is not silent meanwhile.

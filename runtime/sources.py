@@ -19,9 +19,8 @@ import numpy as np
 
 from sdqes_edge.errors import SourceUnavailable, UserError
 
-from .frame_source import NAMED_UNREADABLE_IMAGES, Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
+from .frame_source import NAMED_UNREADABLE_IMAGES, STREAM_TIMEOUT_S, Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
 from .live_source import (
-    STREAM_TIMEOUT_S,
     URL_PREFIXES,
     WEB_PREFIXES,
     LiveSource,

@@ -82,7 +82,8 @@ def opencv_finding() -> Finding:
     if not hasattr(cv2, "VideoCapture"):
         return Finding("OpenCV", False, "the cv2 folder is empty",
                        package_builds.incomplete_package_words(package_builds.OPENCV))
-    from sdqes_edge.runtime.live_source import STREAM_TIMEOUT_S, opencv_has_gstreamer
+    from sdqes_edge.runtime.frame_source import STREAM_TIMEOUT_S
+    from sdqes_edge.runtime.live_source import opencv_has_gstreamer
 
     registry = cv2.videoio_registry
     usable = {kind: [registry.getBackendName(b) for b in listed() if registry.hasBackend(b)] or ["none"]

@@ -100,9 +100,9 @@ def test_run_stream_timeout_gives_up_a_silent_stream_at_the_time_given(exported,
     assert took < STREAM_TIMEOUT_S
 
 
-def test_every_source_run_opens_takes_the_stream_timeout_given(exported):
-    """The timeout reaches each stream a run opens: one read live, a served file, and a camera of several that
-    was not there at the start (reconnected later), and the words said while a stream is still opening."""
+def test_every_source_run_opens_takes_the_stream_timeout_given():
+    """The timeout reaches each stream a run opens: one read live and a camera of several that was not there at the
+    start (reconnected later), and the words said while a stream is still opening."""
     from sdqes_edge.runtime.source_opening import _still_opening_words
     from sdqes_edge.runtime.sources import open_source, unopened_live_source
 

@@ -792,8 +792,7 @@ int run(int argc, char** argv) {
     throw sdqes::Error(words.str());
   }
   for (const auto& spec : source_specs) sources.push_back(read_source(spec, source_specs.size() > 1, timeout_s));
-  const auto is_stream = [](const std::string& spec) { return sdqes::is_stream_url(spec); };
-  if (o.count("--stream-timeout") && std::none_of(source_specs.begin(), source_specs.end(), is_stream)) {
+  if (o.count("--stream-timeout") && std::none_of(source_specs.begin(), source_specs.end(), sdqes::is_stream_url)) {
     say("warning: --stream-timeout is for stream URLs (rtsp://, http://, udp://, tcp://), and no --source is one: "
         "ignored");
   }

@@ -83,7 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     detector.warm_up()  # before a camera opens: the first real frame's latency is a steady one
     # All at once, on threads of their own: a stop while a stream is still opening comes at once.
     sources = open_sources(args.source, detector.fps, log=lambda message: print(f"{PROG}: {message}", file=sys.stderr),
-                           stream_timeout_s=args.stream_timeout)
+                           stream_timeout_s=args.stream_timeout or STREAM_TIMEOUT_S)
     renamed = give_distinct_names(sources)
     if renamed:
         print(f"{PROG}: note: several sources have the same name; in alerts and outputs they are called "
@@ -129,8 +129,6 @@ def _check_run_args(args: argparse.Namespace) -> None:
     """Every mistake in the arguments refused before a bundle is loaded or a source opened."""
     args.ort_device_given = args.ort_device is not None  # left out: the CPU, with a tip where a GPU would work
     args.ort_device = args.ort_device or "cpu"
-    args.stream_timeout_given = args.stream_timeout is not None
-    args.stream_timeout = args.stream_timeout or STREAM_TIMEOUT_S
     if len(args.message or []) > len(args.query or []):
         raise UserError(f"{len(args.message)} --message but {len(args.query or [])} --query; each message follows "
                         "its query")
@@ -169,7 +167,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
             args.save_state = written
     from sdqes_edge.runtime.live_source import is_stream_url
 
-    if args.stream_timeout_given and not any(is_stream_url(source) for source in args.source):
+    if args.stream_timeout is not None and not any(is_stream_url(source) for source in args.source):
         warn("--stream-timeout is for stream URLs (rtsp://, http://, udp://, tcp://), and no --source is one: ignored")
     if args.ort_ops and args.backend != BACKENDS[0]:
         warn(f"--ort-ops is ONNX Runtime's (--backend {BACKENDS[0]}); a TensorRT engine fuses these steps "
