@@ -78,6 +78,19 @@ class BackgroundWriter:
             self._writer.release()
 
 
+def frames_read_back(path: Path) -> int:
+    """The frames a video just written holds, as its container counts them (0: it cannot be opened). Read through
+    FFmpeg where this OpenCV has it, as it was written: a cut-off file FFmpeg cannot open was handed on to OpenCV's
+    own AVI reader, which printed its complaint straight to stderr past every log level ("Unexpected element.
+    Expected: LIST. Got: ...", bytes of the file among the words) above the run's one-line error."""
+    backend = cv2.CAP_FFMPEG if cv2.videoio_registry.hasBackend(cv2.CAP_FFMPEG) else cv2.CAP_ANY
+    check = cv2.VideoCapture(str(path), backend)
+    try:
+        return int(check.get(cv2.CAP_PROP_FRAME_COUNT)) if check.isOpened() else 0
+    finally:
+        check.release()
+
+
 class IncompleteOutput(UserError):
     """An output the machine would not let us finish (a full disk): exit 1, as the command line's disk-full
     error, since the user's input was fine."""
@@ -261,9 +274,7 @@ class AnnotatedVideoSink(Sink):
         self._writer.release()
         self._writer = None
         self.written.append(self._path)
-        check = cv2.VideoCapture(str(self._path))
-        readable = int(check.get(cv2.CAP_PROP_FRAME_COUNT)) if check.isOpened() else 0
-        check.release()
+        readable = frames_read_back(self._path)
         if readable < self._written - 1:  # some containers estimate their count from the duration: one off
             free = shutil.disk_usage(self.path.parent).free
             raise IncompleteOutput(f"the annotated video {self._path} is incomplete: {self._written} frames were "

@@ -198,23 +198,23 @@ class StreamingDetector:
             slot.reset()
 
     @_exclusive
-    def save_state(self, path: str | Path, wait: bool = True) -> Path:
+    def save_state(self, path: str | Path, wait: bool = True,
+                   on_done: Callable[[OSError | None], None] | None = None) -> Path:
         """Snapshot the streaming state to an .npz, to resume after a restart: the model's state and, per stream,
-        its frame count, time, source position and alert states (``snapshots``). ``wait=False``: the state is
-        copied now and written by a thread of its own (``SnapshotWriter``), after any earlier one, while the
-        stream goes on; ``close`` and the next ``save_state`` wait for it, and raise what it raised."""
+        its frame count, time, source position and alert states (``snapshots``). ``wait=False``: copied now, written
+        by a thread of its own after any earlier one; ``close`` and the next ``save_state`` raise what it raised, or
+        ``on_done``, where given, is called as it ends with None or the refusal (an OSError: a full disk)."""
         path = as_path(path, "save_state takes")
         if path.is_dir():  # numpy would write FOLDER.npz beside it
             raise UserError(f"{path} is a folder; give save_state a file path (e.g. {path / SNAPSHOT_EXAMPLE})")
-        # A one-line error, not numpy's OSError.
-        path = check_output_file(snapshot_path(path), "save_state", SNAPSHOT_EXAMPLE)
+        path = check_output_file(snapshot_path(path), "save_state", SNAPSHOT_EXAMPLE)  # one line, not an OSError
         keys = {qid: (q.text, policy_key(q.policy)) for qid, q in self.queries.queries.items()}
         records = [StreamRecord(slot.frames, slot.time, slot.source, slot.position,
                                 {keys[qid]: SavedAlert.of(state, slot.time) for qid, state in slot.alerts.items()})
                    for slot in self.streams]
         snapshot = Snapshot(self.bundle.model_identity, self.backend.state_to_numpy(self.state), records)
         if not wait:
-            self._snapshots.write_later(path, snapshot)
+            self._snapshots.write_later(path, snapshot, on_done)
             return path
         self._snapshots.wait()  # an earlier one in flight is older: written first
         return write_snapshot(path, snapshot)

@@ -7,11 +7,13 @@ still leaves a complete JSONL log (flushed per event) and a score trace.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
 import numbers
 import os
+import stat
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -117,8 +119,10 @@ class JsonlSink(Sink):
 
     def _use(self, fh) -> None:
         self._fh = fh
-        # Bytes up to the end of the last whole line; None for a pipe (--events /dev/stdout), which cannot be cut.
-        self._whole = fh.seek(0, os.SEEK_END) if fh.seekable() else None
+        # Bytes up to the end of the last whole line; None for anything but a regular file (a pipe, /dev/stdout,
+        # /dev/null), which cannot be cut or rotated: /dev/full is seekable, and refused the cut with EINVAL.
+        regular = stat.S_ISREG(os.fstat(fh.fileno()).st_mode)
+        self._whole = fh.seek(0, os.SEEK_END) if regular else None
 
     def _follow_rotation(self) -> None:
         if self._whole is None:  # a pipe or a terminal is not rotated
@@ -166,7 +170,8 @@ class JsonlSink(Sink):
                 os.fsync(self._fh.fileno())
         except OSError as exc:
             if self._whole is not None:
-                os.ftruncate(self._fh.fileno(), self._whole)
+                with contextlib.suppress(OSError):  # what to say is the refusal; a cut line is found on opening
+                    os.ftruncate(self._fh.fileno(), self._whole)
             raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         if self._whole is not None:
             self._whole = self._fh.tell()

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -165,13 +166,29 @@ class SnapshotWriter:
     def __init__(self) -> None:
         self._in_flight: OrderedCalls | None = None
 
-    def write_later(self, path: Path, snapshot: Snapshot) -> None:
-        """Write ``snapshot`` (host copies, not to be changed after) at ``path`` after the one in flight."""
+    def write_later(self, path: Path, snapshot: Snapshot, on_done: Callable[[OSError | None], None] | None = None
+                    ) -> None:
+        """Write ``snapshot`` (host copies, not to be changed after) at ``path`` after the one in flight. Where
+        ``on_done`` is given, it is called on the writing thread as the write ends: with None once written, or with
+        the OSError the machine refused it with (a full disk, a quota), which is then not raised: a service says
+        it as it happens and streams on, not at its next snapshot, minutes later."""
         self.wait()
+
+        def write() -> None:
+            try:
+                write_snapshot(path, snapshot)
+            except OSError as refusal:
+                if on_done is None:
+                    raise
+                on_done(refusal)
+            else:
+                if on_done is not None:
+                    on_done(None)
+
         # Not a daemon: a snapshot begun is finished before the process exits (the write is atomic anyway); its
         # thread ends once it is written.
         self._in_flight = OrderedCalls("state-snapshot", 1, daemon=False)
-        self._in_flight.call(lambda: write_snapshot(path, snapshot))
+        self._in_flight.call(write)
         self._in_flight.close()
 
     def wait(self) -> None:

@@ -52,6 +52,12 @@ def replaced_atomically(path: Path) -> Iterator[Path]:
         flush_to_disk(partial)
         os.replace(partial, path)
         flush_to_disk(path.parent)
+    except OSError as exc:
+        # A refusal names the file the user asked for: numpy and zipfile, writing into a handle, name none (the
+        # command line said "the disk is full" and not where), and the partial file's name is ours, not theirs.
+        if exc.errno is None or exc.filename not in (None, str(partial), partial):
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
     finally:
         partial.unlink(missing_ok=True)
 

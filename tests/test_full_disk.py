@@ -5,8 +5,11 @@ fails with EFBIG, as writes fail on a disk that filled up."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +20,7 @@ import numpy as np
 import pytest
 from runtime_fixtures import QUERY, write_video
 
+from sdqes_edge.files import replaced_atomically
 from sdqes_edge.runtime.detector import StreamingDetector
 from sdqes_edge.sample import sample_frames
 from sdqes_edge.traces import StreamScores, load_scores, save_scores
@@ -98,3 +102,92 @@ def test_an_alert_log_the_disk_cuts_off_keeps_only_whole_lines_and_names_its_fil
     lines = log.read_text().splitlines(keepends=True)
     assert len(lines) == written + 1 and all(line.endswith("\n") for line in lines)
     assert [json.loads(line) for line in lines[1:]] == [event.to_dict()] * written
+
+
+def test_run_state_the_disk_refuses_is_said_once_and_the_stream_goes_on_to_its_end(exported, tmp_path):
+    """run --state's snapshot after an alert, refused, ended the run at the next snapshot (the camera unwatched)
+    with "the disk is full" and no file named. Now it is said as it happens, the stream goes on, and the snapshot at
+    the end, refused too, is the run's one-line error naming the file."""
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(60, 240, 320, seed=3))
+    out = tmp_path / "out"
+    limit = 8192  # the alert log (0.4 KB) and the score trace (3 KB) fit; the state snapshot (28 KB) does not
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
+                           "--query", QUERY, "--threshold", "0.01", "--quiet", "--events", str(out / "e.jsonl"),
+                           "--scores", str(out / "s.npz"), "--state", str(out / "state.npz")],
+                          capture_output=True, text=True, preexec_fn=lambda: _limit_file_size(limit))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    warning = f"warning: cannot write --state {out / 'state.npz'}: File too large (the file there, if any, is "
+    assert done.stderr.count(warning + "unchanged); the stream goes on") == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        f"sdqes-edge: error: a file grew past the largest its file system or this process allows writing "
+        f"{out / 'state.npz'} (File too large: FAT32 holds 4 GiB a file")
+    assert [json.loads(line)["frame_index"] for line in (out / "e.jsonl").read_text().splitlines()] == [0]
+    assert load_scores(out / "s.npz").probs.shape == (30, 1)  # every frame stepped after the refusal
+    assert sorted(p.name for p in out.iterdir()) == ["e.jsonl", "s.npz"]  # no partial snapshot left
+
+
+def test_run_state_refused_is_tried_again_at_each_step_past_the_interval_and_said_again_once_written(
+        exported, tmp_path, monkeypatch, capsys):
+    from sdqes_edge.cli import run_outputs
+
+    _, bundle = exported
+    monkeypatch.setattr(run_outputs, "ALERT_SNAPSHOT_SECONDS", 0.0)
+    detector = StreamingDetector(bundle)
+    state = tmp_path / "state.npz"
+    in_the_way = tmp_path / f".state.npz.partial-{os.getpid()}"  # where each write's partial copy goes
+    in_the_way.mkdir()
+    (in_the_way / "kept").write_text("")
+    saves = run_outputs.StateAfterAlerts(detector, str(state))
+    saves.after_step(alerted=False)
+    detector.close()  # waits for a write in flight: there is none, nothing being unsaved
+    assert not state.exists() and capsys.readouterr().err == ""
+    for alerted in (True, False, False):  # the alert's write refused, then each step's retry refused
+        saves.after_step(alerted)
+        detector.close()
+    err = capsys.readouterr().err
+    assert err.count(f"warning: cannot write --state {state}: Is a directory") == 1 and not state.exists(), err
+    shutil.rmtree(in_the_way)  # room again
+    saves.after_step(alerted=False)
+    detector.close()
+    assert capsys.readouterr().err == f"sdqes-edge: note: --state {state} is written again\n"
+    detector.load_state(state)  # a whole snapshot
+    written = state.stat().st_mtime_ns
+    saves.after_step(alerted=False)  # written, and nothing new to write
+    detector.close()
+    assert state.stat().st_mtime_ns == written
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system (Linux has one)")
+def test_an_alert_log_on_a_device_that_is_always_full_says_the_disk_is_full_not_that_a_cut_failed():
+    """/dev/full is seekable but no regular file: taking the refused line back (ftruncate) raised EINVAL, and the
+    run ended with a traceback instead of the full disk."""
+    from sdqes_edge.runtime.sinks import AlertEvent, JsonlSink
+
+    sink = JsonlSink("/dev/full")
+    with pytest.raises(OSError) as refused:
+        sink.on_event(AlertEvent("q1", QUERY, "Sanitize your hands!", "clip", 1.5, 3, 0.9, 0.2, 12.0))
+    sink.close()
+    assert (refused.value.errno, refused.value.filename) == (errno.ENOSPC, "/dev/full")
+
+
+def test_an_atomic_write_refused_names_the_file_asked_for_not_the_partial_copy_or_none(tmp_path):
+    """numpy and zipfile write into a handle and name no file: the command line said "the disk is full", not where."""
+    target = tmp_path / "state.npz"
+    with pytest.raises(OSError) as refused, replaced_atomically(target) as partial:
+        partial.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert (refused.value.errno, refused.value.filename) == (errno.ENOSPC, str(target))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cut_off_video_read_back_counts_no_frames_and_prints_nothing(tmp_path, capfd):
+    """OpenCV's own AVI reader, tried where FFmpeg could not open the file, printed "Unexpected element. Expected:
+    LIST. Got: ..." (bytes of the file among the words) above the run's one-line error."""
+    from sdqes_edge.runtime.annotated_video import frames_read_back
+
+    whole = write_video(tmp_path / "whole.avi", sample_frames(12, 64, 64, seed=1))
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(whole.read_bytes()[:4096])
+    assert frames_read_back(whole) == 12 and frames_read_back(cut) == 0
+    assert capfd.readouterr().err == ""

@@ -288,7 +288,7 @@ struct StateSaver {
   sdqes::BackgroundSaves* saves = nullptr;  // the run's writing thread
   int stream = 0;  // the stream of the graph whose memory it keeps
   int64_t saved_raised = 0;  // alerts raised when it was last handed over
-  // The writing thread's word that the alert states' last write failed: they are handed over again.
+  // The writing thread's word that the last write failed: both files are handed over again.
   std::shared_ptr<std::atomic<bool>> failed = std::make_shared<std::atomic<bool>>(false);
   std::chrono::steady_clock::time_point saved_at = std::chrono::steady_clock::time_point::min();
 
@@ -304,8 +304,9 @@ struct StateSaver {
     saved_at = now;
   }
 
-  // Hands both files over to be written. A failure is said (by the writing thread) and the stream goes on: its alerts
-  // matter more than the files.
+  // Hands both files over to be written. A failure is said by the writing thread and the stream goes on (its alerts
+  // matter more than the files), tried again at each frame past the interval: said once, however often it fails
+  // again, and said again once written, as `sdqes-edge run --state` says them.
   void save(const StreamAlerts& alerts) const {
     if (!file) return;
     std::optional<sdqes::MemoryContents> memory_contents;  // a copy of the stream's state, as it is now
@@ -318,19 +319,26 @@ struct StateSaver {
                   states = sdqes::AlertStateFile::contents(alerts.queries, alerts.states, alerts.last_time,
                                                            {source, alerts.stepped}),
                   failed = failed] {
+      std::vector<std::string> refusals;  // each file's, in the words of its error
       if (memory_contents) {
         try {
           sdqes::write_memory(memory, *memory_contents);
         } catch (const sdqes::Error& e) {
-          say(std::string("warning: ") + e.what());
+          refusals.emplace_back(e.what());
         }
       }
       try {
         file.write(states);
-        failed->store(false);
-      } catch (const sdqes::Error&) {
-        failed->store(true);
-        throw;  // said by the writing thread
+      } catch (const sdqes::Error& e) {
+        refusals.emplace_back(e.what());
+      }
+      const bool failed_before = failed->exchange(!refusals.empty());
+      if (!failed_before) {
+        std::ostringstream again;
+        again << "; the stream goes on, and tries again every " << sdqes::kAlertStateEveryS << " s";
+        for (const auto& refusal : refusals) say("warning: " + refusal + again.str());
+      } else if (refusals.empty()) {
+        say("note: --state " + file.path().string() + " is written again");
       }
     };
     saves->save(file->path().string(), std::move(write));
@@ -644,6 +652,19 @@ int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_pt
   return lost ? 1 : 0;
 }
 
+// --state's files still refused when the stream ended (each refusal said as it came): the run's error, exit status 1
+// unless a signal's, as `sdqes-edge run --state` ends then.
+int said_unsaved(const std::vector<std::unique_ptr<StreamSource>>& streams, int status) {
+  for (const auto& s : streams) {
+    if (!s->saver.file || !s->saver.failed->load()) continue;
+    say("error: --state " + s->saver.file->path().string() + " could not be written when the stream ended (said "
+        "above), and holds what was written last, if anything; free some space or give --state another path, and "
+        "run again");
+    status = status == 0 ? 1 : status;
+  }
+  return status;
+}
+
 // Steps the engine on the sources' frames, a stream each, and raises each stream's alerts until every source ends,
 // --max-frames, or a signal. Each step takes every source's next frame, as `sdqes-edge run` does (a live one's unless
 // it falls behind: sdqes::gather_step); a source that has ended idles (its stream's state kept), and the extra
@@ -748,7 +769,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
     throw;
   }
   const double seconds = wind_up();
-  return report_end(stop, streams, steps, seconds, latencies, period);
+  return said_unsaved(streams, report_end(stop, streams, steps, seconds, latencies, period));
 }
 #endif
 

@@ -86,6 +86,19 @@ def _prepare_opencv() -> None:
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
+def _refused_bytes_words(exc: OSError) -> str | None:
+    """What to say of a write the machine refused (a full disk, a file past its file system's largest), or None for
+    any other OSError."""
+    where = f" writing {exc.filename}" if exc.filename else ""
+    if exc.errno in DISK_FULL_ERRNOS:
+        return f"the disk is full{where} ({exc.strerror}); free some space or write to another disk, and run again"
+    if exc.errno == errno.EFBIG:  # an SD card's FAT32 holds 4 GiB a file; `ulimit -f` caps a shell's files
+        return (f"a file grew past the largest its file system or this process allows{where} ({exc.strerror}: "
+                "FAT32 holds 4 GiB a file, and `ulimit -f` may set a limit); write to a disk whose file system holds "
+                "larger files (ext4, exFAT), or raise the limit, and run again")
+    return None
+
+
 def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.ArgumentParser] = build_parser) -> int:
     with warnings.catch_warnings():  # the caller's warning display is back as it was when the command ends
         warnings.showwarning = _one_line_warnings(warnings.showwarning)
@@ -134,11 +147,10 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
               "(--batch), fewer frames, or a smaller model", file=sys.stderr)
         return 1
     except OSError as exc:
-        if exc.errno not in DISK_FULL_ERRNOS:
+        words = _refused_bytes_words(exc)
+        if words is None:
             raise  # anything else is a bug of ours, and its traceback is what a report needs
-        where = f" writing {exc.filename}" if exc.filename else ""
-        print(f"{PROG}: error: the disk is full{where} ({exc.strerror}); free some space or write to another disk, "
-              "and run again", file=sys.stderr)
+        print(f"{PROG}: error: {words}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as interrupt:  # from start-up on: no traceback for a stop, whenever it comes
         print(f"{PROG}: interrupted ({signal.Signals(signal_of(interrupt)).name})", file=sys.stderr)

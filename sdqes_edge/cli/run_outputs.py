@@ -4,7 +4,9 @@ snapshot): its options, the path of each output per source, and the sinks that w
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,6 +87,35 @@ def attach_sinks(detector: StreamingDetector, sources: list,
         detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, stream=i,
                                              model=detector.bundle.model_identity, first_frame=source.start_index))
     return trace_paths, videos
+
+
+class StateAfterAlerts:
+    """run --state's snapshots while the stream goes on: after a step that alerted, at most every
+    ``ALERT_SNAPSHOT_SECONDS``, written by a thread of their own. One the machine refuses (a full disk) is said as
+    it happens and the stream goes on alerting, as sdqes-run's does: the run had ended at the next snapshot, the
+    camera unwatched, and said only "the disk is full", not where. It is tried again at each step past the interval
+    until written, said once, however often refused, and said again once written. The snapshot at the end, refused
+    too, is the run's error, as --save-state's is."""
+
+    def __init__(self, detector: StreamingDetector, path: str):
+        self.detector, self.path = detector, path
+        self._unsaved, self._saved_at = False, -math.inf
+        self._refused = False  # the last write's outcome, set on the writing thread
+
+    def after_step(self, alerted: bool) -> None:
+        # A refused write is tried again: an alert's count and time (--max-alerts, --cooldown) outlive a power cut.
+        self._unsaved = self._unsaved or alerted or self._refused
+        if self._unsaved and time.monotonic() - self._saved_at >= ALERT_SNAPSHOT_SECONDS:
+            self.detector.save_state(self.path, wait=False, on_done=self._done)  # written while the stream goes on
+            self._unsaved, self._saved_at = False, time.monotonic()
+
+    def _done(self, refusal: OSError | None) -> None:
+        if refusal is not None and not self._refused:
+            warn(f"cannot write --state {self.path}: {refusal.strerror or refusal} (the file there, if any, is "
+                 f"unchanged); the stream goes on, and tries again every {ALERT_SNAPSHOT_SECONDS:g} s")
+        elif refusal is None and self._refused:
+            print(f"{PROG}: note: --state {self.path} is written again", file=sys.stderr)
+        self._refused = refusal is not None
 
 
 def videos_written(sinks: list[AnnotatedVideoSink]) -> list[str]:

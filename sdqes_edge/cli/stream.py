@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import signal
 import sys
 import textwrap
@@ -27,8 +26,8 @@ from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, QueryLine, read_queri
 from sdqes_edge.cli.queries_watch import Asked, LineAsker, QueriesFileWatcher, file_signature, keyed
 from sdqes_edge.cli.run_device import backend_words, device_tip
 from sdqes_edge.cli.run_outputs import (
-    ALERT_SNAPSHOT_SECONDS,
     STATE_WRITTEN,
+    StateAfterAlerts,
     add_output_options,
     attach_sinks,
     summarize_run,
@@ -283,16 +282,13 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
                        "streaming", enabled=not args.quiet and not live)
     last_report, report_every = time.perf_counter(), live_report_seconds()
     stop = FinishFrameThenStop()  # Ctrl-C, SIGTERM (docker stop, systemd) or SIGHUP: finish the frame, close sinks
-    exit_code, unsaved_alerts, saved_at = 0, False, -math.inf
+    exit_code, state_saves = 0, StateAfterAlerts(detector, args.state) if args.state else None
     try:
         with stop, watcher, closing(detector.run(sources, stats, max_frames=args.max_frames,
                                                   stop_requested=lambda: stop.requested)) as steps:
             for alerts in steps:
-                # --state: a power cut or a kill keeps each alert's count and time (--max-alerts, --cooldown)
-                unsaved_alerts = unsaved_alerts or bool(alerts and args.state)
-                if unsaved_alerts and time.monotonic() - saved_at >= ALERT_SNAPSHOT_SECONDS:
-                    detector.save_state(args.state, wait=False)  # written while the stream goes on
-                    unsaved_alerts, saved_at = False, time.monotonic()
+                if state_saves is not None:  # a power cut or a kill keeps each alert's count and time
+                    state_saves.after_step(bool(alerts))
                 manager.alive()
                 if bar is not None:
                     bar.update(1)
