@@ -11,7 +11,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NoReturn
 
 from .errors import UserError
 
@@ -38,6 +38,16 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def raise_naming(refusal: OSError, target: Path, stand_in: Path) -> NoReturn:
+    """Raise ``refusal`` (a full disk), naming ``target``, what the user asked for, where it names nothing or only
+    ``stand_in`` (our partial copy or staging folder, or a file in it): numpy, zipfile and torch's ONNX exporter write
+    into handles and name no file, so the command line said "the disk is full" and not where."""
+    named = None if refusal.filename is None else Path(os.fsdecode(refusal.filename))
+    if refusal.errno is None or (named is not None and named != stand_in and stand_in not in named.parents):
+        raise refusal
+    raise OSError(refusal.errno, refusal.strerror, str(target)) from refusal
+
+
 @contextlib.contextmanager
 def replaced_atomically(path: Path) -> Iterator[Path]:
     """A path beside ``path`` for the block to write; it replaces ``path`` only when the block ends without error
@@ -53,11 +63,7 @@ def replaced_atomically(path: Path) -> Iterator[Path]:
         os.replace(partial, path)
         flush_to_disk(path.parent)
     except OSError as exc:
-        # A refusal names the file the user asked for: numpy and zipfile, writing into a handle, name none (the
-        # command line said "the disk is full" and not where), and the partial file's name is ours, not theirs.
-        if exc.errno is None or exc.filename not in (None, str(partial), partial):
-            raise
-        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise_naming(exc, path, partial)
     finally:
         partial.unlink(missing_ok=True)
 
@@ -219,8 +225,10 @@ def staged_directory(target: Path) -> Iterator[Path]:
     try:
         yield staging
         replace_directory(staging, target)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise_naming(exc, target, staging)
         raise
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from runtime_fixtures import QUERY, write_video
 
-from sdqes_edge.files import replaced_atomically
+from sdqes_edge.files import replaced_atomically, staged_directory
 from sdqes_edge.runtime.detector import StreamingDetector
 from sdqes_edge.sample import sample_frames
 from sdqes_edge.traces import StreamScores, load_scores, save_scores
@@ -171,14 +171,20 @@ def test_an_alert_log_on_a_device_that_is_always_full_says_the_disk_is_full_not_
     assert (refused.value.errno, refused.value.filename) == (errno.ENOSPC, "/dev/full")
 
 
-def test_an_atomic_write_refused_names_the_file_asked_for_not_the_partial_copy_or_none(tmp_path):
-    """numpy and zipfile write into a handle and name no file: the command line said "the disk is full", not where."""
-    target = tmp_path / "state.npz"
-    with pytest.raises(OSError) as refused, replaced_atomically(target) as partial:
-        partial.write_bytes(b"half")
+@pytest.mark.parametrize("stage", [replaced_atomically, staged_directory], ids=["file", "bundle folder"])
+def test_a_write_the_disk_refuses_names_what_was_asked_for_and_leaves_nothing(tmp_path, stage):
+    """numpy, zipfile and torch's ONNX exporter write into handles and name no file: the command line said "the disk
+    is full", not where (an export to a full disk among them)."""
+    target = tmp_path / "asked-for"
+    with pytest.raises(OSError) as refused, stage(target) as partial:
+        (partial / "step.onnx" if stage is staged_directory else partial).write_bytes(b"half")
         raise OSError(errno.ENOSPC, "No space left on device")
     assert (refused.value.errno, refused.value.filename) == (errno.ENOSPC, str(target))
     assert list(tmp_path.iterdir()) == []
+    elsewhere = str(tmp_path / "input.mp4")  # a refusal that names another file keeps its name
+    with pytest.raises(OSError) as refused, stage(target):
+        raise OSError(errno.EIO, "Input/output error", elsewhere)
+    assert refused.value.filename == elsewhere
 
 
 def test_a_cut_off_video_read_back_counts_no_frames_and_prints_nothing(tmp_path, capfd):

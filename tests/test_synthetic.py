@@ -162,7 +162,7 @@ def test_synth_refuses_too_short_streams_in_one_line_and_writes_nothing(tmp_path
 def test_a_synth_that_fails_half_way_leaves_no_folder_behind_and_a_full_disk_is_one_line(tmp_path, monkeypatch,
                                                                                        capsys):
     # A failure after some videos were written (here a full disk at the third) used to leave a half dataset that
-    # the next synth into the same --out refused as "not empty", after a traceback.
+    # the next synth into the same --out refused as "not empty", after a traceback. The error names the folder.
     import sdqes_edge.synthetic as synthetic
     from sdqes_edge.cli import run
 
@@ -180,7 +180,7 @@ def test_a_synth_that_fails_half_way_leaves_no_folder_behind_and_a_full_disk_is_
     assert run(["synth", "--out", str(out), "--train", "3", "--val", "0", "--test", "1", "--seconds", "20"]) == 1
     assert len(written) == 2 and not out.exists() and list(tmp_path.iterdir()) == []
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "error: the disk is full (No space left on device); free some space" in err
+    assert err.count("\n") == 1 and f"error: the disk is full writing {out} (No space left on device); free some" in err
 
 
 def test_synth_points_eval_at_a_split_it_wrote(tmp_path, capsys):
