@@ -115,6 +115,19 @@ def test_a_video_stopped_and_started_again_with_state_goes_on_where_it_stopped_a
     assert len(alerts(log)) == len(native)
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system (Linux has one)")
+def test_sdqes_run_whose_alert_log_the_disk_refuses_says_so_in_one_line_with_exit_status_1(sdqes_run_on_the_cpu,
+                                                                                          bundle, video):
+    """A full disk is the machine's state, not a mistaken command: exit status 1, as `sdqes-edge run` ends (it was
+    2). /dev/full refuses every write as a full disk does."""
+    done = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--threshold", "0.0001",
+                           "--events", "/dev/full"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "sdqes-run: error: cannot append an alert to /dev/full (No space left on device): is the disk full? free some "
+        "space or write to another disk, and run again")
+
+
 def test_sdqes_run_on_a_live_stream_tells_systemd_it_is_ready_and_stops_on_sigterm_with_its_log_complete(
         sdqes_run_on_the_cpu, bundle, endless_stream, tmp_path):
     address = f"@sdqes-notify-test-{os.getpid()}"  # abstract: a tmp path may pass the 108 bytes a socket name has

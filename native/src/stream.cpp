@@ -318,7 +318,11 @@ JsonlSink::JsonlSink(const fs::path& path) : path_(path), file_(std::fopen(path.
 void JsonlSink::use(std::FILE* file) {
   file_ = file;
   std::setvbuf(file_, nullptr, _IONBF, 0);  // unbuffered: nothing is left to flush once a write failed
-  whole_ = std::fseek(file_, 0, SEEK_END) == 0 ? std::ftell(file_) : -1;
+  // Bytes up to the end of the last whole line; -1 for anything but a regular file (a pipe, /dev/stdout, /dev/full),
+  // which is neither cut nor rotated, as the Python sink's.
+  struct stat opened {};
+  const bool regular = fstat(fileno(file_), &opened) == 0 && S_ISREG(opened.st_mode);
+  whole_ = regular && std::fseek(file_, 0, SEEK_END) == 0 ? std::ftell(file_) : -1;
 }
 
 JsonlSink::~JsonlSink() {
@@ -356,11 +360,11 @@ void JsonlSink::write(const AlertEvent& event) {
   const bool written = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
   const int failure = written ? 0 : errno;
   if (written && whole_ >= 0 && fsync(fileno(file_)) != 0 && errno != EINVAL) {
-    throw Error("cannot sync " + path_.string() + " (" + std::strerror(errno) + ")");
+    throw OutputRefused("cannot sync " + path_.string() + " (" + std::strerror(errno) + ")");
   }
   if (!written) {
     if (whole_ >= 0 && ftruncate(fileno(file_), whole_) == 0) std::clearerr(file_);
-    throw Error("cannot append an alert to " + path_.string() + " (" + std::strerror(failure) +
+    throw OutputRefused("cannot append an alert to " + path_.string() + " (" + std::strerror(failure) +
                 "): is the disk full? free some space or write to another disk, and run again");
   }
   if (whole_ >= 0) whole_ = std::ftell(file_);

@@ -858,6 +858,9 @@ int main(int argc, char** argv) {
   } catch (const SourceUnavailable& e) {
     say(std::string("error: ") + e.what());
     return 1;
+  } catch (const sdqes::OutputRefused& e) {
+    say(std::string("error: ") + e.what());
+    return 1;
   } catch (const sdqes::Error& e) {
     say(std::string("error: ") + e.what());
     return 2;

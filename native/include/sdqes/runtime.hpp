@@ -27,6 +27,12 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An output the machine refused (a full disk, a quota): the machine's state, which may mend, so sdqes-run ends with
+// exit status 1, as `sdqes-edge run` does, not a mistaken command's 2.
+struct OutputRefused : Error {
+  using Error::Error;
+};
+
 constexpr int kBundleFormatVersion = 2;  // sdqes_edge/contract.py BUNDLE_FORMAT_VERSION (tested)
 constexpr const char* kBundleFormat = "sdqes-edge-bundle";
 constexpr const char* kStateInputPrefix = "state_in.";
