@@ -270,3 +270,41 @@ def test_sdqes_run_state_that_cannot_be_written_is_said_once_and_the_stream_goes
     assert lines[-1] == (f"sdqes-run: error: --state {state} could not be written when the stream ended (said above), "
                          "and holds what was written last, if anything; free some space or give --state another "
                          "path, and run again")
+
+
+def test_sdqes_run_state_refused_is_tried_again_as_the_stream_goes_on_and_said_once_written(sdqes_run_on_the_cpu,
+                                                                                            bundle, endless_stream,
+                                                                                            tmp_path):
+    """A refused --state write is tried again at the next frame past the 5 s interval while the stream goes on, and
+    once there is room again that is said, as `sdqes-edge run --state` says it."""
+    import shutil
+    import signal
+    import threading
+
+    state = tmp_path / "state.json"
+    run = subprocess.Popen([str(sdqes_run_on_the_cpu), bundle, "--source", endless_stream, "--state", str(state),
+                            "--threshold", "0.0001"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    in_the_way = [tmp_path / f".{name}.partial-{run.pid}" for name in ("state.json", "state.memory")]
+    for folder in in_the_way:  # before the run has loaded its bundle, let alone alerted
+        folder.mkdir()
+        (folder / "kept").touch()
+    timer = threading.Timer(120, run.kill)
+    timer.start()
+    said = []
+    try:
+        for line in run.stderr:
+            said.append(line)
+            if "warning: cannot write --state" in line:  # room again: the next try is written
+                for folder in in_the_way:
+                    shutil.rmtree(folder)
+            if "is written again" in line:
+                run.send_signal(signal.SIGTERM)
+        status = run.wait()
+    finally:
+        timer.cancel()
+        run.kill()
+    text = "".join(said)
+    assert status == 128 + signal.SIGTERM, text
+    assert text.count("warning: cannot write --state") == 1, text
+    assert text.count(f"sdqes-run: note: --state {state} is written again") == 1, text
+    assert json.loads(state.read_text()) and (tmp_path / "state.memory").stat().st_size > 0
