@@ -44,7 +44,6 @@ from .snapshots import (
     policy_key,
     read_snapshot,
     snapshot_path,
-    write_snapshot,
 )
 from .sources import Frame, FrameSource
 from .step_backends import make_backend
@@ -202,8 +201,8 @@ class StreamingDetector:
                    on_done: Callable[[OSError | None], None] | None = None) -> Path:
         """Snapshot the streaming state to an .npz, to resume after a restart: the model's state and, per stream,
         its frame count, time, source position and alert states (``snapshots``). ``wait=False``: copied now, written
-        by a thread of its own after any earlier one; ``close`` and the next ``save_state`` raise what it raised, or
-        ``on_done``, where given, is called as it ends with None or the refusal (an OSError: a full disk)."""
+        by a thread of its own after any earlier one, ``close`` and the next ``save_state`` raising what it raised.
+        ``on_done``, where given, is told as a write ends: None, or the refusal (OSError: a full disk), not raised."""
         path = as_path(path, "save_state takes")
         if path.is_dir():  # numpy would write FOLDER.npz beside it
             raise UserError(f"{path} is a folder; give save_state a file path (e.g. {path / SNAPSHOT_EXAMPLE})")
@@ -216,8 +215,7 @@ class StreamingDetector:
         if not wait:
             self._snapshots.write_later(path, snapshot, on_done)
             return path
-        self._snapshots.wait()  # an earlier one in flight is older: written first
-        return write_snapshot(path, snapshot)
+        return self._snapshots.write_now(path, snapshot, on_done)
 
     @_exclusive
     def load_state(self, path: str | Path) -> None:

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -157,6 +157,29 @@ def write_snapshot(path: Path, snapshot: Snapshot) -> Path:
     return path
 
 
+OnDone = Callable[[Optional[OSError]], None]  # told how a write ended: None once written, or the machine's refusal
+
+
+def check_on_done(on_done: object) -> None:
+    if on_done is not None and not callable(on_done):  # else the refusal it was for raised a TypeError instead
+        raise UserError(f"save_state's on_done is called with None once the snapshot is written, or with the "
+                        f"OSError that refused it; give a function, not a {type(on_done).__name__}")
+
+
+def write_telling(path: Path, snapshot: Snapshot, on_done: OnDone | None) -> None:
+    """``write_snapshot``; where ``on_done`` is given, it is told how the write ended: None once written, or the
+    OSError the machine refused it with (a full disk, a quota), which is then not raised."""
+    try:
+        write_snapshot(path, snapshot)
+    except OSError as refusal:
+        if on_done is None:
+            raise
+        on_done(refusal)
+    else:
+        if on_done is not None:
+            on_done(None)
+
+
 class SnapshotWriter:
     """Writes snapshots on a thread of its own, one at a time, in the order given: a run's snapshot after an alert
     (``run --state``) held the thread that steps for as long as the write took, 15 ms for one ViT-B/16 stream's
@@ -166,30 +189,24 @@ class SnapshotWriter:
     def __init__(self) -> None:
         self._in_flight: OrderedCalls | None = None
 
-    def write_later(self, path: Path, snapshot: Snapshot, on_done: Callable[[OSError | None], None] | None = None
-                    ) -> None:
-        """Write ``snapshot`` (host copies, not to be changed after) at ``path`` after the one in flight. Where
-        ``on_done`` is given, it is called on the writing thread as the write ends: with None once written, or with
-        the OSError the machine refused it with (a full disk, a quota), which is then not raised: a service says
-        it as it happens and streams on, not at its next snapshot, minutes later."""
+    def write_later(self, path: Path, snapshot: Snapshot, on_done: OnDone | None = None) -> None:
+        """Write ``snapshot`` (host copies, not to be changed after) at ``path`` after the one in flight. ``on_done``
+        (``write_telling``) is called on the writing thread: a service says a refusal as it happens and streams on,
+        not at its next snapshot, minutes later."""
+        check_on_done(on_done)
         self.wait()
-
-        def write() -> None:
-            try:
-                write_snapshot(path, snapshot)
-            except OSError as refusal:
-                if on_done is None:
-                    raise
-                on_done(refusal)
-            else:
-                if on_done is not None:
-                    on_done(None)
-
         # Not a daemon: a snapshot begun is finished before the process exits (the write is atomic anyway); its
         # thread ends once it is written.
         self._in_flight = OrderedCalls("state-snapshot", 1, daemon=False)
-        self._in_flight.call(write)
+        self._in_flight.call(lambda: write_telling(path, snapshot, on_done))
         self._in_flight.close()
+
+    def write_now(self, path: Path, snapshot: Snapshot, on_done: OnDone | None = None) -> Path:
+        """Write ``snapshot`` at ``path`` on this thread, after the one in flight (older: written first)."""
+        check_on_done(on_done)
+        self.wait()
+        write_telling(path, snapshot, on_done)
+        return path
 
     def wait(self) -> None:
         """The write in flight finished; what it raised, raised here."""

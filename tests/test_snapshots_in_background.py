@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from runtime_fixtures import QUERY
 
+from sdqes_edge.errors import UserError
 from sdqes_edge.runtime import snapshots
 from sdqes_edge.runtime.detector import StreamingDetector
 from sdqes_edge.runtime.snapshots import read_snapshot
@@ -80,6 +81,31 @@ def test_a_failed_write_in_the_background_is_raised_by_the_next_save_or_by_close
     detector.save_state(tmp_path / "c.npz", wait=False)
     with pytest.raises(OSError, match="No space left"):
         detector.close()
+
+
+@pytest.mark.parametrize("wait", [False, True], ids=["in the background", "at once"])
+def test_on_done_is_told_how_each_write_ended_and_a_refusal_it_is_told_is_not_raised(exported, tmp_path,
+                                                                                      monkeypatch, wait):
+    """What `run --state` says a refused snapshot with, as it happens, and goes on streaming."""
+    _, bundle = exported
+    detector = stepped(bundle, frames=1)
+    told = []
+    detector.save_state(tmp_path / "a.npz", wait=wait, on_done=told.append)
+    real_write = snapshots.write_snapshot
+
+    def full_disk(path, snapshot):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(snapshots, "write_snapshot", full_disk)
+    detector.save_state(tmp_path / "b.npz", wait=wait, on_done=told.append)
+    detector.close()  # raises nothing: the refusal was told
+    assert told[0] is None and (told[1].errno, told[1].filename) == (28, str(tmp_path / "b.npz"))
+    monkeypatch.setattr(snapshots, "write_snapshot", real_write)
+    detector.load_state(tmp_path / "a.npz")
+    assert not (tmp_path / "b.npz").exists()
+    with pytest.raises(UserError, match="on_done is called with None once the snapshot is written.*not a str"):
+        detector.save_state(tmp_path / "c.npz", wait=wait, on_done="print")
+    assert not (tmp_path / "c.npz").exists()
 
 
 def test_a_snapshot_still_being_written_is_waited_for_by_load_state(exported, tmp_path, monkeypatch):
