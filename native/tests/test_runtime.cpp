@@ -747,7 +747,7 @@ TEST(JsonlSink, KeepsWholeLinesWhenTheDiskRefusesOneAndNamesTheFile) {
     sdqes::JsonlSink sink(log);
     try {  // 4 KiB hold a few lines of ~600 bytes: far fewer writes than this must be refused
       for (; written < 1000; ++written) sink.write(event);
-    } catch (const sdqes::Error& e) {
+    } catch (const sdqes::OutputRefused& e) {  // the machine's state: sdqes-run's exit status 1, not a usage error's
       error = e.what();
     }
   }
