@@ -37,6 +37,7 @@ from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_e
 from .run_stats import RunStats
 from .sinks import AlertEvent, Sink, check_sink_fits, close_all
 from .snapshots import (
+    OnDone,
     SavedAlert,
     Snapshot,
     SnapshotWriter,
@@ -197,8 +198,7 @@ class StreamingDetector:
             slot.reset()
 
     @_exclusive
-    def save_state(self, path: str | Path, wait: bool = True,
-                   on_done: Callable[[OSError | None], None] | None = None) -> Path:
+    def save_state(self, path: str | Path, wait: bool = True, on_done: OnDone | None = None) -> Path:
         """Snapshot the streaming state to an .npz, to resume after a restart: the model's state and, per stream,
         its frame count, time, source position and alert states (``snapshots``). ``wait=False``: copied now, written
         by a thread of its own after any earlier one, ``close`` and the next ``save_state`` raising what it raised.

@@ -161,6 +161,7 @@ OnDone = Callable[[Optional[OSError]], None]  # told how a write ended: None onc
 
 
 def check_on_done(on_done: object) -> None:
+    """Refuse an ``on_done`` that cannot be called, before the write it is for."""
     if on_done is not None and not callable(on_done):  # else the refusal it was for raised a TypeError instead
         raise UserError(f"save_state's on_done is called with None once the snapshot is written, or with the "
                         f"OSError that refused it; give a function, not a {type(on_done).__name__}")

@@ -42,7 +42,8 @@ def raise_naming(refusal: OSError, target: Path, stand_in: Path) -> NoReturn:
     """Raise ``refusal`` (a full disk), naming ``target``, what the user asked for, where it names nothing or only
     ``stand_in`` (our partial copy or staging folder, or a file in it): numpy, zipfile and torch's ONNX exporter write
     into handles and name no file, so the command line said "the disk is full" and not where."""
-    named = None if refusal.filename is None else Path(os.fsdecode(refusal.filename))
+    name = refusal.filename  # a str or bytes, None, or a file descriptor (os.stat of one): a number names nothing
+    named = Path(os.fsdecode(name)) if isinstance(name, (str, bytes, os.PathLike)) else None
     if refusal.errno is None or (named is not None and named != stand_in and stand_in not in named.parents):
         raise refusal
     raise OSError(refusal.errno, refusal.strerror, str(target)) from refusal
