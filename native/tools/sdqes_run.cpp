@@ -653,14 +653,15 @@ int report_end(const sdqes::StopOnSignal& stop, const std::vector<std::unique_pt
 }
 
 // --state's files still refused when the stream ended (each refusal said as it came): the run's error, exit status 1
-// unless a signal's, as `sdqes-edge run --state` ends then.
+// whatever ended it (a signal's stop too: what the next start goes on from is not there), as `sdqes-edge run --state`
+// ends then.
 int said_unsaved(const std::vector<std::unique_ptr<StreamSource>>& streams, int status) {
   for (const auto& s : streams) {
     if (!s->saver.file || !s->saver.failed->load()) continue;
     say("error: --state " + s->saver.file->path().string() + " could not be written when the stream ended (said "
         "above), and holds what was written last, if anything; free some space or give --state another path, and "
         "run again");
-    status = status == 0 ? 1 : status;
+    status = 1;
   }
   return status;
 }
