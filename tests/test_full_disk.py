@@ -197,3 +197,28 @@ def test_a_cut_off_video_read_back_counts_no_frames_and_prints_nothing(tmp_path,
     cut.write_bytes(whole.read_bytes()[:4096])
     assert frames_read_back(whole) == 12 and frames_read_back(cut) == 0
     assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("refusal, words", [
+    (errno.ENOSPC, "error: the disk is full writing {out} (No space left on device); free some space"),
+    (errno.EFBIG, "error: a file grew past the largest its file system or this process allows writing {out} (File "
+                  "too large: FAT32 holds 4 GiB a file"),
+    (errno.EROFS, "error: the disk is read-only writing {out} (Read-only file system: the kernel remounts a failing "
+                  "SD card or eMMC read-only, see `dmesg`); write to another disk"),
+    (errno.EIO, "error: the disk failed writing {out} (Input/output error: see `dmesg`; an SD card wears out)"),
+], ids=["full", "file too large", "read-only", "failing"])
+def test_a_write_the_machine_refuses_is_one_line_naming_the_output_and_what_to_do(tmp_path, monkeypatch, capsys,
+                                                                                  refusal, words):
+    """The machine's state, not a bug of ours: no traceback, exit status 1. An SD card the kernel remounted read-only
+    after errors, or one failing, ended a run with a traceback."""
+    import sdqes_edge.synthetic as synthetic
+    from sdqes_edge.cli import run
+
+    def refused(path, stream):
+        raise OSError(refusal, os.strerror(refusal))
+
+    monkeypatch.setattr(synthetic, "write_video", refused)
+    out = tmp_path / "data"
+    assert run(["synth", "--out", str(out), "--train", "1", "--val", "0", "--test", "0", "--seconds", "20"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words.format(out=out) in err, err

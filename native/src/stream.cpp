@@ -364,8 +364,14 @@ void JsonlSink::write(const AlertEvent& event) {
   }
   if (!written) {
     if (whole_ >= 0 && ftruncate(fileno(file_), whole_) == 0) std::clearerr(file_);
-    throw OutputRefused("cannot append an alert to " + path_.string() + " (" + std::strerror(failure) +
-                "): is the disk full? free some space or write to another disk, and run again");
+    // What to do, by why (as `sdqes-edge run` says them): a disk gone read-only or failing is no full disk.
+    const std::string advice =
+        failure == ENOSPC || failure == EDQUOT ? "is the disk full? free some space or write to another disk"
+        : failure == EFBIG ? "the file is as large as its file system (FAT32: 4 GiB) or `ulimit -f` allows; write to "
+                             "another disk"
+                           : "see `dmesg` (a disk gone read-only or failing?); write to another disk";
+    throw OutputRefused("cannot append an alert to " + path_.string() + " (" + std::strerror(failure) + "): " + advice +
+                        ", and run again");
   }
   if (whole_ >= 0) whole_ = std::ftell(file_);
 }
