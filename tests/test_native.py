@@ -137,6 +137,9 @@ def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_buil
     ("--state", "/no/such/folder/state.json", "--state /no/such/folder/state.json: the folder /no/such/folder does "
      "not exist; make it first (mkdir -p /no/such/folder)"),  # found only at the first alert, hours in
     ("--state", str(VECTORS), f"--state {VECTORS} is a folder; give a file in it ({VECTORS / 'state.json'})"),
+    ("--events", "/no/such/folder/alerts.jsonl", "--events /no/such/folder/alerts.jsonl: the folder /no/such/folder "
+     "does not exist; make it first (mkdir -p /no/such/folder)"),  # "cannot open ... for writing", engine loaded
+    ("--events", str(VECTORS), f"--events {VECTORS} is a folder; give a file in it ({VECTORS / 'alerts.jsonl'})"),
     ("--threads", "0", "--threads needs a whole number of at least 1, not '0'"),
     ("--backend", "cuda", "--backend cuda is not one of tensorrt, onnxruntime"),
     ("--stream-timeout", "0", "--stream-timeout needs at least 0.1 s, not '0'"),  # FFmpeg's timeouts in whole ms

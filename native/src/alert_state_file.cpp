@@ -127,20 +127,7 @@ size_t restore_alert_states(const json& saved, const QueryTable& queries, std::v
 
 AlertStateFile::AlertStateFile(std::filesystem::path path)
     : path_(std::move(path)), folder_(path_.has_parent_path() ? path_.parent_path() : std::filesystem::path(".")) {
-  namespace fs = std::filesystem;
-  std::error_code error;
-  if (fs::is_directory(path_, error)) {
-    throw Error("--state " + path_.string() + " is a folder; give a file in it (" + (path_ / "state.json").string() +
-                ")");
-  }
-  if (!fs::is_directory(folder_, error)) {
-    throw Error("--state " + path_.string() + ": the folder " + folder_.string() + " does not exist; make it first " +
-                "(mkdir -p " + folder_.string() + ")");
-  }
-  if (::access(folder_.c_str(), W_OK | X_OK) != 0) {
-    throw Error("--state " + path_.string() + " cannot be written: " + folder_.string() + ": " + std::strerror(errno) +
-                "; give a path in a folder this user may write");
-  }
+  check_output_path(path_, "--state", "state.json");
 }
 
 Resumed AlertStateFile::restore(const QueryTable& queries, std::vector<AlertState>& states, const std::string& source,

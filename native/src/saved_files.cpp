@@ -75,6 +75,23 @@ void write_atomically(const std::filesystem::path& path, const std::vector<std::
   throw Error(reason);
 }
 
+void check_output_path(const std::filesystem::path& path, const std::string& option, const std::string& example) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path folder = folder_of(path);
+  if (fs::is_directory(path, error)) {
+    throw Error(option + " " + path.string() + " is a folder; give a file in it (" + (path / example).string() + ")");
+  }
+  if (!fs::is_directory(folder, error)) {
+    throw Error(option + " " + path.string() + ": the folder " + folder.string() + " does not exist; make it first " +
+                "(mkdir -p " + folder.string() + ")");
+  }
+  if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+    throw Error(option + " " + path.string() + " cannot be written: " + folder.string() + ": " +
+                std::strerror(errno) + "; give a path in a folder this user may write");
+  }
+}
+
 void set_aside_unusable(const std::filesystem::path& path, const std::string& named, const std::string& problem,
                         const std::string& fresh, const std::function<void(const std::string&)>& log) {
   const std::string said = named + " " + path.string() + " " + problem;

@@ -311,7 +311,10 @@ std::string utc_timestamp() {
 }
 
 JsonlSink::JsonlSink(const fs::path& path) : path_(path), file_(std::fopen(path.string().c_str(), "a")) {
-  if (!file_) throw Error("cannot open " + path.string() + " for writing");
+  if (!file_) {  // in the words --state's refusal has (AlertStateFile)
+    throw Error("--events " + path.string() + " cannot be written: " + std::strerror(errno) +
+                "; give a path in a folder this user may write");
+  }
   use(file_);
 }
 

@@ -17,6 +17,11 @@ void write_atomically(const std::filesystem::path& path, const std::string& data
 // again to join them).
 void write_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& parts);
 
+// Refuses, in one line naming `option` (an Error), an output path a run could not write: a folder (a file in it,
+// `example`, suggested), a folder that does not exist, one this user may not write. Checked before any engine is
+// looked for, so that the refusal does not come at the first alert, hours in.
+void check_output_path(const std::filesystem::path& path, const std::string& option, const std::string& example);
+
 // A file of the user's that a run cannot use (`problem`: "is not valid JSON") renamed beside itself as
 // NAME.unusable-<UTC stamp>EXT (state.unusable-20261128T031502Z.json), said through `log`:
 // "warning: <named> PATH <problem>: <fresh>; that file is kept as KEPT". An Error in the same words where it cannot
