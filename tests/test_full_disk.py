@@ -206,7 +206,9 @@ def test_a_cut_off_video_read_back_counts_no_frames_and_prints_nothing(tmp_path,
     (errno.EROFS, "error: the disk is read-only writing {out} (Read-only file system: the kernel remounts a failing "
                   "SD card or eMMC read-only, see `dmesg`); write to another disk"),
     (errno.EIO, "error: the disk failed writing {out} (Input/output error: see `dmesg`; an SD card wears out)"),
-], ids=["full", "file too large", "read-only", "failing"])
+    (errno.EACCES, "error: {out}: Permission denied, where the command's checks found it usable (were its "
+                   "permissions changed while it ran?); give a path this user may use"),
+], ids=["full", "file too large", "read-only", "failing", "permission taken away"])
 def test_a_write_the_machine_refuses_is_one_line_naming_the_output_and_what_to_do(tmp_path, monkeypatch, capsys,
                                                                                   refusal, words):
     """The machine's state, not a bug of ours: no traceback, exit status 1. An SD card the kernel remounted read-only

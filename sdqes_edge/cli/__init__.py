@@ -88,7 +88,8 @@ DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 def _refused_bytes_words(exc: OSError) -> str | None:
     """What to say of a write the machine refused (a full disk, a file past its file system's largest, a disk gone
-    read-only or failing: the machine's state, not a bug of ours), or None for any other OSError."""
+    read-only or failing, permissions taken away after the up-front checks: the machine's state, not a bug of
+    ours), or None for any other OSError."""
     where = f" writing {exc.filename}" if exc.filename else ""
     if exc.errno in DISK_FULL_ERRNOS:
         return f"the disk is full{where} ({exc.strerror}); free some space or write to another disk, and run again"
@@ -99,6 +100,9 @@ def _refused_bytes_words(exc: OSError) -> str | None:
     if exc.errno == errno.EROFS:  # an SD card or eMMC the kernel remounted read-only after errors
         return (f"the disk is read-only{where} ({exc.strerror}: the kernel remounts a failing SD card or eMMC "
                 "read-only, see `dmesg`); write to another disk, or mount it writable, and run again")
+    if exc.errno in (errno.EACCES, errno.EPERM) and exc.filename:  # paths are checked up front: changed since
+        return (f"{exc.filename}: {exc.strerror}, where the command's checks found it usable (were its permissions "
+                "changed while it ran?); give a path this user may use, and run again")
     if exc.errno == errno.EIO:
         return (f"the disk failed{where} ({exc.strerror}: see `dmesg`; an SD card wears out); check it or write to "
                 "another disk, and run again")
