@@ -30,6 +30,7 @@ from sdqes_edge.files import (
 )
 from sdqes_edge.metrics import above_threshold
 
+from .live_source import open_video_file
 from .ordered_calls import OrderedCalls
 from .sampling import checked_rate
 from .sinks import Sink, checked_stream
@@ -79,12 +80,10 @@ class BackgroundWriter:
 
 
 def frames_read_back(path: Path) -> int:
-    """The frames a video just written holds, as its container counts them (0: it cannot be opened). Read through
-    FFmpeg where this OpenCV has it, as it was written: a cut-off file FFmpeg cannot open was handed on to OpenCV's
-    own AVI reader, which printed its complaint straight to stderr past every log level ("Unexpected element.
-    Expected: LIST. Got: ...", bytes of the file among the words) above the run's one-line error."""
-    backend = cv2.CAP_FFMPEG if cv2.videoio_registry.hasBackend(cv2.CAP_FFMPEG) else cv2.CAP_ANY
-    check = cv2.VideoCapture(str(path), backend)
+    """The frames a video just written holds, as its container counts them (0: it cannot be opened): OpenCV's writer
+    reports no error, so a disk that filled up is found here. Opened quietly (``open_video_file``): a cut-off file
+    is what this looks for."""
+    check = open_video_file(path)
     try:
         return int(check.get(cv2.CAP_PROP_FRAME_COUNT)) if check.isOpened() else 0
     finally:
@@ -250,7 +249,7 @@ class AnnotatedVideoSink(Sink):
             warnings.warn(f"{self._path} starts its stream at the beginning, and the stopped run's annotated video is "
                           f"kept as {stopped_run}", SetupWarning, stacklevel=4)
             return
-        video, copied = cv2.VideoCapture(str(stopped_run)), 0
+        video, copied = open_video_file(stopped_run), 0
         while copied < self.first_frame:
             ok, image = video.read()
             if not ok:

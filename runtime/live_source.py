@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import re
 import threading
 import time
@@ -37,7 +38,27 @@ def open_capture(target: int | str, timeout_s: float = STREAM_TIMEOUT_S) -> cv2.
         milliseconds = int(timeout_s * 1000)
         return cv2.VideoCapture(target, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, milliseconds,
                                                          cv2.CAP_PROP_READ_TIMEOUT_MSEC, milliseconds])
+    if isinstance(target, str) and os.path.isfile(target):  # not a camera's device file: FFmpeg reads /dev/video0
+        return open_video_file(target)
     return cv2.VideoCapture(target)
+
+
+def open_video_file(path: str | os.PathLike) -> cv2.VideoCapture:
+    """A video file opened by the readers OpenCV would try, in its order, but its own MJPEG AVI reader where it has
+    FFmpeg, which reads every file that one does: for a file FFmpeg cannot open (cut off, damaged) that reader printed
+    its complaint straight to stderr, past every log level ("Unexpected element. Expected: LIST. Got: ...", bytes of
+    the file among the words), above the one-line error that says what is wrong with the file."""
+    path = os.fspath(path)
+    registry = cv2.videoio_registry
+    if not registry.hasBackend(cv2.CAP_FFMPEG):
+        return cv2.VideoCapture(path)
+    capture = cv2.VideoCapture(path, cv2.CAP_FFMPEG)
+    for backend in registry.getStreamBackends():
+        if capture.isOpened():
+            break
+        if backend not in (cv2.CAP_FFMPEG, cv2.CAP_OPENCV_MJPEG):
+            capture = cv2.VideoCapture(path, backend)
+    return capture
 
 
 def is_gstreamer_pipeline(target: int | str) -> bool:

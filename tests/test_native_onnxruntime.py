@@ -115,6 +115,22 @@ def test_a_video_stopped_and_started_again_with_state_goes_on_where_it_stopped_a
     assert len(alerts(log)) == len(native)
 
 
+def test_sdqes_run_names_a_cut_off_video_in_one_line_with_no_words_of_opencvs_above_it(sdqes_run_on_the_cpu, bundle,
+                                                                                       tmp_path):
+    """OpenCV's own AVI reader, tried where FFmpeg could not open the file, printed "Unexpected element. Expected:
+    LIST. Got: ..." (bytes of the file among the words) above sdqes-run's error."""
+    from runtime_fixtures import write_video
+
+    from sdqes_edge.sample import sample_frames
+
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(write_video(tmp_path / "whole.avi", sample_frames(12, 48, 64)).read_bytes()[:200])
+    done = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", str(cut)], capture_output=True, timeout=300)
+    said = done.stderr.decode(errors="replace")  # bytes: the reader's words were not always UTF-8
+    assert done.returncode == 2 and said.splitlines() == [f"sdqes-run: error: OpenCV cannot open {cut}; check the "
+                                                          "file plays"], said
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system (Linux has one)")
 def test_sdqes_run_whose_alert_log_the_disk_refuses_says_so_in_one_line_with_exit_status_1(sdqes_run_on_the_cpu,
                                                                                           bundle, video):

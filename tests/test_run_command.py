@@ -135,6 +135,8 @@ def test_a_truncated_video_is_reported_in_a_warning_and_the_summary(suffix, expo
     (lambda b, t: ["run", str(b), "--source", str(t / "missing.mp4"), "--query", "q"], "missing.mp4"),
     (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", "q"], "cannot decode"),
     (lambda b, t: ["run", str(b), "--source", str(t / "empty.avi"), "--query", "q"], "cannot decode"),
+    # OpenCV's own AVI reader, tried after FFmpeg, printed "Unexpected element. Expected: LIST. Got: ..." first
+    (lambda b, t: ["run", str(b), "--source", str(t / "cut.avi"), "--query", "q"], "cannot decode a frame of"),
     (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", " "], "query is empty"),
     (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", "word " * 80], "77"),
     (lambda b, t: ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", "q", "--threshold", "1.5"],
@@ -166,6 +168,8 @@ def test_bad_input_to_run_is_one_line_and_a_non_zero_exit(make_args, message, ex
     (tmp_path / "dir.mp4").mkdir()
     writer = cv2.VideoWriter(str(tmp_path / "empty.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 10, (64, 48))
     writer.release()
+    whole = write_video(tmp_path / "whole.avi", sample_frames(12, 48, 64)).read_bytes()
+    (tmp_path / "cut.avi").write_bytes(whole[:200])  # cut inside its header
     done = run_cli(*make_args(bundle, tmp_path))
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr

@@ -153,7 +153,22 @@ struct Source {
     capture.release();
     if (kind == "camera") return capture.open(camera_index);
     if (sdqes::is_stream_url(spec)) return open_stream(capture);
+    std::error_code error;
+    if (std::filesystem::is_regular_file(spec, error)) return open_file(capture);  // not a camera's device file
     return capture.open(spec);
+  }
+
+  // A video file opened by the readers OpenCV would try, in its order, but its own MJPEG AVI reader where it has
+  // FFmpeg, which reads every file that one does, as runtime/live_source.py's open_video_file: for a file FFmpeg
+  // cannot open (cut off, damaged) that reader printed "Unexpected element. Expected: LIST. Got: ..." straight to
+  // stderr, bytes of the file among the words, above the one-line error.
+  bool open_file(cv::VideoCapture& capture) const {
+    if (!cv::videoio_registry::hasBackend(cv::CAP_FFMPEG)) return capture.open(spec);
+    if (capture.open(spec, cv::CAP_FFMPEG)) return true;
+    for (const auto backend : cv::videoio_registry::getStreamBackends()) {
+      if (backend != cv::CAP_FFMPEG && backend != cv::CAP_OPENCV_MJPEG && capture.open(spec, backend)) return true;
+    }
+    return false;
   }
 
   // A stream URL through FFmpeg with open and read timeouts of timeout_s (FFmpeg's own: 30 s), as
