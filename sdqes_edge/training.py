@@ -18,6 +18,7 @@ calibrated on validation streams only; test streams are scored once, at the end.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import platform
@@ -270,8 +271,12 @@ def train(options: TrainOptions, out_dir: str | Path, log: Callable[[str], None]
 
 def _save(model, record: dict, checkpoint: Path) -> Path:
     """``<name>.pt`` (weights in CLIP's layout, with the record) and ``<name>.record.json``, each written whole."""
+    # Serialized in memory and written by Python: torch's own writer, refused by a full disk, raised a RuntimeError
+    # ("enforce fail at inline_container.cc: unexpected pos") where the disk's refusal is an OSError that says so.
+    serialized = io.BytesIO()
+    torch.save({"state_dict": model.clip_state_dict(), CHECKPOINT_RECORD_KEY: record}, serialized)
     with replaced_atomically(checkpoint) as partial:
-        torch.save({"state_dict": model.clip_state_dict(), CHECKPOINT_RECORD_KEY: record}, partial)
+        partial.write_bytes(serialized.getbuffer())
     write_text_atomically(checkpoint.parent / f"{checkpoint.stem}.record.json", json.dumps(record, indent=2))
     return checkpoint
 

@@ -224,3 +224,19 @@ def test_a_write_the_machine_refuses_is_one_line_naming_the_output_and_what_to_d
     assert run(["synth", "--out", str(out), "--train", "1", "--val", "0", "--test", "0", "--seconds", "20"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words.format(out=out) in err, err
+
+
+def test_a_training_checkpoint_the_disk_refuses_is_one_line_naming_it_and_leaves_no_partial_file(tmp_path):
+    """torch's own writer, refused, raised a RuntimeError ("enforce fail at inline_container.cc: unexpected pos"),
+    a traceback; the checkpoint (7.6 MB) is now serialized in memory and written by Python, whose refusal is an
+    OSError the command line names."""
+    out = tmp_path / "trained"
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "train", "--train-streams", "2", "--val-streams",
+                           "1", "--test-streams", "1", "--stream-seconds", "20", "--window", "8", "--steps", "2",
+                           "--out", str(out)],
+                          capture_output=True, text=True, preexec_fn=lambda: _limit_file_size(1 << 20))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        f"sdqes-edge: error: a file grew past the largest its file system or this process allows writing "
+        f"{out / 'synthetic+qrnn.pt'} (File too large"), done.stderr
+    assert list(out.iterdir()) == []
