@@ -13,7 +13,7 @@ from sdqes_edge.benchmarks.gpu_targets import markdown as targets_markdown
 from sdqes_edge.benchmarks.machine_load import busy_machine_words
 from sdqes_edge.benchmarks.retention_kernel import markdown as retention_markdown
 from sdqes_edge.contract import FP32
-from sdqes_edge.eval_plots import _pyplot
+from sdqes_edge.eval_plots import _pyplot, save_figure
 from sdqes_edge.files import format_bytes
 
 
@@ -138,9 +138,7 @@ def plots(results: dict, out: Path) -> list[Path]:
     ax[1].legend(fontsize=8)
     ax[1].set_title("memory", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "scaling.png")
-    plt.close(fig)
-    written.append(out / "scaling.png")
+    written.append(save_figure(fig, out / "scaling.png"))
 
     rows = results["table"]["rows"]
     fig, ax = plt.subplots(figsize=(9, 3.5), dpi=100)
@@ -154,8 +152,6 @@ def plots(results: dict, out: Path) -> list[Path]:
     ax.set_title(f"per-frame latency, {results['config']['preset']}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "latency.png")
-    plt.close(fig)
-    written.append(out / "latency.png")
+    written.append(save_figure(fig, out / "latency.png"))
     return written
 

@@ -69,7 +69,7 @@ def _verdict(outcome: QueryOutcome) -> str:
 
 def plot_scores(path: Path, trace, outcomes: list[QueryOutcome], threshold: float) -> Path | None:
     """One panel per query: p over time, the threshold, the true start, the alerts."""
-    from sdqes_edge.eval_plots import _pyplot
+    from sdqes_edge.eval_plots import _pyplot, save_figure
 
     try:
         plt = _pyplot()
@@ -94,9 +94,7 @@ def plot_scores(path: Path, trace, outcomes: list[QueryOutcome], threshold: floa
     axes[0, 0].legend(fontsize=6, loc="upper left", ncol=4)
     axes[-1, 0].set_xlabel("stream time (s); red dotted: alerts")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE, threads: int | None = None,

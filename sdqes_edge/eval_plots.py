@@ -9,6 +9,7 @@ import numpy as np
 
 from .annotations import Annotation
 from .errors import UserError, install_command, module_absent
+from .files import replaced_atomically
 from .metrics import RECALL_KS, TOLERANCE_WINDOWS, ScoreTrace, predictions
 
 PLOTS_NEED = f"matplotlib is not installed ({install_command('matplotlib')})"
@@ -28,6 +29,17 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, path: Path, **options) -> Path:
+    """``fig`` written to ``path`` whole (``replaced_atomically``), then closed. matplotlib writes into a handle: a
+    refusal (a full disk) named no file, and the cut-off image was left as the plot."""
+    try:
+        with replaced_atomically(path) as partial:
+            fig.savefig(partial, format=Path(path).suffix.lstrip("."), **options)
+    finally:
+        _pyplot().close(fig)
+    return path
 
 
 def plot_query(path: Path, trace: ScoreTrace, annotation: Annotation, threshold: float, title: str) -> Path:
@@ -52,9 +64,7 @@ def plot_query(path: Path, trace: ScoreTrace, annotation: Annotation, threshold:
     ax.set_title(title, fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)  # outside, never over the curve
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_extremes(out_dir: Path, traces: list[ScoreTrace], annotations: list[Annotation], thresholds: list[float],

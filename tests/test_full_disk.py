@@ -240,3 +240,20 @@ def test_a_training_checkpoint_the_disk_refuses_is_one_line_naming_it_and_leaves
         f"sdqes-edge: error: a file grew past the largest its file system or this process allows writing "
         f"{out / 'synthetic+qrnn.pt'} (File too large"), done.stderr
     assert list(out.iterdir()) == []
+
+
+def test_a_plot_the_disk_refuses_names_its_file_and_leaves_no_cut_image(tmp_path):
+    """matplotlib writes into a handle: eval's, the demo's and the bench's plots, refused, named no file (the command
+    line said "the disk is full", not where), and the cut-off PNG was left as the plot."""
+    from sdqes_edge.eval_plots import _pyplot, save_figure
+
+    plt = _pyplot()
+    fig, ax = plt.subplots()
+    ax.plot(np.sin(np.linspace(0, 10, 500)))
+    with file_size_limit(1024), pytest.raises(OSError) as refused:  # the PNG is some 20 KB
+        save_figure(fig, tmp_path / "scores.png")
+    assert (refused.value.errno, refused.value.filename) == (errno.EFBIG, str(tmp_path / "scores.png"))
+    assert list(tmp_path.iterdir()) == [] and not plt.fignum_exists(fig.number)
+    fig, _ = plt.subplots()
+    assert save_figure(fig, tmp_path / "scores.png", dpi=50) == tmp_path / "scores.png"
+    assert (tmp_path / "scores.png").read_bytes()[:4] == b"\x89PNG"
