@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from sdqes_edge.contract import FP16, FP32, INT8, MANIFEST_NAME, PRECISIONS, step_graph_name
+from sdqes_edge.files import write_text_atomically
 from sdqes_edge.training import (
     SplitMetrics,
     StreamSet,
@@ -157,7 +158,7 @@ def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions
             log(f"{exc.precision} refused: {exc}")
             refused[exc.precision] = str(exc)
             precisions.remove(exc.precision)
-    refusals.write_text(json.dumps(refused, indent=2))
+    write_text_atomically(refusals, json.dumps(refused, indent=2))
     return sorted(precisions), refused
 
 
@@ -292,7 +293,5 @@ def run(base: TrainOptions, kinds: list[str], seeds: list[int], format_kinds: li
 
 
 def _write(out: Path, md: list[str], report: dict) -> Path:
-    (out / "accuracy.json").write_text(json.dumps(report, indent=2))
-    path = out / "accuracy.md"
-    path.write_text("\n".join(md) + "\n")
-    return path
+    write_text_atomically(out / "accuracy.json", json.dumps(report, indent=2))
+    return write_text_atomically(out / "accuracy.md", "\n".join(md) + "\n")

@@ -22,6 +22,7 @@ import numpy as np
 from sdqes_edge.alert_tuning import false_alerts, in_window
 from sdqes_edge.contract import MANIFEST_NAME, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
+from sdqes_edge.files import write_text_atomically
 from sdqes_edge.metrics import TOLERANCE_WINDOWS
 from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
 from sdqes_edge.runtime.detector import RunStats, StreamingDetector
@@ -126,7 +127,7 @@ def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE
     summary = {"seed": seed, "bundle": str(bundle), "precision": precision, **summary, "alert_policy": policy_words,
                "outcomes": [{"kind": o.kind, "query": o.query, "start_time": o.start_time, "alerts": o.alerts,
                              "hit": o.hit(), "false_alerts": o.false_alerts} for o in outcomes.values()]}
-    (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
+    write_text_atomically(out / SUMMARY_NAME, json.dumps(summary, indent=2))
     files = [video, *(out / name for name in (ANNOTATED_VIDEO, ALERT_LOG, SCORE_TRACE, SUMMARY_NAME))]
     print("wrote " + ", ".join(str(f) for f in files + ([plot] if plot else []))
           + ("" if plot else " (no scores.png: pip install matplotlib)"))

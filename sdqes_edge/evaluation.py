@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .annotations import Annotation
+from .files import write_text_atomically
 from .metrics import (
     RECALL_KS,
     SMD_METRIC,
@@ -166,10 +167,11 @@ def markdown_table(rows: dict[str, EvalResult]) -> str:
 def write_reports(out_dir: Path, rows: dict[str, EvalResult], extra: dict) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "eval.json", out_dir / "eval.md"
-    json_path.write_text(json.dumps({"results": {n: r.to_dict() for n, r in rows.items()}, **extra}, indent=2))
+    write_text_atomically(json_path, json.dumps({"results": {n: r.to_dict() for n, r in rows.items()}, **extra},
+                                                indent=2))
     notes = [f"- {note}" for note in metric_threshold_notes(rows)]
     notes += [f"- {k}: {v}" for k, v in extra.items() if not isinstance(v, (dict, list))]
-    md_path.write_text("# SDQES evaluation\n\n" + markdown_table(rows) + "\n\n"
-                       "SR@k in percent of queries (tolerance windows in seconds around the event start); "
-                       "SMD@k in sampled frames.\n\n" + "\n".join(notes) + "\n")
+    write_text_atomically(md_path, "# SDQES evaluation\n\n" + markdown_table(rows) + "\n\n"
+                          "SR@k in percent of queries (tolerance windows in seconds around the event start); "
+                          "SMD@k in sampled frames.\n\n" + "\n".join(notes) + "\n")
     return json_path, md_path
