@@ -311,7 +311,7 @@ std::string utc_timestamp() {
 }
 
 JsonlSink::JsonlSink(const fs::path& path) : path_(path), file_(std::fopen(path.string().c_str(), "a")) {
-  if (!file_) {  // in the words --state's refusal has (AlertStateFile)
+  if (!file_) {  // in the words of check_output_path, which sdqes-run asks first
     throw Error("--events " + path.string() + " cannot be written: " + std::strerror(errno) +
                 "; give a path in a folder this user may write");
   }

@@ -86,7 +86,7 @@ def _prepare_opencv() -> None:
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def _refused_bytes_words(exc: OSError) -> str | None:
+def _machine_refusal_words(exc: OSError) -> str | None:
     """What to say of a write the machine refused (a full disk, a file past its file system's largest, a disk gone
     read-only or failing, permissions taken away after the up-front checks: the machine's state, not a bug of
     ours), or None for any other OSError."""
@@ -157,7 +157,7 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
               "(--batch), fewer frames, or a smaller model", file=sys.stderr)
         return 1
     except OSError as exc:
-        words = _refused_bytes_words(exc)
+        words = _machine_refusal_words(exc)
         if words is None:
             raise  # anything else is a bug of ours, and its traceback is what a report needs
         print(f"{PROG}: error: {words}", file=sys.stderr)
