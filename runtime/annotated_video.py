@@ -90,6 +90,22 @@ def frames_read_back(path: Path) -> int:
         check.release()
 
 
+# The largest file FAT32 holds (an SD card's usual format up to 32 GB): a long video annotated onto one stops there.
+FAT32_LARGEST_FILE = 2**32 - 1
+
+
+def incomplete_video_words(path: Path, written: int, readable: int) -> str:
+    """Why a video that reads back short was cut off, and what to do: a full disk, or a file at FAT32's largest."""
+    size = path.stat().st_size if path.is_file() else 0
+    words = f"the annotated video {path} is incomplete: {written} frames were written and {readable} can be read back"
+    if size >= FAT32_LARGEST_FILE - (8 << 20):  # within a few frames of the limit (a 4K MJPG frame: 1-2 MB)
+        return (f"{words} ({format_bytes(size)}, the most a file holds on FAT32); write it in parts "
+                "(--annotate-segment SECONDS) or to a disk formatted exFAT or ext4, and run again")
+    free = shutil.disk_usage(path.parent).free
+    return (f"{words} ({format_bytes(free)} free on its disk); free some space or write it to another disk, and run "
+            "again")
+
+
 class IncompleteOutput(UserError):
     """An output the machine would not let us finish (a full disk): exit 1, as the command line's disk-full
     error, since the user's input was fine."""
@@ -275,7 +291,4 @@ class AnnotatedVideoSink(Sink):
         self.written.append(self._path)
         readable = frames_read_back(self._path)
         if readable < self._written - 1:  # some containers estimate their count from the duration: one off
-            free = shutil.disk_usage(self.path.parent).free
-            raise IncompleteOutput(f"the annotated video {self._path} is incomplete: {self._written} frames were "
-                                   f"written and {readable} can be read back ({format_bytes(free)} free on its disk); "
-                                   "free some space or write it to another disk, and run again")
+            raise IncompleteOutput(incomplete_video_words(self._path, self._written, readable))

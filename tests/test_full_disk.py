@@ -257,3 +257,20 @@ def test_a_plot_the_disk_refuses_names_its_file_and_leaves_no_cut_image(tmp_path
     fig, _ = plt.subplots()
     assert save_figure(fig, tmp_path / "scores.png", dpi=50) == tmp_path / "scores.png"
     assert (tmp_path / "scores.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_annotated_video_cut_off_at_fat32s_largest_file_says_so_and_how_to_write_it(tmp_path):
+    """A long video annotated onto an SD card formatted FAT32 stops at 4 GiB, with room on the disk: "free some
+    space" was the wrong advice."""
+    from sdqes_edge.runtime.annotated_video import FAT32_LARGEST_FILE, incomplete_video_words
+
+    at_the_limit = tmp_path / "long.avi"
+    with open(at_the_limit, "wb") as fh:  # sparse: no 4 GiB written
+        fh.truncate(FAT32_LARGEST_FILE)
+    assert incomplete_video_words(at_the_limit, 90_000, 61_000) == (
+        f"the annotated video {at_the_limit} is incomplete: 90000 frames were written and 61000 can be read back "
+        "(4.0 GiB, the most a file holds on FAT32); write it in parts (--annotate-segment SECONDS) or to a disk "
+        "formatted exFAT or ext4, and run again")
+    short = tmp_path / "short.avi"
+    short.write_bytes(b"RIFF")
+    assert "free on its disk); free some space or write it to another disk" in incomplete_video_words(short, 30, 0)
