@@ -75,12 +75,20 @@ void write_atomically(const std::filesystem::path& path, const std::vector<std::
   throw Error(reason);
 }
 
-void check_output_path(const std::filesystem::path& path, const std::string& option, const std::string& example) {
+void check_output_path(const std::filesystem::path& path, const std::string& option, const std::string& example,
+                       bool appended) {
   namespace fs = std::filesystem;
   std::error_code error;
   const fs::path folder = folder_of(path);
   if (fs::is_directory(path, error)) {
     throw Error(option + " " + path.string() + " is a folder; give a file in it (" + (path / example).string() + ")");
+  }
+  if (appended && fs::exists(path, error)) {
+    if (::access(path.c_str(), W_OK) != 0) {
+      throw Error(option + " " + path.string() + " cannot be written: " + std::strerror(errno) +
+                  "; give a file this user may write");
+    }
+    return;
   }
   if (!fs::is_directory(folder, error)) {
     throw Error(option + " " + path.string() + ": the folder " + folder.string() + " does not exist; make it first " +

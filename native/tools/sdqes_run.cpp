@@ -838,7 +838,7 @@ int run(int argc, char** argv) {
                        std::to_string(bundle.batch) + " stream(s) at once; re-export with --batch " +
                        std::to_string(sources.size()));
   }
-  if (o.count("--events")) sdqes::check_output_path(o.at("--events"), "--events", "alerts.jsonl");
+  if (o.count("--events")) sdqes::check_output_path(o.at("--events"), "--events", "alerts.jsonl", /*appended=*/true);
   std::optional<std::filesystem::path> state_path;
   if (o.count("--state")) {
     (void)sdqes::AlertStateFile(o.at("--state"));  // its folder checked before any engine is looked for

@@ -19,8 +19,11 @@ void write_atomically(const std::filesystem::path& path, const std::vector<std::
 
 // Refuses, in one line naming `option` (an Error), an output path a run could not write: a folder (a file in it,
 // `example`, suggested), a folder that does not exist, one this user may not write. Checked before any engine is
-// looked for, so that the refusal does not come at the first alert, hours in.
-void check_output_path(const std::filesystem::path& path, const std::string& option, const std::string& example);
+// looked for, so that the refusal does not come at the first alert, hours in. `appended`: the output is appended to
+// where it exists (an alert log, /dev/stdout), so it is that file this user must be able to write, not its folder
+// (/dev), which a file replaced atomically (--state) needs.
+void check_output_path(const std::filesystem::path& path, const std::string& option, const std::string& example,
+                       bool appended = false);
 
 // A file of the user's that a run cannot use (`problem`: "is not valid JSON") renamed beside itself as
 // NAME.unusable-<UTC stamp>EXT (state.unusable-20261128T031502Z.json), said through `log`:
