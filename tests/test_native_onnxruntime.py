@@ -132,8 +132,8 @@ def test_sdqes_run_names_a_cut_off_video_in_one_line_with_no_words_of_opencvs_ab
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system (Linux has one)")
-def test_sdqes_run_whose_alert_log_the_disk_refuses_says_so_in_one_line_with_exit_status_1(sdqes_run_on_the_cpu,
-                                                                                          bundle, video):
+def test_sdqes_run_whose_alert_log_or_stdout_the_disk_refuses_says_so_in_one_line_with_exit_status_1(
+        sdqes_run_on_the_cpu, bundle, video):
     """A full disk is the machine's state, not a mistaken command: exit status 1, as `sdqes-edge run` ends (it was
     2). /dev/full refuses every write as a full disk does."""
     done = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--threshold", "0.0001",
@@ -142,6 +142,13 @@ def test_sdqes_run_whose_alert_log_the_disk_refuses_says_so_in_one_line_with_exi
     assert done.stderr.strip().splitlines()[-1] == (
         "sdqes-run: error: cannot append an alert to /dev/full (No space left on device): is the disk full? free some "
         "space or write to another disk, and run again")
+    with open("/dev/full", "w") as full:  # its alerts printed on a stdout that refuses them: they were lost, exit 0
+        done = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--threshold", "0.0001"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "sdqes-run: error: cannot print an alert on stdout (No space left on device): the file or disk it goes to "
+        "refuses it; free some space there or send stdout elsewhere, and run again")
 
 
 def test_sdqes_run_on_a_live_stream_tells_systemd_it_is_ready_and_stops_on_sigterm_with_its_log_complete(

@@ -7,12 +7,14 @@
 // come back, exit code 1 (the machine's state: a service manager starts the run again), as `sdqes-edge run`.
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <memory>
 #include <mutex>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -285,6 +287,13 @@ struct StreamAlerts {
       if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
       std::cout << "[" << (named_when_printed ? stream_name + " " : "") << time << " s] " << e.message
                 << "  (p=" << e.score << ")" << std::endl;
+      if (!std::cout) {  // stdout in a file on a full disk (a unit's StandardOutput=file:): said, not lost silently
+        const int failure = errno;
+        std::cout.clear();
+        throw sdqes::OutputRefused(std::string("cannot print an alert on stdout (") + std::strerror(failure) +
+                                   "): the file or disk it goes to refuses it; free some space there or send "
+                                   "stdout elsewhere, and run again");
+      }
       ++raised;
     }
     ++stepped;
