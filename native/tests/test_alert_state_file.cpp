@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "sdqes/alert_state_file.hpp"
+#include "sdqes/saved_files.hpp"
 
 namespace fs = std::filesystem;
 
@@ -183,4 +184,20 @@ TEST(AlertStateFile, APathThatCannotBeWrittenIsRefusedUpFrontAndAFailedWriteSays
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(CheckOutputPath, RefusesAFolderOrAMissingFolderAndTakesAnExistingAppendedFileAsItIs) {
+  Folder folder;
+  try {
+    sdqes::check_output_path(folder.path, "--events", "alerts.jsonl");
+    FAIL() << "a folder was taken as the alert log";
+  } catch (const sdqes::Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--events " + folder.path.string() + " is a folder; give a file in it (" +
+                                         (folder.path / "alerts.jsonl").string() + ")");
+  }
+  const fs::path missing = folder.path / "missing" / "alerts.jsonl";
+  EXPECT_THROW(sdqes::check_output_path(missing, "--events", "alerts.jsonl", /*appended=*/true), sdqes::Error);
+  // An existing log is appended to: the file is what must be writable, not its folder (/dev for /dev/stdout).
+  EXPECT_NO_THROW(sdqes::check_output_path("/dev/null", "--events", "alerts.jsonl", /*appended=*/true));
+  EXPECT_NO_THROW(sdqes::check_output_path(folder.path / "new.jsonl", "--events", "alerts.jsonl", true));
 }
