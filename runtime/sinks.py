@@ -189,9 +189,14 @@ class ConsoleSink(Sink):
 
     def on_event(self, event: AlertEvent) -> None:
         minutes, seconds = divmod(event.stream_time, 60)
-        self.write(f"[{event.stream} {int(minutes):02d}:{seconds:04.1f}] {event.message}   "
-                   f"(query {event.query_id}: p={event.score:.3f}, frame {event.frame_index}, "
-                   f"{event.latency_ms:.0f} ms)")
+        try:
+            self.write(f"[{event.stream} {int(minutes):02d}:{seconds:04.1f}] {event.message}   "
+                       f"(query {event.query_id}: p={event.score:.3f}, frame {event.frame_index}, "
+                       f"{event.latency_ms:.0f} ms)")
+        except OSError as exc:  # print's refusal (stdout in a file on a full disk) names no file: it is stdout
+            if self.write is not print or exc.filename is not None or exc.errno in (None, errno.EPIPE):
+                raise
+            raise OSError(exc.errno, exc.strerror, "stdout") from exc
 
 
 def checked_stream(stream: object, sink: str) -> int:

@@ -274,3 +274,19 @@ def test_an_annotated_video_cut_off_at_fat32s_largest_file_says_so_and_how_to_wr
     short = tmp_path / "short.avi"
     short.write_bytes(b"RIFF")
     assert "free on its disk); free some space or write it to another disk" in incomplete_video_words(short, 30, 0)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system (Linux has one)")
+def test_alerts_printed_on_a_stdout_the_disk_refuses_name_stdout_and_the_alert_log_still_has_them(exported, tmp_path):
+    """print names no file: "the disk is full" was all the run said (a unit's StandardOutput=file: on a full disk)."""
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(20, 240, 320, seed=3))
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
+                               "--query", QUERY, "--threshold", "0.01", "--events", str(tmp_path / "e.jsonl")],
+                              stdout=full, stderr=subprocess.PIPE, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("sdqes-edge: error: the disk is full writing stdout (No space "
+                                                    "left on device); free some space or write to another disk, "
+                                                    "and run again")
+    assert [json.loads(line)["frame_index"] for line in (tmp_path / "e.jsonl").read_text().splitlines()] == [0]
