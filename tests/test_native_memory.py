@@ -6,7 +6,10 @@ damaged one or one that is not ours is refused in one line, and the step is left
 from __future__ import annotations
 
 import json
+import shutil
+import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -277,10 +280,6 @@ def test_sdqes_run_state_refused_is_tried_again_as_the_stream_goes_on_and_said_o
                                                                                             tmp_path):
     """A refused --state write is tried again at the next frame past the 5 s interval while the stream goes on, and
     once there is room again that is said, as `sdqes-edge run --state` says it."""
-    import shutil
-    import signal
-    import threading
-
     state = tmp_path / "state.json"
     run = subprocess.Popen([str(sdqes_run_on_the_cpu), bundle, "--source", endless_stream, "--state", str(state),
                             "--threshold", "0.0001"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -1,15 +1,11 @@
 // sdqes-run --state FILE: each query's alert state kept across a restart (sdqes/alert_state_file.hpp).
 #include "sdqes/alert_state_file.hpp"
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <utility>
-
-#include <unistd.h>
 
 #include "sdqes/saved_files.hpp"
 
@@ -125,8 +121,7 @@ size_t restore_alert_states(const json& saved, const QueryTable& queries, std::v
   return restored;
 }
 
-AlertStateFile::AlertStateFile(std::filesystem::path path)
-    : path_(std::move(path)), folder_(path_.has_parent_path() ? path_.parent_path() : std::filesystem::path(".")) {
+AlertStateFile::AlertStateFile(std::filesystem::path path) : path_(std::move(path)) {
   check_output_path(path_, "--state", "state.json");
 }
 

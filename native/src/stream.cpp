@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "sdqes/runtime.hpp"
+#include "sdqes/saved_files.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -311,9 +312,10 @@ std::string utc_timestamp() {
 }
 
 JsonlSink::JsonlSink(const fs::path& path) : path_(path), file_(std::fopen(path.string().c_str(), "a")) {
-  if (!file_) {  // in the words of check_output_path, which sdqes-run asks first
-    throw Error("--events " + path.string() + " cannot be written: " + std::strerror(errno) +
-                "; give a path in a folder this user may write");
+  if (!file_) {
+    const int failure = errno;
+    check_output_path(path, "--events", "alerts.jsonl", /*appended=*/true);  // why, where it can tell (a folder...)
+    throw Error("--events " + path.string() + " cannot be written: " + std::strerror(failure));
   }
   use(file_);
 }

@@ -72,7 +72,6 @@ class AlertStateFile {
 
  private:
   std::filesystem::path path_;
-  std::filesystem::path folder_;  // where it is written, renamed and set aside ("." for a bare file name)
 };
 
 }  // namespace sdqes
