@@ -6,6 +6,7 @@ from __future__ import annotations
 import calendar
 import functools
 import glob
+import logging
 import math
 import re
 import shutil
@@ -34,6 +35,10 @@ from .live_source import open_video_file
 from .ordered_calls import OrderedCalls
 from .sampling import checked_rate
 from .sinks import Sink, checked_stream
+
+# A segmented video's news (a segment the machine cut off or refused, then segments whole again): to this logger
+# unless a program sets the sink's own ``log`` (the command line prints each as one line).
+ANNOTATION_LOG = logging.getLogger("sdqes_edge.runtime.annotated_video")
 
 # The containers OpenCV's FFmpeg writer opens, and the codec each is written with (checked up front:
 # VideoWriter silently writes nothing for any other name).
@@ -94,23 +99,27 @@ def frames_read_back(path: Path) -> int:
 FAT32_LARGEST_FILE = 2**32 - 1
 
 
-def incomplete_video_words(path: Path, written: int, readable: int) -> str:
-    """Why a video that reads back short was cut off, and what to do: a full disk, or a file at FAT32's largest."""
+def incomplete_video_words(path: Path, written: int, readable: int, then: str = ", and run again") -> str:
+    """Why a video that reads back short was cut off, and what to do: a full disk, or a file at FAT32's largest.
+    ``then``: what follows the advice (a live stream's segment is tried again as the next begins)."""
     size = path.stat().st_size if path.is_file() else 0
     words = f"the annotated video {path} is incomplete: {written} frames were written and {readable} can be read back"
     if size >= FAT32_LARGEST_FILE - (8 << 20):  # within a few frames of the limit (a 4K MJPG frame: 1-2 MB)
         return (f"{words} ({format_bytes(size)}, the most a file holds on FAT32); write it in parts "
-                "(--annotate-segment SECONDS) or to a disk formatted exFAT or ext4, and run again")
+                f"(--annotate-segment SECONDS) or to a disk formatted exFAT or ext4{then}")
     free = shutil.disk_usage(path.parent).free
-    return (f"{words} ({format_bytes(free)} free on its disk); free some space or write it to another disk, and run "
-            "again")
+    return f"{words} ({format_bytes(free)} free on its disk); free some space or write it to another disk{then}"
 
 
 class IncompleteOutput(UserError):
     """An output the machine would not let us finish (a full disk): exit 1, as the command line's disk-full
-    error, since the user's input was fine."""
+    error, since the user's input was fine. A video's: with the frames ``written`` and those ``readable`` back."""
 
     exit_code = 1
+
+    def __init__(self, words: str, written: int = 0, readable: int = 0):
+        super().__init__(words)
+        self.written, self.readable = written, readable
 
 
 def segment_path(path: Path, started: float) -> Path:
@@ -160,6 +169,10 @@ class AnnotatedVideoSink(Sink):
         self.segment_seconds, self.keep_seconds = segment_seconds, keep_seconds
         self.first_frame, self.resumed = first_frame, resumed or first_frame > 0
         self.written: list[Path] = []  # the videos finished, in order
+        self.incomplete: list[Path] = []  # of those, the segments the machine cut off (said as each run of them began)
+        self.log: Callable[[str], None] = ANNOTATION_LOG.warning
+        # Segments refused in a row (cut off, or not begun): said as the first is, and once whole again.
+        self._refused_in_a_row = 0
         # This run's segments and when each began by the clock that never jumps (``_remove_expired``).
         self._begun: dict[Path, float] = {}
         self._segment_start = 0.0  # stream time of the open video's first frame
@@ -174,6 +187,7 @@ class AnnotatedVideoSink(Sink):
         self._first_shape: tuple[int, int] | None = None  # the first frame's (height, width), enlarged by _scale
         self._scale = 1
         self._written = 0
+        self._started = False  # a video was begun: later segments are the machine's to refuse (_next_segment)
         self._banner: tuple[str, float] | None = None
 
     def _canvas(self, frame_bgr: np.ndarray) -> np.ndarray:
@@ -202,10 +216,13 @@ class AnnotatedVideoSink(Sink):
             return
         image = self._canvas(frame_bgr)
         h, w = image.shape[:2]
-        if self._writer is not None and self.segment_seconds and time_s - self._segment_start >= self.segment_seconds:
-            self.close()  # this segment finished and checked; the next begins with this frame
+        if self._started and self.segment_seconds and time_s - self._segment_start >= self.segment_seconds:
+            self._next_segment(w, h, time_s)  # this segment finished and checked; the next begins with this frame
         if self._writer is None:
+            if self._refused_in_a_row:
+                return  # this segment could not be begun (said): tried again when its time is up
             self._open(w, h, time_s)
+            self._started = True
         thresholds = self.thresholds()
         for row, (qid, p) in enumerate(probs.items()):
             y = h - 12 - 18 * row
@@ -281,14 +298,61 @@ class AnnotatedVideoSink(Sink):
                       f"before this run goes on: it is kept as {stopped_run}, and {self._path} goes on from those "
                       f"{copied}", SetupWarning, stacklevel=4)
 
+    def _next_segment(self, w: int, h: int, time_s: float) -> None:
+        """Finish this segment and begin the next. One the machine cuts off (a full disk) or will not let begin (a
+        disk gone read-only) is said and the stream goes on alerting, its video tried again as each segment's time
+        comes: the run had ended there, and the camera was unwatched while a service restarted into the same full
+        disk. Said once however many are refused in a row, and said again once a segment is written whole."""
+        try:
+            finished = self._finish()
+        except IncompleteOutput as cut:
+            self._refused(incomplete_video_words(self._path, cut.written, cut.readable, then=""))
+        else:
+            if finished and self._refused_in_a_row:
+                self.log(f"note: the annotated video is written whole again from {self.written[-1]}, after "
+                         f"{self._refused_in_a_row} segment{'s' if self._refused_in_a_row > 1 else ''} refused (said "
+                         "above)")
+                self._refused_in_a_row = 0
+        try:
+            self._open(w, h, time_s)
+        except (UserError, OSError) as refusal:
+            self._segment_start = time_s  # this segment's frames go unwritten; the next is tried when its time comes
+            reason = refusal.strerror if isinstance(refusal, OSError) else "OpenCV could not open it for writing"
+            if self.path.parent.is_dir():
+                reason += f", {format_bytes(shutil.disk_usage(self.path.parent).free)} free on its disk"
+            self._refused(f"cannot begin the annotated video segment {self._path} ({reason}); free some space or make "
+                          "its folder writable")
+
+    def _refused(self, words: str) -> None:
+        if not self._refused_in_a_row:
+            keep = "" if self.keep_seconds else " (--annotate-keep HOURS removes old segments as new ones begin)"
+            self.log(f"warning: {words}{keep}; the stream goes on, and a new segment is tried every "
+                     f"{self.segment_seconds:g} s")
+        self._refused_in_a_row += 1
+
     def close(self) -> None:
         """Finish the video (or segment) and read its frame count back: OpenCV's writer reports no error, so a disk
-        that filled up left an mp4 without its index (unplayable) while the run said it was written."""
+        that filled up left an mp4 without its index (unplayable) while the run said it was written. Segments still
+        refused when the stream ends are the run's error, as a cut-off video is."""
+        if self._writer is None and self._refused_in_a_row:
+            refused, self._refused_in_a_row = self._refused_in_a_row, 0
+            raise IncompleteOutput(f"the annotated video's last {refused} segment{'s' if refused > 1 else ''} of "
+                                   f"{self.path} could not be written (said above); free some space or write it to "
+                                   "another disk, and run again")
+        self._finish()
+
+    def _finish(self) -> bool:
+        """Close the open video and check it; False where none was open."""
         if self._writer is None:
-            return
+            return False
         self._writer.release()
         self._writer = None
         self.written.append(self._path)
         readable = frames_read_back(self._path)
-        if readable < self._written - 1:  # some containers estimate their count from the duration: one off
-            raise IncompleteOutput(incomplete_video_words(self._path, self._written, readable))
+        # Some containers estimate their count from the duration: one off. None read back is a video cut off (a
+        # live run stopped just after a segment began: one frame written).
+        if readable < self._written - 1 or (self._written and not readable):
+            self.incomplete.append(self._path)
+            raise IncompleteOutput(incomplete_video_words(self._path, self._written, readable), self._written,
+                                   readable)
+        return True

@@ -71,6 +71,7 @@ def attach_sinks(detector: StreamingDetector, sources: list,
               for i, (source, path) in enumerate(zip(sources, paths_per_source(args.annotate, sources)))
               ] if args.annotate else []
     for sink, source in zip(videos, sources):
+        sink.log = lambda message: print(f"{PROG}: {message}", file=sys.stderr)
         detector.add_sink(sink)
         if sink.segment_seconds and args.annotate_segment is None and not args.quiet:
             print(f"{PROG}: note: {source.name} is live: its annotated video is written in files of "
@@ -119,12 +120,16 @@ class StateAfterAlerts:
 
 
 def videos_written(sinks: list[AnnotatedVideoSink]) -> list[str]:
-    """The annotated videos for the summary's "wrote" line: each, or a long run's segments counted."""
+    """The annotated videos for the summary's "wrote" line: each, or a long run's segments counted, with those a
+    full disk cut off (said as they were) counted."""
     words = []
     for sink in sinks:
         written = [str(p) for p in sink.written]
+        cut = f", {len(sink.incomplete)} of them incomplete" if sink.incomplete else ""
         if len(written) > VIDEOS_NAMED_IN_SUMMARY:
-            written = [f"{written[0]} ... {written[-1]} ({len(written)} videos)"]
+            written = [f"{written[0]} ... {written[-1]} ({len(written)} videos{cut})"]
+        elif cut:
+            written[-1] += f" ({len(sink.incomplete)} incomplete: {', '.join(p.name for p in sink.incomplete)})"
         words += written
     return words
 
