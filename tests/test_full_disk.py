@@ -58,7 +58,12 @@ def test_an_annotated_video_cut_off_by_the_disk_is_named_and_every_other_output_
                           capture_output=True, text=True, preexec_fn=_limit_file_size)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert f"error: the annotated video {out / 'a.mp4'} is incomplete: 30 frames were written and " in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 2  # "streaming ..." and the error
+    # What ran and was written first, the video marked, then the error, as sdqes-run ends: the error had come
+    # alone, and the summary, with the other outputs written, was left out.
+    streaming, ran, wrote, error = done.stderr.strip().splitlines()
+    assert ran.startswith("done: 30 frames, 1 alert") and error.startswith("sdqes-edge: error: the annotated video")
+    assert wrote == (f"wrote {out / 'e.jsonl'}, {out / 'a.mp4'} (incomplete), {out / 'state.npz'}, "
+                     f"{out / 's.npz'}")
     # Everything else is complete: the alert log, the score trace (merged), the state snapshot.
     assert [json.loads(line)["frame_index"] for line in (out / "e.jsonl").read_text().splitlines()] == [0]
     assert load_scores(out / "s.npz").probs.shape == (30, 1)

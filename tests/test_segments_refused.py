@@ -8,6 +8,7 @@ ENOSPC), a folder replaced by a file."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -139,5 +140,8 @@ def test_a_live_run_whose_disk_cuts_off_every_segment_goes_on_alerting_and_ends_
     assert err.count("sdqes-edge: warning: the annotated video ") == 1, err
     assert "the stream goes on, and a new segment is tried every 1 s" in err
     assert len(list(tmp_path.glob("cam.*.mp4"))) >= 4  # the stream went on past the first refusal
-    assert err.strip().splitlines()[-1].startswith("sdqes-edge: error: the annotated video ")
+    *_, ran, wrote, error = err.strip().splitlines()
+    assert ran.startswith("interrupted after ") and error.startswith("sdqes-edge: error: the annotated video ")
+    counted = re.search(r"\((\d+) videos, (\d+) of them incomplete\)$", wrote)
+    assert counted and counted[1] == counted[2] and int(counted[1]) >= 4, wrote  # every one cut off
     assert [json.loads(line)["frame_index"] for line in (tmp_path / "alerts.jsonl").read_text().splitlines()] == [0]

@@ -124,12 +124,10 @@ def videos_written(sinks: list[AnnotatedVideoSink]) -> list[str]:
     full disk cut off (said as they were) counted."""
     words = []
     for sink in sinks:
-        written = [str(p) for p in sink.written]
-        cut = f", {len(sink.incomplete)} of them incomplete" if sink.incomplete else ""
+        written = [f"{p} (incomplete)" if p in sink.incomplete else str(p) for p in sink.written]
         if len(written) > VIDEOS_NAMED_IN_SUMMARY:
-            written = [f"{written[0]} ... {written[-1]} ({len(written)} videos{cut})"]
-        elif cut:
-            written[-1] += f" ({len(sink.incomplete)} incomplete: {', '.join(p.name for p in sink.incomplete)})"
+            cut = f", {len(sink.incomplete)} of them incomplete" if sink.incomplete else ""
+            written = [f"{sink.written[0]} ... {sink.written[-1]} ({len(written)} videos{cut})"]
         words += written
     return words
 

@@ -313,16 +313,19 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
     except UserError as error:
         from sdqes_edge.runtime.annotated_video import IncompleteOutput
 
-        # An output's own failure is said alone (a summary would say it written), as is one before any frame ran.
-        if isinstance(error, IncompleteOutput) or not stats.frames:
+        if not stats.frames:  # before any frame ran: said alone
             raise
-        failure, exit_code = error, error.exit_code
+        # An output cut off as the sinks closed (a full disk): the summary still says how the stream itself ended.
+        failure = error
+        exit_code = (stop.exit_code or exit_code) if isinstance(error, IncompleteOutput) else error.exit_code
     finally:
         manager.stopping(f"stopping after {stats.frames} frames: finishing every output")
         if bar is not None:
             bar.close()
         try:
             detector.close()
+        except UserError as unfinished:  # an annotated video a full disk cut off: said after what was written
+            failure = failure or unfinished
         finally:  # an output that failed to finish (a full disk) must not cost the state snapshot too
             if args.save_state:
                 detector.save_state(args.save_state)
