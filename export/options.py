@@ -29,7 +29,7 @@ from sdqes_edge.contract import (
     TRAINING_RECORD_NAME,
 )
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import path_problem
+from sdqes_edge.path_checks import path_problem
 from sdqes_edge.runtime.alerts import is_probability
 from sdqes_edge.tokenizer import CONTEXT_LENGTH, check_query_text, default_tokenizer
 from sdqes_edge.tolerances import DRIFT_FRAMES, VERIFY_FRAMES

@@ -46,7 +46,7 @@ from sdqes_edge.contract import (
     engine_name,
 )
 from sdqes_edge.errors import WARNING_PREFIX, UserError
-from sdqes_edge.files import file_sha256, flush_to_disk, write_text_atomically
+from sdqes_edge.files import file_sha256, flush_to_disk, make_folders, write_text_atomically
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
 from sdqes_edge.runtime.bundle import Bundle, inside_bundle, load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
@@ -224,7 +224,7 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
     check_opset_readable(int(bundle.manifest.get("opset", LAYERNORM_OPSET)), device.tensorrt_version, bundle.root)
     graph = bundle.step_graph(plan.graph_precision)
     out_dir = engine_dir(bundle, device)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folders(out_dir)
 
     log(f"building the {precision} engine from {graph.name} ({plan.typing} typing) for {device.name} "
         f"(sm{device.compute_capability[0]}{device.compute_capability[1]}, TensorRT {device.tensorrt_version}); "
@@ -249,7 +249,7 @@ def keep_checked_engine(bundle: Bundle, serialized: bytes, precision: str, devic
     ``open_engine(path, bundle)`` -> a step backend for the candidate file (TensorRT's, but any backend with the
     same interface checks the same way)."""
     engine_path = engine_dir(bundle, device) / engine_name(precision)
-    engine_path.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(engine_path.parent)
     candidate = engine_path.with_name(engine_path.name + ".tmp")
     candidate.write_bytes(serialized)
     try:

@@ -20,16 +20,9 @@ import cv2
 import numpy as np
 
 from sdqes_edge.errors import SetupWarning, UserError
-from sdqes_edge.files import (
-    ANNOTATED_VIDEO_EXAMPLE,
-    UTC_STAMP_FORMAT,
-    check_output_file,
-    format_bytes,
-    free_name,
-    set_aside,
-    utc_stamp,
-)
+from sdqes_edge.files import UTC_STAMP_FORMAT, format_bytes, free_name, make_folders, set_aside, utc_stamp
 from sdqes_edge.metrics import above_threshold
+from sdqes_edge.path_checks import ANNOTATED_VIDEO_EXAMPLE, check_output_file, path_form_refused
 
 from .live_source import open_video_file
 from .ordered_calls import OrderedCalls
@@ -47,7 +40,9 @@ ANNOTATION_CODECS = {".avi": "MJPG", ".mp4": "mp4v", ".m4v": "mp4v", ".mov": "mp
 
 def check_annotation_path(path: str | Path, flag: str = "--annotate") -> Path:
     path = Path(path)
-    if path.suffix.lower() not in ANNOTATION_CODECS and not path.is_dir():  # a folder: named as one below
+    with path_form_refused(flag, path):
+        folder = path.is_dir()
+    if path.suffix.lower() not in ANNOTATION_CODECS and not folder:  # a folder: named as one below
         kinds = ", ".join(ANNOTATION_CODECS)
         raise UserError(f"{flag} {path}: OpenCV writes videos as {kinds}; give a file name ending in one of "
                         f"them (e.g. {path.with_suffix('.mp4') if path.suffix else str(path).rstrip('.') + '.mp4'})")
@@ -260,7 +255,7 @@ class AnnotatedVideoSink(Sink):
         self._path = free_name(segment_path(self.path, time.time())) if self.segment_seconds else self.path
         if self.segment_seconds and self.keep_seconds:
             self._begun[self._path] = time.monotonic()
-        self._path.parent.mkdir(parents=True, exist_ok=True)  # as every other output: missing folders are made
+        make_folders(self._path.parent)  # as every other output: missing folders are made
         stopped_run = (set_aside(self._path, "stopped-run")
                        if self.resumed and not self.segment_seconds and self._path.is_file() else None)
         codec = ANNOTATION_CODECS.get(self.path.suffix.lower())

@@ -28,7 +28,8 @@ from sdqes_edge.contract import (
     state_names_in,
 )
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import as_path, file_sha256, path_problem, write_text_atomically
+from sdqes_edge.files import file_sha256, write_text_atomically
+from sdqes_edge.path_checks import as_path, path_problem
 from sdqes_edge.state import StateSpec
 
 from .alerts import AlertPolicy, is_probability

@@ -23,7 +23,7 @@ import numpy as np
 
 from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import SNAPSHOT_EXAMPLE, as_path, check_output_file
+from sdqes_edge.path_checks import SNAPSHOT_EXAMPLE, as_path, check_output_file
 
 from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, check_parts_from, warm_up

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from sdqes_edge.errors import SetupWarning, UserError, first_line
-from sdqes_edge.files import file_sha256, user_cache_dir
+from sdqes_edge.files import file_sha256, make_folders, user_cache_dir
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime, update_command
 
 from .cores import checked_threads
@@ -130,7 +130,7 @@ def tensorrt_cache_options(path: Path) -> dict[str, str]:
     cache folder can be made, engines are built every time, with a one-line warning."""
     folder = user_cache_dir() / "ort-tensorrt" / file_sha256(path)[:16]
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_folders(folder)
         first_use = not any(folder.iterdir())
     except OSError as exc:
         warnings.warn(f"cannot make a TensorRT engine cache at {folder} ({exc.strerror or exc}); ONNX Runtime "

@@ -24,11 +24,8 @@ from typing import Callable
 import numpy as np
 
 from sdqes_edge.errors import SetupWarning, UserError
-from sdqes_edge.files import (
-    ALERT_LOG_EXAMPLE,
-    SCORE_TRACE_EXAMPLE,
-    check_output_file,
-)
+from sdqes_edge.files import make_folders
+from sdqes_edge.path_checks import ALERT_LOG_EXAMPLE, SCORE_TRACE_EXAMPLE, check_output_file
 from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, read_chunks, save_scores
 
 from .sampling import checked_rate
@@ -99,7 +96,7 @@ class JsonlSink(Sink):
     def __init__(self, path: str | Path):
         # A folder or /proc: a one-line error, not an OSError.
         self.path = check_output_file(path, "JsonlSink", ALERT_LOG_EXAMPLE)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(self.path.parent)
         self._use(self._open())
         self._reopen_refused = False
         if not self._ends_a_line():  # said once; the next alert starts a line of its own
@@ -261,7 +258,7 @@ class ScoreTraceRecorder(Sink):
                 self._asked.setdefault(qid, float(asked))
         lead = StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], list(ids),
                             np.array([self._asked[i] for i in ids]), rows, 0, self.model)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(self.path.parent)
         self._chunks.append(save_scores(chunk_path(self.path, 1), lead))
         self._flushed_rows = frames
 
@@ -290,7 +287,7 @@ class ScoreTraceRecorder(Sink):
             for q, qid in enumerate(ids):
                 if qid in row:
                     probs[t, q] = row[qid]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(self.path.parent)
         chunk = chunk_path(self.path, len(self._chunks) + 1)
         save_scores(chunk, self._trace(probs, self._flushed_rows))
         self._chunks.append(chunk)

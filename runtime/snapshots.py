@@ -34,7 +34,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import NPZ_READ_ERRORS, as_path, npz_problem, path_problem, replaced_atomically
+from sdqes_edge.files import NPZ_READ_ERRORS, npz_problem, replaced_atomically
+from sdqes_edge.path_checks import as_path, path_problem
 
 from .alerts import AlertPolicy, AlertState
 from .ordered_calls import OrderedCalls

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import UserError
-from .files import USER_TEXT_ENCODING, path_problem
+from .files import USER_TEXT_ENCODING
 from .metrics import ScoreTrace, frame_at_or_after
+from .path_checks import path_problem
 
 REQUIRED_COLUMNS = ("split", "source", "video_uid", "query", "response", "label", "video_start_time",
                     "video_fps", "video_length")

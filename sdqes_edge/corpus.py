@@ -28,7 +28,8 @@ from sdqes_edge.annotations import Annotation, by_video
 from sdqes_edge.compat import shutdown_cancelling
 from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError, first_line
-from sdqes_edge.files import path_problem, scratch, write_text_atomically
+from sdqes_edge.files import make_folders, scratch, write_text_atomically
+from sdqes_edge.path_checks import path_problem
 from sdqes_edge.tokenizer import QueryTruncatedWarning
 from sdqes_edge.traces import TRACE_SUFFIX, StreamScores, load_scores, save_scores
 
@@ -151,7 +152,7 @@ def claim_output(out: Path, model_identity: str, fps: float, step: StepChoice = 
             raise UserError(f"{out} holds traces scored by another model, frame rate, precision or device ({record} "
                             f"says {theirs}); give a new --out, or remove {out} to score it again with this bundle")
         return
-    out.mkdir(parents=True, exist_ok=True)
+    make_folders(out)
     write_text_atomically(record, json.dumps(mine, indent=2) + "\n")
 
 
@@ -307,5 +308,5 @@ def save_outcome(out: Path, outcome: StreamOutcome) -> Path | None:
     if outcome.trace is None:
         return None
     path = trace_path(out, outcome.stream)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(path.parent)
     return save_scores(path, outcome.trace)

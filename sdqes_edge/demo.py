@@ -22,7 +22,7 @@ import numpy as np
 from sdqes_edge.alert_tuning import false_alerts, in_window
 from sdqes_edge.contract import MANIFEST_NAME, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import write_text_atomically
+from sdqes_edge.files import make_folders, write_text_atomically
 from sdqes_edge.metrics import TOLERANCE_WINDOWS
 from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
 from sdqes_edge.runtime.detector import RunStats, StreamingDetector
@@ -145,7 +145,7 @@ def _claim_folder(out: Path) -> None:
     if taken and not _is_demo_summary(out / SUMMARY_NAME):
         raise UserError(f"--out {out} already holds {', '.join(taken)}, not from an earlier demo; the demo would "
                         f"write over {'it' if len(taken) == 1 else 'them'}: give a new folder (default sdqes-demo)")
-    out.mkdir(parents=True, exist_ok=True)
+    make_folders(out)
     (out / ALERT_LOG).unlink(missing_ok=True)  # the earlier demo's: this run's log holds this run alone
 
 

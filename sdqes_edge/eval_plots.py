@@ -9,7 +9,7 @@ import numpy as np
 
 from .annotations import Annotation
 from .errors import UserError, install_command, module_absent
-from .files import replaced_atomically
+from .files import make_folders, replaced_atomically
 from .metrics import RECALL_KS, TOLERANCE_WINDOWS, ScoreTrace, predictions
 
 PLOTS_NEED = f"matplotlib is not installed ({install_command('matplotlib')})"
@@ -72,7 +72,7 @@ def plot_extremes(out_dir: Path, traces: list[ScoreTrace], annotations: list[Ann
     """The ``count`` best (closest first alert) and worst queries, one PNG each."""
     if count <= 0 or not traces:
         return []
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folders(out_dir)
     order = np.argsort(distances, kind="stable")
     picks = [("best", i) for i in order[:count]] + [("worst", i) for i in order[::-1][:count]]
     written = []

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .annotations import Annotation
-from .files import write_text_atomically
+from .files import make_folders, write_text_atomically
 from .metrics import (
     RECALL_KS,
     SMD_METRIC,
@@ -165,7 +165,7 @@ def markdown_table(rows: dict[str, EvalResult]) -> str:
 
 
 def write_reports(out_dir: Path, rows: dict[str, EvalResult], extra: dict) -> tuple[Path, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folders(out_dir)
     json_path, md_path = out_dir / "eval.json", out_dir / "eval.md"
     write_text_atomically(json_path, json.dumps({"results": {n: r.to_dict() for n, r in rows.items()}, **extra},
                                                 indent=2))

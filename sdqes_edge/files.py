@@ -13,8 +13,6 @@ import zipfile
 from pathlib import Path
 from typing import Iterable, Iterator, NoReturn
 
-from .errors import UserError
-
 # How a user's own text files (annotations, queries, model configs) are read: UTF-8 with or without the byte-order
 # mark that Excel's "CSV UTF-8" and Windows Notepad put first. Read as plain UTF-8 the mark became part of the
 # first column's name ("missing column split") or of the first query's text.
@@ -49,20 +47,36 @@ def raise_naming(refusal: OSError, target: Path, stand_in: Path) -> NoReturn:
     raise OSError(refusal.errno, refusal.strerror, str(target)) from refusal
 
 
+def through_links(path: str | os.PathLike) -> Path:
+    """``path`` with its symbolic links followed, one that leads nowhere yet too (to where it points): what a write
+    to it reaches, as the shell's ``>`` reaches it. A file or folder replaced by a rename replaced the link itself:
+    ``state.npz -> /data/state.npz`` became a file of its own, the linked one left stale, and an export to
+    ``bundles/current -> v3`` made ``current`` a folder, v3 unchanged and the old link left beside it."""
+    return Path(os.path.realpath(path))
+
+
+def make_folders(folder: str | os.PathLike) -> None:
+    """``folder`` and those above it, made where missing, through symbolic links: ``mkdir -p`` refuses a link to a
+    folder not made yet ("File exists")."""
+    through_links(folder).mkdir(parents=True, exist_ok=True)
+
+
 @contextlib.contextmanager
 def replaced_atomically(path: Path) -> Iterator[Path]:
     """A path beside ``path`` for the block to write; it replaces ``path`` only when the block ends without error
     and is removed otherwise (Ctrl-C included). So ``path`` holds the new contents or what it held before, never
     part of them: a snapshot being rewritten when a second Ctrl-C lands stays the one it was. Missing folders
-    above ``path`` are made, as ``check_output_file`` promises when it accepts a path in them."""
+    above ``path`` are made, as ``check_output_file`` promises when it accepts a path in them. A symbolic link at
+    ``path`` is kept, and the file it leads to replaced (``through_links``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    target = through_links(path)
+    make_folders(target.parent)
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
     try:
         yield partial
         flush_to_disk(partial)
-        os.replace(partial, path)
-        flush_to_disk(path.parent)
+        os.replace(partial, target)
+        flush_to_disk(target.parent)
     except OSError as exc:
         raise_naming(exc, path, partial)
     finally:
@@ -180,7 +194,7 @@ def staging_directory(target: Path) -> Path:
 
     Stale staging folders of dead exports to the same target are removed first.
     """
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_folders(target.parent)
     remove_dead_staging(target)
     staging = target.parent / f".{target.name}.staging-{os.getpid()}"
     if staging.exists():
@@ -220,8 +234,9 @@ def staged_directory(target: Path) -> Iterator[Path]:
     a failed or interrupted run leaves neither half a result nor a folder that blocks the next run.
 
     ``target`` is made absolute first: "." (an export run inside the bundle it replaces) had no name to stage beside,
-    so its staging folder went inside it and the final rename of "." failed (EBUSY) after all the work."""
-    target = Path(os.path.abspath(target))
+    so its staging folder went inside it and the final rename of "." failed (EBUSY) after all the work. A symbolic
+    link at ``target`` is kept, and the folder it leads to replaced (``through_links``)."""
+    target = through_links(target)
     staging = staging_directory(target)
     try:
         yield staging
@@ -281,79 +296,3 @@ def npz_problem(exc: BaseException) -> str:
     if isinstance(exc, (EOFError, zipfile.BadZipFile)):
         return f"cut short: {exc}" if str(exc) else "cut short"
     return str(exc)
-
-
-def as_path(path: object, what: str) -> Path:
-    """``path`` (a str or an os.PathLike) as a Path; anything else refused naming ``what`` takes it ("save_state
-    takes"), not Path's TypeError ("expected str, bytes or os.PathLike object, not int")."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise UserError(f"{what} a path (a str or a pathlib.Path), not a {type(path).__name__}")
-    return Path(path)
-
-
-def path_problem(path: str | os.PathLike, want: str) -> str | None:
-    """Why ``path`` is not an existing ``want`` ("file" or "folder"), in words that finish a sentence naming it
-    ("does not exist", "is a folder, not a file"), or None when it is one. A folder given for a file is told as
-    such: "does not exist" about a path the user can see is wrong."""
-    path = Path(path)
-    if (path.is_file() if want == "file" else path.is_dir()):
-        return None
-    if not path.exists():
-        return "does not exist"
-    kind = "folder" if path.is_dir() else "file" if path.is_file() else "special file (a pipe or a device)"
-    return f"is a {kind}, not a {want}"
-
-
-def _nearest_existing(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def _probe_folder(folder: Path, flag: str, path: Path) -> None:
-    """Create and delete a file in ``folder``: permissions, read-only mounts and /proc all answer the same way."""
-    if not folder.is_dir():
-        raise UserError(f"{flag} {path}: {folder} is a file, not a folder; choose another path")
-    try:
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as exc:
-        raise UserError(f"{flag} {path} cannot be written: {folder} refuses new files ({exc.strerror}); choose a "
-                        "folder you can write to") from None
-
-
-# A name for each kind of output file: a folder given where one goes is refused with this name in it as the fix.
-ALERT_LOG_EXAMPLE = "alerts.jsonl"
-SNAPSHOT_EXAMPLE = "state.npz"
-SCORE_TRACE_EXAMPLE = "scores.npz"
-ANNOTATED_VIDEO_EXAMPLE = "annotated.mp4"
-
-
-def check_output_file(path: str | os.PathLike, flag: str, example: str) -> Path:
-    """Refuse, before any work, an output file that cannot be written: a folder, a read-only place, /proc.
-    ``example``: a name for such a file ('alerts.jsonl'), which a refused folder is advised to hold.
-
-    Nothing is created or changed: an existing file is opened for appending and closed; for a new one, the
-    nearest existing folder must accept a new file (missing folders below it are made when writing).
-    """
-    path = as_path(path, f"{flag} takes")
-    if path.is_dir():
-        raise UserError(f"{flag} {path} is a folder; give a file path in it (e.g. {path / example})")
-    if path.exists():
-        try:
-            open(path, "ab").close()
-        except OSError as exc:
-            raise UserError(f"{flag} {path} cannot be written ({exc.strerror}); choose a path you can "
-                            "write to") from None
-        return path
-    _probe_folder(_nearest_existing(path.parent), flag, path)
-    return path
-
-
-def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
-    """Refuse, before any work, an output folder that is a file or lies where nothing can be written."""
-    path = as_path(path, f"{flag} takes")
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{flag} {path} is a file; give a folder (it is created if missing)")
-    _probe_folder(_nearest_existing(path), flag, path)
-    return path

@@ -21,7 +21,8 @@ from typing import Any
 from .checkpoint_files import TRANSFORMERS_FORMAT, is_torchscript
 from .config import CLIP_MEAN, CLIP_MLP_ACTIVATION, CLIP_STD, PreprocessConfig
 from .errors import UserError
-from .files import USER_TEXT_ENCODING, path_problem
+from .files import USER_TEXT_ENCODING
+from .path_checks import path_problem
 from .transformers_layout import is_transformers_config, read_transformers_config
 
 HEAD_WIDTH = 64  # CLIP's convention: heads = width // 64

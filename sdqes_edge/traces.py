@@ -30,7 +30,8 @@ from typing import Iterable
 import numpy as np
 
 from .errors import UserError
-from .files import NPZ_READ_ERRORS, npz_problem, path_problem, replaced_atomically
+from .files import NPZ_READ_ERRORS, npz_problem, replaced_atomically
+from .path_checks import path_problem
 
 TRACE_FORMAT_VERSION = 2
 TRACE_SUFFIX = ".npz"

@@ -33,7 +33,7 @@ import torch
 from . import __version__
 from .config import ModelConfig
 from .evaluation import calibrate_thresholds
-from .files import replaced_atomically, write_text_atomically
+from .files import make_folders, replaced_atomically, write_text_atomically
 from .metrics import EvalResult, ScoreTrace, evaluate
 from .sample import check_fits_in_memory, preprocessed_bytes
 from .synthetic import COLOURS, PHRASINGS, Event, generate_stream
@@ -220,7 +220,7 @@ def train(options: TrainOptions, out_dir: str | Path, log: Callable[[str], None]
     """
     options.check()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folders(out_dir)
     started = time.perf_counter()
     if options.threads:
         torch.set_num_threads(options.threads)

@@ -15,6 +15,7 @@ MAX_MODULE_LINES = 400
 
 # What the device library may use from the core package: torch-free modules that define data and formats.
 RUNTIME_MAY_USE = {"sdqes_edge.contract", "sdqes_edge.state", "sdqes_edge.errors", "sdqes_edge.files",
+                   "sdqes_edge.path_checks",  # files.py's checks of a path up front (the standard library only)
                    "sdqes_edge.tokenizer", "sdqes_edge.traces", "sdqes_edge.metrics", "sdqes_edge.tolerances",
                    "sdqes_edge.package_builds", "sdqes_edge.compat",
                    "sdqes_edge.stopping"}  # (the standard library only: signals, and threads a stop may leave behind)

@@ -36,6 +36,19 @@ void sync_folder(const std::filesystem::path& folder) {
   ::close(fd);
 }
 
+// `path` with the symbolic links at its end followed, one that leads nowhere yet too (to where it points): what a
+// write to it reaches, as the shell's `>` reaches it (files.py's through_links). A file replaced by a rename replaced
+// the link itself: `--state state.json -> /data/state.json` became a file of its own, the linked one left stale.
+std::filesystem::path through_links(std::filesystem::path path) {
+  std::error_code error;
+  for (int hops = 0; hops < 40 && std::filesystem::is_symlink(path, error); ++hops) {  // 40: the kernel's own limit
+    const std::filesystem::path target = std::filesystem::read_symlink(path, error);
+    if (error) break;
+    path = target.is_absolute() ? target : folder_of(path) / target;
+  }
+  return path;
+}
+
 // `path` renamed beside itself as NAME.unusable-<UTC stamp>EXT -> that name; Error(the reason) where it cannot be.
 std::filesystem::path set_aside(const std::filesystem::path& path) {
   std::filesystem::path kept;
@@ -55,7 +68,8 @@ void write_atomically(const std::filesystem::path& path, const std::string& data
   write_atomically(path, std::vector<std::string_view>{data});
 }
 
-void write_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& parts) {
+void write_atomically(const std::filesystem::path& asked, const std::vector<std::string_view>& parts) {
+  const std::filesystem::path path = through_links(asked);
   const std::filesystem::path partial =
       folder_of(path) / ("." + path.filename().string() + ".partial-" + std::to_string(::getpid()));
   std::FILE* file = std::fopen(partial.c_str(), "w");
@@ -79,7 +93,7 @@ void check_output_path(const std::filesystem::path& path, const std::string& opt
                        bool appended) {
   namespace fs = std::filesystem;
   std::error_code error;
-  const fs::path folder = folder_of(path);
+  const fs::path folder = folder_of(through_links(path));  // a link's file is made where it leads
   if (fs::is_directory(path, error)) {
     throw Error(option + " " + path.string() + " is a folder; give a file in it (" + (path / example).string() + ")");
   }

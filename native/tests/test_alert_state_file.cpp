@@ -201,3 +201,23 @@ TEST(CheckOutputPath, RefusesAFolderOrAMissingFolderAndTakesAnExistingAppendedFi
   EXPECT_NO_THROW(sdqes::check_output_path("/dev/null", "--events", "alerts.jsonl", /*appended=*/true));
   EXPECT_NO_THROW(sdqes::check_output_path(folder.path / "new.jsonl", "--events", "alerts.jsonl", true));
 }
+
+TEST(WriteAtomically, ReplacesTheFileALinkLeadsToAndKeepsTheLink) {
+  // --state state.json -> elsewhere/state.json (the state on another disk): the rename replaced the link itself, the
+  // linked file was left stale, and the next run read the copy beside the link.
+  Folder folder;
+  fs::create_directories(folder.path / "elsewhere");
+  write(folder.path / "elsewhere" / "state.json", "old");
+  fs::create_symlink("elsewhere/state.json", folder.path / "state.json");
+  sdqes::write_atomically(folder.path / "state.json", std::string("new"));
+  EXPECT_TRUE(fs::is_symlink(folder.path / "state.json"));
+  std::ifstream linked(folder.path / "elsewhere" / "state.json");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(linked), {}), "new");
+  // A link that leads nowhere yet: the file is made where it points, once that folder exists.
+  fs::create_symlink("later/state.json", folder.path / "pending.json");
+  EXPECT_THROW(sdqes::check_output_path(folder.path / "pending.json", "--state", "state.json"), sdqes::Error);
+  fs::create_directories(folder.path / "later");
+  EXPECT_NO_THROW(sdqes::check_output_path(folder.path / "pending.json", "--state", "state.json"));
+  sdqes::write_atomically(folder.path / "pending.json", std::string("made"));
+  EXPECT_TRUE(fs::is_symlink(folder.path / "pending.json") && fs::is_regular_file(folder.path / "later" / "state.json"));
+}

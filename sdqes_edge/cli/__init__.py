@@ -37,6 +37,7 @@ from sdqes_edge.cli.common import (
 )
 from sdqes_edge.cli.output import prepare_output
 from sdqes_edge.errors import UserError, module_absent
+from sdqes_edge.path_checks import path_form_words
 from sdqes_edge.stopping import exit_code_of, exit_process, ignore_termination, raise_on_termination, signal_of
 
 __all__ = ["PROG", "build_parser", "main", "run"]
@@ -158,10 +159,15 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
         return 1
     except OSError as exc:
         words = _machine_refusal_words(exc)
+        if words is not None:
+            print(f"{PROG}: error: {words}", file=sys.stderr)
+            return 1
+        words = path_form_words(exc, exc.filename) if exc.filename else None
         if words is None:
             raise  # anything else is a bug of ours, and its traceback is what a report needs
+        # A path a check up front did not reach (--resume's): the user's, so a mistake's status.
         print(f"{PROG}: error: {words}", file=sys.stderr)
-        return 1
+        return UserError.exit_code
     except KeyboardInterrupt as interrupt:  # from start-up on: no traceback for a stop, whenever it comes
         print(f"{PROG}: interrupted ({signal.Signals(signal_of(interrupt)).name})", file=sys.stderr)
         return exit_code_of(interrupt)

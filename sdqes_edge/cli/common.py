@@ -16,7 +16,7 @@ from typing import TypeVar
 from sdqes_edge import package_builds
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
 from sdqes_edge.errors import EXTRA_FOR_MODULE, WARNING_PREFIX, install_command, module_absent
-from sdqes_edge.files import check_output_dir, check_output_file
+from sdqes_edge.path_checks import check_output_dir, check_output_file
 from sdqes_edge.train_options import MAX_SEED
 
 Line = TypeVar("Line", bound=tuple)  # a query: its text first, then what comes with it (message, label)

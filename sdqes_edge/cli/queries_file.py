@@ -11,7 +11,8 @@ from typing import NamedTuple, Optional
 
 from sdqes_edge.annotations import other_separator_words
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import USER_TEXT_ENCODING, path_problem
+from sdqes_edge.files import USER_TEXT_ENCODING
+from sdqes_edge.path_checks import path_problem
 from sdqes_edge.runtime.alerts import is_probability
 
 QUERIES_FILE_HELP = (".txt (one query a line), .json or .csv (query,response columns; optionally threshold, the "

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, given_flags, path_text, warn
 from sdqes_edge.contract import FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError, install_command
-from sdqes_edge.files import write_text_atomically
+from sdqes_edge.files import make_folders, write_text_atomically
 from sdqes_edge.progress import progress_bar
 from sdqes_edge.runtime.ort_sessions import DEVICE_PROVIDERS
 
@@ -246,7 +246,7 @@ def _bench(tasks: list, bundle: Path, out: Path, precision: str) -> int:
 
     results = bench_corpus(tasks, bundle, usable_cores(), log=lambda message: print(message, file=sys.stderr),
                            precision=precision)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folders(out)
     write_text_atomically(out / "bench.json", json.dumps(results, indent=2) + "\n")
     write_text_atomically(out / "bench.md", markdown(results))
     print(markdown(results))
@@ -262,7 +262,7 @@ def _eval_command(args: argparse.Namespace, out: Path) -> str:
 
 
 def _write_failures(out: Path, failures: list[dict]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    make_folders(out)
     write_text_atomically(out / FAILURES_NAME, json.dumps(failures, indent=2) + "\n")
 
 

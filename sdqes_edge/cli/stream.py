@@ -35,13 +35,13 @@ from sdqes_edge.cli.run_outputs import (
 )
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import SourceUnavailable, UserError
-from sdqes_edge.files import (
+from sdqes_edge.files import set_aside
+from sdqes_edge.path_checks import (
     ALERT_LOG_EXAMPLE,
     SCORE_TRACE_EXAMPLE,
     SNAPSHOT_EXAMPLE,
     check_output_dir,
     check_output_file,
-    set_aside,
 )
 from sdqes_edge.progress import LOG_LINE_SECONDS, progress_bar, stderr_is_a_terminal
 from sdqes_edge.runtime.backend import BACKENDS
