@@ -250,6 +250,8 @@ def keep_checked_engine(bundle: Bundle, serialized: bytes, precision: str, devic
     same interface checks the same way)."""
     engine_path = engine_dir(bundle, device) / engine_name(precision)
     make_folders(engine_path.parent)
+    for written in (engine_path, engine_path.with_suffix(".json")):  # replaced where a link leads: it must not lead out
+        inside_bundle(bundle.root, written.relative_to(bundle.root).as_posix(), named_by_manifest=False)
     candidate = engine_path.with_name(engine_path.name + ".tmp")
     candidate.write_bytes(serialized)
     try:

@@ -396,3 +396,4 @@ def test_a_bundle_where_engines_cannot_be_stored_is_refused_before_any_build(fp1
     assert f"cannot store engines in {copy / 'engines'} (a file is in its place)" in done.stderr
     assert "copy it to a folder you can write to" in done.stderr
     assert (copy / "engines").read_text() == "a file where the engines folder goes"
+

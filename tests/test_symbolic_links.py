@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 from runtime_fixtures import QUERY, write_video
+from test_export_targets import _keep, fp16_bundle  # noqa: F401 (a fixture)
 
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import replaced_atomically, staged_directory
@@ -91,3 +92,20 @@ def test_the_command_line_says_each_in_one_line_and_writes_through_links(exporte
     assert done.returncode == 0, done.stderr
     assert load_scores(tmp_path / "card" / "scores" / "clip.npz").probs.shape[0] == 5
     assert np.isfinite(load_scores(tmp_path / "scores" / "clip.npz").probs).all()
+
+
+def test_an_engine_or_sidecar_linked_out_of_the_bundle_is_refused_and_the_file_outside_untouched(
+        fp16_bundle, tmp_path):  # noqa: F811
+    """Files replaced whole are replaced where their links lead (files.through_links): inside a bundle, someone
+    else's data, a link must not lead a write out of it."""
+    from sdqes_edge.runtime.bundle import BundleError
+
+    bundle, _ = fp16_bundle
+    engine = _keep(bundle, b"good engine", bundle.step_graph("fp16"))
+    outside = tmp_path / "outside.json"
+    outside.write_text("the user's")
+    engine.with_suffix(".json").unlink()
+    engine.with_suffix(".json").symlink_to(outside)
+    with pytest.raises(BundleError, match="leads outside the bundle through a symlink"):
+        _keep(bundle, b"next engine", bundle.step_graph("fp16"))
+    assert outside.read_text() == "the user's" and engine.read_bytes() == b"good engine"
