@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "bad-input.md"
 Q = "when I start cooking"
 WARNED = "sdqes-edge: warning:"
+LONG_NAME = "a" * 300  # past the 255 bytes a name every Linux file system holds
 
 
 def cases(b: Path, t: Path) -> list[tuple]:
@@ -80,6 +81,9 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("--events is a folder", [*run, "--events", str(t)]),
         ("--events cannot be written", [*run, "--events", "/proc/version"]),
         ("--scores under a file", [*run, "--scores", str(t / "garbage.mp4" / "s")]),
+        ("--events through symbolic links in a loop", [*run, "--events", str(t / "loop-a" / "alerts.jsonl")]),
+        ("--annotate with a name longer than the file system holds",
+         [*run, "--annotate", str(t / (LONG_NAME + ".mp4"))]),
         ("--save-state is a folder", [*run, "--save-state", str(t)]),
         ("--resume from a file that is not a snapshot", [*run, "--resume", str(t / "garbage.mp4")]),
         ("--resume from a snapshot cut short", [*run, "--resume", str(t / "cut.npz")]),
@@ -183,6 +187,8 @@ def prepare(t: Path) -> Path:
     from sdqes_edge.model import SDQESModel
     from sdqes_edge.runtime.detector import StreamingDetector
 
+    (t / "loop-a").symlink_to("loop-b")  # links that lead round to each other
+    (t / "loop-b").symlink_to("loop-a")
     model = SDQESModel(preset("tiny+qrnn")).eval()
     b = t / "bundle"
     export_bundle(model, b, ExportOptions(show_progress=False), log=lambda m: None)
@@ -342,7 +348,7 @@ def main() -> None:
             # The refusal's lines: a warning printed before it (an option the command drops) is not part of it.
             lines = [line for line in done.stderr.strip().splitlines() if line and not line.startswith(WARNED)]
             message = lines[-1] if lines else done.stdout.strip().splitlines()[-1]
-            shown = message.replace(tmp, "…").replace("|", "\\|")
+            shown = message.replace(tmp, "…").replace(LONG_NAME, "aaa…(300 letters)").replace("|", "\\|")
             rows.append(f"| {what} | {done.returncode} | {len(lines)} | `{shown}` |")
             print(f"{done.returncode} {what}: {shown[:120]}")
     OUT.write_text("# Bad input, and what sdqes-edge says\n\n"
