@@ -74,6 +74,12 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("a shell glob after --source", ["run", str(b), "--source", str(t / "clip.avi"), str(t / "garbage.mp4"),
                                          "--query", Q]),
         ("a misspelt command", ["exprot", "--preset", "tiny"]),
+    ] + run_output_cases(run, t)
+
+
+def run_output_cases(run: list[str], t: Path) -> list[tuple[str, list[str]]]:
+    """Bad output paths and state files given to `sdqes-edge run` (``run``: a good run's argv)."""
+    return [
         ("--annotate with a container OpenCV cannot write", [*run, "--annotate", str(t / "out.gif")]),
         ("--annotate without an extension", [*run, "--annotate", str(t / "outvideo")]),
         ("--annotate is a folder", [*run, "--annotate", str(t)]),
