@@ -140,6 +140,8 @@ def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_buil
     ("--events", "/no/such/folder/alerts.jsonl", "--events /no/such/folder/alerts.jsonl: the folder /no/such/folder "
      "does not exist; make it first (mkdir -p /no/such/folder)"),  # "cannot open ... for writing", engine loaded
     ("--events", str(VECTORS), f"--events {VECTORS} is a folder; give a file in it ({VECTORS / 'alerts.jsonl'})"),
+    ("--events", f"/tmp/{'a' * 300}.jsonl", "has a name longer than its file system holds (File name too long: most "
+     "hold 255 bytes a name); give a shorter name"),  # std::filesystem's "filesystem error: status: ..."
     ("--threads", "0", "--threads needs a whole number of at least 1, not '0'"),
     ("--backend", "cuda", "--backend cuda is not one of tensorrt, onnxruntime"),
     ("--stream-timeout", "0", "--stream-timeout needs at least 0.1 s, not '0'"),  # FFmpeg's timeouts in whole ms

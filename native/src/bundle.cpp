@@ -7,6 +7,7 @@
 #include <openssl/evp.h>
 
 #include "sdqes/runtime.hpp"
+#include "sdqes/saved_files.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -239,6 +240,7 @@ void parse_thresholds(const json& thresholds, Bundle& b) {
 }
 
 Bundle load_bundle(const fs::path& root, bool verify_hashes) {
+  check_path_form(root, "bundle");
   if (!fs::is_directory(root)) {  // worded as the Python loader words it (runtime/bundle.py)
     if (!fs::exists(root)) {
       throw Error("bundle " + root.string() + " does not exist; make one with `sdqes-edge export --out " +

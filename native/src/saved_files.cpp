@@ -7,6 +7,7 @@
 #include <ctime>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "sdqes/runtime.hpp"
@@ -89,9 +90,24 @@ void write_atomically(const std::filesystem::path& asked, const std::vector<std:
   throw Error(reason);
 }
 
+void check_path_form(const std::filesystem::path& path, const std::string& named) {
+  struct stat status {};
+  if (::stat(path.c_str(), &status) == 0) return;
+  const int why = errno;
+  if (why == ENAMETOOLONG) {
+    throw Error(named + " " + path.string() + " has a name longer than its file system holds (" + std::strerror(why) +
+                ": most hold 255 bytes a name); give a shorter name");
+  }
+  if (why == ELOOP) {
+    throw Error(named + " " + path.string() + " leads round a loop of symbolic links (" + std::strerror(why) +
+                "); give a path whose links end at a file or folder");
+  }
+}
+
 void check_output_path(const std::filesystem::path& path, const std::string& option, const std::string& example,
                        bool appended) {
   namespace fs = std::filesystem;
+  check_path_form(path, option);
   std::error_code error;
   const fs::path folder = folder_of(through_links(path));  // a link's file is made where it leads
   if (fs::is_directory(path, error)) {

@@ -221,3 +221,26 @@ TEST(WriteAtomically, ReplacesTheFileALinkLeadsToAndKeepsTheLink) {
   sdqes::write_atomically(folder.path / "pending.json", std::string("made"));
   EXPECT_TRUE(fs::is_symlink(folder.path / "pending.json") && fs::is_regular_file(folder.path / "later" / "state.json"));
 }
+
+TEST(CheckPathForm, ANameTooLongAndLinksInALoopAreOneLineNamingTheOptionAsThePythonRuntimeSaysThem) {
+  Folder folder;
+  const fs::path long_name = folder.path / (std::string(300, 'a') + ".json");
+  fs::create_symlink("loop-b", folder.path / "loop-a");
+  fs::create_symlink("loop-a", folder.path / "loop-b");
+  const auto refusal = [](const fs::path& path) -> std::string {
+    try {
+      sdqes::check_output_path(path, "--state", "state.json");
+    } catch (const sdqes::Error& e) {
+      return e.what();
+    }
+    return "taken";
+  };
+  // std::filesystem threw "filesystem error: status: File name too long [PATH]" after the engine had loaded.
+  EXPECT_EQ(refusal(long_name), "--state " + long_name.string() + " has a name longer than its file system holds " +
+                                    "(File name too long: most hold 255 bytes a name); give a shorter name");
+  // It was told that the folder loop-a "does not exist; make it first (mkdir -p ...)".
+  EXPECT_EQ(refusal(folder.path / "loop-a" / "state.json"),
+            "--state " + (folder.path / "loop-a" / "state.json").string() + " leads round a loop of symbolic links " +
+                "(Too many levels of symbolic links); give a path whose links end at a file or folder");
+  EXPECT_NO_THROW(sdqes::check_path_form(folder.path / "not-yet.json", "--state"));  // nothing there yet is no fault
+}

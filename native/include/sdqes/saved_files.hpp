@@ -17,6 +17,12 @@ void write_atomically(const std::filesystem::path& path, const std::string& data
 // again to join them).
 void write_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& parts);
 
+// Refuses, in one line (an Error: "<named> PATH has a name longer than its file system holds (...); give a shorter
+// name"), a path the system refuses for its form whatever is on disk: a name too long (ENAMETOOLONG), links that lead
+// round a loop (ELOOP). std::filesystem's checks throw "filesystem error: status: ..." for the first and answer
+// "nothing there" to the second (advice to mkdir what the user can see is a link). Worded as path_checks.py's.
+void check_path_form(const std::filesystem::path& path, const std::string& named);
+
 // Refuses, in one line naming `option` (an Error), an output path a run could not write: a folder (a file in it,
 // `example`, suggested), a folder that does not exist, one this user may not write. Checked before any engine is
 // looked for, so that the refusal does not come at the first alert, hours in. `appended`: the output is appended to
