@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import math
 import numbers
 import os
@@ -203,12 +204,19 @@ def checked_stream(stream: object, sink: str) -> int:
     return int(stream)
 
 
+# A score trace's news (a chunk the machine refused, then written again): to this logger unless a program sets the
+# recorder's own ``log`` (the command line prints each as one line).
+TRACE_LOG = logging.getLogger("sdqes_edge.runtime.sinks")
+
+
 class ScoreTraceRecorder(Sink):
     """Per-frame probabilities of every query (NaN before a query existed), saved in the eval format.
 
     Memory stays constant on an endless stream: rows are flushed to a chunk file every ``CHUNK_ROWS``
     frames or ``CHUNK_SECONDS`` of wall time (a killed run loses at most that much), and ``close`` merges
-    the chunks into the trace at ``path`` a chunk at a time (sdqes_edge/traces.py).
+    the chunks into the trace at ``path`` a chunk at a time (sdqes_edge/traces.py). A chunk the machine refuses
+    while the stream goes on (a full disk) is said once, its rows held and tried again every ``CHUNK_SECONDS``
+    until written, and that said too; refused at ``close``, it is raised.
     """
 
     CHUNK_ROWS = 1024
@@ -229,6 +237,8 @@ class ScoreTraceRecorder(Sink):
         self._chunks: list[Path] = []
         self._flushed_rows = 0
         self._last_flush = time.monotonic()
+        self.log: Callable[[str], None] = TRACE_LOG.warning
+        self._refused = False  # the last chunk tried was refused: its rows are held
         stale = chunks_of(self.path)  # a killed earlier run's: this run replaces its trace
         self._lead_frames, self._earlier = first_frame, None
         if first_frame and (self.path.is_file() or stale):  # the stopped run's, merged or (killed) in chunks
@@ -267,8 +277,25 @@ class ScoreTraceRecorder(Sink):
             if self._lead_frames:
                 self._write_lead()
             self._rows.append(dict(probs))
-            if len(self._rows) >= self.CHUNK_ROWS or time.monotonic() - self._last_flush >= self.CHUNK_SECONDS:
-                self.flush()
+            # Held rows (a refused chunk) are tried again by the clock alone, not at every frame past CHUNK_ROWS.
+            if ((len(self._rows) >= self.CHUNK_ROWS and not self._refused)
+                    or time.monotonic() - self._last_flush >= self.CHUNK_SECONDS):
+                self._flush_going_on()
+
+    def _flush_going_on(self) -> None:
+        """``flush`` while the stream goes on: a chunk the machine refuses is said, not raised. The run had ended
+        there, and a service restarted into the same full disk watched its camera 30 s at a time."""
+        try:
+            self.flush()
+        except OSError as refusal:
+            if not self._refused:
+                self.log(f"warning: cannot write the score trace {self.path} ({refusal.strerror or refusal}); the "
+                         f"stream goes on, its scores held in memory and tried again every {self.CHUNK_SECONDS:g} s")
+            self._refused = True
+            return
+        if self._refused:
+            self.log(f"note: the score trace {self.path} is written again, the scores held meanwhile with it")
+            self._refused = False
 
     def _trace(self, probs: np.ndarray, first_frame: int = 0) -> StreamScores:
         """The queries seen so far, in the order they were added, with these rows."""

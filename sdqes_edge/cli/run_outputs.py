@@ -60,6 +60,9 @@ def attach_sinks(detector: StreamingDetector, sources: list,
     from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
     from sdqes_edge.runtime.sinks import ConsoleSink, JsonlSink, ScoreTraceRecorder
 
+    def say(message: str) -> None:  # an output's news (refused by a full disk, written again) as one line
+        print(f"{PROG}: {message}", file=sys.stderr)
+
     if not args.quiet:
         detector.add_sink(ConsoleSink())
     if args.events:
@@ -71,7 +74,7 @@ def attach_sinks(detector: StreamingDetector, sources: list,
               for i, (source, path) in enumerate(zip(sources, paths_per_source(args.annotate, sources)))
               ] if args.annotate else []
     for sink, source in zip(videos, sources):
-        sink.log = lambda message: print(f"{PROG}: {message}", file=sys.stderr)
+        sink.log = say
         detector.add_sink(sink)
         if sink.segment_seconds and args.annotate_segment is None and not args.quiet:
             print(f"{PROG}: note: {source.name} is live: its annotated video is written in files of "
@@ -85,8 +88,10 @@ def attach_sinks(detector: StreamingDetector, sources: list,
              "unless --annotate-segment): ignored")
     trace_paths = score_trace_paths(args.scores, sources) if args.scores else []
     for i, (source, path) in enumerate(zip(sources, trace_paths)):
-        detector.add_sink(ScoreTraceRecorder(path, source.name, detector.fps, stream=i,
-                                             model=detector.bundle.model_identity, first_frame=source.start_index))
+        recorder = ScoreTraceRecorder(path, source.name, detector.fps, stream=i, model=detector.bundle.model_identity,
+                                      first_frame=source.start_index)
+        recorder.log = say
+        detector.add_sink(recorder)
     return trace_paths, videos
 
 

@@ -1,9 +1,11 @@
-"""A live stream's annotated video segments that the machine refuses (a disk that filled up, a folder gone): the
-segment is said, once however many are refused in a row, and the stream goes on alerting, its video tried again as
-each segment begins; said again once a segment is whole. The run had ended at the first segment cut off, and the
-camera was unwatched while a service restarted into the same full disk. Still refused when the stream ends, it is
-the run's error (exit 1), as a cut-off video is. The refusals are real: a file-size limit (EFBIG, as a full disk's
-ENOSPC), a folder replaced by a file."""
+"""A live stream's outputs that the machine refuses while it streams (a disk that filled up, a folder gone): each is
+said, once however many writes are refused in a row, and the stream goes on alerting, the output tried again; said
+again once written. The run had ended at the first refusal, and the camera was unwatched while a service restarted
+into the same full disk. Still refused when the stream ends, it is the run's error (exit 1).
+
+The annotated video's segments (one cut off or not begun is lost; the next is tried as its time comes) and the score
+trace's chunks (the refused rows are held and written with the next). The refusals are real: a file-size limit
+(EFBIG, as a full disk's ENOSPC), names that lead nowhere."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from test_full_disk import file_size_limit
 
 from sdqes_edge.cli.run_outputs import videos_written
 from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink, IncompleteOutput, segment_path
+from sdqes_edge.runtime.sinks import ScoreTraceRecorder
+from sdqes_edge.traces import load_scores
 
 SIZE = (240, 320, 3)
 
@@ -145,3 +149,41 @@ def test_a_live_run_whose_disk_cuts_off_every_segment_goes_on_alerting_and_ends_
     counted = re.search(r"\((\d+) videos, (\d+) of them incomplete\)$", wrote)
     assert counted and counted[1] == counted[2] and int(counted[1]) >= 4, wrote  # every one cut off
     assert [json.loads(line)["frame_index"] for line in (tmp_path / "alerts.jsonl").read_text().splitlines()] == [0]
+
+
+def test_a_score_trace_chunk_the_disk_refuses_is_said_once_held_and_written_with_the_next(tmp_path):
+    said: list[str] = []
+    recorder = ScoreTraceRecorder(tmp_path / "scores.npz", "camera0", 1.0)
+    recorder.log = said.append
+    recorder.on_query_added("q1", QUERY, 0.0)
+    recorder.CHUNK_ROWS, recorder.CHUNK_SECONDS = 4, 3600.0  # a chunk every 4 frames, never by the clock
+
+    def step(t: int) -> None:
+        recorder.on_frame(0, None, float(t), {"q1": t / 100}, [])
+
+    with file_size_limit(256):  # no chunk fits
+        for t in range(6):  # the chunk of frames 0-3 refused; frames 4-5 are not tried again at every frame
+            step(t)
+        assert said == [f"warning: cannot write the score trace {tmp_path / 'scores.npz'} (File too large); the "
+                        "stream goes on, its scores held in memory and tried again every 3600 s"]
+        recorder.CHUNK_SECONDS = 0.0  # the clock's turn: tried again, refused again, not said again
+        step(6)
+        assert len(said) == 1
+    step(7)  # room again: every row held goes out in this chunk
+    assert said[1] == (f"note: the score trace {tmp_path / 'scores.npz'} is written again, the scores held meanwhile "
+                       "with it")
+    recorder.close()
+    assert np.allclose(load_scores(tmp_path / "scores.npz").probs[:, 0], np.arange(8) / 100)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.npz"]  # no chunk left
+
+
+def test_a_score_trace_the_disk_still_refuses_when_the_stream_ends_is_raised(tmp_path):
+    recorder = ScoreTraceRecorder(tmp_path / "scores.npz", "camera0", 1.0)
+    recorder.log = lambda message: None
+    recorder.on_query_added("q1", QUERY, 0.0)
+    recorder.CHUNK_ROWS = 2
+    with file_size_limit(256):
+        for t in range(3):
+            recorder.on_frame(0, None, float(t), {"q1": 0.5}, [])
+        with pytest.raises(OSError):
+            recorder.close()
