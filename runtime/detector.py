@@ -381,6 +381,7 @@ class StreamingDetector:
                 yield flat
                 if max_frames is not None and stats.frames >= max_frames:
                     break
+            stats.streamed = True
         finally:
             gathering.close()
             self.close()

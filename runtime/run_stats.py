@@ -56,6 +56,9 @@ class RunStats:
     latencies: LatencyHistogram = field(default_factory=LatencyHistogram)
     started: float = field(default_factory=time.perf_counter)
     events: int = 0
+    # Every frame to step was stepped (the sources ended, or max_frames): a failure after it is an output's, as the
+    # sinks closed, and the stream itself ended as it should.
+    streamed: bool = False
 
     @property
     def fps(self) -> float:

@@ -322,14 +322,19 @@ class ScoreTraceRecorder(Sink):
         self._rows = []
 
     def close(self) -> None:
-        if self._lead_frames:  # a resumed stream with nothing left to step still keeps the rows before it
-            self._write_lead()
-        self.flush()
-        empty = self._trace(np.zeros((0, len(self._texts)), np.float32))
-        if self._chunks:
-            merge_chunks(self._chunks, self.path, empty, self._flushed_rows)
-        else:  # no frame at all: an empty trace still says which queries were asked
-            save_scores(self.path, empty)
+        """Write the rows held and merge the chunks into the trace at ``path``; a refusal (a full disk) names the
+        trace, not the chunk it was writing, so that the run's summary can say which output is incomplete."""
+        try:
+            if self._lead_frames:  # a resumed stream with nothing left to step still keeps the rows before it
+                self._write_lead()
+            self.flush()
+            empty = self._trace(np.zeros((0, len(self._texts)), np.float32))
+            if self._chunks:
+                merge_chunks(self._chunks, self.path, empty, self._flushed_rows)
+            else:  # no frame at all: an empty trace still says which queries were asked
+                save_scores(self.path, empty)
+        except OSError as refusal:
+            raise OSError(refusal.errno, refusal.strerror, str(self.path)) from refusal
         self._chunks = []
 
 

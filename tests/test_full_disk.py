@@ -194,8 +194,12 @@ def test_a_write_the_disk_refuses_names_what_was_asked_for_and_leaves_nothing(tm
 
 def test_a_cut_off_video_read_back_counts_no_frames_and_prints_nothing(tmp_path, capfd):
     """OpenCV's own AVI reader, tried where FFmpeg could not open the file, printed "Unexpected element. Expected:
-    LIST. Got: ..." (bytes of the file among the words) above the run's one-line error."""
+    LIST. Got: ..." (bytes of the file among the words) above the run's one-line error: past every log level,
+    which the command line silences (alone, this test saw OpenCV's own warnings, which depend on the level)."""
     from sdqes_edge.runtime.annotated_video import frames_read_back
+    from sdqes_edge.runtime.sources import quiet_opencv_logs
+
+    quiet_opencv_logs()
 
     whole = write_video(tmp_path / "whole.avi", sample_frames(12, 64, 64, seed=1))
     cut = tmp_path / "cut.avi"
@@ -295,3 +299,22 @@ def test_alerts_printed_on_a_stdout_the_disk_refuses_name_stdout_and_the_alert_l
                                                     "left on device); free some space or write to another disk, "
                                                     "and run again")
     assert [json.loads(line)["frame_index"] for line in (tmp_path / "e.jsonl").read_text().splitlines()] == [0]
+
+
+def test_outputs_refused_as_the_stream_closes_are_each_said_after_the_summary_which_marks_them(exported, tmp_path):
+    """The state snapshot's refusal had hidden the score trace's (which named a chunk, not the trace), and the
+    summary of what ran and was written was not said, where sdqes-run says it first."""
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(20, 48, 64))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
+                           "--query", QUERY, "--threshold", "0.01", "--quiet", "--events", str(out / "e.jsonl"),
+                           "--scores", str(out / "s.npz"), "--save-state", str(out / "state.npz")],
+                          capture_output=True, text=True, preexec_fn=lambda: _limit_file_size(600))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    _, ran, wrote, *errors = done.stderr.strip().splitlines()
+    assert ran.startswith("done: 10 frames, 1 alert"), done.stderr  # the stream itself ended as it should
+    assert wrote == (f"wrote {out / 'e.jsonl'}, {out / 'state.npz'} (not written), {out / 's.npz'} (not written)")
+    assert [error.split(" writing ")[1].split(" (")[0] for error in errors] == [str(out / "state.npz"),
+                                                                                str(out / "s.npz")]
+    assert sorted(p.name for p in out.iterdir()) == ["e.jsonl"]  # nothing half-written

@@ -20,7 +20,6 @@ torch; each handler imports what its job needs.
 from __future__ import annotations
 
 import argparse
-import errno
 import signal
 import sys
 import warnings
@@ -36,8 +35,8 @@ from sdqes_edge.cli.common import (
     warn,
 )
 from sdqes_edge.cli.output import prepare_output
+from sdqes_edge.cli.refusals import refusal_words
 from sdqes_edge.errors import UserError, module_absent
-from sdqes_edge.path_checks import path_form_words
 from sdqes_edge.stopping import exit_code_of, exit_process, ignore_termination, raise_on_termination, signal_of
 
 __all__ = ["PROG", "build_parser", "main", "run"]
@@ -81,33 +80,6 @@ def _prepare_opencv() -> None:
     from sdqes_edge.runtime.sources import quiet_opencv_logs
 
     quiet_opencv_logs()
-
-
-# A full disk (or quota) is the machine's state, not a bug: one line, like every refusal, with what to do.
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-def _machine_refusal_words(exc: OSError) -> str | None:
-    """What to say of a write the machine refused (a full disk, a file past its file system's largest, a disk gone
-    read-only or failing, permissions taken away after the up-front checks: the machine's state, not a bug of
-    ours), or None for any other OSError."""
-    where = f" writing {exc.filename}" if exc.filename else ""
-    if exc.errno in DISK_FULL_ERRNOS:
-        return f"the disk is full{where} ({exc.strerror}); free some space or write to another disk, and run again"
-    if exc.errno == errno.EFBIG:  # an SD card's FAT32 holds 4 GiB a file; `ulimit -f` caps a shell's files
-        return (f"a file grew past the largest its file system or this process allows{where} ({exc.strerror}: "
-                "FAT32 holds 4 GiB a file, and `ulimit -f` may set a limit); write to a disk whose file system holds "
-                "larger files (ext4, exFAT), or raise the limit, and run again")
-    if exc.errno == errno.EROFS:  # an SD card or eMMC the kernel remounted read-only after errors
-        return (f"the disk is read-only{where} ({exc.strerror}: the kernel remounts a failing SD card or eMMC "
-                "read-only, see `dmesg`); write to another disk, or mount it writable, and run again")
-    if exc.errno in (errno.EACCES, errno.EPERM) and exc.filename:  # paths are checked up front: changed since
-        return (f"{exc.filename}: {exc.strerror}, where the command's checks found it usable (were its permissions "
-                "changed while it ran?); give a path this user may use, and run again")
-    if exc.errno == errno.EIO:
-        return (f"the disk failed{where} ({exc.strerror}: see `dmesg`; an SD card wears out); check it or write to "
-                "another disk, and run again")
-    return None
 
 
 def run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.ArgumentParser] = build_parser) -> int:
@@ -158,16 +130,11 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
               "(--batch), fewer frames, or a smaller model", file=sys.stderr)
         return 1
     except OSError as exc:
-        words = _machine_refusal_words(exc)
-        if words is not None:
-            print(f"{PROG}: error: {words}", file=sys.stderr)
-            return 1
-        words = path_form_words(exc, exc.filename) if exc.filename else None
-        if words is None:
+        said = refusal_words(exc)
+        if said is None:
             raise  # anything else is a bug of ours, and its traceback is what a report needs
-        # A path a check up front did not reach (--resume's): the user's, so a mistake's status.
-        print(f"{PROG}: error: {words}", file=sys.stderr)
-        return UserError.exit_code
+        print(f"{PROG}: error: {said[0]}", file=sys.stderr)
+        return said[1]
     except KeyboardInterrupt as interrupt:  # from start-up on: no traceback for a stop, whenever it comes
         print(f"{PROG}: interrupted ({signal.Signals(signal_of(interrupt)).name})", file=sys.stderr)
         return exit_code_of(interrupt)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sdqes_edge.cli.common import PROG, finite_number, path_text, seconds_at_least, warn
-from sdqes_edge.errors import SourceUnavailable
+from sdqes_edge.cli.refusals import refusal_words
+from sdqes_edge.errors import SourceUnavailable, UserError
 from sdqes_edge.traces import TRACE_SUFFIX
 
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
@@ -122,6 +123,30 @@ class StateAfterAlerts:
         elif refusal is None and self._refused:
             print(f"{PROG}: note: --state {self.path} is written again", file=sys.stderr)
         self._refused = refusal is not None
+
+
+def finish_outputs(detector: StreamingDetector, save_state: str | None) -> list[Exception]:
+    """Close every sink, then write --save-state's snapshot -> the refusals (a full disk), each costing none of the
+    other outputs: the snapshot's refusal had hidden the trace's, and the run's summary was not said."""
+    refusals: list[Exception] = []
+    for finish in [detector.close] + ([lambda: detector.save_state(save_state)] if save_state else []):
+        try:
+            finish()
+        except (UserError, OSError) as refused:
+            refusals.append(refused)
+    return refusals
+
+
+def raise_failures(failures: list[Exception]) -> None:
+    """Say each failure after the first in one line, and raise the first (the command line says it last): a run's
+    failure in the middle of its stream, or the first output refused as it closed."""
+    for other in failures[1:]:
+        said = refusal_words(other) if isinstance(other, OSError) else (str(other), 1)
+        if said is None:
+            raise other
+        print(f"{PROG}: error: {said[0]}", file=sys.stderr)
+    if failures:
+        raise failures[0]
 
 
 def videos_written(sinks: list[AnnotatedVideoSink]) -> list[str]:

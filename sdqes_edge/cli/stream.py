@@ -30,6 +30,8 @@ from sdqes_edge.cli.run_outputs import (
     StateAfterAlerts,
     add_output_options,
     attach_sinks,
+    finish_outputs,
+    raise_failures,
     summarize_run,
     videos_written,
 )
@@ -112,11 +114,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys,
                                  LineAsker(detector, args.threshold, **_policy(args)), args.queries_file_version) \
         if args.watch_queries else nullcontext()
-    exit_code, failure = _stream(detector, sources, args, stats, live, manager, watcher)
-    summarize_run(sources, stats, exit_code, [str(p) for p in [args.events, *videos_written(video_sinks),
-                                                               args.save_state, *trace_paths] if p])
-    if failure is not None:  # what ran and was written first, then what went wrong, as sdqes-run ends
-        raise failure
+    exit_code, failures = _stream(detector, sources, args, stats, live, manager, watcher)
+    refused = {getattr(failure, "filename", None) for failure in failures}  # outputs the machine refused: marked
+    summarize_run(sources, stats, exit_code, [f"{p} (not written)" if str(p) in refused else str(p) for p in [
+        args.events, *videos_written(video_sinks), args.save_state, *trace_paths] if p])
+    raise_failures(failures)  # what ran and was written first, then what went wrong, as sdqes-run ends
     if trace_paths:
         print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
     if exit_code == 0 and any(source.lost_words() for source in sources):
@@ -272,12 +274,12 @@ def live_report_seconds() -> float:
 
 
 def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace, stats: RunStats,
-            live: bool, manager: ServiceManager, watcher: AbstractContextManager) -> tuple[int, UserError | None]:
+            live: bool, manager: ServiceManager, watcher: AbstractContextManager) -> tuple[int, list[Exception]]:
     """Step until the sources end, --max-frames, a signal (the frame in hand finished) or a failure in the middle of
-    the stream (a source's reader's); every sink closed -> (exit status, that failure, to be raised once the run's
-    summary is said). ``watcher`` (--watch-queries) changes the queries while it is open, never once the detector
-    closes."""
-    failure = None
+    the stream (a source's reader's); every sink closed -> (exit status, that failure and those of the outputs refused
+    as they closed, to be said once the run's summary is). ``watcher`` (--watch-queries) changes the queries while it
+    is open, never once the detector closes."""
+    failures: list[Exception] = []
     bar = progress_bar(expected_steps(sources, args.max_frames), "frame" if len(sources) == 1 else "step",
                        "streaming", enabled=not args.quiet and not live)
     last_report, report_every = time.perf_counter(), live_report_seconds()
@@ -310,26 +312,19 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
         exit_code = stop.exit_code or exit_code
     except KeyboardInterrupt as interrupt:  # a second signal, or one outside the loop
         exit_code = exit_code_of(interrupt)
-    except UserError as error:
-        from sdqes_edge.runtime.annotated_video import IncompleteOutput
-
+    except (UserError, OSError) as error:  # said after the summary, as sdqes-run ends (an OSError by the last net)
         if not stats.frames:  # before any frame ran: said alone
             raise
-        # An output cut off as the sinks closed (a full disk): the summary still says how the stream itself ended.
-        failure = error
-        exit_code = (stop.exit_code or exit_code) if isinstance(error, IncompleteOutput) else error.exit_code
+        failures.append(error)
+        # An output the machine refused as the sinks closed (a full disk): the summary says how the stream ended.
+        ended = stats.streamed or stop.requested
+        exit_code = (stop.exit_code or exit_code) if ended else getattr(error, "exit_code", 1)
     finally:
         manager.stopping(f"stopping after {stats.frames} frames: finishing every output")
         if bar is not None:
             bar.close()
-        try:
-            detector.close()
-        except UserError as unfinished:  # an annotated video a full disk cut off: said after what was written
-            failure = failure or unfinished
-        finally:  # an output that failed to finish (a full disk) must not cost the state snapshot too
-            if args.save_state:
-                detector.save_state(args.save_state)
-    return exit_code, failure
+        failures += finish_outputs(detector, args.save_state)
+    return exit_code, failures
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
