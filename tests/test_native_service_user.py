@@ -1,0 +1,77 @@
+"""sdqes-run as a service's own user, not root (systemd's User=, docker's USER): the tests otherwise run as root, whom
+access() never refuses, so a check that asked for a writable folder where a file was what mattered refused
+`--events /dev/stdout` ("/dev: Permission denied") for every other user, and no test saw it. Here sdqes-run, its
+ONNX Runtime library, a bundle and a video are copied where any user may read them, and run as `nobody`."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+def _service_user() -> pwd.struct_passwd:
+    if os.geteuid() != 0:
+        pytest.skip("runs sdqes-run as another user, which only root may do (here the tests run as that user)")
+    try:
+        return pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("this machine has no user 'nobody' to run sdqes-run as")
+
+
+@pytest.fixture
+def readable_by_all(sdqes_run_on_the_cpu, bundle, video):
+    """A folder any user may read (in /tmp: the test's own folders are root's alone) holding sdqes-run, the ONNX
+    Runtime library it loads, a bundle and a video -> (the folder, the environment that finds the library)."""
+    place = Path(tempfile.mkdtemp(prefix="sdqes-service-user-"))
+    try:
+        shutil.copy2(sdqes_run_on_the_cpu, place / "sdqes-run")
+        found = subprocess.run(["ldd", str(sdqes_run_on_the_cpu)], capture_output=True, text=True).stdout
+        for line in found.splitlines():  # the libraries of the build's own folders (ONNX Runtime's, the runtime's)
+            if "=>" in line and "/tmp/" in line:
+                library = Path(line.split("=>")[1].split("(")[0].strip())
+                shutil.copy2(library.resolve(), place / line.split("=>")[0].strip())
+        shutil.copytree(bundle, place / "bundle")
+        shutil.copy2(video, place / "clip.avi")
+        for path in [place, *place.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+        yield place, dict(os.environ, LD_LIBRARY_PATH=str(place))
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+def _as(user: pwd.struct_passwd):
+    def drop() -> None:
+        os.setgroups([])
+        os.setgid(user.pw_gid)
+        os.setuid(user.pw_uid)
+    return drop
+
+
+def test_sdqes_run_as_a_service_user_writes_its_alerts_to_stdout_and_refuses_a_folder_it_may_not_write(
+        readable_by_all):
+    user = _service_user()
+    place, env = readable_by_all
+    captured = place / "stdout.jsonl"  # stdout as a file the service user owns, as a unit's StandardOutput=file:
+    captured.touch()
+    os.chown(captured, user.pw_uid, user.pw_gid)
+    command = [str(place / "sdqes-run"), str(place / "bundle"), "--source", str(place / "clip.avi"),
+               "--threshold", "0.01", "--events", "/dev/stdout"]
+    with captured.open("a") as stdout:
+        done = subprocess.run(command, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env,
+                              preexec_fn=_as(user), timeout=300)
+    assert done.returncode == 0, done.stderr
+    logged = [json.loads(line) for line in captured.read_text().splitlines() if line.startswith("{")]
+    assert logged and logged[0]["frame_index"] == 0  # the alert log, on stdout, for the service user too
+    roots = place / "roots"  # open to all, written by root alone
+    roots.mkdir(mode=0o755)
+    refused = subprocess.run(command[:-1] + [str(roots / "alerts.jsonl")], capture_output=True, text=True,
+                             env=env, preexec_fn=_as(user), timeout=300)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "cannot be written" in refused.stderr and "Permission denied" in refused.stderr
