@@ -120,6 +120,10 @@ void check_output_path(const std::filesystem::path& path, const std::string& opt
     }
     return;
   }
+  if (!fs::is_directory(folder, error) && error == std::errc::permission_denied) {  // a folder above it not entered
+    throw Error(option + " " + path.string() + " cannot be written: " + folder.string() + ": " + error.message() +
+                "; give a path in a folder this user may write");
+  }
   if (!fs::is_directory(folder, error)) {
     throw Error(option + " " + path.string() + ": the folder " + folder.string() + " does not exist; make it first " +
                 "(mkdir -p " + folder.string() + ")");
