@@ -221,6 +221,10 @@ class ScoreTraceRecorder(Sink):
 
     CHUNK_ROWS = 1024
     CHUNK_SECONDS = 30.0
+    # Rows held at most while the disk refuses their chunk (3.6 h at 5 fps, some 16 MB a query): past it the oldest
+    # are let go, a chunk's rows at a time, and stand as NaN in the trace, so that a disk full for days does not
+    # grow the service until the kernel kills it.
+    HELD_ROWS = 64 * CHUNK_ROWS
 
     def __init__(self, path: str | Path, stream_name: str, fps: float, stream: int = 0, model: str = "",
                  first_frame: int = 0):
@@ -239,6 +243,7 @@ class ScoreTraceRecorder(Sink):
         self._last_flush = time.monotonic()
         self.log: Callable[[str], None] = TRACE_LOG.warning
         self._refused = False  # the last chunk tried was refused: its rows are held
+        self._let_go = 0  # rows before the held ones let go while refused: NaN in the next chunk
         stale = chunks_of(self.path)  # a killed earlier run's: this run replaces its trace
         self._lead_frames, self._earlier = first_frame, None
         if first_frame and (self.path.is_file() or stale):  # the stopped run's, merged or (killed) in chunks
@@ -277,6 +282,9 @@ class ScoreTraceRecorder(Sink):
             if self._lead_frames:
                 self._write_lead()
             self._rows.append(dict(probs))
+            if len(self._rows) > self.HELD_ROWS:  # only while the disk refuses: flushed every CHUNK_ROWS otherwise
+                del self._rows[:self.CHUNK_ROWS]
+                self._let_go += self.CHUNK_ROWS
             # Held rows (a refused chunk) are tried again by the clock alone, not at every frame past CHUNK_ROWS.
             if ((len(self._rows) >= self.CHUNK_ROWS and not self._refused)
                     or time.monotonic() - self._last_flush >= self.CHUNK_SECONDS):
@@ -285,16 +293,19 @@ class ScoreTraceRecorder(Sink):
     def _flush_going_on(self) -> None:
         """``flush`` while the stream goes on: a chunk the machine refuses is said, not raised. The run had ended
         there, and a service restarted into the same full disk watched its camera 30 s at a time."""
+        let_go = self._let_go
         try:
             self.flush()
         except OSError as refusal:
             if not self._refused:
                 self.log(f"warning: cannot write the score trace {self.path} ({refusal.strerror or refusal}); the "
-                         f"stream goes on, its scores held in memory and tried again every {self.CHUNK_SECONDS:g} s")
+                         f"stream goes on, its latest {self.HELD_ROWS} scores held in memory (older ones stand as "
+                         f"NaN) and tried again every {self.CHUNK_SECONDS:g} s")
             self._refused = True
             return
         if self._refused:
-            self.log(f"note: the score trace {self.path} is written again, the scores held meanwhile with it")
+            self.log(f"note: the score trace {self.path} is written again, the scores held meanwhile with it"
+                     + (f" ({let_go} older ones stand as NaN)" if let_go else ""))
             self._refused = False
 
     def _trace(self, probs: np.ndarray, first_frame: int = 0) -> StreamScores:
@@ -308,9 +319,9 @@ class ScoreTraceRecorder(Sink):
         self._last_flush = time.monotonic()
         if not self._rows:
             return
-        ids = list(self._texts)
-        probs = np.full((len(self._rows), len(ids)), np.nan, dtype=np.float32)
-        for t, row in enumerate(self._rows):
+        ids, first = list(self._texts), self._let_go  # the rows let go while the disk refused: NaN, in order
+        probs = np.full((first + len(self._rows), len(ids)), np.nan, dtype=np.float32)
+        for t, row in enumerate(self._rows, start=first):
             for q, qid in enumerate(ids):
                 if qid in row:
                     probs[t, q] = row[qid]
@@ -318,8 +329,8 @@ class ScoreTraceRecorder(Sink):
         chunk = chunk_path(self.path, len(self._chunks) + 1)
         save_scores(chunk, self._trace(probs, self._flushed_rows))
         self._chunks.append(chunk)
-        self._flushed_rows += len(self._rows)
-        self._rows = []
+        self._flushed_rows += len(probs)
+        self._rows, self._let_go = [], 0
 
     def close(self) -> None:
         """Write the rows held and merge the chunks into the trace at ``path``; a refusal (a full disk) names the

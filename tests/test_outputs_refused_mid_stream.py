@@ -165,7 +165,8 @@ def test_a_score_trace_chunk_the_disk_refuses_is_said_once_held_and_written_with
         for t in range(6):  # the chunk of frames 0-3 refused; frames 4-5 are not tried again at every frame
             step(t)
         assert said == [f"warning: cannot write the score trace {tmp_path / 'scores.npz'} (File too large); the "
-                        "stream goes on, its scores held in memory and tried again every 3600 s"]
+                        f"stream goes on, its latest {recorder.HELD_ROWS} scores held in memory (older ones stand as "
+                        "NaN) and tried again every 3600 s"]
         recorder.CHUNK_SECONDS = 0.0  # the clock's turn: tried again, refused again, not said again
         step(6)
         assert len(said) == 1
@@ -187,3 +188,23 @@ def test_a_score_trace_the_disk_still_refuses_when_the_stream_ends_is_raised(tmp
             recorder.on_frame(0, None, float(t), {"q1": 0.5}, [])
         with pytest.raises(OSError):
             recorder.close()
+
+
+def test_a_disk_that_refuses_for_long_lets_the_oldest_held_scores_go_as_nan_and_memory_stays_bounded(tmp_path):
+    """A disk full for days held every row in memory until the kernel killed the service."""
+    said: list[str] = []
+    recorder = ScoreTraceRecorder(tmp_path / "scores.npz", "camera0", 1.0)
+    recorder.log = said.append
+    recorder.on_query_added("q1", QUERY, 0.0)
+    recorder.CHUNK_ROWS, recorder.CHUNK_SECONDS, recorder.HELD_ROWS = 4, 3600.0, 8
+    with file_size_limit(256):
+        for t in range(20):
+            recorder.on_frame(0, None, float(t), {"q1": t / 100}, [])
+            assert len(recorder._rows) <= recorder.HELD_ROWS
+    recorder.CHUNK_SECONDS = 0.0
+    recorder.on_frame(0, None, 20.0, {"q1": 0.2}, [])  # room again: frames 16-20 held, 0-15 let go 4 at a time
+    assert said[-1].endswith("is written again, the scores held meanwhile with it (16 older ones stand as NaN)")
+    recorder.close()
+    probs = load_scores(tmp_path / "scores.npz").probs[:, 0]
+    assert len(probs) == 21 and np.isnan(probs[:16]).all()  # every frame keeps its row, at its own time
+    assert np.allclose(probs[16:], np.arange(16, 21) / 100)
