@@ -22,7 +22,7 @@ import numpy as np
 from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.files import UTC_STAMP_FORMAT, format_bytes, free_name, make_folders, set_aside, utc_stamp
 from sdqes_edge.metrics import above_threshold
-from sdqes_edge.path_checks import ANNOTATED_VIDEO_EXAMPLE, check_output_file, path_form_refused
+from sdqes_edge.path_checks import ANNOTATED_VIDEO_EXAMPLE, check_output_file, output_path_refused
 
 from .live_source import open_video_file
 from .ordered_calls import OrderedCalls
@@ -40,7 +40,7 @@ ANNOTATION_CODECS = {".avi": "MJPG", ".mp4": "mp4v", ".m4v": "mp4v", ".mov": "mp
 
 def check_annotation_path(path: str | Path, flag: str = "--annotate") -> Path:
     path = Path(path)
-    with path_form_refused(flag, path):
+    with output_path_refused(flag, path):
         folder = path.is_dir()
     if path.suffix.lower() not in ANNOTATION_CODECS and not folder:  # a folder: named as one below
         kinds = ", ".join(ANNOTATION_CODECS)

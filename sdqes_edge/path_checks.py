@@ -47,10 +47,17 @@ def path_form_words(exc: OSError, path: object) -> str | None:
 
 
 @contextlib.contextmanager
-def path_form_refused(flag: str, path: str | os.PathLike) -> Iterator[None]:
-    """A path the system refuses for its form, met in the block, refused as ``flag``'s in one line (exit 2)."""
+def output_path_refused(flag: str, path: str | os.PathLike) -> Iterator[None]:
+    """An output path the system refuses, met in the block by a check up front, refused as ``flag``'s in one line
+    (exit 2): for its form (``path_form_problem``), or a folder on its way this user may not enter (pathlib's
+    checks raise PermissionError there, which the command line's last net took for permissions changed mid-run)."""
     try:
         yield
+    except PermissionError as exc:
+        closed = next((folder for folder in reversed(Path(path).absolute().parents)
+                       if not os.access(folder, os.X_OK)), exc.filename)
+        raise UserError(f"{flag} {path} cannot be written: this user may not enter {closed} ({exc.strerror}); give "
+                        "a path in a folder this user may write") from None
     except OSError as exc:
         words = path_form_words(exc, f"{flag} {path}")
         if words is None:
@@ -111,7 +118,7 @@ def check_output_file(path: str | os.PathLike, flag: str, example: str) -> Path:
     nearest existing folder must accept a new file (missing folders below it are made when writing).
     """
     path = as_path(path, f"{flag} takes")
-    with path_form_refused(flag, path):
+    with output_path_refused(flag, path):
         return _check_output_file(path, flag, example)
 
 
@@ -142,7 +149,7 @@ def _check_output_file(path: Path, flag: str, example: str) -> Path:
 def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
     """Refuse, before any work, an output folder that is a file or lies where nothing can be written."""
     path = as_path(path, f"{flag} takes")
-    with path_form_refused(flag, path):
+    with output_path_refused(flag, path):
         _refuse_loops(path)
         if path.exists() and not path.is_dir():
             raise UserError(f"{flag} {path} is a file; give a folder (it is created if missing)")

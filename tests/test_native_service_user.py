@@ -80,5 +80,5 @@ def test_sdqes_run_as_a_service_user_writes_its_alerts_to_stdout_and_refuses_a_f
     closed = subprocess.run(command[:-1] + [str(roots / "closed" / "logs" / "alerts.jsonl")], capture_output=True,
                             text=True, env=env, preexec_fn=_as(user), timeout=300)
     assert closed.returncode == 2 and closed.stderr.strip() == (  # it was told the folder "does not exist"
-        f"sdqes-run: error: --events {roots / 'closed' / 'logs' / 'alerts.jsonl'} cannot be written: "
-        f"{roots / 'closed' / 'logs'}: Permission denied; give a path in a folder this user may write"), closed.stderr
+        f"sdqes-run: error: --events {roots / 'closed' / 'logs' / 'alerts.jsonl'} cannot be written: this user may "
+        f"not enter {roots / 'closed'} (Permission denied); give a path in a folder this user may write"), closed.stderr

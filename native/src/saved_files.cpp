@@ -121,8 +121,16 @@ void check_output_path(const std::filesystem::path& path, const std::string& opt
     return;
   }
   if (!fs::is_directory(folder, error) && error == std::errc::permission_denied) {  // a folder above it not entered
-    throw Error(option + " " + path.string() + " cannot be written: " + folder.string() + ": " + error.message() +
-                "; give a path in a folder this user may write");
+    fs::path closed = folder, walked;  // the first on the way this user may not enter, as path_checks.py names it
+    for (const auto& part : fs::absolute(folder)) {
+      walked /= part;
+      if (::access(walked.c_str(), X_OK) != 0) {
+        closed = walked;
+        break;
+      }
+    }
+    throw Error(option + " " + path.string() + " cannot be written: this user may not enter " + closed.string() +
+                " (" + error.message() + "); give a path in a folder this user may write");
   }
   if (!fs::is_directory(folder, error)) {
     throw Error(option + " " + path.string() + ": the folder " + folder.string() + " does not exist; make it first " +

@@ -1,0 +1,61 @@
+"""An output under a folder the service's user may not enter (systemd's User=, docker's USER) is refused up front in
+one line that says so. pathlib's checks raise PermissionError there, which the command line's last net worded as
+permissions changed while the command ran. The tests run as root, whom no folder is closed to, so the check runs
+in a process forked from this one (the modules already loaded) that has become `nobody`."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pwd
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sdqes_edge.errors import UserError
+from sdqes_edge.path_checks import check_output_dir, check_output_file
+
+
+def _become_nobody() -> None:
+    user = pwd.getpwnam("nobody")
+    os.setgroups([])
+    os.setgid(user.pw_gid)
+    os.setuid(user.pw_uid)
+
+
+def _refusal(check: str, path: str) -> str:
+    """What ``check`` says of ``path`` in this (forked, nobody's) process: its UserError, or that it took it."""
+    try:
+        {"file": lambda: check_output_file(path, "--events", "alerts.jsonl"),
+         "folder": lambda: check_output_dir(path, "--scores")}[check]()
+    except UserError as refused:
+        return str(refused)
+    return "taken"
+
+
+@pytest.fixture
+def closed_folder():
+    """A folder in /tmp that root alone may enter, with a folder inside it."""
+    if os.geteuid() != 0:
+        pytest.skip("becomes another user, which only root may do (here the tests run as that user)")
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("this machine has no user 'nobody'")
+    closed = Path(tempfile.mkdtemp(prefix="sdqes-closed-"))
+    (closed / "logs").mkdir()
+    closed.chmod(0o700)
+    yield closed
+    shutil.rmtree(closed, ignore_errors=True)
+
+
+@pytest.mark.parametrize("check, name, flag", [("file", "alerts.jsonl", "--events"), ("folder", "traces", "--scores")])
+def test_an_output_under_a_folder_the_user_may_not_enter_is_refused_up_front_saying_so(closed_folder, check, name,
+                                                                                       flag):
+    target = closed_folder / "logs" / name
+    with multiprocessing.get_context("fork").Pool(1, initializer=_become_nobody) as nobody:
+        said = nobody.apply(_refusal, (check, str(target)))
+    assert said == (f"{flag} {target} cannot be written: this user may not enter {closed_folder} (Permission "
+                    "denied); give a path in a folder this user may write")
