@@ -54,10 +54,8 @@ def output_path_refused(flag: str, path: str | os.PathLike) -> Iterator[None]:
     try:
         yield
     except PermissionError as exc:
-        closed = next((folder for folder in reversed(Path(path).absolute().parents)
-                       if not os.access(folder, os.X_OK)), exc.filename)
-        raise UserError(f"{flag} {path} cannot be written: this user may not enter {closed} ({exc.strerror}); give "
-                        "a path in a folder this user may write") from None
+        raise UserError(f"{flag} {path} cannot be written: this user may not enter {_closed_folder(path, exc)} "
+                        f"({exc.strerror}); give a path in a folder this user may write") from None
     except OSError as exc:
         words = path_form_words(exc, f"{flag} {path}")
         if words is None:
@@ -65,15 +63,25 @@ def output_path_refused(flag: str, path: str | os.PathLike) -> Iterator[None]:
         raise UserError(words) from None
 
 
+def _closed_folder(path: str | os.PathLike, refusal: PermissionError) -> str:
+    """The first folder on the way to ``path`` this user may not enter: what a PermissionError of pathlib's means."""
+    return str(next((folder for folder in reversed(Path(path).absolute().parents) if not os.access(folder, os.X_OK)),
+                    refusal.filename))
+
+
 def path_problem(path: str | os.PathLike, want: str) -> str | None:
-    """Why ``path`` is not an existing ``want`` ("file" or "folder"), in words that finish a sentence naming it
-    ("does not exist", "is a folder, not a file"), or None when it is one. A folder given for a file is told as
-    such: "does not exist" about a path the user can see is wrong."""
+    """Why ``path`` is not an existing ``want`` ("file" or "folder") this user may read, in words that finish a
+    sentence naming it ("does not exist", "is a folder, not a file"), or None when it is one. A folder given for a
+    file is told as such: "does not exist" about a path the user can see is wrong. One the user may not read (a
+    service's user given what root keeps) is told so, where its reading raised PermissionError in a traceback."""
     path = Path(path)
     try:
         if (path.is_file() if want == "file" else path.is_dir()):
-            return None
+            readable = os.access(path, os.R_OK if want == "file" else os.R_OK | os.X_OK)
+            return None if readable else "cannot be read: this user may not read it (Permission denied)"
         _refuse_loops(path)  # which pathlib takes for nothing there: "does not exist" about a link the user can see
+    except PermissionError as exc:  # a service's user given what root keeps (a bundle under /root)
+        return f"cannot be read: this user may not enter {_closed_folder(path, exc)} ({exc.strerror})"
     except OSError as exc:
         problem = path_form_problem(exc)
         if problem is None:

@@ -82,3 +82,21 @@ def test_sdqes_run_as_a_service_user_writes_its_alerts_to_stdout_and_refuses_a_f
     assert closed.returncode == 2 and closed.stderr.strip() == (  # it was told the folder "does not exist"
         f"sdqes-run: error: --events {roots / 'closed' / 'logs' / 'alerts.jsonl'} cannot be written: this user may "
         f"not enter {roots / 'closed'} (Permission denied); give a path in a folder this user may write"), closed.stderr
+
+
+def test_sdqes_run_as_a_service_user_says_which_bundle_it_may_not_read(readable_by_all):
+    """It was told the bundle "does not exist" (under a folder it may not enter) or "has no manifest.json" (a bundle
+    folder it may not read): the Python runtime's words now (tests/test_paths_a_service_user_cannot_reach.py)."""
+    user = _service_user()
+    place, env = readable_by_all
+    (place / "closed").mkdir(mode=0o700)
+    shutil.copytree(place / "bundle", place / "closed" / "bundle")
+    shutil.copytree(place / "bundle", place / "kept")
+    (place / "kept").chmod(0o700)
+    fix = "give the folder `sdqes-edge export --out` wrote, the one holding manifest.json"
+    for bundle, why in ((place / "closed" / "bundle", f"may not enter {place / 'closed'}"), (place / "kept",
+                                                                                           "may not read it")):
+        done = subprocess.run([str(place / "sdqes-run"), str(bundle), "--source", str(place / "clip.avi")],
+                              capture_output=True, text=True, env=env, preexec_fn=_as(user), timeout=300)
+        said = f"sdqes-run: error: bundle {bundle} cannot be read: this user {why} (Permission denied); {fix}"
+        assert done.returncode == 2 and done.stderr.strip() == said, done.stderr

@@ -1,7 +1,8 @@
-"""An output under a folder the service's user may not enter (systemd's User=, docker's USER) is refused up front in
-one line that says so. pathlib's checks raise PermissionError there, which the command line's last net worded as
-permissions changed while the command ran. The tests run as root, whom no folder is closed to, so the check runs
-in a process forked from this one (the modules already loaded) that has become `nobody`."""
+"""An output under a folder the service's user may not enter (systemd's User=, docker's USER), or a bundle it may
+not read (one root keeps), is refused up front in one line that says so. pathlib's checks raise PermissionError
+there, which the command line's last net worded as permissions changed while the command ran. The tests run as
+root, whom no folder is closed to, so the check runs in a process forked from this one (the modules already
+loaded) that has become `nobody`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 from sdqes_edge.errors import UserError
 from sdqes_edge.path_checks import check_output_dir, check_output_file
+from sdqes_edge.runtime.bundle import load_bundle
 
 
 def _become_nobody() -> None:
@@ -29,7 +31,7 @@ def _refusal(check: str, path: str) -> str:
     """What ``check`` says of ``path`` in this (forked, nobody's) process: its UserError, or that it took it."""
     try:
         {"file": lambda: check_output_file(path, "--events", "alerts.jsonl"),
-         "folder": lambda: check_output_dir(path, "--scores")}[check]()
+         "folder": lambda: check_output_dir(path, "--scores"), "bundle": lambda: load_bundle(path)}[check]()
     except UserError as refused:
         return str(refused)
     return "taken"
@@ -59,3 +61,19 @@ def test_an_output_under_a_folder_the_user_may_not_enter_is_refused_up_front_say
         said = nobody.apply(_refusal, (check, str(target)))
     assert said == (f"{flag} {target} cannot be written: this user may not enter {closed_folder} (Permission "
                     "denied); give a path in a folder this user may write")
+
+
+def test_a_bundle_the_user_may_not_read_is_refused_saying_so_where_it_did_not_exist_or_raised(closed_folder):
+    """sdqes-run gives the same words (tests/test_native_service_user.py)."""
+    kept = closed_folder.parent / f"{closed_folder.name}-kept-bundle"
+    kept.mkdir(mode=0o700)  # a bundle folder root alone may read
+    try:
+        with multiprocessing.get_context("fork").Pool(1, initializer=_become_nobody) as nobody:
+            under_closed = nobody.apply(_refusal, ("bundle", str(closed_folder / "logs")))
+            unreadable = nobody.apply(_refusal, ("bundle", str(kept)))
+    finally:
+        kept.rmdir()
+    fix = "give the folder `sdqes-edge export --out` wrote, the one holding manifest.json"
+    assert under_closed == (f"bundle {closed_folder / 'logs'} cannot be read: this user may not enter {closed_folder} "
+                            f"(Permission denied); {fix}")
+    assert unreadable == f"bundle {kept} cannot be read: this user may not read it (Permission denied); {fix}"

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include <openssl/evp.h>
+#include <unistd.h>
 
 #include "sdqes/runtime.hpp"
 #include "sdqes/saved_files.hpp"
@@ -241,7 +242,16 @@ void parse_thresholds(const json& thresholds, Bundle& b) {
 
 Bundle load_bundle(const fs::path& root, bool verify_hashes) {
   check_path_form(root, "bundle");
-  if (!fs::is_directory(root)) {  // worded as the Python loader words it (runtime/bundle.py)
+  std::error_code looked;
+  const bool folder = fs::is_directory(root, looked);
+  if (looked == std::errc::permission_denied || (folder && ::access(root.c_str(), R_OK | X_OK) != 0)) {
+    // A service's user given what root keeps: it was told the bundle "does not exist" or "has no manifest.json".
+    throw Error("bundle " + root.string() + " cannot be read: this user may not " +
+                (looked ? "enter " + first_closed_folder(root).string() : std::string("read it")) +
+                " (Permission denied); give the folder `sdqes-edge export --out` wrote, the one holding "
+                "manifest.json");
+  }
+  if (!folder) {  // worded as the Python loader words it (runtime/bundle.py)
     if (!fs::exists(root)) {
       throw Error("bundle " + root.string() + " does not exist; make one with `sdqes-edge export --out " +
                   root.string() + "`");

@@ -90,6 +90,15 @@ void write_atomically(const std::filesystem::path& asked, const std::vector<std:
   throw Error(reason);
 }
 
+std::filesystem::path first_closed_folder(const std::filesystem::path& path) {
+  std::filesystem::path walked;
+  for (const auto& part : std::filesystem::absolute(path).parent_path()) {
+    walked /= part;
+    if (::access(walked.c_str(), X_OK) != 0) return walked;
+  }
+  return folder_of(path);
+}
+
 void check_path_form(const std::filesystem::path& path, const std::string& named) {
   struct stat status {};
   if (::stat(path.c_str(), &status) == 0) return;
@@ -121,16 +130,9 @@ void check_output_path(const std::filesystem::path& path, const std::string& opt
     return;
   }
   if (!fs::is_directory(folder, error) && error == std::errc::permission_denied) {  // a folder above it not entered
-    fs::path closed = folder, walked;  // the first on the way this user may not enter, as path_checks.py names it
-    for (const auto& part : fs::absolute(folder)) {
-      walked /= part;
-      if (::access(walked.c_str(), X_OK) != 0) {
-        closed = walked;
-        break;
-      }
-    }
-    throw Error(option + " " + path.string() + " cannot be written: this user may not enter " + closed.string() +
-                " (" + error.message() + "); give a path in a folder this user may write");
+    throw Error(option + " " + path.string() + " cannot be written: this user may not enter " +
+                first_closed_folder(path).string() + " (" + error.message() +
+                "); give a path in a folder this user may write");
   }
   if (!fs::is_directory(folder, error)) {
     throw Error(option + " " + path.string() + ": the folder " + folder.string() + " does not exist; make it first " +

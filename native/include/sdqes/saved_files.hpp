@@ -23,6 +23,10 @@ void write_atomically(const std::filesystem::path& path, const std::vector<std::
 // "nothing there" to the second (advice to mkdir what the user can see is a link). Worded as path_checks.py's.
 void check_path_form(const std::filesystem::path& path, const std::string& named);
 
+// The first folder on the way to `path` this user may not enter (search permission), or `path`'s folder where every
+// one may be: what EACCES from a look at `path` means (path_checks.py's _closed_folder).
+std::filesystem::path first_closed_folder(const std::filesystem::path& path);
+
 // Refuses, in one line naming `option` (an Error), an output path a run could not write: a folder (a file in it,
 // `example`, suggested), a folder that does not exist, one this user may not write. Checked before any engine is
 // looked for, so that the refusal does not come at the first alert, hours in. `appended`: the output is appended to
