@@ -18,6 +18,7 @@ import cv2
 import numpy as np
 
 from sdqes_edge.errors import SourceUnavailable, UserError
+from sdqes_edge.path_checks import unreadable_problem
 
 from .frame_source import NAMED_UNREADABLE_IMAGES, STREAM_TIMEOUT_S, Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
 from .live_source import (
@@ -267,6 +268,9 @@ def open_source(spec: str | Path | int, fps: float, stream_timeout_s: float = ST
     if not spec.strip():  # an unset shell variable ("$VIDEO"): Path("") is ".", whose images were streamed
         raise UserError("the source is empty; give a video file, an image folder, a camera index or a URL")
     kind, path = source_kind(spec), Path(spec)
+    unreadable = unreadable_problem(path) if kind in ("missing", "file") else None
+    if unreadable:  # a service's user given a video root keeps: it was "neither a file, ..." or "cannot decode"
+        raise UserError(f"source {spec} {unreadable}; give a video this user may read")
     if kind == "camera":
         return LiveSource(int(spec), fps)
     if kind == "web":

@@ -69,6 +69,18 @@ def _closed_folder(path: str | os.PathLike, refusal: PermissionError) -> str:
                     refusal.filename))
 
 
+def unreadable_problem(path: str | os.PathLike, access: int = os.R_OK) -> str | None:
+    """Why this user may not read ``path`` (a folder on the way it may not enter, or ``path`` itself not granted
+    ``access``), in words that finish a sentence naming it; None where it may, or where nothing is there."""
+    try:
+        os.stat(path)
+    except PermissionError as exc:
+        return f"cannot be read: this user may not enter {_closed_folder(path, exc)} ({exc.strerror})"
+    except OSError:
+        return None
+    return None if os.access(path, access) else "cannot be read: this user may not read it (Permission denied)"
+
+
 def path_problem(path: str | os.PathLike, want: str) -> str | None:
     """Why ``path`` is not an existing ``want`` ("file" or "folder") this user may read, in words that finish a
     sentence naming it ("does not exist", "is a folder, not a file"), or None when it is one. A folder given for a
@@ -76,12 +88,11 @@ def path_problem(path: str | os.PathLike, want: str) -> str | None:
     service's user given what root keeps) is told so, where its reading raised PermissionError in a traceback."""
     path = Path(path)
     try:
-        if (path.is_file() if want == "file" else path.is_dir()):
-            readable = os.access(path, os.R_OK if want == "file" else os.R_OK | os.X_OK)
-            return None if readable else "cannot be read: this user may not read it (Permission denied)"
+        if (path.is_file() if want == "file" else path.is_dir()):  # and readable by this user (not one root keeps)
+            return unreadable_problem(path, os.R_OK if want == "file" else os.R_OK | os.X_OK)
         _refuse_loops(path)  # which pathlib takes for nothing there: "does not exist" about a link the user can see
-    except PermissionError as exc:  # a service's user given what root keeps (a bundle under /root)
-        return f"cannot be read: this user may not enter {_closed_folder(path, exc)} ({exc.strerror})"
+    except PermissionError:  # a service's user given what root keeps (a bundle under /root)
+        return unreadable_problem(path)
     except OSError as exc:
         problem = path_form_problem(exc)
         if problem is None:

@@ -84,19 +84,40 @@ def test_sdqes_run_as_a_service_user_writes_its_alerts_to_stdout_and_refuses_a_f
         f"not enter {roots / 'closed'} (Permission denied); give a path in a folder this user may write"), closed.stderr
 
 
-def test_sdqes_run_as_a_service_user_says_which_bundle_it_may_not_read(readable_by_all):
-    """It was told the bundle "does not exist" (under a folder it may not enter) or "has no manifest.json" (a bundle
-    folder it may not read): the Python runtime's words now (tests/test_paths_a_service_user_cannot_reach.py)."""
+def _refusals_of_what_root_keeps(place, env, copy, name: str, bundle_of, source_of) -> list[str]:
+    """sdqes-run's words, as the service user, for a ``name`` it may not read: one under a folder it may not enter,
+    and one it may not read itself (``copy`` makes it; ``bundle_of``/``source_of`` place it in the command)."""
     user = _service_user()
-    place, env = readable_by_all
     (place / "closed").mkdir(mode=0o700)
-    shutil.copytree(place / "bundle", place / "closed" / "bundle")
-    shutil.copytree(place / "bundle", place / "kept")
-    (place / "kept").chmod(0o700)
-    fix = "give the folder `sdqes-edge export --out` wrote, the one holding manifest.json"
-    for bundle, why in ((place / "closed" / "bundle", f"may not enter {place / 'closed'}"), (place / "kept",
-                                                                                           "may not read it")):
-        done = subprocess.run([str(place / "sdqes-run"), str(bundle), "--source", str(place / "clip.avi")],
+    copy(place / name, place / "closed" / name)
+    copy(place / name, place / f"kept-{name}")
+    (place / f"kept-{name}").chmod(0o700)
+    said = []
+    for kept in (place / "closed" / name, place / f"kept-{name}"):
+        done = subprocess.run([str(place / "sdqes-run"), str(bundle_of(kept)), "--source", str(source_of(kept))],
                               capture_output=True, text=True, env=env, preexec_fn=_as(user), timeout=300)
-        said = f"sdqes-run: error: bundle {bundle} cannot be read: this user {why} (Permission denied); {fix}"
-        assert done.returncode == 2 and done.stderr.strip() == said, done.stderr
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        said.append(done.stderr.strip())
+    return said
+
+
+def test_sdqes_run_as_a_service_user_says_which_bundle_or_video_it_may_not_read(readable_by_all):
+    """It was told the bundle "does not exist" (under a folder it may not enter) or "has no manifest.json" (a bundle
+    folder it may not read), and a video was "neither a video file, ..." or not decoded: the Python runtime's words
+    now (tests/test_paths_a_service_user_cannot_reach.py)."""
+    place, env = readable_by_all
+    closed, kept = place / "closed" / "bundle", place / "kept-bundle"
+    fix = "give the folder `sdqes-edge export --out` wrote, the one holding manifest.json"
+    assert _refusals_of_what_root_keeps(place, env, shutil.copytree, "bundle", lambda b: b,
+                                        lambda b: place / "clip.avi") == [
+        f"sdqes-run: error: bundle {closed} cannot be read: this user may not enter {place / 'closed'} (Permission "
+        f"denied); {fix}",
+        f"sdqes-run: error: bundle {kept} cannot be read: this user may not read it (Permission denied); {fix}"]
+    shutil.rmtree(place / "closed")
+    closed, kept = place / "closed" / "clip.avi", place / "kept-clip.avi"
+    fix = "give a video this user may read"
+    assert _refusals_of_what_root_keeps(place, env, shutil.copy2, "clip.avi", lambda v: place / "bundle",
+                                        lambda v: v) == [
+        f"sdqes-run: error: --source {closed} cannot be read: this user may not enter {place / 'closed'} (Permission "
+        f"denied); {fix}",
+        f"sdqes-run: error: --source {kept} cannot be read: this user may not read it (Permission denied); {fix}"]

@@ -18,6 +18,7 @@ import pytest
 from sdqes_edge.errors import UserError
 from sdqes_edge.path_checks import check_output_dir, check_output_file
 from sdqes_edge.runtime.bundle import load_bundle
+from sdqes_edge.runtime.sources import open_source
 
 
 def _become_nobody() -> None:
@@ -31,7 +32,8 @@ def _refusal(check: str, path: str) -> str:
     """What ``check`` says of ``path`` in this (forked, nobody's) process: its UserError, or that it took it."""
     try:
         {"file": lambda: check_output_file(path, "--events", "alerts.jsonl"),
-         "folder": lambda: check_output_dir(path, "--scores"), "bundle": lambda: load_bundle(path)}[check]()
+         "folder": lambda: check_output_dir(path, "--scores"), "bundle": lambda: load_bundle(path),
+         "source": lambda: open_source(path, 5.0)}[check]()
     except UserError as refused:
         return str(refused)
     return "taken"
@@ -77,3 +79,19 @@ def test_a_bundle_the_user_may_not_read_is_refused_saying_so_where_it_did_not_ex
     assert under_closed == (f"bundle {closed_folder / 'logs'} cannot be read: this user may not enter {closed_folder} "
                             f"(Permission denied); {fix}")
     assert unreadable == f"bundle {kept} cannot be read: this user may not read it (Permission denied); {fix}"
+
+
+def test_a_video_the_user_may_not_read_is_refused_saying_so_not_as_missing_or_undecodable(closed_folder):
+    kept = closed_folder.parent / f"{closed_folder.name}-kept.mp4"
+    kept.write_bytes(b"a video root keeps")
+    kept.chmod(0o600)
+    try:
+        with multiprocessing.get_context("fork").Pool(1, initializer=_become_nobody) as nobody:
+            under_closed = nobody.apply(_refusal, ("source", str(closed_folder / "logs" / "kitchen.mp4")))
+            unreadable = nobody.apply(_refusal, ("source", str(kept)))
+    finally:
+        kept.unlink()
+    assert under_closed == (f"source {closed_folder / 'logs' / 'kitchen.mp4'} cannot be read: this user may not enter "
+                            f"{closed_folder} (Permission denied); give a video this user may read")  # "neither a file"
+    assert unreadable == (f"source {kept} cannot be read: this user may not read it (Permission denied); give a video "
+                          "this user may read")  # "OpenCV cannot decode a frame of ..."
