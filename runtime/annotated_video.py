@@ -108,13 +108,9 @@ def incomplete_video_words(path: Path, written: int, readable: int, then: str = 
 
 class IncompleteOutput(UserError):
     """An output the machine would not let us finish (a full disk): exit 1, as the command line's disk-full
-    error, since the user's input was fine. A video's: with the frames ``written`` and those ``readable`` back."""
+    error, since the user's input was fine."""
 
     exit_code = 1
-
-    def __init__(self, words: str, written: int = 0, readable: int = 0):
-        super().__init__(words)
-        self.written, self.readable = written, readable
 
 
 def segment_path(path: Path, started: float) -> Path:
@@ -182,6 +178,7 @@ class AnnotatedVideoSink(Sink):
         self._first_shape: tuple[int, int] | None = None  # the first frame's (height, width), enlarged by _scale
         self._scale = 1
         self._written = 0
+        self._read_back = 0  # the frames the last video finished reads back
         self._started = False  # a video was begun: later segments are the machine's to refuse (_next_segment)
         self._banner: tuple[str, float] | None = None
 
@@ -298,16 +295,14 @@ class AnnotatedVideoSink(Sink):
         disk gone read-only) is said and the stream goes on alerting, its video tried again as each segment's time
         comes: the run had ended there, and the camera was unwatched while a service restarted into the same full
         disk. Said once however many are refused in a row, and said again once a segment is written whole."""
-        try:
-            finished = self._finish()
-        except IncompleteOutput as cut:
-            self._refused(incomplete_video_words(self._path, cut.written, cut.readable, then=""))
-        else:
-            if finished and self._refused_in_a_row:
-                self.log(f"note: the annotated video is written whole again from {self.written[-1]}, after "
-                         f"{self._refused_in_a_row} segment{'s' if self._refused_in_a_row > 1 else ''} refused (said "
-                         "above)")
-                self._refused_in_a_row = 0
+        whole = self._finish()
+        if whole is False:
+            self._refused(incomplete_video_words(self._path, self._written, self._read_back, then=""))
+        elif whole and self._refused_in_a_row:
+            self.log(f"note: the annotated video is written whole again from {self.written[-1]}, after "
+                     f"{self._refused_in_a_row} segment{'s' if self._refused_in_a_row > 1 else ''} refused (said "
+                     "above)")
+            self._refused_in_a_row = 0
         try:
             self._open(w, h, time_s)
         except (UserError, OSError) as refusal:
@@ -334,20 +329,21 @@ class AnnotatedVideoSink(Sink):
             raise IncompleteOutput(f"the annotated video's last {refused} segment{'s' if refused > 1 else ''} of "
                                    f"{self.path} could not be written (said above); free some space or write it to "
                                    "another disk, and run again")
-        self._finish()
+        if self._finish() is False:
+            raise IncompleteOutput(incomplete_video_words(self._path, self._written, self._read_back))
 
-    def _finish(self) -> bool:
-        """Close the open video and check it; False where none was open."""
+    def _finish(self) -> bool | None:
+        """Close the open video and read it back -> whether it is whole (None: none was open). One cut off is added
+        to ``incomplete``; the frames read back are ``_read_back``."""
         if self._writer is None:
-            return False
+            return None
         self._writer.release()
         self._writer = None
         self.written.append(self._path)
-        readable = frames_read_back(self._path)
+        self._read_back = frames_read_back(self._path)
         # Some containers estimate their count from the duration: one off. None read back is a video cut off (a
         # live run stopped just after a segment began: one frame written).
-        if readable < self._written - 1 or (self._written and not readable):
+        if self._read_back < self._written - 1 or (self._written and not self._read_back):
             self.incomplete.append(self._path)
-            raise IncompleteOutput(incomplete_video_words(self._path, self._written, readable), self._written,
-                                   readable)
+            return False
         return True

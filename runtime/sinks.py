@@ -273,8 +273,7 @@ class ScoreTraceRecorder(Sink):
                 self._asked.setdefault(qid, float(asked))
         lead = StreamScores(self.stream_name, self.fps, [self._texts[i] for i in ids], list(ids),
                             np.array([self._asked[i] for i in ids]), rows, 0, self.model)
-        make_folders(self.path.parent)
-        self._chunks.append(save_scores(chunk_path(self.path, 1), lead))
+        self._chunks.append(save_scores(chunk_path(self.path, 1), lead))  # its folders made as it is written
         self._flushed_rows = frames
 
     def on_frame(self, stream, frame_bgr, time_s, probs, events):
@@ -325,9 +324,8 @@ class ScoreTraceRecorder(Sink):
             for q, qid in enumerate(ids):
                 if qid in row:
                     probs[t, q] = row[qid]
-        make_folders(self.path.parent)
         chunk = chunk_path(self.path, len(self._chunks) + 1)
-        save_scores(chunk, self._trace(probs, self._flushed_rows))
+        save_scores(chunk, self._trace(probs, self._flushed_rows))  # its folders made as it is written
         self._chunks.append(chunk)
         self._flushed_rows += len(probs)
         self._rows, self._let_go = [], 0

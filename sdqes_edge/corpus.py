@@ -307,6 +307,4 @@ def save_outcome(out: Path, outcome: StreamOutcome) -> Path | None:
     """A finished stream's trace, written atomically where ``eval --scores OUT/traces`` reads it."""
     if outcome.trace is None:
         return None
-    path = trace_path(out, outcome.stream)
-    make_folders(path.parent)
-    return save_scores(path, outcome.trace)
+    return save_scores(trace_path(out, outcome.stream), outcome.trace)  # its folders made as it is written

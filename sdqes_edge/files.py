@@ -70,7 +70,7 @@ def replaced_atomically(path: Path) -> Iterator[Path]:
     ``path`` is kept, and the file it leads to replaced (``through_links``)."""
     path = Path(path)
     target = through_links(path)
-    make_folders(target.parent)
+    target.parent.mkdir(parents=True, exist_ok=True)  # its links followed already
     partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
     try:
         yield partial

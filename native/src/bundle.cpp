@@ -242,16 +242,14 @@ void parse_thresholds(const json& thresholds, Bundle& b) {
 
 Bundle load_bundle(const fs::path& root, bool verify_hashes) {
   check_path_form(root, "bundle");
-  std::error_code looked;
-  const bool folder = fs::is_directory(root, looked);
-  if (looked == std::errc::permission_denied || (folder && ::access(root.c_str(), R_OK | X_OK) != 0)) {
-    // A service's user given what root keeps: it was told the bundle "does not exist" or "has no manifest.json".
-    throw Error("bundle " + root.string() + " cannot be read: this user may not " +
-                (looked ? "enter " + first_closed_folder(root).string() : std::string("read it")) +
-                " (Permission denied); give the folder `sdqes-edge export --out` wrote, the one holding "
-                "manifest.json");
+  // A service's user given what root keeps: it was told the bundle "does not exist" or "has no manifest.json".
+  std::error_code looked;  // a folder must be read and entered; a file given as one is named as such below
+  const std::string unreadable = unreadable_problem(root, fs::is_directory(root, looked) ? R_OK | X_OK : F_OK);
+  if (!unreadable.empty()) {
+    throw Error("bundle " + root.string() + " " + unreadable +
+                "; give the folder `sdqes-edge export --out` wrote, the one holding manifest.json");
   }
-  if (!folder) {  // worded as the Python loader words it (runtime/bundle.py)
+  if (!fs::is_directory(root)) {  // worded as the Python loader words it (runtime/bundle.py)
     if (!fs::exists(root)) {
       throw Error("bundle " + root.string() + " does not exist; make one with `sdqes-edge export --out " +
                   root.string() + "`");

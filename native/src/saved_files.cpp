@@ -99,6 +99,17 @@ std::filesystem::path first_closed_folder(const std::filesystem::path& path) {
   return folder_of(path);
 }
 
+std::string unreadable_problem(const std::filesystem::path& path, int access_mode) {
+  struct stat status {};
+  if (::stat(path.c_str(), &status) != 0) {
+    return errno == EACCES ? "cannot be read: this user may not enter " + first_closed_folder(path).string() +
+                                 " (Permission denied)"
+                           : "";
+  }
+  if (::access(path.c_str(), access_mode) == 0) return "";
+  return "cannot be read: this user may not read it (Permission denied)";
+}
+
 void check_path_form(const std::filesystem::path& path, const std::string& named) {
   struct stat status {};
   if (::stat(path.c_str(), &status) == 0) return;
@@ -129,12 +140,13 @@ void check_output_path(const std::filesystem::path& path, const std::string& opt
     }
     return;
   }
-  if (!fs::is_directory(folder, error) && error == std::errc::permission_denied) {  // a folder above it not entered
+  const bool folder_there = fs::is_directory(folder, error);
+  if (!folder_there && error == std::errc::permission_denied) {  // a folder above it not entered
     throw Error(option + " " + path.string() + " cannot be written: this user may not enter " +
                 first_closed_folder(path).string() + " (" + error.message() +
                 "); give a path in a folder this user may write");
   }
-  if (!fs::is_directory(folder, error)) {
+  if (!folder_there) {
     throw Error(option + " " + path.string() + ": the folder " + folder.string() + " does not exist; make it first " +
                 "(mkdir -p " + folder.string() + ")");
   }

@@ -29,7 +29,6 @@
 #include <opencv2/core/utils/logger.hpp>
 #include <opencv2/videoio.hpp>
 #include <opencv2/videoio/registry.hpp>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "sdqes/alert_state_file.hpp"
@@ -202,13 +201,10 @@ Source read_source(const std::string& spec, bool several, double timeout_s) {
     source.camera_index = static_cast<int>(std::min<int64_t>(whole_number("--source", spec, 0),
                                                              std::numeric_limits<int>::max()));
   }
-  if (source.kind == "missing" || source.kind == "file") {  // a video root keeps, given to a service's user
-    struct stat status {};
-    const bool closed = ::stat(spec.c_str(), &status) != 0 && errno == EACCES;  // it was "neither a video file, ..."
-    if (closed || (source.kind == "file" && ::access(spec.c_str(), R_OK) != 0)) {
-      throw sdqes::Error("--source " + spec + " cannot be read: this user may not " +
-                         (closed ? "enter " + sdqes::first_closed_folder(spec).string() : std::string("read it")) +
-                         " (Permission denied); give a video this user may read");
+  if (source.kind == "missing" || source.kind == "file") {  // a video root keeps, given to a service's user: it was
+    const std::string unreadable = sdqes::unreadable_problem(spec, R_OK);  // "neither a video file, ..."
+    if (!unreadable.empty()) {
+      throw sdqes::Error("--source " + spec + " " + unreadable + "; give a video this user may read");
     }
   }
   if (source.kind == "missing") {

@@ -27,6 +27,11 @@ void check_path_form(const std::filesystem::path& path, const std::string& named
 // one may be: what EACCES from a look at `path` means (path_checks.py's _closed_folder).
 std::filesystem::path first_closed_folder(const std::filesystem::path& path);
 
+// Why this user may not read `path` (a folder on the way it may not enter, or `path` itself not granted `access`, as
+// access(2) takes it), in words that follow its name: "cannot be read: this user may not enter F (Permission
+// denied)"; empty where it may, or where nothing is there (path_checks.py's unreadable_problem).
+std::string unreadable_problem(const std::filesystem::path& path, int access_mode);
+
 // Refuses, in one line naming `option` (an Error), an output path a run could not write: a folder (a file in it,
 // `example`, suggested), a folder that does not exist, one this user may not write. Checked before any engine is
 // looked for, so that the refusal does not come at the first alert, hours in. `appended`: the output is appended to
