@@ -39,6 +39,7 @@ from sdqes_edge.contract import (
     WINDOW_INPUT,
     step_io_names,
 )
+from sdqes_edge.files import parse_json
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.model.adapters import STAdapter
 from sdqes_edge.model.layers import cast
@@ -179,7 +180,7 @@ def read_metadata(path: Path) -> dict[str, Any]:
     graph = onnx.load(str(path), load_external_data=False)
     for entry in graph.metadata_props:
         if entry.key == METADATA_KEY:
-            return json.loads(entry.value)
+            return parse_json(entry.value)
     raise KeyError(f"{path} carries no {METADATA_KEY!r} metadata")
 
 

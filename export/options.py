@@ -6,7 +6,6 @@ Torch-free, so the command line checks its arguments before loading a checkpoint
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import numbers
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from sdqes_edge.contract import (
     TRAINING_RECORD_NAME,
 )
 from sdqes_edge.errors import UserError
+from sdqes_edge.files import parse_json
 from sdqes_edge.path_checks import path_problem
 from sdqes_edge.runtime.alerts import is_probability
 from sdqes_edge.tokenizer import CONTEXT_LENGTH, check_query_text, default_tokenizer
@@ -237,7 +237,7 @@ def _files_export_did_not_write(bundle: Path) -> list[str]:
     record, not an engine (derived from the graphs being replaced). A checkpoint kept beside the bundle's files,
     the very one being exported, was deleted with the folder."""
     try:
-        listed = set(json.loads((bundle / MANIFEST_NAME).read_text()).get("files", {}))
+        listed = set(parse_json((bundle / MANIFEST_NAME).read_text()).get("files", {}))
     except (OSError, ValueError, AttributeError):  # a damaged manifest: a bundle to replace all the same
         listed = set()
     own = listed | {MANIFEST_NAME, TRAINING_RECORD_NAME}

@@ -28,7 +28,7 @@ from sdqes_edge.contract import (
     state_names_in,
 )
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import file_sha256, write_text_atomically
+from sdqes_edge.files import file_sha256, parse_json, write_text_atomically
 from sdqes_edge.path_checks import as_path, path_problem
 from sdqes_edge.state import StateSpec
 
@@ -102,7 +102,7 @@ class Bundle:
         if not record.is_file():
             return None
         try:
-            data = json.loads(record.read_text())
+            data = parse_json(record.read_text())
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -137,7 +137,7 @@ class Bundle:
         graph; empty where it has none, which a backend refuses, naming the graph, when it loads it."""
         words = metadata_props(self.step_graph(precision)).get(METADATA_KEY)
         try:
-            description = json.loads(words) if words else {}
+            description = parse_json(words) if words else {}
         except ValueError:
             return {}
         return description if isinstance(description, dict) else {}
@@ -181,7 +181,7 @@ class Bundle:
         texts_file, embeddings_file = (inside_bundle(self.root, entry[key]) for key in ("file", "embeddings"))
         damaged = f"the pre-encoded queries of {self.root} are unusable ({{}}); {_reexport_hint(self.root)}"
         try:
-            items = json.loads(texts_file.read_text())
+            items = parse_json(texts_file.read_text())
             embeddings = np.load(embeddings_file, allow_pickle=False)
         except (OSError, ValueError) as exc:  # not JSON, not a .npy, or one that needs pickle
             raise BundleError(damaged.format(exc)) from None
@@ -209,6 +209,12 @@ def _refuse_non_numbers(token: str):
     raise ValueError(f"{token} is not a JSON number")
 
 
+
+def _shortened(words: str, most: int = 240) -> str:
+    """A schema refusal's words, which quote the value refused whole: a megabyte of it made a one-line error a
+    megabyte long. The start says what the value is, the end why it is refused."""
+    return words if len(words) <= most else f"{words[:most - 80]} ... {words[-60:]}"
+
 def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     """Open a bundle directory, refusing one whose manifest or files are not what the exporter wrote."""
     root = as_path(path, "a bundle is")
@@ -221,14 +227,15 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     if not manifest_path.is_file():
         raise BundleError(f"{root} has no {MANIFEST_NAME}, so it is not a finished bundle; {_reexport_hint(root)}")
     try:
-        manifest = json.loads(manifest_path.read_text(), parse_constant=_refuse_non_numbers)
+        manifest = parse_json(manifest_path.read_text(), parse_constant=_refuse_non_numbers)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, a NaN or Infinity
         raise BundleError(f"{manifest_path} is not valid JSON ({exc}); {_reexport_hint(root)}") from None
     try:
         jsonschema.validate(manifest, manifest_schema())
     except jsonschema.ValidationError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
-        raise BundleError(f"{manifest_path} is malformed at {where}: {exc.message}; {_reexport_hint(root)}") from None
+        raise BundleError(f"{manifest_path} is malformed at {where}: {_shortened(exc.message)}; "
+                          f"{_reexport_hint(root)}") from None
     if manifest["format_version"] > BUNDLE_FORMAT_VERSION:
         raise BundleError(f"{root} uses bundle format {manifest['format_version']}, newer than this runtime reads "
                           f"({BUNDLE_FORMAT_VERSION}); upgrade sdqes-edge")

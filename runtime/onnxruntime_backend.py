@@ -15,7 +15,6 @@ frame but the frame going in and the embedding coming out.
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 
 from sdqes_edge.contract import EMBEDDING_OUTPUT, FP16, FRAME_INPUT, INT8, LOGITS_OUTPUT, METADATA_KEY, QUERY_INPUT
 from sdqes_edge.errors import SetupWarning, UserError
+from sdqes_edge.files import parse_json
 from sdqes_edge.package_builds import require_provider
 from sdqes_edge.state import StateSpec
 
@@ -90,7 +90,13 @@ class OnnxRuntimeStep:
         if METADATA_KEY not in meta:
             raise UserError(f"{path} carries no {METADATA_KEY!r} description, so it was not made by "
                             "`sdqes-edge export`; re-export it")
-        self.description: dict[str, Any] = json.loads(meta[METADATA_KEY])
+        try:
+            self.description: dict[str, Any] = parse_json(meta[METADATA_KEY])
+        except ValueError as exc:
+            raise UserError(f"{path}'s {METADATA_KEY!r} description is not valid JSON ({exc}); re-export it") from None
+        if not isinstance(self.description, dict) or not isinstance(self.description.get("state"), list):
+            raise UserError(f"{path}'s {METADATA_KEY!r} description is not the one `sdqes-edge export` writes; "
+                            "re-export it")
         operators = self.description.get("operators")
         if warning := (fused_operators_warning(device, operators, path.name)  # (the three exclude each other)
                        or idle_library_words(self.fused_ops, operators, path.name)):

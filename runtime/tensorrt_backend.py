@@ -15,7 +15,6 @@ from the fp32 graph in fp32, and a foreign engine is refused, never bound.
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from sdqes_edge.contract import (
     engine_name,
 )
 from sdqes_edge.errors import SetupWarning, UserError, first_line, install_command
+from sdqes_edge.files import parse_json
 
 from .backend import STATE_BUFFER_SETS, BoundState, BufferSetLedger, StepResult, check_state_arrays
 from .bound_step import RowCopier
@@ -141,7 +141,7 @@ def find_engine(bundle: Bundle, precision: str, device: DeviceInfo) -> tuple[Pat
                         f"{rebuild}")
     sidecar_path = inside_bundle(bundle.root, str(PurePosixPath(name).with_suffix(".json")), named_by_manifest=False)
     try:
-        sidecar = json.loads(sidecar_path.read_text())
+        sidecar = parse_json(sidecar_path.read_text())
     except (OSError, ValueError):  # build-engine writes it beside the engine; without it nothing says what it is
         raise UserError(f"{sidecar_path}, which says what the {precision} engine was built for and from, is missing "
                         f"or unreadable; rebuild the engine: {rebuild}") from None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import codecs
 import hashlib
-import json
 import os
 import re
 import struct
@@ -36,7 +35,7 @@ import torch
 
 from .contract import MANIFEST_NAME
 from .errors import UserError, first_line, install_command
-from .files import file_sha256
+from .files import file_sha256, parse_json
 from .train_options import CHECKPOINT_RECORD_KEY
 from .transformers_layout import is_transformers_layout, to_clip_layout
 
@@ -255,7 +254,7 @@ def _read_shards(index_path: str) -> tuple[dict[str, torch.Tensor], str, str]:
     """Every shard an index lists, merged -> (state dict, format, sha256 of the index and of each shard in turn).
     A shard is a file beside the index, by its plain name: nothing else is read."""
     try:
-        weight_map = json.loads(Path(index_path).read_text(encoding="utf-8"))["weight_map"]
+        weight_map = parse_json(Path(index_path).read_text(encoding="utf-8"))["weight_map"]
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise TypeError
     except (OSError, ValueError, KeyError, TypeError):

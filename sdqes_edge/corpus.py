@@ -28,7 +28,7 @@ from sdqes_edge.annotations import Annotation, by_video
 from sdqes_edge.compat import shutdown_cancelling
 from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError, first_line
-from sdqes_edge.files import make_folders, scratch, write_text_atomically
+from sdqes_edge.files import make_folders, parse_json, scratch, write_text_atomically
 from sdqes_edge.path_checks import path_problem
 from sdqes_edge.tokenizer import QueryTruncatedWarning
 from sdqes_edge.traces import TRACE_SUFFIX, StreamScores, load_scores, save_scores
@@ -143,7 +143,7 @@ def claim_output(out: Path, model_identity: str, fps: float, step: StepChoice = 
     mine = {"model_identity": model_identity, "fps": fps, **step.format()}
     if record.is_file():
         try:
-            theirs = json.loads(record.read_text())
+            theirs = parse_json(record.read_text())
         except (OSError, ValueError):
             theirs = None
         if isinstance(theirs, dict):

@@ -22,7 +22,7 @@ import numpy as np
 from sdqes_edge.alert_tuning import false_alerts, in_window
 from sdqes_edge.contract import MANIFEST_NAME, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import make_folders, write_text_atomically
+from sdqes_edge.files import make_folders, parse_json, write_text_atomically
 from sdqes_edge.metrics import TOLERANCE_WINDOWS
 from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
 from sdqes_edge.runtime.detector import RunStats, StreamingDetector
@@ -151,7 +151,7 @@ def _claim_folder(out: Path) -> None:
 
 def _is_demo_summary(path: Path) -> bool:
     try:
-        summary = json.loads(path.read_text())
+        summary = parse_json(path.read_text())
     except (OSError, ValueError):
         return False
     return isinstance(summary, dict) and {"seed", "bundle", "outcomes"} <= summary.keys()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -11,7 +12,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Iterable, Iterator, NoReturn
+from typing import Any, Iterable, Iterator, NoReturn
 
 # How a user's own text files (annotations, queries, model configs) are read: UTF-8 with or without the byte-order
 # mark that Excel's "CSV UTF-8" and Windows Notepad put first. Read as plain UTF-8 the mark became part of the
@@ -281,6 +282,17 @@ def scratch(prefix: str) -> Iterator[Path]:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
+
+
+def parse_json(text: str | bytes, **options: Any) -> Any:
+    """``json.loads``, with text nested deeper than Python's recursion limit (about a thousand levels) refused as
+    ValueError, as any other text that is not JSON is. Python's json reads nesting by recursion, and the
+    RecursionError it raised got past every reader's ``except ValueError``: a file of ten thousand ``[``s in a
+    bundle, a queries file or a model config was a traceback where it should have been the one-line refusal."""
+    try:
+        return json.loads(text, **options)
+    except RecursionError:
+        raise ValueError("nested deeper than the thousand or so levels Python reads") from None
 
 # What numpy raises for a file that is not a whole .npz: not a zip (ValueError), one cut short (BadZipFile where
 # its directory is gone, EOFError where an array is), a missing or mangled member (KeyError, IndexError).

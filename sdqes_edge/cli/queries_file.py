@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from pathlib import Path
 from typing import NamedTuple, Optional
 
 from sdqes_edge.annotations import other_separator_words
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import USER_TEXT_ENCODING
+from sdqes_edge.files import USER_TEXT_ENCODING, parse_json
 from sdqes_edge.path_checks import path_problem
 from sdqes_edge.runtime.alerts import is_probability
 
@@ -78,8 +77,8 @@ def _threshold(value: str | float | None, query: str | None, p: Path) -> float |
 def _json_queries(text: str, p: Path) -> list[QueryLine]:
     shape = 'a JSON list of strings or of {"text": ..., "response": ..., "label": ..., "threshold": ...}'
     try:
-        items = json.loads(text)
-    except json.JSONDecodeError as exc:
+        items = parse_json(text)
+    except ValueError as exc:
         raise UserError(f"{p} is not valid JSON ({exc}); give {shape}") from None
     if not isinstance(items, list):
         raise UserError(f"{p} holds a JSON {type(items).__name__}; give {shape}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from sdqes_edge.cli.common import (
 )
 from sdqes_edge.config import ADAPTER_KINDS
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import staged_directory
+from sdqes_edge.files import parse_json, staged_directory
 from sdqes_edge.progress import with_progress
 from sdqes_edge.synthetic import MIN_STREAM_SECONDS
 from sdqes_edge.train_options import TrainOptions
@@ -112,7 +111,7 @@ def _refuse_overwriting_a_model(checkpoint: Path) -> None:
     if not checkpoint.exists():
         return
     try:
-        made_by = f", made by `{json.loads(checkpoint.with_suffix('.record.json').read_text())['command']}`"
+        made_by = f", made by `{parse_json(checkpoint.with_suffix('.record.json').read_text())['command']}`"
     except (OSError, ValueError, KeyError, TypeError):
         made_by = ""
     raise UserError(f"{checkpoint} exists{made_by}; give another --out (e.g. {checkpoint.parent}-2) to keep it, or "
