@@ -6,7 +6,6 @@ Torch-free, so the command line checks its arguments before loading a checkpoint
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from sdqes_edge.contract import (
     GRAPH_OPERATORS,
     INT8,
     MANIFEST_NAME,
+    MAX_FPS,
     ONNX_RUNTIME_OPERATORS,
     PLAIN_ONNX_OPERATORS,
     PRECISIONS,
@@ -144,8 +144,8 @@ def check_options(options: ExportOptions, warn: Callable[[str], None],
                         f"not {options.verify_frames}")
     if not 0.0 < options.threshold < 1.0:
         problems.append(f"--threshold is a probability sigmoid(cos) in (0, 1), not {options.threshold}")
-    if not 0.0 < options.fps < math.inf:  # NaN too
-        problems.append(f"--fps must be a positive number, not {options.fps}")
+    if not 0.0 < options.fps <= MAX_FPS:  # NaN too
+        problems.append(f"--fps must be a positive number of frames per second up to {MAX_FPS:g}, not {options.fps}")
     problems += _query_problems(options.queries) + _int8_problems(options) + _operator_problems(options)
     if options.drift_frames < MIN_VERIFY_FRAMES:
         problems.append(f"--drift-frames must be >= {MIN_VERIFY_FRAMES}, not {options.drift_frames}")

@@ -234,8 +234,8 @@ def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
         jsonschema.validate(manifest, manifest_schema())
     except jsonschema.ValidationError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
-        raise BundleError(f"{manifest_path} is malformed at {where}: {_shortened(exc.message)}; "
-                          f"{_reexport_hint(root)}") from None
+        fix = f"set it there, or {_reexport_hint(root)}" if where in USERS_TO_EDIT else _reexport_hint(root)
+        raise BundleError(f"{manifest_path} is malformed at {where}: {_shortened(exc.message)}; {fix}") from None
     if manifest["format_version"] > BUNDLE_FORMAT_VERSION:
         raise BundleError(f"{root} uses bundle format {manifest['format_version']}, newer than this runtime reads "
                           f"({BUNDLE_FORMAT_VERSION}); upgrade sdqes-edge")
@@ -326,6 +326,8 @@ def _check_state_io(bundle: Bundle) -> None:
 # ONNX Runtime ("Got invalid dimensions"), or, for the normalization, not at all. (The fps is the rate to stream at,
 # which a user may change.)
 DESCRIBED_BY_THE_GRAPH = ("image_size", "embed_dim", "batch", "query_count", "preprocess")
+# What a user may set in the manifest by hand: a refusal of it says so before it says to re-export.
+USERS_TO_EDIT = ("fps",)
 
 
 def _check_against_graphs(bundle: Bundle) -> None:

@@ -41,6 +41,9 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
          ["run", str(t / "reaching"), "--source", "x.mp4", "--query", Q]),
         ("bundle of a newer format", ["run", str(t / "newer"), "--source", "x.mp4", "--query", Q]),
         ("manifest with a NaN fps", ["run", str(t / "nan-fps"), "--source", "x.mp4", "--query", Q]),
+        ("manifest with an fps no camera gives (1e300)",
+         ["run", str(t / "fast-fps"), "--source", "x.mp4", "--query", Q]),
+        ("manifest nested 100,000 levels deep", ["run", str(t / "deep"), "--source", "x.mp4", "--query", Q]),
         ("manifest edited to another image size than its graph's",
          ["run", str(t / "resized"), "--source", "x.mp4", "--query", Q]),
         ("manifest with a label's threshold outside (0, 1)",
@@ -225,12 +228,13 @@ def prepare(t: Path) -> Path:
     (t / "mine").mkdir()
     (t / "mine" / "alerts.jsonl").write_text("{}\n")
     (t / "thresholds.csv").write_text(f'query,response,threshold\n"{Q}",Wash your hands.,high\n')
-    for name in ("garbled", "changed", "escaping", "reaching", "newer", "blocked", "nan-fps", "resized",
-                 "label-threshold"):
+    for name in ("garbled", "changed", "escaping", "reaching", "newer", "blocked", "nan-fps", "fast-fps", "resized",
+                 "label-threshold", "deep"):
         shutil.copytree(b, t / name)
     _read_weights_from(t / "reaching", "../weights.bin")
     (t / "blocked" / "engines").write_text("a file where the engines folder goes")
     (t / "garbled" / "manifest.json").write_text("{")
+    (t / "deep" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     (t / "changed" / "text.onnx").write_bytes(b"changed")
     _edit_manifests(b, t)
     shutil.copytree(b, t / "kept")
@@ -250,6 +254,7 @@ def _edit_manifests(b: Path, t: Path) -> None:
             {"../bundle/step.fp32.onnx": {"sha256": file_sha256(b / "step.fp32.onnx"), "bytes": 1}}),
         "newer": lambda m: m.update(format_version=99),
         "nan-fps": lambda m: m.update(fps=float("nan")),  # Python's json writes NaN; JSON has none
+        "fast-fps": lambda m: m.update(fps=1e300),
         "resized": lambda m: m.update(image_size=2 * m["image_size"]),
         "label-threshold": lambda m: m["thresholds"].update(per_label={"open_door": 1.5}),
     }

@@ -51,6 +51,10 @@ SUPPORTED_OPSETS = (16, 17)  # 16 for TensorRT < 8.6
 MANIFEST_NAME = "manifest.json"
 MANIFEST_SCHEMA_FILE = "bundle_manifest.schema.json"  # beside this module, shipped as package data
 BUNDLE_FORMAT_VERSION = 2  # the newest format this code writes and reads (2: graphs of GRAPH_FORMAT_VERSION 2); 1 loads
+# The fastest rate a bundle samples at (its manifest's fps, `export --fps`), in frames per second: faster than any
+# camera. A file is sampled by timestamp, each frame serving every sample time it covers, so a manifest's fps of
+# 1e300 (a manifest is the user's to edit, and someone else's data) stepped one frame without end, in both runtimes.
+MAX_FPS = 1000.0
 TEXT_GRAPH_NAME = "text.onnx"
 TOKENIZER_FOLDER = "tokenizer"
 QUERIES_NAME = "queries.json"

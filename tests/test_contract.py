@@ -72,6 +72,12 @@ def test_the_native_runtime_reads_the_bundle_format_this_code_writes():
     assert f'kMetadataKey = "{contract.METADATA_KEY}";' in header
     assert f'kQueryInput = "{contract.QUERY_INPUT}";' in header  # a graph exported with --fuse-queries
     assert f'kLogitsOutput = "{contract.LOGITS_OUTPUT}";' in header
+    assert f"kMaxFps = {contract.MAX_FPS};" in header
+
+
+def test_the_schema_bounds_the_rate_a_bundle_samples_at_as_the_contract_does():
+    schema = json.loads((REPO / "sdqes_edge" / contract.MANIFEST_SCHEMA_FILE).read_text())
+    assert schema["properties"]["fps"] == {"type": "number", "exclusiveMinimum": 0, "maximum": contract.MAX_FPS}
 
 
 def test_the_native_runtime_checks_the_same_manifest_fields_against_the_step_graph_as_the_python_one():

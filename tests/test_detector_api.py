@@ -3,6 +3,8 @@ UserError that says what to pass instead."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -206,9 +208,10 @@ def test_a_source_samples_at_a_positive_rate_and_opens_from_a_path_or_a_camera_n
     from sdqes_edge.runtime.sources import ImageFolderSource
 
     cv2.imwrite(str(tmp_path / "000.png"), np.zeros((8, 8, 3), np.uint8))
-    for fps in (0, -1.0, float("nan"), float("inf")):  # a NaN rate sampled every frame, a negative one too
-        with pytest.raises(UserError, match=rf"a source samples at a positive number of frames per second, not "
-                                            rf"{fps}; give the bundle's \(detector.fps\)"):
+    # A NaN rate sampled every frame, a negative one too; 1e300 stepped the first frame without end.
+    for fps in (0, -1.0, float("nan"), float("inf"), 1e300):
+        with pytest.raises(UserError, match=rf"a source samples at a positive number of frames per second up to 1000, "
+                                            rf"not {re.escape(str(fps))}; give the bundle's \(detector.fps\)"):
             open_source(tmp_path, fps)
     assert isinstance(open_source(tmp_path, 1.0), ImageFolderSource)  # a Path (was: no attribute 'isdigit')
     with pytest.raises(UserError, match="OpenCV cannot open camera index 3;"):  # a camera number, as "3" is
@@ -251,9 +254,9 @@ def test_a_state_snapshot_that_cannot_be_written_is_one_line(detector, tmp_path)
     # A rate of 0 was taken: the video then failed at its first frame as a path "to end in .avi, .mp4, ...",
     # and the trace recorded fps 0, which no evaluation can time.
     (lambda t: AnnotatedVideoSink(t / "out.mp4", 0.0, dict), r"^AnnotatedVideoSink writes at a positive number of "
-                                                             r"frames per second, not 0.0; give the bundle's"),
+                                                             r"frames per second up to 1000, not 0.0; give the"),
     (lambda t: ScoreTraceRecorder(t / "s.npz", "s", "1"), r"^ScoreTraceRecorder records at a positive number of "
-                                                          r"frames per second, not '1'"),
+                                                          r"frames per second up to 1000, not '1'"),
     (lambda t: ConsoleSink(5), r"^ConsoleSink takes a function that writes a line .* not a int$"),
     (lambda t: AnnotatedVideoSink(t / "out.mp4", 1.0, {"q1": 0.6}),
      r"^AnnotatedVideoSink takes thresholds as a function \(detector.thresholds\), not a dict$"),

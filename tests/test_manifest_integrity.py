@@ -16,7 +16,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from sdqes_edge.contract import METADATA_KEY
+from sdqes_edge.contract import MAX_FPS, METADATA_KEY
 from sdqes_edge.demo import DEMO_BUNDLE
 from sdqes_edge.runtime.bundle import BundleError, load_bundle
 from sdqes_edge.runtime.graph_files import metadata_props
@@ -59,6 +59,17 @@ def test_a_manifest_with_another_normalization_than_its_graph_is_refused_rather_
 
 def test_the_rate_to_stream_at_may_be_changed(tmp_path):
     assert load_bundle(edited(tmp_path, lambda m: m.update(fps=2.0))).fps == 2.0
+
+
+@pytest.mark.parametrize("fps, says", [
+    (0, "0 is less than or equal to the minimum of 0"),
+    (1e300, "1e[+]300 is greater than the maximum of 1000"),  # stepped the video's first frame without end
+])
+def test_a_rate_no_camera_gives_is_refused_saying_where_to_set_it(fps, says, tmp_path):
+    bundle = edited(tmp_path, lambda m: m.update(fps=fps))
+    with pytest.raises(BundleError, match=f"manifest.json is malformed at fps: {says}; set it there, or re-export"):
+        load_bundle(bundle)
+    assert load_bundle(edited(tmp_path / "fastest", lambda m: m.update(fps=MAX_FPS))).fps == MAX_FPS
 
 
 def test_run_refuses_such_a_bundle_in_one_line_before_the_first_frame(tmp_path):

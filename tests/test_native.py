@@ -112,6 +112,11 @@ def clip(tmp_path_factory) -> str:
     (lambda b: (b / "manifest.json").write_text("{"), "not valid JSON"),
     (lambda b: (b / "manifest.json").write_text(re.sub(r'"fps": [0-9.]+', '"fps": NaN',
                                                        (b / "manifest.json").read_text())), "not valid JSON"),
+    # The fps is the user's to edit: 1e300 stepped the first frame without end, 0 streamed nothing and said done.
+    *[(lambda b, fps=fps: (b / "manifest.json").write_text(re.sub(r'"fps": [0-9.]+', f'"fps": {fps}',
+                                                                  (b / "manifest.json").read_text())),
+       f"is malformed at fps: {fps} is not a rate in (0, 1000] frames per second; set it there, or re-export")
+      for fps in ("0", "-1", "1e+300")],
     (lambda b: (b / "text.onnx").write_bytes(b"changed"), "text.onnx does not match the sha256"),
     (lambda b: None, "no fp16 TensorRT engine"),
 ])

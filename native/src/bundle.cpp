@@ -285,6 +285,12 @@ Bundle load_bundle(const fs::path& root, bool verify_hashes) {
     b.embed_dim = require(m, "embed_dim", manifest_path).get<int>();
     b.batch = require(m, "batch", manifest_path).get<int>();
     b.fps = require(m, "fps", manifest_path).get<double>();
+    if (!(b.fps > 0.0 && b.fps <= kMaxFps)) {  // the schema's bounds: the manifest's fps is the user's to edit
+      std::ostringstream words;
+      words << manifest_path.string() << " is malformed at fps: " << b.fps << " is not a rate in (0, " << kMaxFps
+            << "] frames per second; set it there, or " << reexport_hint(root);
+      throw Error(words.str());
+    }
     const json& thresholds = require(m, "thresholds", manifest_path);
     try {
       parse_thresholds(thresholds, b);

@@ -37,6 +37,9 @@ constexpr int kBundleFormatVersion = 2;  // sdqes_edge/contract.py BUNDLE_FORMAT
 constexpr const char* kBundleFormat = "sdqes-edge-bundle";
 constexpr const char* kStateInputPrefix = "state_in.";
 constexpr const char* kStateOutputPrefix = "state_out.";
+// The fastest rate a bundle samples at, frames per second (sdqes_edge/contract.py MAX_FPS; tested): a manifest's fps
+// of 1e300 stepped a file's first frame without end, one of 0 streamed nothing and said done, -1 never began.
+constexpr double kMaxFps = 1000.0;
 // The metadata_props key a step graph's JSON description lives under, and the manifest fields that description
 // fixes (sdqes_edge/contract.py METADATA_KEY, runtime/bundle.py DESCRIBED_BY_THE_GRAPH; tested).
 constexpr const char* kMetadataKey = "sdqes_edge";
