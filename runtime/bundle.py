@@ -28,7 +28,7 @@ from sdqes_edge.contract import (
     state_names_in,
 )
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import file_sha256, parse_json, write_text_atomically
+from sdqes_edge.files import file_sha256, npz_problem, parse_json, write_text_atomically
 from sdqes_edge.path_checks import as_path, path_problem
 from sdqes_edge.state import StateSpec
 
@@ -183,8 +183,9 @@ class Bundle:
         try:
             items = parse_json(texts_file.read_text())
             embeddings = np.load(embeddings_file, allow_pickle=False)
-        except (OSError, ValueError) as exc:  # not JSON, not a .npy, or one that needs pickle
-            raise BundleError(damaged.format(exc)) from None
+        # Not JSON, not a .npy, one that needs pickle, or one whose header claims more memory than there is.
+        except (OSError, ValueError, MemoryError) as exc:
+            raise BundleError(damaged.format(npz_problem(exc) if isinstance(exc, MemoryError) else exc)) from None
         if not isinstance(items, list) or not all(isinstance(q, dict) and isinstance(q.get("text"), str)
                                                   and isinstance(q.get("response", ""), str)
                                                   and isinstance(q.get("label", ""), str)

@@ -295,8 +295,10 @@ def parse_json(text: str | bytes, **options: Any) -> Any:
         raise ValueError("nested deeper than the thousand or so levels Python reads") from None
 
 # What numpy raises for a file that is not a whole .npz: not a zip (ValueError), one cut short (BadZipFile where
-# its directory is gone, EOFError where an array is), a missing or mangled member (KeyError, IndexError).
-NPZ_READ_ERRORS = (OSError, ValueError, KeyError, IndexError, EOFError, zipfile.BadZipFile)
+# its directory is gone, EOFError where an array is), a missing or mangled member (KeyError, IndexError), a member
+# whose header claims more than memory holds (MemoryError: numpy allocates the shape the header says before it
+# reads a byte, so 200 bytes claiming [10^6, 10^6] floats were "out of memory ... fewer streams (--batch)").
+NPZ_READ_ERRORS = (OSError, ValueError, KeyError, IndexError, EOFError, zipfile.BadZipFile, MemoryError)
 
 
 def npz_problem(exc: BaseException) -> str:
@@ -307,4 +309,6 @@ def npz_problem(exc: BaseException) -> str:
         return "not a NumPy .npz archive"
     if isinstance(exc, (EOFError, zipfile.BadZipFile)):
         return f"cut short: {exc}" if str(exc) else "cut short"
+    if isinstance(exc, MemoryError):  # numpy's words: "Unable to allocate 3.64 TiB for an array with shape ..."
+        return f"an array in it claims more memory than this machine has: {exc}"
     return str(exc)
