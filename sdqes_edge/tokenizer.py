@@ -16,6 +16,7 @@ import functools
 import gzip
 import html
 import warnings
+import zlib
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -31,6 +32,10 @@ START_TOKEN = "<|startoftext|>"
 END_TOKEN = "<|endoftext|>"
 CONTEXT_LENGTH = 77
 OVERFLOW_POLICIES = ("error", "truncate")
+# The vocabulary file: a header line, then merges, of which CLIP uses the first 49152 - 256 - 2 (its 49,408 tokens:
+# 512 byte tokens, these merges, start and end). A merge is two short tokens, so no line of it is long.
+CLIP_MERGES = 49152 - 256 - 2
+LONGEST_MERGE_LINE = 1024
 
 # CLIP's split pattern (case-insensitive): special tokens, English contractions,
 # runs of letters, single digits, runs of other non-space characters.
@@ -66,6 +71,31 @@ class TooLongQueryError(UserError):
     pass
 
 
+def read_merges(path: Path) -> list[tuple[str, str]]:
+    """The CLIP_MERGES merges of a gzipped BPE vocabulary, read as a stream and no further than they go: a bundle's
+    vocabulary is someone else's data, and the whole file decompressed at once let a few megabytes of gzip that
+    expand to terabytes take the machine's memory. One that is not CLIP's (another BPE, a garbled file) is refused
+    naming it, where a file of one line tokenized every query into bytes and scored it without a word."""
+    merges: list[tuple[str, str]] = []
+    try:
+        with gzip.open(path, "rb") as lines:
+            lines.readline(LONGEST_MERGE_LINE)  # the header
+            while len(merges) < CLIP_MERGES:
+                line = lines.readline(LONGEST_MERGE_LINE + 1)
+                if not line:
+                    break
+                pair = tuple(line.decode("utf-8").split())
+                if len(pair) != 2 or len(line) > LONGEST_MERGE_LINE:
+                    raise ValueError(f"line {len(merges) + 2} is not a merge of two tokens")
+                merges.append(pair)
+    except (OSError, EOFError, ValueError, zlib.error) as exc:  # not gzip, cut short, not UTF-8, not merges
+        raise UserError(f"{path} is not CLIP's BPE vocabulary ({exc}); re-export the bundle it came with") from None
+    if len(merges) < CLIP_MERGES:
+        raise UserError(f"{path} is not CLIP's BPE vocabulary (it holds {len(merges):,} merges, CLIP's "
+                        f"{CLIP_MERGES:,}); re-export the bundle it came with")
+    return merges
+
+
 class QueryTruncatedWarning(UserWarning):
     """A query over the context length was cut to it (``on_overflow="truncate"``): its end is not scored."""
 
@@ -74,14 +104,7 @@ class ClipTokenizer:
     """CLIP BPE tokenizer. ``tokenize(["a photo of a cat"])`` gives ids of shape [N, context_length] (CLIP's 77)."""
 
     def __init__(self, vocab_path: str | None = None, context_length: int = CONTEXT_LENGTH):
-        if vocab_path is None:
-            data = SHIPPED_VOCAB.read_bytes()
-        else:
-            with open(vocab_path, "rb") as fh:
-                data = fh.read()
-        # First line is a header; CLIP uses the next 49152 - 256 - 2 merges.
-        merges = gzip.decompress(data).decode("utf-8").split("\n")[1 : 49152 - 256 - 2 + 1]
-        merge_pairs = [tuple(m.split()) for m in merges]
+        merge_pairs = read_merges(Path(vocab_path) if vocab_path is not None else SHIPPED_VOCAB)
         byte_chars = list(_bytes_to_unicode().values())
         vocab = byte_chars + [c + "</w>" for c in byte_chars] + ["".join(p) for p in merge_pairs]
         vocab += [START_TOKEN, END_TOKEN]

@@ -1,8 +1,10 @@
-"""CLIP tokenization, exactly: known ids, every EgoSDQES query, and the over-length policy."""
+"""CLIP tokenization, exactly: known ids, every EgoSDQES query, the over-length policy, and a vocabulary that is not
+CLIP's refused."""
 
 from __future__ import annotations
 
 import csv
+import gzip
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from sdqes_edge.errors import UserError
 from sdqes_edge.tokenizer import (
     CONTEXT_LENGTH,
+    SHIPPED_VOCAB,
     ClipTokenizer,
     QueryTruncatedWarning,
     TooLongQueryError,
@@ -71,3 +74,46 @@ def test_truncation_is_an_explicit_choice_and_warns(tok):
 def test_an_unknown_overflow_policy_is_refused(tok):
     with pytest.raises(UserError, match="on_overflow"):
         tok.tokenize("hi", on_overflow="ignore")
+
+
+def gzipped(path, lines: list[bytes]):
+    with gzip.open(path, "wb") as out:
+        out.write(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("lines, says", [
+    ([b"#version: 0.2"], "it holds 0 merges, CLIP's 48,894"),  # each query tokenized into bytes, without a word
+    ([b"#version: 0.2", b"h e", b"three to kens"], "line 3 is not a merge of two tokens"),
+    ([b"#version: 0.2", b"\xff\xfe"], "invalid start byte"),
+    ([b"#version: 0.2", b"a" * 5000], "line 2 is not a merge of two tokens"),
+])
+def test_a_vocabulary_that_is_not_clips_bpe_is_refused_naming_it(lines, says, tmp_path):
+    vocab = gzipped(tmp_path / "bpe_simple_vocab_16e6.txt.gz", lines)
+    with pytest.raises(UserError, match=f"^{vocab} is not CLIP's BPE vocabulary [(].*{says}.*[)]; re-export"):
+        ClipTokenizer(str(vocab))
+
+
+def test_a_vocabulary_is_read_no_further_than_clips_merges_go(tmp_path):
+    """A few megabytes of gzip that expand to terabytes were decompressed whole; now a line at most is read past
+    the merges (a gigabyte of zeros expands here, and its first line is refused)."""
+    vocab = tmp_path / "bpe_simple_vocab_16e6.txt.gz"
+    with gzip.open(vocab, "wb") as out:
+        for _ in range(64):
+            out.write(bytes(1 << 24))
+    with pytest.raises(UserError, match="line 2 is not a merge of two tokens"):
+        ClipTokenizer(str(vocab))
+    with gzip.open(SHIPPED_VOCAB) as shipped, gzip.open(tmp_path / "longer.txt.gz", "wb") as longer:
+        longer.write(shipped.read() + b"extra merges\n" * 10)  # what lies past CLIP's merges is not read
+    assert ClipTokenizer(str(tmp_path / "longer.txt.gz")).encoder == default_tokenizer().encoder
+
+
+def test_a_damaged_vocabulary_is_refused_naming_it(tmp_path):
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(SHIPPED_VOCAB.read_bytes()[:100_000])
+    with pytest.raises(UserError, match=f"^{cut} is not CLIP's BPE vocabulary [(]Compressed file ended"):
+        ClipTokenizer(str(cut))
+    not_gzip = tmp_path / "plain.txt.gz"
+    not_gzip.write_text("#version: 0.2\nh e\n")
+    with pytest.raises(UserError, match=f"^{not_gzip} is not CLIP's BPE vocabulary [(]Not a gzipped file"):
+        ClipTokenizer(str(not_gzip))
