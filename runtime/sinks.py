@@ -14,6 +14,7 @@ import logging
 import math
 import numbers
 import os
+import re
 import stat
 import time
 import warnings
@@ -178,6 +179,17 @@ class JsonlSink(Sink):
         self._fh.close()
 
 
+# The control characters (C0 but the tab, DEL, C1) of a line for a terminal, which a terminal obeys rather than shows:
+# a bundle's alert message (someone else's data) of "\x1b[2K\rFAKE" erased the alert's line and wrote another.
+_TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(line: str) -> str:
+    """``line`` with each control character written as its Python escape (``\\x1b``, ``\\r``), as sdqes-run writes
+    it (``sdqes::terminal_safe``; tests/vectors/source_names.json)."""
+    return _TERMINAL_CONTROLS.sub(lambda control: control.group().encode("unicode_escape").decode("ascii"), line)
+
+
 class ConsoleSink(Sink):
     def __init__(self, write: Callable[[str], None] = print):
         if not callable(write):  # else the first alert fails with a TypeError
@@ -188,9 +200,9 @@ class ConsoleSink(Sink):
     def on_event(self, event: AlertEvent) -> None:
         minutes, seconds = divmod(event.stream_time, 60)
         try:
-            self.write(f"[{event.stream} {int(minutes):02d}:{seconds:04.1f}] {event.message}   "
-                       f"(query {event.query_id}: p={event.score:.3f}, frame {event.frame_index}, "
-                       f"{event.latency_ms:.0f} ms)")
+            self.write(terminal_safe(f"[{event.stream} {int(minutes):02d}:{seconds:04.1f}] {event.message}   "
+                                     f"(query {event.query_id}: p={event.score:.3f}, frame {event.frame_index}, "
+                                     f"{event.latency_ms:.0f} ms)"))
         except OSError as exc:  # print's refusal (stdout in a file on a full disk) names no file: it is stdout
             if self.write is not print or exc.filename is not None or exc.errno in (None, errno.EPIPE):
                 raise

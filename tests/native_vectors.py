@@ -78,16 +78,22 @@ VIDEO_FILES = ["kitchen.mp4", "/data/videos/kitchen.2024.mp4", "clip.", ".hidden
                "https://user:pw@host/", "http://", "noext"]
 SHOWN_URLS = ["rtsp://admin:s3cret@10.0.0.5:554/x?y=1", "rtsp://admin@host/x", "rtsp://host/x",
               "http://u:p:q@host:80/", "rtsp://a:b@h/x?", "rtsp://a:b@c@h/x"]
+# Alert lines as a terminal is given them: control characters (C0 but the tab, DEL, C1, the last two-byte in UTF-8)
+# written as escapes, everything else, emoji joiners included, as it is.
+TERMINAL_LINES = ["[s 00:01.0] Alert \x1b[2K\rFAKE LINE", "a \x1b]0;title\x07 b", "line\nnext\x00", "tab\tkept \x7f",
+                  "C1 \x85 \x9b end", "caf\u00e9 \U0001F468\u200d\U0001F469 \u00a0"]
 
 
 def source_name_cases() -> dict:
     from sdqes_edge.runtime.live_source import live_source_name, without_password
+    from sdqes_edge.runtime.sinks import terminal_safe
     from sdqes_edge.runtime.sources import video_file_name
 
     return {"cameras": {str(i): live_source_name(i) for i in (0, 7)},
             "live": {t: live_source_name(t) for t in LIVE_TARGETS},
             "video_files": {f: video_file_name(f) for f in VIDEO_FILES},
-            "shown": {u: without_password(u) for u in SHOWN_URLS}}
+            "shown": {u: without_password(u) for u in SHOWN_URLS},
+            "on_a_terminal": {line: terminal_safe(line) for line in TERMINAL_LINES}}
 
 
 # What a --source names (runtime/sources.py's source_kind), machine-independent: "{vectors}" stands for this folder,

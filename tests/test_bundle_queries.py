@@ -76,3 +76,37 @@ def test_queries_changed_together_with_their_embeddings_and_count_still_load(tmp
     bundle = resealed(tmp_path, TWO, np.ones((2, 32), np.float32), count=2)
     texts, embeddings = load_bundle(bundle).queries()
     assert [q["text"] for q in texts] == [q["text"] for q in TWO] and embeddings.shape == (2, 32)
+
+
+def test_a_bundles_alert_message_is_shown_on_the_terminal_not_obeyed(tmp_path):
+    """The message is someone else's data: "\\x1b[2K\\r" in it erased the alert's line on the terminal and wrote
+    another in its place. Its control characters are printed as escapes; the alert log keeps the message as it is."""
+    import subprocess
+    import sys
+
+    import cv2
+
+    from sdqes_edge.demo import DEMO_BUNDLE
+
+    message = "Wash your hands.\x1b[2K\rFAKE LINE\x1b]0;title\x07"
+    bundle = tmp_path / "bundle"  # the demo's, its one query's message the bundle's own
+    shutil.copytree(DEMO_BUNDLE, bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    (bundle / "queries.json").write_text(json.dumps([{"text": "when I start cooking", "response": message}]))
+    with open(bundle / "query_embeddings.npy", "wb") as out:
+        np.save(out, np.eye(1, manifest["embed_dim"], dtype=np.float32))
+    manifest["queries"] = {"count": 1, "file": "queries.json", "embeddings": "query_embeddings.npy"}
+    for name in ("queries.json", "query_embeddings.npy"):
+        manifest["files"][name] = {"sha256": file_sha256(bundle / name), "bytes": (bundle / name).stat().st_size}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for k in range(3):
+        cv2.imwrite(str(frames / f"{k:03d}.png"), np.full((40, 60, 3), 40 * k, np.uint8))
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(frames),
+                           "--threshold", "0.01", "--events", str(tmp_path / "alerts.jsonl")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "Wash your hands.\\x1b[2K\\rFAKE LINE\\x1b]0;title\\x07   (query q1" in done.stdout
+    assert not any(c in done.stdout for c in "\x1b\r\x07")
+    assert json.loads((tmp_path / "alerts.jsonl").read_text().splitlines()[0])["message"] == message

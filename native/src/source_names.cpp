@@ -140,6 +140,28 @@ std::string live_source_name(const std::string& target) {
   return name.empty() ? "stream" : name;
 }
 
+std::string terminal_safe(const std::string& line) {
+  static const char* const kHex = "0123456789abcdef";
+  std::string safe;
+  safe.reserve(line.size());
+  for (size_t i = 0; i < line.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(line[i]);
+    const bool c1 = c == 0xC2 && i + 1 < line.size() && static_cast<unsigned char>(line[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(line[i + 1]) <= 0x9F;  // U+0080..U+009F in UTF-8
+    if (c1) c = static_cast<unsigned char>(line[++i]);
+    if (!c1 && (c == '\t' || (c >= 0x20 && c != 0x7F))) {
+      safe += static_cast<char>(c);
+    } else if (c == '\n') {
+      safe += "\\n";
+    } else if (c == '\r') {
+      safe += "\\r";
+    } else {
+      safe += {'\\', 'x', kHex[c >> 4], kHex[c & 0xF]};
+    }
+  }
+  return safe;
+}
+
 std::string camera_name(int index) { return "camera" + std::to_string(index); }
 
 std::string source_name(const std::string& source) {

@@ -122,6 +122,9 @@ TEST(SourceNames, EachSourceIsCalledWhatThePythonRuntimeCallsIt) {
   for (const auto& [target, name] : names["live"].items()) EXPECT_EQ(sdqes::live_source_name(target), name) << target;
   for (const auto& [file, name] : names["video_files"].items()) EXPECT_EQ(sdqes::video_file_name(file), name) << file;
   for (const auto& [url, shown] : names["shown"].items()) EXPECT_EQ(sdqes::without_password(url), shown) << url;
+  for (const auto& [line, shown] : names["on_a_terminal"].items()) {
+    EXPECT_EQ(sdqes::terminal_safe(line), shown) << line;
+  }
 }
 
 TEST(SourceKinds, EachSourceIsReadAsThePythonRuntimeReadsIt) {

@@ -292,8 +292,9 @@ struct StreamAlerts {
                           states[q].policy().threshold,
                           queries.labels[q].empty() ? std::nullopt : std::optional<std::string>(queries.labels[q])};
       if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
-      std::cout << "[" << (named_when_printed ? stream_name + " " : "") << time << " s] " << e.message
-                << "  (p=" << e.score << ")" << std::endl;
+      std::ostringstream line;  // the message is the bundle's: its control characters shown, not obeyed
+      line << "[" << (named_when_printed ? stream_name + " " : "") << time << " s] " << e.message;
+      std::cout << sdqes::terminal_safe(line.str()) << "  (p=" << e.score << ")" << std::endl;
       if (!std::cout) {  // stdout in a file on a full disk (a unit's StandardOutput=file:): said, not lost silently
         const int failure = errno;
         std::cout.clear();

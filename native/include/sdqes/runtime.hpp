@@ -140,6 +140,10 @@ std::string camera_name(int index);
 std::string live_source_name(const std::string& target);
 std::string video_file_name(const std::string& location);
 std::string without_password(const std::string& url);
+// A line for a terminal with each control character (C0 but the tab, DEL, C1) written as its Python escape (\x1b,
+// \r), as runtime/sinks.py's terminal_safe writes it: a bundle's alert message is someone else's data, and one of
+// "\x1b[2K\rFAKE" erased the alert's line on the terminal and wrote another.
+std::string terminal_safe(const std::string& line);
 bool is_gstreamer_pipeline(const std::string& target);
 // A URL, which OpenCV's FFmpeg opens (RTSP, HTTP(S), UDP, TCP): opened with timeouts of kStreamTimeoutS or
 // --stream-timeout (runtime/live_source.py's is_stream_url; tests/vectors/source_kinds.json).
