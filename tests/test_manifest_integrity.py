@@ -78,3 +78,12 @@ def test_run_refuses_such_a_bundle_in_one_line_before_the_first_frame(tmp_path):
                            "--query", "when I start cooking"], capture_output=True, text=True)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "says image_size 224, but step.fp32.onnx was exported with 64" in done.stderr
+
+
+def test_inspect_shows_a_manifests_control_characters_rather_than_obeying_them(tmp_path):
+    """The model name and tool versions are someone else's words: "\x1b[2K" in them erased inspect's line."""
+    bundle = edited(tmp_path, lambda m: m["model"].update(name="tiny\x1b[2K\rclean bundle"))
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "inspect", str(bundle), "--frames", "1"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "model      tiny\\x1b[2K\\rclean bundle, adapter" in done.stdout and "\x1b" not in done.stdout
