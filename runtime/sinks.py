@@ -14,7 +14,6 @@ import logging
 import math
 import numbers
 import os
-import re
 import stat
 import time
 import warnings
@@ -25,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from sdqes_edge.errors import SetupWarning, UserError
+from sdqes_edge.errors import SetupWarning, UserError, terminal_safe
 from sdqes_edge.files import make_folders
 from sdqes_edge.path_checks import ALERT_LOG_EXAMPLE, SCORE_TRACE_EXAMPLE, check_output_file
 from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, read_chunks, save_scores
@@ -177,17 +176,6 @@ class JsonlSink(Sink):
 
     def close(self) -> None:
         self._fh.close()
-
-
-# The control characters (C0 but the tab, DEL, C1) of a line for a terminal, which a terminal obeys rather than shows:
-# a bundle's alert message (someone else's data) of "\x1b[2K\rFAKE" erased the alert's line and wrote another.
-_TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-
-
-def terminal_safe(line: str) -> str:
-    """``line`` with each control character written as its Python escape (``\\x1b``, ``\\r``), as sdqes-run writes
-    it (``sdqes::terminal_safe``; tests/vectors/source_names.json)."""
-    return _TERMINAL_CONTROLS.sub(lambda control: control.group().encode("unicode_escape").decode("ascii"), line)
 
 
 class ConsoleSink(Sink):

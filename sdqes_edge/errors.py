@@ -7,6 +7,7 @@ traceback: its message must name the problem and the fix.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 
 # The extra of this distribution that brings each optional module (pyproject.toml's
@@ -61,3 +62,15 @@ def first_line(exc: BaseException) -> str:
     """An exception's message cut to its first line (libraries' messages run to several), else its type's name."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# The control characters (C0 but the tab, DEL, C1) of a line for a terminal, which a terminal obeys rather than shows:
+# a bundle's alert message (someone else's data) of "\x1b[2K\rFAKE" erased the alert's line and wrote another.
+_TERMINAL_CONTROLS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(line: str) -> str:
+    """``line`` with each control character written as its Python escape (``\\x1b``, ``\\r``), as sdqes-run writes
+    it (``sdqes::terminal_safe``; tests/vectors/source_names.json). Every line the command line prints from what
+    it was given goes through here: alerts, inspect's report, errors and warnings."""
+    return _TERMINAL_CONTROLS.sub(lambda control: control.group().encode("unicode_escape").decode("ascii"), line)

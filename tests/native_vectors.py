@@ -85,8 +85,8 @@ TERMINAL_LINES = ["[s 00:01.0] Alert \x1b[2K\rFAKE LINE", "a \x1b]0;title\x07 b"
 
 
 def source_name_cases() -> dict:
+    from sdqes_edge.errors import terminal_safe
     from sdqes_edge.runtime.live_source import live_source_name, without_password
-    from sdqes_edge.runtime.sinks import terminal_safe
     from sdqes_edge.runtime.sources import video_file_name
 
     return {"cameras": {str(i): live_source_name(i) for i in (0, 7)},

@@ -60,3 +60,18 @@ def test_tokenize_of_single_words_notes_that_each_argument_is_a_query(capsys):
     assert captured.err == ("sdqes-edge: note: each argument is a query of its own; quote a query of several words: "
                             "sdqes-edge tokenize 'when I start cooking'\n")
     assert run(["tokenize", "when I start cooking", "cooking"]) == 0 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "/no/such/\x1b[2K\rbundle", "--source", "0", "--query", "q"],  # the program's refusal
+    ["run", "b", "--source", "0", "\x1b[2K\rstray"],  # argparse's
+])
+def test_a_refusal_shows_the_control_characters_it_quotes_rather_than_obeying_them(argv, capsys):
+    """A path or a word given may hold them (a file named by another program, a paste): "\x1b[2K\r" erased the
+    error's line on the terminal, leaving the user to wonder why the command did nothing."""
+    try:
+        code = run(argv)
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and "\\x1b[2K\\r" in err and "\x1b" not in err and len(err.strip().splitlines()) == 1, err

@@ -130,6 +130,15 @@ def test_sdqes_run_refuses_a_bad_bundle_in_one_line(damage, message, native_buil
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_sdqes_run_shows_the_control_characters_a_line_quotes_rather_than_obeying_them(native_build, tmp_path):
+    """Every line on stderr (a refusal quoting a path, a reader's news naming a source) as alerts on stdout are."""
+    source = str(tmp_path / "\x1b[2K\rclip.mp4")
+    done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), "--source", source],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "\\x1b[2K\\rclip.mp4 is neither" in done.stderr, done.stderr
+    assert "\x1b" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
 @pytest.mark.parametrize("option, value, message", [
     ("--threshold", "0.5x", "--threshold needs a finite number, not '0.5x'"),  # std::stod read it as 0.5
     ("--threshold", "nan", "--threshold needs a finite number, not 'nan'"),

@@ -221,10 +221,11 @@ Source read_source(const std::string& spec, bool several, double timeout_s) {
 
 // One line on stderr, written whole under one lock: the reader threads say theirs (a lost camera, a reconnection)
 // while the main thread says its own, and a line written in pieces was cut by another's ("sdqes-run: sdqes-run:
-// camera: no frame ..." on one line, the main thread's words without their prefix on the next).
+// camera: no frame ..." on one line, the main thread's words without their prefix on the next). Its control
+// characters shown, not obeyed: a line may quote a path, a source's name or a bundle's words.
 void write_line(const std::string& line) {
   static std::mutex writing;
-  const std::string whole = line + "\n";
+  const std::string whole = sdqes::terminal_safe(line) + "\n";
   const std::lock_guard<std::mutex> lock(writing);
   std::cerr << whole << std::flush;
 }

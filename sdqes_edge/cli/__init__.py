@@ -36,7 +36,7 @@ from sdqes_edge.cli.common import (
 )
 from sdqes_edge.cli.output import prepare_output
 from sdqes_edge.cli.refusals import refusal_words
-from sdqes_edge.errors import UserError, module_absent
+from sdqes_edge.errors import UserError, module_absent, terminal_safe
 from sdqes_edge.stopping import exit_code_of, exit_process, ignore_termination, raise_on_termination, signal_of
 
 __all__ = ["PROG", "build_parser", "main", "run"]
@@ -116,8 +116,8 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
             _prepare_opencv()
         check_output_paths(args)
         return args.func(args)
-    except UserError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+    except UserError as exc:  # its words may quote a file, a bundle or a flag: their control characters shown
+        print(f"{PROG}: error: {terminal_safe(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except ModuleNotFoundError as exc:  # a workstation's command on a device that has the runtime alone
         words = missing_module_words(exc, getattr(args, "command", None))
@@ -133,7 +133,7 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
         said = refusal_words(exc)
         if said is None:
             raise  # anything else is a bug of ours, and its traceback is what a report needs
-        print(f"{PROG}: error: {said[0]}", file=sys.stderr)
+        print(f"{PROG}: error: {terminal_safe(said[0])}", file=sys.stderr)
         return said[1]
     except KeyboardInterrupt as interrupt:  # from start-up on: no traceback for a stop, whenever it comes
         print(f"{PROG}: interrupted ({signal.Signals(signal_of(interrupt)).name})", file=sys.stderr)

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from sdqes_edge import package_builds
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
-from sdqes_edge.errors import EXTRA_FOR_MODULE, WARNING_PREFIX, install_command, module_absent
+from sdqes_edge.errors import EXTRA_FOR_MODULE, WARNING_PREFIX, install_command, module_absent, terminal_safe
 from sdqes_edge.path_checks import check_output_dir, check_output_file
 from sdqes_edge.train_options import MAX_SEED
 
@@ -42,7 +42,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
     Subcommand parsers inherit the class."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {terminal_safe(message)} (see {self.prog} --help)\n")
 
 
 def stray_words_hint(parser: argparse.ArgumentParser, argv: list[str], unknown: list[str]) -> str:
@@ -228,7 +228,7 @@ def model_from_args(args: argparse.Namespace):
 
 def warn(message: str) -> None:
     """A warning of the command line's: one line on stderr, after the program's name."""
-    print(f"{PROG}: warning: {message}", file=sys.stderr)
+    print(f"{PROG}: warning: {terminal_safe(message)}", file=sys.stderr)
 
 
 def onnxruntime_gpu_here() -> bool:

@@ -131,10 +131,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from sdqes_edge.errors import terminal_safe
     from sdqes_edge.runtime.bundle import load_bundle
     from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
     from sdqes_edge.runtime.preprocess import Preprocessor
-    from sdqes_edge.runtime.sinks import terminal_safe
     from sdqes_edge.sample import iter_sample_frames
 
     load_onnxruntime()  # before the first line of the report: on an install without it, the one line saying so

@@ -141,7 +141,7 @@ std::string live_source_name(const std::string& target);
 std::string video_file_name(const std::string& location);
 std::string without_password(const std::string& url);
 // A line for a terminal with each control character (C0 but the tab, DEL, C1) written as its Python escape (\x1b,
-// \r), as runtime/sinks.py's terminal_safe writes it: a bundle's alert message is someone else's data, and one of
+// \r), as sdqes_edge/errors.py's terminal_safe writes it: a bundle's alert message is someone else's data, and one of
 // "\x1b[2K\rFAKE" erased the alert's line on the terminal and wrote another.
 std::string terminal_safe(const std::string& line);
 bool is_gstreamer_pipeline(const std::string& target);
