@@ -56,6 +56,8 @@ def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, c
     ("q.json", "[", "is not valid JSON"),
     ("q.txt", "\n  \n", "holds no queries"),
     ("q.csv", "query,response\n", "holds no queries"),
+    ("q.csv", "query,response\nwhen I cook," + "x" * 200_000 + "\n", r"q.csv line 2 is not CSV this reads \(field "
+     r"larger than field limit \(131072\)\); fix that line"),  # was the csv module's traceback
     ("q.csv", "text,message\nwhen I cook,Wash!\n", "needs a 'query' column"),
     ("q.csv", "query;response\nwhen I cook;Wash!\n", "column .*separated by ';', not by commas: save it as comma"),
     ("q.txt", b"\xff\xfe when I cook", "is not UTF-8 text"),

@@ -44,20 +44,27 @@ def read_queries_file(path: str) -> list[QueryLine]:
     if kind == ".json":
         queries = _json_queries(text, p)
     elif kind == ".csv":
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        if not reader.fieldnames or "query" not in reader.fieldnames:
-            raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)"
-                            + other_separator_words(reader.fieldnames))
-        queries = [QueryLine(row["query"] or "", row.get("response") or row["query"] or "",
-                             (row.get("label") or "").strip() or None,
-                             _threshold((row.get("threshold") or "").strip() or None, row["query"], p))
-                   for row in reader]
+        queries = _csv_queries(text, p)
     else:
         queries = [QueryLine(line.strip(), line.strip()) for line in text.splitlines() if line.strip()]
     if not queries:
         raise UserError(f"{p} holds no queries; give one query a line (.txt), a JSON list or a CSV with a 'query' "
                         "column")
     return queries
+
+
+def _csv_queries(text: str, p: Path) -> list[QueryLine]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        if not reader.fieldnames or "query" not in reader.fieldnames:
+            raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)"
+                            + other_separator_words(reader.fieldnames))
+        return [QueryLine(row["query"] or "", row.get("response") or row["query"] or "",
+                          (row.get("label") or "").strip() or None,
+                          _threshold((row.get("threshold") or "").strip() or None, row["query"], p))
+                for row in reader]
+    except csv.Error as exc:  # a cell longer than the csv module reads (128 KiB); line_num counts the lines before it
+        raise UserError(f"{p} line {reader.line_num + 1} is not CSV this reads ({exc}); fix that line") from None
 
 
 def _threshold(value: str | float | None, query: str | None, p: Path) -> float | None:
