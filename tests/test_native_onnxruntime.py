@@ -81,6 +81,7 @@ def test_a_restarted_sdqes_run_keeps_each_querys_alert_count_with_state(sdqes_ru
     assert f"resumed the alert state of 2 of 2 queries from {state}" in second.stderr
     assert len(alerts(log)) == 2  # asked once, alerted once, across the restart
     assert [entry["count"] for entry in json.loads(state.read_text())["alerts"]] == [1, 1]
+    assert not list(tmp_path.glob(".*.lock"))  # the locks on the log and the state (test_output_locks.py), let go
 
 
 def test_a_video_stopped_and_started_again_with_state_goes_on_where_it_stopped_alerting_as_one_run(

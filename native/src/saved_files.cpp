@@ -7,6 +7,7 @@
 #include <ctime>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -153,6 +154,62 @@ void check_output_path(const std::filesystem::path& path, const std::string& opt
   if (::access(folder.c_str(), W_OK | X_OK) != 0) {
     throw Error(option + " " + path.string() + " cannot be written: " + folder.string() + ": " +
                 std::strerror(errno) + "; give a path in a folder this user may write");
+  }
+}
+
+namespace {
+
+bool same_file(int fd, const std::filesystem::path& path) {
+  struct stat opened {}, there {};
+  return ::fstat(fd, &opened) == 0 && ::stat(path.c_str(), &there) == 0 && opened.st_dev == there.st_dev &&
+         opened.st_ino == there.st_ino;
+}
+
+// The locks this process holds, let go as it exits, each lock file removed first (output_locks.py's release_all);
+// a process killed outright leaves its files, which stop no one once the kernel has let go of their locks.
+struct HeldLocks {
+  std::vector<std::pair<int, std::filesystem::path>> locks;
+  ~HeldLocks() {
+    for (const auto& [fd, lock] : locks) {
+      if (same_file(fd, lock)) ::unlink(lock.c_str());
+      ::close(fd);
+    }
+  }
+};
+
+}  // namespace
+
+void hold_output(const std::filesystem::path& output, const std::string& option) {
+  static HeldLocks held;
+  const std::filesystem::path target = through_links(output);
+  std::error_code error;
+  if (std::filesystem::exists(target, error) && !std::filesystem::is_regular_file(target, error)) return;
+  const std::filesystem::path lock = folder_of(target) / ("." + target.filename().string() + ".lock");
+  for (;;) {
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return;  // a folder this user may not create in: unlocked
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int failure = errno;
+      char words[200] = {};
+      const ssize_t got = ::pread(fd, words, sizeof words - 1, 0);
+      ::close(fd);
+      if (failure != EWOULDBLOCK) return;  // ENOLCK, EOPNOTSUPP: a file system without locks
+      std::string holder = "a process that has only just started";
+      int pid = 0;
+      char program[64] = {};
+      if (got > 0 && std::sscanf(words, "%d %63s", &pid, program) == 2 && pid > 0) {
+        holder = "pid " + std::to_string(pid) + ", " + program;
+      }
+      throw Error(option + " " + output.string() + " is being written by another run (" + holder +
+                  "); stop that run, or give this one another file");
+    }
+    if (same_file(fd, lock)) {
+      const std::string holder = std::to_string(::getpid()) + " sdqes-run\n";
+      if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, holder.data(), holder.size(), 0);
+      held.locks.emplace_back(fd, lock);
+      return;
+    }
+    ::close(fd);  // the lock file was replaced between its open and its lock: lock the one there now
   }
 }
 

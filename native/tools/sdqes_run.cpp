@@ -862,6 +862,9 @@ int run(int argc, char** argv) {
     (void)sdqes::AlertStateFile(o.at("--state"));  // its folder checked before any engine is looked for
     state_path = o.at("--state");
   }
+  // A second run on the same files is refused at once, before any engine loads (either runtime's).
+  if (o.count("--events")) sdqes::hold_output(o.at("--events"), "--events");
+  if (state_path) sdqes::hold_output(*state_path, "--state");
   const std::string backend = o.count("--backend") ? o.at("--backend") : sdqes::default_backend();
   sdqes::check_backend(backend, "--backend");
   const std::string precision = o.count("--precision") ? o.at("--precision") : sdqes::default_precision(backend);

@@ -35,6 +35,7 @@ from sdqes_edge.cli.common import (
     warn,
 )
 from sdqes_edge.cli.output import prepare_output
+from sdqes_edge.cli.output_locks import release_all
 from sdqes_edge.cli.refusals import refusal_words
 from sdqes_edge.errors import UserError, module_absent, terminal_safe
 from sdqes_edge.stopping import exit_code_of, exit_process, ignore_termination, raise_on_termination, signal_of
@@ -138,6 +139,8 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
     except KeyboardInterrupt as interrupt:  # from start-up on: no traceback for a stop, whenever it comes
         print(f"{PROG}: interrupted ({signal.Signals(signal_of(interrupt)).name})", file=sys.stderr)
         return exit_code_of(interrupt)
+    finally:
+        release_all()  # the outputs a run locked (cli/output_locks.py): free for the next command, in this process too
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from sdqes_edge.cli.common import (
     warn,
 )
 from sdqes_edge.cli.output import stdout_reader_left
+from sdqes_edge.cli.output_locks import hold_run_outputs
 from sdqes_edge.cli.queries_file import QUERIES_FILE_HELP, QueryLine, read_queries_file
 from sdqes_edge.cli.queries_watch import Asked, LineAsker, QueriesFileWatcher, file_signature, keyed
 from sdqes_edge.cli.run_device import backend_words, device_tip
@@ -157,6 +158,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
                      f"(one SOURCE{TRACE_SUFFIX} per stream); for one file name it "
                      f"{scores.with_suffix(TRACE_SUFFIX)}")
             check_output_dir(scores, "--scores")
+    hold_run_outputs(args)  # before anything is loaded or said: a second run on the same files is refused at once
     _state_file(args)
     if args.save_state:
         from sdqes_edge.runtime.snapshots import SNAPSHOT_SUFFIX, snapshot_path

@@ -1,0 +1,104 @@
+"""One run at a time per alert log and state file, in either runtime. Two runs given the same --state (a service
+started again while the first still ran, a second container on one volume) each resumed from and saved over the
+other's snapshot, and wrote one alert log between them, without a word. The second is now refused in one line naming
+the run that holds the file; a run killed outright leaves a lock file that stops no one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from native_vectors import VECTORS
+
+from sdqes_edge.cli import run
+from sdqes_edge.cli.output_locks import hold, lock_path
+from sdqes_edge.demo import DEMO_BUNDLE
+
+
+class Holder:
+    """Another process holding ``path``'s lock, as a run does, until it is killed."""
+
+    def __init__(self, path: Path, option: str = "--events"):
+        code = ("import sys, time; from sdqes_edge.cli.output_locks import hold; "
+                f"hold(sys.argv[1], {option!r}); print('held', flush=True); time.sleep(120)")
+        self.process = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout.readline().strip() == "held"
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)  # a kill -9: no clean-up of any kind
+        self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def holder():
+    held: list[Holder] = []
+    yield lambda path, option="--events": held.append(Holder(path, option)) or held[-1]
+    for h in held:
+        if h.process.poll() is None:
+            h.kill()
+
+
+def run_refusal(argv: list[str], capsys) -> str:
+    assert run(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("option, name", [("--events", "alerts.jsonl"), ("--state", "state.npz"),
+                                          ("--save-state", "state.npz")])
+def test_a_run_on_an_output_another_run_writes_is_refused_naming_that_run(option, name, holder, tmp_path, capsys):
+    other = holder(tmp_path / name, option)
+    err = run_refusal(["run", str(DEMO_BUNDLE), "--source", str(tmp_path / "clip.mp4"), "--query", "q", option,
+                       str(tmp_path / name)], capsys)
+    assert (f"{option} {tmp_path / name} is being written by another run (pid {other.process.pid}, sdqes-edge); "
+            "stop that run, or give this one another file") in err
+
+
+def test_a_run_killed_outright_leaves_a_lock_that_stops_no_one(holder, tmp_path):
+    other = holder(tmp_path / "alerts.jsonl")
+    other.kill()
+    assert lock_path(tmp_path / "alerts.jsonl").is_file()  # left behind, its lock gone with its process
+    assert hold(tmp_path / "alerts.jsonl", "--events") == tmp_path / ".alerts.jsonl.lock"
+    assert lock_path(tmp_path / "alerts.jsonl").read_text() == f"{os.getpid()} sdqes-edge\n"
+
+
+def test_two_links_to_one_file_are_one_file(holder, tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "alerts.jsonl").symlink_to(tmp_path / "data" / "alerts.jsonl")  # leads nowhere yet
+    holder(tmp_path / "data" / "alerts.jsonl")
+    with pytest.raises(Exception, match="is being written by another run"):
+        hold(tmp_path / "alerts.jsonl", "--events")
+
+
+def test_a_device_is_no_file_a_run_keeps_and_is_not_locked():
+    assert hold("/dev/null", "--events") is None  # /dev/stdout too: two runs may print to one terminal
+
+
+def test_sdqes_run_is_refused_an_alert_log_the_python_runtime_writes(native_build, holder, tmp_path):
+    """And the Python runtime one that sdqes-run writes: the same lock file, whichever took it."""
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"")
+    other = holder(tmp_path / "alerts.jsonl")
+    done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), "--source", str(clip),
+                           "--events", str(tmp_path / "alerts.jsonl")], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert (f"--events {tmp_path / 'alerts.jsonl'} is being written by another run (pid {other.process.pid}, "
+            "sdqes-edge)") in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_run_that_ends_lets_go_and_leaves_no_lock_file_so_the_next_run_in_the_same_process_may_write(tmp_path):
+    import cv2
+    import numpy as np
+
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    cv2.imwrite(str(frames / "000.png"), np.zeros((40, 60, 3), np.uint8))
+    argv = ["run", str(DEMO_BUNDLE), "--source", str(frames), "--query", "q", "--quiet",
+            "--events", str(tmp_path / "alerts.jsonl"), "--state", str(tmp_path / "state.npz")]
+    assert run(argv) == 0 and run(argv) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.jsonl", "frames", "state.npz"]
