@@ -31,6 +31,9 @@ TENSOR_HOLDERS: dict[str, dict[int, str]] = {
                        22: "SparseTensorProto", 23: "SparseTensorProto"},
     "SparseTensorProto": {1: "TensorProto", 2: "TensorProto"},
 }
+# How deep messages may nest, protobuf's own default (and so ONNX Runtime's): a graph whose subgraphs nest deeper is
+# not one any library reads. The walk is recursive, and 3,000 nested subgraphs in 30 KB were a RecursionError.
+NESTING_LIMIT = 100
 MODEL_METADATA_PROPS = 14  # ModelProto.metadata_props: repeated StringStringEntryProto {key = 1, value = 2}
 TENSOR_EXTERNAL_DATA = 13  # TensorProto.external_data: repeated StringStringEntryProto {key = 1, value = 2}
 EXTERNAL_LOCATION_KEY = "location"
@@ -45,7 +48,7 @@ class NotAGraph(ValueError):
 def external_data_locations(path: str | Path) -> list[str]:
     """Every external-data location the graph at ``path`` names, in file order (repeats kept out)."""
     found: list[str] = []
-    _read(path, lambda view: _walk(view, 0, len(view), "ModelProto", found))
+    _read(path, lambda view: _walk(view, 0, len(view), "ModelProto", found, 1))
     return list(dict.fromkeys(found))
 
 
@@ -116,7 +119,9 @@ def _fields(data: memoryview, pos: int, end: int):
             raise NotAGraph("a field runs past its message")
 
 
-def _walk(data: memoryview, pos: int, end: int, message: str, found: list[str]) -> None:
+def _walk(data: memoryview, pos: int, end: int, message: str, found: list[str], depth: int) -> None:
+    if depth > NESTING_LIMIT:
+        raise NotAGraph(f"messages nested deeper than protobuf's limit of {NESTING_LIMIT}")
     if message == "TensorProto":
         for number, start, stop in _fields(data, pos, end):
             if number == TENSOR_EXTERNAL_DATA:
@@ -128,4 +133,4 @@ def _walk(data: memoryview, pos: int, end: int, message: str, found: list[str]) 
     holders = TENSOR_HOLDERS[message]
     for number, start, stop in _fields(data, pos, end):
         if number in holders:
-            _walk(data, start, stop, holders[number], found)
+            _walk(data, start, stop, holders[number], found, depth + 1)

@@ -184,6 +184,33 @@ def test_a_listed_graph_that_is_not_protobuf_is_refused_in_one_line(bundle, tmp_
     assert "\n" not in str(refused.value)
 
 
+def _length_field(number: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field (tag, varint length, payload)."""
+    head = bytearray()
+    for value in (number << 3 | 2, len(payload)):
+        while value >= 0x80:
+            head.append(value & 0x7F | 0x80)
+            value >>= 7
+        head.append(value)
+    return bytes(head) + payload
+
+
+def test_a_graph_whose_subgraphs_nest_past_protobufs_limit_is_refused_in_one_line(bundle, tmp_path):
+    """The reader walks the messages that can hold a tensor by recursion: 3,000 nested subgraphs (30 KB, ModelProto
+    -> GraphProto -> NodeProto -> AttributeProto -> GraphProto ...) were a RecursionError. No library reads messages
+    nested past protobuf's own limit of 100, and neither does this."""
+    graph = b""
+    for _ in range(3000):
+        graph = _length_field(1, _length_field(5, _length_field(6, graph)))  # node -> attribute -> its graph
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle, copy)
+    (copy / STEP).write_bytes(_length_field(7, graph))
+    _rehash(copy, STEP)
+    with pytest.raises(BundleError, match=f"{STEP} is not an ONNX graph [(]messages nested deeper than protobuf's "
+                                          "limit of 100[)]"):
+        load_bundle(copy)
+
+
 @pytest.mark.parametrize("name", ["manifest.json", "training.json", "engines"])
 def test_a_name_the_runtime_looks_for_itself_is_not_followed_out_of_the_bundle_by_a_symlink(name, bundle, tmp_path):
     """The manifest, the training record and the engines folder are found by their names, not through the
