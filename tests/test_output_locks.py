@@ -59,6 +59,15 @@ def test_a_run_on_an_output_another_run_writes_is_refused_naming_that_run(option
             "stop that run, or give this one another file") in err
 
 
+def test_a_first_run_into_a_folder_not_made_yet_is_locked_too(holder, tmp_path, capsys):
+    """The run makes an output's folders as it starts writing: had the lock waited for them, two runs started at
+    once on a new service's paths would both have gone unlocked."""
+    other = holder(tmp_path / "new" / "alerts.jsonl")
+    err = run_refusal(["run", str(DEMO_BUNDLE), "--source", str(tmp_path / "clip.mp4"), "--query", "q", "--events",
+                       str(tmp_path / "new" / "alerts.jsonl")], capsys)
+    assert f"is being written by another run (pid {other.process.pid}, sdqes-edge)" in err
+
+
 def test_a_run_killed_outright_leaves_a_lock_that_stops_no_one(holder, tmp_path):
     other = holder(tmp_path / "alerts.jsonl")
     other.kill()

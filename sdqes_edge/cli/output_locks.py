@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import through_links
+from sdqes_edge.files import make_folders, through_links
 
 LOCK_SUFFIX = ".lock"
 PROGRAM = "sdqes-edge"  # what the lock file says holds it, beside the process id (sdqes-run writes its own name)
@@ -44,6 +44,7 @@ def hold(output: str | os.PathLike, option: str) -> Path | None:
     lock = lock_path(target)
     while True:
         try:
+            make_folders(lock.parent)  # as the run would make them: a first run into a new folder is locked too
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError:  # a folder this user may not create in: unlocked
             return None
