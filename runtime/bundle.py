@@ -210,11 +210,11 @@ def _refuse_non_numbers(token: str):
     raise ValueError(f"{token} is not a JSON number")
 
 
-
 def _shortened(words: str, most: int = 240) -> str:
     """A schema refusal's words, which quote the value refused whole: a megabyte of it made a one-line error a
     megabyte long. The start says what the value is, the end why it is refused."""
     return words if len(words) <= most else f"{words[:most - 80]} ... {words[-60:]}"
+
 
 def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     """Open a bundle directory, refusing one whose manifest or files are not what the exporter wrote."""

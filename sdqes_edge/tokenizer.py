@@ -24,6 +24,7 @@ import ftfy
 import numpy as np
 import regex
 
+from .config import CLIP_VOCAB_SIZE
 from .errors import UserError
 
 VOCAB_FILE = "bpe_simple_vocab_16e6.txt.gz"
@@ -32,9 +33,10 @@ START_TOKEN = "<|startoftext|>"
 END_TOKEN = "<|endoftext|>"
 CONTEXT_LENGTH = 77
 OVERFLOW_POLICIES = ("error", "truncate")
-# The vocabulary file: a header line, then merges, of which CLIP uses the first 49152 - 256 - 2 (its 49,408 tokens:
-# 512 byte tokens, these merges, start and end). A merge is two short tokens, so no line of it is long.
-CLIP_MERGES = 49152 - 256 - 2
+# The vocabulary file: a header line, then merges, of which CLIP uses as many as its vocabulary holds beside its 512
+# byte tokens (each byte alone and word-final) and its start and end tokens: 48,894. A merge is two short tokens, so
+# no line of it is long.
+CLIP_MERGES = CLIP_VOCAB_SIZE - 2 * 256 - 2
 LONGEST_MERGE_LINE = 1024
 
 # CLIP's split pattern (case-insensitive): special tokens, English contractions,

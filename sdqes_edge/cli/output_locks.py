@@ -5,10 +5,10 @@ same volume, a run by hand beside the service) each resumed from and saved over 
 alert log between them, without a word. A run now holds an advisory lock (``flock``) on a file beside each of those
 outputs, ``.NAME.lock``, holding its process id, for as long as the command runs (the file removed as it ends);
 the kernel lets the lock go when the process ends, however it ends (a kill -9, a power cut), so a lock file left
-behind stops no one. sdqes-run takes the same locks on its --events and
---state, so neither runtime shares those files with the other either. Where a lock cannot be taken (a file system
-without locks, a folder this user may append to but not create in, an output that is a device such as /dev/stdout)
-the run goes on unlocked, as it did before.
+behind stops no one. sdqes-run takes the same locks on its --events and --state (``sdqes::hold_output``), so
+neither runtime shares those files with the other either. Where a lock cannot be taken (a file system without
+locks, a folder this user may append to but not create in, an output that is a device such as /dev/stdout) the run
+goes on unlocked, as it did before.
 """
 
 from __future__ import annotations
