@@ -50,7 +50,8 @@ def run_refusal(argv: list[str], capsys) -> str:
 
 
 @pytest.mark.parametrize("option, name", [("--events", "alerts.jsonl"), ("--state", "state.npz"),
-                                          ("--save-state", "state.npz")])
+                                          ("--save-state", "state.npz"), ("--annotate", "annotated.mp4"),
+                                          ("--scores", "trace.npz")])
 def test_a_run_on_an_output_another_run_writes_is_refused_naming_that_run(option, name, holder, tmp_path, capsys):
     other = holder(tmp_path / name, option)
     err = run_refusal(["run", str(DEMO_BUNDLE), "--source", str(tmp_path / "clip.mp4"), "--query", "q", option,

@@ -100,11 +100,17 @@ def _holder(fd: int) -> str:
 
 
 def hold_run_outputs(args) -> None:
-    """``run``'s alert log and state snapshot (``--state`` or ``--save-state``, by the name the snapshot is saved
-    under), each locked for the run."""
+    """``run``'s files, each locked for the run: the alert log, the state snapshot (``--state`` or ``--save-state``,
+    by the name it is saved under), the annotated video and a score trace given as one file (a folder of traces is
+    not locked: runs of other sources may share one, each writing its own stream's)."""
     from sdqes_edge.runtime.snapshots import snapshot_path
+    from sdqes_edge.traces import TRACE_SUFFIX
 
     if args.events:
         hold(args.events, "--events")
     if args.state or args.save_state:
         hold(snapshot_path(args.state or args.save_state), "--state" if args.state else "--save-state")
+    if args.annotate:
+        hold(args.annotate, "--annotate")
+    if args.scores and Path(args.scores).suffix == TRACE_SUFFIX:
+        hold(args.scores, "--scores")
