@@ -112,3 +112,27 @@ def test_a_run_that_ends_lets_go_and_leaves_no_lock_file_so_the_next_run_in_the_
             "--events", str(tmp_path / "alerts.jsonl"), "--state", str(tmp_path / "state.npz")]
     assert run(argv) == 0 and run(argv) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.jsonl", "frames", "state.npz"]
+
+
+def test_a_link_planted_where_the_lock_file_goes_is_never_followed(tmp_path):
+    """The lock file is the program's own, not one the user named: in a shared folder such as /tmp another user may
+    plant a link in its place, and following it wrote the pid over the file it led to (a .bashrc)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file\n")
+    lock_path(tmp_path / "alerts.jsonl").symlink_to(victim)
+    assert hold(tmp_path / "alerts.jsonl", "--events") is None  # unlocked, as on a file system without locks
+    assert victim.read_text() == "the user's own file\n"
+    hard = tmp_path / "state.npz"
+    os.link(victim, lock_path(hard))  # a file with another name: not written either
+    assert hold(hard, "--state") is None and victim.read_text() == "the user's own file\n"
+
+
+def test_sdqes_run_never_follows_a_link_planted_where_the_lock_file_goes(native_build, tmp_path):
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file\n")
+    lock_path(tmp_path / "alerts.jsonl").symlink_to(victim)
+    subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), "--source", str(clip),
+                    "--events", str(tmp_path / "alerts.jsonl")], capture_output=True, text=True)
+    assert victim.read_text() == "the user's own file\n"

@@ -186,8 +186,18 @@ void hold_output(const std::filesystem::path& output, const std::string& option)
   if (std::filesystem::exists(target, error) && !std::filesystem::is_regular_file(target, error)) return;
   const std::filesystem::path lock = folder_of(target) / ("." + target.filename().string() + ".lock");
   for (;;) {
-    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return;  // a folder this user may not create in: unlocked
+    // The program's own file, not one the user named: a link there is never followed (one planted in a shared folder
+    // such as /tmp would have had the pid written over the file it leads to), nor a file with other names written;
+    // another user's lock file is opened to read, which is all a lock needs (output_locks.py's _open_lock).
+    constexpr int kFlags = O_CREAT | O_CLOEXEC | O_NOFOLLOW;
+    int fd = ::open(lock.c_str(), O_RDWR | kFlags, 0644);
+    if (fd < 0 && errno == EACCES) fd = ::open(lock.c_str(), O_RDONLY | kFlags);
+    if (fd < 0) return;  // a folder this user may not create in, a link in the lock's place: unlocked
+    struct stat opened {};
+    if (::fstat(fd, &opened) != 0 || !S_ISREG(opened.st_mode) || opened.st_nlink != 1) {
+      ::close(fd);
+      return;
+    }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int failure = errno;
       char words[200] = {};
@@ -205,7 +215,9 @@ void hold_output(const std::filesystem::path& output, const std::string& option)
     }
     if (same_file(fd, lock)) {
       const std::string holder = std::to_string(::getpid()) + " sdqes-run\n";
-      if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, holder.data(), holder.size(), 0);
+      if (opened.st_uid == ::geteuid() && ::ftruncate(fd, 0) == 0) {
+        (void)!::pwrite(fd, holder.data(), holder.size(), 0);
+      }
       held.locks.emplace_back(fd, lock);
       return;
     }

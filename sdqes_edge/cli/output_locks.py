@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 from sdqes_edge.errors import UserError
@@ -45,8 +46,10 @@ def hold(output: str | os.PathLike, option: str) -> Path | None:
     while True:
         try:
             make_folders(lock.parent)  # as the run would make them: a first run into a new folder is locked too
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError:  # a folder this user may not create in: unlocked
+            fd = _open_lock(lock)
+        except OSError:  # a folder this user may not create in, a link planted in the lock's place: unlocked
+            return None
+        if fd is None:
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -63,10 +66,28 @@ def hold(output: str | os.PathLike, option: str) -> Path | None:
         if _same_file(fd, lock):
             break
         os.close(fd)  # the lock file was replaced between its open and its lock: lock the one there now
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()} {PROGRAM}\n".encode())
+    if os.fstat(fd).st_uid == os.geteuid():  # another user's lock file (a shared folder) is locked, not written
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {PROGRAM}\n".encode())
     _HELD.append((fd, lock))
     return lock
+
+
+def _open_lock(lock: Path) -> int | None:
+    """The lock file opened, made where missing; None where what is there is no lock file of a run's. It is the
+    program's own file, not one the user named, so a symbolic link there is never followed (O_NOFOLLOW: one planted
+    in a shared folder such as /tmp would have had the pid written over the file it leads to), nor a file with other
+    names (a hard link) written; another user's lock file is opened to read, which is all a lock needs."""
+    flags = os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(lock, os.O_RDWR | flags, 0o644)
+    except PermissionError:
+        fd = os.open(lock, os.O_RDONLY | flags)
+    held = os.fstat(fd)
+    if not stat.S_ISREG(held.st_mode) or held.st_nlink != 1:
+        os.close(fd)
+        return None
+    return fd
 
 
 def release_all() -> None:
