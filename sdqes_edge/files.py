@@ -74,6 +74,7 @@ def replaced_atomically(path: Path) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)  # its links followed already
     partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
     try:
+        _claim(partial)
         yield partial
         flush_to_disk(partial)
         os.replace(partial, target)
@@ -82,6 +83,15 @@ def replaced_atomically(path: Path) -> Iterator[Path]:
         raise_naming(exc, path, partial)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _claim(partial: Path) -> None:
+    """``partial`` made afresh as an empty file of this process's, whatever was at its name (a leftover of a process
+    that had this pid, or a link planted there: its name can be guessed, and in a shared folder a link put in its
+    place had the block write through it to the file it led to). Never following a link (O_NOFOLLOW), and made only
+    where nothing is (O_EXCL), so that a link planted again between the two is refused, not followed."""
+    partial.unlink(missing_ok=True)
+    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
 
 
 def flush_to_disk(path: Path) -> None:

@@ -35,6 +35,20 @@ def test_a_file_replaced_whole_is_replaced_where_its_link_leads_and_the_link_is_
     assert [p.name for p in (tmp_path / "data").iterdir()] == ["state.npz"]  # no partial file left
 
 
+def test_a_link_planted_where_the_partial_copy_goes_is_never_written_through(tmp_path):
+    """The partial copy's name (.NAME.partial-PID) can be guessed: a link planted there in a shared folder had the
+    block write through it to the file it led to. It is removed and the partial made afresh, never through a link."""
+    import os
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file\n")
+    (tmp_path / f".state.json.partial-{os.getpid()}").symlink_to(victim)
+    with replaced_atomically(tmp_path / "state.json") as partial:
+        partial.write_text("{}")
+    assert (tmp_path / "state.json").read_text() == "{}" and victim.read_text() == "the user's own file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json", "victim.txt"]
+
+
 def test_a_link_that_leads_nowhere_yet_is_made_where_it_points_folders_too(tmp_path):
     (tmp_path / "traces").symlink_to("on-the-card/traces")  # a folder not made yet
     check_output_dir(tmp_path / "traces", "--scores")

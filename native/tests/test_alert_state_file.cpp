@@ -222,6 +222,19 @@ TEST(WriteAtomically, ReplacesTheFileALinkLeadsToAndKeepsTheLink) {
   EXPECT_TRUE(fs::is_symlink(folder.path / "pending.json") && fs::is_regular_file(folder.path / "later" / "state.json"));
 }
 
+TEST(WriteAtomically, NeverWritesThroughALinkPlantedWhereItsPartialCopyGoes) {
+  // The partial copy's name (.NAME.partial-PID) can be guessed: a link planted there in a shared folder had the state
+  // written through it to the file it led to.
+  Folder folder;
+  write(folder.path / "victim.txt", "the user's own file");
+  fs::create_symlink(folder.path / "victim.txt",
+                     folder.path / (".state.json.partial-" + std::to_string(::getpid())));
+  sdqes::write_atomically(folder.path / "state.json", std::string("new"));
+  std::ifstream victim(folder.path / "victim.txt"), state(folder.path / "state.json");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(victim), {}), "the user's own file");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(state), {}), "new");
+}
+
 TEST(CheckPathForm, ANameTooLongAndLinksInALoopAreOneLineNamingTheOptionAsThePythonRuntimeSaysThem) {
   Folder folder;
   const fs::path long_name = folder.path / (std::string(300, 'a') + ".json");
