@@ -76,7 +76,7 @@ void write_atomically(const std::filesystem::path& asked, const std::vector<std:
       folder_of(path) / ("." + path.filename().string() + ".partial-" + std::to_string(::getpid()));
   // Made afresh, never through a link: its name can be guessed, and a link planted in its place in a shared folder had
   // the state written through it to the file it led to (files.py's _claim). O_EXCL: one planted again is refused.
-  ::unlink(partial.c_str());
+  if (::unlink(partial.c_str()) != 0 && errno != ENOENT) throw Error(std::strerror(errno));  // a folder there: EISDIR
   const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   std::FILE* file = fd < 0 ? nullptr : ::fdopen(fd, "w");
   if (fd >= 0 && file == nullptr) ::close(fd);
