@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,10 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
          ["run", str(t / "linked"), "--source", "x.mp4", "--query", Q]),
         ("a query added to queries.json alone (sha256 resealed)", ["run", str(t / "requeried"), "--source", "x.mp4"]),
         ("video file missing", ["run", str(b), "--source", str(t / "missing.mp4"), "--query", Q]),
+        ("a bundle path holding a terminal's control characters (shown, not obeyed)",
+         ["run", str(t / "\x1b[2Jbundle"), "--source", "x.mp4", "--query", Q]),
+        ("a queries CSV with a cell past the csv module's 128 KiB",
+         ["run", str(b), "--source", str(t / "clip.avi"), "--queries-file", str(t / "long-cell.csv")]),
         ("video unreadable", ["run", str(b), "--source", str(t / "garbage.mp4"), "--query", Q]),
         ("a still image as the source", ["run", str(b), "--source", str(t / "photo.jpg"), "--query", Q]),
         ("a folder of videos as the source", ["run", str(b), "--source", str(t / "videos"), "--query", Q]),
@@ -91,6 +96,7 @@ def run_output_cases(run: list[str], t: Path) -> list[tuple[str, list[str]]]:
         ("--events cannot be written", [*run, "--events", "/proc/version"]),
         ("--scores under a file", [*run, "--scores", str(t / "garbage.mp4" / "s")]),
         ("--events through symbolic links in a loop", [*run, "--events", str(t / "loop-a" / "alerts.jsonl")]),
+        ("--events another run is writing", [*run, "--events", str(t / "held" / "alerts.jsonl")]),
         ("--annotate with a name longer than the file system holds",
          [*run, "--annotate", str(t / (LONG_NAME + ".mp4"))]),
         ("--save-state is a folder", [*run, "--save-state", str(t)]),
@@ -242,7 +248,21 @@ def prepare(t: Path) -> Path:
     shutil.copytree(b, t / "linked", ignore=shutil.ignore_patterns("manifest.json"))
     (t / "linked" / "manifest.json").symlink_to(b / "manifest.json")
     _add_query_to_texts_alone(t / "fused", t / "requeried")
+    _other_run_and_odd_files(t)
     return b
+
+
+OTHER_RUNS: list[subprocess.Popen] = []  # what stands for a run already going, killed once the table is made
+
+
+def _other_run_and_odd_files(t: Path) -> None:
+    """Another run holding held/alerts.jsonl (cli/output_locks.py); a queries CSV with a cell past 128 KiB."""
+    code = ("import sys, time; from sdqes_edge.cli.output_locks import hold; hold(sys.argv[1], '--events'); "
+            "print('held', flush=True); time.sleep(600)")
+    OTHER_RUNS.append(subprocess.Popen([sys.executable, "-c", code, str(t / "held" / "alerts.jsonl")],
+                                       stdout=subprocess.PIPE, text=True))
+    OTHER_RUNS[-1].stdout.readline()  # held
+    (t / "long-cell.csv").write_text(f"query,response\n{Q}," + "x" * 200_000 + "\n")
 
 
 def _edit_manifests(b: Path, t: Path) -> None:
@@ -360,6 +380,7 @@ def main() -> None:
             lines = [line for line in done.stderr.strip().splitlines() if line and not line.startswith(WARNED)]
             message = lines[-1] if lines else done.stdout.strip().splitlines()[-1]
             shown = message.replace(tmp, "…").replace(LONG_NAME, "aaa…(300 letters)").replace("|", "\\|")
+            shown = re.sub(r"pid \d+", "pid 1234", shown)  # the other run's, another each time
             rows.append(f"| {what} | {done.returncode} | {len(lines)} | `{shown}` |")
             print(f"{done.returncode} {what}: {shown[:120]}")
     OUT.write_text("# Bad input, and what sdqes-edge says\n\n"
@@ -370,6 +391,8 @@ def main() -> None:
                    "state, which a service manager restarts).\n\n"
                    "| what the user did | exit | stderr lines | message |\n|---|---|---|---|\n"
                    + "\n".join(rows) + "\n")
+    for holder in OTHER_RUNS:
+        holder.kill()
     print(f"wrote {OUT}")
 
 
