@@ -367,3 +367,16 @@ def test_an_alert_of_a_live_stream_reaches_a_pipe_while_the_stream_runs(endless_
     assert b"Tell me when the blue ball starts rolling." in read_while_streaming[0]
     assert still_streaming and proc.returncode == 143  # read while it ran, then stopped as SIGTERM stops it
 
+
+
+def test_a_source_named_with_a_terminals_control_characters_is_shown_not_obeyed(exported, tmp_path):
+    """The run names its sources in every line it says (what streams, a source's news): a video whose file name held
+    "\x1b[2J" cleared the terminal as the run began."""
+    from sdqes_edge.sample import sample_frames
+
+    _, bundle = exported
+    video = write_video(tmp_path / "\x1b[2Jkitchen.avi", sample_frames(6, 48, 64))
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
+                           "--query", QUERY], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "streaming \\x1b[2Jkitchen at" in done.stderr and "\x1b" not in done.stderr + done.stdout

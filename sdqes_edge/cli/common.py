@@ -226,6 +226,12 @@ def model_from_args(args: argparse.Namespace):
     return model, f"preset {cfg.name} (random weights, seed {seed})"
 
 
+def say(message: str) -> None:
+    """A line of the run's own on stderr (a source's news, what streams), after the program's name: it names sources
+    and paths the user gave, so its control characters are shown, not obeyed, as in a warning."""
+    print(f"{PROG}: {terminal_safe(message)}", file=sys.stderr)
+
+
 def warn(message: str) -> None:
     """A warning of the command line's: one line on stderr, after the program's name."""
     print(f"{PROG}: warning: {terminal_safe(message)}", file=sys.stderr)

@@ -17,6 +17,7 @@ from sdqes_edge.cli.common import (
     at_least,
     finite_number,
     path_text,
+    say,
     seconds_at_least,
     text_key,
     warn,
@@ -37,7 +38,7 @@ from sdqes_edge.cli.run_outputs import (
     videos_written,
 )
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
-from sdqes_edge.errors import SourceUnavailable, UserError
+from sdqes_edge.errors import SourceUnavailable, UserError, terminal_safe
 from sdqes_edge.files import set_aside
 from sdqes_edge.path_checks import (
     ALERT_LOG_EXAMPLE,
@@ -84,14 +85,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     file_queries, command_line_keys = _add_queries(detector, args)
     detector.warm_up()  # before a camera opens: the first real frame's latency is a steady one
     # All at once, on threads of their own: a stop while a stream is still opening comes at once.
-    sources = open_sources(args.source, detector.fps, log=lambda message: print(f"{PROG}: {message}", file=sys.stderr),
-                           stream_timeout_s=args.stream_timeout or STREAM_TIMEOUT_S)
+    sources = open_sources(args.source, detector.fps, log=say, stream_timeout_s=args.stream_timeout or STREAM_TIMEOUT_S)
     renamed = give_distinct_names(sources)
     if renamed:
         print(f"{PROG}: note: several sources have the same name; in alerts and outputs they are called "
               f"{', '.join(s.name for s in sources)}", file=sys.stderr)
     for source in sources:
-        source.log = lambda message: print(f"{PROG}: {message}", file=sys.stderr)
+        source.log = say
     if args.resume:
         _resume(detector, args)
     detector.attach(sources)  # a file the snapshot was reading goes on where it stopped (before the progress bar)
@@ -101,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     header = (f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
               f"quer{'y' if count == 1 else 'ies'}, {_policy_words(detector, args)} "
               f"({backend_words(detector.backend, args)})")
-    print(header + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)
+    print(terminal_safe(header + ("; Ctrl-C to stop" if live else "")), file=sys.stderr)  # source names shown
     manager = ServiceManager()  # systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
     manager.ready(header)
     tip = device_tip(detector, args)
