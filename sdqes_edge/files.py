@@ -293,7 +293,6 @@ def scratch(prefix: str) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-
 def parse_json(text: str | bytes, **options: Any) -> Any:
     """``json.loads``, with text nested deeper than Python's recursion limit (about a thousand levels) refused as
     ValueError, as any other text that is not JSON is. Python's json reads nesting by recursion, and the
@@ -303,6 +302,7 @@ def parse_json(text: str | bytes, **options: Any) -> Any:
         return json.loads(text, **options)
     except RecursionError:
         raise ValueError("nested deeper than the thousand or so levels Python reads") from None
+
 
 # What numpy raises for a file that is not a whole .npz: not a zip (ValueError), one cut short (BadZipFile where
 # its directory is gone, EOFError where an array is), a missing or mangled member (KeyError, IndexError), a member

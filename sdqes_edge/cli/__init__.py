@@ -31,13 +31,14 @@ from sdqes_edge.cli.common import (
     OneLineErrorParser,
     check_output_paths,
     missing_module_words,
+    say_error,
     stray_words_hint,
     warn,
 )
 from sdqes_edge.cli.output import prepare_output
 from sdqes_edge.cli.output_locks import release_all
 from sdqes_edge.cli.refusals import refusal_words
-from sdqes_edge.errors import UserError, module_absent, terminal_safe
+from sdqes_edge.errors import UserError, module_absent
 from sdqes_edge.stopping import exit_code_of, exit_process, ignore_termination, raise_on_termination, signal_of
 
 __all__ = ["PROG", "build_parser", "main", "run"]
@@ -117,24 +118,24 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
             _prepare_opencv()
         check_output_paths(args)
         return args.func(args)
-    except UserError as exc:  # its words may quote a file, a bundle or a flag: their control characters shown
-        print(f"{PROG}: error: {terminal_safe(str(exc))}", file=sys.stderr)
+    except UserError as exc:
+        say_error(str(exc))
         return exc.exit_code
     except ModuleNotFoundError as exc:  # a workstation's command on a device that has the runtime alone
         words = missing_module_words(exc, getattr(args, "command", None))
         if words is None:
             raise
-        print(f"{PROG}: error: {words}", file=sys.stderr)
+        say_error(words)
         return 2
     except MemoryError as exc:  # what was asked for does not fit (an export --batch of 100000 streams)
-        print(f"{PROG}: error: out of memory{f' ({exc})' if str(exc) else ''}; ask for less: fewer streams "
-              "(--batch), fewer frames, or a smaller model", file=sys.stderr)
+        say_error(f"out of memory{f' ({exc})' if str(exc) else ''}; ask for less: fewer streams "
+              "(--batch), fewer frames, or a smaller model")
         return 1
     except OSError as exc:
         said = refusal_words(exc)
         if said is None:
             raise  # anything else is a bug of ours, and its traceback is what a report needs
-        print(f"{PROG}: error: {terminal_safe(said[0])}", file=sys.stderr)
+        say_error(said[0])
         return said[1]
     except KeyboardInterrupt as interrupt:  # from start-up on: no traceback for a stop, whenever it comes
         print(f"{PROG}: interrupted ({signal.Signals(signal_of(interrupt)).name})", file=sys.stderr)

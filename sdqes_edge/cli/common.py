@@ -237,6 +237,12 @@ def warn(message: str) -> None:
     print(f"{PROG}: warning: {terminal_safe(message)}", file=sys.stderr)
 
 
+def say_error(message: str) -> None:
+    """A refusal or failure of the command line's: one line on stderr, after the program's name; its words may quote
+    a file, a bundle or a flag the user gave, so their control characters are shown, not obeyed."""
+    print(f"{PROG}: error: {terminal_safe(message)}", file=sys.stderr)
+
+
 def onnxruntime_gpu_here() -> bool:
     """Whether ONNX Runtime could step on a GPU here: an NVIDIA driver loaded and this build offering the CUDA
     provider (``sdqes-edge doctor`` goes on to make a session). For the commands that default to the CPU to say so."""

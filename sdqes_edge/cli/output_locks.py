@@ -47,9 +47,9 @@ def hold(output: str | os.PathLike, option: str) -> Path | None:
         try:
             make_folders(lock.parent)  # as the run would make them: a first run into a new folder is locked too
             fd = _open_lock(lock)
-        except OSError:  # a folder this user may not create in, a link planted in the lock's place: unlocked
-            return None
-        if fd is None:
+        except OSError:  # a folder this user may not create in, a link planted in the lock's place
+            fd = None
+        if fd is None:  # unlocked
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

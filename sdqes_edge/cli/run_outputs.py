@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import PROG, finite_number, path_text, seconds_at_least, warn
+from sdqes_edge.cli.common import PROG, finite_number, path_text, say_error, seconds_at_least, warn
 from sdqes_edge.cli.refusals import refusal_words
 from sdqes_edge.errors import SourceUnavailable, UserError
 from sdqes_edge.traces import TRACE_SUFFIX
@@ -144,7 +144,7 @@ def raise_failures(failures: list[Exception]) -> None:
         said = refusal_words(other) if isinstance(other, OSError) else (str(other), 1)
         if said is None:
             raise other
-        print(f"{PROG}: error: {said[0]}", file=sys.stderr)
+        say_error(said[0])
     if failures:
         raise failures[0]
 
@@ -225,7 +225,7 @@ def summarize_run(sources: list, stats: RunStats, exit_code: int, written: list[
         lost = source.lost_words()
         if lost:
             status = f" (exit status {SourceUnavailable.exit_code})" if exit_code == 0 else ""
-            print(f"{PROG}: error: {lost}{status}", file=sys.stderr)  # (a stop asked for after keeps its own status)
+            say_error(f"{lost}{status}")  # (a stop asked for after keeps its own status)
         if source.start_index and not source.stats.sampled and exit_code == 0:  # resumed past its end: 0 frames
             print(f"{PROG}: note: {source.name} has no frames after {source.start_index / source.fps:g} s, where the "
                   "state snapshot stopped: the run it resumes had streamed it to its end", file=sys.stderr)
