@@ -102,16 +102,48 @@ def test_sdqes_run_is_refused_an_alert_log_the_python_runtime_writes(native_buil
 
 
 def test_a_run_that_ends_lets_go_and_leaves_no_lock_file_so_the_next_run_in_the_same_process_may_write(tmp_path):
-    import cv2
-    import numpy as np
-
-    frames = tmp_path / "frames"
-    frames.mkdir()
-    cv2.imwrite(str(frames / "000.png"), np.zeros((40, 60, 3), np.uint8))
+    frames = a_frames_folder(tmp_path, "frames")
     argv = ["run", str(DEMO_BUNDLE), "--source", str(frames), "--query", "q", "--quiet",
             "--events", str(tmp_path / "alerts.jsonl"), "--state", str(tmp_path / "state.npz")]
     assert run(argv) == 0 and run(argv) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alerts.jsonl", "frames", "state.npz"]
+
+
+def a_frames_folder(tmp_path: Path, name: str = "kitchen") -> Path:
+    """A source of one frame, streamed under the folder's name."""
+    import cv2
+    import numpy as np
+
+    folder = tmp_path / name
+    folder.mkdir()
+    cv2.imwrite(str(folder / "000.png"), np.zeros((40, 60, 3), np.uint8))
+    return folder
+
+
+def test_a_folder_of_score_traces_is_locked_per_source(holder, tmp_path, capsys):
+    """Runs of other sources may share one folder of traces, each writing its own; two runs of one source into it had
+    written one trace between them."""
+    source, traces = a_frames_folder(tmp_path), tmp_path / "traces"
+    holder(traces / "hallway.npz", "--scores")  # another source's run: no matter
+    assert run(["run", str(DEMO_BUNDLE), "--source", str(source), "--query", "q", "--quiet",
+                "--scores", str(traces)]) == 0
+    assert (traces / "kitchen.npz").is_file()
+    capsys.readouterr()
+    other = holder(traces / "kitchen.npz", "--scores")  # this source's run
+    err = run_refusal(["run", str(DEMO_BUNDLE), "--source", str(source), "--query", "q", "--quiet",
+                       "--scores", str(traces)], capsys)
+    assert (f"--scores {traces / 'kitchen.npz'} is being written by another run (pid {other.process.pid}, "
+            "sdqes-edge)") in err
+
+
+def test_each_sources_own_annotated_video_is_locked(_step_graph_bundles, holder, tmp_path, capsys):
+    """Several sources with one --annotate name write one video each beside it (out.kitchen.mp4)."""
+    four_streams = _step_graph_bundles[4]
+    sources = [a_frames_folder(tmp_path, "kitchen"), a_frames_folder(tmp_path, "hallway")]
+    other = holder(tmp_path / "out.hallway.mp4", "--annotate")
+    err = run_refusal(["run", str(four_streams), "--source", str(sources[0]), "--source", str(sources[1]),
+                       "--query", "q", "--quiet", "--annotate", str(tmp_path / "out.mp4")], capsys)
+    assert f"--annotate {tmp_path / 'out.hallway.mp4'} is being written by another run (pid {other.process.pid}" in err
 
 
 def test_a_link_planted_where_the_lock_file_goes_is_never_followed(tmp_path):

@@ -43,6 +43,8 @@ def hold(output: str | os.PathLike, option: str) -> Path | None:
     if target.exists() and not target.is_file():  # /dev/stdout, a FIFO: not a file a run keeps
         return None
     lock = lock_path(target)
+    if any(held == lock for _, held in _HELD):  # held already by this run (a trace named twice over): one lock
+        return lock
     while True:
         try:
             make_folders(lock.parent)  # as the run would make them: a first run into a new folder is locked too
@@ -122,8 +124,8 @@ def _holder(fd: int) -> str:
 
 def hold_run_outputs(args) -> None:
     """``run``'s files, each locked for the run: the alert log, the state snapshot (``--state`` or ``--save-state``,
-    by the name it is saved under), the annotated video and a score trace given as one file (a folder of traces is
-    not locked: runs of other sources may share one, each writing its own stream's)."""
+    by the name it is saved under), the annotated video and a score trace given as one file. A folder of traces,
+    and the files of several sources, are locked per source, once the sources are open (``hold_source_outputs``)."""
     from sdqes_edge.runtime.snapshots import snapshot_path
     from sdqes_edge.traces import TRACE_SUFFIX
 
@@ -135,3 +137,13 @@ def hold_run_outputs(args) -> None:
         hold(args.annotate, "--annotate")
     if args.scores and Path(args.scores).suffix == TRACE_SUFFIX:
         hold(args.scores, "--scores")
+
+
+def hold_source_outputs(trace_paths: list[Path], video_paths: list[Path]) -> None:
+    """Each source's own score trace and annotated video, locked for the run (see ``hold_run_outputs``): runs of
+    other sources may share a folder of traces, each writing its own, but two runs of one source into it had
+    written one trace between them."""
+    for path in trace_paths:
+        hold(path, "--scores")
+    for path in video_paths:
+        hold(path, "--annotate")

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import PROG, finite_number, path_text, say_error, seconds_at_least, warn
+from sdqes_edge.cli.common import PROG, finite_number, path_text, say, say_error, seconds_at_least, warn
+from sdqes_edge.cli.output_locks import hold_source_outputs
 from sdqes_edge.cli.refusals import refusal_words
 from sdqes_edge.errors import SourceUnavailable, UserError
 from sdqes_edge.traces import TRACE_SUFFIX
@@ -61,9 +62,9 @@ def attach_sinks(detector: StreamingDetector, sources: list,
     from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
     from sdqes_edge.runtime.sinks import ConsoleSink, JsonlSink, ScoreTraceRecorder
 
-    def say(message: str) -> None:  # an output's news (refused by a full disk, written again) as one line
-        print(f"{PROG}: {message}", file=sys.stderr)
-
+    trace_paths = score_trace_paths(args.scores, sources) if args.scores else []
+    video_paths = paths_per_source(args.annotate, sources) if args.annotate else []
+    hold_source_outputs(trace_paths, video_paths)  # before any is opened: another run of this source is refused
     if not args.quiet:
         detector.add_sink(ConsoleSink())
     if args.events:
@@ -72,8 +73,7 @@ def attach_sinks(detector: StreamingDetector, sources: list,
     videos = [AnnotatedVideoSink(path, detector.fps, detector.thresholds, stream=i,
                                  segment_seconds=annotation_segment_seconds(args, source),
                                  first_frame=source.start_index, keep_seconds=keep, resumed=bool(args.resume))
-              for i, (source, path) in enumerate(zip(sources, paths_per_source(args.annotate, sources)))
-              ] if args.annotate else []
+              for i, (source, path) in enumerate(zip(sources, video_paths))]
     for sink, source in zip(videos, sources):
         sink.log = say
         detector.add_sink(sink)
@@ -87,7 +87,6 @@ def attach_sinks(detector: StreamingDetector, sources: list,
     elif keep and not any(sink.segment_seconds for sink in videos):
         warn("--annotate-keep removes old segments, and no annotated video here is in segments (a file's is not, "
              "unless --annotate-segment): ignored")
-    trace_paths = score_trace_paths(args.scores, sources) if args.scores else []
     for i, (source, path) in enumerate(zip(sources, trace_paths)):
         recorder = ScoreTraceRecorder(path, source.name, detector.fps, stream=i, model=detector.bundle.model_identity,
                                       first_frame=source.start_index)
