@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .annotations import Annotation
+from .errors import terminal_safe
 from .files import make_folders, write_text_atomically
 from .metrics import (
     RECALL_KS,
@@ -145,14 +146,16 @@ def metric_threshold_notes(rows: dict[str, EvalResult]) -> list[str]:
 
 
 def text_table(rows: dict[str, EvalResult]) -> str:
+    """The rows for a terminal: a method's name (a folder of traces, someone else's) with its control characters
+    shown, not obeyed."""
     head = ["method", "threshold", "queries", "no alert"] + _columns()
-    body = [[name, _threshold_cell(r), str(r.queries), str(r.without_prediction)] + _row(r)
+    body = [[terminal_safe(name), _threshold_cell(r), str(r.queries), str(r.without_prediction)] + _row(r)
             for name, r in rows.items()]
     widths = [max(len(head[i]), *(len(b[i]) for b in body)) for i in range(len(head))]
     lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths)))]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(b, widths)))
               for b in body]
-    return "\n".join(lines + metric_threshold_notes(rows))
+    return "\n".join(lines + [terminal_safe(note) for note in metric_threshold_notes(rows)])
 
 
 def markdown_table(rows: dict[str, EvalResult]) -> str:

@@ -75,3 +75,10 @@ def test_a_refusal_shows_the_control_characters_it_quotes_rather_than_obeying_th
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2 and "\\x1b[2K\\r" in err and "\x1b" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_line_built_from_what_was_given_shows_its_control_characters_and_keeps_the_blank_lines_before_it(capsys):
+    from sdqes_edge.cli.common import show
+
+    show("\n\nwrote \x1b[2J\rout/\x07trace.npz\nnext")
+    assert capsys.readouterr().out == "\n\nwrote \\x1b[2J\\rout/\\x07trace.npz\\nnext\n"

@@ -172,6 +172,19 @@ def test_a_corrupt_and_a_missing_video_are_named_and_the_rest_is_scored(corpus, 
     assert_same_traces(per_stream_traces, tmp_path / "out", [good, *rest])
 
 
+def test_a_stream_named_with_a_terminals_control_characters_is_shown_not_obeyed(corpus, tmp_path):
+    """The annotations are someone else's data: a video uid holding "\x1b[2J" cleared the terminal as its failure
+    was told."""
+    first = uids(corpus)[0]
+    annotations = tmp_path / "annotations.csv"
+    annotations.write_text((corpus / "annotations.csv").read_text().replace(first, "\x1b[2Jkitchen"))
+    done = cli("score", str(DEMO_BUNDLE), "--annotations", str(annotations), "--videos", str(corpus / "videos"),
+               "--out", str(tmp_path / "\x1b]0;title\x07out"), "--quiet", "--workers", "1")
+    assert done.returncode == 1 and "failed: \\x1b[2Jkitchen: no video named" in done.stderr, done.stderr
+    assert "\\x1b]0;title\\x07out" in done.stderr + done.stdout
+    assert not any(control in done.stderr + done.stdout for control in "\x1b\x07"), done.stderr
+
+
 def test_a_clip_of_a_video_is_never_streamed_as_the_video_and_its_failure_names_it(corpus, tmp_path):
     """EgoSDQES times events from the start of the whole video; a clip starts part-way into it. A folder of clip
     files was streamed as the videos (found by clip_uid), every event start off by the clip's offset, silently."""

@@ -376,7 +376,11 @@ def test_a_source_named_with_a_terminals_control_characters_is_shown_not_obeyed(
 
     _, bundle = exported
     video = write_video(tmp_path / "\x1b[2Jkitchen.avi", sample_frames(6, 48, 64))
+    outputs = tmp_path / "\x1b]0;title\x07out"  # and every output named for it, or in a folder so named
     done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
-                           "--query", QUERY], capture_output=True, text=True, timeout=300)
+                           "--query", QUERY, "--events", str(outputs / "alerts.jsonl"), "--scores", str(outputs),
+                           "--annotate", str(outputs / "annotated.mp4"), "--state", str(outputs / "state.npz")],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "streaming \\x1b[2Jkitchen at" in done.stderr and "\x1b" not in done.stderr + done.stdout
+    assert "streaming \\x1b[2Jkitchen at" in done.stderr and "\\x1b]0;title\\x07out/" in done.stderr
+    assert not any(control in done.stderr + done.stdout for control in "\x1b\x07"), done.stderr

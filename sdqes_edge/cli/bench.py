@@ -7,7 +7,16 @@ import dataclasses
 from pathlib import Path
 
 from sdqes_edge.benchmarks.config import QUICK, BenchConfig
-from sdqes_edge.cli.common import PROG, UniqueValues, add_subcommand, at_least, onnxruntime_gpu_here, path_text, warn
+from sdqes_edge.cli.common import (
+    PROG,
+    UniqueValues,
+    add_subcommand,
+    at_least,
+    onnxruntime_gpu_here,
+    path_text,
+    show,
+    warn,
+)
 from sdqes_edge.config import ADAPTER_KINDS, preset
 from sdqes_edge.errors import UserError
 
@@ -35,7 +44,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UserError(f"--preset {cfg.preset} already has an adapter; give a base preset (tiny, clip-vit-b16)")
     check_config(cfg)  # the device too: nothing is printed as started that cannot run
     if (note := gpu_left_out_note(cfg)) is not None:
-        print(f"{PROG}: note: {note}")
+        show(f"{PROG}: note: {note}")
     print(f"benchmarking {cfg.preset} ({'quick' if args.quick else 'full'}: {cfg.repetitions} repetitions); "
           f"results go to {cfg.out}/")
     results, files = run_bench(cfg, log=print)

@@ -11,7 +11,7 @@ import math
 import os
 import shlex
 import sys
-from typing import TypeVar
+from typing import TextIO, TypeVar
 
 from sdqes_edge import package_builds
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
@@ -226,10 +226,17 @@ def model_from_args(args: argparse.Namespace):
     return model, f"preset {cfg.name} (random weights, seed {seed})"
 
 
+def show(line: str, file: TextIO | None = None) -> None:
+    """A line built from what the command was given (paths, source and stream names, someone else's texts), printed
+    with its control characters shown, not obeyed; blank lines before it are the layout's own and kept."""
+    text = line.lstrip("\n")
+    print("\n" * (len(line) - len(text)) + terminal_safe(text), file=file)
+
+
 def say(message: str) -> None:
     """A line of the run's own on stderr (a source's news, what streams), after the program's name: it names sources
     and paths the user gave, so its control characters are shown, not obeyed, as in a warning."""
-    print(f"{PROG}: {terminal_safe(message)}", file=sys.stderr)
+    show(f"{PROG}: {message}", file=sys.stderr)
 
 
 def warn(message: str) -> None:

@@ -17,6 +17,7 @@ from sdqes_edge.cli.common import (
     finite_number,
     path_text,
     seed_number,
+    show,
     warn,
 )
 from sdqes_edge.config import DEFAULT_FPS, DEFAULT_THRESHOLD
@@ -47,8 +48,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
              "calibration": {n: c.to_dict() for n, c in calibrations.items()}, "alert_policy": policies}
     json_path, md_path = write_reports(out, rows, extra)
     plots = _plot(out, methods, calibrations, threshold, args.plots) if args.plots else []
-    print(f"\nwrote {json_path}, {md_path}" + (f" and {len(plots)} plots under {out / 'plots'}" if plots else "")
-          + f" in {time.perf_counter() - started:.1f} s")
+    show(f"\nwrote {json_path}, {md_path}" + (f" and {len(plots)} plots under {out / 'plots'}" if plots else "")
+         + f" in {time.perf_counter() - started:.1f} s")
     if args.write_threshold:
         _write_to_bundle(args, target_bundle, rows, calibrations, policies, threshold)
     print(f"\nnext: open {md_path}" + (f" and {plots[0]}" if plots else ""))
@@ -200,11 +201,11 @@ def _choose_policies(methods: Methods, calibrations: dict, threshold: float) -> 
         plain = score_policy(traces, AlertPolicy(at))
         policies[name] = {"threshold": at, "chosen": best.to_dict(), "plain": plain.to_dict(),
                           "sweep": [s.to_dict() for s in sweep]}
-        print(f"alert policy for {name} at threshold {at:.4f}: on until p <= {at - best.exit_margin:.4f} (margin "
-              f"{best.exit_margin:g}), {best.cooldown_s:g} s cooldown; false alerts "
-              f"{plain.false_alerts_per_minute:.3f} -> {best.false_alerts_per_minute:.3f} per query-minute, events "
-              f"alerted in their window {plain.events_alerted:.1f}% -> {best.events_alerted:.1f}%, first-alert "
-              f"accuracy {best.first_alert_accuracy:.1f}% (the same under any policy)")
+        show(f"alert policy for {name} at threshold {at:.4f}: on until p <= {at - best.exit_margin:.4f} (margin "
+             f"{best.exit_margin:g}), {best.cooldown_s:g} s cooldown; false alerts "
+             f"{plain.false_alerts_per_minute:.3f} -> {best.false_alerts_per_minute:.3f} per query-minute, events "
+             f"alerted in their window {plain.events_alerted:.1f}% -> {best.events_alerted:.1f}%, first-alert "
+             f"accuracy {best.first_alert_accuracy:.1f}% (the same under any policy)")
     return policies
 
 
@@ -239,15 +240,15 @@ def _write_to_bundle(args: argparse.Namespace, target_bundle, rows: dict, calibr
                   "first_alert_accuracy": chosen["first_alert_accuracy"]}
     if cal is not None:
         write_thresholds(args.write_threshold, cal.threshold, cal.per_label, provenance, policy=policy)
-        print(f"set the default threshold of {args.write_threshold} to {cal.threshold:.4f}"
-              + (f", and {len(cal.per_label)} per-label thresholds: run and score use them for a query given its "
-                 "label (a 'label' column in --queries-file)" if cal.per_label else ""))
+        show(f"set the default threshold of {args.write_threshold} to {cal.threshold:.4f}"
+             + (f", and {len(cal.per_label)} per-label thresholds: run and score use them for a query given its "
+                "label (a 'label' column in --queries-file)" if cal.per_label else ""))
     else:
         write_thresholds(args.write_threshold, threshold, target_bundle.manifest["thresholds"].get("per_label"),
                          None, policy=policy)
     if policy:
-        print(f"recorded the alert policy in {args.write_threshold}: margin {policy['exit_margin']:g}, "
-              f"{policy['cooldown_s']:g} s cooldown")
+        show(f"recorded the alert policy in {args.write_threshold}: margin {policy['exit_margin']:g}, "
+             f"{policy['cooldown_s']:g} s cooldown")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

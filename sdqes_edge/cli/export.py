@@ -22,6 +22,7 @@ from sdqes_edge.cli.common import (
     progress_log,
     run_hint,
     seed_number,
+    show,
     unique_queries,
     warn,
 )
@@ -108,10 +109,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         model, source = model_from_args(args)
         randomize_adapters(model, seed=args.seed or 0)  # so the state paths carry signal through verification
     if not args.quiet:
-        print(f"exporting {model.cfg.name} from {source} to {args.out}")
+        show(f"exporting {model.cfg.name} from {source} to {args.out}")
     result = export_bundle(model, args.out, options, checkpoint=checkpoint,
                            log=progress_log(args.quiet))
-    print(f"\nwrote {result.out} in {result.seconds:.1f} s:")
+    show(f"\nwrote {result.out} in {result.seconds:.1f} s:")
     for name, entry in sorted(result.manifest["files"].items()):
         print(f"  {name:40s} {format_bytes(entry['bytes']):>10s}")
     complexity = result.manifest["complexity"]["per_frame"]
@@ -122,7 +123,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"verified: {result.verification.summary()}")
     for report in result.variants:
         print(f"          {report.summary()}")
-    print(f"\nnext: {PROG} inspect {args.out}      then: {run_hint(args.out, result.manifest)}")
+    show(f"\nnext: {PROG} inspect {args.out}      then: {run_hint(args.out, result.manifest)}")
     return 0
 
 
@@ -182,7 +183,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     precision += f" --ort-ops {args.ort_ops}" if args.ort_ops else ""  # as it was inspected
     # The TensorRT engines bind no query input: a graph that scores its queries (--fuse-queries) runs on ORT alone.
     engine = "" if m.get("query_count") else f"   (on an NVIDIA device: {PROG} build-engine {args.bundle})"
-    print(f"\nnext: {run_hint(args.bundle, m, '--source VIDEO' + precision)}{engine}")
+    show(f"\nnext: {run_hint(args.bundle, m, '--source VIDEO' + precision)}{engine}")
     return 0
 
 
@@ -246,7 +247,7 @@ def cmd_build_engine(args: argparse.Namespace) -> int:
     build_engine(args.bundle, precision=args.precision, workspace_mib=args.workspace_mib,
                  verify_frames=args.verify_frames, log=progress_log(quiet=False))
     manifest = load_bundle(args.bundle, verify_hashes=False).manifest  # checked by build_engine
-    print(f"\nnext: {run_hint(args.bundle, manifest, f'--backend trt --precision {args.precision} --source 0')}")
+    show(f"\nnext: {run_hint(args.bundle, manifest, f'--backend trt --precision {args.precision} --source 0')}")
     return 0
 
 

@@ -13,12 +13,11 @@ kept, with a warning.
 from __future__ import annotations
 
 import hashlib
-import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from sdqes_edge.cli.common import PROG, text_key, unique_queries, warn
+from sdqes_edge.cli.common import say, text_key, unique_queries, warn
 from sdqes_edge.cli.queries_file import QueryLine, read_queries_file
 from sdqes_edge.errors import UserError
 
@@ -122,8 +121,7 @@ class QueriesFileWatcher:
             said["added"].append(self.watched[key].query)
         changes = [f"{change} {quoted(queries)}" for change, queries in said.items() if queries]
         if changes:
-            print(f"{PROG}: --queries-file {self.path} changed: {'; '.join(changes)}; {self.streaming()}",
-                  file=sys.stderr)
+            say(f"--queries-file {self.path} changed: {'; '.join(changes)}; {self.streaming()}")
 
     def _kept(self, asked: Asked, line: QueryLine, said: dict[str, list[Query]]) -> Asked:
         """A query the file still asks, under its line as it is now: each change it took listed in ``said``."""

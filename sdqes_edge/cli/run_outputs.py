@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import PROG, finite_number, path_text, say, say_error, seconds_at_least, warn
+from sdqes_edge.cli.common import finite_number, path_text, say, say_error, seconds_at_least, warn
 from sdqes_edge.cli.output_locks import hold_source_outputs
 from sdqes_edge.cli.refusals import refusal_words
-from sdqes_edge.errors import SourceUnavailable, UserError
+from sdqes_edge.errors import SourceUnavailable, UserError, terminal_safe
 from sdqes_edge.traces import TRACE_SUFFIX
 
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
@@ -78,10 +78,10 @@ def attach_sinks(detector: StreamingDetector, sources: list,
         sink.log = say
         detector.add_sink(sink)
         if sink.segment_seconds and args.annotate_segment is None and not args.quiet:
-            print(f"{PROG}: note: {source.name} is live: its annotated video is written in files of "
-                  f"{sink.segment_seconds:g} s ({sink.path.stem}.UTC-START{sink.path.suffix}), each playable once the "
-                  "next begins; --annotate-segment 0 for one video"
-                  + ("" if keep else ", --annotate-keep HOURS to remove old ones"), file=sys.stderr)
+            say(f"note: {source.name} is live: its annotated video is written in files of "
+                f"{sink.segment_seconds:g} s ({sink.path.stem}.UTC-START{sink.path.suffix}), each playable once the "
+                "next begins; --annotate-segment 0 for one video"
+                + ("" if keep else ", --annotate-keep HOURS to remove old ones"))
     if (keep or args.annotate_segment is not None) and not args.annotate:
         warn("--annotate-segment and --annotate-keep shape --annotate's video, and no --annotate is given: ignored")
     elif keep and not any(sink.segment_seconds for sink in videos):
@@ -120,7 +120,7 @@ class StateAfterAlerts:
             warn(f"cannot write --state {self.path}: {refusal.strerror or refusal} (the file there, if any, is "
                  f"unchanged); the stream goes on, and tries again every {ALERT_SNAPSHOT_SECONDS:g} s")
         elif refusal is None and self._refused:
-            print(f"{PROG}: note: --state {self.path} is written again", file=sys.stderr)
+            say(f"note: --state {self.path} is written again")
         self._refused = refusal is not None
 
 
@@ -220,13 +220,13 @@ def summarize_run(sources: list, stats: RunStats, exit_code: int, written: list[
     for source in sources:
         shortfall = source.stats.shortfall_words(source.name)
         if shortfall:
-            print(f"{PROG}: incomplete: {shortfall}", file=sys.stderr)
+            say(f"incomplete: {shortfall}")
         lost = source.lost_words()
         if lost:
             status = f" (exit status {SourceUnavailable.exit_code})" if exit_code == 0 else ""
             say_error(f"{lost}{status}")  # (a stop asked for after keeps its own status)
         if source.start_index and not source.stats.sampled and exit_code == 0:  # resumed past its end: 0 frames
-            print(f"{PROG}: note: {source.name} has no frames after {source.start_index / source.fps:g} s, where the "
-                  "state snapshot stopped: the run it resumes had streamed it to its end", file=sys.stderr)
+            say(f"note: {source.name} has no frames after {source.start_index / source.fps:g} s, where the "
+                "state snapshot stopped: the run it resumes had streamed it to its end")
     if written:
-        print(f"wrote {', '.join(written)}", file=sys.stderr)
+        print(terminal_safe(f"wrote {', '.join(written)}"), file=sys.stderr)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, given_flags, path_text, warn
+from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, given_flags, path_text, say, show, warn
 from sdqes_edge.contract import FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.files import make_folders, write_text_atomically
@@ -50,8 +50,8 @@ def cmd_score(args: argparse.Namespace) -> int:
              if args.ray else f"{workers} worker process(es) x {threads} ONNX Runtime thread(s)")
     where += f", the {step.precision} step graph on {'the CPU' if step.ort_device == 'cpu' else step.ort_device}"
     where += f" with {Path(step.ort_ops).name}'s kernels" if step.ort_ops else ""
-    print(f"{len(tasks)} streams ({len(annotations)} queries) in {args.annotations}; {len(tasks) - len(todo)} already "
-          f"scored in {out}, {len(todo)} to score with {where}", file=sys.stderr)
+    show(f"{len(tasks)} streams ({len(annotations)} queries) in {args.annotations}; {len(tasks) - len(todo)} already "
+         f"scored in {out}, {len(todo)} to score with {where}", file=sys.stderr)
     failures = _score(todo, Path(args.bundle), out, workers, threads, args, step)
     _write_failures(out, failures)
     # As `run` alerts: the bundle's threshold for each query's label where it has one (--threshold: one for all).
@@ -59,10 +59,10 @@ def cmd_score(args: argparse.Namespace) -> int:
                   else (args.threshold, {}))
     code = _report(out, tasks, annotations, thresholds, step)
     if code == 0:
-        print(f"next: {_eval_command(args, out)} --calibrate (a threshold chosen on these streams)")
+        show(f"next: {_eval_command(args, out)} --calibrate (a threshold chosen on these streams)")
     if failures:
-        print(f"{PROG}: {len(failures)} of {len(tasks)} streams failed (listed above and in {out / FAILURES_NAME}); "
-              "re-run the same command to retry them: finished traces are kept", file=sys.stderr)
+        say(f"{len(failures)} of {len(tasks)} streams failed (listed above and in {out / FAILURES_NAME}); "
+            "re-run the same command to retry them: finished traces are kept")
         return 1
     return code
 
@@ -213,7 +213,7 @@ def _score(todo: list, bundle: Path, out: Path, workers: int, threads: int, args
         frames += outcome.frames
         if outcome.error:
             failures.append({"stream": outcome.stream, "error": outcome.error})
-            print(f"{PROG}: failed: {outcome.stream}: {outcome.error}", file=sys.stderr)
+            say(f"failed: {outcome.stream}: {outcome.error}")
         if bar is not None:
             bar.set_postfix(frames=frames, fps=f"{frames / max(time.perf_counter() - started, 1e-9):.1f}")
             bar.update(1)
@@ -250,7 +250,7 @@ def _bench(tasks: list, bundle: Path, out: Path, precision: str) -> int:
     write_text_atomically(out / "bench.json", json.dumps(results, indent=2) + "\n")
     write_text_atomically(out / "bench.md", markdown(results))
     print(markdown(results))
-    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+    show(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
     return 0
 
 
@@ -277,7 +277,7 @@ def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, 
     traces = [load_scores(trace_path(out, t.stream)) for t in tasks if trace_path(out, t.stream).is_file()]
     matched = match_traces(annotations, traces)
     if not matched.traces:
-        print(f"{PROG}: no stream was scored, so there is nothing to evaluate", file=sys.stderr)
+        say("no stream was scored, so there is nothing to evaluate")
         return 1
     scored = step.precision + ("" if step.ort_device == "cpu" else f" on {step.ort_device}")
     threshold, per_label = thresholds
@@ -292,7 +292,7 @@ def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, 
                                                    "precision": step.precision,
                                                    "ort_device": step.ort_device, "streams": len(traces),
                                                    "unscored_annotations": len(matched.missing)})
-    print(f"\nwrote {len(traces)} traces under {out / 'traces'}, {json_path} and {md_path}")
+    show(f"\nwrote {len(traces)} traces under {out / 'traces'}, {json_path} and {md_path}")
     return 0
 
 

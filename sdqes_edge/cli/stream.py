@@ -88,8 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     sources = open_sources(args.source, detector.fps, log=say, stream_timeout_s=args.stream_timeout or STREAM_TIMEOUT_S)
     renamed = give_distinct_names(sources)
     if renamed:
-        print(f"{PROG}: note: several sources have the same name; in alerts and outputs they are called "
-              f"{', '.join(s.name for s in sources)}", file=sys.stderr)
+        say(f"note: several sources have the same name; in alerts and outputs they are called "
+            f"{', '.join(s.name for s in sources)}")
     for source in sources:
         source.log = say
     if args.resume:
@@ -106,11 +106,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     manager.ready(header)
     tip = device_tip(detector, args)
     if tip:
-        print(f"{PROG}: tip: {tip}", file=sys.stderr)
+        say(f"tip: {tip}")
     trained_on = training_data_words(detector.bundle.training_record)
     if trained_on:
-        print(f"{PROG}: note: this model was trained on {trained_on} only; on other footage its alerts mean "
-              "little", file=sys.stderr)
+        say(f"note: this model was trained on {trained_on} only; on other footage its alerts mean little")
     stats = RunStats()
     watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys,
                                  LineAsker(detector, args.threshold, **_policy(args)), args.queries_file_version) \
@@ -121,7 +120,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.events, *videos_written(video_sinks), args.save_state, *trace_paths] if p])
     raise_failures(failures)  # what ran and was written first, then what went wrong, as sdqes-run ends
     if trace_paths:
-        print(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
+        print(terminal_safe(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}"),
+              file=sys.stderr)
     if exit_code == 0 and any(source.lost_words() for source in sources):
         return LOST_SOURCE_EXIT  # not a stream that ended: a service manager should start the run again
     return exit_code
@@ -193,8 +193,8 @@ def _state_file(args: argparse.Namespace) -> None:
     if snapshot_to_read(args.state).is_file():
         args.resume = args.state
     elif not args.quiet:
-        print(f"{PROG}: note: no state snapshot at {args.state} yet: the stream starts fresh, and its state is "
-              f"written there {STATE_WRITTEN}", file=sys.stderr)
+        say(f"note: no state snapshot at {args.state} yet: the stream starts fresh, and its state is "
+            f"written there {STATE_WRITTEN}")
 
 
 def _resume(detector: StreamingDetector, args: argparse.Namespace) -> None:
@@ -253,9 +253,9 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple
         if not detector.add_bundle_queries(args.threshold, **_policy(args)):
             raise UserError("no queries: give --query TEXT or --queries-file FILE (or export the bundle with --query)")
     elif own:  # the bundle's queries were left out without a word
-        print(f"{PROG}: note: the bundle's own {len(own)} quer{'y' if len(own) == 1 else 'ies'} ({own[0]['text']!r}"
-              f"{', ...' if len(own) > 1 else ''}) {'is' if len(own) == 1 else 'are'} not asked: --query and "
-              "--queries-file replace them; give them there too to ask them as well", file=sys.stderr)
+        say(f"note: the bundle's own {len(own)} quer{'y' if len(own) == 1 else 'ies'} ({own[0]['text']!r}"
+            f"{', ...' if len(own) > 1 else ''}) {'is' if len(own) == 1 else 'are'} not asked: --query and "
+            "--queries-file replace them; give them there too to ask them as well")
     return from_file, command_line_keys
 
 
@@ -303,12 +303,11 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
                               f"{stats.events} alert{'' if stats.events == 1 else 's'}")
                     manager.status(report)
                     if live and not args.quiet:
-                        print(f"{PROG}: {report}", file=sys.stderr)
+                        say(report)
                 if stop.requested:
                     break
                 if stdout_reader_left():  # `run ... | head -3`: the alerts' reader has what it wanted
-                    print(f"{PROG}: stopping: the program reading the alerts on stdout has closed it",
-                          file=sys.stderr)
+                    say("stopping: the program reading the alerts on stdout has closed it")
                     exit_code = READER_LEFT_EXIT  # the frame in hand finished
                     break
         exit_code = stop.exit_code or exit_code

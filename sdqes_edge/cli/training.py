@@ -16,6 +16,7 @@ from sdqes_edge.cli.common import (
     finite_number,
     path_text,
     seed_number,
+    show,
     warn,
 )
 from sdqes_edge.config import ADAPTER_KINDS
@@ -48,10 +49,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
         csv_path = out / write_dataset(staging, seeds, seconds=args.seconds, fps=args.fps).relative_to(staging)
     total = sum(counts.values())
     streams = f"{total} stream{'s' if total != 1 else ''}"
-    print(f"wrote {streams} of {args.seconds:g} s at {args.fps:g} fps ({args.train} train, {args.val} val, "
-          f"{args.test} test) and {csv_path} in {time.perf_counter() - started:.1f} s")
+    show(f"wrote {streams} of {args.seconds:g} s at {args.fps:g} fps ({args.train} train, {args.val} val, "
+         f"{args.test} test) and {csv_path} in {time.perf_counter() - started:.1f} s")
     split = next(name for name in ("test", "val", "train") if counts[name])  # the split eval should score
-    print(f"\nnext: {PROG} eval --annotations {csv_path} --split {split} --fps {args.fps:g} --baseline oracle random")
+    show(f"\nnext: {PROG} eval --annotations {csv_path} --split {split} --fps {args.fps:g} --baseline oracle random")
     return 0
 
 
@@ -99,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"training {options.model_config().name} (seed {options.seed}) for {options.steps} steps on "
           f"{options.train_streams} synthetic streams; validation {options.val_streams}, test {options.test_streams}")
     result = train(options, out, progress=training_progress)
-    print(f"wrote {result.checkpoint} and {out / (result.checkpoint.stem + '.record.json')}")
+    show(f"wrote {result.checkpoint} and {out / (result.checkpoint.stem + '.record.json')}")
     print(f"\nnext: {PROG} export --checkpoint {result.checkpoint} --threshold {result.record['threshold']:.4f} "
           f"--out bundles/{result.checkpoint.stem}")
     return 0
@@ -148,7 +149,7 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
                         progress=training_progress)
     print()
     print(path.read_text())
-    print(f"wrote {path} and {path.with_suffix('.json')}")
+    show(f"wrote {path} and {path.with_suffix('.json')}")
     # A model this run trained (the first kind scored per format, else the first of the table), at the first seed.
     checkpoint = checkpoint_path(Path(args.out), base, (args.formats or args.kinds)[0], args.seeds[0])
     print(f"\nnext: {PROG} export --checkpoint {checkpoint} --out bundles/{checkpoint.stem.replace('+', '-')}")
