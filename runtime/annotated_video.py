@@ -26,6 +26,7 @@ from sdqes_edge.path_checks import ANNOTATED_VIDEO_EXAMPLE, check_output_file, o
 
 from .live_source import open_video_file
 from .ordered_calls import OrderedCalls
+from .output_locks import hold, release
 from .sampling import checked_rate
 from .sinks import Sink, checked_stream
 
@@ -181,6 +182,7 @@ class AnnotatedVideoSink(Sink):
         self._read_back = 0  # the frames the last video finished reads back
         self._started = False  # a video was begun: later segments are the machine's to refuse (_next_segment)
         self._banner: tuple[str, float] | None = None
+        self._lock = hold(self.path, "AnnotatedVideoSink")  # another process's video (runtime/output_locks.py): refused
 
     def _canvas(self, frame_bgr: np.ndarray) -> np.ndarray:
         """The frame at the video's size, which the first frame sets (small frames enlarged by whole pixels).
@@ -324,6 +326,13 @@ class AnnotatedVideoSink(Sink):
         """Finish the video (or segment) and read its frame count back: OpenCV's writer reports no error, so a disk
         that filled up left an mp4 without its index (unplayable) while the run said it was written. Segments still
         refused when the stream ends are the run's error, as a cut-off video is."""
+        try:
+            self._close()
+        finally:
+            release(self._lock)
+            self._lock = None  # a second close lets go of nothing
+
+    def _close(self) -> None:
         if self._writer is None and self._refused_in_a_row:
             refused, self._refused_in_a_row = self._refused_in_a_row, 0
             raise IncompleteOutput(f"the annotated video's last {refused} segment{'s' if refused > 1 else ''} of "

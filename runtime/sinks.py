@@ -29,6 +29,7 @@ from sdqes_edge.files import make_folders
 from sdqes_edge.path_checks import ALERT_LOG_EXAMPLE, SCORE_TRACE_EXAMPLE, check_output_file
 from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, read_chunks, save_scores
 
+from .output_locks import hold, release
 from .sampling import checked_rate
 
 
@@ -97,8 +98,13 @@ class JsonlSink(Sink):
     def __init__(self, path: str | Path):
         # A folder or /proc: a one-line error, not an OSError.
         self.path = check_output_file(path, "JsonlSink", ALERT_LOG_EXAMPLE)
-        make_folders(self.path.parent)
-        self._use(self._open())
+        self._lock = hold(self.path, "JsonlSink")  # another process's log (runtime/output_locks.py): refused
+        try:
+            make_folders(self.path.parent)
+            self._use(self._open())
+        except BaseException:
+            release(self._lock)
+            raise
         self._reopen_refused = False
         if not self._ends_a_line():  # said once; the next alert starts a line of its own
             warnings.warn(f"the alert log {self.path} ends in a cut line (a power cut or a kill while it was "
@@ -175,7 +181,11 @@ class JsonlSink(Sink):
             self._whole = self._fh.tell()
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            self._fh.close()
+        finally:
+            release(self._lock)
+            self._lock = None  # a second close lets go of nothing
 
 
 class ConsoleSink(Sink):
@@ -244,6 +254,14 @@ class ScoreTraceRecorder(Sink):
         self.log: Callable[[str], None] = TRACE_LOG.warning
         self._refused = False  # the last chunk tried was refused: its rows are held
         self._let_go = 0  # rows before the held ones let go while refused: NaN in the next chunk
+        self._lock = hold(self.path, "ScoreTraceRecorder")  # before its chunks, which another process may be writing
+        try:
+            self._take_over_earlier(first_frame)
+        except BaseException:
+            release(self._lock)
+            raise
+
+    def _take_over_earlier(self, first_frame: int) -> None:
         stale = chunks_of(self.path)  # a killed earlier run's: this run replaces its trace
         self._lead_frames, self._earlier = first_frame, None
         if first_frame and (self.path.is_file() or stale):  # the stopped run's, merged or (killed) in chunks
@@ -344,6 +362,9 @@ class ScoreTraceRecorder(Sink):
                 save_scores(self.path, empty)
         except OSError as refusal:
             raise OSError(refusal.errno, refusal.strerror, str(self.path)) from refusal
+        finally:
+            release(self._lock)
+            self._lock = None  # a second close lets go of nothing
         self._chunks = []
 
 

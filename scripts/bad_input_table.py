@@ -256,8 +256,8 @@ OTHER_RUNS: list[subprocess.Popen] = []  # what stands for a run already going, 
 
 
 def _other_run_and_odd_files(t: Path) -> None:
-    """Another run holding held/alerts.jsonl (cli/output_locks.py); a queries CSV with a cell past 128 KiB."""
-    code = ("import sys, time; from sdqes_edge.cli.output_locks import hold; hold(sys.argv[1], '--events'); "
+    """Another run holding held/alerts.jsonl (runtime/output_locks.py); a queries CSV with a cell past 128 KiB."""
+    code = ("import sys, time; from sdqes_edge.runtime.output_locks import hold; hold(sys.argv[1], '--events'); "
             "print('held', flush=True); time.sleep(600)")
     OTHER_RUNS.append(subprocess.Popen([sys.executable, "-c", code, str(t / "held" / "alerts.jsonl")],
                                        stdout=subprocess.PIPE, text=True))

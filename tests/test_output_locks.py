@@ -15,15 +15,16 @@ import pytest
 from native_vectors import VECTORS
 
 from sdqes_edge.cli import run
-from sdqes_edge.cli.output_locks import hold, lock_path
 from sdqes_edge.demo import DEMO_BUNDLE
+from sdqes_edge.errors import UserError
+from sdqes_edge.runtime.output_locks import hold, lock_path, release, release_all
 
 
 class Holder:
     """Another process holding ``path``'s lock, as a run does, until it is killed."""
 
     def __init__(self, path: Path, option: str = "--events"):
-        code = ("import sys, time; from sdqes_edge.cli.output_locks import hold; "
+        code = ("import sys, time; from sdqes_edge.runtime.output_locks import hold; "
                 f"hold(sys.argv[1], {option!r}); print('held', flush=True); time.sleep(120)")
         self.process = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
         assert self.process.stdout.readline().strip() == "held"
@@ -168,3 +169,59 @@ def test_sdqes_run_never_follows_a_link_planted_where_the_lock_file_goes(native_
     subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), "--source", str(clip),
                     "--events", str(tmp_path / "alerts.jsonl")], capture_output=True, text=True)
     assert victim.read_text() == "the user's own file\n"
+
+
+def another_process_may_take(output: Path) -> bool:
+    """Whether a process other than this one could take ``output``'s lock now."""
+    code = ("import sys; from sdqes_edge.errors import UserError\n"
+            "from sdqes_edge.runtime.output_locks import hold, release\n"
+            "try:\n    release(hold(sys.argv[1], '--events'))\nexcept UserError:\n    sys.exit(3)")
+    done = subprocess.run([sys.executable, "-c", code, str(output)], capture_output=True, text=True, timeout=60)
+    assert done.returncode in (0, 3), done.stderr
+    return done.returncode == 0
+
+
+def library_sinks(path: Path) -> dict:
+    from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
+    from sdqes_edge.runtime.sinks import JsonlSink, ScoreTraceRecorder
+
+    return {"JsonlSink": lambda: JsonlSink(path / "alerts.jsonl"),
+            "ScoreTraceRecorder": lambda: ScoreTraceRecorder(path / "trace.npz", "kitchen", 5.0),
+            "AnnotatedVideoSink": lambda: AnnotatedVideoSink(path / "annotated.mp4", 5.0, dict)}
+
+
+@pytest.mark.parametrize("sink, name", [("JsonlSink", "alerts.jsonl"), ("ScoreTraceRecorder", "trace.npz"),
+                                        ("AnnotatedVideoSink", "annotated.mp4")])
+def test_a_library_sink_on_a_file_another_process_writes_is_refused_naming_it(sink, name, holder, tmp_path):
+    """The library's sinks lock their files as the command line does: two programs of a user's own, each with a
+    JsonlSink on one log, wrote it between them."""
+    other = holder(tmp_path / name)
+    with pytest.raises(UserError, match=rf"^{sink} .*{name} is being written by another run \(pid "
+                                        rf"{other.process.pid}, sdqes-edge\)"):
+        library_sinks(tmp_path)[sink]()
+
+
+def test_sinks_of_one_process_on_one_file_share_its_lock_and_the_last_to_close_lets_go(tmp_path):
+    """The command line holds --events and its JsonlSink the same file: one lock, counted, never refusing itself."""
+    make = library_sinks(tmp_path)["JsonlSink"]
+    first, second = make(), make()
+    first.close()
+    assert not another_process_may_take(tmp_path / "alerts.jsonl")
+    second.close()
+    second.close()  # a second close lets go of nothing more
+    assert another_process_may_take(tmp_path / "alerts.jsonl")
+    assert not lock_path(tmp_path / "alerts.jsonl").exists()
+
+
+def test_a_child_made_by_fork_never_removes_its_parents_lock(tmp_path):
+    lock = hold(tmp_path / "alerts.jsonl", "--events")
+    try:
+        child = os.fork()
+        if child == 0:  # what a worker forked from a run does as it ends
+            release_all()
+            os._exit(0)
+        assert os.waitpid(child, 0)[1] == 0
+        assert lock.exists() and not another_process_may_take(tmp_path / "alerts.jsonl")
+    finally:
+        release(lock)
+    assert another_process_may_take(tmp_path / "alerts.jsonl")

@@ -36,9 +36,9 @@ from sdqes_edge.cli.common import (
     warn,
 )
 from sdqes_edge.cli.output import prepare_output
-from sdqes_edge.cli.output_locks import release_all
 from sdqes_edge.cli.refusals import refusal_words
 from sdqes_edge.errors import UserError, module_absent
+from sdqes_edge.runtime.output_locks import release_all
 from sdqes_edge.stopping import exit_code_of, exit_process, ignore_termination, raise_on_termination, signal_of
 
 __all__ = ["PROG", "build_parser", "main", "run"]

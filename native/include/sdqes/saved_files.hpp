@@ -41,7 +41,7 @@ void check_output_path(const std::filesystem::path& path, const std::string& opt
                        bool appended = false);
 
 // Takes the lock of a file a run writes (its alert log, its --state) for the rest of the process, as `sdqes-edge run`
-// does (sdqes_edge/cli/output_locks.py), so that two runs, of either runtime, never write one file between them: an
+// does (runtime/output_locks.py), so that two runs, of either runtime, never write one file between them: an
 // flock on `.NAME.lock` beside it, holding "PID sdqes-run", which the kernel lets go when the process ends. Refuses
 // (an Error: "<option> PATH is being written by another run (pid N, PROGRAM); ...") where another run holds it; goes
 // on unlocked where no lock can be taken (a device such as /dev/stdout, a folder it may not create in, a file system

@@ -1,0 +1,159 @@
+"""One process at a time per output file (an alert log, a state snapshot, a score trace, an annotated video).
+
+Two runs given the same ``--state`` (a service started again while the first still ran, a second container on the
+same volume, a run by hand beside the service) each resumed from and saved over the other's snapshot, and wrote one
+alert log between them, without a word. A process now holds an advisory lock (``flock``) on a file beside each
+output it writes, ``.NAME.lock``, holding its process id, while it writes it (the file removed as it lets go): the
+command line for its whole command (cli/output_locks.py), and each sink of the library for its life, so that two
+programs of a user's own are kept apart too. Within a process an output's lock is taken once and counted (the
+command line's and its sink's are one). The kernel lets the lock go when the process ends, however it ends (a
+kill -9, a power cut), so a lock file left behind stops no one. sdqes-run takes the same locks on its --events and
+--state (``sdqes::hold_output``), so neither runtime shares those files with the other either. Where a lock cannot
+be taken (a file system without locks, a folder this user may append to but not create in, an output that is a
+device such as /dev/stdout) the output is written unlocked, as it was before.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from sdqes_edge.errors import UserError
+from sdqes_edge.files import make_folders, through_links
+
+LOCK_SUFFIX = ".lock"
+PROGRAM = "sdqes-edge"  # what the lock file says holds it, beside the process id (sdqes-run writes its own name)
+
+
+@dataclass
+class _Held:
+    fd: int
+    holders: int  # the takers not yet let go (the command line's, a sink's)
+    pid: int  # the process that took it: a child made by fork() inherits the table, not the locks' ownership
+
+
+_HELD: dict[Path, _Held] = {}  # the locks this process holds, by lock file
+_TABLE = threading.Lock()  # sinks are made and closed on several threads (a detector each)
+
+
+def lock_path(output: Path) -> Path:
+    """The lock file of an output: hidden beside it (alerts.jsonl -> .alerts.jsonl.lock)."""
+    return output.with_name(f".{output.name}{LOCK_SUFFIX}")
+
+
+def hold(output: str | os.PathLike, option: str) -> Path | None:
+    """Take ``output``'s lock until ``release`` of what this returns (or ``release_all``), or refuse (a UserError
+    naming ``option`` and the run that holds it). The lock file's path, or None where the output is written unlocked
+    (see the module's docstring)."""
+    with _TABLE:
+        return _hold(output, option)
+
+
+def _hold(output: str | os.PathLike, option: str) -> Path | None:
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: nothing to lock with
+        return None
+    target = through_links(output)  # two links to one file are one file
+    if target.exists() and not target.is_file():  # /dev/stdout, a FIFO: not a file a run keeps
+        return None
+    lock = lock_path(target)
+    held = _HELD.get(lock)
+    if held is not None and held.pid == os.getpid():  # this process's already (the command line's): counted
+        held.holders += 1
+        return lock
+    while True:
+        try:
+            make_folders(lock.parent)  # as the run would make them: a first run into a new folder is locked too
+            fd = _open_lock(lock)
+        except OSError:  # a folder this user may not create in, a link planted in the lock's place
+            fd = None
+        if fd is None:  # unlocked
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise UserError(f"{option} {output} is being written by another run ({holder}); stop that run, or give "
+                            "this one another file") from None
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):  # a file system without
+                return None
+            raise
+        if _same_file(fd, lock):
+            break
+        os.close(fd)  # the lock file was replaced between its open and its lock: lock the one there now
+    if os.fstat(fd).st_uid == os.geteuid():  # another user's lock file (a shared folder) is locked, not written
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {PROGRAM}\n".encode())
+    _HELD[lock] = _Held(fd, 1, os.getpid())
+    return lock
+
+
+def _open_lock(lock: Path) -> int | None:
+    """The lock file opened, made where missing; None where what is there is no lock file of a run's. It is the
+    program's own file, not one the user named, so a symbolic link there is never followed (O_NOFOLLOW: one planted
+    in a shared folder such as /tmp would have had the pid written over the file it leads to), nor a file with other
+    names (a hard link) written; another user's lock file is opened to read, which is all a lock needs."""
+    flags = os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(lock, os.O_RDWR | flags, 0o644)
+    except PermissionError:
+        fd = os.open(lock, os.O_RDONLY | flags)
+    held = os.fstat(fd)
+    if not stat.S_ISREG(held.st_mode) or held.st_nlink != 1:
+        os.close(fd)
+        return None
+    return fd
+
+
+def release(lock: Path | None) -> None:
+    """Let go of a lock ``hold`` took (None: one it could not take); the last of its takers lets it go."""
+    with _TABLE:
+        held = _HELD.get(lock) if lock is not None else None
+        if held is not None:
+            held.holders -= 1
+            if held.holders <= 0:
+                _let_go(lock, _HELD.pop(lock))
+
+
+def release_all() -> None:
+    """Let go of every lock this process holds, whoever took it (the command line, as its command ends)."""
+    with _TABLE:
+        while _HELD:
+            _let_go(*_HELD.popitem())
+
+
+def _let_go(lock: Path, held: _Held) -> None:
+    """The lock file removed first (a run that opened it meanwhile finds it gone and makes its own: ``hold`` locks
+    only the file that is there); one inherited through fork() is the parent's to remove, and only closed here."""
+    if held.pid == os.getpid():
+        try:
+            if _same_file(held.fd, lock):
+                lock.unlink()
+        except OSError:  # left behind: a lock file stops no one once its holder has let go
+            pass
+    os.close(held.fd)
+
+
+def _same_file(fd: int, lock: Path) -> bool:
+    try:
+        there = os.stat(lock)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _holder(fd: int) -> str:
+    """Who holds a lock, from its file ("pid 1234, sdqes-edge"), or words for one that has not said yet."""
+    words = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+    if len(words) >= 2 and words[0].isdigit():
+        return f"pid {words[0]}, {words[1]}"
+    return "a process that has only just started"
