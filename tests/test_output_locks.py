@@ -61,6 +61,24 @@ def test_a_run_on_an_output_another_run_writes_is_refused_naming_that_run(option
             "stop that run, or give this one another file") in err
 
 
+@pytest.mark.parametrize("first, second, name", [("--events", "--scores", "out.npz"),
+                                                  ("--state", "--scores", "out.npz"),
+                                                  ("--events", "--annotate", "out.mp4")])
+def test_one_file_given_to_two_outputs_of_a_run_is_refused(first, second, name, tmp_path, capsys):
+    """Each would have written it in turn: the score trace replaced the alert log as the run ended."""
+    err = run_refusal(["run", str(DEMO_BUNDLE), "--source", str(tmp_path / "clip.mp4"), "--query", "q",
+                       first, str(tmp_path / name), second, str(tmp_path / name)], capsys)
+    assert (f"{second} {tmp_path / name} is the file {first} {tmp_path / name} writes too: each output needs a file "
+            f"of its own; give {second} another name") in err
+
+
+def test_one_file_reached_by_two_names_is_one_file(tmp_path, capsys):
+    (tmp_path / "log.npz").symlink_to(tmp_path / "trace.npz")
+    err = run_refusal(["run", str(DEMO_BUNDLE), "--source", str(tmp_path / "clip.mp4"), "--query", "q",
+                       "--scores", str(tmp_path / "trace.npz"), "--events", str(tmp_path / "log.npz")], capsys)
+    assert f"--scores {tmp_path / 'trace.npz'} is the file --events {tmp_path / 'log.npz'} writes too" in err
+
+
 def test_a_first_run_into_a_folder_not_made_yet_is_locked_too(holder, tmp_path, capsys):
     """The run makes an output's folders as it starts writing: had the lock waited for them, two runs started at
     once on a new service's paths would both have gone unlocked."""

@@ -36,9 +36,9 @@ from sdqes_edge.cli.common import (
     warn,
 )
 from sdqes_edge.cli.output import prepare_output
+from sdqes_edge.cli.output_locks import release_outputs
 from sdqes_edge.cli.refusals import refusal_words
 from sdqes_edge.errors import UserError, module_absent
-from sdqes_edge.runtime.output_locks import release_all
 from sdqes_edge.stopping import exit_code_of, exit_process, ignore_termination, raise_on_termination, signal_of
 
 __all__ = ["PROG", "build_parser", "main", "run"]
@@ -129,7 +129,7 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
         return 2
     except MemoryError as exc:  # what was asked for does not fit (an export --batch of 100000 streams)
         say_error(f"out of memory{f' ({exc})' if str(exc) else ''}; ask for less: fewer streams "
-              "(--batch), fewer frames, or a smaller model")
+                  "(--batch), fewer frames, or a smaller model")
         return 1
     except OSError as exc:
         said = refusal_words(exc)
@@ -141,7 +141,7 @@ def _run(argv: Sequence[str] | None, parser_factory: Callable[[], argparse.Argum
         print(f"{PROG}: interrupted ({signal.Signals(signal_of(interrupt)).name})", file=sys.stderr)
         return exit_code_of(interrupt)
     finally:
-        release_all()  # the outputs a run locked (cli/output_locks.py): free for the next command, in this process too
+        release_outputs()  # the outputs a run locked (cli/output_locks.py)
 
 
 def main() -> None:
