@@ -120,6 +120,17 @@ def test_sdqes_run_is_refused_an_alert_log_the_python_runtime_writes(native_buil
             "sdqes-edge)") in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+def test_sdqes_run_refuses_one_file_given_to_its_alert_log_and_its_state(native_build, tmp_path):
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"")
+    done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), "--source", str(clip),
+                           "--events", str(tmp_path / "out.npz"), "--state", str(tmp_path / "out.npz")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr == (
+        f"sdqes-run: error: --state {tmp_path / 'out.npz'} is the file --events {tmp_path / 'out.npz'} writes too: "
+        "each output needs a file of its own; give --state another name\n"), done.stderr
+
+
 def test_a_run_that_ends_lets_go_and_leaves_no_lock_file_so_the_next_run_in_the_same_process_may_write(tmp_path):
     frames = a_frames_folder(tmp_path, "frames")
     argv = ["run", str(DEMO_BUNDLE), "--source", str(frames), "--query", "q", "--quiet",

@@ -172,12 +172,18 @@ bool same_file(int fd, const std::filesystem::path& path) {
 
 // The locks this process holds, let go as it exits, each lock file removed first (output_locks.py's release_all);
 // a process killed outright leaves its files, which stop no one once the kernel has let go of their locks.
+struct HeldLock {
+  int fd;
+  std::filesystem::path lock;
+  std::string option, given;  // what gave the output, and the path as given: for a second option naming it
+};
+
 struct HeldLocks {
-  std::vector<std::pair<int, std::filesystem::path>> locks;
+  std::vector<HeldLock> locks;
   ~HeldLocks() {
-    for (const auto& [fd, lock] : locks) {
-      if (same_file(fd, lock)) ::unlink(lock.c_str());
-      ::close(fd);
+    for (const auto& held : locks) {
+      if (same_file(held.fd, held.lock)) ::unlink(held.lock.c_str());
+      ::close(held.fd);
     }
   }
 };
@@ -190,6 +196,12 @@ void hold_output(const std::filesystem::path& output, const std::string& option)
   std::error_code error;
   if (std::filesystem::exists(target, error) && !std::filesystem::is_regular_file(target, error)) return;
   const std::filesystem::path lock = folder_of(target) / ("." + target.filename().string() + ".lock");
+  for (const auto& other : held.locks) {  // one file given to two options: each had written it in turn
+    if (other.lock == lock) {
+      throw Error(option + " " + output.string() + " is the file " + other.option + " " + other.given +
+                  " writes too: each output needs a file of its own; give " + option + " another name");
+    }
+  }
   for (;;) {
     // The program's own file, not one the user named: a link there is never followed (one planted in a shared folder
     // such as /tmp would have had the pid written over the file it leads to), nor a file with other names written;
@@ -223,7 +235,7 @@ void hold_output(const std::filesystem::path& output, const std::string& option)
       if (opened.st_uid == ::geteuid() && ::ftruncate(fd, 0) == 0) {
         (void)!::pwrite(fd, holder.data(), holder.size(), 0);
       }
-      held.locks.emplace_back(fd, lock);
+      held.locks.push_back({fd, lock, option, output.string()});
       return;
     }
     ::close(fd);  // the lock file was replaced between its open and its lock: lock the one there now

@@ -43,9 +43,10 @@ void check_output_path(const std::filesystem::path& path, const std::string& opt
 // Takes the lock of a file a run writes (its alert log, its --state) for the rest of the process, as `sdqes-edge run`
 // does (runtime/output_locks.py), so that two runs, of either runtime, never write one file between them: an
 // flock on `.NAME.lock` beside it, holding "PID sdqes-run", which the kernel lets go when the process ends. Refuses
-// (an Error: "<option> PATH is being written by another run (pid N, PROGRAM); ...") where another run holds it; goes
-// on unlocked where no lock can be taken (a device such as /dev/stdout, a folder it may not create in, a file system
-// without locks).
+// (an Error: "<option> PATH is being written by another run (pid N, PROGRAM); ...") where another run holds it, and
+// ("<option> PATH is the file <other option> PATH writes too: ...") where this run gave it to another option already;
+// goes on unlocked where no lock can be taken (a device such as /dev/stdout, a folder it may not create in, a file
+// system without locks).
 void hold_output(const std::filesystem::path& output, const std::string& option);
 
 // A file of the user's that a run cannot use (`problem`: "is not valid JSON") renamed beside itself as
