@@ -72,6 +72,31 @@ def test_one_file_given_to_two_outputs_of_a_run_is_refused(first, second, name, 
             f"of its own; give {second} another name") in err
 
 
+@pytest.mark.parametrize("option", ["--annotate", "--events"])
+def test_an_output_that_is_the_video_the_run_reads_is_refused_and_the_video_kept(option, tmp_path, capsys):
+    """--annotate clip.avi beside --source clip.avi wrote the annotated video over the user's own."""
+    video = tmp_path / "clip.avi"
+    video.write_bytes(b"the user's own video")
+    (tmp_path / "link.avi").symlink_to(video)  # the same file by another name
+    err = run_refusal(["run", str(DEMO_BUNDLE), "--source", str(tmp_path / "link.avi"), "--query", "q", option,
+                       str(video)], capsys)
+    assert (f"{option} {video} is the file --source {tmp_path / 'link.avi'} reads: writing there would damage it; "
+            f"give {option} another name") in err
+    assert video.read_bytes() == b"the user's own video"
+
+
+def test_sdqes_run_refuses_an_output_that_is_the_video_it_reads(native_build, tmp_path):
+    video = tmp_path / "clip.avi"
+    video.write_bytes(b"the user's own video")
+    for option in ("--events", "--state"):
+        done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), "--source", str(video),
+                               option, str(video)], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr == (
+            f"sdqes-run: error: {option} {video} is the file --source {video} reads: writing there would damage it; "
+            f"give {option} another name\n"), done.stderr
+    assert video.read_bytes() == b"the user's own video"
+
+
 def test_one_file_reached_by_two_names_is_one_file(tmp_path, capsys):
     (tmp_path / "log.npz").symlink_to(tmp_path / "trace.npz")
     err = run_refusal(["run", str(DEMO_BUNDLE), "--source", str(tmp_path / "clip.mp4"), "--query", "q",

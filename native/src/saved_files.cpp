@@ -172,36 +172,54 @@ bool same_file(int fd, const std::filesystem::path& path) {
 
 // The locks this process holds, let go as it exits, each lock file removed first (output_locks.py's release_all);
 // a process killed outright leaves its files, which stop no one once the kernel has let go of their locks.
-struct HeldLock {
+// A file of this run's: an output it holds the lock of (fd >= 0), or a source it reads (fd -1, lock empty).
+struct RunFile {
   int fd;
-  std::filesystem::path lock;
-  std::string option, given;  // what gave the output, and the path as given: for a second option naming it
+  std::filesystem::path target, lock;
+  std::string option, given;  // what gave the file, and the path as given: for a second option naming it
 };
 
-struct HeldLocks {
-  std::vector<HeldLock> locks;
-  ~HeldLocks() {
-    for (const auto& held : locks) {
-      if (same_file(held.fd, held.lock)) ::unlink(held.lock.c_str());
-      ::close(held.fd);
+struct RunFiles {
+  std::vector<RunFile> files;
+  ~RunFiles() {
+    for (const auto& file : files) {
+      if (file.fd < 0) continue;
+      if (same_file(file.fd, file.lock)) ::unlink(file.lock.c_str());
+      ::close(file.fd);
     }
   }
 };
+
+RunFiles& run_files() {
+  static RunFiles files;
+  return files;
+}
 
 }  // namespace
 
+void reads_source(const std::filesystem::path& source) {
+  const std::filesystem::path target = through_links(source);
+  std::error_code error;
+  if (std::filesystem::is_regular_file(target, error)) {
+    run_files().files.push_back({-1, target, {}, "--source", source.string()});
+  }
+}
+
 void hold_output(const std::filesystem::path& output, const std::string& option) {
-  static HeldLocks held;
+  RunFiles& held = run_files();
   const std::filesystem::path target = through_links(output);
+  for (const auto& other : held.files) {  // a file given to two options: each had written it in turn
+    if (other.target != target) continue;
+    if (other.fd < 0) {
+      throw Error(option + " " + output.string() + " is the file " + other.option + " " + other.given +
+                  " reads: writing there would damage it; give " + option + " another name");
+    }
+    throw Error(option + " " + output.string() + " is the file " + other.option + " " + other.given +
+                " writes too: each output needs a file of its own; give " + option + " another name");
+  }
   std::error_code error;
   if (std::filesystem::exists(target, error) && !std::filesystem::is_regular_file(target, error)) return;
   const std::filesystem::path lock = folder_of(target) / ("." + target.filename().string() + ".lock");
-  for (const auto& other : held.locks) {  // one file given to two options: each had written it in turn
-    if (other.lock == lock) {
-      throw Error(option + " " + output.string() + " is the file " + other.option + " " + other.given +
-                  " writes too: each output needs a file of its own; give " + option + " another name");
-    }
-  }
   for (;;) {
     // The program's own file, not one the user named: a link there is never followed (one planted in a shared folder
     // such as /tmp would have had the pid written over the file it leads to), nor a file with other names written;
@@ -235,7 +253,7 @@ void hold_output(const std::filesystem::path& output, const std::string& option)
       if (opened.st_uid == ::geteuid() && ::ftruncate(fd, 0) == 0) {
         (void)!::pwrite(fd, holder.data(), holder.size(), 0);
       }
-      held.locks.push_back({fd, lock, option, output.string()});
+      held.files.push_back({fd, target, lock, option, output.string()});
       return;
     }
     ::close(fd);  // the lock file was replaced between its open and its lock: lock the one there now

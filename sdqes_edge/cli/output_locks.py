@@ -1,7 +1,8 @@
 """The outputs a command locks for its whole run (the mechanics, and why: ``sdqes_edge.runtime.output_locks``): taken
 before anything is loaded, so that a second run on the same files is refused at once, and each refusal names the
 option that gave the file. One file given to two options of one run (``--events out.npz --scores out.npz``) is
-refused too: the two outputs had written it in turn, the trace replacing the alert log."""
+refused too: the two outputs had written it in turn, the trace replacing the alert log; and so is an output that is
+a video the run reads (``--source clip.mp4 --annotate clip.mp4`` wrote the annotated video over the user's own)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,30 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import through_links
 from sdqes_edge.runtime.output_locks import hold, release_all
 
-_CLAIMED: dict[Path, tuple[str, str]] = {}  # this command's output files: the file -> (option, the path as given)
+# This command's files: the file -> (the option that gave it, the path as given, what the command does with it).
+_CLAIMED: dict[Path, tuple[str, str, str]] = {}
 
 
 def hold_output(output: str | Path, option: str) -> None:
-    """Lock ``output`` for the command, refusing a file another option of it writes (two links to one file are one
-    file)."""
+    """Lock ``output`` for the command, refusing a file another option of it writes, or a source it reads (two links
+    to one file are one file)."""
     target = through_links(output)
-    other, given = _CLAIMED.setdefault(target, (option, str(output)))
+    other, given, use = _CLAIMED.setdefault(target, (option, str(output), "writes too"))
     if other != option:
+        if use == "reads":
+            raise UserError(f"{option} {output} is the file {other} {given} reads: writing there would damage it; give "
+                            f"{option} another name")
         raise UserError(f"{option} {output} is the file {other} {given} writes too: each output needs a file of its "
                         f"own; give {option} another name")
     hold(output, option)
+
+
+def claim_sources(sources: list[str]) -> None:
+    """The files the command reads (a video given to --source), which none of its outputs may be."""
+    for source in sources:
+        target = through_links(source)
+        if target.is_file():
+            _CLAIMED.setdefault(target, ("--source", source, "reads"))
 
 
 def release_outputs() -> None:
@@ -39,6 +52,7 @@ def hold_run_outputs(args) -> None:
     from sdqes_edge.runtime.snapshots import snapshot_path
     from sdqes_edge.traces import TRACE_SUFFIX
 
+    claim_sources(args.source)
     if args.events:
         hold_output(args.events, "--events")
     if args.state or args.save_state:

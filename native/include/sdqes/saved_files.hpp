@@ -49,6 +49,10 @@ void check_output_path(const std::filesystem::path& path, const std::string& opt
 // system without locks).
 void hold_output(const std::filesystem::path& output, const std::string& option);
 
+// Records a file the run reads (a video given to --source), which hold_output then refuses as an output ("<option>
+// PATH is the file --source PATH reads: ..."): an alert log appended to the user's video, a snapshot written over it.
+void reads_source(const std::filesystem::path& source);
+
 // A file of the user's that a run cannot use (`problem`: "is not valid JSON") renamed beside itself as
 // NAME.unusable-<UTC stamp>EXT (state.unusable-20261128T031502Z.json), said through `log`:
 // "warning: <named> PATH <problem>: <fresh>; that file is kept as KEPT". An Error in the same words where it cannot
