@@ -98,6 +98,7 @@ def run_output_cases(run: list[str], t: Path) -> list[tuple[str, list[str]]]:
         ("--annotate with a name too long for the file system", [*run, "--annotate", str(t / (LONG_NAME + ".mp4"))]),
         ("--events and --scores one file", [*run, "--events", str(t / "o.npz"), "--scores", str(t / "o.npz")]),
         ("--annotate the video --source reads", [*run, "--annotate", str(t / "clip.avi")]),
+        ("--events a file of the bundle", [*run, "--events", str(Path(run[1]) / "manifest.json")]),
         ("--save-state is a folder", [*run, "--save-state", str(t)]),
         ("--resume from a file that is not a snapshot", [*run, "--resume", str(t / "garbage.mp4")]),
         ("--resume from a snapshot cut short", [*run, "--resume", str(t / "cut.npz")]),

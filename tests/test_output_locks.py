@@ -97,6 +97,34 @@ def test_sdqes_run_refuses_an_output_that_is_the_video_it_reads(native_build, tm
     assert video.read_bytes() == b"the user's own video"
 
 
+@pytest.mark.parametrize("option, name", [("--events", "manifest.json"), ("--state", "state.npz"),
+                                          ("--annotate", "annotated.mp4")])
+def test_an_output_inside_the_bundle_is_refused_and_the_bundle_kept(option, name, tmp_path, capsys):
+    """--events bundle/queries.json appended the alerts to the bundle's own file, which then failed its sha256."""
+    import shutil
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(DEMO_BUNDLE, bundle)
+    before = {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()}
+    err = run_refusal(["run", str(tmp_path / "." / "bundle"), "--source", str(tmp_path / "clip.mp4"), "--query",
+                       "q", option, str(bundle / name)], capsys)
+    assert (f"{option} {bundle / name} is inside the bundle {tmp_path / '.' / 'bundle'}, which is read, never "
+            f"written (a re-export replaces it whole); give {option} a path outside it") in err
+    assert {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()} == before
+
+
+def test_sdqes_run_refuses_an_output_inside_its_bundle(native_build, tmp_path):
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(b"")
+    bundle = VECTORS / "bundle"
+    done = subprocess.run([str(native_build / "sdqes-run"), str(bundle), "--source", str(clip), "--events",
+                           str(bundle / ".." / "bundle" / "alerts.jsonl")], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr == (
+        f"sdqes-run: error: --events {bundle / '..' / 'bundle' / 'alerts.jsonl'} is inside the bundle {bundle}, which "
+        "is read, never written (a re-export replaces it whole); give --events a path outside it\n"), done.stderr
+    assert not (bundle / "alerts.jsonl").exists()
+
+
 def test_one_file_reached_by_two_names_is_one_file(tmp_path, capsys):
     (tmp_path / "log.npz").symlink_to(tmp_path / "trace.npz")
     err = run_refusal(["run", str(DEMO_BUNDLE), "--source", str(tmp_path / "clip.mp4"), "--query", "q",

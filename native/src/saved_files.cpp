@@ -181,6 +181,7 @@ struct RunFile {
 
 struct RunFiles {
   std::vector<RunFile> files;
+  std::vector<std::pair<std::filesystem::path, std::string>> bundles;  // folders read, never written: (reached, given)
   ~RunFiles() {
     for (const auto& file : files) {
       if (file.fd < 0) continue;
@@ -195,19 +196,48 @@ RunFiles& run_files() {
   return files;
 }
 
+// What a path reaches, its links and dot-dots resolved as far as it exists (files.py's through_links, Python's
+// os.path.realpath): two names of one file are one path.
+std::filesystem::path reached(const std::filesystem::path& path) {
+  std::error_code error;
+  const std::filesystem::path resolved = std::filesystem::weakly_canonical(through_links(path), error);
+  return error ? std::filesystem::absolute(path) : resolved;
+}
+
+bool inside(const std::filesystem::path& folder, const std::filesystem::path& path) {
+  auto step = path.begin();
+  for (const auto& part : folder) {
+    if (step == path.end() || *step != part) return false;
+    ++step;
+  }
+  return true;
+}
+
 }  // namespace
 
 void reads_source(const std::filesystem::path& source) {
-  const std::filesystem::path target = through_links(source);
+  const std::filesystem::path target = reached(source);
   std::error_code error;
   if (std::filesystem::is_regular_file(target, error)) {
     run_files().files.push_back({-1, target, {}, "--source", source.string()});
   }
 }
 
+void reads_bundle(const std::filesystem::path& bundle) {
+  const std::filesystem::path folder = reached(bundle);
+  std::error_code error;
+  if (std::filesystem::is_directory(folder, error)) run_files().bundles.emplace_back(folder, bundle.string());
+}
+
 void hold_output(const std::filesystem::path& output, const std::string& option) {
   RunFiles& held = run_files();
-  const std::filesystem::path target = through_links(output);
+  const std::filesystem::path target = reached(output);
+  for (const auto& [folder, bundle] : held.bundles) {
+    if (inside(folder, target)) {
+      throw Error(option + " " + output.string() + " is inside the bundle " + bundle + ", which is read, never " +
+                  "written (a re-export replaces it whole); give " + option + " a path outside it");
+    }
+  }
   for (const auto& other : held.files) {  // a file given to two options: each had written it in turn
     if (other.target != target) continue;
     if (other.fd < 0) {

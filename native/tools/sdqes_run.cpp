@@ -863,6 +863,7 @@ int run(int argc, char** argv) {
     state_path = o.at("--state");
   }
   // A second run on the same files is refused at once, before any engine loads (either runtime's).
+  sdqes::reads_bundle(bundle_path);
   for (const auto& spec : source_specs) sdqes::reads_source(spec);
   if (o.count("--events")) sdqes::hold_output(o.at("--events"), "--events");
   if (state_path) sdqes::hold_output(*state_path, "--state");

@@ -2,7 +2,8 @@
 before anything is loaded, so that a second run on the same files is refused at once, and each refusal names the
 option that gave the file. One file given to two options of one run (``--events out.npz --scores out.npz``) is
 refused too: the two outputs had written it in turn, the trace replacing the alert log; and so is an output that is
-a video the run reads (``--source clip.mp4 --annotate clip.mp4`` wrote the annotated video over the user's own)."""
+a video the run reads (``--source clip.mp4 --annotate clip.mp4`` wrote the annotated video over the user's own), and
+an output inside the bundle (``--events bundle/queries.json`` appended alerts to the bundle's own file)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,24 @@ from sdqes_edge.runtime.output_locks import hold, release_all
 
 # This command's files: the file -> (the option that gave it, the path as given, what the command does with it).
 _CLAIMED: dict[Path, tuple[str, str, str]] = {}
+_BUNDLES: dict[Path, str] = {}  # the bundle folders the command reads -> as given: read, never written
+
+
+def claim_bundle(bundle: str) -> None:
+    """A bundle folder the command reads, inside which none of its outputs may be."""
+    folder = through_links(bundle)
+    if _is(folder, Path.is_dir):
+        _BUNDLES[folder] = bundle
 
 
 def hold_output(output: str | Path, option: str) -> None:
     """Lock ``output`` for the command, refusing a file another option of it writes, or a source it reads (two links
     to one file are one file)."""
     target = through_links(output)
+    for folder, bundle in _BUNDLES.items():
+        if folder == target or folder in target.parents:
+            raise UserError(f"{option} {output} is inside the bundle {bundle}, which is read, never written (a "
+                            f"re-export replaces it whole); give {option} a path outside it")
     other, given, use = _CLAIMED.setdefault(target, (option, str(output), "writes too"))
     if other != option:
         if use == "reads":
@@ -34,14 +47,24 @@ def claim_sources(sources: list[str]) -> None:
     """The files the command reads (a video given to --source), which none of its outputs may be."""
     for source in sources:
         target = through_links(source)
-        if target.is_file():
+        if _is(target, Path.is_file):
             _CLAIMED.setdefault(target, ("--source", source, "reads"))
+
+
+def _is(path: Path, kind) -> bool:
+    """``kind(path)`` (Path.is_file, Path.is_dir), False for a path the system refuses to look at (a name past its
+    file system's limit): the command refuses that, in its own words, as it opens the path."""
+    try:
+        return kind(path)
+    except OSError:
+        return False
 
 
 def release_outputs() -> None:
     """Let go of every output the command held (as it ends, however it ends): free for the next command, in this
     process too."""
     _CLAIMED.clear()
+    _BUNDLES.clear()
     release_all()
 
 
@@ -52,6 +75,7 @@ def hold_run_outputs(args) -> None:
     from sdqes_edge.runtime.snapshots import snapshot_path
     from sdqes_edge.traces import TRACE_SUFFIX
 
+    claim_bundle(args.bundle)
     claim_sources(args.source)
     if args.events:
         hold_output(args.events, "--events")

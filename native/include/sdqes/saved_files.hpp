@@ -53,6 +53,10 @@ void hold_output(const std::filesystem::path& output, const std::string& option)
 // PATH is the file --source PATH reads: ..."): an alert log appended to the user's video, a snapshot written over it.
 void reads_source(const std::filesystem::path& source);
 
+// Records the bundle folder the run reads, inside which hold_output then refuses every output ("<option> PATH is
+// inside the bundle BUNDLE, which is read, never written ..."): --events bundle/queries.json had appended alerts to it.
+void reads_bundle(const std::filesystem::path& bundle);
+
 // A file of the user's that a run cannot use (`problem`: "is not valid JSON") renamed beside itself as
 // NAME.unusable-<UTC stamp>EXT (state.unusable-20261128T031502Z.json), said through `log`:
 // "warning: <named> PATH <problem>: <fresh>; that file is kept as KEPT". An Error in the same words where it cannot
