@@ -125,6 +125,16 @@ def test_sdqes_run_refuses_an_output_inside_its_bundle(native_build, tmp_path):
     assert not (bundle / "alerts.jsonl").exists()
 
 
+def test_an_output_that_is_the_queries_file_is_refused_and_the_queries_kept(tmp_path, capsys):
+    """--events q.csv beside --queries-file q.csv appended every alert to the user's queries."""
+    queries = tmp_path / "q.csv"
+    queries.write_text("query,response\nwhen the ball rolls,Rolling!\n")
+    err = run_refusal(["run", str(DEMO_BUNDLE), "--source", str(tmp_path / "clip.mp4"), "--queries-file",
+                       str(queries), "--events", str(queries)], capsys)
+    assert f"--events {queries} is the file --queries-file {queries} reads: writing there would damage it" in err
+    assert queries.read_text() == "query,response\nwhen the ball rolls,Rolling!\n"
+
+
 def test_one_file_reached_by_two_names_is_one_file(tmp_path, capsys):
     (tmp_path / "log.npz").symlink_to(tmp_path / "trace.npz")
     err = run_refusal(["run", str(DEMO_BUNDLE), "--source", str(tmp_path / "clip.mp4"), "--query", "q",

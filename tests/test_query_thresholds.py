@@ -149,6 +149,10 @@ def test_an_exported_bundles_own_queries_keep_their_labels_and_thresholds(tmp_pa
     assert alerted(events) == [QUERY]
     assert (f"sdqes-edge: note: the bundle's own 3 queries ({KETTLE!r}, ...) are not asked: --query and "
             "--queries-file replace them; give them there too to ask them as well") in capsys.readouterr().err
+    # Those asked again in the same words are asked: the note names only the ones left out.
+    assert run(["run", str(bundle), "--source", str(video), "--query", KETTLE, "--query", DOOR, "--quiet"]) == 0
+    assert (f"sdqes-edge: note: the bundle's own 1 query ({SIT!r}) is not asked: --query and "
+            "--queries-file replace them; give them there too to ask them as well") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("new_row, said, threshold", [

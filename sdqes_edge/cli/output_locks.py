@@ -2,7 +2,8 @@
 before anything is loaded, so that a second run on the same files is refused at once, and each refusal names the
 option that gave the file. One file given to two options of one run (``--events out.npz --scores out.npz``) is
 refused too: the two outputs had written it in turn, the trace replacing the alert log; and so is an output that is
-a video the run reads (``--source clip.mp4 --annotate clip.mp4`` wrote the annotated video over the user's own), and
+a file the run reads (``--source clip.mp4 --annotate clip.mp4`` wrote the annotated video over the user's own, and
+``--queries-file q.csv --events q.csv`` appended the alerts to the user's queries), and
 an output inside the bundle (``--events bundle/queries.json`` appended alerts to the bundle's own file)."""
 
 from __future__ import annotations
@@ -43,12 +44,14 @@ def hold_output(output: str | Path, option: str) -> None:
     hold(output, option)
 
 
-def claim_sources(sources: list[str]) -> None:
-    """The files the command reads (a video given to --source), which none of its outputs may be."""
-    for source in sources:
-        target = through_links(source)
-        if _is(target, Path.is_file):
-            _CLAIMED.setdefault(target, ("--source", source, "reads"))
+def claim_inputs(inputs: dict[str, list[str | None]]) -> None:
+    """The files the command reads, by the option that gives them (a video given to --source, a --queries-file),
+    which none of its outputs may be."""
+    for option, paths in inputs.items():
+        for path in filter(None, paths):
+            target = through_links(path)
+            if _is(target, Path.is_file):
+                _CLAIMED.setdefault(target, (option, path, "reads"))
 
 
 def _is(path: Path, kind) -> bool:
@@ -76,7 +79,7 @@ def hold_run_outputs(args) -> None:
     from sdqes_edge.traces import TRACE_SUFFIX
 
     claim_bundle(args.bundle)
-    claim_sources(args.source)
+    claim_inputs({"--source": args.source, "--queries-file": [args.queries_file], "--ort-ops": [args.ort_ops]})
     if args.events:
         hold_output(args.events, "--events")
     if args.state or args.save_state:

@@ -244,11 +244,13 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple
     paired = [QueryLine(text, messages[i] if i < len(messages) else None) for i, text in enumerate(queries)]
     command_line_keys, from_file = {text_key(line.text) for line in paired}, {}
     ask = LineAsker(detector, args.threshold, **_policy(args))
-    for key, line in keyed(paired + args.file_queries).items():
+    asked = keyed(paired + args.file_queries)
+    for key, line in asked.items():
         query = ask(line)
         if key not in command_line_keys:
             from_file[key] = Asked(line, query)
-    own = (detector.bundle.queries() or ([], None))[0]
+    # The bundle's queries that the given ones leave out (one asked again in the same words is asked).
+    own = [q for q in (detector.bundle.queries() or ([], None))[0] if text_key(q["text"]) not in asked]
     if not paired + args.file_queries:
         if not detector.add_bundle_queries(args.threshold, **_policy(args)):
             raise UserError("no queries: give --query TEXT or --queries-file FILE (or export the bundle with --query)")
