@@ -1,10 +1,11 @@
-"""The outputs a command locks for its whole run (the mechanics, and why: ``sdqes_edge.runtime.output_locks``): taken
-before anything is loaded, so that a second run on the same files is refused at once, and each refusal names the
-option that gave the file. One file given to two options of one run (``--events out.npz --scores out.npz``) is
-refused too: the two outputs had written it in turn, the trace replacing the alert log; and so is an output that is
-a file the run reads (``--source clip.mp4 --annotate clip.mp4`` wrote the annotated video over the user's own, and
-``--queries-file q.csv --events q.csv`` appended the alerts to the user's queries), and
-an output inside the bundle (``--events bundle/queries.json`` appended alerts to the bundle's own file)."""
+"""The files a command writes, locked for its whole run (the mechanics, and why: ``sdqes_edge.runtime.output_locks``)
+before anything is loaded, so that a second run on the same files is refused at once, each refusal naming the option
+that gave the file. Refused too, since each destroyed what the user had:
+- one file given to two outputs (``--events out.npz --scores out.npz``: the trace replaced the alert log);
+- an output that is a file the run reads (``--source clip.mp4 --annotate clip.mp4`` wrote the annotated video over
+  the user's own; ``--queries-file q.csv --events q.csv`` appended the alerts to the user's queries);
+- an output inside the bundle (``--events bundle/queries.json`` appended the alerts to the bundle's own file).
+"""
 
 from __future__ import annotations
 
@@ -26,24 +27,6 @@ def claim_bundle(bundle: str) -> None:
         _BUNDLES[folder] = bundle
 
 
-def hold_output(output: str | Path, option: str) -> None:
-    """Lock ``output`` for the command, refusing a file another option of it writes, or a source it reads (two links
-    to one file are one file)."""
-    target = through_links(output)
-    for folder, bundle in _BUNDLES.items():
-        if folder == target or folder in target.parents:
-            raise UserError(f"{option} {output} is inside the bundle {bundle}, which is read, never written (a "
-                            f"re-export replaces it whole); give {option} a path outside it")
-    other, given, use = _CLAIMED.setdefault(target, (option, str(output), "writes too"))
-    if other != option:
-        if use == "reads":
-            raise UserError(f"{option} {output} is the file {other} {given} reads: writing there would damage it; give "
-                            f"{option} another name")
-        raise UserError(f"{option} {output} is the file {other} {given} writes too: each output needs a file of its "
-                        f"own; give {option} another name")
-    hold(output, option)
-
-
 def claim_inputs(inputs: dict[str, list[str | None]]) -> None:
     """The files the command reads, by the option that gives them (a video given to --source, a --queries-file),
     which none of its outputs may be."""
@@ -61,6 +44,24 @@ def _is(path: Path, kind) -> bool:
         return kind(path)
     except OSError:
         return False
+
+
+def hold_output(output: str | Path, option: str) -> None:
+    """Lock ``output`` for the command, refusing a path inside its bundle, a file it reads or a file another of its
+    options writes (two links to one file are one file)."""
+    target = through_links(output)
+    for folder, bundle in _BUNDLES.items():
+        if folder == target or folder in target.parents:
+            raise UserError(f"{option} {output} is inside the bundle {bundle}, which is read, never written (a "
+                            f"re-export replaces it whole); give {option} a path outside it")
+    other, given, use = _CLAIMED.setdefault(target, (option, str(output), "writes too"))
+    if other != option:
+        if use == "reads":
+            raise UserError(f"{option} {output} is the file {other} {given} reads: writing there would damage it; give "
+                            f"{option} another name")
+        raise UserError(f"{option} {output} is the file {other} {given} writes too: each output needs a file of its "
+                        f"own; give {option} another name")
+    hold(output, option)
 
 
 def release_outputs() -> None:
