@@ -26,7 +26,7 @@ from sdqes_edge.path_checks import ANNOTATED_VIDEO_EXAMPLE, check_output_file, o
 
 from .live_source import open_video_file
 from .ordered_calls import OrderedCalls
-from .output_locks import hold, release
+from .output_locks import ANNOTATED_VIDEO, hold, release
 from .sampling import checked_rate
 from .sinks import Sink, checked_stream
 
@@ -182,7 +182,7 @@ class AnnotatedVideoSink(Sink):
         self._read_back = 0  # the frames the last video finished reads back
         self._started = False  # a video was begun: later segments are the machine's to refuse (_next_segment)
         self._banner: tuple[str, float] | None = None
-        self._lock = hold(self.path, "AnnotatedVideoSink")  # another process's video (runtime/output_locks.py): refused
+        self._lock = hold(self.path, "AnnotatedVideoSink", ANNOTATED_VIDEO)  # another process's: refused
 
     def _canvas(self, frame_bgr: np.ndarray) -> np.ndarray:
         """The frame at the video's size, which the first frame sets (small frames enlarged by whole pixels).

@@ -212,10 +212,7 @@ class StreamingDetector:
                                 {keys[qid]: SavedAlert.of(state, slot.time) for qid, state in slot.alerts.items()})
                    for slot in self.streams]
         snapshot = Snapshot(self.bundle.model_identity, self.backend.state_to_numpy(self.state), records)
-        if not wait:
-            self._snapshots.write_later(path, snapshot, on_done)
-            return path
-        return self._snapshots.write_now(path, snapshot, on_done)
+        return self._snapshots.write(path, snapshot, wait, on_done)
 
     @_exclusive
     def load_state(self, path: str | Path) -> None:

@@ -26,6 +26,11 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import make_folders, through_links
 
 LOCK_SUFFIX = ".lock"
+# What an output is (``hold``'s kind): the command line's option for it and the library's sink share one lock.
+ALERT_LOG = "an alert log"
+SCORE_TRACE = "a score trace"
+ANNOTATED_VIDEO = "an annotated video"
+STATE_SNAPSHOT = "a state snapshot"
 PROGRAM = "sdqes-edge"  # what the lock file says holds it, beside the process id (sdqes-run writes its own name)
 
 
@@ -34,6 +39,8 @@ class _Held:
     fd: int
     holders: int  # the takers not yet let go (the command line's, a sink's)
     pid: int  # the process that took it: a child made by fork() inherits the table, not the locks' ownership
+    option: str  # the first taker's name for it (--events, JsonlSink) and what it writes there (an alert log)
+    kind: str | None
 
 
 _HELD: dict[Path, _Held] = {}  # the locks this process holds, by lock file
@@ -45,15 +52,16 @@ def lock_path(output: Path) -> Path:
     return output.with_name(f".{output.name}{LOCK_SUFFIX}")
 
 
-def hold(output: str | os.PathLike, option: str) -> Path | None:
+def hold(output: str | os.PathLike, option: str, kind: str | None = None) -> Path | None:
     """Take ``output``'s lock until ``release`` of what this returns (or ``release_all``), or refuse (a UserError
     naming ``option`` and the run that holds it). The lock file's path, or None where the output is written unlocked
-    (see the module's docstring)."""
+    (see the module's docstring). ``kind``: what is written there ("an alert log"); a file this process holds for
+    another kind is refused (a JsonlSink and a ScoreTraceRecorder given one path wrote it in turn)."""
     with _TABLE:
-        return _hold(output, option)
+        return _hold(output, option, kind)
 
 
-def _hold(output: str | os.PathLike, option: str) -> Path | None:
+def _hold(output: str | os.PathLike, option: str, kind: str | None) -> Path | None:
     try:
         import fcntl
     except ImportError:  # not a POSIX system: nothing to lock with
@@ -64,7 +72,11 @@ def _hold(output: str | os.PathLike, option: str) -> Path | None:
     lock = lock_path(target)
     held = _HELD.get(lock)
     if held is not None and held.pid == os.getpid():  # this process's already (the command line's): counted
+        if kind and held.kind and kind != held.kind:
+            raise UserError(f"{option} {output} is the file {held.option} writes ({held.kind}) in this program: each "
+                            f"output needs a file of its own; give {option} another path")
         held.holders += 1
+        held.kind = held.kind or kind
         return lock
     while True:
         try:
@@ -92,7 +104,7 @@ def _hold(output: str | os.PathLike, option: str) -> Path | None:
     if os.fstat(fd).st_uid == os.geteuid():  # another user's lock file (a shared folder) is locked, not written
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {PROGRAM}\n".encode())
-    _HELD[lock] = _Held(fd, 1, os.getpid())
+    _HELD[lock] = _Held(fd, 1, os.getpid(), option, kind)
     return lock
 
 

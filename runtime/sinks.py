@@ -29,7 +29,7 @@ from sdqes_edge.files import make_folders
 from sdqes_edge.path_checks import ALERT_LOG_EXAMPLE, SCORE_TRACE_EXAMPLE, check_output_file
 from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, read_chunks, save_scores
 
-from .output_locks import hold, release
+from .output_locks import ALERT_LOG, SCORE_TRACE, hold, release
 from .sampling import checked_rate
 
 
@@ -98,7 +98,8 @@ class JsonlSink(Sink):
     def __init__(self, path: str | Path):
         # A folder or /proc: a one-line error, not an OSError.
         self.path = check_output_file(path, "JsonlSink", ALERT_LOG_EXAMPLE)
-        self._lock = hold(self.path, "JsonlSink")  # another process's log (runtime/output_locks.py): refused
+        # Another process's log, or a file this program writes as something else (runtime/output_locks.py): refused.
+        self._lock = hold(self.path, "JsonlSink", ALERT_LOG)
         try:
             make_folders(self.path.parent)
             self._use(self._open())
@@ -254,7 +255,7 @@ class ScoreTraceRecorder(Sink):
         self.log: Callable[[str], None] = TRACE_LOG.warning
         self._refused = False  # the last chunk tried was refused: its rows are held
         self._let_go = 0  # rows before the held ones let go while refused: NaN in the next chunk
-        self._lock = hold(self.path, "ScoreTraceRecorder")  # before its chunks, which another process may be writing
+        self._lock = hold(self.path, "ScoreTraceRecorder", SCORE_TRACE)  # before its chunks, another process's maybe
         try:
             self._take_over_earlier(first_frame)
         except BaseException:

@@ -39,6 +39,7 @@ from sdqes_edge.path_checks import as_path, path_problem
 
 from .alerts import AlertPolicy, AlertState
 from .ordered_calls import OrderedCalls
+from .output_locks import STATE_SNAPSHOT, hold, release
 
 STATE_PREFIX = "state/"
 SNAPSHOT_SUFFIX = ".npz"
@@ -186,28 +187,39 @@ class SnapshotWriter:
     """Writes snapshots on a thread of its own, one at a time, in the order given: a run's snapshot after an alert
     (``run --state``) held the thread that steps for as long as the write took, 15 ms for one ViT-B/16 stream's
     9 MiB here, 0.3-0.8 s for 32 streams' 268 MiB (an SD card or eMMC takes longer), while its cameras dropped
-    frames. What a write raised is raised by the next ``write_later`` or by ``wait``."""
+    frames. What a write raised is raised by the next ``write`` or by ``wait``."""
 
     def __init__(self) -> None:
         self._in_flight: OrderedCalls | None = None
 
-    def write_later(self, path: Path, snapshot: Snapshot, on_done: OnDone | None = None) -> None:
-        """Write ``snapshot`` (host copies, not to be changed after) at ``path`` after the one in flight. ``on_done``
-        (``write_telling``) is called on the writing thread: a service says a refusal as it happens and streams on,
-        not at its next snapshot, minutes later."""
+    def write(self, path: Path, snapshot: Snapshot, wait: bool, on_done: OnDone | None = None) -> Path:
+        """Write ``snapshot`` (host copies, not to be changed after) at ``path`` after the one in flight: on this
+        thread (``wait``) or on one of its own, ``on_done`` (``write_telling``) called on the writing thread, so that
+        a service says a refusal as it happens and streams on, not at its next snapshot, minutes later. The file's
+        lock is held until it is written (runtime/output_locks.py): another process's snapshot (a service's --state),
+        or a file this program writes as something else (an alert log), is refused."""
         check_on_done(on_done)
-        self.wait()
+        lock = hold(path, "save_state", STATE_SNAPSHOT)
+
+        def written() -> None:
+            try:
+                write_telling(path, snapshot, on_done)
+            finally:
+                release(lock)
+
+        try:
+            self.wait()
+        except BaseException:
+            release(lock)
+            raise
+        if wait:
+            written()
+            return path
         # Not a daemon: a snapshot begun is finished before the process exits (the write is atomic anyway); its
         # thread ends once it is written.
         self._in_flight = OrderedCalls("state-snapshot", 1, daemon=False)
-        self._in_flight.call(lambda: write_telling(path, snapshot, on_done))
+        self._in_flight.call(written)
         self._in_flight.close()
-
-    def write_now(self, path: Path, snapshot: Snapshot, on_done: OnDone | None = None) -> Path:
-        """Write ``snapshot`` at ``path`` on this thread, after the one in flight (older: written first)."""
-        check_on_done(on_done)
-        self.wait()
-        write_telling(path, snapshot, on_done)
         return path
 
     def wait(self) -> None:

@@ -317,3 +317,42 @@ def test_a_child_made_by_fork_never_removes_its_parents_lock(tmp_path):
     finally:
         release(lock)
     assert another_process_may_take(tmp_path / "alerts.jsonl")
+
+
+def test_two_kinds_of_sink_on_one_file_of_a_program_are_refused(tmp_path):
+    """A JsonlSink and a ScoreTraceRecorder given one path in one program would write it in turn (the trace replacing
+    the log as it closed); sinks of one kind share it, as the command line's option and its sink do."""
+    from sdqes_edge.runtime.sinks import JsonlSink, ScoreTraceRecorder
+
+    log = JsonlSink(tmp_path / "out.npz")
+    try:
+        with pytest.raises(UserError, match=r"^ScoreTraceRecorder .*out\.npz is the file JsonlSink writes \(an alert "
+                                            r"log\) in this program: each output needs a file of its own; give "
+                                            r"ScoreTraceRecorder another path$"):
+            ScoreTraceRecorder(tmp_path / "out.npz", "kitchen", 5.0)
+        JsonlSink(tmp_path / "out.npz").close()  # another alert log on it: one lock, counted
+    finally:
+        log.close()
+    assert another_process_may_take(tmp_path / "out.npz")
+
+
+def test_save_state_takes_the_snapshots_lock_while_it_writes(holder, tmp_path):
+    """A program saving over the snapshot a service's run --state keeps (or over its own alert log) is refused; each
+    write lets go as it ends, on this thread or on the writer's."""
+    from sdqes_edge.runtime.detector import StreamingDetector
+    from sdqes_edge.runtime.sinks import JsonlSink
+
+    detector = StreamingDetector(DEMO_BUNDLE)
+    other = holder(tmp_path / "service.npz", "--state")
+    with pytest.raises(UserError, match=rf"^save_state .*service\.npz is being written by another run \(pid "
+                                        rf"{other.process.pid}, sdqes-edge\)"):
+        detector.save_state(tmp_path / "service.npz")
+    log = JsonlSink(tmp_path / "alerts.npz")
+    with pytest.raises(UserError, match=r"is the file JsonlSink writes \(an alert log\) in this program"):
+        detector.save_state(tmp_path / "alerts.npz")
+    log.close()
+    detector.save_state(tmp_path / "state.npz")
+    assert another_process_may_take(tmp_path / "state.npz")
+    detector.save_state(tmp_path / "later.npz", wait=False)
+    detector.close()  # the write in flight finished
+    assert another_process_may_take(tmp_path / "later.npz") and (tmp_path / "later.npz").is_file()

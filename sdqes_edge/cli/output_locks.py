@@ -13,8 +13,18 @@ from pathlib import Path
 
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import through_links
-from sdqes_edge.runtime.output_locks import hold, release_all
+from sdqes_edge.runtime.output_locks import (
+    ALERT_LOG,
+    ANNOTATED_VIDEO,
+    SCORE_TRACE,
+    STATE_SNAPSHOT,
+    hold,
+    release_all,
+)
 
+# What each option writes (runtime.output_locks.hold's kind): the lock it shares with the library's sink for it.
+KIND_OF_OUTPUT = {"--events": ALERT_LOG, "--scores": SCORE_TRACE, "--annotate": ANNOTATED_VIDEO,
+                  "--state": STATE_SNAPSHOT, "--save-state": STATE_SNAPSHOT}
 # This command's files: the file -> (the option that gave it, the path as given, what the command does with it).
 _CLAIMED: dict[Path, tuple[str, str, str]] = {}
 _BUNDLES: dict[Path, str] = {}  # the bundle folders the command reads -> as given: read, never written
@@ -61,7 +71,7 @@ def hold_output(output: str | Path, option: str) -> None:
                             f"{option} another name")
         raise UserError(f"{option} {output} is the file {other} {given} writes too: each output needs a file of its "
                         f"own; give {option} another name")
-    hold(output, option)
+    hold(output, option, KIND_OF_OUTPUT[option])
 
 
 def release_outputs() -> None:
