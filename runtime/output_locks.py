@@ -4,9 +4,10 @@ Two runs given the same ``--state`` (a service started again while the first sti
 same volume, a run by hand beside the service) each resumed from and saved over the other's snapshot, and wrote one
 alert log between them, without a word. A process now holds an advisory lock (``flock``) on a file beside each
 output it writes, ``.NAME.lock``, holding its process id, while it writes it (the file removed as it lets go): the
-command line for its whole command (cli/output_locks.py), and each sink of the library for its life, so that two
-programs of a user's own are kept apart too. Within a process an output's lock is taken once and counted (the
-command line's and its sink's are one). The kernel lets the lock go when the process ends, however it ends (a
+command line for its whole command (cli/output_locks.py), each sink of the library for its life and ``save_state``
+for its write, so that two programs of a user's own are kept apart too. Within a process an output's lock is taken
+once and counted (the command line's and its sink's are one), and held for one kind of output only: an alert log
+and a score trace given one file wrote it in turn. The kernel lets the lock go when the process ends, however it ends (a
 kill -9, a power cut), so a lock file left behind stops no one. sdqes-run takes the same locks on its --events and
 --state (``sdqes::hold_output``), so neither runtime shares those files with the other either. Where a lock cannot
 be taken (a file system without locks, a folder this user may append to but not create in, an output that is a
