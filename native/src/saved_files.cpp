@@ -170,8 +170,6 @@ bool same_file(int fd, const std::filesystem::path& path) {
          opened.st_ino == there.st_ino;
 }
 
-// The locks this process holds, let go as it exits, each lock file removed first (output_locks.py's release_all);
-// a process killed outright leaves its files, which stop no one once the kernel has let go of their locks.
 // A file of this run's: an output it holds the lock of (fd >= 0), or a source it reads (fd -1, lock empty).
 struct RunFile {
   int fd;
@@ -179,6 +177,8 @@ struct RunFile {
   std::string option, given;  // what gave the file, and the path as given: for a second option naming it
 };
 
+// The files of this run; the locks it holds are let go as it exits, each lock file removed first (output_locks.py's
+// release_all). A process killed outright leaves its lock files, which stop no one once the kernel lets their locks go.
 struct RunFiles {
   std::vector<RunFile> files;
   std::vector<std::pair<std::filesystem::path, std::string>> bundles;  // folders read, never written: (reached, given)
@@ -240,12 +240,10 @@ void hold_output(const std::filesystem::path& output, const std::string& option)
   }
   for (const auto& other : held.files) {  // a file given to two options: each had written it in turn
     if (other.target != target) continue;
-    if (other.fd < 0) {
-      throw Error(option + " " + output.string() + " is the file " + other.option + " " + other.given +
-                  " reads: writing there would damage it; give " + option + " another name");
-    }
-    throw Error(option + " " + output.string() + " is the file " + other.option + " " + other.given +
-                " writes too: each output needs a file of its own; give " + option + " another name");
+    const std::string use = other.fd < 0 ? "reads: writing there would damage it"
+                                         : "writes too: each output needs a file of its own";
+    throw Error(option + " " + output.string() + " is the file " + other.option + " " + other.given + " " + use +
+                "; give " + option + " another name");
   }
   std::error_code error;
   if (std::filesystem::exists(target, error) && !std::filesystem::is_regular_file(target, error)) return;

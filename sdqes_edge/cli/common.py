@@ -241,13 +241,13 @@ def say(message: str) -> None:
 
 def warn(message: str) -> None:
     """A warning of the command line's: one line on stderr, after the program's name."""
-    print(f"{PROG}: warning: {terminal_safe(message)}", file=sys.stderr)
+    say(f"warning: {message}")
 
 
 def say_error(message: str) -> None:
     """A refusal or failure of the command line's: one line on stderr, after the program's name; its words may quote
     a file, a bundle or a flag the user gave, so their control characters are shown, not obeyed."""
-    print(f"{PROG}: error: {terminal_safe(message)}", file=sys.stderr)
+    say(f"error: {message}")
 
 
 def onnxruntime_gpu_here() -> bool:

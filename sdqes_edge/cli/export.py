@@ -132,7 +132,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from sdqes_edge.errors import terminal_safe
     from sdqes_edge.runtime.bundle import load_bundle
     from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
     from sdqes_edge.runtime.preprocess import Preprocessor
@@ -142,25 +141,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     bundle = load_bundle(args.bundle)
     m = bundle.manifest
 
-    def report(line: str) -> None:  # the manifest is someone else's data: its control characters shown, not obeyed
-        print(terminal_safe(line))
-
-    report(f"bundle     {bundle.root}  (format {m['format_version']}, made by sdqes-edge "
-           f"{m['tool_versions'].get(sdqes_edge.__name__)}, all {len(m['files'])} files match their sha256)")
-    report(f"model      {m['model']['name']}, adapter {m['model']['adapter']['kind']}, "
-           f"{m['image_size']}px, embed {m['embed_dim']}, batch {m['batch']}, opset {m.get('opset')}")
+    # The manifest is someone else's data: its control characters shown, not obeyed.
+    show(f"bundle     {bundle.root}  (format {m['format_version']}, made by sdqes-edge "
+         f"{m['tool_versions'].get(sdqes_edge.__name__)}, all {len(m['files'])} files match their sha256)")
+    show(f"model      {m['model']['name']}, adapter {m['model']['adapter']['kind']}, "
+         f"{m['image_size']}px, embed {m['embed_dim']}, batch {m['batch']}, opset {m.get('opset')}")
     labels = bundle.label_thresholds
-    report(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']:.4f}"
-           + (f" ({len(labels)} query labels with their own)" if labels else "")
-           + f", state {len(m['state'])} tensors ({format_bytes(m['state_bytes'])})")
+    show(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']:.4f}"
+         + (f" ({len(labels)} query labels with their own)" if labels else "")
+         + f", state {len(m['state'])} tensors ({format_bytes(m['state_bytes'])})")
     fused_ops = [p for p in bundle.precisions if m["graphs"]["step"][p].get("operators") == ONNX_RUNTIME_OPERATORS]
     fused_words = f" ({', '.join(fused_ops)} with ONNX Runtime's fused operators)" if fused_ops else ""
-    report(f"graphs     step: {', '.join(bundle.precisions)}{fused_words}; text encoder: {m['graphs']['text']['file']} "
-           f"(queries up to {m['tokenizer']['context_length']} tokens)")
+    show(f"graphs     step: {', '.join(bundle.precisions)}{fused_words}; text encoder: {m['graphs']['text']['file']} "
+         f"(queries up to {m['tokenizer']['context_length']} tokens)")
     queries = bundle.queries()
     if queries:
         fused = " (fused into the graph)" if m.get("query_count") else ""
-        report(f"queries    {len(queries[0])} pre-encoded{fused}")
+        show(f"queries    {len(queries[0])} pre-encoded{fused}")
     runner = OnnxRuntimeStep(bundle.step_graph(args.precision), fused_ops=args.ort_ops)
     pre = Preprocessor.from_description(bundle.image_size, m["preprocess"])
     state = runner.initial_state()

@@ -66,11 +66,8 @@ def hold_output(output: str | Path, option: str) -> None:
                             f"re-export replaces it whole); give {option} a path outside it")
     other, given, use = _CLAIMED.setdefault(target, (option, str(output), "writes too"))
     if other != option:
-        if use == "reads":
-            raise UserError(f"{option} {output} is the file {other} {given} reads: writing there would damage it; give "
-                            f"{option} another name")
-        raise UserError(f"{option} {output} is the file {other} {given} writes too: each output needs a file of its "
-                        f"own; give {option} another name")
+        why = "writing there would damage it" if use == "reads" else "each output needs a file of its own"
+        raise UserError(f"{option} {output} is the file {other} {given} {use}: {why}; give {option} another name")
     hold(output, option, KIND_OF_OUTPUT[option])
 
 

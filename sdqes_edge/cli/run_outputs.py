@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import finite_number, path_text, say, say_error, seconds_at_least, warn
+from sdqes_edge.cli.common import finite_number, path_text, say, say_error, seconds_at_least, show, warn
 from sdqes_edge.cli.output_locks import hold_source_outputs
 from sdqes_edge.cli.refusals import refusal_words
-from sdqes_edge.errors import SourceUnavailable, UserError, terminal_safe
+from sdqes_edge.errors import SourceUnavailable, UserError
 from sdqes_edge.traces import TRACE_SUFFIX
 
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
@@ -229,4 +229,4 @@ def summarize_run(sources: list, stats: RunStats, exit_code: int, written: list[
             say(f"note: {source.name} has no frames after {source.start_index / source.fps:g} s, where the "
                 "state snapshot stopped: the run it resumes had streamed it to its end")
     if written:
-        print(terminal_safe(f"wrote {', '.join(written)}"), file=sys.stderr)
+        show(f"wrote {', '.join(written)}", file=sys.stderr)

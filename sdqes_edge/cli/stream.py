@@ -19,6 +19,7 @@ from sdqes_edge.cli.common import (
     path_text,
     say,
     seconds_at_least,
+    show,
     text_key,
     warn,
 )
@@ -38,7 +39,7 @@ from sdqes_edge.cli.run_outputs import (
     videos_written,
 )
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
-from sdqes_edge.errors import SourceUnavailable, UserError, terminal_safe
+from sdqes_edge.errors import SourceUnavailable, UserError
 from sdqes_edge.files import set_aside
 from sdqes_edge.path_checks import (
     ALERT_LOG_EXAMPLE,
@@ -101,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     header = (f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
               f"quer{'y' if count == 1 else 'ies'}, {_policy_words(detector, args)} "
               f"({backend_words(detector.backend, args)})")
-    print(terminal_safe(header + ("; Ctrl-C to stop" if live else "")), file=sys.stderr)  # source names shown
+    show(header + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)  # source names shown
     manager = ServiceManager()  # systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
     manager.ready(header)
     tip = device_tip(detector, args)
@@ -120,8 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.events, *videos_written(video_sinks), args.save_state, *trace_paths] if p])
     raise_failures(failures)  # what ran and was written first, then what went wrong, as sdqes-run ends
     if trace_paths:
-        print(terminal_safe(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}"),
-              file=sys.stderr)
+        show(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
     if exit_code == 0 and any(source.lost_words() for source in sources):
         return LOST_SOURCE_EXIT  # not a stream that ended: a service manager should start the run again
     return exit_code
