@@ -24,6 +24,21 @@ def is_probability(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.0 < value < 1.0
 
 
+def check_number(name: str, value: object) -> None:
+    """An alert policy's setting is a number or None: a string from a config file or a form failed in arithmetic or a
+    comparison (a TypeError), and a bool passed as 0 or 1."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise UserError(f"{name} is a number, not {value!r}")
+
+
+def check_texts(**values: object) -> None:
+    """A query's message, id or label is text or None: sinks write them as text, and a label picks a threshold by
+    name (a list failed as an unhashable key)."""
+    for name, value in values.items():
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"a query's {name} is text (or None), not {type(value).__name__}")
+
+
 @dataclass(frozen=True)
 class AlertPolicy:
     threshold: float
@@ -34,9 +49,7 @@ class AlertPolicy:
     def __post_init__(self) -> None:
         for name, value in (("threshold", self.threshold), ("exit threshold", self.exit_threshold),
                             ("cooldown", self.cooldown_s), ("max alerts", self.max_alerts)):
-            # A string from a config file or a form failed in a comparison below (TypeError), a bool passed as 0/1.
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-                raise UserError(f"{name} is a number, not {value!r}")
+            check_number(name, value)
         if self.max_alerts is not None and not isinstance(self.max_alerts, numbers.Integral):
             raise UserError(f"max alerts is a whole number of alerts, not {self.max_alerts!r}")
         # Plain Python numbers from here on: numpy's (a threshold read from an array) broke the JSON of a state

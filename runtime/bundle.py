@@ -32,7 +32,7 @@ from sdqes_edge.files import file_sha256, npz_problem, parse_json, write_text_at
 from sdqes_edge.path_checks import as_path, path_problem
 from sdqes_edge.state import StateSpec
 
-from .alerts import AlertPolicy, is_probability
+from .alerts import AlertPolicy, check_number, check_texts, is_probability
 from .graph_files import NotAGraph, external_data_locations, metadata_props
 
 
@@ -87,6 +87,8 @@ class Bundle:
         """A query's alert policy: what is given, else what the bundle recorded (its threshold for the query's label,
         else its default; hysteresis and cooldown chosen on validation streams by ``eval --calibrate-policy``),
         else plain rising edges. The native runtime decides the same (tests/vectors/query_policies.json)."""
+        check_number("threshold", threshold)  # before the arithmetic below; AlertPolicy checks the rest
+        check_texts(label=label)
         threshold = self.threshold_for(label) if threshold is None else threshold
         recorded = self.alert_policy
         if exit_threshold is None and recorded.get("exit_margin"):

@@ -143,24 +143,26 @@ class StreamingDetector:
             return query
 
     @_exclusive
-    def remove_query(self, query_id: str) -> None:
-        self.queries.remove(query_id)
+    def remove_query(self, query: str | Query) -> None:
+        """Stop asking a query, named by its id or by the ``Query`` that ``add_query`` returned."""
+        query_id = self.queries.remove(query)
         for slot in self.streams:
             slot.forget(query_id)
 
     @_exclusive
-    def set_query_message(self, query_id: str, message: str) -> None:
-        """A new alert message for a query, its alert state kept: an event going on does not alert again."""
-        self.queries.set_message(query_id, message)
+    def set_query_message(self, query: str | Query, message: str) -> None:
+        """A new alert message for a query (its id or its ``Query``), its alert state kept: an event going on does
+        not alert again."""
+        self.queries.set_message(query, message)
 
     @_exclusive
-    def set_query_policy(self, query_id: str, threshold: float | None = None, label: str | None = None,
+    def set_query_policy(self, query: str | Query, threshold: float | None = None, label: str | None = None,
                          **policy_options) -> Query:
-        """A query under another threshold or label (chosen as ``add_query`` chooses), its alert state kept
-        (``AlertState.set_policy``): an event going on does not alert again."""
-        query = self.queries.set_policy(query_id, self.default_policy(threshold, label=label, **policy_options), label)
+        """A query (its id or its ``Query``) under another threshold or label (chosen as ``add_query`` chooses), its
+        alert state kept (``AlertState.set_policy``): an event going on does not alert again."""
+        query = self.queries.set_policy(query, self.default_policy(threshold, label=label, **policy_options), label)
         for slot in self.streams:
-            slot.alerts[query_id].set_policy(query.policy)
+            slot.alerts[query.id].set_policy(query.policy)
         return query
 
     def add_bundle_queries(self, threshold: float | None = None, **policy_options) -> list[Query]:

@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import functools
 import itertools
+import reprlib
 import threading
 import warnings
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
 from sdqes_edge.traces import query_key
 
-from .alerts import AlertPolicy
+from .alerts import AlertPolicy, check_texts
 from .bundle import Bundle
 from .ort_sessions import load_refusal, session_options
 
@@ -117,13 +118,6 @@ class TextEncoder:
         return embedding
 
 
-def _check_texts(**values: object) -> None:
-    """A query's message, id or label is text or None: sinks write them as text."""
-    for name, value in values.items():
-        if value is not None and not isinstance(value, str):
-            raise UserError(f"a query's {name} is text (or None), not {type(value).__name__}")
-
-
 class QueryBank:
     """Queries with their embeddings [Q, E] (rebuilt only when the set changes); each stream keeps its own alert
     state per query (``stream_slot.StreamSlot``)."""
@@ -145,7 +139,7 @@ class QueryBank:
     def add(self, text: str, policy: AlertPolicy, message: str | None = None, query_id: str | None = None,
             stream_time: float = 0.0, label: str | None = None) -> Query:
         embedding = self.encoder.encode(text)  # refuses an empty or too long query before anything changes
-        _check_texts(message=message, query_id=query_id, label=label)
+        check_texts(message=message, query_id=query_id, label=label)
         query_id = query_id or next(self._ids)
         if query_id in self.queries:
             raise UserError(f"query id {query_id!r} is already in use; remove it first or pick another id")
@@ -171,31 +165,44 @@ class QueryBank:
         if not self._same[key]:  # a program asking new texts for months keeps no trace of the removed ones
             del self._same[key]
 
-    def remove(self, query_id: str) -> None:
-        self._check_known(query_id)
+    def remove(self, query: str | Query) -> str:
+        """-> the id of the query removed."""
+        query_id = self.id_of(query)
         query = self.queries.pop(query_id)
         del self._rows[query_id]
         self._unregister(query)
         self._matrix = self._levels = self._positions = None
         self.changes += 1
+        return query_id
 
-    def set_policy(self, query_id: str, policy: AlertPolicy, label: str | None) -> Query:
+    def set_policy(self, query: str | Query, policy: AlertPolicy, label: str | None) -> Query:
         """Another policy and label for an active query; its embedding and row stay (the set did not change)."""
-        self._check_known(query_id)
-        _check_texts(label=label)
-        query = self.queries[query_id]
+        query = self.queries[self.id_of(query)]
+        check_texts(label=label)
         self._unregister(query)
         query.policy, query.label = policy, label
         self._levels = None
         self._register(query, stacklevel=5)
         return query
 
-    def _check_known(self, query_id: str) -> None:
-        if query_id not in self.queries:
-            raise UserError(f"no query with id {query_id!r}; active ids: {', '.join(self.queries) or 'none'}")
+    def id_of(self, query: str | Query) -> str:
+        """The id of an active query, named by its id or by the ``Query`` that ``add`` returned (what a program
+        holds; as a key it failed as unhashable)."""
+        active = f"active ids: {', '.join(self.queries) or 'none'}"
+        if isinstance(query, Query):
+            if self.queries.get(query.id) is not query:  # removed, its id perhaps given to another since
+                raise UserError(f"the query {query.id} ({query.text!r}) is not active here (removed, or added to "
+                                f"another detector); {active}")
+            return query.id
+        if not isinstance(query, str):
+            raise UserError(f"a query is named by its id (text, e.g. 'q1') or by the Query add_query returned, not "
+                            f"{reprlib.repr(query)}; {active}")
+        if query not in self.queries:
+            raise UserError(f"no query with id {query!r}; {active}")
+        return query
 
-    def set_message(self, query_id: str, message: str) -> None:
-        self._check_known(query_id)
+    def set_message(self, query: str | Query, message: str) -> None:
+        query_id = self.id_of(query)
         if not isinstance(message, str):  # sinks write it as text
             raise UserError(f"a query's message is text, not {type(message).__name__}")
         self.queries[query_id].message = message

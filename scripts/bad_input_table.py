@@ -37,8 +37,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         return ["run", str(t / name), "--source", "x.mp4", "--query", Q]
 
     return [
-        ("bundle folder does not exist", bundle("nope")),
-        ("a file given as the bundle", bundle("garbage.mp4")),
+        ("bundle folder does not exist", bundle("nope")), ("a file given as the bundle", bundle("garbage.mp4")),
         ("manifest is not JSON", bundle("garbled")),
         ("a graph changed after export", bundle("changed")),
         ("manifest names a file outside the bundle", bundle("escaping")),
@@ -74,6 +73,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("--ort-ops names no kernel library", [*run, "--ort-ops", str(t / "libsdqes_ort_ops.so")]),
         ("--ort-ops names a file that is not a library", [*run, "--ort-ops", str(t / "garbage.mp4")]),
         ("--cooldown nan", [*run, "--cooldown", "nan"]),
+        ("--exit-threshold above --threshold", [*run, "--threshold", "0.5", "--exit-threshold", "0.9"]),
         ("an option the command does not have", [*run, "--treshold", "0.5"]),
         ("a query of several words without quotes",
          ["run", str(b), "--source", str(t / "clip.avi"), "--query", "when", "I", "start", "cooking"]),

@@ -82,3 +82,25 @@ def test_a_line_built_from_what_was_given_shows_its_control_characters_and_keeps
 
     show("\n\nwrote \x1b[2J\rout/\x07trace.npz\nnext")
     assert capsys.readouterr().out == "\n\nwrote \\x1b[2J\\rout/\\x07trace.npz\\nnext\n"
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--max-alerts", "0"], "sdqes-edge run: error: argument --max-alerts: give at least 1, not 0 (see"),
+    (["--cooldown", "-1"], "sdqes-edge run: error: argument --cooldown: give at least 0 s, not -1 (see"),
+    (["--threshold", "1.5"], "sdqes-edge: error: --threshold 1.5 is outside (0, 1): it is a probability sigmoid(cos)"),
+    (["--exit-threshold", "1"], "sdqes-edge: error: --exit-threshold 1 is outside [0, 1): a query stays on until its "
+                                "p falls to it, a probability sigmoid(cos)"),
+    (["--threshold", "0.5", "--exit-threshold", "0.9"], "sdqes-edge: error: --exit-threshold 0.9 is above --threshold "
+     "0.5: a query stays on until its p falls to it, so give one at or below the threshold"),
+])
+def test_an_alert_policy_option_out_of_range_is_refused_naming_the_option_before_the_bundle_is_read(options, says,
+                                                                                                  capsys):
+    """The alert policy's own words ("max alerts 0 must be at least 1") named no option, and came only once the
+    bundle was loaded and its queries encoded."""
+    try:  # argparse's own refusals exit; the command's return their status
+        code = run(["run", "no-such-bundle", "--source", "0", "--query", "when I start cooking", *options])
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(says), err

@@ -32,6 +32,8 @@ from native_vectors import (
 )
 from test_service_example import SERVICE, unit_settings
 
+from sdqes_edge.cli import run
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -160,6 +162,9 @@ def test_sdqes_run_shows_the_control_characters_a_line_quotes_rather_than_obeyin
     ("--backend", "cuda", "--backend cuda is not one of tensorrt, onnxruntime"),
     ("--stream-timeout", "0", "--stream-timeout needs at least 0.1 s, not '0'"),  # FFmpeg's timeouts in whole ms
     ("--stream-timeout", "nan", "--stream-timeout needs a finite number, not 'nan'"),
+    ("--cooldown", "-1", "--cooldown needs at least 0 s, not '-1'"),  # "cooldown must be ..." named no option
+    ("--threshold", "1.5", "--threshold 1.5 is outside (0, 1): it is a probability sigmoid(cos)"),  # "1.500000"
+    ("--exit-threshold", "1", "--exit-threshold 1 is outside [0, 1): a query stays on until its p falls to it"),
 ])
 def test_sdqes_run_refuses_a_bad_option_value_in_one_line_before_it_looks_for_an_engine(option, value, message,
                                                                                         native_build, clip):
@@ -168,6 +173,17 @@ def test_sdqes_run_refuses_a_bad_option_value_in_one_line_before_it_looks_for_an
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_sdqes_run_refuses_an_exit_threshold_above_the_threshold_in_the_words_of_sdqes_edge_run(native_build, clip,
+                                                                                                   capsys):
+    options = ["--source", clip, "--threshold", "0.5", "--exit-threshold", "0.9"]
+    done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), *options],
+                          capture_output=True, text=True)
+    assert run(["run", str(VECTORS / "bundle"), *options]) == done.returncode == 2
+    python_says = capsys.readouterr().err
+    assert python_says.replace("sdqes-edge:", "sdqes-run:") == done.stderr, done.stderr
+    assert "--exit-threshold 0.9 is above --threshold 0.5: a query stays on until its p falls to it" in done.stderr
 
 
 @pytest.mark.parametrize("source, message, status", [

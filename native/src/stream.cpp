@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <utility>
 
 #include <sys/stat.h>
@@ -222,15 +223,29 @@ double stated_end_time(double frame_count, double native_fps) {
   return std::numeric_limits<double>::infinity();
 }
 
+namespace {
+// A number as Python's f"{x:g}" writes it (0.658041, 1.5, 1e+300), so that both runtimes say the same.
+std::string shortest(double value) {
+  std::ostringstream words;
+  words << value;  // default stream formatting is printf's %g, six significant digits
+  return words.str();
+}
+}  // namespace
+
 void AlertPolicy::validate() const {
   if (!(threshold > 0.0 && threshold < 1.0)) {
-    throw Error("threshold " + std::to_string(threshold) + " is outside (0, 1): it is a probability sigmoid(cos)");
+    throw Error("threshold " + shortest(threshold) + " is outside (0, 1): it is a probability sigmoid(cos)");
   }
   if (exit_threshold && !(*exit_threshold >= 0.0 && *exit_threshold <= threshold)) {
-    throw Error("exit threshold must lie in [0, threshold]");
+    throw Error("exit threshold " + shortest(*exit_threshold) + " must lie in [0, threshold " + shortest(threshold) +
+                "]: give one at or below the threshold");
   }
-  if (!(cooldown_s >= 0.0)) throw Error("cooldown must be a number of seconds, 0 or more");  // NaN too, as in Python
-  if (max_alerts && *max_alerts < 1) throw Error("max alerts must be at least 1 (or unset for no limit)");
+  if (!(cooldown_s >= 0.0)) {  // NaN too, as in Python
+    throw Error("cooldown " + shortest(cooldown_s) + " s must be a number of seconds, 0 or more");
+  }
+  if (max_alerts && *max_alerts < 1) {
+    throw Error("max alerts " + std::to_string(*max_alerts) + " must be at least 1 (or unset for no limit)");
+  }
 }
 
 AlertPolicy query_policy(const Bundle& bundle, const std::string& label, std::optional<double> own_threshold,

@@ -815,6 +815,41 @@ void quiet_opencv_logs() {
   cv::utils::logging::setLogLevel(cv::utils::logging::LOG_LEVEL_SILENT);
 }
 
+// --threshold, --exit-threshold, --cooldown and --max-alerts, each refused naming its option in the words
+// `sdqes-edge run` gives (the policy's own words name none). An --exit-threshold above a query's own threshold or
+// the bundle's is refused as that query's policy is made.
+sdqes::PolicyOptions policy_options(const std::map<std::string, std::string>& o) {
+  sdqes::PolicyOptions options;
+  if (o.count("--threshold")) {
+    options.threshold = real_number(o, "--threshold", 0);
+    if (!(*options.threshold > 0.0 && *options.threshold < 1.0)) {
+      throw sdqes::Error("--threshold " + o.at("--threshold") + " is outside (0, 1): it is a probability sigmoid(cos)");
+    }
+  }
+  if (o.count("--exit-threshold")) {
+    const double exit_threshold = real_number(o, "--exit-threshold", 0);
+    const std::string given = "--exit-threshold " + o.at("--exit-threshold");
+    if (!(exit_threshold >= 0.0 && exit_threshold < 1.0)) {
+      throw sdqes::Error(given + " is outside [0, 1): a query stays on until its p falls to it, a probability "
+                         "sigmoid(cos)");
+    }
+    if (options.threshold && exit_threshold > *options.threshold) {
+      throw sdqes::Error(given + " is above --threshold " + o.at("--threshold") + ": a query stays on until its p "
+                         "falls to it, so give one at or below the threshold");
+    }
+    options.exit_threshold = exit_threshold;
+  }
+  if (o.count("--cooldown")) {
+    options.cooldown_s = real_number(o, "--cooldown", 0);
+    if (*options.cooldown_s < 0.0) throw sdqes::Error("--cooldown needs at least 0 s, not '" + o.at("--cooldown") + "'");
+  }
+  if (o.count("--max-alerts")) {
+    options.max_alerts = static_cast<int>(std::min<int64_t>(whole_number("--max-alerts", o.at("--max-alerts"), 1),
+                                                            std::numeric_limits<int>::max()));
+  }
+  return options;
+}
+
 int run(int argc, char** argv) {
   std::string bundle_path;
   std::vector<std::string> source_specs;
@@ -824,14 +859,7 @@ int run(int argc, char** argv) {
   const sdqes::QueryTable queries = sdqes::load_queries(bundle);
   // Each query's policy as `sdqes-edge run` decides it: its own threshold, else --threshold, else the bundle's for
   // its label, else the default; the recorded hysteresis and cooldown unless the options say otherwise.
-  sdqes::PolicyOptions options;
-  if (o.count("--threshold")) options.threshold = real_number(o, "--threshold", 0);
-  if (o.count("--exit-threshold")) options.exit_threshold = real_number(o, "--exit-threshold", 0);
-  if (o.count("--cooldown")) options.cooldown_s = real_number(o, "--cooldown", 0);
-  if (o.count("--max-alerts")) {
-    options.max_alerts = static_cast<int>(std::min<int64_t>(whole_number("--max-alerts", o.at("--max-alerts"), 1),
-                                                            std::numeric_limits<int>::max()));
-  }
+  const sdqes::PolicyOptions options = policy_options(o);
   std::vector<sdqes::AlertState> states;  // each policy checked here, before any engine is loaded
   for (size_t q = 0; q < queries.texts.size(); ++q) {
     states.emplace_back(sdqes::query_policy(bundle, queries.labels[q], queries.thresholds[q], options));

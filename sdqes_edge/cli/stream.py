@@ -15,7 +15,6 @@ from sdqes_edge.cli.common import (
     PROG,
     add_subcommand,
     at_least,
-    finite_number,
     path_text,
     say,
     seconds_at_least,
@@ -38,6 +37,7 @@ from sdqes_edge.cli.run_outputs import (
     summarize_run,
     videos_written,
 )
+from sdqes_edge.cli.run_policy import add_policy_options, check_policy_args, policy_options, policy_words
 from sdqes_edge.contract import PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import SourceUnavailable, UserError
 from sdqes_edge.files import set_aside
@@ -100,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     live = any(s.live for s in sources)
     count = len(detector.queries.ids)
     header = (f"streaming {', '.join(s.name for s in sources)} at {detector.fps:g} fps with {count} "
-              f"quer{'y' if count == 1 else 'ies'}, {_policy_words(detector, args)} "
+              f"quer{'y' if count == 1 else 'ies'}, {policy_words(detector, args)} "
               f"({backend_words(detector.backend, args)})")
     show(header + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)  # source names shown
     manager = ServiceManager()  # systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
@@ -112,9 +112,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if trained_on:
         say(f"note: this model was trained on {trained_on} only; on other footage its alerts mean little")
     stats = RunStats()
-    watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys,
-                                 LineAsker(detector, args.threshold, **_policy(args)), args.queries_file_version) \
-        if args.watch_queries else nullcontext()
+    asker = LineAsker(detector, args.threshold, **policy_options(args))
+    watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys, asker,
+                                 args.queries_file_version) if args.watch_queries else nullcontext()
     exit_code, failures = _stream(detector, sources, args, stats, live, manager, watcher)
     refused = {getattr(failure, "filename", None) for failure in failures}  # outputs the machine refused: marked
     summarize_run(sources, stats, exit_code, [f"{p} (not written)" if str(p) in refused else str(p) for p in [
@@ -134,8 +134,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
     if len(args.message or []) > len(args.query or []):
         raise UserError(f"{len(args.message)} --message but {len(args.query or [])} --query; each message follows "
                         "its query")
-    if args.threshold is not None and not 0.0 < args.threshold < 1.0:
-        raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
+    check_policy_args(args)
     if args.watch_queries and not args.queries_file:
         raise UserError("--watch-queries reads the --queries-file again when it changes; give --queries-file FILE")
     # Its version before it is read: --watch-queries applies a change made while the model loads (never misses it).
@@ -214,28 +213,6 @@ def _resume(detector: StreamingDetector, args: argparse.Namespace) -> None:
              f"that file is kept as {kept}")
 
 
-def _policy(args: argparse.Namespace) -> dict:
-    return dict(exit_threshold=args.exit_threshold, cooldown_s=args.cooldown, max_alerts=args.max_alerts)
-
-
-def _policy_words(detector: StreamingDetector, args: argparse.Namespace) -> str:
-    """The alert policy of the run's queries, and how many have a threshold of their own (their line's, or the
-    bundle's for their label); where the bundle has thresholds per label that no query can take, what to give."""
-    default = detector.default_policy(args.threshold, **_policy(args))
-    queries, labels = detector.queries.queries.values(), detector.bundle.label_thresholds
-    own = sum(q.policy.threshold != default.threshold for q in queries)
-    words = default.describe() + (f"; {own} at a threshold of their own" if own else "")
-    if not labels or args.threshold is not None:  # no label thresholds, or --threshold for the queries without one
-        return words
-    unknown = sum(bool(q.label) and q.label not in labels for q in queries)
-    if unknown:
-        words += f"; {unknown} with a label the bundle has no threshold for"
-    if not any(q.label in labels for q in queries):
-        words += (f"; the bundle's thresholds for {len(labels)} query labels are unused: give each query its "
-                  "label, a 'label' column in --queries-file")
-    return words
-
-
 def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple[dict[str, Asked], set[str]]:
     """The --query texts with their --message (by position) and the --queries-file's, else the bundle's
     pre-encoded queries. Returns what --watch-queries keeps: the file's queries by key, and the command line's keys
@@ -243,7 +220,7 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple
     queries, messages = args.query or [], args.message or []
     paired = [QueryLine(text, messages[i] if i < len(messages) else None) for i, text in enumerate(queries)]
     command_line_keys, from_file = {text_key(line.text) for line in paired}, {}
-    ask = LineAsker(detector, args.threshold, **_policy(args))
+    ask = LineAsker(detector, args.threshold, **policy_options(args))
     asked = keyed(paired + args.file_queries)
     for key, line in asked.items():
         query = ask(line)
@@ -252,7 +229,7 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple
     # The bundle's queries that the given ones leave out (one asked again in the same words is asked).
     own = [q for q in (detector.bundle.queries() or ([], None))[0] if text_key(q["text"]) not in asked]
     if not paired + args.file_queries:
-        if not detector.add_bundle_queries(args.threshold, **_policy(args)):
+        if not detector.add_bundle_queries(args.threshold, **policy_options(args)):
             raise UserError("no queries: give --query TEXT or --queries-file FILE (or export the bundle with --query)")
     elif own:  # the bundle's queries were left out without a word
         say(f"note: the bundle's own {len(own)} quer{'y' if len(own) == 1 else 'ies'} ({own[0]['text']!r}"
@@ -360,14 +337,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "lines added are asked, lines removed stop, a changed message, threshold or label keeps its "
                           "query's alert state; "
                           "a service's queries change without a restart")
-    run.add_argument("--threshold", type=finite_number,
-                     help="alert threshold on sigmoid(cos) of the queries without their own (a threshold column "
-                     "in --queries-file); default: the bundle's, for the query's label where it has one")
-    run.add_argument("--exit-threshold", type=finite_number, help="hysteresis: stay 'on' until p falls to this "
-                                                           "(default: the bundle's policy, else the threshold)")
-    run.add_argument("--cooldown", type=finite_number, help="seconds without a new alert after one (default: the "
-                                                    "bundle's policy, else 0)")
-    run.add_argument("--max-alerts", type=int, help="alerts per query after which it goes quiet")
+    add_policy_options(run)
     run.add_argument("--backend", choices=BACKENDS, default=BACKENDS[0],
                      help="ort: ONNX Runtime, trt: a TensorRT engine made by build-engine (default %(default)s)")
     run.add_argument("--precision", choices=PRECISIONS, default=REFERENCE_PRECISION,
