@@ -46,6 +46,9 @@ def test_the_layers_import_under_one_namespace():
 
     assert sdqes_edge.export.__name__ == "sdqes_edge.export"
     assert sdqes_edge.runtime.__file__.replace("\\", "/").endswith("runtime/__init__.py")
+    sdqes_edge.runtime.StreamingDetector  # loaded on first use: then a global of the module as well as in __all__
+    names = dir(sdqes_edge.runtime)
+    assert len(names) == len(set(names)) and set(sdqes_edge.runtime.__all__) <= set(names)  # each listed once
 
 
 def test_help_explains_the_subcommands(capsys):
