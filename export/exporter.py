@@ -106,14 +106,21 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     ``checkpoint`` (path, sha256, source_format) is recorded in the manifest and the graph metadata.
     """
     started = time.perf_counter()
+    if not isinstance(model, SDQESModel):  # a state dict or a checkpoint's path failed on a missing attribute
+        raise UserError(f"export_bundle takes an SDQESModel, not a {type(model).__name__}; for a checkpoint, "
+                        "pass sdqes_edge.checkpoints.load_model(path)")
     out = Path(out)
     options = check_options(options or ExportOptions(), lambda m: log(f"{WARNING_PREFIX}{m}"),
                             model.cfg.text.context_length)
     check_target(out)
-    model = model.eval()
     cfg: ModelConfig = model.cfg
-    with staged_directory(out) as staging:
-        result = _export_into(model, cfg, staging, out, options, checkpoint, log)
+    was_training = model.training  # a model exported between training steps goes back to training
+    try:
+        model.eval()
+        with staged_directory(out) as staging:
+            result = _export_into(model, cfg, staging, out, options, checkpoint, log)
+    finally:
+        model.train(was_training)
     result.seconds = time.perf_counter() - started
     return result
 

@@ -97,3 +97,31 @@ def test_export_arguments_are_checked_up_front(args, message, tmp_path, capsys):
     assert message in err and len(err.strip().splitlines()) == 1
     assert "attention heads" not in out  # nothing about a model that was never read
     assert not (tmp_path / "b").exists()
+
+
+def test_export_bundle_given_something_other_than_a_model_and_its_options_says_what_to_pass(tmp_path):
+    """A state dict, or options as a dict, failed on a missing attribute (AttributeError: ... no attribute 'cfg')."""
+    from runtime_fixtures import random_model
+
+    from sdqes_edge.export import export_bundle
+
+    model = random_model("qrnn")
+    with pytest.raises(UserError, match=r"^export_bundle takes an SDQESModel, not a OrderedDict; for a checkpoint, "
+                                        r"pass sdqes_edge.checkpoints.load_model\(path\)$"):
+        export_bundle(model.state_dict(), tmp_path / "bundle")
+    with pytest.raises(UserError, match=r"^export options are an ExportOptions \(sdqes_edge.export\), not a dict: "
+                                        r"ExportOptions\(\*\*options\)$"):
+        export_bundle(model, tmp_path / "bundle", {"precisions": ("fp32",)})
+    assert not (tmp_path / "bundle").exists()
+
+
+def test_a_model_exported_between_training_steps_is_left_training(tmp_path):
+    """Export runs the model in eval mode; the user's model was left in it, its dropout off for the steps after."""
+    from runtime_fixtures import random_model
+
+    from sdqes_edge.export import export_bundle
+
+    model = random_model("qrnn").train()
+    export_bundle(model, tmp_path / "bundle", ExportOptions(verify_frames=16), log=lambda line: None)
+    assert model.training and all(module.training for module in model.modules())
+    assert (tmp_path / "bundle" / "manifest.json").is_file()
