@@ -107,8 +107,8 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     """
     started = time.perf_counter()
     if not isinstance(model, SDQESModel):  # a state dict or a checkpoint's path failed on a missing attribute
-        raise UserError(f"export_bundle takes an SDQESModel, not a {type(model).__name__}; for a checkpoint, "
-                        "pass sdqes_edge.checkpoints.load_model(path)")
+        raise UserError(f"export_bundle takes an SDQESModel, not a {type(model).__name__}; from a checkpoint: "
+                        "model, _ = sdqes_edge.checkpoints.load_model(path)")
     out = Path(out)
     options = check_options(options or ExportOptions(), lambda m: log(f"{WARNING_PREFIX}{m}"),
                             model.cfg.text.context_length)

@@ -94,6 +94,9 @@ _NUMBERS = ("fps", "threshold")
 
 def _type_problems(options: ExportOptions) -> list[str]:
     """What the Python API was given of the wrong type; the checks of the values need the right ones."""
+    if not isinstance(options, ExportOptions):  # a dict failed on a missing attribute
+        made = "ExportOptions(**options)" if isinstance(options, dict) else "ExportOptions(precisions=('fp32', 'int8'))"
+        return [f"export options are an ExportOptions (sdqes_edge.export), not a {type(options).__name__}: {made}"]
     problems = [f"{name} is a whole number, not {getattr(options, name)!r}" for name in _WHOLE_NUMBERS
                 if isinstance(getattr(options, name), bool) or not isinstance(getattr(options, name), numbers.Integral)]
     problems += [f"{name} is a number, not {getattr(options, name)!r}" for name in _NUMBERS
@@ -122,10 +125,6 @@ def check_options(options: ExportOptions, warn: Callable[[str], None],
 
     ``context_length``: the model's text positions, which bound a query's tokens (CLIP's 77, Long-CLIP's 248);
     None before the model is known (a checkpoint not yet read), when only empty queries are refused."""
-    if not isinstance(options, ExportOptions):  # a dict failed on a missing attribute
-        made = "ExportOptions(**options)" if isinstance(options, dict) else "ExportOptions(precisions=('fp32', 'int8'))"
-        raise UserError(f"export options are an ExportOptions (sdqes_edge.export), not a {type(options).__name__}: "
-                        f"{made}")
     problems = _type_problems(options)
     if problems:
         raise UserError("; ".join(problems))

@@ -36,6 +36,7 @@ import torch
 from .contract import MANIFEST_NAME
 from .errors import UserError, first_line, install_command
 from .files import file_sha256, parse_json
+from .path_checks import as_path
 from .train_options import CHECKPOINT_RECORD_KEY
 from .transformers_layout import is_transformers_layout, to_clip_layout
 
@@ -189,8 +190,9 @@ def _weights_named(folder: str) -> str:
     return f"holds {', '.join(inside[:4])}{' ...' if len(inside) > 4 else ''}" if inside else ""
 
 
-def read_checkpoint(path: str) -> LoadedCheckpoint:
+def read_checkpoint(path: str | os.PathLike) -> LoadedCheckpoint:
     """Read any supported checkpoint into CLIP key layout (tensors only)."""
+    path = str(as_path(path, "a checkpoint is"))  # a pathlib.Path failed on str methods (no attribute 'endswith')
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, MANIFEST_NAME)):
             raise UserError(f"checkpoint {path} is a bundle made by `sdqes-edge export`, not a checkpoint; give the "

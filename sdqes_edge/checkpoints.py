@@ -6,6 +6,7 @@ activation, preprocessing) is resolved by ``model_configs``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from .config import (
 from .errors import UserError
 from .model.sdqes_model import SDQESModel
 from .model_configs import HEAD_WIDTH, UnstoredChoices, check_unstored_flags, resolve_unstored
+from .path_checks import as_path
 
 VISION_BLOCK = "visual.transformer.resblocks."
 
@@ -210,9 +212,10 @@ def model_from_checkpoint(ckpt: LoadedCheckpoint, path: str, config: ModelConfig
     return model.eval()
 
 
-def load_model(path: str, config: ModelConfig | None = None,
+def load_model(path: str | os.PathLike, config: ModelConfig | None = None,
                **infer_overrides: Any) -> tuple[SDQESModel, LoadedCheckpoint]:
     """Build the model a checkpoint describes (or ``config``, checked against it) and load its weights."""
+    path = str(as_path(path, "load_model takes"))  # the model is named after it
     ckpt = read_checkpoint(path)
     return model_from_checkpoint(ckpt, path, config, **infer_overrides), ckpt
 

@@ -106,8 +106,8 @@ def test_export_bundle_given_something_other_than_a_model_and_its_options_says_w
     from sdqes_edge.export import export_bundle
 
     model = random_model("qrnn")
-    with pytest.raises(UserError, match=r"^export_bundle takes an SDQESModel, not a OrderedDict; for a checkpoint, "
-                                        r"pass sdqes_edge.checkpoints.load_model\(path\)$"):
+    with pytest.raises(UserError, match=r"^export_bundle takes an SDQESModel, not a OrderedDict; from a checkpoint: "
+                                        r"model, _ = sdqes_edge.checkpoints.load_model\(path\)$"):
         export_bundle(model.state_dict(), tmp_path / "bundle")
     with pytest.raises(UserError, match=r"^export options are an ExportOptions \(sdqes_edge.export\), not a dict: "
                                         r"ExportOptions\(\*\*options\)$"):

@@ -7,6 +7,7 @@ import torch
 from conftest import ADAPTER_CASES, case_id, random_model, tiny_config
 
 from sdqes_edge.config import TEMPORAL_ADAPTER_KINDS
+from sdqes_edge.errors import UserError
 from sdqes_edge.model import SDQESModel
 from sdqes_edge.model.adapters import STEP_WIDTH_MULTIPLE, step_width
 from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL
@@ -70,8 +71,11 @@ def test_state_spec_names_say_where_state_lives_and_batch_is_axis_0():
 def test_step_refuses_a_state_list_of_the_wrong_length():
     model = random_model("st")
     state = model.init_state(1)
-    with pytest.raises(ValueError, match="state spec has"):
+    with pytest.raises(UserError, match=rf"^step takes the state as model.init_state\(batch\) makes it \({len(state)} "
+                                        rf"tensors\) or as the step before returned it, not list of {2 * len(state)}$"):
         model.step(torch.zeros(1, 3, 32, 32), state + state)
+    with pytest.raises(ValueError, match="state spec has"):  # the tower itself, as the exporter traces it
+        model.visual.step(torch.zeros(1, 3, 32, 32), state + state)
 
 
 @pytest.mark.parametrize("kind", ["mlp", "st", "qrnn", "retnet"])

@@ -41,16 +41,48 @@ class SDQESModel(nn.Module):
         self.cfg = cfg
         self.visual = ImageTower(cfg)
         self.text = TextTower(cfg)
+        self._state_count = len(self.visual.state_spec(1))  # tensors a state holds, whatever the batch (step checks)
 
-    # Forms of the image tower, surfaced here.
+    # Forms of the image tower, surfaced here, their inputs checked: a frame of another size, a uint8 image or a
+    # state of another batch failed deep inside the tower ("The size of tensor a (65) must match ...").
     def forward_clip(self, frames: torch.Tensor) -> torch.Tensor:
+        self._check_frames(frames, "forward_clip", window=True)
         return self.visual.forward_clip(frames)
 
-    def step(self, frame, state):
+    def step(self, frame: torch.Tensor, state: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        self._check_frames(frame, "step", window=False)
+        self._check_state(state, frame.shape[0])
         return self.visual.step(frame, state)
 
-    def step_frames(self, frames, state=None):
+    def step_frames(self, frames: torch.Tensor, state: list[torch.Tensor] | None = None):
+        self._check_frames(frames, "step_frames", window=True)
+        if state is not None:
+            self._check_state(state, frames.shape[0])
         return self.visual.step_frames(frames, state)
+
+    def _check_frames(self, frames: object, call: str, window: bool) -> None:
+        size = self.cfg.vision.image_size
+        layout = f"[B, T, 3, {size}, {size}]" if window else f"[B, 3, {size}, {size}]"
+        if not isinstance(frames, torch.Tensor):
+            hint = ": torch.from_numpy(frames)" if type(frames).__module__ == "numpy" else ""
+            raise UserError(f"{call} takes frames as a torch.Tensor {layout}, not a {type(frames).__name__}{hint}")
+        if not frames.is_floating_point():
+            raise UserError(f"{call} takes normalized float frames (CLIP's transform, or "
+                            f"sdqes_edge.runtime.preprocess.Preprocessor), not {frames.dtype}")
+        if frames.dim() != len(layout.split(",")) or tuple(frames.shape[-3:]) != (3, size, size):
+            raise UserError(f"{call} takes frames {layout} (this model's image size is {size}), not "
+                            f"{list(frames.shape)}")
+
+    def _check_state(self, state: object, batch: int) -> None:
+        count = self._state_count
+        if not isinstance(state, (list, tuple)) or len(state) != count or \
+                not all(isinstance(s, torch.Tensor) for s in state):
+            raise UserError(f"step takes the state as model.init_state(batch) makes it ({count} tensors) or as the "
+                            f"step before returned it, not {type(state).__name__}"
+                            f"{f' of {len(state)}' if isinstance(state, (list, tuple)) else ''}")
+        if state and state[0].shape[0] != batch:
+            raise UserError(f"the state is of {state[0].shape[0]} stream(s) and the frames of {batch}: make it with "
+                            f"model.init_state({batch})")
 
     def init_state(self, batch: int = 1):
         return self.visual.init_state(batch)
@@ -59,7 +91,10 @@ class SDQESModel(nn.Module):
         return self.visual.state_spec(batch, dtype)
 
     def encode_text(self, queries: Sequence[str] | torch.Tensor, on_overflow: str = "error") -> torch.Tensor:
-        """Query strings (or token ids [Q, text.context_length], 77 for CLIP) -> L2-normalized embeddings [Q, E]."""
+        """Query strings, or one, (or token ids [Q, text.context_length], 77 for CLIP) -> L2-normalized embeddings
+        [Q, E]."""
+        if isinstance(queries, str):  # one query, not one a letter
+            queries = [queries]
         if not isinstance(queries, torch.Tensor):
             ids = default_tokenizer(self.cfg.text.context_length).tokenize(list(queries), on_overflow=on_overflow)
             queries = torch.from_numpy(ids).to(self.visual.proj.device)
