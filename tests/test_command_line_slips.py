@@ -104,3 +104,17 @@ def test_an_alert_policy_option_out_of_range_is_refused_naming_the_option_before
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(says), err
+
+
+@pytest.mark.parametrize("command", [["synth", "--out", "data"], ["train"], ["accuracy"],
+                                     ["export", "--preset", "tiny"], ["eval", "--annotations", "a.csv", "--baseline",
+                                                                      "oracle"]])
+@pytest.mark.parametrize("fps", ["0", "-1", "2000"])
+def test_a_frame_rate_no_bundle_can_step_is_refused_by_every_command_that_takes_one(command, fps, capsys):
+    """synth drew 2000 frames a second for minutes (no bundle steps above 1000), and refused 0 or -1 as streams too
+    short to show every event; train refused them after it had parsed every other option."""
+    with pytest.raises(SystemExit) as exit_:
+        run([*command, "--fps", fps])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert f"argument --fps: give a positive number of frames per second up to 1000, not {fps} (see" in err

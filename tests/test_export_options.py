@@ -77,7 +77,8 @@ def test_the_fp32_graphs_operators_are_checked():
     (["--preset", "tiny", "--fuse-queries"], "--fuse-queries fixes the number of queries"),
     (["--preset", "tiny", "--opset", "13"], "--opset must be one of"),
     (["--preset", "tiny", "--verify-frames", "4"], "--verify-frames must be >= 16"),
-    (["--preset", "tiny", "--fps", "5000"], "--fps must be a positive number of frames per second up to 1000"),
+    (["--preset", "tiny", "--fps", "5000"], "argument --fps: give a positive number of frames per second up to 1000, "
+                                            "not 5000"),
     (["--checkpoint", "/nonexistent.ckpt"], "nonexistent.ckpt"),
     (["--preset", "tiny", "--query", ""], "a query is empty"),
     (["--preset", "tiny", "--query", "   "], "a query is empty"),

@@ -15,6 +15,7 @@ from typing import TextIO, TypeVar
 
 from sdqes_edge import package_builds
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
+from sdqes_edge.contract import MAX_FPS
 from sdqes_edge.errors import EXTRA_FOR_MODULE, WARNING_PREFIX, install_command, module_absent, terminal_safe
 from sdqes_edge.path_checks import check_output_dir, check_output_file
 from sdqes_edge.train_options import MAX_SEED
@@ -161,6 +162,16 @@ def seed_number(text: str) -> int:
     value = _whole_number(text)
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"give a seed from 0 to {MAX_SEED}, not {value}")
+    return value
+
+
+def frames_per_second(text: str) -> float:
+    """An argparse type for a sampling rate, refused in one line outside (0, ``MAX_FPS``]: a negative or zero rate
+    reached the synthetic scenes' stream-length check, worded for another mistake, and 2000 fps drew frames for
+    minutes that no bundle could step."""
+    value = finite_number(text)
+    if not 0.0 < value <= MAX_FPS:
+        raise argparse.ArgumentTypeError(f"give a positive number of frames per second up to {MAX_FPS:g}, not {text}")
     return value
 
 

@@ -15,6 +15,7 @@ from sdqes_edge.cli.common import (
     add_subcommand,
     at_least,
     finite_number,
+    frames_per_second,
     path_text,
     seed_number,
     show,
@@ -267,8 +268,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--scores", type=path_text, help="folder of *.npz score traces written by the runtime")
     ev.add_argument("--baseline", nargs="+", action=UniqueValues, choices=["oracle", "random"],
                     help="baselines that need no video: oracle (must give 100 / 0) and seeded random scores")
-    ev.add_argument("--fps", type=finite_number, default=DEFAULT_FPS, help="sampling rate of the baselines (default "
-                                                                   "%(default)s)")
+    ev.add_argument("--fps", type=frames_per_second, default=DEFAULT_FPS,
+                    help="sampling rate of the baselines (default %(default)s)")
     ev.add_argument("--threshold", type=finite_number, help=f"alert threshold (default {DEFAULT_THRESHOLD})")
     ev.add_argument("--calibrate", action="store_true",
                     help=f"also pick the threshold with the best SR@1 [-5,+10] among {THRESHOLD_CANDIDATES} evenly "

@@ -16,6 +16,7 @@ from sdqes_edge.cli.common import (
     add_subcommand,
     at_least,
     finite_number,
+    frames_per_second,
     given_flags,
     model_from_args,
     path_text,
@@ -312,8 +313,8 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--fuse-queries", action="store_true",
                         help="score queries inside the step graph (query_embeddings in, logits out): as many "
                              "at once as given here, any texts")
-    export.add_argument("--fps", type=finite_number, default=DEFAULT_FPS, help="sampling rate of the stream (default "
-                                                                       "%(default)s)")
+    export.add_argument("--fps", type=frames_per_second, default=DEFAULT_FPS,
+                        help="sampling rate of the stream (default %(default)s)")
     export.add_argument("--threshold", type=finite_number, default=DEFAULT_THRESHOLD,
                         help="default alert threshold on sigmoid(cos) (default %(default)s)")
     export.add_argument("--verify-frames", type=int, default=VERIFY_FRAMES,

@@ -14,6 +14,7 @@ from sdqes_edge.cli.common import (
     add_subcommand,
     at_least,
     finite_number,
+    frames_per_second,
     path_text,
     seed_number,
     show,
@@ -127,8 +128,9 @@ def _add_train_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = 
         elif f.name == "adapter":
             parser.add_argument(flag, choices=ADAPTER_KINDS, default=f.default, help=TRAIN_HELP[f.name])
         else:
-            kind = (seed_number if f.name == "seed" else int if f.type in ("int", "int | None")
-                    else finite_number if f.type.startswith("float") else str)
+            kind = (seed_number if f.name == "seed" else frames_per_second if f.name == "fps"
+                    else int if f.type in ("int", "int | None") else finite_number if f.type.startswith("float")
+                    else str)
             parser.add_argument(flag, type=kind, default=f.default, help=TRAIN_HELP[f.name])
 
 
@@ -171,7 +173,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     synth.add_argument("--test", type=at_least(0), default=5, help="test streams (default %(default)s)")
     synth.add_argument("--seconds", type=finite_number, default=60.0,
                        help=f"length of each stream, at least {MIN_STREAM_SECONDS:g} s (default %(default)s)")
-    synth.add_argument("--fps", type=finite_number, default=2.0, help="frames per second drawn (default %(default)s)")
+    synth.add_argument("--fps", type=frames_per_second, default=2.0,
+                       help="frames per second drawn (default %(default)s)")
     synth.add_argument("--seed", type=seed_number, default=0, help="first stream's seed; streams use consecutive seeds "
                                                            "(default %(default)s)")
     synth.set_defaults(func=cmd_synth, output_dirs=("out",))
