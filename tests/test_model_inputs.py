@@ -5,6 +5,8 @@ query a letter. Checkpoints load from a pathlib.Path as from a str."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -73,6 +75,18 @@ def test_one_query_text_is_one_query_not_one_a_letter(model):
     text = "when the kettle boils"
     with torch.no_grad():
         assert torch.equal(model.encode_text(text), model.encode_text([text]))  # was: "a query is empty" (the spaces)
+    with pytest.raises(UserError, match=r"^encode_text takes a query text, a list of them or token ids, not a "
+                                        r"NoneType$"):
+        model.encode_text(None)
+
+
+@pytest.mark.parametrize("batch", [0, -1, "2", 1.0, True])
+def test_a_state_for_no_streams_or_a_count_that_is_not_whole_is_refused(model, batch):
+    """torch's words: "Trying to create tensor with negative dimension -1", "must be tuple of ints"; 0 made an empty
+    state that failed at the first step."""
+    with pytest.raises(UserError, match=rf"^init_state takes the number of streams, a whole number of at least 1, "
+                                        rf"not {re.escape(repr(batch))}$"):
+        model.init_state(batch)
 
 
 def test_a_checkpoint_loads_from_a_pathlib_path_as_from_its_text(model, tmp_path):

@@ -6,6 +6,7 @@ temperature) and ``p = sigmoid(logit)``; all queries in one matrix product.
 
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 import torch
@@ -85,7 +86,10 @@ class SDQESModel(nn.Module):
                             f"model.init_state({batch})")
 
     def init_state(self, batch: int = 1):
-        return self.visual.init_state(batch)
+        # torch refused -1 as "negative dimension", and 0 made a state of no streams that failed at the first step
+        if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
+            raise UserError(f"init_state takes the number of streams, a whole number of at least 1, not {batch!r}")
+        return self.visual.init_state(int(batch))
 
     def state_spec(self, batch: int = 1, dtype: str = "float32"):
         return self.visual.state_spec(batch, dtype)
@@ -95,6 +99,9 @@ class SDQESModel(nn.Module):
         [Q, E]."""
         if isinstance(queries, str):  # one query, not one a letter
             queries = [queries]
+        if not isinstance(queries, (torch.Tensor, Sequence)):
+            raise UserError("encode_text takes a query text, a list of them or token ids, not a "
+                            f"{type(queries).__name__}")
         if not isinstance(queries, torch.Tensor):
             ids = default_tokenizer(self.cfg.text.context_length).tokenize(list(queries), on_overflow=on_overflow)
             queries = torch.from_numpy(ids).to(self.visual.proj.device)
