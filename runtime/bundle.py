@@ -218,6 +218,11 @@ def _shortened(words: str, most: int = 240) -> str:
     return words if len(words) <= most else f"{words[:most - 80]} ... {words[-60:]}"
 
 
+def as_bundle(bundle: str | Path | Bundle) -> Bundle:
+    """A loaded bundle, or the one at a path (what each call that takes a bundle takes)."""
+    return bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
+
+
 def load_bundle(path: str | Path, verify_hashes: bool = True) -> Bundle:
     """Open a bundle directory, refusing one whose manifest or files are not what the exporter wrote."""
     root = as_path(path, "a bundle is")

@@ -27,7 +27,7 @@ from sdqes_edge.path_checks import SNAPSHOT_EXAMPLE, as_path, check_output_file
 
 from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, check_parts_from, warm_up
-from .bundle import Bundle, load_bundle
+from .bundle import Bundle, as_bundle
 from .frame_batch import FrameBatch
 from .frame_gathering import LIVE_PATIENCE_PERIODS, StepFrames
 from .frame_source import check_frames, check_run_arguments
@@ -76,7 +76,7 @@ class StreamingDetector:
         """``backend_instance`` and ``text_encoder``: ones already loaded from this bundle (``make_backend(bundle)``,
         ``text_encoder_for(bundle)``, both in ``sdqes_edge.runtime``), so a program that scores many streams one
         after another loads the graphs once. ``ort_ops``: as for ``make_backend``."""
-        self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
+        self.bundle = as_bundle(bundle)
         chosen = {name: (value, _DEFAULTS[name]) for name, value in (  # name -> (value, default): what makes them
             ("backend", backend), ("precision", precision), ("threads", threads), ("ort_device", ort_device),
             ("truncate_queries", truncate_queries), ("ort_ops", ort_ops))}

@@ -26,7 +26,7 @@ from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
 from sdqes_edge.traces import query_key
 
 from .alerts import AlertPolicy, check_texts
-from .bundle import Bundle
+from .bundle import Bundle, as_bundle
 from .ort_sessions import load_refusal, session_options
 
 # Texts encoded at run time whose embeddings are kept for a query asked again (the least recently asked go first):
@@ -259,8 +259,10 @@ class QueryBank:
         return score(embeddings, self.matrix)
 
 
-def text_encoder_for(bundle: Bundle, truncate_queries: bool = False, threads: int | None = None) -> TextEncoder:
+def text_encoder_for(bundle: str | Path | Bundle, truncate_queries: bool = False,
+                     threads: int | None = None) -> TextEncoder:
     """The bundle's text graph and tokenizer, with its pre-encoded queries already in the cache."""
+    bundle = as_bundle(bundle)  # a path failed on a missing attribute ('str' object has no attribute 'text_graph')
     if not isinstance(truncate_queries, bool):  # "no" was taken as yes
         raise UserError(f"truncate_queries is True or False, not {truncate_queries!r}")
     encoder = TextEncoder(bundle.text_graph, bundle.tokenizer_vocab, bundle.manifest["tokenizer"]["context_length"],

@@ -71,7 +71,8 @@ def open_sources(specs: Iterable[str | int], fps: float, log: Callable[[str], No
     Several cameras (every source live) are a run that goes on while any of them sends: a camera that cannot be
     opened at the start is not raised while another opened (it is said through ``log``, and starts unopened, its
     reading beginning by reconnecting), and each keeps trying when lost while another sends (``Cameras``)."""
-    specs, log = list(specs), log or SOURCE_LOG.warning
+    # One spec alone (a str) is one source, not one a letter ("source w is neither a file, ...").
+    specs, log = [specs] if isinstance(specs, (str, int)) else list(specs), log or SOURCE_LOG.warning
     openings = _Openings()
     for index, spec in enumerate(specs):
         # A daemon thread: one left inside a stalled open must not hold the process's exit after a stop.

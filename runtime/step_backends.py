@@ -10,15 +10,16 @@ from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 
 from .backend import BACKENDS, StepBackend
-from .bundle import Bundle
+from .bundle import Bundle, as_bundle
 
 
-def make_backend(bundle: Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
+def make_backend(bundle: str | Path | Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
                  threads: int | None = None, ort_device: str = "cpu", ort_ops: str | Path | None = None
                  ) -> StepBackend:
     """The backend named ``backend`` stepping ``bundle``'s graph of ``precision``: what ``StreamingDetector`` makes
     unless it is given one (made once, one backend serves every detector of its bundle, as ``score``'s workers
     share theirs). ``ort_ops``: this project's ONNX Runtime kernel library (runtime/fused_ops.py), for "ort"."""
+    bundle = as_bundle(bundle)
     if backend == "ort":
         from .onnxruntime_backend import OnnxRuntimeStep, SlowPrecisionWarning, slow_precision_words
 

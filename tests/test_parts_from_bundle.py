@@ -86,3 +86,13 @@ def test_options_that_choose_a_part_the_detector_was_given_are_named_as_ignored(
     with warnings.catch_warnings():
         warnings.simplefilter("error", SetupWarning)  # the defaults beside given parts: nothing to say
         StreamingDetector(ours, backend_instance=make_backend(ours), text_encoder=text_encoder_for(ours))
+
+
+def test_the_parts_are_made_from_a_bundles_path_as_from_the_loaded_bundle(bundles):
+    """As StreamingDetector takes a path: make_backend(path) and text_encoder_for(path) failed on a missing attribute
+    ('str' object has no attribute 'text_graph')."""
+    path = str(bundles["ours"].root)
+    shared = StreamingDetector(path, backend_instance=make_backend(path), text_encoder=text_encoder_for(path))
+    assert shared.backend.spec == make_backend(bundles["ours"]).spec
+    with pytest.raises(UserError, match=r"^a bundle is a path \(a str or a pathlib.Path\), not a int$"):
+        text_encoder_for(3)

@@ -185,3 +185,13 @@ def _bundle(tmp_path):
 
     export_bundle(random_model("qrnn"), tmp_path / "b", ExportOptions(fps=5.0, show_progress=False), log=lambda m: None)
     return tmp_path / "b"
+
+
+def test_one_spec_given_alone_is_one_source_not_one_a_letter(tmp_path):
+    """open_sources("kitchen.avi", fps) read the text one letter a source: "source k is neither a file, ..."."""
+    import numpy as np
+    from runtime_fixtures import write_video
+
+    video = write_video(tmp_path / "kitchen.avi", np.zeros((3, 24, 32, 3), np.uint8))
+    (source,) = open_sources(str(video), 5.0)
+    assert source.name == "kitchen"
