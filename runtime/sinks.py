@@ -26,7 +26,7 @@ import numpy as np
 
 from sdqes_edge.errors import SetupWarning, UserError, terminal_safe
 from sdqes_edge.files import make_folders
-from sdqes_edge.path_checks import ALERT_LOG_EXAMPLE, SCORE_TRACE_EXAMPLE, check_output_file
+from sdqes_edge.path_checks import ALERT_LOG_EXAMPLE, SCORE_TRACE_EXAMPLE, check_output_file, check_trace_path
 from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, read_chunks, save_scores
 
 from .output_locks import ALERT_LOG, SCORE_TRACE, hold, release
@@ -244,6 +244,7 @@ class ScoreTraceRecorder(Sink):
         stream goes on at (``source.start_index``): the trace the stopped run left at ``path`` gives the rows
         before it, so this one is still the whole stream, each row at its own frame."""
         self.path = check_output_file(path, "ScoreTraceRecorder", SCORE_TRACE_EXAMPLE)
+        check_trace_path(self.path, stream_name, "ScoreTraceRecorder")
         self.stream_name, self.stream, self.model = stream_name, checked_stream(stream, "ScoreTraceRecorder"), model
         self.fps = checked_rate(fps, "ScoreTraceRecorder records")
         self._rows: list[dict[str, float]] = []

@@ -122,10 +122,12 @@ def _probe_folder(folder: Path, flag: str, path: Path) -> None:
                         "folder you can write to") from None
 
 
+TRACE_SUFFIX = ".npz"  # a score trace's (sdqes_edge/traces.py): a folder's traces are the files named so
+
 # A name for each kind of output file: a folder given where one goes is refused with this name in it as the fix.
 ALERT_LOG_EXAMPLE = "alerts.jsonl"
 SNAPSHOT_EXAMPLE = "state.npz"
-SCORE_TRACE_EXAMPLE = "scores.npz"
+SCORE_TRACE_EXAMPLE = f"scores{TRACE_SUFFIX}"
 ANNOTATED_VIDEO_EXAMPLE = "annotated.mp4"
 
 
@@ -174,3 +176,13 @@ def check_output_dir(path: str | os.PathLike, flag: str) -> Path:
             raise UserError(f"{flag} {path} is a file; give a folder (it is created if missing)")
         _probe_folder(_nearest_existing(through_links(path)), flag, path)
     return path
+
+
+def check_trace_path(path: Path, stream_name: object, what: str) -> None:
+    """A trace is a ``TRACE_SUFFIX`` file (a folder's traces are found by it: one named otherwise was never read by
+    eval) of a stream named in text (what eval matches to the annotations' video)."""
+    if path.suffix != TRACE_SUFFIX:
+        raise UserError(f"{what} writes a {TRACE_SUFFIX} trace (eval reads a folder's *{TRACE_SUFFIX}), not "
+                        f"{path.name}; give {path.with_suffix(TRACE_SUFFIX)}")
+    if not isinstance(stream_name, str):
+        raise UserError(f"{what}'s stream_name is text (the video eval matches it to), not {stream_name!r}")

@@ -31,10 +31,9 @@ import numpy as np
 
 from .errors import UserError
 from .files import NPZ_READ_ERRORS, npz_problem, replaced_atomically
-from .path_checks import path_problem
+from .path_checks import TRACE_SUFFIX, path_problem
 
 TRACE_FORMAT_VERSION = 2
-TRACE_SUFFIX = ".npz"
 CHUNK_PATTERN = re.compile(r"^(?P<base>.+)\.part-(?P<number>\d{6})\.npz$")
 
 

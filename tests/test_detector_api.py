@@ -264,6 +264,10 @@ def test_a_state_snapshot_that_cannot_be_written_is_one_line(detector, tmp_path)
     (lambda t: AnnotatedVideoSink(t / "out.mp4", 1.0, dict, stream="0"),
      r"^AnnotatedVideoSink records one of the detector's streams, by its index from 0, not '0'$"),
     (lambda t: ScoreTraceRecorder(t / "s.npz", "s", 1.0, stream=-1), r"^ScoreTraceRecorder records one of the "),
+    # Written, and never read: eval finds a folder's traces by their suffix, and matches their stream by its name.
+    (lambda t: ScoreTraceRecorder(t / "s.txt", "s", 1.0), r"^ScoreTraceRecorder writes a .npz trace \(eval reads a "
+                                                          r"folder's \*.npz\), not s.txt; give .*s.npz$"),
+    (lambda t: ScoreTraceRecorder(t / "s.npz", 7, 1.0), r"^ScoreTraceRecorder's stream_name is text .*, not 7$"),
 ])
 def test_a_sink_that_could_never_write_is_refused_when_made_not_at_its_first_alert(make, says, tmp_path):
     """They were accepted and failed later with an OSError or a TypeError: at the first alert, maybe hours in."""
