@@ -199,6 +199,8 @@ class SnapshotWriter:
         lock is held until it is written (runtime/output_locks.py): another process's snapshot (a service's --state),
         or a file this program writes as something else (an alert log), is refused."""
         check_on_done(on_done)
+        if not isinstance(wait, bool):  # "no" was taken as yes: the stream waited on the disk it was told not to
+            raise UserError(f"save_state's wait is True or False, not {wait!r}")
         lock = hold(path, "save_state", STATE_SNAPSHOT)
 
         def written() -> None:

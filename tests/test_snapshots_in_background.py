@@ -14,6 +14,7 @@ from runtime_fixtures import QUERY
 from sdqes_edge.errors import UserError
 from sdqes_edge.runtime import snapshots
 from sdqes_edge.runtime.detector import StreamingDetector
+from sdqes_edge.runtime.output_locks import lock_path
 from sdqes_edge.runtime.snapshots import read_snapshot
 from sdqes_edge.runtime.sources import Frame
 
@@ -126,3 +127,15 @@ def test_a_snapshot_still_being_written_is_waited_for_by_load_state(exported, tm
     detector.load_state(path)  # the newer one, not the one it replaces
     assert [slot.frames for slot in detector.streams] == [FRAMES + 1]
     detector.close()
+
+
+def test_a_wait_that_is_not_true_or_false_is_refused_before_anything_is_written(exported, tmp_path):
+    """wait="no" was taken as yes: the stream waited on the disk, the very thing wait=False is for."""
+    _, bundle = exported
+    detector = stepped(bundle, 1)
+    for wait in ("no", 0, None):
+        with pytest.raises(UserError, match=rf"^save_state's wait is True or False, not {wait!r}$"):
+            detector.save_state(tmp_path / "state.npz", wait=wait)
+    assert not lock_path(tmp_path / "state.npz").exists() and not (tmp_path / "state.npz").exists()
+    detector.save_state(tmp_path / "state.npz")
+    assert (tmp_path / "state.npz").is_file()
