@@ -90,6 +90,7 @@ class ExportOptions:
 # comparison below with a TypeError, a fraction (batch 1.5) deep inside the export.
 _WHOLE_NUMBERS = ("batch", "opset", "verify_frames", "drift_frames", "calibration_frames")
 _NUMBERS = ("fps", "threshold")
+_SWITCHES = ("fuse_queries", "truncate_queries", "show_progress")  # "no" was taken as yes
 
 
 def _type_problems(options: ExportOptions) -> list[str]:
@@ -101,6 +102,8 @@ def _type_problems(options: ExportOptions) -> list[str]:
                 if isinstance(getattr(options, name), bool) or not isinstance(getattr(options, name), numbers.Integral)]
     problems += [f"{name} is a number, not {getattr(options, name)!r}" for name in _NUMBERS
                  if isinstance(getattr(options, name), bool) or not isinstance(getattr(options, name), numbers.Real)]
+    problems += [f"{name} is True or False, not {getattr(options, name)!r}" for name in _SWITCHES
+                 if not isinstance(getattr(options, name), bool)]
     if isinstance(options.precisions, str):  # its letters read as precision names
         problems.append(f"precisions is a tuple of names, not the text {options.precisions!r}: "
                         f"precisions=({options.precisions!r},)")

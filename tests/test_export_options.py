@@ -20,6 +20,9 @@ from sdqes_edge.export.options import ExportOptions, Query, check_options
     (dict(precisions="fp16"), r"^precisions is a tuple of names, not the text 'fp16': precisions=\('fp16',\)$"),
     (dict(queries=["when I start cooking"]), r"^queries are Query\(text, response\) items: .*sdqes_edge.export$"),
     (dict(queries="when I start cooking"), r"^queries are Query\(text, response\) items"),
+    (dict(fuse_queries="no"), r"^fuse_queries is True or False, not 'no'$"),  # "no" was taken as yes
+    (dict(truncate_queries=1), r"^truncate_queries is True or False, not 1$"),
+    (dict(show_progress=None), r"^show_progress is True or False, not None$"),
 ])
 def test_an_option_of_the_wrong_type_is_refused_in_one_line(options, words):
     with pytest.raises(UserError, match=words):
