@@ -70,7 +70,7 @@ class SDQESModel(nn.Module):
         if not frames.is_floating_point():
             raise UserError(f"{call} takes normalized float frames (CLIP's transform, or "
                             f"sdqes_edge.runtime.preprocess.Preprocessor), not {frames.dtype}")
-        if frames.dim() != len(layout.split(",")) or tuple(frames.shape[-3:]) != (3, size, size):
+        if frames.dim() != (5 if window else 4) or tuple(frames.shape[-3:]) != (3, size, size):
             raise UserError(f"{call} takes frames {layout} (this model's image size is {size}), not "
                             f"{list(frames.shape)}")
 
