@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import gzip
 import html
+import numbers
 import warnings
 import zlib
 from pathlib import Path
@@ -106,6 +107,11 @@ class ClipTokenizer:
     """CLIP BPE tokenizer. ``tokenize(["a photo of a cat"])`` gives ids of shape [N, context_length] (CLIP's 77)."""
 
     def __init__(self, vocab_path: str | None = None, context_length: int = CONTEXT_LENGTH):
+        # Fewer than 3 positions hold no word between the start and end tokens: every query was then refused as
+        # too long, and a context length given as text failed in a comparison at the first query.
+        if isinstance(context_length, bool) or not isinstance(context_length, numbers.Integral) or context_length < 3:
+            raise UserError(f"context_length is the text tower's positions, a whole number of at least 3 (CLIP's "
+                            f"{CONTEXT_LENGTH}), not {context_length!r}")
         merge_pairs = read_merges(Path(vocab_path) if vocab_path is not None else SHIPPED_VOCAB)
         byte_chars = list(_bytes_to_unicode().values())
         vocab = byte_chars + [c + "</w>" for c in byte_chars] + ["".join(p) for p in merge_pairs]
@@ -115,7 +121,7 @@ class ClipTokenizer:
         self.merge_ranks = {pair: i for i, pair in enumerate(merge_pairs)}
         self.byte_encoder = _bytes_to_unicode()
         self.byte_decoder = {c: b for b, c in self.byte_encoder.items()}
-        self.context_length = context_length
+        self.context_length = int(context_length)
         self.start_id = self.encoder[START_TOKEN]
         self.end_id = self.encoder[END_TOKEN]
         self._cache = {START_TOKEN: START_TOKEN, END_TOKEN: END_TOKEN}
@@ -170,6 +176,9 @@ class ClipTokenizer:
             raise UserError(f"on_overflow must be one of {OVERFLOW_POLICIES}, not {on_overflow!r}")
         if isinstance(texts, str):
             texts = [texts]
+        if not isinstance(texts, Iterable):  # None failed as "has no len()"
+            raise UserError(f"tokenize takes a query text or a list of them, not a {type(texts).__name__}")
+        texts = list(texts)
         out = np.zeros((len(texts), self.context_length), dtype=np.int64)
         for row, text in enumerate(texts):
             check_query_text(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import re
 
 import numpy as np
 import pytest
@@ -117,3 +118,19 @@ def test_a_damaged_vocabulary_is_refused_naming_it(tmp_path):
     not_gzip.write_text("#version: 0.2\nh e\n")
     with pytest.raises(UserError, match=f"^{not_gzip} is not CLIP's BPE vocabulary [(]Not a gzipped file"):
         ClipTokenizer(str(not_gzip))
+
+
+@pytest.mark.parametrize("context_length", [0, 2, -5, "77", 77.0, True])
+def test_a_context_length_that_holds_no_word_or_is_not_whole_is_refused_when_made(context_length):
+    """0 or 2 refused every query as too long; "77" failed in a comparison at the first query."""
+    with pytest.raises(UserError, match=r"^context_length is the text tower's positions, a whole number of at least 3 "
+                                        rf"\(CLIP's 77\), not {re.escape(repr(context_length))}$"):
+        ClipTokenizer(context_length=context_length)
+
+
+def test_tokenize_takes_one_text_any_iterable_of_texts_and_refuses_none(tok):
+    one = tok.tokenize("when I start cooking")
+    assert np.array_equal(one, tok.tokenize(np.array(["when I start cooking"])))
+    assert np.array_equal(one, tok.tokenize(text for text in ["when I start cooking"]))
+    with pytest.raises(UserError, match=r"^tokenize takes a query text or a list of them, not a NoneType$"):
+        tok.tokenize(None)  # failed as "object of type 'NoneType' has no len()"
