@@ -125,6 +125,9 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        if not isinstance(data, dict):  # a list failed on a missing attribute ('list' object has no attribute 'get')
+            raise UserError(f"model config is a JSON object of its fields, not a {type(data).__name__}; write it "
+                            "with ModelConfig.to_json() or start from a preset (sdqes-edge info --list-presets)")
         try:
             pre = dict(data.get("preprocess", {}))
             for key in ("mean", "std"):
@@ -146,7 +149,11 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, text: str) -> "ModelConfig":
-        return cls.from_dict(json.loads(text))
+        try:
+            data = json.loads(text)
+        except ValueError as exc:  # json's own error named no file and no fix
+            raise UserError(f"model config is not JSON ({exc}); write it with ModelConfig.to_json()") from None
+        return cls.from_dict(data)
 
     def with_adapter(self, kind: str, **changes: Any) -> "ModelConfig":
         """This model with another adapter kind (and optionally other adapter fields)."""

@@ -72,3 +72,14 @@ def test_a_model_made_from_a_presets_name_is_told_to_build_its_config_first():
     with pytest.raises(UserError, match=r"^SDQESModel takes a ModelConfig, not a str: "
                                         r"SDQESModel\(preset\('tiny\+qrnn'\)\)$"):
         SDQESModel("tiny+qrnn")  # it failed with "'str' object has no attribute 'vision'"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[1, 2]", r"^model config is a JSON object of its fields, not a list; write it with ModelConfig.to_json\(\)"),
+    ("{'embed_dim': 512}", r"^model config is not JSON \(Expecting property name enclosed in double quotes"),
+    ("{}", r"^model config is malformed \('embed_dim'\)"),
+])
+def test_a_model_config_that_is_no_json_object_is_refused_in_one_line(text, says):
+    """A list failed as "'list' object has no attribute 'get'", and text that is not JSON as json's own error."""
+    with pytest.raises(UserError, match=says):
+        ModelConfig.from_json(text)
