@@ -25,6 +25,7 @@ from sdqes_edge.errors import UserError
 from sdqes_edge.files import make_folders, parse_json, write_text_atomically
 from sdqes_edge.metrics import TOLERANCE_WINDOWS
 from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
+from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.runtime.detector import RunStats, StreamingDetector
 from sdqes_edge.runtime.sinks import CallbackSink, JsonlSink, ScoreTraceRecorder
 from sdqes_edge.runtime.sources import open_source
@@ -104,14 +105,17 @@ def run_demo(seed: int, out: Path, next_command: str, bundle: Path = DEMO_BUNDLE
     write the video, annotated video, alert log, score trace, plot and summary.json under ``out``;
     ``next_command`` is the program the printed hints name (the command line's)."""
     started = time.perf_counter()
-    if not (bundle / MANIFEST_NAME).is_file():
+    if bundle == DEMO_BUNDLE and not (bundle / MANIFEST_NAME).is_file():
         raise UserError(f"the demo bundle is missing at {bundle}; reinstall sdqes-edge, or make one with "
                         f"`{next_command} train` and `{next_command} export --checkpoint ... --out DIR` and pass "
                         "--bundle DIR")
+    # Another bundle's problems in the loader's words (a missing one was told to reinstall sdqes-edge), before
+    # anything is written.
+    loaded = load_bundle(bundle)
     _claim_folder(out)
     stream = generate_stream(seed, DEMO_SECONDS, DEMO_VIDEO_FPS, uid=f"demo-seed{seed}")
     video = write_video(out / STREAM_VIDEO, stream)
-    detector = StreamingDetector(bundle, precision=precision, threads=threads)
+    detector = StreamingDetector(loaded, precision=precision, threads=threads)
     policy_words = _describe(detector, video, seed)
     outcomes = _add_queries(detector, stream)
     _attach_sinks(detector, outcomes, out, stream.uid)

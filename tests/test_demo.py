@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import cv2
+import pytest
 
 from sdqes_edge.demo import DEMO_BUNDLE
+from sdqes_edge.errors import UserError
 from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.synthetic import EVENT_KINDS
 from sdqes_edge.train_options import DEMO_SEED, TrainOptions, is_training_seed
@@ -70,10 +72,19 @@ def test_the_demo_uses_the_alert_policy_chosen_on_validation_streams_and_reports
     assert sum(len(o["alerts"]) for o in summary["outcomes"]) <= 2 * summary["queries"]  # repeats held back
 
 
-def test_a_missing_demo_bundle_is_one_line_and_exit_2(tmp_path):
+def test_a_missing_bundle_is_one_line_and_exit_2_with_the_fix_for_whose_bundle_it_is(tmp_path, monkeypatch):
+    """--bundle of the user's own that is not there was told to reinstall sdqes-edge; the shipped one still is."""
     done = run_cli("demo", "--bundle", str(tmp_path / "nowhere"), "--out", str(tmp_path / "demo"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1
-    assert "demo bundle is missing" in done.stderr and "sdqes-edge train" in done.stderr
+    assert (f"bundle {tmp_path / 'nowhere'} does not exist; make one with `sdqes-edge export --out "
+            f"{tmp_path / 'nowhere'}`") in done.stderr
+    assert not (tmp_path / "demo").exists()  # refused before anything was written
+    from sdqes_edge import demo
+
+    monkeypatch.setattr(demo, "DEMO_BUNDLE", tmp_path / "shipped")  # a package whose bundle was lost
+    with pytest.raises(UserError, match=r"^the demo bundle is missing at .*shipped; reinstall sdqes-edge, or make "
+                                        r"one with `sdqes-edge train`"):
+        demo.run_demo(7, tmp_path / "demo", "sdqes-edge", tmp_path / "shipped")
 
 
 def test_bad_demo_arguments_are_one_line_and_exit_2(tmp_path):
