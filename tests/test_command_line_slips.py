@@ -118,3 +118,13 @@ def test_a_frame_rate_no_bundle_can_step_is_refused_by_every_command_that_takes_
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1, err
     assert f"argument --fps: give a positive number of frames per second up to 1000, not {fps} (see" in err
+
+
+@pytest.mark.parametrize("option, value, least", [("--frames", "1", 2), ("--batch", "0", 1)])
+def test_check_names_the_one_option_that_is_out_of_range(option, value, least, capsys):
+    """"--frames must be >= 2 and --batch >= 1" named both, whichever was wrong."""
+    with pytest.raises(SystemExit) as exit_:
+        run(["check", option, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert f"argument {option}: give at least {least}, not {value} (see sdqes-edge check --help)" in err

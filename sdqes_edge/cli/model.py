@@ -75,8 +75,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     base = preset(args.preset)
     if base.adapter.kind != "none":
         raise UserError(f"--preset {args.preset} already has an adapter; give a base preset such as 'tiny'")
-    if args.frames < 2 or args.batch < 1:
-        raise UserError("--frames must be >= 2 and --batch >= 1")
     if args.soak and (args.soak < 2 * args.soak_block or args.soak_block < 1):
         raise UserError(f"--soak {args.soak} needs at least two blocks of --soak-block {args.soak_block} frames "
                         "(the first is the warm-up)")
@@ -196,8 +194,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     check.add_argument("--preset", default="tiny", help="base preset without adapter (default %(default)s)")
     check.add_argument("--adapters", nargs="+", action=UniqueValues, choices=ADAPTER_KINDS, default=list(ADAPTER_KINDS),
                        help="adapter kinds to check (default: all)")
-    check.add_argument("--frames", type=int, default=16, help="frames per stream (default %(default)s)")
-    check.add_argument("--batch", type=int, default=2, help="streams in a batch (default %(default)s)")
+    # Each refused in one line naming it ("--frames must be >= 2 and --batch >= 1" named both, whichever was wrong).
+    check.add_argument("--frames", type=at_least(2), default=16, help="frames per stream (default %(default)s)")
+    check.add_argument("--batch", type=at_least(1), default=2, help="streams in a batch (default %(default)s)")
     check.add_argument("--seed", type=seed_number, default=0, help="seed of the random adapter weights and frames "
                                                            "(default %(default)s)")
     check.add_argument("--soak", type=int, default=0, metavar="N",
