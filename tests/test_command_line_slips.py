@@ -128,3 +128,21 @@ def test_check_names_the_one_option_that_is_out_of_range(option, value, least, c
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1, err
     assert f"argument {option}: give at least {least}, not {value} (see sdqes-edge check --help)" in err
+
+
+def test_an_option_given_as_zero_counts_as_given():
+    """0 == False: `--vision-heads 0` beside --preset was taken for not given, so the warning that it is ignored
+    was never said."""
+    import argparse
+
+    from sdqes_edge.cli.common import given_flags
+
+    args = argparse.Namespace(vision_heads=0, text_heads=None, shared_bundle=False, threshold=0.0)
+    assert given_flags(args, "vision_heads", "text_heads", "shared_bundle", "threshold") == ["--vision-heads",
+                                                                                             "--threshold"]
+
+
+def test_a_soak_block_of_no_frames_is_refused_naming_the_option(capsys):
+    with pytest.raises(SystemExit):
+        run(["check", "--soak", "20000", "--soak-block", "0"])
+    assert "argument --soak-block: give at least 1, not 0 (see sdqes-edge check --help)" in capsys.readouterr().err

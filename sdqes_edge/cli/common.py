@@ -272,7 +272,9 @@ def onnxruntime_gpu_here() -> bool:
 
 def given_flags(args: argparse.Namespace, *names: str) -> list[str]:
     """The options among ``names`` that the command line set (their flags), in that order."""
-    return ["--" + name.replace("_", "-") for name in names if getattr(args, name) not in (None, False)]
+    # By identity: 0 == False, so "not in (None, False)" took --vision-heads 0 or --threshold 0 for not given.
+    return ["--" + name.replace("_", "-") for name in names
+            if getattr(args, name) is not None and getattr(args, name) is not False]
 
 
 def progress_log(quiet: bool):

@@ -203,7 +203,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        help="also export each adapter kind and stream N frames through the whole runtime loop "
                             "(sinks included), reporting the state's magnitude and the process memory per block "
                             "(e.g. 100000; about a minute per kind per 100000 frames)")
-    check.add_argument("--soak-block", type=int, default=SOAK_BLOCK_FRAMES, metavar="N",
+    check.add_argument("--soak-block", type=at_least(1), default=SOAK_BLOCK_FRAMES, metavar="N",
                        help="frames per reported block of the soak; the first is the warm-up (default %(default)s)")
     check.set_defaults(func=cmd_check)
 
