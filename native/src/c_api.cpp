@@ -135,6 +135,11 @@ int sdqes_preprocess(const sdqes_bundle* b, const uint8_t* bgr, int height, int 
                                   "3*R*R floats to write").c_str());
     return 1;
   }
+  if (height < 1 || width < 1) {  // a negative one failed inside std::vector ("vector::_M_default_append")
+    set_error(error, error_size, ("got an empty frame of height " + std::to_string(height) + " and width " +
+                                  std::to_string(width) + "; give an image at least 1x1 pixel").c_str());
+    return 1;
+  }
   try {
     const cv::Mat frame(height, width, CV_8UC3, const_cast<uint8_t*>(bgr));
     const auto values = sdqes::preprocess(frame, b->bundle.image_size, b->bundle.preprocess);

@@ -658,6 +658,11 @@ TEST(CApi, RefusesNullHandlesAndANaNExitThresholdInsteadOfCrashingOrUnsettingIt)
   EXPECT_NE(std::string(error).find("bgr is NULL"), std::string::npos) << error;
   EXPECT_EQ(sdqes_preprocess(b, frame.data(), 48, 64, nullptr, error, sizeof error), 1);
   EXPECT_NE(std::string(error).find("out is NULL"), std::string::npos) << error;
+  for (const auto& [height, width] : {std::pair{-1, 64}, std::pair{48, 0}}) {  // -1: "vector::_M_default_append"
+    EXPECT_EQ(sdqes_preprocess(b, frame.data(), height, width, out.data(), error, sizeof error), 1);
+    EXPECT_EQ(std::string(error), "got an empty frame of height " + std::to_string(height) + " and width " +
+                                      std::to_string(width) + "; give an image at least 1x1 pixel");
+  }
   sdqes_bundle_close(b);
   EXPECT_EQ(sdqes_alert_update(nullptr, 0.7, 0.0), -1);
   EXPECT_EQ(sdqes_alert_new(0.6, std::nan(""), 0, 0, error, sizeof error), nullptr);  // was: no exit threshold
