@@ -2,7 +2,10 @@
 // sdqes-run and the C API share.
 #include "sdqes/step_backend.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <thread>
 
 #include "sdqes/runtime.hpp"
 #ifdef SDQES_WITH_TENSORRT
@@ -47,6 +50,15 @@ void check_backend(const std::string& backend, const std::string& named_as) {
 
 const char* default_precision(const std::string& backend) { return backend == "tensorrt" ? "fp16" : "fp32"; }
 
+int usable_cores() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0) return CPU_COUNT(&allowed);
+  return std::max(1U, std::thread::hardware_concurrency());
+}
+
+int threads_within_cores(int threads) { return threads > 0 ? std::min(threads, usable_cores()) : threads; }
+
 OpenedStep open_step(const Bundle& bundle, const QueryTable& queries, const std::string& backend,
                      const std::string& precision, int threads) {
   check_backend(backend, "backend");
@@ -66,7 +78,7 @@ OpenedStep open_step(const Bundle& bundle, const QueryTable& queries, const std:
   }
 #ifdef SDQES_WITH_ONNXRUNTIME
   const auto graph = bundle.step_graph(precision);
-  return warmed(std::make_unique<OnnxRuntimeStep>(graph, bundle, threads),
+  return warmed(std::make_unique<OnnxRuntimeStep>(graph, bundle, threads_within_cores(threads)),
                 "ONNX Runtime " + onnxruntime_version() + " on the CPU, " + graph.filename().string(), bundle,
                 queries);
 #else

@@ -127,3 +127,13 @@ TEST(OpenStep, TheDefaultBackendIsOneThisBuildKnows) {
   EXPECT_EQ(backend, "onnxruntime");  // the only one built
 #endif
 }
+
+TEST(OpenStep, ThreadsAboveTheCoresThisProcessMayUseAreBroughtDownToThem) {
+  // 100,000 threads asked of sdqes_step_open exhausted the process's threads inside ONNX Runtime.
+  const int cores = sdqes::usable_cores();
+  ASSERT_GE(cores, 1);
+  EXPECT_EQ(sdqes::threads_within_cores(100000), cores);
+  EXPECT_EQ(sdqes::threads_within_cores(cores), cores);
+  EXPECT_EQ(sdqes::threads_within_cores(1), 1);
+  EXPECT_EQ(sdqes::threads_within_cores(0), 0);  // ONNX Runtime's own default, one per core
+}

@@ -61,6 +61,14 @@ void check_backend(const std::string& backend, const std::string& named_as);
 // The precision a run on `backend` steps unless told: fp16 on a GPU; on the CPU, where fp16 is emulated, fp32.
 const char* default_precision(const std::string& backend);
 
+// The cores this process may run on (a container's or taskset's CPU set, not the host's), as the Python runtime
+// counts them (runtime/cores.py).
+int usable_cores();
+// ONNX Runtime's threads for `threads` asked: more than the usable cores only take turns on them (and 100,000 of
+// them exhausted the process's threads inside sdqes_step_open), so they are brought down to the cores; 0 stays 0
+// (ONNX Runtime's one per core).
+int threads_within_cores(int threads);
+
 // A step graph opened, warmed and given its queries where it scores them itself, and what runs it in words
 // ("ONNX Runtime 1.32.0 on the CPU, step.fp32.onnx"), for the line a run starts with.
 struct OpenedStep {
