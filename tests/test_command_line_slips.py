@@ -146,3 +146,15 @@ def test_a_soak_block_of_no_frames_is_refused_naming_the_option(capsys):
     with pytest.raises(SystemExit):
         run(["check", "--soak", "20000", "--soak-block", "0"])
     assert "argument --soak-block: give at least 1, not 0 (see sdqes-edge check --help)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, value, says", [
+    ("--precision", "fp16", "has no fp16 step graph (it has fp32, int8); re-export with --precision fp16"),
+    ("--ort-ops", "/no/such/libsdqes_ort_ops.so", "no kernel library at /no/such/libsdqes_ort_ops.so"),
+])
+def test_inspect_refuses_what_it_cannot_run_before_printing_half_a_report(option, value, says, capsys):
+    from sdqes_edge.demo import DEMO_BUNDLE
+
+    assert run(["inspect", str(DEMO_BUNDLE), option, value]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and says in err, (out, err)

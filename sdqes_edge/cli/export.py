@@ -141,7 +141,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     load_onnxruntime()  # before the first line of the report: on an install without it, the one line saying so
     bundle = load_bundle(args.bundle)
     m = bundle.manifest
-
+    # Before the report: a --precision the bundle lacks or an --ort-ops that is no library came after half of it.
+    runner = OnnxRuntimeStep(bundle.step_graph(args.precision), fused_ops=args.ort_ops)
     # The manifest is someone else's data: its control characters shown, not obeyed.
     show(f"bundle     {bundle.root}  (format {m['format_version']}, made by sdqes-edge "
          f"{m['tool_versions'].get(sdqes_edge.__name__)}, all {len(m['files'])} files match their sha256)")
@@ -159,7 +160,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if queries:
         fused = " (fused into the graph)" if m.get("query_count") else ""
         show(f"queries    {len(queries[0])} pre-encoded{fused}")
-    runner = OnnxRuntimeStep(bundle.step_graph(args.precision), fused_ops=args.ort_ops)
     pre = Preprocessor.from_description(bundle.image_size, m["preprocess"])
     state = runner.initial_state()
     q = queries[1] if (queries and runner.fused_queries) else None
