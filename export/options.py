@@ -6,7 +6,6 @@ Torch-free, so the command line checks its arguments before loading a checkpoint
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -27,7 +26,7 @@ from sdqes_edge.contract import (
     SUPPORTED_OPSETS,
     TRAINING_RECORD_NAME,
 )
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, is_number, is_whole_number
 from sdqes_edge.files import parse_json
 from sdqes_edge.path_checks import path_problem
 from sdqes_edge.runtime.alerts import is_probability
@@ -99,9 +98,9 @@ def _type_problems(options: ExportOptions) -> list[str]:
         made = "ExportOptions(**options)" if isinstance(options, dict) else "ExportOptions(precisions=('fp32', 'int8'))"
         return [f"export options are an ExportOptions (sdqes_edge.export), not a {type(options).__name__}: {made}"]
     problems = [f"{name} is a whole number, not {getattr(options, name)!r}" for name in _WHOLE_NUMBERS
-                if isinstance(getattr(options, name), bool) or not isinstance(getattr(options, name), numbers.Integral)]
+                if not is_whole_number(getattr(options, name))]
     problems += [f"{name} is a number, not {getattr(options, name)!r}" for name in _NUMBERS
-                 if isinstance(getattr(options, name), bool) or not isinstance(getattr(options, name), numbers.Real)]
+                 if not is_number(getattr(options, name))]
     problems += [f"{name} is True or False, not {getattr(options, name)!r}" for name in _SWITCHES
                  if not isinstance(getattr(options, name), bool)]
     if isinstance(options.precisions, str):  # its letters read as precision names

@@ -11,23 +11,22 @@ With none of them set, the alerts are exactly the predictions that SR@k and SMD@
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, is_number, is_whole_number
 
 
 def is_probability(value: object) -> bool:
     """What an alert threshold is: a number (not a bool) strictly between 0 and 1 (NaN is not)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.0 < value < 1.0
+    return is_number(value) and 0.0 < value < 1.0
 
 
 def check_number(name: str, value: object) -> None:
     """An alert policy's setting is a number or None: a string from a config file or a form failed in arithmetic or a
     comparison (a TypeError), and a bool passed as 0 or 1."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+    if value is not None and not is_number(value):
         raise UserError(f"{name} is a number, not {value!r}")
 
 
@@ -50,7 +49,7 @@ class AlertPolicy:
         for name, value in (("threshold", self.threshold), ("exit threshold", self.exit_threshold),
                             ("cooldown", self.cooldown_s), ("max alerts", self.max_alerts)):
             check_number(name, value)
-        if self.max_alerts is not None and not isinstance(self.max_alerts, numbers.Integral):
+        if self.max_alerts is not None and not is_whole_number(self.max_alerts):
             raise UserError(f"max alerts is a whole number of alerts, not {self.max_alerts!r}")
         # Plain Python numbers from here on: numpy's (a threshold read from an array) broke the JSON of a state
         # snapshot and of the alert log.

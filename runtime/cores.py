@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import numbers
 import os
 import warnings
 
-from sdqes_edge.errors import SetupWarning, UserError
+from sdqes_edge.errors import SetupWarning, UserError, is_whole_number
 
 
 def usable_cores() -> int:
@@ -23,7 +22,7 @@ def checked_threads(threads: int | None) -> int | None:
     """
     if threads is None:
         return None
-    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
+    if not is_whole_number(threads, least=1):
         raise UserError(f"threads is a whole number of at least 1 (or None for every core), not {threads!r}")
     cores = usable_cores()
     if threads > cores:

@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from sdqes_edge.compat import shutdown_cancelling
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, is_whole_number
 from sdqes_edge.stopping import may_outlive_a_stop
 
 from .cores import usable_cores
@@ -89,15 +89,13 @@ def check_frames(frames: list[Frame | None], batch: int) -> None:
             continue
         if not (isinstance(frame.time, numbers.Real) and math.isfinite(frame.time)):
             raise UserError(f"a Frame's time is seconds into its stream, a finite number, not {frame.time!r}")
-        if (isinstance(frame.index, bool) or not isinstance(frame.index, numbers.Integral)
-                or frame.index < 0):  # a snapshot resumes a file at the frame after it
+        if not is_whole_number(frame.index, least=0):  # a snapshot resumes a file at the frame after it
             raise UserError(f"a Frame's index counts the stream's frames from 0, not {frame.index!r}")
 
 
 def check_run_arguments(sources, max_frames) -> list[FrameSource]:
     """``StreamingDetector.run``'s arguments checked before anything opens -> the sources as a list."""
-    if max_frames is not None and (isinstance(max_frames, bool) or not isinstance(max_frames, numbers.Integral)
-                                   or max_frames < 1):  # 0 and -1 stepped one frame, "3" failed after it
+    if max_frames is not None and not is_whole_number(max_frames, least=1):  # 0, -1 stepped a frame; "3" failed
         raise UserError(f"max_frames is a number of steps, at least 1 (or None for the whole stream), not "
                         f"{max_frames!r}")
     sources = list(sources) if isinstance(sources, (list, tuple)) else [sources]

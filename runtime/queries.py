@@ -188,18 +188,19 @@ class QueryBank:
     def id_of(self, query: str | Query) -> str:
         """The id of an active query, named by its id or by the ``Query`` that ``add`` returned (what a program
         holds; as a key it failed as unhashable)."""
-        active = f"active ids: {', '.join(self.queries) or 'none'}"
-        if isinstance(query, Query):
-            if self.queries.get(query.id) is not query:  # removed, its id perhaps given to another since
-                raise UserError(f"the query {query.id} ({query.text!r}) is not active here (removed, or added to "
-                                f"another detector); {active}")
+        if isinstance(query, Query) and self.queries.get(query.id) is query:
             return query.id
+        if isinstance(query, str) and query in self.queries:
+            return query
+        # A refusal: only now are the active ids listed (every call did it, for however many queries are asked).
+        active = f"active ids: {', '.join(self.queries) or 'none'}"
+        if isinstance(query, Query):  # removed, its id perhaps given to another since
+            raise UserError(f"the query {query.id} ({query.text!r}) is not active here (removed, or added to "
+                            f"another detector); {active}")
         if not isinstance(query, str):
             raise UserError(f"a query is named by its id (text, e.g. 'q1') or by the Query add_query returned, not "
                             f"{reprlib.repr(query)}; {active}")
-        if query not in self.queries:
-            raise UserError(f"no query with id {query!r}; {active}")
-        return query
+        raise UserError(f"no query with id {query!r}; {active}")
 
     def set_message(self, query: str | Query, message: str) -> None:
         query_id = self.id_of(query)

@@ -14,12 +14,11 @@ follows the same rule; ``tests/vectors/sampling.json`` holds both to it.
 
 from __future__ import annotations
 
-import numbers
 import re
 from pathlib import Path
 
 from sdqes_edge.contract import MAX_FPS
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, is_number
 
 # A container's millisecond timestamps may land a hair below the sample time they stand for (999.9999 ms).
 STAMP_TOLERANCE_S = 1e-6
@@ -31,7 +30,7 @@ END_SLACK_S = 1.0
 def checked_rate(fps: object, what: str) -> float:
     """``fps`` as a float, refused unless it is a number of frames per second in (0, MAX_FPS]; ``what`` samples or
     records at it ("a source samples", "ScoreTraceRecorder records")."""
-    if isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not 0 < fps <= MAX_FPS:  # NaN too
+    if not is_number(fps) or not 0 < fps <= MAX_FPS:  # NaN too
         raise UserError(f"{what} at a positive number of frames per second up to {MAX_FPS:g}, not {fps!r}; give the "
                         "bundle's (detector.fps)")
     return float(fps)

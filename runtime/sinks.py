@@ -12,7 +12,6 @@ import errno
 import json
 import logging
 import math
-import numbers
 import os
 import stat
 import time
@@ -24,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from sdqes_edge.errors import SetupWarning, UserError, terminal_safe
+from sdqes_edge.errors import SetupWarning, UserError, is_whole_number, terminal_safe
 from sdqes_edge.files import make_folders
 from sdqes_edge.path_checks import ALERT_LOG_EXAMPLE, SCORE_TRACE_EXAMPLE, check_output_file, check_trace_path
 from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, read_chunks, save_scores
@@ -210,7 +209,7 @@ class ConsoleSink(Sink):
 
 def checked_stream(stream: object, sink: str) -> int:
     """The index of the detector's stream a sink records, refused unless it is one (a string never matched)."""
-    if isinstance(stream, bool) or not isinstance(stream, numbers.Integral) or stream < 0:
+    if not is_whole_number(stream, least=0):
         raise UserError(f"{sink} records one of the detector's streams, by its index from 0, not {stream!r}")
     return int(stream)
 

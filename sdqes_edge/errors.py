@@ -7,6 +7,7 @@ traceback: its message must name the problem and the fix.
 from __future__ import annotations
 
 import importlib.util
+import numbers
 import re
 import sys
 
@@ -74,3 +75,17 @@ def terminal_safe(line: str) -> str:
     it (``sdqes::terminal_safe``; tests/vectors/source_names.json). Every line the command line prints from what
     it was given goes through here: alerts, inspect's report, errors and warnings."""
     return _TERMINAL_CONTROLS.sub(lambda control: control.group().encode("unicode_escape").decode("ascii"), line)
+
+
+# What a value given through the Python API is, checked before any arithmetic is done with it (and refused as a
+# UserError otherwise): a string read from a config file ("2") failed in a comparison with a TypeError, a fraction
+# (1.5) deep inside, and a bool passed as 0 or 1, since Python counts True and False as numbers. Numpy's numbers
+# (read from an array) are numbers here.
+def is_number(value: object) -> bool:
+    """A real number (numpy's too), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_whole_number(value: object, least: int | None = None) -> bool:
+    """A whole number (numpy's too), not a bool, and at least ``least`` where given."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and (least is None or value >= least)

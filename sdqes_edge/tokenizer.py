@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import gzip
 import html
-import numbers
 import warnings
 import zlib
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 import regex
 
 from .config import CLIP_VOCAB_SIZE
-from .errors import UserError
+from .errors import UserError, is_whole_number
 
 VOCAB_FILE = "bpe_simple_vocab_16e6.txt.gz"
 SHIPPED_VOCAB = Path(__file__).parent / "data" / VOCAB_FILE  # in the package (bundles carry a copy)
@@ -109,7 +108,7 @@ class ClipTokenizer:
     def __init__(self, vocab_path: str | None = None, context_length: int = CONTEXT_LENGTH):
         # Fewer than 3 positions hold no word between the start and end tokens: every query was then refused as
         # too long, and a context length given as text failed in a comparison at the first query.
-        if isinstance(context_length, bool) or not isinstance(context_length, numbers.Integral) or context_length < 3:
+        if not is_whole_number(context_length, least=3):
             raise UserError(f"context_length is the text tower's positions, a whole number of at least 3 (CLIP's "
                             f"{CONTEXT_LENGTH}), not {context_length!r}")
         merge_pairs = read_merges(Path(vocab_path) if vocab_path is not None else SHIPPED_VOCAB)

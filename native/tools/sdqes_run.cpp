@@ -907,10 +907,9 @@ int run(int argc, char** argv) {
                                            : 0;
   if (threads > 0 && backend == "tensorrt") {
     say("warning: --threads is for the ONNX Runtime backend; TensorRT steps on the GPU, so it is left out");
-  } else if (threads > sdqes::usable_cores()) {  // in the words of the Python runtime's (runtime/cores.py)
-    const std::string cores = std::to_string(sdqes::usable_cores());
-    say("warning: " + std::to_string(threads) + " threads asked of ONNX Runtime, but this process may use " + cores +
-        " core(s); using " + cores + " (more would only take turns on them)");
+  } else if (const int cores = sdqes::usable_cores(); threads > cores) {  // the Python runtime's words (cores.py)
+    say("warning: " + std::to_string(threads) + " threads asked of ONNX Runtime, but this process may use " +
+        std::to_string(cores) + " core(s); using " + std::to_string(cores) + " (more would only take turns on them)");
   }
   sdqes::OpenedStep engine = sdqes::open_step(bundle, queries, backend, precision, threads);
 #ifdef SDQES_CAN_STREAM

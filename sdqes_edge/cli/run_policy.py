@@ -24,12 +24,17 @@ def add_policy_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--max-alerts", type=at_least(1), help="alerts per query after which it goes quiet")
 
 
+def check_threshold(threshold: float | None) -> None:
+    """--threshold (run's, score's) is a probability, refused in one line naming the option."""
+    if threshold is not None and not 0.0 < threshold < 1.0:
+        raise UserError(f"--threshold {threshold:g} is outside (0, 1): it is a probability sigmoid(cos)")
+
+
 def check_policy_args(args: argparse.Namespace) -> None:
     """Each option named in its refusal (the alert policy's own words name none), before a bundle is loaded. An
     --exit-threshold above a query's own threshold, or the bundle's, is refused as that query is added."""
     threshold, exit_threshold = args.threshold, args.exit_threshold
-    if threshold is not None and not 0.0 < threshold < 1.0:
-        raise UserError(f"--threshold {threshold:g} is outside (0, 1): it is a probability sigmoid(cos)")
+    check_threshold(threshold)
     if exit_threshold is None:
         return
     if not 0.0 <= exit_threshold < 1.0:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, given_flags, path_text, say, show, warn
+from sdqes_edge.cli.run_policy import check_threshold
 from sdqes_edge.contract import FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.files import make_folders, write_text_atomically
@@ -69,8 +70,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def _check_score_args(args: argparse.Namespace) -> None:
     """Conflicts resolved with a warning, mistakes refused up front."""
-    if args.threshold is not None and not 0.0 < args.threshold < 1.0:
-        raise UserError(f"--threshold {args.threshold} is outside (0, 1): it is a probability sigmoid(cos)")
+    check_threshold(args.threshold)
     if args.bench:
         given = given_flags(args, "workers", "threads", "ray", "ray_actors", "shared_bundle", "threshold", "ort_device",
                             "ort_ops")

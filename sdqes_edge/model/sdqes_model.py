@@ -6,14 +6,13 @@ temperature) and ``p = sigmoid(logit)``; all queries in one matrix product.
 
 from __future__ import annotations
 
-import numbers
 from typing import Sequence
 
 import torch
 from torch import nn
 
 from sdqes_edge.config import ModelConfig
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, is_whole_number
 from sdqes_edge.tokenizer import default_tokenizer
 
 from .image_tower import ImageTower
@@ -63,6 +62,9 @@ class SDQESModel(nn.Module):
 
     def _check_frames(self, frames: object, call: str, window: bool) -> None:
         size = self.cfg.vision.image_size
+        if (isinstance(frames, torch.Tensor) and frames.is_floating_point() and frames.dim() == (5 if window else 4)
+                and tuple(frames.shape[-3:]) == (3, size, size)):
+            return  # every call with its frames right: the refusals' words are made only for a refusal
         layout = f"[B, T, 3, {size}, {size}]" if window else f"[B, 3, {size}, {size}]"
         if not isinstance(frames, torch.Tensor):
             hint = ": torch.from_numpy(frames)" if type(frames).__module__ == "numpy" else ""
@@ -70,9 +72,7 @@ class SDQESModel(nn.Module):
         if not frames.is_floating_point():
             raise UserError(f"{call} takes normalized float frames (CLIP's transform, or "
                             f"sdqes_edge.runtime.preprocess.Preprocessor), not {frames.dtype}")
-        if frames.dim() != (5 if window else 4) or tuple(frames.shape[-3:]) != (3, size, size):
-            raise UserError(f"{call} takes frames {layout} (this model's image size is {size}), not "
-                            f"{list(frames.shape)}")
+        raise UserError(f"{call} takes frames {layout} (this model's image size is {size}), not {list(frames.shape)}")
 
     def _check_state(self, state: object, batch: int) -> None:
         count = self._state_count
@@ -87,7 +87,7 @@ class SDQESModel(nn.Module):
 
     def init_state(self, batch: int = 1):
         # torch refused -1 as "negative dimension", and 0 made a state of no streams that failed at the first step
-        if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1:
+        if not is_whole_number(batch, least=1):
             raise UserError(f"init_state takes the number of streams, a whole number of at least 1, not {batch!r}")
         return self.visual.init_state(int(batch))
 
