@@ -3,6 +3,7 @@ and the demo can read them on a device without torch."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .config import DEFAULT_FPS, ModelConfig, preset, with_authors_adapter
@@ -63,10 +64,11 @@ class TrainOptions:
     def check(self) -> "TrainOptions":
         from .synthetic import stream_length_problem  # numpy: the command line's parsers import this module
 
-        # "not > 0" refuses NaN too; a negative --grad-clip (a norm bound) would flip every gradient.
+        # "not 0 < x" refuses NaN too; a negative --grad-clip (a norm bound) would flip every gradient, and an
+        # infinite rate, weight or decay turns every weight to NaN (the command line's parsers refuse it too).
         problems = [f"--{name.replace('_', '-')} must be positive, not {getattr(self, name)}"
                     for name in ("fps", "stream_seconds", "lr", "pos_weight", "grad_clip")
-                    if getattr(self, name) is not None and not getattr(self, name) > 0]
+                    if getattr(self, name) is not None and not 0 < getattr(self, name) < math.inf]
         positive = self.fps > 0 and self.stream_seconds > 0
         if positive and (too_short := stream_length_problem(self.stream_seconds, self.fps)):
             problems.append(f"{too_short}; raise --stream-seconds or --fps")
@@ -79,7 +81,7 @@ class TrainOptions:
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
         problems += [f"--{name.replace('_', '-')} must be 0 or more, not {getattr(self, name)}"
-                     for name in ("weight_decay", "warmup_steps") if not getattr(self, name) >= 0]
+                     for name in ("weight_decay", "warmup_steps") if not 0 <= getattr(self, name) < math.inf]
         if not 0 <= self.seed <= MAX_SEED:
             problems.append(f"--seed must be from 0 to {MAX_SEED}, not {self.seed}")
         if self.threads is not None and self.threads < 1:

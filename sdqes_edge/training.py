@@ -32,6 +32,7 @@ import torch
 
 from . import __version__
 from .config import ModelConfig
+from .errors import UserError
 from .evaluation import calibrate_thresholds
 from .files import make_folders, replaced_atomically, write_text_atomically
 from .metrics import EvalResult, ScoreTrace, evaluate
@@ -304,15 +305,24 @@ def _fit(model, options: TrainOptions, train_set: StreamSet, token_ids: torch.Te
         query_emb = model.text(token_ids)  # [Q, E]
         cosine = frame_emb @ query_emb.T  # [B, w, Q]: the logits, no temperature
         loss = torch.nn.functional.binary_cross_entropy_with_logits(cosine, labels, pos_weight=pos_weight)
+        losses.append(loss.item())
+        if not math.isfinite(losses[-1]):  # the weights are lost: every later step, and the checkpoint, is NaN
+            raise UserError(_divergence(step, losses[-1], options))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), options.grad_clip)
         optimizer.step()
-        losses.append(loss.item())
         if hasattr(bar, "set_postfix") and step % 10 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
     model.eval()
     return losses
+
+
+def _divergence(step: int, loss: float, options: TrainOptions) -> str:
+    """Why training stopped at ``step`` (0-based), with the options that set its pace."""
+    return (f"training diverged: the loss became {loss} at step {step + 1} of {options.steps} (learning rate "
+            f"{_learning_rate(step, options):g}); no checkpoint was written; lower --lr (now {options.lr:g}) or "
+            f"--grad-clip (now {options.grad_clip:g})")
 
 
 def make_splits(options: TrainOptions, cfg: ModelConfig, catalogue: list[CatalogueQuery],

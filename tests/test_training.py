@@ -68,6 +68,9 @@ def test_splits_draw_from_disjoint_seed_ranges_that_the_demo_avoids():
     (dict(weight_decay=-0.1), "^--weight-decay must be 0 or more, not -0.1$"),
     (dict(warmup_steps=-5), "^--warmup-steps must be 0 or more, not -5$"),
     (dict(threads=0), "--threads must be at least 1"),
+    # The command line's parsers refuse infinity; the Python API trained on it into NaN weights.
+    (dict(lr=float("inf")), "^--lr must be positive, not inf$"),
+    (dict(weight_decay=float("inf")), "^--weight-decay must be 0 or more, not inf$"),
     (dict(fps=0.0), r"^--fps must be positive, not 0.0$"),
     (dict(seed=-1), "--seed must be from 0 to 4294967295, not -1"),  # numpy's generator refused it in a traceback
     # The lamp started after the end of some 10-s videos: their labels held an event the frames never showed.
@@ -237,3 +240,15 @@ def test_a_second_training_of_the_same_model_into_its_folder_is_refused_rather_t
         f"sdqes-edge: error: {first} exists, made by `sdqes-edge train --adapter qrnn --seed 0`; give another --out "
         f"(e.g. {tmp_path}-2) to keep it, or delete it to train that model again")
     assert first.read_bytes() == b"the seed-0 model"
+
+
+def test_a_run_whose_loss_turns_to_nan_stops_in_one_line_and_writes_no_checkpoint(tmp_path):
+    """A learning rate of 1e30 made every weight NaN by the second step, and training ran to its end, wrote the NaN
+    model, calibrated a NaN threshold and printed `export ... --threshold nan` as the next command."""
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "train", "--lr", "1e30", *small_options(),
+                           "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "sdqes-edge: error: training diverged: the loss became nan at step 2 of 3 (learning rate 1e+30); no "
+        "checkpoint was written; lower --lr (now 1e+30) or --grad-clip (now 1)")
+    assert "Traceback" not in done.stderr and not list(tmp_path.glob("*.pt")) and "next:" not in done.stdout
