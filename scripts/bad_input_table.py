@@ -38,8 +38,7 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
 
     return [
         ("bundle folder does not exist", bundle("nope")), ("a file given as the bundle", bundle("garbage.mp4")),
-        ("manifest is not JSON", bundle("garbled")),
-        ("a graph changed after export", bundle("changed")),
+        ("manifest is not JSON", bundle("garbled")), ("a graph changed after export", bundle("changed")),
         ("manifest names a file outside the bundle", bundle("escaping")),
         ("a graph reads its weights from a file outside the bundle", bundle("reaching")),
         ("bundle of a newer format", bundle("newer")),
@@ -115,20 +114,19 @@ def export_cases(t: Path) -> list[tuple[str, list[str]]]:
         ("export: checkpoint that is not a checkpoint", ["export", "--checkpoint", str(t / "garbage.mp4"),
                                                          "--out", str(t / "x")]),
         ("export: checkpoint cut short", ["export", "--checkpoint", str(t / "half.pt"), "--out", str(t / "x")]),
-        ("export: a folder given as the checkpoint", ["export", "--checkpoint", str(t / "photos"),
-                                                      "--out", str(t / "x")]),
+        ("export: a folder as the checkpoint", ["export", "--checkpoint", str(t / "photos"), "--out", str(t / "x")]),
         ("export: one shard of sharded weights given as the checkpoint",
          ["export", "--checkpoint", str(t / "sharded" / "model-00001-of-00002.safetensors"), "--out", str(t / "x")]),
-        ("export: a transformers CLIP vision tower alone", ["export", "--checkpoint",
-                                                            str(t / "hf-vision" / "model.safetensors"),
-                                                            "--out", str(t / "x")]),
-        ("export: a model config given as the checkpoint", ["export", "--checkpoint",
-                                                            str(t / "hf-vision" / "config.json"),
-                                                            "--out", str(t / "x")]),
+        ("export: a transformers CLIP vision tower alone",
+         ["export", "--checkpoint", str(t / "hf-vision" / "model.safetensors"), "--out", str(t / "x")]),
+        ("export: a model config given as the checkpoint",
+         ["export", "--checkpoint", str(t / "hf-vision" / "config.json"), "--out", str(t / "x")]),
         ("export: an open_clip config asking for bilinear resizing",
          ["export", "--checkpoint", str(t / "bilinear" / "open_clip_model.safetensors"), "--out", str(t / "x")]),
         ("export: a text tower trained with another tokenizer", ["export", "--checkpoint", str(t / "other-vocab.pt"),
                                                                  "--out", str(t / "x")]),
+        ("export: a checkpoint saved after training diverged (NaN weights)",
+         ["export", "--checkpoint", str(t / "diverged.pt"), "--out", str(t / "x")]),
         ("export: empty query", ["export", "--preset", "tiny", "--query", "", "--out", str(t / "x")]),
         ("export: head count that does not divide the width", ["export", "--checkpoint", str(t / "tiny.pt"),
                                                                "--vision-heads", "3", "--out", str(t / "x")]),
@@ -312,6 +310,8 @@ def _checkpoint_files(t: Path, clip_state: dict) -> None:
         {"model_cfg": model_cfg, "preprocess_cfg": {"interpolation": "bilinear"}}))
     torch.save(dict(clip_state, **{"token_embedding.weight": clip_state["token_embedding.weight"][:1000]}),
                t / "other-vocab.pt")
+    torch.save(dict(clip_state, **{"visual.ln_pre.bias": clip_state["visual.ln_pre.bias"] * float("nan")}),
+               t / "diverged.pt")
     (t / "sharded").mkdir()  # what save_pretrained writes for large weights: shards and the index listing them
     halves = [dict(list(clip_state.items())[k::2]) for k in range(2)]
     for k, half in enumerate(halves):

@@ -185,6 +185,15 @@ def load_state_dict_strict(model: SDQESModel, clip_state: dict[str, torch.Tensor
     model.load_state_dict(given, strict=True)
 
 
+def refuse_non_finite_weights(weights: dict[str, torch.Tensor], holder: str, fix: str) -> None:
+    """Refuse weights with a NaN or an infinity, naming them: one makes every score NaN, and the exporter's check
+    then blamed the graph it had made ("the exported graph does not match the model")."""
+    broken = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if broken:
+        raise UserError(f"{holder} holds NaN or infinite weights in {_listing(broken)}: every score the model would "
+                        f"give is NaN (did its training diverge?); {fix}")
+
+
 # The file names hub repositories give every model's weights: the folder names the model instead.
 HUB_FILE_STEMS = ("model", "pytorch_model", "open_clip_model", "open_clip_pytorch_model")
 HUB_CACHE_SNAPSHOT = re.compile(r"models--[^/]+--(?P<name>[^/]+)/snapshots/[0-9a-f]{40}$")  # huggingface_hub's cache
@@ -209,6 +218,7 @@ def model_from_checkpoint(ckpt: LoadedCheckpoint, path: str, config: ModelConfig
         config = infer_config(ckpt.state_dict, name=model_name(path), **infer_overrides)
     model = SDQESModel(config)
     load_state_dict_strict(model, ckpt.state_dict)
+    refuse_non_finite_weights(ckpt.state_dict, f"checkpoint {path}", "give a checkpoint whose weights are finite")
     return model.eval()
 
 

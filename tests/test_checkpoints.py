@@ -160,6 +160,20 @@ def test_missing_keys_are_listed(tmp_path):
         load_model(path)
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_checkpoint_with_nan_or_infinite_weights_is_refused_naming_them(value, tmp_path):
+    """Saved after training diverged: the exporter built its graph, then blamed it ("the exported graph does not
+    match the model ... please report this"), since NaN matches nothing."""
+    state = random_model("qrnn").clip_state_dict()
+    state["visual.ln_pre.bias"][3] = value
+    state["visual.transformer.resblocks.0.adapter1.qrnn_down.weight"][0, 0] = value
+    path = str(tmp_path / "diverged.pt")
+    torch.save(state, path)
+    named = r"visual.ln_pre.bias, visual.transformer.resblocks.0.adapter1.qrnn_down.weight"
+    with pytest.raises(UserError, match=rf"^checkpoint {path} holds NaN or infinite weights in {named}: .*finite$"):
+        load_model(path)
+
+
 def test_a_checkpoint_that_is_not_clip_is_refused(tmp_path):
     path = str(tmp_path / "resnet.pt")
     torch.save({"conv1.weight": torch.zeros(3, 3, 7, 7), "fc.weight": torch.zeros(10, 5)}, path)

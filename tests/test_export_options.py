@@ -119,6 +119,22 @@ def test_export_bundle_given_something_other_than_a_model_and_its_options_says_w
     assert not (tmp_path / "bundle").exists()
 
 
+def test_a_model_whose_weights_turned_nan_is_refused_before_anything_is_traced(tmp_path):
+    """Its graph was traced and then found not to match the model ("please report this"): NaN matches nothing."""
+    import torch
+    from runtime_fixtures import random_model
+
+    from sdqes_edge.export import export_bundle
+
+    model = random_model("qrnn")
+    with torch.no_grad():
+        model.text.ln_final.weight[0] = float("nan")
+    with pytest.raises(UserError, match=r"^the model holds NaN or infinite weights in text.ln_final.weight: .*"
+                                        r"export it from before its weights turned NaN$"):
+        export_bundle(model, tmp_path / "bundle", log=lambda line: None)
+    assert not (tmp_path / "bundle").exists()
+
+
 def test_a_model_exported_between_training_steps_is_left_training(tmp_path):
     """Export runs the model in eval mode; the user's model was left in it, its dropout off for the steps after."""
     from runtime_fixtures import random_model
