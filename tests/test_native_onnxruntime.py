@@ -67,6 +67,21 @@ def test_sdqes_run_on_onnx_runtime_alerts_frame_for_frame_as_sdqes_edge_run_does
           f"within {largest:.1e}")
 
 
+def test_threads_past_the_cores_are_brought_down_to_them_with_a_warning_naming_the_number_asked(sdqes_run_on_the_cpu,
+                                                                                                bundle, video):
+    """As the Python runtime words it (runtime/cores.py); the warning said 1024 for any larger number, which sdqes-run
+    took first."""
+    from sdqes_edge.runtime.cores import usable_cores
+
+    done = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--threads", "5000", "--max-frames",
+                           "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    cores = usable_cores()
+    assert done.stderr.splitlines()[0] == (f"sdqes-run: warning: 5000 threads asked of ONNX Runtime, but this process "
+                                           f"may use {cores} core(s); using {cores} (more would only take turns on "
+                                           "them)")
+
+
 def test_a_restarted_sdqes_run_keeps_each_querys_alert_count_with_state(sdqes_run_on_the_cpu, bundle, video,
                                                                         tmp_path):
     """A service restarted after a lost camera or a reboot gave a reminder asked once (--max-alerts 1) again."""

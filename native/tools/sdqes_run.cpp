@@ -902,15 +902,15 @@ int run(int argc, char** argv) {
     throw sdqes::Error("--precision " + precision + " is not one of fp16, fp32, int8");
   }
   // 0: ONNX Runtime's default, a thread per core
-  const int threads = o.count("--threads") ? static_cast<int>(std::min<int64_t>(
-                                                 whole_number("--threads", o.at("--threads"), 1), 1024))
-                                           : 0;
-  if (threads > 0 && backend == "tensorrt") {
+  const int64_t asked = o.count("--threads") ? whole_number("--threads", o.at("--threads"), 1) : 0;
+  const int cores = sdqes::usable_cores();
+  if (asked > 0 && backend == "tensorrt") {
     say("warning: --threads is for the ONNX Runtime backend; TensorRT steps on the GPU, so it is left out");
-  } else if (const int cores = sdqes::usable_cores(); threads > cores) {  // the Python runtime's words (cores.py)
-    say("warning: " + std::to_string(threads) + " threads asked of ONNX Runtime, but this process may use " +
+  } else if (asked > cores) {  // the Python runtime's words (cores.py)
+    say("warning: " + std::to_string(asked) + " threads asked of ONNX Runtime, but this process may use " +
         std::to_string(cores) + " core(s); using " + std::to_string(cores) + " (more would only take turns on them)");
   }
+  const int threads = static_cast<int>(std::min<int64_t>(asked, cores));
   sdqes::OpenedStep engine = sdqes::open_step(bundle, queries, backend, precision, threads);
 #ifdef SDQES_CAN_STREAM
   return stream(bundle, queries, states, sources, engine, max_frames, o.count("--events") ? o.at("--events") : "",
