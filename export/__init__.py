@@ -8,6 +8,8 @@ The names below are loaded on first use, so the command line can describe
 its export options without importing torch.
 """
 
+from __future__ import annotations
+
 from importlib import import_module
 
 _LAZY = {"ExportOptions": "exporter", "ExportResult": "exporter", "Query": "exporter", "export_bundle": "exporter",
@@ -20,3 +22,7 @@ def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -5,6 +5,8 @@ and tokenizer are torch-free so the runtime can use them on a device. The
 torch model lives in ``sdqes_edge.model``.
 """
 
+from __future__ import annotations
+
 from .config import ADAPTER_KINDS, PRESETS, ModelConfig, preset
 from .errors import UserError
 
@@ -22,3 +24,7 @@ def __getattr__(name: str):
 
 __all__ = ["ADAPTER_KINDS", "PRESETS", "ModelConfig", "preset", "UserError", "StateSpec", "StateTensorSpec",
            "__version__"]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
