@@ -141,6 +141,9 @@ class AnnotatedVideoSink(Sink):
 
     BANNER_SECONDS = 2.0
     MIN_HEIGHT = 360  # smaller frames are enlarged (whole pixels) so that the bars and text stay readable
+    # ... but never past 4K UHD's width, which players decode: a 2048x1 line-scan camera's frames became 737,280
+    # pixels wide. Frames that wide are shown at their size (or enlarged as far as fits), between black bars.
+    MAX_ENLARGED_WIDTH = 3840
 
     def __init__(self, path: str | Path, fps: float, thresholds: Callable[[], dict[str, float]], stream: int = 0,
                  segment_seconds: float | None = None, first_frame: int = 0, keep_seconds: float | None = None,
@@ -185,14 +188,16 @@ class AnnotatedVideoSink(Sink):
         self._lock = hold(self.path, "AnnotatedVideoSink", ANNOTATED_VIDEO)  # another process's: refused
 
     def _canvas(self, frame_bgr: np.ndarray) -> np.ndarray:
-        """The frame at the video's size, which the first frame sets (small frames enlarged by whole pixels).
+        """The frame at the video's size, which the first frame sets (small frames enlarged by whole pixels, as far as
+        MAX_ENLARGED_WIDTH allows).
         A frame of another size (an image folder of mixed sizes, a camera that renegotiates) is fitted inside it,
         centred between black bars: OpenCV's writer silently drops every frame whose size differs from its own."""
         fh, fw = frame_bgr.shape[:2]
         if self._size is None:
-            self._first_shape, self._scale = (fh, fw), -(-self.MIN_HEIGHT // fh)  # ceil: 96-px frames become 384 px
-            self._size = (fw * self._scale, fh * self._scale)
-        if (fh, fw) == self._first_shape:
+            self._first_shape = (fh, fw)
+            self._scale = max(1, min(-(-self.MIN_HEIGHT // fh), self.MAX_ENLARGED_WIDTH // fw))  # ceil: 96 -> 384 px
+            self._size = (fw * self._scale, max(fh * self._scale, self.MIN_HEIGHT))
+        if (fh, fw) == self._first_shape and fh * self._scale == self._size[1]:  # not between bars
             return frame_bgr.copy() if self._scale == 1 else cv2.resize(
                 frame_bgr, None, fx=self._scale, fy=self._scale, interpolation=cv2.INTER_NEAREST)
         w, h = self._size

@@ -42,6 +42,28 @@ def test_segments_each_hold_their_stretch_of_stream_time_under_names_of_their_ow
     assert whole.written == [tmp_path / "whole.avi"] and frames_in(tmp_path / "whole.avi") == 5
 
 
+@pytest.mark.parametrize("frame_shape, video_shape", [
+    ((48, 64), (384, 512)),  # a small frame: enlarged by whole pixels to at least 360 rows, the bars readable
+    ((1, 2048), (360, 2048)),  # a line-scan camera's: 737,280 pixels wide, which no player opens
+    ((16, 640), (360, 3840)),  # enlarged as far as 4K's width goes, between black bars
+    ((16, 5760), (360, 5760)),  # wider than 4K already: its own size
+])
+def test_small_frames_are_enlarged_but_never_past_4k_width_the_rest_of_the_height_black(frame_shape, video_shape,
+                                                                                       tmp_path):
+    sink = AnnotatedVideoSink(tmp_path / "annotated.avi", 1.0, lambda: {"q1": 0.5})
+    for t in range(2):
+        sink.on_frame(0, np.full((*frame_shape, 3), 200, np.uint8), float(t), {"q1": 0.1}, [])
+    sink.close()
+    video = cv2.VideoCapture(str(tmp_path / "annotated.avi"))
+    ok, first = video.read()
+    assert ok and first.shape[:2] == video_shape and frames_in(tmp_path / "annotated.avi") == 2
+    shown = frame_shape[0] * video_shape[1] // frame_shape[1]  # its rows in the video
+    top = (video_shape[0] - shown) // 2
+    assert first[top : top + shown + 1, video_shape[1] // 2].max() > 150  # the frame, centred (one row: MJPG blurs)
+    above, below = first[: max(top - 8, 0)], first[top + shown + 8 : -60]  # the bars at the bottom aside
+    assert above.max(initial=0) < 40 and below.max(initial=0) < 40  # black
+
+
 @pytest.mark.parametrize("seconds", [0, -1.0, float("nan"), True, "10"])
 @pytest.mark.parametrize("name", ["segment_seconds", "keep_seconds"])
 def test_a_segment_length_or_age_is_a_positive_number_of_seconds(tmp_path, name, seconds):
