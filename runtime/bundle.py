@@ -46,8 +46,15 @@ def _reexport_hint(root: Path) -> str:
 
 @dataclass(frozen=True)
 class Bundle:
+    """A bundle read and checked by ``load_bundle``."""
+
     root: Path
-    manifest: dict[str, Any]
+    manifest: dict[str, Any] = None  # None only to refuse Bundle(path) in words
+
+    def __post_init__(self) -> None:
+        if self.manifest is None:  # Bundle(path) failed as "missing 1 required positional argument: 'manifest'"
+            raise UserError(f"a bundle is read with load_bundle({str(self.root)!r}), which checks its manifest and "
+                            "the sha256 of every file; StreamingDetector and make_backend take its path too")
 
     @property
     def state_spec(self) -> StateSpec:

@@ -7,6 +7,7 @@ A copy of the same bundle is the same model, and is accepted. What makes the par
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -96,3 +97,12 @@ def test_the_parts_are_made_from_a_bundles_path_as_from_the_loaded_bundle(bundle
     assert shared.backend.spec == make_backend(bundles["ours"]).spec
     with pytest.raises(UserError, match=r"^a bundle is a path \(a str or a pathlib.Path\), not a int$"):
         text_encoder_for(3)
+
+
+def test_a_bundle_made_from_its_path_alone_is_refused_naming_load_bundle(bundles):
+    """Bundle is public, and Bundle(path) failed as "missing 1 required positional argument: 'manifest'"."""
+    from sdqes_edge.runtime import Bundle
+
+    path = str(bundles["ours"].root)
+    with pytest.raises(UserError, match=rf"^a bundle is read with load_bundle\('{re.escape(path)}'\), which checks "):
+        Bundle(path)
