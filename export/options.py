@@ -113,9 +113,12 @@ def _type_problems(options: ExportOptions) -> list[str]:
 
 
 def _query_problems(queries: tuple[Query, ...]) -> list[str]:
-    """A query's label is text and its own threshold a probability, as the bundle's loader will check them."""
-    problems = [f"the label of the query {q.text!r} is text, not {q.label!r}" for q in queries
-                if q.label is not None and not isinstance(q.label, str)]
+    """A query's alert message and label are text and its own threshold a probability, as the bundle's loader will
+    check them (a message of 5 was written, and the bundle was then refused by every runtime)."""
+    problems = [f"the alert message (response) of the query {q.text!r} is text, not {q.response!r}" for q in queries
+                if not isinstance(q.response, str)]
+    problems += [f"the label of the query {q.text!r} is text, not {q.label!r}" for q in queries
+                 if q.label is not None and not isinstance(q.label, str)]
     problems += [f"the threshold of the query {q.text!r} is a probability sigmoid(cos) in (0, 1), not {q.threshold!r}"
                  for q in queries if q.threshold is not None and not is_probability(q.threshold)]
     return problems

@@ -249,8 +249,11 @@ def test_a_new_threshold_the_runs_policy_refuses_keeps_the_old_one_and_is_tried_
     (Query(KETTLE, "Tea!", None, 1.5), f"the threshold of the query {KETTLE!r} is a probability"),
     (Query(KETTLE, "Tea!", None, True), "not True"),
     (Query(KETTLE, "Tea!", 3), f"the label of the query {KETTLE!r} is text, not 3"),
+    # Written as it was, and the bundle then refused by every runtime ("queries.json is not a list of ...").
+    (Query(KETTLE, 5), f"the alert message (response) of the query {KETTLE!r} is text, not 5"),
+    (Query(KETTLE, None), f"the alert message (response) of the query {KETTLE!r} is text, not None"),
 ])
-def test_export_refuses_a_query_whose_label_or_threshold_the_bundle_could_not_hold(query, says):
+def test_export_refuses_a_query_whose_message_label_or_threshold_the_bundle_could_not_hold(query, says):
     with pytest.raises(UserError, match=re.escape(says)):
         check_options(ExportOptions(queries=(query,)), warn=lambda m: None)
     assert check_options(ExportOptions(queries=(Query(KETTLE, "Tea!", "boil", np.float32(0.75)),)),
