@@ -110,7 +110,8 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     if not isinstance(model, SDQESModel):  # a state dict or a checkpoint's path failed on a missing attribute
         raise UserError(f"export_bundle takes an SDQESModel, not a {type(model).__name__}; from a checkpoint: "
                         "model, _ = sdqes_edge.checkpoints.load_model(path)")
-    refuse_non_finite_weights(model.state_dict(), "the model", "export it from before its weights turned NaN")
+    refuse_non_finite_weights(model.state_dict(), "the model",
+                              "did its training diverge? Export it from before its weights turned NaN")
     out = Path(out)
     options = check_options(options or ExportOptions(), lambda m: log(f"{WARNING_PREFIX}{m}"),
                             model.cfg.text.context_length)

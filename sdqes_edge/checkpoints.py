@@ -191,7 +191,7 @@ def refuse_non_finite_weights(weights: dict[str, torch.Tensor], holder: str, fix
     broken = [k for k, v in weights.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
     if broken:
         raise UserError(f"{holder} holds NaN or infinite weights in {_listing(broken)}: every score the model would "
-                        f"give is NaN (did its training diverge?); {fix}")
+                        f"give is NaN; {fix}")
 
 
 # The file names hub repositories give every model's weights: the folder names the model instead.
@@ -218,7 +218,8 @@ def model_from_checkpoint(ckpt: LoadedCheckpoint, path: str, config: ModelConfig
         config = infer_config(ckpt.state_dict, name=model_name(path), **infer_overrides)
     model = SDQESModel(config)
     load_state_dict_strict(model, ckpt.state_dict)
-    refuse_non_finite_weights(ckpt.state_dict, f"checkpoint {path}", "give a checkpoint whose weights are finite")
+    refuse_non_finite_weights(ckpt.state_dict, f"checkpoint {path}",
+                              "was it saved after training diverged? Give a checkpoint whose weights are finite")
     return model.eval()
 
 

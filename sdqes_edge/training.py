@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from . import __version__
+from .checkpoints import refuse_non_finite_weights
 from .config import ModelConfig
 from .errors import UserError
 from .evaluation import calibrate_thresholds
@@ -234,6 +235,9 @@ def train(options: TrainOptions, out_dir: str | Path, log: Callable[[str], None]
     token_ids = torch.from_numpy(default_tokenizer(cfg.text.context_length).tokenize([q.text for q in catalogue]))
     pos_weight = torch.tensor(options.pos_weight or balanced_pos_weight(data["train"].labels))
     losses = _fit(model, options, data["train"], token_ids, pos_weight, progress)
+    # A last update of NaN gradients under a finite loss (which _fit checks) would be saved as the model.
+    refuse_non_finite_weights(model.state_dict(), "training diverged at its last step: the model",
+                              _lower_the_pace(options))
     train_seconds = time.perf_counter() - started - data_seconds
 
     embed_stream, encode_queries = torch_scorers(model)
@@ -321,8 +325,11 @@ def _fit(model, options: TrainOptions, train_set: StreamSet, token_ids: torch.Te
 def _divergence(step: int, loss: float, options: TrainOptions) -> str:
     """Why training stopped at ``step`` (0-based), with the options that set its pace."""
     return (f"training diverged: the loss became {loss} at step {step + 1} of {options.steps} (learning rate "
-            f"{_learning_rate(step, options):g}); no checkpoint was written; lower --lr (now {options.lr:g}) or "
-            f"--grad-clip (now {options.grad_clip:g})")
+            f"{_learning_rate(step, options):g}); {_lower_the_pace(options)}")
+
+
+def _lower_the_pace(options: TrainOptions) -> str:
+    return f"no checkpoint was written; lower --lr (now {options.lr:g}) or --grad-clip (now {options.grad_clip:g})"
 
 
 def make_splits(options: TrainOptions, cfg: ModelConfig, catalogue: list[CatalogueQuery],

@@ -130,7 +130,7 @@ def test_a_model_whose_weights_turned_nan_is_refused_before_anything_is_traced(t
     with torch.no_grad():
         model.text.ln_final.weight[0] = float("nan")
     with pytest.raises(UserError, match=r"^the model holds NaN or infinite weights in text.ln_final.weight: .*"
-                                        r"export it from before its weights turned NaN$"):
+                                        r"did its training diverge\? Export it from before its weights turned NaN$"):
         export_bundle(model, tmp_path / "bundle", log=lambda line: None)
     assert not (tmp_path / "bundle").exists()
 

@@ -252,3 +252,20 @@ def test_a_run_whose_loss_turns_to_nan_stops_in_one_line_and_writes_no_checkpoin
         "sdqes-edge: error: training diverged: the loss became nan at step 2 of 3 (learning rate 1e+30); no "
         "checkpoint was written; lower --lr (now 1e+30) or --grad-clip (now 1)")
     assert "Traceback" not in done.stderr and not list(tmp_path.glob("*.pt")) and "next:" not in done.stdout
+
+
+def test_a_last_update_that_turns_the_weights_nan_under_a_finite_loss_writes_no_checkpoint(tmp_path, monkeypatch):
+    """The loss is checked before each update; the update after the last loss is checked in the weights."""
+    step = torch.optim.AdamW.step
+
+    def poisoned(self, *args, **kwargs):  # NaN gradients, as a backward through a zero norm gives
+        for group in self.param_groups:
+            for parameter in group["params"]:
+                parameter.grad = torch.full_like(parameter, float("nan"))
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", poisoned)
+    with pytest.raises(UserError, match=r"^training diverged at its last step: the model holds NaN or infinite "
+                                        r"weights in .*; no checkpoint was written; lower --lr \(now 0.002\)"):
+        train(dataclasses.replace(SMALL, steps=1), tmp_path, log=lambda _: None)
+    assert not list(tmp_path.glob("*.pt"))
