@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+RESULTS_FILE = "bench.json"  # in the results folder, with bench.md and the plots
 BACKENDS = ("torch", "ort_fp32", "ort_int8")
 BACKEND_TITLES = {"torch": "PyTorch eager", "ort_fp32": "ORT fp32", "ort_int8": "ORT int8", "trt_fp16": "TensorRT fp16"}
 

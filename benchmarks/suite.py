@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from sdqes_edge.benchmarks.alerting import bench_alerting
-from sdqes_edge.benchmarks.config import BACKENDS, BenchConfig
+from sdqes_edge.benchmarks.config import BACKENDS, RESULTS_FILE, BenchConfig
 from sdqes_edge.benchmarks.device import bench_device, bench_device_batches, bench_device_scaling, check_device
 from sdqes_edge.benchmarks.end_to_end import bench_end_to_end, bench_precisions
 from sdqes_edge.benchmarks.machine_load import other_processes_cores, read_cpu_clock
@@ -347,9 +347,9 @@ def _run(cfg: BenchConfig, log: Callable[[str], None]) -> tuple[dict, list[Path]
             # A run cut short (a time limit on a lent GPU, Ctrl-C) keeps every section it finished.
             results["seconds"] = time.perf_counter() - started
             results["machine"]["other_processes_cores"] = other_processes_cores(clock, read_cpu_clock())
-            write_text_atomically(out / "bench.json", json.dumps({**results, "complete": False}, indent=2))
+            write_text_atomically(out / RESULTS_FILE, json.dumps({**results, "complete": False}, indent=2))
     results["complete"] = True
-    write_text_atomically(out / "bench.json", json.dumps(results, indent=2))
+    write_text_atomically(out / RESULTS_FILE, json.dumps(results, indent=2))
     (out / "bench.md").write_text(markdown(results))
     drawn = plots(results, out) if can_plot and not cfg.device_only else []  # the plots draw the CPU sections
-    return results, [out / "bench.json", out / "bench.md", *drawn]
+    return results, [out / RESULTS_FILE, out / "bench.md", *drawn]

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from sdqes_edge.benchmarks.config import QUICK, BenchConfig
+from sdqes_edge.benchmarks.config import QUICK, RESULTS_FILE, BenchConfig
 from sdqes_edge.cli.common import (
     PROG,
     UniqueValues,
@@ -14,11 +14,13 @@ from sdqes_edge.cli.common import (
     at_least,
     onnxruntime_gpu_here,
     path_text,
+    say,
     show,
     warn,
 )
 from sdqes_edge.config import ADAPTER_KINDS, preset
 from sdqes_edge.errors import UserError
+from sdqes_edge.files import free_name
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -43,6 +45,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if preset(cfg.preset).adapter.kind != "none":  # refuse before minutes of work
         raise UserError(f"--preset {cfg.preset} already has an adapter; give a base preset (tiny, clip-vit-b16)")
     check_config(cfg)  # the device too: nothing is printed as started that cannot run
+    if (Path(cfg.out) / RESULTS_FILE).exists():  # `bench --quick` after a 15-minute `bench` replaced its results
+        fresh = free_name(Path(cfg.out))
+        say(f"note: {cfg.out} holds an earlier run's results, which are kept; this run writes to {fresh}")
+        cfg = dataclasses.replace(cfg, out=str(fresh))
     if (note := gpu_left_out_note(cfg)) is not None:
         show(f"{PROG}: note: {note}")
     print(f"benchmarking {cfg.preset} ({'quick' if args.quick else 'full'}: {cfg.repetitions} repetitions); "
@@ -86,7 +92,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--threads", type=at_least(1),
                        help="intra-op threads of ONNX Runtime and of PyTorch alike (default: all cores)")
     bench.add_argument("--no-int8", action="store_true", help="skip the int8 column (saves the quantization)")
-    bench.add_argument("--out", type=path_text, help=f"results folder (default {BenchConfig.out})")
+    bench.add_argument("--out", type=path_text, help=f"results folder (default {BenchConfig.out}); one that holds an "
+                       "earlier run's results is kept, and the run writes to NAME-2 (NAME-3, ...) instead")
     bench.add_argument("--device", choices=("cuda",),
                        help="also measure on this device, side by side: PyTorch eager fp32/fp16, the ONNX Runtime "
                             "step fp32/fp16 (state bound on the device, CUDA graphs), the sliding window with the "
