@@ -167,9 +167,12 @@ def markdown_table(rows: dict[str, EvalResult]) -> str:
     return "\n".join(lines)
 
 
+REPORT_FILE = "eval.json"  # beside eval.md (and eval's plots/) in the results folder
+
+
 def write_reports(out_dir: Path, rows: dict[str, EvalResult], extra: dict) -> tuple[Path, Path]:
     make_folders(out_dir)
-    json_path, md_path = out_dir / "eval.json", out_dir / "eval.md"
+    json_path, md_path = out_dir / REPORT_FILE, out_dir / "eval.md"
     write_text_atomically(json_path, json.dumps({"results": {n: r.to_dict() for n, r in rows.items()}, **extra},
                                                 indent=2))
     notes = [f"- {note}" for note in metric_threshold_notes(rows)]

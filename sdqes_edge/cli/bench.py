@@ -12,15 +12,14 @@ from sdqes_edge.cli.common import (
     UniqueValues,
     add_subcommand,
     at_least,
+    folder_for_new_results,
     onnxruntime_gpu_here,
     path_text,
-    say,
     show,
     warn,
 )
 from sdqes_edge.config import ADAPTER_KINDS, preset
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import free_name
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -45,10 +44,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if preset(cfg.preset).adapter.kind != "none":  # refuse before minutes of work
         raise UserError(f"--preset {cfg.preset} already has an adapter; give a base preset (tiny, clip-vit-b16)")
     check_config(cfg)  # the device too: nothing is printed as started that cannot run
-    if (Path(cfg.out) / RESULTS_FILE).exists():  # `bench --quick` after a 15-minute `bench` replaced its results
-        fresh = free_name(Path(cfg.out))
-        say(f"note: {cfg.out} holds an earlier run's results, which are kept; this run writes to {fresh}")
-        cfg = dataclasses.replace(cfg, out=str(fresh))
+    cfg = dataclasses.replace(cfg, out=folder_for_new_results(cfg.out, RESULTS_FILE))
     if (note := gpu_left_out_note(cfg)) is not None:
         show(f"{PROG}: note: {note}")
     print(f"benchmarking {cfg.preset} ({'quick' if args.quick else 'full'}: {cfg.repetitions} repetitions); "

@@ -11,6 +11,7 @@ import math
 import os
 import shlex
 import sys
+from pathlib import Path
 from typing import TextIO, TypeVar
 
 from sdqes_edge import package_builds
@@ -242,6 +243,18 @@ def show(line: str, file: TextIO | None = None) -> None:
     with its control characters shown, not obeyed; blank lines before it are the layout's own and kept."""
     text = line.lstrip("\n")
     print("\n" * (len(line) - len(text)) + terminal_safe(text), file=file)
+
+
+def folder_for_new_results(out: str, results_file: str) -> str:
+    """``out``, or where it holds an earlier run's ``results_file``, the first free of OUT-2, OUT-3, ... (said): a
+    second run into the same folder replaced the first's results, a 15-minute bench's by a quick one's."""
+    from sdqes_edge.files import free_name
+
+    if not os.path.exists(os.path.join(out, results_file)):
+        return out
+    fresh = str(free_name(Path(out)))
+    say(f"note: {out} holds an earlier run's results, which are kept; this run writes to {fresh}")
+    return fresh
 
 
 def say(message: str) -> None:

@@ -15,6 +15,7 @@ from sdqes_edge.cli.common import (
     add_subcommand,
     at_least,
     finite_number,
+    folder_for_new_results,
     frames_per_second,
     path_text,
     seed_number,
@@ -32,9 +33,10 @@ Methods = Dict[str, Tuple[List, List]]
 def cmd_eval(args: argparse.Namespace) -> int:
     """SR@k / SMD@k of score traces (or baselines) against EgoSDQES-style annotations."""
     from sdqes_edge.annotations import require_annotations
-    from sdqes_edge.evaluation import text_table, write_reports
+    from sdqes_edge.evaluation import REPORT_FILE, text_table, write_reports
 
     target_bundle = _check_eval_args(args)
+    args.out = folder_for_new_results(args.out, REPORT_FILE)  # its plots of other queries were left among the new
     started = time.perf_counter()
     annotations = require_annotations(args.annotations, split=args.split, source=args.source)
     methods = _methods(args, annotations, target_bundle)
@@ -287,6 +289,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--plots", type=at_least(0), default=3, metavar="N",
                     help="plot the N best and N worst queries (default %(default)s)")
     ev.add_argument("--out", type=path_text,
-                    default="sdqes-eval", help="folder for eval.json, eval.md, plots/ (default %(default)s)")
+                    default="sdqes-eval", help="folder for eval.json, eval.md, plots/ (default %(default)s); one that "
+                    "holds an earlier run's eval.json is kept, and the run writes to NAME-2 (NAME-3, ...) instead")
     ev.set_defaults(func=cmd_eval, output_dirs=("out",))
 
