@@ -52,7 +52,7 @@ from sdqes_edge.tokenizer import default_tokenizer, vocab_path
 from . import graphs
 from .bundle_complexity import kernels_in_form, manifest_complexity
 from .drift import VariantDriftError, VariantReport, VerificationError, compare_variant, max_abs_error, run_stream
-from .options import ExportOptions, Query, check_options, check_target
+from .options import ExportOptions, Query, check_options, check_target, thresholds_left_behind
 from .precision import (
     AUTO_FLOAT_BLOCKS,
     BACKBONE_POLICY,
@@ -116,6 +116,8 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     options = check_options(options or ExportOptions(), lambda m: log(f"{WARNING_PREFIX}{m}"),
                             model.cfg.text.context_length)
     check_target(out)
+    if (left_behind := thresholds_left_behind(out)) is not None:
+        log(f"{WARNING_PREFIX}{left_behind}")
     cfg: ModelConfig = model.cfg
     was_training = model.training  # a model exported between training steps goes back to training
     try:

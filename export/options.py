@@ -251,3 +251,25 @@ def _files_export_did_not_write(bundle: Path) -> list[str]:
     own = listed | {MANIFEST_NAME, TRAINING_RECORD_NAME}
     return sorted(name for name in (p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file())
                   if name not in own and not name.startswith(f"{ENGINES_FOLDER}/"))
+
+
+def thresholds_left_behind(out: Path) -> str | None:
+    """What an earlier bundle at ``out`` was given after its export by ``eval --write-threshold`` (a calibrated
+    threshold, thresholds per label, an alert policy), which the new bundle will not have, in words; None if nothing.
+    Export writes the thresholds it is given, for a model that may score otherwise, so they are not carried over;
+    but they were replaced without a word."""
+    try:
+        thresholds = parse_json((out / MANIFEST_NAME).read_text())["thresholds"]
+        chosen = sorted(set(thresholds) - {"default"})  # export writes the default alone
+    except (OSError, ValueError, KeyError, TypeError):  # no bundle there, or a damaged one: nothing to keep
+        return None
+    if not chosen:
+        return None
+    kept = [f"default {thresholds['default']:.4g}" if is_number(thresholds.get("default")) else "a default"]
+    if isinstance(thresholds.get("per_label"), dict) and thresholds["per_label"]:
+        kept.append(f"{len(thresholds['per_label'])} per label")
+    if thresholds.get("policy"):
+        kept.append("an alert policy")
+    return (f"--out {out} holds alert thresholds chosen after its export ({', '.join(kept)}; eval --write-threshold), "
+            "which the new bundle does not keep, since its model may score otherwise: choose them again with "
+            f"`sdqes-edge eval ... --calibrate --write-threshold {out}`")

@@ -283,3 +283,25 @@ def test_set_query_policy_changes_a_querys_threshold_and_label_as_add_query_woul
     with pytest.raises(UserError, match="no query with id 'q9'"):
         detector.set_query_policy("q9", threshold=0.3)
     detector.close()
+
+
+def test_thresholds_chosen_after_export_are_named_as_not_kept_when_the_bundle_is_exported_again(tmp_path):
+    """eval --write-threshold's calibrated threshold, thresholds per label and alert policy were replaced by the new
+    export's default without a word; they are not carried over, since the new model may score otherwise."""
+    from conftest import random_model
+
+    from sdqes_edge.export import export_bundle
+
+    out = tmp_path / "bundle"
+    said: list[str] = []
+    options = ExportOptions(show_progress=False)
+    export_bundle(random_model("qrnn"), out, options, log=said.append)
+    export_bundle(random_model("qrnn"), out, options, log=said.append)
+    assert not [line for line in said if "thresholds chosen" in line]  # export's own default: nothing to say
+    write_thresholds(out, 0.61, {"cook": 0.55}, {"split": "val"}, policy={"cooldown_s": 10.0})
+    export_bundle(random_model("qrnn"), out, options, log=said.append)
+    assert [line for line in said if "thresholds chosen" in line] == [
+        f"warning: --out {out} holds alert thresholds chosen after its export (default 0.61, 1 per label, an alert "
+        "policy; eval --write-threshold), which the new bundle does not keep, since its model may score otherwise: "
+        f"choose them again with `sdqes-edge eval ... --calibrate --write-threshold {out}`"]
+    assert load_bundle(out).manifest["thresholds"] == {"default": ExportOptions().threshold}
