@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import UserError
-from .files import USER_TEXT_ENCODING
+from .files import encoding_name, user_text_encoding
 from .metrics import ScoreTrace, frame_at_or_after
 from .path_checks import path_problem
 
@@ -43,11 +43,12 @@ class Annotation:
 def load_annotations(path: str, split: str | None = None, source: str | None = None) -> list[Annotation]:
     """The annotations of ``path`` (of one split and source, where given), every row checked: a row a user's own
     corpus got wrong is refused naming its line, the column and the value."""
+    encoding = user_text_encoding(path)
     try:
         problem = path_problem(path, "file")
         if problem:
             raise UserError(f"annotation file {path} {problem}; pass the EgoSDQES CSV (egosdqes_all.csv)")
-        with open(path, newline="", encoding=USER_TEXT_ENCODING) as fh:
+        with open(path, newline="", encoding=encoding) as fh:
             reader = csv.DictReader(fh)
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
@@ -55,7 +56,8 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
                                 + other_separator_words(reader.fieldnames))
             rows = [(reader.line_num, r) for r in reader]  # the line a row ends on, for the messages
     except (UnicodeDecodeError, csv.Error) as exc:
-        raise UserError(f"{path} is not a UTF-8 CSV file ({exc}); pass the EgoSDQES CSV (egosdqes_all.csv)") from None
+        raise UserError(f"{path} is not a {encoding_name(encoding)} CSV file ({exc}); pass the EgoSDQES CSV "
+                        "(egosdqes_all.csv)") from None
     out = []
     for i, (line, r) in enumerate(rows):
         if (split and r["split"] != split) or (source and r["source"] != source):
@@ -87,7 +89,7 @@ def require_annotations(path: str, split: str | None = None, source: str | None 
     found = load_annotations(path, split=split, source=source)
     if found:
         return found
-    with open(path, newline="", encoding=USER_TEXT_ENCODING) as fh:  # read and checked whole a moment ago
+    with open(path, newline="", encoding=user_text_encoding(path)) as fh:  # read and checked whole a moment ago
         rows = list(csv.DictReader(fh))
     if not rows:
         raise UserError(f"{path} holds no annotations at all (a header only)")

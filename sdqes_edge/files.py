@@ -18,6 +18,27 @@ from typing import Any, Iterable, Iterator, NoReturn
 # mark that Excel's "CSV UTF-8" and Windows Notepad put first. Read as plain UTF-8 the mark became part of the
 # first column's name ("missing column split") or of the first query's text.
 USER_TEXT_ENCODING = "utf-8-sig"
+# ... unless the file begins with a UTF-16 or UTF-32 byte-order mark (Notepad's "Unicode", Excel's "Unicode Text",
+# PowerShell 5's default): read in that encoding, which the mark names unambiguously. UTF-32's marks first, since
+# UTF-32 LE's begins with UTF-16 LE's.
+MARKED_ENCODINGS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"),
+                    (b"\xfe\xff", "utf-16"))
+
+
+def user_text_encoding(path: str | os.PathLike) -> str:
+    """The encoding to read a user's text file in (``open(path, encoding=...)``): the one its byte-order mark
+    names, else UTF-8 (``USER_TEXT_ENCODING``). A file that cannot be opened is left for the reader to refuse."""
+    try:
+        with open(path, "rb") as fh:
+            start = fh.read(4)
+    except OSError:
+        return USER_TEXT_ENCODING
+    return next((encoding for mark, encoding in MARKED_ENCODINGS if start.startswith(mark)), USER_TEXT_ENCODING)
+
+
+def encoding_name(encoding: str) -> str:
+    """'utf-8-sig' -> 'UTF-8', 'utf-16' -> 'UTF-16': what a refusal calls the encoding a file was read in."""
+    return encoding.upper().replace("-SIG", "")
 
 
 def format_bytes(n: float) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from .checkpoint_files import TRANSFORMERS_FORMAT, is_torchscript
 from .config import CLIP_MEAN, CLIP_MLP_ACTIVATION, CLIP_STD, PreprocessConfig
 from .errors import UserError
-from .files import USER_TEXT_ENCODING, parse_json
+from .files import parse_json, user_text_encoding
 from .path_checks import path_problem
 from .transformers_layout import is_transformers_config, read_transformers_config
 
@@ -63,7 +63,7 @@ def model_config_beside(checkpoint: str, source_format: str | None = None) -> Pa
 
 
 def _read_json(path: Path) -> Any:
-    return parse_json(path.read_text(encoding=USER_TEXT_ENCODING))
+    return parse_json(path.read_text(encoding=user_text_encoding(path)))
 
 
 def _channels(values: Any, what: str, path: Path, positive: bool = False) -> tuple[float, float, float]:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sdqes_edge.annotations import by_video, load_annotations, oracle_traces, random_traces
+from sdqes_edge.annotations import by_video, load_annotations, oracle_traces, random_traces, require_annotations
 from sdqes_edge.errors import UserError
 from sdqes_edge.metrics import calibrate, evaluate
 
@@ -90,6 +90,17 @@ def test_a_csv_a_spreadsheet_separated_with_semicolons_is_refused_saying_so(egos
     semicolons.write_text(egosdqes_csv.read_text(encoding="utf-8").splitlines()[0].replace(",", ";") + "\n")
     with pytest.raises(UserError, match=r"separated by ';', not by commas: save it as comma-separated CSV\)$"):
         load_annotations(str(semicolons))
+
+
+def test_annotations_saved_as_utf16_with_its_byte_order_mark_are_read_as_the_utf8_file_is(egosdqes_csv, tmp_path):
+    """Excel's "Unicode Text" and Notepad's "Unicode": they were refused as "not a UTF-8 CSV file"."""
+    text = "\n".join(egosdqes_csv.read_text(encoding="utf-8").splitlines()[:200]) + "\n"
+    (tmp_path / "utf8.csv").write_text(text, encoding="utf-8")
+    (tmp_path / "utf16.csv").write_bytes(("\ufeff" + text).encode("utf-16-le"))
+    read = load_annotations(str(tmp_path / "utf16.csv"))
+    assert len(read) > 100 and read == load_annotations(str(tmp_path / "utf8.csv"))
+    with pytest.raises(UserError, match="no-such-split"):  # what the file does hold, read again in its encoding
+        require_annotations(str(tmp_path / "utf16.csv"), split="no-such-split")
 
 
 def test_a_short_row_or_a_file_that_is_not_text_is_refused(egosdqes_csv, tmp_path):

@@ -37,6 +37,11 @@ def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, c
     # became part of the first query's text, which then matched no annotation.
     (tmp_path / name).write_text(content, encoding="utf-8-sig")
     assert read_queries_file(str(tmp_path / name)) == queries
+    # Notepad's "Unicode" and Excel's "Unicode Text" are UTF-16 with its byte-order mark, which names the encoding:
+    # they were refused as "not UTF-8 text". UTF-32, which the mark names as surely, too.
+    for encoding in ("utf-16-le", "utf-16-be", "utf-32-le"):
+        (tmp_path / name).write_bytes(("\ufeff" + content).encode(encoding))
+        assert read_queries_file(str(tmp_path / name)) == queries, encoding
     # Named in capitals, as Windows tools may: a .CSV was read as lines, its header "query,response" the first query.
     (tmp_path / name.upper()).write_text(content, encoding="utf-8")
     assert read_queries_file(str(tmp_path / name.upper())) == queries
@@ -60,7 +65,9 @@ def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, c
      r"larger than field limit \(131072\)\); fix that line"),  # was the csv module's traceback
     ("q.csv", "text,message\nwhen I cook,Wash!\n", "needs a 'query' column"),
     ("q.csv", "query;response\nwhen I cook;Wash!\n", "column .*separated by ';', not by commas: save it as comma"),
-    ("q.txt", b"\xff\xfe when I cook", "is not UTF-8 text"),
+    ("q.txt", "été: when I cook".encode("latin-1"), r"is not UTF-8 text \(.*\); save it as UTF-8$"),
+    # A byte-order mark names UTF-16, and the text after it is cut mid-character.
+    ("q.txt", "\ufeffwhen I cook".encode("utf-16-le") + b"\x00", r"is not UTF-16 text \(.*\); save it as UTF-8$"),
 ])
 def test_a_queries_file_that_is_not_a_list_of_queries_is_refused_in_one_line(name, content, says, tmp_path):
     path = tmp_path / name

@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional
 
 from sdqes_edge.annotations import other_separator_words
 from sdqes_edge.errors import UserError
-from sdqes_edge.files import USER_TEXT_ENCODING, parse_json
+from sdqes_edge.files import encoding_name, parse_json, user_text_encoding
 from sdqes_edge.path_checks import path_problem
 from sdqes_edge.runtime.alerts import is_probability
 
@@ -36,10 +36,11 @@ def read_queries_file(path: str) -> list[QueryLine]:
     problem = path_problem(p, "file")
     if problem:
         raise UserError(f"queries file {p} {problem}; give a .txt, .json or .csv file of queries")
+    encoding = user_text_encoding(p)
     try:
-        text = p.read_text(encoding=USER_TEXT_ENCODING)
+        text = p.read_text(encoding=encoding)
     except UnicodeDecodeError as exc:
-        raise UserError(f"{p} is not UTF-8 text ({exc}); save it as UTF-8") from None
+        raise UserError(f"{p} is not {encoding_name(encoding)} text ({exc}); save it as UTF-8") from None
     kind = p.suffix.lower()  # QUERIES.CSV too: read as lines, its header was taken for the first query
     if kind == ".json":
         queries = _json_queries(text, p)
