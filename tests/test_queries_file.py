@@ -66,6 +66,9 @@ def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, c
     ("q.csv", "text,message\nwhen I cook,Wash!\n", "needs a 'query' column"),
     ("q.csv", "query;response\nwhen I cook;Wash!\n", "column .*separated by ';', not by commas: save it as comma"),
     ("q.txt", "été: when I cook".encode("latin-1"), r"is not UTF-8 text \(.*\); save it as UTF-8$"),
+    # A spreadsheet saved as text (Excel's "Unicode Text"): its header was a query, each row one event of both texts.
+    ("q.txt", "\ufeffquery\tresponse\nwhen I cook\tWash!\n".encode("utf-16-le"),
+     r"q.txt line 1 holds a tab, as a spreadsheet saved as text separates its columns; save it as CSV"),
     # A byte-order mark names UTF-16, and the text after it is cut mid-character.
     ("q.txt", "\ufeffwhen I cook".encode("utf-16-le") + b"\x00", r"is not UTF-16 text \(.*\); save it as UTF-8$"),
 ])

@@ -47,11 +47,23 @@ def read_queries_file(path: str) -> list[QueryLine]:
     elif kind == ".csv":
         queries = _csv_queries(text, p)
     else:
-        queries = [QueryLine(line.strip(), line.strip()) for line in text.splitlines() if line.strip()]
+        queries = _text_queries(text, p)
     if not queries:
         raise UserError(f"{p} holds no queries; give one query a line (.txt), a JSON list or a CSV with a 'query' "
                         "column")
     return queries
+
+
+def _text_queries(text: str, p: Path) -> list[QueryLine]:
+    """One query a line, its own alert message. A tab is a spreadsheet's column break (Excel's "Unicode Text" and
+    "Text (Tab delimited)"): read as one query, a line "query<TAB>response" asked for both texts as one event, and
+    the header line was a query of its own."""
+    lines = [line.strip() for line in text.splitlines()]
+    tabbed = next((number for number, line in enumerate(lines, 1) if "\t" in line), None)
+    if tabbed is not None:
+        raise UserError(f"{p} line {tabbed} holds a tab, as a spreadsheet saved as text separates its columns; save "
+                        "it as CSV (a 'query' column, and 'response' for the alert message), or give one query a line")
+    return [QueryLine(line, line) for line in lines if line]
 
 
 def _csv_queries(text: str, p: Path) -> list[QueryLine]:
