@@ -29,6 +29,8 @@ COOK = "When I start cooking, remind me to wash my hands."
     ("q.csv", f'split,query,response,label,threshold\nval,"{COOK}",Wash your hands!,cook_food,\n'
               'val,when I run,Go!,, 0.75 \n',
      [Line(COOK, "Wash your hands!", "cook_food"), Line("when I run", "Go!", None, 0.75)]),
+    # Headers as typed in a spreadsheet: " response" (after "query, ") matched no column, and every message was lost.
+    ("q.csv", "Query, Response, Label\nwhen I run, Go!, run\n", [Line("when I run", "Go!", "run")]),
 ])
 def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, content, queries, tmp_path):
     (tmp_path / name).write_text(content, encoding="utf-8")
@@ -66,6 +68,8 @@ def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, c
     ("q.csv", "text,message\nwhen I cook,Wash!\n", "needs a 'query' column"),
     ("q.csv", "query;response\nwhen I cook;Wash!\n", "column .*separated by ';', not by commas: save it as comma"),
     ("q.txt", "été: when I cook".encode("latin-1"), r"is not UTF-8 text \(.*\); save it as UTF-8$"),
+    ("q.csv", "query,Message\nwhen I cook,Wash!\n", r"q.csv has a 'message' column, but the alert message's column is "
+                                                    r"'response' .*: rename it, or every alert would show its query's"),
     # A spreadsheet saved as text (Excel's "Unicode Text"): its header was a query, each row one event of both texts.
     ("q.txt", "\ufeffquery\tresponse\nwhen I cook\tWash!\n".encode("utf-16-le"),
      r"q.txt line 1 holds a tab, as a spreadsheet saved as text separates its columns; save it as CSV"),

@@ -66,18 +66,34 @@ def _text_queries(text: str, p: Path) -> list[QueryLine]:
     return [QueryLine(line, line) for line in lines if line]
 
 
+# Column names a spreadsheet's author may give the alert message, whose column is 'response' (the EgoSDQES
+# annotations' name): read as an unknown column, every message was the query's text, without a word.
+MESSAGE_COLUMN_GUESSES = ("message", "alert", "alert message", "reminder", "answer")
+
+
 def _csv_queries(text: str, p: Path) -> list[QueryLine]:
     reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
+        if reader.fieldnames:  # "Query, Response" as typed in a spreadsheet: " response" matched no column
+            reader.fieldnames = [name.strip().lower() for name in reader.fieldnames]
         if not reader.fieldnames or "query" not in reader.fieldnames:
             raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)"
                             + other_separator_words(reader.fieldnames))
-        return [QueryLine(row["query"] or "", row.get("response") or row["query"] or "",
-                          (row.get("label") or "").strip() or None,
-                          _threshold((row.get("threshold") or "").strip() or None, row["query"], p))
-                for row in reader]
+        guessed = [name for name in reader.fieldnames if name in MESSAGE_COLUMN_GUESSES]
+        if guessed and "response" not in reader.fieldnames:
+            raise UserError(f"{p} has a {guessed[0]!r} column, but the alert message's column is 'response' (as in "
+                            "the EgoSDQES annotations): rename it, or every alert would show its query's text")
+        return [_csv_line(row, p) for row in reader]
     except csv.Error as exc:  # a cell longer than the csv module reads (128 KiB); line_num counts the lines before it
         raise UserError(f"{p} line {reader.line_num + 1} is not CSV this reads ({exc}); fix that line") from None
+
+
+def _csv_line(row: dict, p: Path) -> QueryLine:
+    """A CSV row's query, its alert message (its text where none), label and threshold, each cell stripped as a
+    spreadsheet's "a, b" leaves a space."""
+    query = (row["query"] or "").strip()
+    return QueryLine(query, (row.get("response") or "").strip() or query, (row.get("label") or "").strip() or None,
+                     _threshold((row.get("threshold") or "").strip() or None, query, p))
 
 
 def _threshold(value: str | float | None, query: str | None, p: Path) -> float | None:
