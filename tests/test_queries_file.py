@@ -60,6 +60,8 @@ def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, c
     ("q.csv", "query,threshold\nwhen I cook,nan\n", "threshold 'nan' of 'when I cook' is not a probability"),
     ("q.csv", "query,threshold\nwhen I cook,0\n", r"threshold '0' of 'when I cook' is not a probability sigmoid\(cos"),
     ("q.json", '[{"response": "Wash!"}]', "each entry must be a string or"),
+    ("q.json", '[{"text": "when I cook", "message": "Wash!"}]', r"q.json: the entry .* has 'message', which is no "
+                                                                r"query's key: give text, response, label, threshold"),
     ("q.json", "[", "is not valid JSON"),
     ("q.txt", "\n  \n", "holds no queries"),
     ("q.csv", "query,response\n", "holds no queries"),

@@ -110,6 +110,11 @@ def _threshold(value: str | float | None, query: str | None, p: Path) -> float |
     return number
 
 
+# An entry's keys in a JSON queries file: any other (a "message", a misspelt "respones") was ignored, and its alerts
+# showed the query's text.
+JSON_QUERY_KEYS = ("text", "response", "label", "threshold")
+
+
 def _json_queries(text: str, p: Path) -> list[QueryLine]:
     shape = 'a JSON list of strings or of {"text": ..., "response": ..., "label": ..., "threshold": ...}'
     try:
@@ -122,6 +127,9 @@ def _json_queries(text: str, p: Path) -> list[QueryLine]:
     for item in items:
         if isinstance(item, str):
             out.append(QueryLine(item, item))
+        elif isinstance(item, dict) and (unknown := sorted(set(item) - set(JSON_QUERY_KEYS))):  # a typo, "message"
+            raise UserError(f"{p}: the entry {item!r} has {', '.join(map(repr, unknown))}, which is no query's key: "
+                            f"give {', '.join(JSON_QUERY_KEYS)} (response: the alert message)")
         elif isinstance(item, dict) and all(isinstance(item.get(k, ""), str) for k in ("text", "response", "label")) \
                 and "text" in item:
             label = item.get("label", "").strip() or None
