@@ -40,6 +40,15 @@ class Annotation:
         return max(int(self.video_seconds * fps), self.start_frame(fps) + 1)
 
 
+def csv_rows(fh) -> csv.DictReader:
+    """The rows of a user's CSV (annotations, queries) by column name, the names read as a spreadsheet's author types
+    them: "Query" or "query, response" (a space after the comma) matched no column of the name."""
+    reader = csv.DictReader(fh)
+    if reader.fieldnames:
+        reader.fieldnames = [name.strip().lower() for name in reader.fieldnames]
+    return reader
+
+
 def load_annotations(path: str, split: str | None = None, source: str | None = None) -> list[Annotation]:
     """The annotations of ``path`` (of one split and source, where given), every row checked: a row a user's own
     corpus got wrong is refused naming its line, the column and the value."""
@@ -49,7 +58,7 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
         if problem:
             raise UserError(f"annotation file {path} {problem}; pass the EgoSDQES CSV (egosdqes_all.csv)")
         with open(path, newline="", encoding=encoding) as fh:
-            reader = csv.DictReader(fh)
+            reader = csv_rows(fh)
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
                 raise UserError(f"{path} is not an EgoSDQES annotation file: missing column(s) {', '.join(missing)}"
@@ -90,7 +99,7 @@ def require_annotations(path: str, split: str | None = None, source: str | None 
     if found:
         return found
     with open(path, newline="", encoding=user_text_encoding(path)) as fh:  # read and checked whole a moment ago
-        rows = list(csv.DictReader(fh))
+        rows = list(csv_rows(fh))
     if not rows:
         raise UserError(f"{path} holds no annotations at all (a header only)")
     asked = " and ".join(f"{column} {value!r}" for column, value in (("split", split), ("source", source)) if value)

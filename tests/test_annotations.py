@@ -103,6 +103,14 @@ def test_annotations_saved_as_utf16_with_its_byte_order_mark_are_read_as_the_utf
         require_annotations(str(tmp_path / "utf16.csv"), split="no-such-split")
 
 
+def test_column_names_typed_in_a_spreadsheet_name_the_same_columns(egosdqes_csv, tmp_path):
+    """A corpus of one's own, its header typed as "Split, Source, Video_uid, ...": refused as missing every column."""
+    header, *rows = egosdqes_csv.read_text(encoding="utf-8").splitlines()[:200]
+    (tmp_path / "typed.csv").write_text("\n".join([", ".join(c.capitalize() for c in header.split(",")), *rows]))
+    (tmp_path / "as-is.csv").write_text("\n".join([header, *rows]))
+    assert load_annotations(str(tmp_path / "typed.csv")) == load_annotations(str(tmp_path / "as-is.csv"))
+
+
 def test_a_short_row_or_a_file_that_is_not_text_is_refused(egosdqes_csv, tmp_path):
     short = tmp_path / "short.csv"
     short.write_text(egosdqes_csv.read_text(encoding="utf-8").splitlines()[0] + "\ntrain,moments,v1\n")
