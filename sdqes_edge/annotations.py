@@ -52,11 +52,11 @@ def csv_rows(fh) -> csv.DictReader:
 def load_annotations(path: str, split: str | None = None, source: str | None = None) -> list[Annotation]:
     """The annotations of ``path`` (of one split and source, where given), every row checked: a row a user's own
     corpus got wrong is refused naming its line, the column and the value."""
-    encoding = user_text_encoding(path)
+    problem = path_problem(path, "file")
+    if problem:
+        raise UserError(f"annotation file {path} {problem}; pass the EgoSDQES CSV (egosdqes_all.csv)")
+    encoding = user_text_encoding(path)  # a file, not a pipe that reading its first bytes would wait on
     try:
-        problem = path_problem(path, "file")
-        if problem:
-            raise UserError(f"annotation file {path} {problem}; pass the EgoSDQES CSV (egosdqes_all.csv)")
         with open(path, newline="", encoding=encoding) as fh:
             reader = csv_rows(fh)
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
