@@ -90,6 +90,9 @@ do_bench() {
   # does not cost the device's other rows.
   bench_once bench.txt --ort-ops "$KERNELS" && return
   mv "$OUT/bench.txt" "$OUT/bench-with-ort-ops.txt"
+  # What it measured before failing, kept apart: the bench writes beside a folder holding a run (bench-2/) rather
+  # than over it, and the run without the library belongs in bench/.
+  [ ! -d "$OUT/bench" ] || mv "$OUT/bench" "$OUT/bench-with-ort-ops"
   echo "gpu_check: the bench failed with --ort-ops $KERNELS (log: $OUT/bench-with-ort-ops.txt); again without it" >&2
   bench_once bench.txt
   return 1  # the library's rows are missing: say so in the exit status
