@@ -16,9 +16,19 @@ import sys
 import tempfile
 from pathlib import Path
 
+# Beside this script, on its sys.path.
+from bad_input_files import (
+    Q,
+    add_query_to_texts_alone,
+    annotation_files,
+    checkpoint_files,
+    edit_manifests,
+    queries_files,
+    read_weights_from,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "bad-input.md"
-Q = "when I start cooking"
 WARNED = "sdqes-edge: warning:"
 LONG_NAME = "a" * 300  # past the 255 bytes a name every Linux file system holds
 
@@ -67,6 +77,10 @@ def run_cases(b: Path, t: Path) -> list[tuple[str, list[str]]]:
         ("--watch-queries without a --queries-file to watch", [*run, "--watch-queries"]),
         ("a queries file whose threshold is not a probability",
          ["run", str(b), "--source", str(t / "clip.avi"), "--queries-file", str(t / "thresholds.csv")]),
+        *[(what, ["run", str(b), "--source", str(t / "clip.avi"), "--queries-file", str(t / name)]) for what, name in (
+            ("a queries CSV whose alert messages are in a 'message' column", "message-column.csv"),
+            ("a JSON queries file whose entries have a 'message' key", "message-key.json"),
+            ("a spreadsheet saved as Unicode Text (UTF-16, tabs) given as a .txt queries file", "spreadsheet.txt"))],
         ("--threads 0", [*run, "--threads", "0"]),
         ("--ort-device cuda where ONNX Runtime is the CPU build", [*run, "--ort-device", "cuda"]),
         ("--ort-ops names no kernel library", [*run, "--ort-ops", str(t / "libsdqes_ort_ops.so")]),
@@ -174,6 +188,9 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
         ("synth: streams too short for every event to start in them", ["synth", "--out", str(t / "s"), "--seconds",
                                                                         "10"]),
         ("train: a negative --seed", ["train", "--seed", "-1", "--out", str(t / "x")]),
+        ("train: a learning rate at which training diverges",
+         ["train", "--lr", "1e30", "--steps", "3", "--train-streams", "2", "--val-streams", "1", "--test-streams", "1",
+          "--stream-seconds", "20", "--window", "8", "--out", str(t / "trained")]),
         ("build-engine: a bundle whose graph scores the queries (--fuse-queries)",
          ["build-engine", str(t / "fused"), "--precision", "fp16"]),
         ("build-engine: a negative --verify-frames", ["build-engine", str(b), "--verify-frames", "-1"]),
@@ -212,7 +229,7 @@ def prepare(t: Path) -> Path:
     torch.save(SDQESModel(preset("tiny")).eval().clip_state_dict(), t / "tiny.pt")
     whole = (t / "tiny.pt").read_bytes()
     (t / "half.pt").write_bytes(whole[: len(whole) // 2])
-    _checkpoint_files(t, SDQESModel(preset("tiny")).eval().clip_state_dict())
+    checkpoint_files(t, SDQESModel(preset("tiny")).eval().clip_state_dict())
     writer = cv2.VideoWriter(str(t / "clip.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 5, (64, 48))
     for _ in range(5):
         writer.write(np.zeros((48, 64, 3), np.uint8))
@@ -228,24 +245,25 @@ def prepare(t: Path) -> Path:
     (t / "photos").mkdir()
     (t / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
     (t / "queries.json").write_text(json.dumps({"text": Q, "response": "Wash your hands."}))
-    _annotation_files(t)
+    annotation_files(t)
+    queries_files(t)
     (t / "mine").mkdir()
     (t / "mine" / "alerts.jsonl").write_text("{}\n")
     (t / "thresholds.csv").write_text(f'query,response,threshold\n"{Q}",Wash your hands.,high\n')
     for name in ("garbled", "changed", "escaping", "reaching", "newer", "blocked", "nan-fps", "fast-fps", "resized",
                  "label-threshold", "deep"):
         shutil.copytree(b, t / name)
-    _read_weights_from(t / "reaching", "../weights.bin")
+    read_weights_from(t / "reaching", "../weights.bin")
     (t / "blocked" / "engines").write_text("a file where the engines folder goes")
     (t / "garbled" / "manifest.json").write_text("{")
     (t / "deep" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     (t / "changed" / "text.onnx").write_bytes(b"changed")
-    _edit_manifests(b, t)
+    edit_manifests(b, t)
     shutil.copytree(b, t / "kept")
     shutil.copy(t / "tiny.pt", t / "kept" / "tiny.pt")
     shutil.copytree(b, t / "linked", ignore=shutil.ignore_patterns("manifest.json"))
     (t / "linked" / "manifest.json").symlink_to(b / "manifest.json")
-    _add_query_to_texts_alone(t / "fused", t / "requeried")
+    add_query_to_texts_alone(t / "fused", t / "requeried")
     _other_run_and_odd_files(t)
     return b
 
@@ -261,108 +279,6 @@ def _other_run_and_odd_files(t: Path) -> None:
                                        stdout=subprocess.PIPE, text=True))
     OTHER_RUNS[-1].stdout.readline()  # held
     (t / "long-cell.csv").write_text(f"query,response\n{Q}," + "x" * 200_000 + "\n")
-
-
-def _edit_manifests(b: Path, t: Path) -> None:
-    """The manifests of the copies of ``b`` in ``t`` edited by hand, each in one way."""
-    from sdqes_edge.files import file_sha256
-
-    edits = {
-        "escaping": lambda m: m["files"].update(
-            {"../bundle/step.fp32.onnx": {"sha256": file_sha256(b / "step.fp32.onnx"), "bytes": 1}}),
-        "newer": lambda m: m.update(format_version=99),
-        "nan-fps": lambda m: m.update(fps=float("nan")),  # Python's json writes NaN; JSON has none
-        "fast-fps": lambda m: m.update(fps=1e300),
-        "resized": lambda m: m.update(image_size=2 * m["image_size"]),
-        "label-threshold": lambda m: m["thresholds"].update(per_label={"open_door": 1.5}),
-    }
-    for name, edit in edits.items():
-        m = json.loads((b / "manifest.json").read_text())
-        edit(m)
-        (t / name / "manifest.json").write_text(json.dumps(m))
-
-
-def _add_query_to_texts_alone(bundle: Path, out: Path) -> None:
-    """A copy of ``bundle`` with a second query in queries.json but not in its embeddings, the sha256 made right."""
-    from sdqes_edge.files import file_sha256
-
-    shutil.copytree(bundle, out)
-    texts = json.loads((out / "queries.json").read_text())
-    (out / "queries.json").write_text(json.dumps(texts + [{"text": "when I open the fridge", "response": "Close it"}]))
-    m = json.loads((out / "manifest.json").read_text())
-    m["files"]["queries.json"]["sha256"] = file_sha256(out / "queries.json")
-    (out / "manifest.json").write_text(json.dumps(m))
-
-
-def _checkpoint_files(t: Path, clip_state: dict) -> None:
-    """Checkpoints of other layouts and conventions, with the configs beside them."""
-    import torch
-    from safetensors.torch import save_file
-
-    (t / "hf-vision").mkdir()
-    save_file({"vision_model.embeddings.patch_embedding.weight": torch.zeros(64, 3, 8, 8)},
-              str(t / "hf-vision" / "model.safetensors"))
-    (t / "hf-vision" / "config.json").write_text(json.dumps({"model_type": "clip"}))
-    (t / "bilinear").mkdir()
-    save_file(clip_state, str(t / "bilinear" / "open_clip_model.safetensors"))
-    model_cfg = {"vision_cfg": {"width": 64}, "text_cfg": {"heads": 1}}
-    (t / "bilinear" / "open_clip_config.json").write_text(json.dumps(
-        {"model_cfg": model_cfg, "preprocess_cfg": {"interpolation": "bilinear"}}))
-    torch.save(dict(clip_state, **{"token_embedding.weight": clip_state["token_embedding.weight"][:1000]}),
-               t / "other-vocab.pt")
-    torch.save(dict(clip_state, **{"visual.ln_pre.bias": clip_state["visual.ln_pre.bias"] * float("nan")}),
-               t / "diverged.pt")
-    (t / "sharded").mkdir()  # what save_pretrained writes for large weights: shards and the index listing them
-    halves = [dict(list(clip_state.items())[k::2]) for k in range(2)]
-    for k, half in enumerate(halves):
-        save_file(half, str(t / "sharded" / f"model-0000{k + 1}-of-00002.safetensors"))
-    weight_map = {name: f"model-0000{k + 1}-of-00002.safetensors" for k, half in enumerate(halves) for name in half}
-    (t / "sharded" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-
-
-def _annotation_files(t: Path) -> None:
-    """Annotation CSVs with one mistake each, and a trace of a split other than eval's default."""
-    import numpy as np
-
-    from sdqes_edge.traces import StreamScores, save_scores
-
-    (t / "a.csv").write_text("split,video_uid,query,video_start_time\n")
-    header = "split,source,video_uid,query,response,label,video_start_time,video_fps,video_length"
-    (t / "badrow.csv").write_text(f"{header}\ntrain,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
-                                  f"train,moments,v1,{Q},Wash!,cook,1:05,30,900\n")
-    (t / "emptyquery.csv").write_text(f"{header}\ntrain,moments,v1, ,Wash!,cook,12.5,30,900\n")
-    long_query = "Tell me when " + "the very " * 40 + "red ball starts rolling."
-    (t / "longquery.csv").write_text(f"{header}\ntrain,moments,clip,{long_query},Rolling!,rolls,0.5,5,5\n")
-    (t / "semicolons.csv").write_text(header.replace(",", ";") + "\n")
-    (t / "splits.csv").write_text(f"{header}\nval,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
-                                  f"test,moments,v2,{Q},Wash!,cook,12.5,30,900\n")
-    (t / "test-traces").mkdir()
-    save_scores(t / "test-traces" / "v2.npz", StreamScores("v2", 1.0, [Q], ["0"], np.zeros(1), np.zeros((30, 1))))
-    (t / "own-traces").mkdir()
-    save_scores(t / "own-traces" / "v2.npz", StreamScores("v2", 1.0, ["when the kettle boils"], ["0"], np.zeros(1),
-                                                          np.zeros((30, 1))))
-
-
-def _read_weights_from(bundle: Path, location: str) -> None:
-    """Make the bundle's fp32 step graph keep its largest weight at ``location`` (ONNX external data), with the
-    manifest's sha256 of the graph made right, as the maker of such a bundle would."""
-    import onnx
-    from onnx import numpy_helper
-
-    from sdqes_edge.files import file_sha256
-
-    graph = onnx.load(str(bundle / "step.fp32.onnx"))
-    tensor = max(graph.graph.initializer, key=lambda x: len(x.raw_data))
-    (bundle / location).write_bytes(numpy_helper.to_array(tensor).tobytes())
-    tensor.ClearField("raw_data")
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    entry = tensor.external_data.add()
-    entry.key, entry.value = "location", location
-    (bundle / "step.fp32.onnx").write_bytes(graph.SerializeToString())
-    m = json.loads((bundle / "manifest.json").read_text())
-    m["files"]["step.fp32.onnx"] = {"sha256": file_sha256(bundle / "step.fp32.onnx"),
-                                    "bytes": (bundle / "step.fp32.onnx").stat().st_size}
-    (bundle / "manifest.json").write_text(json.dumps(m))
 
 
 def main() -> None:
