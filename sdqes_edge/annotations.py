@@ -40,10 +40,9 @@ class Annotation:
         return max(int(self.video_seconds * fps), self.start_frame(fps) + 1)
 
 
-def csv_rows(fh) -> csv.DictReader:
-    """The rows of a user's CSV (annotations, queries) by column name, the names read as a spreadsheet's author types
-    them: "Query" or "query, response" (a space after the comma) matched no column of the name."""
-    reader = csv.DictReader(fh)
+def with_typed_columns(reader: csv.DictReader) -> csv.DictReader:
+    """``reader`` (of a user's CSV: annotations, queries) with its header read and its column names taken as a
+    spreadsheet's author types them: "Query" or "query, response" (a space after the comma) matched no column."""
     if reader.fieldnames:
         reader.fieldnames = [name.strip().lower() for name in reader.fieldnames]
     return reader
@@ -58,7 +57,7 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
     encoding = user_text_encoding(path)  # a file, not a pipe that reading its first bytes would wait on
     try:
         with open(path, newline="", encoding=encoding) as fh:
-            reader = csv_rows(fh)
+            reader = with_typed_columns(csv.DictReader(fh))
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
                 raise UserError(f"{path} is not an EgoSDQES annotation file: missing column(s) {', '.join(missing)}"
@@ -99,7 +98,7 @@ def require_annotations(path: str, split: str | None = None, source: str | None 
     if found:
         return found
     with open(path, newline="", encoding=user_text_encoding(path)) as fh:  # read and checked whole a moment ago
-        rows = list(csv_rows(fh))
+        rows = list(with_typed_columns(csv.DictReader(fh)))
     if not rows:
         raise UserError(f"{path} holds no annotations at all (a header only)")
     asked = " and ".join(f"{column} {value!r}" for column, value in (("split", split), ("source", source)) if value)

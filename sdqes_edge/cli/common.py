@@ -18,6 +18,7 @@ from sdqes_edge import package_builds
 from sdqes_edge.config import ADAPTER_KINDS, preset, with_authors_adapter
 from sdqes_edge.contract import MAX_FPS
 from sdqes_edge.errors import EXTRA_FOR_MODULE, WARNING_PREFIX, install_command, module_absent, terminal_safe
+from sdqes_edge.files import free_name
 from sdqes_edge.path_checks import check_output_dir, check_output_file
 from sdqes_edge.train_options import MAX_SEED
 
@@ -248,8 +249,6 @@ def show(line: str, file: TextIO | None = None) -> None:
 def folder_for_new_results(out: str, results_file: str) -> str:
     """``out``, or where it holds an earlier run's ``results_file``, the first free of OUT-2, OUT-3, ... (said): a
     second run into the same folder replaced the first's results, a 15-minute bench's by a quick one's."""
-    from sdqes_edge.files import free_name
-
     if not os.path.exists(os.path.join(out, results_file)):
         return out
     fresh = str(free_name(Path(out)))

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from sdqes_edge.annotations import csv_rows, other_separator_words
+from sdqes_edge.annotations import other_separator_words, with_typed_columns
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import encoding_name, parse_json, user_text_encoding
 from sdqes_edge.path_checks import path_problem
@@ -72,9 +72,9 @@ MESSAGE_COLUMN_GUESSES = ("message", "alert", "alert message", "reminder", "answ
 
 
 def _csv_queries(text: str, p: Path) -> list[QueryLine]:
-    reader = None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
-        reader = csv_rows(io.StringIO(text, newline=""))  # "Query, Response": " response" had matched no column
+        with_typed_columns(reader)  # "Query, Response": " response" had matched no column
         if not reader.fieldnames or "query" not in reader.fieldnames:
             raise UserError(f"{p} needs a 'query' column (and optionally 'response', the alert message)"
                             + other_separator_words(reader.fieldnames))
@@ -84,8 +84,7 @@ def _csv_queries(text: str, p: Path) -> list[QueryLine]:
                             "the EgoSDQES annotations): rename it, or every alert would show its query's text")
         return [_csv_line(row, p) for row in reader]
     except csv.Error as exc:  # a cell longer than the csv module reads (128 KiB); line_num counts the lines before it
-        line = reader.line_num + 1 if reader is not None else 1
-        raise UserError(f"{p} line {line} is not CSV this reads ({exc}); fix that line") from None
+        raise UserError(f"{p} line {reader.line_num + 1} is not CSV this reads ({exc}); fix that line") from None
 
 
 def _csv_line(row: dict, p: Path) -> QueryLine:
