@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from sdqes_edge.benchmarks.alerting import bench_alerting
-from sdqes_edge.benchmarks.config import BACKENDS, RESULTS_FILE, BenchConfig
+from sdqes_edge.benchmarks.config import BACKENDS, RESULTS_FILE, BenchConfig, window_bytes
 from sdqes_edge.benchmarks.device import bench_device, bench_device_batches, bench_device_scaling, check_device
 from sdqes_edge.benchmarks.end_to_end import bench_end_to_end, bench_precisions
 from sdqes_edge.benchmarks.machine_load import other_processes_cores, read_cpu_clock
@@ -51,6 +51,7 @@ from sdqes_edge.runtime.fused_ops import load_fused_ops
 from sdqes_edge.runtime.kernels import count_kernels
 from sdqes_edge.runtime.ort_sessions import create_session
 from sdqes_edge.runtime.tensorrt_backend import tensorrt_ready
+from sdqes_edge.sample import MAX_SHARE_OF_FREE_MEMORY, available_memory
 
 
 def _torch_step(model: SDQESModel, frame: np.ndarray) -> Callable[[], object]:
@@ -294,6 +295,7 @@ def check_config(cfg: BenchConfig) -> None:
     """Refuse, before any work, settings that cannot be measured and a device this machine lacks."""
     if cfg.window < 2:
         raise UserError(f"--window must be at least 2 frames, not {cfg.window}")
+    _check_window_fits(cfg)
     if cfg.repetitions < 3:
         raise UserError(f"--repetitions must be at least 3 for percentiles, not {cfg.repetitions}")
     if cfg.scaling_probe * 2 > cfg.scaling_frames:
@@ -308,6 +310,20 @@ def check_config(cfg: BenchConfig) -> None:
         usable = load_fused_ops(cfg.ort_ops).usable_on(cfg.device)
         if usable is not None:
             raise UserError(usable)
+
+
+def _check_window_fits(cfg: BenchConfig) -> None:
+    """Refuse a sliding window whose frames, all held at once, would not fit in memory: the process would be
+    killed (SIGKILL, no message) minutes into the run, once the kernel's overcommit comes due."""
+    free = available_memory()
+    vision = preset(cfg.preset).vision
+    if free is None or window_bytes(vision, cfg.window) <= MAX_SHARE_OF_FREE_MEMORY * free:
+        return
+    fits = int(MAX_SHARE_OF_FREE_MEMORY * free // window_bytes(vision, 1))
+    fix = f"give --window {fits} or less" if fits >= 2 else "free memory, or give a smaller --preset"
+    raise UserError(f"--window {cfg.window}: the sliding window holds all its frames at once, and {cfg.window} "
+                    f"frames of {cfg.preset} need at least {window_bytes(vision, cfg.window) / 2**30:.1f} GiB, "
+                    f"where {free / 2**30:.1f} GiB is free; {fix} (default {BenchConfig.window})")
 
 
 @contextlib.contextmanager

@@ -370,3 +370,22 @@ def test_a_bench_into_a_folder_holding_an_earlier_runs_results_keeps_them_and_wr
     said = capsys.readouterr()
     assert f"note: {out} holds an earlier run's results, which are kept; this run writes to {out}-2" in said.err
     assert "# the quick run" in said.out and f"results go to {out}-2/" in said.out
+
+
+def test_a_sliding_window_that_cannot_fit_in_memory_is_refused_before_any_work_naming_the_largest_that_fits(
+        tmp_path, monkeypatch, capsys):
+    import re
+
+    import sdqes_edge.benchmarks.suite as suite
+    from sdqes_edge.benchmarks.config import QUICK, BenchConfig
+    from sdqes_edge.cli import run as cli
+    from sdqes_edge.errors import UserError
+
+    monkeypatch.setattr(suite, "available_memory", lambda: 2**30)  # 1 GiB free
+    assert cli(["bench", "--quick", "--window", "100000", "--out", str(tmp_path / "b")]) == 2
+    said = capsys.readouterr()
+    assert said.out == "" and not (tmp_path / "b").exists()  # refused before announcing a run (it was SIGKILLed)
+    largest = int(re.search(r"give --window (\d+) or less", said.err).group(1))
+    suite.check_config(dataclasses.replace(BenchConfig(**QUICK), window=largest))
+    with pytest.raises(UserError, match=f"--window {largest + 1}: the sliding window holds all its frames at once"):
+        suite.check_config(dataclasses.replace(BenchConfig(**QUICK), window=largest + 1))

@@ -82,7 +82,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help=f"the table's rows: these adapter kinds (none: the backbone alone) beside the sliding "
                             f"window, which is always measured (default: all of {', '.join(ADAPTER_KINDS)})")
     bench.add_argument("--window", type=int,
-                       help=f"frames of the sliding-window baseline (default {BenchConfig.window})")
+                       help=f"frames of the sliding-window baseline (default {BenchConfig.window}); it holds them all "
+                            "at once, so one that would not fit in memory is refused up front")
     bench.add_argument("--repetitions", type=int, help=f"timed repetitions per candidate (default "
                                                        f"{BenchConfig.repetitions}; --quick: {QUICK['repetitions']})")
     bench.add_argument("--threads", type=at_least(1),
