@@ -45,21 +45,6 @@ class BenchConfig:
     alerting_seconds: float = 12.0  # how long as many stand-in cameras run (benchmarks/alerting.py)
 
 
-# What the sliding-window baseline holds per frame of its window while it runs, counted in activations
-# [tokens, width] float32 besides its attention maps. ONNX Runtime running the window graph held the most: about 67
-# a frame at tiny and 59 at clip-vit-b16 (the growth of its peak memory between windows of 256 and 1024 frames, and
-# of 8 and 40), against 41-52 for the export that traces it and 18-21 for PyTorch's window form. A lower bound, so
-# a window refused for memory would certainly not have fitted.
-WINDOW_ACTIVATIONS_PER_FRAME = 56
-
-
-def window_bytes(vision, window: int) -> int:
-    """Bytes a ``window``-frame sliding window of an image tower (a ``VisionConfig``) holds at least while it runs."""
-    tokens = vision.num_tokens
-    per_frame = 4 * (WINDOW_ACTIVATIONS_PER_FRAME * tokens * vision.width + vision.heads * tokens**2)
-    return window * per_frame
-
-
 QUICK = dict(preset="tiny", repetitions=5, scaling_frames=300, scaling_probe=50, growing_window_samples=5,
              batches=(1, 2), e2e_frames=10, alerting_streams=4, alerting_queries=(1, 20),
              alerting_seconds=2.0)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from sdqes_edge.benchmarks.alerting import bench_alerting
-from sdqes_edge.benchmarks.config import BACKENDS, RESULTS_FILE, BenchConfig, window_bytes
+from sdqes_edge.benchmarks.config import BACKENDS, RESULTS_FILE, BenchConfig
 from sdqes_edge.benchmarks.device import bench_device, bench_device_batches, bench_device_scaling, check_device
 from sdqes_edge.benchmarks.end_to_end import bench_end_to_end, bench_precisions
 from sdqes_edge.benchmarks.machine_load import other_processes_cores, read_cpu_clock
@@ -40,7 +40,7 @@ from sdqes_edge.benchmarks.retention_kernel import bench_retention_kernel
 from sdqes_edge.benchmarks.timing import interleaved, machine, peak_rss_bytes, rss_bytes
 from sdqes_edge.config import preset
 from sdqes_edge.contract import FP16, FP32, WINDOW_INPUT
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import DoesNotFitInMemory, UserError
 from sdqes_edge.eval_plots import PLOTS_NEED, plotting_available
 from sdqes_edge.export import graphs
 from sdqes_edge.export.complexity import count_graph
@@ -51,7 +51,7 @@ from sdqes_edge.runtime.fused_ops import load_fused_ops
 from sdqes_edge.runtime.kernels import count_kernels
 from sdqes_edge.runtime.ort_sessions import create_session
 from sdqes_edge.runtime.tensorrt_backend import tensorrt_ready
-from sdqes_edge.sample import MAX_SHARE_OF_FREE_MEMORY, available_memory
+from sdqes_edge.sample import MAX_SHARE_OF_FREE_MEMORY, ORT_WINDOW_ACTIVATIONS, available_memory, window_bytes
 
 
 def _torch_step(model: SDQESModel, frame: np.ndarray) -> Callable[[], object]:
@@ -316,14 +316,14 @@ def _check_window_fits(cfg: BenchConfig) -> None:
     """Refuse a sliding window whose frames, all held at once, would not fit in memory: the process would be
     killed (SIGKILL, no message) minutes into the run, once the kernel's overcommit comes due."""
     free = available_memory()
-    vision = preset(cfg.preset).vision
-    if free is None or window_bytes(vision, cfg.window) <= MAX_SHARE_OF_FREE_MEMORY * free:
+    needed = functools.partial(window_bytes, preset(cfg.preset).vision, activations_per_frame=ORT_WINDOW_ACTIVATIONS)
+    if free is None or needed(cfg.window) <= MAX_SHARE_OF_FREE_MEMORY * free:
         return
-    fits = int(MAX_SHARE_OF_FREE_MEMORY * free // window_bytes(vision, 1))
+    fits = int(MAX_SHARE_OF_FREE_MEMORY * free // needed(1))
     fix = f"give --window {fits} or less" if fits >= 2 else "free memory, or give a smaller --preset"
-    raise UserError(f"--window {cfg.window}: the sliding window holds all its frames at once, and {cfg.window} "
-                    f"frames of {cfg.preset} need at least {window_bytes(vision, cfg.window) / 2**30:.1f} GiB, "
-                    f"where {free / 2**30:.1f} GiB is free; {fix} (default {BenchConfig.window})")
+    raise DoesNotFitInMemory(f"--window {cfg.window}: the sliding window holds all its frames at once, and "
+                             f"{cfg.window} frames of {cfg.preset} need at least {needed(cfg.window) / 2**30:.1f} GiB, "
+                             f"where {free / 2**30:.1f} GiB is free; {fix} (default {BenchConfig.window})")
 
 
 @contextlib.contextmanager

@@ -201,6 +201,7 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
         ("bench: preset with an adapter", ["bench", "--preset", "tiny+qrnn"]),
         ("bench: --device-only without --device", ["bench", "--quick", "--device-only"]),
         ("bench: a sliding window too long for this machine's memory", ["bench", "--quick", "--window", "10000000"]),
+        ("check: more frames than memory holds at once", ["check", "--frames", "100000000"]),
         ("bench --out cannot be written", ["bench", "--quick", "--out", "/proc/bench"]),
         ("inspect: --frames 0", ["inspect", str(b), "--frames", "0"]),
         ("export on a device that installed sdqes-edge[runtime] alone (no torch)",

@@ -51,6 +51,13 @@ class UserError(Exception):
     exit_code = 2
 
 
+class DoesNotFitInMemory(UserError):
+    """What was asked would not fit in this machine's memory, said with the most that would: exit status 1, as for
+    the MemoryError of an array refused at its size (``sample.check_fits_in_memory``)."""
+
+    exit_code = 1
+
+
 class SourceUnavailable(UserError):
     """A camera or stream URL that cannot be opened, or went away and did not come back: the machine's state, which
     may mend (a USB camera found late at boot, a camera server restarting), so not the status of a mistake (2) but

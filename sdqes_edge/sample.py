@@ -149,6 +149,22 @@ def preprocessed_bytes(frames: int, image_size: int) -> int:
     return frames * 3 * image_size**2 * 4
 
 
+# Activations [tokens, width] float32 that an image tower's window form holds per frame of its window while it runs,
+# besides its attention maps: the growth of the peak memory with the window (tiny: 256 -> 1024 frames,
+# clip-vit-b16: 8 -> 40 frames) was about 18 of them a frame for PyTorch's window form at both, and 67 (tiny) and
+# 59 (clip-vit-b16) for ONNX Runtime running the window graph (41-52 for the export tracing it). Lower bounds, so
+# what is refused for memory would certainly not have fitted.
+TORCH_WINDOW_ACTIVATIONS = 16
+ORT_WINDOW_ACTIVATIONS = 56
+
+
+def window_bytes(vision, frames: int, activations_per_frame: int) -> int:
+    """Bytes an image tower's window form (``vision``: a VisionConfig) holds at least over ``frames`` frames at once
+    (every stream's window together), at ``activations_per_frame`` (TORCH_ or ORT_WINDOW_ACTIVATIONS)."""
+    tokens = vision.num_tokens
+    return frames * 4 * (activations_per_frame * tokens * vision.width + vision.heads * tokens**2)
+
+
 def check_fits_in_memory(nbytes: int, what: str) -> None:
     """Refuse (as a MemoryError, which the command line reports in one line) an array that would not fit."""
     free = available_memory()

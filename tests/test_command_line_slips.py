@@ -158,3 +158,17 @@ def test_inspect_refuses_what_it_cannot_run_before_printing_half_a_report(option
     assert run(["inspect", str(DEMO_BUNDLE), option, value]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and says in err, (out, err)
+
+
+@pytest.mark.parametrize("option, value", [("--frames", "100000000"), ("--batch", "100000")])
+def test_check_refuses_streams_whose_window_form_cannot_fit_in_memory_before_any_work(option, value, capsys,
+                                                                                       monkeypatch):
+    """The window form holds every frame of every stream at once: --frames 100000000 ended in PyTorch's allocation
+    traceback, and --batch 100000 grew to 19 GB in a minute on a 23-GB machine before the kernel killed it."""
+    import sdqes_edge.sample
+
+    monkeypatch.setattr(sdqes_edge.sample, "available_memory", lambda: 4 * 2**30)
+    assert run(["check", option, value]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "GiB is free); ask for less: fewer streams (--batch), fewer frames, or a smaller model" in err

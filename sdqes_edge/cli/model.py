@@ -70,6 +70,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     from sdqes_edge.model import SDQESModel
     from sdqes_edge.model.init import randomize_adapters
+    from sdqes_edge.sample import TORCH_WINDOW_ACTIVATIONS, check_fits_in_memory, preprocessed_bytes, window_bytes
     from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL
 
     base = preset(args.preset)
@@ -78,6 +79,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.soak and (args.soak < 2 * args.soak_block or args.soak_block < 1):
         raise UserError(f"--soak {args.soak} needs at least two blocks of --soak-block {args.soak_block} frames "
                         "(the first is the warm-up)")
+    # The window form holds every frame of every stream at once (the frames twice: once altered), where a long
+    # --frames used to end in PyTorch's allocation traceback, or a large --batch in the kernel's SIGKILL.
+    frames = args.batch * args.frames
+    check_fits_in_memory(2 * preprocessed_bytes(frames, base.vision.image_size)
+                         + window_bytes(base.vision, frames, TORCH_WINDOW_ACTIVATIONS),
+                         f"{args.batch} stream(s) of {args.frames} frames at {base.vision.image_size} px")
     torch.manual_seed(args.seed)
     print(f"step form vs window form: preset {base.name}, batch {args.batch}, {args.frames} frames, "
           f"random adapter weights (seed {args.seed}); tolerance {FP32_EMBEDDING_ATOL:g}")
