@@ -169,6 +169,7 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
          ["eval", "--annotations", str(t / "emptyquery.csv"), "--baseline", "oracle", "--split", "train"]),
         ("score: an annotation query over the model's 77 tokens",
          ["score", str(b), "--annotations", str(t / "longquery.csv"), "--videos", str(t), "--out", str(t / "scored")]),
+        ("score: a video folder holding none of the annotated videos", score),
         ("score: a --precision the bundle has no step graph of", [*score, "--precision", "int8"]),
         ("score: --ort-device cuda where ONNX Runtime is the CPU build", [*score, "--ort-device", "cuda"]),
         ("score: --ray with --ort-device cuda", [*score, "--ray", "--ort-device", "cuda"]),

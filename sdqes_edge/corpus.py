@@ -98,7 +98,29 @@ def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask
             queries.setdefault(a.query, a.response)
         tasks.append(StreamTask(uid, str(found) if found else None, tuple(queries.items()),
                                 str(clip) if clip else None, tuple(copies.get(uid, ()))))
+    if tasks and not any(task.video for task in tasks):  # the wrong folder: one line, not a failure per stream
+        raise UserError(_no_video_found(tasks, videos, files))
     return tasks
+
+
+def _no_video_found(tasks: list[StreamTask], videos: Path, files: dict[str, Path]) -> str:
+    """Why a video folder holding none of the annotated videos is refused, and which folder to give."""
+    from sdqes_edge.runtime.sources import VIDEO_SUFFIXES
+
+    named = f"each named by its video_uid (e.g. {tasks[0].stream}.mp4), in the folder or below it"
+    if not files:
+        kinds = ", ".join(suffix.lstrip(".") for suffix in VIDEO_SUFFIXES)
+        return (f"video folder {videos} holds no video ({kinds}); give the folder of the {len(tasks)} annotated "
+                f"videos, {named} (Ego4D: v2/full_scale)")
+    clips = [task for task in tasks if task.clip_only]
+    if clips:
+        return (f"none of the {len(tasks)} annotated videos is in {videos}, only clips of {len(clips)} of them (e.g. "
+                f"{Path(clips[0].clip_only).name}, named by clip_uid): a clip starts part-way into its video, and the "
+                f"annotations time events from the video's start; give the full-scale videos, {named} "
+                "(Ego4D: v2/full_scale)")
+    return (f"none of the {len(tasks)} annotated videos is in {videos}, whose {len(files)} video(s) (e.g. "
+            f"{next(iter(files.values())).name}) are named otherwise; give the folder of the annotated videos, "
+            f"{named} (Ego4D: v2/full_scale)")
 
 
 def copies_words(tasks: list[StreamTask]) -> str | None:

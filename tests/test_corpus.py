@@ -190,11 +190,13 @@ def test_a_clip_of_a_video_is_never_streamed_as_the_video_and_its_failure_names_
     files was streamed as the videos (found by clip_uid), every event start off by the clip's offset, silently."""
     from sdqes_edge.corpus import plan_streams
 
-    first = uids(corpus)[0]
+    first, second = uids(corpus)[:2]
     annotations = tmp_path / "annotations.csv"
     annotations.write_text((corpus / "annotations.csv").read_text().replace(f"{first},{first},", f"{first},clip-a,"))
     (tmp_path / "clips").mkdir()
     (tmp_path / "clips" / "clip-a.avi").write_bytes((corpus / "videos" / f"{first}.avi").read_bytes())
+    # and one whole video, so the folder is not refused as holding none of them (test_corpus_video_folder.py)
+    shutil.copy(corpus / "videos" / f"{second}.avi", tmp_path / "clips")
     task = next(t for t in plan_streams(load_annotations(str(annotations)), tmp_path / "clips") if t.stream == first)
     assert task.video is None and task.clip_only == str(tmp_path / "clips" / "clip-a.avi")
     done = cli("score", str(DEMO_BUNDLE), "--annotations", str(annotations), "--videos", str(tmp_path / "clips"),
