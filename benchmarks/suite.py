@@ -40,7 +40,7 @@ from sdqes_edge.benchmarks.retention_kernel import bench_retention_kernel
 from sdqes_edge.benchmarks.timing import interleaved, machine, peak_rss_bytes, rss_bytes
 from sdqes_edge.config import preset
 from sdqes_edge.contract import FP16, FP32, WINDOW_INPUT
-from sdqes_edge.errors import DoesNotFitInMemory, UserError
+from sdqes_edge.errors import DoesNotFit, UserError
 from sdqes_edge.eval_plots import PLOTS_NEED, plotting_available
 from sdqes_edge.export import graphs
 from sdqes_edge.export.complexity import count_graph
@@ -321,7 +321,7 @@ def _check_window_fits(cfg: BenchConfig) -> None:
         return
     fits = int(MAX_SHARE_OF_FREE_MEMORY * free // needed(1))
     fix = f"give --window {fits} or less" if fits >= 2 else "free memory, or give a smaller --preset"
-    raise DoesNotFitInMemory(f"--window {cfg.window}: the sliding window holds all its frames at once, and "
+    raise DoesNotFit(f"--window {cfg.window}: the sliding window holds all its frames at once, and "
                              f"{cfg.window} frames of {cfg.preset} need at least {needed(cfg.window) / 2**30:.1f} GiB, "
                              f"where {free / 2**30:.1f} GiB is free; {fix} (default {BenchConfig.window})")
 

@@ -186,6 +186,8 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
         ("eval: a negative --seed", ["eval", "--annotations", str(t / "a.csv"), "--baseline", "random", "--seed",
                                      "-1"]),
         ("demo: --out is a folder of the user's own holding an alerts.jsonl", ["demo", "--out", str(t / "mine")]),
+        ("synth: more streams than the disk holds (100000000 for 1000)",
+         ["synth", "--out", str(t / "s"), "--train", "100000000"]),
         ("synth: streams too short for every event to start in them", ["synth", "--out", str(t / "s"), "--seconds",
                                                                         "10"]),
         ("train: a negative --seed", ["train", "--seed", "-1", "--out", str(t / "x")]),

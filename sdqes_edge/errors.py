@@ -51,9 +51,9 @@ class UserError(Exception):
     exit_code = 2
 
 
-class DoesNotFitInMemory(UserError):
-    """What was asked would not fit in this machine's memory, said with the most that would: exit status 1, as for
-    the MemoryError of an array refused at its size (``sample.check_fits_in_memory``)."""
+class DoesNotFit(UserError):
+    """What was asked would not fit in this machine's memory or on its disk, said with what would: exit status 1,
+    as for the MemoryError of an array refused at its size (``sample.check_fits_in_memory``) and a full disk."""
 
     exit_code = 1
 

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import csv
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
+from .errors import DoesNotFit
+from .progress import with_progress
 from .sample import check_fits_in_memory, image_bytes
 
 COLOURS = {"red": (40, 40, 220), "blue": (220, 80, 30), "green": (60, 180, 60), "yellow": (40, 210, 230),
@@ -220,27 +224,55 @@ def write_video(path: Path, stream: Stream) -> Path:
     return path
 
 
-def write_dataset(out: str | Path, seeds: dict[str, list[int]], seconds: float = 60.0, fps: float = 2.0) -> Path:
-    """Videos (MJPG .avi) and ``annotations.csv`` for each split; a stream belongs to one split only."""
+def write_dataset(out: str | Path, seeds: dict[str, Sequence[int]], seconds: float = 60.0, fps: float = 2.0,
+                  progress: bool = False) -> Path:
+    """Videos (MJPG .avi) and ``annotations.csv`` for each split; a stream belongs to one split only.
+
+    Each stream's rows are written as it is made, so memory stays flat however many streams are asked. Once the
+    first video is written, streams that would not fit on the disk at its size are refused, before the disk fills
+    (``DoesNotFit``). ``progress``: a bar on stderr (``sdqes_edge.progress``)."""
+    from .files import format_bytes
+
     out = Path(out)
     (out / "videos").mkdir(parents=True, exist_ok=True)
-    rows = []
+    _refuse_shared_streams(seeds)
+    total = sum(len(split_seeds) for split_seeds in seeds.values())
+    made = ((split, seed) for split, split_seeds in seeds.items() for seed in split_seeds)
+    with open(out / "annotations.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for count, (split, seed) in enumerate(with_progress(made, "writing", "stream", total, progress)):
+            stream = generate_stream(seed, seconds, fps)
+            video = write_video(out / "videos" / f"{stream.uid}.avi", stream)
+            writer.writerows(annotation_rows(stream, split))
+            if count == 0 and (free := shutil.disk_usage(out).free) < video.stat().st_size * (total - 1):
+                raise DoesNotFit(f"{total} streams of about {format_bytes(video.stat().st_size)} each need about "
+                                 f"{format_bytes(video.stat().st_size * total)}, and the disk they are written to "
+                                 f"has {format_bytes(free)} free; write fewer or shorter streams, or write them to a "
+                                 "disk with room")
+    return out / "annotations.csv"
+
+
+def annotation_rows(stream: Stream, split: str) -> list[dict]:
+    """The EgoSDQES annotation rows (CSV_COLUMNS) of a stream's events."""
+    return [{"split": split, "source": "temporal" if e.temporal else "single_frame", "video_uid": stream.uid,
+             "clip_uid": stream.uid, "annotator_uid": "generator", "ann_idx": i, "query": e.query,
+             "response": e.response, "label": e.kind, "video_start_time": e.start_time,
+             "video_end_time": e.end_time, "video_fps": stream.fps, "video_length": len(stream.frames)}
+            for i, e in enumerate(stream.events)]
+
+
+def _refuse_shared_streams(seeds: dict[str, Sequence[int]]) -> None:
+    """A stream (seed) in two splits would leak test streams into training. Ranges (what the command line gives)
+    are compared by their ends: a set of a hundred million seeds took gigabytes before a stream was written."""
+    if all(isinstance(s, range) and s.step == 1 for s in seeds.values()):
+        spans = sorted((s.start, s.stop, split) for split, s in seeds.items() if len(s))
+        for (_, stop, _), (start, _, split) in zip(spans, spans[1:]):
+            if start < stop:
+                raise ValueError(f"split {split} shares streams with another split: seeds {start} to {stop - 1}")
+        return
     seen: set[int] = set()
     for split, split_seeds in seeds.items():
         if seen & set(split_seeds):
             raise ValueError(f"split {split} shares streams with another split: {sorted(seen & set(split_seeds))}")
         seen |= set(split_seeds)
-        for seed in split_seeds:
-            stream = generate_stream(seed, seconds, fps)
-            write_video(out / "videos" / f"{stream.uid}.avi", stream)
-            for i, e in enumerate(stream.events):
-                rows.append({"split": split, "source": "temporal" if e.temporal else "single_frame",
-                             "video_uid": stream.uid, "clip_uid": stream.uid, "annotator_uid": "generator",
-                             "ann_idx": i, "query": e.query, "response": e.response, "label": e.kind,
-                             "video_start_time": e.start_time, "video_end_time": e.end_time, "video_fps": fps,
-                             "video_length": len(stream.frames)})
-    with open(out / "annotations.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    return out / "annotations.csv"

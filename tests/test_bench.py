@@ -379,7 +379,7 @@ def test_a_sliding_window_that_cannot_fit_in_memory_is_refused_before_any_work_n
     import sdqes_edge.benchmarks.suite as suite
     from sdqes_edge.benchmarks.config import QUICK, BenchConfig
     from sdqes_edge.cli import run as cli
-    from sdqes_edge.errors import DoesNotFitInMemory
+    from sdqes_edge.errors import DoesNotFit
 
     monkeypatch.setattr(suite, "available_memory", lambda: 2**30)  # 1 GiB free
     assert cli(["bench", "--quick", "--window", "100000", "--out", str(tmp_path / "b")]) == 1  # as for memory
@@ -387,5 +387,5 @@ def test_a_sliding_window_that_cannot_fit_in_memory_is_refused_before_any_work_n
     assert said.out == "" and not (tmp_path / "b").exists()  # refused before announcing a run (it was SIGKILLed)
     largest = int(re.search(r"give --window (\d+) or less", said.err).group(1))
     suite.check_config(dataclasses.replace(BenchConfig(**QUICK), window=largest))
-    with pytest.raises(DoesNotFitInMemory, match=f"--window {largest + 1}: the sliding window holds all its frames"):
+    with pytest.raises(DoesNotFit, match=f"--window {largest + 1}: the sliding window holds all its frames"):
         suite.check_config(dataclasses.replace(BenchConfig(**QUICK), window=largest + 1))

@@ -191,3 +191,25 @@ def test_synth_points_eval_at_a_split_it_wrote(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "--split train --fps 2" in out  # it said --split test, which had no stream
     assert out.startswith("wrote 1 stream of 20 s")  # not "1 streams"
+
+
+def test_streams_that_would_not_fit_on_the_disk_are_refused_once_the_first_is_written_and_nothing_is_left(
+        tmp_path, capsys):
+    """`synth --train 100000000` (a typo for 1000) built lists and sets of a hundred million seeds, 12 GB within a
+    minute, before it wrote a stream, then would have filled the disk over weeks without a word of progress."""
+    from sdqes_edge.cli import run
+
+    out = tmp_path / "data"
+    assert run(["synth", "--out", str(out), "--train", "100000000", "--seconds", "20"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: 100000010 streams of about " in err
+    assert "and the disk they are written to has " in err and "write fewer or shorter streams" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dataset_is_the_same_whether_its_splits_are_given_as_lists_or_as_ranges(tmp_path):
+    as_lists = write_dataset(tmp_path / "lists", {"train": [0, 1], "test": [2]}, seconds=20.0, fps=FPS)
+    as_ranges = write_dataset(tmp_path / "ranges", {"train": range(2), "test": range(2, 3)}, seconds=20.0, fps=FPS)
+    assert as_lists.read_bytes() == as_ranges.read_bytes()
+    with pytest.raises(ValueError, match="split test shares streams with another split: seeds 1 to 1"):
+        write_dataset(tmp_path / "x", {"train": range(2), "test": range(1, 3)})

@@ -43,11 +43,12 @@ def cmd_synth(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out} is not empty; give a new folder")
     seeds, next_seed = {}, args.seed
     for split, n in counts.items():
-        seeds[split] = list(range(next_seed, next_seed + n))
+        seeds[split] = range(next_seed, next_seed + n)
         next_seed += n
     started = time.perf_counter()
     with staged_directory(out) as staging:  # an error or Ctrl-C half-way leaves no folder to clear away
-        csv_path = out / write_dataset(staging, seeds, seconds=args.seconds, fps=args.fps).relative_to(staging)
+        csv_path = out / write_dataset(staging, seeds, seconds=args.seconds, fps=args.fps,
+                                       progress=True).relative_to(staging)
     total = sum(counts.values())
     streams = f"{total} stream{'s' if total != 1 else ''}"
     show(f"wrote {streams} of {args.seconds:g} s at {args.fps:g} fps ({args.train} train, {args.val} val, "
