@@ -125,3 +125,13 @@ def test_a_live_streams_status_line_comes_every_few_seconds_on_a_terminal_and_as
     assert stream.live_report_seconds() == stream.LIVE_REPORT_SECONDS == 5.0
     monkeypatch.setattr(stream, "stderr_is_a_terminal", lambda: False)
     assert stream.live_report_seconds() == LOG_LINE_SECONDS == 30.0
+
+
+@pytest.mark.parametrize("command, unit", [
+    (["inspect", str(DEMO_BUNDLE), "--frames", "300"], b"frame/s"),  # --frames 100000000 ran for hours unsaid
+    (["synth", "--train", "3", "--val", "0", "--test", "0", "--seconds", "20"], b"stream/s"),  # 75 ms a stream
+])
+def test_long_work_of_inspect_and_synth_shows_its_bar_on_a_terminal(command, unit, tmp_path):
+    command = command + (["--out", str(tmp_path / "data")] if command[0] == "synth" else [])
+    on_a_terminal = read_terminal([sys.executable, "-m", "sdqes_edge.cli", *command])
+    assert b"\r" in on_a_terminal and unit in on_a_terminal, on_a_terminal.decode()

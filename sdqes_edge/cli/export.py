@@ -6,6 +6,7 @@ Parsers are built without importing torch; the handlers import what they need.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import sdqes_edge
@@ -56,6 +57,7 @@ from sdqes_edge.export.precision import (
 from sdqes_edge.export.tensorrt_engine import DEFAULT_WORKSPACE_MIB
 from sdqes_edge.files import format_bytes
 from sdqes_edge.package_builds import load_onnxruntime
+from sdqes_edge.progress import with_progress
 from sdqes_edge.tokenizer import CONTEXT_LENGTH
 from sdqes_edge.tolerances import DRIFT_FRAMES, ENGINE_VERIFY_FRAMES, VERIFY_FRAMES
 
@@ -163,10 +165,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     pre = Preprocessor.from_description(bundle.image_size, m["preprocess"])
     state = runner.initial_state()
     q = queries[1] if (queries and runner.fused_queries) else None
-    import time
-
     stepping = 0.0  # the steps alone, not the drawing and preprocessing of the sample
-    for k, image in enumerate(iter_sample_frames(args.frames)):  # one at a time: 100000 frames held 23 GB
+    frames = with_progress(iter_sample_frames(args.frames), "stepping", "frame", total=args.frames)
+    for k, image in enumerate(frames):  # one at a time: 100000 frames held 23 GB
         batch = np.repeat(pre(image)[None], m["batch"], axis=0)
         started = time.perf_counter()
         result = runner.step(batch, state, q)
