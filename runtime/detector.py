@@ -55,6 +55,14 @@ class NonFiniteScoreError(UserError):
     """The model produced NaN or Inf for a stream; the stream is stopped (its state would stay poisoned)."""
 
 
+def closed_sinks_words(sinks: list[Sink]) -> str:
+    """Why a step after ``close`` (a run's end) is refused while the sinks it closed have no successors."""
+    names = ", ".join(f"{type(sink).__name__}({getattr(sink, 'path', '')})".replace("()", "") for sink in sinks)
+    return (f"this detector's sinks ({names}) were closed when its run ended (or by close()), each output finished, "
+            "so this step's alerts would reach none of them; add new ones before stepping on (a JsonlSink of the "
+            "same file appends to it), or make a new StreamingDetector")
+
+
 def _exclusive(method):
     """``method`` run holding the detector's lock. A program may add or remove queries, reset, save or load the
     state from another thread (a voice command, a ROS callback) while a stream runs: a step then never sees half
@@ -92,6 +100,7 @@ class StreamingDetector:
         self._query_width = int(m["embed_dim"])  # the query input's rows are embeddings
         self.queries = QueryBank(text_encoder or text_encoder_for(self.bundle, truncate_queries))
         self.sinks: list[Sink] = []
+        self._closed_sinks: list[Sink] = []  # finished by close() (a run's end): stepping on without sinks is refused
         self.state = self.backend.initial_state()  # every stream's, batched (the backend's representation)
         temporal = len(self.backend.spec) > 0  # a model with no state sees each frame alone, at any rate
         self.streams = [StreamSlot(i, f"stream{i}", pace=StreamPace(1.0 / self.fps) if temporal else None)
@@ -108,8 +117,11 @@ class StreamingDetector:
         if not isinstance(sink, Sink):  # a bare function failed on the first query or frame
             raise UserError(f"add_sink takes a Sink, not a {type(sink).__name__}; for a function of each alert, "
                             "pass CallbackSink(function)")
+        if sink.finished:  # its file closed: it failed at its first alert or frame ("I/O operation on closed file")
+            raise UserError(f"this {type(sink).__name__} was finished as a run ended (or by close()); add a new one")
         check_sink_fits(sink, self.batch, self.fps)
         self.sinks.append(sink)
+        self._closed_sinks = []
         for query in self.queries.queries.values():
             sink.on_query_added(query.id, query.text, query.added_at)
         return sink
@@ -240,6 +252,8 @@ class StreamingDetector:
             if self._running and threading.get_ident() != self._run_thread:  # its frames among the run's
                 raise UserError("a run is streaming on this detector (in another thread): its streams take that "
                                 "run's frames; step a detector of your own, or give the source to the run")
+            if self._closed_sinks and not self.sinks:  # a second run's alerts reached no output, unsaid
+                raise UserError(closed_sinks_words(self._closed_sinks))
             start = time.perf_counter()
             check_frames(frames, self.batch)
             result = self.backend.step(self._frames.of(frames, self.preprocess), self.state,
@@ -263,7 +277,8 @@ class StreamingDetector:
                                               "bundle with `sdqes-edge inspect` (fp16 overflow?)")
                 stream_probs = probs[slot.index].tolist()  # Python floats, converted once per stream
                 raised = slot.raised(ids, stream_probs, over[slot.index], positions, frame.time)
-                events = self._alerts(slot, frame, ids, stream_probs, cosines[slot.index], raised, start)
+                events = slot.alert_events(frame, self.queries.queries, ids, stream_probs, cosines[slot.index],
+                                           raised, start)
                 by_id = dict(zip(ids, stream_probs))
                 if self.queries.changes != changes:  # a sink changed the queries in this step: those still asked
                     by_id = {qid: p for qid, p in by_id.items() if qid in slot.alerts}
@@ -293,21 +308,6 @@ class StreamingDetector:
             return None
         return self.queries.graph_input(self.query_capacity, self._query_width)
 
-    def _alerts(self, slot: StreamSlot, frame: Frame, ids: list[str], probs: list[float], cosines: np.ndarray,
-                raised: list[int], start: float) -> list[AlertEvent]:
-        """One stream's frame counted, and the alerts of the queries at positions ``raised`` (``StreamSlot.raised``)."""
-        if slot.pace is not None:
-            slot.pace.observe(slot.name, frame.time)
-        slot.time, slot.position = frame.time, frame.index + 1
-        slot.frames += 1
-        latency = (time.perf_counter() - start) * 1e3
-        events = []
-        for q in raised:
-            query = self.queries.queries[ids[q]]
-            events.append(AlertEvent(query.id, query.text, query.message, slot.name, frame.time, frame.index,
-                                     probs[q], float(cosines[q]), latency, query.policy.threshold, query.label))
-        return events
-
     # --- whole streams ------------------------------------------------------------------
     def attach(self, sources: list[FrameSource]) -> None:
         """Give each source its stream (``run`` does; call it first to know where each source starts). A stream
@@ -322,21 +322,7 @@ class StreamingDetector:
                                 f"model steps at {self.fps:g}: open it at the bundle's rate, "
                                 "open_source(path, detector.fps)")
         for slot, source in zip(self.streams, sources):
-            if slot.attached is source:
-                continue
-            slot.name, slot.attached = source.name, source
-            if slot.pace is not None:
-                slot.pace.restart()
-            record, slot.resumed, identity = slot.resumed, None, source.identity
-            if record is not None and not source.live and record.source == identity and record.position:
-                source.start_at(record.position)
-                source.log(f"note: {source.name} goes on at {record.position / self.fps:g} s, where the state "
-                           "snapshot stopped")
-            elif slot.frames:
-                for state in slot.alerts.values():
-                    state.last_alert_time -= slot.time
-                slot.time = 0.0
-            slot.source = identity
+            slot.attach(source, self.fps)
 
     def check_source_count(self, count: int) -> None:
         """Refuse more sources than the bundle steps at once (fewer is fine: the other slots idle)."""
@@ -389,10 +375,17 @@ class StreamingDetector:
         """Finish every sink's output; one that fails (a full disk) does not stop the others finishing theirs,
         and the first failure is raised after."""
         sinks, self.sinks = self.sinks, []
+        self._closed_sinks = sinks or self._closed_sinks
         try:
             close_all(sinks)
         finally:
             self._snapshots.wait()
+
+    def __enter__(self) -> "StreamingDetector":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
 _DEFAULTS = {name: p.default for name, p in inspect.signature(StreamingDetector.__init__).parameters.items()}

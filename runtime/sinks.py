@@ -61,6 +61,8 @@ class AlertEvent:
 
 
 class Sink:
+    finished = False  # closed by a detector (close_all): its output is complete, and it takes no more
+
     def on_query_added(self, query_id: str, text: str, asked_time: float) -> None:
         """Called for every query, those active when the sink was attached included."""
 
@@ -388,6 +390,7 @@ def close_all(sinks: list[Sink]) -> None:
     failures = []
     for sink in sinks:
         try:
+            sink.finished = True
             sink.close()
         except Exception as exc:  # noqa: BLE001  (raised below, once every other output is complete)
             failures.append(exc)

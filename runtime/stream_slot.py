@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .alerts import AlertState
 from .frame_source import FrameSource
 from .pacing import StreamPace
+from .sinks import AlertEvent
 from .snapshots import StreamRecord
 
 
@@ -56,6 +60,22 @@ class StreamSlot:
                 self.maybe_on.discard(qid)
         return alerted
 
+    def alert_events(self, frame, queries: dict, ids: list[str], probs: list[float], cosines: np.ndarray,
+                     raised: list[int], start: float) -> list[AlertEvent]:
+        """One frame counted, and the alerts of the queries (``queries``: id -> Query) at positions ``raised``
+        (what ``raised`` returned); their latency runs from ``start`` (``time.perf_counter``, as the step began)."""
+        if self.pace is not None:
+            self.pace.observe(self.name, frame.time)
+        self.time, self.position = frame.time, frame.index + 1
+        self.frames += 1
+        latency = (time.perf_counter() - start) * 1e3
+        events = []
+        for q in raised:
+            query = queries[ids[q]]
+            events.append(AlertEvent(query.id, query.text, query.message, self.name, frame.time, frame.index,
+                                     probs[q], float(cosines[q]), latency, query.policy.threshold, query.label))
+        return events
+
     def restore_alert(self, query_id: str, text: str) -> None:
         """A query's alert state as the snapshot this stream was restored from left it (``saved_alert``)."""
         saved = self.resumed.saved_alert(text, self.alerts[query_id].policy) if self.resumed else None
@@ -76,3 +96,20 @@ class StreamSlot:
         self.maybe_on.clear()
         if self.pace is not None:
             self.pace.restart()
+
+    def attach(self, source: FrameSource, fps: float) -> None:
+        """Take ``source`` as this stream's (``StreamingDetector.attach`` says where it starts)."""
+        if self.attached is source:
+            return
+        self.name, self.attached = source.name, source
+        if self.pace is not None:
+            self.pace.restart()
+        record, self.resumed, identity = self.resumed, None, source.identity
+        if record is not None and not source.live and record.source == identity and record.position:
+            source.start_at(record.position)
+            source.log(f"note: {source.name} goes on at {record.position / fps:g} s, where the state snapshot stopped")
+        elif self.frames:
+            for state in self.alerts.values():
+                state.last_alert_time -= self.time
+            self.time = 0.0
+        self.source = identity
