@@ -77,6 +77,7 @@ def annotation_files(t: Path) -> None:
     header = "split,source,video_uid,query,response,label,video_start_time,video_fps,video_length"
     (t / "badrow.csv").write_text(f"{header}\ntrain,moments,v1,{Q},Wash!,cook,12.5,30,900\n"
                                   f"train,moments,v1,{Q},Wash!,cook,1:05,30,900\n")
+    (t / "milliseconds.csv").write_text(f"{header}\ntrain,moments,v1,{Q},Wash!,cook,12500,30,900\n")
     (t / "emptyquery.csv").write_text(f"{header}\ntrain,moments,v1, ,Wash!,cook,12.5,30,900\n")
     long_query = "Tell me when " + "the very " * 40 + "red ball starts rolling."
     (t / "longquery.csv").write_text(f"{header}\ntrain,moments,clip,{long_query},Rolling!,rolls,0.5,5,5\n")

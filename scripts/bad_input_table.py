@@ -165,6 +165,8 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
          ["eval", "--annotations", str(t / "a.csv"), "--scores", str(t / "photos")]),
         ("eval: an annotation row whose start time is not a number",
          ["eval", "--annotations", str(t / "badrow.csv"), "--baseline", "oracle", "--split", "train"]),
+        ("eval: an annotation row whose start time is in milliseconds (past its video's end)",
+         ["eval", "--annotations", str(t / "milliseconds.csv"), "--baseline", "oracle", "--split", "train"]),
         ("eval: an annotation row whose query is empty",
          ["eval", "--annotations", str(t / "emptyquery.csv"), "--baseline", "oracle", "--split", "train"]),
         ("score: an annotation query over the model's 77 tokens",

@@ -14,6 +14,7 @@ from .files import encoding_name, user_text_encoding
 from .metrics import ScoreTrace, frame_at_or_after
 from .path_checks import path_problem
 
+MAX_VIDEO_FRAMES = 2**31  # a video_length beyond (over 2 years at 30 fps) is no count of a video's frames
 REQUIRED_COLUMNS = ("split", "source", "video_uid", "query", "response", "label", "video_start_time",
                     "video_fps", "video_length")
 
@@ -76,9 +77,27 @@ def load_annotations(path: str, split: str | None = None, source: str | None = N
         if not r["query"].strip():  # scoring it would fail its whole video, every re-run
             raise UserError(f"{path} line {line}: query is empty; fix or remove that row")
         out.append(Annotation(r["split"], r["source"], r["video_uid"], r["query"], r["response"], r["label"],
-                              start, number("video_length", 0.0) / fps, i,
+                              start, _video_seconds(number, start, fps), i,
                               number("asked_time", default=0.0), r.get("clip_uid") or ""))
     return out
+
+
+def _video_seconds(number: "_RowNumbers", start: float, fps: float) -> float:
+    """A row's video length in seconds, refused where it holds no video a stream could show (a length of 1e300
+    frames ended in numpy's "maximum allowed dimension exceeded"), or where the event starts after the video ends:
+    a start given as a frame number or in milliseconds, not in seconds, was scored as an event never shown."""
+    frames = number("video_length", 0.0)
+    where = f"{number.path} line {number.line}"
+    if frames > MAX_VIDEO_FRAMES:
+        raise UserError(f"{where}: video_length is {frames:g} frames, more than a video holds ({MAX_VIDEO_FRAMES}: "
+                        f"{MAX_VIDEO_FRAMES / fps / 86400:.0f} days at {fps:g} fps); it counts the video's frames; "
+                        "fix or remove that row")
+    seconds = frames / fps
+    if start > seconds + 1.0 / fps:  # a frame's rounding of slack: EgoSDQES' latest start is 0.5 s before its end
+        raise UserError(f"{where}: video_start_time {start:g} s is past the end of its video ({frames:g} frames at "
+                        f"{fps:g} fps: {seconds:g} s); it is seconds from the video's start, not a frame number or "
+                        "milliseconds; fix or remove that row")
+    return seconds
 
 
 def other_separator_words(header: list[str] | None) -> str:

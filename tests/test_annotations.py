@@ -59,6 +59,9 @@ def test_a_missing_or_foreign_csv_is_refused(tmp_path):
     ("video_start_time", "nan", "line 4: video_start_time is 'nan', not a number"),
     ("video_fps", "0", "line 4: video_fps is '0', not a number > 0"),
     ("video_length", "-30", "line 4: video_length is '-30', not a number >= 0"),
+    # a start in milliseconds (or a frame number) lies past the video's end, where no stream could show it
+    ("video_start_time", "99999", "line 4: video_start_time 99999 s is past the end of its video ("),
+    ("video_length", "1e300", "line 4: video_length is 1e+300 frames, more than a video holds (2147483648: "),
     ("query", " ", "line 4: query is empty; fix or remove that row"),
 ])
 def test_a_row_with_a_bad_value_is_refused_naming_its_line_column_and_value(column, value, says, egosdqes_csv,
