@@ -126,3 +126,19 @@ def test_run_watches_a_queries_files_queries_with_their_messages_beside_the_comm
     assert capsys.readouterr().err.strip().splitlines() == [
         f"sdqes-edge: error: queries file {tmp_path / 'none.txt'} does not exist; give a .txt, .json or .csv file "
         "of queries"]
+
+
+def test_a_query_repeated_with_another_alert_message_is_watched_once_and_the_warning_says_which_message_is_kept(
+        tmp_path, capsys):
+    """Two reminders for one event cannot both be watched: the second was dropped with "it is watched once"."""
+    from sdqes_edge.cli.common import unique_queries
+
+    path = tmp_path / "q.csv"
+    path.write_text("query,response\nwhen I start cooking,Wash your hands!\nWhen I start cooking,Put on gloves!\n")
+    assert unique_queries(read_queries_file(str(path))) == [Line("when I start cooking", "Wash your hands!")]
+    assert capsys.readouterr().err.splitlines() == [
+        "sdqes-edge: warning: the query 'When I start cooking' is given more than once (case and spacing aside); it "
+        "is watched once; its first line's alert message 'Wash your hands!' (not 'Put on gloves!') is kept"]
+    unique_queries([Line("a", "A"), Line("a", "B"), Line("b", "B"), Line("b", "B", None, None)])
+    assert capsys.readouterr().err.rstrip().endswith(
+        "each is watched once, as its first line says (1 with another alert message, label or threshold there)")

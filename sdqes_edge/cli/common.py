@@ -113,18 +113,33 @@ def unique_queries(queries: list[Line]) -> list[Line]:
     (and label, and threshold)."""
     kept: dict[str, Line] = {}
     repeated: list[str] = []
+    dropped: list[tuple[Line, Line]] = []  # (a repeat whose message, label or threshold differs, the line kept)
     for line in queries:
         key = text_key(line[0])
         if key in kept:
             repeated.append(line[0])
+            if tuple(line[1:]) != tuple(kept[key][1:]):
+                dropped.append((line, kept[key]))
         else:
             kept[key] = line
+    # Two reminders for one event ("Wash your hands!", "Put on gloves!") cannot both be watched: which one is kept
+    # is said, where the second had been dropped without a word.
+    unused = f"; its first line's {_what_differs(*dropped[0])} is kept" if dropped else ""
     if len(repeated) == 1:
-        warn(f"the query {repeated[0]!r} is given more than once (case and spacing aside); it is watched once")
+        warn(f"the query {repeated[0]!r} is given more than once (case and spacing aside); it is watched once{unused}")
     elif repeated:
+        others = f" ({len(dropped)} with another alert message, label or threshold there)" if dropped else ""
         warn(f"{len(repeated)} queries are given more than once (case and spacing aside), e.g. {repeated[0]!r}; "
-             "each is watched once, as its first line says")
+             f"each is watched once, as its first line says{others}")
     return list(kept.values())
+
+
+def _what_differs(line: tuple, first: tuple) -> str:
+    """"alert message 'Wash!' (not 'Gloves!')": what a repeated query's first line gives that its repeat gives
+    otherwise."""
+    names = getattr(first, "_fields", ("text", "message", "label", "threshold"))[1:]
+    return " and ".join(f"{'alert message' if name == 'message' else name} {value!r} (not {other!r})"
+                        for name, value, other in zip(names, first[1:], line[1:]) if value != other)
 
 
 def _whole_number(text: str) -> int:
