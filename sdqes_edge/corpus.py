@@ -189,6 +189,14 @@ def finished(out: Path, task: StreamTask) -> bool:
         return False
 
 
+def missing_video_error(task: StreamTask) -> str:
+    """A stream's failure where the video folder lacks its video (one line, as failures.json keeps it)."""
+    clip = (f", only {Path(task.clip_only).name}, one of its clips: the annotations time events from the start of the "
+            "whole video and a clip starts part-way into it; give the full-scale videos (Ego4D: v2/full_scale)"
+            ) if task.clip_only else ""
+    return f"no video named {task.stream}.* in the video folder{clip}"
+
+
 class StreamScorer:
     """One loaded bundle that scores whole streams, one after another; each worker keeps one."""
 
@@ -213,10 +221,7 @@ class StreamScorer:
         """The stream's trace, as ``sdqes-edge run VIDEO --query ... --scores`` records it; a failure as a line."""
         started = time.perf_counter()
         if task.video is None:
-            clip = (f", only {Path(task.clip_only).name}, one of its clips: the annotations time events from the "
-                    "start of the whole video and a clip starts part-way into it; give the full-scale videos (Ego4D: "
-                    "v2/full_scale)") if task.clip_only else ""
-            return StreamOutcome(task.stream, None, error=f"no video named {task.stream}.* in the video folder{clip}")
+            return StreamOutcome(task.stream, None, error=missing_video_error(task))
         try:
             trace, frames = self._trace(task)
         except Exception as exc:  # noqa: BLE001  (any failure of one video is reported; the rest carry on)

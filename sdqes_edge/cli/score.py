@@ -27,7 +27,7 @@ FAILURES_NAME = "failures.json"
 
 def cmd_score(args: argparse.Namespace) -> int:
     from sdqes_edge.annotations import require_annotations
-    from sdqes_edge.corpus import StepChoice, claim_output, copies_words, finished, plan_streams
+    from sdqes_edge.corpus import StepChoice, claim_output, copies_words, finished, missing_video_error, plan_streams
     from sdqes_edge.runtime.bundle import load_bundle
 
     _check_score_args(args)
@@ -45,15 +45,21 @@ def cmd_score(args: argparse.Namespace) -> int:
     # Before a trace of another model or format counts as finished.
     claim_output(out, bundle.model_identity, bundle.fps, step)
     todo = [t for t in tasks if not finished(out, t)]
+    absent = [t for t in todo if t.video is None]  # failed here in one line: a failure line each was hundreds
+    if absent:
+        warn(_absent_words(absent, len(todo), args))
+        todo = [t for t in todo if t.video is not None]
     # With --ray: the actors (0: as many as the cluster's CPUs allow) and ORT threads per actor.
     workers, threads = (args.ray_actors or 0, args.threads or 1) if args.ray else _pool_size(args, len(todo))
     where = (f"Ray ({args.ray if args.ray != LOCAL_RAY else 'a local instance'}), {threads} thread(s) per actor"
              if args.ray else f"{workers} worker process(es) x {threads} ONNX Runtime thread(s)")
     where += f", the {step.precision} step graph on {'the CPU' if step.ort_device == 'cpu' else step.ort_device}"
     where += f" with {Path(step.ort_ops).name}'s kernels" if step.ort_ops else ""
-    show(f"{len(tasks)} streams ({len(annotations)} queries) in {args.annotations}; {len(tasks) - len(todo)} already "
-         f"scored in {out}, {len(todo)} to score with {where}", file=sys.stderr)
-    failures = _score(todo, Path(args.bundle), out, workers, threads, args, step)
+    show(f"{len(tasks)} streams ({len(annotations)} queries) in {args.annotations}; "
+         f"{len(tasks) - len(todo) - len(absent)} already scored in {out}, {len(todo)} to score with {where}",
+         file=sys.stderr)
+    failures = [{"stream": t.stream, "error": missing_video_error(t)} for t in absent]
+    failures += _score(todo, Path(args.bundle), out, workers, threads, args, step)
     _write_failures(out, failures)
     # As `run` alerts: the bundle's threshold for each query's label where it has one (--threshold: one for all).
     thresholds = ((bundle.default_threshold, bundle.label_thresholds) if args.threshold is None
@@ -62,10 +68,22 @@ def cmd_score(args: argparse.Namespace) -> int:
     if code == 0:
         show(f"next: {_eval_command(args, out)} --calibrate (a threshold chosen on these streams)")
     if failures:
-        say(f"{len(failures)} of {len(tasks)} streams failed (listed above and in {out / FAILURES_NAME}); "
+        without = f", {len(absent)} of them for want of their video" if absent else ""
+        say(f"{len(failures)} of {len(tasks)} streams failed{without} (listed above and in {out / FAILURES_NAME}); "
             "re-run the same command to retry them: finished traces are kept")
         return 1
     return code
+
+
+def _absent_words(absent: list, count: int, args: argparse.Namespace) -> str:
+    """One warning for the streams to score whose video the folder lacks (a corpus partly downloaded)."""
+    clips = [t for t in absent if t.clip_only]
+    clip_words = (f"; {len(clips)} of them only as a clip (e.g. {Path(clips[0].clip_only).name}), which starts "
+                  "part-way into its video, where the annotations time events from its start") if clips else ""
+    split = "" if args.split else " (--split picks one split's videos)"
+    return (f"{len(absent)} of the {count} annotated videos to score are not in {args.videos} (e.g. "
+            f"{absent[0].stream}.*): they are left unscored, each a failure, and a later run scores them once they are "
+            f"there{split}{clip_words}")
 
 
 def _check_score_args(args: argparse.Namespace) -> None:
