@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .alerts import AlertState
-from .frame_source import FrameSource
+from .frame_source import Frame, FrameSource
 from .pacing import StreamPace
 from .sinks import AlertEvent
 from .snapshots import StreamRecord
@@ -60,7 +60,7 @@ class StreamSlot:
                 self.maybe_on.discard(qid)
         return alerted
 
-    def alert_events(self, frame, queries: dict, ids: list[str], probs: list[float], cosines: np.ndarray,
+    def alert_events(self, frame: Frame, queries: dict, ids: list[str], probs: list[float], cosines: np.ndarray,
                      raised: list[int], start: float) -> list[AlertEvent]:
         """One frame counted, and the alerts of the queries (``queries``: id -> Query) at positions ``raised``
         (what ``raised`` returned); their latency runs from ``start`` (``time.perf_counter``, as the step began)."""

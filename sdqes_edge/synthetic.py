@@ -267,9 +267,10 @@ def _refuse_shared_streams(seeds: dict[str, Sequence[int]]) -> None:
     are compared by their ends: a set of a hundred million seeds took gigabytes before a stream was written."""
     if all(isinstance(s, range) and s.step == 1 for s in seeds.values()):
         spans = sorted((s.start, s.stop, split) for split, s in seeds.items() if len(s))
-        for (_, stop, _), (start, _, split) in zip(spans, spans[1:]):
+        for (_, stop, _), (start, own_stop, split) in zip(spans, spans[1:]):
             if start < stop:
-                raise ValueError(f"split {split} shares streams with another split: seeds {start} to {stop - 1}")
+                raise ValueError(f"split {split} shares streams with another split: seeds {start} to "
+                                 f"{min(stop, own_stop) - 1}")
         return
     seen: set[int] = set()
     for split, split_seeds in seeds.items():

@@ -213,3 +213,5 @@ def test_a_dataset_is_the_same_whether_its_splits_are_given_as_lists_or_as_range
     assert as_lists.read_bytes() == as_ranges.read_bytes()
     with pytest.raises(ValueError, match="split test shares streams with another split: seeds 1 to 1"):
         write_dataset(tmp_path / "x", {"train": range(2), "test": range(1, 3)})
+    with pytest.raises(ValueError, match="split test shares streams with another split: seeds 3 to 4$"):
+        write_dataset(tmp_path / "y", {"train": range(10), "test": range(3, 5)})
