@@ -221,14 +221,17 @@ def _remove_orphans(owned: Iterable[tuple[Path, int | None]]) -> list[Path]:
     return removed
 
 
-def staging_directory(target: Path) -> Path:
-    """A fresh directory beside ``target`` (same file system, so the final rename is atomic).
+def staging_path(target: Path) -> Path:
+    """This process's staging folder beside ``target`` (same file system, so the final rename is atomic)."""
+    return target.parent / f".{target.name}.staging-{os.getpid()}"
 
-    Stale staging folders of dead exports to the same target are removed first.
-    """
+
+def make_staging_directory(target: Path) -> Path:
+    """``staging_path(target)`` made fresh; stale staging folders of dead exports to the same target are removed
+    first."""
     make_folders(target.parent)
     remove_dead_staging(target)
-    staging = target.parent / f".{target.name}.staging-{os.getpid()}"
+    staging = staging_path(target)
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir()
@@ -269,9 +272,11 @@ def staged_directory(target: Path) -> Iterator[Path]:
     so its staging folder went inside it and the final rename of "." failed (EBUSY) after all the work. A symbolic
     link at ``target`` is kept, and the folder it leads to replaced (``through_links``)."""
     target = through_links(target)
-    staging = staging_directory(target)
+    # Named before it is made, and made inside the try: a SIGTERM raised (stopping.raise_on_termination) just after
+    # the folder was made, before the block was entered, left it behind.
+    staging = staging_path(target)
     try:
-        yield staging
+        yield make_staging_directory(target)
         replace_directory(staging, target)
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)

@@ -150,3 +150,22 @@ def test_a_service_killed_after_an_alert_keeps_that_alert_across_its_restart(exp
         assert snapshot["alert_counts"].tolist() == [[1]]
     assert run([*command, "--max-frames", "10"]) == 0  # the restart
     assert len(events.read_text().splitlines()) == 1  # asked once, alerted once
+
+
+def test_an_interruption_just_after_the_staging_folder_is_made_removes_it(tmp_path, monkeypatch):
+    """A SIGTERM (raised as an exception) that landed after the staging folder was made, before the block was
+    entered, left the folder beside the bundle (a fresh-clone CI run's SIGTERM test caught it once)."""
+    import sdqes_edge.files as files
+
+    made = files.make_staging_directory
+
+    def made_then_interrupted(target):
+        made(target)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(files, "make_staging_directory", made_then_interrupted)
+    (tmp_path / "bundle").mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        with staged_directory(tmp_path / "bundle"):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
