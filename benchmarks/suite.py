@@ -321,9 +321,9 @@ def _check_window_fits(cfg: BenchConfig) -> None:
         return
     fits = int(MAX_SHARE_OF_FREE_MEMORY * free // needed(1))
     fix = f"give --window {fits} or less" if fits >= 2 else "free memory, or give a smaller --preset"
-    raise DoesNotFit(f"--window {cfg.window}: the sliding window holds all its frames at once, and "
-                             f"{cfg.window} frames of {cfg.preset} need at least {needed(cfg.window) / 2**30:.1f} GiB, "
-                             f"where {free / 2**30:.1f} GiB is free; {fix} (default {BenchConfig.window})")
+    raise DoesNotFit(f"--window {cfg.window}: the sliding window holds all its frames at once, and {cfg.window} "
+                     f"frames of {cfg.preset} need at least {needed(cfg.window) / 2**30:.1f} GiB, where "
+                     f"{free / 2**30:.1f} GiB is free; {fix} (default {BenchConfig.window})")
 
 
 @contextlib.contextmanager

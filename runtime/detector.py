@@ -57,7 +57,8 @@ class NonFiniteScoreError(UserError):
 
 def closed_sinks_words(sinks: list[Sink]) -> str:
     """Why a step after ``close`` (a run's end) is refused while the sinks it closed have no successors."""
-    names = ", ".join(f"{type(sink).__name__}({getattr(sink, 'path', '')})".replace("()", "") for sink in sinks)
+    names = ", ".join(type(sink).__name__ + (f"({sink.path})" if getattr(sink, "path", None) else "")
+                      for sink in sinks)
     return (f"this detector's sinks ({names}) were closed when its run ended (or by close()), each output finished, "
             "so this step's alerts would reach none of them; add new ones before stepping on (a JsonlSink of the "
             "same file appends to it), or make a new StreamingDetector")

@@ -231,8 +231,6 @@ def write_dataset(out: str | Path, seeds: dict[str, Sequence[int]], seconds: flo
     Each stream's rows are written as it is made, so memory stays flat however many streams are asked. Once the
     first video is written, streams that would not fit on the disk at its size are refused, before the disk fills
     (``DoesNotFit``). ``progress``: a bar on stderr (``sdqes_edge.progress``)."""
-    from .files import format_bytes
-
     out = Path(out)
     (out / "videos").mkdir(parents=True, exist_ok=True)
     _refuse_shared_streams(seeds)
@@ -245,12 +243,20 @@ def write_dataset(out: str | Path, seeds: dict[str, Sequence[int]], seconds: flo
             stream = generate_stream(seed, seconds, fps)
             video = write_video(out / "videos" / f"{stream.uid}.avi", stream)
             writer.writerows(annotation_rows(stream, split))
-            if count == 0 and (free := shutil.disk_usage(out).free) < video.stat().st_size * (total - 1):
-                raise DoesNotFit(f"{total} streams of about {format_bytes(video.stat().st_size)} each need about "
-                                 f"{format_bytes(video.stat().st_size * total)}, and the disk they are written to "
-                                 f"has {format_bytes(free)} free; write fewer or shorter streams, or write them to a "
-                                 "disk with room")
+            if count == 0:  # the first video's size stands for every one's
+                _refuse_beyond_disk(video.stat().st_size, total, out)
     return out / "annotations.csv"
+
+
+def _refuse_beyond_disk(each: int, total: int, out: Path) -> None:
+    """Refuse ``total`` streams of about ``each`` bytes, one already written to ``out``, that the disk cannot hold."""
+    from .files import format_bytes
+
+    free = shutil.disk_usage(out).free
+    if free < each * (total - 1):
+        raise DoesNotFit(f"{total} streams of about {format_bytes(each)} each need about {format_bytes(each * total)}, "
+                         f"and the disk they are written to has {format_bytes(free)} free; write fewer or shorter "
+                         "streams, or write them to a disk with room")
 
 
 def annotation_rows(stream: Stream, split: str) -> list[dict]:
