@@ -62,6 +62,7 @@ class AlertEvent:
 
 class Sink:
     finished = False  # closed by a detector (close_all): its output is complete, and it takes no more
+    refusal: Exception | None = None  # what its close raised in close_all (a full disk): its output is incomplete
 
     def on_query_added(self, query_id: str, text: str, asked_time: float) -> None:
         """Called for every query, those active when the sink was attached included."""
@@ -385,14 +386,15 @@ def check_sink_fits(sink: Sink, batch: int, fps: float) -> None:
 
 
 def close_all(sinks: list[Sink]) -> None:
-    """Finish every sink's output; one that fails (a full disk) does not stop the others finishing theirs, and the
-    first failure is raised after."""
+    """Finish every sink's output, each failure (a full disk) kept as its sink's ``refusal`` and the others
+    finished all the same; the first failure is raised after."""
     failures = []
     for sink in sinks:
         try:
             sink.finished = True
             sink.close()
         except Exception as exc:  # noqa: BLE001  (raised below, once every other output is complete)
+            sink.refusal = exc
             failures.append(exc)
     if failures:
         raise failures[0]

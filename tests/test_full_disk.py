@@ -318,3 +318,24 @@ def test_outputs_refused_as_the_stream_closes_are_each_said_after_the_summary_wh
     assert [error.split(" writing ")[1].split(" (")[0] for error in errors] == [str(out / "state.npz"),
                                                                                 str(out / "s.npz")]
     assert sorted(p.name for p in out.iterdir()) == ["e.jsonl"]  # nothing half-written
+
+
+def test_every_output_refused_as_the_stream_closes_is_marked_not_the_first_alone(exported, tmp_path):
+    """The annotated video and the score trace both cut off by a full disk: only the video's refusal was raised
+    as the sinks closed, and the summary said the trace was written (there was none)."""
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(20, 48, 64))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
+                           "--query", QUERY, "--threshold", "0.01", "--quiet", "--events", str(out / "e.jsonl"),
+                           "--annotate", str(out / "a.mp4"), "--scores", str(out / "s.npz")],
+                          capture_output=True, text=True, preexec_fn=lambda: _limit_file_size(600))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    _, ran, wrote, *errors = done.stderr.strip().splitlines()
+    assert ran.startswith("done: 10 frames, 1 alert"), done.stderr
+    assert wrote == f"wrote {out / 'e.jsonl'}, {out / 'a.mp4'} (incomplete), {out / 's.npz'} (not written)"
+    trace_refused, video_refused = errors  # each said, the first raised last
+    assert trace_refused.startswith("sdqes-edge: error: a file grew past the largest ")  # RLIMIT_FSIZE's EFBIG
+    assert f" writing {out / 's.npz'} (" in trace_refused
+    assert video_refused.startswith(f"sdqes-edge: error: the annotated video {out / 'a.mp4'} is incomplete: ")
+    assert not (out / "s.npz").exists()

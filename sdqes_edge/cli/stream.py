@@ -115,7 +115,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     asker = LineAsker(detector, args.threshold, **policy_options(args))
     watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys, asker,
                                  args.queries_file_version) if args.watch_queries else nullcontext()
+    sinks = list(detector.sinks)
     exit_code, failures = _stream(detector, sources, args, stats, live, manager, watcher)
+    # Only the first output refused as the sinks closed is raised: the others had been written, said the summary.
+    failures += [sink.refusal for sink in sinks if sink.refusal is not None and sink.refusal not in failures]
     refused = {getattr(failure, "filename", None) for failure in failures}  # outputs the machine refused: marked
     summarize_run(sources, stats, exit_code, [f"{p} (not written)" if str(p) in refused else str(p) for p in [
         args.events, *videos_written(video_sinks), args.save_state, *trace_paths] if p])
