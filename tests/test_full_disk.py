@@ -304,16 +304,9 @@ def test_alerts_printed_on_a_stdout_the_disk_refuses_name_stdout_and_the_alert_l
 def test_outputs_refused_as_the_stream_closes_are_each_said_after_the_summary_which_marks_them(exported, tmp_path):
     """The state snapshot's refusal had hidden the score trace's (which named a chunk, not the trace), and the
     summary of what ran and was written was not said, where sdqes-run says it first."""
-    _, bundle = exported
-    video = write_video(tmp_path / "clip.avi", sample_frames(20, 48, 64))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
-                           "--query", QUERY, "--threshold", "0.01", "--quiet", "--events", str(out / "e.jsonl"),
-                           "--scores", str(out / "s.npz"), "--save-state", str(out / "state.npz")],
-                          capture_output=True, text=True, preexec_fn=lambda: _limit_file_size(600))
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    _, ran, wrote, *errors = done.stderr.strip().splitlines()
-    assert ran.startswith("done: 10 frames, 1 alert"), done.stderr  # the stream itself ended as it should
+    ran, wrote, errors = _run_with_600_bytes_a_file(exported, tmp_path, "--save-state", str(out / "state.npz"))
+    assert ran.startswith("done: 10 frames, 1 alert")  # the stream itself ended as it should
     assert wrote == (f"wrote {out / 'e.jsonl'}, {out / 'state.npz'} (not written), {out / 's.npz'} (not written)")
     assert [error.split(" writing ")[1].split(" (")[0] for error in errors] == [str(out / "state.npz"),
                                                                                 str(out / "s.npz")]
@@ -323,19 +316,27 @@ def test_outputs_refused_as_the_stream_closes_are_each_said_after_the_summary_wh
 def test_every_output_refused_as_the_stream_closes_is_marked_not_the_first_alone(exported, tmp_path):
     """The annotated video and the score trace both cut off by a full disk: only the video's refusal was raised
     as the sinks closed, and the summary said the trace was written (there was none)."""
-    _, bundle = exported
-    video = write_video(tmp_path / "clip.avi", sample_frames(20, 48, 64))
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
-                           "--query", QUERY, "--threshold", "0.01", "--quiet", "--events", str(out / "e.jsonl"),
-                           "--annotate", str(out / "a.mp4"), "--scores", str(out / "s.npz")],
-                          capture_output=True, text=True, preexec_fn=lambda: _limit_file_size(600))
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
-    _, ran, wrote, *errors = done.stderr.strip().splitlines()
-    assert ran.startswith("done: 10 frames, 1 alert"), done.stderr
+    ran, wrote, errors = _run_with_600_bytes_a_file(exported, tmp_path, "--annotate", str(out / "a.mp4"))
+    assert ran.startswith("done: 10 frames, 1 alert")
     assert wrote == f"wrote {out / 'e.jsonl'}, {out / 'a.mp4'} (incomplete), {out / 's.npz'} (not written)"
     trace_refused, video_refused = errors  # each said, the first raised last
     assert trace_refused.startswith("sdqes-edge: error: a file grew past the largest ")  # RLIMIT_FSIZE's EFBIG
     assert f" writing {out / 's.npz'} (" in trace_refused
     assert video_refused.startswith(f"sdqes-edge: error: the annotated video {out / 'a.mp4'} is incomplete: ")
     assert not (out / "s.npz").exists()
+
+
+def _run_with_600_bytes_a_file(exported, tmp_path, *options: str) -> tuple[str, str, list[str]]:
+    """run over 10 frames with an alert log, a score trace and ``options``, every file it writes cut off at 600
+    bytes (exit 1, no traceback) -> its "done:" line, its "wrote" line and its error lines."""
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(20, 48, 64))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
+                           "--query", QUERY, "--threshold", "0.01", "--quiet", "--events", str(out / "e.jsonl"),
+                           "--scores", str(out / "s.npz"), *options],
+                          capture_output=True, text=True, preexec_fn=lambda: _limit_file_size(600))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    _, ran, wrote, *errors = done.stderr.strip().splitlines()
+    return ran, wrote, errors
