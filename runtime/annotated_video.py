@@ -81,12 +81,23 @@ class BackgroundWriter:
 
 
 def frames_read_back(path: Path) -> int:
-    """The frames a video just written holds, as its container counts them (0: it cannot be opened): OpenCV's writer
-    reports no error, so a disk that filled up is found here. Opened quietly (``open_video_file``): a cut-off file
-    is what this looks for."""
+    """The frames a video just written holds (0: it cannot be opened): OpenCV's writer reports no error, so a disk
+    that filled up is found here. Opened quietly (``open_video_file``): a cut-off file is what this looks for. The
+    container's count is taken where its last frame can be read; OpenCV's own AVI writer puts the count of frames
+    it was given in the header (a part of the file already on disk), frames the disk refused among them, so a file
+    whose last frame cannot be read has its frames counted one by one (a cut-off file only)."""
     check = open_video_file(path)
     try:
-        return int(check.get(cv2.CAP_PROP_FRAME_COUNT)) if check.isOpened() else 0
+        listed = int(check.get(cv2.CAP_PROP_FRAME_COUNT)) if check.isOpened() else 0
+        if listed <= 0 or (check.set(cv2.CAP_PROP_POS_FRAMES, listed - 1) and check.grab()):
+            return max(listed, 0)
+    finally:
+        check.release()
+    check, readable = open_video_file(path), 0
+    try:
+        while readable < listed and check.grab():
+            readable += 1
+        return readable
     finally:
         check.release()
 
@@ -95,11 +106,12 @@ def frames_read_back(path: Path) -> int:
 FAT32_LARGEST_FILE = 2**32 - 1
 
 
-def incomplete_video_words(path: Path, written: int, readable: int, then: str = ", and run again") -> str:
+def incomplete_video_words(path: Path, written: int, readable: int, then: str = ", and run again",
+                           what: str = "the annotated video") -> str:
     """Why a video that reads back short was cut off, and what to do: a full disk, or a file at FAT32's largest.
     ``then``: what follows the advice (a live stream's segment is tried again as the next begins)."""
     size = path.stat().st_size if path.is_file() else 0
-    words = f"the annotated video {path} is incomplete: {written} frames were written and {readable} can be read back"
+    words = f"{what} {path} is incomplete: {written} frames were written and {readable} can be read back"
     if size >= FAT32_LARGEST_FILE - (8 << 20):  # within a few frames of the limit (a 4K MJPG frame: 1-2 MB)
         return (f"{words} ({format_bytes(size)}, the most a file holds on FAT32); write it in parts "
                 f"(--annotate-segment SECONDS) or to a disk formatted exFAT or ext4{then}")

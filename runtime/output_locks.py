@@ -16,6 +16,7 @@ device such as /dev/stdout) the output is written unlocked, as it was before.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -103,8 +104,11 @@ def _hold(output: str | os.PathLike, option: str, kind: str | None) -> Path | No
             break
         os.close(fd)  # the lock file was replaced between its open and its lock: lock the one there now
     if os.fstat(fd).st_uid == os.geteuid():  # another user's lock file (a shared folder) is locked, not written
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()} {PROGRAM}\n".encode())
+        # Who holds it, for a second run's refusal only: a full disk that refuses these bytes is said by the output
+        # itself, by name (this write has none), and the lock holds without them.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()} {PROGRAM}\n".encode())
     _HELD[lock] = _Held(fd, 1, os.getpid(), option, kind)
     return lock
 

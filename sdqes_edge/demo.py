@@ -39,6 +39,9 @@ DEMO_VIDEO_FPS = 2.0  # the video is drawn at 2 fps; the runtime samples it at t
 STREAM_VIDEO, ANNOTATED_VIDEO, ALERT_LOG = "stream.avi", "annotated.avi", "alerts.jsonl"
 SCORE_TRACE, SCORE_PLOT, SUMMARY_NAME = "scores.npz", "scores.png", "summary.json"
 DEMO_OUTPUTS = (STREAM_VIDEO, ANNOTATED_VIDEO, ALERT_LOG, SCORE_TRACE, SUMMARY_NAME, SCORE_PLOT)
+# Written as a demo takes its folder, before any output: a demo that failed (a full disk) before its summary.json
+# left outputs that the next demo, in the same folder, refused as the user's own.
+CLAIM_MARKER = ".sdqes-demo"
 
 
 @dataclass
@@ -146,10 +149,11 @@ def _claim_folder(out: Path) -> None:
     replaces. The alert log is appended to by its sink, so a second demo in one folder logged both runs' alerts;
     a folder of the user's own that holds a file of a demo output's name is refused rather than written over."""
     taken = [name for name in DEMO_OUTPUTS if (out / name).exists()]
-    if taken and not _is_demo_summary(out / SUMMARY_NAME):
+    if taken and not (out / CLAIM_MARKER).is_file() and not _is_demo_summary(out / SUMMARY_NAME):
         raise UserError(f"--out {out} already holds {', '.join(taken)}, not from an earlier demo; the demo would "
                         f"write over {'it' if len(taken) == 1 else 'them'}: give a new folder (default sdqes-demo)")
     make_folders(out)
+    write_text_atomically(out / CLAIM_MARKER, "outputs of `sdqes-edge demo`, which replaces them as it runs again\n")
     (out / ALERT_LOG).unlink(missing_ok=True)  # the earlier demo's: this run's log holds this run alone
 
 

@@ -214,13 +214,20 @@ def generate_stream(seed: int, seconds: float = 60.0, fps: float = 2.0, height: 
 
 
 def write_video(path: Path, stream: Stream) -> Path:
+    """``stream``'s frames as an MJPG AVI at ``path``, read back: OpenCV's writer says nothing of a disk that filled
+    up, and the demo then streamed an empty video, synth wrote a dataset of them (an ``IncompleteOutput``)."""
     import cv2
+
+    from .runtime.annotated_video import IncompleteOutput, frames_read_back, incomplete_video_words
 
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), stream.fps,
                              (stream.frames.shape[2], stream.frames.shape[1]))
     for frame in stream.frames:
         writer.write(frame)
     writer.release()
+    readable = frames_read_back(path)
+    if readable < len(stream.frames):
+        raise IncompleteOutput(incomplete_video_words(path, len(stream.frames), readable, what="the video"))
     return path
 
 

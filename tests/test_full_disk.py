@@ -340,3 +340,42 @@ def _run_with_600_bytes_a_file(exported, tmp_path, *options: str) -> tuple[str, 
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     _, ran, wrote, *errors = done.stderr.strip().splitlines()
     return ran, wrote, errors
+
+
+def test_a_demo_the_disk_cuts_off_names_its_video_and_the_next_demo_in_that_folder_is_not_refused(tmp_path):
+    """OpenCV's writer said nothing of the full disk: the demo streamed the 36 frames the disk held of its
+    120-frame video, and its next run refused the folder as the user's own (no summary.json was written)."""
+    demo = [sys.executable, "-m", "sdqes_edge.cli", "demo", "--out", str(tmp_path / "demo")]
+    cut = subprocess.run(demo, capture_output=True, text=True, preexec_fn=_limit_file_size)
+    assert cut.returncode == 1 and "Traceback" not in cut.stderr, cut.stderr
+    assert cut.stderr.startswith(f"sdqes-edge: error: the video {tmp_path / 'demo' / 'stream.avi'} is incomplete: "
+                                 "120 frames were written and ")
+    assert "ALERT" not in cut.stdout  # nothing streamed from the cut video
+    again = subprocess.run(demo, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "demo" / "summary.json").read_text())["queries"] == 5
+
+
+def test_an_avi_the_disk_cut_off_reads_back_the_frames_it_holds_not_the_count_in_its_header(tmp_path):
+    """OpenCV's AVI writer puts the count of frames it was given in the header, which the disk already holds: a
+    video cut off at a third read back as whole."""
+    from sdqes_edge.runtime.annotated_video import frames_read_back
+
+    whole = write_video(tmp_path / "whole.avi", sample_frames(30, 96, 128, seed=2))
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(whole.read_bytes()[:whole.stat().st_size // 3])
+    assert frames_read_back(whole) == 30
+    assert 0 < frames_read_back(cut) < 15
+
+
+def test_an_output_is_locked_on_a_disk_too_full_to_take_the_lock_holders_pid(tmp_path):
+    """The pid written in the lock file, for a second run's refusal, is all the lock writes: a full disk that
+    refused it ended the run with "the disk is full", naming no file."""
+    from sdqes_edge.runtime.output_locks import hold, lock_path, release
+
+    with file_size_limit(0):
+        lock = hold(tmp_path / "alerts.jsonl", "--events")
+    try:
+        assert lock == lock_path(tmp_path / "alerts.jsonl") and lock.read_text() == ""
+    finally:
+        release(lock)
