@@ -23,13 +23,14 @@ from sdqes_edge.contract import (
     PLAIN_ONNX_OPERATORS,
     PRECISIONS,
     REFERENCE_PRECISION,
+    SCORE_RANGE,
     SUPPORTED_OPSETS,
     TRAINING_RECORD_NAME,
 )
 from sdqes_edge.errors import UserError, is_number, is_whole_number
 from sdqes_edge.files import parse_json
 from sdqes_edge.path_checks import path_problem
-from sdqes_edge.runtime.alerts import is_probability
+from sdqes_edge.runtime.alerts import is_probability, out_of_reach_words
 from sdqes_edge.tokenizer import CONTEXT_LENGTH, check_query_text, default_tokenizer
 from sdqes_edge.tolerances import DRIFT_FRAMES, VERIFY_FRAMES
 
@@ -121,7 +122,22 @@ def _query_problems(queries: tuple[Query, ...]) -> list[str]:
                  if q.label is not None and not isinstance(q.label, str)]
     problems += [f"the threshold of the query {q.text!r} is a probability sigmoid(cos) in (0, 1), not {q.threshold!r}"
                  for q in queries if q.threshold is not None and not is_probability(q.threshold)]
+    problems += [f"the threshold {q.threshold:g} of the query {q.text!r} {out_of_reach_words(q.threshold)}"
+                 for q in queries if is_probability(q.threshold) and q.threshold >= SCORE_RANGE[1]]
     return problems
+
+
+def _threshold_problems(threshold: float, warn: Callable[[str], None]) -> list[str]:
+    """--threshold is a probability that scores reach: one never reached is refused, one below every score (a query
+    alerting at its first frame alone) said."""
+    if not 0.0 < threshold < 1.0:
+        return [f"--threshold is a probability sigmoid(cos) in (0, 1), not {threshold}"]
+    words = out_of_reach_words(threshold, "a query at it")
+    if words and threshold >= SCORE_RANGE[1]:
+        return [f"--threshold {threshold:g} {words}"]
+    if words:
+        warn(f"--threshold {threshold:g} {words}")
+    return []
 
 
 def check_options(options: ExportOptions, warn: Callable[[str], None],
@@ -150,8 +166,7 @@ def check_options(options: ExportOptions, warn: Callable[[str], None],
     if options.verify_frames < MIN_VERIFY_FRAMES:
         problems.append(f"--verify-frames must be >= {MIN_VERIFY_FRAMES} so the state is exercised, "
                         f"not {options.verify_frames}")
-    if not 0.0 < options.threshold < 1.0:
-        problems.append(f"--threshold is a probability sigmoid(cos) in (0, 1), not {options.threshold}")
+    problems += _threshold_problems(options.threshold, warn)
     if not 0.0 < options.fps <= MAX_FPS:  # NaN too
         problems.append(f"--fps must be a positive number of frames per second up to {MAX_FPS:g}, not {options.fps}")
     problems += _query_problems(options.queries) + _int8_problems(options) + _operator_problems(options)

@@ -35,7 +35,7 @@ _EXPORTS = {
     ".fused_ops": ("MissingKernelsWarning",),
     ".onnxruntime_backend": ("SlowPrecisionWarning",),
     ".pacing": ("FrameRateWarning",),
-    ".queries": ("DuplicateQueryWarning", "text_encoder_for"),
+    ".queries": ("DuplicateQueryWarning", "ThresholdOutOfReachWarning", "text_encoder_for"),
     ".run_stats": ("RunStats",),
     ".annotated_video": ("AnnotatedVideoSink",),
     ".sinks": ("AlertEvent", "CallbackSink", "ConsoleSink", "JsonlSink", "ScoreTraceRecorder", "Sink"),

@@ -15,12 +15,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sdqes_edge.contract import SCORE_RANGE
 from sdqes_edge.errors import UserError, is_number, is_whole_number
 
 
 def is_probability(value: object) -> bool:
     """What an alert threshold is: a number (not a bool) strictly between 0 and 1 (NaN is not)."""
     return is_number(value) and 0.0 < value < 1.0
+
+
+def out_of_reach_words(threshold: float, who: str = "the query") -> str | None:
+    """Why a threshold outside the scores p can take (``SCORE_RANGE``) makes ``who`` useless, and what to give; None
+    for one inside it."""
+    low, high = SCORE_RANGE
+    inside = f"give one between {low:.4f} and {high:.4f} (a calibrated one: sdqes-edge eval --calibrate)"
+    if threshold >= high:
+        return (f"is never reached: p = sigmoid(cos) is at most {high:.4f} (a cosine is at most 1), so {who} never "
+                f"alerts; {inside}")
+    if threshold < low:
+        return (f"is below every score: p = sigmoid(cos) is at least {low:.4f} (a cosine is at least -1), so {who} "
+                f"alerts at its first frame and never again; {inside}")
+    return None
 
 
 def check_number(name: str, value: object) -> None:

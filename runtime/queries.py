@@ -25,7 +25,7 @@ from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
 from sdqes_edge.traces import query_key
 
-from .alerts import AlertPolicy, check_texts
+from .alerts import AlertPolicy, check_texts, out_of_reach_words
 from .bundle import Bundle, as_bundle
 from .ort_sessions import load_refusal, session_options
 
@@ -38,6 +38,11 @@ TEXT_CACHE_SIZE = 4096
 class DuplicateQueryWarning(UserWarning):
     """A query added while the same one (as CLIP reads it, under the same alert policy) is active: every event
     would alert twice."""
+
+
+class ThresholdOutOfReachWarning(UserWarning):
+    """A query given a threshold outside the scores p = sigmoid(cos) can take (``SCORE_RANGE``): it would never
+    alert, or alert at its first frame alone."""
 
 
 @dataclass
@@ -135,6 +140,7 @@ class QueryBank:
         # (query_key, the policy) -> the active ids asking it. Not CLIP's full cleaning (ftfy): that tripled the
         # set-up time of a bundle of 10,000 queries.
         self._same: dict[tuple, list[str]] = {}
+        self._out_of_reach_said: set[float] = set()  # said once a threshold: 100 queries at one said it 100 times
 
     def add(self, text: str, policy: AlertPolicy, message: str | None = None, query_id: str | None = None,
             stream_time: float = 0.0, label: str | None = None) -> Query:
@@ -158,6 +164,12 @@ class QueryBank:
                           f"event will alert twice; keep the first one's id, or remove_query({same[0]!r}) before "
                           "adding it again", DuplicateQueryWarning, stacklevel=stacklevel)
         same.append(query.id)
+        threshold = query.policy.threshold
+        out_of_reach = out_of_reach_words(threshold)
+        if out_of_reach and threshold not in self._out_of_reach_said:
+            self._out_of_reach_said.add(threshold)
+            warnings.warn(f"the threshold {threshold:g} of query {query.id} ({query.text!r}, and of any query given it "
+                          f"after) {out_of_reach}", ThresholdOutOfReachWarning, stacklevel=stacklevel)
 
     def _unregister(self, query: Query) -> None:
         key = (query_key(query.text), dataclasses.astuple(query.policy))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,12 @@ METADATA_KEY = "sdqes_edge"  # the one metadata_props key a graph's JSON descrip
 GRAPH_FORMAT_VERSION = 2  # 2: state tensors as rows [B*L, ...] (graph_shape); 1: in the spec's shape
 DEFAULT_OPSET = 17  # LayerNormalization is one node from opset 17
 SUPPORTED_OPSETS = (16, 17)  # 16 for TensorRT < 8.6
+
+# --- scores ----------------------------------------------------------------------------------
+# Every score is p = sigmoid(cos(frame, query)) (DESIGN.md section 1: no temperature), and a cosine lies in [-1, 1],
+# so p lies in [sigmoid(-1), sigmoid(1)] = [0.2689, 0.7311], whatever the model: a threshold at or above the top is
+# never reached, and one below the bottom is passed by every frame (one alert, at a query's first frame).
+SCORE_RANGE = (1.0 / (1.0 + math.e), 1.0 / (1.0 + 1.0 / math.e))
 
 # --- the bundle ------------------------------------------------------------------------------
 MANIFEST_NAME = "manifest.json"

@@ -88,6 +88,9 @@ def test_a_line_built_from_what_was_given_shows_its_control_characters_and_keeps
     (["--max-alerts", "0"], "sdqes-edge run: error: argument --max-alerts: give at least 1, not 0 (see"),
     (["--cooldown", "-1"], "sdqes-edge run: error: argument --cooldown: give at least 0 s, not -1 (see"),
     (["--threshold", "1.5"], "sdqes-edge: error: --threshold 1.5 is outside (0, 1): it is a probability sigmoid(cos)"),
+    (["--threshold", "0.9"], "sdqes-edge: error: --threshold 0.9 is never reached: p = sigmoid(cos) is at most 0.7311 "
+     "(a cosine is at most 1), so any query at it never alerts; give one between 0.2689 and 0.7311 (a calibrated "
+     "one: sdqes-edge eval --calibrate)"),
     (["--exit-threshold", "1"], "sdqes-edge: error: --exit-threshold 1 is outside [0, 1): a query stays on until its "
                                 "p falls to it, a probability sigmoid(cos)"),
     (["--threshold", "0.5", "--exit-threshold", "0.9"], "sdqes-edge: error: --exit-threshold 0.9 is above --threshold "

@@ -73,6 +73,8 @@ def test_the_native_runtime_reads_the_bundle_format_this_code_writes():
     assert f'kQueryInput = "{contract.QUERY_INPUT}";' in header  # a graph exported with --fuse-queries
     assert f'kLogitsOutput = "{contract.LOGITS_OUTPUT}";' in header
     assert f"kMaxFps = {contract.MAX_FPS};" in header
+    assert f"kLowestScore = {contract.SCORE_RANGE[0]!r};" in header
+    assert f"kHighestScore = {contract.SCORE_RANGE[1]!r};" in header
 
 
 def test_the_schema_bounds_the_rate_a_bundle_samples_at_as_the_contract_does():

@@ -231,10 +231,34 @@ def test_a_query_added_again_while_active_warns_that_each_event_would_alert_twic
     assert seen[0].filename == __file__  # pointing at the program's call of add_query
     with warnings.catch_warnings():
         warnings.simplefilter("error", DuplicateQueryWarning)
-        detector.add_query("When I open the fridge", threshold=0.9)  # another policy: asked on purpose
+        detector.add_query("When I open the fridge", threshold=0.7)  # another policy: asked on purpose
         detector.remove_query(first.id)
         detector.remove_query("q2")
         detector.add_query("When I open the fridge")  # no longer active under the default policy
+
+
+def test_a_threshold_outside_the_scores_p_can_take_is_said_once_each_pointing_at_the_programs_call(exported):
+    """p = sigmoid(cos) lies in [0.2689, 0.7311]: a query at 0.9 (a detector's usual confidence) never alerted, and
+    one at 0.1 alerted at its first frame alone, without a word."""
+    import warnings
+
+    from sdqes_edge.runtime import ThresholdOutOfReachWarning
+
+    detector = StreamingDetector(exported[1])
+    never = (r"^the threshold 0.9 of query q1 \('When I open the fridge', and of any query given it after\) is never "
+             r"reached: p = sigmoid\(cos\) is at most 0.7311 \(a cosine is at most 1\), so the query never alerts; "
+             r"give one between 0.2689 and 0.7311")
+    with pytest.warns(ThresholdOutOfReachWarning, match=never) as seen:
+        detector.add_query("When I open the fridge", threshold=0.9)
+    assert seen[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ThresholdOutOfReachWarning)
+        detector.add_query("When I start cooking", threshold=0.9)  # said once for 0.9, not once a query
+        calm = detector.add_query("When I wash my hands", threshold=0.7)
+    with pytest.warns(ThresholdOutOfReachWarning, match=r"threshold 0.1 of query q3 .* is below every score: p = "
+                      r"sigmoid\(cos\) is at least 0.2689 .* alerts at its first frame and never again") as seen:
+        detector.set_query_policy(calm, threshold=0.1)
+    assert seen[0].filename == __file__
 
 
 def test_a_state_snapshot_that_cannot_be_written_is_one_line(detector, tmp_path):

@@ -145,3 +145,22 @@ def test_a_model_exported_between_training_steps_is_left_training(tmp_path):
     export_bundle(model, tmp_path / "bundle", ExportOptions(verify_frames=16), log=lambda line: None)
     assert model.training and all(module.training for module in model.modules())
     assert (tmp_path / "bundle" / "manifest.json").is_file()
+
+
+def test_a_threshold_no_score_reaches_is_refused_and_one_below_every_score_is_said():
+    """p = sigmoid(cos) lies in [0.2689, 0.7311]: a bundle exported at --threshold 0.9 (a detector's usual
+    confidence) never alerted, without a word."""
+    said = []
+    with pytest.raises(UserError, match=r"^--threshold 0.9 is never reached: p = sigmoid\(cos\) is at most 0.7311 "
+                                        r"\(a cosine is at most 1\), so a query at it never alerts; give one between "
+                                        r"0.2689 and 0.7311"):
+        check_options(ExportOptions(threshold=0.9), said.append)
+    with pytest.raises(UserError, match=r"^the threshold 0.75 of the query 'when I cook' is never reached"):
+        check_options(ExportOptions(queries=(Query("when I cook", "Wash!", threshold=0.75),)), said.append)
+    assert said == []
+    check_options(ExportOptions(threshold=0.2), said.append)
+    assert said == ["--threshold 0.2 is below every score: p = sigmoid(cos) is at least 0.2689 (a cosine is at least "
+                    "-1), so a query at it alerts at its first frame and never again; give one between 0.2689 and "
+                    "0.7311 (a calibrated one: sdqes-edge eval --calibrate)"]
+    check_options(ExportOptions(threshold=0.7), said.append)  # inside: nothing said
+    assert len(said) == 1

@@ -175,15 +175,21 @@ def test_sdqes_run_refuses_a_bad_option_value_in_one_line_before_it_looks_for_an
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-def test_sdqes_run_refuses_an_exit_threshold_above_the_threshold_in_the_words_of_sdqes_edge_run(native_build, clip,
-                                                                                                   capsys):
-    options = ["--source", clip, "--threshold", "0.5", "--exit-threshold", "0.9"]
+@pytest.mark.parametrize("options, says", [
+    (["--threshold", "0.5", "--exit-threshold", "0.9"],
+     "--exit-threshold 0.9 is above --threshold 0.5: a query stays on until its p falls to it"),
+    # p = sigmoid(cos) is at most 0.7311: a query at 0.9 never alerted, without a word.
+    (["--threshold", "0.9"], "--threshold 0.9 is never reached: p = sigmoid(cos) is at most 0.7311 (a cosine"),
+])
+def test_sdqes_run_refuses_an_alert_policy_no_query_can_use_in_the_words_of_sdqes_edge_run(options, says, native_build,
+                                                                                          clip, capsys):
+    options = ["--source", clip, *options]
     done = subprocess.run([str(native_build / "sdqes-run"), str(VECTORS / "bundle"), *options],
                           capture_output=True, text=True)
     assert run(["run", str(VECTORS / "bundle"), *options]) == done.returncode == 2
     python_says = capsys.readouterr().err
     assert python_says.replace("sdqes-edge:", "sdqes-run:") == done.stderr, done.stderr
-    assert "--exit-threshold 0.9 is above --threshold 0.5: a query stays on until its p falls to it" in done.stderr
+    assert says in done.stderr
 
 
 @pytest.mark.parametrize("source, message, status", [

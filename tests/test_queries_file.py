@@ -27,8 +27,8 @@ COOK = "When I start cooking, remind me to wash my hands."
     # The EgoSDQES annotations' columns: the label picks the bundle's threshold for it, where it has one; a
     # threshold of the line's own comes first.
     ("q.csv", f'split,query,response,label,threshold\nval,"{COOK}",Wash your hands!,cook_food,\n'
-              'val,when I run,Go!,, 0.75 \n',
-     [Line(COOK, "Wash your hands!", "cook_food"), Line("when I run", "Go!", None, 0.75)]),
+              'val,when I run,Go!,, 0.7 \n',
+     [Line(COOK, "Wash your hands!", "cook_food"), Line("when I run", "Go!", None, 0.7)]),
     # Headers as typed in a spreadsheet: " response" (after "query, ") matched no column, and every message was lost.
     ("q.csv", "Query, Response, Label\nwhen I run, Go!, run\n", [Line("when I run", "Go!", "run")]),
 ])
@@ -59,6 +59,8 @@ def test_queries_and_their_alert_messages_are_read_from_txt_json_and_csv(name, c
     ("q.csv", "query,threshold\nwhen I cook,high\n", "threshold 'high' of 'when I cook' is not a probability"),
     ("q.csv", "query,threshold\nwhen I cook,nan\n", "threshold 'nan' of 'when I cook' is not a probability"),
     ("q.csv", "query,threshold\nwhen I cook,0\n", r"threshold '0' of 'when I cook' is not a probability sigmoid\(cos"),
+    ("q.csv", "query,threshold\nwhen I cook,0.9\n", r"threshold '0.9' of 'when I cook' is never reached: p = "
+     r"sigmoid\(cos\) is at most 0.7311"),  # a probability, but one no score reaches: the query never alerted
     ("q.json", '[{"response": "Wash!"}]', "each entry must be a string or"),
     ("q.json", '[{"text": "when I cook", "message": "Wash!"}]', r"q.json: the entry .* has 'message', which is no "
                                                                 r"query's key: give text, response, label, threshold"),

@@ -34,7 +34,9 @@ from sdqes_edge.synthetic import write_dataset
 from sdqes_edge.traces import load_scores
 
 KETTLE, DOOR, SIT = "Tell me when the kettle boils.", "When the door opens, tell me.", "When I sit down."
-DEFAULT, NEVER = 0.001, 0.999999  # every query alerts on its first frame at DEFAULT, none ever at NEVER
+# Every query alerts on its first frame at DEFAULT (an untrained model scores about 0.5), none ever at NEVER (a cosine
+# past 0.9946): each inside the scores p = sigmoid(cos) can take, [0.2689, 0.7311], where a threshold is a query's.
+DEFAULT, NEVER = 0.3, 0.73
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +159,7 @@ def test_an_exported_bundles_own_queries_keep_their_labels_and_thresholds(tmp_pa
 
 @pytest.mark.parametrize("new_row, said, threshold", [
     ((KETTLE, "Tea!", "boil_water", ""), "a new label for", NEVER),
-    ((KETTLE, "Tea!", "", "0.75"), "a new threshold for", 0.75),
+    ((KETTLE, "Tea!", "", "0.7"), "a new threshold for", 0.7),
 ])
 def test_a_new_label_or_threshold_in_the_watched_file_keeps_the_query_and_its_alert_state_under_it(
         calibrated, tmp_path, capsys, new_row, said, threshold):
@@ -239,9 +241,9 @@ def test_a_new_threshold_the_runs_policy_refuses_keeps_the_old_one_and_is_tried_
     assert said.startswith(f"sdqes-edge: warning: --queries-file's query {KETTLE!r} keeps its threshold {NEVER:g}: ")
     assert "exit threshold 0.5 must lie in [0, threshold 0.4]" in said
     assert detector.thresholds() == {kettle.id: NEVER}
-    assert edit("0.75") == [f"sdqes-edge: --queries-file {path} changed: a new threshold for {KETTLE!r}; 1 query "
+    assert edit("0.7") == [f"sdqes-edge: --queries-file {path} changed: a new threshold for {KETTLE!r}; 1 query "
                             "streaming"]
-    assert detector.thresholds() == {kettle.id: 0.75}
+    assert detector.thresholds() == {kettle.id: 0.7}
     detector.close()
 
 
@@ -256,7 +258,7 @@ def test_a_new_threshold_the_runs_policy_refuses_keeps_the_old_one_and_is_tried_
 def test_export_refuses_a_query_whose_message_label_or_threshold_the_bundle_could_not_hold(query, says):
     with pytest.raises(UserError, match=re.escape(says)):
         check_options(ExportOptions(queries=(query,)), warn=lambda m: None)
-    assert check_options(ExportOptions(queries=(Query(KETTLE, "Tea!", "boil", np.float32(0.75)),)),
+    assert check_options(ExportOptions(queries=(Query(KETTLE, "Tea!", "boil", np.float32(0.7)),)),
                          warn=lambda m: None).queries
 
 

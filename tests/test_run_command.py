@@ -87,7 +87,7 @@ def test_sigterm_or_sighup_mid_stream_finishes_the_frame_and_leaves_every_output
     video = write_video(tmp_path / "long.avi", sample_frames(1800, 48, 64), fps=30.0)  # 60 s: 300 steps at 5 fps
     annotated, scores, events = tmp_path / "annotated.mp4", tmp_path / "scores.npz", tmp_path / "events.jsonl"
     process = subprocess.Popen([sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video),
-                                "--query", QUERY, "--threshold", "0.01", "--annotate", str(annotated), "--scores",
+                                "--query", QUERY, "--threshold", "0.3", "--annotate", str(annotated), "--scores",
                                 str(scores), "--events", str(events), "--quiet", "--threads", "1"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     started = process.stderr.readline()

@@ -825,6 +825,14 @@ sdqes::PolicyOptions policy_options(const std::map<std::string, std::string>& o)
     if (!(*options.threshold > 0.0 && *options.threshold < 1.0)) {
       throw sdqes::Error("--threshold " + o.at("--threshold") + " is outside (0, 1): it is a probability sigmoid(cos)");
     }
+    if (*options.threshold >= sdqes::kHighestScore) {  // in the words of sdqes-edge run (runtime/alerts.py)
+      std::ostringstream words;
+      words << std::fixed << std::setprecision(4) << "--threshold " << o.at("--threshold")
+            << " is never reached: p = sigmoid(cos) is at most " << sdqes::kHighestScore
+            << " (a cosine is at most 1), so any query at it never alerts; give one between " << sdqes::kLowestScore
+            << " and " << sdqes::kHighestScore << " (a calibrated one: sdqes-edge eval --calibrate)";
+      throw sdqes::Error(words.str());
+    }
   }
   if (o.count("--exit-threshold")) {
     const double exit_threshold = real_number(o, "--exit-threshold", 0);

@@ -40,6 +40,10 @@ constexpr const char* kStateOutputPrefix = "state_out.";
 // The fastest rate a bundle samples at, frames per second (sdqes_edge/contract.py MAX_FPS; tested): a manifest's fps
 // of 1e300 stepped a file's first frame without end, one of 0 streamed nothing and said done, -1 never began.
 constexpr double kMaxFps = 1000.0;
+// Every score is p = sigmoid(cos) and a cosine lies in [-1, 1], so p lies in [sigmoid(-1), sigmoid(1)]
+// (sdqes_edge/contract.py SCORE_RANGE; tested): a --threshold at or above the top is never reached.
+constexpr double kLowestScore = 0.2689414213699951;
+constexpr double kHighestScore = 0.7310585786300049;
 // The metadata_props key a step graph's JSON description lives under, and the manifest fields that description
 // fixes (sdqes_edge/contract.py METADATA_KEY, runtime/bundle.py DESCRIBED_BY_THE_GRAPH; tested).
 constexpr const char* kMetadataKey = "sdqes_edge";
