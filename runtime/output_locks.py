@@ -54,16 +54,18 @@ def lock_path(output: Path) -> Path:
     return output.with_name(f".{output.name}{LOCK_SUFFIX}")
 
 
-def hold(output: str | os.PathLike, option: str, kind: str | None = None) -> Path | None:
+def hold(output: str | os.PathLike, option: str, kind: str | None = None,
+         folder: str | os.PathLike | None = None) -> Path | None:
     """Take ``output``'s lock until ``release`` of what this returns (or ``release_all``), or refuse (a UserError
     naming ``option`` and the run that holds it). The lock file's path, or None where the output is written unlocked
     (see the module's docstring). ``kind``: what is written there ("an alert log"); a file this process holds for
-    another kind is refused (a JsonlSink and a ScoreTraceRecorder given one path wrote it in turn)."""
+    another kind is refused (a JsonlSink and a ScoreTraceRecorder given one path wrote it in turn). ``folder``: the
+    folder ``option`` names, whose file ``output`` stands for it (score's --out), named in the refusal instead."""
     with _TABLE:
-        return _hold(output, option, kind)
+        return _hold(output, option, kind, folder)
 
 
-def _hold(output: str | os.PathLike, option: str, kind: str | None) -> Path | None:
+def _hold(output: str | os.PathLike, option: str, kind: str | None, folder: str | os.PathLike | None) -> Path | None:
     try:
         import fcntl
     except ImportError:  # not a POSIX system: nothing to lock with
@@ -93,8 +95,8 @@ def _hold(output: str | os.PathLike, option: str, kind: str | None) -> Path | No
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise UserError(f"{option} {output} is being written by another run ({holder}); stop that run, or give "
-                            "this one another file") from None
+            raise UserError(f"{option} {folder or output} is being written by another run ({holder}); stop that run, "
+                            f"or give this one another {'folder' if folder else 'file'}") from None
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):  # a file system without

@@ -248,6 +248,26 @@ def test_an_interrupted_run_resumes_and_a_half_written_trace_never_counts(corpus
     assert_same_traces(per_stream_traces, out, uids(corpus))
 
 
+def test_a_second_run_into_the_same_out_is_refused_while_the_first_scores(corpus, tmp_path):
+    """Both scored every stream the first had not finished, writing the same traces and report in turn."""
+    out = tmp_path / "out"
+    code = ("import sys, time; from pathlib import Path; from sdqes_edge.runtime.output_locks import hold; "
+            "out = Path(sys.argv[1]); hold(out / 'scored_by.json', '--out', 'a corpus', folder=out); "
+            "print('held', flush=True); time.sleep(120)")  # as a scoring run holds its --out
+    first = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "held"
+        second = score(corpus, out, "--workers", "1")
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    assert second.returncode == 2 and second.stderr.strip() == (
+        f"sdqes-edge: error: --out {out} is being written by another run (pid {first.pid}, sdqes-edge); stop that "
+        "run, or give this one another folder")
+    assert not (out / "traces").exists()
+    assert score(corpus, out, "--workers", "1").returncode == 0  # the first gone, its lock stops no one
+
+
 def test_a_re_run_with_another_model_or_frame_rate_is_refused_rather_than_mixing_two_models_traces(corpus, tmp_path):
     import shutil
 

@@ -27,8 +27,9 @@ FAILURES_NAME = "failures.json"
 
 def cmd_score(args: argparse.Namespace) -> int:
     from sdqes_edge.annotations import require_annotations
-    from sdqes_edge.corpus import StepChoice, claim_output, copies_words, finished, missing_video_error, plan_streams
+    from sdqes_edge.corpus import SCORED_BY_NAME, StepChoice, copies_words, plan_streams
     from sdqes_edge.runtime.bundle import load_bundle
+    from sdqes_edge.runtime.output_locks import hold, release
 
     _check_score_args(args)
     bundle = load_bundle(args.bundle)  # a bad bundle is refused before any worker starts
@@ -42,6 +43,19 @@ def cmd_score(args: argparse.Namespace) -> int:
         warn(copies)
     if args.bench:
         return _bench(tasks, Path(args.bundle), out, args.precision)
+    # One run at a time: a second into the same --out scored every stream the first had not finished again, both
+    # writing the same traces and report.
+    lock = hold(out / SCORED_BY_NAME, "--out", "a corpus's scores", folder=out)
+    try:
+        return _score_corpus(args, bundle, step, annotations, tasks, out)
+    finally:
+        release(lock)
+
+
+def _score_corpus(args: argparse.Namespace, bundle, step: StepChoice, annotations: list, tasks: list, out: Path) -> int:
+    """Score the streams of ``tasks`` not yet scored in ``out``, then the report -> the exit status."""
+    from sdqes_edge.corpus import claim_output, finished, missing_video_error
+
     # Before a trace of another model or format counts as finished.
     claim_output(out, bundle.model_identity, bundle.fps, step)
     todo = [t for t in tasks if not finished(out, t)]
