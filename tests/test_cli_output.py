@@ -60,3 +60,20 @@ def test_run_with_stderr_in_the_same_closed_pipe_still_logs_every_alert(exported
                             "--events", str(events), stderr_too=True)
     assert done.returncode == 128 + signal.SIGPIPE
     assert [json.loads(line)["query"] for line in events.read_text().splitlines()] == [QUERY]
+
+
+def test_events_dash_is_stdout_the_alerts_jsonl_alone_and_its_reader_leaving_is_a_stop(exported, tmp_path):
+    """`run --events - | jq`: it wrote a file named '-' in the working folder, and with --events /dev/stdout the
+    console's alert lines were mixed into the JSONL, breaking its reader; a reader that left was a traceback."""
+    _, bundle = exported
+    video = write_video(tmp_path / "clip.avi", sample_frames(40, 60, 80))
+    run = [sys.executable, "-m", "sdqes_edge.cli", "run", str(bundle), "--source", str(video), "--query", QUERY,
+           "--query", "a second query", "--threshold", "0.3", "--events", "-"]
+    done = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(json.loads(line)["query"] for line in done.stdout.splitlines()) == sorted([QUERY, "a second query"])
+    assert done.stderr.count(f"] {QUERY}   (query q1: p=") == 1  # the console's line, on stderr
+    assert not (tmp_path / "-").exists()
+    left = without_a_reader(*run[3:])
+    assert "Traceback" not in left.stderr and left.returncode == 128 + signal.SIGPIPE, left.stderr
+    assert "stopping: the program reading the alert log (--events /dev/stdout) has closed it" in left.stderr

@@ -4,7 +4,10 @@ snapshot): its options, the path of each output per source, and the sinks that w
 from __future__ import annotations
 
 import argparse
+import errno
+import io
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -55,6 +58,35 @@ def annotation_segment_seconds(args: argparse.Namespace, source) -> float | None
     return LIVE_ANNOTATION_SEGMENT_SECONDS if source.live else None
 
 
+STDOUT_FILE = "/dev/stdout"  # what --events - writes to: the alerts' JSONL piped to another program (jq, a notifier)
+
+
+def resolve_events_on_stdout(args: argparse.Namespace) -> None:
+    """--events - is stdout, as for most Unix tools (it wrote a file named '-'); there, or where --events is stdout's
+    own file (/dev/stdout), the console's alert lines go to stderr (``args.events_on_stdout``): mixed into the JSONL
+    they broke the program reading it."""
+    if args.events == "-":
+        if not os.path.exists(STDOUT_FILE):
+            raise UserError(f"--events - writes the alerts to stdout through {STDOUT_FILE}, which this system lacks; "
+                            "give a file")
+        args.events = STDOUT_FILE
+    try:
+        events, stdout = os.stat(args.events), os.fstat(sys.stdout.fileno())
+    except (OSError, TypeError, ValueError, AttributeError, io.UnsupportedOperation):  # no such file yet; no stdout
+        args.events_on_stdout = False
+        return
+    args.events_on_stdout = (events.st_dev, events.st_ino) == (stdout.st_dev, stdout.st_ino)
+
+
+def events_reader_left(error: Exception, events: str | None) -> bool:
+    """Whether ``error`` is --events' pipe (--events -, a FIFO) closed by the program reading it, said as a stop, as
+    the reader of stdout leaving is: it ended the run in a traceback."""
+    if not (isinstance(error, OSError) and error.errno == errno.EPIPE and events and error.filename == events):
+        return False
+    say(f"stopping: the program reading the alert log (--events {events}) has closed it")
+    return True
+
+
 def attach_sinks(detector: StreamingDetector, sources: list,
                  args: argparse.Namespace) -> tuple[list[Path], list[AnnotatedVideoSink]]:
     """Console, --events, --annotate and --scores sinks; the score trace paths, one per source, and the video
@@ -66,7 +98,8 @@ def attach_sinks(detector: StreamingDetector, sources: list,
     video_paths = paths_per_source(args.annotate, sources) if args.annotate else []
     hold_source_outputs(trace_paths, video_paths)  # before any is opened: another run of this source is refused
     if not args.quiet:
-        detector.add_sink(ConsoleSink())
+        on_stderr = getattr(args, "events_on_stdout", False)
+        detector.add_sink(ConsoleSink((lambda line: show(line, file=sys.stderr)) if on_stderr else print))
     if args.events:
         detector.add_sink(JsonlSink(args.events))
     keep = args.annotate_keep * 3600 if args.annotate_keep else None
@@ -166,7 +199,7 @@ def add_output_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--events", type=path_text,
                      help="append alerts to this JSONL file, one object per alert with its stream time, wall-clock "
                           "time (UTC), score, and the query's threshold and label; flushed per alert, and followed "
-                          "when logrotate moves it")
+                          "when logrotate moves it; - for stdout (the console's alert lines then go to stderr)")
     run.add_argument("--scores", type=path_text,
                      help="per-frame score trace: FILE.npz (with several sources, FILE.SOURCE.npz "
                           "for each), or a folder of SOURCE.npz")

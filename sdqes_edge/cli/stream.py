@@ -32,8 +32,10 @@ from sdqes_edge.cli.run_outputs import (
     StateAfterAlerts,
     add_output_options,
     attach_sinks,
+    events_reader_left,
     finish_outputs,
     raise_failures,
+    resolve_events_on_stdout,
     summarize_run,
     videos_written,
 )
@@ -160,6 +162,7 @@ def _check_run_args(args: argparse.Namespace) -> None:
                      f"(one SOURCE{TRACE_SUFFIX} per stream); for one file name it "
                      f"{scores.with_suffix(TRACE_SUFFIX)}")
             check_output_dir(scores, "--scores")
+    resolve_events_on_stdout(args)
     hold_run_outputs(args)  # before anything is loaded or said: a second run on the same files is refused at once
     _state_file(args)
     if args.save_state:
@@ -296,12 +299,15 @@ def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace
     except KeyboardInterrupt as interrupt:  # a second signal, or one outside the loop
         exit_code = exit_code_of(interrupt)
     except (UserError, OSError) as error:  # said after the summary, as sdqes-run ends (an OSError by the last net)
-        if not stats.frames:  # before any frame ran: said alone
+        if events_reader_left(error, args.events):  # --events - piped to a program that has closed it
+            exit_code = READER_LEFT_EXIT
+        elif not stats.frames:  # before any frame ran: said alone
             raise
-        failures.append(error)
-        # An output the machine refused as the sinks closed (a full disk): the summary says how the stream ended.
-        ended = stats.streamed or stop.requested
-        exit_code = (stop.exit_code or exit_code) if ended else getattr(error, "exit_code", 1)
+        else:
+            failures.append(error)
+            # An output the machine refused as the sinks closed (a full disk): the summary says how the stream ended.
+            ended = stats.streamed or stop.requested
+            exit_code = (stop.exit_code or exit_code) if ended else getattr(error, "exit_code", 1)
     finally:
         manager.stopping(f"stopping after {stats.frames} frames: finishing every output")
         if bar is not None:
