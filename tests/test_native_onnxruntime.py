@@ -167,6 +167,18 @@ def test_sdqes_run_whose_alert_log_or_stdout_the_disk_refuses_says_so_in_one_lin
         "refuses it; free some space there or send stdout elsewhere, and run again")
 
 
+def test_sdqes_run_events_dash_is_stdout_the_alerts_jsonl_alone_as_in_sdqes_edge_run(sdqes_run_on_the_cpu, bundle,
+                                                                                       video, tmp_path):
+    """It wrote a file named '-', and its printed alert lines went into the JSONL read from stdout."""
+    done = subprocess.run([str(sdqes_run_on_the_cpu), bundle, "--source", video, "--threshold", "0.3", "--events", "-"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    alerts = [json.loads(line) for line in done.stdout.splitlines()]
+    assert alerts and all(alert["frame_index"] == 0 for alert in alerts)
+    assert done.stderr.count("(p=") == len(alerts)  # the printed lines, on stderr
+    assert not (tmp_path / "-").exists()
+
+
 def test_sdqes_run_on_a_live_stream_tells_systemd_it_is_ready_and_stops_on_sigterm_with_its_log_complete(
         sdqes_run_on_the_cpu, bundle, endless_stream, tmp_path):
     address = f"@sdqes-notify-test-{os.getpid()}"  # abstract: a tmp path may pass the 108 bytes a socket name has

@@ -29,6 +29,7 @@
 #include <opencv2/core/utils/logger.hpp>
 #include <opencv2/videoio.hpp>
 #include <opencv2/videoio/registry.hpp>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "sdqes/alert_state_file.hpp"
@@ -278,6 +279,7 @@ struct StreamAlerts {
   sdqes::JsonlSink* sink;
   std::string stream_name;
   bool named_when_printed;  // several streams: each printed alert says whose it is
+  std::ostream* printed = &std::cout;  // std::cerr where --events is stdout: the JSONL alone there (its reader's)
   int64_t stepped = 0;      // frames of this stream stepped so far: the next one's index
   int64_t raised = 0;       // alerts raised so far
   double last_time = 0.0;   // the last step's stream time
@@ -295,11 +297,12 @@ struct StreamAlerts {
       if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
       std::ostringstream line;  // the message is the bundle's: its control characters shown, not obeyed
       line << "[" << (named_when_printed ? stream_name + " " : "") << time << " s] " << e.message;
-      std::cout << sdqes::terminal_safe(line.str()) << "  (p=" << e.score << ")" << std::endl;
-      if (!std::cout) {  // stdout in a file on a full disk (a unit's StandardOutput=file:): said, not lost silently
+      *printed << sdqes::terminal_safe(line.str()) << "  (p=" << e.score << ")" << std::endl;
+      if (!*printed) {  // stdout in a file on a full disk (a unit's StandardOutput=file:): said, not lost silently
         const int failure = errno;
-        std::cout.clear();
-        throw sdqes::OutputRefused(std::string("cannot print an alert on stdout (") + std::strerror(failure) +
+        printed->clear();
+        throw sdqes::OutputRefused(std::string("cannot print an alert on ") +
+                                   (printed == &std::cerr ? "stderr (" : "stdout (") + std::strerror(failure) +
                                    "): the file or disk it goes to refuses it; free some space there or send "
                                    "stdout elsewhere, and run again");
       }
@@ -703,6 +706,13 @@ int said_unsaved(const std::vector<std::unique_ptr<StreamSource>>& streams, int 
 // --max-frames, or a signal. Each step takes every source's next frame, as `sdqes-edge run` does (a live one's unless
 // it falls behind: sdqes::gather_step); a source that has ended idles (its stream's state kept), and the extra
 // streams of a bundle exported for more idle throughout.
+// Whether `path` is this process's stdout (--events - or /dev/stdout): the alerts' JSONL, read by another program.
+bool is_stdout(const std::string& path) {
+  struct stat file {}, out {};
+  return ::stat(path.c_str(), &file) == 0 && ::fstat(STDOUT_FILENO, &out) == 0 && file.st_dev == out.st_dev &&
+         file.st_ino == out.st_ino;
+}
+
 int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
            const std::vector<sdqes::AlertState>& policies, const std::vector<Source>& sources,
            sdqes::OpenedStep& engine, int64_t max_frames, const std::string& events,
@@ -711,7 +721,10 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   auto streams = open_sources(bundle, queries, policies, sources, state_path, engine, saves);
   std::unique_ptr<sdqes::JsonlSink> sink;  // once every source is open: one that is not leaves no log behind
   if (!events.empty()) sink = std::make_unique<sdqes::JsonlSink>(events);
-  for (auto& stream : streams) stream->alerts.sink = sink.get();
+  for (auto& stream : streams) {
+    stream->alerts.sink = sink.get();
+    if (!events.empty() && is_stdout(events)) stream->alerts.printed = &std::cerr;
+  }
   const double period = 1.0 / bundle.fps;
   const sdqes::StopOnSignal stop;  // Ctrl-C, docker stop, systemd: the frame in hand is finished, then the loop ends
   bool any_live = false;
@@ -861,7 +874,8 @@ sdqes::PolicyOptions policy_options(const std::map<std::string, std::string>& o)
 int run(int argc, char** argv) {
   std::string bundle_path;
   std::vector<std::string> source_specs;
-  const auto o = parse(argc, argv, bundle_path, source_specs);
+  auto o = parse(argc, argv, bundle_path, source_specs);
+  if (o.count("--events") && o.at("--events") == "-") o["--events"] = "/dev/stdout";  // as `sdqes-edge run` takes it
   quiet_opencv_logs();
   const sdqes::Bundle bundle = sdqes::load_bundle(bundle_path);
   const sdqes::QueryTable queries = sdqes::load_queries(bundle);
