@@ -7,6 +7,7 @@ import contextlib
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -150,3 +151,19 @@ def serving(handler) -> Iterator[str]:
 def endless_stream():
     with serving(EndlessMJPEG) as address:
         yield f"{address}/stream.mjpg"
+
+
+@contextlib.contextmanager
+def another_run_writing(folder: Path, output: str) -> Iterator[subprocess.Popen]:
+    """Another process holding the lock of ``folder / output`` for --out ``folder`` (runtime/output_locks.py), as a
+    command writing that folder does, for the block -> that process (killed after)."""
+    code = ("import sys, time; from pathlib import Path; from sdqes_edge.runtime.output_locks import hold; "
+            "out = Path(sys.argv[1]); hold(out / sys.argv[2], '--out', 'an output', folder=out); "
+            "print('held', flush=True); time.sleep(120)")
+    other = subprocess.Popen([sys.executable, "-c", code, str(folder), output], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        yield other
+    finally:
+        other.kill()
+        other.wait(timeout=30)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runtime_fixtures import another_run_writing
 
 from sdqes_edge.annotations import by_video, load_annotations
 from sdqes_edge.corpus import SCRATCH_PREFIX
@@ -251,16 +252,8 @@ def test_an_interrupted_run_resumes_and_a_half_written_trace_never_counts(corpus
 def test_a_second_run_into_the_same_out_is_refused_while_the_first_scores(corpus, tmp_path):
     """Both scored every stream the first had not finished, writing the same traces and report in turn."""
     out = tmp_path / "out"
-    code = ("import sys, time; from pathlib import Path; from sdqes_edge.runtime.output_locks import hold; "
-            "out = Path(sys.argv[1]); hold(out / 'scored_by.json', '--out', 'a corpus', folder=out); "
-            "print('held', flush=True); time.sleep(120)")  # as a scoring run holds its --out
-    first = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert first.stdout.readline().strip() == "held"
+    with another_run_writing(out, "scored_by.json") as first:  # as a scoring run holds its --out
         second = score(corpus, out, "--workers", "1")
-    finally:
-        first.kill()
-        first.wait(timeout=30)
     assert second.returncode == 2 and second.stderr.strip() == (
         f"sdqes-edge: error: --out {out} is being written by another run (pid {first.pid}, sdqes-edge); stop that "
         "run, or give this one another folder")

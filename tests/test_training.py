@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from runtime_fixtures import another_run_writing
 
 from sdqes_edge.checkpoints import load_model
 from sdqes_edge.errors import UserError
@@ -240,6 +241,16 @@ def test_a_second_training_of_the_same_model_into_its_folder_is_refused_rather_t
         f"sdqes-edge: error: {first} exists, made by `sdqes-edge train --adapter qrnn --seed 0`; give another --out "
         f"(e.g. {tmp_path}-2) to keep it, or delete it to train that model again")
     assert first.read_bytes() == b"the seed-0 model"
+
+
+def test_a_training_of_a_model_another_run_is_training_into_the_same_folder_is_refused(tmp_path):
+    """Two started together each found no checkpoint, and the one that ended last replaced the other's model."""
+    with another_run_writing(tmp_path, "synthetic+qrnn.pt") as first:  # as a training of synthetic+qrnn holds it
+        done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "train", *small_options(), "--out",
+                               str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"sdqes-edge: error: --out {tmp_path} is being written by another run (pid {first.pid}, sdqes-edge); stop "
+        "that run, or give this one another folder")
 
 
 def test_a_run_whose_loss_turns_to_nan_stops_in_one_line_and_writes_no_checkpoint(tmp_path):

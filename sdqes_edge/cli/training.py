@@ -94,14 +94,23 @@ def train_options_from_args(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Train a small dual encoder with adapters on synthetic event streams (CPU, minutes)."""
+    from sdqes_edge.runtime.output_locks import hold, release
     from sdqes_edge.training import train
 
     options = train_options_from_args(args)
     out = Path(args.out)
-    _refuse_overwriting_a_model(out / f"{options.model_config().name}.pt")
-    print(f"training {options.model_config().name} (seed {options.seed}) for {options.steps} steps on "
-          f"{options.train_streams} synthetic streams; validation {options.val_streams}, test {options.test_streams}")
-    result = train(options, out, progress=training_progress)
+    checkpoint = out / f"{options.model_config().name}.pt"
+    # One training of a model into a folder at a time: two started together each found no checkpoint, and the one
+    # that ended last replaced the other's model without a word.
+    lock = hold(checkpoint, "--out", "a trained model", folder=out)
+    try:
+        _refuse_overwriting_a_model(checkpoint)
+        print(f"training {options.model_config().name} (seed {options.seed}) for {options.steps} steps on "
+              f"{options.train_streams} synthetic streams; validation {options.val_streams}, test "
+              f"{options.test_streams}")
+        result = train(options, out, progress=training_progress)
+    finally:
+        release(lock)
     show(f"wrote {result.checkpoint} and {out / (result.checkpoint.stem + '.record.json')}")
     print(f"\nnext: {PROG} export --checkpoint {result.checkpoint} --threshold {result.record['threshold']:.4f} "
           f"--out bundles/{result.checkpoint.stem}")
