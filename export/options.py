@@ -23,14 +23,13 @@ from sdqes_edge.contract import (
     PLAIN_ONNX_OPERATORS,
     PRECISIONS,
     REFERENCE_PRECISION,
-    SCORE_RANGE,
     SUPPORTED_OPSETS,
     TRAINING_RECORD_NAME,
 )
 from sdqes_edge.errors import UserError, is_number, is_whole_number
 from sdqes_edge.files import parse_json
 from sdqes_edge.path_checks import path_problem
-from sdqes_edge.runtime.alerts import is_probability, out_of_reach_words
+from sdqes_edge.runtime.alerts import below_every_score_words, is_probability, never_reached_words
 from sdqes_edge.tokenizer import CONTEXT_LENGTH, check_query_text, default_tokenizer
 from sdqes_edge.tolerances import DRIFT_FRAMES, VERIFY_FRAMES
 
@@ -122,8 +121,8 @@ def _query_problems(queries: tuple[Query, ...]) -> list[str]:
                  if q.label is not None and not isinstance(q.label, str)]
     problems += [f"the threshold of the query {q.text!r} is a probability sigmoid(cos) in (0, 1), not {q.threshold!r}"
                  for q in queries if q.threshold is not None and not is_probability(q.threshold)]
-    problems += [f"the threshold {q.threshold:g} of the query {q.text!r} {out_of_reach_words(q.threshold)}"
-                 for q in queries if is_probability(q.threshold) and q.threshold >= SCORE_RANGE[1]]
+    problems += [f"the threshold {q.threshold:g} of the query {q.text!r} {never}" for q in queries
+                 if is_probability(q.threshold) and (never := never_reached_words(q.threshold))]
     return problems
 
 
@@ -132,11 +131,12 @@ def _threshold_problems(threshold: float, warn: Callable[[str], None]) -> list[s
     alerting at its first frame alone) said."""
     if not 0.0 < threshold < 1.0:
         return [f"--threshold is a probability sigmoid(cos) in (0, 1), not {threshold}"]
-    words = out_of_reach_words(threshold, "a query at it")
-    if words and threshold >= SCORE_RANGE[1]:
-        return [f"--threshold {threshold:g} {words}"]
-    if words:
-        warn(f"--threshold {threshold:g} {words}")
+    never = never_reached_words(threshold, "a query at it")
+    if never:
+        return [f"--threshold {threshold:g} {never}"]
+    below = below_every_score_words(threshold, "a query at it")
+    if below:
+        warn(f"--threshold {threshold:g} {below}")
     return []
 
 

@@ -24,18 +24,27 @@ def is_probability(value: object) -> bool:
     return is_number(value) and 0.0 < value < 1.0
 
 
-def out_of_reach_words(threshold: float, who: str = "the query") -> str | None:
-    """Why a threshold outside the scores p can take (``SCORE_RANGE``) makes ``who`` useless, and what to give; None
-    for one inside it."""
-    low, high = SCORE_RANGE
-    inside = f"give one between {low:.4f} and {high:.4f} (a calibrated one: sdqes-edge eval --calibrate)"
-    if threshold >= high:
-        return (f"is never reached: p = sigmoid(cos) is at most {high:.4f} (a cosine is at most 1), so {who} never "
-                f"alerts; {inside}")
-    if threshold < low:
-        return (f"is below every score: p = sigmoid(cos) is at least {low:.4f} (a cosine is at least -1), so {who} "
-                f"alerts at its first frame and never again; {inside}")
-    return None
+# What the refusal or warning of a threshold outside the scores asks for instead.
+GIVE_ONE_INSIDE = (f"give one between {SCORE_RANGE[0]:.4f} and {SCORE_RANGE[1]:.4f} (a calibrated one: sdqes-edge "
+                   "eval --calibrate)")
+
+
+def never_reached_words(threshold: float, who: str = "the query") -> str | None:
+    """Why a threshold at or above every score p can take (``SCORE_RANGE``) leaves ``who`` silent, and what to give;
+    None for one below the top. Refused wherever a threshold is given for the model's scores."""
+    if threshold < SCORE_RANGE[1]:
+        return None
+    return (f"is never reached: p = sigmoid(cos) is at most {SCORE_RANGE[1]:.4f} (a cosine is at most 1), so {who} "
+            f"never alerts; {GIVE_ONE_INSIDE}")
+
+
+def below_every_score_words(threshold: float, who: str = "the query") -> str | None:
+    """Why a threshold below every score p can take makes ``who`` alert at its first frame alone; None otherwise.
+    Said, not refused: a program may mean it."""
+    if threshold >= SCORE_RANGE[0]:
+        return None
+    return (f"is below every score: p = sigmoid(cos) is at least {SCORE_RANGE[0]:.4f} (a cosine is at least -1), so "
+            f"{who} alerts at its first frame and never again; {GIVE_ONE_INSIDE}")
 
 
 def check_number(name: str, value: object) -> None:

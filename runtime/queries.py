@@ -25,7 +25,7 @@ from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.tokenizer import ClipTokenizer, check_query_text
 from sdqes_edge.traces import query_key
 
-from .alerts import AlertPolicy, check_texts, out_of_reach_words
+from .alerts import AlertPolicy, below_every_score_words, check_texts, never_reached_words
 from .bundle import Bundle, as_bundle
 from .ort_sessions import load_refusal, session_options
 
@@ -165,7 +165,7 @@ class QueryBank:
                           "adding it again", DuplicateQueryWarning, stacklevel=stacklevel)
         same.append(query.id)
         threshold = query.policy.threshold
-        out_of_reach = out_of_reach_words(threshold)
+        out_of_reach = never_reached_words(threshold) or below_every_score_words(threshold)
         if out_of_reach and threshold not in self._out_of_reach_said:
             self._out_of_reach_said.add(threshold)
             warnings.warn(f"the threshold {threshold:g} of query {query.id} ({query.text!r}, and of any query given it "

@@ -702,10 +702,6 @@ int said_unsaved(const std::vector<std::unique_ptr<StreamSource>>& streams, int 
   return status;
 }
 
-// Steps the engine on the sources' frames, a stream each, and raises each stream's alerts until every source ends,
-// --max-frames, or a signal. Each step takes every source's next frame, as `sdqes-edge run` does (a live one's unless
-// it falls behind: sdqes::gather_step); a source that has ended idles (its stream's state kept), and the extra
-// streams of a bundle exported for more idle throughout.
 // Whether `path` is this process's stdout (--events - or /dev/stdout): the alerts' JSONL, read by another program.
 bool is_stdout(const std::string& path) {
   struct stat file {}, out {};
@@ -713,6 +709,10 @@ bool is_stdout(const std::string& path) {
          file.st_ino == out.st_ino;
 }
 
+// Steps the engine on the sources' frames, a stream each, and raises each stream's alerts until every source ends,
+// --max-frames, or a signal. Each step takes every source's next frame, as `sdqes-edge run` does (a live one's unless
+// it falls behind: sdqes::gather_step); a source that has ended idles (its stream's state kept), and the extra
+// streams of a bundle exported for more idle throughout.
 int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
            const std::vector<sdqes::AlertState>& policies, const std::vector<Source>& sources,
            sdqes::OpenedStep& engine, int64_t max_frames, const std::string& events,
@@ -721,9 +721,10 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   auto streams = open_sources(bundle, queries, policies, sources, state_path, engine, saves);
   std::unique_ptr<sdqes::JsonlSink> sink;  // once every source is open: one that is not leaves no log behind
   if (!events.empty()) sink = std::make_unique<sdqes::JsonlSink>(events);
+  std::ostream* alert_lines = !events.empty() && is_stdout(events) ? &std::cerr : &std::cout;  // the JSONL alone
   for (auto& stream : streams) {
     stream->alerts.sink = sink.get();
-    if (!events.empty() && is_stdout(events)) stream->alerts.printed = &std::cerr;
+    stream->alerts.printed = alert_lines;
   }
   const double period = 1.0 / bundle.fps;
   const sdqes::StopOnSignal stop;  // Ctrl-C, docker stop, systemd: the frame in hand is finished, then the loop ends

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 from sdqes_edge.annotations import other_separator_words, with_typed_columns
-from sdqes_edge.contract import SCORE_RANGE
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import encoding_name, parse_json, user_text_encoding
 from sdqes_edge.path_checks import path_problem
-from sdqes_edge.runtime.alerts import is_probability, out_of_reach_words
+from sdqes_edge.runtime.alerts import is_probability, never_reached_words
 
 QUERIES_FILE_HELP = (".txt (one query a line), .json or .csv (query,response columns; optionally threshold, the "
                      "query's own, and label, which picks the bundle's threshold for that label)")
@@ -107,8 +106,9 @@ def _threshold(value: str | float | None, query: str | None, p: Path) -> float |
     if not is_probability(number):
         raise UserError(f"{p}: the threshold {value!r} of {query!r} is not a probability sigmoid(cos) in (0, 1); "
                         "give one such as 0.7, or leave it empty for the run's")
-    if number >= SCORE_RANGE[1]:  # below every score it alerts once, said as the query is asked
-        raise UserError(f"{p}: the threshold {value!r} of {query!r} {out_of_reach_words(number)}")
+    never = never_reached_words(number)  # below every score it alerts once, said as the query is asked
+    if never:
+        raise UserError(f"{p}: the threshold {value!r} of {query!r} {never}")
     return number
 
 

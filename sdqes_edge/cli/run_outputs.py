@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import io
 import math
 import os
 import sys
@@ -70,10 +69,12 @@ def resolve_events_on_stdout(args: argparse.Namespace) -> None:
             raise UserError(f"--events - writes the alerts to stdout through {STDOUT_FILE}, which this system lacks; "
                             "give a file")
         args.events = STDOUT_FILE
+    args.events_on_stdout = False
+    if not args.events:
+        return
     try:
         events, stdout = os.stat(args.events), os.fstat(sys.stdout.fileno())
-    except (OSError, TypeError, ValueError, AttributeError, io.UnsupportedOperation):  # no such file yet; no stdout
-        args.events_on_stdout = False
+    except (OSError, ValueError, AttributeError):  # no such file yet; a stdout without a file (closed, replaced)
         return
     args.events_on_stdout = (events.st_dev, events.st_ino) == (stdout.st_dev, stdout.st_ino)
 

@@ -7,7 +7,6 @@ import argparse
 from typing import TYPE_CHECKING
 
 from sdqes_edge.cli.common import at_least, finite_number, seconds_at_least
-from sdqes_edge.contract import SCORE_RANGE
 from sdqes_edge.errors import UserError
 
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
@@ -29,10 +28,13 @@ def check_threshold(threshold: float | None) -> None:
     """--threshold (run's, score's) is a probability, refused in one line naming the option."""
     if threshold is not None and not 0.0 < threshold < 1.0:
         raise UserError(f"--threshold {threshold:g} is outside (0, 1): it is a probability sigmoid(cos)")
-    if threshold is not None and threshold >= SCORE_RANGE[1]:  # below the range it alerts once: said as it is asked
-        from sdqes_edge.runtime.alerts import out_of_reach_words
+    if threshold is None:
+        return
+    from sdqes_edge.runtime.alerts import never_reached_words
 
-        raise UserError(f"--threshold {threshold:g} {out_of_reach_words(threshold, 'any query at it')}")
+    never = never_reached_words(threshold, "any query at it")  # below every score it alerts once: said when asked
+    if never:
+        raise UserError(f"--threshold {threshold:g} {never}")
 
 
 def check_policy_args(args: argparse.Namespace) -> None:
