@@ -41,6 +41,7 @@ from .timing import machine
 
 GROUPS = ("single_frame", "temporal")
 METRICS = ("SR@1", "SR@3", "SMD@1")
+REPORT_NAME = "accuracy.json"  # beside accuracy.md; held by the command line for its run (one run per --out)
 
 
 def adapter_runs(base: TrainOptions, kinds: list[str], seeds: list[int], out: Path, log: Callable[[str], None],
@@ -293,5 +294,5 @@ def run(base: TrainOptions, kinds: list[str], seeds: list[int], format_kinds: li
 
 
 def _write(out: Path, md: list[str], report: dict) -> Path:
-    write_text_atomically(out / "accuracy.json", json.dumps(report, indent=2))
+    write_text_atomically(out / REPORT_NAME, json.dumps(report, indent=2))
     return write_text_atomically(out / "accuracy.md", "\n".join(md) + "\n")

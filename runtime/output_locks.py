@@ -36,6 +36,15 @@ STATE_SNAPSHOT = "a state snapshot"
 PROGRAM = "sdqes-edge"  # what the lock file says holds it, beside the process id (sdqes-run writes its own name)
 
 
+class HeldByAnotherRun(UserError):
+    """``hold``'s refusal of an output another process holds; ``holder`` names it ("pid 1234, sdqes-edge"), for a
+    command that goes on to a name of its own instead (``cli.common.folder_for_new_results``)."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
 @dataclass
 class _Held:
     fd: int
@@ -43,6 +52,7 @@ class _Held:
     pid: int  # the process that took it: a child made by fork() inherits the table, not the locks' ownership
     option: str  # the first taker's name for it (--events, JsonlSink) and what it writes there (an alert log)
     kind: str | None
+    made: list[Path]  # the folders its taking made, deepest first: removed as it is let go, where still empty
 
 
 _HELD: dict[Path, _Held] = {}  # the locks this process holds, by lock file
@@ -82,10 +92,16 @@ def _hold(output: str | os.PathLike, option: str, kind: str | None, folder: str 
         held.holders += 1
         held.kind = held.kind or kind
         return lock
+    made, tries = _missing_folders(lock.parent), 0
     while True:
         try:
             make_folders(lock.parent)  # as the run would make them: a first run into a new folder is locked too
             fd = _open_lock(lock)
+        except FileNotFoundError:  # its folder removed meanwhile, empty, by a run letting go of its lock there
+            tries += 1
+            if tries < 3:
+                continue  # made again
+            fd = None
         except OSError:  # a folder this user may not create in, a link planted in the lock's place
             fd = None
         if fd is None:  # unlocked
@@ -95,8 +111,8 @@ def _hold(output: str | os.PathLike, option: str, kind: str | None, folder: str 
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise UserError(f"{option} {folder or output} is being written by another run ({holder}); stop that run, "
-                            f"or give this one another {'folder' if folder else 'file'}") from None
+            raise HeldByAnotherRun(f"{option} {folder or output} is being written by another run ({holder}); stop that "
+                                   f"run, or give this one another {'folder' if folder else 'file'}", holder) from None
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):  # a file system without
@@ -111,8 +127,17 @@ def _hold(output: str | os.PathLike, option: str, kind: str | None, folder: str 
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()} {PROGRAM}\n".encode())
-    _HELD[lock] = _Held(fd, 1, os.getpid(), option, kind)
+    _HELD[lock] = _Held(fd, 1, os.getpid(), option, kind, made)
     return lock
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """The folders of ``folder`` and above it that are not there yet, deepest first."""
+    missing = []
+    while not folder.exists() and folder.parent != folder:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
 
 
 def _open_lock(lock: Path) -> int | None:
@@ -156,7 +181,11 @@ def _let_go(lock: Path, held: _Held) -> None:
         try:
             if _same_file(held.fd, lock):
                 lock.unlink()
-        except OSError:  # left behind: a lock file stops no one once its holder has let go
+            # A command refused after taking its lock (a bad annotation file, an eval whose traces match nothing)
+            # left an empty --out folder behind, made by the lock alone.
+            for folder in held.made:
+                folder.rmdir()
+        except OSError:  # left behind: a lock file stops no one once its holder has let go; a folder written in
             pass
     os.close(held.fd)
 

@@ -343,35 +343,6 @@ def test_the_costliest_gpu_kernels_are_ranked_by_their_time_per_step_with_names_
     assert lines == [f"- costliest GPU kernels, qrnn: `{long_name[:60]}` 2/step, 16 us"]
 
 
-def test_a_bench_into_a_folder_holding_an_earlier_runs_results_keeps_them_and_writes_beside_it(tmp_path, monkeypatch,
-                                                                                               capsys):
-    """`bench --quick` after a 15-minute `bench`, both into the default folder, replaced the full run's results (and
-    a Ctrl-C a few seconds in left a partial bench.json in their place)."""
-    from sdqes_edge.benchmarks import suite
-    from sdqes_edge.cli import run as cli
-
-    out = tmp_path / "bench-results"
-    out.mkdir()
-    (out / "bench.json").write_text('{"complete": true, "config": {"preset": "clip-vit-b16"}}')
-    written = []
-
-    def measured(cfg, log):  # what the suite writes, without the minutes of measuring
-        written.append(cfg.out)
-        folder = suite.Path(cfg.out)
-        folder.mkdir(parents=True)
-        (folder / "bench.json").write_text("{}")
-        (folder / "bench.md").write_text("# the quick run\n")
-        return {"seconds": 1.0}, [folder / "bench.json", folder / "bench.md"]
-
-    monkeypatch.setattr(suite, "run", measured)
-    assert cli(["bench", "--quick", "--out", str(out)]) == 0
-    assert written == [str(tmp_path / "bench-results-2")]
-    assert (out / "bench.json").read_text() == '{"complete": true, "config": {"preset": "clip-vit-b16"}}'
-    said = capsys.readouterr()
-    assert f"note: {out} holds an earlier run's results, which are kept; this run writes to {out}-2" in said.err
-    assert "# the quick run" in said.out and f"results go to {out}-2/" in said.out
-
-
 def test_a_sliding_window_that_cannot_fit_in_memory_is_refused_before_any_work_naming_the_largest_that_fits(
         tmp_path, monkeypatch, capsys):
     import re

@@ -212,17 +212,3 @@ def test_eval_refuses_bad_arguments_in_one_line(args, message, tmp_path):
     done = run_cli("eval", "--annotations", str(csv), "--out", str(tmp_path / "o"), *args)
     assert done.returncode == 2 and message in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
-
-
-def test_an_eval_into_a_folder_holding_an_earlier_evals_report_keeps_it_and_writes_beside_it(egosdqes_csv, tmp_path):
-    """eval.json and eval.md were replaced, and the earlier run's plots of other queries left among the new ones."""
-    out = tmp_path / "sdqes-eval"
-    common = ("eval", "--annotations", str(egosdqes_csv), "--plots", "0", "--out", str(out))
-    first = run_cli(*common, "--baseline", "oracle")
-    assert first.returncode == 0, first.stderr
-    report = (out / "eval.json").read_text()
-    again = run_cli(*common, "--baseline", "random")
-    assert again.returncode == 0, again.stderr
-    assert f"note: {out} holds an earlier run's results, which are kept; this run writes to {out}-2" in again.stderr
-    assert (out / "eval.json").read_text() == report
-    assert "random" in (tmp_path / "sdqes-eval-2" / "eval.json").read_text()

@@ -356,3 +356,17 @@ def test_save_state_takes_the_snapshots_lock_while_it_writes(holder, tmp_path):
     detector.save_state(tmp_path / "later.npz", wait=False)
     detector.close()  # the write in flight finished
     assert another_process_may_take(tmp_path / "later.npz") and (tmp_path / "later.npz").is_file()
+
+
+def test_a_run_refused_after_locking_its_outputs_leaves_no_folder_they_alone_made(tmp_path, capsys):
+    """A lock is taken in the output's folder, made for it; a run then refused (here: no such source) left that
+    folder behind, empty. Folders the run wrote in, or that were there before, are kept."""
+    (tmp_path / "kept").mkdir()
+    run_refusal(["run", str(DEMO_BUNDLE), "--source", str(tmp_path / "missing.mp4"), "--query", "q",
+                 "--events", str(tmp_path / "new" / "logs" / "alerts.jsonl"),
+                 "--save-state", str(tmp_path / "kept" / "state.npz")], capsys)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["kept"]
+    lock = hold(tmp_path / "made" / "trace.npz", "--scores")
+    (tmp_path / "made" / "trace.npz").write_bytes(b"written")
+    release(lock)
+    assert (tmp_path / "made" / "trace.npz").read_bytes() == b"written"

@@ -253,6 +253,18 @@ def test_a_training_of_a_model_another_run_is_training_into_the_same_folder_is_r
         "that run, or give this one another folder")
 
 
+def test_an_accuracy_run_into_a_folder_another_accuracy_run_is_writing_is_refused(tmp_path):
+    """Both trained every model not yet finished in --out's runs/, wrote the same checkpoints and tables, and the one
+    that ended last left its tables."""
+    with another_run_writing(tmp_path, "accuracy.json") as first:  # as an accuracy run holds its --out
+        done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "accuracy", "--kinds", "none", *small_options(),
+                               "--out", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"sdqes-edge: error: --out {tmp_path} is being written by another run (pid {first.pid}, sdqes-edge); stop "
+        "that run, or give this one another folder")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_run_whose_loss_turns_to_nan_stops_in_one_line_and_writes_no_checkpoint(tmp_path):
     """A learning rate of 1e30 made every weight NaN by the second step, and training ran to its end, wrote the NaN
     model, calibrated a NaN threshold and printed `export ... --threshold nan` as the next command."""

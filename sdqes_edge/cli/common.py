@@ -261,14 +261,27 @@ def show(line: str, file: TextIO | None = None) -> None:
     print("\n" * (len(line) - len(text)) + terminal_safe(text), file=file)
 
 
-def folder_for_new_results(out: str, results_file: str) -> str:
-    """``out``, or where it holds an earlier run's ``results_file``, the first free of OUT-2, OUT-3, ... (said): a
-    second run into the same folder replaced the first's results, a 15-minute bench's by a quick one's."""
-    if not os.path.exists(os.path.join(out, results_file)):
-        return out
-    fresh = str(free_name(Path(out)))
-    say(f"note: {out} holds an earlier run's results, which are kept; this run writes to {fresh}")
-    return fresh
+def folder_for_new_results(out: str, results_file: str, option: str = "--out") -> str:
+    """``out``, or where it holds an earlier run's ``results_file`` or another run is writing it, the first free of
+    OUT-2, OUT-3, ... (said): a second run into the same folder replaced the first's results, a 15-minute bench's by
+    a quick one's, and two at once wrote one folder between them, the last to finish each file winning. The results
+    file is held (runtime.output_locks) until the command ends."""
+    from sdqes_edge.runtime.output_locks import HeldByAnotherRun, hold
+
+    folder = Path(out)
+    while True:
+        if (folder / results_file).exists():
+            why = "holds an earlier run's results, which are kept"
+        else:
+            try:
+                hold(folder / results_file, option, f"results ({results_file})", folder=folder)
+                break
+            except HeldByAnotherRun as held:
+                why = f"is being written by another run ({held.holder})"
+        fresh = free_name(Path(out))
+        say(f"note: {folder} {why}; this run writes to {fresh}")
+        folder = fresh
+    return str(folder)
 
 
 def say(message: str) -> None:

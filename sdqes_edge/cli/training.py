@@ -146,12 +146,16 @@ def _add_train_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = 
 
 def cmd_accuracy(args: argparse.Namespace) -> int:
     """Accuracy tables on held-out synthetic test streams: per adapter kind over seeds, per deployment format."""
-    from sdqes_edge.benchmarks.accuracy import checkpoint_path
+    from sdqes_edge.benchmarks.accuracy import REPORT_NAME, checkpoint_path
     from sdqes_edge.benchmarks.accuracy import run as run_accuracy
+    from sdqes_edge.runtime.output_locks import hold
 
     base = dataclasses.replace(train_options_from_args(args), adapter="none", seed=args.seeds[0])
     if not args.kinds and not args.formats:
         raise UserError("nothing to do: give --kinds and/or --formats KIND [KIND ...]")
+    # One run at a time (let go as the command ends): a second into the same --out trained again every model the
+    # first had not finished, both writing the same checkpoints and tables.
+    hold(Path(args.out) / REPORT_NAME, "--out", "accuracy tables", folder=args.out)
     runs = len(args.kinds) * len(args.seeds)
     trained = (f"{runs} training runs ({', '.join(args.kinds)} x seeds {', '.join(map(str, args.seeds))}), "
                f"{base.steps} steps each" if runs else "no adapter table")
