@@ -192,6 +192,24 @@ def test_sdqes_run_refuses_an_alert_policy_no_query_can_use_in_the_words_of_sdqe
     assert says in done.stderr
 
 
+@pytest.mark.parametrize("threshold, says", [
+    # p = sigmoid(cos) is at least 0.2689: every query at 0.1 alerted at its first frame alone, without a word.
+    ("0.1", "is below every score: p = sigmoid(cos) is at least 0.2689 (a cosine is at least -1), so the query alerts "
+            "at its first frame and never again; give one between 0.2689 and 0.7311"),
+    ("0.5", None),
+])
+def test_sdqes_run_says_a_threshold_below_every_score_once_in_the_words_of_sdqes_edge_run(threshold, says, bundle,
+                                                                                         video, native_build, capsys):
+    """Once for its two queries, as each is given it; before its engine is loaded (a run without one says it too)."""
+    options = ["--source", video, "--threshold", threshold, "--max-frames", "1"]
+    done = subprocess.run([str(native_build / "sdqes-run"), bundle, *options], capture_output=True, text=True)
+    assert run(["run", bundle, *options]) == 0
+    python_says = [line for line in capsys.readouterr().err.splitlines() if "warning: the threshold" in line]
+    native_says = [line for line in done.stderr.splitlines() if "warning: the threshold" in line]
+    assert native_says == [line.replace("sdqes-edge:", "sdqes-run:") for line in python_says]
+    assert len(native_says) == (says is not None) and (says is None or says in native_says[0]), done.stderr
+
+
 @pytest.mark.parametrize("source, message, status", [
     ("/no/such/kitchen.mp4", "--source /no/such/kitchen.mp4 is neither a video file, a camera index nor a stream URL",
      2),

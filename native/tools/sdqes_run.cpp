@@ -829,6 +829,66 @@ void quiet_opencv_logs() {
   cv::utils::logging::setLogLevel(cv::utils::logging::LOG_LEVEL_SILENT);
 }
 
+// Why a threshold at or above every score p = sigmoid(cos) can take leaves `who` silent, or one below every score
+// makes it alert at its first frame alone, and what to give; empty for one inside them. In the words of
+// runtime/alerts.py's never_reached_words and below_every_score_words.
+std::string out_of_reach_words(double threshold, const std::string& who) {
+  std::ostringstream words;
+  words << std::fixed << std::setprecision(4);
+  if (threshold >= sdqes::kHighestScore) {
+    words << "is never reached: p = sigmoid(cos) is at most " << sdqes::kHighestScore << " (a cosine is at most 1), so "
+          << who << " never alerts; ";
+  } else if (threshold < sdqes::kLowestScore) {
+    words << "is below every score: p = sigmoid(cos) is at least " << sdqes::kLowestScore
+          << " (a cosine is at least -1), so " << who << " alerts at its first frame and never again; ";
+  } else {
+    return "";
+  }
+  words << "give one between " << sdqes::kLowestScore << " and " << sdqes::kHighestScore
+        << " (a calibrated one: sdqes-edge eval --calibrate)";
+  return words.str();
+}
+
+// A text as Python's repr() quotes it ('...', or "..." for one holding ' and no "), its quote, backslashes and
+// ASCII control characters escaped as repr escapes them: the query in a warning reads as `sdqes-edge run` gives it.
+std::string python_quoted(const std::string& text) {
+  const char quote = text.find('\'') != std::string::npos && text.find('"') == std::string::npos ? '"' : '\'';
+  std::string quoted(1, quote);
+  for (const unsigned char c : text) {
+    if (c == '\\' || c == quote) {
+      quoted += '\\';
+      quoted += static_cast<char>(c);
+    } else if (c == '\n' || c == '\r' || c == '\t') {
+      quoted += c == '\n' ? "\\n" : c == '\r' ? "\\r" : "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      char escaped[5];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      quoted += escaped;
+    } else {
+      quoted += static_cast<char>(c);
+    }
+  }
+  return quoted + quote;
+}
+
+// Each query's threshold that no score reaches, or that lies below every score, said once for each value as
+// `sdqes-edge run` says it (runtime/queries.py): a query's own in the bundle, its label's, the bundle's default or a
+// --threshold below every score (one above them all is refused, by policy_options). Said, not refused: the bundle
+// is someone's choice, and a threshold below every score alerts, once.
+void say_thresholds_out_of_reach(const std::vector<sdqes::AlertState>& states, const sdqes::QueryTable& queries) {
+  std::vector<double> said;
+  for (size_t q = 0; q < states.size(); ++q) {
+    const double threshold = states[q].policy().threshold;
+    const std::string why = out_of_reach_words(threshold, "the query");
+    if (why.empty() || std::find(said.begin(), said.end(), threshold) != said.end()) continue;
+    said.push_back(threshold);
+    std::ostringstream words;  // the threshold as Python's :g writes it
+    words << "warning: the threshold " << threshold << " of query q" << q + 1 << " (" << python_quoted(queries.texts[q])
+          << ", and of any query given it after) " << why;
+    say(words.str());
+  }
+}
+
 // --threshold, --exit-threshold, --cooldown and --max-alerts, each refused naming its option in the words
 // `sdqes-edge run` gives (the policy's own words name none). An --exit-threshold above a query's own threshold or
 // the bundle's is refused as that query's policy is made.
@@ -839,13 +899,9 @@ sdqes::PolicyOptions policy_options(const std::map<std::string, std::string>& o)
     if (!(*options.threshold > 0.0 && *options.threshold < 1.0)) {
       throw sdqes::Error("--threshold " + o.at("--threshold") + " is outside (0, 1): it is a probability sigmoid(cos)");
     }
-    if (*options.threshold >= sdqes::kHighestScore) {  // in the words of sdqes-edge run (runtime/alerts.py)
-      std::ostringstream words;
-      words << std::fixed << std::setprecision(4) << "--threshold " << o.at("--threshold")
-            << " is never reached: p = sigmoid(cos) is at most " << sdqes::kHighestScore
-            << " (a cosine is at most 1), so any query at it never alerts; give one between " << sdqes::kLowestScore
-            << " and " << sdqes::kHighestScore << " (a calibrated one: sdqes-edge eval --calibrate)";
-      throw sdqes::Error(words.str());
+    if (*options.threshold >= sdqes::kHighestScore) {  // below every score: said as each query's (below)
+      throw sdqes::Error("--threshold " + o.at("--threshold") + " " +
+                         out_of_reach_words(*options.threshold, "any query at it"));
     }
   }
   if (o.count("--exit-threshold")) {
@@ -934,6 +990,7 @@ int run(int argc, char** argv) {
         std::to_string(cores) + " core(s); using " + std::to_string(cores) + " (more would only take turns on them)");
   }
   const int threads = static_cast<int>(std::min<int64_t>(asked, cores));
+  say_thresholds_out_of_reach(states, queries);  // once nothing is refused, as `sdqes-edge run` says it
   sdqes::OpenedStep engine = sdqes::open_step(bundle, queries, backend, precision, threads);
 #ifdef SDQES_CAN_STREAM
   return stream(bundle, queries, states, sources, engine, max_frames, o.count("--events") ? o.at("--events") : "",
