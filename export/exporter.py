@@ -41,6 +41,7 @@ from sdqes_edge.model import SDQESModel
 from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.ort_sessions import session_options
+from sdqes_edge.runtime.output_locks import BUNDLE, hold, release
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import (
     EXAMPLE_QUERIES,
@@ -120,11 +121,15 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
         log(f"{WARNING_PREFIX}{left_behind}")
     cfg: ModelConfig = model.cfg
     was_training = model.training  # a model exported between training steps goes back to training
+    # One export into a folder at a time: of two at once, each said it wrote the bundle, and the one that ended last
+    # replaced the other's without a word.
+    lock = hold(out, "--out", BUNDLE, folder=out)
     try:
         model.eval()
         with staged_directory(out) as staging:
             result = _export_into(model, cfg, staging, out, options, checkpoint, log)
     finally:
+        release(lock)
         model.train(was_training)
     result.seconds = time.perf_counter() - started
     return result

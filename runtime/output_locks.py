@@ -1,4 +1,4 @@
-"""One process at a time per output file (an alert log, a state snapshot, a score trace, an annotated video).
+"""One process at a time per output (an alert log, a state snapshot, a score trace, an annotated video, a bundle).
 
 Two runs given the same ``--state`` (a service started again while the first still ran, a second container on the
 same volume, a run by hand beside the service) each resumed from and saved over the other's snapshot, and wrote one
@@ -33,6 +33,7 @@ ALERT_LOG = "an alert log"
 SCORE_TRACE = "a score trace"
 ANNOTATED_VIDEO = "an annotated video"
 STATE_SNAPSHOT = "a state snapshot"
+BUNDLE = "a bundle"  # a folder, locked beside it as a file is: an export replaces it whole
 PROGRAM = "sdqes-edge"  # what the lock file says holds it, beside the process id (sdqes-run writes its own name)
 
 
@@ -81,7 +82,7 @@ def _hold(output: str | os.PathLike, option: str, kind: str | None, folder: str 
     except ImportError:  # not a POSIX system: nothing to lock with
         return None
     target = through_links(output)  # two links to one file are one file
-    if target.exists() and not target.is_file():  # /dev/stdout, a FIFO: not a file a run keeps
+    if target.exists() and not (target.is_file() or target.is_dir()):  # /dev/stdout, a FIFO: not what a run keeps
         return None
     lock = lock_path(target)
     held = _HELD.get(lock)
