@@ -34,6 +34,7 @@ from sdqes_edge.state import StateSpec
 
 from .alerts import AlertPolicy, check_number, check_texts, is_probability
 from .graph_files import NotAGraph, external_data_locations, metadata_props
+from .output_locks import BUNDLE, hold, release
 
 
 class BundleError(UserError):
@@ -365,11 +366,23 @@ def write_thresholds(path: str | Path, default: float, per_label: dict[str, floa
     and its alert policy ({"exit_margin", "cooldown_s", ...} from ``eval --calibrate-policy``); a policy
     already recorded is kept when none is given.
 
-    The manifest is rewritten atomically; the graphs are untouched, so their hashes still hold.
+    The manifest is rewritten atomically; the graphs are untouched, so their hashes still hold. The bundle is held
+    (runtime/output_locks.py) from its reading to the new manifest's writing: an export replacing it meanwhile was
+    given the manifest of the graphs it replaced, which no longer matched its own.
     """
-    bundle = load_bundle(path)
     if not 0.0 < default < 1.0:
         raise BundleError(f"a threshold is a probability in (0, 1), not {default}")
+    if not Path(path).is_dir():
+        load_bundle(path)  # refused in its own words, before a lock would make the folders it names
+    lock = hold(path, "write_thresholds", BUNDLE, folder=path)
+    try:
+        return _write_thresholds(load_bundle(path), default, per_label, provenance, policy)
+    finally:
+        release(lock)
+
+
+def _write_thresholds(bundle: Bundle, default: float, per_label: dict[str, float] | None,
+                      provenance: dict[str, Any] | None, policy: dict[str, Any] | None) -> Bundle:
     manifest = dict(bundle.manifest)
     kept = {k: v for k, v in bundle.manifest["thresholds"].items() if k not in ("default", "per_label", "calibration")}
     manifest["thresholds"] = {**kept, "default": float(default), "per_label": dict(per_label or {}),

@@ -370,16 +370,3 @@ def test_a_run_refused_after_locking_its_outputs_leaves_no_folder_they_alone_mad
     (tmp_path / "made" / "trace.npz").write_bytes(b"written")
     release(lock)
     assert (tmp_path / "made" / "trace.npz").read_bytes() == b"written"
-
-
-def test_an_export_into_a_bundle_another_export_is_writing_is_refused_and_the_bundle_kept(holder, tmp_path, capsys):
-    """Of two exports into one --out at once, each said it wrote the bundle, and the one that ended last replaced
-    the other's without a word."""
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    (bundle / "manifest.json").write_text('{"format": "an earlier bundle"}')
-    other = holder(bundle, "--out")  # as an export holds its bundle until it is in place
-    err = run_refusal(["export", "--preset", "tiny", "--adapter", "qrnn", "--out", str(bundle), "--quiet"], capsys)
-    assert err.strip() == (f"sdqes-edge: error: --out {bundle} is being written by another run (pid "
-                           f"{other.process.pid}, sdqes-edge); stop that run, or give this one another folder")
-    assert [p.name for p in bundle.iterdir()] == ["manifest.json"] and not list(tmp_path.glob(".bundle.staging-*"))
