@@ -19,6 +19,7 @@ from sdqes_edge.contract import ENGINES_FOLDER, INT8, MANIFEST_NAME, REFERENCE_P
 from sdqes_edge.errors import WARNING_PREFIX
 from sdqes_edge.files import staged_directory
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.output_locks import BUNDLE, hold, release
 from sdqes_edge.sample import EXAMPLE_QUERIES
 
 from . import graphs
@@ -34,8 +35,18 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
 
     For a bundle whose int8 graph an earlier version made (8-bit weights, which saturate on CPUs without VNNI)
     when its checkpoint is not at hand. ``options`` gives the int8 and drift settings; the batch, the fused
-    queries and the threshold are the bundle's. Nothing is written unless the new graph passes.
+    queries and the threshold are the bundle's. Nothing is written unless the new graph passes. ``out`` is held
+    throughout (runtime/output_locks.py), as an export holds its bundle: one program at a time replaces a bundle.
     """
+    lock = hold(out, "--out", BUNDLE, folder=out)
+    try:
+        return _requantize_into(bundle_dir, Path(out), options, log)
+    finally:
+        release(lock)
+
+
+def _requantize_into(bundle_dir: str | Path, out: Path, options: ExportOptions | None,
+                     log: Callable[[str], None]) -> VariantReport:
     from sdqes_edge.runtime.bundle import load_bundle
 
     bundle = load_bundle(bundle_dir)  # its hashes checked: the fp32 graph quantized is the one it shipped
@@ -49,7 +60,6 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
         threshold=float(manifest["thresholds"]["default"]), queries=queries,
         fuse_queries=manifest.get("query_count") is not None), lambda m: log(f"{WARNING_PREFIX}{m}"),
         cfg.text.context_length)
-    out = Path(out)
     if out.resolve() != bundle.root.resolve():  # another folder is replaced whole: never one of the user's
         check_target(out)
     with staged_directory(out) as staging:

@@ -49,3 +49,13 @@ def test_a_threshold_written_into_a_bundle_an_export_is_replacing_is_refused_and
                            "--write-threshold", str(bundle), "--plots", "0", "--out", str(tmp_path / "eval")], capsys)
     assert f"error: --write-threshold {bundle} is being written by another run (pid {other.pid}" in err
     assert (bundle / "manifest.json").read_text() == manifest and not (tmp_path / "eval").exists()
+
+
+def test_a_bundle_requantized_into_a_folder_an_export_is_writing_is_refused(tmp_path):
+    """requantize_int8 replaces its --out whole, as an export does: of the two, the one that ended last won."""
+    from sdqes_edge.export.requantize import requantize_int8
+
+    with another_run_writing(tmp_path, "new") as other:  # as an export into tmp_path/new holds it
+        with pytest.raises(UserError, match=rf"^--out {tmp_path / 'new'} is being written by another run \(pid "
+                                            rf"{other.pid}, sdqes-edge\)"):
+            requantize_int8(DEMO_BUNDLE, tmp_path / "new", log=lambda m: None)
