@@ -265,6 +265,16 @@ def test_an_accuracy_run_into_a_folder_another_accuracy_run_is_writing_is_refuse
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_dataset_written_into_a_folder_another_synth_is_writing_is_refused(tmp_path):
+    """Both found the new folder empty, both said they wrote it, and the one that ended last replaced the other's."""
+    with another_run_writing(tmp_path, "data") as first:  # as a synth writing tmp_path/data holds it
+        done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "synth", "--out", str(tmp_path / "data"),
+                               "--train", "1", "--val", "0", "--test", "0"], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"sdqes-edge: error: --out {tmp_path / 'data'} is being written by another run (pid {first.pid}, "
+        "sdqes-edge); stop that run, or give this one another folder")
+
+
 def test_a_run_whose_loss_turns_to_nan_stops_in_one_line_and_writes_no_checkpoint(tmp_path):
     """A learning rate of 1e30 made every weight NaN by the second step, and training ran to its end, wrote the NaN
     model, calibrated a NaN threshold and printed `export ... --threshold nan` as the next command."""
