@@ -5,7 +5,9 @@ Python runtime's alerts that sdqes-run's tests and the C API's compare with; and
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -58,22 +60,44 @@ def onnxruntime_options(kernel_build, lib_dir: Path) -> list[str] | str:
 
 @pytest.fixture(scope="session")
 def native_build(tmp_path_factory, cpu_kernel_build):
-    """cmake -B build && cmake --build build: skipped, with CMake's reason, where a dependency is missing."""
+    """cmake -B build && cmake --build build: skipped, with CMake's reason, where a dependency is missing. Built once
+    for the whole run: the first of pytest-xdist's workers to need it builds it, the others wait and take it (each
+    had built its own at once, both on the same two cores, the slowest set-up of the suite twice over)."""
     if shutil.which("cmake") is None:
         pytest.skip("cmake is not installed (scripts/setup.sh --dev installs it as root)")
-    build = tmp_path_factory.mktemp("native-build")
-    options = onnxruntime_options(cpu_kernel_build, build.parent / f"{build.name}-onnxruntime")
-    ONNXRUNTIME_LEFT_OUT["reason"] = options if isinstance(options, str) else ""
+    run_folder = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's folder lies in the run's own
+        run_folder = run_folder.parent
+    build, outcome = run_folder / "native-build", run_folder / "native-build.json"
+    with open(run_folder / "native-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # let go as the file closes
+        if not outcome.exists():
+            outcome.write_text(json.dumps(_build_native(build, cpu_kernel_build)))
+    built = json.loads(outcome.read_text())
+    ONNXRUNTIME_LEFT_OUT["reason"] = built["onnxruntime_left_out"]
+    if built["skipped"]:
+        pytest.skip(built["skipped"])
+    assert not built["failed"], built["failed"]
+    return build
+
+
+def _build_native(build: Path, kernel_build) -> dict[str, str]:
+    """Configure and build into ``build`` -> why a dependency is missing ("skipped"), the build's errors
+    ("failed"), and why it has no ONNX Runtime backend ("onnxruntime_left_out"), each "" where not so."""
+    options = onnxruntime_options(kernel_build, build.parent / f"{build.name}-onnxruntime")
+    outcome = {"onnxruntime_left_out": options if isinstance(options, str) else "", "skipped": "", "failed": ""}
     configure = subprocess.run(["cmake", "-B", str(build), "-S", str(REPO), *TEST_BUILD_TYPE,
                                 *(options if isinstance(options, list) else [])], capture_output=True, text=True)
     if configure.returncode != 0:
         missing = [line.strip() for line in (configure.stdout + configure.stderr).splitlines()
                    if "Could NOT find" in line or "Could not find" in line]
-        pytest.skip("native dependencies missing: " + ("; ".join(missing) or configure.stderr.strip()[-300:]))
+        outcome["skipped"] = "native dependencies missing: " + ("; ".join(missing) or configure.stderr.strip()[-300:])
+        return outcome
     print([line for line in configure.stdout.splitlines() if "sdqes:" in line])
     built = subprocess.run(["cmake", "--build", str(build), "-j", "2"], capture_output=True, text=True)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    return build
+    if built.returncode != 0:
+        outcome["failed"] = built.stdout[-3000:] + built.stderr[-3000:]
+    return outcome
 
 
 @pytest.fixture(scope="session")

@@ -261,7 +261,7 @@ def show(line: str, file: TextIO | None = None) -> None:
     print("\n" * (len(line) - len(text)) + terminal_safe(text), file=file)
 
 
-def folder_for_new_results(out: str, results_file: str, option: str = "--out") -> str:
+def folder_for_new_results(out: str, results_file: str) -> str:
     """``out``, or where it holds an earlier run's ``results_file`` or another run is writing it, the first free of
     OUT-2, OUT-3, ... (said): a second run into the same folder replaced the first's results, a 15-minute bench's by
     a quick one's, and two at once wrote one folder between them, the last to finish each file winning. The results
@@ -274,7 +274,7 @@ def folder_for_new_results(out: str, results_file: str, option: str = "--out") -
             why = "holds an earlier run's results, which are kept"
         else:
             try:
-                hold(folder / results_file, option, f"results ({results_file})", folder=folder)
+                hold(folder / results_file, "--out", f"results ({results_file})", folder=folder)
                 break
             except HeldByAnotherRun as held:
                 why = f"is being written by another run ({held.holder})"
