@@ -50,6 +50,7 @@ from sdqes_edge.files import file_sha256, flush_to_disk, make_folders, write_tex
 from sdqes_edge.package_builds import CUDA_PROVIDER, load_onnxruntime
 from sdqes_edge.runtime.bundle import Bundle, inside_bundle, load_bundle
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
+from sdqes_edge.runtime.output_locks import hold_bundle, release
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.runtime.queries import text_encoder_for
 from sdqes_edge.runtime.tensorrt_backend import (
@@ -207,7 +208,17 @@ def build_engine(bundle_path: str | Path, precision: str = FP16, workspace_mib: 
     if verify_frames < 0:
         raise UserError(f"--verify-frames {verify_frames} is negative; give 0 to skip the check, or a frame count "
                         f"(default {ENGINE_VERIFY_FRAMES})")
-    bundle = load_bundle(bundle_path)
+    # Held throughout: two builds for one device wrote one candidate file between them, and an export replacing the
+    # bundle meanwhile took the engine away with the folder it replaced.
+    lock = hold_bundle(bundle_path, "build-engine")
+    try:
+        return _build_checked_engine(load_bundle(bundle_path), precision, workspace_mib, verify_frames, log)
+    finally:
+        release(lock)
+
+
+def _build_checked_engine(bundle: Bundle, precision: str, workspace_mib: int, verify_frames: int,
+                          log: Callable[[str], None]) -> Path:
     if precision == INT8:  # the QDQ graph, whatever the TensorRT: said before looking for a GPU
         plan_engine(INT8, bundle.precisions, weak_typing=True, tensorrt_version="", bundle_root=bundle.root)
         _check_symmetric_activations(bundle)

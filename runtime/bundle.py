@@ -34,7 +34,7 @@ from sdqes_edge.state import StateSpec
 
 from .alerts import AlertPolicy, check_number, check_texts, is_probability
 from .graph_files import NotAGraph, external_data_locations, metadata_props
-from .output_locks import BUNDLE, hold, release
+from .output_locks import hold_bundle, release
 
 
 class BundleError(UserError):
@@ -372,9 +372,7 @@ def write_thresholds(path: str | Path, default: float, per_label: dict[str, floa
     """
     if not 0.0 < default < 1.0:
         raise BundleError(f"a threshold is a probability in (0, 1), not {default}")
-    if not Path(path).is_dir():
-        load_bundle(path)  # refused in its own words, before a lock would make the folders it names
-    lock = hold(path, "write_thresholds", BUNDLE, folder=path)
+    lock = hold_bundle(path, "write_thresholds")
     try:
         return _write_thresholds(load_bundle(path), default, per_label, provenance, policy)
     finally:

@@ -76,6 +76,13 @@ def hold(output: str | os.PathLike, option: str, kind: str | None = None,
         return _hold(output, option, kind, folder)
 
 
+def hold_bundle(bundle: str | os.PathLike, option: str) -> Path | None:
+    """Take a bundle folder's lock, as ``hold``, for a program that replaces it or writes into it (an export, a
+    threshold, an engine); None, taking nothing, for a path that is no folder, which the caller's ``load_bundle``
+    refuses in its own words (a lock would have made the folders it names)."""
+    return hold(bundle, option, BUNDLE, folder=bundle) if os.path.isdir(bundle) else None
+
+
 def _hold(output: str | os.PathLike, option: str, kind: str | None, folder: str | os.PathLike | None) -> Path | None:
     try:
         import fcntl

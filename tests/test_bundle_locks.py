@@ -1,5 +1,6 @@
-"""One program at a time writes a bundle: an export (which replaces the folder whole) or a threshold written into
-it (``eval --write-threshold``, ``write_thresholds``), each holding the bundle's lock (runtime/output_locks.py)."""
+"""One program at a time writes a bundle: an export (which replaces the folder whole), a threshold written into it
+(``eval --write-threshold``, ``write_thresholds``) or an engine built into it (``build-engine``), each holding the
+bundle's lock (runtime/output_locks.py)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,16 @@ def test_a_bundle_requantized_into_a_folder_an_export_is_writing_is_refused(tmp_
         with pytest.raises(UserError, match=rf"^--out {tmp_path / 'new'} is being written by another run \(pid "
                                             rf"{other.pid}, sdqes-edge\)"):
             requantize_int8(DEMO_BUNDLE, tmp_path / "new", log=lambda m: None)
+
+
+def test_an_engine_built_into_a_bundle_an_export_is_replacing_is_refused_before_any_gpu_is_looked_for(tmp_path):
+    """The engine was written into the folder the export then took away; two builds for one device wrote one
+    candidate file between them."""
+    from sdqes_edge.export.tensorrt_engine import build_engine
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(DEMO_BUNDLE, bundle)
+    with another_run_writing(tmp_path, "bundle") as other:  # as an export replacing it holds it
+        with pytest.raises(UserError, match=rf"^build-engine {bundle} is being written by another run \(pid "
+                                            rf"{other.pid}, sdqes-edge\)"):
+            build_engine(bundle, log=lambda m: None)

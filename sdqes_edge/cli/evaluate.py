@@ -78,12 +78,12 @@ def _check_eval_args(args: argparse.Namespace):
     if not args.write_threshold:
         return None
     from sdqes_edge.runtime.bundle import load_bundle
-    from sdqes_edge.runtime.output_locks import BUNDLE, hold
+    from sdqes_edge.runtime.output_locks import hold_bundle
 
+    # Held to the command's end, the manifest read now written after the work: an export replacing the bundle
+    # meanwhile was given the manifest of the graphs it replaced.
+    hold_bundle(args.write_threshold, "--write-threshold")
     target_bundle = load_bundle(args.write_threshold)
-    # Held from here to the command's end, the manifest read now written after the work: an export replacing the
-    # bundle meanwhile was given the manifest of the graphs it replaced.
-    hold(args.write_threshold, "--write-threshold", BUNDLE, folder=args.write_threshold)
     if args.threshold is None and not args.calibrate:  # the policy is chosen at the bundle's own threshold
         args.threshold = target_bundle.default_threshold
     return target_bundle
