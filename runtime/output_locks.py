@@ -91,6 +91,8 @@ def _hold(output: str | os.PathLike, option: str, kind: str | None, folder: str 
     target = through_links(output)  # two links to one file are one file
     if target.exists() and not (target.is_file() or target.is_dir()):  # /dev/stdout, a FIFO: not what a run keeps
         return None
+    if not target.name:  # "/": no folder above it to hold its lock, and the command refuses it in its own words
+        return None
     lock = lock_path(target)
     held = _HELD.get(lock)
     if held is not None and held.pid == os.getpid():  # this process's already (the command line's): counted

@@ -73,3 +73,16 @@ def test_an_engine_built_into_a_bundle_an_export_is_replacing_is_refused_before_
         with pytest.raises(UserError, match=rf"^build-engine {bundle} is being written by another run \(pid "
                                             rf"{other.pid}, sdqes-edge\)"):
             build_engine(bundle, log=lambda m: None)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["build-engine", "/"], "/ has no manifest.json, so it is not a finished bundle"),
+    (["eval", "--annotations", "{csv}", "--baseline", "oracle", "--calibrate", "--write-threshold", "/"],
+     "/ has no manifest.json, so it is not a finished bundle"),
+    (["synth", "--out", "/"], "--out / is not empty; give a new folder"),
+])
+def test_the_root_folder_which_has_no_folder_above_it_for_a_lock_is_refused_in_the_commands_own_words(
+        argv, says, egosdqes_csv, capsys):
+    """A lock lies beside what it holds, and "/" has no name to put one beside: a traceback (ValueError)."""
+    err = run_refusal([a.format(csv=egosdqes_csv) for a in argv], capsys)
+    assert says in err
