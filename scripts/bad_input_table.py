@@ -155,6 +155,8 @@ def export_cases(t: Path) -> list[tuple[str, list[str]]]:
         ("export: --out is a file", ["export", "--preset", "tiny", "--out", str(t / "garbage.mp4")]),
         ("export: --out empty (an unset shell variable)", ["export", "--preset", "tiny", "--out", ""]),
         ("export: over a folder that is not a bundle", ["export", "--preset", "tiny", "--out", str(t / "photos")]),
+        ("export: into a folder another export is writing", ["export", "--preset", "tiny", "--out",
+                                                             str(t / "exporting")]),
         ("export: over a bundle that holds the checkpoint being exported",
          ["export", "--checkpoint", str(t / "kept" / "tiny.pt"), "--out", str(t / "kept")]),
     ]
@@ -282,11 +284,12 @@ OTHER_RUNS: list[subprocess.Popen] = []  # what stands for a run already going, 
 
 
 def _other_run_and_odd_files(t: Path) -> None:
-    """Another run holding held/alerts.jsonl (runtime/output_locks.py); a queries CSV with a cell past 128 KiB."""
-    code = ("import sys, time; from sdqes_edge.runtime.output_locks import hold; hold(sys.argv[1], '--events'); "
-            "print('held', flush=True); time.sleep(600)")
-    OTHER_RUNS.append(subprocess.Popen([sys.executable, "-c", code, str(t / "held" / "alerts.jsonl")],
-                                       stdout=subprocess.PIPE, text=True))
+    """Another run holding held/alerts.jsonl and the bundle folder exporting/ (runtime/output_locks.py); a queries
+    CSV with a cell past 128 KiB."""
+    code = ("import sys, time; from sdqes_edge.runtime.output_locks import hold; "
+            "[hold(path, '--out') for path in sys.argv[1:]]; print('held', flush=True); time.sleep(600)")
+    OTHER_RUNS.append(subprocess.Popen([sys.executable, "-c", code, str(t / "held" / "alerts.jsonl"),
+                                        str(t / "exporting")], stdout=subprocess.PIPE, text=True))
     OTHER_RUNS[-1].stdout.readline()  # held
     (t / "long-cell.csv").write_text(f"query,response\n{Q}," + "x" * 200_000 + "\n")
 
