@@ -114,6 +114,18 @@ def test_a_second_demo_in_its_folder_replaces_the_first_and_a_folder_of_the_user
     assert (tmp_path / "mine" / "alerts.jsonl").read_text() == "mine\n"
 
 
+def test_a_demo_into_a_folder_another_demo_is_writing_is_refused(tmp_path):
+    """The second wrote its stream.avi over the video the first was reading."""
+    from runtime_fixtures import another_run_writing
+
+    with another_run_writing(tmp_path, "demo") as first:  # as a demo holds its --out until it ends
+        done = run_cli("demo", "--out", str(tmp_path / "demo"))
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"sdqes-edge: error: --out {tmp_path / 'demo'} is being written by another run (pid {first.pid}, "
+        "sdqes-edge); stop that run, or give this one another folder")
+    assert not (tmp_path / "demo").exists()
+
+
 def test_a_seed_from_a_training_split_is_run_with_a_warning(tmp_path):
     done = run_cli("demo", "--seed", "100003", "--out", str(tmp_path / "demo"))
     assert done.returncode == 0, done.stderr

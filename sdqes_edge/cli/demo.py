@@ -14,6 +14,7 @@ from sdqes_edge.train_options import DEMO_SEED, SPLIT_SEED_BASE, is_training_see
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from sdqes_edge.demo import DEMO_BUNDLE, run_demo
+    from sdqes_edge.runtime.output_locks import hold
 
     if is_training_seed(args.seed):
         warn(f"seed {args.seed} is in a training, validation or test split's range; pick a seed "
@@ -21,6 +22,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for the demo's video, plot and logs")
+    # Held to the command's end: a second demo into the folder rewrote the video the first was reading.
+    hold(out, "--out", "a demo", folder=out)
     run_demo(args.seed, out, PROG, Path(args.bundle) if args.bundle else DEMO_BUNDLE, args.threads, args.precision)
     return 0
 
