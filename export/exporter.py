@@ -41,7 +41,7 @@ from sdqes_edge.model import SDQESModel
 from sdqes_edge.package_builds import load_onnxruntime
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
 from sdqes_edge.runtime.ort_sessions import session_options
-from sdqes_edge.runtime.output_locks import BUNDLE, hold, release
+from sdqes_edge.runtime.output_locks import BUNDLE, hold_folder, release
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.sample import (
     EXAMPLE_QUERIES,
@@ -123,7 +123,7 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     was_training = model.training  # a model exported between training steps goes back to training
     # One export into a folder at a time: of two at once, each said it wrote the bundle, and the one that ended last
     # replaced the other's without a word.
-    lock = hold(out, "--out", BUNDLE, folder=out)
+    lock = hold_folder(out, "--out", BUNDLE)
     try:
         model.eval()
         with staged_directory(out) as staging:

@@ -19,7 +19,7 @@ from sdqes_edge.contract import ENGINES_FOLDER, INT8, MANIFEST_NAME, REFERENCE_P
 from sdqes_edge.errors import WARNING_PREFIX
 from sdqes_edge.files import staged_directory
 from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
-from sdqes_edge.runtime.output_locks import BUNDLE, hold, release
+from sdqes_edge.runtime.output_locks import BUNDLE, hold_folder, release
 from sdqes_edge.sample import EXAMPLE_QUERIES
 
 from . import graphs
@@ -38,7 +38,7 @@ def requantize_int8(bundle_dir: str | Path, out: str | Path, options: ExportOpti
     queries and the threshold are the bundle's. Nothing is written unless the new graph passes. ``out`` is held
     throughout (runtime/output_locks.py), as an export holds its bundle: one program at a time replaces a bundle.
     """
-    lock = hold(out, "--out", BUNDLE, folder=out)
+    lock = hold_folder(out, "--out", BUNDLE)
     try:
         return _requantize_into(bundle_dir, Path(out), options, log)
     finally:

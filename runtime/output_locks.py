@@ -76,11 +76,17 @@ def hold(output: str | os.PathLike, option: str, kind: str | None = None,
         return _hold(output, option, kind, folder)
 
 
+def hold_folder(folder: str | os.PathLike, option: str, kind: str) -> Path | None:
+    """Take the lock of a folder a command writes whole (a bundle, a dataset, a demo), as ``hold`` takes a file's:
+    ``.NAME.lock`` beside it, made or not yet."""
+    return hold(folder, option, kind, folder=folder)
+
+
 def hold_bundle(bundle: str | os.PathLike, option: str) -> Path | None:
-    """Take a bundle folder's lock, as ``hold``, for a program that replaces it or writes into it (an export, a
-    threshold, an engine); None, taking nothing, for a path that is no folder, which the caller's ``load_bundle``
-    refuses in its own words (a lock would have made the folders it names)."""
-    return hold(bundle, option, BUNDLE, folder=bundle) if os.path.isdir(bundle) else None
+    """Take a bundle folder's lock (``hold_folder``) for a program that writes into it (a threshold, an engine);
+    None, taking nothing, for a path that is no folder, which the caller's ``load_bundle`` refuses in its own words
+    (a lock would have made the folders it names)."""
+    return hold_folder(bundle, option, BUNDLE) if os.path.isdir(bundle) else None
 
 
 def _hold(output: str | os.PathLike, option: str, kind: str | None, folder: str | os.PathLike | None) -> Path | None:

@@ -162,13 +162,13 @@ void check_output_path(const std::filesystem::path& path, const std::string& opt
   }
 }
 
-namespace {
-
 bool same_file(int fd, const std::filesystem::path& path) {
   struct stat opened {}, there {};
   return ::fstat(fd, &opened) == 0 && ::stat(path.c_str(), &there) == 0 && opened.st_dev == there.st_dev &&
          opened.st_ino == there.st_ino;
 }
+
+namespace {
 
 // A file of this run's: an output it holds the lock of (fd >= 0), or a source it reads (fd -1, lock empty).
 struct RunFile {

@@ -29,7 +29,6 @@
 #include <opencv2/core/utils/logger.hpp>
 #include <opencv2/videoio.hpp>
 #include <opencv2/videoio/registry.hpp>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "sdqes/alert_state_file.hpp"
@@ -702,13 +701,6 @@ int said_unsaved(const std::vector<std::unique_ptr<StreamSource>>& streams, int 
   return status;
 }
 
-// Whether `path` is this process's stdout (--events - or /dev/stdout): the alerts' JSONL, read by another program.
-bool is_stdout(const std::string& path) {
-  struct stat file {}, out {};
-  return ::stat(path.c_str(), &file) == 0 && ::fstat(STDOUT_FILENO, &out) == 0 && file.st_dev == out.st_dev &&
-         file.st_ino == out.st_ino;
-}
-
 // Steps the engine on the sources' frames, a stream each, and raises each stream's alerts until every source ends,
 // --max-frames, or a signal. Each step takes every source's next frame, as `sdqes-edge run` does (a live one's unless
 // it falls behind: sdqes::gather_step); a source that has ended idles (its stream's state kept), and the extra
@@ -721,7 +713,8 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   auto streams = open_sources(bundle, queries, policies, sources, state_path, engine, saves);
   std::unique_ptr<sdqes::JsonlSink> sink;  // once every source is open: one that is not leaves no log behind
   if (!events.empty()) sink = std::make_unique<sdqes::JsonlSink>(events);
-  std::ostream* alert_lines = !events.empty() && is_stdout(events) ? &std::cerr : &std::cout;  // the JSONL alone
+  // --events - (or /dev/stdout): stdout carries the alerts' JSONL alone, read by another program
+  std::ostream* alert_lines = !events.empty() && sdqes::same_file(STDOUT_FILENO, events) ? &std::cerr : &std::cout;
   for (auto& stream : streams) {
     stream->alerts.sink = sink.get();
     stream->alerts.printed = alert_lines;

@@ -14,7 +14,7 @@ from sdqes_edge.train_options import DEMO_SEED, SPLIT_SEED_BASE, is_training_see
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from sdqes_edge.demo import DEMO_BUNDLE, run_demo
-    from sdqes_edge.runtime.output_locks import hold
+    from sdqes_edge.runtime.output_locks import hold_folder
 
     if is_training_seed(args.seed):
         warn(f"seed {args.seed} is in a training, validation or test split's range; pick a seed "
@@ -23,7 +23,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder for the demo's video, plot and logs")
     # Held to the command's end: a second demo into the folder rewrote the video the first was reading.
-    hold(out, "--out", "a demo", folder=out)
+    hold_folder(out, "--out", "a demo")
     run_demo(args.seed, out, PROG, Path(args.bundle) if args.bundle else DEMO_BUNDLE, args.threads, args.precision)
     return 0
 

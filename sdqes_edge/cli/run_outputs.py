@@ -73,10 +73,9 @@ def resolve_events_on_stdout(args: argparse.Namespace) -> None:
     if not args.events:
         return
     try:
-        events, stdout = os.stat(args.events), os.fstat(sys.stdout.fileno())
+        args.events_on_stdout = os.path.samestat(os.stat(args.events), os.fstat(sys.stdout.fileno()))
     except (OSError, ValueError, AttributeError):  # no such file yet; a stdout without a file (closed, replaced)
-        return
-    args.events_on_stdout = (events.st_dev, events.st_ino) == (stdout.st_dev, stdout.st_ino)
+        pass
 
 
 def events_reader_left(error: Exception, events: str | None) -> bool:

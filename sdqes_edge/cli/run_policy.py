@@ -26,10 +26,10 @@ def add_policy_options(run: argparse.ArgumentParser) -> None:
 
 def check_threshold(threshold: float | None) -> None:
     """--threshold (run's, score's) is a probability, refused in one line naming the option."""
-    if threshold is not None and not 0.0 < threshold < 1.0:
-        raise UserError(f"--threshold {threshold:g} is outside (0, 1): it is a probability sigmoid(cos)")
     if threshold is None:
         return
+    if not 0.0 < threshold < 1.0:
+        raise UserError(f"--threshold {threshold:g} is outside (0, 1): it is a probability sigmoid(cos)")
     from sdqes_edge.runtime.alerts import never_reached_words
 
     never = never_reached_words(threshold, "any query at it")  # below every score it alerts once: said when asked

@@ -30,7 +30,7 @@ from sdqes_edge.train_options import TrainOptions
 
 def cmd_synth(args: argparse.Namespace) -> int:
     """Write a synthetic EgoSDQES-shaped dataset: videos plus annotations.csv, split by stream."""
-    from sdqes_edge.runtime.output_locks import hold
+    from sdqes_edge.runtime.output_locks import hold_folder
     from sdqes_edge.synthetic import stream_length_problem, write_dataset
 
     counts = {"train": args.train, "val": args.val, "test": args.test}
@@ -42,7 +42,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     out = Path(args.out)
     # Held to the command's end: of two at once into one new folder, each found it empty, and the one that ended
     # last replaced the other's dataset.
-    hold(out, "--out", "a dataset", folder=out)
+    hold_folder(out, "--out", "a dataset")
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out} is not empty; give a new folder")
     seeds, next_seed = {}, args.seed

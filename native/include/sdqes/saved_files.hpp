@@ -49,6 +49,10 @@ void check_output_path(const std::filesystem::path& path, const std::string& opt
 // system without locks).
 void hold_output(const std::filesystem::path& output, const std::string& option);
 
+// Whether the open file `fd` is the file at `path` (its links followed): a lock file not replaced since it was
+// opened, stdout given as --events.
+bool same_file(int fd, const std::filesystem::path& path);
+
 // Records a file the run reads (a video given to --source), which hold_output then refuses as an output ("<option>
 // PATH is the file --source PATH reads: ..."): an alert log appended to the user's video, a snapshot written over it.
 void reads_source(const std::filesystem::path& source);
