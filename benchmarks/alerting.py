@@ -99,7 +99,8 @@ def _gathering(cfg: BenchConfig, detector, replayed, log: Callable[[str], None])
     _ask(detector, 1, NONE_ON)  # one query, off: the gathering's cost, not the alert states'
     cameras = [_Camera(f"camera{k}", detector.fps, cfg.alerting_seconds) for k in range(detector.batch)]
     log(f"running {len(cameras)} stand-in cameras for {cfg.alerting_seconds:g} s ...")
-    marks = [(time.thread_time(), time.monotonic()) for _ in detector.run(cameras)]
+    # carry_state: the replayed step has no memory to carry (the frames stepped before were the timing's own)
+    marks = [(time.thread_time(), time.monotonic()) for _ in detector.run(cameras, carry_state=True)]
     first, last = len(marks) // 2, len(marks) - 1
     steps = max(1, last - first)
     return {"cameras": len(cameras), "steps": len(marks), "stand_in_step_ms": STAND_IN_STEP_S * 1e3,

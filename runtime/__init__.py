@@ -31,7 +31,7 @@ _EXPORTS = {
     ".backend": ("StepBackend", "StepResult"),
     ".bundle": ("Bundle", "BundleError", "load_bundle"),
     ".detector": ("StreamingDetector",),
-    ".stream_slot": ("StreamSlot",),
+    ".stream_slot": ("StateCarriedWarning", "StreamSlot"),
     ".fused_ops": ("MissingKernelsWarning",),
     ".onnxruntime_backend": ("SlowPrecisionWarning",),
     ".pacing": ("FrameRateWarning",),

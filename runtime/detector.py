@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import numbers
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -35,6 +35,7 @@ from .pacing import StreamPace
 from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_encoder_for
 from .run_stats import RunStats
+from .sampling import check_source_rates
 from .sinks import AlertEvent, Sink, check_sink_fits, close_all
 from .snapshots import (
     OnDone,
@@ -48,7 +49,7 @@ from .snapshots import (
 )
 from .sources import Frame, FrameSource
 from .step_backends import make_backend
-from .stream_slot import StreamSlot
+from .stream_slot import StateCarriedWarning, StreamSlot, carried_state_words, check_carry_state
 
 
 class NonFiniteScoreError(UserError):
@@ -310,20 +311,26 @@ class StreamingDetector:
         return self.queries.graph_input(self.query_capacity, self._query_width)
 
     # --- whole streams ------------------------------------------------------------------
-    def attach(self, sources: list[FrameSource]) -> None:
+    def attach(self, sources: list[FrameSource], carry_state: bool | None = None) -> None:
         """Give each source its stream (``run`` does; call it first to know where each source starts). A stream
         restored from a snapshot goes on where it stopped when its source is the file it was reading: from the
         sample after its last frame, stream times continuing (a file stepped again from its start saw its
-        first part twice, and alerted twice). Any other source starts at its beginning with the state carried
-        on and stream times from 0, the last alert's time moved with them (cooldowns count the gap as none)."""
+        first part twice, and alerted twice). Any other starts at its beginning, stream times from 0; if its stream
+        stepped another since its last reset or ``load_state`` (an earlier run), ``carry_state`` True goes on from
+        that state (cooldowns count the gap as none), False resets it first, None goes on with a warning."""
+        self._attach(sources, carry_state, stacklevel=3)
+
+    def _attach(self, sources: list[FrameSource], carry_state: bool | None, stacklevel: int) -> None:
+        check_carry_state(carry_state)
         self.check_source_count(len(sources))
-        for source in sources:
-            if not math.isclose(source.fps, self.fps, rel_tol=1e-9):  # the model would see time run fast or slow
-                raise UserError(f"source {source.name} samples at {source.fps:g} frames per second, but this bundle's "
-                                f"model steps at {self.fps:g}: open it at the bundle's rate, "
-                                "open_source(path, detector.fps)")
-        for slot, source in zip(self.streams, sources):
-            slot.attach(source, self.fps)
+        check_source_rates(sources, self.fps)
+        earlier = [slot.attached for slot in self.streams]  # what each stream read last (None: a program's steps)
+        carried = [(slot.index, source.name, earlier[slot.index] and earlier[slot.index].name)
+                   for slot, source in zip(self.streams, sources) if slot.attach(source, self.fps)]
+        if carried and carry_state is None:  # it goes on from the state, as True does, but says so
+            warnings.warn(carried_state_words(carried), StateCarriedWarning, stacklevel=stacklevel)
+        for index, _, _ in carried if carry_state is False else []:
+            self.reset(index)
 
     def check_source_count(self, count: int) -> None:
         """Refuse more sources than the bundle steps at once (fewer is fine: the other slots idle)."""
@@ -332,10 +339,11 @@ class StreamingDetector:
                             f"re-export with --batch {count}")
 
     def run(self, sources: FrameSource | list[FrameSource], stats: RunStats | None = None,
-            max_frames: int | None = None, stop_requested: Callable[[], bool] | None = None
-            ) -> Iterator[list[AlertEvent]]:
+            max_frames: int | None = None, stop_requested: Callable[[], bool] | None = None,
+            carry_state: bool | None = None) -> Iterator[list[AlertEvent]]:
         """Step every source until all end (or ``max_frames``); yields each step's alerts. Sinks closed at the end.
         ``stop_requested``, asked while waiting for frames, ends the run with none in hand (a stalled camera).
+        ``carry_state``: whether a stream an earlier run stepped goes on from that run's state (see ``attach``).
 
         One run at a time: a second, from another thread, stepped the same streams with its own frames between
         the first's (each stream's state and alerts a mix of two videos), and the first to end closed the sinks
@@ -347,13 +355,13 @@ class StreamingDetector:
                                 "it); to stream sources side by side give them to one run, or make a detector each")
             self._running = True
         try:
-            yield from self._run(sources, stats or RunStats(), max_frames, stop_requested)
+            yield from self._run(sources, stats or RunStats(), max_frames, stop_requested, carry_state)
         finally:
             self._running = False
 
     def _run(self, sources: list[FrameSource], stats: RunStats, max_frames: int | None,
-             stop_requested: Callable[[], bool] | None) -> Iterator[list[AlertEvent]]:
-        self.attach(sources)
+             stop_requested: Callable[[], bool] | None, carry_state: bool | None) -> Iterator[list[AlertEvent]]:
+        self._attach(sources, carry_state, stacklevel=4)  # the warning points at the loop over the run
         gathering = StepFrames(sources, self.batch, self.preprocess, LIVE_PATIENCE_PERIODS / self.fps, stop_requested)
         try:
             while (frames := gathering.next()) is not None:

@@ -14,6 +14,7 @@ follows the same rule; ``tests/vectors/sampling.json`` holds both to it.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -34,6 +35,15 @@ def checked_rate(fps: object, what: str) -> float:
         raise UserError(f"{what} at a positive number of frames per second up to {MAX_FPS:g}, not {fps!r}; give the "
                         "bundle's (detector.fps)")
     return float(fps)
+
+
+def check_source_rates(sources: list, fps: float) -> None:
+    """Refuse a source (``FrameSource``) sampled at another rate than the model steps at: it would see time run
+    fast or slow."""
+    for source in sources:
+        if not math.isclose(source.fps, fps, rel_tol=1e-9):
+            raise UserError(f"source {source.name} samples at {source.fps:g} frames per second, but this bundle's "
+                            f"model steps at {fps:g}: open it at the bundle's rate, open_source(path, detector.fps)")
 
 
 def samples_served(stamp: float, next_index: int, period: float, end_time: float | None = None) -> int:

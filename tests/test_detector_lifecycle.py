@@ -58,7 +58,7 @@ def test_a_detector_without_sinks_runs_one_source_after_another(tmp_path):
     video = write_video(tmp_path / "clip.avi", np.zeros((6, 48, 64, 3), np.uint8), fps=2.0)
     detector = alerting_detector()
     for _ in range(2):
-        assert sum(1 for _ in detector.run(open_source(video, detector.fps))) > 0
+        assert sum(1 for _ in detector.run(open_source(video, detector.fps), carry_state=False)) > 0
 
 
 def test_a_detector_as_a_context_manager_closes_its_sinks_at_the_end_of_the_block():

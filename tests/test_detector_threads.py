@@ -128,11 +128,11 @@ def test_one_run_at_a_time_a_second_from_another_thread_is_refused_and_the_first
     worker.join()
     assert len(refused) == 1 and refused[0].startswith("this detector is already running (a run not ended")
     assert 1 + sum(1 for _ in first) == 20  # the first run went on to its last frame
-    assert sum(1 for _ in detector.run(NoiseSource(detector.fps, 5))) == 5
-    abandoned = detector.run(NoiseSource(detector.fps, 20))
+    assert sum(1 for _ in detector.run(NoiseSource(detector.fps, 5), carry_state=False)) == 5
+    abandoned = detector.run(NoiseSource(detector.fps, 20), carry_state=False)
     next(abandoned)
     abandoned.close()  # a run closed part way through ends too
-    assert sum(1 for _ in detector.run(NoiseSource(detector.fps, 5))) == 5
+    assert sum(1 for _ in detector.run(NoiseSource(detector.fps, 5), carry_state=False)) == 5
 
 
 def test_while_a_run_streams_a_step_from_another_thread_is_refused():
