@@ -324,8 +324,8 @@ class StreamingDetector:
         check_carry_state(carry_state)
         self.check_source_count(len(sources))
         check_source_rates(sources, self.fps)
-        earlier = [slot.attached for slot in self.streams]  # what each stream read last (None: a program's steps)
-        carried = [(slot.index, source.name, earlier[slot.index] and earlier[slot.index].name)
+        earlier = [slot.last_source for slot in self.streams]
+        carried = [(slot.index, source.name, earlier[slot.index])
                    for slot, source in zip(self.streams, sources) if slot.attach(source, self.fps)]
         if carried and carry_state is None:  # it goes on from the state, as True does, but says so
             warnings.warn(carried_state_words(carried), StateCarriedWarning, stacklevel=stacklevel)
@@ -343,11 +343,9 @@ class StreamingDetector:
             carry_state: bool | None = None) -> Iterator[list[AlertEvent]]:
         """Step every source until all end (or ``max_frames``); yields each step's alerts. Sinks closed at the end.
         ``stop_requested``, asked while waiting for frames, ends the run with none in hand (a stalled camera).
-        ``carry_state``: whether a stream an earlier run stepped goes on from that run's state (see ``attach``).
-
-        One run at a time: a second, from another thread, stepped the same streams with its own frames between
-        the first's (each stream's state and alerts a mix of two videos), and the first to end closed the sinks
-        of both."""
+        ``carry_state``: whether a stream an earlier run stepped goes on from that run's state (see ``attach``). One
+        run at a time: a second, from another thread, stepped the same streams with its own frames between the
+        first's (states and alerts a mix of two videos), and the first to end closed the sinks of both."""
         sources = check_run_arguments(sources, max_frames)
         with self._lock:
             if self._running:
@@ -378,6 +376,8 @@ class StreamingDetector:
             stats.streamed = True
         finally:
             gathering.close()
+            for slot in self.streams:  # its source read: given again, it is read from its start, a new attach
+                slot.attached = None
             self.close()
 
     def close(self) -> None:

@@ -62,7 +62,10 @@ class StreamSlot:
     source: str = ""  # the identity of the source it reads (FrameSource.identity)
     position: int = 0  # the sample index of that source after its last frame
     resumed: StreamRecord | None = None  # from a snapshot, until ``attach`` decides where its source goes on
-    attached: FrameSource | None = field(default=None, repr=False)  # the source ``attach`` gave this stream
+    # The source ``attach`` gave this stream, until the run that reads it ends (given again, it is read from its start
+    # again: a new attach); and the name of the one it read last (None: only frames a program stepped itself).
+    attached: FrameSource | None = field(default=None, repr=False)
+    last_source: str | None = None
     pace: StreamPace | None = None  # its frame times against the model's rate (None: a model without state)
     # The ids whose alert state may be on (inside a run above threshold): a superset, kept by every change that can
     # turn one on (``raised``, ``restore_alert``), so that ``raised`` need not look at the others.
@@ -145,7 +148,7 @@ class StreamSlot:
         if self.attached is source:
             return False
         carried = not self.fresh and self.resumed is None
-        self.name, self.attached = source.name, source
+        self.name, self.attached, self.last_source = source.name, source, source.name
         if self.pace is not None:
             self.pace.restart()
         record, self.resumed, identity = self.resumed, None, source.identity

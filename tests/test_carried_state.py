@@ -15,6 +15,7 @@ from runtime_fixtures import write_video
 from sdqes_edge.demo import DEMO_BUNDLE
 from sdqes_edge.errors import UserError
 from sdqes_edge.runtime import Frame, Sink, StateCarriedWarning, StreamingDetector, open_source
+from sdqes_edge.runtime.frame_source import FrameSource
 from sdqes_edge.runtime.soak import NoiseSource
 from sdqes_edge.runtime.stream_slot import carried_state_words
 from sdqes_edge.sample import sample_frames
@@ -48,7 +49,8 @@ def detector() -> StreamingDetector:
 def scored(detector: StreamingDetector, video, **run_options) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The run's probabilities, frame by frame, and the state it left."""
     scores = detector.add_sink(Scores())
-    for _ in detector.run(open_source(video, detector.fps), **run_options):
+    source = video if isinstance(video, FrameSource) else open_source(video, detector.fps)
+    for _ in detector.run(source, **run_options):
         pass
     return np.array(scores.probs), detector.backend.state_to_numpy(detector.state)
 
@@ -146,3 +148,18 @@ def test_frames_a_program_stepped_itself_are_named_as_such_and_many_streams_are_
     words = carried_state_words([(k, f"camera{k}", f"camera{k}") for k in range(32)])
     assert words.startswith("stream 0 begins camera0 again, with the state its earlier run left; stream 1 begins "
                             "camera1 again, with the state its earlier run left; 30 more streams likewise (the model's")
+
+
+def test_one_source_given_to_a_second_run_is_read_again_from_its_start_as_a_new_one_is(videos):
+    """The stream kept it as already attached: carry_state=False reset nothing, no warning said the state went on,
+    and the stream times did not start again, so the first frame raised a FrameRateWarning (time went back)."""
+    first, _ = videos
+    reused, fresh = detector(), detector()
+    source = open_source(first, reused.fps)
+    scored(reused, source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = scored(reused, source, carry_state=False)
+    assert_same_run(again, scored(fresh, first))
+    with pytest.warns(StateCarriedWarning, match="^stream 0 begins first again, with the state its earlier run left"):
+        scored(reused, source)
