@@ -15,6 +15,8 @@ from the fp32 graph in fp32, and a foreign engine is refused, never bound.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
 import warnings
 from dataclasses import dataclass
@@ -218,15 +220,45 @@ def check_bindings(bindings: dict[str, Binding], expected: dict[str, set[tuple[i
                 refuse(f"{name} is {bindings[name].dtype} but {output} is {bindings[output].dtype}")
 
 
+def _in_cuda_context(method):
+    """``method`` run with the backend's CUDA context current on the calling thread. pycuda makes a context current
+    only on the thread that created it, so a step from another thread (a ROS 2 executor's callback, a program's
+    worker) ran where no context was current, or CUDA's primary one, which TensorRT's own runtime calls would have
+    made, and which does not hold this backend's buffers."""
+    @functools.wraps(method)
+    def in_context(self, *args, **kwargs):
+        with self._current():
+            return method(self, *args, **kwargs)
+    return in_context
+
+
 class TensorRTStep:
     def __init__(self, engine_path: Path, spec, embed_dim: int, image_size: int, batch: int,
                  rebuild: str = "rebuild it with sdqes-edge build-engine"):
         current_device()  # TensorRT, pycuda and a CUDA that starts (else one line saying which is missing)
-        import pycuda.autoinit  # noqa: F401  (creates the CUDA context)
+        import pycuda.autoinit  # (creates the CUDA context, current on this thread alone)
         import pycuda.driver as cuda
+
+        self.cuda, self.spec, self.cuda_context = cuda, spec, pycuda.autoinit.context
+        with self._current():
+            self._load(engine_path, spec, embed_dim, image_size, batch, rebuild)
+        self.fused_queries = False
+        self.warm_up_steps = STATE_BUFFER_SETS  # each buffer set's first use
+
+    @contextlib.contextmanager
+    def _current(self):
+        """This backend's CUDA context current on this thread meanwhile (pushed on its stack, then popped)."""
+        self.cuda_context.push()
+        try:
+            yield
+        finally:
+            self.cuda.Context.pop()
+
+    def _load(self, engine_path: Path, spec, embed_dim: int, image_size: int, batch: int, rebuild: str) -> None:
+        """The engine, its execution context and every buffer it binds, allocated once."""
         import tensorrt as trt
 
-        self.cuda, self.spec = cuda, spec
+        cuda = self.cuda
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(Path(engine_path).read_bytes())
         if self.engine is None:
@@ -251,8 +283,6 @@ class TensorRTStep:
         # Streams' rows copied on the device in this backend's stream, as ONNX Runtime's bound path copies them.
         self.row_copier = RowCopier(lambda dst, src, nbytes: cuda.memcpy_dtod_async(dst, src, nbytes, self.stream),
                                     self.stream.synchronize)
-        self.fused_queries = False
-        self.warm_up_steps = STATE_BUFFER_SETS  # each buffer set's first use
 
     @classmethod
     def from_bundle(cls, bundle: Bundle, precision: str = FP16) -> "TensorRTStep":
@@ -274,10 +304,12 @@ class TensorRTStep:
             self.row_copier.copy(int(dst), int(src), array.nbytes // array.shape[0], list(streams))
         self.row_copier.finish()
 
+    @_in_cuda_context
     def initial_state(self) -> BoundState:
         self._copy_rows(self.sets[0], self.initial_device, None)
         return self.ledger.loaded()
 
+    @_in_cuda_context
     def step(self, frame: np.ndarray, state: BoundState, query_embeddings=None) -> StepResult:
         k = self.ledger.current(state)
         src, dst = self.sets[k], self.sets[1 - k]
@@ -294,6 +326,7 @@ class TensorRTStep:
         self.stream.synchronize()
         return StepResult(self.embedding_host.astype(np.float32), self.ledger.stepped(k))
 
+    @_in_cuda_context
     def state_to_numpy(self, state: BoundState) -> dict[str, np.ndarray]:
         out = {}
         for spec, buffer, array in zip(self.spec, self.sets[self.ledger.current(state)], self.initial):
@@ -302,16 +335,19 @@ class TensorRTStep:
             out[spec.name] = host
         return out
 
+    @_in_cuda_context
     def state_from_numpy(self, arrays: dict[str, np.ndarray]) -> BoundState:
         check_state_arrays(self.spec, arrays)  # an array of another size would be copied past its buffer
         for spec, buffer, initial in zip(self.spec, self.sets[0], self.initial):
             self.cuda.memcpy_htod(buffer, np.ascontiguousarray(arrays[spec.name], dtype=initial.dtype))
         return self.ledger.loaded()
 
+    @_in_cuda_context
     def keep_streams(self, new: BoundState, old: BoundState, streams: list[int]) -> BoundState:
         self._copy_rows(self.sets[self.ledger.current(new)], self.sets[self.ledger.current(old)], streams)
         return new
 
+    @_in_cuda_context
     def reset_streams(self, state: BoundState, streams: list[int] | None = None) -> BoundState:
         self._copy_rows(self.sets[self.ledger.current(state)], self.initial_device, streams)
         return state

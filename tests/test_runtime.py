@@ -21,7 +21,7 @@ from sdqes_edge.runtime.onnxruntime_backend import StepResult
 from sdqes_edge.runtime.preprocess import Preprocessor
 from sdqes_edge.runtime.sinks import CallbackSink, ScoreTraceRecorder
 from sdqes_edge.runtime.sources import Frame, FrameSource, VideoFileSource, open_source
-from sdqes_edge.runtime.tensorrt_backend import DeviceInfo, check_engine_matches, tensorrt_ready
+from sdqes_edge.runtime.tensorrt_backend import DeviceInfo, check_engine_matches
 from sdqes_edge.sample import sample_frames
 from sdqes_edge.tolerances import FP32_EMBEDDING_ATOL
 from sdqes_edge.traces import load_scores
@@ -348,36 +348,6 @@ def test_the_detectors_onnx_runtime_workers_do_not_spin_between_steps_while_its_
 
     options = StreamingDetector(exported[1]).backend.session.get_session_options()
     assert options.get_session_config_entry(SPIN_WAIT_OPTION) == "0"
-
-@pytest.mark.skipif(not tensorrt_ready(), reason="needs an NVIDIA GPU with TensorRT and pycuda installed")
-def test_the_tensorrt_backend_streams_what_onnx_runtime_streams(exported, tmp_path):
-    import shutil
-
-    from sdqes_edge.export.tensorrt_engine import build_engine
-    from sdqes_edge.runtime.bundle import load_bundle
-    from sdqes_edge.runtime.onnxruntime_backend import OnnxRuntimeStep
-    from sdqes_edge.runtime.tensorrt_backend import TensorRTStep
-
-    model, bundle = exported
-    copy = tmp_path / "bundle"
-    shutil.copytree(bundle, copy)
-    build_engine(copy, precision="fp32")
-    loaded = load_bundle(copy)
-    trt_step, ort_step = TensorRTStep.from_bundle(loaded, "fp32"), OnnxRuntimeStep(loaded.step_graph())
-    cfg = model.cfg
-    pre = Preprocessor.from_config(cfg)
-    trt_state, ort_state = trt_step.initial_state(), ort_step.initial_state()
-    first = trt_state
-    for frame in pre.batch(sample_frames(32, 120, 160)):
-        a, b = trt_step.step(frame[None], trt_state), ort_step.step(frame[None], ort_state)
-        assert np.abs(a.embedding - b.embedding).max() <= 1e-3  # TensorRT may pick TF32 kernels
-        trt_state, ort_state = a.state, b.state
-    final = trt_step.state_to_numpy(trt_state)
-    for name, value in ort_state.items():
-        assert np.abs(final[name] - value).max() <= 1e-2 * max(1.0, np.abs(value).max())
-    with pytest.raises(UserError, match="stale"):  # its buffer set has been written since, as on ORT's bound path
-        trt_step.step(frame[None], first)
-
 
 def test_both_backends_declare_the_interface_the_detector_uses(exported):
     from sdqes_edge.runtime.backend import StepBackend
