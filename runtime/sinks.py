@@ -7,15 +7,10 @@ still leaves a complete JSONL log (flushed per event) and a score trace.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
 import logging
 import math
-import os
-import stat
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,12 +18,11 @@ from typing import Callable
 
 import numpy as np
 
-from sdqes_edge.errors import SetupWarning, UserError, is_whole_number, terminal_safe
-from sdqes_edge.files import make_folders
-from sdqes_edge.path_checks import ALERT_LOG_EXAMPLE, SCORE_TRACE_EXAMPLE, check_output_file, check_trace_path
+from sdqes_edge.errors import UserError, is_whole_number, terminal_safe
+from sdqes_edge.path_checks import SCORE_TRACE_EXAMPLE, check_output_file, check_trace_path
 from sdqes_edge.traces import StreamScores, chunk_path, chunks_of, load_scores, merge_chunks, read_chunks, save_scores
 
-from .output_locks import ALERT_LOG, SCORE_TRACE, hold, release
+from .output_locks import SCORE_TRACE, hold, release
 from .sampling import checked_rate
 
 
@@ -89,108 +83,6 @@ class CallbackSink(Sink):
         self.callback(event)
 
 
-class JsonlSink(Sink):
-    """One JSON object per line, appended, written and fsynced per event: a crash loses nothing already alerted.
-
-    A line the disk refuses part of (full, a quota) is taken back, so the log holds whole lines only (JSONL
-    readers stop at a half one), and the error names the file. A log rotated while the stream runs (logrotate
-    moves it away, or empties it with copytruncate) is followed, as Python's WatchedFileHandler follows one: the
-    next alert goes to a new file at the path, not into the moved one."""
-
-    def __init__(self, path: str | Path):
-        # A folder or /proc: a one-line error, not an OSError.
-        self.path = check_output_file(path, "JsonlSink", ALERT_LOG_EXAMPLE)
-        # Another process's log, or a file this program writes as something else (runtime/output_locks.py): refused.
-        self._lock = hold(self.path, "JsonlSink", ALERT_LOG)
-        try:
-            make_folders(self.path.parent)
-            self._use(self._open())
-        except BaseException:
-            release(self._lock)
-            raise
-        self._reopen_refused = False
-        if not self._ends_a_line():  # said once; the next alert starts a line of its own
-            warnings.warn(f"the alert log {self.path} ends in a cut line (a power cut or a kill while it was "
-                          "written?); it is kept, and the next alert starts a line of its own", SetupWarning,
-                          stacklevel=2)
-
-    def _open(self):
-        """Unbuffered (nothing left to flush once a write failed), appending; a regular file opened to read too, to
-        look at its last byte (``_ends_a_line``)."""
-        if self.path.exists() and not self.path.is_file():  # a pipe or terminal (--events /dev/stdout)
-            return self.path.open("ab", buffering=0)
-        try:
-            return self.path.open("a+b", buffering=0)
-        except PermissionError:  # a log we may append to but not read: its last line is taken as whole
-            return self.path.open("ab", buffering=0)
-
-    def _use(self, fh) -> None:
-        self._fh = fh
-        # Bytes up to the end of the last whole line; None for anything but a regular file (a pipe, /dev/stdout,
-        # /dev/null), which cannot be cut or rotated: /dev/full is seekable, and refused the cut with EINVAL.
-        regular = stat.S_ISREG(os.fstat(fh.fileno()).st_mode)
-        self._whole = fh.seek(0, os.SEEK_END) if regular else None
-
-    def _follow_rotation(self) -> None:
-        if self._whole is None:  # a pipe or a terminal is not rotated
-            return
-        opened = os.fstat(self._fh.fileno())
-        try:
-            moved = not os.path.samestat(opened, os.stat(self.path))
-        except FileNotFoundError:  # moved away, the new one not made yet
-            moved = True
-        if not moved:  # emptied in place (copytruncate), or not: a line to take back ends where the file now does
-            self._whole = min(self._whole, opened.st_size)
-            return
-        try:
-            replacement = self._open()
-        except OSError as exc:  # tried again at the next alert; the alerts are not lost meanwhile
-            if not self._reopen_refused:
-                self._reopen_refused = True
-                warnings.warn(f"the alert log {self.path} was moved away and cannot be made again "
-                              f"({exc.strerror or exc}); alerts go on into the moved file", SetupWarning, stacklevel=3)
-            return
-        self._fh.close()
-        self._use(replacement)
-        self._reopen_refused = False  # a later rotation that fails is said again
-
-    def _ends_a_line(self) -> bool:
-        """Whether the log's last byte ends a line (an empty log, a pipe: True). A line cut by a power cut or a kill
-        is kept as it is, and the next alert starts a line of its own: appended to the cut one, it was unreadable
-        too (a JSONL reader stops there)."""
-        if not self._whole or not self._fh.readable():
-            return True
-        self._fh.seek(self._whole - 1)  # a read position only: an append goes to the end all the same
-        return self._fh.read(1) == b"\n"
-
-    def on_event(self, event: AlertEvent) -> None:
-        self._follow_rotation()
-        text = json.dumps(event.to_dict()) + "\n"
-        line = memoryview((text if self._ends_a_line() else "\n" + text).encode("utf-8"))
-        try:
-            while line:
-                written = self._fh.write(line)
-                if not written:  # a regular file takes some bytes or raises; never loop on nothing
-                    raise OSError(errno.EIO, "the file took no bytes")
-                line = line[written:]
-            if self._whole is not None:  # a pipe or terminal has nothing to sync
-                os.fsync(self._fh.fileno())
-        except OSError as exc:
-            if self._whole is not None:
-                with contextlib.suppress(OSError):  # what to say is the refusal; a cut line is found on opening
-                    os.ftruncate(self._fh.fileno(), self._whole)
-            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
-        if self._whole is not None:
-            self._whole = self._fh.tell()
-
-    def close(self) -> None:
-        try:
-            self._fh.close()
-        finally:
-            release(self._lock)
-            self._lock = None  # a second close lets go of nothing
-
-
 class ConsoleSink(Sink):
     def __init__(self, write: Callable[[str], None] = print):
         if not callable(write):  # else the first alert fails with a TypeError
@@ -220,6 +112,22 @@ def checked_stream(stream: object, sink: str) -> int:
 # A score trace's news (a chunk the machine refused, then written again): to this logger unless a program sets the
 # recorder's own ``log`` (the command line prints each as one line).
 TRACE_LOG = logging.getLogger("sdqes_edge.runtime.sinks")
+
+
+def tried_going_on(write: Callable[[], None], refused: bool, log: Callable[[str], None],
+                   refused_words: Callable[[OSError], str], written_words: str) -> bool:
+    """``write`` an output held back while the stream goes on -> whether the machine refuses it (a full disk).
+    ``refused``: whether it refused the last try; a refusal is said once however many come in a row (the run had
+    ended at the first), and the first write after them is said too."""
+    try:
+        write()
+    except OSError as refusal:
+        if not refused:
+            log(refused_words(refusal))
+        return True
+    if refused:
+        log(written_words)
+    return False
 
 
 class ScoreTraceRecorder(Sink):
@@ -314,20 +222,13 @@ class ScoreTraceRecorder(Sink):
     def _flush_going_on(self) -> None:
         """``flush`` while the stream goes on: a chunk the machine refuses is said, not raised. The run had ended
         there, and a service restarted into the same full disk watched its camera 30 s at a time."""
-        let_go = self._let_go
-        try:
-            self.flush()
-        except OSError as refusal:
-            if not self._refused:
-                self.log(f"warning: cannot write the score trace {self.path} ({refusal.strerror or refusal}); the "
-                         f"stream goes on, its latest {self.HELD_ROWS} scores held in memory (older ones stand as "
-                         f"NaN) and tried again every {self.CHUNK_SECONDS:g} s")
-            self._refused = True
-            return
-        if self._refused:
-            self.log(f"note: the score trace {self.path} is written again, the scores held meanwhile with it"
-                     + (f" ({let_go} older ones stand as NaN)" if let_go else ""))
-            self._refused = False
+        self._refused = tried_going_on(
+            self.flush, self._refused, self.log,
+            lambda refusal: (f"warning: cannot write the score trace {self.path} ({refusal.strerror or refusal}); "
+                             f"the stream goes on, its latest {self.HELD_ROWS} scores held in memory (older ones stand "
+                             f"as NaN) and tried again every {self.CHUNK_SECONDS:g} s"),
+            f"note: the score trace {self.path} is written again, the scores held meanwhile with it"
+            + (f" ({self._let_go} older ones stand as NaN)" if self._let_go else ""))
 
     def _trace(self, probs: np.ndarray, first_frame: int = 0) -> StreamScores:
         """The queries seen so far, in the order they were added, with these rows."""

@@ -22,8 +22,9 @@ import numpy as np
 
 from sdqes_edge.tolerances import SOAK_BLOCK_FRAMES, SOAK_RSS_GROWTH_BYTES, SOAK_STATE_GROWTH
 
+from .alert_log import JsonlSink
 from .detector import RunStats, StreamingDetector
-from .sinks import JsonlSink, ScoreTraceRecorder
+from .sinks import ScoreTraceRecorder
 from .sources import FrameSource
 
 SOAK_QUERIES = ("when I start cooking", "when the door opens", "when I pick up the phone")

@@ -24,10 +24,11 @@ from sdqes_edge.contract import MANIFEST_NAME, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.files import make_folders, parse_json, write_text_atomically
 from sdqes_edge.metrics import TOLERANCE_WINDOWS
+from sdqes_edge.runtime.alert_log import JsonlSink
 from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
 from sdqes_edge.runtime.bundle import load_bundle
 from sdqes_edge.runtime.detector import RunStats, StreamingDetector
-from sdqes_edge.runtime.sinks import CallbackSink, JsonlSink, ScoreTraceRecorder
+from sdqes_edge.runtime.sinks import CallbackSink, ScoreTraceRecorder
 from sdqes_edge.runtime.sources import open_source
 from sdqes_edge.synthetic import Stream, generate_stream, write_video
 from sdqes_edge.traces import load_scores

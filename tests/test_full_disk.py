@@ -94,21 +94,21 @@ def test_a_score_trace_the_disk_cuts_off_leaves_neither_a_trace_nor_a_temporary_
 
 def test_an_alert_log_the_disk_cuts_off_keeps_only_whole_lines_and_names_its_file(tmp_path):
     """JSONL readers stop at a half line: the line being written when the disk filled is taken back."""
-    from sdqes_edge.runtime.sinks import AlertEvent, JsonlSink
+    from sdqes_edge.runtime import AlertEvent, JsonlSink
 
     log = tmp_path / "alerts.jsonl"
     log.write_text('{"from": "an earlier run"}\n')  # appended to, never rewritten
     sink = JsonlSink(log)
+    sink.log = lambda message: None  # said while the stream goes on (tests/test_alert_log_refused.py)
     event = AlertEvent("q1", QUERY, "Sanitize your hands!" * 20, "clip", 1.5, 3, 0.9, 0.2, 12.0)
-    written = 0
     with file_size_limit(), pytest.raises(OSError) as refused:
-        for written in range(FILE_LIMIT):  # until the limit refuses a line
+        for _ in range(FILE_LIMIT // 400):  # past the limit: the later lines are refused, held
             sink.on_event(event)
-    sink.close()
+        sink.close()  # still refused as the stream ends
     assert refused.value.filename == str(log)  # the command line's one-line error names it
     lines = log.read_text().splitlines(keepends=True)
-    assert len(lines) == written + 1 and all(line.endswith("\n") for line in lines)
-    assert [json.loads(line) for line in lines[1:]] == [event.to_dict()] * written
+    assert 1 < len(lines) < FILE_LIMIT // 400 and all(line.endswith("\n") for line in lines)
+    assert [json.loads(line) for line in lines[1:]] == [event.to_dict()] * (len(lines) - 1)
 
 
 def test_run_state_the_disk_refuses_is_said_once_and_the_stream_goes_on_to_its_end(exported, tmp_path):
@@ -169,7 +169,7 @@ def test_run_state_refused_is_tried_again_at_each_step_past_the_interval_and_sai
 def test_an_alert_log_on_a_device_that_is_always_full_says_the_disk_is_full_not_that_a_cut_failed():
     """/dev/full is seekable but no regular file: taking the refused line back (ftruncate) raised EINVAL, and the
     run ended with a traceback instead of the full disk."""
-    from sdqes_edge.runtime.sinks import AlertEvent, JsonlSink
+    from sdqes_edge.runtime import AlertEvent, JsonlSink
 
     sink = JsonlSink("/dev/full")
     with pytest.raises(OSError) as refused:

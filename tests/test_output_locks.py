@@ -274,8 +274,8 @@ def another_process_may_take(output: Path) -> bool:
 
 
 def library_sinks(path: Path) -> dict:
+    from sdqes_edge.runtime import JsonlSink, ScoreTraceRecorder
     from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
-    from sdqes_edge.runtime.sinks import JsonlSink, ScoreTraceRecorder
 
     return {"JsonlSink": lambda: JsonlSink(path / "alerts.jsonl"),
             "ScoreTraceRecorder": lambda: ScoreTraceRecorder(path / "trace.npz", "kitchen", 5.0),
@@ -322,7 +322,7 @@ def test_a_child_made_by_fork_never_removes_its_parents_lock(tmp_path):
 def test_two_kinds_of_sink_on_one_file_of_a_program_are_refused(tmp_path):
     """A JsonlSink and a ScoreTraceRecorder given one path in one program would write it in turn (the trace replacing
     the log as it closed); sinks of one kind share it, as the command line's option and its sink do."""
-    from sdqes_edge.runtime.sinks import JsonlSink, ScoreTraceRecorder
+    from sdqes_edge.runtime import JsonlSink, ScoreTraceRecorder
 
     log = JsonlSink(tmp_path / "out.npz")
     try:
@@ -339,8 +339,8 @@ def test_two_kinds_of_sink_on_one_file_of_a_program_are_refused(tmp_path):
 def test_save_state_takes_the_snapshots_lock_while_it_writes(holder, tmp_path):
     """A program saving over the snapshot a service's run --state keeps (or over its own alert log) is refused; each
     write lets go as it ends, on this thread or on the writer's."""
+    from sdqes_edge.runtime import JsonlSink
     from sdqes_edge.runtime.detector import StreamingDetector
-    from sdqes_edge.runtime.sinks import JsonlSink
 
     detector = StreamingDetector(DEMO_BUNDLE)
     other = holder(tmp_path / "service.npz", "--state")

@@ -91,8 +91,9 @@ def attach_sinks(detector: StreamingDetector, sources: list,
                  args: argparse.Namespace) -> tuple[list[Path], list[AnnotatedVideoSink]]:
     """Console, --events, --annotate and --scores sinks; the score trace paths, one per source, and the video
     sinks (which name the videos they wrote)."""
+    from sdqes_edge.runtime.alert_log import JsonlSink
     from sdqes_edge.runtime.annotated_video import AnnotatedVideoSink
-    from sdqes_edge.runtime.sinks import ConsoleSink, JsonlSink, ScoreTraceRecorder
+    from sdqes_edge.runtime.sinks import ConsoleSink, ScoreTraceRecorder
 
     trace_paths = score_trace_paths(args.scores, sources) if args.scores else []
     video_paths = paths_per_source(args.annotate, sources) if args.annotate else []
@@ -101,7 +102,7 @@ def attach_sinks(detector: StreamingDetector, sources: list,
         on_stderr = getattr(args, "events_on_stdout", False)
         detector.add_sink(ConsoleSink((lambda line: show(line, file=sys.stderr)) if on_stderr else print))
     if args.events:
-        detector.add_sink(JsonlSink(args.events))
+        detector.add_sink(JsonlSink(args.events)).log = say
     keep = args.annotate_keep * 3600 if args.annotate_keep else None
     videos = [AnnotatedVideoSink(path, detector.fps, detector.thresholds, stream=i,
                                  segment_seconds=annotation_segment_seconds(args, source),
