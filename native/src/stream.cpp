@@ -374,26 +374,97 @@ void JsonlSink::follow_rotation() {
   reopen_refused_ = false;  // a later rotation that fails is said again
 }
 
+namespace {
+
+// What to do about a refused alert, by why (as `sdqes-edge run` says them): a disk gone read-only or failing is no
+// full disk.
+std::string refused_alert_advice(int failure) {
+  return failure == ENOSPC || failure == EDQUOT ? "is the disk full? free some space or write to another disk"
+         : failure == EFBIG ? "the file is as large as its file system (FAT32: 4 GiB) or `ulimit -f` allows; write to "
+                              "another disk"
+                            : "see `dmesg` (a disk gone read-only or failing?); write to another disk";
+}
+
+}  // namespace
+
+int JsonlSink::append(const std::string& line) {
+  int failure = 0;
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
+    failure = errno;
+  } else if (whole_ >= 0 && fsync(fileno(file_)) != 0 && errno != EINVAL) {
+    failure = errno;  // not on the disk: taken back too, so that the next try writes it once
+  }
+  if (failure == 0) {
+    if (whole_ >= 0) whole_ = std::ftell(file_);
+    return 0;
+  }
+  if (whole_ >= 0 && ftruncate(fileno(file_), whole_) == 0) std::clearerr(file_);
+  return failure;
+}
+
+int JsonlSink::write_held() {
+  last_try_ = std::chrono::steady_clock::now();
+  follow_rotation();
+  for (; !held_.empty(); held_.pop_front()) {
+    if (const int failure = append(held_.front())) return failure;
+  }
+  let_go_ = 0;
+  return 0;
+}
+
+void JsonlSink::write_going_on() {
+  const int64_t let_go = let_go_;
+  if (const int failure = write_held()) {
+    if (!refused_) {
+      std::fprintf(stderr, "sdqes-run: warning: cannot append alerts to the alert log %s (%s); the stream goes on "
+                   "alerting, its latest %zu alerts held in memory and written with the next alert the disk takes, "
+                   "or tried again every %g s\n", path_.string().c_str(), std::strerror(failure), kHeldAlerts,
+                   kRetryS);
+    }
+    refused_ = true;
+    return;
+  }
+  if (refused_) {
+    const std::string older = let_go ? " (" + std::to_string(let_go) + " older ones were let go)" : "";
+    std::fprintf(stderr, "sdqes-run: note: the alert log %s is written again, the alerts held meanwhile with it%s\n",
+                 path_.string().c_str(), older.c_str());
+  }
+  refused_ = false;
+}
+
 void JsonlSink::write(const AlertEvent& event) {
   const std::string line = event.to_json().dump() + "\n";
-  follow_rotation();
-  const bool written = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
-  const int failure = written ? 0 : errno;
-  if (written && whole_ >= 0 && fsync(fileno(file_)) != 0 && errno != EINVAL) {
-    throw OutputRefused("cannot sync " + path_.string() + " (" + std::strerror(errno) + ")");
+  if (whole_ < 0) {  // a pipe or a device (/dev/full): nothing to wait for; its reader gone, the run stops
+    if (const int failure = append(line)) {
+      throw OutputRefused("cannot append an alert to " + path_.string() + " (" + std::strerror(failure) +
+                          "): " + refused_alert_advice(failure) + ", and run again");
+    }
+    return;
   }
-  if (!written) {
-    if (whole_ >= 0 && ftruncate(fileno(file_), whole_) == 0) std::clearerr(file_);
-    // What to do, by why (as `sdqes-edge run` says them): a disk gone read-only or failing is no full disk.
-    const std::string advice =
-        failure == ENOSPC || failure == EDQUOT ? "is the disk full? free some space or write to another disk"
-        : failure == EFBIG ? "the file is as large as its file system (FAT32: 4 GiB) or `ulimit -f` allows; write to "
-                             "another disk"
-                           : "see `dmesg` (a disk gone read-only or failing?); write to another disk";
-    throw OutputRefused("cannot append an alert to " + path_.string() + " (" + std::strerror(failure) + "): " + advice +
-                        ", and run again");
+  held_.push_back(line);
+  if (held_.size() > kHeldAlerts) {  // only while the disk refuses: written at once otherwise
+    held_.pop_front();
+    ++let_go_;
   }
-  if (whole_ >= 0) whole_ = std::ftell(file_);
+  write_going_on();
+}
+
+void JsonlSink::retry() {
+  if (!held_.empty() &&
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_try_).count() >= kRetryS) {
+    write_going_on();
+  }
+}
+
+void JsonlSink::finish() {
+  if (held_.empty()) return;
+  const auto held = static_cast<int64_t>(held_.size()) + let_go_;
+  if (const int failure = write_held()) {
+    throw OutputRefused("cannot append alerts to " + path_.string() + " (" + std::strerror(failure) + "; " +
+                        std::to_string(static_cast<int64_t>(held_.size()) + let_go_) + " of the " +
+                        std::to_string(held) + " alerts it refused meanwhile are not in it): " +
+                        refused_alert_advice(failure) + ", and run again");
+  }
 }
 
 QueryTable load_queries(const Bundle& bundle) {

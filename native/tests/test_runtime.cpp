@@ -735,50 +735,97 @@ TEST(JsonlSink, FollowsALogRotatedUnderItAsThePythonSinkDoes) {
   fs::remove_all(dir);
 }
 
-TEST(JsonlSink, KeepsWholeLinesWhenTheDiskRefusesOneAndNamesTheFile) {
-  // A real refusal: a file-size limit fails every write past it with EFBIG, as a full disk fails them (ENOSPC).
-  const fs::path log = fs::temp_directory_path() / ("sdqes-native-alerts-" + std::to_string(::getpid()) + ".jsonl");
-  std::ofstream(log) << "{\"from\":\"an earlier run\"}\n";  // appended to, never rewritten
+namespace {
+
+// A real refusal: a file-size limit fails every write past it with EFBIG, as a full disk fails them (ENOSPC).
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) : handler_(std::signal(SIGXFSZ, SIG_IGN)) {  // else the kernel kills us
+    getrlimit(RLIMIT_FSIZE, &before_);
+    rlimit limited = before_;
+    limited.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &limited);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &before_);
+    std::signal(SIGXFSZ, handler_);
+  }
+
+ private:
+  rlimit before_{};
+  void (*handler_)(int);
+};
+
+std::vector<std::string> lines_of(const fs::path& path) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(text.empty() || text.back() == '\n');  // whole lines only
+  std::vector<std::string> lines;
+  std::istringstream split(text);
+  for (std::string line; std::getline(split, line);) lines.push_back(line);
+  return lines;
+}
+
+sdqes::AlertEvent long_alert(int64_t frame) {
   sdqes::AlertEvent event;
   event.query_id = "q1";
   event.query = "When I start to clean the table, remind me to wash my hands.";
   event.message = std::string(400, 'w');
   event.stream = "clip";
-  rlimit before{};
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &before), 0);
-  rlimit limited = before;
-  limited.rlim_cur = 4096;
-  auto* handler = std::signal(SIGXFSZ, SIG_IGN);  // else the kernel kills the writer instead of failing the write
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
-  int written = 0;
-  std::string error;
+  event.frame_index = frame;
+  return event;
+}
+
+}  // namespace
+
+TEST(JsonlSink, HoldsAlertsTheDiskRefusesSaysSoOnceAndWritesThemInOrderWithTheNextItTakes) {
+  const fs::path log = fs::temp_directory_path() / ("sdqes-native-held-" + std::to_string(::getpid()) + ".jsonl");
+  std::ofstream(log) << "{\"from\":\"an earlier run\"}\n";  // appended to, never rewritten
+  testing::internal::CaptureStderr();
   {
     sdqes::JsonlSink sink(log);
-    try {  // 4 KiB hold a few lines of ~600 bytes: far fewer writes than this must be refused
-      for (; written < 1000; ++written) sink.write(event);
+    {
+      const FileSizeLimit limit(2048);  // a few lines of ~600 bytes fit; the later ones are held, nothing thrown
+      for (int64_t frame = 0; frame < 8; ++frame) sink.write(long_alert(frame));
+    }
+    sink.write(long_alert(8));  // room again: every held alert goes first, in order
+    sink.finish();
+  }
+  const std::string said = testing::internal::GetCapturedStderr();
+  const std::string warning = "sdqes-run: warning: cannot append alerts to the alert log " + log.string() +
+                              " (File too large); the stream goes on alerting, its latest 10000 alerts held in "
+                              "memory and written with the next alert the disk takes, or tried again every 30 s\n";
+  EXPECT_EQ(said, warning + "sdqes-run: note: the alert log " + log.string() +
+                      " is written again, the alerts held meanwhile with it\n");
+  const auto lines = lines_of(log);
+  ASSERT_EQ(lines.size(), 10u);
+  for (int64_t frame = 0; frame <= 8; ++frame) EXPECT_EQ(json::parse(lines[frame + 1]).at("frame_index"), frame);
+  fs::remove(log);
+}
+
+TEST(JsonlSink, NamesTheFileAndTheAlertsItLostWhenTheDiskStillRefusesThemAtTheEnd) {
+  const fs::path log = fs::temp_directory_path() / ("sdqes-native-lost-" + std::to_string(::getpid()) + ".jsonl");
+  std::string error;
+  size_t kept = 0;
+  testing::internal::CaptureStderr();
+  {
+    sdqes::JsonlSink sink(log);
+    const FileSizeLimit limit(2048);
+    for (int64_t frame = 0; frame < 8; ++frame) sink.write(long_alert(frame));
+    kept = lines_of(log).size();
+    try {
+      sink.finish();
     } catch (const sdqes::OutputRefused& e) {  // the machine's state: sdqes-run's exit status 1, not a usage error's
       error = e.what();
     }
   }
-  setrlimit(RLIMIT_FSIZE, &before);
-  std::signal(SIGXFSZ, handler);
-  EXPECT_NE(error.find(log.string()), std::string::npos) << error;
-  EXPECT_NE(error.find("(File too large): the file is as large as its file system (FAT32: 4 GiB) or `ulimit -f` "
-                       "allows; write to another disk, and run again"),
-            std::string::npos)
-      << error;
-  std::ifstream in(log);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_FALSE(text.empty());
-  EXPECT_EQ(text.back(), '\n');
-  std::istringstream lines(text);
-  int count = 0;
-  for (std::string line; std::getline(lines, line); ++count) {
-    const json parsed = json::parse(line);  // throws on a half line
-    if (count > 0) EXPECT_EQ(parsed.at("message"), event.message);
-  }
-  EXPECT_EQ(count, written + 1);
-  EXPECT_GT(written, 0);
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(error, "cannot append alerts to " + log.string() + " (File too large; " + std::to_string(8 - kept) +
+                       " of the " + std::to_string(8 - kept) + " alerts it refused meanwhile are not in it): the file "
+                       "is as large as its file system (FAT32: 4 GiB) or `ulimit -f` allows; write to another disk, "
+                       "and run again");
+  EXPECT_GT(kept, 0u);
+  EXPECT_EQ(lines_of(log).size(), kept);
   fs::remove(log);
 }
 

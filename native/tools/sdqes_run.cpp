@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <memory>
 #include <mutex>
 #include <cstdio>
@@ -791,6 +792,7 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
         stream.saver.after_frame(stream.alerts);
       }
       ++steps;
+      if (sink) sink->retry();  // alerts the disk refused, tried again between alerts
       manager.alive();
       if (std::chrono::steady_clock::now() - reported >= kStatusEvery) {
         reported = std::chrono::steady_clock::now();
@@ -807,10 +809,17 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
     // What ran first, as a stop says it, then the error (main says it), as `sdqes-edge run` ends then.
     const double seconds = wind_up();
     if (steps > 0) say("interrupted after " + counted_words(streams, steps, seconds, latencies));  // else said alone
+    try {
+      if (sink) sink->finish();
+    } catch (const sdqes::OutputRefused& refused) {  // said; the run's error is the reader's
+      say(std::string("warning: ") + refused.what());
+    }
     throw;
   }
   const double seconds = wind_up();
-  return said_unsaved(streams, report_end(stop, streams, steps, seconds, latencies, period));
+  const int status = said_unsaved(streams, report_end(stop, streams, steps, seconds, latencies, period));
+  if (sink) sink->finish();  // alerts the disk still refuses: the run's error, after its summary (exit status 1)
+  return status;
 }
 #endif
 
@@ -997,6 +1006,9 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past `ulimit -f` fails with EFBIG, said with what to do, as Python (which ignores the signal) has it:
+  // the kernel's SIGXFSZ had ended the process, its outputs unfinished and no word but the shell's.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return run(argc, argv);
   } catch (const SourceUnavailable& e) {

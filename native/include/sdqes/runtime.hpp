@@ -6,8 +6,10 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -260,24 +262,40 @@ struct AlertEvent {
 };
 
 // Appends one JSON object per line, flushed and synced per event (a crash loses nothing alerted). A line the disk
-// refuses part of (full, a quota) is taken back and an Error names the file, so the log holds whole lines only,
-// as the Python sink's does; a pipe (/dev/stdout) is written line by line, not synced. A log rotated under it is
-// followed (a new file at the path once the old one is moved away), as the Python sink follows one.
+// refuses part of (full, a quota) is taken back, so the log holds whole lines only, as the Python sink's does. While
+// the stream goes on, alerts the disk refuses are said once on stderr, held (the latest kHeldAlerts, the oldest let go
+// and counted) and written in order with the next alert it takes, or by `retry` every kRetryS between alerts, and
+// that is said too; `finish` raises an OutputRefused naming the file for those still refused as the stream ends
+// (runtime/alert_log.py's JsonlSink, in its words). A pipe (/dev/stdout) is written line by line, not synced, and a
+// refusal there is raised at once. A log rotated under it is followed (a new file at the path once the old one is
+// moved away), as the Python sink follows one.
 class JsonlSink {
  public:
+  static constexpr size_t kHeldAlerts = 10000;  // the Python sink's HELD_ALERTS
+  static constexpr double kRetryS = 30.0;       // its RETRY_SECONDS
+
   explicit JsonlSink(const std::filesystem::path& path);
   ~JsonlSink();
   JsonlSink(const JsonlSink&) = delete;
   JsonlSink& operator=(const JsonlSink&) = delete;
   void write(const AlertEvent& event);
+  void retry();   // per frame: the alerts held tried again once kRetryS have passed since the last try
+  void finish();  // the alerts held written, or an OutputRefused naming the log and the alerts it lost
 
  private:
   void use(std::FILE* file);
   void follow_rotation();
+  int append(const std::string& line);  // 0, or the errno of a refusal (the part written taken back)
+  int write_held();                     // 0, or the errno of the first refused line (it and the later ones held)
+  void write_going_on();                // write_held, its refusal said once, not raised
   std::filesystem::path path_;
   std::FILE* file_;
   long whole_ = -1;  // bytes up to the end of the last whole line; -1 for a pipe, which cannot be cut
   bool reopen_refused_ = false;  // said once: a rotated log could not be made again at the path
+  std::deque<std::string> held_;  // lines the disk refused, oldest first
+  int64_t let_go_ = 0;            // held lines let go past kHeldAlerts since the disk last took the log
+  bool refused_ = false;          // the last try was refused: said once, until a try succeeds
+  std::chrono::steady_clock::time_point last_try_ = std::chrono::steady_clock::now();
 };
 
 // While one lives, SIGINT, SIGTERM and SIGHUP ask a stream's loop to stop after the frame in hand (sinks are never
