@@ -46,7 +46,8 @@ def carried_state_words(carried: Sequence[tuple[int, str, str | None]]) -> str:
     if len(carried) > CARRIED_STREAMS_NAMED:
         named.append(f"{len(carried) - CARRIED_STREAMS_NAMED} more streams likewise")
     return (f"{'; '.join(named)} (the model's memory of its last frames, and each query's alert state: an alert "
-            "still on, cooldowns, max alerts), so its first scores and alerts depend on what came before; "
+            f"still on, cooldowns, max alerts), so {'its' if len(carried) == 1 else 'their'} first scores and alerts "
+            "depend on what came before; "
             "run(..., carry_state=False) or detector.reset() starts afresh, carry_state=True goes on from it "
             "without this warning (a recording split into files)")
 

@@ -148,6 +148,7 @@ def test_frames_a_program_stepped_itself_are_named_as_such_and_many_streams_are_
     words = carried_state_words([(k, f"camera{k}", f"camera{k}") for k in range(32)])
     assert words.startswith("stream 0 begins camera0 again, with the state its earlier run left; stream 1 begins "
                             "camera1 again, with the state its earlier run left; 30 more streams likewise (the model's")
+    assert "max alerts), so their first scores and alerts depend on what came before; " in words
 
 
 def test_one_source_given_to_a_second_run_is_read_again_from_its_start_as_a_new_one_is(videos):
