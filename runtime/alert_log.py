@@ -13,6 +13,7 @@ import os
 import stat
 import time
 import warnings
+from collections import deque
 from pathlib import Path
 from typing import Callable
 
@@ -59,7 +60,7 @@ class JsonlSink(Sink):
             raise
         self._reopen_refused = False
         self.log: Callable[[str], None] = ALERT_LOG_NEWS.warning
-        self._held: list[str] = []  # lines the disk refused, oldest first
+        self._held: deque[str] = deque()  # lines the disk refused, oldest first (taken from the front as written)
         self._refused = False  # the last try was refused: said once, until a try succeeds
         self._let_go = 0  # held lines let go past HELD_ALERTS since the disk last took the log
         self._last_try = time.monotonic()
@@ -124,7 +125,7 @@ class JsonlSink(Sink):
             return
         self._held.append(line)
         if len(self._held) > self.HELD_ALERTS:  # only while the disk refuses: written at once otherwise
-            del self._held[0]
+            self._held.popleft()
             self._let_go += 1
         self._write_going_on()
 
@@ -150,7 +151,7 @@ class JsonlSink(Sink):
         self._follow_rotation()
         while self._held:
             self._append(self._held[0])
-            del self._held[0]
+            self._held.popleft()
         self._let_go = 0
 
     def _append(self, text: str) -> None:
