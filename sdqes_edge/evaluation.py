@@ -41,6 +41,10 @@ class Matched:
     traces: list[ScoreTrace]  # one per annotation, same order
     missing: list[Annotation] = field(default_factory=list)  # annotations no trace scored
     unused_queries: int = 0  # trace columns no annotation asked for
+    # Annotations whose event starts after their trace's last frame (a run stopped early, --max-frames, a killed
+    # run's chunks): nothing could alert on them, and scored as misses they lowered SR and, counting the short
+    # trace's length, lowered SMD too. Put aside and said (``cut_short_words``), not scored.
+    cut_short: list[tuple[Annotation, float]] = field(default_factory=list)  # (annotation, trace's seconds)
 
 
 def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> Matched:
@@ -58,12 +62,25 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
             continue
         used.add(key)
         s, q = columns[key]
+        if a.start_frame(s.fps) >= len(s.probs):
+            matched.cut_short.append((a, len(s.probs) / s.fps))
+            continue
         probs = np.nan_to_num(s.probs[:, q], nan=0.0)  # NaN: the query did not exist yet
         asked = max(a.asked_time, float(s.asked_time[q]))
         matched.annotations.append(a)
         matched.traces.append(ScoreTrace(probs, a.start_time, s.fps, asked, query_id=str(a.row)))
     matched.unused_queries = len(columns) - len(used)
     return matched
+
+
+def cut_short_words(matched: Matched) -> str:
+    """Why ``matched.cut_short`` are not scored, naming the first of them."""
+    first, seconds = matched.cut_short[0]
+    more = f"; {len(matched.cut_short) - 1} more" if len(matched.cut_short) > 1 else ""
+    return (f"their event starts after their video's score trace ends (the trace of {terminal_safe(first.video_uid)} "
+            f"ends at {seconds:g} s, its event starts at {first.start_time:g} s{more}), so no frame of it could alert; "
+            "a run stopped early (--max-frames, a stop, a killed run's chunks) scores only part of its video: score "
+            "the whole video for them to count")
 
 
 def combine(results: list[EvalResult], threshold: float) -> EvalResult:

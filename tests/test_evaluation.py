@@ -79,6 +79,44 @@ def test_traces_are_matched_by_video_and_query_text_and_scored(tmp_path):
     assert result.min_distance[1] == (2 + 60) / 2
 
 
+def test_an_annotation_whose_event_starts_after_its_trace_ends_is_put_aside_not_scored_as_a_miss(tmp_path):
+    """A run stopped at 30 s (--max-frames, a stop, a killed run's chunks) saw nothing of an event at 40 s: scored as
+    a miss it halved SR@1 here and counted its trace's 30 frames as SMD, less than a whole video's miss counts."""
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 20.0),
+                                                 ("v1", "When I read, remind me.", "read", 40.0),
+                                                 ("v1", "When I run, remind me.", "run", 29.0)])
+    probs = np.stack([step_trace(30, [21]), step_trace(30, []), step_trace(30, [29])], axis=1)
+    streams = [StreamScores("v1", 1.0, ["When I cook, remind me.", "When I read, remind me.",
+                                        "When I run, remind me."], ["a", "b", "c"], np.zeros(3), probs)]
+    matched = match_traces(load_annotations(str(csv), split="val"), streams)
+    assert [(a.query, seconds) for a, seconds in matched.cut_short] == [("When I read, remind me.", 30.0)]
+    assert [a.label for a in matched.annotations] == ["cook", "run"]  # its last frame, 29 s, still counts
+    result = evaluate(matched.traces, 0.5)
+    assert result.queries == 2 and result.recall["[-5,+10]"][1] == 100.0 and result.min_distance[1] == 0.5
+
+
+def test_eval_says_which_annotations_a_cut_trace_could_not_score_and_refuses_when_none_is_left(tmp_path):
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 10.0),
+                                                 ("v1", "When I read, remind me.", "read", 45.0)])
+    (tmp_path / "traces").mkdir()
+    probs = np.stack([step_trace(30, [11]), step_trace(30, [])], axis=1)
+    save_scores(tmp_path / "traces" / "v1.npz", StreamScores("v1", 1.0, ["When I cook, remind me.",
+                                                                         "When I read, remind me."], ["a", "b"],
+                                                             np.zeros(2), probs))
+    done = run_cli("eval", "--annotations", str(csv), "--scores", str(tmp_path / "traces"), "--plots", "0",
+                   "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert ("note: 1 of 2 annotations are not scored: their event starts after their video's score trace ends (the "
+            "trace of v1 ends at 30 s, its event starts at 45 s), so no frame of it could alert") in done.stdout
+    assert json.loads((tmp_path / "out" / "eval.json").read_text())["results"]["scores (traces)"]["queries"] == 1
+    late = write_annotations(tmp_path / "late.csv", [("v1", "When I read, remind me.", "read", 45.0)])
+    done = run_cli("eval", "--annotations", str(late), "--scores", str(tmp_path / "traces"), "--out",
+                   str(tmp_path / "out2"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "none of the 1 annotations can be scored: the 1 with a trace in" in done.stderr
+    assert "score the whole video for them to count" in done.stderr
+
+
 def test_per_label_thresholds_pick_each_labels_own_best(tmp_path):
     # Label "a" rises to 0.6 at its events, label "b" to 0.9 with false alarms at 0.7 elsewhere:
     # the best global threshold cannot serve both; per-label ones can.

@@ -303,13 +303,14 @@ def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, 
     """SR/SMD of every finished stream's trace against its annotations, at ``thresholds`` (the default, and one
     per label where chosen): printed, and eval.json / eval.md."""
     from sdqes_edge.corpus import trace_path
-    from sdqes_edge.evaluation import evaluate_with, match_traces, text_table, write_reports
+    from sdqes_edge.evaluation import cut_short_words, evaluate_with, match_traces, text_table, write_reports
     from sdqes_edge.traces import load_scores
 
     traces = [load_scores(trace_path(out, t.stream)) for t in tasks if trace_path(out, t.stream).is_file()]
     matched = match_traces(annotations, traces)
     if not matched.traces:
-        say("no stream was scored, so there is nothing to evaluate")
+        say(f"none of the scored streams' annotations can be scored: {cut_short_words(matched)}" if matched.cut_short
+            else "no stream was scored, so there is nothing to evaluate")
         return 1
     scored = step.precision + ("" if step.ort_device == "cpu" else f" on {step.ort_device}")
     threshold, per_label = thresholds
@@ -319,11 +320,14 @@ def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, 
     rows = {f"{Path(str(out)).name} ({scored}, {at})": evaluate_with(matched.traces, labels, threshold, per_label)}
     print(f"\n{len(matched.annotations)} of {len(annotations)} annotations scored"
           + (f" ({len(matched.missing)} without a trace)" if matched.missing else "") + "\n")
+    if matched.cut_short:
+        print(f"note: {len(matched.cut_short)} are not scored: {cut_short_words(matched)}\n")
     print(text_table(rows))
     json_path, md_path = write_reports(out, rows, {"threshold": threshold, "per_label": per_label,
                                                    "precision": step.precision,
                                                    "ort_device": step.ort_device, "streams": len(traces),
-                                                   "unscored_annotations": len(matched.missing)})
+                                                   "unscored_annotations": len(matched.missing),
+                                                   "annotations_after_trace_end": len(matched.cut_short)})
     show(f"\nwrote {len(traces)} traces under {out / 'traces'}, {json_path} and {md_path}")
     return 0
 
