@@ -297,7 +297,7 @@ class StreamingDetector:
         failures = []
         for sink in self.sinks:
             try:
-                sink.on_frame(stream, frame.image, frame.time, probs, events)
+                sink.on_frame(stream, frame.bgr, frame.time, probs, events)
                 for event in events:
                     sink.on_event(event)
             except Exception as exc:  # raised again by step, once every sink had the step

@@ -30,7 +30,7 @@ class FrameBatch:
         self._pool = (ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="frame-batch")
                       if self._threads > 1 else None)
 
-    def of(self, frames: list[Frame | None], preprocess: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    def of(self, frames: list[Frame | None], preprocess: Callable[[np.ndarray, str], np.ndarray]) -> np.ndarray:
         """The frames as one batch: one frame prepared by its reader goes as it is (a view: at 224 px a copy and a
         fresh batch cost a GPU step a few percent); else the buffer, each idle slot zero and each frame not yet
         prepared prepared. A backend copies what it is given (into its bound buffer, or as an input) and keeps no
@@ -45,11 +45,11 @@ class FrameBatch:
                 done.result()
         return self.buffer
 
-    def _fill(self, frames: list[Frame | None], preprocess: Callable[[np.ndarray], np.ndarray], first: int,
+    def _fill(self, frames: list[Frame | None], preprocess: Callable[[np.ndarray, str], np.ndarray], first: int,
               every: int) -> None:
         for i in range(first, len(frames), every):
             frame = frames[i]
             if frame is None:
                 self.buffer[i] = 0.0
             else:
-                self.buffer[i] = frame.tensor if frame.tensor is not None else preprocess(frame.image)
+                self.buffer[i] = frame.tensor if frame.tensor is not None else preprocess(frame.image, frame.channels)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import atexit
+import functools
 import logging
 import math
 import numbers
@@ -29,6 +30,7 @@ from sdqes_edge.errors import UserError, is_whole_number
 from sdqes_edge.stopping import may_outlive_a_stop
 
 from .cores import usable_cores
+from .preprocess import CHANNEL_ORDERS
 from .sampling import checked_rate, samples_served
 
 SOURCE_LOG = logging.getLogger("sdqes_edge.runtime.sources")  # WARNING: Python shows it on stderr unconfigured
@@ -65,10 +67,16 @@ def _stop_live_readers() -> None:  # (_LIVE_READERS says why)
 
 @dataclass
 class Frame:
-    image: np.ndarray  # BGR uint8 [H, W, 3]
+    image: np.ndarray  # uint8 [H, W, 3], BGR as OpenCV reads it unless ``channels`` says otherwise
     time: float  # stream time in seconds
     index: int  # sampled frame index (time * fps for files)
     tensor: np.ndarray | None = None  # the preprocessed frame, when the reader thread prepared it
+    channels: str = "bgr"  # the order of the image's channels: "rgb" for PIL, a ROS 2 rgb8 image, most SDKs
+
+    @functools.cached_property
+    def bgr(self) -> np.ndarray:
+        """The image in OpenCV's order, as sinks take it (an RGB frame's reversed once, where a sink asks)."""
+        return self.image if self.channels == "bgr" else np.ascontiguousarray(self.image[:, :, ::-1])
 
 
 def check_frames(frames: list[Frame | None], batch: int) -> None:
@@ -84,6 +92,9 @@ def check_frames(frames: list[Frame | None], batch: int) -> None:
             raise UserError(f"step takes one Frame (or None, for an idle stream) per stream, not a "
                             f"{type(frame).__name__}: wrap an image as sdqes_edge.runtime.Frame(image=bgr, "
                             "time=seconds, index=n)")
+        if frame is not None and frame.channels not in CHANNEL_ORDERS:  # said before the step, not in its threads
+            raise UserError(f"a Frame's channels name the order of its image's colours, one of "
+                            f"{', '.join(CHANNEL_ORDERS)}, not {frame.channels!r}")
         if frame is None or (type(frame.time) is float and math.isfinite(frame.time)  # what sources give: at once
                              and type(frame.index) is int and frame.index >= 0):
             continue

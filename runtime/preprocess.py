@@ -29,6 +29,11 @@ import numpy as np
 
 from sdqes_edge.errors import UserError
 
+# The orders a frame's three channels may come in: OpenCV's (a video, a camera read here) and most others' (PIL,
+# a ROS 2 image of encoding rgb8, a headset's SDK). CLIP takes RGB; a frame in the other order is not an error
+# anyone could see, only scores that mistake a red ball for a blue one, so the order is said, never guessed.
+CHANNEL_ORDERS = ("bgr", "rgb")
+
 BICUBIC_A = -0.5  # PIL's bicubic kernel parameter
 BICUBIC_SUPPORT = 2.0
 
@@ -157,20 +162,25 @@ class Preprocessor:
         """From a ``ModelConfig`` (what the exporter and the benchmarks hold)."""
         return cls.from_description(cfg.vision.image_size, cfg.to_dict()["preprocess"])
 
-    def __call__(self, frame_bgr: np.ndarray) -> np.ndarray:
-        """One BGR uint8 frame [H, W, 3] -> normalized float32 [3, R, R]."""
-        if not isinstance(frame_bgr, np.ndarray):  # a PIL image or a list would fail deep in numpy
-            raise UserError(f"expected a BGR frame as a numpy array [H, W, 3], got a {type(frame_bgr).__name__}; "
-                            "for an RGB PIL image, pass numpy.asarray(image)[:, :, ::-1]")
-        if frame_bgr.ndim != 3 or frame_bgr.shape[2] != 3:
-            raise UserError(f"expected a colour frame [H, W, 3], got shape {frame_bgr.shape}{_conversion(frame_bgr)}")
-        if frame_bgr.size == 0:  # the resize would divide by its zero side
-            raise UserError(f"got an empty frame of shape {frame_bgr.shape}; give an image at least 1x1 pixel")
-        if frame_bgr.dtype != np.uint8:  # a float image in [0, 1] would pass as a black one
-            raise UserError(f"expected a uint8 BGR frame as OpenCV reads it, got {frame_bgr.dtype}; "
-                            f"{_to_uint8(frame_bgr.dtype)}")
+    def __call__(self, frame: np.ndarray, channels: str = "bgr") -> np.ndarray:
+        """One uint8 frame [H, W, 3], its channels in the order ``channels`` names (OpenCV's BGR unless said)
+        -> normalized float32 [3, R, R], RGB."""
+        if channels not in CHANNEL_ORDERS:
+            raise UserError(f"channels names the order of a frame's colours, one of {', '.join(CHANNEL_ORDERS)}, "
+                            f"not {channels!r}")
+        if not isinstance(frame, np.ndarray):  # a PIL image or a list would fail deep in numpy
+            raise UserError(f"expected a {channels.upper()} frame as a numpy array [H, W, 3], got a "
+                            f"{type(frame).__name__}; "
+                            "for an RGB PIL image, pass numpy.asarray(image) with channels='rgb'")
+        if frame.ndim != 3 or frame.shape[2] != 3:
+            raise UserError(f"expected a colour frame [H, W, 3], got shape {frame.shape}{_conversion(frame)}")
+        if frame.size == 0:  # the resize would divide by its zero side
+            raise UserError(f"got an empty frame of shape {frame.shape}; give an image at least 1x1 pixel")
+        if frame.dtype != np.uint8:  # a float image in [0, 1] would pass as a black one
+            raise UserError(f"expected a uint8 {channels.upper()} frame as OpenCV reads it, got {frame.dtype}; "
+                            f"{_to_uint8(frame.dtype)}")
         size = self.image_size
-        h, w = frame_bgr.shape[:2]
+        h, w = frame.shape[:2]
         if self.resize_shorter_side:
             # torchvision: the shorter side becomes `size`, the longer one int(size * long / short).
             new_h, new_w = (size, int(size * w / h)) if h <= w else (int(size * h / w), size)
@@ -184,20 +194,20 @@ class Preprocessor:
         if (new_h, new_w) != (h, w):
             columns, rows = resampling_blocks(w, new_w, left, out_w), resampling_blocks(h, new_h, top, out_h)
             (x0, x1), (y0, y1) = input_span(columns), input_span(rows)
-            # Only the pixels the kept outputs read, as float planes [3, y1 - y0, x1 - x0], BGR (a center crop of
+            # Only the pixels the kept outputs read, as float planes [3, y1 - y0, x1 - x0] (a center crop of
             # a 16:9 frame reads 60% of its columns). Horizontal first, then vertical, each clipped to the 8-bit
             # range as PIL does (bicubic overshoots).
-            planes = np.ascontiguousarray(frame_bgr[y0:y1, x0:x1].transpose(2, 0, 1), dtype=np.float64)
+            planes = np.ascontiguousarray(frame[y0:y1, x0:x1].transpose(2, 0, 1), dtype=np.float64)
             planes = _resample_columns(planes, columns, out_w, origin=x0)
             np.clip(planes, 0.0, 255.0, out=planes)
             planes = _resample_rows(planes, rows, out_h, origin=y0)
             np.clip(planes, 0.0, 255.0, out=planes)
         else:
-            planes = frame_bgr[top : top + out_h, left : left + out_w].transpose(2, 0, 1).astype(np.float64)
-        rgb = planes[::-1] / 255.0
+            planes = frame[top : top + out_h, left : left + out_w].transpose(2, 0, 1).astype(np.float64)
+        rgb = (planes[::-1] if channels == "bgr" else planes) / 255.0
         rgb = (rgb - np.asarray(self.mean, np.float64)[:, None, None]) / np.asarray(self.std, np.float64)[:, None, None]
         return np.ascontiguousarray(rgb, dtype=np.float32)
 
-    def batch(self, frames_bgr: Sequence[np.ndarray]) -> np.ndarray:
+    def batch(self, frames: Sequence[np.ndarray], channels: str = "bgr") -> np.ndarray:
         """Several frames -> [N, 3, R, R]."""
-        return np.stack([self(f) for f in frames_bgr])
+        return np.stack([self(f, channels) for f in frames])

@@ -33,7 +33,7 @@ def frames_of(streams: int, rng: np.random.Generator) -> list[Frame | None]:
 
 
 def prepared_by(threads: list[str], seconds: float = 0.0):
-    def prepare(image: np.ndarray) -> np.ndarray:
+    def prepare(image: np.ndarray, channels: str = "bgr") -> np.ndarray:
         threads.append(threading.current_thread().name)
         time.sleep(seconds)  # long enough that every thread gets its share
         return np.ascontiguousarray(image.transpose(2, 0, 1), dtype=np.float32) / 255.0
