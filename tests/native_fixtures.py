@@ -190,6 +190,8 @@ class CApi:
                 ("sdqes_bundle_query_count", c_int, [c_void_p]),
                 ("sdqes_bundle_query_text", c_char_p, [c_void_p, c_int]),
                 ("sdqes_preprocess", c_int, [c_void_p, POINTER(c_uint8), c_int, c_int, POINTER(c_float), *error]),
+                ("sdqes_preprocess_rgb", c_int, [c_void_p, POINTER(c_uint8), c_int, c_int, POINTER(c_float),
+                                                 *error]),
                 ("sdqes_step_open", c_void_p, [c_void_p, c_char_p, c_char_p, c_int, *error]),
                 ("sdqes_step_run", c_int, [c_void_p, POINTER(c_float), POINTER(c_float), *error]),
                 ("sdqes_step_reset", c_int, [c_void_p]),

@@ -57,6 +57,26 @@ def test_the_c_api_steps_a_bundle_to_the_probabilities_sdqes_edge_run_gives_ever
     api.step_close(step)
 
 
+def test_an_rgb_frame_given_to_sdqes_preprocess_rgb_becomes_the_floats_python_makes_of_it(sdqes_run_on_the_cpu,
+                                                                                          bundle, video):
+    """A ROS 2 node's rgb8 image: sdqes_preprocess_rgb gives the floats of its BGR twin, as Python's
+    preprocess(image, channels='rgb') does (within the two runtimes' 1e-6)."""
+    from sdqes_edge.runtime import StreamingDetector
+    from sdqes_edge.runtime.sources import VideoFileSource
+
+    api = CApi(sdqes_run_on_the_cpu.parent / "libsdqes.so")
+    handle = api.bundle_open(bundle.encode(), api.error, len(api.error))
+    assert handle, api.said()
+    size, preprocess = api.bundle_image_size(handle), StreamingDetector(bundle).preprocess
+    for sampled in list(VideoFileSource(video, 5.0).sampled())[:3]:
+        rgb, from_rgb = np.ascontiguousarray(sampled.image[:, :, ::-1]), np.empty((3, size, size), np.float32)
+        assert api.preprocess_rgb(handle, rgb.ctypes.data_as(api.ctypes.POINTER(api.ctypes.c_uint8)), rgb.shape[0],
+                                  rgb.shape[1], api.floats(from_rgb), api.error, len(api.error)) == 0, api.said()
+        np.testing.assert_array_equal(from_rgb, preprocessed(api, handle, [np.ascontiguousarray(sampled.image)])[0])
+        np.testing.assert_allclose(from_rgb, preprocess(rgb, channels="rgb"), rtol=0, atol=1e-6)
+    api.bundle_close(handle)
+
+
 def three_streams(frames: int, t: int) -> list[int | None]:
     """Which sampled frame each of three cameras gives at step t, None where it gives none: stream 0 the video in
     order, stream 1 backwards and idle every third step, stream 2 from a third of the way in and idle for ten steps

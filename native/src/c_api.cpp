@@ -127,11 +127,14 @@ const char* sdqes_bundle_query_label(const sdqes_bundle* b, int query) {
   return query_field(b, query, &sdqes::QueryTable::labels);
 }
 
-int sdqes_preprocess(const sdqes_bundle* b, const uint8_t* bgr, int height, int width, float* out, char* error,
-                     size_t error_size) {
-  const char* missing = !b ? "bundle" : !bgr ? "bgr" : !out ? "out" : nullptr;
+namespace {
+
+// sdqes_preprocess and sdqes_preprocess_rgb: `pixels` in the order `rgb` says, `name` the function's own.
+int preprocess_into(const sdqes_bundle* b, const uint8_t* pixels, int height, int width, float* out, bool rgb,
+                    const char* name, char* error, size_t error_size) {
+  const char* missing = !b ? "bundle" : !pixels ? (rgb ? "rgb" : "bgr") : !out ? "out" : nullptr;
   if (missing) {
-    set_error(error, error_size, (std::string(missing) + " is NULL; give sdqes_preprocess a bundle, a frame and "
+    set_error(error, error_size, (std::string(missing) + " is NULL; give " + name + " a bundle, a frame and "
                                   "3*R*R floats to write").c_str());
     return 1;
   }
@@ -141,14 +144,26 @@ int sdqes_preprocess(const sdqes_bundle* b, const uint8_t* bgr, int height, int 
     return 1;
   }
   try {
-    const cv::Mat frame(height, width, CV_8UC3, const_cast<uint8_t*>(bgr));
-    const auto values = sdqes::preprocess(frame, b->bundle.image_size, b->bundle.preprocess);
+    const cv::Mat frame(height, width, CV_8UC3, const_cast<uint8_t*>(pixels));
+    const auto values = sdqes::preprocess(frame, b->bundle.image_size, b->bundle.preprocess, rgb);
     std::memcpy(out, values.data(), values.size() * sizeof(float));
     return 0;
   } catch (const std::exception& e) {
     set_error(error, error_size, e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+int sdqes_preprocess(const sdqes_bundle* b, const uint8_t* bgr, int height, int width, float* out, char* error,
+                     size_t error_size) {
+  return preprocess_into(b, bgr, height, width, out, false, "sdqes_preprocess", error, error_size);
+}
+
+int sdqes_preprocess_rgb(const sdqes_bundle* b, const uint8_t* rgb, int height, int width, float* out, char* error,
+                         size_t error_size) {
+  return preprocess_into(b, rgb, height, width, out, true, "sdqes_preprocess_rgb", error, error_size);
 }
 
 sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, double cooldown_s, int max_alerts, char* error,

@@ -140,11 +140,11 @@ void resample_rows(const std::vector<double>& horizontal, int y0, const Coeffici
 
 }  // namespace
 
-std::vector<float> preprocess(const cv::Mat& bgr, int size, const Preprocess& p) {
-  if (bgr.empty() || bgr.channels() != 3 || bgr.depth() != CV_8U) {
+std::vector<float> preprocess(const cv::Mat& frame, int size, const Preprocess& p, bool rgb) {
+  if (frame.empty() || frame.channels() != 3 || frame.depth() != CV_8U) {
     throw Error("expected a colour uint8 frame [H, W, 3]");
   }
-  const int h = bgr.rows, w = bgr.cols;
+  const int h = frame.rows, w = frame.cols;
   int new_h = size, new_w = size;
   if (p.resize_shorter_side) {
     // torchvision: the shorter side becomes `size`, the longer one int(size * long / short).
@@ -167,18 +167,18 @@ std::vector<float> preprocess(const cv::Mat& bgr, int size, const Preprocess& p)
     for (int y = 0; y < out_h; ++y)
       for (int x = 0; x < out_w; ++x)
         for (int c = 0; c < 3; ++c)
-          out[(static_cast<size_t>(y) * out_w + x) * 3 + c] = bgr.ptr<cv::Vec3b>(top + y)[left + x][c];
+          out[(static_cast<size_t>(y) * out_w + x) * 3 + c] = frame.ptr<cv::Vec3b>(top + y)[left + x][c];
   } else {
     const auto [columns, rows] = cached_coefficients(w, new_w, h, new_h);
     const Coefficients &cx = *columns, &cy = *rows;
     const auto [y0, y1] = input_span(cy, top, out_h);  // the input rows the kept output rows read
-    resample_rows(resample_columns(bgr, cx, left, out_w, y0, y1), y0, cy, top, out_h, out_w, out.data());
+    resample_rows(resample_columns(frame, cx, left, out_w, y0, y1), y0, cy, top, out_h, out_w, out.data());
   }
   std::vector<float> chw(static_cast<size_t>(3) * out_h * out_w);
   for (int y = 0; y < out_h; ++y)
     for (int x = 0; x < out_w; ++x)
-      for (int c = 0; c < 3; ++c) {  // BGR -> RGB, then (x / 255 - mean) / std in double, as numpy does
-        const double value = out[(static_cast<size_t>(y) * out_w + x) * 3 + (2 - c)] / 255.0;
+      for (int c = 0; c < 3; ++c) {  // in RGB order, then (x / 255 - mean) / std in double, as numpy does
+        const double value = out[(static_cast<size_t>(y) * out_w + x) * 3 + (rgb ? c : 2 - c)] / 255.0;
         chw[(static_cast<size_t>(c) * out_h + y) * out_w + x] = static_cast<float>((value - p.mean[c]) / p.std[c]);
       }
   return chw;

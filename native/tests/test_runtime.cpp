@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 #include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 
 #include "sdqes/live_reader.hpp"
 #include "sdqes/runtime.hpp"
@@ -81,6 +82,35 @@ TEST(Preprocess, MatchesThePythonRuntimeWithin1e6) {
     for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, double(std::fabs(got[i] - expected[i])));
     EXPECT_LE(worst, 1e-6) << c["image"] << " at " << c["image_size"];
   }
+}
+
+TEST(Preprocess, AnRgbFrameSaidToBeRgbGivesItsBgrTwinsFloatsAndOneNotSaidDoesNot) {
+  // A ROS 2 rgb8 image given as BGR runs without an error and scores red as blue: the order is said, not guessed.
+  const json cases = read_json(kVectors / "preprocess.json");
+  const json& c = cases.at(0);
+  const cv::Mat bgr = cv::imread((kVectors / c["image"].get<std::string>()).string(), cv::IMREAD_COLOR);
+  ASSERT_FALSE(bgr.empty());
+  cv::Mat rgb;
+  cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+  sdqes::Preprocess p;
+  for (int i = 0; i < 3; ++i) {
+    p.mean[i] = c["mean"][i].get<double>();
+    p.std[i] = c["std"][i].get<double>();
+  }
+  const int size = c["image_size"].get<int>();
+  EXPECT_EQ(sdqes::preprocess(rgb, size, p, true), sdqes::preprocess(bgr, size, p));
+  EXPECT_NE(sdqes::preprocess(rgb, size, p), sdqes::preprocess(bgr, size, p));
+  char error[512] = {0};
+  sdqes_bundle* b = sdqes_bundle_open((kVectors / "bundle").c_str(), error, sizeof error);
+  ASSERT_NE(b, nullptr) << error;
+  const int r = sdqes_bundle_image_size(b);
+  std::vector<float> from_bgr(3 * r * r), from_rgb(3 * r * r);
+  ASSERT_EQ(sdqes_preprocess(b, bgr.data, bgr.rows, bgr.cols, from_bgr.data(), error, sizeof error), 0) << error;
+  ASSERT_EQ(sdqes_preprocess_rgb(b, rgb.data, rgb.rows, rgb.cols, from_rgb.data(), error, sizeof error), 0) << error;
+  EXPECT_EQ(from_rgb, from_bgr);
+  EXPECT_EQ(sdqes_preprocess_rgb(b, nullptr, 48, 64, from_rgb.data(), error, sizeof error), 1);
+  EXPECT_EQ(std::string(error), "rgb is NULL; give sdqes_preprocess_rgb a bundle, a frame and 3*R*R floats to write");
+  sdqes_bundle_close(b);
 }
 
 TEST(Alerts, FireOnTheFramesThePythonPolicyFiresOn) {

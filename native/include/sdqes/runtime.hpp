@@ -191,8 +191,9 @@ int reconnect(const std::string& name, const std::function<bool()>& open, const 
               const std::vector<double>& delays = reconnect_delays_s(), const std::function<bool()>& keep_trying = {},
               const std::function<void()>& spent = {});
 
-// One BGR uint8 frame -> normalized float32 [3, R, R] (CHW), as runtime/preprocess.py does.
-std::vector<float> preprocess(const cv::Mat& bgr, int image_size, const Preprocess& p);
+// One uint8 frame, BGR as OpenCV decodes it (or RGB where `rgb`: a ROS 2 rgb8 image, most SDKs) -> normalized
+// float32 [3, R, R] (CHW), as runtime/preprocess.py does.
+std::vector<float> preprocess(const cv::Mat& frame, int image_size, const Preprocess& p, bool rgb = false);
 
 // p = sigmoid(cos) for embedding [E] against queries [Q, E].
 std::vector<float> probabilities(const float* embedding, const QueryTable& queries);

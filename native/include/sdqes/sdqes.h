@@ -36,9 +36,14 @@ SDQES_API const char* sdqes_bundle_query_text(const sdqes_bundle* bundle, int qu
 SDQES_API const char* sdqes_bundle_query_message(const sdqes_bundle* bundle, int query);
 SDQES_API const char* sdqes_bundle_query_label(const sdqes_bundle* bundle, int query);
 
-/* BGR uint8 frame [height, width, 3] -> normalized float32 [3, R, R] into `out` (3*R*R floats). */
+/* BGR uint8 frame [height, width, 3] (as OpenCV decodes it) -> normalized float32 [3, R, R] into `out` (3*R*R
+ * floats). */
 SDQES_API int sdqes_preprocess(const sdqes_bundle* bundle, const uint8_t* bgr, int height, int width, float* out,
                                char* error, size_t error_size);
+/* The same of an RGB frame (a ROS 2 sensor_msgs/Image of encoding rgb8, most cameras' SDKs): the same floats as its
+ * BGR twin. Given to sdqes_preprocess, an RGB frame runs without an error and scores otherwise (red seen as blue). */
+SDQES_API int sdqes_preprocess_rgb(const sdqes_bundle* bundle, const uint8_t* rgb, int height, int width, float* out,
+                                   char* error, size_t error_size);
 
 /* Alert policy; exit_threshold < 0 and max_alerts < 1 mean "unset" (a NaN is refused, as in Python). */
 SDQES_API sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, double cooldown_s, int max_alerts,
