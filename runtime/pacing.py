@@ -6,7 +6,8 @@ timestamp; a program that steps frames from its own pipeline (a ROS topic, a hea
 one that steps every camera frame (30 a second into a 1-fps model) got scores from a model that sees time run
 30 times fast, with no word. So each stream's intervals are watched: frames clearly faster than the model's rate,
 or a stream time that goes back without ``reset``, raise a ``FrameRateWarning`` once per stream. Slower frames
-are not warned about: a live source skips the samples a stalled camera missed, by design. (``detector.run``
+are not warned about (a live source skips the samples a stalled camera missed, by design) unless each of the
+last is ``TOO_SLOW_FACTOR`` periods apart: times in milliseconds, not seconds. (``detector.run``
 refuses outright a source opened at another rate than the bundle's.)
 """
 
@@ -22,6 +23,9 @@ PACE_WINDOW = 8  # consecutive intervals whose mean (the span of the last 9 fram
 # after it, so a 6.5-fps camera sampled at 5 fps steps frames 0.154 s apart two times in three and 0.308 s apart
 # the third (median 0.77 of the period, mean 1.0); over 8 intervals that grid costs at most 1/8 of the period.
 TOO_FAST_FRACTION = 0.8
+# Every one of the last intervals over this many periods: times in another unit than seconds (milliseconds read
+# 1000x slow). Every one, not their mean: a camera that stalls for minutes is one long gap among them.
+TOO_SLOW_FACTOR = 100.0
 
 
 class FrameRateWarning(RuntimeWarning):
@@ -64,6 +68,18 @@ class StreamPace:
                        f"run {self.period / interval:.3g}x fast, and its scores are not what it was trained to give; "
                        f"step one frame per {self.period:g} s (keep a frame when its time reaches the next "
                        "k / detector.fps, as open_source's sources do)")
+        elif interval > TOO_SLOW_FACTOR * self.period and (
+                self._shortest_interval() > TOO_SLOW_FACTOR * self.period):
+            self._warn(f"{stream}: frames come {interval:.4g} s apart, {interval / self.period:.0f}x the "
+                       f"{self.period:g} s between this bundle's frames: a Frame's time is seconds since its stream "
+                       "started (a time in milliseconds reads as 1000x slow), and alerts, their cooldowns and their "
+                       "logged times go by it; give each frame its time in seconds (frames truly this far apart are "
+                       "too far for the model's memory of recent frames)")
+
+    def _shortest_interval(self) -> float:
+        """The shortest of the last PACE_WINDOW intervals (called only where their mean is long: rarely)."""
+        times = list(self.times)
+        return min(later - earlier for earlier, later in zip(times, times[1:]))
 
     def _warn(self, message: str) -> None:
         self.warned = True

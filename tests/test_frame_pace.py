@@ -71,6 +71,22 @@ def test_a_live_camera_a_little_faster_than_the_model_sampled_on_its_grid_raises
     assert step_at(detector, times) == []
 
 
+def test_frame_times_in_milliseconds_warn_once_where_alerts_and_cooldowns_were_timed_1000x_slow(detector):
+    """A ROS stamp or a headset's clock in milliseconds: the model's scores are right, but a 10 s cooldown passed
+    in 10 ms and each alert was logged at a time 1000x its own, unsaid."""
+    caught = step_at(detector, [k * 200.0 for k in range(20)])  # 5 fps, in milliseconds
+    assert len(caught) == 1
+    assert str(caught[0].message).startswith(
+        "stream0: frames come 200 s apart, 1000x the 0.2 s between this bundle's frames: a Frame's time is seconds "
+        "since its stream started (a time in milliseconds reads as 1000x slow)")
+    assert caught[0].filename == __file__
+
+
+def test_a_camera_that_stalls_for_minutes_now_and_then_raises_no_warning(detector):
+    times = [k * 0.2 for k in range(10)] + [120 + k * 0.2 for k in range(10)] + [400 + k * 0.2 for k in range(10)]
+    assert step_at(detector, times) == []
+
+
 def test_time_going_back_warns_unless_the_stream_was_reset_for_a_new_scene(detector):
     assert step_at(detector, [k * 0.2 for k in range(5)]) == []
     detector.reset()
