@@ -66,7 +66,11 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
             matched.cut_short.append((a, len(s.probs) / s.fps))
             continue
         probs = np.nan_to_num(s.probs[:, q], nan=0.0)  # NaN: the query did not exist yet
-        asked = max(a.asked_time, float(s.asked_time[q]))
+        # Its first scored frame, where the trace begins later than it was asked: a run resumed (--resume) into a
+        # new --scores path holds NaN for the frames before it, and an event that started there was scored a miss.
+        scored = np.flatnonzero(np.isfinite(s.probs[:, q]))
+        first_scored = (scored[0] if len(scored) else len(probs)) / s.fps
+        asked = max(a.asked_time, float(s.asked_time[q]), float(first_scored))
         matched.annotations.append(a)
         matched.traces.append(ScoreTrace(probs, a.start_time, s.fps, asked, query_id=str(a.row)))
     matched.unused_queries = len(columns) - len(used)
@@ -81,6 +85,15 @@ def cut_short_words(matched: Matched) -> str:
             f"ends at {seconds:g} s, its event starts at {first.start_time:g} s{more}), so no frame of it could alert; "
             "a run stopped early (--max-frames, a stop, a killed run's chunks) scores only part of its video: score "
             "the whole video for them to count")
+
+
+def late_words(result: EvalResult) -> str | None:
+    """The note on queries put aside as asked after their event started (``metrics.is_scorable``); None if none."""
+    if not result.not_scorable:
+        return None
+    return (f"{len(result.not_scorable)} of {result.queries + len(result.not_scorable)} queries are not scored: their "
+            "event had started before they were asked, or before their trace's first scored frame (a run resumed "
+            "into a new --scores path scores from where it resumed)")
 
 
 def combine(results: list[EvalResult], threshold: float) -> EvalResult:

@@ -117,6 +117,28 @@ def test_eval_says_which_annotations_a_cut_trace_could_not_score_and_refuses_whe
     assert "score the whole video for them to count" in done.stderr
 
 
+def test_a_resumed_runs_trace_scores_from_where_it_resumed_and_an_event_before_that_is_put_aside(tmp_path):
+    """`run --resume` into a new --scores path: NaN for the 20 frames the stopped run saw. An event at 10 s was
+    scored as a miss there, though this trace never looked at it."""
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 10.0),
+                                                 ("v1", "When I read, remind me.", "read", 40.0)])
+    probs = np.stack([step_trace(60, [11]), step_trace(60, [41])], axis=1)
+    probs[:20] = np.nan
+    (tmp_path / "traces").mkdir()
+    save_scores(tmp_path / "traces" / "v1.npz", StreamScores("v1", 1.0, ["When I cook, remind me.",
+                                                                         "When I read, remind me."], ["a", "b"],
+                                                             np.zeros(2), probs))
+    matched = match_traces(load_annotations(str(csv), split="val"), load_score_dir(tmp_path / "traces"))
+    assert [t.asked_time for t in matched.traces] == [20.0, 20.0]
+    result = evaluate(matched.traces, 0.5)
+    assert result.queries == 1 and result.recall["[-5,+10]"][1] == 100.0 and len(result.not_scorable) == 1
+    done = run_cli("eval", "--annotations", str(csv), "--scores", str(tmp_path / "traces"), "--plots", "0",
+                   "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert ("note: scores (traces): 1 of 2 queries are not scored: their event had started before they were asked, "
+            "or before their trace's first scored frame") in done.stdout
+
+
 def test_per_label_thresholds_pick_each_labels_own_best(tmp_path):
     # Label "a" rises to 0.6 at its events, label "b" to 0.9 with false alarms at 0.7 elsewhere:
     # the best global threshold cannot serve both; per-label ones can.

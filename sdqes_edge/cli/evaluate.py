@@ -33,7 +33,7 @@ Methods = Dict[str, Tuple[List, List]]
 def cmd_eval(args: argparse.Namespace) -> int:
     """SR@k / SMD@k of score traces (or baselines) against EgoSDQES-style annotations."""
     from sdqes_edge.annotations import require_annotations
-    from sdqes_edge.evaluation import REPORT_FILE, text_table, write_reports
+    from sdqes_edge.evaluation import REPORT_FILE, late_words, text_table, write_reports
 
     target_bundle = _check_eval_args(args)
     args.out = folder_for_new_results(args.out, REPORT_FILE)  # its plots of other queries were left among the new
@@ -45,6 +45,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     rate = "traces at their own fps" if args.scores and not args.baseline else f"{args.fps:g} fps"
     print(f"{len(annotations)} annotations ({args.split or 'all splits'}), {rate}\n")
     print(text_table(rows))
+    for name in methods:  # the calibrated rows of a method put aside the same queries
+        if late := late_words(rows[name]):
+            print(f"note: {name}: {late}")
     policies = _choose_policies(methods, calibrations, threshold) if args.calibrate_policy else {}
     out = Path(args.out)
     extra = {"annotations": args.annotations, "split": args.split, "fps": args.fps,

@@ -303,7 +303,14 @@ def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, 
     """SR/SMD of every finished stream's trace against its annotations, at ``thresholds`` (the default, and one
     per label where chosen): printed, and eval.json / eval.md."""
     from sdqes_edge.corpus import trace_path
-    from sdqes_edge.evaluation import cut_short_words, evaluate_with, match_traces, text_table, write_reports
+    from sdqes_edge.evaluation import (
+        cut_short_words,
+        evaluate_with,
+        late_words,
+        match_traces,
+        text_table,
+        write_reports,
+    )
     from sdqes_edge.traces import load_scores
 
     traces = [load_scores(trace_path(out, t.stream)) for t in tasks if trace_path(out, t.stream).is_file()]
@@ -323,6 +330,8 @@ def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, 
     if matched.cut_short:
         print(f"note: {len(matched.cut_short)} are not scored: {cut_short_words(matched)}\n")
     print(text_table(rows))
+    if late := late_words(next(iter(rows.values()))):
+        print(f"note: {late}")
     json_path, md_path = write_reports(out, rows, {"threshold": threshold, "per_label": per_label,
                                                    "precision": step.precision,
                                                    "ort_device": step.ort_device, "streams": len(traces),
