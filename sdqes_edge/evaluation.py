@@ -41,10 +41,11 @@ class Matched:
     traces: list[ScoreTrace]  # one per annotation, same order
     missing: list[Annotation] = field(default_factory=list)  # annotations no trace scored
     unused_queries: int = 0  # trace columns no annotation asked for
-    # Annotations whose event starts after their trace's last frame (a run stopped early, --max-frames, a killed
-    # run's chunks): nothing could alert on them, and scored as misses they lowered SR and, counting the short
-    # trace's length, lowered SMD too. Put aside and said (``cut_short_words``), not scored.
-    cut_short: list[tuple[Annotation, float]] = field(default_factory=list)  # (annotation, trace's seconds)
+    # Annotations whose trace holds no score at their event's start: it ended before (a run stopped early,
+    # --max-frames, a killed run's chunks), the query was removed while the stream ran, or the scores of a stretch
+    # were let go while the disk refused them. Nothing could alert on them, and scored as misses they lowered SR and,
+    # counted with a short trace's length, lowered SMD too. Put aside and said (``unseen_words``), not scored.
+    unseen: list[tuple[Annotation, str]] = field(default_factory=list)  # (annotation, where its scores are missing)
 
 
 def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> Matched:
@@ -62,29 +63,39 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
             continue
         used.add(key)
         s, q = columns[key]
-        if a.start_frame(s.fps) >= len(s.probs):
-            matched.cut_short.append((a, len(s.probs) / s.fps))
+        column = s.probs[:, q]
+        scored = np.flatnonzero(np.isfinite(column))  # NaN: before the query existed, or no score kept
+        first_scored = int(scored[0]) if len(scored) else len(column)
+        start = a.start_frame(s.fps)
+        if start >= first_scored and (start >= len(column) or np.isnan(column[start])):
+            matched.unseen.append((a, _missing_scores_words(scored, start, s.fps)))
             continue
-        probs = np.nan_to_num(s.probs[:, q], nan=0.0)  # NaN: the query did not exist yet
-        # Its first scored frame, where the trace begins later than it was asked: a run resumed (--resume) into a
-        # new --scores path holds NaN for the frames before it, and an event that started there was scored a miss.
-        scored = np.flatnonzero(np.isfinite(s.probs[:, q]))
-        first_scored = (scored[0] if len(scored) else len(probs)) / s.fps
-        asked = max(a.asked_time, float(s.asked_time[q]), float(first_scored))
+        probs = np.nan_to_num(column, nan=0.0)
+        # Scored from its first scored frame, where the trace begins later than the query was asked: a run resumed
+        # (--resume) into a new --scores path holds NaN before it, and an event that started there was scored a miss.
+        asked = max(a.asked_time, float(s.asked_time[q]), first_scored / s.fps)
         matched.annotations.append(a)
         matched.traces.append(ScoreTrace(probs, a.start_time, s.fps, asked, query_id=str(a.row)))
     matched.unused_queries = len(columns) - len(used)
     return matched
 
 
-def cut_short_words(matched: Matched) -> str:
-    """Why ``matched.cut_short`` are not scored, naming the first of them."""
-    first, seconds = matched.cut_short[0]
-    more = f"; {len(matched.cut_short) - 1} more" if len(matched.cut_short) > 1 else ""
-    return (f"their event starts after their video's score trace ends (the trace of {terminal_safe(first.video_uid)} "
-            f"ends at {seconds:g} s, its event starts at {first.start_time:g} s{more}), so no frame of it could alert; "
-            "a run stopped early (--max-frames, a stop, a killed run's chunks) scores only part of its video: score "
-            "the whole video for them to count")
+def _missing_scores_words(scored: np.ndarray, start: int, fps: float) -> str:
+    """Where a trace column's scores are missing around frame ``start``: "its scores end at 30 s" or "no scores
+    from 120 to 3720 s" (``scored``: the frames that have one, in order)."""
+    before, after = scored[scored < start], scored[scored > start]
+    end = (int(before[-1]) + 1 if len(before) else 0) / fps
+    return f"no scores from {end:g} to {int(after[0]) / fps:g} s" if len(after) else f"its scores end at {end:g} s"
+
+
+def unseen_words(matched: Matched) -> str:
+    """Why ``matched.unseen`` are not scored, naming the first of them."""
+    first, where = matched.unseen[0]
+    more = f"; {len(matched.unseen) - 1} more" if len(matched.unseen) > 1 else ""
+    return (f"their score trace holds no score at their event's start ({terminal_safe(first.video_uid)}: its event at "
+            f"{first.start_time:g} s, {where}{more}), so no frame could alert on it; a run stopped early "
+            "(--max-frames, a stop, a killed run's chunks), a query removed while the stream ran, or scores let go "
+            "while the disk refused them leave such frames: score the whole video for them to count")
 
 
 def late_words(result: EvalResult) -> str | None:

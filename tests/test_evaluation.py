@@ -89,10 +89,27 @@ def test_an_annotation_whose_event_starts_after_its_trace_ends_is_put_aside_not_
     streams = [StreamScores("v1", 1.0, ["When I cook, remind me.", "When I read, remind me.",
                                         "When I run, remind me."], ["a", "b", "c"], np.zeros(3), probs)]
     matched = match_traces(load_annotations(str(csv), split="val"), streams)
-    assert [(a.query, seconds) for a, seconds in matched.cut_short] == [("When I read, remind me.", 30.0)]
+    assert [(a.query, where) for a, where in matched.unseen] == [("When I read, remind me.", "its scores end at 30 s")]
     assert [a.label for a in matched.annotations] == ["cook", "run"]  # its last frame, 29 s, still counts
     result = evaluate(matched.traces, 0.5)
     assert result.queries == 2 and result.recall["[-5,+10]"][1] == 100.0 and result.min_distance[1] == 0.5
+
+
+def test_a_query_removed_while_the_stream_ran_or_a_stretch_without_scores_puts_its_event_aside(tmp_path):
+    """--watch-queries: a line removed at 30 s leaves its column NaN after; a disk that refused the trace long
+    enough lets a stretch of rows go (NaN). An event in either was scored as a miss, though nothing looked at it."""
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 40.0),
+                                                 ("v1", "When I read, remind me.", "read", 25.0),
+                                                 ("v1", "When I run, remind me.", "run", 50.0)])
+    probs = np.stack([step_trace(60, [41]), step_trace(60, [26]), step_trace(60, [51])], axis=1)
+    probs[30:, 0] = np.nan  # the cooking query removed at 30 s
+    probs[20:35, 1:] = np.nan  # rows let go from 20 to 35 s
+    streams = [StreamScores("v1", 1.0, ["When I cook, remind me.", "When I read, remind me.",
+                                        "When I run, remind me."], ["a", "b", "c"], np.zeros(3), probs)]
+    matched = match_traces(load_annotations(str(csv), split="val"), streams)
+    assert [(a.label, where) for a, where in matched.unseen] == [("cook", "its scores end at 30 s"),
+                                                                  ("read", "no scores from 20 to 35 s")]
+    assert [a.label for a in matched.annotations] == ["run"] and evaluate(matched.traces, 0.5).queries == 1
 
 
 def test_eval_says_which_annotations_a_cut_trace_could_not_score_and_refuses_when_none_is_left(tmp_path):
@@ -106,8 +123,8 @@ def test_eval_says_which_annotations_a_cut_trace_could_not_score_and_refuses_whe
     done = run_cli("eval", "--annotations", str(csv), "--scores", str(tmp_path / "traces"), "--plots", "0",
                    "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
-    assert ("note: 1 of 2 annotations are not scored: their event starts after their video's score trace ends (the "
-            "trace of v1 ends at 30 s, its event starts at 45 s), so no frame of it could alert") in done.stdout
+    assert ("note: 1 of 2 annotations are not scored: their score trace holds no score at their event's start (v1: "
+            "its event at 45 s, its scores end at 30 s), so no frame could alert on it") in done.stdout
     assert json.loads((tmp_path / "out" / "eval.json").read_text())["results"]["scores (traces)"]["queries"] == 1
     late = write_annotations(tmp_path / "late.csv", [("v1", "When I read, remind me.", "read", 45.0)])
     done = run_cli("eval", "--annotations", str(late), "--scores", str(tmp_path / "traces"), "--out",

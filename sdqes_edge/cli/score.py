@@ -304,11 +304,11 @@ def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, 
     per label where chosen): printed, and eval.json / eval.md."""
     from sdqes_edge.corpus import trace_path
     from sdqes_edge.evaluation import (
-        cut_short_words,
         evaluate_with,
         late_words,
         match_traces,
         text_table,
+        unseen_words,
         write_reports,
     )
     from sdqes_edge.traces import load_scores
@@ -316,7 +316,7 @@ def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, 
     traces = [load_scores(trace_path(out, t.stream)) for t in tasks if trace_path(out, t.stream).is_file()]
     matched = match_traces(annotations, traces)
     if not matched.traces:
-        say(f"none of the scored streams' annotations can be scored: {cut_short_words(matched)}" if matched.cut_short
+        say(f"none of the scored streams' annotations can be scored: {unseen_words(matched)}" if matched.unseen
             else "no stream was scored, so there is nothing to evaluate")
         return 1
     scored = step.precision + ("" if step.ort_device == "cpu" else f" on {step.ort_device}")
@@ -327,8 +327,8 @@ def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, 
     rows = {f"{Path(str(out)).name} ({scored}, {at})": evaluate_with(matched.traces, labels, threshold, per_label)}
     print(f"\n{len(matched.annotations)} of {len(annotations)} annotations scored"
           + (f" ({len(matched.missing)} without a trace)" if matched.missing else "") + "\n")
-    if matched.cut_short:
-        print(f"note: {len(matched.cut_short)} are not scored: {cut_short_words(matched)}\n")
+    if matched.unseen:
+        print(f"note: {len(matched.unseen)} are not scored: {unseen_words(matched)}\n")
     print(text_table(rows))
     if late := late_words(next(iter(rows.values()))):
         print(f"note: {late}")
@@ -336,7 +336,7 @@ def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, 
                                                    "precision": step.precision,
                                                    "ort_device": step.ort_device, "streams": len(traces),
                                                    "unscored_annotations": len(matched.missing),
-                                                   "annotations_after_trace_end": len(matched.cut_short)})
+                                                   "annotations_unscored_at_their_start": len(matched.unseen)})
     show(f"\nwrote {len(traces)} traces under {out / 'traces'}, {json_path} and {md_path}")
     return 0
 
