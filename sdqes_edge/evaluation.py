@@ -49,11 +49,15 @@ class Matched:
 
 
 def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> Matched:
-    """Pair each annotation with the trace column of its video (stream name) and query text."""
-    columns: dict[tuple[str, str], tuple[StreamScores, int]] = {}
+    """Pair each annotation with the trace column of its video (stream name) and query text: the columns of one
+    text, where it was asked more than once (removed and asked again while the stream ran), as one."""
+    columns: dict[tuple[str, str], tuple[StreamScores, list[int]]] = {}
     for s in streams:
         for q, text in enumerate(s.query_texts):
-            columns[(s.stream, query_key(text))] = (s, q)
+            key = (s.stream, query_key(text))
+            if key not in columns or columns[key][0] is not s:  # of two traces of one stream, the later
+                columns[key] = (s, [])
+            columns[key][1].append(q)
     matched = Matched([], [])
     used = set()
     for a in annotations:
@@ -62,8 +66,8 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
             matched.missing.append(a)
             continue
         used.add(key)
-        s, q = columns[key]
-        column = s.probs[:, q]
+        s, asked_as = columns[key]
+        column = _one_column(s.probs, asked_as)
         scored = np.flatnonzero(np.isfinite(column))  # NaN: before the query existed, or no score kept
         first_scored = int(scored[0]) if len(scored) else len(column)
         start = a.start_frame(s.fps)
@@ -73,11 +77,21 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
         probs = np.nan_to_num(column, nan=0.0)
         # Scored from its first scored frame, where the trace begins later than the query was asked: a run resumed
         # (--resume) into a new --scores path holds NaN before it, and an event that started there was scored a miss.
-        asked = max(a.asked_time, float(s.asked_time[q]), first_scored / s.fps)
+        asked = max(a.asked_time, min(float(s.asked_time[q]) for q in asked_as), first_scored / s.fps)
         matched.annotations.append(a)
         matched.traces.append(ScoreTrace(probs, a.start_time, s.fps, asked, query_id=str(a.row)))
     matched.unused_queries = len(columns) - len(used)
     return matched
+
+
+def _one_column(probs: np.ndarray, asked_as: list[int]) -> np.ndarray:
+    """The scores of one query text over its columns ``asked_as`` [T]: each frame's from the column that has one
+    (a query removed at 30 s and asked again at 40 s scored the first 30 s in one column, the rest in another,
+    and was matched to the later alone: an event in the first stretch was put aside as asked after it)."""
+    column = probs[:, asked_as[0]]
+    for q in asked_as[1:]:
+        column = np.where(np.isnan(column), probs[:, q], column)
+    return column
 
 
 def _missing_scores_words(scored: np.ndarray, start: int, fps: float) -> str:

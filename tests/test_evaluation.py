@@ -112,6 +112,25 @@ def test_a_query_removed_while_the_stream_ran_or_a_stretch_without_scores_puts_i
     assert [a.label for a in matched.annotations] == ["run"] and evaluate(matched.traces, 0.5).queries == 1
 
 
+def test_a_query_removed_and_asked_again_is_scored_from_both_of_its_columns(tmp_path):
+    """--watch-queries: the line removed at 30 s and put back at 40 s is a new query, a column of its own. Matched to
+    the later column alone, its event at 10 s was put aside as asked after it, though the first column scored it."""
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 10.0),
+                                                 ("v2", "When I cook, remind me.", "cook", 35.0),
+                                                 ("v3", "When I cook, remind me.", "cook", 50.0)])
+    streams = []
+    for video, rise in (("v1", 11), ("v2", 36), ("v3", 51)):
+        probs = np.stack([step_trace(60, [rise]), step_trace(60, [rise])], axis=1)
+        probs[30:, 0], probs[:40, 1] = np.nan, np.nan
+        streams.append(StreamScores(video, 1.0, ["When I cook, remind me."] * 2, ["q1", "q2"],
+                                    np.array([0.0, 40.0]), probs))
+    matched = match_traces(load_annotations(str(csv), split="val"), streams)
+    assert [a.video_uid for a in matched.annotations] == ["v1", "v3"]
+    assert [(a.video_uid, where) for a, where in matched.unseen] == [("v2", "no scores from 30 to 40 s")]
+    result = evaluate(matched.traces, 0.5)
+    assert result.queries == 2 and result.recall["[-5,+10]"][1] == 100.0 and result.min_distance[1] == 1.0
+
+
 def test_eval_says_which_annotations_a_cut_trace_could_not_score_and_refuses_when_none_is_left(tmp_path):
     csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 10.0),
                                                  ("v1", "When I read, remind me.", "read", 45.0)])
