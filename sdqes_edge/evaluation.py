@@ -79,7 +79,9 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
         # (--resume) into a new --scores path holds NaN before it, and an event that started there was scored a miss.
         asked = max(a.asked_time, min(float(s.asked_time[q]) for q in asked_as), first_scored / s.fps)
         matched.annotations.append(a)
-        matched.traces.append(ScoreTrace(probs, a.start_time, s.fps, asked, query_id=str(a.row)))
+        unscored = len(scored) < len(column)
+        matched.traces.append(ScoreTrace(probs, a.start_time, s.fps, asked, query_id=str(a.row),
+                                         scored=np.isfinite(column) if unscored else None))
     matched.unused_queries = len(columns) - len(used)
     return matched
 

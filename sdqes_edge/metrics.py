@@ -42,6 +42,9 @@ class ScoreTrace:
     fps: float = 1.0
     asked_time: float = 0.0  # when the query was issued, seconds from the first frame
     query_id: str = ""
+    # [T] bool: the frames that were scored, where some were not (a runtime trace's NaN, given to ``probs`` as 0);
+    # None: every frame. The threshold candidates span the probabilities observed, not the zeros standing in.
+    scored: np.ndarray | None = None
 
     @property
     def length(self) -> int:
@@ -152,7 +155,11 @@ def evaluate(traces: list[ScoreTrace], threshold: float, ks=RECALL_KS, windows=T
 
 
 def threshold_candidates(traces: list[ScoreTrace], count: int = THRESHOLD_CANDIDATES) -> np.ndarray:
-    values = np.concatenate([np.asarray(t.probs, dtype=np.float64) for t in traces]) if traces else np.zeros(1)
+    """``count`` thresholds evenly spaced between the lowest and highest probability observed (unscored frames
+    aside: their zeros had spread the sweep over [0, 0.27), where no sigmoid(cos) lies, halving its resolution)."""
+    values = [np.asarray(t.probs if t.scored is None else t.probs[t.scored], dtype=np.float64) for t in traces]
+    values = np.concatenate(values) if traces else np.zeros(1)
+    values = values if len(values) else np.zeros(1)
     return np.linspace(values.min(), values.max(), count)
 
 

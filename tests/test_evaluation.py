@@ -175,6 +175,18 @@ def test_a_resumed_runs_trace_scores_from_where_it_resumed_and_an_event_before_t
             "or before their trace's first scored frame") in done.stdout
 
 
+def test_the_threshold_sweep_spans_the_probabilities_observed_not_the_frames_never_scored(tmp_path):
+    """A query asked at 20 s holds NaN before (read as 0 for its alerts): those zeros had pulled the sweep's lowest
+    candidate to 0, where no sigmoid(cos) lies, leaving half of the paper's 20 candidates below every score."""
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 40.0)])
+    probs = step_trace(60, [41], high=0.7, low=0.4)[:, None]
+    probs[:20] = np.nan
+    streams = [StreamScores("v1", 1.0, ["When I cook, remind me."], ["a"], np.array([20.0]), probs)]
+    matched = match_traces(load_annotations(str(csv), split="val"), streams)
+    sweep = calibrate_thresholds(matched.traces, ["cook"], per_label=False).sweep
+    assert sweep[0][0] == pytest.approx(0.4) and sweep[-1][0] == pytest.approx(0.7)
+
+
 def test_per_label_thresholds_pick_each_labels_own_best(tmp_path):
     # Label "a" rises to 0.6 at its events, label "b" to 0.9 with false alarms at 0.7 elsewhere:
     # the best global threshold cannot serve both; per-label ones can.
