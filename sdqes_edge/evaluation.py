@@ -68,7 +68,8 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
         used.add(key)
         s, asked_as = columns[key]
         column = _one_column(s.probs, asked_as)
-        scored = np.flatnonzero(np.isfinite(column))  # NaN: before the query existed, or no score kept
+        finite = np.isfinite(column)  # NaN: before the query existed, or no score kept
+        scored = np.flatnonzero(finite)
         first_scored = int(scored[0]) if len(scored) else len(column)
         start = a.start_frame(s.fps)
         if start >= first_scored and (start >= len(column) or np.isnan(column[start])):
@@ -79,9 +80,8 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
         # (--resume) into a new --scores path holds NaN before it, and an event that started there was scored a miss.
         asked = max(a.asked_time, min(float(s.asked_time[q]) for q in asked_as), first_scored / s.fps)
         matched.annotations.append(a)
-        unscored = len(scored) < len(column)
         matched.traces.append(ScoreTrace(probs, a.start_time, s.fps, asked, query_id=str(a.row),
-                                         scored=np.isfinite(column) if unscored else None))
+                                         scored=None if len(scored) == len(column) else finite))
     matched.unused_queries = len(columns) - len(used)
     return matched
 
