@@ -50,7 +50,8 @@ def plot_query(path: Path, trace: ScoreTrace, annotation: Annotation, threshold:
     fig, ax = plt.subplots(figsize=(11, 3.2), dpi=100)
     ax.axvspan(annotation.start_time - before, annotation.start_time + after, color="tab:green", alpha=0.15,
                label=f"tolerance [-{before:g}, +{after:g}] s")
-    ax.plot(times, trace.probs, color="tab:blue", lw=1.2, label="p = sigmoid(cos)")
+    shown = trace.probs if trace.scored is None else np.where(trace.scored, trace.probs, np.nan)  # unscored: a gap
+    ax.plot(times, shown, color="tab:blue", lw=1.2, label="p = sigmoid(cos)")
     ax.axhline(threshold, color="tab:red", ls="--", lw=1, label=f"threshold {threshold:.3f}")
     ax.axvline(annotation.start_time, color="tab:green", lw=2, label="event start")
     if trace.asked_time > 0:

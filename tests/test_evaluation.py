@@ -168,11 +168,13 @@ def test_a_resumed_runs_trace_scores_from_where_it_resumed_and_an_event_before_t
     assert [t.asked_time for t in matched.traces] == [20.0, 20.0]
     result = evaluate(matched.traces, 0.5)
     assert result.queries == 1 and result.recall["[-5,+10]"][1] == 100.0 and len(result.not_scorable) == 1
-    done = run_cli("eval", "--annotations", str(csv), "--scores", str(tmp_path / "traces"), "--plots", "0",
+    done = run_cli("eval", "--annotations", str(csv), "--scores", str(tmp_path / "traces"), "--plots", "1",
                    "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
     assert ("note: scores (traces): 1 of 2 queries are not scored: their event had started before they were asked, "
             "or before their trace's first scored frame") in done.stdout
+    plots = sorted(p.name for p in (tmp_path / "out" / "plots").rglob("*.png"))  # the scored query's alone
+    assert plots == ["best-01-when-i-read-remind-me.png", "worst-01-when-i-read-remind-me.png"]
 
 
 def test_the_threshold_sweep_spans_the_probabilities_observed_not_the_frames_never_scored(tmp_path):

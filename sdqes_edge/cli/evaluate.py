@@ -228,9 +228,12 @@ def _choose_policies(methods: Methods, calibrations: dict, threshold: float) -> 
 def _plot(out: Path, methods: Methods, calibrations: dict, threshold: float, count: int) -> list[Path]:
     from sdqes_edge.eval_plots import plot_extremes
     from sdqes_edge.evaluation import per_query_distance
+    from sdqes_edge.metrics import is_scorable
 
     plots = []
     for name, (anns, traces) in methods.items():
+        # Only the queries the table scored: one asked after its event started was drawn as a "worst" query.
+        anns, traces = [a for a, t in zip(anns, traces) if is_scorable(t)], [t for t in traces if is_scorable(t)]
         cal = calibrations.get(name)
         per_trace = [cal.per_label.get(a.label, cal.threshold) if cal else threshold for a in anns]
         distances = [per_query_distance(t, thr) for t, thr in zip(traces, per_trace)]
