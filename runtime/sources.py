@@ -152,6 +152,7 @@ class ImageFolderSource(FrameSource):
         return max(0, len(self.files) - self.start_index)
 
     def _frames(self):
+        self._say_repeated_numbers()
         for i, path in enumerate(self.files):
             if i < self.start_index:  # where a resumed run goes on after: never stepped, so never read
                 yield (lambda path=path: self._read(path)), i / self.fps
@@ -164,6 +165,20 @@ class ImageFolderSource(FrameSource):
         if len(self.stats.unreadable) == len(self.files) - self.start_index > 0:
             raise UserError(f"OpenCV cannot read any image of {self.folder} (the first: {self.stats.unreadable[0]}); "
                             "check they open in an image viewer, or re-save them as JPEG or PNG")
+
+    def _say_repeated_numbers(self) -> None:
+        """Images of one number (frame_3.jpg beside frame_3.png, 7.jpg beside 007.jpg: a conversion's leftovers) are
+        each a frame, one sample apart: every frame after comes a sample late, each alert's time with it."""
+        by_number: dict[tuple, list[str]] = {}
+        for path in self.files:
+            by_number.setdefault(tuple(frame_order(path.with_suffix(""))[0]), []).append(path.name)
+        repeated = [names for names in by_number.values() if len(names) > 1]
+        if repeated:
+            more = f"; {len(repeated) - 1} more number{'s' if len(repeated) > 2 else ''} repeated" \
+                if len(repeated) > 1 else ""
+            self.log(f"warning: {self.folder} holds {len(repeated[0])} images of one number ({', '.join(repeated[0])}"
+                     f"{more}): each is streamed as a frame of its own, so every frame after comes a sample late; "
+                     "keep one image of each number")
 
     def _skip(self, path: Path) -> None:
         """One unreadable image is skipped, the next image stepping in its place, as a video's lost frame is; the

@@ -232,6 +232,29 @@ def test_an_unreadable_image_in_a_folder_is_skipped_and_named_the_next_image_ste
         list(source.sampled())
 
 
+def test_images_of_one_number_are_said_since_each_is_streamed_and_every_frame_after_comes_late(tmp_path):
+    """A folder converted from JPEG to PNG and kept with both: frame_3 was streamed twice, one sample apart, and
+    every frame after it came a sample late, each alert's time with it, without a word."""
+    import cv2
+    import numpy as np
+
+    for i in range(5):
+        cv2.imwrite(str(tmp_path / f"frame_{i}.png"), np.full((8, 8, 3), 40 * i, np.uint8))
+    cv2.imwrite(str(tmp_path / "frame_3.jpg"), np.zeros((8, 8, 3), np.uint8))
+    cv2.imwrite(str(tmp_path / "frame_004.png"), np.zeros((8, 8, 3), np.uint8))
+    source, said = open_source(tmp_path, 1.0), []
+    source.log = said.append
+    assert len(list(source.sampled())) == 7  # each image is still a frame, as asked
+    assert said == [f"warning: {tmp_path} holds 2 images of one number (frame_3.jpg, frame_3.png; 1 more number "
+                    "repeated): each is streamed as a frame of its own, so every frame after comes a sample late; "
+                    "keep one image of each number"]
+    for name in ("frame_3.jpg", "frame_004.png"):  # numbered once each: nothing to say
+        (tmp_path / name).unlink()
+    source, said = open_source(tmp_path, 1.0), []
+    source.log = said.append
+    assert len(list(source.sampled())) == 5 and said == []
+
+
 def test_a_folder_of_videos_is_refused_naming_them_not_streamed_as_its_one_stray_image(tmp_path):
     """`--source sdqes-demo` (the demo's folder: two videos and a plot) streamed the plot, a run of one frame that
     alerted on nothing, without a word. A folder of frames that keeps its source video beside them still streams."""
