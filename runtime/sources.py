@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import stat
+from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 from urllib.parse import urlsplit
@@ -153,6 +155,7 @@ class ImageFolderSource(FrameSource):
 
     def _frames(self):
         self._say_repeated_numbers()
+        self._say_skipped_numbers()
         for i, path in enumerate(self.files):
             if i < self.start_index:  # where a resumed run goes on after: never stepped, so never read
                 yield (lambda path=path: self._read(path)), i / self.fps
@@ -179,6 +182,25 @@ class ImageFolderSource(FrameSource):
             self.log(f"warning: {self.folder} holds {len(repeated[0])} images of one number ({', '.join(repeated[0])}"
                      f"{more}): each is streamed as a frame of its own, so every frame after comes a sample late; "
                      "keep one image of each number")
+
+    def _say_skipped_numbers(self) -> None:
+        """A gap in the images' numbering where the rest go up by one step (frame_2 then frame_5): the images missing
+        are no frames, so every frame after comes early, each alert's time with it."""
+        numbers = [re.findall(r"\d+", path.stem) for path in self.files]
+        if len(numbers) < 3 or not all(numbers):
+            return
+        last = [int(found[-1]) for found in numbers]
+        steps = [later - earlier for earlier, later in zip(last, last[1:]) if later != earlier]
+        if not steps or min(steps) < 0:  # numbered in parts (cam1_0001 .. cam2_0001): not one count
+            return
+        step = Counter(steps).most_common(1)[0][0]
+        gaps = [(self.files[i].name, self.files[i + 1].name) for i in range(len(last) - 1)
+                if last[i + 1] - last[i] > step]
+        if gaps:
+            more = f"; {len(gaps) - 1} more gap{'s' if len(gaps) > 2 else ''}" if len(gaps) > 1 else ""
+            self.log(f"warning: {self.folder}'s images skip numbers ({gaps[0][0]} then {gaps[0][1]}{more}) where the "
+                     f"others go up by {step}: an image missing is no frame, each image being one sample, so every "
+                     "frame after comes early; put the missing images back, or a copy of the one before")
 
     def _skip(self, path: Path) -> None:
         """One unreadable image is skipped, the next image stepping in its place, as a video's lost frame is; the

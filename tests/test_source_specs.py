@@ -255,6 +255,29 @@ def test_images_of_one_number_are_said_since_each_is_streamed_and_every_frame_af
     assert len(list(source.sampled())) == 5 and said == []
 
 
+@pytest.mark.parametrize("numbers, says", [
+    ([0, 1, 2, 5, 6, 7], "(frame_2.png then frame_5.png) where the others go up by 1"),
+    ([0, 1, 3, 4, 6, 7, 8], "(frame_1.png then frame_3.png; 1 more gap) where the others go up by 1"),
+    ([0, 30, 60, 90, 150], "(frame_90.png then frame_150.png) where the others go up by 30"),
+    ([0, 30, 60, 90, 120], None),  # every 30th frame of a video: one step throughout
+    ([1, 2, 3], None),
+])
+def test_images_whose_numbers_skip_where_the_rest_go_one_by_one_are_said(tmp_path, numbers, says):
+    """A frame lost in an export (frame_2, then frame_5): each image is one sample, so every frame after it came
+    early, each alert's time with it, without a word."""
+    import cv2
+    import numpy as np
+
+    for n in numbers:
+        cv2.imwrite(str(tmp_path / f"frame_{n}.png"), np.zeros((8, 8, 3), np.uint8))
+    source, said = open_source(tmp_path, 1.0), []
+    source.log = said.append
+    assert len(list(source.sampled())) == len(numbers)
+    assert said == ([f"warning: {tmp_path}'s images skip numbers {says}: an image missing is no frame, each image "
+                     "being one sample, so every frame after comes early; put the missing images back, or a copy of "
+                     "the one before"] if says else [])
+
+
 def test_a_folder_of_videos_is_refused_naming_them_not_streamed_as_its_one_stray_image(tmp_path):
     """`--source sdqes-demo` (the demo's folder: two videos and a plot) streamed the plot, a run of one frame that
     alerted on nothing, without a word. A folder of frames that keeps its source video beside them still streams."""
