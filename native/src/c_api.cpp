@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -20,6 +21,7 @@ struct sdqes_bundle {
 };
 struct sdqes_alert {
   sdqes::AlertState state;
+  double last_time = -std::numeric_limits<double>::infinity();  // the stream time of the last update taken
 };
 struct sdqes_step {
   sdqes::OpenedStep opened;
@@ -195,8 +197,20 @@ sdqes_alert* sdqes_alert_for_label(const sdqes_bundle* b, const char* label, cha
 }
 
 int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_time) {
-  if (!alert) return -1;
+  // Refused, the state unchanged: a NaN time let every later alert past the cooldown, and a time that went back (a
+  // new stream on the same alert) kept the next alerts quiet until it passed the last alert's time again.
+  if (!alert || !std::isfinite(probability) || !std::isfinite(stream_time) || stream_time < alert->last_time) {
+    return -1;
+  }
+  alert->last_time = stream_time;
   return alert->state.update(probability, stream_time) ? 1 : 0;
+}
+
+int sdqes_alert_reset(sdqes_alert* alert) {
+  if (!alert) return -1;
+  alert->state.reset();
+  alert->last_time = -std::numeric_limits<double>::infinity();
+  return 0;
 }
 
 void sdqes_alert_free(sdqes_alert* alert) { delete alert; }

@@ -637,6 +637,26 @@ TEST(CApi, OpensABundleAndReportsErrorsAsText) {
   sdqes_alert_free(a);
 }
 
+TEST(CApi, AnAlertRefusesATimeThatGoesBackOrIsNotFiniteAndResetStartsANewStream) {
+  // A ROS node that starts a new stream on the same alert (its clock from 0 again) got no alert for as long as the
+  // last one's time plus the cooldown, without a word; a NaN time let every later alert past the cooldown.
+  char error[512] = {0};
+  sdqes_alert* a = sdqes_alert_new(0.6, -1, 10.0, 0, error, sizeof error);
+  ASSERT_NE(a, nullptr) << error;
+  EXPECT_EQ(sdqes_alert_update(a, 0.7, 100.0), 1);
+  EXPECT_EQ(sdqes_alert_update(a, 0.5, 101.0), 0);
+  EXPECT_EQ(sdqes_alert_update(a, 0.7, 0.0), -1);  // went back: refused, nothing changed
+  EXPECT_EQ(sdqes_alert_update(a, 0.7, std::nan("")), -1);
+  EXPECT_EQ(sdqes_alert_update(a, std::nan(""), 102.0), -1);
+  EXPECT_EQ(sdqes_alert_update(a, std::numeric_limits<double>::infinity(), 102.0), -1);
+  EXPECT_EQ(sdqes_alert_update(a, 0.7, 105.0), 0);  // a rising edge within the 10 s cooldown: quiet, as before
+  EXPECT_EQ(sdqes_alert_reset(a), 0);
+  EXPECT_EQ(sdqes_alert_update(a, 0.7, 0.0), 1);  // the new stream alerts at once
+  EXPECT_EQ(sdqes_alert_update(a, 0.7, 0.0), 0);  // the same time again is taken: still above, no new edge
+  EXPECT_EQ(sdqes_alert_reset(nullptr), -1);
+  sdqes_alert_free(a);
+}
+
 TEST(CApi, AQuerysAlertTakesTheBundlesThresholdForItsLabelAndTheRecordedPolicy) {
   // The calibrated thresholds of tests/vectors/query_policies.json, written into a copy of the shared bundle.
   const fs::path bundle = fs::temp_directory_path() / ("sdqes-native-calibrated-" + std::to_string(::getpid()));

@@ -53,8 +53,13 @@ SDQES_API sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, 
  * --calibrate-policy` recorded in it. sdqes_alert_new's numbers leave a calibrated bundle's choices behind. */
 SDQES_API sdqes_alert* sdqes_alert_for_label(const sdqes_bundle* bundle, const char* label, char* error,
                                              size_t error_size);
-/* 1: alert now, 0: no alert, -1: alert is NULL */
+/* Feed one frame's probability at its stream time (seconds, never going back): 1 alert now, 0 no alert, -1 refused
+ * with the alert unchanged: alert is NULL, probability or stream_time is not finite, or stream_time is earlier than
+ * the last one's (a new stream: sdqes_alert_reset first, or its cooldown would keep it quiet until the time passed
+ * the last alert's again). */
 SDQES_API int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_time);
+/* A new stream: no run above the threshold, no alert counted, no cooldown, times from anew. 0, or -1 if NULL. */
+SDQES_API int sdqes_alert_reset(sdqes_alert* alert);
 SDQES_API void sdqes_alert_free(sdqes_alert* alert);
 
 /* The bundle's step graph, ready to stream, its state at the start of a stream, as sdqes-run steps it: backend
