@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .metrics import TOLERANCE_WINDOWS, ScoreTrace, frame_at_or_after
+from .metrics import TOLERANCE_WINDOWS, ScoreTrace, frame_at_or_after, is_scorable
 from .runtime.alerts import AlertPolicy, AlertState
 
 # Candidates: hysteresis as a margin below the threshold, and cooldowns in seconds.
@@ -70,10 +70,19 @@ class PolicyScore:
                     f1=self.f1)
 
 
+def watched_seconds(trace: ScoreTrace) -> float:
+    """Stream time the query was scored over, from when it was asked: frames never scored (a stretch of rows let
+    go while the disk refused them) are no time in which a false alert could have been raised."""
+    asked = frame_at_or_after(trace.asked_time, trace.fps)
+    frames = trace.length - asked if trace.scored is None else int(trace.scored[asked:].sum())
+    return frames / trace.fps
+
+
 def score_policy(traces: list[ScoreTrace], policy: AlertPolicy,
                  window: tuple[float, float] = TOLERANCE_WINDOWS[0]) -> PolicyScore:
     hits = alerted = false = total = 0
     minutes = 0.0
+    traces = [t for t in traces if is_scorable(t)]  # the queries eval's table scores: none asked after its event
     for trace in traces:
         times = [t / trace.fps for t in alert_frames(trace, policy)]
         inside = [in_window(t, trace.start_time, window) for t in times]
@@ -81,7 +90,7 @@ def score_policy(traces: list[ScoreTrace], policy: AlertPolicy,
         alerted += any(inside)
         false += false_alerts(times, trace.start_time, window)
         total += len(times)
-        minutes += (trace.length / trace.fps - trace.asked_time) / 60.0
+        minutes += watched_seconds(trace) / 60.0
     n = max(len(traces), 1)
     return PolicyScore(policy.exit_threshold, policy.threshold - policy.exit_level, policy.cooldown_s,
                        100.0 * hits / n, 100.0 * alerted / n, false, minutes, total)

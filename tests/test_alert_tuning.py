@@ -39,6 +39,20 @@ def test_a_cooldown_that_would_silence_the_true_alert_after_a_false_one_is_not_c
     assert best.cooldown_s < 30 and best.events_alerted == 100.0
 
 
+def test_a_policy_is_scored_on_the_queries_evals_table_scores_over_the_time_they_were_scored():
+    """A query asked after its event started is not in eval's table; it had counted as an event never alerted.
+    Frames never scored (rows let go while the disk refused them) had counted as minutes without a false alert."""
+    probs = np.full(120, 0.3)
+    probs[50:55] = 0.9
+    alerted = ScoreTrace(probs, start_time=50.0, fps=1.0)
+    asked_late = ScoreTrace(np.full(120, 0.3), start_time=50.0, fps=1.0, asked_time=60.0)
+    plain = score_policy([alerted, asked_late], AlertPolicy(0.6))
+    assert plain.events_alerted == 100.0 and plain.query_minutes == 2.0
+    scored = np.ones(120, bool)
+    scored[60:] = False  # the second minute never scored
+    assert score_policy([ScoreTrace(probs, 50.0, 1.0, scored=scored)], AlertPolicy(0.6)).query_minutes == 1.0
+
+
 def test_eval_writes_the_policy_into_the_bundle_and_the_runtime_uses_it(tmp_path):
     import subprocess
     import sys
