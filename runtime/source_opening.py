@@ -21,7 +21,7 @@ from sdqes_edge.stopping import may_outlive_a_stop
 from .frame_gathering import STALL_NOTICE_S
 from .frame_source import SOURCE_LOG, STREAM_TIMEOUT_S, FrameSource
 from .live_source import Cameras, LiveSource, without_password
-from .sources import open_source, unopened_live_source
+from .sources import open_source, source_kind, unopened_live_source
 
 # A source still opening after this long is named, once, as a camera that stalls is: the run is not silent meanwhile.
 OPEN_NOTICE_S = STALL_NOTICE_S
@@ -36,9 +36,10 @@ class _Openings:
         self._lock = threading.Lock()  # abandoning and handing over never interleave: no source is lost between
         self._abandoned = False
 
-    def open(self, index: int, spec: str | int, fps: float, stream_timeout_s: float) -> None:  # a thread's whole life
+    def open(self, index: int, spec: str | int, fps: float, stream_timeout_s: float,  # a thread's whole life
+             images_fps: float | None) -> None:
         try:
-            outcome = open_source(spec, fps, stream_timeout_s)
+            outcome = open_source(spec, fps, stream_timeout_s, images_fps)
         except BaseException as error:  # noqa: BLE001 (handed to the waiting thread, which raises it)
             outcome = error
         with self._lock:
@@ -61,12 +62,13 @@ class _Openings:
 
 
 def open_sources(specs: Iterable[str | int], fps: float, log: Callable[[str], None] | None = None,
-                 stream_timeout_s: float = STREAM_TIMEOUT_S) -> list[FrameSource]:
+                 stream_timeout_s: float = STREAM_TIMEOUT_S, images_fps: float | None = None) -> list[FrameSource]:
     """``open_source`` of every spec, each on a thread of its own; the sources in the order given. The first failure
     to come is raised at once (the other sources closed, or closed as their opens end); so is a KeyboardInterrupt
     (Ctrl-C, or SIGTERM turned into one by ``stopping.raise_on_termination``), while OpenCV is still opening.
     ``log`` (default: the sources' logger, as a source's own news) is told of the sources still opening after
     ``OPEN_NOTICE_S``. ``stream_timeout_s``: how long a stream URL's open, or its wait for a frame, may take.
+    ``images_fps``: the rate the image folders' images were taken at (the other sources keep their own times).
 
     Several cameras (every source live) are a run that goes on while any of them sends: a camera that cannot be
     opened at the start is not raised while another opened (it is said through ``log``, and starts unopened, its
@@ -76,7 +78,8 @@ def open_sources(specs: Iterable[str | int], fps: float, log: Callable[[str], No
     openings = _Openings()
     for index, spec in enumerate(specs):
         # A daemon thread: one left inside a stalled open must not hold the process's exit after a stop.
-        may_outlive_a_stop(threading.Thread(target=openings.open, args=(index, spec, fps, stream_timeout_s),
+        rate = images_fps if source_kind(str(spec)) == "folder" else None  # a video keeps its own frames' times
+        may_outlive_a_stop(threading.Thread(target=openings.open, args=(index, spec, fps, stream_timeout_s, rate),
                                             name=f"open-source-{index}", daemon=True)).start()
     opened: dict[int, FrameSource] = {}
     absent: dict[int, SourceUnavailable] = {}  # cameras not there now, held until the others are open

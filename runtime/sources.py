@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 import cv2
 import numpy as np
 
-from sdqes_edge.errors import SourceUnavailable, UserError
+from sdqes_edge.contract import MAX_FPS
+from sdqes_edge.errors import SourceUnavailable, UserError, is_number
 from sdqes_edge.path_checks import unreadable_problem
 
 from .frame_source import NAMED_UNREADABLE_IMAGES, STREAM_TIMEOUT_S, Frame, FrameSource, SourceStats  # noqa: F401  (where callers import them from)
@@ -125,11 +126,16 @@ class VideoFileSource(FrameSource):
 
 
 class ImageFolderSource(FrameSource):
-    """Images in frame order (``frame_order``), one per sampled frame (the folder is taken to be sampled at ``fps``
-    already)."""
+    """Images in frame order (``frame_order``): one per sampled frame (the folder taken to be sampled at ``fps``
+    already), or, given ``images_fps``, image i at time i / images_fps, sampled at ``fps`` by time as a video is (a
+    folder the authors' code extracted at 2 fps, into a 1-fps model: every other image)."""
 
-    def __init__(self, folder: str | Path, fps: float):
+    def __init__(self, folder: str | Path, fps: float, images_fps: float | None = None):
         super().__init__(Path(folder).name, fps)
+        if images_fps is not None and (not is_number(images_fps) or not 0 < images_fps <= MAX_FPS):  # NaN too
+            raise UserError(f"images_fps is the rate {folder}'s images were taken at, a positive number of frames per "
+                            f"second up to {MAX_FPS:g}, not {images_fps!r}")
+        self.images_fps = None if images_fps is None else float(images_fps)
         self.folder = Path(folder)
         entries = list(Path(folder).iterdir())
         self.files = sorted((p for p in entries if p.suffix.lower() in IMAGE_SUFFIXES), key=frame_order)
@@ -151,20 +157,24 @@ class ImageFolderSource(FrameSource):
 
     @property
     def duration_frames(self) -> int:
-        return max(0, len(self.files) - self.start_index)
+        if self.images_fps is None:
+            return max(0, len(self.files) - self.start_index)
+        return max(0, samples_served((len(self.files) - 1) / self.images_fps, 0, 1.0 / self.fps) - self.start_index)
 
     def _frames(self):
         self._say_repeated_numbers()
         self._say_skipped_numbers()
+        period = 1.0 / (self.images_fps or self.fps)
+        resumed_at = self.start_index / self.fps - STAMP_TOLERANCE_S
         for i, path in enumerate(self.files):
-            if i < self.start_index:  # where a resumed run goes on after: never stepped, so never read
-                yield (lambda path=path: self._read(path)), i / self.fps
+            if i * period < resumed_at:  # before where a resumed run goes on: never stepped, so never read
+                yield (lambda path=path: self._read(path)), i * period
                 continue
             image = cv2.imread(str(path), cv2.IMREAD_COLOR)
             if image is None:  # the last image of a recorder that was killed, a file of another kind
                 self._skip(path)
                 continue
-            yield (lambda image=image: image), i / self.fps
+            yield (lambda image=image: image), i * period
         if len(self.stats.unreadable) == len(self.files) - self.start_index > 0:
             raise UserError(f"OpenCV cannot read any image of {self.folder} (the first: {self.stats.unreadable[0]}); "
                             "check they open in an image viewer, or re-save them as JPEG or PNG")
@@ -180,7 +190,7 @@ class ImageFolderSource(FrameSource):
             more = f"; {len(repeated) - 1} more number{'s' if len(repeated) > 2 else ''} repeated" \
                 if len(repeated) > 1 else ""
             self.log(f"warning: {self.folder} holds {len(repeated[0])} images of one number ({', '.join(repeated[0])}"
-                     f"{more}): each is streamed as a frame of its own, so every frame after comes a sample late; "
+                     f"{more}): each is streamed as a frame of its own, so every frame after comes late; "
                      "keep one image of each number")
 
     def _say_skipped_numbers(self) -> None:
@@ -199,8 +209,8 @@ class ImageFolderSource(FrameSource):
         if gaps:
             more = f"; {len(gaps) - 1} more gap{'s' if len(gaps) > 2 else ''}" if len(gaps) > 1 else ""
             self.log(f"warning: {self.folder}'s images skip numbers ({gaps[0][0]} then {gaps[0][1]}{more}) where the "
-                     f"others go up by {step}: an image missing is no frame, each image being one sample, so every "
-                     "frame after comes early; put the missing images back, or a copy of the one before")
+                     f"others go up by {step}: an image missing is no frame, so every frame after comes early; put the "
+                     "missing images back, or a copy of the one before")
 
     def _skip(self, path: Path) -> None:
         """One unreadable image is skipped, the next image stepping in its place, as a video's lost frame is; the
@@ -296,15 +306,19 @@ def source_kind(spec: str) -> str:
     return "device" if is_device_file(path) else "file"
 
 
-def open_source(spec: str | Path | int, fps: float, stream_timeout_s: float = STREAM_TIMEOUT_S) -> FrameSource:
+def open_source(spec: str | Path | int, fps: float, stream_timeout_s: float = STREAM_TIMEOUT_S,
+                images_fps: float | None = None) -> FrameSource:
     """A camera index ("0" or 0), a URL or GStreamer pipeline, an image folder, or a video file. ``stream_timeout_s``:
-    how long a stream URL's open, or its wait for a frame, may take (``open_capture``)."""
+    how long a stream URL's open, or its wait for a frame, may take (``open_capture``). ``images_fps``: the rate an
+    image folder's images were taken at (default: one image per sample); refused for any other source."""
     if isinstance(spec, bool) or not isinstance(spec, (str, Path, int)):
         raise UserError(f"a source is a path, a camera index or a URL, not a {type(spec).__name__}")
     spec = str(spec)
     if not spec.strip():  # an unset shell variable ("$VIDEO"): Path("") is ".", whose images were streamed
         raise UserError("the source is empty; give a video file, an image folder, a camera index or a URL")
     kind, path = source_kind(spec), Path(spec)
+    if images_fps is not None and kind != "folder":  # a video's own timestamps say when its frames were taken
+        raise UserError(f"images_fps is the rate of an image folder's images; source {spec} is no folder: leave it out")
     unreadable = unreadable_problem(path) if kind in ("missing", "file") else None
     if unreadable:  # a service's user given a video root keeps: it was "neither a file, ..." or "cannot decode"
         raise UserError(f"source {spec} {unreadable}; give a video this user may read")
@@ -319,7 +333,7 @@ def open_source(spec: str | Path | int, fps: float, stream_timeout_s: float = ST
     if kind == "missing":
         raise UserError(f"source {spec} is neither a file, a folder, a camera index nor a URL")
     if kind == "folder":
-        return ImageFolderSource(path, fps)
+        return ImageFolderSource(path, fps, images_fps)
     if path.suffix.lower() in IMAGE_SUFFIXES:  # OpenCV opens it as a one-frame video: one score, no event start
         raise UserError(f"source {spec} is a still image; the model watches frames over time for the moment an "
                         f"event starts: give a video, a camera or a URL, or the folder of frames ({path.parent}) "

@@ -41,7 +41,7 @@ def test_sources_open_side_by_side_each_on_its_own_thread_and_come_in_the_order_
     pipelines open side by side. Here each open waits for the other's to have begun."""
     both_asked = threading.Barrier(2, timeout=20)  # one open after the other: the first never returns, and it breaks
 
-    def opens_with_the_other(spec, fps, stream_timeout_s):
+    def opens_with_the_other(spec, fps, stream_timeout_s, images_fps=None):
         both_asked.wait()
         return _Named(spec, fps)
 
@@ -49,7 +49,7 @@ def test_sources_open_side_by_side_each_on_its_own_thread_and_come_in_the_order_
     assert len(open_sources(["kitchen", "garage"], fps=5.0)) == 2
     assert not both_asked.broken
 
-    def slower_first(spec, fps, stream_timeout_s):
+    def slower_first(spec, fps, stream_timeout_s, images_fps=None):
         time.sleep(0.3 if spec == "kitchen" else 0.0)
         return _Named(spec, fps)
 
@@ -89,7 +89,7 @@ def test_sources_already_open_when_another_fails_are_closed_at_once(tmp_path, mo
             super().do_GET()  # sends until the client is gone
             gone.set()
 
-    def fails_once_the_camera_is_open(spec, fps, stream_timeout_s):
+    def fails_once_the_camera_is_open(spec, fps, stream_timeout_s, images_fps=None):
         if spec.endswith(".mp4"):
             streaming.wait(timeout=5)
         return open_source(spec, fps, stream_timeout_s)

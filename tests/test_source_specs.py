@@ -246,7 +246,7 @@ def test_images_of_one_number_are_said_since_each_is_streamed_and_every_frame_af
     source.log = said.append
     assert len(list(source.sampled())) == 7  # each image is still a frame, as asked
     assert said == [f"warning: {tmp_path} holds 2 images of one number (frame_3.jpg, frame_3.png; 1 more number "
-                    "repeated): each is streamed as a frame of its own, so every frame after comes a sample late; "
+                    "repeated): each is streamed as a frame of its own, so every frame after comes late; "
                     "keep one image of each number"]
     for name in ("frame_3.jpg", "frame_004.png"):  # numbered once each: nothing to say
         (tmp_path / name).unlink()
@@ -273,9 +273,64 @@ def test_images_whose_numbers_skip_where_the_rest_go_one_by_one_are_said(tmp_pat
     source, said = open_source(tmp_path, 1.0), []
     source.log = said.append
     assert len(list(source.sampled())) == len(numbers)
-    assert said == ([f"warning: {tmp_path}'s images skip numbers {says}: an image missing is no frame, each image "
-                     "being one sample, so every frame after comes early; put the missing images back, or a copy of "
-                     "the one before"] if says else [])
+    assert said == ([f"warning: {tmp_path}'s images skip numbers {says}: an image missing is no frame, so every "
+                     "frame after comes early; put the missing images back, or a copy of the one before"]
+                    if says else [])
+
+
+def test_a_folder_of_images_taken_at_2_fps_is_sampled_by_time_into_a_1_fps_model(tmp_path):
+    """The authors' code extracts frames at 2 fps (frame_000000.jpg, ...). Taken one image per sample, a 1-fps model
+    saw time run twice as fast, without a word; with images_fps=2 it gets every other image, at its own time, and a
+    resumed run goes on at the sample after, as in a video."""
+    import cv2
+    import numpy as np
+
+    for i in range(10):
+        cv2.imwrite(str(tmp_path / f"frame_{i:06d}.png"), np.full((8, 8, 3), 20 * i, np.uint8))
+    source = open_source(tmp_path, 1.0, images_fps=2.0)
+    assert source.duration_frames == 5
+    assert [(f.index, f.time, int(f.image[0, 0, 0])) for f in source.sampled()] == [
+        (0, 0.0, 0), (1, 1.0, 40), (2, 2.0, 80), (3, 3.0, 120), (4, 4.0, 160)]
+    resumed = open_source(tmp_path, 1.0, images_fps=2.0)
+    resumed.start_at(3)
+    assert [(f.index, int(f.image[0, 0, 0])) for f in resumed.sampled()] == [(3, 120), (4, 160)]
+    assert resumed.duration_frames == 2
+    slower = open_source(tmp_path, 4.0, images_fps=2.0)  # as a video's: sample k / fps by the image at or after it
+    assert [int(f.image[0, 0, 0]) for f in slower.sampled()][:4] == [0, 20, 20, 40]
+    assert len(list(open_source(tmp_path, 1.0).sampled())) == 10  # unsaid: one image per sample, as before
+
+
+def test_images_fps_is_refused_for_a_source_that_is_no_folder_and_out_of_range(tmp_path):
+    video = write_video(tmp_path / "clip.avi", sample_frames(4, 32, 32))
+    with pytest.raises(UserError, match=r"images_fps is the rate of an image folder's images; source .*clip.avi is no "
+                                        r"folder: leave it out$"):
+        open_source(video, 1.0, images_fps=2.0)
+    with pytest.raises(UserError, match=r"images_fps is the rate .*'s images were taken at, a positive number of "
+                                        r"frames per second up to \d+, not -2"):
+        open_source(tmp_path, 1.0, images_fps=-2)
+
+
+def test_run_samples_a_folder_at_the_rate_images_fps_says_and_warns_where_no_source_is_a_folder(tmp_path, capsys):
+    import cv2
+    import numpy as np
+
+    from sdqes_edge.cli import run
+    from sdqes_edge.demo import DEMO_BUNDLE  # a 1-fps model
+    from sdqes_edge.traces import load_scores
+
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    for i in range(10):
+        cv2.imwrite(str(frames / f"frame_{i:06d}.jpg"), np.full((32, 32, 3), 20 * i, np.uint8))
+    assert run(["run", str(DEMO_BUNDLE), "--source", str(frames), "--images-fps", "2", "--query", "a lamp",
+                "--scores", str(tmp_path / "t.npz"), "--quiet"]) == 0
+    assert load_scores(tmp_path / "t.npz").probs.shape == (5, 1)  # 10 images 0.5 s apart: 5 s at 1 fps
+    video = write_video(tmp_path / "clip.avi", sample_frames(20, 32, 32), fps=10.0)
+    capsys.readouterr()
+    assert run(["run", str(DEMO_BUNDLE), "--source", str(video), "--images-fps", "2", "--query", "a lamp",
+                "--quiet"]) == 0
+    assert ("warning: --images-fps is the rate an image folder's images were taken at, and no --source is a folder "
+            "(a video keeps its frames' own times): ignored") in capsys.readouterr().err
 
 
 def test_a_folder_of_videos_is_refused_naming_them_not_streamed_as_its_one_stray_image(tmp_path):

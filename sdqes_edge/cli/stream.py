@@ -15,6 +15,7 @@ from sdqes_edge.cli.common import (
     PROG,
     add_subcommand,
     at_least,
+    frames_per_second,
     path_text,
     say,
     seconds_at_least,
@@ -88,7 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     file_queries, command_line_keys = _add_queries(detector, args)
     detector.warm_up()  # before a camera opens: the first real frame's latency is a steady one
     # All at once, on threads of their own: a stop while a stream is still opening comes at once.
-    sources = open_sources(args.source, detector.fps, log=say, stream_timeout_s=args.stream_timeout or STREAM_TIMEOUT_S)
+    sources = open_sources(args.source, detector.fps, log=say, stream_timeout_s=args.stream_timeout or STREAM_TIMEOUT_S,
+                           images_fps=args.images_fps)
     renamed = give_distinct_names(sources)
     if renamed:
         say(f"note: several sources have the same name; in alerts and outputs they are called "
@@ -177,6 +179,9 @@ def _check_run_args(args: argparse.Namespace) -> None:
 
     if args.stream_timeout is not None and not any(is_stream_url(source) for source in args.source):
         warn("--stream-timeout is for stream URLs (rtsp://, http://, udp://, tcp://), and no --source is one: ignored")
+    if args.images_fps is not None and not any(Path(source).is_dir() for source in args.source):
+        warn("--images-fps is the rate an image folder's images were taken at, and no --source is a folder (a video "
+             "keeps its frames' own times): ignored")
     if args.ort_ops and args.backend != BACKENDS[0]:
         warn(f"--ort-ops is ONNX Runtime's (--backend {BACKENDS[0]}); a TensorRT engine fuses these steps "
              "itself: ignored")
@@ -329,11 +334,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     run.epilog += "\n\n" + textwrap.fill(EXIT_STATUSES, width=100, subsequent_indent="  ")
     run.add_argument("bundle", type=path_text, help="bundle directory made by `sdqes-edge export`")
     run.add_argument("--source", type=path_text, action="append", required=True,
-                     help="video file, image folder (frames in number order, one per sample), camera index (0) "
+                     help="video file, image folder (frames in number order, one per sample unless --images-fps "
+                          "says their rate), camera index (0) "
                           "or device (/dev/v4l/by-id/...), URL or GStreamer pipeline; repeat for several streams "
                           "(needs a bundle exported with --batch N), stepped together: a camera that stalls idles "
                           "its stream, memory kept, while the others step; of several cameras, one absent at the "
                           "start or lost is tried again every few seconds while the others run")
+    run.add_argument("--images-fps", type=frames_per_second, metavar="FPS",
+                     help="the rate an image folder's images were taken at (2 for frames extracted at 2 fps, as the "
+                          "authors' code stores them), sampled at the bundle's fps by time as a video is; default: "
+                          "one image per sample, the folder taken to be sampled at the bundle's fps already")
     run.add_argument("--stream-timeout", type=seconds_at_least(STREAM_TIMEOUT_MIN_S), metavar="SECONDS",
                      help="how long a stream URL may take to open, or to send its next frame, before it is "
                           f"reconnected (default {STREAM_TIMEOUT_S:g}; FFmpeg's own is 30)")
