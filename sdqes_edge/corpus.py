@@ -46,6 +46,11 @@ class StreamTask:
     clip_only: str | None = None  # where the video is missing: a file of one of its clips that the folder holds
     also: tuple[str, ...] = ()  # other files of the same name, not streamed (full_scale/ and video_540ss/ copies)
     truncate_queries: bool = False  # cut queries over the model's context length (score --truncate-queries)
+    images_fps: float | None = None  # where ``video`` is a folder of its frames: the rate they were taken at
+
+    @property
+    def frames_folder(self) -> bool:
+        return self.video is not None and Path(self.video).is_dir()
 
 
 @dataclass(frozen=True)
@@ -84,11 +89,16 @@ def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask
 
     files: dict[str, Path] = {}
     copies: dict[str, list[str]] = {}  # stem -> the files after the first, in name order
+    folders: dict[str, Path] = {}  # video_uid -> a folder of its frames (the authors' code: <uid>/frame_*.jpg)
+    uids = {a.video_uid for a in annotations}
     for path in sorted(videos.rglob("*")):
         if path.suffix.lower() in VIDEO_SUFFIXES and path.is_file():
             if path.stem in files:
                 copies.setdefault(path.stem, []).append(str(path))
             files.setdefault(path.stem, path)
+        elif path.name in uids and path.name not in folders and _holds_images(path):
+            folders[path.name] = path
+    files = {**{uid: folder for uid, folder in folders.items() if uid not in files}, **files}  # a video first
     tasks = []
     for uid, group in by_video(annotations).items():
         found = files.get(uid)
@@ -101,6 +111,12 @@ def plan_streams(annotations: list[Annotation], videos: Path) -> list[StreamTask
     if tasks and not any(task.video for task in tasks):  # the wrong folder: one line, not a failure per stream
         raise UserError(_no_video_found(tasks, videos, files))
     return tasks
+
+
+def _holds_images(folder: Path) -> bool:
+    from sdqes_edge.runtime.sources import IMAGE_SUFFIXES
+
+    return folder.is_dir() and any(p.suffix.lower() in IMAGE_SUFFIXES for p in folder.iterdir())
 
 
 def _no_video_found(tasks: list[StreamTask], videos: Path, files: dict[str, Path]) -> str:
@@ -156,13 +172,14 @@ def trace_path(out: Path, stream: str) -> Path:
 SCORED_BY_NAME = "scored_by.json"  # in the output folder: the model its traces come from
 
 
-def claim_output(out: Path, model_identity: str, fps: float, step: StepChoice = StepChoice()) -> None:
+def claim_output(out: Path, model_identity: str, fps: float, step: StepChoice = StepChoice(),
+                 images_fps: float | None = None) -> None:
     """Tie ``out`` to one model, step graph and device: recorded by the first run, and a re-run with another model,
     frame rate, precision or device refused, since it would skip the streams already scored and report two formats'
     traces as one. A record from before precisions and devices were recorded was written by an fp32 run on the CPU
-    (the only one there was)."""
+    (the only one there was). ``images_fps``: the rate of the corpus's folders of frames, where it has some."""
     record = out / SCORED_BY_NAME
-    mine = {"model_identity": model_identity, "fps": fps, **step.format()}
+    mine = {"model_identity": model_identity, "fps": fps, **step.format(), "images_fps": images_fps}
     if record.is_file():
         try:
             theirs = parse_json(record.read_text())
@@ -240,7 +257,7 @@ class StreamScorer:
             warnings.simplefilter("ignore", QueryTruncatedWarning)
             for text, message in task.queries:
                 detector.add_query(text, message)
-        source = open_source(task.video, detector.fps)
+        source = open_source(task.video, detector.fps, images_fps=task.images_fps if task.frames_folder else None)
         source.log = lambda message: None  # a worker's lines would break the driver's bar; it reports each outcome
         stats = RunStats()
         with scratch(SCRATCH_PREFIX) as folder:

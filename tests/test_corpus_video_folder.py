@@ -5,9 +5,12 @@ same command to retry them", which retries nothing."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 from test_corpus import cli
 
@@ -16,6 +19,7 @@ from sdqes_edge.corpus import plan_streams
 from sdqes_edge.demo import DEMO_BUNDLE
 from sdqes_edge.errors import UserError
 from sdqes_edge.synthetic import write_dataset
+from sdqes_edge.traces import load_scores
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +84,32 @@ def test_score_refuses_the_wrong_folder_in_one_line_before_any_worker_starts(cor
     assert done.stderr.startswith("sdqes-edge: error: none of the 2 annotated videos is in ") and \
         done.stderr.count("\n") == 1, done.stderr
     assert not (tmp_path / "out").exists()  # not a failures.json, not a record of the model
+
+
+def test_a_video_kept_as_a_folder_of_its_frames_scores_as_the_video_at_the_rate_images_fps_says(corpus, tmp_path):
+    """The authors' code keeps each video as <video_uid>/frame_*.jpg at 2 fps. score found none of them; taken one
+    image per sample, a 1-fps model would have seen time run twice as fast. With --images-fps 2, each folder is
+    sampled by time as its video is, and its trace is the video's (frames kept losslessly, as PNG)."""
+    folder = folder_of(tmp_path, corpus, {"synthetic-000001": "synthetic-000001.avi"})
+    frames = folder / "nested" / "synthetic-000000"
+    frames.mkdir(parents=True)
+    capture = cv2.VideoCapture(str(corpus / "videos" / "synthetic-000000.avi"))  # 2 fps, as synth draws it
+    count = 0
+    while (read := capture.read())[0]:
+        cv2.imwrite(str(frames / f"frame_{count:06d}.png"), read[1])
+        count += 1
+    done = cli("score", str(DEMO_BUNDLE), "--annotations", str(corpus / "annotations.csv"), "--videos", str(folder),
+               "--out", str(tmp_path / "out"), "--quiet")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert (f"1 of the 2 annotated videos are folders of frames in {folder} (e.g. {frames}): give --images-fps, the "
+            "rate they were extracted at") in done.stderr
+    done = cli("score", str(DEMO_BUNDLE), "--annotations", str(corpus / "annotations.csv"), "--videos", str(folder),
+               "--out", str(tmp_path / "out"), "--quiet", "--images-fps", "2", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    video = cli("score", str(DEMO_BUNDLE), "--annotations", str(corpus / "annotations.csv"), "--videos",
+                str(corpus / "videos"), "--out", str(tmp_path / "videos-out"), "--quiet", "--workers", "1")
+    assert video.returncode == 0, video.stderr
+    for stream in ("synthetic-000000", "synthetic-000001"):
+        np.testing.assert_array_equal(load_scores(tmp_path / "out" / "traces" / f"{stream}.npz").probs,
+                                      load_scores(tmp_path / "videos-out" / "traces" / f"{stream}.npz").probs)
+    assert json.loads((tmp_path / "out" / "scored_by.json").read_text())["images_fps"] == 2.0

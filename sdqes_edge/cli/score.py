@@ -10,8 +10,20 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import PROG, add_subcommand, at_least, finite_number, given_flags, path_text, say, show, warn
+from sdqes_edge.cli.common import (
+    PROG,
+    add_subcommand,
+    at_least,
+    finite_number,
+    frames_per_second,
+    given_flags,
+    path_text,
+    say,
+    show,
+    warn,
+)
 from sdqes_edge.cli.run_policy import check_threshold
+from sdqes_edge.cli.score_report import report_scores
 from sdqes_edge.contract import FP16, PRECISIONS, REFERENCE_PRECISION
 from sdqes_edge.errors import UserError, install_command
 from sdqes_edge.files import make_folders, write_text_atomically
@@ -37,7 +49,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     _check_step(bundle, step)
     annotations = require_annotations(args.annotations, split=args.split or None, source=args.source)
     out = Path(args.out)
-    tasks = _checked_query_lengths(plan_streams(annotations, Path(args.videos)), bundle, args)
+    tasks = _with_frame_rate(_checked_query_lengths(plan_streams(annotations, Path(args.videos)), bundle, args),
+                             args, bundle.fps)
     _check_query_capacity(tasks, bundle)
     if (copies := copies_words(tasks)) is not None:
         warn(copies)
@@ -57,7 +70,8 @@ def _score_corpus(args: argparse.Namespace, bundle, step: StepChoice, annotation
     from sdqes_edge.corpus import claim_output, finished, missing_video_error
 
     # Before a trace of another model or format counts as finished.
-    claim_output(out, bundle.model_identity, bundle.fps, step)
+    claim_output(out, bundle.model_identity, bundle.fps, step, next((t.images_fps for t in tasks if t.frames_folder),
+                                                                    None))
     todo = [t for t in tasks if not finished(out, t)]
     absent = [t for t in todo if t.video is None]  # failed here in one line: a failure line each was hundreds
     if absent:
@@ -78,7 +92,7 @@ def _score_corpus(args: argparse.Namespace, bundle, step: StepChoice, annotation
     # As `run` alerts: the bundle's threshold for each query's label where it has one (--threshold: one for all).
     thresholds = ((bundle.default_threshold, bundle.label_thresholds) if args.threshold is None
                   else (args.threshold, {}))
-    code = _report(out, tasks, annotations, thresholds, step)
+    code = report_scores(out, tasks, annotations, thresholds, step)
     if code == 0:
         show(f"next: {_eval_command(args, out)} --calibrate (a threshold chosen on these streams)")
     if failures:
@@ -87,6 +101,22 @@ def _score_corpus(args: argparse.Namespace, bundle, step: StepChoice, annotation
             "re-run the same command to retry them: finished traces are kept")
         return 1
     return code
+
+
+def _with_frame_rate(tasks: list, args: argparse.Namespace, fps: float) -> list:
+    """``tasks`` with --images-fps for the videos kept as folders of frames, where the corpus has any; refused
+    without it: taken one image per sample, frames extracted at 2 fps showed a 1-fps model time running twice as
+    fast, unsaid."""
+    from dataclasses import replace
+
+    folders = [t for t in tasks if t.frames_folder]
+    if folders and args.images_fps is None:
+        raise UserError(f"{len(folders)} of the {len(tasks)} annotated videos are folders of frames in {args.videos} "
+                        f"(e.g. {folders[0].video}): give --images-fps, the rate they were extracted at (the authors' "
+                        f"code extracts at 2), so that each is sampled at the bundle's {fps:g} fps by time")
+    if args.images_fps is not None and not folders:
+        warn("--images-fps is the rate of folders of frames, and every annotated video found is a video file: ignored")
+    return [replace(t, images_fps=args.images_fps) for t in tasks] if folders else tasks
 
 
 def _absent_words(absent: list, count: int, args: argparse.Namespace) -> str:
@@ -298,49 +328,6 @@ def _write_failures(out: Path, failures: list[dict]) -> None:
     write_text_atomically(out / FAILURES_NAME, json.dumps(failures, indent=2) + "\n")
 
 
-def _report(out: Path, tasks: list, annotations: list, thresholds: tuple[float, dict[str, float]],
-            step: StepChoice) -> int:
-    """SR/SMD of every finished stream's trace against its annotations, at ``thresholds`` (the default, and one
-    per label where chosen): printed, and eval.json / eval.md."""
-    from sdqes_edge.corpus import trace_path
-    from sdqes_edge.evaluation import (
-        evaluate_with,
-        late_words,
-        match_traces,
-        text_table,
-        unseen_words,
-        write_reports,
-    )
-    from sdqes_edge.traces import load_scores
-
-    traces = [load_scores(trace_path(out, t.stream)) for t in tasks if trace_path(out, t.stream).is_file()]
-    matched = match_traces(annotations, traces)
-    if not matched.traces:
-        say(f"none of the scored streams' annotations can be scored: {unseen_words(matched)}" if matched.unseen
-            else "no stream was scored, so there is nothing to evaluate")
-        return 1
-    scored = step.precision + ("" if step.ort_device == "cpu" else f" on {step.ort_device}")
-    threshold, per_label = thresholds
-    labels = [a.label for a in matched.annotations]
-    own = sum(label in per_label for label in labels)
-    at = f"threshold {threshold:.4f}" + (f", {own} queries at their label's" if own else "")
-    rows = {f"{Path(str(out)).name} ({scored}, {at})": evaluate_with(matched.traces, labels, threshold, per_label)}
-    print(f"\n{len(matched.annotations)} of {len(annotations)} annotations scored"
-          + (f" ({len(matched.missing)} without a trace)" if matched.missing else "") + "\n")
-    if matched.unseen:
-        print(f"note: {len(matched.unseen)} are not scored: {unseen_words(matched)}\n")
-    print(text_table(rows))
-    if late := late_words(next(iter(rows.values()))):
-        print(f"note: {late}")
-    json_path, md_path = write_reports(out, rows, {"threshold": threshold, "per_label": per_label,
-                                                   "precision": step.precision,
-                                                   "ort_device": step.ort_device, "streams": len(traces),
-                                                   "unscored_annotations": len(matched.missing),
-                                                   "annotations_unscored_at_their_start": len(matched.unseen)})
-    show(f"\nwrote {len(traces)} traces under {out / 'traces'}, {json_path} and {md_path}")
-    return 0
-
-
 def add_parser(sub: argparse._SubParsersAction) -> None:
     score = add_subcommand(
         sub, "score", "score a bundle over an annotated video corpus (every core, or a Ray cluster), then SR/SMD",
@@ -357,7 +344,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     score.add_argument("bundle", type=path_text, help="bundle directory made by `sdqes-edge export`")
     score.add_argument("--annotations", type=path_text,
                        required=True, help="EgoSDQES CSV, or the annotations.csv `synth` writes")
-    score.add_argument("--videos", type=path_text, required=True, help="folder of the videos (searched recursively)")
+    score.add_argument("--videos", type=path_text, required=True, help="folder of the videos (searched recursively), "
+                       "each named by its video_uid, or a folder of its frames of that name (--images-fps)")
+    score.add_argument("--images-fps", type=frames_per_second, metavar="FPS",
+                       help="where a video is kept as a folder of its frames, named by its video_uid (the authors' "
+                            "code: <video_uid>/frame_*.jpg, at 2 fps), the rate they were extracted at; each is "
+                            "sampled at the bundle's fps by time, as a video is")
     score.add_argument("--split", default="", help="only this annotation split (default: all)")
     score.add_argument("--source", help="only annotations from this source (moments, nlq, ...)")
     score.add_argument("--out", type=path_text, default="sdqes-score", help="folder for traces/, eval.json, eval.md "
