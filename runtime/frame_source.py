@@ -91,7 +91,7 @@ def check_frames(frames: list[Frame | None], batch: int) -> None:
         if frame is not None and not isinstance(frame, Frame):
             raise UserError(f"step takes one Frame (or None, for an idle stream) per stream, not a "
                             f"{type(frame).__name__}: wrap an image as sdqes_edge.runtime.Frame(image=bgr, "
-                            "time=seconds, index=n)")
+                            "time=seconds, index=n), with channels='rgb' for an RGB one")
         if frame is not None and frame.channels not in CHANNEL_ORDERS:  # said before the step, not in its threads
             raise UserError(f"a Frame's channels name the order of its image's colours, one of "
                             f"{', '.join(CHANNEL_ORDERS)}, not {frame.channels!r}")

@@ -188,8 +188,9 @@ def claim_output(out: Path, model_identity: str, fps: float, step: StepChoice = 
         if isinstance(theirs, dict):
             theirs = {**StepChoice().format(), **theirs}
         if not isinstance(theirs, dict) or {k: theirs.get(k) for k in mine} != mine:
-            raise UserError(f"{out} holds traces scored by another model, frame rate, precision or device ({record} "
-                            f"says {theirs}); give a new --out, or remove {out} to score it again with this bundle")
+            raise UserError(f"{out} holds traces scored by another model, frame rate, precision or device, or of "
+                            f"frames at another --images-fps ({record} says {theirs}); give a new --out, or remove "
+                            f"{out} to score it again with this bundle")
         return
     make_folders(out)
     write_text_atomically(record, json.dumps(mine, indent=2) + "\n")
