@@ -166,22 +166,24 @@ class ImageFolderSource(FrameSource):
         self._say_skipped_numbers()
         period = 1.0 / (self.images_fps or self.fps)
         resumed_at = self.start_index / self.fps - STAMP_TOLERANCE_S
+        read = 0  # images read: those from where a resumed run goes on
         for i, path in enumerate(self.files):
             if i * period < resumed_at:  # before where a resumed run goes on: never stepped, so never read
                 yield (lambda path=path: self._read(path)), i * period
                 continue
+            read += 1
             image = cv2.imread(str(path), cv2.IMREAD_COLOR)
             if image is None:  # the last image of a recorder that was killed, a file of another kind
                 self._skip(path)
                 continue
             yield (lambda image=image: image), i * period
-        if len(self.stats.unreadable) == len(self.files) - self.start_index > 0:
+        if len(self.stats.unreadable) == read > 0:
             raise UserError(f"OpenCV cannot read any image of {self.folder} (the first: {self.stats.unreadable[0]}); "
                             "check they open in an image viewer, or re-save them as JPEG or PNG")
 
     def _say_repeated_numbers(self) -> None:
         """Images of one number (frame_3.jpg beside frame_3.png, 7.jpg beside 007.jpg: a conversion's leftovers) are
-        each a frame, one sample apart: every frame after comes a sample late, each alert's time with it."""
+        each a frame: every frame after comes late, each alert's time with it."""
         by_number: dict[tuple, list[str]] = {}
         for path in self.files:
             by_number.setdefault(tuple(frame_order(path.with_suffix(""))[0]), []).append(path.name)

@@ -298,6 +298,13 @@ def test_a_folder_of_images_taken_at_2_fps_is_sampled_by_time_into_a_1_fps_model
     slower = open_source(tmp_path, 4.0, images_fps=2.0)  # as a video's: sample k / fps by the image at or after it
     assert [int(f.image[0, 0, 0]) for f in slower.sampled()][:4] == [0, 20, 20, 40]
     assert len(list(open_source(tmp_path, 1.0).sampled())) == 10  # unsaid: one image per sample, as before
+    for i in range(6, 10):  # every image from where a resumed run goes on, unreadable: refused, not an empty stream
+        (tmp_path / f"frame_{i:06d}.png").write_bytes(b"")
+    resumed = open_source(tmp_path, 1.0, images_fps=2.0)
+    resumed.start_at(3)
+    resumed.log = lambda line: None
+    with pytest.raises(UserError, match="OpenCV cannot read any image of"):
+        list(resumed.sampled())
 
 
 def test_images_fps_is_refused_for_a_source_that_is_no_folder_and_out_of_range(tmp_path):
