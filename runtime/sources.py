@@ -153,7 +153,9 @@ class ImageFolderSource(FrameSource):
 
     @property
     def identity(self) -> str:
-        return f"{self.folder.resolve()} ({len(self.files)} images)"
+        # With its rate where given: a snapshot's sample position is a time, which another rate puts at other images.
+        rate = f" at {self.images_fps:g} fps" if self.images_fps is not None else ""
+        return f"{self.folder.resolve()} ({len(self.files)} images{rate})"
 
     @property
     def duration_frames(self) -> int:

@@ -298,6 +298,9 @@ def test_a_folder_of_images_taken_at_2_fps_is_sampled_by_time_into_a_1_fps_model
     slower = open_source(tmp_path, 4.0, images_fps=2.0)  # as a video's: sample k / fps by the image at or after it
     assert [int(f.image[0, 0, 0]) for f in slower.sampled()][:4] == [0, 20, 20, 40]
     assert len(list(open_source(tmp_path, 1.0).sampled())) == 10  # unsaid: one image per sample, as before
+    # A snapshot knows the folder again only at the same rate: its position, a time, is other images at another.
+    assert open_source(tmp_path, 1.0).identity == f"{tmp_path.resolve()} (10 images)"  # as snapshots recorded it
+    assert open_source(tmp_path, 1.0, images_fps=2.0).identity == f"{tmp_path.resolve()} (10 images at 2 fps)"
     for i in range(6, 10):  # every image from where a resumed run goes on, unreadable: refused, not an empty stream
         (tmp_path / f"frame_{i:06d}.png").write_bytes(b"")
     resumed = open_source(tmp_path, 1.0, images_fps=2.0)
