@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import stat
 from collections import Counter
 from pathlib import Path, PurePosixPath
@@ -164,8 +163,9 @@ class ImageFolderSource(FrameSource):
         return max(0, samples_served((len(self.files) - 1) / self.images_fps, 0, 1.0 / self.fps) - self.start_index)
 
     def _frames(self):
-        self._say_repeated_numbers()
-        self._say_skipped_numbers()
+        numbering = [frame_order(path.with_suffix(""))[0] for path in self.files]  # each name's parts, suffix aside
+        self._say_repeated_numbers(numbering)
+        self._say_skipped_numbers(numbering)
         period = 1.0 / (self.images_fps or self.fps)
         resumed_at = self.start_index / self.fps - STAMP_TOLERANCE_S
         read = 0  # images read: those from where a resumed run goes on
@@ -183,12 +183,12 @@ class ImageFolderSource(FrameSource):
             raise UserError(f"OpenCV cannot read any image of {self.folder} (the first: {self.stats.unreadable[0]}); "
                             "check they open in an image viewer, or re-save them as JPEG or PNG")
 
-    def _say_repeated_numbers(self) -> None:
+    def _say_repeated_numbers(self, numbering: list[list]) -> None:
         """Images of one number (frame_3.jpg beside frame_3.png, 7.jpg beside 007.jpg: a conversion's leftovers) are
         each a frame: every frame after comes late, each alert's time with it."""
         by_number: dict[tuple, list[str]] = {}
-        for path in self.files:
-            by_number.setdefault(tuple(frame_order(path.with_suffix(""))[0]), []).append(path.name)
+        for parts, path in zip(numbering, self.files):
+            by_number.setdefault(tuple(parts), []).append(path.name)
         repeated = [names for names in by_number.values() if len(names) > 1]
         if repeated:
             more = f"; {len(repeated) - 1} more number{'s' if len(repeated) > 2 else ''} repeated" \
@@ -197,13 +197,13 @@ class ImageFolderSource(FrameSource):
                      f"{more}): each is streamed as a frame of its own, so every frame after comes late; "
                      "keep one image of each number")
 
-    def _say_skipped_numbers(self) -> None:
+    def _say_skipped_numbers(self, numbering: list[list]) -> None:
         """A gap in the images' numbering where the rest go up by one step (frame_2 then frame_5): the images missing
         are no frames, so every frame after comes early, each alert's time with it."""
-        numbers = [re.findall(r"\d+", path.stem) for path in self.files]
+        numbers = [[value for kind, value, _ in parts if kind == 0] for parts in numbering]  # frame_order's numbers
         if len(numbers) < 3 or not all(numbers):
             return
-        last = [int(found[-1]) for found in numbers]
+        last = [found[-1] for found in numbers]
         steps = [later - earlier for earlier, later in zip(last, last[1:]) if later != earlier]
         if not steps or min(steps) < 0:  # numbered in parts (cam1_0001 .. cam2_0001): not one count
             return

@@ -144,8 +144,8 @@ class StreamSlot:
             self.pace.restart()
 
     def attach(self, source: FrameSource, fps: float) -> bool:
-        """Take ``source`` as this stream's (``StreamingDetector.attach`` says where it starts) -> the name of the
-        whether it goes on from a state no one asked it to (stepped since a reset, no snapshot restored)."""
+        """Take ``source`` as this stream's (``StreamingDetector.attach`` says where it starts) -> whether it goes on
+        from a state no one asked it to (stepped since a reset, no snapshot restored)."""
         if self.attached is source:
             return False
         carried = not self.fresh and self.resumed is None

@@ -233,7 +233,8 @@ def _plot(out: Path, methods: Methods, calibrations: dict, threshold: float, cou
     plots = []
     for name, (anns, traces) in methods.items():
         # Only the queries the table scored: one asked after its event started was drawn as a "worst" query.
-        anns, traces = [a for a, t in zip(anns, traces) if is_scorable(t)], [t for t in traces if is_scorable(t)]
+        scored = [(a, t) for a, t in zip(anns, traces) if is_scorable(t)]
+        anns, traces = [a for a, _ in scored], [t for _, t in scored]
         cal = calibrations.get(name)
         per_trace = [cal.per_label.get(a.label, cal.threshold) if cal else threshold for a in anns]
         distances = [per_query_distance(t, thr) for t, thr in zip(traces, per_trace)]
