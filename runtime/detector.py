@@ -36,7 +36,7 @@ from .preprocess import Preprocessor
 from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_encoder_for
 from .run_stats import RunStats
 from .sampling import check_source_rates
-from .sinks import AlertEvent, Sink, check_sink_fits, close_all
+from .sinks import AlertEvent, Sink, check_sink_fits, close_all, closed_sinks_words, tell_sources_ended
 from .snapshots import (
     OnDone,
     SavedAlert,
@@ -54,15 +54,6 @@ from .stream_slot import StateCarriedWarning, StreamSlot, carried_state_words, c
 
 class NonFiniteScoreError(UserError):
     """The model produced NaN or Inf for a stream; the stream is stopped (its state would stay poisoned)."""
-
-
-def closed_sinks_words(sinks: list[Sink]) -> str:
-    """Why a step after ``close`` (a run's end) is refused while the sinks it closed have no successors."""
-    names = ", ".join(type(sink).__name__ + (f"({sink.path})" if getattr(sink, "path", None) else "")
-                      for sink in sinks)
-    return (f"this detector's sinks ({names}) were closed when its run ended (or by close()), each output finished, "
-            "so this step's alerts would reach none of them; add new ones before stepping on (a JsonlSink of the "
-            "same file appends to it), or make a new StreamingDetector")
 
 
 def _exclusive(method):
@@ -378,7 +369,10 @@ class StreamingDetector:
             gathering.close()
             for slot in self.streams:  # its source read: given again, it is read from its start, a new attach
                 slot.attached = None
-            self.close()
+            try:
+                tell_sources_ended(self.sinks, gathering.sources_ended)
+            finally:
+                self.close()
 
     def close(self) -> None:
         """Finish every sink's output; one that fails (a full disk) does not stop the others finishing theirs,

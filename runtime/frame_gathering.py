@@ -76,6 +76,7 @@ class StepFrames:
         self.readers: list[FrameReader | None] = [
             s.threaded(prepare=prepare, arrivals=self.arrivals if s.live else None) for s in sources]
         self.readers += [None] * (streams - len(sources))
+        self._sources = len(sources)
         self.late = LateSources()
         self.patience_s, self.stop_requested = patience_s, stop_requested
 
@@ -86,6 +87,12 @@ class StepFrames:
             return None
         frames = gather_frames(self.readers, self.arrivals, self.patience_s, self.late, self.stop_requested)
         return None if all(frame is None for frame in frames) else frames
+
+    @property
+    def sources_ended(self) -> list[bool]:
+        """Per stream, whether its source has ended (its reader gone: a file's last frame taken, a camera lost for
+        good); False for one stopped first, and for the streams no source feeds."""
+        return [k < self._sources and reader is None for k, reader in enumerate(self.readers)]
 
     def close(self) -> None:
         """Stop every reader, then wait for them all for READER_STOP_TIMEOUT_S at most (not that long each: a

@@ -68,8 +68,33 @@ class Sink:
     def on_event(self, event: AlertEvent) -> None:
         pass
 
+    def on_sources_ended(self, ended: list[bool]) -> None:
+        """Called as a run ends, before ``close``: per stream, whether the run stepped its source to the end (a
+        file's last frame, a camera lost for good) rather than stopping first (max_frames, a stop, an error)."""
+
     def close(self) -> None:
         pass
+
+
+def tell_sources_ended(sinks: list[Sink], ended: list[bool]) -> None:
+    """``on_sources_ended`` of every sink, each failure keeping it from no other; the first is raised after."""
+    failures = []
+    for sink in sinks:
+        try:
+            sink.on_sources_ended(list(ended))
+        except Exception as exc:  # noqa: BLE001  (raised below, once every sink has been told)
+            failures.append(exc)
+    if failures:
+        raise failures[0]
+
+
+def closed_sinks_words(sinks: list[Sink]) -> str:
+    """Why a step after ``close`` (a run's end) is refused while the sinks it closed have no successors."""
+    names = ", ".join(type(sink).__name__ + (f"({sink.path})" if getattr(sink, "path", None) else "")
+                      for sink in sinks)
+    return (f"this detector's sinks ({names}) were closed when its run ended (or by close()), each output finished, "
+            "so this step's alerts would reach none of them; add new ones before stepping on (a JsonlSink of the "
+            "same file appends to it), or make a new StreamingDetector")
 
 
 class CallbackSink(Sink):
@@ -166,6 +191,7 @@ class ScoreTraceRecorder(Sink):
         self.log: Callable[[str], None] = TRACE_LOG.warning
         self._refused = False  # the last chunk tried was refused: its rows are held
         self._let_go = 0  # rows before the held ones let go while refused: NaN in the next chunk
+        self.source_ended: bool | None = None  # told as the run ends (on_sources_ended); None: not told
         self._lock = hold(self.path, "ScoreTraceRecorder", SCORE_TRACE)  # before its chunks, another process's maybe
         try:
             self._take_over_earlier(first_frame)
@@ -205,6 +231,9 @@ class ScoreTraceRecorder(Sink):
                             np.array([self._asked[i] for i in ids]), rows, 0, self.model)
         self._chunks.append(save_scores(chunk_path(self.path, 1), lead))  # its folders made as it is written
         self._flushed_rows = frames
+
+    def on_sources_ended(self, ended: list[bool]) -> None:
+        self.source_ended = self.stream < len(ended) and ended[self.stream]
 
     def on_frame(self, stream, frame_bgr, time_s, probs, events):
         if stream == self.stream:
@@ -261,6 +290,7 @@ class ScoreTraceRecorder(Sink):
                 self._write_lead()
             self.flush()
             empty = self._trace(np.zeros((0, len(self._texts)), np.float32))
+            empty.source_ended = self.source_ended  # the whole trace's, never a chunk's: a killed run's stopped first
             if self._chunks:
                 merge_chunks(self._chunks, self.path, empty, self._flushed_rows)
             else:  # no frame at all: an empty trace still says which queries were asked

@@ -25,6 +25,7 @@ from .metrics import (
     calibrate_per_metric,
     evaluate,
     frame_at_or_after,
+    last_frame_at_or_before,
     min_distance_at,
     predictions,
     window_name,
@@ -46,6 +47,15 @@ class Matched:
     # were let go while the disk refused them. Nothing could alert on them, and scored as misses they lowered SR and,
     # counted with a short trace's length, lowered SMD too. Put aside and said (``unseen_words``), not scored.
     unseen: list[tuple[Annotation, str]] = field(default_factory=list)  # (annotation, where its scores are missing)
+    # Annotations scored at their start whose tolerance window after it runs into frames never scored: a run that
+    # stopped before its source's end (the trace says so), a query removed, scores let go. An alert there would have
+    # counted; scored as misses, they lowered SR. Put aside too (``cut_short_words``).
+    cut_short: list[tuple[Annotation, str]] = field(default_factory=list)
+
+    def put_aside_notes(self) -> list[tuple[int, str]]:
+        """(how many, why) for each reason annotations with a trace were put aside, not scored."""
+        return [(len(found), words(self)) for found, words in ((self.unseen, unseen_words),
+                                                                (self.cut_short, cut_short_words)) if found]
 
 
 def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> Matched:
@@ -75,6 +85,12 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
         if start >= first_scored and (start >= len(column) or np.isnan(column[start])):
             matched.unseen.append((a, _missing_scores_words(scored, start, s.fps)))
             continue
+        # (an event before the first scored frame is put aside by metrics.is_scorable, as asked after it started)
+        missing = _unscored_in_window(finite, start, a.start_time, s.fps, s.source_ended) \
+            if start >= first_scored else None
+        if missing is not None:
+            matched.cut_short.append((a, _missing_scores_words(scored, missing, s.fps)))
+            continue
         probs = np.nan_to_num(column, nan=0.0)
         # Scored from its first scored frame, where the trace begins later than the query was asked: a run resumed
         # (--resume) into a new --scores path holds NaN before it, and an event that started there was scored a miss.
@@ -96,6 +112,19 @@ def _one_column(probs: np.ndarray, asked_as: list[int]) -> np.ndarray:
     return column
 
 
+def _unscored_in_window(finite: np.ndarray, start: int, start_time: float, fps: float,
+                        source_ended: bool | None) -> int | None:
+    """The first frame after frame ``start`` (an event's, scored) within the widest tolerance window that holds no
+    score where the video had one: NaN inside the trace, or past its end where the run stopped before its source's
+    end. None if every such frame is scored, or the trace ends with its source (the reference scores a video's
+    last seconds so) or does not say."""
+    last = last_frame_at_or_before(start_time + max(after for _, after in TOLERANCE_WINDOWS), fps)
+    unscored = np.flatnonzero(~finite[start:last + 1])
+    if len(unscored):
+        return start + int(unscored[0])
+    return len(finite) if source_ended is False and last >= len(finite) else None
+
+
 def _missing_scores_words(scored: np.ndarray, start: int, fps: float) -> str:
     """Where a trace column's scores are missing around frame ``start``: "its scores end at 30 s" or "no scores
     from 120 to 3720 s" (``scored``: the frames that have one, in order)."""
@@ -112,6 +141,17 @@ def unseen_words(matched: Matched) -> str:
             f"{first.start_time:g} s, {where}{more}), so no frame could alert on it; a run stopped early "
             "(--max-frames, a stop, a killed run's chunks), a query removed while the stream ran, or scores let go "
             "while the disk refused them leave such frames: score the whole video for them to count")
+
+
+def cut_short_words(matched: Matched) -> str:
+    """Why ``matched.cut_short`` are not scored, naming the first of them."""
+    first, where = matched.cut_short[0]
+    more = f"; {len(matched.cut_short) - 1} more" if len(matched.cut_short) > 1 else ""
+    after = max(after for _, after in TOLERANCE_WINDOWS)
+    return (f"their tolerance window runs past where their scores stop ({terminal_safe(first.video_uid)}: its event "
+            f"at {first.start_time:g} s, {where}{more}): an alert up to {after:g} s after an event's start counts, and "
+            "none could show after a run stopped (--max-frames, a stop, a killed run's chunks) or a query was "
+            "removed; score the whole video for them to count")
 
 
 def late_words(result: EvalResult) -> str | None:

@@ -75,6 +75,11 @@ def frame_at_or_after(time_s: float, fps: float) -> int:
     return max(0, math.ceil(time_s * fps - _TIME_EPS))
 
 
+def last_frame_at_or_before(time_s: float, fps: float) -> int:
+    """The last sampled frame whose time is at or before ``time_s`` (a tolerance window's last frame)."""
+    return math.floor(time_s * fps + _TIME_EPS)
+
+
 def tolerance_mask(length: int, start_time: float, fps: float, before_s: float, after_s: float) -> np.ndarray:
     """Frames whose time lies in [start - before, start + after], plus the ground-truth start frame."""
     times = np.arange(length) / fps

@@ -11,6 +11,8 @@ One ``.npz`` file per stream (a video, a camera session)::
     probs           float32 [T, Q] p = sigmoid(cos) per sampled frame and query; NaN before a query existed
     first_frame     int            (version 2) the stream frame of probs' first row; 0 for a whole stream
     model           str            (optional) the model that scored it: the sha256 of its bundle's fp32 step graph
+    source_ended    bool           (optional) True: the run stepped its source to the end (a file's last frame, a
+                                   camera lost for good); False: it stopped first (--max-frames, a stop, an error)
 
 A stream that runs for days is written as it goes, in chunks ``NAME.part-000001.npz``, ... (each a complete
 trace of its frames, written atomically), so the runtime holds at most one chunk in memory and a killed run
@@ -53,6 +55,9 @@ class StreamScores:
     probs: np.ndarray  # [T, Q]
     first_frame: int = 0
     model: str = ""  # the model that scored it (Bundle.model_identity); "" in traces written before
+    # Whether the run stepped the source to its end (False: it stopped first, so frames after the trace's last were
+    # never scored, not absent from the video); None where not recorded (a trace written before, a program's own).
+    source_ended: bool | None = None
 
     def __post_init__(self) -> None:
         q = len(self.query_texts)
@@ -64,11 +69,14 @@ class StreamScores:
 
 
 def _header_arrays(scores: StreamScores) -> dict[str, np.ndarray]:
-    return {"format_version": np.asarray(TRACE_FORMAT_VERSION), "stream": np.asarray(scores.stream),
-            "fps": np.asarray(float(scores.fps)), "query_texts": np.asarray(scores.query_texts, dtype=str),
-            "query_ids": np.asarray(scores.query_ids, dtype=str),
-            "asked_time": np.asarray(scores.asked_time, dtype=np.float64),
-            "first_frame": np.asarray(int(scores.first_frame)), "model": np.asarray(scores.model)}
+    arrays = {"format_version": np.asarray(TRACE_FORMAT_VERSION), "stream": np.asarray(scores.stream),
+              "fps": np.asarray(float(scores.fps)), "query_texts": np.asarray(scores.query_texts, dtype=str),
+              "query_ids": np.asarray(scores.query_ids, dtype=str),
+              "asked_time": np.asarray(scores.asked_time, dtype=np.float64),
+              "first_frame": np.asarray(int(scores.first_frame)), "model": np.asarray(scores.model)}
+    if scores.source_ended is not None:
+        arrays["source_ended"] = np.asarray(bool(scores.source_ended))
+    return arrays
 
 
 def _write_trace(path: Path, header: StreamScores, rows: int, blocks: Iterable[np.ndarray]) -> Path:
@@ -152,14 +160,16 @@ def load_scores(path: str | Path) -> StreamScores:
                                 [str(i) for i in data["query_ids"]], np.asarray(data["asked_time"], np.float64),
                                 np.asarray(data["probs"], np.float64),
                                 int(data["first_frame"]) if "first_frame" in data.files else 0,
-                                str(data["model"]) if "model" in data.files else "")
+                                str(data["model"]) if "model" in data.files else "",
+                                bool(data["source_ended"]) if "source_ended" in data.files else None)
     except NPZ_READ_ERRORS as exc:
         raise UserError(f"{path} is not a score trace written by `sdqes-edge run --scores` ({npz_problem(exc)})") \
             from None
 
 
 def read_chunks(chunks: list[Path]) -> StreamScores:
-    """A killed run's chunks as one trace (in memory: eval needs the whole stream anyway)."""
+    """A killed run's chunks as one trace (in memory: eval needs the whole stream anyway); it stopped before its
+    source's end, as far as anyone knows (``source_ended`` False)."""
     traces = [load_scores(c) for c in chunks]
     expected = 0
     for chunk, trace in zip(chunks, traces):
@@ -169,7 +179,8 @@ def read_chunks(chunks: list[Path]) -> StreamScores:
         expected += len(trace.probs)
     ids, texts, asked = _columns(traces)
     probs = np.concatenate([_aligned(t, ids) for t in traces]).astype(np.float64)
-    return StreamScores(traces[0].stream, traces[0].fps, texts, ids, np.asarray(asked), probs, 0, traces[0].model)
+    return StreamScores(traces[0].stream, traces[0].fps, texts, ids, np.asarray(asked), probs, 0, traces[0].model,
+                        source_ended=False)
 
 
 def load_score_dir(directory: str | Path) -> list[StreamScores]:

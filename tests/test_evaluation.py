@@ -112,6 +112,33 @@ def test_a_query_removed_while_the_stream_ran_or_a_stretch_without_scores_puts_i
     assert [a.label for a in matched.annotations] == ["run"] and evaluate(matched.traces, 0.5).queries == 1
 
 
+def test_an_event_whose_tolerance_window_runs_past_where_a_stopped_run_scored_is_put_aside(tmp_path):
+    """A run stopped at 30 s (--max-frames) saw 3.5 s of the 10 s after an event at 26.5 s in which an alert counts:
+    one at 31 s would have been recalled, so scored as a miss it lowered SR. A trace that ended with its video (the
+    reference scores a video's last seconds so) or does not say how it ended is scored; a query removed 2 s after its
+    event's start is put aside whatever its trace says; a stopped run that covered the window is scored."""
+    csv = write_annotations(tmp_path / "a.csv", [("stopped", "When I cook, remind me.", "cook", 26.5),
+                                                 ("ended", "When I cook, remind me.", "cook", 26.5),
+                                                 ("unsaid", "When I cook, remind me.", "cook", 26.5),
+                                                 ("removed", "When I read, remind me.", "read", 10.0),
+                                                 ("covered", "When I read, remind me.", "read", 10.0)])
+    streams = []
+    for video, text, ended, length in (("stopped", "When I cook, remind me.", False, 30),
+                                       ("ended", "When I cook, remind me.", True, 30),
+                                       ("unsaid", "When I cook, remind me.", None, 30),
+                                       ("removed", "When I read, remind me.", True, 60),
+                                       ("covered", "When I read, remind me.", False, 30)):
+        probs = step_trace(length, [])[:, None]
+        if video == "removed":
+            probs[12:] = np.nan
+        streams.append(StreamScores(video, 1.0, [text], ["q1"], np.zeros(1), probs, source_ended=ended))
+    matched = match_traces(load_annotations(str(csv), split="val"), streams)
+    assert [(a.video_uid, where) for a, where in matched.cut_short] == [("stopped", "its scores end at 30 s"),
+                                                                         ("removed", "its scores end at 12 s")]
+    assert [a.video_uid for a in matched.annotations] == ["ended", "unsaid", "covered"] and not matched.unseen
+    assert [count for count, _ in matched.put_aside_notes()] == [2]
+
+
 def test_a_query_removed_and_asked_again_is_scored_from_both_of_its_columns(tmp_path):
     """--watch-queries: the line removed at 30 s and put back at 40 s is a new query, a column of its own. Matched to
     the later column alone, its event at 10 s was put aside as asked after it, though the first column scored it."""
@@ -133,23 +160,30 @@ def test_a_query_removed_and_asked_again_is_scored_from_both_of_its_columns(tmp_
 
 def test_eval_says_which_annotations_a_cut_trace_could_not_score_and_refuses_when_none_is_left(tmp_path):
     csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 10.0),
-                                                 ("v1", "When I read, remind me.", "read", 45.0)])
+                                                 ("v1", "When I read, remind me.", "read", 45.0),
+                                                 ("v1", "When I run, remind me.", "run", 25.0)])
     (tmp_path / "traces").mkdir()
-    probs = np.stack([step_trace(30, [11]), step_trace(30, [])], axis=1)
+    probs = np.stack([step_trace(30, [11]), step_trace(30, []), step_trace(30, [])], axis=1)
     save_scores(tmp_path / "traces" / "v1.npz", StreamScores("v1", 1.0, ["When I cook, remind me.",
-                                                                         "When I read, remind me."], ["a", "b"],
-                                                             np.zeros(2), probs))
+                                                                         "When I read, remind me.",
+                                                                         "When I run, remind me."], ["a", "b", "c"],
+                                                             np.zeros(3), probs, source_ended=False))
     done = run_cli("eval", "--annotations", str(csv), "--scores", str(tmp_path / "traces"), "--plots", "0",
                    "--out", str(tmp_path / "out"))
     assert done.returncode == 0, done.stderr
-    assert ("note: 1 of 2 annotations are not scored: their score trace holds no score at their event's start (v1: "
+    assert ("note: 1 of 3 annotations are not scored: their score trace holds no score at their event's start (v1: "
             "its event at 45 s, its scores end at 30 s), so no frame could alert on it") in done.stdout
+    assert ("note: 1 of 3 annotations are not scored: their tolerance window runs past where their scores stop (v1: "
+            "its event at 25 s, its scores end at 30 s): an alert up to 10 s after an event's start counts") \
+        in done.stdout
     assert json.loads((tmp_path / "out" / "eval.json").read_text())["results"]["scores (traces)"]["queries"] == 1
-    late = write_annotations(tmp_path / "late.csv", [("v1", "When I read, remind me.", "read", 45.0)])
+    late = write_annotations(tmp_path / "late.csv", [("v1", "When I read, remind me.", "read", 45.0),
+                                                     ("v1", "When I run, remind me.", "run", 25.0)])
     done = run_cli("eval", "--annotations", str(late), "--scores", str(tmp_path / "traces"), "--out",
                    str(tmp_path / "out2"))
     assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    assert "none of the 1 annotations can be scored: the 1 with a trace in" in done.stderr
+    assert "none of the 2 annotations can be scored: the 2 with a trace in" in done.stderr
+    assert "so no frame could alert on it" in done.stderr and "; and their tolerance window runs past" in done.stderr
     assert "score the whole video for them to count" in done.stderr
 
 

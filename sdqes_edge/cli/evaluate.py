@@ -95,7 +95,7 @@ def _check_eval_args(args: argparse.Namespace):
 def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) -> Methods:
     """The score traces to evaluate: the runtime's (--scores) and each baseline's."""
     from sdqes_edge.annotations import oracle_traces, random_traces
-    from sdqes_edge.evaluation import match_traces, unseen_words
+    from sdqes_edge.evaluation import match_traces
 
     methods: Methods = {}
     if args.scores:
@@ -104,17 +104,18 @@ def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) ->
         traces = load_score_dir(args.scores)
         _check_one_model(traces, args.scores, target_bundle)
         matched = match_traces(annotations, traces)
-        if not matched.traces and matched.unseen:
-            raise UserError(f"none of the {len(annotations)} annotations can be scored: the {len(matched.unseen)} "
-                            f"with a trace in {args.scores} are put aside because {unseen_words(matched)}")
+        notes = matched.put_aside_notes()
+        if not matched.traces and notes:
+            raise UserError(f"none of the {len(annotations)} annotations can be scored: the "
+                            f"{sum(count for count, _ in notes)} with a trace in {args.scores} are put aside because "
+                            + "; and ".join(why for _, why in notes))
         if not matched.traces:
             raise _nothing_matched(args, annotations, traces)
         if matched.missing:
             print(f"note: {len(matched.missing)} of {len(annotations)} annotations have no score trace and are "
                   "not scored")
-        if matched.unseen:
-            print(f"note: {len(matched.unseen)} of {len(annotations)} annotations are not scored: "
-                  f"{unseen_words(matched)}")
+        for count, why in notes:
+            print(f"note: {count} of {len(annotations)} annotations are not scored: {why}")
         methods[f"scores ({Path(args.scores).name})"] = (matched.annotations, matched.traces)
     for baseline in args.baseline or []:
         if baseline == "oracle":

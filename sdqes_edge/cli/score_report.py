@@ -21,7 +21,6 @@ def report_scores(out: Path, tasks: list, annotations: list, thresholds: tuple[f
         late_words,
         match_traces,
         text_table,
-        unseen_words,
         write_reports,
     )
     from sdqes_edge.traces import load_scores
@@ -29,7 +28,8 @@ def report_scores(out: Path, tasks: list, annotations: list, thresholds: tuple[f
     traces = [load_scores(trace_path(out, t.stream)) for t in tasks if trace_path(out, t.stream).is_file()]
     matched = match_traces(annotations, traces)
     if not matched.traces:
-        say(f"none of the scored streams' annotations can be scored: {unseen_words(matched)}" if matched.unseen
+        notes = "; and ".join(why for _, why in matched.put_aside_notes())
+        say(f"none of the scored streams' annotations can be scored: {notes}" if notes
             else "no stream was scored, so there is nothing to evaluate")
         return 1
     scored = step.precision + ("" if step.ort_device == "cpu" else f" on {step.ort_device}")
@@ -40,8 +40,8 @@ def report_scores(out: Path, tasks: list, annotations: list, thresholds: tuple[f
     rows = {f"{Path(str(out)).name} ({scored}, {at})": evaluate_with(matched.traces, labels, threshold, per_label)}
     print(f"\n{len(matched.annotations)} of {len(annotations)} annotations scored"
           + (f" ({len(matched.missing)} without a trace)" if matched.missing else "") + "\n")
-    if matched.unseen:
-        print(f"note: {len(matched.unseen)} are not scored: {unseen_words(matched)}\n")
+    for count, why in matched.put_aside_notes():
+        print(f"note: {count} are not scored: {why}\n")
     print(text_table(rows))
     if late := late_words(next(iter(rows.values()))):
         print(f"note: {late}")
@@ -49,6 +49,7 @@ def report_scores(out: Path, tasks: list, annotations: list, thresholds: tuple[f
                                                    "precision": step.precision,
                                                    "ort_device": step.ort_device, "streams": len(traces),
                                                    "unscored_annotations": len(matched.missing),
-                                                   "annotations_unscored_at_their_start": len(matched.unseen)})
+                                                   "annotations_unscored_at_their_start": len(matched.unseen),
+                                                   "annotations_unscored_in_their_window": len(matched.cut_short)})
     show(f"\nwrote {len(traces)} traces under {out / 'traces'}, {json_path} and {md_path}")
     return 0
