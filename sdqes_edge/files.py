@@ -14,6 +14,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NoReturn
 
+from .stopping import stops_held
+
 # How a user's own text files (annotations, queries, model configs) are read: UTF-8 with or without the byte-order
 # mark that Excel's "CSV UTF-8" and Windows Notepad put first. Read as plain UTF-8 the mark became part of the
 # first column's name ("missing column split") or of the first query's text.
@@ -86,20 +88,21 @@ def make_folders(folder: str | os.PathLike) -> None:
 @contextlib.contextmanager
 def replaced_atomically(path: Path) -> Iterator[Path]:
     """A path beside ``path`` for the block to write; it replaces ``path`` only when the block ends without error
-    and is removed otherwise (Ctrl-C included). So ``path`` holds the new contents or what it held before, never
-    part of them: a snapshot being rewritten when a second Ctrl-C lands stays the one it was. Missing folders
-    above ``path`` are made, as ``check_output_file`` promises when it accepts a path in them. A symbolic link at
-    ``path`` is kept, and the file it leads to replaced (``through_links``)."""
+    and is removed otherwise. So ``path`` holds the new contents or what it held before, never part of them. A stop
+    signal that comes meanwhile (a second Ctrl-C, SIGTERM) is held until the file is in place (``stops_held``).
+    Missing folders above ``path`` are made, as ``check_output_file`` promises when it accepts a path in them. A
+    symbolic link at ``path`` is kept, and the file it leads to replaced (``through_links``)."""
     path = Path(path)
     target = through_links(path)
     target.parent.mkdir(parents=True, exist_ok=True)  # its links followed already
     partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
     try:
-        _claim(partial)
-        yield partial
-        flush_to_disk(partial)
-        os.replace(partial, target)
-        flush_to_disk(target.parent)
+        with stops_held():  # a stop that comes meanwhile lands after the file is whole (zipfile masks it otherwise)
+            _claim(partial)
+            yield partial
+            flush_to_disk(partial)
+            os.replace(partial, target)
+            flush_to_disk(target.parent)
     except OSError as exc:
         raise_naming(exc, path, partial)
     finally:

@@ -128,6 +128,29 @@ def handlers_kept():
                 signal.signal(signum, handler)
 
 
+@contextlib.contextmanager
+def stops_held():
+    """Within the block, a stop signal (SIGINT, SIGTERM, SIGHUP) is held, then given to the handler that was there
+    as the block ends (main thread only; elsewhere Python delivers no signal). For a file written whole: zipfile cut
+    by an exception inside a handle's close raises ValueError in the archive's own cleanup instead, so a SIGTERM
+    that landed there became a trace "that could not be written", and `score` went on scoring the next video."""
+    if not _in_main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    held = [signum for signum, handler in previous.items() if handler is not None]  # None: not Python's to put back
+    for signum in held:
+        signal.signal(signum, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        for signum in held:
+            signal.signal(signum, previous[signum])
+        for signum in dict.fromkeys(received):  # each once, in the order they came
+            signal.raise_signal(signum)
+
+
 class FinishFrameThenStop:
     """Within the block, SIGINT/SIGTERM/SIGHUP set ``requested``; the loop checks it between frames.
 
