@@ -91,13 +91,18 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
         if missing is not None:
             matched.cut_short.append((a, _missing_scores_words(scored, missing, s.fps)))
             continue
+        # A stopped run's trace stands for the whole video, the frames after it unscored: a query it never alerted on
+        # counts the video's length in SMD, the reference's sequence length, not the shorter run's.
+        if s.source_ended is False:
+            finite = np.concatenate([finite, np.zeros(max(0, a.stream_frames(s.fps) - len(column)), bool)])
+            column = np.concatenate([column, np.full(len(finite) - len(column), np.nan)])
         probs = np.nan_to_num(column, nan=0.0)
         # Scored from its first scored frame, where the trace begins later than the query was asked: a run resumed
         # (--resume) into a new --scores path holds NaN before it, and an event that started there was scored a miss.
         asked = max(a.asked_time, min(float(s.asked_time[q]) for q in asked_as), first_scored / s.fps)
         matched.annotations.append(a)
         matched.traces.append(ScoreTrace(probs, a.start_time, s.fps, asked, query_id=str(a.row),
-                                         scored=None if len(scored) == len(column) else finite))
+                                         scored=None if finite.all() else finite))
     matched.unused_queries = len(columns) - len(used)
     return matched
 

@@ -139,6 +139,21 @@ def test_an_event_whose_tolerance_window_runs_past_where_a_stopped_run_scored_is
     assert [count for count, _ in matched.put_aside_notes()] == [2]
 
 
+def test_a_query_a_stopped_run_never_alerted_on_counts_the_whole_videos_length_in_smd(tmp_path):
+    """The reference counts a query without a prediction as the whole sequence, the video. A run stopped at 30 s of
+    a 60-s video counted 30, so a model that never alerted looked twice as close. A trace that ended with its video
+    keeps its own length, as the reference's does."""
+    csv = write_annotations(tmp_path / "a.csv", [("stopped", "When I cook, remind me.", "cook", 10.0),
+                                                 ("ended", "When I cook, remind me.", "cook", 10.0)], seconds=60.0)
+    streams = [StreamScores(video, 1.0, ["When I cook, remind me."], ["q1"], np.zeros(1), step_trace(30, [])[:, None],
+                            source_ended=ended) for video, ended in (("stopped", False), ("ended", True))]
+    matched = match_traces(load_annotations(str(csv), split="val"), streams)
+    stopped, ended = matched.traces
+    assert stopped.length == 60 and stopped.scored.tolist() == [True] * 30 + [False] * 30
+    assert ended.length == 30 and ended.scored is None
+    assert [evaluate([trace], 0.5).min_distance[1] for trace in matched.traces] == [60.0, 30.0]
+
+
 def test_a_query_removed_and_asked_again_is_scored_from_both_of_its_columns(tmp_path):
     """--watch-queries: the line removed at 30 s and put back at 40 s is a new query, a column of its own. Matched to
     the later column alone, its event at 10 s was put aside as asked after it, though the first column scored it."""
