@@ -76,7 +76,7 @@ class StepFrames:
         self.readers: list[FrameReader | None] = [
             s.threaded(prepare=prepare, arrivals=self.arrivals if s.live else None) for s in sources]
         self.readers += [None] * (streams - len(sources))
-        self._sources = len(sources)
+        self._sources = list(sources)
         self.late = LateSources()
         self.patience_s, self.stop_requested = patience_s, stop_requested
 
@@ -91,8 +91,10 @@ class StepFrames:
     @property
     def sources_ended(self) -> list[bool]:
         """Per stream, whether its source has ended (its reader gone: a file's last frame taken, a camera lost for
-        good); False for one stopped first, and for the streams no source feeds."""
-        return [k < self._sources and reader is None for k, reader in enumerate(self.readers)]
+        good); False for one stopped first, for a file cut short (its end is not the video's), and for the streams
+        no source feeds."""
+        return [k < len(self._sources) and reader is None and not self._sources[k].stats.truncated
+                for k, reader in enumerate(self.readers)]
 
     def close(self) -> None:
         """Stop every reader, then wait for them all for READER_STOP_TIMEOUT_S at most (not that long each: a

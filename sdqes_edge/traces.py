@@ -13,6 +13,7 @@ One ``.npz`` file per stream (a video, a camera session)::
     model           str            (optional) the model that scored it: the sha256 of its bundle's fp32 step graph
     source_ended    bool           (optional) True: the run stepped its source to the end (a file's last frame, a
                                    camera lost for good); False: it stopped first (--max-frames, a stop, an error)
+                                   or the file was cut short (a copy stopped part-way: its end is not the video's)
 
 A stream that runs for days is written as it goes, in chunks ``NAME.part-000001.npz``, ... (each a complete
 trace of its frames, written atomically), so the runtime holds at most one chunk in memory and a killed run

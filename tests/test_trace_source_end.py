@@ -35,6 +35,22 @@ def test_a_trace_run_to_its_videos_end_says_so_and_one_stopped_by_max_frames_say
     assert len(cut.probs) == 5 and cut.source_ended is False
 
 
+def test_a_file_cut_short_says_its_trace_stopped_first_for_its_end_is_not_the_videos(tmp_path):
+    """A copy stopped part-way decodes to a frame well short of the frames its container lists: its last seconds are
+    not the video's, and an event there had been scored as if the video had ended."""
+    whole = write_video(tmp_path / "whole.avi", sample_frames(140, 48, 64), fps=10.0)
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(whole.read_bytes()[: int(whole.stat().st_size * 0.3)])
+    detector = StreamingDetector(DEMO_BUNDLE)
+    detector.add_query("when the lamp turns on")
+    detector.add_sink(ScoreTraceRecorder(tmp_path / "cut.npz", "cut", detector.fps))
+    source = open_source(str(cut), detector.fps)
+    source.log = lambda message: None
+    list(detector.run(source))
+    trace = load_scores(tmp_path / "cut.npz")
+    assert source.stats.truncated and 0 < len(trace.probs) < 14 and trace.source_ended is False
+
+
 def test_a_killed_runs_chunks_read_as_stopped_first_and_a_trace_that_does_not_say_as_unknown(tmp_path):
     recorder = ScoreTraceRecorder(tmp_path / "killed" / "cam.npz", "cam", fps=1.0)
     recorder.CHUNK_ROWS = 4
