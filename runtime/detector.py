@@ -363,6 +363,7 @@ class StreamingDetector:
                 stats.events += len(flat)
                 yield flat
                 if max_frames is not None and stats.frames >= max_frames:
+                    gathering.look_for_ends()
                     break
             stats.streamed = True
         finally:

@@ -96,6 +96,16 @@ class StepFrames:
         return [k < len(self._sources) and reader is None and not self._sources[k].stats.truncated
                 for k, reader in enumerate(self.readers)]
 
+    def look_for_ends(self) -> None:
+        """After a run's last step (``max_frames``): each file's next sample taken, to know whether that step took its
+        last (a --max-frames of exactly its samples stepped it to its end). A live source is not waited for."""
+        for k, reader in enumerate(self.readers):
+            if reader is not None and not reader.source.live:
+                try:
+                    _taken(self.readers, k, timeout=None)
+                except Exception:  # noqa: BLE001  (a frame past the run's last: its failure is no failure of the run)
+                    pass
+
     def close(self) -> None:
         """Stop every reader, then wait for them all for READER_STOP_TIMEOUT_S at most (not that long each: a
         stop with three stalled cameras must still end within docker's 10 s)."""

@@ -33,6 +33,8 @@ def test_a_trace_run_to_its_videos_end_says_so_and_one_stopped_by_max_frames_say
     assert len(whole.probs) == 8 and whole.source_ended is True
     cut = scored(clip, tmp_path / "cut.npz", max_frames=5)
     assert len(cut.probs) == 5 and cut.source_ended is False
+    exactly = scored(clip, tmp_path / "exactly.npz", max_frames=8)  # its last step took the file's last sample
+    assert len(exactly.probs) == 8 and exactly.source_ended is True
 
 
 def test_a_file_cut_short_says_its_trace_stopped_first_for_its_end_is_not_the_videos(tmp_path):
