@@ -34,6 +34,10 @@ from .traces import StreamScores, query_key
 
 # A label needs this many calibration queries for a threshold of its own; fewer fall back to the global one.
 MIN_QUERIES_PER_LABEL = 5
+# How far a trace that ran its video to the end may be from the length its annotations give before it is taken for
+# another cut of that video: a sample period, 2 s of a container's rounding, or 2% (a re-encode's trimmed frames).
+LENGTH_SLACK_S = 2.0
+LENGTH_SLACK_FRACTION = 0.02
 
 
 @dataclass
@@ -105,6 +109,30 @@ def match_traces(annotations: list[Annotation], streams: list[StreamScores]) -> 
                                          scored=None if finite.all() else finite))
     matched.unused_queries = len(columns) - len(used)
     return matched
+
+
+def length_mismatches(annotations: list[Annotation], streams: list[StreamScores]) -> list[tuple[str, float, float]]:
+    """(stream, its trace's seconds, its video's per the annotations: video_length / video_fps) for each trace that ran
+    its source to the end (``source_ended``) at a length far from its video's: a clip named by the video's uid, or
+    another cut of it. EgoSDQES times every event from the whole video's start, so each of its times is wrong."""
+    video_seconds = {a.video_uid: a.video_seconds for a in annotations if a.video_seconds > 0}
+    found = []
+    for s in streams:
+        video, traced = video_seconds.get(s.stream), len(s.probs) / s.fps
+        if s.source_ended and video and abs(traced - video) > max(LENGTH_SLACK_S, 1.0 / s.fps,
+                                                                   LENGTH_SLACK_FRACTION * video):
+            found.append((s.stream, traced, video))
+    return found
+
+
+def length_mismatch_words(found: list[tuple[str, float, float]]) -> str:
+    """The warning on ``length_mismatches``, naming the first."""
+    stream, traced, video = found[0]
+    more = f"; {len(found) - 1} more" if len(found) > 1 else ""
+    return (f"{len(found)} score trace(s) ran their video to its end at a length far from the one their annotations "
+            f"give ({terminal_safe(stream)}: {traced:g} s, its annotations {video:g} s{more}): a clip or another cut "
+            "of the video under its video_uid times every event wrong, since EgoSDQES counts them from the whole "
+            "video's start; score the whole video")
 
 
 def _one_column(probs: np.ndarray, asked_as: list[int]) -> np.ndarray:

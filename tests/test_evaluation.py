@@ -5,34 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from eval_fixtures import step_trace, write_annotations
 
 from sdqes_edge.annotations import load_annotations
 from sdqes_edge.errors import UserError
 from sdqes_edge.evaluation import calibrate_thresholds, evaluate_with, match_traces
 from sdqes_edge.metrics import ScoreTrace, evaluate
 from sdqes_edge.traces import StreamScores, load_score_dir, load_scores, save_scores
-
-COLUMNS = "split,source,video_uid,clip_uid,annotator_uid,ann_idx,query,response,label,video_start_time," \
-          "video_end_time,video_fps,video_length"
-
-
-def write_annotations(path: Path, rows: list[tuple[str, str, str, float]], seconds: float = 60.0) -> Path:
-    """rows: (video_uid, query, label, start_time); every video is `seconds` long at 30 fps."""
-    lines = [COLUMNS] + [f'val,moments,{v},c,a,0,"{q}",Alert.,{label},{start},{start + 5},30.0,{int(seconds * 30)}'
-                         for v, q, label, start in rows]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def step_trace(length: int, rises_at: list[int], high: float = 0.9, low: float = 0.1) -> np.ndarray:
-    probs = np.full(length, low)
-    for t in rises_at:
-        probs[t : t + 2] = high
-    return probs
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -95,7 +95,7 @@ def _check_eval_args(args: argparse.Namespace):
 def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) -> Methods:
     """The score traces to evaluate: the runtime's (--scores) and each baseline's."""
     from sdqes_edge.annotations import oracle_traces, random_traces
-    from sdqes_edge.evaluation import match_traces
+    from sdqes_edge.evaluation import length_mismatch_words, length_mismatches, match_traces
 
     methods: Methods = {}
     if args.scores:
@@ -104,6 +104,8 @@ def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) ->
         traces = load_score_dir(args.scores)
         _check_one_model(traces, args.scores, target_bundle)
         matched = match_traces(annotations, traces)
+        if mismatched := length_mismatches(annotations, traces):
+            warn(length_mismatch_words(mismatched))
         notes = matched.put_aside_notes()
         if not matched.traces and notes:
             raise UserError(f"none of the {len(annotations)} annotations can be scored: the "

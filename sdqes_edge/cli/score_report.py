@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sdqes_edge.cli.common import say, show
+from sdqes_edge.cli.common import say, show, warn
 
 if TYPE_CHECKING:  # the corpus module is loaded where the command runs, so that --help stays light
     from sdqes_edge.corpus import StepChoice
@@ -19,6 +19,8 @@ def report_scores(out: Path, tasks: list, annotations: list, thresholds: tuple[f
     from sdqes_edge.evaluation import (
         evaluate_with,
         late_words,
+        length_mismatch_words,
+        length_mismatches,
         match_traces,
         text_table,
         write_reports,
@@ -27,6 +29,8 @@ def report_scores(out: Path, tasks: list, annotations: list, thresholds: tuple[f
 
     traces = [load_scores(trace_path(out, t.stream)) for t in tasks if trace_path(out, t.stream).is_file()]
     matched = match_traces(annotations, traces)
+    if mismatched := length_mismatches(annotations, traces):
+        warn(length_mismatch_words(mismatched))
     if not matched.traces:
         notes = "; and ".join(why for _, why in matched.put_aside_notes())
         say(f"none of the scored streams' annotations can be scored: {notes}" if notes
