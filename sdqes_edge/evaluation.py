@@ -56,6 +56,13 @@ class Matched:
     # counted; scored as misses, they lowered SR. Put aside too (``cut_short_words``).
     cut_short: list[tuple[Annotation, str]] = field(default_factory=list)
 
+    def set_aside_rows(self) -> dict[str, list[int]]:
+        """The annotations not scored, by their row in the annotation file (as ``EvalResult.not_scorable`` names
+        them) and why: for a report that says which rows its numbers leave out."""
+        return {"without_trace": [a.row for a in self.missing],
+                "no_score_at_their_start": [a.row for a, _ in self.unseen],
+                "unscored_in_their_window": [a.row for a, _ in self.cut_short]}
+
     def put_aside_notes(self) -> list[tuple[int, str]]:
         """(how many, why) for each reason annotations with a trace were put aside, not scored."""
         return [(len(found), words(self)) for found, words in ((self.unseen, unseen_words),

@@ -173,7 +173,10 @@ def test_eval_says_which_annotations_a_cut_trace_could_not_score_and_refuses_whe
     assert ("note: 1 of 3 annotations are not scored: their tolerance window runs past where their scores stop (v1: "
             "its event at 25 s, its scores end at 30 s): an alert up to 10 s after an event's start counts") \
         in done.stdout
-    assert json.loads((tmp_path / "out" / "eval.json").read_text())["results"]["scores (traces)"]["queries"] == 1
+    report = json.loads((tmp_path / "out" / "eval.json").read_text())
+    assert report["results"]["scores (traces)"]["queries"] == 1
+    assert report["annotations_not_scored"] == {"without_trace": [], "no_score_at_their_start": [1],
+                                                "unscored_in_their_window": [2]}  # by row, as not_scorable names them
     late = write_annotations(tmp_path / "late.csv", [("v1", "When I read, remind me.", "read", 45.0),
                                                      ("v1", "When I run, remind me.", "run", 25.0)])
     done = run_cli("eval", "--annotations", str(late), "--scores", str(tmp_path / "traces"), "--out",

@@ -39,7 +39,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     args.out = folder_for_new_results(args.out, REPORT_FILE)  # its plots of other queries were left among the new
     started = time.perf_counter()
     annotations = require_annotations(args.annotations, split=args.split, source=args.source)
-    methods = _methods(args, annotations, target_bundle)
+    methods, set_aside = _methods(args, annotations, target_bundle)
     threshold = args.threshold if args.threshold is not None else DEFAULT_THRESHOLD
     rows, calibrations = _score(methods, threshold, args.calibrate, args.per_label)
     rate = "traces at their own fps" if args.scores and not args.baseline else f"{args.fps:g} fps"
@@ -51,7 +51,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policies = _choose_policies(methods, calibrations, threshold) if args.calibrate_policy else {}
     out = Path(args.out)
     extra = {"annotations": args.annotations, "split": args.split, "fps": args.fps,
-             "calibration": {n: c.to_dict() for n, c in calibrations.items()}, "alert_policy": policies}
+             "calibration": {n: c.to_dict() for n, c in calibrations.items()}, "alert_policy": policies,
+             "annotations_not_scored": set_aside}
     json_path, md_path = write_reports(out, rows, extra)
     plots = _plot(out, methods, calibrations, threshold, args.plots) if args.plots else []
     show(f"\nwrote {json_path}, {md_path}" + (f" and {len(plots)} plots under {out / 'plots'}" if plots else "")
@@ -92,12 +93,14 @@ def _check_eval_args(args: argparse.Namespace):
     return target_bundle
 
 
-def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) -> Methods:
-    """The score traces to evaluate: the runtime's (--scores) and each baseline's."""
+def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) -> tuple[Methods, dict]:
+    """The score traces to evaluate: the runtime's (--scores) and each baseline's; and the annotations the runtime's
+    leave out, by row and why (``Matched.set_aside_rows``; empty without --scores)."""
     from sdqes_edge.annotations import oracle_traces, random_traces
     from sdqes_edge.evaluation import length_mismatch_words, length_mismatches, match_traces
 
     methods: Methods = {}
+    set_aside: dict = {}
     if args.scores:
         from sdqes_edge.traces import load_score_dir
 
@@ -119,6 +122,7 @@ def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) ->
         for count, why in notes:
             print(f"note: {count} of {len(annotations)} annotations are not scored: {why}")
         methods[f"scores ({Path(args.scores).name})"] = (matched.annotations, matched.traces)
+        set_aside = matched.set_aside_rows()
     for baseline in args.baseline or []:
         if baseline == "oracle":
             methods[baseline] = (annotations, oracle_traces(annotations, args.fps))
@@ -126,7 +130,7 @@ def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) ->
             methods[f"random (seed {args.seed})"] = (annotations, random_traces(annotations, args.fps, seed=args.seed))
     if not methods:
         raise UserError("give --scores DIR (traces from `sdqes-edge run`) or --baseline oracle/random")
-    return methods
+    return methods, set_aside
 
 
 def _nothing_matched(args: argparse.Namespace, selected: list, traces: list) -> UserError:
