@@ -147,7 +147,7 @@ def stops_held():
     finally:
         for signum in held:
             signal.signal(signum, previous[signum])
-        for signum in dict.fromkeys(received):  # each once, in the order they came
+        for signum in received:  # each as it came: a second Ctrl-C meanwhile still stops at once after the file
             signal.raise_signal(signum)
 
 

@@ -10,7 +10,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from sdqes_edge.stopping import Stopped, raise_on_termination, stops_held
+from sdqes_edge.stopping import FinishFrameThenStop, Stopped, raise_on_termination, stops_held
 from sdqes_edge.traces import StreamScores, load_scores, save_scores
 
 
@@ -47,7 +47,18 @@ def test_a_sigterm_while_a_trace_is_written_stops_after_the_trace_is_whole(termi
     assert [p.name for p in tmp_path.iterdir()] == ["cam.npz"]  # no partial file left beside it
 
 
-def test_signals_held_are_given_to_the_handlers_before_each_once_in_order_and_the_handlers_put_back():
+def test_a_second_ctrl_c_while_a_file_is_written_whole_stops_at_once_after_it():
+    """A stream's loop asks to finish the frame in hand at the first signal and stops at once at the second; two
+    that land while a file is written still do both, after it."""
+    with FinishFrameThenStop() as stop, pytest.raises(Stopped):
+        with stops_held():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            assert not stop.requested
+    assert stop.requested
+
+
+def test_signals_held_are_given_to_the_handlers_before_in_the_order_they_came_and_the_handlers_put_back():
     seen = []
     before = {signum: signal.signal(signum, lambda signum, _frame: seen.append(signum))
               for signum in (signal.SIGTERM, signal.SIGHUP)}
@@ -57,7 +68,7 @@ def test_signals_held_are_given_to_the_handlers_before_each_once_in_order_and_th
             for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGHUP):
                 signal.raise_signal(signum)
             assert seen == []
-        assert seen == [signal.SIGHUP, signal.SIGTERM]
+        assert seen == [signal.SIGHUP, signal.SIGTERM, signal.SIGHUP]
         assert {signum: signal.getsignal(signum) for signum in handlers} == handlers
     finally:
         for signum, handler in before.items():
