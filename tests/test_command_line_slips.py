@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from eval_fixtures import step_trace, write_annotations
 
 from sdqes_edge.cli import run
+from sdqes_edge.traces import StreamScores, save_scores
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -175,3 +178,20 @@ def test_check_refuses_streams_whose_window_form_cannot_fit_in_memory_before_any
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1, (out, err)
     assert "GiB is free); ask for less: fewer streams (--batch), fewer frames, or a smaller model" in err
+
+
+def test_an_eval_option_of_the_baselines_given_without_them_is_said_not_taken_without_a_word(tmp_path, capsys):
+    """--fps is the baselines' sampling rate and --seed the random one's: given with score traces alone, each did
+    nothing, and a user who meant the traces' rate was not told that eval reads each trace at its own."""
+    csv = write_annotations(tmp_path / "a.csv", [("v1", "When I cook, remind me.", "cook", 10.0)])
+    save_scores(tmp_path / "traces" / "v1.npz", StreamScores("v1", 1.0, ["When I cook, remind me."], ["q1"],
+                                                             np.zeros(1), step_trace(60, [11])[:, None]))
+    argv = ["eval", "--annotations", str(csv), "--scores", str(tmp_path / "traces"), "--plots", "0"]
+    assert run(argv + ["--fps", "2", "--seed", "3", "--out", str(tmp_path / "out")]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sdqes-edge: warning:")]
+    assert warnings == ["sdqes-edge: warning: --fps 2 is the baselines' sampling rate, and score traces keep the rate "
+                        "they were recorded at: it does nothing without --baseline oracle/random; leave it out",
+                        "sdqes-edge: warning: --seed 3 seeds the random baseline: it does nothing without --baseline "
+                        "random; leave it out"]
+    assert run(argv + ["--baseline", "random", "--fps", "2", "--seed", "3", "--out", str(tmp_path / "out2")]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -28,6 +28,7 @@ from sdqes_edge.metrics import THRESHOLD_CANDIDATES
 
 # Method name -> (annotations, score traces), in the same order (typing's Dict: Python 3.8 evaluates no dict[...]).
 Methods = Dict[str, Tuple[List, List]]
+DEFAULT_SEED = 0  # the random baseline's
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -70,6 +71,14 @@ def _check_eval_args(args: argparse.Namespace):
     if args.plots and not plotting_available():
         print(f"note: no plots: {PLOTS_NEED}; eval.json and eval.md are written as usual", file=sys.stderr)
         args.plots = 0
+    # Options of the baselines alone, given without them: said, not taken without a word as a trace's rate or seed.
+    if args.fps is not None and not args.baseline:
+        warn(f"--fps {args.fps:g} is the baselines' sampling rate, and score traces keep the rate they were recorded "
+             "at: it does nothing without --baseline oracle/random; leave it out")
+    if args.seed is not None and "random" not in (args.baseline or []):
+        warn(f"--seed {args.seed} seeds the random baseline: it does nothing without --baseline random; leave it out")
+    args.fps = DEFAULT_FPS if args.fps is None else args.fps
+    args.seed = DEFAULT_SEED if args.seed is None else args.seed
     if not 0.0 < args.fps < math.inf:  # NaN too
         raise UserError(f"--fps must be a positive number, not {args.fps}")
     if args.threshold is not None and not 0.0 < args.threshold < 1.0:
@@ -294,8 +303,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--scores", type=path_text, help="folder of *.npz score traces written by the runtime")
     ev.add_argument("--baseline", nargs="+", action=UniqueValues, choices=["oracle", "random"],
                     help="baselines that need no video: oracle (must give 100 / 0) and seeded random scores")
-    ev.add_argument("--fps", type=frames_per_second, default=DEFAULT_FPS,
-                    help="sampling rate of the baselines (default %(default)s)")
+    ev.add_argument("--fps", type=frames_per_second,
+                    help=f"sampling rate of the baselines (default {DEFAULT_FPS}); score traces keep their own")
     ev.add_argument("--threshold", type=finite_number, help=f"alert threshold (default {DEFAULT_THRESHOLD})")
     ev.add_argument("--calibrate", action="store_true",
                     help=f"also pick the threshold with the best SR@1 [-5,+10] among {THRESHOLD_CANDIDATES} evenly "
@@ -309,7 +318,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          "alerts (the first in an event's window) at the (calibrated or given) threshold")
     ev.add_argument("--write-threshold", type=path_text, metavar="BUNDLE",
                     help="write the calibrated threshold and/or policy into BUNDLE (the runtime's defaults)")
-    ev.add_argument("--seed", type=seed_number, default=0, help="seed of the random baseline (default %(default)s)")
+    ev.add_argument("--seed", type=seed_number, help=f"seed of the random baseline (default {DEFAULT_SEED})")
     ev.add_argument("--plots", type=at_least(0), default=3, metavar="N",
                     help="plot the N best and N worst queries (default %(default)s)")
     ev.add_argument("--out", type=path_text,
