@@ -38,6 +38,8 @@ MIN_QUERIES_PER_LABEL = 5
 # another cut of that video: a sample period, 2 s of a container's rounding, or 2% (a re-encode's trimmed frames).
 LENGTH_SLACK_S = 2.0
 LENGTH_SLACK_FRACTION = 0.02
+# The latest an alert counts after an event's start: the end of the widest tolerance window.
+LATEST_ALERT_AFTER_S = max(after for _, after in TOLERANCE_WINDOWS)
 
 
 @dataclass
@@ -56,7 +58,7 @@ class Matched:
     # counted; scored as misses, they lowered SR. Put aside too (``cut_short_words``).
     cut_short: list[tuple[Annotation, str]] = field(default_factory=list)
 
-    def set_aside_rows(self) -> dict[str, list[int]]:
+    def put_aside_rows(self) -> dict[str, list[int]]:
         """The annotations not scored, by their row in the annotation file (as ``EvalResult.not_scorable`` names
         them) and why: for a report that says which rows its numbers leave out."""
         return {"without_trace": [a.row for a in self.missing],
@@ -158,7 +160,7 @@ def _unscored_in_window(finite: np.ndarray, start: int, start_time: float, fps: 
     score where the video had one: NaN inside the trace, or past its end where the run stopped before its source's
     end. None if every such frame is scored, or the trace ends with its source (the reference scores a video's
     last seconds so) or does not say."""
-    last = last_frame_at_or_before(start_time + max(after for _, after in TOLERANCE_WINDOWS), fps)
+    last = last_frame_at_or_before(start_time + LATEST_ALERT_AFTER_S, fps)
     unscored = np.flatnonzero(~finite[start:last + 1])
     if len(unscored):
         return start + int(unscored[0])
@@ -187,11 +189,10 @@ def cut_short_words(matched: Matched) -> str:
     """Why ``matched.cut_short`` are not scored, naming the first of them."""
     first, where = matched.cut_short[0]
     more = f"; {len(matched.cut_short) - 1} more" if len(matched.cut_short) > 1 else ""
-    after = max(after for _, after in TOLERANCE_WINDOWS)
     return (f"their tolerance window runs past where their scores stop ({terminal_safe(first.video_uid)}: its event "
-            f"at {first.start_time:g} s, {where}{more}): an alert up to {after:g} s after an event's start counts, and "
-            "none could show after a run stopped (--max-frames, a stop, a killed run's chunks) or a query was "
-            "removed; score the whole video for them to count")
+            f"at {first.start_time:g} s, {where}{more}): an alert up to {LATEST_ALERT_AFTER_S:g} s after an event's "
+            "start counts, and none could show after a run stopped (--max-frames, a stop, a killed run's chunks) or a "
+            "query was removed; score the whole video for them to count")
 
 
 def late_words(result: EvalResult) -> str | None:

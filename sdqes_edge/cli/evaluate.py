@@ -104,7 +104,7 @@ def _check_eval_args(args: argparse.Namespace):
 
 def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) -> tuple[Methods, dict]:
     """The score traces to evaluate: the runtime's (--scores) and each baseline's; and the annotations the runtime's
-    leave out, by row and why (``Matched.set_aside_rows``; empty without --scores)."""
+    leave out, by row and why (``Matched.put_aside_rows``; empty without --scores)."""
     from sdqes_edge.annotations import oracle_traces, random_traces
     from sdqes_edge.evaluation import length_mismatch_words, length_mismatches, match_traces
 
@@ -131,7 +131,7 @@ def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) ->
         for count, why in notes:
             print(f"note: {count} of {len(annotations)} annotations are not scored: {why}")
         methods[f"scores ({Path(args.scores).name})"] = (matched.annotations, matched.traces)
-        set_aside = matched.set_aside_rows()
+        set_aside = matched.put_aside_rows()
     for baseline in args.baseline or []:
         if baseline == "oracle":
             methods[baseline] = (annotations, oracle_traces(annotations, args.fps))
