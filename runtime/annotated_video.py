@@ -24,6 +24,7 @@ from sdqes_edge.files import UTC_STAMP_FORMAT, format_bytes, free_name, make_fol
 from sdqes_edge.metrics import above_threshold
 from sdqes_edge.path_checks import ANNOTATED_VIDEO_EXAMPLE, check_output_file, output_path_refused
 
+from .disk_space import LowDiskWatch
 from .live_source import open_video_file
 from .ordered_calls import OrderedCalls
 from .output_locks import ANNOTATED_VIDEO, hold, release
@@ -197,6 +198,9 @@ class AnnotatedVideoSink(Sink):
         self._read_back = 0  # the frames the last video finished reads back
         self._started = False  # a video was begun: later segments are the machine's to refuse (_next_segment)
         self._banner: tuple[str, float] | None = None
+        self._disk = LowDiskWatch(self.path, "the annotated video", "OpenCV's writer says nothing of a full disk, so "
+                                  "the video would be cut off without a word until it closes: free some space, or "
+                                  "write it to another disk", lambda message: self.log(message))
         self._lock = hold(self.path, "AnnotatedVideoSink", ANNOTATED_VIDEO)  # another process's: refused
 
     def _canvas(self, frame_bgr: np.ndarray) -> np.ndarray:
@@ -249,6 +253,7 @@ class AnnotatedVideoSink(Sink):
             cv2.putText(image, self._banner[0][:80], (8, 19), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (255, 255, 255), 1)
         self._writer.write(image)
         self._written += 1
+        self._disk.check()
 
     def _remove_expired(self) -> None:
         """Remove the segments begun over ``keep_seconds`` ago: an earlier run's told by the time in their names, this
