@@ -175,24 +175,27 @@ def _missing_scores_words(scored: np.ndarray, start: int, fps: float) -> str:
     return f"no scores from {end:g} to {int(after[0]) / fps:g} s" if len(after) else f"its scores end at {end:g} s"
 
 
+def _first_put_aside(found: list[tuple[Annotation, str]]) -> str:
+    """The first of ``found`` (annotation, where its scores are missing) and how many more, as the notes name them."""
+    first, where = found[0]
+    more = f"; {len(found) - 1} more" if len(found) > 1 else ""
+    return f"{terminal_safe(first.video_uid)}: its event at {first.start_time:g} s, {where}{more}"
+
+
 def unseen_words(matched: Matched) -> str:
     """Why ``matched.unseen`` are not scored, naming the first of them."""
-    first, where = matched.unseen[0]
-    more = f"; {len(matched.unseen) - 1} more" if len(matched.unseen) > 1 else ""
-    return (f"their score trace holds no score at their event's start ({terminal_safe(first.video_uid)}: its event at "
-            f"{first.start_time:g} s, {where}{more}), so no frame could alert on it; a run stopped early "
-            "(--max-frames, a stop, a killed run's chunks), a query removed while the stream ran, or scores let go "
-            "while the disk refused them leave such frames: score the whole video for them to count")
+    return (f"their score trace holds no score at their event's start ({_first_put_aside(matched.unseen)}), so no "
+            "frame could alert on it; a run stopped early (--max-frames, a stop, a killed run's chunks), a query "
+            "removed while the stream ran, or scores let go while the disk refused them leave such frames: score the "
+            "whole video for them to count")
 
 
 def cut_short_words(matched: Matched) -> str:
     """Why ``matched.cut_short`` are not scored, naming the first of them."""
-    first, where = matched.cut_short[0]
-    more = f"; {len(matched.cut_short) - 1} more" if len(matched.cut_short) > 1 else ""
-    return (f"their tolerance window runs past where their scores stop ({terminal_safe(first.video_uid)}: its event "
-            f"at {first.start_time:g} s, {where}{more}): an alert up to {LATEST_ALERT_AFTER_S:g} s after an event's "
-            "start counts, and none could show after a run stopped (--max-frames, a stop, a killed run's chunks) or a "
-            "query was removed; score the whole video for them to count")
+    return (f"their tolerance window runs past where their scores stop ({_first_put_aside(matched.cut_short)}): an "
+            f"alert up to {LATEST_ALERT_AFTER_S:g} s after an event's start counts, and none could show after a run "
+            "stopped (--max-frames, a stop, a killed run's chunks) or a query was removed; score the whole video for "
+            "them to count")
 
 
 def late_words(result: EvalResult) -> str | None:

@@ -176,10 +176,11 @@ def _check_run_args(args: argparse.Namespace) -> None:
                  f"snapshot goes to {written} (--resume finds it by either name)")
             args.save_state = written
     from sdqes_edge.runtime.live_source import is_stream_url
+    from sdqes_edge.runtime.sources import source_kind
 
     if args.stream_timeout is not None and not any(is_stream_url(source) for source in args.source):
         warn("--stream-timeout is for stream URLs (rtsp://, http://, udp://, tcp://), and no --source is one: ignored")
-    if args.images_fps is not None and not any(Path(source).is_dir() for source in args.source):
+    if args.images_fps is not None and not any(source_kind(source) == "folder" for source in args.source):
         warn("--images-fps is the rate an image folder's images were taken at, and no --source is a folder (a video "
              "keeps its frames' own times): ignored")
     if args.ort_ops and args.backend != BACKENDS[0]:
