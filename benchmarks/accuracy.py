@@ -51,25 +51,39 @@ def adapter_runs(base: TrainOptions, kinds: list[str], seeds: list[int], out: Pa
     runs: dict[str, dict[int, dict]] = {}
     for kind in kinds:
         for seed in seeds:
-            options = replace(base, adapter=kind, seed=seed)
-            run_dir = out / f"{kind}-seed{seed}"
-            record = _finished_record(run_dir, options)
-            if record is None:
-                record = train(options, run_dir, log=log, progress=progress, data=splits()).record
-            else:
-                log(f"{kind} seed {seed}: reusing the finished run in {run_dir}")
+            record = trained_run(replace(base, adapter=kind, seed=seed), out / f"{kind}-seed{seed}", log, splits,
+                                 progress)
             runs.setdefault(kind, {})[seed] = record
     return runs
 
 
-def _finished_record(run_dir: Path, options: TrainOptions) -> dict | None:
-    """The record of a run already trained with exactly these options (an interrupted table resumes)."""
-    path = run_dir / f"{options.model_config().name}.record.json"
-    checkpoint = run_dir / f"{options.model_config().name}.pt"
-    if not (path.is_file() and checkpoint.is_file()):
+def trained_run(options: TrainOptions, run_dir: Path, log: Callable[[str], None],
+                splits: Callable[[], dict[str, StreamSet]], progress: Callable | None) -> dict:
+    """The record of the run of ``options`` in ``run_dir``: the one finished there with exactly these options (an
+    interrupted table resumes), else trained now. A run there with other options (an earlier table's --steps) is
+    trained again and said: reused, its model had been scored under this table's recipe."""
+    found = _recorded_options(run_dir, options)
+    wanted = json.loads(json.dumps(asdict(options)))
+    if found == wanted:
+        log(f"{options.adapter} seed {options.seed}: reusing the finished run in {run_dir}")
+        return json.loads(_record_path(run_dir, options).read_text())
+    if found is not None:
+        differ = ", ".join(f"--{name.replace('_', '-')} {found.get(name)}, not {value}"
+                           for name, value in wanted.items() if found.get(name) != value)
+        log(f"note: {run_dir} holds a run trained with other options ({differ}); it is trained again with these")
+    return train(options, run_dir, log=log, progress=progress, data=splits()).record
+
+
+def _record_path(run_dir: Path, options: TrainOptions) -> Path:
+    return run_dir / f"{options.model_config().name}.record.json"
+
+
+def _recorded_options(run_dir: Path, options: TrainOptions) -> dict | None:
+    """The options of the run finished in ``run_dir`` (its checkpoint and record both there), or None."""
+    record = _record_path(run_dir, options)
+    if not (record.is_file() and record.with_name(f"{options.model_config().name}.pt").is_file()):
         return None
-    record = json.loads(path.read_text())
-    return record if record.get("options") == json.loads(json.dumps(asdict(options))) else None
+    return json.loads(record.read_text()).get("options", {})
 
 
 def adapter_table(runs: dict[str, dict[int, dict]]) -> str:
@@ -133,18 +147,22 @@ def ort_scorers(bundle_dir: Path, precision: str, step_graph: Path | None = None
     return embed_stream, encode_queries
 
 
-def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions,
-                   log: Callable[[str], None]) -> tuple[list[str], dict[str, str]]:
+def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions, log: Callable[[str], None],
+                   checkpoint: dict | None = None) -> tuple[list[str], dict[str, str]]:
     """Export fp32 + fp16 + int8, int8 calibrated on a training stream (the deployment's domain, never a test
     stream); (the precisions shipped, {precision: why the exporter refused it}). A reduced precision that drifts
-    beyond its tolerance is left out and the export made again without it."""
+    beyond its tolerance is left out and the export made again without it. ``checkpoint`` (file, sha256,
+    source_format) is recorded in the manifest: a bundle there already is read back only if it was exported from
+    the same checkpoint at the same threshold and rate."""
     from sdqes_edge.export.drift import VariantDriftError
     from sdqes_edge.export.exporter import ExportOptions, export_bundle
 
     refusals = bundle_dir.parent / "refused.json"
-    if (bundle_dir / MANIFEST_NAME).is_file():
-        manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text())
+    if (manifest := _bundle_of(bundle_dir, checkpoint, threshold, base.fps)) is not None:
         return sorted(manifest["graphs"]["step"]), json.loads(refusals.read_text()) if refusals.is_file() else {}
+    # What an earlier model's export left: its refusals and the graphs made to score them.
+    for stale in (refusals, *bundle_dir.parent.glob("step.*.refused.onnx")):
+        stale.unlink(missing_ok=True)
     bundle_dir.parent.mkdir(parents=True, exist_ok=True)
     calibration = write_calibration_video(bundle_dir.parent / "calibration.avi", base)
     precisions, refused = list(PRECISIONS), {}
@@ -153,7 +171,7 @@ def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions
         options = ExportOptions(precisions=tuple(precisions), threshold=threshold, fps=base.fps,
                                 calibration_video=calibration, show_progress=False)
         try:
-            export_bundle(model, bundle_dir, options)
+            export_bundle(model, bundle_dir, options, checkpoint=checkpoint)
             break
         except VariantDriftError as exc:
             log(f"{exc.precision} refused: {exc}")
@@ -161,6 +179,18 @@ def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions
             precisions.remove(exc.precision)
     write_text_atomically(refusals, json.dumps(refused, indent=2))
     return sorted(precisions), refused
+
+
+def _bundle_of(bundle_dir: Path, checkpoint: dict | None, threshold: float, fps: float) -> dict | None:
+    """The manifest of the bundle in ``bundle_dir`` if it was exported from ``checkpoint`` at ``threshold`` and
+    ``fps``; else None. A model trained again into its run's folder had been scored by ONNX Runtime from the bundle
+    of the model it replaced, a gap between PyTorch's row and the others that no export made."""
+    if not (bundle_dir / MANIFEST_NAME).is_file():
+        return None
+    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text())
+    same = (manifest.get("checkpoint") == checkpoint and manifest.get("thresholds", {}).get("default") == threshold
+            and manifest.get("fps") == fps)
+    return manifest if same else None
 
 
 def write_calibration_video(path: Path, base: TrainOptions) -> Path:
@@ -203,9 +233,10 @@ def format_rows(checkpoint: Path, test: StreamSet, threshold: float, bundle_dir:
     """PyTorch, then ORT fp32 / fp16 / int8 from one exported bundle, all at ``threshold``."""
     from sdqes_edge.checkpoints import load_model
 
-    model, _ = load_model(str(checkpoint))
+    model, loaded = load_model(str(checkpoint))
     rows = {"PyTorch (fp32)": split_metrics(score_split(test, *torch_scorers(model)), threshold)}
-    precisions, refused = export_formats(model, bundle_dir, threshold, base, log)
+    source = {"file": checkpoint.name, "sha256": loaded.sha256, "source_format": loaded.source_format}
+    precisions, refused = export_formats(model, bundle_dir, threshold, base, log, checkpoint=source)
     for precision in PRECISIONS:
         if precision in precisions:
             rows[f"ONNX Runtime {precision}"] = split_metrics(score_split(test, *ort_scorers(bundle_dir, precision)),
@@ -240,9 +271,9 @@ def format_section(kind: str, seed: int, base: TrainOptions, out: Path, splits: 
     lines and the report's entry."""
     checkpoint = checkpoint_path(out, base, kind, seed)
     run_dir = checkpoint.parent
-    if not checkpoint.is_file():
-        train(replace(base, adapter=kind, seed=seed), run_dir, log=log, progress=progress, data=splits())
-    record = json.loads((run_dir / f"{checkpoint.stem}.record.json").read_text())
+    # A checkpoint there trained with other options had been scored as this table's (a run of --steps 20 under a
+    # table of --steps 40): each format's row is of the model this table's recipe trains.
+    record = trained_run(replace(base, adapter=kind, seed=seed), run_dir, log, splits, progress)
     rows, refused = format_rows(checkpoint, splits()["test"], record["threshold"], run_dir / "bundle", base, log)
     md = [f"## Per deployment format ({kind}, seed {seed})", "", format_table(rows), ""]
     for precision, why in refused.items():

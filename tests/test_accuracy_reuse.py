@@ -1,0 +1,65 @@
+"""What `sdqes-edge accuracy` takes again from its results folder: only a run trained with the table's own options,
+and only a bundle exported from that run's checkpoint at its threshold. Anything else is made again, and said."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import random_model
+from test_training import SMALL, small_options
+
+from sdqes_edge.benchmarks.accuracy import export_formats
+from sdqes_edge.files import file_sha256
+
+
+def _accuracy(out, *options: str) -> subprocess.CompletedProcess:
+    """The per-format table alone, of the backbone's seed-0 model (no adapter table)."""
+    done = subprocess.run([sys.executable, "-m", "sdqes_edge.cli", "accuracy", "--kinds", "--formats", "none",
+                           "--seeds", "0", *small_options(), *options, "--out", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_run_trained_with_other_options_is_trained_again_and_its_formats_scored_from_a_bundle_of_that_model(
+        tmp_path):
+    """A table of --steps 4 into the folder of a table of --steps 3 scored the 3-step model under the 4-step recipe,
+    and ONNX Runtime's rows from the bundle of whatever model had been exported there first."""
+    _accuracy(tmp_path)
+    again = _accuracy(tmp_path, "--steps", "4")
+    run_dir = tmp_path / "runs" / "none-seed0"
+    assert (f"note: {run_dir} holds a run trained with other options (--steps 3, not 4); it is trained again with "
+            "these") in again.stdout
+    assert json.loads((run_dir / "synthetic.record.json").read_text())["options"]["steps"] == 4
+    manifest = json.loads((run_dir / "bundle" / "manifest.json").read_text())
+    assert manifest["checkpoint"]["sha256"] == file_sha256(run_dir / "synthetic.pt")
+    # The same table once more takes both back: nothing trained, nothing exported.
+    last = _accuracy(tmp_path, "--steps", "4")
+    assert "reusing the finished run" in last.stdout and "exporting" not in last.stdout
+    assert json.loads((run_dir / "bundle" / "manifest.json").read_text())["created"] == manifest["created"]
+
+
+def test_a_bundle_of_another_checkpoint_or_threshold_is_exported_again_and_its_refusals_dropped(tmp_path):
+    model, bundle = random_model("none"), tmp_path / "none" / "bundle"
+    earlier = {"file": "synthetic.pt", "sha256": "a" * 64, "source_format": "sdqes-edge-training"}
+    export_formats(model, bundle, 0.5, SMALL, log=lambda _: None, checkpoint=earlier)
+    # What a refusal of the earlier model's export had left beside its bundle.
+    (bundle.parent / "refused.json").write_text(json.dumps({"fp16": "drifts beyond its tolerance"}))
+    (bundle.parent / "step.fp16.refused.onnx").write_bytes(b"the earlier model's fp16 graph")
+
+    retrained = dict(earlier, sha256="b" * 64)
+    said: list[str] = []
+    precisions, refused = export_formats(model, bundle, 0.5, SMALL, log=said.append, checkpoint=retrained)
+    assert any(line.startswith("exporting to") for line in said)
+    assert precisions == ["fp16", "fp32", "int8"] and refused == {}
+    assert json.loads((bundle / "manifest.json").read_text())["checkpoint"] == retrained
+    assert not (bundle.parent / "step.fp16.refused.onnx").exists()
+
+    said.clear()
+    export_formats(model, bundle, 0.6, SMALL, log=said.append, checkpoint=retrained)  # a threshold calibrated anew
+    assert json.loads((bundle / "manifest.json").read_text())["thresholds"]["default"] == 0.6
+    said.clear()
+    assert export_formats(model, bundle, 0.6, SMALL, log=said.append, checkpoint=retrained) == (precisions, {})
+    assert said == []  # read back, not made again
