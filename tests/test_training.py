@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import torch
 from runtime_fixtures import another_run_writing
 
 from sdqes_edge.checkpoints import load_model
+from sdqes_edge.cli import run
 from sdqes_edge.errors import UserError
 from sdqes_edge.synthetic import EVENT_KINDS, PHRASINGS, Event, generate_stream
 from sdqes_edge.train_options import SPLIT_SEED_SPAN, TrainOptions, is_training_seed, split_seeds
@@ -302,3 +304,38 @@ def test_a_last_update_that_turns_the_weights_nan_under_a_finite_loss_writes_no_
                                         r"weights in .*; no checkpoint was written; lower --lr \(now 0.002\)"):
         train(dataclasses.replace(SMALL, steps=1), tmp_path, log=lambda _: None)
     assert not list(tmp_path.glob("*.pt"))
+
+
+def _stop_at_optimizer_step(monkeypatch, n: int) -> None:
+    """A Ctrl-C that lands during the process's n-th optimizer step (from 1), over every model it trains."""
+    step, calls = torch.optim.AdamW.step, itertools.count(1)
+
+    def interrupted(self, *args, **kwargs):
+        if next(calls) == n:
+            raise KeyboardInterrupt
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", interrupted)
+
+
+def test_a_stopped_training_says_how_far_it_had_got_and_that_nothing_was_written(tmp_path, monkeypatch, capsys):
+    """The progress bar is erased as a stop unwinds it: `interrupted (SIGINT)` was all that was left."""
+    _stop_at_optimizer_step(monkeypatch, 3)
+    assert run(["train", *small_options(), "--out", str(tmp_path / "model")]) == 130
+    assert capsys.readouterr().err.splitlines()[-2:] == [
+        "sdqes-edge: note: train stopped in training synthetic+qrnn seed 0 (2 of 3); nothing was written: a model is "
+        "written once it has trained to its last step and its threshold is calibrated",
+        "sdqes-edge: interrupted (SIGINT)"]
+    assert not list(tmp_path.rglob("*.pt"))
+
+
+def test_a_stopped_accuracy_run_says_where_it_stood_and_keeps_the_runs_it_finished(tmp_path, monkeypatch, capsys):
+    _stop_at_optimizer_step(monkeypatch, 5)  # the backbone's 3 steps done; the st model's second
+    assert run(["accuracy", "--kinds", "none", "st", "--seeds", "0", "--formats", *small_options(), "--out",
+                str(tmp_path)]) == 130
+    assert capsys.readouterr().err.splitlines()[-2:] == [
+        f"sdqes-edge: note: accuracy stopped in training synthetic+st seed 0 (1 of 3); the runs it finished are kept "
+        f"in {tmp_path / 'runs'}, and the same command goes on from them",
+        "sdqes-edge: interrupted (SIGINT)"]
+    assert (tmp_path / "runs" / "none-seed0" / "synthetic.pt").is_file()
+    assert not list((tmp_path / "runs" / "st-seed0").glob("*.pt"))

@@ -16,6 +16,7 @@ from sdqes_edge.cli.common import (
     finite_number,
     frames_per_second,
     path_text,
+    say,
     seed_number,
     show,
     warn,
@@ -84,9 +85,39 @@ TRAIN_HELP = {
 }
 
 
-def training_progress(items, desc: str):
-    """How `train` and `accuracy` count the streams they draw and the steps they train."""
-    return with_progress(items, desc, unit="it")
+class TrainingProgress:
+    """How `train` and `accuracy` count the streams they draw and the steps they train, remembering how far the
+    latest count went: a bar is erased as a stop unwinds it, and the stop then says where the work stood."""
+
+    def __init__(self) -> None:
+        self.stage: str | None = None
+        self.done = self.total = 0
+
+    def __call__(self, items, desc: str):
+        self.stage, self.done, self.total = desc, 0, len(items)
+        return _Counted(with_progress(items, desc, unit="it"), self)
+
+    def where(self) -> str:
+        """Where the count stood: "in training synthetic+qrnn seed 0 (812 of 2400)", "after ..." once complete."""
+        if self.stage is None:
+            return "before its first stream was drawn"
+        return f"{'after' if self.done == self.total else 'in'} {self.stage} ({self.done} of {self.total})"
+
+
+class _Counted:
+    """``items`` (a progress bar or the plain sequence), counting each item whose work is done into ``progress``;
+    a bar's own methods (``set_postfix``) still reach it."""
+
+    def __init__(self, items, progress: TrainingProgress) -> None:
+        self._items, self._progress = items, progress
+
+    def __iter__(self):
+        for item in self._items:
+            yield item
+            self._progress.done += 1
+
+    def __getattr__(self, name: str):
+        return getattr(self._items, name)
 
 
 def train_options_from_args(args: argparse.Namespace):
@@ -112,7 +143,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"training {options.model_config().name} (seed {options.seed}) for {options.steps} steps on "
               f"{options.train_streams} synthetic streams; validation {options.val_streams}, test "
               f"{options.test_streams}")
-        result = train(options, out, progress=training_progress)
+        progress = TrainingProgress()
+        try:
+            result = train(options, out, progress=progress)
+        except KeyboardInterrupt:  # then said as any stop is, by the command line
+            say(f"note: train stopped {progress.where()}; nothing was written: a model is written once it has "
+                "trained to its last step and its threshold is calibrated")
+            raise
     finally:
         release(lock)
     show(f"wrote {result.checkpoint} and {out / (result.checkpoint.stem + '.record.json')}")
@@ -165,8 +202,13 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
                f"{base.steps} steps each" if runs else "no adapter table")
     print(f"accuracy: {trained}"
           + (f"; formats of {', '.join(args.formats)}" if args.formats else "") + f"; results in {args.out}/")
-    path = run_accuracy(base, args.kinds, args.seeds, args.formats, Path(args.out),
-                        progress=training_progress)
+    progress = TrainingProgress()
+    try:
+        path = run_accuracy(base, args.kinds, args.seeds, args.formats, Path(args.out), progress=progress)
+    except KeyboardInterrupt:  # then said as any stop is, by the command line
+        say(f"note: accuracy stopped {progress.where()}; the runs it finished are kept in {Path(args.out) / 'runs'}, "
+            "and the same command goes on from them")
+        raise
     print()
     print(path.read_text())
     show(f"wrote {path} and {path.with_suffix('.json')}")
