@@ -33,6 +33,7 @@ from sdqes_edge.contract import (
     TEXT_GRAPH_NAME,
     TOKEN_INPUT,
     TOKENIZER_FOLDER,
+    TRAINING_RECORD_NAME,
     step_graph_name,
 )
 from sdqes_edge.errors import WARNING_PREFIX, UserError
@@ -102,10 +103,13 @@ def _encode_queries(text_graph: Path, texts: Sequence[str], truncate: bool,
 
 
 def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | None = None, *,
-                  checkpoint: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> ExportResult:
+                  checkpoint: dict[str, Any] | None = None, training_record: dict[str, Any] | None = None,
+                  log: Callable[[str], None] = print) -> ExportResult:
     """Export, verify and write a bundle to ``out``; returns what was written and measured.
 
-    ``checkpoint`` (path, sha256, source_format) is recorded in the manifest and the graph metadata.
+    ``checkpoint`` (path, sha256, source_format) is recorded in the manifest and the graph metadata;
+    ``training_record`` (what `sdqes-edge train` recorded in it) is written beside them, listed with the bundle's
+    files, so that the runtime can say what the model was trained on.
     """
     started = time.perf_counter()
     if not isinstance(model, SDQESModel):  # a state dict or a checkpoint's path failed on a missing attribute
@@ -127,6 +131,8 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     try:
         model.eval()
         with staged_directory(out) as staging:
+            if training_record is not None:
+                (staging / TRAINING_RECORD_NAME).write_text(json.dumps(training_record, indent=2, allow_nan=False))
             result = _export_into(model, cfg, staging, out, options, checkpoint, log)
     finally:
         release(lock)

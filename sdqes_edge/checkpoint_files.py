@@ -69,6 +69,7 @@ class LoadedCheckpoint:
     #                     | "sdqes-lightning" | "sdqes-edge-training" | "transformers-clip" | "long-clip"
     sha256: str
     dropped_keys: list[str]  # training-only keys outside the model (Lightning heads, logit_scale...)
+    training_record: dict | None = None  # what `sdqes-edge train` recorded in its checkpoints (train_options)
 
 
 class _Opaque(dict):
@@ -229,7 +230,10 @@ def read_checkpoint(path: str | os.PathLike) -> LoadedCheckpoint:
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         state = obj["state_dict"]
         if CHECKPOINT_RECORD_KEY in obj:  # written by `sdqes-edge train`, in CLIP layout
-            return _normalize(state, "sdqes-edge-training", sha)
+            loaded = _normalize(state, "sdqes-edge-training", sha)
+            record = obj[CHECKPOINT_RECORD_KEY]
+            loaded.training_record = record if isinstance(record, dict) else None
+            return loaded
         if any(k.startswith(LIGHTNING_PREFIX) for k in state):
             return _normalize(state, "sdqes-lightning", sha, prefix=LIGHTNING_PREFIX)
         if all(k.startswith(DDP_PREFIX) for k in state):

@@ -20,7 +20,7 @@ A bundle is a directory::
     tokenizer/...            CLIP's BPE vocabulary
     queries.json             optional pre-encoded queries (texts, alert messages)
     query_embeddings.npy     their embeddings [Q, E]
-    training_record.json     how the model was trained, where `sdqes-edge train` made it
+    training_record.json     how the model was trained, where `sdqes-edge train` made it (export carries it)
     engines/<gpu>-sm<cc>-trt<version>/step.<precision>.engine   TensorRT engines, built on the device
 """
 
@@ -66,7 +66,7 @@ TEXT_GRAPH_NAME = "text.onnx"
 TOKENIZER_FOLDER = "tokenizer"
 QUERIES_NAME = "queries.json"
 QUERY_EMBEDDINGS_NAME = "query_embeddings.npy"
-TRAINING_RECORD_NAME = "training_record.json"  # written by `sdqes-edge train`, copied into bundles it made
+TRAINING_RECORD_NAME = "training_record.json"  # `sdqes-edge train`'s record, exported with its checkpoint
 ENGINES_FOLDER = "engines"
 
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from .config import DEFAULT_FPS, ModelConfig, preset, with_authors_adapter
-from .errors import UserError
+from .errors import UserError, is_number
 
 # What `sdqes-edge train` fits a model to (the runtime says so when it runs a model trained here).
 SYNTHETIC_TRAINING_DATA = ("synthetic scenes (coloured squares, rolling balls, a door and a lamp drawn by "
@@ -109,3 +109,14 @@ def training_data_words(record: dict | None) -> str | None:
         return None
     # `sdqes-edge train` fits only synthetic streams, drawn from seeds it records.
     return f"{SYNTHETIC_TRAINING_DATA}, {train['streams']} training streams" if "seeds" in train else None
+
+
+def trained_deployment(record: dict | None) -> tuple[float | None, float | None]:
+    """(the threshold calibrated on the validation streams, the frame rate it was trained at) that a training
+    record gives, each None where it gives none: what an export of its checkpoint defaults to."""
+    if not isinstance(record, dict):
+        return None, None
+    threshold, options = record.get("threshold"), record.get("options")
+    fps = options.get("fps") if isinstance(options, dict) else None
+    return (float(threshold) if is_number(threshold) and 0.0 < threshold < 1.0 else None,
+            float(fps) if is_number(fps) and 0.0 < fps < math.inf else None)

@@ -55,6 +55,7 @@ from sdqes_edge.export.tensorrt_engine import DEFAULT_WORKSPACE_MIB
 from sdqes_edge.files import format_bytes
 from sdqes_edge.tokenizer import CONTEXT_LENGTH
 from sdqes_edge.tolerances import DRIFT_FRAMES, ENGINE_VERIFY_FRAMES, VERIFY_FRAMES
+from sdqes_edge.train_options import trained_deployment
 
 # --- export ---------------------------------------------------------------------------
 
@@ -80,7 +81,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     _warn_model_conflicts(args)
     options = ExportOptions(
         batch=args.batch, opset=args.opset, precisions=tuple(args.precision), fuse_queries=args.fuse_queries,
-        queries=tuple(Query(*line) for line in queries), fps=args.fps, threshold=args.threshold,
+        queries=tuple(Query(*line) for line in queries), fps=args.fps or DEFAULT_FPS,
+        threshold=DEFAULT_THRESHOLD if args.threshold is None else args.threshold,
         verify_frames=args.verify_frames, drift_frames=args.drift_frames,
         calibration_video=Path(args.calibration_video) if args.calibration_video else None,
         calibration_frames=args.calibration_frames, int8_policy=args.int8_policy,
@@ -101,6 +103,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         checkpoint = {"file": Path(args.checkpoint).name, "sha256": loaded.sha256,
                       "source_format": loaded.source_format,
                       "heads": {"vision": model.cfg.vision.heads, "text": model.cfg.text.heads, "rule": unstored.rule}}
+        options = _as_trained(options, args, loaded.training_record)
     else:
         from sdqes_edge.model.init import randomize_adapters
 
@@ -109,6 +112,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not args.quiet:
         show(f"exporting {model.cfg.name} from {source} to {args.out}")
     result = export_bundle(model, args.out, options, checkpoint=checkpoint,
+                           training_record=loaded.training_record if args.checkpoint else None,
                            log=progress_log(args.quiet))
     show(f"\nwrote {result.out} in {result.seconds:.1f} s:")
     for name, entry in sorted(result.manifest["files"].items()):
@@ -123,6 +127,29 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"          {report.summary()}")
     show(f"\nnext: {PROG} inspect {args.out}      then: {run_hint(args.out, result.manifest)}")
     return 0
+
+
+def _as_trained(options, args: argparse.Namespace, record: dict | None):
+    """``options`` with what a checkpoint of `sdqes-edge train` says of its deployment, where the command line does
+    not: the threshold calibrated on its validation streams (the default 0.57 had left such a model's bundle
+    uncalibrated, and `accuracy` printed its export without one) and the rate it was trained at."""
+    from dataclasses import replace
+
+    threshold, fps = trained_deployment(record)
+    if args.threshold is None and threshold is not None:
+        options = replace(options, threshold=threshold)
+        if not args.quiet:
+            print(f"threshold {threshold:.4f}: calibrated on validation streams when this model was trained (its "
+                  "record); --threshold gives another")
+    if fps is not None and args.fps is None and fps != options.fps:
+        options = replace(options, fps=fps)
+        if not args.quiet:
+            print(f"stream rate {fps:g} fps: the rate this model was trained at (its record); --fps gives another")
+    elif fps is not None and args.fps is not None and fps != args.fps:
+        warn(f"--fps {args.fps:g} is not the {fps:g} fps this model was trained at (its record): its adapters "
+             f"learnt how frames {1 / fps:g} s apart follow each other, and at another rate their memory spans "
+             f"another time; give --fps {fps:g}, or train at this rate (train --fps {args.fps:g})")
+    return options
 
 
 # --- build-engine ---------------------------------------------------------------------
@@ -192,10 +219,12 @@ def _add_export_parser(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--fuse-queries", action="store_true",
                         help="score queries inside the step graph (query_embeddings in, logits out): as many "
                              "at once as given here, any texts")
-    export.add_argument("--fps", type=frames_per_second, default=DEFAULT_FPS,
-                        help="sampling rate of the stream (default %(default)s)")
-    export.add_argument("--threshold", type=finite_number, default=DEFAULT_THRESHOLD,
-                        help="default alert threshold on sigmoid(cos) (default %(default)s)")
+    export.add_argument("--fps", type=frames_per_second,
+                        help=f"sampling rate of the stream (default: the rate a checkpoint of `{PROG} train` was "
+                             f"trained at, else {DEFAULT_FPS:g})")
+    export.add_argument("--threshold", type=finite_number,
+                        help=f"default alert threshold on sigmoid(cos) (default: the one a checkpoint of `{PROG} "
+                             f"train` was calibrated at, else {DEFAULT_THRESHOLD:g})")
     export.add_argument("--verify-frames", type=int, default=VERIFY_FRAMES,
                         help="frames of the fp32 check against PyTorch (default %(default)s)")
     export.add_argument("--drift-frames", type=int, default=DRIFT_FRAMES,

@@ -1,0 +1,65 @@
+"""An export of a checkpoint `sdqes-edge train` made takes what its training record says of its deployment: the
+threshold calibrated on its validation streams and the rate it was trained at, unless the command line says
+otherwise; and the bundle carries the record, so that a run can say what the model was trained on."""
+
+from __future__ import annotations
+
+import pytest
+from test_training import SMALL
+
+from sdqes_edge.checkpoints import load_model
+from sdqes_edge.cli import run
+from sdqes_edge.config import DEFAULT_THRESHOLD
+from sdqes_edge.runtime.bundle import load_bundle
+from sdqes_edge.training import train
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(the checkpoint of a SMALL run, its record)"""
+    result = train(SMALL, tmp_path_factory.mktemp("trained"), log=lambda _: None)
+    return result.checkpoint, result.record
+
+
+def _export(checkpoint, out, *options: str) -> None:
+    assert run(["export", "--checkpoint", str(checkpoint), "--out", str(out), *options]) == 0
+
+
+def test_the_checkpoints_calibrated_threshold_becomes_the_bundles_and_its_record_goes_with_it(trained, tmp_path,
+                                                                                               capsys):
+    """The bundle had the default 0.57, a threshold no validation stream chose, and no record."""
+    checkpoint, record = trained
+    assert load_model(str(checkpoint))[1].training_record == record
+    _export(checkpoint, tmp_path / "bundle")
+    assert (f"threshold {record['threshold']:.4f}: calibrated on validation streams when this model was trained "
+            "(its record); --threshold gives another") in capsys.readouterr().out
+    bundle = load_bundle(tmp_path / "bundle")  # the record listed with the bundle's files, its sha256 checked
+    assert bundle.manifest["thresholds"]["default"] == record["threshold"] != DEFAULT_THRESHOLD
+    assert bundle.manifest["fps"] == SMALL.fps
+    assert bundle.training_record == record and "training_record.json" in bundle.manifest["files"]
+
+
+def test_a_threshold_given_is_the_bundles_and_a_rate_unlike_the_trained_one_is_warned_about(trained, tmp_path,
+                                                                                             capsys):
+    checkpoint, record = trained
+    _export(checkpoint, tmp_path / "bundle", "--threshold", "0.6", "--fps", "2")
+    said = capsys.readouterr()
+    assert "calibrated on validation streams" not in said.out
+    assert said.err.strip() == (
+        "sdqes-edge: warning: --fps 2 is not the 1 fps this model was trained at (its record): its adapters learnt "
+        "how frames 1 s apart follow each other, and at another rate their memory spans another time; give --fps 1, "
+        "or train at this rate (train --fps 2)")
+    manifest = load_bundle(tmp_path / "bundle").manifest
+    assert manifest["thresholds"]["default"] == 0.6 and manifest["fps"] == 2.0
+
+
+def test_a_checkpoint_without_a_training_record_keeps_the_defaults(tmp_path, capsys):
+    import torch
+    from conftest import random_model
+
+    model = random_model("qrnn")
+    torch.save({"state_dict": model.clip_state_dict()}, tmp_path / "plain.pt")  # as open_clip's training saves
+    assert load_model(str(tmp_path / "plain.pt"))[1].training_record is None
+    _export(tmp_path / "plain.pt", tmp_path / "bundle", "--quiet")
+    bundle = load_bundle(tmp_path / "bundle")
+    assert bundle.manifest["thresholds"]["default"] == DEFAULT_THRESHOLD and bundle.training_record is None
