@@ -148,12 +148,14 @@ def ort_scorers(bundle_dir: Path, precision: str, step_graph: Path | None = None
 
 
 def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions, log: Callable[[str], None],
-                   checkpoint: dict | None = None) -> tuple[list[str], dict[str, str]]:
+                   checkpoint: dict | None = None, training_record: dict | None = None
+                   ) -> tuple[list[str], dict[str, str]]:
     """Export fp32 + fp16 + int8, int8 calibrated on a training stream (the deployment's domain, never a test
     stream); (the precisions shipped, {precision: why the exporter refused it}). A reduced precision that drifts
     beyond its tolerance is left out and the export made again without it. ``checkpoint`` (file, sha256,
     source_format) is recorded in the manifest: a bundle there already is read back only if it was exported from
-    the same checkpoint at the same threshold and rate."""
+    the same checkpoint at the same threshold and rate. ``training_record`` goes into the bundle, as `export` puts
+    it there."""
     from sdqes_edge.export.drift import VariantDriftError
     from sdqes_edge.export.exporter import ExportOptions, export_bundle
 
@@ -171,7 +173,7 @@ def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions
         options = ExportOptions(precisions=tuple(precisions), threshold=threshold, fps=base.fps,
                                 calibration_video=calibration, show_progress=False)
         try:
-            export_bundle(model, bundle_dir, options, checkpoint=checkpoint)
+            export_bundle(model, bundle_dir, options, checkpoint=checkpoint, training_record=training_record)
             break
         except VariantDriftError as exc:
             log(f"{exc.precision} refused: {exc}")
@@ -236,7 +238,8 @@ def format_rows(checkpoint: Path, test: StreamSet, threshold: float, bundle_dir:
     model, loaded = load_model(str(checkpoint))
     rows = {"PyTorch (fp32)": split_metrics(score_split(test, *torch_scorers(model)), threshold)}
     source = {"file": checkpoint.name, "sha256": loaded.sha256, "source_format": loaded.source_format}
-    precisions, refused = export_formats(model, bundle_dir, threshold, base, log, checkpoint=source)
+    precisions, refused = export_formats(model, bundle_dir, threshold, base, log, checkpoint=source,
+                                         training_record=loaded.training_record)
     for precision in PRECISIONS:
         if precision in precisions:
             rows[f"ONNX Runtime {precision}"] = split_metrics(score_split(test, *ort_scorers(bundle_dir, precision)),

@@ -12,6 +12,7 @@ from test_training import SMALL, small_options
 
 from sdqes_edge.benchmarks.accuracy import export_formats
 from sdqes_edge.files import file_sha256
+from sdqes_edge.runtime.bundle import load_bundle
 
 
 def _accuracy(out, *options: str) -> subprocess.CompletedProcess:
@@ -35,6 +36,8 @@ def test_a_run_trained_with_other_options_is_trained_again_and_its_formats_score
     assert json.loads((run_dir / "synthetic.record.json").read_text())["options"]["steps"] == 4
     manifest = json.loads((run_dir / "bundle" / "manifest.json").read_text())
     assert manifest["checkpoint"]["sha256"] == file_sha256(run_dir / "synthetic.pt")
+    # The bundle carries the run's record, as `export --checkpoint` of its checkpoint writes it.
+    assert load_bundle(run_dir / "bundle").training_record["options"]["steps"] == 4
     # The same table once more takes both back: nothing trained, nothing exported.
     last = _accuracy(tmp_path, "--steps", "4")
     assert "reusing the finished run" in last.stdout and "exporting" not in last.stdout
