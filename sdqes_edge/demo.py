@@ -21,7 +21,7 @@ import numpy as np
 
 from sdqes_edge.alert_tuning import false_alerts, in_window
 from sdqes_edge.contract import MANIFEST_NAME, REFERENCE_PRECISION
-from sdqes_edge.errors import UserError
+from sdqes_edge.errors import UserError, terminal_safe
 from sdqes_edge.files import make_folders, parse_json, write_text_atomically
 from sdqes_edge.metrics import TOLERANCE_WINDOWS
 from sdqes_edge.runtime.alert_log import JsonlSink
@@ -171,11 +171,21 @@ def _describe(detector: StreamingDetector, video: Path, seed: int) -> str:
     record = detector.bundle.training_record or {}
     policy_words = detector.default_policy().describe() + (" (policy chosen on the validation streams)"
                                                            if detector.bundle.alert_policy else "")
-    print(f"model: {detector.bundle.manifest['model']['name']} "
-          + (f"(trained by `{record['command']}`, test SR@1 {record['test']['all']['SR@1']:.1f}), "
-             if record else "") + policy_words)
+    print(f"model: {detector.bundle.manifest['model']['name']}" + _training_words(record) + f", {policy_words}")
     print(f"stream: {video} ({DEMO_SECONDS:g} s, seed {seed}, never seen in training)\n")
     return policy_words
+
+
+def _training_words(record: dict) -> str:
+    """How the model was trained, from a bundle's training record, as far as it says ("(trained by `sdqes-edge
+    train ...`, test SR@1 74.0)"): the record is the bundle's, someone else's data, so a key it lacks is no reason to
+    stop, and its control characters are shown, not obeyed."""
+    command = record.get("command")
+    try:
+        sr = f", test SR@1 {float(record['test']['all']['SR@1']):.1f}"
+    except (KeyError, TypeError, ValueError):
+        sr = ""
+    return f" (trained by `{terminal_safe(command)}`{sr})" if isinstance(command, str) else ""
 
 
 def _add_queries(detector: StreamingDetector, stream: Stream) -> dict[str, QueryOutcome]:

@@ -8,6 +8,7 @@ import sys
 
 import cv2
 import pytest
+from test_json_nested_too_deep import relisted
 
 from sdqes_edge.demo import DEMO_BUNDLE
 from sdqes_edge.errors import UserError
@@ -165,3 +166,18 @@ def test_the_demo_runs_the_int8_graph_and_alerts_as_fp32_does(tmp_path):
         summaries[precision] = json.loads((tmp_path / precision / "summary.json").read_text())
     assert summaries["int8"]["precision"] == "int8"
     assert [o["alerts"] for o in summaries["int8"]["outcomes"]] == [o["alerts"] for o in summaries["fp32"]["outcomes"]]
+
+
+def test_a_bundle_whose_training_record_says_less_is_demoed_with_what_it_says(tmp_path):
+    """A record without test scores ended the demo in a KeyError traceback; its texts are someone else's data."""
+    import shutil
+
+    bundle = shutil.copytree(DEMO_BUNDLE, tmp_path / "bundle")
+    record = json.loads((bundle / "training_record.json").read_text())
+    del record["test"]
+    record["command"] = "sdqes-edge train \x1b[2J--seed 0"
+    (bundle / "training_record.json").write_text(json.dumps(record))
+    relisted(bundle, "training_record.json")  # as a bundle exported with such a record lists it
+    done = run_cli("demo", "--bundle", str(bundle), "--out", str(tmp_path / "demo"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("model: synthetic+qrnn (trained by `sdqes-edge train \\x1b[2J--seed 0`), threshold ")
