@@ -103,12 +103,13 @@ class TrainOptions:
 
 def training_data_words(record: dict | None) -> str | None:
     """What a bundle's model was trained on, in words, from its training record (None: no record says)."""
+    # `sdqes-edge train` fits only synthetic streams, drawn from seeds it records. The record is the bundle's,
+    # someone else's data: one that says less, or says it otherwise, says nothing here.
     try:
         train = record["data"]["train"]  # type: ignore[index]
-    except (KeyError, TypeError):
+        return f"{SYNTHETIC_TRAINING_DATA}, {int(train['streams'])} training streams" if "seeds" in train else None
+    except (KeyError, TypeError, ValueError):
         return None
-    # `sdqes-edge train` fits only synthetic streams, drawn from seeds it records.
-    return f"{SYNTHETIC_TRAINING_DATA}, {train['streams']} training streams" if "seeds" in train else None
 
 
 def trained_deployment(record: dict | None) -> tuple[float | None, float | None]:

@@ -181,3 +181,13 @@ def test_a_bundle_whose_training_record_says_less_is_demoed_with_what_it_says(tm
     done = run_cli("demo", "--bundle", str(bundle), "--out", str(tmp_path / "demo"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("model: synthetic+qrnn (trained by `sdqes-edge train \\x1b[2J--seed 0`), threshold ")
+
+
+@pytest.mark.parametrize("train", [{"seeds": [100000, 100119]}, 5, {"seeds": [1], "streams": "many"}, None])
+def test_a_training_record_that_says_its_data_otherwise_says_nothing_of_it(train):
+    """`run` read a record's training streams by key: one without them ended the run in a traceback."""
+    from sdqes_edge.train_options import training_data_words
+
+    assert training_data_words({"data": {"train": train}}) is None
+    assert training_data_words({"data": {"train": {"seeds": [100000, 100119], "streams": 120}}}).endswith(
+        ", 120 training streams")
