@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from sdqes_edge.contract import FP16, FP32, INT8, MANIFEST_NAME, PRECISIONS, step_graph_name
-from sdqes_edge.files import write_text_atomically
+from sdqes_edge.files import parse_json, write_text_atomically
 from sdqes_edge.training import (
     SplitMetrics,
     StreamSet,
@@ -62,28 +62,31 @@ def trained_run(options: TrainOptions, run_dir: Path, log: Callable[[str], None]
     """The record of the run of ``options`` in ``run_dir``: the one finished there with exactly these options (an
     interrupted table resumes), else trained now. A run there with other options (an earlier table's --steps) is
     trained again and said: reused, its model had been scored under this table's recipe."""
-    found = _recorded_options(run_dir, options)
-    wanted = json.loads(json.dumps(asdict(options)))
-    if found == wanted:
+    record, why_not = _finished_record(run_dir, options)
+    if record is not None:
         log(f"{options.adapter} seed {options.seed}: reusing the finished run in {run_dir}")
-        return json.loads(_record_path(run_dir, options).read_text())
-    if found is not None:
-        differ = ", ".join(f"--{name.replace('_', '-')} {found.get(name)}, not {value}"
-                           for name, value in wanted.items() if found.get(name) != value)
-        log(f"note: {run_dir} holds a run trained with other options ({differ}); it is trained again with these")
+        return record
+    if why_not:
+        log(f"note: {run_dir} {why_not}; it is trained again with these")
     return train(options, run_dir, log=log, progress=progress, data=splits()).record
 
 
-def _record_path(run_dir: Path, options: TrainOptions) -> Path:
-    return run_dir / f"{options.model_config().name}.record.json"
-
-
-def _recorded_options(run_dir: Path, options: TrainOptions) -> dict | None:
-    """The options of the run finished in ``run_dir`` (its checkpoint and record both there), or None."""
-    record = _record_path(run_dir, options)
-    if not (record.is_file() and record.with_name(f"{options.model_config().name}.pt").is_file()):
-        return None
-    return json.loads(record.read_text()).get("options", {})
+def _finished_record(run_dir: Path, options: TrainOptions) -> tuple[dict | None, str | None]:
+    """(the record of the run finished in ``run_dir`` with exactly ``options``, or None; where a finished run is
+    there but is not that one, why)."""
+    name = options.model_config().name
+    path = run_dir / f"{name}.record.json"
+    if not (path.is_file() and (run_dir / f"{name}.pt").is_file()):
+        return None, None
+    wanted = json.loads(json.dumps(asdict(options)))
+    try:  # our own file, but a file: an edit or a copy cut short is a run to train again, not a traceback
+        record = parse_json(path.read_text())
+        found = record["options"]
+        differ = [f"--{name.replace('_', '-')} {found.get(name)}, not {value}"
+                  for name, value in wanted.items() if found.get(name) != value]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None, f"holds a run whose record {path.name} cannot be read"
+    return (record, None) if not differ else (None, f"holds a run trained with other options ({', '.join(differ)})")
 
 
 def adapter_table(runs: dict[str, dict[int, dict]]) -> str:
@@ -187,9 +190,12 @@ def _bundle_of(bundle_dir: Path, checkpoint: dict | None, threshold: float, fps:
     """The manifest of the bundle in ``bundle_dir`` if it was exported from ``checkpoint`` at ``threshold`` and
     ``fps``; else None. A model trained again into its run's folder had been scored by ONNX Runtime from the bundle
     of the model it replaced, a gap between PyTorch's row and the others that no export made."""
-    if not (bundle_dir / MANIFEST_NAME).is_file():
+    try:  # a damaged manifest: a bundle to export again, as export replaces it
+        manifest = parse_json((bundle_dir / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
         return None
-    manifest = json.loads((bundle_dir / MANIFEST_NAME).read_text())
+    if not isinstance(manifest, dict):
+        return None
     same = (manifest.get("checkpoint") == checkpoint and manifest.get("thresholds", {}).get("default") == threshold
             and manifest.get("fps") == fps)
     return manifest if same else None

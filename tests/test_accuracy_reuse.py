@@ -3,6 +3,7 @@ and only a bundle exported from that run's checkpoint at its threshold. Anything
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import sys
 from conftest import random_model
 from test_training import SMALL, small_options
 
-from sdqes_edge.benchmarks.accuracy import export_formats
+from sdqes_edge.benchmarks.accuracy import _bundle_of, export_formats
 from sdqes_edge.files import file_sha256
 from sdqes_edge.runtime.bundle import load_bundle
 
@@ -66,3 +67,21 @@ def test_a_bundle_of_another_checkpoint_or_threshold_is_exported_again_and_its_r
     said.clear()
     assert export_formats(model, bundle, 0.6, SMALL, log=said.append, checkpoint=retrained) == (precisions, {})
     assert said == []  # read back, not made again
+    (bundle / "manifest.json").write_text('{"checkpoint": ')  # damaged: a bundle to export again, as export replaces it
+    assert _bundle_of(bundle, retrained, 0.6, SMALL.fps) is None
+
+
+def test_a_run_whose_record_cannot_be_read_is_trained_again_and_said(tmp_path):
+    """A record cut short (or edited) ended the table in a JSONDecodeError traceback."""
+    from sdqes_edge.benchmarks.accuracy import trained_run
+
+    options = dataclasses.replace(SMALL, adapter="none")
+    run_dir = tmp_path / "none-seed0"
+    run_dir.mkdir()
+    (run_dir / "synthetic.pt").write_bytes(b"a checkpoint")
+    (run_dir / "synthetic.record.json").write_text('{"options": {"steps": 3')
+    said: list[str] = []
+    record = trained_run(options, run_dir, said.append, lambda: None, None)
+    assert said[0] == (f"note: {run_dir} holds a run whose record synthetic.record.json cannot be read; it is "
+                       "trained again with these")
+    assert record["options"]["steps"] == SMALL.steps and (run_dir / "synthetic.pt").read_bytes() != b"a checkpoint"
