@@ -4,6 +4,8 @@ otherwise; and the bundle carries the record, so that a run can say what the mod
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_training import SMALL
 
@@ -63,3 +65,17 @@ def test_a_checkpoint_without_a_training_record_keeps_the_defaults(tmp_path, cap
     _export(tmp_path / "plain.pt", tmp_path / "bundle", "--quiet")
     bundle = load_bundle(tmp_path / "bundle")
     assert bundle.manifest["thresholds"]["default"] == DEFAULT_THRESHOLD and bundle.training_record is None
+
+
+def test_the_export_train_prints_next_makes_a_bundle_at_the_calibrated_threshold_whole(tmp_path, capsys):
+    """It printed --threshold rounded to four places, a threshold no validation stream chose either."""
+    from test_training import small_options
+
+    assert run(["train", *small_options(), "--out", str(tmp_path / "run")]) == 0
+    command = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert command[:3] == ["next:", "sdqes-edge", "export"] and "--threshold" not in command
+    args = command[2:]
+    args[args.index("--out") + 1] = str(tmp_path / "bundle")
+    assert run(args) == 0
+    record = json.loads((tmp_path / "run" / "synthetic+qrnn.record.json").read_text())
+    assert load_bundle(tmp_path / "bundle").manifest["thresholds"]["default"] == record["threshold"]

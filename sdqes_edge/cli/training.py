@@ -153,8 +153,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         release(lock)
     show(f"wrote {result.checkpoint} and {out / (result.checkpoint.stem + '.record.json')}")
-    print(f"\nnext: {PROG} export --checkpoint {result.checkpoint} --threshold {result.record['threshold']:.4f} "
-          f"--out bundles/{result.checkpoint.stem}")
+    # No --threshold: export takes the calibrated one from the checkpoint's record, whole, and says so.
+    print(f"\nnext: {PROG} export --checkpoint {result.checkpoint} --out bundles/{result.checkpoint.stem}")
     return 0
 
 
