@@ -58,13 +58,15 @@ def adapter_runs(base: TrainOptions, kinds: list[str], seeds: list[int], out: Pa
 
 
 def trained_run(options: TrainOptions, run_dir: Path, log: Callable[[str], None],
-                splits: Callable[[], dict[str, StreamSet]], progress: Callable | None) -> dict:
+                splits: Callable[[], dict[str, StreamSet]], progress: Callable | None, say_reused: bool = True) -> dict:
     """The record of the run of ``options`` in ``run_dir``: the one finished there with exactly these options (an
-    interrupted table resumes), else trained now. A run there with other options (an earlier table's --steps) is
-    trained again and said: reused, its model had been scored under this table's recipe."""
+    interrupted table resumes; said unless ``say_reused`` is False), else trained now. A run there with other options
+    (an earlier table's --steps) is trained again and said: reused, its model had been scored under this table's
+    recipe."""
     record, why_not = _finished_record(run_dir, options)
     if record is not None:
-        log(f"{options.adapter} seed {options.seed}: reusing the finished run in {run_dir}")
+        if say_reused:
+            log(f"{options.adapter} seed {options.seed}: reusing the finished run in {run_dir}")
         return record
     if why_not:
         log(f"note: {run_dir} {why_not}; it is trained again with these")
@@ -82,8 +84,8 @@ def _finished_record(run_dir: Path, options: TrainOptions) -> tuple[dict | None,
     try:  # our own file, but a file: an edit or a copy cut short is a run to train again, not a traceback
         record = parse_json(path.read_text())
         found = record["options"]
-        differ = [f"--{name.replace('_', '-')} {found.get(name)}, not {value}"
-                  for name, value in wanted.items() if found.get(name) != value]
+        differ = [f"--{option.replace('_', '-')} {found.get(option)}, not {value}"
+                  for option, value in wanted.items() if found.get(option) != value]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None, f"holds a run whose record {path.name} cannot be read"
     return (record, None) if not differ else (None, f"holds a run trained with other options ({', '.join(differ)})")
@@ -275,14 +277,17 @@ def checkpoint_path(out: Path, base: TrainOptions, kind: str, seed: int) -> Path
 
 
 def format_section(kind: str, seed: int, base: TrainOptions, out: Path, splits: Callable[[], dict[str, StreamSet]],
-                   log: Callable[[str], None], progress: Callable | None) -> tuple[list[str], dict]:
+                   log: Callable[[str], None], progress: Callable | None,
+                   in_adapter_table: bool = False) -> tuple[list[str], dict]:
     """The per-format table of one kind's ``seed`` model (trained here if the kind table did not): Markdown
-    lines and the report's entry."""
+    lines and the report's entry. ``in_adapter_table``: this run's adapter table has trained or taken back that
+    model already, and said so."""
     checkpoint = checkpoint_path(out, base, kind, seed)
     run_dir = checkpoint.parent
     # A checkpoint there trained with other options had been scored as this table's (a run of --steps 20 under a
     # table of --steps 40): each format's row is of the model this table's recipe trains.
-    record = trained_run(replace(base, adapter=kind, seed=seed), run_dir, log, splits, progress)
+    record = trained_run(replace(base, adapter=kind, seed=seed), run_dir, log, splits, progress,
+                         say_reused=not in_adapter_table)
     rows, refused = format_rows(checkpoint, splits()["test"], record["threshold"], run_dir / "bundle", base, log)
     md = [f"## Per deployment format ({kind}, seed {seed})", "", format_table(rows), ""]
     for precision, why in refused.items():
@@ -326,7 +331,8 @@ def run(base: TrainOptions, kinds: list[str], seeds: list[int], format_kinds: li
         _write(out, md, report)  # the adapter table stands even if the format part fails
     report["formats"] = {}
     for kind in format_kinds:
-        section, report["formats"][kind] = format_section(kind, seeds[0], base, out, splits, log, progress)
+        section, report["formats"][kind] = format_section(kind, seeds[0], base, out, splits, log, progress,
+                                                          in_adapter_table=kind in kinds)
         md += section
         _write(out, md, report)  # each finished kind stands even if a later one fails
     report["seconds"] = round(time.perf_counter() - started, 1)

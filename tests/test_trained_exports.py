@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_training import SMALL
+from test_training import SMALL, small_options
 
 from sdqes_edge.checkpoints import load_model
 from sdqes_edge.cli import run
@@ -69,8 +69,6 @@ def test_a_checkpoint_without_a_training_record_keeps_the_defaults(tmp_path, cap
 
 def test_the_export_train_prints_next_makes_a_bundle_at_the_calibrated_threshold_whole(tmp_path, capsys):
     """It printed --threshold rounded to four places, a threshold no validation stream chose either."""
-    from test_training import small_options
-
     assert run(["train", *small_options(), "--out", str(tmp_path / "run")]) == 0
     command = capsys.readouterr().out.strip().splitlines()[-1].split()
     assert command[:3] == ["next:", "sdqes-edge", "export"] and "--threshold" not in command

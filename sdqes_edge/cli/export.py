@@ -92,7 +92,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     # Before the (possibly slow) checkpoint load; a query's length is checked once its text positions are known.
     check_options(options, lambda message: None, context_length=None if args.checkpoint else CONTEXT_LENGTH)
     check_target(Path(args.out))
-    checkpoint = None
+    checkpoint = training_record = None
     if args.checkpoint:
         from sdqes_edge.checkpoints import load_resolving_unstored
 
@@ -103,7 +103,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         checkpoint = {"file": Path(args.checkpoint).name, "sha256": loaded.sha256,
                       "source_format": loaded.source_format,
                       "heads": {"vision": model.cfg.vision.heads, "text": model.cfg.text.heads, "rule": unstored.rule}}
-        options = _as_trained(options, args, loaded.training_record)
+        training_record = loaded.training_record  # `sdqes-edge train`'s, where it made the checkpoint
+        options = _as_trained(options, args, training_record)
     else:
         from sdqes_edge.model.init import randomize_adapters
 
@@ -112,7 +113,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if not args.quiet:
         show(f"exporting {model.cfg.name} from {source} to {args.out}")
     result = export_bundle(model, args.out, options, checkpoint=checkpoint,
-                           training_record=loaded.training_record if args.checkpoint else None,
+                           training_record=training_record,
                            log=progress_log(args.quiet))
     show(f"\nwrote {result.out} in {result.seconds:.1f} s:")
     for name, entry in sorted(result.manifest["files"].items()):
