@@ -238,5 +238,6 @@ def load_resolving_unstored(path: str, vision_heads: int | None = None, text_hea
     flags or the config that describes its layout, and the model built."""
     check_unstored_flags(vision_heads, text_heads, model_config)
     ckpt = read_checkpoint(path)
-    unstored = resolve_unstored(path, vision_heads, text_heads, mlp_activation, model_config, ckpt.source_format)
+    unstored = resolve_unstored(path, vision_heads, text_heads, mlp_activation, model_config, ckpt.source_format,
+                                ckpt.training_record)
     return model_from_checkpoint(ckpt, path, **unstored.overrides()), ckpt, unstored

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint_files import TRANSFORMERS_FORMAT, is_torchscript
-from .config import CLIP_MEAN, CLIP_MLP_ACTIVATION, CLIP_STD, PreprocessConfig
+from .config import CLIP_MEAN, CLIP_MLP_ACTIVATION, CLIP_STD, ModelConfig, PreprocessConfig
 from .errors import UserError
 from .files import parse_json, user_text_encoding
 from .path_checks import path_problem
@@ -153,29 +153,47 @@ def check_unstored_flags(vision_heads: int | None = None, text_heads: int | None
                         "transformers config.json)")
 
 
-def _preprocess_words(preprocess: PreprocessConfig | None, source: Path | None) -> str:
-    """Where the preprocessing came from, in the rule's words."""
+def _preprocess_words(preprocess: PreprocessConfig | None, source: Path | None, named: str | None = None) -> str:
+    """Where the preprocessing came from, in the rule's words (``named``: a source that is no file of its own)."""
+    name = named or (source.name if source else None)
     if preprocess is None and source is not None and source.is_file():
-        return f"preprocessing: CLIP's (none in {source.name})"
+        return f"preprocessing: CLIP's (none in {name})"
     if preprocess is None:
-        return f"preprocessing: CLIP's (no {source.name if source else 'model config'} beside the checkpoint)"
+        return f"preprocessing: CLIP's (no {name or 'model config'} beside the checkpoint)"
     if preprocess == PreprocessConfig():
-        return f"preprocessing CLIP's (from {source.name})"
+        return f"preprocessing CLIP's (from {name})"
     resize = "shorter side resized, center-cropped" if preprocess.resize_shorter_side else "squashed to the square"
-    return f"preprocessing mean {list(preprocess.mean)}, std {list(preprocess.std)}, {resize} (from {source.name})"
+    return f"preprocessing mean {list(preprocess.mean)}, std {list(preprocess.std)}, {resize} (from {name})"
+
+
+TRAINING_RECORD_SOURCE = "its training record"  # how the rule names a `sdqes-edge train` checkpoint's own config
+
+
+def recorded_choices(training_record: dict | None) -> tuple[int, int, str, PreprocessConfig] | None:
+    """(vision heads, text heads, MLP activation, preprocessing) from the model config `sdqes-edge train` recorded
+    in its checkpoint: what the weights do not store, stored beside them; None where no readable one is."""
+    try:
+        cfg = ModelConfig.from_dict(training_record["model"])  # type: ignore[index]
+    except (KeyError, TypeError, UserError):
+        return None
+    return cfg.vision.heads, cfg.text.heads, cfg.vision.mlp_activation, cfg.preprocess
 
 
 def resolve_unstored(checkpoint: str, vision_heads: int | None = None, text_heads: int | None = None,
                      mlp_activation: str | None = None, model_config: str | None = None,
-                     source_format: str | None = None) -> UnstoredChoices:
-    """Flags first, then a model config (given, or found beside the checkpoint), then CLIP's conventions.
+                     source_format: str | None = None, training_record: dict | None = None) -> UnstoredChoices:
+    """Flags first, then a model config (given; else the one a `sdqes-edge train` checkpoint records, its
+    ``training_record``; else one found beside the checkpoint), then CLIP's conventions.
 
     ``source_format`` (``LoadedCheckpoint.source_format``) says which config beside describes the file; without it
     the file is taken for CLIP's layout, and an OpenAI archive is told by its contents.
     """
     check_unstored_flags(vision_heads, text_heads, model_config)
-    config_path = Path(model_config) if model_config else model_config_beside(checkpoint, source_format)
-    from_config = read_model_config(config_path) if config_path else (None, None, None, None)
+    recorded = None if model_config else recorded_choices(training_record)
+    config_path = (None if recorded else Path(model_config) if model_config
+                   else model_config_beside(checkpoint, source_format))
+    from_config = recorded or (read_model_config(config_path) if config_path else (None, None, None, None))
+    config_name = TRAINING_RECORD_SOURCE if recorded else config_path.name if config_path else None
     preprocess, preprocess_source = from_config[3], config_path
     if source_format == TRANSFORMERS_FORMAT:  # transformers keeps the image processor's settings apart
         preprocess_source = Path(checkpoint).parent / TRANSFORMERS_PREPROCESSOR_NAME
@@ -198,8 +216,9 @@ def resolve_unstored(checkpoint: str, vision_heads: int | None = None, text_head
         if given is not None:
             words.append(f"{what} {shown} ({given_by})")
         elif config_value is not None:
-            words.append(f"{what} {shown} (from {config_path.name})")
+            words.append(f"{what} {shown} (from {config_name})")
         else:
             words.append(f"{what}: {convention}; no model config beside the checkpoint)")
+    from_record = TRAINING_RECORD_SOURCE if recorded else None  # no file to name (transformers' preprocessor is one)
     return UnstoredChoices(*chosen, preprocess, rule=f"attention heads: {words[0]}, {words[1]}; {words[2]}; "
-                                                    f"{_preprocess_words(preprocess, preprocess_source)}")
+                                                    f"{_preprocess_words(preprocess, preprocess_source, from_record)}")

@@ -77,3 +77,24 @@ def test_the_export_train_prints_next_makes_a_bundle_at_the_calibrated_threshold
     assert run(args) == 0
     record = json.loads((tmp_path / "run" / "synthetic+qrnn.record.json").read_text())
     assert load_bundle(tmp_path / "bundle").manifest["thresholds"]["default"] == record["threshold"]
+
+
+def test_what_the_weights_do_not_store_is_read_from_the_record_not_guessed_by_clips_rule(trained, tmp_path):
+    """Head counts and the MLP activation are not in the weights: the record's model config gives them, where CLIP's
+    rule (width // 64) had been taken, and said to be taken "for no model config beside the checkpoint"."""
+    import torch
+
+    from sdqes_edge.checkpoints import load_resolving_unstored
+    from sdqes_edge.train_options import CHECKPOINT_RECORD_KEY
+
+    checkpoint, _ = trained
+    saved = torch.load(checkpoint, weights_only=True)
+    saved[CHECKPOINT_RECORD_KEY]["model"]["vision"]["heads"] = 2  # width 64: CLIP's rule gives 1
+    torch.save(saved, tmp_path / "two-heads.pt")
+    model, _, unstored = load_resolving_unstored(str(tmp_path / "two-heads.pt"))
+    assert model.cfg.vision.heads == 2 and model.cfg.text.heads == 1
+    assert unstored.rule == ("attention heads: vision 2 (from its training record), text 1 (from its training "
+                             "record); MLP activation QuickGELU (from its training record); preprocessing CLIP's "
+                             "(from its training record)")
+    # A flag still comes first.
+    assert load_resolving_unstored(str(tmp_path / "two-heads.pt"), vision_heads=4)[0].cfg.vision.heads == 4
