@@ -25,7 +25,14 @@ from .config import (
 )
 from .errors import UserError
 from .model.sdqes_model import SDQESModel
-from .model_configs import HEAD_WIDTH, UnstoredChoices, check_unstored_flags, resolve_unstored
+from .model_configs import (
+    HEAD_WIDTH,
+    TRAINING_RECORD_SOURCE,
+    UnstoredChoices,
+    check_unstored_flags,
+    recorded_choices,
+    resolve_unstored,
+)
 from .path_checks import as_path
 
 VISION_BLOCK = "visual.transformer.resblocks."
@@ -225,9 +232,14 @@ def model_from_checkpoint(ckpt: LoadedCheckpoint, path: str, config: ModelConfig
 
 def load_model(path: str | os.PathLike, config: ModelConfig | None = None,
                **infer_overrides: Any) -> tuple[SDQESModel, LoadedCheckpoint]:
-    """Build the model a checkpoint describes (or ``config``, checked against it) and load its weights."""
+    """Build the model a checkpoint describes (or ``config``, checked against it) and load its weights. What the
+    weights do not store comes from ``infer_overrides``, else from a `sdqes-edge train` checkpoint's record, else
+    from CLIP's conventions."""
     path = str(as_path(path, "load_model takes"))  # the model is named after it
     ckpt = read_checkpoint(path)
+    recorded = recorded_choices(ckpt.training_record) if config is None else None
+    if recorded:
+        infer_overrides = {**UnstoredChoices(*recorded, rule=TRAINING_RECORD_SOURCE).overrides(), **infer_overrides}
     return model_from_checkpoint(ckpt, path, config, **infer_overrides), ckpt
 
 

@@ -96,5 +96,6 @@ def test_what_the_weights_do_not_store_is_read_from_the_record_not_guessed_by_cl
     assert unstored.rule == ("attention heads: vision 2 (from its training record), text 1 (from its training "
                              "record); MLP activation QuickGELU (from its training record); preprocessing CLIP's "
                              "(from its training record)")
+    assert load_model(tmp_path / "two-heads.pt")[0].cfg.vision.heads == 2  # the Python API reads it too
     # A flag still comes first.
     assert load_resolving_unstored(str(tmp_path / "two-heads.pt"), vision_heads=4)[0].cfg.vision.heads == 4
