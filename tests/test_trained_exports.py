@@ -99,3 +99,11 @@ def test_what_the_weights_do_not_store_is_read_from_the_record_not_guessed_by_cl
     assert load_model(tmp_path / "two-heads.pt")[0].cfg.vision.heads == 2  # the Python API reads it too
     # A flag still comes first.
     assert load_resolving_unstored(str(tmp_path / "two-heads.pt"), vision_heads=4)[0].cfg.vision.heads == 4
+
+
+def test_info_on_a_checkpoint_names_its_export_as_what_comes_next(trained, capsys):
+    """It named `check`, which checks presets with random weights and never reads the checkpoint."""
+    checkpoint, _ = trained
+    assert run(["info", "--checkpoint", str(checkpoint)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        f"next: sdqes-edge export --checkpoint {checkpoint} --out bundles/synthetic-qrnn")

@@ -17,6 +17,7 @@ from sdqes_edge.cli.common import (
     model_from_args,
     path_text,
     seed_number,
+    show,
 )
 from sdqes_edge.config import ADAPTER_KINDS, PRESETS, ModelConfig, preset, with_authors_adapter
 from sdqes_edge.errors import UserError
@@ -60,7 +61,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {t.input_name:44s} {list(t.shape)}")
     if len(spec) > args.show_state:
         print(f"  ... {len(spec) - args.show_state} more (--show-state N, or --json for all)")
-    print(f"\nnext: {PROG} check   (step form against window form for every adapter kind)")
+    if args.checkpoint:  # a model of one's own: its bundle is what comes next
+        show(f"\nnext: {PROG} export --checkpoint {args.checkpoint} --out bundles/{cfg.name.replace('+', '-')}")
+    else:
+        print(f"\nnext: {PROG} check   (step form against window form for every adapter kind)")
     return 0
 
 
