@@ -134,8 +134,11 @@ def length_mismatches(annotations: list[Annotation], streams: list[StreamScores]
     return found
 
 
-def length_mismatch_words(found: list[tuple[str, float, float]]) -> str:
-    """The warning on ``length_mismatches``, naming the first."""
+def length_mismatch_words(annotations: list[Annotation], streams: list[StreamScores]) -> str | None:
+    """The warning on ``length_mismatches``, naming the first; None where there are none."""
+    found = length_mismatches(annotations, streams)
+    if not found:
+        return None
     stream, traced, video = found[0]
     more = f"; {len(found) - 1} more" if len(found) > 1 else ""
     return (f"{len(found)} score trace(s) ran their video to its end at a length far from the one their annotations "

@@ -114,12 +114,12 @@ def ignore_termination() -> None:
 
 
 @contextlib.contextmanager
-def handlers_kept():
-    """Within the block, code may install its own SIGTERM/SIGHUP handlers; the ones before are put back after
-    it (main thread only). For libraries that take the signals over as they start: Ray's ``init`` installs a
-    crash logger on SIGTERM that prints a stack dump and exits 1, so a stopped run neither cleaned up nor said so.
+def handlers_kept(signals: tuple[int, ...] = TERMINATION_SIGNALS):
+    """Within the block, code may install its own handlers of ``signals`` (SIGTERM/SIGHUP); the ones before are put
+    back after it (main thread only). For libraries that take the signals over as they start: Ray's ``init`` installs
+    a crash logger on SIGTERM that prints a stack dump and exits 1, so a stopped run neither cleaned up nor said so.
     """
-    previous = {signum: signal.getsignal(signum) for signum in TERMINATION_SIGNALS} if _in_main_thread() else {}
+    previous = {signum: signal.getsignal(signum) for signum in signals} if _in_main_thread() else {}
     try:
         yield
     finally:
@@ -138,16 +138,14 @@ def stops_held():
         yield
         return
     received: list[int] = []
-    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    held = [signum for signum, handler in previous.items() if handler is not None]  # None: not Python's to put back
-    for signum in held:
-        signal.signal(signum, lambda signum, _frame: received.append(signum))
     try:
-        yield
-    finally:
-        for signum in held:
-            signal.signal(signum, previous[signum])
-        for signum in received:  # each as it came: a second Ctrl-C meanwhile still stops at once after the file
+        with handlers_kept(STOP_SIGNALS):
+            for signum in STOP_SIGNALS:
+                if signal.getsignal(signum) is not None:  # None: not Python's, so not put back, so not taken
+                    signal.signal(signum, lambda signum, _frame: received.append(signum))
+            yield
+    finally:  # the handlers before are back: each held signal reaches its own, as it came (a second Ctrl-C too)
+        for signum in received:
             signal.raise_signal(signum)
 
 

@@ -106,7 +106,7 @@ def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) ->
     """The score traces to evaluate: the runtime's (--scores) and each baseline's; and the annotations the runtime's
     leave out, by row and why (``Matched.put_aside_rows``; empty without --scores)."""
     from sdqes_edge.annotations import oracle_traces, random_traces
-    from sdqes_edge.evaluation import length_mismatch_words, length_mismatches, match_traces
+    from sdqes_edge.evaluation import length_mismatch_words, match_traces
 
     methods: Methods = {}
     set_aside: dict = {}
@@ -116,8 +116,8 @@ def _methods(args: argparse.Namespace, annotations: list, target_bundle=None) ->
         traces = load_score_dir(args.scores)
         _check_one_model(traces, args.scores, target_bundle)
         matched = match_traces(annotations, traces)
-        if mismatched := length_mismatches(annotations, traces):
-            warn(length_mismatch_words(mismatched))
+        if mismatch := length_mismatch_words(annotations, traces):
+            warn(mismatch)
         notes = matched.put_aside_notes()
         if not matched.traces and notes:
             raise UserError(f"none of the {len(annotations)} annotations can be scored: the "

@@ -20,7 +20,6 @@ def report_scores(out: Path, tasks: list, annotations: list, thresholds: tuple[f
         evaluate_with,
         late_words,
         length_mismatch_words,
-        length_mismatches,
         match_traces,
         text_table,
         write_reports,
@@ -29,8 +28,8 @@ def report_scores(out: Path, tasks: list, annotations: list, thresholds: tuple[f
 
     traces = [load_scores(trace_path(out, t.stream)) for t in tasks if trace_path(out, t.stream).is_file()]
     matched = match_traces(annotations, traces)
-    if mismatched := length_mismatches(annotations, traces):
-        warn(length_mismatch_words(mismatched))
+    if mismatch := length_mismatch_words(annotations, traces):
+        warn(mismatch)
     if not matched.traces:
         notes = "; and ".join(why for _, why in matched.put_aside_notes())
         say(f"none of the scored streams' annotations can be scored: {notes}" if notes
