@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import subprocess
 import sys
@@ -47,10 +48,11 @@ def quick_bench(tmp_path_factory):
     (about 30 s). (its results, its folder, the sessions it made)"""
     from sdqes_edge.cli import run as cli
 
-    out = tmp_path_factory.mktemp("quick_bench")
-    with recording_sessions() as sessions:
+    out, said = tmp_path_factory.mktemp("quick_bench"), io.StringIO()
+    with recording_sessions() as sessions, contextlib.redirect_stderr(said):
         assert cli(["bench", "--quick", "--repetitions", "3", "--out", str(out)]) == 0
-    return SimpleNamespace(results=json.loads((out / "bench.json").read_text()), out=out, sessions=sessions)
+    return SimpleNamespace(results=json.loads((out / "bench.json").read_text()), out=out, sessions=sessions,
+                           stderr=said.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +106,13 @@ def test_bench_quick_writes_every_section_with_the_machine_description(quick_ben
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "| window4 |" in (out / "bench.md").read_text()
     assert rows["qrnn"]["kernels"] > rows["none"]["kernels"] > 0  # kernels per step, from ORT's profiler
+
+
+def test_the_bench_warns_of_no_threshold_it_set_out_of_reach_itself(quick_bench):
+    # Its alerting section keeps every query off, then on, with thresholds no score reaches or every score passes;
+    # the warning a user's query gets for such a threshold had been printed twice by every bench.
+    assert "query 0 of the bench" not in quick_bench.stderr
+    assert "never reached" not in quick_bench.stderr and "below every score" not in quick_bench.stderr
 
 
 def test_the_device_section_runs_its_rows_on_the_cpu_where_no_gpu_is(device_rows_on_the_cpu):
