@@ -134,11 +134,16 @@ def _to_uint8(dtype: np.dtype) -> str:
 
 
 def _conversion(image: np.ndarray) -> str:
-    """How to make a grey or BGRA image the BGR frame the model takes (empty for other shapes)."""
+    """How to make a grey, BGRA, channels-first or batched image the BGR frame the model takes (empty for other
+    shapes)."""
     if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
         return "; for a grey image, pass cv2.cvtColor(image, cv2.COLOR_GRAY2BGR)"
     if image.ndim == 3 and image.shape[2] == 4:
         return "; for a BGRA image, drop its alpha: image[:, :, :3]"
+    if image.ndim == 3 and image.shape[0] in (3, 4):  # a tensor's layout, [C, H, W], as numpy() gives it
+        return "; for a channels-first image [3, H, W], pass image.transpose(1, 2, 0)"
+    if image.ndim == 4 and image.shape[0] == 1:
+        return "; for a batch of one image [1, H, W, 3], pass image[0] (each stream's frame is a Frame of its own)"
     return ""
 
 

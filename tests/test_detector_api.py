@@ -150,10 +150,12 @@ def test_a_precision_that_does_not_exist_and_a_query_that_is_not_text_are_named_
     (None, r"got a NoneType"),
     (np.zeros((48, 64), np.uint8), r"got shape \(48, 64\); for a grey image, pass cv2.cvtColor\(image, cv2.COLOR_GRAY"),
     (np.zeros((48, 64, 4), np.uint8), r"got shape \(48, 64, 4\); for a BGRA image, drop its alpha: image\[:, :, :3\]$"),
+    (np.zeros((3, 48, 64), np.uint8), r"got shape \(3, 48, 64\); for a channels-first image .*transpose\(1, 2, 0\)$"),
+    (np.zeros((1, 48, 64, 3), np.uint8), r"got shape \(1, 48, 64, 3\); for a batch of one image .*pass image\[0\]"),
 ])
 def test_an_empty_grey_or_bgra_frame_or_one_that_is_no_array_is_refused_in_words(detector, image, words):
     """An empty frame divided by its zero side (ZeroDivisionError); a PIL image or a list failed inside numpy; a
-    grey or BGRA image is refused with the conversion that makes it a BGR frame."""
+    grey, BGRA, channels-first or batched image is refused with the conversion that makes it a BGR frame."""
     with pytest.raises(UserError, match=words):
         detector.step([Frame(image=image, time=0.0, index=0)])
 
