@@ -179,7 +179,7 @@ class CApi:
 
     def __init__(self, library: Path):
         import ctypes
-        from ctypes import POINTER, c_char_p, c_float, c_int, c_size_t, c_uint8, c_void_p
+        from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_uint8, c_void_p
 
         self.ctypes, self.lib = ctypes, ctypes.CDLL(str(library))
         error = [c_char_p, c_size_t]
@@ -201,7 +201,11 @@ class CApi:
                 ("sdqes_step_save_memory", c_int, [c_void_p, c_int, c_char_p, *error]),
                 ("sdqes_step_load_memory", c_int, [c_void_p, c_int, c_char_p, *error]),
                 ("sdqes_step_description", c_char_p, [c_void_p]),
-                ("sdqes_step_close", None, [c_void_p])):
+                ("sdqes_step_close", None, [c_void_p]),
+                ("sdqes_alert_for_label", c_void_p, [c_void_p, c_char_p, *error]),
+                ("sdqes_alert_update", c_int, [c_void_p, c_double, c_double]),
+                ("sdqes_alert_pace_problem", c_char_p, [c_void_p]),
+                ("sdqes_alert_free", None, [c_void_p])):
             function = getattr(self.lib, name)
             function.restype, function.argtypes = result, arguments
         self.error = ctypes.create_string_buffer(512)

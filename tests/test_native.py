@@ -23,6 +23,7 @@ from native_vectors import (
     alert_event_lines,
     alert_frames,
     manifest_without,
+    pace_problem,
     plant_confinement_case,
     preprocess_expected,
     query_policy,
@@ -53,6 +54,8 @@ def test_the_python_runtime_still_produces_the_shared_vectors():
         assert query_policy(case) == case["expected"], case["name"]
     assert alert_event_lines() == json.loads((VECTORS / "alert_events.json").read_text())
     assert source_kind_cases() == json.loads((VECTORS / "source_kinds.json").read_text())
+    for case in json.loads((VECTORS / "pacing.json").read_text()):
+        assert pace_problem(case) == case["expected"], case["name"]
     expected = json.loads((VECTORS / "bundle_expected.json").read_text())
     bundle = load_bundle(VECTORS / "bundle")
     assert bundle.state_spec.to_list() == expected["state"]

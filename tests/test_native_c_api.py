@@ -230,3 +230,39 @@ def test_the_c_example_streams_raw_frames_and_alerts_as_sdqes_edge_run_does(sdqe
     assert [(float(t), QUERIES[int(q)].text, message) for t, q, _, message in native] == \
         [(round(a["stream_time"], 3), a["query"], a["message"]) for a in python]  # printed to the millisecond
     assert max(abs(float(p) - a["score"]) for (_, _, p, _), a in zip(native, python)) < 1e-5
+
+
+def test_a_c_caller_stepping_every_camera_frame_is_told_once_as_the_python_runtime_tells_it(native_build, bundle,
+                                                                                             capfd):
+    """A ROS 2 node that gives sdqes_alert_update each image's stamp from a 30-fps camera, into a model trained at
+    5 fps: each query's alert finds it at the frame where Python's detector warns, in the same words, and stderr
+    gets it once, not once per query."""
+    import warnings
+
+    from sdqes_edge.runtime import Frame, FrameRateWarning, StreamingDetector
+
+    times = [k / 30 for k in range(40)]
+    detector = StreamingDetector(bundle)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FrameRateWarning)
+        for index, time in enumerate(times):
+            detector.step([Frame(image=np.zeros((48, 64, 3), np.uint8), time=time, index=index)])
+    python_words = str(caught[0].message).removeprefix("stream0: ").split(";")[0]
+    api = CApi(native_build / "libsdqes.so")
+    handle = api.bundle_open(bundle.encode(), api.error, len(api.error))
+    alerts = [api.alert_for_label(handle, None, api.error, len(api.error)) for _ in QUERIES]
+    assert all(alerts), api.said()
+    capfd.readouterr()
+    found_at = {}
+    for index, time in enumerate(times):
+        for q, alert in enumerate(alerts):
+            assert api.alert_update(alert, 0.5, time) == 0
+            if api.alert_pace_problem(alert) and q not in found_at:
+                found_at[q] = index
+    assert found_at == {q: 8 for q in range(len(QUERIES))}
+    said = [api.alert_pace_problem(alert).decode() for alert in alerts]
+    assert all(words.split(";")[0] == python_words for words in said), (said, python_words)
+    assert capfd.readouterr().err.splitlines() == [f"sdqes: warning: {said[0]}"]
+    for alert in alerts:
+        api.alert_free(alert)
+    api.bundle_close(handle)

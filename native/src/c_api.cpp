@@ -1,15 +1,19 @@
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 
 #include <opencv2/core.hpp>
 
 #include "sdqes/memory_file.hpp"
+#include "sdqes/pacing.hpp"
 #include "sdqes/runtime.hpp"
 #include "sdqes/sdqes.h"
 #include "sdqes/step_backend.hpp"
@@ -20,8 +24,12 @@ struct sdqes_bundle {
   std::string no_queries;
 };
 struct sdqes_alert {
+  explicit sdqes_alert(sdqes::AlertState policy_state) : state(std::move(policy_state)) {}
   sdqes::AlertState state;
   double last_time = -std::numeric_limits<double>::infinity();  // the stream time of the last update taken
+  // Its times against the bundle's rate (sdqes_alert_for_label of a model with state); none for sdqes_alert_new,
+  // which knows no rate, and for a model that sees each frame alone.
+  std::optional<sdqes::StreamPace> pace;
 };
 struct sdqes_step {
   sdqes::OpenedStep opened;
@@ -35,6 +43,15 @@ struct sdqes_step {
 };
 
 namespace {
+// A warning on stderr, as Python shows a warning a program has not filtered: each text once in the process (every
+// query's alert of a stream finds the same problem at the same frame).
+void say_once(const std::string& warning) {
+  static std::mutex lock;
+  static std::set<std::string> said;
+  const std::lock_guard<std::mutex> held(lock);
+  if (said.insert(warning).second) std::fprintf(stderr, "sdqes: warning: %s\n", warning.c_str());
+}
+
 void set_error(char* error, size_t size, const char* message) {
   if (error && size) {
     std::strncpy(error, message, size - 1);
@@ -176,7 +193,7 @@ sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, double coo
     if (!(exit_threshold < 0)) policy.exit_threshold = exit_threshold;  // NaN is checked, not taken as unset
     policy.cooldown_s = cooldown_s;
     if (max_alerts >= 1) policy.max_alerts = max_alerts;
-    return new sdqes_alert{sdqes::AlertState(policy)};
+    return new sdqes_alert(sdqes::AlertState(policy));
   } catch (const std::exception& e) {
     set_error(error, error_size, e.what());
     return nullptr;
@@ -189,7 +206,10 @@ sdqes_alert* sdqes_alert_for_label(const sdqes_bundle* b, const char* label, cha
     return nullptr;
   }
   try {
-    return new sdqes_alert{sdqes::AlertState(sdqes::query_policy(b->bundle, label ? label : "", std::nullopt, {}))};
+    auto alert = std::unique_ptr<sdqes_alert>(
+        new sdqes_alert(sdqes::AlertState(sdqes::query_policy(b->bundle, label ? label : "", std::nullopt, {}))));
+    if (!b->bundle.state.empty()) alert->pace.emplace(1.0 / b->bundle.fps);
+    return alert.release();
   } catch (const std::exception& e) {
     set_error(error, error_size, e.what());
     return nullptr;
@@ -203,13 +223,21 @@ int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_tim
     return -1;
   }
   alert->last_time = stream_time;
+  if (alert->pace && alert->pace->observe(stream_time) != sdqes::StreamPace::Problem::kNone) {
+    say_once(alert->pace->said());
+  }
   return alert->state.update(probability, stream_time) ? 1 : 0;
+}
+
+const char* sdqes_alert_pace_problem(const sdqes_alert* alert) {
+  return alert && alert->pace ? alert->pace->said().c_str() : "";
 }
 
 int sdqes_alert_reset(sdqes_alert* alert) {
   if (!alert) return -1;
   alert->state.reset();
   alert->last_time = -std::numeric_limits<double>::infinity();
+  if (alert->pace) alert->pace->restart();
   return 0;
 }
 

@@ -58,6 +58,13 @@ SDQES_API sdqes_alert* sdqes_alert_for_label(const sdqes_bundle* bundle, const c
  * the last one's (a new stream: sdqes_alert_reset first, or its cooldown would keep it quiet until the time passed
  * the last alert's again). */
 SDQES_API int sdqes_alert_update(sdqes_alert* alert, double probability, double stream_time);
+/* Whether the times given sdqes_alert_update come at the bundle's rate, for an alert of sdqes_alert_for_label of a
+ * model with state (its adapters were trained on frames 1 / fps seconds apart): "" while they do, else one line that
+ * says how they do not and what to give, as the Python runtime's FrameRateWarning says it. Over the last 8 intervals:
+ * frames clearly faster (their mean under 0.8 of the period: a camera's every frame), frames that keep one time, or
+ * each over 100 periods apart (times in milliseconds, where a 10 s cooldown passed in 10 ms). Found once, it stays,
+ * and is also written once on stderr ("sdqes: warning: ..."). Always "" for sdqes_alert_new (it knows no rate). */
+SDQES_API const char* sdqes_alert_pace_problem(const sdqes_alert* alert);
 /* A new stream: no run above the threshold, no alert counted, no cooldown, times from anew. 0, or -1 if NULL. */
 SDQES_API int sdqes_alert_reset(sdqes_alert* alert);
 SDQES_API void sdqes_alert_free(sdqes_alert* alert);
