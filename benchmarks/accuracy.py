@@ -165,8 +165,9 @@ def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions
     from sdqes_edge.export.exporter import ExportOptions, export_bundle
 
     refusals = bundle_dir.parent / "refused.json"
-    if (manifest := _bundle_of(bundle_dir, checkpoint, threshold, base.fps)) is not None:
-        return sorted(manifest["graphs"]["step"]), json.loads(refusals.read_text()) if refusals.is_file() else {}
+    manifest = _bundle_of(bundle_dir, checkpoint, threshold, base.fps)
+    if manifest is not None and (refused := _refusals_of(refusals, manifest["graphs"]["step"])) is not None:
+        return sorted(manifest["graphs"]["step"]), refused
     # What an earlier model's export left: its refusals and the graphs made to score them.
     for stale in (refusals, *bundle_dir.parent.glob("step.*.refused.onnx")):
         stale.unlink(missing_ok=True)
@@ -186,6 +187,20 @@ def export_formats(model, bundle_dir: Path, threshold: float, base: TrainOptions
             precisions.remove(exc.precision)
     write_text_atomically(refusals, json.dumps(refused, indent=2))
     return sorted(precisions), refused
+
+
+def _refusals_of(path: Path, shipped) -> dict[str, str] | None:
+    """The exporter's refusals written beside a bundle read back ({precision: why}), if they account for every
+    precision the bundle lacks; None where they are unreadable (a copy cut short: the table had ended in a
+    JSONDecodeError traceback) or do not (a deleted file: the refused precision's row was left out of the table
+    without a word), and then the bundle is exported again."""
+    try:
+        refused = parse_json(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return None
+    if not isinstance(refused, dict) or not all(isinstance(why, str) for why in refused.values()):
+        return None
+    return refused if set(refused) == set(PRECISIONS) - set(shipped) else None
 
 
 def _bundle_of(bundle_dir: Path, checkpoint: dict | None, threshold: float, fps: float) -> dict | None:

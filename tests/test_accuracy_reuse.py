@@ -85,3 +85,28 @@ def test_a_run_whose_record_cannot_be_read_is_trained_again_and_said(tmp_path):
     assert said[0] == (f"note: {run_dir} holds a run whose record synthetic.record.json cannot be read; it is "
                        "trained again with these")
     assert record["options"]["steps"] == SMALL.steps and (run_dir / "synthetic.pt").read_bytes() != b"a checkpoint"
+
+
+def test_a_bundle_whose_refusals_cannot_be_read_or_do_not_name_what_it_lacks_is_exported_again(tmp_path):
+    """A refusals file cut short ended the table in a JSONDecodeError traceback; one deleted while the bundle lacked
+    a refused precision left that precision's row out of the table without a word."""
+    model, bundle = random_model("none"), tmp_path / "none" / "bundle"
+    checkpoint = {"file": "synthetic.pt", "sha256": "a" * 64, "source_format": "sdqes-edge-training"}
+    export_formats(model, bundle, 0.5, SMALL, log=lambda _: None, checkpoint=checkpoint)
+    refusals = bundle.parent / "refused.json"
+    said: list[str] = []
+    for damage in ('{"fp16": ', '["fp16"]', '{"fp16": 3}', '{"int8": "drifts beyond its tolerance"}'):
+        refusals.write_text(damage)
+        said.clear()
+        assert export_formats(model, bundle, 0.5, SMALL, log=said.append, checkpoint=checkpoint) == \
+            (["fp16", "fp32", "int8"], {})
+        assert any(line.startswith("exporting to") for line in said), damage
+        assert json.loads(refusals.read_text()) == {}
+    # A bundle that lacks fp16 with no refusal on record of it: exported again, with all three.
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    del manifest["graphs"]["step"]["fp16"]
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    said.clear()
+    assert export_formats(model, bundle, 0.5, SMALL, log=said.append, checkpoint=checkpoint)[0] == \
+        ["fp16", "fp32", "int8"]
+    assert any(line.startswith("exporting to") for line in said)
