@@ -54,7 +54,7 @@ from sdqes_edge.tokenizer import default_tokenizer, vocab_path
 from . import graphs
 from .bundle_complexity import kernels_in_form, manifest_complexity
 from .drift import VariantDriftError, VariantReport, VerificationError, compare_variant, max_abs_error, run_stream
-from .options import ExportOptions, Query, check_options, check_target, thresholds_left_behind
+from .options import ExportOptions, Query, check_options, check_target, left_behind
 from .precision import (
     AUTO_FLOAT_BLOCKS,
     BACKBONE_POLICY,
@@ -121,8 +121,8 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
     options = check_options(options or ExportOptions(), lambda m: log(f"{WARNING_PREFIX}{m}"),
                             model.cfg.text.context_length)
     check_target(out)
-    if (left_behind := thresholds_left_behind(out)) is not None:
-        log(f"{WARNING_PREFIX}{left_behind}")
+    for dropped in left_behind(out):
+        log(f"{WARNING_PREFIX}{dropped}")
     cfg: ModelConfig = model.cfg
     was_training = model.training  # a model exported between training steps goes back to training
     # One export into a folder at a time: of two at once, each said it wrote the bundle, and the one that ended last

@@ -268,6 +268,27 @@ def _files_export_did_not_write(bundle: Path) -> list[str]:
                   if name not in own and not name.startswith(f"{ENGINES_FOLDER}/"))
 
 
+def left_behind(out: Path) -> list[str]:
+    """What an earlier bundle at ``out`` holds that the new one will not, in words: each a warning of its own."""
+    return [words for words in (thresholds_left_behind(out), engines_left_behind(out)) if words]
+
+
+def engines_left_behind(out: Path) -> str | None:
+    """The TensorRT engines ``build-engine`` made of an earlier bundle at ``out`` (minutes each on a Jetson), in
+    words; None if none. They were built from the graphs being replaced and go with them: they had gone without a
+    word, and the next `run --backend trt` found none."""
+    folder = out / ENGINES_FOLDER
+    # Names alone are read, and not through a link: a bundle's folder that leads out of it is not looked into.
+    engines = sorted(folder.glob("*/step.*.engine")) if folder.is_dir() and not folder.is_symlink() else []
+    if not engines:
+        return None
+    built = ", ".join(f"{engine.parent.name} {engine.name.split('.')[1]}" for engine in engines)
+    precisions = sorted({engine.name.split(".")[1] for engine in engines})
+    again = "; ".join(f"sdqes-edge build-engine {out} --precision {precision}" for precision in precisions)
+    return (f"--out {out} holds TensorRT engines built from the graphs it replaces ({built}), which go with them: "
+            f"build them again on each device ({again})")
+
+
 def thresholds_left_behind(out: Path) -> str | None:
     """What an earlier bundle at ``out`` was given after its export by ``eval --write-threshold`` (a calibrated
     threshold, thresholds per label, an alert policy), which the new bundle will not have, in words; None if nothing.
