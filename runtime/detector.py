@@ -126,8 +126,11 @@ class StreamingDetector:
 
     def default_policy(self, threshold: float | None = None, exit_threshold: float | None = None,
                        cooldown_s: float | None = None, max_alerts: int | None = None,
-                       label: str | None = None) -> AlertPolicy:
+                       label: str | None = None, **unknown) -> AlertPolicy:
         """The policy for a new query (``Bundle.policy_for``): what is given, else what the bundle recorded."""
+        if unknown:  # add_query(..., cooldown=10) was a TypeError naming this method, which no caller called
+            raise UserError(f"{', '.join(unknown)} is no option of a query's alert policy: give threshold, "
+                            "exit_threshold, cooldown_s (seconds), max_alerts or label")
         return self.bundle.policy_for(label, threshold, exit_threshold, cooldown_s, max_alerts)
 
     def add_query(self, text: str, message: str | None = None, threshold: float | None = None,

@@ -287,6 +287,18 @@ def test_set_query_policy_changes_a_querys_threshold_and_label_as_add_query_woul
     detector.close()
 
 
+@pytest.mark.parametrize("ask", ["add_query", "set_query_policy"])
+def test_a_policy_option_misnamed_is_refused_naming_the_options_there_are(calibrated, ask):
+    """add_query(text, cooldown=10) was a TypeError about default_policy(), a method the program never called."""
+    detector = StreamingDetector(calibrated)
+    query = detector.add_query(KETTLE)
+    with pytest.raises(UserError, match=r"^cooldown is no option of a query's alert policy: give threshold, "
+                                        r"exit_threshold, cooldown_s \(seconds\), max_alerts or label$"):
+        getattr(detector, ask)(KETTLE if ask == "add_query" else query.id, cooldown=10)
+    assert [q.id for q in detector.queries.queries.values()] == [query.id]  # nothing added, nothing changed
+    detector.close()
+
+
 def test_thresholds_chosen_after_export_are_named_as_not_kept_when_the_bundle_is_exported_again(tmp_path):
     """eval --write-threshold's calibrated threshold, thresholds per label and alert policy were replaced by the new
     export's default without a word; they are not carried over, since the new model may score otherwise."""
