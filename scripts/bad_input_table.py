@@ -186,8 +186,6 @@ def other_cases(b: Path, t: Path) -> list[tuple]:
          ["eval", "--annotations", str(t / "splits.csv"), "--scores", str(t / "test-traces")]),
         ("eval: traces that `run` wrote with a query of the user's own",
          ["eval", "--annotations", str(t / "splits.csv"), "--split", "test", "--scores", str(t / "own-traces")]),
-        ("eval: --scores is one trace file, not their folder",
-         ["eval", "--annotations", str(t / "splits.csv"), "--scores", str(t / "test-traces" / "v2.npz")]),
         ("eval: annotations missing", ["eval", "--annotations", str(t / "none.csv"), "--baseline", "oracle"]),
         ("eval: a folder given as the annotations", ["eval", "--annotations", str(t), "--baseline", "oracle"]),
         ("eval: a negative --seed", ["eval", "--annotations", str(t / "a.csv"), "--baseline", "random", "--seed",

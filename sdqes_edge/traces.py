@@ -185,12 +185,13 @@ def read_chunks(chunks: list[Path]) -> StreamScores:
 
 
 def load_score_dir(directory: str | Path) -> list[StreamScores]:
-    """Every trace in a folder: whole ones, and the chunks of runs that were killed before merging them."""
+    """Every trace in a folder: whole ones, and the chunks of runs that were killed before merging them; or the one
+    trace a file holds (`run --scores FILE.npz` wrote it: it had been refused, and its folder, which `run` then
+    named, may hold other arrays, such as the state snapshot of `--save-state`)."""
     directory = Path(directory)
     problem = path_problem(directory, "folder")
-    if problem and directory.suffix == TRACE_SUFFIX and directory.is_file():  # `run --scores FILE.npz` wrote it
-        raise UserError(f"--scores {directory} is one stream's score trace; eval reads a folder of them: give "
-                        f"the folder it lies in ({directory.parent})")
+    if problem and directory.suffix == TRACE_SUFFIX and directory.is_file():
+        return [load_scores(directory)]
     if problem:
         raise UserError(f"--scores {directory} {problem}; give the folder the runtime wrote its *{TRACE_SUFFIX} "
                         "score traces to")

@@ -345,8 +345,6 @@ def test_per_label_without_calibrate_is_warned_rather_than_ignored_silently(tmp_
     (["--baseline", "oracle", "--write-threshold", "x"], "add --calibrate"),
     ([], "give --scores DIR"),
     (["--scores", "/nonexistent"], "--scores /nonexistent does not exist; give the folder"),  # was "not a directory"
-    (["--scores", "{tmp}/traces/v1.npz"], "is one stream's score trace; eval reads a folder of them: give the folder "
-                                          "it lies in ({tmp}/traces)"),  # the file `run --scores FILE.npz` wrote
 ])
 def test_eval_refuses_bad_arguments_in_one_line(args, message, tmp_path):
     args, message = [a.format(tmp=tmp_path) for a in args], message.format(tmp=tmp_path)

@@ -300,7 +300,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--split", default="val", help="annotation split to score (default %(default)s; '' for all)")
     ev.add_argument("--source", help="only annotations from this source (EgoSDQES: moments, nlq; synth: temporal, "
                                      "single_frame)")
-    ev.add_argument("--scores", type=path_text, help="folder of *.npz score traces written by the runtime")
+    ev.add_argument("--scores", type=path_text, help="folder of *.npz score traces written by the runtime (run "
+                                                     "--scores, score), or one such trace")
     ev.add_argument("--baseline", nargs="+", action=UniqueValues, choices=["oracle", "random"],
                     help="baselines that need no video: oracle (must give 100 / 0) and seeded random scores")
     ev.add_argument("--fps", type=frames_per_second,

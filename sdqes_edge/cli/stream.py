@@ -128,7 +128,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.events, *videos_written(video_sinks), args.save_state, *trace_paths] if p])
     raise_failures(failures)  # what ran and was written first, then what went wrong, as sdqes-run ends
     if trace_paths:
-        show(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {trace_paths[0].parent}", file=sys.stderr)
+        # --scores FILE.npz itself: the folder it lies in may hold other arrays (a --save-state snapshot).
+        one_file = len(trace_paths) == 1 and Path(args.scores).suffix == TRACE_SUFFIX
+        traces = trace_paths[0] if one_file else trace_paths[0].parent
+        show(f"next: {PROG} eval --annotations ANNOTATIONS.csv --scores {traces}", file=sys.stderr)
     if exit_code == 0 and any(source.lost_words() for source in sources):
         return LOST_SOURCE_EXIT  # not a stream that ended: a service manager should start the run again
     return exit_code
