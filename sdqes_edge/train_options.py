@@ -105,11 +105,16 @@ def training_data_words(record: dict | None) -> str | None:
     """What a bundle's model was trained on, in words, from its training record (None: no record says)."""
     # `sdqes-edge train` fits only synthetic streams, drawn from seeds it records. The record is the bundle's,
     # someone else's data: one that says less, or says it otherwise, says nothing here.
+    # The native runtime says the same of the same record (tests/vectors/training_data.json): the streams a finite
+    # number, not a bool or a numeric string.
     try:
         train = record["data"]["train"]  # type: ignore[index]
-        return f"{SYNTHETIC_TRAINING_DATA}, {int(train['streams'])} training streams" if "seeds" in train else None
-    except (KeyError, TypeError, ValueError):
+        streams = train["streams"] if isinstance(train, dict) and "seeds" in train else None
+    except (KeyError, TypeError):
         return None
+    if not is_number(streams) or not math.isfinite(streams):
+        return None
+    return f"{SYNTHETIC_TRAINING_DATA}, {int(streams)} training streams"
 
 
 def trained_deployment(record: dict | None) -> tuple[float | None, float | None]:

@@ -23,6 +23,7 @@ import cv2
 import numpy as np
 
 from sdqes_edge import contract
+from sdqes_edge.train_options import training_data_words
 
 VECTORS = Path(__file__).resolve().parent / "vectors"
 
@@ -81,6 +82,22 @@ PACING_CASES = [
     {"name": "every frame at one time", "fps": 5.0, "times": [0.0] * 10},
     {"name": "just under 0.8 of the period", "fps": 1.0, "times": [k * 0.79 for k in range(12)]},
     {"name": "just over 0.8 of the period", "fps": 1.0, "times": [k * 0.81 for k in range(12)]},
+]
+
+# A bundle's training record -> what `run` and `sdqes-run` say its model was trained on (train_options.py).
+TRAINING_RECORDS = [
+    {"name": "the demo's record", "record": {"data": {"train": {"seeds": [100000, 100119], "streams": 120}}}},
+    {"name": "streams as a float", "record": {"data": {"train": {"seeds": [1, 3], "streams": 3.0}}}},
+    {"name": "no seeds: not data train drew", "record": {"data": {"train": {"streams": 120}}}},
+    {"name": "no stream count", "record": {"data": {"train": {"seeds": [1, 3]}}}},
+    {"name": "streams as text", "record": {"data": {"train": {"seeds": [1], "streams": "many"}}}},
+    {"name": "streams as a numeric string", "record": {"data": {"train": {"seeds": [1], "streams": "3"}}}},
+    {"name": "streams as a bool", "record": {"data": {"train": {"seeds": [1], "streams": True}}}},
+    {"name": "train as a number", "record": {"data": {"train": 5}}},
+    {"name": "train as a list naming seeds", "record": {"data": {"train": ["seeds", "streams"]}}},
+    {"name": "data as a list", "record": {"data": [1, 2]}},
+    {"name": "no data", "record": {"threshold": 0.6}},
+    {"name": "a list, not a record", "record": [1, 2]},
 ]
 
 
@@ -288,6 +305,8 @@ def write_sampling(out: Path = VECTORS) -> None:
     (out / "query_policies.json").write_text(json.dumps(policies, indent=2) + "\n")
     (out / "alert_events.json").write_text(json.dumps(alert_event_lines(), indent=2) + "\n")
     (out / "source_kinds.json").write_text(json.dumps(source_kind_cases(), indent=2) + "\n")
+    records = [dict(case, expected=training_data_words(case["record"])) for case in TRAINING_RECORDS]
+    (out / "training_data.json").write_text(json.dumps(records, indent=2) + "\n")
     pacing = [dict(case, expected=pace_problem(case)) for case in PACING_CASES]
     (out / "pacing.json").write_text(json.dumps(pacing, indent=2) + "\n")
 

@@ -755,6 +755,10 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   say(header.str() + (any_live ? "; Ctrl-C to stop" : ""));
   sdqes::ServiceManager manager;  // systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
   manager.ready(header.str());
+  // The demo's model deployed as it is: what it was trained on, as `sdqes-edge run` notes it.
+  const std::string trained_on = sdqes::training_data_words(bundle);
+  if (!trained_on.empty()) say("note: this model was trained on " + trained_on + " only; on other footage its alerts "
+                               "mean little");
   sdqes::StreamBatch batch(static_cast<int>(bundle.batch),
                           3 * static_cast<size_t>(bundle.image_size) * bundle.image_size);
   std::vector<const float*> frames(bundle.batch, nullptr);  // each source's frame; the extra streams' none

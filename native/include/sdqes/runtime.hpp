@@ -98,6 +98,13 @@ struct Bundle {
 
 // Opens and validates a bundle directory (schema, format version, listed files, sha256, state wiring).
 Bundle load_bundle(const std::filesystem::path& root, bool verify_hashes = true);
+
+// What a bundle's model was trained on, in words (train_options.py's training_data_words), from the record
+// `sdqes-edge train` wrote and `export` put in the bundle (training_record.json): "synthetic scenes (...), N training
+// streams", which `sdqes-run` notes as `sdqes-edge run` does; "" where there is no record or it does not say so. The
+// record is someone else's data: one that says less, or says it otherwise, says nothing.
+std::string training_data_words(const nlohmann::json& record);
+std::string training_data_words(const Bundle& bundle);
 std::string sha256_file(const std::filesystem::path& path);
 // The model a bundle holds, whatever precision runs: the sha256 of its fp32 step graph, as runtime/bundle.py's
 // model_identity (what a state snapshot is tied to); "" for a bundle without an fp32 graph.

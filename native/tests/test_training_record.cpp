@@ -1,0 +1,39 @@
+// What a bundle's model was trained on (sdqes/runtime.hpp's training_data_words), in the words the Python runtime
+// gives of each record of tests/vectors/training_data.json, and nothing where a bundle's record is damaged.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "sdqes/runtime.hpp"
+
+namespace {
+const std::filesystem::path kVectors = SDQES_VECTORS_DIR;
+}  // namespace
+
+TEST(TrainingRecord, SaysWhatThePythonRuntimeSaysOfEachRecord) {
+  std::ifstream in(kVectors / "training_data.json");
+  const nlohmann::json cases = nlohmann::json::parse(in);
+  ASSERT_GE(cases.size(), 10u);
+  for (const auto& c : cases) {
+    const std::string expected = c.at("expected").is_null() ? "" : c.at("expected").get<std::string>();
+    EXPECT_EQ(sdqes::training_data_words(c.at("record")), expected) << c.at("name");
+  }
+}
+
+TEST(TrainingRecord, IsReadFromTheBundleAndADamagedOneSaysNothing) {
+  const std::filesystem::path bundle = std::filesystem::temp_directory_path() /
+                                       ("sdqes-native-record-" + std::to_string(::testing::UnitTest::GetInstance()
+                                                                                    ->random_seed()));
+  std::filesystem::remove_all(bundle);
+  std::filesystem::copy(kVectors / "bundle", bundle, std::filesystem::copy_options::recursive);
+  const sdqes::Bundle loaded = sdqes::load_bundle(bundle);
+  EXPECT_EQ(sdqes::training_data_words(loaded), "");  // none: a model of the user's own
+  std::ofstream(bundle / "training_record.json") << R"({"data": {"train": {"seeds": [0, 2], "streams": 3}}})";
+  EXPECT_EQ(sdqes::training_data_words(loaded).substr(0, 17), "synthetic scenes ");
+  std::ofstream(bundle / "training_record.json") << R"({"data": {"train": )";  // a copy cut short
+  EXPECT_EQ(sdqes::training_data_words(loaded), "");
+  std::filesystem::remove_all(bundle);
+}
