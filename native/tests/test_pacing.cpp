@@ -1,20 +1,17 @@
 // Frame times against the model's rate (sdqes/pacing.hpp), as runtime/pacing.py finds them: the same frame and the
 // same words for each case of tests/vectors/pacing.json; and through the C API, where a program gives
 // sdqes_alert_update the times of its own frames.
-#include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "sdqes/pacing.hpp"
 #include "sdqes/sdqes.h"
+#include "vectors.hpp"
 
 namespace {
-const std::filesystem::path kVectors = SDQES_VECTORS_DIR;
+using sdqes_test::kVectors;
 
 // The index of the first time at which `pace` finds a problem; -1 where it finds none.
 int first_problem(sdqes::StreamPace& pace, const std::vector<double>& times) {
@@ -26,8 +23,7 @@ int first_problem(sdqes::StreamPace& pace, const std::vector<double>& times) {
 }  // namespace
 
 TEST(StreamPace, FindsWhatThePythonRuntimeFindsAtTheSameFrameInItsWords) {
-  std::ifstream in(kVectors / "pacing.json");
-  const nlohmann::json cases = nlohmann::json::parse(in);
+  const nlohmann::json cases = sdqes_test::read_json(kVectors / "pacing.json");
   ASSERT_GE(cases.size(), 8u);
   for (const auto& c : cases) {
     const std::string name = c.at("name");

@@ -22,18 +22,15 @@
 #include "sdqes/live_reader.hpp"
 #include "sdqes/runtime.hpp"
 #include "sdqes/sdqes.h"
+#include "vectors.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using sdqes_test::kVectors;
+using sdqes_test::read_json;
+
 namespace {
-
-const fs::path kVectors = SDQES_VECTORS_DIR;
-
-json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  return json::parse(in);
-}
 
 std::vector<float> read_f32(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -5,17 +5,14 @@
 #include <string>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "sdqes/runtime.hpp"
+#include "vectors.hpp"
 
-namespace {
-const std::filesystem::path kVectors = SDQES_VECTORS_DIR;
-}  // namespace
+using sdqes_test::kVectors;
 
 TEST(TrainingRecord, SaysWhatThePythonRuntimeSaysOfEachRecord) {
-  std::ifstream in(kVectors / "training_data.json");
-  const nlohmann::json cases = nlohmann::json::parse(in);
+  const nlohmann::json cases = sdqes_test::read_json(kVectors / "training_data.json");
   ASSERT_GE(cases.size(), 10u);
   for (const auto& c : cases) {
     const std::string expected = c.at("expected").is_null() ? "" : c.at("expected").get<std::string>();
