@@ -42,6 +42,10 @@ int main(int argc, char** argv) {
   }
   fprintf(stderr, "sdqes-stream-frames: %d queries, %dx%d frames at %g fps (%s)\n", queries, width, height,
           sdqes_bundle_fps(bundle), sdqes_step_description(step));
+  if (*sdqes_bundle_training_data(bundle)) {
+    fprintf(stderr, "sdqes-stream-frames: note: this model was trained on %s only; on other footage its alerts mean "
+            "little\n", sdqes_bundle_training_data(bundle));
+  }
   const size_t frame_bytes = (size_t)width * (size_t)height * 3;
   unsigned char* bgr = malloc(frame_bytes);
   float* frame = malloc(sizeof(float) * 3 * (size_t)size * (size_t)size);

@@ -22,6 +22,7 @@ struct sdqes_bundle {
   sdqes::Bundle bundle;
   std::optional<sdqes::QueryTable> queries;  // none: why (a bundle exported without --query), for sdqes_step_open
   std::string no_queries;
+  std::string trained_on;  // what its training record says the model was trained on ("" none)
 };
 struct sdqes_alert {
   explicit sdqes_alert(sdqes::AlertState policy_state) : state(std::move(policy_state)) {}
@@ -106,7 +107,8 @@ sdqes_bundle* sdqes_bundle_open(const char* path, char* error, size_t error_size
     return nullptr;
   }
   try {
-    auto opened = std::make_unique<sdqes_bundle>(sdqes_bundle{sdqes::load_bundle(path), std::nullopt, ""});
+    auto opened = std::make_unique<sdqes_bundle>(sdqes_bundle{sdqes::load_bundle(path), std::nullopt, "", ""});
+    opened->trained_on = sdqes::training_data_words(opened->bundle);
     try {
       opened->queries = sdqes::load_queries(opened->bundle);
     } catch (const sdqes::Error& e) {  // preprocessing and alerts need none; stepping does, and says so
@@ -124,6 +126,7 @@ void sdqes_bundle_close(sdqes_bundle* bundle) { delete bundle; }
 double sdqes_bundle_fps(const sdqes_bundle* b) { return b ? b->bundle.fps : 0.0; }
 int sdqes_bundle_image_size(const sdqes_bundle* b) { return b ? b->bundle.image_size : 0; }
 double sdqes_bundle_default_threshold(const sdqes_bundle* b) { return b ? b->bundle.default_threshold : 0.0; }
+const char* sdqes_bundle_training_data(const sdqes_bundle* b) { return b ? b->trained_on.c_str() : ""; }
 
 int sdqes_bundle_query_count(const sdqes_bundle* b) {
   return b && b->queries ? static_cast<int>(b->queries->texts.size()) : 0;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "sdqes/runtime.hpp"
+#include "sdqes/sdqes.h"
 #include "vectors.hpp"
 
 using sdqes_test::kVectors;
@@ -30,6 +31,12 @@ TEST(TrainingRecord, IsReadFromTheBundleAndADamagedOneSaysNothing) {
   EXPECT_EQ(sdqes::training_data_words(loaded), "");  // none: a model of the user's own
   std::ofstream(bundle / "training_record.json") << R"({"data": {"train": {"seeds": [0, 2], "streams": 3}}})";
   EXPECT_EQ(sdqes::training_data_words(loaded).substr(0, 17), "synthetic scenes ");
+  char error[512] = {0};  // a C caller's words, read as the bundle opens
+  sdqes_bundle* opened = sdqes_bundle_open(bundle.c_str(), error, sizeof error);
+  ASSERT_NE(opened, nullptr) << error;
+  EXPECT_EQ(std::string(sdqes_bundle_training_data(opened)), sdqes::training_data_words(loaded));
+  sdqes_bundle_close(opened);
+  EXPECT_STREQ(sdqes_bundle_training_data(nullptr), "");
   std::ofstream(bundle / "training_record.json") << R"({"data": {"train": )";  // a copy cut short
   EXPECT_EQ(sdqes::training_data_words(loaded), "");
   std::filesystem::remove_all(bundle);

@@ -27,6 +27,10 @@ SDQES_API void sdqes_bundle_close(sdqes_bundle* bundle);
 SDQES_API double sdqes_bundle_fps(const sdqes_bundle* bundle);
 SDQES_API int sdqes_bundle_image_size(const sdqes_bundle* bundle);
 SDQES_API double sdqes_bundle_default_threshold(const sdqes_bundle* bundle);
+/* What the bundle's model was trained on, where the training record `sdqes-edge train` wrote into it says so, in the
+ * words `sdqes-edge run` and sdqes-run note it with ("synthetic scenes (...), 120 training streams" for the demo's
+ * model, whose alerts on other footage mean little); "" for a model without one, and for NULL. */
+SDQES_API const char* sdqes_bundle_training_data(const sdqes_bundle* bundle);
 
 /* The queries encoded into the bundle (sdqes-edge export --query TEXT[=MESSAGE]), in its order: how many, and each
  * one's text, alert message and label ("" where it has none); NULL for an index out of range. The native runtime
