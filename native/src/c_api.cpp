@@ -263,11 +263,13 @@ sdqes_step* sdqes_step_open(const sdqes_bundle* b, const char* backend, const ch
   try {
     const std::string on = backend ? backend : sdqes::default_backend();
     const std::string as = precision ? precision : sdqes::default_precision(on);
+    const std::string slow = sdqes::slow_precision_words(on, as, b->bundle.root.string());
     const int streams = static_cast<int>(b->bundle.batch);
     auto step = std::unique_ptr<sdqes_step>(new sdqes_step{
         sdqes::open_step(b->bundle, *b->queries, on, as, threads), *b->queries,
         sdqes::StreamBatch(streams, 3 * static_cast<size_t>(b->bundle.image_size) * b->bundle.image_size),
         std::vector<float>(b->queries->texts.size() * streams), std::vector<const float*>(streams, nullptr), {}});
+    if (!slow.empty()) say_once(slow);  // opened: the graph runs, slower than the caller chose it for
     return step.release();
   } catch (const std::exception& e) {
     set_error(error, error_size, e.what());

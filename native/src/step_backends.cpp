@@ -50,6 +50,13 @@ void check_backend(const std::string& backend, const std::string& named_as) {
 
 const char* default_precision(const std::string& backend) { return backend == "tensorrt" ? "fp16" : "fp32"; }
 
+std::string slow_precision_words(const std::string& backend, const std::string& precision, const std::string& bundle) {
+  if (backend != "onnxruntime" || precision != "fp16") return "";
+  return "the fp16 graph is a GPU format: ONNX Runtime's CPU provider has no fp16 kernel for most of its operators "
+         "and runs them in float32 between Casts it adds, no faster than fp32 (`sdqes-edge inspect " + bundle +
+         " --precision fp16` counts them); on a CPU use fp32 or int8";
+}
+
 int usable_cores() {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);

@@ -998,11 +998,8 @@ int run(int argc, char** argv) {
   const int threads = static_cast<int>(std::min<int64_t>(asked, cores));
   say_thresholds_out_of_reach(states, queries);  // once nothing is refused, as `sdqes-edge run` says it
   sdqes::OpenedStep engine = sdqes::open_step(bundle, queries, backend, precision, threads);
-  if (backend == "onnxruntime" && precision == "fp16") {  // onnxruntime_backend.py's slow_precision_words, its words
-    say("warning: the fp16 graph is a GPU format: ONNX Runtime's CPU provider has no fp16 kernel for most of its "
-        "operators and runs them in float32 between Casts it adds, no faster than fp32 (`sdqes-edge inspect " +
-        bundle_path + " --precision fp16` counts them); on a CPU use fp32 or int8");
-  }
+  const std::string slow = sdqes::slow_precision_words(backend, precision, bundle_path);
+  if (!slow.empty()) say("warning: " + slow);
 #ifdef SDQES_CAN_STREAM
   return stream(bundle, queries, states, sources, engine, max_frames, o.count("--events") ? o.at("--events") : "",
                 state_path);

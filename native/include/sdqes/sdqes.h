@@ -76,7 +76,8 @@ SDQES_API void sdqes_alert_free(sdqes_alert* alert);
 /* The bundle's step graph, ready to stream, its state at the start of a stream, as sdqes-run steps it: backend
  * "tensorrt" (the engine sdqes-edge build-engine built for this GPU) or "onnxruntime" (the ONNX graph on the CPU),
  * NULL: TensorRT where this library was built with it, else ONNX Runtime; precision "fp16", "fp32" or "int8", NULL:
- * fp16 on TensorRT, fp32 on ONNX Runtime; threads: ONNX Runtime's (0: one per core; more than the cores this
+ * fp16 on TensorRT, fp32 on ONNX Runtime (fp16 there opens, said once on stderr: on the CPU it is no faster than
+ * fp32); threads: ONNX Runtime's (0: one per core; more than the cores this
  * process may use are brought down to them). It keeps what it needs of the
  * bundle, which may be closed after. Threads may share a step: each call that steps or resets it runs whole, one at a
  * time, and sdqes_step_close comes after the others' last call. (A call steps the whole graph: one call with every

@@ -60,6 +60,10 @@ const char* default_backend();
 void check_backend(const std::string& backend, const std::string& named_as);
 // The precision a run on `backend` steps unless told: fp16 on a GPU; on the CPU, where fp16 is emulated, fp32.
 const char* default_precision(const std::string& backend);
+// Why `precision`'s graph is the wrong one for `backend` and which to use (onnxruntime_backend.py's
+// slow_precision_words, in its words; `bundle` as the user named it); "" where it fits. The fp16 graph on ONNX
+// Runtime, which runs on the CPU here, is no faster than fp32.
+std::string slow_precision_words(const std::string& backend, const std::string& precision, const std::string& bundle);
 
 // The cores this process may run on (a container's or taskset's CPU set, not the host's), as the Python runtime
 // counts them (runtime/cores.py).
