@@ -202,6 +202,7 @@ class CApi:
                 ("sdqes_step_load_memory", c_int, [c_void_p, c_int, c_char_p, *error]),
                 ("sdqes_step_description", c_char_p, [c_void_p]),
                 ("sdqes_step_close", None, [c_void_p]),
+                ("sdqes_alert_new", c_void_p, [c_double, c_double, c_double, c_int, *error]),
                 ("sdqes_alert_for_label", c_void_p, [c_void_p, c_char_p, *error]),
                 ("sdqes_alert_update", c_int, [c_void_p, c_double, c_double]),
                 ("sdqes_alert_pace_problem", c_char_p, [c_void_p]),

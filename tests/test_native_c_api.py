@@ -266,3 +266,19 @@ def test_a_c_caller_stepping_every_camera_frame_is_told_once_as_the_python_runti
     for alert in alerts:
         api.alert_free(alert)
     api.bundle_close(handle)
+
+
+def test_an_alert_whose_threshold_no_score_reaches_is_made_and_said_once_as_sdqes_edge_run_says_it(native_build,
+                                                                                                    capfd):
+    """p = sigmoid(cos) lies in [0.2689, 0.7311]: sdqes_alert_new(0.9, ...) never alerted, and said nothing."""
+    from sdqes_edge.runtime.alerts import never_reached_words
+
+    api = CApi(native_build / "libsdqes.so")
+    capfd.readouterr()
+    made = [api.alert_new(threshold, -1.0, 0.0, 0, api.error, len(api.error)) for threshold in (0.9, 0.6, 0.9)]
+    assert all(made), api.said()
+    assert capfd.readouterr().err.splitlines() == [f"sdqes: warning: sdqes_alert_new: the threshold 0.9 "
+                                                   f"{never_reached_words(0.9, 'it')}"]
+    assert api.alert_update(made[0], 0.7310, 0.0) == 0  # made all the same: the caller's choice
+    for alert in made:
+        api.alert_free(alert)

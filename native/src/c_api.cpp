@@ -7,6 +7,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -51,6 +52,16 @@ void say_once(const std::string& warning) {
   static std::set<std::string> said;
   const std::lock_guard<std::mutex> held(lock);
   if (said.insert(warning).second) std::fprintf(stderr, "sdqes: warning: %s\n", warning.c_str());
+}
+
+// A threshold no score reaches (the alert never alerts) or below every score (it alerts at the first frame alone), as
+// `sdqes-edge run` and sdqes-run say it; said once on stderr, the alert made all the same (the caller's choice).
+void say_if_out_of_reach(const sdqes::AlertPolicy& policy, const char* made_by) {
+  const std::string why = sdqes::out_of_reach_words(policy.threshold, "it");
+  if (why.empty()) return;
+  std::ostringstream words;  // the threshold as Python's :g writes it
+  words << made_by << ": the threshold " << policy.threshold << " " << why;
+  say_once(words.str());
 }
 
 void set_error(char* error, size_t size, const char* message) {
@@ -196,7 +207,9 @@ sdqes_alert* sdqes_alert_new(double threshold, double exit_threshold, double coo
     if (!(exit_threshold < 0)) policy.exit_threshold = exit_threshold;  // NaN is checked, not taken as unset
     policy.cooldown_s = cooldown_s;
     if (max_alerts >= 1) policy.max_alerts = max_alerts;
-    return new sdqes_alert(sdqes::AlertState(policy));
+    auto alert = std::unique_ptr<sdqes_alert>(new sdqes_alert(sdqes::AlertState(policy)));  // the policy checked
+    say_if_out_of_reach(policy, "sdqes_alert_new");
+    return alert.release();
   } catch (const std::exception& e) {
     set_error(error, error_size, e.what());
     return nullptr;
@@ -212,6 +225,7 @@ sdqes_alert* sdqes_alert_for_label(const sdqes_bundle* b, const char* label, cha
     auto alert = std::unique_ptr<sdqes_alert>(
         new sdqes_alert(sdqes::AlertState(sdqes::query_policy(b->bundle, label ? label : "", std::nullopt, {}))));
     if (!b->bundle.state.empty()) alert->pace.emplace(1.0 / b->bundle.fps);
+    say_if_out_of_reach(alert->state.policy(), "sdqes_alert_for_label");
     return alert.release();
   } catch (const std::exception& e) {
     set_error(error, error_size, e.what());

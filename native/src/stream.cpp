@@ -7,6 +7,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <iomanip>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -264,6 +265,23 @@ AlertPolicy query_policy(const Bundle& bundle, const std::string& label, std::op
   policy.cooldown_s = options.cooldown_s ? *options.cooldown_s : bundle.cooldown_s;
   policy.max_alerts = options.max_alerts;
   return policy;
+}
+
+std::string out_of_reach_words(double threshold, const std::string& who) {
+  std::ostringstream words;
+  words << std::fixed << std::setprecision(4);
+  if (threshold >= kHighestScore) {
+    words << "is never reached: p = sigmoid(cos) is at most " << kHighestScore << " (a cosine is at most 1), so " << who
+          << " never alerts; ";
+  } else if (threshold < kLowestScore) {
+    words << "is below every score: p = sigmoid(cos) is at least " << kLowestScore << " (a cosine is at least -1), so "
+          << who << " alerts at its first frame and never again; ";
+  } else {
+    return "";
+  }
+  words << "give one between " << kLowestScore << " and " << kHighestScore
+        << " (a calibrated one: sdqes-edge eval --calibrate)";
+  return words.str();
 }
 
 AlertState::AlertState(AlertPolicy policy) : policy_(std::move(policy)) {

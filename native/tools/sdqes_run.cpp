@@ -835,26 +835,6 @@ void quiet_opencv_logs() {
   cv::utils::logging::setLogLevel(cv::utils::logging::LOG_LEVEL_SILENT);
 }
 
-// Why a threshold at or above every score p = sigmoid(cos) can take leaves `who` silent, or one below every score
-// makes it alert at its first frame alone, and what to give; empty for one inside them. In the words of
-// runtime/alerts.py's never_reached_words and below_every_score_words.
-std::string out_of_reach_words(double threshold, const std::string& who) {
-  std::ostringstream words;
-  words << std::fixed << std::setprecision(4);
-  if (threshold >= sdqes::kHighestScore) {
-    words << "is never reached: p = sigmoid(cos) is at most " << sdqes::kHighestScore << " (a cosine is at most 1), so "
-          << who << " never alerts; ";
-  } else if (threshold < sdqes::kLowestScore) {
-    words << "is below every score: p = sigmoid(cos) is at least " << sdqes::kLowestScore
-          << " (a cosine is at least -1), so " << who << " alerts at its first frame and never again; ";
-  } else {
-    return "";
-  }
-  words << "give one between " << sdqes::kLowestScore << " and " << sdqes::kHighestScore
-        << " (a calibrated one: sdqes-edge eval --calibrate)";
-  return words.str();
-}
-
 // A text as Python's repr() quotes it ('...', or "..." for one holding ' and no "), its quote, backslashes and
 // ASCII control characters escaped as repr escapes them: the query in a warning reads as `sdqes-edge run` gives it.
 std::string python_quoted(const std::string& text) {
@@ -885,7 +865,7 @@ void say_thresholds_out_of_reach(const std::vector<sdqes::AlertState>& states, c
   std::vector<double> said;
   for (size_t q = 0; q < states.size(); ++q) {
     const double threshold = states[q].policy().threshold;
-    const std::string why = out_of_reach_words(threshold, "the query");
+    const std::string why = sdqes::out_of_reach_words(threshold, "the query");
     if (why.empty() || std::find(said.begin(), said.end(), threshold) != said.end()) continue;
     said.push_back(threshold);
     std::ostringstream words;  // the threshold as Python's :g writes it
@@ -907,7 +887,7 @@ sdqes::PolicyOptions policy_options(const std::map<std::string, std::string>& o)
     }
     if (*options.threshold >= sdqes::kHighestScore) {  // below every score: said as each query's (below)
       throw sdqes::Error("--threshold " + o.at("--threshold") + " " +
-                         out_of_reach_words(*options.threshold, "any query at it"));
+                         sdqes::out_of_reach_words(*options.threshold, "any query at it"));
     }
   }
   if (o.count("--exit-threshold")) {

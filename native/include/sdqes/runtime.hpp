@@ -46,6 +46,10 @@ constexpr double kMaxFps = 1000.0;
 // (sdqes_edge/contract.py SCORE_RANGE; tested): a --threshold at or above the top is never reached.
 constexpr double kLowestScore = 0.2689414213699951;
 constexpr double kHighestScore = 0.7310585786300049;
+// Why a threshold at or above every score leaves `who` silent, or one below every score makes it alert at its first
+// frame alone, and what to give; "" for one between them. In the words of runtime/alerts.py's never_reached_words and
+// below_every_score_words.
+std::string out_of_reach_words(double threshold, const std::string& who);
 // The metadata_props key a step graph's JSON description lives under, and the manifest fields that description
 // fixes (sdqes_edge/contract.py METADATA_KEY, runtime/bundle.py DESCRIBED_BY_THE_GRAPH; tested).
 constexpr const char* kMetadataKey = "sdqes_edge";
