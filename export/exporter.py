@@ -104,12 +104,13 @@ def _encode_queries(text_graph: Path, texts: Sequence[str], truncate: bool,
 
 def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | None = None, *,
                   checkpoint: dict[str, Any] | None = None, training_record: dict[str, Any] | None = None,
-                  log: Callable[[str], None] = print) -> ExportResult:
+                  random_weights: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> ExportResult:
     """Export, verify and write a bundle to ``out``; returns what was written and measured.
 
     ``checkpoint`` (path, sha256, source_format) is recorded in the manifest and the graph metadata;
     ``training_record`` (what `sdqes-edge train` recorded in it) is written beside them, listed with the bundle's
-    files, so that the runtime can say what the model was trained on.
+    files, so that the runtime can say what the model was trained on. ``random_weights`` ({"preset", "seed"}): the
+    model is a preset's, its weights drawn at random (to measure), and the runtime says its alerts mean nothing.
     """
     started = time.perf_counter()
     if not isinstance(model, SDQESModel):  # a state dict or a checkpoint's path failed on a missing attribute
@@ -133,7 +134,8 @@ def export_bundle(model: SDQESModel, out: str | Path, options: ExportOptions | N
         with staged_directory(out) as staging:
             if training_record is not None:
                 (staging / TRAINING_RECORD_NAME).write_text(json.dumps(training_record, indent=2, allow_nan=False))
-            result = _export_into(model, cfg, staging, out, options, checkpoint, log)
+            provenance = {"checkpoint": checkpoint} | ({"random_weights": random_weights} if random_weights else {})
+            result = _export_into(model, cfg, staging, out, options, provenance, log)
     finally:
         release(lock)
         model.train(was_training)
@@ -151,8 +153,8 @@ class _Traced:
 
 
 def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, options: ExportOptions,
-                 checkpoint: dict[str, Any] | None, log: Callable[[str], None]) -> ExportResult:
-    sha = checkpoint.get("sha256") if checkpoint else None
+                 provenance: dict[str, Any], log: Callable[[str], None]) -> ExportResult:
+    sha = (provenance["checkpoint"] or {}).get("sha256")
     traced = _trace(model, staging, options, sha, log)
     # Queries: the user's (pre-encoded into the bundle), else the built-in examples (only to count alert changes).
     queries = options.queries or tuple(Query(t, r) for t, r in EXAMPLE_QUERIES)
@@ -178,7 +180,7 @@ def _export_into(model: SDQESModel, cfg: ModelConfig, staging: Path, out: Path, 
                                               "verification": verification.to_dict()}
         # The kernels of the graph the bundle holds, not of the plain one it replaced (the MACs are the same).
         complexity["kernels"] = kernels_in_form(model, traced.step, options)
-    manifest = _manifest(cfg, options, traced, step_entries, queries_entry, checkpoint, complexity, staging)
+    manifest = _manifest(cfg, options, traced, step_entries, queries_entry, provenance, complexity, staging)
     (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True, allow_nan=False))
     return ExportResult(out, manifest, verification, variants)
 
@@ -354,8 +356,9 @@ def _write_queries(staging: Path, queries: tuple[Query, ...], embeddings: np.nda
 
 
 def _manifest(cfg: ModelConfig, options: ExportOptions, traced: _Traced, step_entries: dict,
-              queries_entry: dict | None, checkpoint: dict | None, complexity: dict, staging: Path) -> dict:
-    """The manifest (``bundle_manifest.schema.json``), with the sha256 of every file already in ``staging``."""
+              queries_entry: dict | None, provenance: dict, complexity: dict, staging: Path) -> dict:
+    """The manifest (``bundle_manifest.schema.json``), with the sha256 of every file already in ``staging``;
+    ``provenance``: its "checkpoint" entry, and "random_weights" where the weights are a preset's random ones."""
     description = traced.description
     return {
         "format": BUNDLE_FORMAT,
@@ -377,7 +380,7 @@ def _manifest(cfg: ModelConfig, options: ExportOptions, traced: _Traced, step_en
         "tokenizer": {"file": f"{TOKENIZER_FOLDER}/{vocab_path().name}", "context_length": cfg.text.context_length},
         "queries": queries_entry,
         "thresholds": {"default": options.threshold},
-        "checkpoint": checkpoint,
+        **provenance,
         "complexity": complexity,
         "tool_versions": description["tool_versions"],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

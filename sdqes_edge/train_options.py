@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from .config import DEFAULT_FPS, ModelConfig, preset, with_authors_adapter
-from .errors import UserError, is_number
+from .errors import UserError, is_number, is_whole_number
 
 # What `sdqes-edge train` fits a model to (the runtime says so when it runs a model trained here).
 SYNTHETIC_TRAINING_DATA = ("synthetic scenes (coloured squares, rolling balls, a door and a lamp drawn by "
@@ -115,6 +115,25 @@ def training_data_words(record: dict | None) -> str | None:
     if not is_number(streams) or not math.isfinite(streams):
         return None
     return f"{SYNTHETIC_TRAINING_DATA}, {int(streams)} training streams"
+
+
+def random_weights_words(manifest: dict) -> str | None:
+    """What a bundle exported from a preset (`export --preset`: weights drawn at random, to measure speed and cost)
+    says of its weights, in words; None where its manifest does not say so. `run` on such a bundle alerted at random
+    with no word, though `--help` starts a user with that very export."""
+    weights = manifest.get("random_weights")
+    if not weights:
+        return None
+    if isinstance(weights, dict) and isinstance(weights.get("preset"), str) and is_whole_number(weights.get("seed")):
+        return f"random weights (exported from preset {weights['preset']}, seed {weights['seed']}, to measure speed)"
+    return "random weights"  # said otherwise (someone else's data): random all the same
+
+
+def random_weights_warning(words: str) -> str:
+    """The warning a run gives of a bundle whose weights are ``words`` (random_weights_words'); the native runtime
+    gives it word for word."""
+    return (f"this bundle's model has {words}: its scores and alerts mean nothing; export a trained model to alert on "
+            "(sdqes-edge export --checkpoint CHECKPOINT --out BUNDLE)")
 
 
 def trained_deployment(record: dict | None) -> tuple[float | None, float | None]:

@@ -1,5 +1,6 @@
-"""What `export` says of an earlier bundle it replaces: what that bundle was given after its export and the new one
-will not have (the thresholds are tested in test_query_thresholds.py)."""
+"""What `export` says of an earlier bundle it replaces (what that bundle was given after its export and the new one
+will not have; the thresholds are tested in test_query_thresholds.py), and what `inspect` says of a bundle's
+weights."""
 
 from __future__ import annotations
 
@@ -28,3 +29,25 @@ def test_tensorrt_engines_built_for_the_replaced_graphs_are_named_with_the_comma
     said.clear()
     export_bundle(random_model("qrnn"), out, options, log=said.append)  # none now: nothing to say
     assert not [line for line in said if line.startswith("warning:")]
+
+
+def test_inspect_says_where_a_bundles_weights_came_from(tmp_path, capsys):
+    """A preset's export (random weights, `run` warns of them), the demo's trained checkpoint, and a bundle that does
+    not say."""
+    from sdqes_edge.cli import run
+    from sdqes_edge.demo import DEMO_BUNDLE
+
+    def weights_line(bundle) -> str:
+        assert run(["inspect", str(bundle), "--frames", "1"]) == 0
+        return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("weights"))
+
+    assert run(["export", "--preset", "tiny", "--adapter", "st", "--seed", "3", "--out", str(tmp_path / "p"),
+                "--quiet"]) == 0
+    assert weights_line(tmp_path / "p") == ("weights    random weights (exported from preset tiny+st, seed 3, to "
+                                            "measure speed): its scores and alerts mean nothing")
+    assert weights_line(DEMO_BUNDLE) == (
+        "weights    checkpoint synthetic+qrnn.pt (sdqes-edge-training), trained on synthetic scenes (coloured "
+        "squares, rolling balls, a door and a lamp drawn by `sdqes-edge synth`), 120 training streams")
+    export_bundle(random_model("qrnn"), tmp_path / "api", ExportOptions(show_progress=False), log=lambda m: None)
+    assert weights_line(tmp_path / "api") == ("weights    not recorded (the manifest names no checkpoint, and no "
+                                              "preset's random weights)")

@@ -34,7 +34,7 @@ from native_vectors import (
 from test_service_example import SERVICE, unit_settings
 
 from sdqes_edge.cli import run
-from sdqes_edge.train_options import training_data_words
+from sdqes_edge.train_options import random_weights_words, training_data_words
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,6 +59,8 @@ def test_the_python_runtime_still_produces_the_shared_vectors():
         assert pace_problem(case) == case["expected"], case["name"]
     for case in json.loads((VECTORS / "training_data.json").read_text()):
         assert training_data_words(case["record"]) == case["expected"], case["name"]
+    for case in json.loads((VECTORS / "random_weights.json").read_text()):
+        assert random_weights_words(case["manifest"]) == case["expected"], case["name"]
     expected = json.loads((VECTORS / "bundle_expected.json").read_text())
     bundle = load_bundle(VECTORS / "bundle")
     assert bundle.state_spec.to_list() == expected["state"]

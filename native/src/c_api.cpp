@@ -120,6 +120,8 @@ sdqes_bundle* sdqes_bundle_open(const char* path, char* error, size_t error_size
   try {
     auto opened = std::make_unique<sdqes_bundle>(sdqes_bundle{sdqes::load_bundle(path), std::nullopt, "", ""});
     opened->trained_on = sdqes::training_data_words(opened->bundle);
+    const std::string random = sdqes::random_weights_words(opened->bundle.manifest);
+    if (!random.empty()) say_once(sdqes::random_weights_warning(random));  // a preset's: measured, never alerted on
     try {
       opened->queries = sdqes::load_queries(opened->bundle);
     } catch (const sdqes::Error& e) {  // preprocessing and alerts need none; stepping does, and says so

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <string>
 
@@ -23,6 +24,30 @@ std::string training_data_words(const nlohmann::json& record) {
   if (!std::isfinite(streams)) return "";
   return std::string(kSyntheticTrainingData) + ", " + std::to_string(static_cast<long long>(std::trunc(streams))) +
          " training streams";
+}
+
+std::string random_weights_words(const nlohmann::json& manifest) {
+  if (!manifest.is_object() || !manifest.contains("random_weights")) return "";
+  const nlohmann::json& weights = manifest["random_weights"];
+  // Python's truth of the value: null, false, 0, "", [] and {} say nothing.
+  const bool said = weights.is_boolean()  ? weights.get<bool>()
+                    : weights.is_number() ? weights.get<double>() != 0.0
+                    : weights.is_string() || weights.is_array() || weights.is_object() ? !weights.empty()
+                                                                                        : false;
+  if (!said) return "";
+  if (weights.is_object() && weights.contains("preset") && weights["preset"].is_string() && weights.contains("seed") &&
+      weights["seed"].is_number_integer()) {
+    const std::string seed = weights["seed"].is_number_unsigned() ? std::to_string(weights["seed"].get<uint64_t>())
+                                                                  : std::to_string(weights["seed"].get<int64_t>());
+    return "random weights (exported from preset " + weights["preset"].get<std::string>() + ", seed " + seed +
+           ", to measure speed)";
+  }
+  return "random weights";  // said otherwise (someone else's data): random all the same
+}
+
+std::string random_weights_warning(const std::string& words) {
+  return "this bundle's model has " + words + ": its scores and alerts mean nothing; export a trained model to alert "
+         "on (sdqes-edge export --checkpoint CHECKPOINT --out BUNDLE)";
 }
 
 std::string training_data_words(const Bundle& bundle) {

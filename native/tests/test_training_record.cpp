@@ -1,5 +1,6 @@
-// What a bundle's model was trained on (sdqes/runtime.hpp's training_data_words), in the words the Python runtime
-// gives of each record of tests/vectors/training_data.json, and nothing where a bundle's record is damaged.
+// What a bundle's model was trained on (sdqes/runtime.hpp's training_data_words) and what its manifest says of a
+// preset's random weights, in the words the Python runtime gives of each case of tests/vectors/training_data.json and
+// random_weights.json; nothing where a bundle's record is damaged.
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -12,13 +13,22 @@
 
 using sdqes_test::kVectors;
 
-TEST(TrainingRecord, SaysWhatThePythonRuntimeSaysOfEachRecord) {
-  const nlohmann::json cases = sdqes_test::read_json(kVectors / "training_data.json");
+namespace {
+// Each case of a vectors file: what `words` says of its `input` is what the Python runtime said ("" for its None).
+template <typename Words>
+void expect_python_words(const std::string& file, const std::string& input, Words words) {
+  const nlohmann::json cases = sdqes_test::read_json(kVectors / file);
   ASSERT_GE(cases.size(), 10u);
   for (const auto& c : cases) {
     const std::string expected = c.at("expected").is_null() ? "" : c.at("expected").get<std::string>();
-    EXPECT_EQ(sdqes::training_data_words(c.at("record")), expected) << c.at("name");
+    EXPECT_EQ(words(c.at(input)), expected) << c.at("name");
   }
+}
+}  // namespace
+
+TEST(TrainingRecord, SaysWhatThePythonRuntimeSaysOfEachRecord) {
+  expect_python_words("training_data.json", "record",
+                      [](const nlohmann::json& record) { return sdqes::training_data_words(record); });
 }
 
 TEST(TrainingRecord, IsReadFromTheBundleAndADamagedOneSaysNothing) {
@@ -40,4 +50,8 @@ TEST(TrainingRecord, IsReadFromTheBundleAndADamagedOneSaysNothing) {
   std::ofstream(bundle / "training_record.json") << R"({"data": {"train": )";  // a copy cut short
   EXPECT_EQ(sdqes::training_data_words(loaded), "");
   std::filesystem::remove_all(bundle);
+}
+
+TEST(RandomWeights, SaysWhatThePythonRuntimeSaysOfEachManifest) {
+  expect_python_words("random_weights.json", "manifest", sdqes::random_weights_words);
 }

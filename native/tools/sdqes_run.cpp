@@ -759,6 +759,8 @@ int stream(const sdqes::Bundle& bundle, const sdqes::QueryTable& queries,
   const std::string trained_on = sdqes::training_data_words(bundle);
   if (!trained_on.empty()) say("note: this model was trained on " + trained_on + " only; on other footage its alerts "
                                "mean little");
+  const std::string random = sdqes::random_weights_words(bundle.manifest);
+  if (!random.empty()) say("warning: " + sdqes::random_weights_warning(random));
   sdqes::StreamBatch batch(static_cast<int>(bundle.batch),
                           3 * static_cast<size_t>(bundle.image_size) * bundle.image_size);
   std::vector<const float*> frames(bundle.batch, nullptr);  // each source's frame; the extra streams' none

@@ -92,7 +92,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     # Before the (possibly slow) checkpoint load; a query's length is checked once its text positions are known.
     check_options(options, lambda message: None, context_length=None if args.checkpoint else CONTEXT_LENGTH)
     check_target(Path(args.out))
-    checkpoint = training_record = None
+    checkpoint = training_record = random_weights = None
     if args.checkpoint:
         from sdqes_edge.checkpoints import load_resolving_unstored
 
@@ -110,11 +110,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         model, source = model_from_args(args)
         randomize_adapters(model, seed=args.seed or 0)  # so the state paths carry signal through verification
+        random_weights = {"preset": model.cfg.name, "seed": args.seed or 0}  # `run` says its alerts mean nothing
     if not args.quiet:
         show(f"exporting {model.cfg.name} from {source} to {args.out}")
-    result = export_bundle(model, args.out, options, checkpoint=checkpoint,
-                           training_record=training_record,
-                           log=progress_log(args.quiet))
+    result = export_bundle(model, args.out, options, checkpoint=checkpoint, training_record=training_record,
+                           random_weights=random_weights, log=progress_log(args.quiet))
     show(f"\nwrote {result.out} in {result.seconds:.1f} s:")
     for name, entry in sorted(result.manifest["files"].items()):
         print(f"  {name:40s} {format_bytes(entry['bytes']):>10s}")

@@ -33,6 +33,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
          f"{m['tool_versions'].get(sdqes_edge.__name__)}, all {len(m['files'])} files match their sha256)")
     show(f"model      {m['model']['name']}, adapter {m['model']['adapter']['kind']}, "
          f"{m['image_size']}px, embed {m['embed_dim']}, batch {m['batch']}, opset {m.get('opset')}")
+    show(f"weights    {_weights_words(bundle)}")
     labels = bundle.label_thresholds
     show(f"stream     {m['fps']} fps, default threshold {m['thresholds']['default']:.4f}"
          + (f" ({len(labels)} query labels with their own)" if labels else "")
@@ -67,6 +68,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     engine = "" if m.get("query_count") else f"   (on an NVIDIA device: {PROG} build-engine {args.bundle})"
     show(f"\nnext: {run_hint(args.bundle, m, '--source VIDEO' + precision)}{engine}")
     return 0
+
+
+def _weights_words(bundle) -> str:
+    """Where the model's weights came from, as far as the bundle says: a preset's random ones, a checkpoint (and what
+    its training record says it was trained on), or nothing said (an export through the Python API that named no
+    checkpoint, or one made before exports recorded a preset's random weights)."""
+    from sdqes_edge.train_options import random_weights_words, training_data_words
+
+    if random := random_weights_words(bundle.manifest):
+        return f"{random}: its scores and alerts mean nothing"
+    checkpoint = bundle.manifest.get("checkpoint")
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("file"), str):
+        return "not recorded (the manifest names no checkpoint, and no preset's random weights)"
+    trained_on = training_data_words(bundle.training_record)
+    return (f"checkpoint {checkpoint['file']} ({checkpoint.get('source_format', 'format not recorded')})"
+            + (f", trained on {trained_on}" if trained_on else ""))
 
 
 def _refuse_non_finite(embedding, frame: int, precision: str) -> None:

@@ -58,7 +58,7 @@ from sdqes_edge.runtime.ort_sessions import DEVICE_PROVIDERS
 from sdqes_edge.service_manager import ServiceManager
 from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of, exit_status
 from sdqes_edge.traces import TRACE_SUFFIX
-from sdqes_edge.train_options import training_data_words
+from sdqes_edge.train_options import random_weights_warning, random_weights_words, training_data_words
 
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
@@ -109,12 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     show(header + ("; Ctrl-C to stop" if live else ""), file=sys.stderr)  # source names shown
     manager = ServiceManager()  # systemd's Type=notify: ready now, a watchdog ping per frame, stopping at the end
     manager.ready(header)
-    tip = device_tip(detector, args)
-    if tip:
-        say(f"tip: {tip}")
-    trained_on = training_data_words(detector.bundle.training_record)
-    if trained_on:
-        say(f"note: this model was trained on {trained_on} only; on other footage its alerts mean little")
+    _say_what_runs(detector, args)
     stats = RunStats()
     asker = LineAsker(detector, args.threshold, **policy_options(args))
     watcher = QueriesFileWatcher(detector, args.queries_file, file_queries, command_line_keys, asker,
@@ -267,6 +262,19 @@ def live_report_seconds() -> float:
     """How often a live stream's status line comes: every few seconds on a terminal; in a log (journald, docker) as
     often as progress lines come there, not 17,000 lines a day from a service that runs for weeks."""
     return LIVE_REPORT_SECONDS if stderr_is_a_terminal() else LOG_LINE_SECONDS
+
+
+def _say_what_runs(detector: StreamingDetector, args: argparse.Namespace) -> None:
+    """A faster way to run this bundle here, and what its model's alerts are worth: trained on synthetic scenes only,
+    or weights drawn at random (a preset's export, which `--help` starts a user with)."""
+    tip = device_tip(detector, args)
+    if tip:
+        say(f"tip: {tip}")
+    trained_on = training_data_words(detector.bundle.training_record)
+    if trained_on:
+        say(f"note: this model was trained on {trained_on} only; on other footage its alerts mean little")
+    if random := random_weights_words(detector.bundle.manifest):
+        warn(random_weights_warning(random))
 
 
 def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace, stats: RunStats,

@@ -109,6 +109,12 @@ Bundle load_bundle(const std::filesystem::path& root, bool verify_hashes = true)
 // record is someone else's data: one that says less, or says it otherwise, says nothing.
 std::string training_data_words(const nlohmann::json& record);
 std::string training_data_words(const Bundle& bundle);
+// What a bundle exported from a preset (`export --preset`: its weights drawn at random, to measure speed) says of its
+// weights (train_options.py's random_weights_words): "random weights (exported from preset P, seed S, to measure
+// speed)"; "" where the manifest does not say so. Its scores and alerts mean nothing, which both runtimes warn of.
+std::string random_weights_words(const nlohmann::json& manifest);
+// The warning a run gives of such a bundle, `words` being random_weights_words' (the Python runtime's, word for word).
+std::string random_weights_warning(const std::string& words);
 std::string sha256_file(const std::filesystem::path& path);
 // The model a bundle holds, whatever precision runs: the sha256 of its fp32 step graph, as runtime/bundle.py's
 // model_identity (what a state snapshot is tied to); "" for a bundle without an fp32 graph.
