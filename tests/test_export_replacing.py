@@ -51,3 +51,19 @@ def test_inspect_says_where_a_bundles_weights_came_from(tmp_path, capsys):
     export_bundle(random_model("qrnn"), tmp_path / "api", ExportOptions(show_progress=False), log=lambda m: None)
     assert weights_line(tmp_path / "api") == ("weights    not recorded (the manifest names no checkpoint, and no "
                                               "preset's random weights)")
+
+
+def test_demo_and_score_of_a_presets_export_warn_that_its_alerts_mean_nothing(tmp_path, capsys):
+    from sdqes_edge.cli import run
+
+    bundle = tmp_path / "preset"
+    assert run(["export", "--preset", "tiny", "--adapter", "qrnn", "--out", str(bundle), "--quiet"]) == 0
+    assert run(["synth", "--out", str(tmp_path / "corpus"), "--train", "0", "--val", "1", "--test", "0"]) == 0
+    capsys.readouterr()
+    warning = ("this bundle's model has random weights (exported from preset tiny+qrnn, seed 0, to measure speed): "
+               "its scores and alerts mean nothing")
+    assert run(["demo", "--bundle", str(bundle), "--out", str(tmp_path / "demo")]) == 0
+    assert f"warning: {warning}" in capsys.readouterr().out
+    assert run(["score", str(bundle), "--videos", str(tmp_path / "corpus" / "videos"), "--annotations",
+                str(tmp_path / "corpus" / "annotations.csv"), "--out", str(tmp_path / "scored"), "--quiet"]) == 0
+    assert capsys.readouterr().err.count(f"warning: {warning}") == 1  # once, not once per worker
