@@ -13,6 +13,9 @@ from .errors import UserError, is_number, is_whole_number
 SYNTHETIC_TRAINING_DATA = ("synthetic scenes (coloured squares, rolling balls, a door and a lamp drawn by "
                            "`sdqes-edge synth`)")
 
+# More training streams than a record can be believed to count (and than a C++ integer holds exactly).
+MAX_RECORDED_STREAMS = 1e15
+
 # Data seeds of each split live in disjoint ranges, so no stream is in two splits whatever the sizes.
 SPLIT_SEED_BASE = {"train": 100_000, "val": 200_000, "test": 300_000}
 DEMO_SEED = 7  # `sdqes-edge demo`'s stream: below every split's seeds, so no model was trained on it
@@ -105,14 +108,14 @@ def training_data_words(record: dict | None) -> str | None:
     """What a bundle's model was trained on, in words, from its training record (None: no record says)."""
     # `sdqes-edge train` fits only synthetic streams, drawn from seeds it records. The record is the bundle's,
     # someone else's data: one that says less, or says it otherwise, says nothing here.
-    # The native runtime says the same of the same record (tests/vectors/training_data.json): the streams a finite
-    # number, not a bool or a numeric string.
+    # The native runtime says the same of the same record (tests/vectors/training_data.json): the streams a number
+    # (not a bool or a numeric string) from 0 up to MAX_RECORDED_STREAMS, which a C++ integer holds.
     try:
         train = record["data"]["train"]  # type: ignore[index]
         streams = train["streams"] if isinstance(train, dict) and "seeds" in train else None
     except (KeyError, TypeError):
         return None
-    if not is_number(streams) or not math.isfinite(streams):
+    if not is_number(streams) or not 0 <= streams < MAX_RECORDED_STREAMS:  # NaN too
         return None
     return f"{SYNTHETIC_TRAINING_DATA}, {int(streams)} training streams"
 

@@ -48,6 +48,8 @@ TRAINING_RECORDS = [
     {"name": "streams as text", "record": {"data": {"train": {"seeds": [1], "streams": "many"}}}},
     {"name": "streams as a numeric string", "record": {"data": {"train": {"seeds": [1], "streams": "3"}}}},
     {"name": "streams as a bool", "record": {"data": {"train": {"seeds": [1], "streams": True}}}},
+    {"name": "streams past what a record counts", "record": {"data": {"train": {"seeds": [1], "streams": 1e300}}}},
+    {"name": "streams below 0", "record": {"data": {"train": {"seeds": [1], "streams": -3}}}},
     {"name": "train as a number", "record": {"data": {"train": 5}}},
     {"name": "train as a list naming seeds", "record": {"data": {"train": ["seeds", "streams"]}}},
     {"name": "data as a list", "record": {"data": [1, 2]}},

@@ -11,6 +11,7 @@ namespace {
 constexpr const char* kSyntheticTrainingData =
     "synthetic scenes (coloured squares, rolling balls, a door and a lamp drawn by `sdqes-edge synth`)";
 constexpr const char* kTrainingRecordName = "training_record.json";  // contract.py's TRAINING_RECORD_NAME
+constexpr double kMaxRecordedStreams = 1e15;  // train_options.py's MAX_RECORDED_STREAMS
 }  // namespace
 
 std::string training_data_words(const nlohmann::json& record) {
@@ -18,10 +19,10 @@ std::string training_data_words(const nlohmann::json& record) {
   const nlohmann::json& data = record["data"];
   if (!data.contains("train") || !data["train"].is_object()) return "";
   const nlohmann::json& train = data["train"];
-  // As Python's int() takes it: a whole number, or a finite one cut to its whole part; nothing else.
+  // A number from 0 up to train_options.py's MAX_RECORDED_STREAMS, cut to its whole part as Python's int() does.
   if (!train.contains("seeds") || !train.contains("streams") || !train["streams"].is_number()) return "";
   const double streams = train["streams"].get<double>();
-  if (!std::isfinite(streams)) return "";
+  if (!(streams >= 0.0 && streams < kMaxRecordedStreams)) return "";  // NaN too
   return std::string(kSyntheticTrainingData) + ", " + std::to_string(static_cast<long long>(std::trunc(streams))) +
          " training streams";
 }
