@@ -42,6 +42,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from sdqes_edge.corpus import SCORED_BY_NAME, StepChoice, copies_words, plan_streams
     from sdqes_edge.runtime.bundle import load_bundle
     from sdqes_edge.runtime.output_locks import hold, release
+    from sdqes_edge.train_options import random_weights_warning, random_weights_words
 
     _check_score_args(args)
     bundle = load_bundle(args.bundle)  # a bad bundle is refused before any worker starts
@@ -54,6 +55,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     _check_query_capacity(tasks, bundle)
     if (copies := copies_words(tasks)) is not None:
         warn(copies)
+    if random := random_weights_words(bundle.manifest):  # once nothing is refused; once, not by every worker
+        warn(random_weights_warning(random))
     if args.bench:
         return _bench(tasks, Path(args.bundle), out, args.precision)
     # One run at a time: a second into the same --out scored every stream the first had not finished again, both
@@ -166,14 +169,11 @@ def _check_score_args(args: argparse.Namespace) -> None:
 
 
 def _check_step(bundle, step: StepChoice) -> None:
-    """The bundle has the step graph asked for (else one line naming those it has); a graph slow on its device, and a
-    preset's random weights (the corpus's scores would mean nothing), are said once here, not by every worker."""
+    """The bundle has the step graph asked for (else one line naming those it has); a graph slow on its device is
+    said once here, not by every worker."""
     from sdqes_edge.runtime.onnxruntime_backend import slow_precision_words
-    from sdqes_edge.train_options import random_weights_warning, random_weights_words
 
     bundle.step_graph(step.precision)
-    if random := random_weights_words(bundle.manifest):
-        warn(random_weights_warning(random))
     if step.precision == FP16 and step.ort_device == "cpu":
         warn("the fp16 graph is a GPU format: ONNX Runtime's CPU provider, which scores here, runs most of it in "
              "float32 between Casts it adds, slower than fp32 and not bit for bit what a GPU computes")
