@@ -120,6 +120,14 @@ def training_data_words(record: dict | None) -> str | None:
     return f"{SYNTHETIC_TRAINING_DATA}, {int(streams)} training streams"
 
 
+def training_data_note(record: dict | None) -> str | None:
+    """What `run` and `score` note of a model trained here (None: its record does not say it was); sdqes-run notes it
+    word for word."""
+    trained_on = training_data_words(record)
+    return f"this model was trained on {trained_on} only; on other footage its alerts mean little" if trained_on \
+        else None
+
+
 def random_weights_words(manifest: dict) -> str | None:
     """What a bundle exported from a preset (`export --preset`: weights drawn at random, to measure speed and cost)
     says of its weights, in words; None where its manifest does not say so. `run` on such a bundle alerted at random

@@ -42,7 +42,6 @@ def cmd_score(args: argparse.Namespace) -> int:
     from sdqes_edge.corpus import SCORED_BY_NAME, StepChoice, copies_words, plan_streams
     from sdqes_edge.runtime.bundle import load_bundle
     from sdqes_edge.runtime.output_locks import hold, release
-    from sdqes_edge.train_options import random_weights_warning, random_weights_words
 
     _check_score_args(args)
     bundle = load_bundle(args.bundle)  # a bad bundle is refused before any worker starts
@@ -55,8 +54,6 @@ def cmd_score(args: argparse.Namespace) -> int:
     _check_query_capacity(tasks, bundle)
     if (copies := copies_words(tasks)) is not None:
         warn(copies)
-    if random := random_weights_words(bundle.manifest):  # once nothing is refused; once, not by every worker
-        warn(random_weights_warning(random))
     if args.bench:
         return _bench(tasks, Path(args.bundle), out, args.precision)
     # One run at a time: a second into the same --out scored every stream the first had not finished again, both
@@ -96,6 +93,7 @@ def _score_corpus(args: argparse.Namespace, bundle, step: StepChoice, annotation
     thresholds = ((bundle.default_threshold, bundle.label_thresholds) if args.threshold is None
                   else (args.threshold, {}))
     code = report_scores(out, tasks, annotations, thresholds, step)
+    _say_what_the_figures_are_worth(bundle)
     if code == 0:
         show(f"next: {_eval_command(args, out)} --calibrate (a threshold chosen on these streams)")
     if failures:
@@ -166,6 +164,16 @@ def _check_score_args(args: argparse.Namespace) -> None:
     elif given := given_flags(args, "shared_bundle", "ray_actors"):
         warn(f"{' and '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --ray; "
              f"ignoring {'it' if len(given) == 1 else 'them'}")
+
+
+def _say_what_the_figures_are_worth(bundle) -> None:
+    """Beside the report, once, as `run` says them: a preset's random weights, a model of synthetic scenes only."""
+    from sdqes_edge.train_options import random_weights_warning, random_weights_words, training_data_note
+
+    if random := random_weights_words(bundle.manifest):
+        warn(random_weights_warning(random))
+    if trained_on := training_data_note(bundle.training_record):
+        say(f"note: {trained_on}")
 
 
 def _check_step(bundle, step: StepChoice) -> None:

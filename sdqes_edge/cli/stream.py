@@ -58,7 +58,7 @@ from sdqes_edge.runtime.ort_sessions import DEVICE_PROVIDERS
 from sdqes_edge.service_manager import ServiceManager
 from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of, exit_status
 from sdqes_edge.traces import TRACE_SUFFIX
-from sdqes_edge.train_options import random_weights_warning, random_weights_words, training_data_words
+from sdqes_edge.train_options import random_weights_warning, random_weights_words, training_data_note
 
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
@@ -270,9 +270,8 @@ def _say_what_runs(detector: StreamingDetector, args: argparse.Namespace) -> Non
     tip = device_tip(detector, args)
     if tip:
         say(f"tip: {tip}")
-    trained_on = training_data_words(detector.bundle.training_record)
-    if trained_on:
-        say(f"note: this model was trained on {trained_on} only; on other footage its alerts mean little")
+    if trained_on := training_data_note(detector.bundle.training_record):
+        say(f"note: {trained_on}")
     if random := random_weights_words(detector.bundle.manifest):
         warn(random_weights_warning(random))
 
