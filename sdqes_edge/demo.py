@@ -32,7 +32,7 @@ from sdqes_edge.runtime.sinks import CallbackSink, ScoreTraceRecorder
 from sdqes_edge.runtime.sources import open_source
 from sdqes_edge.synthetic import Stream, generate_stream, write_video
 from sdqes_edge.traces import load_scores
-from sdqes_edge.train_options import random_weights_warning, random_weights_words
+from sdqes_edge.train_options import random_weights_warning
 
 DEMO_BUNDLE = Path(__file__).resolve().parent / "data" / "demo_bundle"
 DEMO_SECONDS = 60.0
@@ -173,8 +173,8 @@ def _describe(detector: StreamingDetector, video: Path, seed: int) -> str:
     policy_words = detector.default_policy().describe() + (" (policy chosen on the validation streams)"
                                                            if detector.bundle.alert_policy else "")
     print(f"model: {detector.bundle.manifest['model']['name']}" + _training_words(record) + f", {policy_words}")
-    if random := random_weights_words(detector.bundle.manifest):  # --bundle of a preset's export
-        print(f"warning: {random_weights_warning(random)}")
+    if random := random_weights_warning(detector.bundle.manifest):  # --bundle of a preset's export
+        print(f"warning: {random}")
     print(f"stream: {video} ({DEMO_SECONDS:g} s, seed {seed}, never seen in training)\n")
     return policy_words
 

@@ -140,11 +140,13 @@ def random_weights_words(manifest: dict) -> str | None:
     return "random weights"  # said otherwise (someone else's data): random all the same
 
 
-def random_weights_warning(words: str) -> str:
-    """The warning a run gives of a bundle whose weights are ``words`` (random_weights_words'); the native runtime
-    gives it word for word."""
-    return (f"this bundle's model has {words}: its scores and alerts mean nothing; export a trained model to alert on "
-            "(sdqes-edge export --checkpoint CHECKPOINT --out BUNDLE)")
+def random_weights_warning(manifest: dict) -> str | None:
+    """The warning `run`, `score` and `demo` give of a bundle whose manifest says its weights are random (None where
+    it does not), as ``training_data_note`` is their note of a record; the native runtime gives it word for word."""
+    words = random_weights_words(manifest)
+    return None if words is None else (
+        f"this bundle's model has {words}: its scores and alerts mean nothing; export a trained model to alert on "
+        "(sdqes-edge export --checkpoint CHECKPOINT --out BUNDLE)")
 
 
 def trained_deployment(record: dict | None) -> tuple[float | None, float | None]:

@@ -168,10 +168,10 @@ def _check_score_args(args: argparse.Namespace) -> None:
 
 def _say_what_the_figures_are_worth(bundle) -> None:
     """Beside the report, once, as `run` says them: a preset's random weights, a model of synthetic scenes only."""
-    from sdqes_edge.train_options import random_weights_warning, random_weights_words, training_data_note
+    from sdqes_edge.train_options import random_weights_warning, training_data_note
 
-    if random := random_weights_words(bundle.manifest):
-        warn(random_weights_warning(random))
+    if random := random_weights_warning(bundle.manifest):
+        warn(random)
     if trained_on := training_data_note(bundle.training_record):
         say(f"note: {trained_on}")
 

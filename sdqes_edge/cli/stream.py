@@ -58,7 +58,7 @@ from sdqes_edge.runtime.ort_sessions import DEVICE_PROVIDERS
 from sdqes_edge.service_manager import ServiceManager
 from sdqes_edge.stopping import FinishFrameThenStop, exit_code_of, exit_status
 from sdqes_edge.traces import TRACE_SUFFIX
-from sdqes_edge.train_options import random_weights_warning, random_weights_words, training_data_note
+from sdqes_edge.train_options import random_weights_warning, training_data_note
 
 if TYPE_CHECKING:  # the detector loads OpenCV: imported where a command runs, so that --help needs no cv2
     from sdqes_edge.runtime.detector import RunStats, StreamingDetector
@@ -272,8 +272,8 @@ def _say_what_runs(detector: StreamingDetector, args: argparse.Namespace) -> Non
         say(f"tip: {tip}")
     if trained_on := training_data_note(detector.bundle.training_record):
         say(f"note: {trained_on}")
-    if random := random_weights_words(detector.bundle.manifest):
-        warn(random_weights_warning(random))
+    if random := random_weights_warning(detector.bundle.manifest):
+        warn(random)
 
 
 def _stream(detector: StreamingDetector, sources: list, args: argparse.Namespace, stats: RunStats,
