@@ -282,3 +282,64 @@ def test_an_alert_whose_threshold_no_score_reaches_is_made_and_said_once_as_sdqe
     assert api.alert_update(made[0], 0.7310, 0.0) == 0  # made all the same: the caller's choice
     for alert in made:
         api.alert_free(alert)
+
+
+def test_a_program_takes_the_librarys_warnings_into_its_own_log_each_once_and_stderr_again_when_it_lets_go(
+        native_build, capfd):
+    """A ROS 2 node logs through RCLCPP_WARN, a service through journald: sdqes_set_warning_handler hands it each
+    warning's text (and its user data), once, from whichever thread found it, nothing of it on stderr; a handler
+    that calls the library, which warns again, gets that warning too (it is called outside the library's lock);
+    NULL gives stderr back."""
+    import ctypes
+    import threading
+
+    from sdqes_edge.runtime.alerts import never_reached_words
+
+    api = CApi(native_build / "libsdqes.so")
+    handler_type = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_void_p)
+    api.lib.sdqes_set_warning_handler.restype = None
+    api.lib.sdqes_set_warning_handler.argtypes = [handler_type, ctypes.c_void_p]
+    logged: list[tuple[str, int]] = []
+    made = []
+
+    def log(warning: bytes, user_data: int) -> None:
+        logged.append((warning.decode(), user_data))
+        if len(logged) == 1:  # the node's logger making another alert, as a callback might
+            made.append(api.alert_new(0.96, -1.0, 0.0, 0, api.error, len(api.error)))
+
+    handler = handler_type(log)  # kept alive while the library holds it
+    capfd.readouterr()
+    api.lib.sdqes_set_warning_handler(handler, 42)
+    try:
+        def make_alert() -> None:
+            made.append(api.alert_new(0.95, -1.0, 0.0, 0, api.error, len(api.error)))
+
+        threads = [threading.Thread(target=make_alert, daemon=True) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert not any(thread.is_alive() for thread in threads)  # none waits on the handler's own warning
+    finally:
+        api.lib.sdqes_set_warning_handler(handler_type(), None)
+    assert logged == [(f"sdqes_alert_new: the threshold {t} {never_reached_words(t, 'it')}", 42) for t in (0.95, 0.96)]
+    assert capfd.readouterr().err == ""
+    made.append(api.alert_new(0.97, -1.0, 0.0, 0, api.error, len(api.error)))
+    made.append(api.alert_new(0.95, -1.0, 0.0, 0, api.error, len(api.error)))  # said once already: not again
+    assert capfd.readouterr().err.splitlines() == [f"sdqes: warning: sdqes_alert_new: the threshold 0.97 "
+                                                   f"{never_reached_words(0.97, 'it')}"]
+    assert len(logged) == 2 and len(made) == 7 and all(made)
+    for alert in made:
+        api.alert_free(alert)
+
+
+def test_the_c_example_says_the_librarys_warnings_in_its_own_name(sdqes_run_on_the_cpu, bundle):
+    """native/examples/stream_frames.c hands the library's warnings to its own log line, as a program would."""
+    from sdqes_edge.runtime.alerts import never_reached_words
+
+    done = subprocess.run([str(sdqes_run_on_the_cpu.parent / "sdqes-stream-frames"), bundle, "64", "48", "0.9",
+                           "onnxruntime"], input=b"", capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()
+    warned = [line for line in done.stderr.decode().splitlines() if "warning" in line]
+    assert warned == [f"sdqes-stream-frames: warning: sdqes_alert_new: the threshold 0.9 "
+                      f"{never_reached_words(0.9, 'it')}"]

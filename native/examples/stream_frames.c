@@ -8,13 +8,21 @@
  * Arguments: BUNDLE WIDTH HEIGHT [THRESHOLD] [BACKEND]. THRESHOLD: one for every query (default: each query's
  * policy as the bundle records it, as sdqes-run gives it); BACKEND: tensorrt or onnxruntime (default: the first
  * this library was built with). Each alert is one line on stdout, "<stream time s> <query> <p> <message>"; a
- * problem is one line on stderr and exit status 2. */
+ * problem is one line on stderr and exit status 2; the library's warnings are lines on stderr in this program's name,
+ * as a program hands them to its own log. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "sdqes/sdqes.h"
 
 #define ERROR_SIZE 512
+
+static char program[] = "sdqes-stream-frames";
+
+/* sdqes_set_warning_handler's handler: a ROS 2 node would call RCLCPP_WARN here. */
+static void warn(const char* warning, void* name) {
+  fprintf(stderr, "%s: warning: %s\n", (const char*)name, warning);
+}
 
 static int fail(const char* what, const char* why) {
   fprintf(stderr, "sdqes-stream-frames: error: %s: %s\n", what, why);
@@ -27,6 +35,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: %s BUNDLE WIDTH HEIGHT [THRESHOLD] [BACKEND] < raw BGR frames\n", argv[0]);
     return 2;
   }
+  sdqes_set_warning_handler(warn, program);
   const int width = atoi(argv[2]), height = atoi(argv[3]);
   if (width <= 0 || height <= 0) return fail("WIDTH and HEIGHT", "give the frames' size in pixels, e.g. 640 480");
   sdqes_bundle* bundle = sdqes_bundle_open(argv[1], error, sizeof error);

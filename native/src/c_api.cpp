@@ -45,13 +45,37 @@ struct sdqes_step {
 };
 
 namespace {
-// A warning on stderr, as Python shows a warning a program has not filtered: each text once in the process (every
-// query's alert of a stream finds the same problem at the same frame).
+// Where warnings go (sdqes_set_warning_handler), and the texts said so far.
+struct Warnings {
+  std::mutex lock;
+  std::set<std::string> said;
+  sdqes_warning_handler handler = nullptr;  // nullptr: stderr
+  void* user_data = nullptr;
+};
+
+Warnings& warnings() {
+  static Warnings shared;
+  return shared;
+}
+
+// A warning, as Python shows a warning a program has not filtered: each text once in the process (every query's
+// alert of a stream finds the same problem at the same frame), on stderr or to the program's handler. The handler is
+// called outside the lock: one that calls the library, which may warn again, would otherwise wait on itself.
 void say_once(const std::string& warning) {
-  static std::mutex lock;
-  static std::set<std::string> said;
-  const std::lock_guard<std::mutex> held(lock);
-  if (said.insert(warning).second) std::fprintf(stderr, "sdqes: warning: %s\n", warning.c_str());
+  Warnings& all = warnings();
+  sdqes_warning_handler handler = nullptr;
+  void* user_data = nullptr;
+  {
+    const std::lock_guard<std::mutex> held(all.lock);
+    if (!all.said.insert(warning).second) return;
+    handler = all.handler;
+    user_data = all.user_data;
+  }
+  if (handler) {
+    handler(warning.c_str(), user_data);
+  } else {
+    std::fprintf(stderr, "sdqes: warning: %s\n", warning.c_str());
+  }
 }
 
 // A threshold no score reaches (the alert never alerts) or below every score (it alerts at the first frame alone), as
@@ -111,6 +135,13 @@ int memory_call(sdqes_step* step, const char* path, const char* name, char* erro
 }  // namespace
 
 extern "C" {
+
+void sdqes_set_warning_handler(sdqes_warning_handler handler, void* user_data) {
+  Warnings& all = warnings();
+  const std::lock_guard<std::mutex> held(all.lock);
+  all.handler = handler;
+  all.user_data = user_data;
+}
 
 sdqes_bundle* sdqes_bundle_open(const char* path, char* error, size_t error_size) {
   if (!path) {

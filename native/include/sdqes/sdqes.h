@@ -22,6 +22,16 @@ typedef struct sdqes_bundle sdqes_bundle;
 typedef struct sdqes_alert sdqes_alert;
 typedef struct sdqes_step sdqes_step;
 
+/* Where the library's warnings go: the problems a caller may go on with (a threshold no score reaches, frames that come
+ * faster than the bundle's rate, the fp16 graph on the CPU, a model with random weights), each text once in the
+ * process. By default they are written on stderr ("sdqes: warning: ..."). A program with a log of its own (a ROS 2
+ * node's RCLCPP_WARN, syslog, journald) takes them there instead: `handler` is called with each warning's text (one
+ * line, without the "sdqes: warning: " prefix) and `user_data`, on the thread of the call that found the problem, so
+ * from several threads at once where several share the library; it may call this library. NULL goes back to stderr.
+ * A text said before the handler was set is not said again. */
+typedef void (*sdqes_warning_handler)(const char* warning, void* user_data);
+SDQES_API void sdqes_set_warning_handler(sdqes_warning_handler handler, void* user_data);
+
 SDQES_API sdqes_bundle* sdqes_bundle_open(const char* path, char* error, size_t error_size);
 SDQES_API void sdqes_bundle_close(sdqes_bundle* bundle);
 SDQES_API double sdqes_bundle_fps(const sdqes_bundle* bundle);
@@ -67,7 +77,7 @@ SDQES_API int sdqes_alert_update(sdqes_alert* alert, double probability, double 
  * says how they do not and what to give, as the Python runtime's FrameRateWarning says it. Over the last 8 intervals:
  * frames clearly faster (their mean under 0.8 of the period: a camera's every frame), frames that keep one time, or
  * each over 100 periods apart (times in milliseconds, where a 10 s cooldown passed in 10 ms). Found once, it stays,
- * and is also written once on stderr ("sdqes: warning: ..."). Always "" for sdqes_alert_new (it knows no rate). */
+ * and is also said once as a warning (sdqes_set_warning_handler). Always "" for sdqes_alert_new (it knows no rate). */
 SDQES_API const char* sdqes_alert_pace_problem(const sdqes_alert* alert);
 /* A new stream: no run above the threshold, no alert counted, no cooldown, times from anew. 0, or -1 if NULL. */
 SDQES_API int sdqes_alert_reset(sdqes_alert* alert);
@@ -76,7 +86,7 @@ SDQES_API void sdqes_alert_free(sdqes_alert* alert);
 /* The bundle's step graph, ready to stream, its state at the start of a stream, as sdqes-run steps it: backend
  * "tensorrt" (the engine sdqes-edge build-engine built for this GPU) or "onnxruntime" (the ONNX graph on the CPU),
  * NULL: TensorRT where this library was built with it, else ONNX Runtime; precision "fp16", "fp32" or "int8", NULL:
- * fp16 on TensorRT, fp32 on ONNX Runtime (fp16 there opens, said once on stderr: on the CPU it is no faster than
+ * fp16 on TensorRT, fp32 on ONNX Runtime (fp16 there opens, said once as a warning: on the CPU it is no faster than
  * fp32); threads: ONNX Runtime's (0: one per core; more than the cores this
  * process may use are brought down to them). It keeps what it needs of the
  * bundle, which may be closed after. Threads may share a step: each call that steps or resets it runs whole, one at a
