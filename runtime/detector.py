@@ -292,8 +292,7 @@ class StreamingDetector:
         for sink in self.sinks:
             try:
                 sink.on_frame(stream, frame.bgr, frame.time, probs, events)
-                for event in events:
-                    sink.on_event(event)
+                sink.on_events(events)
             except Exception as exc:  # raised again by step, once every sink had the step
                 failures.append(exc)
         return failures

@@ -68,6 +68,12 @@ class Sink:
     def on_event(self, event: AlertEvent) -> None:
         pass
 
+    def on_events(self, events: list[AlertEvent]) -> None:
+        """A stream's alerts of one step, in order, after its ``on_frame``: each to ``on_event`` unless a sink takes
+        them together (the alert log: one write and one sync for them all)."""
+        for event in events:
+            self.on_event(event)
+
     def on_sources_ended(self, ended: list[bool]) -> None:
         """Called as a run ends, before ``close``: per stream, whether the run stepped its source to the end (a
         file's last frame, a camera lost for good) rather than stopping first (max_frames, a stop, an error)."""

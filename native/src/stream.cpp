@@ -423,11 +423,18 @@ int JsonlSink::append(const std::string& line) {
 int JsonlSink::write_held() {
   last_try_ = std::chrono::steady_clock::now();
   follow_rotation();
-  for (; !held_.empty(); held_.pop_front()) {
-    if (const int failure = append(held_.front())) return failure;
+  if (!held_.empty()) {  // one write and one sync; refused in part, all taken back and still held
+    std::string lines;
+    for (const auto& line : held_) lines += line;
+    if (const int failure = append(lines)) return failure;
+    held_.clear();
   }
   let_go_ = 0;
   return 0;
+}
+
+void JsonlSink::let_go_oldest(size_t keep) {
+  for (; held_.size() > keep; held_.pop_front()) ++let_go_;
 }
 
 void JsonlSink::write_going_on() {
@@ -450,21 +457,26 @@ void JsonlSink::write_going_on() {
   refused_ = false;
 }
 
-void JsonlSink::write(const AlertEvent& event) {
-  const std::string line = event.to_json().dump() + "\n";
+void JsonlSink::write(const AlertEvent& event) { write(std::vector<AlertEvent>{event}); }
+
+void JsonlSink::write(const std::vector<AlertEvent>& events) {
+  if (events.empty()) return;
+  std::vector<std::string> lines;
+  for (const auto& event : events) lines.push_back(event.to_json().dump() + "\n");
   if (whole_ < 0) {  // a pipe or a device (/dev/full): nothing to wait for; its reader gone, the run stops
-    if (const int failure = append(line)) {
+    std::string text;
+    for (const auto& line : lines) text += line;
+    if (const int failure = append(text)) {
       throw OutputRefused("cannot append an alert to " + path_.string() + " (" + std::strerror(failure) +
                           "): " + refused_alert_advice(failure) + ", and run again");
     }
     return;
   }
-  held_.push_back(line);
-  if (held_.size() > kHeldAlerts) {  // only while the disk refuses: written at once otherwise
-    held_.pop_front();
-    ++let_go_;
-  }
+  // Held lines exist only while the disk refuses: the oldest go first, never those of this frame untried.
+  let_go_oldest(kHeldAlerts > lines.size() ? kHeldAlerts - lines.size() : 0);
+  held_.insert(held_.end(), lines.begin(), lines.end());
   write_going_on();
+  let_go_oldest(kHeldAlerts);  // a frame's alerts more than are held, refused
 }
 
 void JsonlSink::retry() {

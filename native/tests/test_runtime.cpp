@@ -876,6 +876,43 @@ TEST(JsonlSink, NamesTheFileAndTheAlertsItLostWhenTheDiskStillRefusesThemAtTheEn
   fs::remove(log);
 }
 
+TEST(JsonlSink, WritesAFramesAlertsTogetherEveryOneOfThemAndHoldsTheLatestOfThoseTheDiskRefuses) {
+  // A service's queries file of a dataset's (thousands) alerting at a stream's first frame: all written while the
+  // disk takes them, however many more than are held while it refuses.
+  const fs::path log = fs::temp_directory_path() / ("sdqes-native-burst-" + std::to_string(::getpid()) + ".jsonl");
+  const auto burst = [](int64_t first, size_t count) {
+    std::vector<sdqes::AlertEvent> events;
+    for (size_t q = 0; q < count; ++q) {
+      events.push_back(long_alert(first));
+      events.back().query_id = "q" + std::to_string(q + 1);
+    }
+    return events;
+  };
+  const size_t more = sdqes::JsonlSink::kHeldAlerts + 5;
+  testing::internal::CaptureStderr();
+  {
+    sdqes::JsonlSink sink(log);
+    sink.write(burst(0, more));
+    EXPECT_EQ(lines_of(log).size(), more);
+    {
+      const FileSizeLimit limit(fs::file_size(log) + 100);  // less than a line more
+      sink.write(burst(1, more));
+    }
+    EXPECT_EQ(lines_of(log).size(), more);
+    sink.write(burst(2, 1));  // room again: the latest held (one fewer, to make room for it), then this frame's
+    sink.finish();
+  }
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("is written again, the alerts held meanwhile with it (6 older ones were let go)"),
+            std::string::npos) << said;
+  const auto lines = lines_of(log);
+  ASSERT_EQ(lines.size(), more + sdqes::JsonlSink::kHeldAlerts);
+  EXPECT_EQ(json::parse(lines[more]).at("query_id"), "q7");  // the 6 oldest of the refused frame let go
+  EXPECT_EQ(json::parse(lines[more]).at("frame_index"), 1);
+  EXPECT_EQ(json::parse(lines.back()).at("frame_index"), 2);
+  fs::remove(log);
+}
+
 TEST(StopOnSignal, AFirstSignalAsksTheLoopToStopWithTheShellsExitStatusAndTheOldHandlerReturnsAfter) {
   static volatile std::sig_atomic_t before = 0;  // a handler the program had before the stream
   std::signal(SIGTERM, [](int) { before = 1; });

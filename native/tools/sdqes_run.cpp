@@ -287,14 +287,18 @@ struct StreamAlerts {
   // The queries' probabilities on this stream's frame at stream time `time`, `latency` ms after it was in hand.
   void update(const std::vector<float>& probs, double time, double latency) {
     last_time = time;
+    std::vector<sdqes::AlertEvent> raised_now;
     for (size_t q = 0; q < probs.size(); ++q) {
       if (!std::isfinite(probs[q])) throw sdqes::Error("the model produced a non-finite score; stopping the stream");
       if (!states[q].update(probs[q], time)) continue;
-      sdqes::AlertEvent e{"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], stream_name, time,
-                          stepped, probs[q], std::log(probs[q] / (1 - probs[q])), latency,
-                          states[q].policy().threshold,
-                          queries.labels[q].empty() ? std::nullopt : std::optional<std::string>(queries.labels[q])};
-      if (sink) sink->write(e);  // first: a closed stdout (`| head`) ends the process by SIGPIPE at the print
+      raised_now.push_back({"q" + std::to_string(q + 1), queries.texts[q], queries.messages[q], stream_name, time,
+                            stepped, probs[q], std::log(probs[q] / (1 - probs[q])), latency,
+                            states[q].policy().threshold,
+                            queries.labels[q].empty() ? std::nullopt : std::optional<std::string>(queries.labels[q])});
+    }
+    // Logged first, in one write and one sync: a closed stdout (`| head`) ends the process by SIGPIPE at the print.
+    if (sink) sink->write(raised_now);
+    for (const auto& e : raised_now) {
       std::ostringstream line;  // the message is the bundle's: its control characters shown, not obeyed
       line << "[" << (named_when_printed ? stream_name + " " : "") << time << " s] " << e.message;
       *printed << sdqes::terminal_safe(line.str()) << "  (p=" << e.score << ")" << std::endl;

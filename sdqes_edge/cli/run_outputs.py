@@ -199,8 +199,9 @@ def add_output_options(run: argparse.ArgumentParser) -> None:
     """What a run writes besides its console lines, and the state it carries from an earlier run."""
     run.add_argument("--events", type=path_text,
                      help="append alerts to this JSONL file, one object per alert with its stream time, wall-clock "
-                          "time (UTC), score, and the query's threshold and label; flushed per alert, and followed "
-                          "when logrotate moves it; - for stdout (the console's alert lines then go to stderr)")
+                          "time (UTC), score, and the query's threshold and label; on the disk before the next frame "
+                          "(a frame's alerts in one sync), and followed when logrotate moves it; - for stdout (the "
+                          "console's alert lines then go to stderr)")
     run.add_argument("--scores", type=path_text,
                      help="per-frame score trace: FILE.npz (with several sources, FILE.SOURCE.npz "
                           "for each), or a folder of SOURCE.npz")

@@ -297,6 +297,9 @@ class JsonlSink {
   JsonlSink(const JsonlSink&) = delete;
   JsonlSink& operator=(const JsonlSink&) = delete;
   void write(const AlertEvent& event);
+  // A frame's alerts of a stream, in one write and one sync: a hundred queries alerting at a stream's first frame had
+  // cost a hundred syncs (tens of ms each on a Jetson's SD card), the camera's frames dropped meanwhile.
+  void write(const std::vector<AlertEvent>& events);
   void retry();   // per frame: the alerts held tried again once kRetryS have passed since the last try
   void finish();  // the alerts held written, or an OutputRefused naming the log and the alerts it lost
 
@@ -304,7 +307,8 @@ class JsonlSink {
   void use(std::FILE* file);
   void follow_rotation();
   int append(const std::string& line);  // 0, or the errno of a refusal (the part written taken back)
-  int write_held();                     // 0, or the errno of the first refused line (it and the later ones held)
+  int write_held();                     // 0, or the errno of a refusal (every held line still held)
+  void let_go_oldest(size_t keep);      // held lines past `keep` let go, oldest first, and counted
   void write_going_on();                // write_held, its refusal said once, not raised
   std::filesystem::path path_;
   std::FILE* file_;
