@@ -232,8 +232,7 @@ def _add_queries(detector: StreamingDetector, args: argparse.Namespace) -> tuple
     command_line_keys, from_file = {text_key(line.text) for line in paired}, {}
     ask = LineAsker(detector, args.threshold, **policy_options(args))
     asked = keyed(paired + args.file_queries)
-    for key, line in asked.items():
-        query = ask(line)
+    for (key, line), query in zip(asked.items(), ask.ask_all(list(asked.values()), not args.quiet)):
         if key not in command_line_keys:
             from_file[key] = Asked(line, query)
     # The bundle's queries that the given ones leave out (one asked again in the same words is asked).
