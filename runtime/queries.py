@@ -125,14 +125,21 @@ class TextEncoder:
     def encode_many(self, texts: list[str]) -> None:
         """Encode ``texts`` ahead of the ``encode`` calls that will ask for them, ``TEXT_BATCH`` to a run of the text
         graph, each embedding what ``encode`` gives alone (the batch's rows are computed apart); those already
-        pre-encoded or kept are left, and no more are encoded than the cache keeps."""
+        pre-encoded or kept are left, and no more are encoded than the cache keeps. A text the tokenizer refuses
+        (too long) is left for ``encode`` to refuse in its own words when it is asked."""
         with self._cache_lock:
             todo = [t for t in dict.fromkeys(texts) if t not in self._seeded and t not in self._cache]
         todo = todo[:self.cache_size]
         for start in range(0, len(todo), TEXT_BATCH):
-            batch = todo[start:start + TEXT_BATCH]
-            ids = self.tokenizer.tokenize(batch, on_overflow=self.on_overflow)
-            self._keep(batch, self.session.run(None, {TOKEN_INPUT: ids})[0])
+            batch, ids = [], []
+            for text in todo[start:start + TEXT_BATCH]:
+                try:
+                    ids.append(self.tokenizer.tokenize([text], on_overflow=self.on_overflow)[0])
+                except UserError:
+                    continue
+                batch.append(text)
+            if batch:
+                self._keep(batch, self.session.run(None, {TOKEN_INPUT: np.stack(ids)})[0])
 
     def _keep(self, texts: list[str], embeddings) -> None:
         with self._cache_lock:

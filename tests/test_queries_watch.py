@@ -175,3 +175,26 @@ def test_watch_queries_without_a_queries_file_is_refused_in_one_line(exported):
                            KETTLE, "--watch-queries"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "sdqes-edge: error: --watch-queries reads the --queries-file again when it changes; give --queries-file FILE"]
+
+
+def test_many_lines_added_are_encoded_a_batch_to_a_run_of_the_text_graph_and_one_too_long_is_said_alone(watched):
+    """A service's file given a dataset's queries at once ran the text graph once a line, in its watcher thread,
+    before any of them was asked."""
+    from sdqes_edge.runtime.queries import TEXT_BATCH
+
+    detector, watcher, path, _ = watched
+    encoder, runs = detector.queries.encoder, []
+    session = encoder.session
+
+    class CountedSession:
+        def run(self, outputs, feeds):
+            runs.append(len(next(iter(feeds.values()))))
+            return session.run(outputs, feeds)
+
+    encoder.session = CountedSession()  # the same graph, its runs counted
+    texts = [f"when the robot reaches waypoint {n}" for n in range(TEXT_BATCH + 6)]
+    queries_csv(path, (KETTLE, "Tea!"), *[(text, "Here.") for text in texts], ("go " * 80, "Too long."))
+    watcher.check()
+    watcher.check()
+    assert runs == [TEXT_BATCH, 6]  # the line too long is left out of its batch, and refused as it is asked
+    assert set(texts) <= set(asked(detector)) and "go " * 80 not in asked(detector)

@@ -112,6 +112,8 @@ class QueriesFileWatcher:
             self.detector.remove_query(query.id)
         for key, asked in self.watched.items():
             self.watched[key] = self._kept(asked, wanted[key], said)
+        added = [line for key, line in wanted.items() if key not in self.watched]
+        self.detector.queries.encoder.encode_many([line.text for line in added])  # TEXT_BATCH to a run
         for key, line in wanted.items():
             if key in self.watched:
                 continue
