@@ -76,3 +76,18 @@ def test_more_alerts_at_once_than_a_refused_disk_holds_are_all_written_while_the
     sink.close()
     assert logged(log)[10:] == [("q8", 1), ("q9", 1), ("q10", 2)]
     assert said[1].endswith("(8 older ones were let go)")
+
+
+def test_a_log_of_its_own_that_leaves_alerts_out_one_by_one_still_has_each_alert(tmp_path):
+    """A subclass's on_event, written when alerts came one at a time, is not passed by the step's batch."""
+
+    class ConfidentAlerts(JsonlSink):
+        def on_event(self, event: AlertEvent) -> None:
+            if event.score > 0.8:
+                super().on_event(event)
+
+    log = tmp_path / "alerts.jsonl"
+    sink = ConfidentAlerts(log)
+    sink.on_events([alert(0), AlertEvent("q1", "query 1", "Wash!", "cam", 0.0, 0, 0.5, 0.0, 3.0), alert(2)])
+    sink.close()
+    assert logged(log) == [("q0", 0), ("q2", 0)]
