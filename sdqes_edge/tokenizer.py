@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import gzip
 import html
+import unicodedata
 import warnings
 import zlib
 from pathlib import Path
@@ -108,6 +109,17 @@ class QueryTruncatedWarning(UserWarning):
     """A query over the context length was cut to it (``on_overflow="truncate"``): its end is not scored."""
 
 
+class QueryScriptWarning(UserWarning):
+    """A query written mostly outside the Latin alphabet: CLIP's text tower learnt English captions."""
+
+
+def non_latin_share(text: str) -> float:
+    """The share of a text's letters outside the Latin alphabet (0 for a text without letters)."""
+    letters = [c for c in text if c.isalpha()]
+    foreign = sum(not unicodedata.name(c, "").startswith("LATIN") for c in letters)
+    return foreign / len(letters) if letters else 0.0
+
+
 class ClipTokenizer:
     """CLIP BPE tokenizer. ``tokenize(["a photo of a cat"])`` gives ids of shape [N, context_length] (CLIP's 77)."""
 
@@ -130,6 +142,7 @@ class ClipTokenizer:
         self.start_id = self.encoder[START_TOKEN]
         self.end_id = self.encoder[END_TOKEN]
         self._cache = {START_TOKEN: START_TOKEN, END_TOKEN: END_TOKEN}
+        self._script_said = False  # QueryScriptWarning: once, for the first query so written
 
     @property
     def vocab_size(self) -> int:
@@ -171,6 +184,14 @@ class ClipTokenizer:
         decoded = bytearray(self.byte_decoder[c] for c in text).decode("utf-8", errors="replace")
         return decoded.replace("</w>", " ").strip()
 
+    def _say_script(self, text: str) -> None:
+        if self._script_said or non_latin_share(text) <= 0.5:
+            return
+        self._script_said = True
+        warnings.warn(f"the query {text[:60]!r} is written mostly outside the Latin alphabet; CLIP's text tower "
+                      "learnt English captions, so it is likely to score poorly: ask it in English (said once, for "
+                      "any other query so written)", QueryScriptWarning, stacklevel=3)
+
     def count(self, text: str) -> int:
         """Positions the query takes, start and end tokens included."""
         return len(self.encode(text)) + 2
@@ -187,6 +208,7 @@ class ClipTokenizer:
         out = np.zeros((len(texts), self.context_length), dtype=np.int64)
         for row, text in enumerate(texts):
             check_query_text(text)
+            self._say_script(text)
             ids = [self.start_id] + self.encode(text) + [self.end_id]
             if len(ids) > self.context_length:
                 if on_overflow == "error":

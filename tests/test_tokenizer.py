@@ -134,3 +134,34 @@ def test_tokenize_takes_one_text_any_iterable_of_texts_and_refuses_none(tok):
     assert np.array_equal(one, tok.tokenize(text for text in ["when I start cooking"]))
     with pytest.raises(UserError, match=r"^tokenize takes a query text or a list of them, not a NoneType$"):
         tok.tokenize(None)  # failed as "object of type 'NoneType' has no len()"
+
+
+def test_a_query_written_mostly_outside_the_latin_alphabet_is_warned_of_once():
+    """A headset's user who types the reminder in Japanese got scores of a text tower that learnt English captions,
+    and no word of it."""
+    import warnings
+
+    tok = ClipTokenizer()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tok.tokenize(["Cuando empiece a cocinar, recuérdame lavarme las manos.",  # Latin letters: not told
+                      "When I start cooking 🍳, remind me to wash my hands."])
+        assert caught == []
+        tok.tokenize(["料理を始めたら、手を洗うように知らせて。", "Когда я начну готовить, напомни помыть руки."])
+    assert [w.category.__name__ for w in caught] == ["QueryScriptWarning"]
+    cooking = "料理を始めたら、手を洗うように知らせて。"
+    assert str(caught[0].message).startswith(f"the query {cooking!r} is written mostly outside the Latin alphabet; "
+                                             "CLIP's text tower learnt English captions")
+
+
+def test_run_says_a_query_in_another_script_in_one_warning_line(tmp_path, capsys):
+    from runtime_fixtures import write_video
+
+    from sdqes_edge.cli import run
+    from sdqes_edge.demo import DEMO_BUNDLE
+
+    video = write_video(tmp_path / "clip.avi", np.zeros((2, 48, 64, 3), np.uint8), fps=1.0)
+    cooking = "料理を始めたら知らせて"
+    assert run(["run", str(DEMO_BUNDLE), "--source", str(video), "--query", cooking, "--quiet"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "Latin alphabet" in line]
+    assert len(warned) == 1 and warned[0].startswith(f"sdqes-edge: warning: the query {cooking!r} is written")
