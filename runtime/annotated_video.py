@@ -21,7 +21,6 @@ import numpy as np
 
 from sdqes_edge.errors import SetupWarning, UserError
 from sdqes_edge.files import UTC_STAMP_FORMAT, format_bytes, free_name, make_folders, set_aside, utc_stamp
-from sdqes_edge.metrics import above_threshold
 from sdqes_edge.path_checks import ANNOTATED_VIDEO_EXAMPLE, check_output_file, output_path_refused
 
 from .disk_space import LowDiskWatch
@@ -29,6 +28,7 @@ from .live_source import open_video_file
 from .ordered_calls import OrderedCalls
 from .output_locks import ANNOTATED_VIDEO, hold, release
 from .sampling import checked_rate
+from .score_bars import BANNER_PIXELS, draw_score_bars
 from .sinks import Sink, checked_stream
 
 # A segmented video's news (a segment the machine cut off or refused, then segments whole again): to this logger
@@ -238,18 +238,11 @@ class AnnotatedVideoSink(Sink):
                 return  # this segment could not be begun (said): tried again when its time is up
             self._open(w, h, time_s)
             self._started = True
-        thresholds = self.thresholds()
-        for row, (qid, p) in enumerate(probs.items()):
-            y = h - 12 - 18 * row
-            bar = int((w // 3) * p)
-            cv2.rectangle(image, (8, y - 10), (8 + w // 3, y), (60, 60, 60), -1)
-            above = above_threshold(p, thresholds.get(qid, 1.0))
-            cv2.rectangle(image, (8, y - 10), (8 + bar, y), (0, 0, 255) if above else (0, 200, 0), -1)
-            cv2.putText(image, f"{qid} {p:.3f}", (14 + w // 3, y), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (255, 255, 255), 1)
+        draw_score_bars(image, probs, self.thresholds())
         if events:
             self._banner = (events[-1].message, time_s)
         if self._banner and time_s - self._banner[1] <= self.BANNER_SECONDS:
-            cv2.rectangle(image, (0, 0), (w, 28), (0, 0, 200), -1)
+            cv2.rectangle(image, (0, 0), (w, BANNER_PIXELS), (0, 0, 200), -1)
             cv2.putText(image, self._banner[0][:80], (8, 19), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (255, 255, 255), 1)
         self._writer.write(image)
         self._written += 1
