@@ -277,3 +277,22 @@ def test_threads_given_to_the_tensorrt_backend_are_left_out_with_a_warning(nativ
     assert lines[0] == ("sdqes-run: warning: --threads is for the ONNX Runtime backend; TensorRT steps on the GPU, so "
                         "it is left out")
     assert "no fp16 TensorRT engine" in lines[1] and done.returncode == 2
+
+
+def test_sdqes_run_and_the_c_api_say_the_release_they_were_built_from(native_build):
+    """A robot's log names what it runs: `sdqes-run --version` and sdqes_version() give the package's release (read
+    from pyproject.toml, its one place, as `sdqes-edge --version` gives it), and sdqes-run the backends it has."""
+    import ctypes
+
+    from native_fixtures import ONNXRUNTIME_LEFT_OUT
+
+    import sdqes_edge
+
+    done = subprocess.run([str(native_build / "sdqes-run"), "--version"], capture_output=True, text=True)
+    onnxruntime = "" if ONNXRUNTIME_LEFT_OUT["reason"] else "onnxruntime"
+    backends = {", ".join(filter(None, ["tensorrt", onnxruntime])), onnxruntime or "none"}  # TensorRT where it is
+    assert done.returncode == 0 and done.stdout.startswith(f"sdqes-run {sdqes_edge.__version__} (backends: ")
+    assert done.stdout.removeprefix(f"sdqes-run {sdqes_edge.__version__} (backends: ")[:-2] in backends, done.stdout
+    library = ctypes.CDLL(str(native_build / "libsdqes.so"))
+    library.sdqes_version.restype = ctypes.c_char_p
+    assert library.sdqes_version().decode() == sdqes_edge.__version__

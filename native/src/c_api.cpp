@@ -136,6 +136,8 @@ int memory_call(sdqes_step* step, const char* path, const char* name, char* erro
 
 extern "C" {
 
+const char* sdqes_version(void) { return SDQES_VERSION; }
+
 void sdqes_set_warning_handler(sdqes_warning_handler handler, void* user_data) {
   Warnings& all = warnings();
   const std::lock_guard<std::mutex> held(all.lock);

@@ -42,6 +42,17 @@ const char* default_backend() {
 #endif
 }
 
+std::string built_backends() {
+  std::string built;
+#ifdef SDQES_WITH_TENSORRT
+  built += "tensorrt";
+#endif
+#ifdef SDQES_WITH_ONNXRUNTIME
+  built += built.empty() ? "onnxruntime" : ", onnxruntime";
+#endif
+  return built.empty() ? "none" : built;
+}
+
 void check_backend(const std::string& backend, const std::string& named_as) {
   if (backend != "tensorrt" && backend != "onnxruntime") {
     throw Error(named_as + " " + backend + " is not one of tensorrt, onnxruntime");

@@ -54,6 +54,7 @@ const char* kUsage =
     "                 [--precision fp16|fp32|int8] [--threshold X] [--exit-threshold X] [--cooldown S]\n"
     "                 [--max-alerts K] [--events FILE] [--state FILE] [--max-frames N] [--threads N]\n"
     "                 [--stream-timeout S]\n"
+    "       sdqes-run --version\n"
     "--backend: tensorrt steps the bundle's engine for this GPU (sdqes-edge build-engine); onnxruntime steps its\n"
     "ONNX graph on the CPU. The default is the first this sdqes-run was built with. --precision: fp16 on TensorRT,\n"
     "fp32 on ONNX Runtime unless given. --threads: ONNX Runtime's threads (default: one per core).\n"
@@ -83,6 +84,10 @@ std::map<std::string, std::string> parse(int argc, char** argv, std::string& bun
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
       std::cout << kUsage;
+      std::exit(0);
+    }
+    if (arg == "--version") {  // sdqes-edge's release, and what this build can step a bundle on
+      std::cout << "sdqes-run " << SDQES_VERSION << " (backends: " << sdqes::built_backends() << ")\n";
       std::exit(0);
     }
     if (arg.rfind("--", 0) == 0) {

@@ -22,6 +22,10 @@ typedef struct sdqes_bundle sdqes_bundle;
 typedef struct sdqes_alert sdqes_alert;
 typedef struct sdqes_step sdqes_step;
 
+/* The sdqes-edge release this library was built from ("0.1.0"), as `sdqes-edge --version` says it: a program's log
+ * line, or a check that the library is the one its bundles were exported for. */
+SDQES_API const char* sdqes_version(void);
+
 /* Where the library's warnings go: the problems a caller may go on with (a threshold no score reaches, frames that come
  * faster than the bundle's rate, the fp16 graph on the CPU, a model with random weights), each text once in the
  * process. By default they are written on stderr ("sdqes: warning: ..."). A program with a log of its own (a ROS 2

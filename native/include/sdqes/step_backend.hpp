@@ -56,6 +56,8 @@ class StepBackend {
 
 // The backend a run steps on unless told: TensorRT where this build has it (the GPU it is for), else ONNX Runtime.
 const char* default_backend();
+// The backends this build has, in order of preference ("tensorrt, onnxruntime"; "none" without either).
+std::string built_backends();
 // An Error, "<named_as> <backend> is not one of tensorrt, onnxruntime", unless it is one of them.
 void check_backend(const std::string& backend, const std::string& named_as);
 // The precision a run on `backend` steps unless told: fp16 on a GPU; on the CPU, where fp16 is emulated, fp32.
