@@ -461,11 +461,9 @@ void JsonlSink::write(const AlertEvent& event) { write(std::vector<AlertEvent>{e
 
 void JsonlSink::write(const std::vector<AlertEvent>& events) {
   if (events.empty()) return;
-  std::vector<std::string> lines;
-  for (const auto& event : events) lines.push_back(event.to_json().dump() + "\n");
   if (whole_ < 0) {  // a pipe or a device (/dev/full): nothing to wait for; its reader gone, the run stops
     std::string text;
-    for (const auto& line : lines) text += line;
+    for (const auto& event : events) text += event.to_json().dump() + "\n";
     if (const int failure = append(text)) {
       throw OutputRefused("cannot append an alert to " + path_.string() + " (" + std::strerror(failure) +
                           "): " + refused_alert_advice(failure) + ", and run again");
@@ -473,8 +471,8 @@ void JsonlSink::write(const std::vector<AlertEvent>& events) {
     return;
   }
   // Held lines exist only while the disk refuses: the oldest go first, never those of this frame untried.
-  let_go_oldest(kHeldAlerts > lines.size() ? kHeldAlerts - lines.size() : 0);
-  held_.insert(held_.end(), lines.begin(), lines.end());
+  let_go_oldest(kHeldAlerts > events.size() ? kHeldAlerts - events.size() : 0);
+  for (const auto& event : events) held_.push_back(event.to_json().dump() + "\n");
   write_going_on();
   let_go_oldest(kHeldAlerts);  // a frame's alerts more than are held, refused
 }

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from sdqes_edge.cli.common import say, text_key, unique_queries, warn
 from sdqes_edge.cli.queries_file import QueryLine, read_queries_file
 from sdqes_edge.errors import UserError
-from sdqes_edge.progress import progress_bar
+from sdqes_edge.progress import with_progress
 from sdqes_edge.runtime.queries import TEXT_BATCH
 
 if TYPE_CHECKING:
@@ -112,11 +112,9 @@ class QueriesFileWatcher:
             self.detector.remove_query(query.id)
         for key, asked in self.watched.items():
             self.watched[key] = self._kept(asked, wanted[key], said)
-        added = [line for key, line in wanted.items() if key not in self.watched]
-        self.detector.queries.encoder.encode_many([line.text for line in added])  # TEXT_BATCH to a run
-        for key, line in wanted.items():
-            if key in self.watched:
-                continue
+        added = {key: line for key, line in wanted.items() if key not in self.watched}
+        self.detector.queries.encoder.encode_many([line.text for line in added.values()])  # TEXT_BATCH to a run
+        for key, line in added.items():
             try:
                 self.watched[key] = Asked(line, self.ask(line))
             except UserError as exc:  # too long for the bundle's tokenizer, a fused bundle full, ...
@@ -168,15 +166,11 @@ class LineAsker:
         progress bar where there are many: a queries file of thousands had run the text graph once a query, minutes
         of a ViT-B/16 text tower on a CPU without a word."""
         added: list[Query] = []
-        bar = progress_bar(len(lines), "query", "encoding queries", show_progress and len(lines) > TEXT_BATCH)
-        for start in range(0, len(lines), TEXT_BATCH):
-            batch = lines[start:start + TEXT_BATCH]
-            self.detector.queries.encoder.encode_many([line.text for line in batch])
-            added += [self(line) for line in batch]
-            if bar is not None:
-                bar.update(len(batch))
-        if bar is not None:
-            bar.close()
+        for index, line in enumerate(with_progress(lines, "encoding queries", "query",
+                                                   enabled=show_progress and len(lines) > TEXT_BATCH)):
+            if index % TEXT_BATCH == 0:  # the next batch's texts, in one run
+                self.detector.queries.encoder.encode_many([later.text for later in lines[index:index + TEXT_BATCH]])
+            added.append(self(line))
         return added
 
     def change_policy(self, query: Query, line: QueryLine) -> Query:
