@@ -10,7 +10,6 @@ holds the model, the queries and the batched state; each stream's own data
 
 from __future__ import annotations
 
-import functools
 import inspect
 import numbers
 import threading
@@ -25,15 +24,15 @@ from sdqes_edge.contract import REFERENCE_PRECISION
 from sdqes_edge.errors import UserError
 from sdqes_edge.path_checks import SNAPSHOT_EXAMPLE, as_path, check_output_file
 
-from .alerts import AlertPolicy, AlertState
 from .backend import StepBackend, check_parts_from, warm_up
 from .bundle import Bundle, as_bundle
+from .detector_queries import QueryMethods, exclusive
 from .frame_batch import FrameBatch
 from .frame_gathering import LIVE_PATIENCE_PERIODS, StepFrames
 from .frame_source import check_frames, check_run_arguments
 from .pacing import StreamPace
 from .preprocess import Preprocessor
-from .queries import Query, QueryBank, TextEncoder, fused_capacity_words, text_encoder_for
+from .queries import QueryBank, TextEncoder, text_encoder_for
 from .run_stats import RunStats
 from .sampling import check_source_rates
 from .sinks import AlertEvent, Sink, check_sink_fits, close_all, closed_sinks_words, tell_sources_ended
@@ -56,20 +55,7 @@ class NonFiniteScoreError(UserError):
     """The model produced NaN or Inf for a stream; the stream is stopped (its state would stay poisoned)."""
 
 
-def _exclusive(method):
-    """``method`` run holding the detector's lock. A program may add or remove queries, reset, save or load the
-    state from another thread (a voice command, a ROS callback) while a stream runs: a step then never sees half
-    of such a change (the ids of one query set scored against the matrix of another: another query's score, or
-    a KeyError). Reentrant: a sink, called inside a step, may add or remove queries itself. ``step`` and
-    ``add_query`` take the lock inline instead: the warnings they raise point at their caller (stacklevel)."""
-    @functools.wraps(method)
-    def exclusive(self, *args, **kwargs):
-        with self._lock:
-            return method(self, *args, **kwargs)
-    return exclusive
-
-
-class StreamingDetector:
+class StreamingDetector(QueryMethods):
     def __init__(self, bundle: str | Path | Bundle, backend: str = "ort", precision: str = REFERENCE_PRECISION,
                  threads: int | None = None, ort_device: str = "cpu", truncate_queries: bool = False,
                  backend_instance: StepBackend | None = None, text_encoder: TextEncoder | None = None,
@@ -101,11 +87,11 @@ class StreamingDetector:
         size = self.bundle.image_size
         self._frames = FrameBatch(self.backend, (self.batch, 3, size, size))  # one step's frames, reused
         self.last_embeddings: np.ndarray | None = None
-        self._lock = threading.RLock()  # see _exclusive
+        self._lock = threading.RLock()  # see exclusive (detector_queries)
         self._snapshots = SnapshotWriter()  # save_state(wait=False)
         self._running, self._run_thread = False, 0  # a run is stepping the streams, from this thread (see run)
 
-    @_exclusive
+    @exclusive
     def add_sink(self, sink: Sink) -> Sink:
         if not isinstance(sink, Sink):  # a bare function failed on the first query or frame
             raise UserError(f"add_sink takes a Sink, not a {type(sink).__name__}; for a function of each alert, "
@@ -119,67 +105,8 @@ class StreamingDetector:
             sink.on_query_added(query.id, query.text, query.added_at)
         return sink
 
-    # --- queries -------------------------------------------------------------------
-    def thresholds(self) -> dict[str, float]:
-        """Each query's alert threshold by id (what an annotated video marks on its score bars)."""
-        return {q.id: q.policy.threshold for q in self.queries.queries.values()}
-
-    def default_policy(self, threshold: float | None = None, exit_threshold: float | None = None,
-                       cooldown_s: float | None = None, max_alerts: int | None = None,
-                       label: str | None = None, **unknown) -> AlertPolicy:
-        """The policy for a new query (``Bundle.policy_for``): what is given, else what the bundle recorded."""
-        if unknown:  # add_query(..., cooldown=10) was a TypeError naming this method, which no caller called
-            raise UserError(f"{', '.join(unknown)} is no option of a query's alert policy: give threshold, "
-                            "exit_threshold, cooldown_s (seconds), max_alerts or label")
-        return self.bundle.policy_for(label, threshold, exit_threshold, cooldown_s, max_alerts)
-
-    def add_query(self, text: str, message: str | None = None, threshold: float | None = None,
-                  query_id: str | None = None, label: str | None = None, **policy_options) -> Query:
-        policy = self.default_policy(threshold, label=label, **policy_options)
-        self.queries.encoder.encode(text)  # the text graph runs before the lock is taken: no step waits on it
-        with self._lock:  # not a decorator: warnings raised below point at the caller (stacklevel)
-            if self.query_capacity is not None and len(self.queries.queries) >= self.query_capacity:
-                raise UserError(f"this bundle {fused_capacity_words(self.query_capacity)}, and {self.query_capacity} "
-                                "are active: remove one first, or re-export the bundle without --fuse-queries to ask "
-                                "any number")
-            query = self.queries.add(text, policy, message, query_id, self.streams[0].time, label)
-            for slot in self.streams:
-                slot.alerts[query.id] = AlertState(policy)
-                slot.restore_alert(query.id, text)  # a query asked again after a restart
-            for sink in self.sinks:
-                sink.on_query_added(query.id, query.text, query.added_at)
-            return query
-
-    @_exclusive
-    def remove_query(self, query: str | Query) -> None:
-        """Stop asking a query, named by its id or by the ``Query`` that ``add_query`` returned."""
-        query_id = self.queries.remove(query)
-        for slot in self.streams:
-            slot.forget(query_id)
-
-    @_exclusive
-    def set_query_message(self, query: str | Query, message: str) -> None:
-        """A new alert message for a query (its id or its ``Query``), its alert state kept: an event going on does
-        not alert again."""
-        self.queries.set_message(query, message)
-
-    @_exclusive
-    def set_query_policy(self, query: str | Query, threshold: float | None = None, label: str | None = None,
-                         **policy_options) -> Query:
-        """A query (its id or its ``Query``) under another threshold or label (chosen as ``add_query`` chooses), its
-        alert state kept (``AlertState.set_policy``): an event going on does not alert again."""
-        query = self.queries.set_policy(query, self.default_policy(threshold, label=label, **policy_options), label)
-        for slot in self.streams:
-            slot.alerts[query.id].set_policy(query.policy)
-        return query
-
-    def add_bundle_queries(self, threshold: float | None = None, **policy_options) -> list[Query]:
-        pre = self.bundle.queries()
-        return [self.add_query(q["text"], q.get("response"), q.get("threshold", threshold), label=q.get("label"),
-                               **policy_options) for q in (pre[0] if pre else [])]
-
     # --- state -----------------------------------------------------------------------
-    @_exclusive
+    @exclusive
     def warm_up(self) -> float:
         """Step blank frames and throw the results away, the state left as it was -> the ms it took.
 
@@ -196,7 +123,7 @@ class StreamingDetector:
         self.state = self.backend.state_from_numpy(kept)
         return elapsed_ms
 
-    @_exclusive
+    @exclusive
     def reset(self, stream: int | None = None) -> None:
         """Forget the past (a new scene): the state of one stream (or all) back to its initial value."""
         if stream is not None and (not isinstance(stream, numbers.Integral) or isinstance(stream, bool)):
@@ -207,7 +134,7 @@ class StreamingDetector:
         for slot in self.streams if stream is None else [self.streams[stream]]:
             slot.reset()
 
-    @_exclusive
+    @exclusive
     def save_state(self, path: str | Path, wait: bool = True, on_done: OnDone | None = None) -> Path:
         """Snapshot the streaming state to an .npz, to resume after a restart: the model's state and, per stream,
         its frame count, time, source position and alert states (``snapshots``). ``wait=False``: copied now, written
@@ -224,7 +151,7 @@ class StreamingDetector:
         snapshot = Snapshot(self.bundle.model_identity, self.backend.state_to_numpy(self.state), records)
         return self._snapshots.write(path, snapshot, wait, on_done)
 
-    @_exclusive
+    @exclusive
     def load_state(self, path: str | Path) -> None:
         """Go on from a ``save_state`` snapshot; one of another model or batch size, or damaged, is refused
         (``snapshots.UnusableSnapshot``) and the detector is left as it was."""
@@ -244,7 +171,7 @@ class StreamingDetector:
         An alert's latency runs from this call to the alert: preprocessing (unless the reader thread did
         it), the model step and the scoring.
         """
-        with self._lock:  # see _exclusive; not a decorator: FrameRateWarning points at the caller of step
+        with self._lock:  # see exclusive (detector_queries); not a decorator: FrameRateWarning points at its caller
             if self._running and threading.get_ident() != self._run_thread:  # its frames among the run's
                 raise UserError("a run is streaming on this detector (in another thread): its streams take that "
                                 "run's frames; step a detector of your own, or give the source to the run")

@@ -170,14 +170,18 @@ class QueryBank:
         self._out_of_reach_said: set[float] = set()  # said once a threshold: 100 queries at one said it 100 times
 
     def add(self, text: str, policy: AlertPolicy, message: str | None = None, query_id: str | None = None,
-            stream_time: float = 0.0, label: str | None = None) -> Query:
-        embedding = self.encoder.encode(text)  # refuses an empty or too long query before anything changes
+            stream_time: float = 0.0, label: str | None = None, embedding: np.ndarray | None = None,
+            stacklevel: int = 4) -> Query:
+        """``embedding``: the text's, encoded by the caller; ``stacklevel``: where a warning points (at whoever
+        asked the query)."""
+        if embedding is None:
+            embedding = self.encoder.encode(text)  # refuses an empty or too long query before anything changes
         check_texts(message=message, query_id=query_id, label=label)
         query_id = query_id or next(self._ids)
         if query_id in self.queries:
             raise UserError(f"query id {query_id!r} is already in use; remove it first or pick another id")
         query = Query(query_id, text, message or text, policy, stream_time, label)
-        self._register(query, stacklevel=4)
+        self._register(query, stacklevel)
         self.queries[query_id], self._rows[query_id] = query, embedding
         self._matrix = self._levels = self._positions = None
         self.changes += 1

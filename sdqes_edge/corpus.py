@@ -256,8 +256,7 @@ class StreamScorer:
         detector = StreamingDetector(self.bundle, backend_instance=self.backend, text_encoder=self.text_encoder)
         with warnings.catch_warnings():  # the driver said which queries are cut, once (over_long_queries)
             warnings.simplefilter("ignore", QueryTruncatedWarning)
-            for text, message in task.queries:
-                detector.add_query(text, message)
+            detector.add_queries([text for text, _ in task.queries], [message for _, message in task.queries])
         source = open_source(task.video, detector.fps, images_fps=task.images_fps if task.frames_folder else None)
         source.log = lambda message: None  # a worker's lines would break the driver's bar; it reports each outcome
         stats = RunStats()

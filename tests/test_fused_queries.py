@@ -109,6 +109,17 @@ def test_one_query_more_than_the_graph_scores_is_refused_and_removing_one_makes_
         assert np.abs(by_text(got, text) - by_text(expected, text)).max() < 1e-6
 
 
+def test_more_queries_at_once_than_the_graph_has_room_for_are_refused_all_together(bundles):
+    fused, _, _ = bundles
+    detector = StreamingDetector(fused)
+    detector.add_query(FUSED[0])
+    with pytest.raises(UserError, match=r"^this bundle scores at most 2 queries at once, .*, and 1 are active, 2 "
+                                        "more asked: remove some first, or re-export"):
+        detector.add_queries([FUSED[1], OTHER])
+    assert list(detector.queries.queries) == ["q1"]  # none of the two added
+    assert [q.text for q in detector.add_queries([OTHER])] == [OTHER]
+
+
 def test_a_fused_bundle_with_one_query_active_scores_it_and_ignores_the_zero_rows(bundles):
     fused, plain, video = bundles
     got = stream(with_queries(StreamingDetector(fused), [OTHER]), video, slice(0, 10))
